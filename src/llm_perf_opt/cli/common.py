@@ -1,0 +1,50 @@
+"""What every Hydra entry point shares: config resolvers and turning errors into exit codes."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from llm_perf_opt.errors import UserError
+
+log = logging.getLogger("llm_perf_opt")
+
+
+def new_run_id() -> str:
+    """`YYYYMMDD-HHMMSS-xxxxxx`: time-sortable, with 24 random bits so two runs in one second never share one."""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+
+
+def register_resolvers() -> None:
+    """`${llo_run_id:}` and `${llo_samples_dir:}` for the configs (idempotent)."""
+    from llm_perf_opt.data.dataset import bundled_samples_dir
+
+    if not OmegaConf.has_resolver("llo_run_id"):
+        OmegaConf.register_new_resolver("llo_run_id", new_run_id, use_cache=True)
+    if not OmegaConf.has_resolver("llo_samples_dir"):
+        OmegaConf.register_new_resolver("llo_samples_dir", lambda: str(bundled_samples_dir()))
+
+
+def run_guarded(job: Callable[[], Any]) -> Any:
+    """Run `job`; a UserError becomes one paragraph on stderr and exit 2, Ctrl-C exit 130."""
+    try:
+        result = job()
+    except UserError as exc:
+        print(f"\nerror: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        print(
+            "\ninterrupted: what was measured so far was written; the run folder is marked interrupted.",
+            file=sys.stderr,
+        )
+        sys.exit(130)
+    if isinstance(result, Path):
+        print(f"\nreport: {result / 'report.md'}")
+    return result

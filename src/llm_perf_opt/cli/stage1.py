@@ -1,0 +1,29 @@
+"""`stage1-run`: Hydra entry point (thin: it composes the config and hands it to the pipeline)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from llm_perf_opt.cli.common import register_resolvers, run_guarded
+
+
+@hydra.main(version_base="1.3", config_path="pkg://llm_perf_opt.conf", config_name="stage1")
+def _main(cfg: DictConfig) -> None:
+    from llm_perf_opt.pipeline.stage1 import Stage1Run
+
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    run_guarded(lambda: Stage1Run(cfg, run_dir, run_id=run_dir.name).execute())
+
+
+def main() -> None:
+    """Console script entry point."""
+    register_resolvers()
+    _main()
+
+
+if __name__ == "__main__":
+    main()

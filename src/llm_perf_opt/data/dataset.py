@@ -1,0 +1,242 @@
+"""Select the page images a run will use.
+
+:func:`select_images` finds the images under a folder (optionally narrowed by a subset file list), orders or
+samples them, checks that each one opens, and returns a :class:`DatasetSelection` that records exactly which
+images will run and which files were skipped and why. Only image headers and sizes are kept in memory.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+from importlib.resources import files
+from pathlib import Path
+
+import attrs
+from PIL import Image, UnidentifiedImageError
+
+from llm_perf_opt.errors import UserError
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")  # matched case-insensitively
+SAMPLINGS = ("sorted", "random", "smallest")
+ON_ERRORS = ("skip", "fail")
+
+_ROOT_FIX = (
+    "point dataset.root at a folder of .png/.jpg/.jpeg/.webp page images, or leave it unset to use the bundled samples"
+)
+_MAX_LISTED_MISSING = 10
+
+
+@attrs.frozen
+class ImageEntry:
+    """An image that will be run."""
+
+    path: Path  # absolute
+    width: int
+    height: int
+    bytes: int  # file size
+
+
+@attrs.frozen
+class SkippedFile:
+    """A selected file that is not a usable image, with the reason."""
+
+    path: Path
+    reason: str
+
+
+@attrs.frozen
+class DatasetSelection:
+    """The images a run uses and how they were chosen."""
+
+    root: Path  # absolute
+    subset_filelist: Path | None
+    discovered: int  # image files found under root (before subset/sampling/validation)
+    images: tuple[ImageEntry, ...]  # exactly the images that will be run, in run order
+    skipped: tuple[SkippedFile, ...]
+    max_images: int | None
+    seed: int
+    sampling: str  # "sorted" | "random" | "smallest"
+
+
+def bundled_samples_dir() -> Path:
+    """The folder of sample images shipped inside the installed package."""
+    resource = files("llm_perf_opt") / "data" / "samples"
+    if not isinstance(resource, Path) or not resource.is_dir():
+        raise UserError(
+            f"the bundled samples folder {resource} is not a folder on disk",
+            "reinstall llm-perf-opt as a regular (not zipped) package, or set dataset.root to a folder of page images",
+        )
+    return resource.resolve()
+
+
+def select_images(
+    root: str | Path,
+    *,
+    subset_filelist: str | Path | None = None,
+    max_images: int | None = None,
+    sampling: str = "sorted",
+    seed: int = 0,
+    on_error: str = "skip",
+) -> DatasetSelection:
+    """Choose the images to run from ``root``.
+
+    ``subset_filelist`` names a text file with one image path per line (relative to ``root`` or absolute;
+    blank lines and ``#`` comments ignored) that replaces the folder listing, in the list's order.
+    ``sampling="sorted"`` keeps the order, ``"random"`` shuffles with ``random.Random(seed)``, ``"smallest"``
+    orders by pixel count (fewest first; unreadable files last); then the first
+    ``max_images`` readable images are taken. Unreadable files are skipped (``on_error="skip"``, the next
+    file takes their place) or raise :class:`UserError` (``on_error="fail"``).
+    """
+    if sampling not in SAMPLINGS:
+        raise UserError(
+            f"dataset.sampling={sampling!r} is not supported",
+            "set dataset.sampling to 'sorted', 'random' or 'smallest'",
+        )
+    if on_error not in ON_ERRORS:
+        raise UserError(f"dataset.on_error={on_error!r} is not supported", "set dataset.on_error to 'skip' or 'fail'")
+    if max_images is not None and max_images < 1:
+        raise UserError(
+            f"dataset.max_images={max_images} must be at least 1",
+            "set it to a positive number or leave it unset",
+        )
+
+    root_path = _check_root(root)
+    discovered = _discover(root_path)
+    list_path: Path | None = None
+    if subset_filelist is None:
+        candidates = discovered
+    else:
+        list_path = _find_filelist(subset_filelist, root_path)
+        candidates = _read_filelist(list_path, root_path)
+
+    if sampling == "random":
+        candidates = list(candidates)
+        random.Random(seed).shuffle(candidates)
+    elif sampling == "smallest":
+        candidates = sorted(candidates, key=_pixel_count)
+
+    images: list[ImageEntry] = []
+    skipped: list[SkippedFile] = []
+    for path in candidates:
+        if max_images is not None and len(images) >= max_images:
+            break
+        entry = _probe(path)
+        if isinstance(entry, ImageEntry):
+            images.append(entry)
+        elif on_error == "fail":
+            raise UserError(
+                f"{path} is not a usable image ({entry})",
+                "replace or remove the file, or set dataset.on_error=skip to skip such files",
+            )
+        else:
+            skipped.append(SkippedFile(path=path, reason=entry))
+
+    if not images:
+        source = f"the files listed in {list_path}" if list_path is not None else f"the files under {root_path}"
+        first = f" (first: {skipped[0].path.name}: {skipped[0].reason})" if skipped else ""
+        raise UserError(f"none of {source} is a readable image{first}", _ROOT_FIX)
+
+    return DatasetSelection(
+        root=root_path,
+        subset_filelist=list_path,
+        discovered=len(discovered),
+        images=tuple(images),
+        skipped=tuple(skipped),
+        max_images=max_images,
+        seed=seed,
+        sampling=sampling,
+    )
+
+
+def _pixel_count(path: Path) -> float:
+    """Width x height from the image header; unreadable files sort last."""
+    try:
+        with Image.open(path) as image:
+            return float(image.width * image.height)
+    except (OSError, ValueError, Image.DecompressionBombError):
+        return float("inf")
+
+
+def _check_root(root: str | Path) -> Path:
+    """``root`` as an absolute path; it must be an existing folder."""
+    path = Path(root).expanduser().resolve()
+    if not path.exists():
+        raise UserError(f"dataset.root {path} does not exist", _ROOT_FIX)
+    if not path.is_dir():
+        raise UserError(f"dataset.root {path} is not a folder", _ROOT_FIX)
+    return path
+
+
+def _discover(root: Path) -> list[Path]:
+    """All image files under ``root`` (recursive), sorted by relative path."""
+    found = [p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()]
+    if not found:
+        raise UserError(f"dataset.root {root} contains no .png/.jpg/.jpeg/.webp image files", _ROOT_FIX)
+    return sorted(found, key=lambda p: p.relative_to(root).as_posix())
+
+
+def _find_filelist(subset_filelist: str | Path, root: Path) -> Path:
+    """The subset list file: absolute, or relative to the working folder, or else relative to ``root``."""
+    given = Path(subset_filelist).expanduser()
+    tried = [given] if given.is_absolute() else [Path.cwd() / given, root / given]
+    for path in tried:
+        if path.is_file():
+            return path.resolve()
+    raise UserError(
+        f"dataset.subset_filelist {subset_filelist} is not a file (looked at {', '.join(map(str, tried))})",
+        "point dataset.subset_filelist at a text file with one image path per line, or leave it unset to use "
+        "every image under dataset.root",
+    )
+
+
+def _read_filelist(list_path: Path, root: Path) -> list[Path]:
+    """The existing files named in ``list_path``, in order, without duplicates."""
+    paths: list[Path] = []
+    seen: set[Path] = set()
+    missing: list[str] = []
+    for raw in list_path.read_text(encoding="utf-8").splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        path = Path(line).expanduser()
+        path = (path if path.is_absolute() else root / path).resolve()
+        if not path.is_file():
+            missing.append(line)
+        elif path not in seen:
+            seen.add(path)
+            paths.append(path)
+    if missing:
+        shown = ", ".join(missing[:_MAX_LISTED_MISSING])
+        more = f" and {len(missing) - _MAX_LISTED_MISSING} more" if len(missing) > _MAX_LISTED_MISSING else ""
+        raise UserError(
+            f"{len(missing)} file(s) listed in dataset.subset_filelist {list_path} do not exist: {shown}{more}",
+            f"fix or remove those lines (paths are relative to dataset.root {root}, or absolute)",
+        )
+    if not paths:
+        raise UserError(
+            f"dataset.subset_filelist {list_path} lists no files",
+            "add one image path per line, or leave dataset.subset_filelist unset to use every image under dataset.root",
+        )
+    return paths
+
+
+def _probe(path: Path) -> ImageEntry | str:
+    """An :class:`ImageEntry` for a readable image, else the reason it is not usable."""
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        return f"cannot read file: {exc.strerror or exc}"
+    if size == 0:
+        return "empty file (0 bytes)"
+    try:
+        with Image.open(path) as img:
+            img.load()
+            width, height = img.size
+    except UnidentifiedImageError:
+        return "not a readable image: cannot identify image file"
+    except (OSError, SyntaxError, ValueError, EOFError, struct.error, Image.DecompressionBombError) as exc:
+        return f"not a readable image: {str(exc) or type(exc).__name__}"
+    if width <= 0 or height <= 0:
+        return f"image has no pixels ({width}x{height})"
+    return ImageEntry(path=path, width=width, height=height, bytes=size)

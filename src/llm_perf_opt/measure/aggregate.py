@@ -1,0 +1,62 @@
+"""Dispersion of stage times over the timed passes, overall and per image, and throughput."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+
+from llm_perf_opt.measure import stages
+from llm_perf_opt.measure.stats import summarize
+from llm_perf_opt.results import ImageRecord, StageStat, Throughput
+
+TTFT = "ttft"
+E2E = "e2e"
+
+
+def stage_values(records: Iterable[ImageRecord], vision_stages: Sequence[str]) -> dict[str, list[float]]:
+    """Per stage name, one value (ms) per pass; `decode/step` pools every step of every pass."""
+    values: dict[str, list[float]] = {}
+
+    def add(name: str, value: float) -> None:
+        values.setdefault(name, []).append(value)
+
+    for rec in records:
+        add(stages.PREPROCESS, rec.preprocess_ms)
+        add(stages.PREFILL, rec.prefill_ms)
+        for stage in vision_stages:
+            add(stage, rec.vision_ms.get(stage, 0.0))
+        add(TTFT, rec.ttft_ms)
+        if rec.decode_step_ms:
+            add(stages.DECODE, rec.decode_ms)
+            for step in rec.decode_step_ms:
+                add(stages.DECODE_STEP, step)
+        add(E2E, rec.e2e_ms)
+    return values
+
+
+def _nesting(stage: str) -> str | None:
+    if stages.is_vision(stage):
+        return stages.PREFILL
+    if stage == stages.DECODE_STEP:
+        return stages.DECODE
+    return None
+
+
+def stage_stats(records: Sequence[ImageRecord], vision_stages: Sequence[str]) -> tuple[StageStat, ...]:
+    """Summary per stage over `records`, in report order."""
+    return tuple(
+        StageStat(stage=name, nested_in=_nesting(name), summary=summarize(vals, "ms"))
+        for name, vals in stage_values(records, vision_stages).items()
+    )
+
+
+def throughput(records: Sequence[ImageRecord]) -> Throughput:
+    """Median-based throughput over the timed passes."""
+    decode = [len(r.decode_step_ms) / (r.decode_ms / 1e3) for r in records if r.decode_step_ms and r.decode_ms > 0]
+    e2e = statistics.median(r.e2e_ms for r in records) / 1e3
+    tokens = statistics.median(r.new_tokens / (r.e2e_ms / 1e3) for r in records)
+    return Throughput(
+        decode_tokens_per_s=statistics.median(decode) if decode else 0.0,
+        e2e_images_per_s=1.0 / e2e if e2e > 0 else 0.0,
+        e2e_tokens_per_s=tokens,
+    )

@@ -1,0 +1,139 @@
+"""Executed FLOPs per stage, counted on the real modules with `torch.utils.flop_counter.FlopCounterMode`.
+
+Convention: 1 multiply-add = 2 FLOPs (FlopCounterMode counts 2·M·N·K). Counted: matmuls, convolutions and
+attention (elementwise ops, norms, softmax and routing are not counted). Attention kernels are counted over the
+full score matrix, as FlopCounterMode does (a causal kernel may skip up to half of it). The MoE experts count
+only the rows actually routed (active parameters), whatever experts implementation runs.
+
+PyTorch's counter has no formula for two ops this model runs, so we add them:
+- `aten._grouped_mm` (transformers' default "grouped_mm" experts backend),
+- `aten._scaled_dot_product_flash_attention_for_cpu` (SDPA on the CPU).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
+
+import attrs
+import torch
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+
+from llm_perf_opt.measure import stages
+from llm_perf_opt.measure.timing import StageRecorder
+
+FLOP_SOURCE = (
+    "counted on the real modules with torch FlopCounterMode (+ grouped_mm and CPU-SDPA formulas); "
+    "1 MAC = 2 FLOPs; matmul/conv/attention only"
+)
+
+
+def _sdpa_cpu_flops(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, **kwargs: Any) -> int:
+    return int(sdpa_flop_count(query_shape, key_shape, value_shape))
+
+
+def _grouped_mm_flops(
+    mat_a: torch.Tensor, mat_b: torch.Tensor, offs: torch.Tensor | None = None, *args: Any, **kwargs: Any
+) -> int:
+    """2·rows·K·N over the rows the offsets cover (sentinel rows past offs[-1] are not computed)."""
+    if mat_a.dim() == 2 and mat_b.dim() == 3:  # [T, K] x [E, K, N], rows grouped by expert
+        rows = int(offs[-1]) if offs is not None and offs.device.type != "meta" else mat_a.shape[0]
+        return 2 * rows * mat_a.shape[1] * mat_b.shape[2]
+    if mat_a.dim() == 3 and mat_b.dim() == 3:  # batched [G, M, K] x [G, K, N]
+        return 2 * mat_a.shape[0] * mat_a.shape[1] * mat_a.shape[2] * mat_b.shape[2]
+    if mat_a.dim() == 2 and mat_b.dim() == 2:  # [M, K] x [K, N], groups along K
+        k = int(offs[-1]) if offs is not None and offs.device.type != "meta" else mat_a.shape[1]
+        return 2 * mat_a.shape[0] * k * mat_b.shape[1]
+    # [G, M, K] x [K, N] with groups along M
+    return 2 * mat_a.shape[0] * mat_a.shape[1] * mat_a.shape[2] * mat_b.shape[-1]
+
+
+_grouped_mm_flops._get_raw = True  # type: ignore[attr-defined]  # FlopCounterMode passes tensors, not shapes
+
+
+def _extra_formulas() -> dict[Any, Callable[..., int]]:
+    formulas: dict[Any, Callable[..., int]] = {}
+    aten = torch.ops.aten
+    if hasattr(aten, "_grouped_mm"):
+        formulas[aten._grouped_mm] = _grouped_mm_flops
+    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
+        formulas[aten._scaled_dot_product_flash_attention_for_cpu] = _sdpa_cpu_flops
+    return formulas
+
+
+def flop_counter() -> FlopCounterMode:
+    """A FlopCounterMode that also knows grouped_mm and CPU SDPA."""
+    return FlopCounterMode(display=False, custom_mapping=_extra_formulas())
+
+
+@attrs.frozen
+class StageFlops:
+    """FLOPs of one image's workload by stage.
+
+    Decode FLOPs per step are affine in the context length (weights are constant per token; attention grows
+    with the keys attended), so two counted steps give every step exactly: flops(ctx) = base + per_ctx·ctx.
+    """
+
+    prefill: float  # whole prefill forward, vision included
+    vision: Mapping[str, float]  # vision sub-stage -> FLOPs (inside prefill)
+    decode_step_base: float
+    decode_step_per_ctx: float
+    prompt_tokens: int
+    by_operator: Mapping[str, float]  # aten op -> FLOPs in the prefill
+    source: str = FLOP_SOURCE
+
+    def decode_step(self, context: int) -> float:
+        """FLOPs of the decode step whose query attends to `context` keys."""
+        return self.decode_step_base + self.decode_step_per_ctx * context
+
+    def decode_total(self, new_tokens: int) -> float:
+        """FLOPs of the new_tokens - 1 decode steps after prefill (step i attends prompt + i keys)."""
+        steps = range(1, new_tokens)
+        return sum(self.decode_step(self.prompt_tokens + i) for i in steps)
+
+    def stage_total(self, stage: str, new_tokens: int) -> float | None:
+        """FLOPs for a stage name of :mod:`stages`; None where nothing is counted (preprocess)."""
+        if stage == stages.PREFILL:
+            return self.prefill
+        if stage == stages.DECODE:
+            return self.decode_total(new_tokens)
+        if stage == stages.DECODE_STEP:
+            return self.decode_total(new_tokens) / max(new_tokens - 1, 1)
+        return self.vision.get(stage)
+
+
+def count_stage_flops(session: Any, prepared: Any) -> StageFlops:
+    """Count prefill (with vision sub-stages) and two decode steps of `prepared` on `session`'s model."""
+    counters: dict[int, FlopCounterMode] = {}
+
+    @contextmanager
+    def around(step: int) -> Iterator[None]:
+        counters[step] = flop_counter()
+        with counters[step]:
+            yield
+
+    def around_step(step: int) -> AbstractContextManager[None]:
+        return around(step)
+
+    recorder = StageRecorder(session.device, nvtx=False)
+    session.generate(prepared, 3, recorder, around_step=around_step)
+    prefill = counters[0]
+    by_module = prefill.get_flop_counts()
+    root = type(session.model).__name__
+    vision = {
+        stage: float(sum(by_module.get(f"{root}.{path}", {}).values()))
+        for stage, path in session.adapter.vision_stage_modules.items()
+    }
+    step1, step2 = counters[1].get_total_flops(), counters[2].get_total_flops()
+    per_ctx = float(step2 - step1)
+    base = float(step1) - per_ctx * (prepared.prompt_tokens + 1)
+    by_op = {str(op): float(n) for op, n in by_module.get("Global", {}).items()}
+    return StageFlops(
+        prefill=float(prefill.get_total_flops()),
+        vision=vision,
+        decode_step_base=base,
+        decode_step_per_ctx=per_ctx,
+        prompt_tokens=prepared.prompt_tokens,
+        by_operator=by_op,
+    )

@@ -1,0 +1,56 @@
+"""MFU per stage: FLOPs over all timed passes / (their measured time x dense peak FLOP/s).
+
+Using totals (not a mean of ratios) keeps the arithmetic checkable from the report: every MFU row shows its
+FLOPs, its time, the achieved TFLOP/s and the peak with its source.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from llm_perf_opt.hardware.table import PeakFigure
+from llm_perf_opt.measure import stages
+from llm_perf_opt.measure.flops import FLOP_SOURCE, StageFlops
+from llm_perf_opt.results import ImageRecord, MfuRecord
+
+
+def _stage_time_ms(record: ImageRecord, stage: str) -> float:
+    if stage == stages.PREFILL:
+        return record.prefill_ms
+    if stage == stages.DECODE:
+        return record.decode_ms
+    return record.vision_ms.get(stage, 0.0)
+
+
+def mfu_by_stage(
+    records: Sequence[ImageRecord],
+    flops_by_image: Mapping[str, StageFlops],
+    stage_names: Sequence[str],
+    peak: PeakFigure | None,
+) -> tuple[MfuRecord, ...]:
+    """One MfuRecord per stage in `stage_names` (prefill, vision sub-stages, decode)."""
+    out = []
+    for stage in stage_names:
+        flops_total = 0.0
+        time_ms = 0.0
+        for rec in records:
+            flops = flops_by_image[rec.image].stage_total(stage, rec.new_tokens)
+            if flops is None:
+                continue
+            flops_total += flops
+            time_ms += _stage_time_ms(rec, stage)
+        if time_ms <= 0:
+            continue
+        achieved = flops_total / (time_ms / 1e3)
+        out.append(
+            MfuRecord(
+                stage=stage,
+                flops_total=flops_total,
+                time_total_ms=time_ms,
+                achieved_tflops=achieved / 1e12,
+                peak=peak,
+                mfu=achieved / peak.value if peak is not None else None,
+                flops_source=FLOP_SOURCE,
+            )
+        )
+    return tuple(out)

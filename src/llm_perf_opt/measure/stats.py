@@ -1,0 +1,98 @@
+"""Summary statistics for repeated measurements: spread, percentiles and a Student-t 95% CI of the mean."""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+
+import attrs
+import numpy as np
+
+# Two-sided 95% (0.975 quantile) critical values of Student's t, exact to 6 decimals.
+_T95_EXACT: dict[int, float] = {
+    1: 12.706205, 2: 4.302653, 3: 3.182446, 4: 2.776445, 5: 2.570582,
+    6: 2.446912, 7: 2.364624, 8: 2.306004, 9: 2.262157, 10: 2.228139,
+    11: 2.200985, 12: 2.178813, 13: 2.160369, 14: 2.144787, 15: 2.131450,
+    16: 2.119905, 17: 2.109816, 18: 2.100922, 19: 2.093024, 20: 2.085963,
+    21: 2.079614, 22: 2.073873, 23: 2.068658, 24: 2.063899, 25: 2.059539,
+    26: 2.055529, 27: 2.051831, 28: 2.048407, 29: 2.045230, 30: 2.042272,
+    40: 2.021075, 60: 2.000298, 120: 1.979930,
+}  # fmt: skip
+_Z975 = 1.959964  # normal limit (df -> infinity)
+_SPARSE_DF: tuple[int, ...] = (30, 40, 60, 120)
+
+
+def t_critical_95(df: int) -> float:
+    """Two-sided 95% critical value of Student's t with ``df`` degrees of freedom.
+
+    Exact for df 1..30, 40, 60 and 120; between those (and from 120 to the normal limit 1.959964) linear in
+    1/df, which is accurate to about 1e-4.
+    """
+    if isinstance(df, bool) or not isinstance(df, int | np.integer) or df < 1:
+        raise ValueError(f"df must be an integer >= 1, got {df!r}")
+    df = int(df)
+    if df in _T95_EXACT:
+        return _T95_EXACT[df]
+    if df > _SPARSE_DF[-1]:
+        lo_df, lo_t, hi_inv, hi_t = _SPARSE_DF[-1], _T95_EXACT[_SPARSE_DF[-1]], 0.0, _Z975
+    else:
+        i = bisect.bisect_left(_SPARSE_DF, df)
+        lo_df, hi_df = _SPARSE_DF[i - 1], _SPARSE_DF[i]
+        lo_t, hi_inv, hi_t = _T95_EXACT[lo_df], 1.0 / hi_df, _T95_EXACT[hi_df]
+    lo_inv = 1.0 / lo_df
+    frac = (lo_inv - 1.0 / df) / (lo_inv - hi_inv)
+    return lo_t + frac * (hi_t - lo_t)
+
+
+@attrs.frozen
+class Summary:
+    """Summary of ``n`` measurements in ``unit``."""
+
+    n: int
+    mean: float
+    std: float  # sample standard deviation (ddof=1); 0.0 when n == 1
+    min: float
+    p50: float
+    p90: float
+    max: float
+    cv: float | None  # std / |mean|; None when mean == 0 or n < 2
+    ci95_low: float  # Student-t 95% CI of the mean; equal to mean when n == 1
+    ci95_high: float
+    unit: str
+
+
+def summarize(values: Sequence[float], unit: str) -> Summary:
+    """Summarise finite measurements; percentiles interpolate linearly.
+
+    Empty or non-finite input raises ValueError.
+    """
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.ndim != 1:
+        raise ValueError(f"expected a flat sequence of numbers, got shape {arr.shape}")
+    n = int(arr.size)
+    if n == 0:
+        raise ValueError("cannot summarise an empty sequence")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError("values must all be finite (no NaN or inf)")
+    mean = float(arr.mean())
+    std = float(arr.std(ddof=1)) if n > 1 else 0.0
+    if n > 1:
+        half = t_critical_95(n - 1) * std / math.sqrt(n)
+        ci_low, ci_high = mean - half, mean + half
+    else:
+        ci_low = ci_high = mean
+    p50, p90 = (float(p) for p in np.percentile(arr, [50.0, 90.0]))
+    return Summary(
+        n=n,
+        mean=mean,
+        std=std,
+        min=float(arr.min()),
+        p50=p50,
+        p90=p90,
+        max=float(arr.max()),
+        cv=std / abs(mean) if n > 1 and mean != 0 else None,
+        ci95_low=ci_low,
+        ci95_high=ci_high,
+        unit=unit,
+    )

@@ -1,0 +1,100 @@
+"""Stage timing: CUDA events on the GPU, `time.perf_counter` on the CPU, NVTX ranges around both.
+
+A :class:`StageRecorder` records spans by name. On CUDA each mark is an event recorded on the current
+stream, so a span measures GPU time in stream order (including idle gaps while the host is still launching,
+which is what a launch-bound decode step costs). Nothing synchronises until :meth:`StageRecorder.spans_ms`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import attrs
+import torch
+
+from llm_perf_opt.measure import nvtx_ranges
+
+
+@attrs.define
+class _Span:
+    name: str
+    start: object
+    end: object | None = None
+
+
+class StageRecorder:
+    """Records named, possibly nested spans; each span is also an NVTX range."""
+
+    def __init__(self, device: torch.device, *, nvtx: bool = True) -> None:
+        self.device = device
+        self.uses_cuda_events = device.type == "cuda"
+        self.nvtx = nvtx
+        self._spans: list[_Span] = []
+        self._open: dict[str, list[_Span]] = {}
+
+    @property
+    def method(self) -> str:
+        """How time is measured, for the report."""
+        return "CUDA events (torch.cuda.Event)" if self.uses_cuda_events else "time.perf_counter (CPU)"
+
+    def _mark(self) -> object:
+        if self.uses_cuda_events:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def begin(self, name: str) -> None:
+        """Open a span named `name` (spans of one name may not overlap themselves)."""
+        if self.nvtx:
+            nvtx_ranges.push(name)
+        span = _Span(name, self._mark())
+        self._spans.append(span)
+        self._open.setdefault(name, []).append(span)
+
+    def end(self, name: str) -> None:
+        """Close the innermost open span named `name`."""
+        stack = self._open.get(name)
+        if not stack:
+            raise RuntimeError(f"StageRecorder.end({name!r}) without a matching begin")
+        stack.pop().end = self._mark()
+        if self.nvtx:
+            nvtx_ranges.pop()
+
+    @contextmanager
+    def span(self, name: str) -> Iterator[None]:
+        """Context manager form of begin/end."""
+        self.begin(name)
+        try:
+            yield
+        finally:
+            self.end(name)
+
+    def spans_ms(self) -> list[tuple[str, float]]:
+        """Every closed span as (name, milliseconds), in start order. Synchronises the device once."""
+        if self.uses_cuda_events:
+            torch.cuda.synchronize(self.device)
+        out: list[tuple[str, float]] = []
+        for span in self._spans:
+            if span.end is None:
+                continue
+            if self.uses_cuda_events:
+                ms = float(span.start.elapsed_time(span.end))  # type: ignore[attr-defined]
+            else:
+                ms = (float(span.end) - float(span.start)) * 1e3  # type: ignore[arg-type]
+            out.append((span.name, ms))
+        return out
+
+    def totals_ms(self) -> dict[str, float]:
+        """Sum of span times per name."""
+        totals: dict[str, float] = {}
+        for name, ms in self.spans_ms():
+            totals[name] = totals.get(name, 0.0) + ms
+        return totals
+
+    def reset(self) -> None:
+        """Forget every span (open spans included)."""
+        self._spans.clear()
+        self._open.clear()

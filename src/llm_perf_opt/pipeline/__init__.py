@@ -1,0 +1,1 @@
+"""Pipelines: what each command does, step by step."""

@@ -1,0 +1,350 @@
+"""Stage 1: time every stage of every image, count FLOPs, profile one pass, write the report set."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from llm_perf_opt import artifacts
+from llm_perf_opt.artifacts import ArtifactsManager
+from llm_perf_opt.data.dataset import DatasetSelection, select_images
+from llm_perf_opt.env_info import collect_env
+from llm_perf_opt.errors import UserError
+from llm_perf_opt.hardware.table import peak_compute
+from llm_perf_opt.measure import stages
+from llm_perf_opt.measure.aggregate import stage_stats, throughput
+from llm_perf_opt.measure.flops import StageFlops, count_stage_flops
+from llm_perf_opt.measure.mfu import mfu_by_stage
+from llm_perf_opt.measure.torch_profiler import OperatorTable, profile_image
+from llm_perf_opt.report import stage1_reports
+from llm_perf_opt.results import SCHEMA_VERSION, DeviceInfo, ImageRecord, ModelInfo, Stage1Metrics
+from llm_perf_opt.session.session import DeepSeekOCRSession, ImageMeasurement, device_name, resolve_device
+
+log = logging.getLogger("llm_perf_opt.stage1")
+
+
+@attrs.frozen
+class RunSettings:
+    """The effective run settings after device defaults (and where each came from)."""
+
+    repeats: int
+    warmup: int
+    max_new_tokens: int
+    max_images: int | None
+    sampling: str
+    sources: Mapping[str, str]  # key -> "override/config" or "device default (cpu)"
+
+
+def _whole(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise UserError(f"{name}={value} is not a whole number", f"Set {name} to a whole number ≥ {minimum}")
+    try:
+        number = int(value)
+    except ValueError:
+        raise UserError(f"{name}={value} is not a whole number", f"Set {name} to a whole number ≥ {minimum}") from None
+    if number < minimum:
+        raise UserError(f"{name}={value} is out of range", f"Set {name} to a whole number ≥ {minimum}")
+    return number
+
+
+def resolve_settings(cfg: DictConfig, device: torch.device) -> RunSettings:
+    """Explicit values win; unset (null) keys take the device default. Bad values raise UserError."""
+    defaults = cfg.run.device_defaults["cuda" if device.type == "cuda" else "cpu"]
+    chosen: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for key, value in (
+        ("run.repeats", cfg.run.repeats),
+        ("run.warmup", cfg.run.warmup),
+        ("infer.max_new_tokens", cfg.infer.max_new_tokens),
+        ("dataset.max_images", cfg.dataset.max_images),
+        ("dataset.sampling", cfg.dataset.sampling),
+    ):
+        short = key.split(".")[1]
+        if value is None:
+            chosen[short] = defaults[short]
+            sources[key] = f"device default ({device.type})"
+        else:
+            chosen[short] = value
+            sources[key] = "config/override"
+    return RunSettings(
+        repeats=_whole("run.repeats", chosen["repeats"], 1),
+        warmup=_whole("run.warmup", chosen["warmup"], 0),
+        max_new_tokens=_whole("infer.max_new_tokens", chosen["max_new_tokens"], 1),
+        max_images=None if chosen["max_images"] is None else _whole("dataset.max_images", chosen["max_images"], 1),
+        sampling=str(chosen["sampling"]),
+        sources=sources,
+    )
+
+
+def config_digest(cfg: DictConfig) -> str:
+    """sha256 of the resolved config (hydra section excluded)."""
+    text = OmegaConf.to_yaml(cfg, resolve=True, sort_keys=True)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def _record(image: str, repeat: int, m: ImageMeasurement, vision_stages: tuple[str, ...]) -> ImageRecord:
+    return ImageRecord(
+        image=image,
+        repeat=repeat,
+        preprocess_ms=m.preprocess_ms,
+        prefill_ms=m.prefill_ms,
+        vision_ms={s: m.stage_ms.get(s, 0.0) for s in vision_stages},
+        ttft_ms=m.ttft_ms,
+        decode_ms=m.decode_ms,
+        decode_step_ms=m.decode_step_ms,
+        e2e_ms=m.preprocess_ms + m.prefill_ms + m.decode_ms,
+        new_tokens=len(m.token_ids),
+        prompt_tokens=m.prompt_tokens,
+        image_tokens=m.image_tokens,
+        tiles=m.tiles,
+        peak_memory_bytes=m.peak_memory_bytes,
+    )
+
+
+@attrs.define
+class _RunState:
+    """What has been gathered so far (written out on success, failure after measuring, or Ctrl-C)."""
+
+    records: list[ImageRecord] = attrs.Factory(list)
+    flops: dict[str, StageFlops] = attrs.Factory(dict)
+    predictions: dict[str, tuple[int, ...]] = attrs.Factory(dict)
+    operators: OperatorTable | None = None
+
+
+class Stage1Run:
+    """One `stage1-run` invocation over one run folder."""
+
+    def __init__(self, cfg: DictConfig, run_dir: Path, run_id: str) -> None:
+        self.cfg = cfg
+        self.run_id = run_id
+        self.art = ArtifactsManager(run_dir, stage="stage1")
+        self.state = _RunState()
+        self.session: DeepSeekOCRSession | None = None
+        self.selection: DatasetSelection | None = None
+        self.settings: RunSettings | None = None
+
+    # ---- driver ------------------------------------------------------------------------------------
+    def execute(self) -> Path:
+        """Run everything; the folder ends complete, failed or interrupted."""
+        self.art.start(self.run_id)
+        try:
+            self._measure()
+            self._write_outputs(partial=False)
+        except KeyboardInterrupt:
+            self._write_partial("interrupted by the user (Ctrl-C)")
+            self.art.finish(artifacts.INTERRUPTED, "interrupted by the user (Ctrl-C); results so far were written")
+            raise
+        except UserError as exc:
+            self.art.finish(artifacts.FAILED, str(exc))
+            raise
+        except Exception as exc:
+            self._write_partial(f"failed: {type(exc).__name__}: {exc}")
+            self.art.finish(artifacts.FAILED, f"{type(exc).__name__}: {exc}")
+            raise
+        self.art.finish(artifacts.COMPLETE)
+        return self.art.run_dir
+
+    def _write_partial(self, why: str) -> None:
+        if self.state.records and self.session is not None:
+            log.warning("writing what was measured so far (%d passes): %s", len(self.state.records), why)
+            self._write_outputs(partial=True)
+
+    # ---- measurement -------------------------------------------------------------------------------
+    def _measure(self) -> None:
+        cfg = self.cfg
+        self.art.write_text("config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+        device = resolve_device(cfg.device)
+        self.settings = settings = resolve_settings(cfg, device)
+        self.selection = select_images(
+            cfg.dataset.root,
+            subset_filelist=cfg.dataset.subset_filelist,
+            max_images=settings.max_images,
+            sampling=settings.sampling,
+            seed=int(cfg.dataset.seed),
+            on_error=cfg.dataset.on_error,
+        )
+        for skipped in self.selection.skipped:
+            log.warning("skipping %s: %s", skipped.path, skipped.reason)
+        self.art.write_yaml("inputs.yaml", self._inputs_manifest())
+        self.art.write_json("env.json", collect_env(device))
+
+        log.info("building %s on %s …", cfg.model.name, device)
+        started = time.perf_counter()
+        self.session = session = DeepSeekOCRSession.load(cfg.model, device)
+        log.info("model ready in %.1f s: %s", time.perf_counter() - started, session.loaded.weights_detail)
+
+        vision = session.vision_stages
+        for entry in self.selection.images:
+            name = entry.path.name
+            log.info("%s: counting FLOPs (untimed)", name)
+            self.state.flops[name] = count_stage_flops(session, session.prepare(entry.path))
+            for _ in range(settings.warmup):
+                session.run_image(entry.path, settings.max_new_tokens)
+            for repeat in range(settings.repeats):
+                measured = session.run_image(entry.path, settings.max_new_tokens)
+                self.state.records.append(_record(name, repeat, measured, vision))
+                self.state.predictions.setdefault(name, measured.token_ids)
+                log.info(
+                    "%s repeat %d/%d: prefill %.1f ms, decode %.1f ms (%d tokens)",
+                    name,
+                    repeat + 1,
+                    settings.repeats,
+                    measured.prefill_ms,
+                    measured.decode_ms,
+                    len(measured.token_ids),
+                )
+
+        prof = cfg.pipeline.torch_profiler
+        if prof.enable:
+            first = self.selection.images[0].path
+            log.info("profiled pass on %s (prefill + %d decode steps)", first.name, int(prof.decode_steps))
+            trace = self.art.path("torch_profiler/trace.json.gz") if prof.chrome_trace else None
+            self.state.operators = profile_image(
+                session,
+                first,
+                decode_steps=_whole("pipeline.torch_profiler.decode_steps", prof.decode_steps, 0),
+                record_shapes=bool(prof.record_shapes),
+                profile_memory=bool(prof.profile_memory),
+                with_stack=bool(prof.with_stack),
+                with_flops=bool(prof.with_flops),
+                trace_path=trace,
+            )
+            if trace is not None:
+                self.art.record("torch_profiler/trace.json.gz")
+
+    # ---- outputs -----------------------------------------------------------------------------------
+    def _inputs_manifest(self) -> dict[str, Any]:
+        sel = self.selection
+        assert sel is not None
+        return {
+            "dataset_root": str(sel.root),
+            "subset_filelist": str(sel.subset_filelist) if sel.subset_filelist else None,
+            "discovered": sel.discovered,
+            "sampling": sel.sampling,
+            "seed": sel.seed,
+            "max_images": sel.max_images,
+            "count": len(sel.images),
+            "images": [
+                {"path": str(e.path), "width": e.width, "height": e.height, "bytes": e.bytes} for e in sel.images
+            ],
+            "skipped": [{"path": str(s.path), "reason": s.reason} for s in sel.skipped],
+        }
+
+    def _metrics(self, partial: bool) -> Stage1Metrics:
+        session, settings, cfg = self.session, self.settings, self.cfg
+        assert session is not None and settings is not None
+        records = self.state.records
+        vision = session.vision_stages
+        described = session.adapter.describe(session.model)
+        dtype_name = str(session.dtype).removeprefix("torch.")
+        dev_name = device_name(session.device)
+        peak = peak_compute(
+            dev_name if session.device.type == "cuda" else "cpu",
+            dtype_name,
+            tf32_matmul=bool(torch.backends.cuda.matmul.allow_tf32),
+            override_tflops=cfg.hardware.peak_tflops,
+        )
+        per_image = {
+            image: stage_stats([r for r in records if r.image == image], vision)
+            for image in dict.fromkeys(r.image for r in records)
+        }
+        mfu_stages = (stages.PREFILL, *vision, stages.DECODE)
+        flops_per_image = {
+            image: {s: v for s in mfu_stages if (v := f.stage_total(s, settings.max_new_tokens)) is not None}
+            for image, f in self.state.flops.items()
+        }
+        warnings = self._warnings(records, partial, peak is None)
+        ops = self.state.operators
+        return Stage1Metrics(
+            schema_version=SCHEMA_VERSION,
+            run_id=self.run_id,
+            stage="stage1",
+            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            model=ModelInfo(
+                name=str(cfg.model.name),
+                adapter=str(cfg.model.adapter),
+                class_name=described["class"],
+                parameters=int(described["parameters"]),
+                dtype=dtype_name,
+                attn_implementation=described["attn_implementation"],
+                experts_implementation=described["experts_implementation"],
+                weights=session.loaded.weights,
+                weights_detail=session.loaded.weights_detail,
+                config_source=session.loaded.config_source,
+                preprocess=OmegaConf.to_container(cfg.model.preprocess, resolve=True),  # type: ignore[arg-type]
+            ),
+            device=DeviceInfo(
+                type=session.device.type,
+                name=dev_name,
+                index=session.device.index,
+                timing_method="CUDA events (torch.cuda.Event)"
+                if session.device.type == "cuda"
+                else "time.perf_counter (CPU)",
+            ),
+            settings={
+                "repeats": settings.repeats,
+                "warmup": settings.warmup,
+                "max_new_tokens": settings.max_new_tokens,
+                "max_images": settings.max_images,
+                "sources": dict(settings.sources),
+                "batch_size": 1,
+                "decoding": "greedy, fixed length (EOS ignored), first token from prefill",
+                "partial": partial,
+            },
+            records=tuple(records),
+            stages=stage_stats(records, vision),
+            per_image=per_image,
+            throughput=throughput(records),
+            mfu=mfu_by_stage(records, self.state.flops, mfu_stages, peak),
+            flops_per_image=flops_per_image,
+            top_operators=ops.overall[: int(cfg.pipeline.torch_profiler.top_k)] if ops else (),
+            operator_sort_key=ops.sort_key if ops else None,
+            warnings=warnings,
+            config_digest=config_digest(cfg),
+        )
+
+    def _warnings(self, records: list[ImageRecord], partial: bool, no_peak: bool) -> tuple[str, ...]:
+        assert self.selection is not None and self.session is not None and self.settings is not None
+        out = []
+        if partial:
+            out.append("The run did not finish: these figures cover only the passes measured before it stopped.")
+        if self.session.loaded.weights == "random":
+            out.append("Random weights: timings, FLOPs and bytes are real; the generated tokens are not text.")
+        for s in self.selection.skipped:
+            out.append(f"Skipped input {s.path.name}: {s.reason}.")
+        if no_peak:
+            out.append(
+                "MFU is n/a: no dense peak is known for this device and dtype. Set hardware.peak_tflops=<dense "
+                "TFLOP/s> to get one."
+            )
+        if self.settings.repeats < 3:
+            out.append(f"Only {self.settings.repeats} timed pass(es) per image: dispersion figures are weak.")
+        threshold = float(self.cfg.run.cv_warn)
+        for stat in stage_stats(records, self.session.vision_stages):
+            cv = stat.summary.cv
+            if cv is not None and stat.summary.n >= 3 and cv > threshold:
+                out.append(f"High run-to-run variation in {stat.stage}: CV {cv:.1%} (> {threshold:.0%}).")
+        return tuple(out)
+
+    def _write_outputs(self, partial: bool) -> None:
+        assert self.session is not None and self.selection is not None
+        metrics = self._metrics(partial)
+        self.art.write_json("metrics.json", metrics)
+        stage1_reports.write_all(
+            self.art,
+            metrics,
+            operators=self.state.operators,
+            selection=self.selection,
+            predictions=self.state.predictions,
+            tokenizer=self.session.loaded.tokenizer,
+            cfg=self.cfg,
+        )

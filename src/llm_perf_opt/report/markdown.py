@@ -1,0 +1,74 @@
+"""A thin layer over mdutils: tables from rows, and the number formats every report shares."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from mdutils.mdutils import MdUtils
+
+
+class Doc:
+    """A Markdown document built with mdutils."""
+
+    def __init__(self, title: str) -> None:
+        self._md = MdUtils(file_name="unused", title=title, title_header_style="atx")
+
+    def h2(self, title: str) -> None:
+        self._md.new_header(level=2, title=title, add_table_of_contents="n")
+
+    def h3(self, title: str) -> None:
+        self._md.new_header(level=3, title=title, add_table_of_contents="n")
+
+    def para(self, text: str) -> None:
+        self._md.new_paragraph(text)
+
+    def bullets(self, items: Sequence[str]) -> None:
+        if items:
+            self._md.new_list([str(i) for i in items])
+            self._md.new_line()
+
+    def table(self, header: Sequence[str], rows: Sequence[Sequence[object]], align: str | list[str] = "left") -> None:
+        """A table; numbers should already be formatted strings."""
+        if not rows:
+            self.para("_(none)_")
+            return
+        cells = [str(h) for h in header]
+        for row in rows:
+            cells.extend(str(c).replace("|", "\\|") for c in row)
+        self._md.new_table(columns=len(header), rows=len(rows) + 1, text=cells, text_align=align)
+
+    def image(self, alt: str, path: str) -> None:
+        self._md.new_paragraph(MdUtils.new_inline_image(text=alt, path=path))
+
+    def raw(self, text: str) -> None:
+        self._md.write(text)
+
+    def text(self) -> str:
+        return self._md.get_md_text().lstrip("\n") + "\n"
+
+
+def ms(value: float | None, digits: int = 1) -> str:
+    return "n/a" if value is None else f"{value:,.{digits}f}"
+
+
+def flops(value: float | None) -> str:
+    """FLOPs with a unit prefix (GFLOP, TFLOP)."""
+    if value is None:
+        return "n/a"
+    for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
+        if abs(value) >= scale:
+            return f"{value / scale:,.3g} {unit}"
+    return f"{value:,.0f} FLOP"
+
+
+def pct(value: float | None, digits: int = 1) -> str:
+    return "n/a" if value is None else f"{value * 100:.{digits}f}%"
+
+
+def num_bytes(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if value >= scale:
+            return f"{value / scale:,.2f} {unit}"
+    return f"{value:,.0f} B"

@@ -1,0 +1,426 @@
+"""Stage 1's Markdown files: report.md, operators.md, stakeholder_summary.md, assumptions.md, predictions."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from llm_perf_opt.artifacts import ArtifactsManager
+from llm_perf_opt.data.dataset import DatasetSelection
+from llm_perf_opt.measure import stages
+from llm_perf_opt.measure.aggregate import E2E, TTFT
+from llm_perf_opt.measure.flops import FLOP_SOURCE
+from llm_perf_opt.measure.torch_profiler import OperatorRow, OperatorTable
+from llm_perf_opt.report import gallery
+from llm_perf_opt.report.markdown import Doc, flops, ms, num_bytes, pct
+from llm_perf_opt.report.recommendations import key_findings, recommendations
+from llm_perf_opt.results import Stage1Metrics, StageStat
+
+_LABELS = {
+    stages.PREPROCESS: "preprocess",
+    stages.PREFILL: "prefill (vision included)",
+    TTFT: "time to first token",
+    stages.DECODE: "decode (all steps)",
+    stages.DECODE_STEP: "decode, per step",
+    E2E: "end to end",
+}
+
+
+def stage_label(stage: str) -> str:
+    """Report label of a stage; nested stages are marked with ↳."""
+    if stages.is_vision(stage):
+        return f"↳ {stage}"
+    if stage == stages.DECODE_STEP:
+        return "↳ decode/step"
+    return _LABELS.get(stage, stage)
+
+
+def resolve_save_dir(run_dir: Path, save_dir: str) -> Path:
+    """`save_dir` relative to the run folder; absolute paths are honoured."""
+    path = Path(str(save_dir)).expanduser()
+    return path if path.is_absolute() else run_dir / path
+
+
+def _stat_rows(stats: Sequence[StageStat], e2e_median: float | None) -> list[list[str]]:
+    rows = []
+    for st in stats:
+        s = st.summary
+        share = pct(s.p50 / e2e_median) if e2e_median and st.stage not in (TTFT, E2E, stages.DECODE_STEP) else ""
+        rows.append(
+            [
+                stage_label(st.stage),
+                str(s.n),
+                ms(s.mean),
+                ms(s.p50),
+                ms(s.p90),
+                ms(s.min),
+                ms(s.max),
+                ms(s.std),
+                pct(s.cv),
+                f"{ms(s.ci95_low)} – {ms(s.ci95_high)}",
+                share,
+            ]
+        )
+    return rows
+
+
+_STAT_HEADER = [
+    "stage",
+    "n",
+    "mean",
+    "p50",
+    "p90",
+    "min",
+    "max",
+    "std",
+    "CV",
+    "95% CI of mean",
+    "share of e2e (p50)",
+]
+
+
+def _e2e_median(stats: Sequence[StageStat]) -> float | None:
+    return next((s.summary.p50 for s in stats if s.stage == E2E), None)
+
+
+def _mfu_rows(m: Stage1Metrics) -> list[list[str]]:
+    rows = []
+    for r in m.mfu:
+        peak = f"{r.peak.value / 1e12:,.1f}" if r.peak else "n/a"
+        rows.append(
+            [
+                stage_label(r.stage),
+                flops(r.flops_total),
+                ms(r.time_total_ms),
+                f"{r.achieved_tflops:,.2f}",
+                peak,
+                pct(r.mfu, 2),
+            ]
+        )
+    return rows
+
+
+def _operator_rows(rows: Sequence[OperatorRow], sort_key: str, limit: int) -> list[list[str]]:
+    total = sum(getattr(r, sort_key) for r in rows) or 1.0
+    out = []
+    for i, r in enumerate(rows[:limit], 1):
+        out.append(
+            [
+                str(i),
+                f"`{r.name}`",
+                str(r.calls),
+                ms(r.self_device_ms, 3),
+                ms(r.total_device_ms, 3),
+                ms(r.self_cpu_ms, 3),
+                ms(r.total_cpu_ms, 3),
+                pct(getattr(r, sort_key) / total),
+            ]
+        )
+    return out
+
+
+_OP_HEADER = [
+    "#",
+    "operator",
+    "calls",
+    "self device ms",
+    "total device ms (incl.)",
+    "self CPU ms",
+    "total CPU ms (incl.)",
+    "share of self time",
+]
+
+
+def report_md(m: Stage1Metrics, operators: OperatorTable | None, files: Sequence[str]) -> str:
+    """The main report: three things first (where time goes, how efficient, what to try), details after."""
+    doc = Doc(f"Stage 1 report: {m.model.name} on {m.device.name}")
+    doc.para(
+        f"Run `{m.run_id}` · {m.model.weights_detail} · {m.model.dtype} · "
+        f"{len({r.image for r in m.records})} image(s) × {m.settings['repeats']} timed pass(es) · "
+        f"{m.settings['max_new_tokens']} new tokens per pass · times in ms ({m.device.timing_method})."
+    )
+    doc.h2("At a glance")
+    doc.bullets(key_findings(m))
+    doc.h2("What to try")
+    doc.bullets(recommendations(m))
+    if m.warnings:
+        doc.h2("Warnings")
+        doc.bullets(m.warnings)
+
+    doc.h2("Stage times over all timed passes (ms)")
+    doc.para(
+        "Vision sub-stages (↳) run inside prefill and decode/step inside decode: they are shown nested and never "
+        "added again. Time to first token = preprocess + prefill. End to end = preprocess + prefill + decode."
+    )
+    doc.table(_STAT_HEADER, _stat_rows(m.stages, _e2e_median(m.stages)))
+
+    doc.h2("Per image (medians, ms)")
+    header = [
+        "image",
+        "tiles",
+        "image tokens",
+        "prompt tokens",
+        "preprocess",
+        "prefill",
+        "TTFT",
+        "decode",
+        "ms/token",
+        "e2e",
+        "peak GPU memory",
+    ]
+    rows = []
+    for image, stats in m.per_image.items():
+        rec = next(r for r in m.records if r.image == image)
+        p50 = {s.stage: s.summary.p50 for s in stats}
+        mem = max((r.peak_memory_bytes or 0) for r in m.records if r.image == image)
+        rows.append(
+            [
+                image,
+                str(rec.tiles),
+                str(rec.image_tokens),
+                str(rec.prompt_tokens),
+                ms(p50.get(stages.PREPROCESS)),
+                ms(p50.get(stages.PREFILL)),
+                ms(p50.get(TTFT)),
+                ms(p50.get(stages.DECODE)),
+                ms(p50.get(stages.DECODE_STEP), 2),
+                ms(p50.get(E2E)),
+                num_bytes(mem) if mem else "n/a (CPU)",
+            ]
+        )
+    doc.table(header, rows)
+
+    doc.h2("Throughput (medians over passes)")
+    t = m.throughput
+    doc.bullets(
+        [
+            f"Decode: {t.decode_tokens_per_s:,.1f} tokens/s (decode steps / decode time, batch 1)",
+            f"End to end: {t.e2e_images_per_s:,.3f} images/s, {t.e2e_tokens_per_s:,.1f} new tokens/s",
+        ]
+    )
+
+    doc.h2("Model FLOPs utilisation (MFU)")
+    peak = next((r.peak for r in m.mfu if r.peak), None)
+    denominator = (
+        f"Denominator: {peak.value / 1e12:,.1f} TFLOP/s dense {peak.dtype_key} peak of {peak.device_name} — "
+        f"{peak.source}."
+        if peak
+        else "Denominator: none known for this device and dtype, so MFU is n/a; set `hardware.peak_tflops=<dense "
+        "TFLOP/s>` to supply one."
+    )
+    doc.para(
+        "MFU = FLOPs over all timed passes / (their measured time × dense peak FLOP/s). "
+        f"FLOPs: {FLOP_SOURCE}. {denominator}"
+    )
+    doc.table(
+        ["stage", "FLOPs (all passes)", "time (all passes, ms)", "achieved TFLOP/s", "peak TFLOP/s", "MFU"],
+        _mfu_rows(m),
+    )
+
+    if operators is not None:
+        doc.h2("Top operators of the profiled pass")
+        doc.para(
+            f"One untimed pass under torch.profiler: prefill + {operators.decode_steps} decode steps, "
+            f"{operators.events:,} events, sorted by {operators.sort_key.replace('_', ' ')}. "
+            "Full tables per stage: [operators.md](operators.md)."
+        )
+        doc.table(_OP_HEADER, _operator_rows(operators.overall, operators.sort_key, 10))
+
+    doc.h2("Files")
+    doc.bullets([f"[{f}]({f})" for f in sorted(set(files)) if not f.startswith(".")])
+    return doc.text()
+
+
+def operators_md(m: Stage1Metrics, operators: OperatorTable, top_k: int) -> str:
+    doc = Doc(f"Operators: {m.model.name} on {m.device.name}")
+    doc.para(
+        f"Profiled pass (untimed, separate from the timed passes): prefill + {operators.decode_steps} decode steps "
+        f"of one image; {operators.events:,} profiler events; post-processing {operators.postprocess_s:.2f} s. "
+        f"Sorted by {operators.sort_key.replace('_', ' ')}. Self times exclude child operators and add up to the "
+        "total; inclusive (incl.) times contain their children and must not be summed. Device times are 0 on CPU."
+    )
+    if operators.trace_path:
+        doc.para(f"Chrome/Perfetto trace: `{Path(operators.trace_path).name}` (open in https://ui.perfetto.dev).")
+    doc.h2(f"All stages (top {top_k})")
+    doc.table(_OP_HEADER, _operator_rows(operators.overall, operators.sort_key, top_k))
+    for stage, rows in operators.by_stage.items():
+        doc.h2(f"Stage {stage} (top {min(top_k, 10)})")
+        doc.table(_OP_HEADER, _operator_rows(rows, operators.sort_key, min(top_k, 10)))
+    return doc.text()
+
+
+def stakeholder_md(m: Stage1Metrics) -> str:
+    doc = Doc(f"Stakeholder summary: {m.model.name} inference on {m.device.name}")
+    doc.para(f"{m.model.weights_detail}. Batch size 1, {m.settings['max_new_tokens']} new tokens per image.")
+    doc.h2("Key findings")
+    doc.bullets(key_findings(m))
+    doc.h2("Top cost centres (share of end-to-end median)")
+    e2e = _e2e_median(m.stages)
+    top = sorted(
+        (s for s in m.stages if s.stage not in (TTFT, E2E, stages.DECODE_STEP)),
+        key=lambda s: s.summary.p50,
+        reverse=True,
+    )
+    doc.table(
+        ["stage", "median ms", "share"],
+        [[stage_label(s.stage), ms(s.summary.p50), pct(s.summary.p50 / e2e) if e2e else "n/a"] for s in top],
+    )
+    doc.h2("Recommendations")
+    doc.bullets(recommendations(m))
+    if m.warnings:
+        doc.h2("Caveats")
+        doc.bullets(m.warnings)
+    return doc.text()
+
+
+def assumptions_md(m: Stage1Metrics, cfg: DictConfig, selection: DatasetSelection) -> str:
+    doc = Doc("Assumptions and settings")
+    s = m.settings
+    prof = cfg.pipeline.torch_profiler
+    doc.h2("Device")
+    doc.bullets(
+        [
+            f"Device: {m.device.name} ({m.device.type}{'' if m.device.index is None else ':' + str(m.device.index)})",
+            f"Timing: {m.device.timing_method}; warm-up passes excluded; a separate FLOP-counting pass per image "
+            "(untimed) runs first",
+            f"Compute dtype: {m.model.dtype}",
+        ]
+    )
+    doc.h2("Model and weights")
+    doc.bullets(
+        [
+            f"Model: {m.model.name} ({m.model.class_name}, adapter {m.model.adapter}), "
+            f"{m.model.parameters:,} parameters",
+            f"Weights: {m.model.weights_detail}",
+            f"Architecture from: {m.model.config_source}",
+            f"Attention implementation: {m.model.attn_implementation}; MoE experts implementation: "
+            f"{m.model.experts_implementation}",
+        ]
+    )
+    doc.h2("Run")
+    doc.bullets(
+        [
+            f"Batch size: {s['batch_size']}",
+            f"Timed passes per image (run.repeats): {s['repeats']} ({s['sources']['run.repeats']})",
+            f"Warm-up passes per image (run.warmup): {s['warmup']} ({s['sources']['run.warmup']})",
+            f"Decoding: {s['decoding']}; {s['max_new_tokens']} new tokens ({s['sources']['infer.max_new_tokens']})",
+        ]
+    )
+    doc.h2("Preprocessing")
+    doc.bullets([f"{k}: {v}" for k, v in m.model.preprocess.items()])
+    doc.h2("Profiling")
+    doc.bullets(
+        [
+            f"Torch profiler: {'on' if prof.enable else 'off'}; decode steps profiled: {prof.decode_steps}; "
+            f"record_shapes={prof.record_shapes}, profile_memory={prof.profile_memory}, with_stack={prof.with_stack}, "
+            f"with_flops={prof.with_flops}, chrome_trace={prof.chrome_trace}",
+            "NVTX ranges (domain llm_perf_opt): preprocess, prefill, vision/*, decode, decode/step",
+            f"FLOPs: {FLOP_SOURCE}",
+        ]
+    )
+    doc.h2("Dataset selection")
+    doc.bullets(
+        [
+            f"Root: {selection.root}",
+            f"Subset list: {selection.subset_filelist or 'none'}",
+            f"Discovered {selection.discovered} image file(s); ran {len(selection.images)}; skipped "
+            f"{len(selection.skipped)}; sampling {selection.sampling} (seed {selection.seed}); max_images "
+            f"{selection.max_images} ({s['sources']['dataset.max_images']})",
+        ]
+    )
+    return doc.text()
+
+
+def _decode_text(tokenizer: Any | None, ids: Sequence[int]) -> str | None:
+    return None if tokenizer is None else str(tokenizer.decode(list(ids), skip_special_tokens=False))
+
+
+def write_predictions(
+    art: ArtifactsManager,
+    m: Stage1Metrics,
+    cfg: DictConfig,
+    selection: DatasetSelection,
+    predictions: Mapping[str, Sequence[int]],
+    tokenizer: Any | None,
+) -> None:
+    out_cfg = cfg.pipeline.torch_profiler.output
+    paths = {e.path.name: e.path for e in selection.images}
+    texts = {name: _decode_text(tokenizer, ids) for name, ids in predictions.items()}
+    if out_cfg.prediction.enable:
+        pred_dir = resolve_save_dir(art.run_dir, out_cfg.prediction.save_dir)
+        lines = [
+            json.dumps(
+                {
+                    "image": name,
+                    "path": str(paths.get(name, name)),
+                    "token_ids": list(ids),
+                    "tokens": len(ids),
+                    "text": texts[name],
+                    "weights": m.model.weights,
+                }
+            )
+            for name, ids in predictions.items()
+        ]
+        _write_in(art, pred_dir / "predictions.jsonl", "\n".join(lines) + "\n")
+    if out_cfg.visualization.enable:
+        viz_dir = resolve_save_dir(art.run_dir, out_cfg.visualization.save_dir)
+        viz_dir.mkdir(parents=True, exist_ok=True)
+        doc = Doc("Predictions gallery")
+        doc.para(f"{m.model.weights_detail}. Per-image medians in ms.")
+        for name, ids in predictions.items():
+            doc.h2(name)
+            recs = [r for r in m.records if r.image == name]
+            thumb = gallery.thumbnail_with_boxes(paths[name], texts[name], viz_dir / f"{Path(name).stem}.png")
+            doc.image(name, os.path.relpath(thumb, viz_dir))
+            doc.bullets(
+                [
+                    f"TTFT {ms(statistics.median(r.ttft_ms for r in recs))} ms, decode "
+                    f"{ms(statistics.median(r.decode_ms for r in recs))} ms, {len(ids)} tokens, "
+                    f"{recs[0].tiles} tiles, {recs[0].image_tokens} image tokens",
+                    f"Boxes drawn: {gallery.count_boxes(texts[name])}",
+                ]
+            )
+            text = texts[name]
+            body = text if text is not None else f"(no tokenizer: token ids) {list(ids)[:64]}"
+            doc.raw("\n```text\n" + body + "\n```\n")
+        _write_in(art, viz_dir / "predictions.md", doc.text())
+
+
+def _write_in(art: ArtifactsManager, target: Path, text: str) -> None:
+    try:
+        relative = target.resolve().relative_to(art.run_dir)
+    except ValueError:  # an absolute save_dir outside the run folder
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+        return
+    art.write_text(str(relative), text)
+
+
+def write_all(
+    art: ArtifactsManager,
+    m: Stage1Metrics,
+    *,
+    operators: OperatorTable | None,
+    selection: DatasetSelection,
+    predictions: Mapping[str, Sequence[int]],
+    tokenizer: Any | None,
+    cfg: DictConfig,
+) -> None:
+    """Write every Stage 1 Markdown artifact (report.md last, so it can list the others)."""
+    top_k = int(cfg.pipeline.torch_profiler.top_k)
+    if operators is not None:
+        art.write_text("operators.md", operators_md(m, operators, top_k))
+    art.write_text("stakeholder_summary.md", stakeholder_md(m))
+    art.write_text("assumptions.md", assumptions_md(m, cfg, selection))
+    write_predictions(art, m, cfg, selection, predictions, tokenizer)
+    files = [*art.written, "report.md", "run_status.json"]
+    art.write_text("report.md", report_md(m, operators, files))
+    # Keep the resolved config readable next to the report even when Hydra's own copy is elsewhere.
+    if "config.yaml" not in art.written:
+        art.write_text("config.yaml", OmegaConf.to_yaml(cfg, resolve=True))

@@ -1,0 +1,1 @@
+"""Model adapters: one per model family, behind one interface."""

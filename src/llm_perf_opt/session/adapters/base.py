@@ -1,0 +1,88 @@
+"""What the session needs from a model family: build or load it, preprocess one image, name its stages."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import attrs
+import torch
+from PIL import Image
+from torch import nn
+
+
+@attrs.frozen
+class PreparedInputs:
+    """One image turned into model inputs (CPU tensors until :meth:`to` moves them)."""
+
+    model_inputs: Mapping[str, Any]
+    prompt_tokens: int  # whole prompt length (text + image placeholders)
+    image_tokens: int  # image placeholder tokens in the prompt
+    tiles: int  # local tiles (0 = global view only)
+    views: tuple[tuple[str, int, int], ...]  # (kind, height, width) of each vision view, e.g. ("global", 1024, 1024)
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        ids = self.model_inputs["input_ids"]
+        assert isinstance(ids, torch.Tensor)
+        return ids
+
+    def to(self, device: torch.device, float_dtype: torch.dtype) -> PreparedInputs:
+        """Tensors moved to `device`; floating-point tensors cast to `float_dtype`."""
+
+        def move(value: Any) -> Any:
+            if isinstance(value, torch.Tensor):
+                if value.is_floating_point():
+                    return value.to(device=device, dtype=float_dtype, non_blocking=True)
+                return value.to(device=device, non_blocking=True)
+            return value
+
+        return attrs.evolve(self, model_inputs={k: move(v) for k, v in self.model_inputs.items()})
+
+
+@attrs.frozen
+class LoadedModel:
+    """A model ready to run, with what it was built from."""
+
+    model: nn.Module
+    tokenizer: Any | None
+    weights: str  # "random" or "checkpoint"
+    weights_detail: str  # one line for the reports: where the weights came from
+    config_source: str  # where the architecture came from
+
+
+class ModelAdapter(ABC):
+    """One model family. Subclasses are registered in :mod:`llm_perf_opt.session.adapters.registry`."""
+
+    #: Vision sub-stage name -> dotted path of the submodule that runs it (forward hooks time it).
+    vision_stage_modules: ClassVar[Mapping[str, str]] = {}
+
+    def __init__(self, model_cfg: Mapping[str, Any]) -> None:
+        self.cfg = model_cfg
+
+    @abstractmethod
+    def build_random(self, *, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+        """The published architecture at its real size with random weights (seeded)."""
+
+    @abstractmethod
+    def load_checkpoint(self, path: str, *, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+        """A local checkpoint folder, local files only."""
+
+    @abstractmethod
+    def prepare(self, image: Image.Image, tokenizer: Any | None) -> PreparedInputs:
+        """The real preprocessing of one page image, and the prompt ids."""
+
+    def stage_modules(self, model: nn.Module) -> dict[str, nn.Module]:
+        """Vision sub-stage name -> submodule of `model`."""
+        return {stage: model.get_submodule(path) for stage, path in self.vision_stage_modules.items()}
+
+    def describe(self, model: nn.Module) -> dict[str, Any]:
+        """Facts about the built model for the reports (implementations, sizes)."""
+        config = getattr(model, "config", None)
+        return {
+            "class": type(model).__name__,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "attn_implementation": getattr(config, "_attn_implementation", None),
+            "experts_implementation": getattr(config, "_experts_implementation", None),
+        }

@@ -1,0 +1,156 @@
+"""DeepSeek-OCR-2 through transformers' native `DeepseekOcr2ForConditionalGeneration` (transformers >= 5.17)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from PIL import Image
+from transformers import DeepseekOcr2Config, DeepseekOcr2ForConditionalGeneration
+from transformers.models.deepseek_ocr2.image_processing_pil_deepseek_ocr2 import DeepseekOcr2ImageProcessorPil
+
+from llm_perf_opt.errors import UserError
+from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, PreparedInputs
+
+# The model class hard-codes two learned query banks (DeepseekOcr2VisionModel): 144 queries for views whose
+# SAM output has at most 144 positions (768-px tiles), 256 otherwise (the 1024-px global view). A view
+# therefore yields the bank size in tokens, whatever its pixel size.
+_SMALL_BANK = 144
+_LARGE_BANK = 256
+_SAM_TOTAL_STRIDE = 64  # patch 16, then two stride-2 convolutions
+
+
+def view_tokens(side_px: int) -> int:
+    """Vision tokens one square view of `side_px` pixels yields in DeepSeek-OCR-2."""
+    positions = math.ceil(side_px / _SAM_TOTAL_STRIDE) ** 2
+    return _SMALL_BANK if positions <= _SMALL_BANK else _LARGE_BANK
+
+
+def _plain(cfg: Any) -> dict[str, Any]:
+    if isinstance(cfg, DictConfig):
+        container = OmegaConf.to_container(cfg, resolve=True)
+        assert isinstance(container, dict)
+        return {str(k): v for k, v in container.items()}
+    return dict(cfg)
+
+
+class DeepseekOcr2Adapter(ModelAdapter):
+    """Stages: vision/sam, vision/encoder (Qwen2-style), vision/projector; then the DeepSeek-V2 MoE decoder."""
+
+    vision_stage_modules: ClassVar[Mapping[str, str]] = {
+        "vision/sam": "model.vision_tower.sam_encoder",
+        "vision/encoder": "model.vision_tower.vision_encoder",
+        "vision/projector": "model.multi_modal_projector",
+    }
+
+    def _implementation_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {}
+        if self.cfg.get("attn_implementation"):
+            kwargs["attn_implementation"] = self.cfg["attn_implementation"]
+        if self.cfg.get("experts_implementation"):
+            kwargs["experts_implementation"] = self.cfg["experts_implementation"]
+        return kwargs
+
+    def build_random(self, *, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+        config = DeepseekOcr2Config(**_plain(self.cfg["architecture"]))
+        torch.manual_seed(int(self.cfg.get("seed", 0)))
+        with torch.device(device):
+            model = DeepseekOcr2ForConditionalGeneration._from_config(
+                config, dtype=dtype, **self._implementation_kwargs()
+            )
+        return LoadedModel(
+            model=model.eval(),
+            tokenizer=None,
+            weights="random",
+            weights_detail=(
+                f"random weights (seed {self.cfg.get('seed', 0)}), no checkpoint: timings, FLOPs and bytes are "
+                "real, generated text is not"
+            ),
+            config_source=f"shipped config conf/model/{self.cfg['name']}.yaml (architecture)",
+        )
+
+    def load_checkpoint(self, path: str, *, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+        folder = Path(path).expanduser()
+        if not (folder / "config.json").is_file():
+            raise UserError(
+                f"model.path={path} holds no loadable checkpoint (no config.json in {folder.resolve()})",
+                "Point model.path at a local DeepSeek-OCR-2 checkpoint folder in the transformers layout "
+                "(config.json, *.safetensors, tokenizer files), e.g. a link under extern/, or leave model.path "
+                "unset to build the published architecture with random weights",
+            )
+        try:
+            model = DeepseekOcr2ForConditionalGeneration.from_pretrained(
+                folder, local_files_only=True, dtype=dtype, **self._implementation_kwargs()
+            )
+        except (OSError, ValueError, KeyError, RuntimeError) as exc:
+            raise UserError(
+                f"model.path={path} could not be loaded as DeepSeek-OCR-2: {type(exc).__name__}: {exc}",
+                "Check that the folder holds a complete transformers-format DeepSeek-OCR-2 checkpoint "
+                "(deepseek-community/DeepSeek-OCR-2 layout) with all safetensors shards, or leave model.path unset",
+            ) from exc
+        tokenizer = _load_tokenizer(folder)
+        return LoadedModel(
+            model=model.to(device=device).eval(),  # type: ignore[call-arg]
+            tokenizer=tokenizer,
+            weights="checkpoint",
+            weights_detail=f"checkpoint weights from {folder.resolve()}",
+            config_source=f"{folder.resolve() / 'config.json'}",
+        )
+
+    def image_processor(self) -> DeepseekOcr2ImageProcessorPil:
+        pre = self.cfg["preprocess"]
+        return DeepseekOcr2ImageProcessorPil(
+            size={"height": int(pre["global_size"]), "width": int(pre["global_size"])},
+            tile_size=int(pre["tile_size"]),
+            crop_to_patches=bool(pre["crop_to_patches"]),
+            min_patches=int(pre["min_tiles"]),
+            max_patches=int(pre["max_tiles"]),
+        )
+
+    def prepare(self, image: Image.Image, tokenizer: Any | None) -> PreparedInputs:
+        processed = self.image_processor()(image.convert("RGB"), return_tensors="pt")
+        pixel_values: torch.Tensor = processed["pixel_values"]
+        local: torch.Tensor | None = processed.get("pixel_values_local")
+        tiles = int(processed["num_local_patches"][0])
+        views = [("global", int(pixel_values.shape[-2]), int(pixel_values.shape[-1]))]
+        views += [("tile", int(local.shape[-2]), int(local.shape[-1]))] * tiles if local is not None else []
+        image_tokens = sum(view_tokens(h) for _, h, _ in views) + 1  # + the view separator
+        arch = self.cfg["architecture"]
+        text_ids = self._text_ids(tokenizer)
+        ids = [int(arch["text_config"]["bos_token_id"])] + [int(arch["image_token_id"])] * image_tokens + text_ids
+        input_ids = torch.tensor([ids], dtype=torch.long)
+        inputs: dict[str, Any] = {
+            "input_ids": input_ids,
+            "attention_mask": torch.ones_like(input_ids),
+            "pixel_values": pixel_values,
+            "num_local_patches": [tiles],
+        }
+        if local is not None:
+            inputs["pixel_values_local"] = local
+        return PreparedInputs(
+            model_inputs=inputs,
+            prompt_tokens=len(ids),
+            image_tokens=image_tokens,
+            tiles=tiles,
+            views=tuple(views),
+        )
+
+    def _text_ids(self, tokenizer: Any | None) -> list[int]:
+        prompt = self.cfg["prompt"]
+        if tokenizer is not None:
+            return list(tokenizer.encode(str(prompt["text"]), add_special_tokens=False))
+        # No tokenizer (random weights): fixed stand-in ids of the configured length.
+        return [1000 + i for i in range(int(prompt["text_tokens"]))]
+
+
+def _load_tokenizer(folder: Path) -> Any | None:
+    """The checkpoint's tokenizer, or None when the folder has no tokenizer files."""
+    if not any((folder / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder, local_files_only=True)

@@ -1,0 +1,240 @@
+"""Tests for llm_perf_opt.data.dataset: discovery, subset lists, sampling, validation, bundled samples."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PIL import Image
+
+from llm_perf_opt.data.dataset import (
+    DatasetSelection,
+    ImageEntry,
+    bundled_samples_dir,
+    select_images,
+)
+from llm_perf_opt.errors import UserError
+
+BUNDLED = (
+    "page_landscape.png",
+    "page_portrait.png",
+    "receipt_long.png",
+    "slide_square.png",
+    "snippet_small.png",
+)
+
+
+def make_image(path: Path, size: tuple[int, int] = (64, 48), fmt: str | None = None) -> Path:
+    """Write a small white RGB image at ``path`` (format from the suffix unless ``fmt`` is given)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", size, "white").save(path, format=fmt)
+    return path
+
+
+def names(selection: DatasetSelection) -> list[str]:
+    """File names of the selected images, in run order."""
+    return [entry.path.name for entry in selection.images]
+
+
+def make_folder(root: Path, count: int) -> list[str]:
+    """``count`` valid PNGs named img00.png, img01.png, ... under ``root``; return their names."""
+    out = [f"img{i:02d}.png" for i in range(count)]
+    for i, name in enumerate(out):
+        make_image(root / name, size=(40 + i, 30 + i))
+    return out
+
+
+def test_discovery_is_recursive_case_insensitive_and_sorted(tmp_path: Path) -> None:
+    make_image(tmp_path / "a.PNG", size=(10, 20), fmt="PNG")
+    make_image(tmp_path / "b.JpG", size=(30, 40), fmt="JPEG")
+    make_image(tmp_path / "sub" / "c.webp", size=(50, 60), fmt="WEBP")
+    (tmp_path / "d.txt").write_text("not an image", encoding="utf-8")
+
+    sel = select_images(tmp_path)
+
+    assert sel.root == tmp_path.resolve()
+    assert sel.discovered == 3
+    assert [e.path.relative_to(tmp_path.resolve()).as_posix() for e in sel.images] == [
+        "a.PNG",
+        "b.JpG",
+        "sub/c.webp",
+    ]
+    assert [(e.width, e.height) for e in sel.images] == [(10, 20), (30, 40), (50, 60)]
+    assert all(e.path.is_absolute() and e.bytes == e.path.stat().st_size for e in sel.images)
+    assert sel.skipped == ()
+    assert (sel.sampling, sel.seed, sel.max_images, sel.subset_filelist) == ("sorted", 0, None, None)
+
+
+def test_subset_filelist_relative_absolute_comments_and_duplicates(tmp_path: Path) -> None:
+    root = tmp_path / "images"
+    make_folder(root, 4)
+    outside = make_image(tmp_path / "elsewhere" / "extra.png")
+    filelist = tmp_path / "subset.txt"
+    lines = ["# pages to run", "", "img03.png", f"  {outside}  ", "   # an indented comment", "img01.png"]
+    lines.append("./img03.png")  # a duplicate of the first entry
+    filelist.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    sel = select_images(root, subset_filelist=filelist)
+
+    assert names(sel) == ["img03.png", "extra.png", "img01.png"]
+    assert sel.subset_filelist == filelist.resolve()
+    assert sel.discovered == 4  # the folder listing, before the subset is applied
+
+
+def test_subset_filelist_missing_entries_are_listed(tmp_path: Path) -> None:
+    make_folder(tmp_path, 1)
+    filelist = tmp_path / "subset.txt"
+    missing = [f"gone{i:02d}.png" for i in range(12)]
+    filelist.write_text("\n".join(["img00.png", *missing]) + "\n", encoding="utf-8")
+
+    with pytest.raises(UserError) as info:
+        select_images(tmp_path, subset_filelist=filelist)
+
+    message = str(info.value)
+    assert "12 file(s)" in message
+    assert str(filelist.resolve()) in message
+    for name in missing[:10]:
+        assert name in message
+    assert "gone10.png" not in message and "gone11.png" not in message
+    assert "and 2 more" in message
+    assert "img00.png" not in message
+
+
+def test_subset_filelist_that_does_not_exist(tmp_path: Path) -> None:
+    make_folder(tmp_path, 1)
+    with pytest.raises(UserError, match=r"no_such_list\.txt is not a file"):
+        select_images(tmp_path, subset_filelist=tmp_path / "no_such_list.txt")
+
+
+def test_empty_folder_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("no images here", encoding="utf-8")
+    with pytest.raises(UserError) as info:
+        select_images(tmp_path)
+    message = str(info.value)
+    assert str(tmp_path.resolve()) in message
+    assert "contains no" in message
+    assert "bundled samples" in message
+
+
+def test_missing_folder_and_file_as_root_are_errors(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="does not exist") as info:
+        select_images(tmp_path / "nope")
+    assert str(tmp_path / "nope") in str(info.value)
+    assert "dataset.root" in str(info.value)
+
+    a_file = make_image(tmp_path / "single.png")
+    with pytest.raises(UserError, match="is not a folder"):
+        select_images(a_file)
+
+
+def test_bad_files_are_skipped_with_reasons_and_replaced(tmp_path: Path) -> None:
+    make_image(tmp_path / "a_good.png")
+    (tmp_path / "b_corrupt.png").write_bytes(b"this is not a png at all")
+    whole = make_image(tmp_path / "full.png", size=(200, 200)).read_bytes()
+    (tmp_path / "full.png").unlink()
+    (tmp_path / "c_truncated.png").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "d_empty.jpg").write_bytes(b"")
+    make_image(tmp_path / "e_good.png")
+    make_image(tmp_path / "f_good.png")
+
+    sel = select_images(tmp_path, max_images=2)
+
+    # The three bad files come before the second good one, which takes their place.
+    assert names(sel) == ["a_good.png", "e_good.png"]
+    reasons = {s.path.name: s.reason for s in sel.skipped}
+    assert list(reasons) == ["b_corrupt.png", "c_truncated.png", "d_empty.jpg"]
+    assert reasons["b_corrupt.png"] == "not a readable image: cannot identify image file"
+    assert reasons["c_truncated.png"].startswith("not a readable image:")
+    assert "truncated" in reasons["c_truncated.png"]
+    assert reasons["d_empty.jpg"] == "empty file (0 bytes)"
+    assert sel.discovered == 6
+
+
+def test_on_error_fail_raises_naming_the_file(tmp_path: Path) -> None:
+    make_image(tmp_path / "a_good.png")
+    (tmp_path / "b_corrupt.png").write_bytes(b"garbage")
+
+    with pytest.raises(UserError) as info:
+        select_images(tmp_path, on_error="fail")
+
+    message = str(info.value)
+    assert str(tmp_path.resolve() / "b_corrupt.png") in message
+    assert "dataset.on_error=skip" in message
+
+
+def test_only_bad_files_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "a.png").write_bytes(b"garbage")
+    (tmp_path / "b.jpg").write_bytes(b"")
+    with pytest.raises(UserError, match=r"none of the files under .* is a readable image"):
+        select_images(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "pattern"),
+    [
+        ({"sampling": "shuffle"}, "dataset.sampling='shuffle'"),
+        ({"on_error": "ignore"}, "dataset.on_error='ignore'"),
+        ({"max_images": 0}, "dataset.max_images=0"),
+    ],
+)
+def test_bad_options_are_user_errors(tmp_path: Path, kwargs: dict[str, Any], pattern: str) -> None:
+    make_folder(tmp_path, 1)
+    with pytest.raises(UserError, match=pattern):
+        select_images(tmp_path, **kwargs)
+
+
+def test_max_images_takes_the_first_in_sorted_order(tmp_path: Path) -> None:
+    all_names = make_folder(tmp_path, 5)
+
+    sel = select_images(tmp_path, max_images=3)
+    assert names(sel) == all_names[:3]
+    assert sel.max_images == 3
+
+    assert names(select_images(tmp_path, max_images=50)) == all_names
+
+
+def test_random_sampling_is_deterministic_per_seed(tmp_path: Path) -> None:
+    all_names = make_folder(tmp_path, 12)
+
+    first = select_images(tmp_path, sampling="random", seed=7, max_images=5)
+    again = select_images(tmp_path, sampling="random", seed=7, max_images=5)
+    other = select_images(tmp_path, sampling="random", seed=8, max_images=5)
+    everything = select_images(tmp_path, sampling="random", seed=7)
+
+    assert names(first) == names(again)
+    assert len(names(first)) == 5 and set(names(first)) <= set(all_names)
+    assert names(first) != names(other)
+    assert names(everything)[:5] == names(first)  # max_images cuts the same shuffled order
+    assert sorted(names(everything)) == all_names
+    assert names(everything) != all_names
+    assert (first.sampling, first.seed) == ("random", 7)
+
+
+def test_bundled_samples_exist_and_are_small() -> None:
+    folder = bundled_samples_dir()
+    assert folder.is_dir()
+
+    sel = select_images(folder)
+
+    assert names(sel) == list(BUNDLED)
+    assert sel.skipped == ()
+    total = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+    assert total < 2 * 1024 * 1024
+    assert (folder / "README.md").is_file()
+
+
+def test_bundled_samples_tile_counts_from_transformers() -> None:
+    module = pytest.importorskip("transformers.models.deepseek_ocr2.image_processing_pil_deepseek_ocr2")
+    processor = module.DeepseekOcr2ImageProcessorPil()
+    entries: dict[str, ImageEntry] = {e.path.name: e for e in select_images(bundled_samples_dir()).images}
+
+    tiles = {}
+    for name in ("page_portrait.png", "snippet_small.png", "receipt_long.png"):
+        with Image.open(entries[name].path) as img:
+            tiles[name] = int(processor(img.convert("RGB"))["num_local_patches"][0])
+
+    assert tiles == {"page_portrait.png": 6, "snippet_small.png": 0, "receipt_long.png": 4}
+    assert max(entries["snippet_small.png"].width, entries["snippet_small.png"].height) <= 768
+    readme = (bundled_samples_dir() / "README.md").read_text(encoding="utf-8")
+    assert "| `page_portrait.png` |" in readme and "| 1240 x 1754 |" in readme

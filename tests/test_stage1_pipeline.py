@@ -1,0 +1,115 @@
+"""Stage 1 in-process: settings, run ids, Ctrl-C, and the packaging of configs and entry points."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from importlib.metadata import entry_points
+from importlib.resources import files
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+from omegaconf import DictConfig
+
+from llm_perf_opt.cli.common import new_run_id, register_resolvers
+from llm_perf_opt.errors import UserError
+from llm_perf_opt.pipeline.stage1 import Stage1Run, resolve_settings
+from llm_perf_opt.session.session import DeepSeekOCRSession
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def compose_stage1(*overrides: str) -> DictConfig:
+    register_resolvers()
+    with initialize_config_module(version_base="1.3", config_module="llm_perf_opt.conf"):
+        return compose("stage1", overrides=list(overrides))
+
+
+def test_device_defaults_fill_only_unset_keys() -> None:
+    cfg = compose_stage1("run.repeats=7")
+    cpu = resolve_settings(cfg, torch.device("cpu"))
+    assert (cpu.repeats, cpu.warmup, cpu.max_new_tokens, cpu.max_images, cpu.sampling) == (7, 0, 8, 1, "smallest")
+    assert cpu.sources["run.repeats"] == "config/override"
+    assert cpu.sources["run.warmup"] == "device default (cpu)"
+    gpu = resolve_settings(cfg, torch.device("cuda", 0))
+    assert (gpu.repeats, gpu.warmup, gpu.max_new_tokens, gpu.max_images, gpu.sampling) == (7, 1, 32, None, "sorted")
+
+
+@pytest.mark.parametrize("override", ["run.repeats=0", "run.warmup=-1", "infer.max_new_tokens=0", "run.repeats=abc"])
+def test_invalid_settings_raise_user_errors(override: str) -> None:
+    key = override.split("=")[0]
+    with pytest.raises(UserError, match=key.replace(".", r"\.")):
+        resolve_settings(compose_stage1(override), torch.device("cpu"))
+
+
+def test_run_ids_never_collide_within_a_second() -> None:
+    ids = {new_run_id() for _ in range(200)}
+    assert len(ids) == 200
+    assert all(len(i.split("-")) == 3 for i in ids)
+
+
+def test_default_run_dir_is_under_tmp_stage1() -> None:
+    register_resolvers()
+    with initialize_config_module(version_base="1.3", config_module="llm_perf_opt.conf"):
+        cfg = compose("stage1", return_hydra_config=True)
+    assert str(cfg.hydra.run.dir).startswith("tmp/stage1/")
+
+
+def test_ctrl_c_keeps_what_was_measured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = compose_stage1(
+        "model=deepseek_ocr2_tiny", "device=cpu", "run.repeats=3", "infer.max_new_tokens=2",
+        "pipeline/torch_profiler=min",
+    )
+    real = DeepSeekOCRSession.run_image
+    calls = {"n": 0}
+
+    def interrupted_on_second(self: DeepSeekOCRSession, *args: object, **kwargs: object) -> object:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(DeepSeekOCRSession, "run_image", interrupted_on_second)
+    run = Stage1Run(cfg, tmp_path / "run", run_id="ctrl-c")
+    with pytest.raises(KeyboardInterrupt):
+        run.execute()
+    status = json.loads((tmp_path / "run" / "run_status.json").read_text())
+    assert status["state"] == "interrupted"
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["settings"]["partial"] is True
+    assert len(metrics["records"]) == 1
+    assert "did not finish" in (tmp_path / "run" / "report.md").read_text()
+
+
+def test_a_folder_holding_a_run_is_not_reused(tmp_path: Path) -> None:
+    cfg = compose_stage1("model=deepseek_ocr2_tiny", "device=cpu", "dataset.root=/nonexistent")
+    with pytest.raises(UserError):
+        Stage1Run(cfg, tmp_path / "run", run_id="first").execute()
+    with pytest.raises(UserError, match="already holds a failed run"):
+        Stage1Run(cfg, tmp_path / "run", run_id="second").execute()
+
+
+def test_configs_ship_inside_the_package() -> None:
+    conf = files("llm_perf_opt") / "conf"
+    for name in ("stage1.yaml", "model/deepseek_ocr2.yaml", "model/deepseek_ocr2_tiny.yaml", "dataset/samples.yaml",
+                 "pipeline/torch_profiler/default.yaml", "pipeline/torch_profiler/min.yaml",
+                 "pipeline/torch_profiler/max.yaml"):
+        assert (conf / name).is_file(), name
+
+
+def test_pixi_tasks_name_real_entry_points() -> None:
+    manifest = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    scripts = manifest["project"]["scripts"]
+    tasks = manifest["tool"]["pixi"]["tasks"]
+    assert {"stage1-run", "test"} <= set(tasks)
+    installed = {ep.name: ep for ep in entry_points(group="console_scripts")}
+    for task, command in tasks.items():
+        program = command.split()[0]
+        if program in scripts:
+            assert program in installed, f"{program} is not installed as a console script"
+            assert callable(installed[program].load())
+        else:
+            assert program in {"pytest", "ruff"}, f"pixi task {task} runs unknown program {program}"
+    assert manifest["tool"]["pixi"]["pypi-dependencies"]["llm-perf-opt"]["path"] == "."

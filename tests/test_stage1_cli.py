@@ -40,7 +40,9 @@ def pages(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tiny_run(pages: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, subprocess.CompletedProcess[str]]:
+def tiny_run(
+    pages: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, Path, subprocess.CompletedProcess[str]]:
     out = tmp_path_factory.mktemp("runs") / "tiny"
     viz = tmp_path_factory.mktemp("viz-abs")
     done = stage1(
@@ -63,8 +65,16 @@ def test_tiny_run_completes_with_every_artifact(tiny_run: tuple[Path, Path, subp
     out, viz, done = tiny_run
     assert done.returncode == 0, done.stderr[-3000:]
     for name in (
-        "report.md", "metrics.json", "operators.md", "stakeholder_summary.md", "env.json", "inputs.yaml",
-        "assumptions.md", "config.yaml", "run_status.json", "predictions/predictions.jsonl",
+        "report.md",
+        "metrics.json",
+        "operators.md",
+        "stakeholder_summary.md",
+        "env.json",
+        "inputs.yaml",
+        "assumptions.md",
+        "config.yaml",
+        "run_status.json",
+        "predictions/predictions.jsonl",
         "torch_profiler/trace.json.gz",
     ):
         assert (out / name).is_file(), name
@@ -101,8 +111,17 @@ def test_metrics_schema(tiny_run: tuple[Path, Path, subprocess.CompletedProcess[
     tiles = {r["image"]: r["tiles"] for r in records}
     assert tiles == {"slide_square.png": 4, "snippet_small.png": 0}
     stage_names = [s["stage"] for s in m["stages"]]
-    for name in ("preprocess", "prefill", "vision/sam", "vision/encoder", "vision/projector", "ttft", "decode",
-                 "decode/step", "e2e"):
+    for name in (
+        "preprocess",
+        "prefill",
+        "vision/sam",
+        "vision/encoder",
+        "vision/projector",
+        "ttft",
+        "decode",
+        "decode/step",
+        "e2e",
+    ):
         assert name in stage_names
     summary = next(s for s in m["stages"] if s["stage"] == "prefill")["summary"]
     assert set(summary) >= {"n", "mean", "std", "min", "p50", "p90", "max", "cv", "ci95_low", "ci95_high", "unit"}

@@ -59,7 +59,10 @@ def test_default_run_dir_is_under_tmp_stage1() -> None:
 
 def test_ctrl_c_keeps_what_was_measured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = compose_stage1(
-        "model=deepseek_ocr2_tiny", "device=cpu", "run.repeats=3", "infer.max_new_tokens=2",
+        "model=deepseek_ocr2_tiny",
+        "device=cpu",
+        "run.repeats=3",
+        "infer.max_new_tokens=2",
         "pipeline/torch_profiler=min",
     )
     real = DeepSeekOCRSession.run_image
@@ -93,9 +96,15 @@ def test_a_folder_holding_a_run_is_not_reused(tmp_path: Path) -> None:
 
 def test_configs_ship_inside_the_package() -> None:
     conf = files("llm_perf_opt") / "conf"
-    for name in ("stage1.yaml", "model/deepseek_ocr2.yaml", "model/deepseek_ocr2_tiny.yaml", "dataset/samples.yaml",
-                 "pipeline/torch_profiler/default.yaml", "pipeline/torch_profiler/min.yaml",
-                 "pipeline/torch_profiler/max.yaml"):
+    for name in (
+        "stage1.yaml",
+        "model/deepseek_ocr2.yaml",
+        "model/deepseek_ocr2_tiny.yaml",
+        "dataset/samples.yaml",
+        "pipeline/torch_profiler/default.yaml",
+        "pipeline/torch_profiler/min.yaml",
+        "pipeline/torch_profiler/max.yaml",
+    ):
         assert (conf / name).is_file(), name
 
 

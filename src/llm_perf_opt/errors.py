@@ -17,3 +17,17 @@ class UserError(Exception):
         fix = fix.strip().rstrip(".")
         self.fix = fix[:1].upper() + fix[1:]
         super().__init__(f"{self.problem}. {self.fix}.")
+
+
+def require_whole(name: str, value: object, minimum: int) -> int:
+    """`value` as an int of at least `minimum`, or a UserError naming the setting `name`."""
+    fix = f"Set {name} to a whole number ≥ {minimum}"
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise UserError(f"{name}={value} is not a whole number", fix)
+    try:
+        number = int(value)
+    except ValueError:
+        raise UserError(f"{name}={value} is not a whole number", fix) from None
+    if number < minimum:
+        raise UserError(f"{name}={value} is out of range", fix)
+    return number

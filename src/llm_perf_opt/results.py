@@ -103,5 +103,6 @@ class Stage1Metrics:
     flops_per_image: Mapping[str, Mapping[str, float]]  # image -> stage -> FLOPs per pass
     top_operators: tuple[OperatorRow, ...]
     operator_sort_key: str | None
+    profiler: Mapping[str, Any] | None  # the profiled pass: events, decode steps, post-processing seconds
     warnings: tuple[str, ...]
     config_digest: str

@@ -45,8 +45,9 @@ def _grouped_mm_flops(
     if mat_a.dim() == 2 and mat_b.dim() == 2:  # [M, K] x [K, N], groups along K
         k = int(offs[-1]) if offs is not None and offs.device.type != "meta" else mat_a.shape[1]
         return 2 * mat_a.shape[0] * k * mat_b.shape[1]
-    # [G, M, K] x [K, N] with groups along M
-    return 2 * mat_a.shape[0] * mat_a.shape[1] * mat_a.shape[2] * mat_b.shape[-1]
+    # [G, M, K] x [K, N] with groups along N: group g multiplies its own slice of columns
+    n = int(offs[-1]) if offs is not None and offs.device.type != "meta" else mat_b.shape[-1]
+    return 2 * mat_a.shape[1] * mat_a.shape[2] * n
 
 
 _grouped_mm_flops._get_raw = True  # type: ignore[attr-defined]  # FlopCounterMode passes tensors, not shapes

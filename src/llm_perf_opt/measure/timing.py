@@ -98,3 +98,16 @@ class StageRecorder:
         """Forget every span (open spans included)."""
         self._spans.clear()
         self._open.clear()
+
+
+class NullRecorder(StageRecorder):
+    """Records nothing and emits no NVTX: the uninstrumented baseline for overhead benchmarks."""
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__(device, nvtx=False)
+
+    def begin(self, name: str) -> None:
+        """Do nothing."""
+
+    def end(self, name: str) -> None:
+        """Do nothing."""

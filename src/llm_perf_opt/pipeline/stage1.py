@@ -6,7 +6,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from llm_perf_opt import artifacts
 from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.data.dataset import DatasetSelection, select_images
 from llm_perf_opt.env_info import collect_env
-from llm_perf_opt.errors import UserError
+from llm_perf_opt.errors import UserError, require_whole
 from llm_perf_opt.hardware.table import peak_compute
 from llm_perf_opt.measure import stages
 from llm_perf_opt.measure.aggregate import stage_stats, throughput
@@ -44,18 +44,6 @@ class RunSettings:
     sources: Mapping[str, str]  # key -> "override/config" or "device default (cpu)"
 
 
-def _whole(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise UserError(f"{name}={value} is not a whole number", f"Set {name} to a whole number ≥ {minimum}")
-    try:
-        number = int(value)
-    except ValueError:
-        raise UserError(f"{name}={value} is not a whole number", f"Set {name} to a whole number ≥ {minimum}") from None
-    if number < minimum:
-        raise UserError(f"{name}={value} is out of range", f"Set {name} to a whole number ≥ {minimum}")
-    return number
-
-
 def resolve_settings(cfg: DictConfig, device: torch.device) -> RunSettings:
     """Explicit values win; unset (null) keys take the device default. Bad values raise UserError."""
     defaults = cfg.run.device_defaults["cuda" if device.type == "cuda" else "cpu"]
@@ -76,10 +64,12 @@ def resolve_settings(cfg: DictConfig, device: torch.device) -> RunSettings:
             chosen[short] = value
             sources[key] = "config/override"
     return RunSettings(
-        repeats=_whole("run.repeats", chosen["repeats"], 1),
-        warmup=_whole("run.warmup", chosen["warmup"], 0),
-        max_new_tokens=_whole("infer.max_new_tokens", chosen["max_new_tokens"], 1),
-        max_images=None if chosen["max_images"] is None else _whole("dataset.max_images", chosen["max_images"], 1),
+        repeats=require_whole("run.repeats", chosen["repeats"], 1),
+        warmup=require_whole("run.warmup", chosen["warmup"], 0),
+        max_new_tokens=require_whole("infer.max_new_tokens", chosen["max_new_tokens"], 1),
+        max_images=None
+        if chosen["max_images"] is None
+        else require_whole("dataset.max_images", chosen["max_images"], 1),
         sampling=str(chosen["sampling"]),
         sources=sources,
     )
@@ -211,7 +201,7 @@ class Stage1Run:
             self.state.operators = profile_image(
                 session,
                 first,
-                decode_steps=_whole("pipeline.torch_profiler.decode_steps", prof.decode_steps, 0),
+                decode_steps=require_whole("pipeline.torch_profiler.decode_steps", prof.decode_steps, 0),
                 record_shapes=bool(prof.record_shapes),
                 profile_memory=bool(prof.profile_memory),
                 with_stack=bool(prof.with_stack),
@@ -268,7 +258,7 @@ class Stage1Run:
             schema_version=SCHEMA_VERSION,
             run_id=self.run_id,
             stage="stage1",
-            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            created=datetime.now(UTC).isoformat(timespec="seconds"),
             model=ModelInfo(
                 name=str(cfg.model.name),
                 adapter=str(cfg.model.adapter),
@@ -308,6 +298,14 @@ class Stage1Run:
             flops_per_image=flops_per_image,
             top_operators=ops.overall[: int(cfg.pipeline.torch_profiler.top_k)] if ops else (),
             operator_sort_key=ops.sort_key if ops else None,
+            profiler=None
+            if ops is None
+            else {
+                "events": ops.events,
+                "decode_steps": ops.decode_steps,
+                "postprocess_s": ops.postprocess_s,
+                "trace": ops.trace_path,
+            },
             warnings=warnings,
             config_digest=config_digest(cfg),
         )

@@ -34,7 +34,7 @@ class Doc:
             return
         cells = [str(h) for h in header]
         for row in rows:
-            cells.extend(str(c).replace("|", "\\|") for c in row)
+            cells.extend(str(c) for c in row)  # mdutils escapes "|" itself
         self._md.new_table(columns=len(header), rows=len(rows) + 1, text=cells, text_align=align)
 
     def image(self, alt: str, path: str) -> None:
@@ -55,6 +55,7 @@ def flops(value: float | None) -> str:
     """FLOPs with a unit prefix (GFLOP, TFLOP)."""
     if value is None:
         return "n/a"
+    value = float(f"{value:.3g}")  # round first, so 999.9e9 reads "1 TFLOP", not "1e+03 GFLOP"
     for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
         if abs(value) >= scale:
             return f"{value / scale:,.3g} {unit}"

@@ -44,7 +44,7 @@ def resolve_device(spec: str) -> torch.device:
                 f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'})",
                 "Run on a machine with an NVIDIA GPU and a CUDA build of torch, or use device=cpu (or device=auto)",
             )
-        index = int(spec.split(":", 1)[1]) if ":" in spec else torch.cuda.current_device()
+        index = _cuda_index(spec)
         if index >= torch.cuda.device_count():
             raise UserError(
                 f"device={spec} names GPU {index} but only {torch.cuda.device_count()} GPU(s) are visible",
@@ -52,6 +52,15 @@ def resolve_device(spec: str) -> torch.device:
             )
         return torch.device("cuda", index)
     raise UserError(f"device={spec} is not a device name", "Use device=auto, device=cpu, device=cuda or cuda:N")
+
+
+def _cuda_index(spec: str) -> int:
+    if ":" not in spec:
+        return torch.cuda.current_device()
+    text = spec.split(":", 1)[1]
+    if not text.isdigit():
+        raise UserError(f"device={spec} has no valid GPU index", "Use device=cuda:N with N = 0, 1, …")
+    return int(text)
 
 
 def resolve_dtype(spec: str | None, device: torch.device) -> torch.dtype:
@@ -145,6 +154,17 @@ class DeepSeekOCRSession:
             handles.append(module.register_forward_hook(post_hook))
         return handles
 
+    def remove_stage_hooks(self) -> None:
+        """Detach the vision-stage hooks (for uninstrumented baselines); :meth:`install_stage_hooks` restores them."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+
+    def install_stage_hooks(self) -> None:
+        """Attach the vision-stage hooks if they are not attached."""
+        if not self._hooks:
+            self._hooks = self._install_stage_hooks()
+
     @property
     def vision_stages(self) -> tuple[str, ...]:
         return tuple(self.adapter.vision_stage_modules)
@@ -234,15 +254,3 @@ class DeepSeekOCRSession:
             tiles=prepared.tiles,
             peak_memory_bytes=peak,
         )
-
-
-def check_positive(name: str, value: int, *, allow_zero: bool = False) -> int:
-    """`value` as int, or a UserError naming the override."""
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise UserError(f"{name}={value} is not a whole number", f"Set {name} to a whole number") from None
-    if number < 0 or (number == 0 and not allow_zero):
-        bound = "0 or more" if allow_zero else "1 or more"
-        raise UserError(f"{name}={value} is out of range", f"Set {name} to {bound}")
-    return number

@@ -1,0 +1,102 @@
+"""Benchmark: what NVTX ranges + CUDA-event stage timing add to end-to-end latency.
+
+Side by side in one process on one loaded session, interleaved passes of the same image:
+- instrumented: `session.run_image` (NVTX ranges, CUDA events, vision-stage hooks);
+- uninstrumented: the same preprocess + prefill + decode with a no-op recorder and the hooks detached.
+Both are timed by the same wall clock around the whole pass with a device synchronisation at each end.
+
+    python bench/instrumentation_overhead.py --model deepseek_ocr2 --repeats 7 --out overhead.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_module
+
+from llm_perf_opt.cli.common import register_resolvers
+from llm_perf_opt.data.dataset import bundled_samples_dir
+from llm_perf_opt.measure.timing import NullRecorder
+from llm_perf_opt.session.session import DeepSeekOCRSession, device_name, resolve_device
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="deepseek_ocr2")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--image", default=str(bundled_samples_dir() / "page_portrait.png"))
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+
+    register_resolvers()
+    with initialize_config_module(version_base="1.3", config_module="llm_perf_opt.conf"):
+        cfg = compose("stage1", overrides=[f"model={args.model}"])
+    device = resolve_device(args.device)
+    session = DeepSeekOCRSession.load(cfg.model, device)
+    image = Path(args.image)
+
+    def instrumented() -> float:
+        _sync(device)
+        start = time.perf_counter()
+        session.run_image(image, args.new_tokens)
+        _sync(device)
+        return (time.perf_counter() - start) * 1e3
+
+    def plain() -> float:
+        session.remove_stage_hooks()
+        try:
+            _sync(device)
+            start = time.perf_counter()
+            session.generate(session.prepare(image), args.new_tokens, NullRecorder(device))
+            _sync(device)
+            return (time.perf_counter() - start) * 1e3
+        finally:
+            session.install_stage_hooks()
+
+    for _ in range(args.warmup):
+        plain()
+        instrumented()
+    with_ms, without_ms = [], []
+    for i in range(args.repeats):  # interleave, alternating which goes first
+        if i % 2:
+            with_ms.append(instrumented())
+            without_ms.append(plain())
+        else:
+            without_ms.append(plain())
+            with_ms.append(instrumented())
+    med_with, med_without = statistics.median(with_ms), statistics.median(without_ms)
+    result = {
+        "benchmark": "instrumentation_overhead",
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "device": device_name(device),
+        "model": args.model,
+        "image": image.name,
+        "new_tokens": args.new_tokens,
+        "repeats": args.repeats,
+        "instrumented_ms": with_ms,
+        "uninstrumented_ms": without_ms,
+        "median_instrumented_ms": med_with,
+        "median_uninstrumented_ms": med_without,
+        "overhead_pct": (med_with / med_without - 1) * 100,
+    }
+    print(json.dumps({k: v for k, v in result.items() if not k.endswith("ed_ms")}, indent=2))
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

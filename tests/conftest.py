@@ -1,0 +1,95 @@
+"""Shared fixtures: Hydra-composed model configs, one tiny CPU session per test run, synthetic page images."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+from omegaconf import DictConfig
+from PIL import Image
+
+from llm_perf_opt.cli.common import register_resolvers
+
+# Page sizes (width, height) and the tiles DeepSeek-OCR-2's preprocessing cuts them into (reference §2, §3.4).
+PAGE_SIZES: dict[str, tuple[int, int]] = {
+    "a4": (1240, 1754),  # 6 tiles, 1121 image tokens
+    "square700": (700, 700),  # 0 tiles, 257
+    "small": (700, 500),  # 0 tiles, 257 (the cheapest page to run)
+    "wide": (3000, 1000),  # 3 tiles, 689
+    "two_tiles": (1536, 768),  # 2 tiles, 545 (the cheapest page with tiles)
+}
+
+
+def compose_stage1(*overrides: str) -> DictConfig:
+    """The stage1 config composed by Hydra with `overrides`."""
+    register_resolvers()
+    with initialize_config_module(version_base="1.3", config_module="llm_perf_opt.conf"):
+        return compose("stage1", overrides=list(overrides))
+
+
+@pytest.fixture(scope="session")
+def compose_model() -> Callable[..., DictConfig]:
+    """`compose_model("model=deepseek_ocr2_tiny", "model.seed=1")` -> the composed `model` node."""
+    return lambda *overrides: compose_stage1(*overrides).model
+
+
+@pytest.fixture(scope="session")
+def tiny_model_cfg() -> DictConfig:
+    """`model=deepseek_ocr2_tiny` (defaults: sdpa attention, transformers' default experts backend)."""
+    return compose_stage1("model=deepseek_ocr2_tiny").model
+
+
+@pytest.fixture(scope="session")
+def full_model_cfg() -> DictConfig:
+    """The shipped full-size `model=deepseek_ocr2` config."""
+    return compose_stage1("model=deepseek_ocr2").model
+
+
+@pytest.fixture(scope="session")
+def tiny_session(tiny_model_cfg: DictConfig) -> Any:
+    """One tiny DeepSeek-OCR-2 (random weights, fp32) on the CPU, shared by every test that runs the model."""
+    from llm_perf_opt.session.session import DeepSeekOCRSession
+
+    return DeepSeekOCRSession.load(tiny_model_cfg, torch.device("cpu"))
+
+
+@pytest.fixture(scope="session")
+def page_images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """White page PNGs of PAGE_SIZES, by name."""
+    root = tmp_path_factory.mktemp("pages")
+    out = {}
+    for name, size in PAGE_SIZES.items():
+        out[name] = root / f"{name}.png"
+        Image.new("RGB", size, "white").save(out[name])
+    return out
+
+
+def _decode_step_flops(session: Any, cached: int) -> int:
+    """FLOPs of one decode forward whose KV cache already holds `cached` positions (its query attends cached + 1
+    keys), counted independently of `count_stage_flops`: the cache is filled with zeros, no prefill runs."""
+    from transformers import DynamicCache
+
+    from llm_perf_opt.measure.flops import flop_counter
+
+    text = session.model.config.text_config
+    cache = DynamicCache()
+    if cached:
+        for layer in range(text.num_hidden_layers):
+            kv = torch.zeros(1, text.num_key_value_heads, cached, text.head_dim, dtype=session.dtype)
+            cache.update(kv, kv.clone(), layer)
+    mask = torch.ones(1, cached + 1, dtype=torch.long)
+    with torch.inference_mode(), flop_counter() as counter:
+        session.model(
+            input_ids=torch.tensor([[5]]), attention_mask=mask, past_key_values=cache, use_cache=True, logits_to_keep=1
+        )
+    return int(counter.get_total_flops())
+
+
+@pytest.fixture(scope="session")
+def decode_step_flops() -> Callable[[Any, int], int]:
+    """`decode_step_flops(session, cached)`: counted FLOPs of one decode step over a `cached`-long KV cache."""
+    return _decode_step_flops

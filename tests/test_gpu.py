@@ -1,0 +1,83 @@
+"""GPU tests: run on the device machine (`pytest -m gpu`); they skip where CUDA is absent."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+
+from llm_perf_opt.cli.common import register_resolvers
+from llm_perf_opt.data.dataset import bundled_samples_dir
+from llm_perf_opt.measure.timing import StageRecorder
+from llm_perf_opt.session.session import DeepSeekOCRSession
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_cuda_fp32() -> DeepSeekOCRSession:
+    register_resolvers()
+    with initialize_config_module(version_base="1.3", config_module="llm_perf_opt.conf"):
+        cfg = compose("stage1", overrides=["model=deepseek_ocr2_tiny", "model.dtype=float32"])
+    return DeepSeekOCRSession.load(cfg.model, torch.device("cuda", 0))
+
+
+def test_cuda_events_time_nested_spans() -> None:
+    rec = StageRecorder(torch.device("cuda", 0))
+    a = torch.randn(2048, 2048, device="cuda")
+    with rec.span("outer"), rec.span("inner"):
+        for _ in range(10):
+            a = a @ a / 2048
+    spans = dict(rec.spans_ms())
+    assert rec.uses_cuda_events
+    assert spans["outer"] >= spans["inner"] > 0
+
+
+def test_explicit_loop_matches_generate_on_gpu(tiny_cuda_fp32: DeepSeekOCRSession) -> None:
+    image = bundled_samples_dir() / "slide_square.png"
+    measured = tiny_cuda_fp32.run_image(image, 6)
+    prepared = tiny_cuda_fp32.prepare(image)
+    reference = tiny_cuda_fp32.model.generate(
+        **prepared.model_inputs, max_new_tokens=6, min_new_tokens=6, do_sample=False
+    )
+    assert list(measured.token_ids) == reference[0, prepared.prompt_tokens :].tolist()
+    assert measured.peak_memory_bytes and measured.peak_memory_bytes > 0
+    assert measured.prefill_ms >= sum(measured.stage_ms[s] for s in tiny_cuda_fp32.vision_stages)
+
+
+def test_stage1_tiny_on_gpu_has_mfu(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "llm_perf_opt.cli.stage1",
+            "model=deepseek_ocr2_tiny",
+            "device=cuda",
+            "run.repeats=3",
+            "infer.max_new_tokens=4",
+            "dataset.max_images=2",
+            f"hydra.run.dir={out}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["device"]["timing_method"].startswith("CUDA events")
+    mfu = {r["stage"]: r for r in metrics["mfu"]}
+    if metrics["device"]["name"].startswith("NVIDIA H1") or "H200" in metrics["device"]["name"]:
+        assert mfu["prefill"]["peak"]["dtype_key"] == "bf16"
+        assert 0 < mfu["prefill"]["mfu"] < 1
+    assert metrics["operator_sort_key"] == "self_device_ms"
+    assert metrics["top_operators"][0]["self_device_ms"] > 0

@@ -1,0 +1,377 @@
+"""Report building blocks: number formats and tables, grounding boxes and thumbnails, and the findings and
+recommendations derived from (synthetic) measured numbers."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import attrs
+import pytest
+from PIL import Image
+
+from llm_perf_opt.hardware.table import PeakFigure
+from llm_perf_opt.measure import stages
+from llm_perf_opt.measure.aggregate import E2E, TTFT, stage_stats, throughput
+from llm_perf_opt.measure.flops import StageFlops
+from llm_perf_opt.measure.mfu import mfu_by_stage
+from llm_perf_opt.report import gallery, markdown
+from llm_perf_opt.report.recommendations import key_findings, recommendations
+from llm_perf_opt.results import DeviceInfo, ImageRecord, ModelInfo, Stage1Metrics
+
+# ---- markdown ------------------------------------------------------------------------------------------------
+
+
+def test_flops_format() -> None:
+    assert markdown.flops(1.5e12) == "1.5 TFLOP"
+    assert markdown.flops(2.5e9) == "2.5 GFLOP"
+    assert markdown.flops(3.389e15) == "3.39 PFLOP"
+    assert markdown.flops(1_234_000.0) == "1.23 MFLOP"
+    assert markdown.flops(999) == "999 FLOP"
+    assert markdown.flops(0) == "0 FLOP"
+    assert markdown.flops(-2e9) == "-2 GFLOP"
+    assert markdown.flops(None) == "n/a"
+
+
+def test_flops_format_at_a_unit_boundary() -> None:
+    text = markdown.flops(999.9e9)
+    assert "e+" not in text
+    assert text.endswith(" TFLOP")
+
+
+def test_pct_ms_and_bytes_formats() -> None:
+    assert markdown.pct(0.1234) == "12.3%"
+    assert markdown.pct(0.5, digits=0) == "50%"
+    assert markdown.pct(None) == "n/a"
+    assert markdown.ms(1234.56) == "1,234.6"
+    assert markdown.ms(0.123, digits=3) == "0.123"
+    assert markdown.ms(None) == "n/a"
+    assert markdown.num_bytes(100) == "100 B"
+    assert markdown.num_bytes(1536) == "1.50 KiB"
+    assert markdown.num_bytes(5 * 2**20) == "5.00 MiB"
+    assert markdown.num_bytes(6.78e9) == "6.31 GiB"
+    assert markdown.num_bytes(None) == "n/a"
+
+
+def _gfm_cells(line: str) -> list[str]:
+    """The cells of one GFM table row, split the way GitHub does: a backslash escapes the next character."""
+    cells, cell, i = [], "", 1 if line.startswith("|") else 0
+    while i < len(line):
+        char = line[i]
+        if char == "\\" and i + 1 < len(line):
+            cell += line[i : i + 2]
+            i += 2
+            continue
+        if char == "|":
+            cells.append(cell)
+            cell = ""
+        else:
+            cell += char
+        i += 1
+    if cell:
+        cells.append(cell)
+    return cells
+
+
+def test_doc_structure_and_table() -> None:
+    doc = markdown.Doc("Stage 1 report")
+    doc.h2("Timings")
+    doc.table(["stage", "p50 (ms)"], [["prefill", markdown.ms(12.0)], ["decode", "3.0"]])
+    doc.h3("Nothing")
+    doc.table(["stage"], [])
+    doc.bullets(["first", "second"])
+    doc.para("closing words")
+    text = doc.text()
+    assert text.startswith("# Stage 1 report\n")
+    assert "\n## Timings\n" in text
+    assert "\n### Nothing\n" in text
+    assert "|stage|p50 (ms)|" in text
+    assert "|prefill|12.0|" in text
+    assert "_(none)_" in text
+    assert "- first\n- second" in text
+    assert text.endswith("closing words\n")
+
+
+def test_doc_table_escapes_pipes() -> None:
+    doc = markdown.Doc("t")
+    doc.table(["name", "value"], [["a|b", "1"]])
+    row = next(line for line in doc.text().splitlines() if line.startswith("|a"))
+    assert "a|b|" not in row  # the pipe is escaped, not left bare
+    assert "\\|" in row
+
+
+def test_doc_table_pipe_stays_in_one_cell() -> None:
+    doc = markdown.Doc("t")
+    doc.table(["name", "value"], [["a|b", "1"]])
+    row = next(line for line in doc.text().splitlines() if line.startswith("|a"))
+    assert _gfm_cells(row) == ["a\\|b", "1"]
+
+
+# ---- gallery ------------------------------------------------------------------------------------------------
+
+GROUNDING = "<|ref|>title<|/ref|><|det|>[[10, 20, 500, 80]]<|/det|>"
+
+
+def test_parse_boxes_grounding_string() -> None:
+    (box,) = gallery.parse_boxes(GROUNDING)
+    assert box == gallery.GroundingBox("title", 10.0, 20.0, 500.0, 80.0)
+    text = (
+        "# Heading\n<|ref|> text <|/ref|><|det|>[[1, 2, 3, 4], [5.5, 6, 7, 8]]<|/det|>\nbody\n"
+        "<|ref|>table<|/ref|>\n<|det|>[[100, 200, 900, 950]]<|/det|>"
+    )
+    boxes = gallery.parse_boxes(text)
+    assert [(b.label, b.x1, b.y2) for b in boxes] == [("text", 1.0, 4.0), ("text", 5.5, 8.0), ("table", 100.0, 950.0)]
+    assert gallery.count_boxes(text) == 3
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        None,
+        "",
+        "plain text without grounding",
+        "<|ref|>title<|/ref|><|det|>[[10, 20, 500]]<|/det|>",  # three coordinates
+        "<|ref|>title<|/ref|><|det|>[[10, 20, 500, 80<|/det|>",  # unclosed list
+        "<|ref|>title<|/ref|><|det|>[['a', 'b', 'c', 'd']]<|/det|>",  # not numbers
+        "<|ref|>title<|/ref|><|det|>[[10, 20, 500, 80]]",  # no closing det tag
+        "<|ref|>title<|/ref|><|det|>__import__('os')<|/det|>",  # never evaluated
+    ],
+)
+def test_parse_boxes_malformed(text) -> None:
+    assert gallery.parse_boxes(text) == []
+    assert gallery.count_boxes(text) == 0
+
+
+def test_parse_boxes_keeps_good_boxes_next_to_bad_ones() -> None:
+    text = "<|ref|>a<|/ref|><|det|>[[1, 2]]<|/det|> <|ref|>b<|/ref|><|det|>[[1, 2, 3, 4], [9]]<|/det|>"
+    assert gallery.parse_boxes(text) == [gallery.GroundingBox("b", 1.0, 2.0, 3.0, 4.0)]
+
+
+def _is_red(pixel: tuple[int, int, int]) -> bool:
+    r, g, b = pixel
+    return r > 150 and g < 120 and b < 120
+
+
+def test_thumbnail_with_boxes_draws_red_box(tmp_path: Path) -> None:
+    page = tmp_path / "page.png"
+    Image.new("RGB", (1000, 500), "white").save(page)
+    target = gallery.thumbnail_with_boxes(page, GROUNDING, tmp_path / "thumbs" / "page.png")
+    assert target == tmp_path / "thumbs" / "page.png"
+    with Image.open(target) as image:
+        assert image.format == "PNG"
+        assert image.size == (gallery.THUMB_WIDTH, 240) == (480, 240)
+        rgb = image.convert("RGB")
+    # The box spans x 10/999..500/999 and y 20/999..80/999 of the thumbnail: about (4.8, 4.8)-(240, 19).
+    assert _is_red(rgb.getpixel((120, 5)))  # top edge
+    assert _is_red(rgb.getpixel((120, 19)))  # bottom edge
+    assert _is_red(rgb.getpixel((5, 12)))  # left edge
+    assert _is_red(rgb.getpixel((240, 12)))  # right edge
+    assert rgb.getpixel((200, 12)) == (255, 255, 255)  # inside, past the label
+    red = [(x, y) for x in range(rgb.width) for y in range(rgb.height) if _is_red(rgb.getpixel((x, y)))]
+    assert red
+    assert all(3 <= x <= 242 and 3 <= y <= 21 for x, y in red)  # nothing drawn outside the box
+
+
+def test_thumbnail_without_boxes_is_just_the_page(tmp_path: Path) -> None:
+    page = tmp_path / "page.png"
+    Image.new("RGB", (960, 1200), "white").save(page)
+    target = gallery.thumbnail_with_boxes(page, "no boxes here", tmp_path / "t.png")
+    with Image.open(target) as image:
+        assert image.size == (480, 600)
+        assert image.convert("RGB").getcolors() == [(480 * 600, (255, 255, 255))]
+
+
+# ---- findings and recommendations ---------------------------------------------------------------------------
+
+VISION = ("vision/sam", "vision/encoder", "vision/projector")
+STAGES = (stages.PREFILL, *VISION, stages.DECODE)
+
+
+def _record(pre, vision, prefill, steps, repeat=0, image="page.png") -> ImageRecord:
+    decode = sum(steps)
+    return ImageRecord(
+        image=image,
+        repeat=repeat,
+        preprocess_ms=pre,
+        prefill_ms=prefill,
+        vision_ms=dict(zip(VISION, vision, strict=True)),
+        ttft_ms=pre + prefill,
+        decode_ms=decode,
+        decode_step_ms=tuple(steps),
+        e2e_ms=pre + prefill + decode,
+        new_tokens=len(steps) + 1,
+        prompt_tokens=1128,
+        image_tokens=1121,
+        tiles=6,
+        peak_memory_bytes=None,
+    )
+
+
+def _metrics(records, device, flops, peak, experts="grouped_mm") -> Stage1Metrics:
+    fields = dict(
+        schema_version="1.0",
+        run_id="test",
+        stage="stage1",
+        created="2025-01-01T00:00:00",
+        model=ModelInfo(
+            name="deepseek_ocr2",
+            adapter="deepseek_ocr2",
+            class_name="DeepseekOcr2ForConditionalGeneration",
+            parameters=3_389_119_360,
+            dtype="bfloat16",
+            attn_implementation="sdpa",
+            experts_implementation=experts,
+            weights="random",
+            weights_detail="random weights",
+            config_source="test",
+            preprocess={},
+        ),
+        device=device,
+        settings={},
+        records=tuple(records),
+        stages=stage_stats(records, VISION),
+        per_image={},
+        throughput=throughput(records),
+        mfu=mfu_by_stage(records, {"page.png": flops}, STAGES, peak),
+        flops_per_image={},
+        top_operators=(),
+        operator_sort_key=None,
+        warnings=(),
+        config_digest="0",
+    )
+    # Fields the recommendations do not read (e.g. profiler details) are left empty.
+    fields.update({f.name: None for f in attrs.fields(Stage1Metrics) if f.name not in fields})
+    return Stage1Metrics(**fields)
+
+
+H100 = DeviceInfo(type="cuda", name="NVIDIA H100 80GB HBM3", index=0, timing_method="CUDA events")
+H100_PEAK = PeakFigure(
+    value=989e12, unit="FLOP/s", dtype_key="bf16", source="datasheet (test)", device_name="NVIDIA H100"
+)
+GPU_FLOPS = StageFlops(
+    prefill=6.0e12,
+    vision={"vision/sam": 4.0e12, "vision/encoder": 1.0e12, "vision/projector": 1.0e9},
+    decode_step_base=1.148e9,
+    decode_step_per_ctx=61440.0,
+    prompt_tokens=1128,
+    by_operator={},
+)
+
+
+@pytest.fixture
+def gpu_decode_bound() -> Stage1Metrics:
+    """Per pass: preprocess 20 ms, prefill 100 ms (vision 30 + 9 + 1), 31 decode steps of 20 ms: e2e 740 ms."""
+    records = [_record(20.0, (30.0, 9.0, 1.0), 100.0, [20.0] * 31, repeat=r) for r in range(3)]
+    return _metrics(records, H100, GPU_FLOPS, H100_PEAK)
+
+
+def test_aggregates_of_the_synthetic_run(gpu_decode_bound) -> None:
+    m = gpu_decode_bound
+    by_name = {s.stage: s for s in m.stages}
+    assert list(by_name) == [stages.PREPROCESS, stages.PREFILL, *VISION, TTFT, stages.DECODE, stages.DECODE_STEP, E2E]
+    assert by_name["vision/sam"].nested_in == stages.PREFILL
+    assert by_name[stages.DECODE_STEP].nested_in == stages.DECODE
+    assert by_name[stages.PREFILL].nested_in is None
+    assert by_name[stages.DECODE_STEP].summary.n == 3 * 31
+    assert by_name[E2E].summary.p50 == pytest.approx(740.0)
+    assert by_name[TTFT].summary.p50 == pytest.approx(120.0)
+    assert m.throughput.decode_tokens_per_s == pytest.approx(50.0)
+    assert m.throughput.e2e_images_per_s == pytest.approx(1 / 0.740)
+    assert m.throughput.e2e_tokens_per_s == pytest.approx(32 / 0.740)
+    mfu = {r.stage: r for r in m.mfu}
+    assert list(mfu) == list(STAGES)
+    assert mfu[stages.PREFILL].flops_total == pytest.approx(3 * 6.0e12)
+    assert mfu[stages.PREFILL].time_total_ms == pytest.approx(300.0)
+    assert mfu[stages.PREFILL].achieved_tflops == pytest.approx(60.0)
+    assert mfu[stages.PREFILL].mfu == pytest.approx(60e12 / 989e12)
+    assert mfu[stages.DECODE].flops_total == pytest.approx(3 * GPU_FLOPS.decode_total(32))
+
+
+def test_key_findings_gpu_decode_bound(gpu_decode_bound) -> None:
+    findings = key_findings(gpu_decode_bound)
+    assert len(findings) == 3
+    where, vision, efficiency = findings
+    assert where.startswith("Where time goes: 740.0 ms end to end per image (median)")
+    # Largest share first.
+    assert re.search(
+        r"decode 84% \(620\.0 ms, 20\.00 ms/token\), prefill 14% \(100\.0 ms\), preprocess 3% \(20\.0 ms\)", where
+    )
+    assert "vision takes 40% (sam 30%, encoder 9%, projector 1%)" in vision
+    assert "other 60%" in vision
+    decode_tflops = GPU_FLOPS.decode_total(32) / 0.62 / 1e12
+    assert f"prefill runs at 60.0 TFLOP/s = {60e12 / 989e12:.1%} MFU" in efficiency
+    assert f"decode at {decode_tflops:,.2f} TFLOP/s = {decode_tflops * 1e12 / 989e12:.2%} MFU" in efficiency
+
+
+def test_recommendations_gpu_decode_bound(gpu_decode_bound) -> None:
+    recs = recommendations(gpu_decode_bound)
+    text = "\n".join(recs)
+    assert "CPU run" not in text
+    decode = next(r for r in recs if r.startswith("Decode is"))
+    assert decode.startswith("Decode is 84% of end-to-end time at 20.00 ms/token and only 0.01% MFU")
+    assert "CUDA graphs" in decode
+    assert any(r.startswith(f"Prefill reaches {60e12 / 989e12:.1%} MFU (< 30%)") for r in recs)
+    assert any(r.startswith("Preprocessing is 17% of time to first token (20.0 ms on the CPU)") for r in recs)
+    assert not any(r.startswith("Vision is") for r in recs)  # 40% of prefill: under the threshold
+    assert "experts_implementation" not in text
+    assert "Run-to-run variation" not in text  # identical repeats
+
+
+def test_recommendations_eager_experts_and_noise() -> None:
+    prefill = (100.0, 140.0, 70.0)
+    records = [_record(20.0, (30.0, 9.0, 1.0), p, [20.0] * 31, repeat=r) for r, p in enumerate(prefill)]
+    recs = recommendations(_metrics(records, H100, GPU_FLOPS, H100_PEAK, experts="eager"))
+    assert any("model.experts_implementation=grouped_mm" in r for r in recs)
+    noisy = next(r for r in recs if r.startswith("Run-to-run variation is high in"))
+    assert "prefill" in noisy
+    assert "decode/step" not in noisy  # every step took 20 ms
+
+
+CPU = DeviceInfo(type="cpu", name="Intel Xeon (test)", index=None, timing_method="time.perf_counter (CPU)")
+CPU_FLOPS = StageFlops(
+    prefill=3.0e10,
+    vision={"vision/sam": 2.5e10, "vision/encoder": 3.0e9, "vision/projector": 1.0e7},
+    decode_step_base=1.7e7,
+    decode_step_per_ctx=768.0,
+    prompt_tokens=1128,
+    by_operator={},
+)
+
+
+@pytest.fixture
+def cpu_vision_bound() -> Stage1Metrics:
+    """Preprocess 50 ms, prefill 2000 ms (vision 1300 + 290 + 10 = 80%), 3 decode steps of 30 ms: e2e 2140 ms."""
+    records = [_record(50.0, (1300.0, 290.0, 10.0), 2000.0, [30.0] * 3)]
+    return _metrics(records, CPU, CPU_FLOPS, None)
+
+
+def test_key_findings_cpu(cpu_vision_bound) -> None:
+    where, vision, efficiency = key_findings(cpu_vision_bound)
+    assert "2,140.0 ms end to end" in where
+    assert re.search(r"prefill 93% \(2,000\.0 ms\), decode 4% \(90\.0 ms, 30\.00 ms/token\), preprocess 2%", where)
+    assert "vision takes 80% (sam 65%, encoder 14%, projector 0%)" in vision
+    assert efficiency.startswith("How efficient: MFU is n/a on Intel Xeon (test) (no dense peak known)")
+    assert "prefill achieved 0.015 TFLOP/s" in efficiency
+
+
+def test_recommendations_cpu(cpu_vision_bound) -> None:
+    recs = recommendations(cpu_vision_bound)
+    assert recs[0].startswith("This is a CPU run")
+    assert "device=cuda" in recs[0]
+    vision = next(r for r in recs if r.startswith("Vision is"))
+    assert vision.startswith("Vision is 80% of prefill, mostly SAM (81% of vision)")
+    assert "max_tiles" in vision
+    assert not any(r.startswith("Decode is") for r in recs)  # 4% of e2e
+    assert not any(r.startswith("Prefill reaches") for r in recs)  # no peak, and the MFU rules are GPU-only
+    assert not any(r.startswith("Preprocessing is") for r in recs)  # 2% of TTFT
+
+
+def test_recommendations_cpu_decode_bound_suggests_fewer_tokens() -> None:
+    records = [_record(5.0, (20.0, 5.0, 1.0), 40.0, [10.0] * 63)]
+    recs = recommendations(_metrics(records, CPU, CPU_FLOPS, None))
+    decode = next(r for r in recs if r.startswith("Decode is"))
+    assert decode == (
+        "Decode is 93% of end-to-end time at 10.00 ms/token: fewer generated tokens or batching several pages per "
+        "decode step pay off most."
+    )
+    assert any(r.startswith("Vision is 65% of prefill, mostly SAM (77% of vision)") for r in recs)

@@ -375,3 +375,20 @@ def test_recommendations_cpu_decode_bound_suggests_fewer_tokens() -> None:
         "decode step pay off most."
     )
     assert any(r.startswith("Vision is 65% of prefill, mostly SAM (77% of vision)") for r in recs)
+
+
+def test_short_kernel_names() -> None:
+    from llm_perf_opt.kernel_names import short_kernel_name
+
+    assert (
+        short_kernel_name("void at::native::elementwise_kernel<128, 4, F>(int, F)") == "at::native::elementwise_kernel"
+    )
+    assert (
+        short_kernel_name("void at::native::(anonymous namespace)::indexSelectSmallIndex<c10::BFloat16>(T)")
+        == "at::native::indexSelectSmallIndex"
+    )
+    assert (
+        short_kernel_name("cudnn_generated_fort_native_sdpa_sm90_kernel0_0")
+        == "cudnn_generated_fort_native_sdpa_sm90_kernel0_0"
+    )
+    assert len(short_kernel_name("x" * 500)) == 90

@@ -34,7 +34,7 @@ def test_device_defaults_fill_only_unset_keys() -> None:
     assert cpu.sources["run.repeats"] == "config/override"
     assert cpu.sources["run.warmup"] == "device default (cpu)"
     gpu = resolve_settings(cfg, torch.device("cuda", 0))
-    assert (gpu.repeats, gpu.warmup, gpu.max_new_tokens, gpu.max_images, gpu.sampling) == (7, 1, 32, None, "sorted")
+    assert (gpu.repeats, gpu.warmup, gpu.max_new_tokens, gpu.max_images, gpu.sampling) == (7, 2, 32, None, "sorted")
 
 
 @pytest.mark.parametrize("override", ["run.repeats=0", "run.warmup=-1", "infer.max_new_tokens=0", "run.repeats=abc"])

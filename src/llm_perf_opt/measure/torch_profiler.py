@@ -10,14 +10,16 @@ from __future__ import annotations
 import gzip
 import shutil
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from llm_perf_opt.kernel_names import short_kernel_name
 from llm_perf_opt.measure import stages
 from llm_perf_opt.measure.timing import StageRecorder
 
@@ -42,7 +44,8 @@ class OperatorTable:
     """Operators of the profiled pass, overall and per stage."""
 
     sort_key: str  # "self_device_ms" on GPU, "self_cpu_ms" on CPU
-    overall: tuple[OperatorRow, ...]
+    overall: tuple[OperatorRow, ...]  # host-side operators (their device time is that of the kernels they launch)
+    kernels: tuple[OperatorRow, ...]  # GPU kernels by short name (device time only); empty on CPU
     by_stage: Mapping[str, tuple[OperatorRow, ...]]
     events: int
     decode_steps: int
@@ -86,10 +89,10 @@ def _stage_of(event: Any) -> str | None:
     return None
 
 
-def _aggregate(events: Iterable[Any], sort_key: str) -> tuple[OperatorRow, ...]:
+def _aggregate(events: Iterable[Any], sort_key: str, name_of: Callable[[str], str] = str) -> tuple[OperatorRow, ...]:
     acc: dict[str, list[float]] = {}
     for ev in events:
-        row = acc.setdefault(ev.name, [0, 0.0, 0.0, 0.0, 0.0, 0.0])
+        row = acc.setdefault(name_of(ev.name), [0, 0.0, 0.0, 0.0, 0.0, 0.0])
         row[0] += 1
         row[1] += _device_time(ev, "self_device_time_total")
         row[2] += _device_time(ev, "device_time_total")
@@ -139,7 +142,16 @@ def profile_image(
         if session.device.type == "cuda":
             torch.cuda.synchronize(session.device)
     started = time.perf_counter()
-    events = [ev for ev in prof.events() if not ev.name.startswith(STAGE_LABEL_PREFIX)]
+    everything = prof.events()
+    # Host-side operators only: a kernel also appears as its own device event, and counting both would add
+    # its time twice. The kernels get their own table.
+    events = [
+        ev for ev in everything if ev.device_type == DeviceType.CPU and not ev.name.startswith(STAGE_LABEL_PREFIX)
+    ]
+    # Device-side copies of the stage labels are annotations, not kernels.
+    kernel_events = [
+        ev for ev in everything if ev.device_type == DeviceType.CUDA and not ev.name.startswith(STAGE_LABEL_PREFIX)
+    ]
     sort_key = "self_device_ms" if session.device.type == "cuda" else "self_cpu_ms"
     by_stage_events: dict[str, list[Any]] = {}
     for ev in events:
@@ -157,6 +169,7 @@ def profile_image(
     return OperatorTable(
         sort_key=sort_key,
         overall=table_overall,
+        kernels=_aggregate(kernel_events, "self_device_ms", short_kernel_name),
         by_stage=by_stage,
         events=len(events),
         decode_steps=decode_steps,

@@ -177,8 +177,8 @@ class Stage1Run:
             name = entry.path.name
             log.info("%s: counting FLOPs (untimed)", name)
             self.state.flops[name] = count_stage_flops(session, session.prepare(entry.path))
-            for _ in range(settings.warmup):
-                session.run_image(entry.path, settings.max_new_tokens)
+            for _ in range(settings.warmup):  # no NVTX: warm-up stays outside every stage Nsight analyses
+                session.run_image(entry.path, settings.max_new_tokens, nvtx=False)
             for repeat in range(settings.repeats):
                 measured = session.run_image(entry.path, settings.max_new_tokens)
                 self.state.records.append(_record(name, repeat, measured, vision))

@@ -249,6 +249,17 @@ def operators_md(m: Stage1Metrics, operators: OperatorTable, top_k: int) -> str:
         doc.para(f"Chrome/Perfetto trace: `{Path(operators.trace_path).name}` (open in https://ui.perfetto.dev).")
     doc.h2(f"All stages (top {top_k})")
     doc.table(_OP_HEADER, _operator_rows(operators.overall, operators.sort_key, top_k))
+    if operators.kernels:
+        doc.h2(f"GPU kernels (top {top_k}, by device time)")
+        doc.para("Kernels by short name (template arguments and parameters dropped), summed over their launches.")
+        total = sum(k.self_device_ms for k in operators.kernels) or 1.0
+        doc.table(
+            ["#", "kernel", "launches", "device ms", "share of kernel time"],
+            [
+                [str(i), f"`{k.name}`", str(k.calls), ms(k.self_device_ms, 3), pct(k.self_device_ms / total)]
+                for i, k in enumerate(operators.kernels[:top_k], 1)
+            ],
+        )
     for stage, rows in operators.by_stage.items():
         doc.h2(f"Stage {stage} (top {min(top_k, 10)})")
         doc.table(_OP_HEADER, _operator_rows(rows, operators.sort_key, min(top_k, 10)))

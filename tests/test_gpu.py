@@ -81,3 +81,47 @@ def test_stage1_tiny_on_gpu_has_mfu(tmp_path: Path) -> None:
         assert 0 < mfu["prefill"]["mfu"] < 1
     assert metrics["operator_sort_key"] == "self_device_ms"
     assert metrics["top_operators"][0]["self_device_ms"] > 0
+
+
+def test_stage2_light_on_the_tiny_model(tmp_path: Path) -> None:
+    import shutil
+
+    if shutil.which("nsys") is None or shutil.which("ncu") is None:
+        pytest.skip("needs nsys and ncu on PATH")
+    out = tmp_path / "s2"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "llm_perf_opt.cli.stage2",
+            "model=deepseek_ocr2_tiny",
+            "infer.max_new_tokens=6",
+            "dataset.max_images=1",
+            f"hydra.run.dir={out}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    for name in (
+        "report.md",
+        "kernels.md",
+        "stakeholder_summary.md",
+        "metrics.json",
+        "env.json",
+        "inputs.yaml",
+        "config.yaml",
+        "nsys/cmd.txt",
+        "nsys/report.nsys-rep",
+        "nsys/report.sqlite",
+        "ncu/targets.json",
+    ):
+        assert (out / name).is_file(), name
+    metrics = json.loads((out / "metrics.json").read_text())
+    stages = {s["stage"]: s for s in metrics["stages"]}
+    assert stages["decode/step"]["instances"] == 5  # one timed pass, warm-up outside every stage
+    assert stages["prefill"]["stage1_cuda_event_ms"] > 0
+    assert metrics["ncu_kernels"], metrics["warnings"]
+    assert json.loads((out / "run_status.json").read_text())["state"] == "complete"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 MAX_SHORT_NAME = 90
 
 
@@ -19,3 +21,19 @@ def short_kernel_name(name: str) -> str:
             break
     text = text.strip() or name.strip()
     return text if len(text) <= MAX_SHORT_NAME else text[: MAX_SHORT_NAME - 1] + "…"
+
+
+_FUNCTOR = re.compile(r"\b([A-Za-z_]\w*(?:Functor\w*|_kernel_cuda|_kernel_impl\w*|Op))\b")
+_GENERIC = {"BinaryFunctor", "AUnaryFunctor", "BUnaryFunctor", "gpu_kernel_impl_nocast", "gpu_kernel_impl", "ReduceOp"}
+
+
+def kernel_label(short_name: str, demangled: str) -> str:
+    """`short_name`, plus the functor it applies when many kernels share that name.
+
+    `elementwise_kernel` instantiated with `CUDAFunctor_add<c10::BFloat16>` -> `elementwise_kernel [CUDAFunctor_add]`.
+    """
+    for match in _FUNCTOR.finditer(demangled):
+        word = match.group(1)
+        if word not in _GENERIC and word != short_name:
+            return f"{short_name} [{word}]"
+    return short_name

@@ -1,0 +1,22 @@
+"""`stage2-report <folder>`: rebuild a Stage 2 folder's Markdown and JSON from its exports (no GPU, no Nsight)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from llm_perf_opt.cli.common import run_guarded
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console script entry point."""
+    parser = argparse.ArgumentParser(prog="stage2-report", description=__doc__)
+    parser.add_argument("folder", type=Path, help="a folder written by stage2-profile (or a copy of one)")
+    args = parser.parse_args(argv)
+    from llm_perf_opt.pipeline.stage2 import render
+
+    run_guarded(lambda: render(args.folder))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Nsight Systems and Nsight Compute: build the commands, run them, parse their exports."""

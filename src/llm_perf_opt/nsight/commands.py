@@ -1,0 +1,178 @@
+"""Argument lists for nsys and ncu (never shell strings), and the launch arithmetic around them."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+
+from llm_perf_opt.nsight.ncu_report import function_name
+
+NVTX_DOMAIN = "llm_perf_opt"
+
+
+def shell_line(argv: Sequence[str | Path]) -> str:
+    """`argv` as one copy-pasteable shell line (for cmd.txt files)."""
+    return shlex.join(str(a) for a in argv)
+
+
+# ---- Nsight Systems ---------------------------------------------------------------------------------------
+
+
+def nsys_profile_argv(
+    nsys: Path,
+    output_base: Path,
+    workload: Sequence[str],
+    *,
+    trace: Sequence[str] = ("cuda", "nvtx", "osrt"),
+    sample: str = "none",
+    cpuctxsw: str = "none",
+    cuda_graph_trace: str | None = "node",
+    capture_range: str | None = None,
+    domain: str = NVTX_DOMAIN,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """`nsys profile ... -o <output_base> <workload>`; nsys adds `.nsys-rep` to `output_base`.
+
+    `capture_range` names an NVTX push/pop range (e.g. "decode"): collection starts when it opens and stops when it
+    closes. nsys spells the trigger `range@domain` (the reverse of ncu's `domain@range`).
+    """
+    argv = [str(nsys), "profile", f"--trace={','.join(trace)}", f"--sample={sample}", f"--cpuctxsw={cpuctxsw}"]
+    if cuda_graph_trace:
+        argv.append(f"--cuda-graph-trace={cuda_graph_trace}")
+    if capture_range:
+        trigger = capture_range if "@" in capture_range else f"{capture_range}@{domain}"
+        argv += ["--capture-range=nvtx", f"--nvtx-capture={trigger}", "--capture-range-end=stop"]
+    argv += [str(a) for a in extra]
+    argv += ["--force-overwrite=true", "-o", str(output_base)]
+    return argv + [str(a) for a in workload]
+
+
+def nsys_stats_argv(nsys: Path, report_path: Path, reports: Sequence[str], output_base: Path) -> list[str]:
+    """`nsys stats` writing one `<output_base>_<report>.csv` per report."""
+    if not reports:
+        raise ValueError("nsys stats needs at least one report name")
+    return [
+        str(nsys),
+        "stats",
+        "--report",
+        ",".join(reports),
+        "--format",
+        "csv",
+        "--output",
+        str(output_base),
+        "--force-export=true",
+        "--force-overwrite=true",
+        str(report_path),
+    ]
+
+
+def nsys_export_sqlite_argv(nsys: Path, report_path: Path, sqlite_path: Path) -> list[str]:
+    """`nsys export --type sqlite` of a report into `sqlite_path`."""
+    return [
+        str(nsys),
+        "export",
+        "--type=sqlite",
+        "--force-overwrite=true",
+        "--output",
+        str(sqlite_path),
+        str(report_path),
+    ]
+
+
+def nsys_help_reports_argv(nsys: Path) -> list[str]:
+    """`nsys stats --help-reports`: the report names this nsys version knows (names change between versions)."""
+    return [str(nsys), "stats", "--help-reports"]
+
+
+# ---- Nsight Compute -------------------------------------------------------------------------------------
+
+
+def nvtx_include_spec(range_name: str, domain: str = NVTX_DOMAIN) -> str:
+    """An ncu `--nvtx-include` filter for a push/pop range: `domain@range/` (push/pop needs the trailing slash).
+
+    ncu reads `/` as nesting (`outer/inner/`), so a range whose own name contains a slash cannot be matched
+    literally; filter on its outermost range instead.
+    """
+    spec = range_name.strip()
+    if not spec:
+        raise ValueError("empty NVTX range name")
+    if "@" not in spec:
+        spec = f"{domain}@{spec}"
+    return spec if spec.endswith("/") else spec + "/"
+
+
+def ncu_argv(
+    ncu: Path,
+    output_base: Path,
+    workload: Sequence[str],
+    *,
+    kernel_regex: str | None,
+    launch_skip: int,
+    launch_count: int,
+    nvtx_include: Sequence[str] = (),
+    sections: Sequence[str] = (),
+    metrics: Sequence[str] = (),
+    clock_control: str = "none",
+    target_processes: str = "all",
+    cache_control: str | None = None,
+    kernel_name_base: str = "function",
+    domain: str = NVTX_DOMAIN,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """`ncu ... -f -o <output_base> <workload>`; ncu adds `.ncu-rep`.
+
+    `kernel_regex` is matched against the name form `kernel_name_base` selects: "function" (ncu's default, the bare
+    function name such as `elementwise_kernel`) or "demangled" (ncu's demangled name, which differs in detail from
+    nsys's). Launch skip/count apply to launches that pass the kernel and NVTX filters.
+    """
+    if launch_skip < 0:
+        raise ValueError(f"launch_skip must be >= 0, got {launch_skip}")
+    if launch_count < 1:
+        raise ValueError(f"launch_count must be >= 1 (bound the replayed work), got {launch_count}")
+    argv = [str(ncu), "--target-processes", target_processes, "--clock-control", clock_control]
+    if cache_control:
+        argv += ["--cache-control", cache_control]
+    if kernel_regex:
+        argv += ["--kernel-name-base", kernel_name_base, "-k", f"regex:{kernel_regex}"]
+    argv += ["--launch-skip", str(launch_skip), "--launch-count", str(launch_count)]
+    if nvtx_include:
+        argv.append("--nvtx")
+        for name in nvtx_include:
+            argv += ["--nvtx-include", nvtx_include_spec(name, domain)]
+    for section in sections:
+        argv += ["--section", section]
+    if metrics:
+        argv += ["--metrics", ",".join(metrics)]
+    argv += [str(a) for a in extra]
+    argv += ["-f", "-o", str(output_base)]
+    return argv + [str(a) for a in workload]
+
+
+def kernel_regex_for(names: Sequence[str], *, base: str = "function") -> str:
+    """An anchored ncu kernel regex `^(a|b)$` matching exactly these kernels.
+
+    base="function" (ncu's default `--kernel-name-base`) reduces each name to its bare function name first
+    (`void at::native::elementwise_kernel<128, 4>(int, T3)` -> `elementwise_kernel`): the only form nsys and ncu
+    spell the same way. base="demangled" escapes the names as given.
+    """
+    if base not in ("function", "demangled", "mangled"):
+        raise ValueError(f"unknown kernel name base {base!r}")
+    reduced = [function_name(n) if base == "function" else n.strip() for n in names]
+    unique = list(dict.fromkeys(n for n in reduced if n))
+    if not unique:
+        raise ValueError("kernel_regex_for needs at least one kernel name")
+    return "^(" + "|".join(re.escape(n) for n in unique) + ")$"
+
+
+def ncu_import_raw_csv_argv(ncu: Path, report_path: Path) -> list[str]:
+    """`ncu --import <rep> --csv --page raw`: every metric of every profiled launch, with a units row."""
+    return [str(ncu), "--import", str(report_path), "--csv", "--page", "raw"]
+
+
+def steady_state_skip(calls_in_range: int, launch_count: int) -> int:
+    """Matching launches to skip so the `launch_count` captured ones sit in the middle of the range's launches."""
+    if calls_in_range <= launch_count:
+        return 0
+    return (calls_in_range - launch_count) // 2

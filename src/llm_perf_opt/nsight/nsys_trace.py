@@ -1,0 +1,383 @@
+"""GPU time per NVTX stage from an Nsight Systems SQLite export (`nsys export --type sqlite`).
+
+One :class:`NsysTrace` per export, one method per question (in the manner of HolisticTraceAnalysis). Every
+aggregation runs inside SQLite; Python only reads the few result rows. The export is opened read-only
+(`mode=ro`) and the working tables are TEMP tables of this connection, so the user's file is never written.
+
+Attribution (the rule `nsys stats --report nvtx_kern_sum` applies): a kernel belongs to every range of the domain,
+on the thread that launched it, whose [start, end] contains the start of the CUDA API call (runtime or driver
+launch, matched by correlationId within the process) that launched it. Nested ranges therefore each get the
+kernel: a decode/step kernel also counts for decode. Kernels launched outside every range of the domain belong
+to no stage; ranges that never ended (end NULL) are ignored.
+
+Projection: `nsys stats --report nvtx_gpu_proj_sum`'s "Total Proj Time" is, per range instance, the end of the
+last GPU operation launched inside the range minus the start of the first one, summed over instances: the
+`StageGpuTime.span_ms` here, gaps included, not the busy union (on the tiny H100 fixture decode projects to
+120.3 ms while its kernels keep the GPU busy for 2.4 ms of it). nsys counts memcpy/memset operations ("Total GPU
+Ops") in the projection as well as kernels; this span is kernels only, so the two agree to the nanosecond where
+kernels open and close every instance, and differ where copies do (preprocess, mostly host-to-device copies:
+14.7 ms projected, 10.8 ms kernel span). The projection can exceed the range's own time when the GPU runs behind
+the CPU.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal, Self
+
+import attrs
+
+from llm_perf_opt.errors import UserError
+
+KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
+RUNTIME_TABLE = "CUPTI_ACTIVITY_KIND_RUNTIME"
+NVTX_TABLE = "NVTX_EVENTS"
+STRINGS_TABLE = "StringIds"
+GPU_TABLE = "TARGET_INFO_GPU"
+REQUIRED_TABLES = (STRINGS_TABLE, KERNEL_TABLE, RUNTIME_TABLE)
+
+# ENUM_NSYS_EVENT_TYPE ids.
+NVTX_PUSH_POP_RANGE = 59
+NVTX_START_END_RANGE = 60
+NVTX_DOMAIN_CREATE = 75
+
+_NS_PER_MS = 1e6
+_Step = Literal["ranges", "kernel_totals", "stage_kernels"]
+# A serialized GlobalId packs (host/vm, pid, tid); shifting the 24 thread-id bits out leaves the process, which is
+# what a kernel's globalPid holds. correlationId and NVTX domainId are only unique within one process.
+_PID_SHIFT = 24
+
+_RANGES_SQL = f"""
+INSERT INTO temp.nvtx_ranges (name, tid, start, stop)
+SELECT COALESCE(e.text, s.value), e.globalTid, e.start, e."end"
+FROM {NVTX_TABLE} AS e
+JOIN (
+    SELECT DISTINCT d.globalTid >> {_PID_SHIFT} AS proc, d.domainId AS domain_id
+    FROM {NVTX_TABLE} AS d LEFT JOIN {STRINGS_TABLE} AS ds ON ds.id = d.textId
+    WHERE d.eventType = {NVTX_DOMAIN_CREATE} AND COALESCE(d.text, ds.value) = :domain
+) AS dom ON dom.domain_id = e.domainId AND dom.proc = e.globalTid >> {_PID_SHIFT}
+LEFT JOIN {STRINGS_TABLE} AS s ON s.id = e.textId
+WHERE e.eventType IN ({NVTX_PUSH_POP_RANGE}, {NVTX_START_END_RANGE})
+  AND e."end" IS NOT NULL AND e."end" >= e.start AND COALESCE(e.text, s.value) IS NOT NULL
+ORDER BY e.start, e.rowid
+"""
+
+# Each range name's id: the rid of its first instance.
+_NAME_IDS_SQL = """
+UPDATE temp.nvtx_ranges SET sid = (SELECT MIN(f.rid) FROM temp.nvtx_ranges AS f WHERE f.name = nvtx_ranges.name)
+"""
+
+# Launch calls (runtime or driver API) of the threads that hold ranges, keyed for the kernel side's lookup.
+_CALLS_SQL = f"""
+INSERT OR IGNORE INTO temp.nvtx_calls (proc, corr, tid, launch)
+SELECT globalTid >> {_PID_SHIFT}, correlationId, globalTid, start
+FROM {RUNTIME_TABLE}
+WHERE globalTid IN (SELECT tid FROM temp.nvtx_ranges) AND correlationId IS NOT NULL
+"""
+
+# Their kernels (a CUDA graph launch has many), keyed by (thread, launch-call start).
+_LAUNCHES_SQL = f"""
+INSERT INTO temp.nvtx_launches (tid, launch, krow, kstart, kstop, demangled, short)
+SELECT c.tid, c.launch, k.rowid, k.start, k."end", k.demangledName, k.shortName
+FROM {KERNEL_TABLE} AS k
+JOIN temp.nvtx_calls AS c ON c.corr = k.correlationId AND c.proc = k.globalPid >> {_PID_SHIFT}
+"""
+
+# One row per (range instance, kernel launched inside it), in kernel start order within the instance.
+_MEMBERS_SQL = """
+INSERT INTO temp.nvtx_members (rid, kstart, krow, kstop, sid, demangled, short)
+SELECT g.rid, l.kstart, l.krow, l.kstop, g.sid, l.demangled, l.short
+FROM temp.nvtx_ranges AS g
+JOIN temp.nvtx_launches AS l ON l.tid = g.tid AND l.launch BETWEEN g.start AND g.stop
+"""
+
+# Per range instance, folded row by row in kernel start order (SQLite inserts the rows of INSERT ... SELECT in the
+# order of its ORDER BY; this UPSERT fold is ~2.5x faster than the equivalent window function): `busy` is the
+# length of the union of the kernels' GPU intervals, each kernel adding only the part of it that ends after every
+# kernel started before it (`reach`, the latest end so far) has ended.
+_RANGE_STATS_SQL = """
+INSERT INTO temp.nvtx_range_stats (rid, kernels, kernel_ns, first_start, last_end, reach, busy_ns)
+SELECT rid, 1, kstop - kstart, kstart, kstop, kstop, kstop - kstart
+FROM temp.nvtx_members WHERE true
+ORDER BY rid, kstart, krow
+ON CONFLICT (rid) DO UPDATE SET
+    kernels = kernels + 1,
+    kernel_ns = kernel_ns + excluded.kernel_ns,
+    last_end = MAX(last_end, excluded.last_end),
+    reach = MAX(reach, excluded.last_end),
+    busy_ns = busy_ns + MAX(0, excluded.last_end - MAX(excluded.first_start, reach))
+"""
+
+_STAGES_SQL = """
+SELECT g.name, COUNT(*), SUM(g.stop - g.start), TOTAL(s.kernel_ns), TOTAL(s.busy_ns),
+       TOTAL(s.last_end - s.first_start), COALESCE(SUM(s.kernels), 0), MIN(g.start) AS first_start
+FROM temp.nvtx_ranges AS g LEFT JOIN temp.nvtx_range_stats AS s ON s.rid = g.rid
+{where}
+GROUP BY g.name
+ORDER BY first_start, g.name
+"""
+
+# Per-kernel totals, folded by UPSERT: over the whole trace, and per (range name, kernel).
+_KERNEL_TOTALS_SQL = f"""
+INSERT INTO temp.nvtx_kernel_totals (demangled, short, calls, total, low, high)
+SELECT demangledName, shortName, 1, "end" - start, "end" - start, "end" - start
+FROM {KERNEL_TABLE} WHERE true
+ON CONFLICT (demangled, short) DO UPDATE SET
+    calls = calls + 1, total = total + excluded.total, low = MIN(low, excluded.low), high = MAX(high, excluded.high)
+"""
+
+_STAGE_KERNELS_SQL = """
+INSERT INTO temp.nvtx_stage_kernels (sid, demangled, short, calls, total, low, high)
+SELECT sid, demangled, short, 1, kstop - kstart, kstop - kstart, kstop - kstart
+FROM temp.nvtx_members WHERE true
+ON CONFLICT (sid, demangled, short) DO UPDATE SET
+    calls = calls + 1, total = total + excluded.total, low = MIN(low, excluded.low), high = MAX(high, excluded.high)
+"""
+
+# Top kernels by total time; `share_of` is the kernel time of every row selected (a window over the few rows).
+_TOP_SQL = f"""
+SELECT COALESCE(ss.value, ''), COALESCE(sd.value, ''), t.calls, t.total, t.low, t.high, t.share_of
+FROM (
+    SELECT demangled, short, calls, total, low, high, SUM(total) OVER () AS share_of
+    FROM {{source}}
+    ORDER BY total DESC, demangled, short
+    LIMIT :n
+) AS t
+LEFT JOIN {STRINGS_TABLE} AS sd ON sd.id = t.demangled
+LEFT JOIN {STRINGS_TABLE} AS ss ON ss.id = t.short
+ORDER BY t.total DESC, t.demangled, t.short
+"""
+
+_TEMP_SCHEMA = """
+CREATE TEMP TABLE nvtx_ranges (rid INTEGER PRIMARY KEY, name TEXT NOT NULL, tid INTEGER NOT NULL,
+                               start INTEGER NOT NULL, stop INTEGER NOT NULL, sid INTEGER);
+CREATE INDEX temp.nvtx_ranges_by_name ON nvtx_ranges (name);
+CREATE TEMP TABLE nvtx_calls (proc INTEGER, corr INTEGER, tid INTEGER, launch INTEGER,
+                              PRIMARY KEY (corr, proc)) WITHOUT ROWID;
+CREATE TEMP TABLE nvtx_launches (tid INTEGER, launch INTEGER, krow INTEGER, kstart INTEGER, kstop INTEGER,
+                                 demangled INTEGER, short INTEGER, PRIMARY KEY (tid, launch, krow)) WITHOUT ROWID;
+CREATE TEMP TABLE nvtx_members (rid INTEGER, kstart INTEGER, krow INTEGER, kstop INTEGER, sid INTEGER,
+                                demangled INTEGER, short INTEGER, PRIMARY KEY (rid, kstart, krow)) WITHOUT ROWID;
+CREATE TEMP TABLE nvtx_range_stats (rid INTEGER PRIMARY KEY, kernels INTEGER, kernel_ns INTEGER,
+                                    first_start INTEGER, last_end INTEGER, reach INTEGER, busy_ns INTEGER);
+CREATE TEMP TABLE nvtx_kernel_totals (demangled INTEGER, short INTEGER, calls INTEGER, total INTEGER, low INTEGER,
+                                      high INTEGER, PRIMARY KEY (demangled, short)) WITHOUT ROWID;
+CREATE TEMP TABLE nvtx_stage_kernels (sid INTEGER, demangled INTEGER, short INTEGER, calls INTEGER, total INTEGER,
+                                      low INTEGER, high INTEGER, PRIMARY KEY (sid, demangled, short)) WITHOUT ROWID;
+"""
+
+# TARGET_INFO_GPU column -> key of device().
+_DEVICE_KEYS = {
+    "name": "name",
+    "chipName": "chip",
+    "id": "device_id",
+    "busLocation": "bus",
+    "totalMemory": "memory_bytes",
+    "memoryBandwidth": "memory_bandwidth_bytes_per_s",
+    "clockRate": "clock_hz",
+    "smCount": "sm_count",
+    "l2CacheSize": "l2_cache_bytes",
+}
+
+
+@attrs.frozen
+class StageGpuTime:
+    """GPU time of one NVTX range name (a stage), summed over its instances. Times in ms."""
+
+    stage: str  # range name without the domain, e.g. "prefill", "decode/step"
+    instances: int  # range instances
+    wall_ms: float  # sum of the ranges' CPU-side durations
+    kernel_ms: float  # sum of the durations of the kernels launched inside the ranges
+    gpu_busy_ms: float  # union of those kernels' GPU intervals (overlaps counted once), summed over instances
+    span_ms: float  # per instance last kernel end - first kernel start (nsys's GPU projection), summed
+    kernels: int  # kernel launches attributed
+    busy_fraction: float  # gpu_busy_ms / wall_ms (0 when wall is 0); can pass 1 when the GPU runs behind the CPU
+
+
+@attrs.frozen
+class KernelStat:
+    """One kernel (by demangled name) over a stage or over the whole trace. Times in ms."""
+
+    name: str  # nsys shortName: the base function name Nsight Compute's -k matches by default
+    demangled: str  # full demangled name
+    stage: str | None  # None = over all kernels of the trace
+    calls: int
+    total_ms: float
+    mean_ms: float
+    min_ms: float
+    max_ms: float
+    share: float  # total_ms / kernel time of the stage (or of all kernels)
+
+
+@attrs.frozen
+class DecodeStepStats:
+    """Per-step view of the decode loop."""
+
+    steps: int
+    kernels_per_step: float
+    mean_kernel_us: float
+    step_wall_ms: float  # mean wall time of a step
+    gpu_busy_fraction: float  # GPU busy / wall over all steps
+
+
+class NsysTrace:
+    """An nsys SQLite export, opened read-only; answers questions about the ranges of one NVTX domain."""
+
+    def __init__(self, sqlite_path: Path, domain: str = "llm_perf_opt") -> None:
+        self.path = Path(sqlite_path)
+        self.domain = domain
+        fix = (
+            "Export the capture with `nsys export --type sqlite --output trace.sqlite trace.nsys-rep` "
+            "(captured with --trace=cuda,nvtx) and pass the .sqlite file"
+        )
+        if not self.path.is_file():
+            raise UserError(f"the nsys export {self.path} does not exist", fix)
+        self._conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            self._tables = {row[0] for row in self._conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        except sqlite3.DatabaseError as exc:
+            self._conn.close()
+            raise UserError(f"{self.path} is not an SQLite database ({exc})", fix) from None
+        missing = [t for t in REQUIRED_TABLES if t not in self._tables]
+        if missing:
+            self._conn.close()
+            raise UserError(
+                f"{self.path} is not an Nsight Systems export with a CUDA trace: it has no {', '.join(missing)} "
+                "table (nsys leaves the kernel tables out when no kernel ran)",
+                fix,
+            )
+        # TEMP tables live in a temporary file that SQLite keeps in this page cache until it outgrows it (a trace
+        # of 1M kernels fits), so a huge trace spills to disk instead of exhausting memory.
+        self._conn.execute("PRAGMA temp.cache_size = -262144")  # KiB
+        self._built: set[str] = set()  # TEMP tables filled so far
+
+    # ---- lifecycle ------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close the connection (the TEMP tables go with it)."""
+        self._conn.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # ---- questions ------------------------------------------------------------------------------------
+    def device(self) -> dict[str, Any]:
+        """The GPU that ran most kernels, from TARGET_INFO_GPU ({} when the export has none)."""
+        if GPU_TABLE not in self._tables:
+            return {}
+        cursor = self._conn.execute(
+            f"""SELECT g.*, (SELECT COUNT(*) FROM {GPU_TABLE}) AS gpus_in_trace
+            FROM {GPU_TABLE} AS g
+            LEFT JOIN (SELECT deviceId, COUNT(*) AS n FROM {KERNEL_TABLE} GROUP BY deviceId) AS used
+              ON used.deviceId = g.id
+            ORDER BY COALESCE(used.n, 0) DESC, g.id
+            LIMIT 1"""
+        )
+        row = cursor.fetchone()
+        if row is None:
+            return {}
+        values = dict(zip((c[0] for c in cursor.description), row, strict=True))
+        info: dict[str, Any] = {key: values[col] for col, key in _DEVICE_KEYS.items() if values.get(col) is not None}
+        if values.get("computeMajor") is not None and values.get("computeMinor") is not None:
+            info["compute_capability"] = f"{values['computeMajor']}.{values['computeMinor']}"
+        info["gpus_in_trace"] = values["gpus_in_trace"]
+        return info
+
+    def stage_times(self) -> list[StageGpuTime]:
+        """Every range name of the domain, in the order of its first start."""
+        self._build("ranges")
+        return [self._stage(row) for row in self._conn.execute(_STAGES_SQL.format(where=""))]
+
+    def top_kernels(self, n: int, stage: str | None = None) -> list[KernelStat]:
+        """The `n` kernels with the most GPU time inside `stage` (None: over every kernel of the trace).
+
+        A kernel is one demangled name; `share` is its part of the kernel time of the stage (or of the trace).
+        """
+        if stage is None:
+            self._build("kernel_totals")
+            sql = _TOP_SQL.format(source="temp.nvtx_kernel_totals")
+            params: dict[str, Any] = {"n": n}
+        else:
+            self._build("stage_kernels")
+            source = "temp.nvtx_stage_kernels WHERE sid = (SELECT MIN(rid) FROM temp.nvtx_ranges WHERE name = :stage)"
+            sql, params = _TOP_SQL.format(source=source), {"n": n, "stage": stage}
+        return [
+            KernelStat(
+                name=name,
+                demangled=demangled,
+                stage=stage,
+                calls=calls,
+                total_ms=total / _NS_PER_MS,
+                mean_ms=total / calls / _NS_PER_MS,
+                min_ms=low / _NS_PER_MS,
+                max_ms=high / _NS_PER_MS,
+                share=total / share_of if share_of else 0.0,
+            )
+            for name, demangled, calls, total, low, high, share_of in self._conn.execute(sql, params)
+        ]
+
+    def decode_steps(self, step_range: str = "decode/step") -> DecodeStepStats | None:
+        """Per-step averages over the instances of `step_range` (None when the trace has none)."""
+        self._build("ranges")
+        row = self._conn.execute(_STAGES_SQL.format(where="WHERE g.name = :name"), {"name": step_range}).fetchone()
+        if row is None:
+            return None
+        stage = self._stage(row)
+        return DecodeStepStats(
+            steps=stage.instances,
+            kernels_per_step=stage.kernels / stage.instances,
+            mean_kernel_us=stage.kernel_ms * 1e3 / stage.kernels if stage.kernels else 0.0,
+            step_wall_ms=stage.wall_ms / stage.instances,
+            gpu_busy_fraction=stage.busy_fraction,
+        )
+
+    def kernel_count(self) -> int:
+        """Kernel launches in the whole trace."""
+        (count,) = self._conn.execute(f"SELECT COUNT(*) FROM {KERNEL_TABLE}").fetchone()
+        return int(count)
+
+    # ---- internals ------------------------------------------------------------------------------------
+    @staticmethod
+    def _stage(row: tuple[Any, ...]) -> StageGpuTime:
+        name, instances, wall_ns, kernel_ns, busy_ns, span_ns, kernels, _first = row
+        return StageGpuTime(
+            stage=name,
+            instances=instances,
+            wall_ms=wall_ns / _NS_PER_MS,
+            kernel_ms=kernel_ns / _NS_PER_MS,
+            gpu_busy_ms=busy_ns / _NS_PER_MS,
+            span_ms=span_ns / _NS_PER_MS,
+            kernels=kernels,
+            busy_fraction=busy_ns / wall_ns if wall_ns else 0.0,
+        )
+
+    def _build(self, step: _Step) -> None:
+        """Fill the TEMP tables `step` needs, once.
+
+        "ranges": the domain's ranges, the kernels launched in them, per-instance statistics; "kernel_totals": per
+        kernel over the trace; "stage_kernels": per (range name, kernel).
+        """
+        if step in self._built:
+            return
+        if not self._built:
+            self._conn.executescript(_TEMP_SCHEMA)
+            self._built.add("schema")
+        if step == "stage_kernels":
+            self._build("ranges")
+        with self._conn:
+            if step == "ranges":
+                if NVTX_TABLE in self._tables:
+                    self._conn.execute(_RANGES_SQL, {"domain": self.domain})
+                for sql in (_NAME_IDS_SQL, _CALLS_SQL, _LAUNCHES_SQL, _MEMBERS_SQL, _RANGE_STATS_SQL):
+                    self._conn.execute(sql)
+            elif step == "kernel_totals":
+                self._conn.execute(_KERNEL_TOTALS_SQL)
+            else:
+                self._conn.execute(_STAGE_KERNELS_SQL)
+        self._built.add(step)

@@ -1,0 +1,315 @@
+"""Stage 2: the Stage 1 workload under Nsight Systems, then Nsight Compute on its hottest kernels.
+
+Capture (needs a GPU and the tools) and rendering (needs only the exported files) are separate, so any
+Stage 2 folder can be re-rendered on a machine without Nsight or a GPU (:func:`render`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from llm_perf_opt import artifacts
+from llm_perf_opt.artifacts import ArtifactsManager
+from llm_perf_opt.env_info import collect_env
+from llm_perf_opt.errors import UserError, require_whole
+from llm_perf_opt.measure import stages
+from llm_perf_opt.nsight import commands
+from llm_perf_opt.nsight.nsys_stats import available_reports, pick_reports
+from llm_perf_opt.nsight.nsys_trace import NsysTrace
+from llm_perf_opt.nsight.tools import Tool, check_nsys_report, check_run, find_tool, require_gpu, run_tool
+from llm_perf_opt.report import stage2_reports
+
+log = logging.getLogger("llm_perf_opt.stage2")
+
+CAPTURE_FILE = "capture.json"
+TARGETS_FILE = "ncu/targets.json"
+NSYS_SQLITE = "nsys/report.sqlite"
+WORKLOAD_METRICS = "workload/nsys/metrics.json"
+
+# Keys that belong to Stage 2 itself and are not forwarded to the profiled workload.
+_OWN_PREFIXES = ("stage2.", "pipeline.nsys", "pipeline.ncu", "pipeline/nsys", "pipeline/ncu", "hydra.", "hydra/")
+# Report-name fallbacks across Nsight Systems versions.
+_REPORT_ALTERNATIVES = {
+    "cuda_gpu_kern_sum": ("gpukernsum",),
+    "nvtx_gpu_proj_sum": ("nvtx_kern_sum",),
+    "nvtx_sum": ("nvtxsum", "nvtx_pushpop_sum"),
+    "cuda_api_sum": ("cudaapisum",),
+    "cuda_gpu_mem_time_sum": ("gpumemtimesum",),
+}
+
+
+def forwarded_overrides(task_overrides: Sequence[str]) -> list[str]:
+    """The user's overrides that configure the workload (all but Stage 2's own keys)."""
+    out = []
+    for override in task_overrides:
+        key = override.lstrip("+~").split("=", 1)[0]
+        if not key.startswith(_OWN_PREFIXES):
+            out.append(override)
+    return out
+
+
+def _has_key(overrides: Sequence[str], key: str) -> bool:
+    return any(o.lstrip("+~").split("=", 1)[0] == key for o in overrides)
+
+
+def workload_argv(
+    cfg: DictConfig, user_overrides: Sequence[str], run_dir: Path, *, name: str, ncu: bool = False
+) -> list[str]:
+    """`python -m llm_perf_opt.cli.stage1` with every user override plus Stage 2's own settings."""
+    argv = [sys.executable, "-m", "llm_perf_opt.cli.stage1", *user_overrides]
+    own = {
+        "pipeline.torch_profiler.enable": "false",  # the torch profiler and Nsight both use CUPTI
+        "run.repeats": cfg.stage2.workload.repeats,
+        "run.warmup": cfg.stage2.workload.warmup,
+    }
+    if ncu:
+        own["dataset.max_images"] = cfg.stage2.ncu_workload.max_images
+        own["infer.max_new_tokens"] = cfg.stage2.ncu_workload.max_new_tokens
+    for key, value in own.items():
+        if value is not None and (
+            (ncu and key in ("dataset.max_images", "infer.max_new_tokens")) or not _has_key(user_overrides, key)
+        ):
+            argv.append(f"{key}={value}")
+    argv.append(f"hydra.run.dir={run_dir / 'workload' / name}")
+    return argv
+
+
+def _mode(cfg: DictConfig) -> DictConfig:
+    mode = str(cfg.stage2.mode)
+    if mode not in cfg.stage2.modes:
+        raise UserError(
+            f"stage2.mode={mode} is not a Stage 2 mode",
+            f"Use stage2.mode={' or stage2.mode='.join(cfg.stage2.modes)}",
+        )
+    return cfg.stage2.modes[mode]
+
+
+class Stage2Run:
+    """One `stage2-profile` invocation over one run folder."""
+
+    def __init__(self, cfg: DictConfig, run_dir: Path, run_id: str, task_overrides: Sequence[str]) -> None:
+        self.cfg = cfg
+        self.run_id = run_id
+        self.user_overrides = forwarded_overrides(task_overrides)
+        self.art = ArtifactsManager(run_dir, stage="stage2")
+        self.capture: dict[str, Any] = {"run_id": run_id, "mode": str(cfg.stage2.mode), "tools": {}, "runs": {}}
+
+    def execute(self) -> Path:
+        """Capture with the tools, then render; the folder ends complete, failed or interrupted."""
+        self.art.start(self.run_id)
+        try:
+            self._capture()
+            render(self.art.run_dir, art=self.art)
+        except KeyboardInterrupt:
+            self._save_capture()
+            self.art.finish(artifacts.INTERRUPTED, "interrupted by the user (Ctrl-C); exports so far were kept")
+            raise
+        except UserError as exc:
+            self._save_capture()
+            self.art.finish(artifacts.FAILED, str(exc))
+            raise
+        except Exception as exc:
+            self._save_capture()
+            self.art.finish(artifacts.FAILED, f"{type(exc).__name__}: {exc}")
+            raise
+        self.art.finish(artifacts.COMPLETE)
+        return self.art.run_dir
+
+    def _save_capture(self) -> None:
+        self.art.write_json(CAPTURE_FILE, self.capture)
+
+    # ---- capture -----------------------------------------------------------------------------------
+    def _capture(self) -> None:
+        cfg = self.cfg
+        mode = _mode(cfg)
+        self.art.write_text("config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+        require_gpu()
+        import torch
+
+        self.art.write_json("env.json", collect_env(torch.device("cuda", torch.cuda.current_device())))
+        self.capture["ncu_clock_control"] = str(cfg.pipeline.ncu.clock_control)
+        self.capture["forwarded_overrides"] = list(self.user_overrides)
+        if not cfg.pipeline.nsys.enable:
+            raise UserError(
+                "pipeline.nsys.enable=false leaves Stage 2 nothing to analyse",
+                "Keep Nsight Systems on; turn Nsight Compute off with pipeline.ncu.enable=false",
+            )
+        nsys = find_tool("nsys", cfg.pipeline.nsys.binary)
+        self.capture["tools"]["nsys"] = {"path": str(nsys.path), "version": nsys.version}
+        ncu = find_tool("ncu", cfg.pipeline.ncu.binary) if cfg.pipeline.ncu.enable else None
+        if ncu is not None:
+            self.capture["tools"]["ncu"] = {"path": str(ncu.path), "version": ncu.version}
+        self._run_nsys(nsys)
+        if ncu is not None:
+            self._run_ncu(ncu, mode)
+        self._save_capture()
+
+    def _timed_tool(self, key: str, argv: list[str], log_rel: str, timeout_s: float, what: str) -> None:
+        self.art.write_text(str(Path(log_rel).with_name("cmd.txt")), commands.shell_line(argv) + "\n")
+        log.info("%s: %s", what, commands.shell_line(argv)[:200])
+        started = time.perf_counter()
+        run = run_tool(argv, timeout_s=timeout_s, log_path=self.art.path(log_rel))
+        self.art.record(log_rel)
+        self.capture["runs"][key] = {
+            "argv": list(argv),
+            "returncode": run.returncode,
+            "seconds": time.perf_counter() - started,
+            "timed_out": run.timed_out,
+        }
+        check_run(run, what)
+
+    def _run_nsys(self, nsys: Tool) -> None:
+        cfg, run_dir = self.cfg, self.art.run_dir
+        ncfg = cfg.pipeline.nsys
+        base = self.art.path("nsys/report")
+        argv = commands.nsys_profile_argv(
+            nsys.path,
+            base,
+            workload_argv(cfg, self.user_overrides, run_dir, name="nsys"),
+            trace=list(ncfg.trace),
+            sample=str(ncfg.sample),
+            cpuctxsw=str(ncfg.cpuctxsw),
+            cuda_graph_trace=ncfg.cuda_graph_trace,
+            capture_range=ncfg.capture_range,
+        )
+        timeout = float(require_whole("pipeline.nsys.timeout_s", ncfg.timeout_s, 1))
+        self._timed_tool("nsys_profile", argv, "nsys/profile.log", timeout, "Nsight Systems profile")
+        report = check_nsys_report(base)
+        help_log = "nsys/help_reports.txt"
+        self._timed_tool("nsys_help", commands.nsys_help_reports_argv(nsys.path), help_log, 120, "nsys report list")
+        picked = pick_reports(
+            available_reports(self.art.path(help_log).read_text()), list(ncfg.reports), _REPORT_ALTERNATIVES
+        )
+        self.capture["nsys_reports"] = _plain(picked)
+        names = _picked_names(picked)
+        if names:
+            self._timed_tool(
+                "nsys_stats",
+                commands.nsys_stats_argv(nsys.path, report, names, self.art.path("nsys/stats/report")),
+                "nsys/stats/stats.log",
+                timeout,
+                "nsys stats",
+            )
+        sqlite_path = self.art.path(NSYS_SQLITE)
+        self._timed_tool(
+            "nsys_export",
+            commands.nsys_export_sqlite_argv(nsys.path, report, sqlite_path),
+            "nsys/export.log",
+            timeout,
+            "nsys export (sqlite)",
+        )
+        workload_dir = run_dir / "workload" / "nsys"
+        for name in ("inputs.yaml",):
+            if (workload_dir / name).is_file():
+                self.art.write_text(name, (workload_dir / name).read_text())
+
+    def _run_ncu(self, ncu: Tool, mode: DictConfig) -> None:
+        cfg, run_dir = self.cfg, self.art.run_dir
+        top_n = int(mode.top_kernels)
+        per_kernel = int(mode.launches_per_kernel)
+        targets: dict[str, Any] = {"mode": str(cfg.stage2.mode), "stages": {}}
+        with NsysTrace(run_dir / NSYS_SQLITE) as trace:
+            steps = trace.decode_steps()
+            for stage in mode.stages:
+                kernels = trace.top_kernels(top_n, stage=str(stage))
+                if not kernels:
+                    targets["stages"][str(stage)] = {"kernels": [], "note": f"nsys found no kernels in {stage}"}
+                    continue
+                names = [k.name for k in kernels]
+                if str(stage) == stages.DECODE and steps and steps.steps:
+                    # Skip into the middle decode step of the ncu workload, then one step's worth of launches.
+                    per_step = max(1, round(sum(k.calls for k in kernels) / steps.steps))
+                    ncu_steps = int(cfg.stage2.ncu_workload.max_new_tokens) - 1
+                    skip = per_step * max(0, ncu_steps // 2)
+                    count = max(per_step, per_kernel * len(names))
+                else:
+                    skip, count = 0, per_kernel * len(names) * 3
+                targets["stages"][str(stage)] = {
+                    "kernels": names,
+                    "launch_skip": skip,
+                    "launch_count": count,
+                    "regex": commands.kernel_regex_for(names),
+                }
+        self.art.write_json(TARGETS_FILE, targets)
+        timeout = float(require_whole("pipeline.ncu.timeout_s", cfg.pipeline.ncu.timeout_s, 1))
+        for stage, target in targets["stages"].items():
+            if not target["kernels"]:
+                continue
+            folder = f"ncu/{stage.replace('/', '_')}"
+            argv = commands.ncu_argv(
+                ncu.path,
+                self.art.path(f"{folder}/report"),
+                workload_argv(cfg, self.user_overrides, run_dir, name=f"ncu-{stage.replace('/', '_')}", ncu=True),
+                kernel_regex=target["regex"],
+                launch_skip=int(target["launch_skip"]),
+                launch_count=int(target["launch_count"]),
+                nvtx_include=[stage],
+                sections=list(mode.sections),
+                metrics=list(cfg.pipeline.ncu.metrics),
+                clock_control=str(cfg.pipeline.ncu.clock_control),
+                target_processes=str(cfg.pipeline.ncu.target_processes),
+            )
+            self._timed_tool(f"ncu_{stage}", argv, f"{folder}/profile.log", timeout, f"Nsight Compute ({stage})")
+            rep = self.art.path(f"{folder}/report.ncu-rep")
+            if not rep.is_file():
+                target["note"] = "ncu profiled no kernel (regex or NVTX filter matched nothing)"
+                continue
+            raw = run_tool(
+                commands.ncu_import_raw_csv_argv(ncu.path, rep),
+                timeout_s=600,
+                log_path=self.art.path(f"{folder}/raw.csv"),
+            )
+            check_run(raw, f"ncu --import ({stage})")
+        self.art.write_json(TARGETS_FILE, targets)
+
+
+def _plain(value: Any) -> Any:
+    return artifacts.to_plain(value)
+
+
+def _picked_names(picked: Any) -> list[str]:
+    """Report names from pick_reports' result (a list of names, or a (names, missing) pair)."""
+    if isinstance(picked, tuple) and len(picked) == 2 and isinstance(picked[0], list | tuple):
+        return [str(n) for n in picked[0]]
+    if isinstance(picked, Mapping):
+        return [str(v) for v in picked.values() if v]
+    return [str(n) for n in picked]
+
+
+def render(run_dir: Path, *, art: ArtifactsManager | None = None) -> Path:
+    """Build metrics.json, kernels.md, report.md and stakeholder_summary.md from a Stage 2 folder's exports."""
+    run_dir = Path(run_dir).resolve()
+    missing = [p for p in (NSYS_SQLITE, CAPTURE_FILE) if not (run_dir / p).is_file()]
+    if missing:
+        raise UserError(
+            f"{run_dir} is not a complete Stage 2 folder: missing {', '.join(missing)}",
+            "Point the command at a folder written by stage2-profile (it keeps nsys/report.sqlite and "
+            "capture.json), or run stage2-profile again",
+        )
+    manager = art or ArtifactsManager(run_dir, stage="stage2")
+    capture = json.loads((run_dir / CAPTURE_FILE).read_text())
+    targets = json.loads((run_dir / TARGETS_FILE).read_text()) if (run_dir / TARGETS_FILE).is_file() else None
+    workload = json.loads((run_dir / WORKLOAD_METRICS).read_text()) if (run_dir / WORKLOAD_METRICS).is_file() else None
+    env = json.loads((run_dir / "env.json").read_text()) if (run_dir / "env.json").is_file() else {}
+    with NsysTrace(run_dir / NSYS_SQLITE) as trace:
+        metrics = stage2_reports.build_metrics(run_dir, trace, capture, targets, workload, env)
+    manager.write_json("metrics.json", metrics)
+    manager.write_text("kernels.md", stage2_reports.kernels_md(metrics))
+    manager.write_text("stakeholder_summary.md", stage2_reports.stakeholder_md(metrics))
+    manager.write_text("report.md", stage2_reports.report_md(metrics, [*manager.written, "report.md"]))
+    return run_dir
+
+
+def copy_for_rerender(src: Path, dst: Path) -> Path:
+    """Copy a Stage 2 folder (used by tests and users who re-render elsewhere)."""
+    shutil.copytree(src, dst)
+    return dst

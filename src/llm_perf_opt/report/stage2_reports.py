@@ -1,0 +1,359 @@
+"""Stage 2's artifacts from its exports: metrics.json, kernels.md, report.md, stakeholder_summary.md."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from llm_perf_opt.artifacts import to_plain
+from llm_perf_opt.kernel_names import kernel_label
+from llm_perf_opt.measure import stages
+from llm_perf_opt.nsight.ncu_report import read_ncu_raw_csv
+from llm_perf_opt.nsight.nsys_trace import NsysTrace
+from llm_perf_opt.report.markdown import Doc, ms, pct
+
+SCHEMA_VERSION = "1.0"
+TOP_OVERALL = 20
+TOP_PER_STAGE = 10
+LOW_BUSY = 0.5  # GPU-busy fraction under which a stage is launch/CPU bound rather than GPU bound
+
+
+def _stage1_ms(workload: Mapping[str, Any] | None) -> dict[str, float]:
+    """Stage 1 CUDA-event time per stage, summed over the workload's timed passes."""
+    if not workload:
+        return {}
+    out: dict[str, float] = {}
+
+    def add(stage: str, value: float) -> None:
+        out[stage] = out.get(stage, 0.0) + float(value)
+
+    for rec in workload.get("records", []):
+        add(stages.PREPROCESS, rec["preprocess_ms"])
+        add(stages.PREFILL, rec["prefill_ms"])
+        for stage, value in rec["vision_ms"].items():
+            add(stage, value)
+        if rec["decode_step_ms"]:
+            add(stages.DECODE, rec["decode_ms"])
+            add(stages.DECODE_STEP, sum(rec["decode_step_ms"]))
+    return out
+
+
+def _stage_flops(workload: Mapping[str, Any] | None) -> dict[str, float]:
+    """Counted FLOPs per stage over the workload's timed passes."""
+    if not workload:
+        return {}
+    per_image = workload.get("flops_per_image", {})
+    out: dict[str, float] = {}
+    for rec in workload.get("records", []):
+        for stage, value in per_image.get(rec["image"], {}).items():
+            out[stage] = out.get(stage, 0.0) + float(value)
+    return out
+
+
+def _peak(workload: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    for row in (workload or {}).get("mfu", []):
+        if row.get("peak"):
+            return dict(row["peak"])
+    return None
+
+
+def build_metrics(
+    run_dir: Path,
+    trace: NsysTrace,
+    capture: Mapping[str, Any],
+    targets: Mapping[str, Any] | None,
+    workload: Mapping[str, Any] | None,
+    env: Mapping[str, Any],
+) -> dict[str, Any]:
+    """Everything the Stage 2 reports show, JSON-ready."""
+    stage1 = _stage1_ms(workload)
+    flops = _stage_flops(workload)
+    peak = _peak(workload)
+    warnings: list[str] = []
+    stage_rows = []
+    for st in trace.stage_times():
+        row = to_plain(st)
+        row["stage1_cuda_event_ms"] = stage1.get(st.stage)
+        stage_flops = flops.get(st.stage)
+        row["flops"] = stage_flops
+        if stage_flops and st.gpu_busy_ms > 0:
+            achieved = stage_flops / (st.gpu_busy_ms / 1e3)
+            row["achieved_tflops_on_busy_time"] = achieved / 1e12
+            row["mfu_on_busy_time"] = achieved / peak["value"] if peak else None
+        stage_rows.append(row)
+    if not stage_rows:
+        warnings.append("The trace holds no NVTX range of the llm_perf_opt domain: no per-stage figures.")
+    analysed = [r["stage"] for r in stage_rows if r["stage"] in (stages.PREFILL, stages.DECODE)] or [
+        r["stage"] for r in stage_rows
+    ]
+    per_stage = {
+        name: [to_plain(k) for k in trace.top_kernels(TOP_PER_STAGE, stage=name)]
+        for name in [r["stage"] for r in stage_rows]
+        if name not in (stages.DECODE_STEP,)
+    }
+    ncu_rows: list[dict[str, Any]] = []
+    for stage, target in ((targets or {}).get("stages") or {}).items():
+        raw = run_dir / "ncu" / stage.replace("/", "_") / "raw.csv"
+        found = read_ncu_raw_csv(raw) if raw.is_file() else []
+        names = {k.name for k in found}
+        for kernel in found:
+            ncu_rows.append({"stage": stage, **to_plain(kernel)})
+        missed = [n for n in target.get("kernels", []) if n not in names]
+        if target.get("kernels") and not found:
+            warnings.append(f"Nsight Compute profiled no kernel in {stage} (filters matched nothing); see ncu logs.")
+        elif missed:
+            warnings.append(
+                f"Nsight Compute did not reach {len(missed)} of the {len(target['kernels'])} targeted kernels in "
+                f"{stage} within its launch count: {', '.join(missed[:5])}."
+            )
+        if target.get("note"):
+            warnings.append(f"{stage}: {target['note']}.")
+    decode = trace.decode_steps()
+    tools = capture.get("tools", {})
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "stage": "stage2",
+        "run_id": capture.get("run_id", run_dir.name),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "mode": capture.get("mode"),
+        "device": {**trace.device(), "driver": (env.get("gpu") or {}).get("driver")},
+        "tools": tools,
+        "ncu_clock_control": capture.get("ncu_clock_control"),
+        "tool_runs": {
+            k: {"seconds": v.get("seconds"), "returncode": v.get("returncode")}
+            for k, v in capture.get("runs", {}).items()
+        },
+        "forwarded_overrides": capture.get("forwarded_overrides", []),
+        "model": (workload or {}).get("model"),
+        "workload_settings": (workload or {}).get("settings"),
+        "peak": peak,
+        "stages": stage_rows,
+        "decode_steps": to_plain(decode) if decode else None,
+        "kernel_count": trace.kernel_count(),
+        "top_kernels": [to_plain(k) for k in trace.top_kernels(TOP_OVERALL)],
+        "top_kernels_by_stage": per_stage,
+        "analysed_stages": analysed,
+        "ncu_kernels": ncu_rows,
+        "warnings": warnings,
+    }
+
+
+def _label(kernel: Mapping[str, Any]) -> str:
+    return f"`{kernel_label(kernel['name'], kernel.get('demangled', ''))}`"
+
+
+def _ncu_cells(m: Mapping[str, Any], stage: str, name: str) -> list[str]:
+    row = next((r for r in m["ncu_kernels"] if r["stage"] == stage and r["name"] == name), None)
+    if row is None:
+        return ["", "", "", "", "", ""]
+    tflops = row.get("achieved_tflops")
+    ai = row.get("arithmetic_intensity")
+    return [
+        "n/a" if tflops is None else f"{tflops:,.2f}",
+        f"{row['dram_gbps']:,.0f}",
+        "n/a" if ai is None else f"{ai:,.1f}",
+        pct(None if row.get("sm_throughput_pct") is None else row["sm_throughput_pct"] / 100),
+        pct(None if row.get("dram_throughput_pct") is None else row["dram_throughput_pct"] / 100),
+        str(row.get("bound", "")),
+    ]
+
+
+_KERNEL_HEADER = [
+    "#",
+    "kernel",
+    "stage",
+    "calls",
+    "total ms",
+    "mean ms",
+    "% of stage GPU time",
+    "TFLOP/s (ncu)",
+    "DRAM GB/s (ncu)",
+    "FLOP/byte",
+    "SM % of peak",
+    "memory % of peak",
+    "bound",
+]
+
+
+def kernels_md(m: Mapping[str, Any]) -> str:
+    doc = Doc(f"Kernels: {(m.get('model') or {}).get('name', 'workload')} on {m['device'].get('name', 'GPU')}")
+    doc.para(
+        "Time columns from Nsight Systems (all timed passes, warm-up excluded); roofline columns from Nsight "
+        f"Compute on the targeted launches (clock control: {m.get('ncu_clock_control')}; ncu flushes caches "
+        "between replays, so its durations are not the run's durations). Kernel names are nsys short names."
+    )
+    for stage, kernels in m["top_kernels_by_stage"].items():
+        doc.h2(f"{stage}")
+        rows = [
+            [
+                str(i),
+                _label(k),
+                stage,
+                str(k["calls"]),
+                ms(k["total_ms"], 3),
+                ms(k["mean_ms"], 4),
+                pct(k["share"]),
+                *_ncu_cells(m, stage, k["name"]),
+            ]
+            for i, k in enumerate(kernels, 1)
+        ]
+        doc.table(_KERNEL_HEADER, rows)
+    doc.h2("All stages")
+    doc.table(
+        ["#", "kernel", "calls", "total ms", "mean ms", "% of all kernel time"],
+        [
+            [str(i), _label(k), str(k["calls"]), ms(k["total_ms"], 3), ms(k["mean_ms"], 4), pct(k["share"])]
+            for i, k in enumerate(m["top_kernels"], 1)
+        ],
+    )
+    return doc.text()
+
+
+def _stage_table(m: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    header = [
+        "stage",
+        "instances",
+        "NVTX range wall ms",
+        "Stage 1 CUDA-event ms",
+        "GPU busy ms (nsys)",
+        "summed kernel ms",
+        "GPU busy / wall",
+        "kernels",
+        "MFU on busy time",
+    ]
+    rows = []
+    for r in m["stages"]:
+        rows.append(
+            [
+                r["stage"],
+                str(r["instances"]),
+                ms(r["wall_ms"]),
+                ms(r.get("stage1_cuda_event_ms")),
+                ms(r["gpu_busy_ms"]),
+                ms(r["kernel_ms"]),
+                pct(r["busy_fraction"]),
+                f"{r['kernels']:,}",
+                pct(r.get("mfu_on_busy_time"), 2),
+            ]
+        )
+    return header, rows
+
+
+def findings(m: Mapping[str, Any]) -> list[str]:
+    """Data-driven statements for the summaries."""
+    out = []
+    by = {r["stage"]: r for r in m["stages"]}
+    dec = m.get("decode_steps")
+    if dec:
+        msg = (
+            f"Decode: {dec['steps']} steps at {dec['step_wall_ms']:.2f} ms each, {dec['kernels_per_step']:.0f} "
+            f"kernels per step averaging {dec['mean_kernel_us']:.1f} µs; the GPU is busy "
+            f"{dec['gpu_busy_fraction']:.0%} of each step."
+        )
+        if dec["gpu_busy_fraction"] < LOW_BUSY:
+            msg += (
+                " Most of a step is launch and Python overhead, not GPU work: CUDA graphs / torch.compile "
+                "(reduce-overhead) or fusing the per-expert loop would shorten it more than faster kernels."
+            )
+        out.append(msg)
+    pre = by.get(stages.PREFILL)
+    if pre:
+        out.append(
+            f"Prefill: GPU busy {pre['busy_fraction']:.0%} of its wall time"
+            + (f", {pre['mfu_on_busy_time']:.1%} MFU over its busy time" if pre.get("mfu_on_busy_time") else "")
+            + "."
+        )
+    if m["top_kernels"]:
+        top = m["top_kernels"][0]
+        out.append(
+            f"Hottest kernel overall: {_label(top)}, {top['share']:.0%} of all kernel time "
+            f"({top['calls']} calls, {top['total_ms']:.1f} ms)."
+        )
+    bound = [r for r in m["ncu_kernels"] if r.get("bound") in ("memory", "compute", "latency")]
+    if bound:
+        counts: dict[str, int] = {}
+        for r in bound:
+            counts[r["bound"]] = counts.get(r["bound"], 0) + 1
+        out.append(
+            "Nsight Compute on the targeted kernels: " + ", ".join(f"{n} {b}-bound" for b, n in counts.items()) + "."
+        )
+    return out
+
+
+def report_md(m: Mapping[str, Any], files: Sequence[str]) -> str:
+    model = m.get("model") or {}
+    doc = Doc(f"Stage 2 report: {model.get('name', 'workload')} on {m['device'].get('name', 'GPU')}")
+    tools = m.get("tools", {})
+    doc.para(
+        f"Run `{m['run_id']}` · mode {m['mode']} · {model.get('weights_detail', '')} · "
+        f"nsys {tools.get('nsys', {}).get('version', 'n/a')}, ncu {tools.get('ncu', {}).get('version', 'not run')} · "
+        f"driver {m['device'].get('driver')}."
+    )
+    doc.h2("At a glance")
+    doc.bullets(findings(m))
+    if m["warnings"]:
+        doc.h2("Warnings")
+        doc.bullets(m["warnings"])
+    doc.h2("GPU time per stage (all timed passes)")
+    doc.para(
+        "Cross-check: the NVTX range wall time (CPU side), Stage 1's CUDA-event time of the same passes, the GPU "
+        "busy time (union of the kernels launched inside the range) and the summed kernel time. Busy / wall "
+        "under 100% means the GPU waited for the host. MFU here divides the counted FLOPs by GPU busy time"
+        + (
+            f" and the {m['peak']['value'] / 1e12:,.1f} TFLOP/s dense peak ({m['peak']['source']})."
+            if m.get("peak")
+            else "; no peak is known for this GPU."
+        )
+    )
+    header, rows = _stage_table(m)
+    doc.table(header, rows)
+    doc.h2("Top kernels")
+    doc.para("Per stage with Nsight Compute's roofline figures: [kernels.md](kernels.md).")
+    doc.table(
+        ["#", "kernel", "calls", "total ms", "% of all kernel time"],
+        [
+            [str(i), _label(k), str(k["calls"]), ms(k["total_ms"], 2), pct(k["share"])]
+            for i, k in enumerate(m["top_kernels"][:10], 1)
+        ],
+    )
+    doc.h2("Tools")
+    runs = m.get("tool_runs", {})
+    doc.bullets([f"{k}: {v['seconds']:.1f} s (exit {v['returncode']})" for k, v in runs.items() if v.get("seconds")])
+    doc.para("Commands: `nsys/cmd.txt` and `ncu/<stage>/cmd.txt`; raw reports and exports under `nsys/` and `ncu/`.")
+    doc.h2("Files")
+    doc.bullets([f"[{f}]({f})" for f in sorted(set(files)) if f.endswith((".md", ".json", ".yaml", ".txt"))])
+    return doc.text()
+
+
+def stakeholder_md(m: Mapping[str, Any]) -> str:
+    model = m.get("model") or {}
+    doc = Doc(f"Stakeholder summary (Stage 2): {model.get('name', 'workload')} on {m['device'].get('name', 'GPU')}")
+    doc.h2("Executive summary")
+    doc.bullets(findings(m))
+    doc.h2("Where GPU time goes")
+    header, rows = _stage_table(m)
+    doc.table(header, rows)
+    doc.h2("Recommendations")
+    recs = []
+    dec = m.get("decode_steps")
+    if dec and dec["gpu_busy_fraction"] < LOW_BUSY:
+        recs.append(
+            f"Batch-1 decode keeps the GPU busy only {dec['gpu_busy_fraction']:.0%} of the time with "
+            f"{dec['kernels_per_step']:.0f} launches per step: capture the decode step in a CUDA graph "
+            "(static KV cache) or compile it, and batch pages."
+        )
+    mem = [r for r in m["ncu_kernels"] if r.get("bound") == "memory"]
+    if mem:
+        recs.append(
+            f"{len(mem)} targeted kernel(s) are memory-bound (e.g. `{mem[0]['name']}`): fusion and fewer "
+            "intermediate tensors pay off there."
+        )
+    if not recs:
+        recs.append("No single bottleneck stands out; compare modes or GPUs with Stage 1.")
+    doc.bullets(recs)
+    if m["warnings"]:
+        doc.h2("Caveats")
+        doc.bullets(m["warnings"])
+    return doc.text()

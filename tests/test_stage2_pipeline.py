@@ -1,0 +1,181 @@
+"""Stage 2 without a GPU: override forwarding, workload command, and re-rendering from real H100 exports."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_module
+
+from llm_perf_opt.cli.common import register_resolvers
+from llm_perf_opt.errors import UserError
+from llm_perf_opt.pipeline.stage2 import CAPTURE_FILE, TARGETS_FILE, forwarded_overrides, render, workload_argv
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def compose_stage2(*overrides: str):
+    register_resolvers()
+    with initialize_config_module(version_base="1.3", config_module="llm_perf_opt.conf"):
+        return compose("stage2", overrides=list(overrides))
+
+
+def test_every_workload_override_is_forwarded() -> None:
+    task = [
+        "model=deepseek_ocr2_tiny",
+        "model.dtype=float16",
+        "model.preprocess.max_tiles=2",
+        "infer.max_new_tokens=9",
+        "dataset.root=/data",
+        "dataset.subset_filelist=l.txt",
+        "stage2.mode=deep",
+        "pipeline.ncu.clock_control=base",
+        "pipeline/nsys=default",
+        "hydra.run.dir=/x",
+        "+model.extra=1",
+    ]
+    assert forwarded_overrides(task) == [
+        "model=deepseek_ocr2_tiny",
+        "model.dtype=float16",
+        "model.preprocess.max_tiles=2",
+        "infer.max_new_tokens=9",
+        "dataset.root=/data",
+        "dataset.subset_filelist=l.txt",
+        "+model.extra=1",
+    ]
+
+
+def test_workload_argv_adds_stage2_settings(tmp_path: Path) -> None:
+    cfg = compose_stage2()
+    argv = workload_argv(cfg, ["model=deepseek_ocr2_tiny", "run.repeats=3"], tmp_path, name="nsys")
+    assert argv[:3] == [sys.executable, "-m", "llm_perf_opt.cli.stage1"]
+    assert "model=deepseek_ocr2_tiny" in argv
+    assert "pipeline.torch_profiler.enable=false" in argv
+    assert "run.repeats=3" in argv and "run.repeats=1" not in argv  # the user's value wins
+    assert "run.warmup=1" in argv
+    assert argv[-1] == f"hydra.run.dir={tmp_path / 'workload' / 'nsys'}"
+    ncu = workload_argv(cfg, ["infer.max_new_tokens=32"], tmp_path, name="ncu-decode", ncu=True)
+    assert "dataset.max_images=1" in ncu and ncu.index("infer.max_new_tokens=4") > ncu.index("infer.max_new_tokens=32")
+
+
+def test_stage2_config_composes_with_stage1_keys() -> None:
+    cfg = compose_stage2("stage2.mode=deep")
+    assert cfg.model.name == "deepseek_ocr2"
+    assert cfg.stage2.modes[cfg.stage2.mode].top_kernels == 20
+    assert list(cfg.pipeline.nsys.trace) == ["cuda", "nvtx", "osrt"]
+    assert cfg.pipeline.ncu.clock_control == "none"
+
+
+def _stage2_folder(root: Path) -> Path:
+    """A Stage 2 folder assembled from the H100 fixtures (as stage2-profile leaves it)."""
+    folder = root / "run"
+    (folder / "nsys").mkdir(parents=True)
+    with (
+        gzip.open(FIXTURES / "nsys" / "h100_tiny.sqlite.gz") as src,
+        (folder / "nsys" / "report.sqlite").open("wb") as dst,
+    ):
+        shutil.copyfileobj(src, dst)
+    (folder / "ncu" / "decode").mkdir(parents=True)
+    shutil.copy(FIXTURES / "ncu" / "h100_tiny_decode_raw.csv", folder / "ncu" / "decode" / "raw.csv")
+    (folder / CAPTURE_FILE).write_text(
+        json.dumps(
+            {
+                "run_id": "fixture",
+                "mode": "light",
+                "ncu_clock_control": "none",
+                "tools": {
+                    "nsys": {"path": "/opt/nsys", "version": "2025.3.1"},
+                    "ncu": {"path": "/opt/ncu", "version": "2025.3.1"},
+                },
+                "runs": {"nsys_profile": {"seconds": 30.0, "returncode": 0}},
+                "forwarded_overrides": ["model=deepseek_ocr2_tiny"],
+            }
+        )
+    )
+    (folder / TARGETS_FILE).write_text(
+        json.dumps(
+            {
+                "mode": "light",
+                "stages": {
+                    "decode": {
+                        "kernels": ["indexSelectSmallIndex", "no_such_kernel"],
+                        "launch_skip": 0,
+                        "launch_count": 6,
+                    },
+                },
+            }
+        )
+    )
+    (folder / "env.json").write_text(json.dumps({"gpu": {"driver": "580.159.04"}}))
+    return folder
+
+
+def test_render_from_h100_exports(tmp_path: Path) -> None:
+    folder = render(_stage2_folder(tmp_path))
+    metrics = json.loads((folder / "metrics.json").read_text())
+    assert metrics["stage"] == "stage2" and metrics["schema_version"] == "1.0"
+    assert metrics["device"]["name"] == "NVIDIA H100 80GB HBM3"
+    stages = {s["stage"]: s for s in metrics["stages"]}
+    assert {"prefill", "decode", "decode/step", "vision/sam", "vision/encoder"} <= set(stages)
+    assert 0 < stages["decode"]["busy_fraction"] <= 1
+    assert metrics["decode_steps"]["steps"] == 6
+    assert metrics["top_kernels"] and metrics["kernel_count"] > 1000
+    assert any(r["stage"] == "decode" for r in metrics["ncu_kernels"])
+    assert any("no_such_kernel" in w for w in metrics["warnings"])
+    kernels = (folder / "kernels.md").read_text()
+    assert "## decode" in kernels and "TFLOP/s (ncu)" in kernels
+    report = (folder / "report.md").read_text()
+    assert "GPU time per stage" in report and "Decode: 6 steps" in report
+    assert (folder / "stakeholder_summary.md").read_text().count("Recommendations") == 1
+
+
+def test_rerender_command_on_a_copied_folder(tmp_path: Path) -> None:
+    copy = tmp_path / "copied"
+    shutil.copytree(_stage2_folder(tmp_path), copy)
+    done = subprocess.run(
+        [sys.executable, "-m", "llm_perf_opt.cli.stage2_report", str(copy)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (copy / "kernels.md").is_file() and (copy / "report.md").is_file()
+
+
+def test_render_rejects_a_folder_without_exports(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="not a complete Stage 2 folder"):
+        render(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "llm_perf_opt.cli.stage2_report", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2 and "nsys/report.sqlite" in done.stderr
+
+
+def test_stage2_without_gpu_fails_cleanly(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("checks the no-GPU error")
+    out = tmp_path / "s2"
+    done = subprocess.run(
+        [sys.executable, "-m", "llm_perf_opt.cli.stage2", "model=deepseek_ocr2_tiny", f"hydra.run.dir={out}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "GPU" in done.stderr and "Traceback" not in done.stderr
+    status = json.loads((out / "run_status.json").read_text())
+    assert status["state"] == "failed" and status["stage"] == "stage2"

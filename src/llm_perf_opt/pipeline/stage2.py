@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from llm_perf_opt.env_info import collect_env
 from llm_perf_opt.errors import UserError, require_whole
 from llm_perf_opt.measure import stages
 from llm_perf_opt.nsight import commands
-from llm_perf_opt.nsight.nsys_stats import available_reports, pick_reports
+from llm_perf_opt.nsight.nsys_stats import REPORT_ALTERNATIVES, available_reports, pick_reports
 from llm_perf_opt.nsight.nsys_trace import NsysTrace
 from llm_perf_opt.nsight.tools import Tool, check_nsys_report, check_run, find_tool, require_gpu, run_tool
 from llm_perf_opt.report import stage2_reports
@@ -37,14 +36,6 @@ WORKLOAD_METRICS = "workload/nsys/metrics.json"
 
 # Keys that belong to Stage 2 itself and are not forwarded to the profiled workload.
 _OWN_PREFIXES = ("stage2.", "pipeline.nsys", "pipeline.ncu", "pipeline/nsys", "pipeline/ncu", "hydra.", "hydra/")
-# Report-name fallbacks across Nsight Systems versions.
-_REPORT_ALTERNATIVES = {
-    "cuda_gpu_kern_sum": ("gpukernsum",),
-    "nvtx_gpu_proj_sum": ("nvtx_kern_sum",),
-    "nvtx_sum": ("nvtxsum", "nvtx_pushpop_sum"),
-    "cuda_api_sum": ("cudaapisum",),
-    "cuda_gpu_mem_time_sum": ("gpumemtimesum",),
-}
 
 
 def forwarded_overrides(task_overrides: Sequence[str]) -> list[str]:
@@ -153,7 +144,9 @@ class Stage2Run:
             self._run_ncu(ncu, mode)
         self._save_capture()
 
-    def _timed_tool(self, key: str, argv: list[str], log_rel: str, timeout_s: float, what: str) -> None:
+    def _timed_tool(
+        self, key: str, argv: list[str], log_rel: str, timeout_s: float, what: str, *, check: bool = True
+    ) -> None:
         self.art.write_text(str(Path(log_rel).with_name("cmd.txt")), commands.shell_line(argv) + "\n")
         log.info("%s: %s", what, commands.shell_line(argv)[:200])
         started = time.perf_counter()
@@ -165,7 +158,8 @@ class Stage2Run:
             "seconds": time.perf_counter() - started,
             "timed_out": run.timed_out,
         }
-        check_run(run, what)
+        if check:
+            check_run(run, what)
 
     def _run_nsys(self, nsys: Tool) -> None:
         cfg, run_dir = self.cfg, self.art.run_dir
@@ -185,12 +179,21 @@ class Stage2Run:
         self._timed_tool("nsys_profile", argv, "nsys/profile.log", timeout, "Nsight Systems profile")
         report = check_nsys_report(base)
         help_log = "nsys/help_reports.txt"
-        self._timed_tool("nsys_help", commands.nsys_help_reports_argv(nsys.path), help_log, 120, "nsys report list")
-        picked = pick_reports(
-            available_reports(self.art.path(help_log).read_text()), list(ncfg.reports), _REPORT_ALTERNATIVES
+        # `nsys stats --help-reports` exits 1 after printing the list (seen with 2025.3): read it, don't trust rc.
+        self._timed_tool(
+            "nsys_help", commands.nsys_help_reports_argv(nsys.path), help_log, 120, "nsys report list", check=False
         )
-        self.capture["nsys_reports"] = _plain(picked)
-        names = _picked_names(picked)
+        available = available_reports(self.art.path(help_log).read_text(errors="replace"))
+        if not available:
+            log.warning("could not read nsys's report list; asking for the configured reports as named")
+            available = set(ncfg.reports)
+        picked = pick_reports(available, list(ncfg.reports), REPORT_ALTERNATIVES)
+        self.capture["nsys_reports"] = {
+            "names": list(picked),
+            "missing": list(picked.missing),
+            "substituted": dict(picked.substituted),
+        }
+        names = list(picked)
         if names:
             self._timed_tool(
                 "nsys_stats",
@@ -272,19 +275,6 @@ class Stage2Run:
         self.art.write_json(TARGETS_FILE, targets)
 
 
-def _plain(value: Any) -> Any:
-    return artifacts.to_plain(value)
-
-
-def _picked_names(picked: Any) -> list[str]:
-    """Report names from pick_reports' result (a list of names, or a (names, missing) pair)."""
-    if isinstance(picked, tuple) and len(picked) == 2 and isinstance(picked[0], list | tuple):
-        return [str(n) for n in picked[0]]
-    if isinstance(picked, Mapping):
-        return [str(v) for v in picked.values() if v]
-    return [str(n) for n in picked]
-
-
 def render(run_dir: Path, *, art: ArtifactsManager | None = None) -> Path:
     """Build metrics.json, kernels.md, report.md and stakeholder_summary.md from a Stage 2 folder's exports."""
     run_dir = Path(run_dir).resolve()
@@ -307,9 +297,3 @@ def render(run_dir: Path, *, art: ArtifactsManager | None = None) -> Path:
     manager.write_text("stakeholder_summary.md", stage2_reports.stakeholder_md(metrics))
     manager.write_text("report.md", stage2_reports.report_md(metrics, [*manager.written, "report.md"]))
     return run_dir
-
-
-def copy_for_rerender(src: Path, dst: Path) -> Path:
-    """Copy a Stage 2 folder (used by tests and users who re-render elsewhere)."""
-    shutil.copytree(src, dst)
-    return dst

@@ -104,9 +104,18 @@ def _stage2_folder(root: Path) -> Path:
                 "stages": {
                     "decode": {
                         "kernels": ["indexSelectSmallIndex", "no_such_kernel"],
-                        "launch_skip": 0,
-                        "launch_count": 6,
-                    },
+                        "calls": {"indexSelectSmallIndex": 6},
+                        "instances": 6,
+                        "rounds": [
+                            {
+                                "folder": "ncu/decode",
+                                "kernels": ["indexSelectSmallIndex", "no_such_kernel"],
+                                "launch_skip": 0,
+                                "launch_count": 6,
+                                "regex": "^(indexSelectSmallIndex|no_such_kernel)$",
+                            }
+                        ],
+                    }
                 },
             }
         )
@@ -179,3 +188,15 @@ def test_stage2_without_gpu_fails_cleanly(tmp_path: Path) -> None:
     assert "GPU" in done.stderr and "Traceback" not in done.stderr
     status = json.loads((out / "run_status.json").read_text())
     assert status["state"] == "failed" and status["stage"] == "stage2"
+
+
+def test_launch_window_lands_in_a_middle_decode_step() -> None:
+    from llm_perf_opt.pipeline.stage2 import Stage2Run
+
+    cfg = compose_stage2("stage2.ncu_workload.max_new_tokens=9")
+    run = Stage2Run(cfg, Path("/nonexistent"), run_id="x", task_overrides=[])
+    target = {"calls": {"gemm": 310, "add": 620, "lm_head": 31}, "instances": 31}
+    # 30 matching launches per step; the ncu workload decodes 8 steps: skip 4 steps, count one step (capped).
+    assert run._launch_window("decode", ["gemm", "add"], target, 1) == (120, 8)
+    assert run._launch_window("decode", ["lm_head"], target, 1) == (4, 1)
+    assert run._launch_window("prefill", ["gemm"], {"calls": {"gemm": 50}, "instances": 5}, 2) == (0, 8)

@@ -10,7 +10,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from llm_perf_opt.env_info import collect_env
 from llm_perf_opt.errors import UserError, require_whole
 from llm_perf_opt.measure import stages
 from llm_perf_opt.nsight import commands
+from llm_perf_opt.nsight.ncu_report import read_ncu_raw_csv
 from llm_perf_opt.nsight.nsys_stats import REPORT_ALTERNATIVES, available_reports, pick_reports
 from llm_perf_opt.nsight.nsys_trace import NsysTrace
 from llm_perf_opt.nsight.tools import Tool, check_nsys_report, check_run, find_tool, require_gpu, run_tool
@@ -216,63 +217,84 @@ class Stage2Run:
                 self.art.write_text(name, (workload_dir / name).read_text())
 
     def _run_ncu(self, ncu: Tool, mode: DictConfig) -> None:
+        """Nsight Compute on each analysed stage's top kernels: a first round on all of them, then a second round
+        on those the first round's launch window did not reach."""
         cfg, run_dir = self.cfg, self.art.run_dir
-        top_n = int(mode.top_kernels)
-        per_kernel = int(mode.launches_per_kernel)
         targets: dict[str, Any] = {"mode": str(cfg.stage2.mode), "stages": {}}
         with NsysTrace(run_dir / NSYS_SQLITE) as trace:
-            steps = trace.decode_steps()
-            for stage in mode.stages:
-                kernels = trace.top_kernels(top_n, stage=str(stage))
-                if not kernels:
-                    targets["stages"][str(stage)] = {"kernels": [], "note": f"nsys found no kernels in {stage}"}
-                    continue
-                names = [k.name for k in kernels]
-                if str(stage) == stages.DECODE and steps and steps.steps:
-                    # Skip into the middle decode step of the ncu workload, then one step's worth of launches.
-                    per_step = max(1, round(sum(k.calls for k in kernels) / steps.steps))
-                    ncu_steps = int(cfg.stage2.ncu_workload.max_new_tokens) - 1
-                    skip = per_step * max(0, ncu_steps // 2)
-                    count = max(per_step, per_kernel * len(names))
-                else:
-                    skip, count = 0, per_kernel * len(names) * 3
-                targets["stages"][str(stage)] = {
-                    "kernels": names,
-                    "launch_skip": skip,
-                    "launch_count": count,
-                    "regex": commands.kernel_regex_for(names),
+            instances = {st.stage: st.instances for st in trace.stage_times()}
+            for stage in map(str, mode.stages):
+                kernels = trace.top_kernels(int(mode.top_kernels), stage=stage)
+                calls: dict[str, int] = {}
+                for k in trace.top_kernels(1_000_000, stage=stage):  # every kernel of the stage, by short name
+                    calls[k.name] = calls.get(k.name, 0) + k.calls
+                unit = stages.DECODE_STEP if stage == stages.DECODE else stage  # one decode step, or one prefill
+                targets["stages"][stage] = {
+                    "kernels": list(dict.fromkeys(k.name for k in kernels)),
+                    "calls": calls,
+                    "instances": instances.get(unit, 1) or 1,
+                    "rounds": [],
                 }
         self.art.write_json(TARGETS_FILE, targets)
         timeout = float(require_whole("pipeline.ncu.timeout_s", cfg.pipeline.ncu.timeout_s, 1))
         for stage, target in targets["stages"].items():
-            if not target["kernels"]:
-                continue
-            folder = f"ncu/{stage.replace('/', '_')}"
-            argv = commands.ncu_argv(
-                ncu.path,
-                self.art.path(f"{folder}/report"),
-                workload_argv(cfg, self.user_overrides, run_dir, name=f"ncu-{stage.replace('/', '_')}", ncu=True),
-                kernel_regex=target["regex"],
-                launch_skip=int(target["launch_skip"]),
-                launch_count=int(target["launch_count"]),
-                nvtx_include=[stage],
-                sections=list(mode.sections),
-                metrics=list(cfg.pipeline.ncu.metrics),
-                clock_control=str(cfg.pipeline.ncu.clock_control),
-                target_processes=str(cfg.pipeline.ncu.target_processes),
-            )
-            self._timed_tool(f"ncu_{stage}", argv, f"{folder}/profile.log", timeout, f"Nsight Compute ({stage})")
-            rep = self.art.path(f"{folder}/report.ncu-rep")
-            if not rep.is_file():
-                target["note"] = "ncu profiled no kernel (regex or NVTX filter matched nothing)"
-                continue
-            raw = run_tool(
-                commands.ncu_import_raw_csv_argv(ncu.path, rep),
-                timeout_s=600,
-                log_path=self.art.path(f"{folder}/raw.csv"),
-            )
-            check_run(raw, f"ncu --import ({stage})")
-        self.art.write_json(TARGETS_FILE, targets)
+            wanted: list[str] = target["kernels"]
+            for round_no in (1, 2):
+                if not wanted:
+                    break
+                folder = f"ncu/{stage.replace('/', '_')}" + ("" if round_no == 1 else f"-round{round_no}")
+                skip, count = self._launch_window(stage, wanted, target, int(mode.launches_per_kernel))
+                regex = commands.kernel_regex_for(wanted)
+                target["rounds"].append(
+                    {"folder": folder, "kernels": wanted, "launch_skip": skip, "launch_count": count, "regex": regex}
+                )
+                argv = commands.ncu_argv(
+                    ncu.path,
+                    self.art.path(f"{folder}/report"),
+                    workload_argv(cfg, self.user_overrides, run_dir, name=f"ncu-{Path(folder).name}", ncu=True),
+                    kernel_regex=regex,
+                    launch_skip=skip,
+                    launch_count=count,
+                    nvtx_include=[stage],
+                    sections=list(mode.sections),
+                    metrics=list(cfg.pipeline.ncu.metrics),
+                    clock_control=str(cfg.pipeline.ncu.clock_control),
+                    target_processes=str(cfg.pipeline.ncu.target_processes),
+                )
+                key = f"ncu_{stage}" + ("" if round_no == 1 else f"_round{round_no}")
+                self._timed_tool(
+                    key, argv, f"{folder}/profile.log", timeout, f"Nsight Compute ({stage}, round {round_no})"
+                )
+                rep = self.art.path(f"{folder}/report.ncu-rep")
+                if not rep.is_file():
+                    target["rounds"][-1]["note"] = "ncu profiled no kernel (the regex or NVTX filter matched nothing)"
+                    break
+                raw = run_tool(
+                    commands.ncu_import_raw_csv_argv(ncu.path, rep),
+                    timeout_s=600,
+                    log_path=self.art.path(f"{folder}/raw.csv"),
+                )
+                check_run(raw, f"ncu --import ({stage})")
+                found = {k.name for k in read_ncu_raw_csv(self.art.path(f"{folder}/raw.csv"))}
+                wanted = [n for n in wanted if n not in found]
+            self.art.write_json(TARGETS_FILE, targets)
+
+    def _launch_window(
+        self, stage: str, names: Sequence[str], target: Mapping[str, Any], per_kernel: int
+    ) -> tuple[int, int]:
+        """(launch skip, launch count) for kernels `names` in `stage` of the ncu workload.
+
+        Skip and count apply to the launches that pass both filters (these kernel names, inside the stage's NVTX
+        range). One instance (a prefill, or a decode step) launches `per_instance` of them, estimated from nsys.
+        Decode skips to the middle step of the ncu workload, a steady state; prefill starts at its beginning.
+        The count covers one instance, capped at `per_kernel` launches per kernel (x4 for their interleaving).
+        """
+        per_instance = max(1, round(sum(target["calls"].get(n, 0) for n in names) / target["instances"]))
+        count = min(per_instance, max(1, per_kernel * len(names) * 4))
+        if stage == stages.DECODE:
+            middle_step = (int(self.cfg.stage2.ncu_workload.max_new_tokens) - 1) // 2
+            return per_instance * middle_step, count
+        return 0, count
 
 
 def render(run_dir: Path, *, art: ArtifactsManager | None = None) -> Path:

@@ -200,3 +200,13 @@ def test_launch_window_lands_in_a_middle_decode_step() -> None:
     assert run._launch_window("decode", ["gemm", "add"], target, 1) == (120, 8)
     assert run._launch_window("decode", ["lm_head"], target, 1) == (4, 1)
     assert run._launch_window("prefill", ["gemm"], {"calls": {"gemm": 50}, "instances": 5}, 2) == (0, 8)
+
+
+def test_later_rounds_take_the_rarest_missing_kernels() -> None:
+    from llm_perf_opt.pipeline.stage2 import Stage2Run
+
+    run = Stage2Run(compose_stage2(), Path("/nonexistent"), run_id="x", task_overrides=[])
+    target = {"calls": {"device_kernel": 3410, "lm_head": 155, "norm": 310}, "instances": 155}
+    # per step: lm_head 1, norm 2, device_kernel 22; the window for k kernels holds 4k launches.
+    assert run._rarest_fitting(["device_kernel", "lm_head", "norm"], target, 1) == ["lm_head", "norm"]
+    assert run._rarest_fitting(["device_kernel"], target, 1) == ["device_kernel"]

@@ -30,6 +30,8 @@ from llm_perf_opt.report import stage2_reports
 
 log = logging.getLogger("llm_perf_opt.stage2")
 
+MAX_NCU_ROUNDS = 3  # per stage: all targets, then the rarest missing ones, twice
+
 CAPTURE_FILE = "capture.json"
 TARGETS_FILE = "ncu/targets.json"
 NSYS_SQLITE = "nsys/report.sqlite"
@@ -217,8 +219,8 @@ class Stage2Run:
                 self.art.write_text(name, (workload_dir / name).read_text())
 
     def _run_ncu(self, ncu: Tool, mode: DictConfig) -> None:
-        """Nsight Compute on each analysed stage's top kernels: a first round on all of them, then a second round
-        on those the first round's launch window did not reach."""
+        """Nsight Compute on each analysed stage's top kernels: a first round on all of them, then up to two rounds
+        on the rarest of those the earlier windows did not reach."""
         cfg, run_dir = self.cfg, self.art.run_dir
         targets: dict[str, Any] = {"mode": str(cfg.stage2.mode), "stages": {}}
         with NsysTrace(run_dir / NSYS_SQLITE) as trace:
@@ -238,10 +240,13 @@ class Stage2Run:
         self.art.write_json(TARGETS_FILE, targets)
         timeout = float(require_whole("pipeline.ncu.timeout_s", cfg.pipeline.ncu.timeout_s, 1))
         for stage, target in targets["stages"].items():
-            wanted: list[str] = target["kernels"]
-            for round_no in (1, 2):
-                if not wanted:
+            missing: list[str] = target["kernels"]
+            for round_no in range(1, MAX_NCU_ROUNDS + 1):
+                if not missing:
                     break
+                wanted = (
+                    missing if round_no == 1 else self._rarest_fitting(missing, target, int(mode.launches_per_kernel))
+                )
                 folder = f"ncu/{stage.replace('/', '_')}" + ("" if round_no == 1 else f"-round{round_no}")
                 skip, count = self._launch_window(stage, wanted, target, int(mode.launches_per_kernel))
                 regex = commands.kernel_regex_for(wanted)
@@ -276,8 +281,25 @@ class Stage2Run:
                 )
                 check_run(raw, f"ncu --import ({stage})")
                 found = {k.name for k in read_ncu_raw_csv(self.art.path(f"{folder}/raw.csv"))}
-                wanted = [n for n in wanted if n not in found]
+                missing = [n for n in missing if n not in found]
             self.art.write_json(TARGETS_FILE, targets)
+
+    @staticmethod
+    def _launch_cap(names: Sequence[str], per_kernel: int) -> int:
+        return max(1, per_kernel * len(names) * 4)
+
+    def _rarest_fitting(self, names: Sequence[str], target: Mapping[str, Any], per_kernel: int) -> list[str]:
+        """The rarest of `names` whose launches in one stage instance all fit in one launch window (at least one),
+        so a later round catches kernels that frequent ones crowded out of the first window."""
+        per_instance = {n: target["calls"].get(n, 0) / target["instances"] for n in names}
+        chosen: list[str] = []
+        total = 0.0
+        for name in sorted(names, key=per_instance.__getitem__):
+            if chosen and total + per_instance[name] > self._launch_cap([*chosen, name], per_kernel):
+                break
+            chosen.append(name)
+            total += per_instance[name]
+        return chosen
 
     def _launch_window(
         self, stage: str, names: Sequence[str], target: Mapping[str, Any], per_kernel: int
@@ -290,7 +312,7 @@ class Stage2Run:
         The count covers one instance, capped at `per_kernel` launches per kernel (x4 for their interleaving).
         """
         per_instance = max(1, round(sum(target["calls"].get(n, 0) for n in names) / target["instances"]))
-        count = min(per_instance, max(1, per_kernel * len(names) * 4))
+        count = min(per_instance, self._launch_cap(names, per_kernel))
         if stage == stages.DECODE:
             middle_step = (int(self.cfg.stage2.ncu_workload.max_new_tokens) - 1) // 2
             return per_instance * middle_step, count

@@ -302,7 +302,8 @@ def report_md(m: Mapping[str, Any], files: Sequence[str]) -> str:
         "Cross-check: the NVTX range wall time (CPU side), Stage 1's CUDA-event time of the same passes, the GPU "
         "busy time (union of the kernels launched inside the range) and the summed kernel time. Busy / wall "
         "under 100% means the GPU waited for the host. Tracing slows kernel launches, so wall times under nsys "
-        "are longer than in a plain Stage 1 run: take latency from Stage 1, GPU work from here. MFU here divides the counted FLOPs by GPU busy time"
+        "are longer than in a plain Stage 1 run: take latency from Stage 1, GPU work from here. "
+        "MFU here divides the counted FLOPs by GPU busy time"
         + (
             f" and the {m['peak']['value'] / 1e12:,.1f} TFLOP/s dense peak ({m['peak']['source']})."
             if m.get("peak")

@@ -367,3 +367,16 @@ def test_classify_bound(sm: float | None, mem: float | None, bound: str) -> None
 def test_kernel_names(name: str, base: str, function: str) -> None:
     assert kernel_base_name(name) == base
     assert function_name(name) == function
+
+
+def test_full_size_prefill_gemm_fixture_is_compute_bound_near_its_sm_throughput() -> None:
+    """A real bf16 GEMM of the full-size model's prefill (H100): tensor-core FLOPs give the achieved rate."""
+    kernels = read_ncu_raw_csv(FIXTURE.parent / "h100_full_prefill_gemm_raw.csv")
+    gemm = next(k for k in kernels if k.name.startswith("nvjet_sm90"))
+    assert gemm.launches == 8
+    assert gemm.bound == "compute"
+    assert gemm.achieved_tflops is not None and 400 < gemm.achieved_tflops < 989.4
+    # The achieved fraction of the dense bf16 peak agrees with ncu's own SM throughput figure.
+    assert gemm.sm_throughput_pct is not None
+    assert abs(gemm.achieved_tflops / 989.4 * 100 - gemm.sm_throughput_pct) < 10
+    assert gemm.arithmetic_intensity is not None and gemm.arithmetic_intensity > 100

@@ -183,10 +183,13 @@ def kernels_md(m: Mapping[str, Any]) -> str:
     doc.para(
         "Time columns from Nsight Systems (all timed passes, warm-up excluded); roofline columns from Nsight "
         f"Compute on the targeted launches (clock control: {m.get('ncu_clock_control')}; ncu flushes caches "
-        "between replays, so its durations are not the run's durations). Kernel names are nsys short names."
+        "between replays, so its durations are not the run's durations). Kernel names are nsys short names; "
+        "ncu selects kernels by function name, so where several instantiations share a name (marked †) its "
+        "figures cover all of them."
     )
     for stage, kernels in m["top_kernels_by_stage"].items():
         doc.h2(f"{stage}")
+        shared = {k["name"] for k in kernels if sum(1 for o in kernels if o["name"] == k["name"]) > 1}
         rows = [
             [
                 str(i),
@@ -200,6 +203,9 @@ def kernels_md(m: Mapping[str, Any]) -> str:
             ]
             for i, k in enumerate(kernels, 1)
         ]
+        for row, k in zip(rows, kernels, strict=True):
+            if k["name"] in shared and row[-1]:
+                row[-1] += " †"
         doc.table(_KERNEL_HEADER, rows)
     doc.h2("All stages")
     doc.table(

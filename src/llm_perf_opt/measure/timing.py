@@ -17,6 +17,11 @@ import torch
 from llm_perf_opt.measure import nvtx_ranges
 
 
+def timing_method(device: torch.device) -> str:
+    """How stage times are measured on `device` (said in every report)."""
+    return "CUDA events (torch.cuda.Event)" if device.type == "cuda" else "time.perf_counter (CPU)"
+
+
 @attrs.define
 class _Span:
     name: str
@@ -37,7 +42,7 @@ class StageRecorder:
     @property
     def method(self) -> str:
         """How time is measured, for the report."""
-        return "CUDA events (torch.cuda.Event)" if self.uses_cuda_events else "time.perf_counter (CPU)"
+        return timing_method(self.device)
 
     def _mark(self) -> object:
         if self.uses_cuda_events:

@@ -24,6 +24,7 @@ from llm_perf_opt.measure import stages
 from llm_perf_opt.measure.aggregate import stage_stats, throughput
 from llm_perf_opt.measure.flops import StageFlops, count_stage_flops
 from llm_perf_opt.measure.mfu import mfu_by_stage
+from llm_perf_opt.measure.timing import timing_method
 from llm_perf_opt.measure.torch_profiler import OperatorTable, profile_image
 from llm_perf_opt.report import stage1_reports
 from llm_perf_opt.results import SCHEMA_VERSION, DeviceInfo, ImageRecord, ModelInfo, Stage1Metrics
@@ -276,9 +277,7 @@ class Stage1Run:
                 type=session.device.type,
                 name=dev_name,
                 index=session.device.index,
-                timing_method="CUDA events (torch.cuda.Event)"
-                if session.device.type == "cuda"
-                else "time.perf_counter (CPU)",
+                timing_method=timing_method(session.device),
             ),
             settings={
                 "repeats": settings.repeats,

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.data.dataset import DatasetSelection
@@ -432,6 +432,3 @@ def write_all(
     write_predictions(art, m, cfg, selection, predictions, tokenizer)
     files = [*art.written, "report.md", "run_status.json"]
     art.write_text("report.md", report_md(m, operators, files))
-    # Keep the resolved config readable next to the report even when Hydra's own copy is elsewhere.
-    if "config.yaml" not in art.written:
-        art.write_text("config.yaml", OmegaConf.to_yaml(cfg, resolve=True))

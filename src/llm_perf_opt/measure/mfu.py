@@ -14,6 +14,15 @@ from llm_perf_opt.measure.flops import FLOP_SOURCE, StageFlops
 from llm_perf_opt.results import ImageRecord, MfuRecord
 
 
+def utilization(amount: float, seconds: float, peak: PeakFigure | None) -> tuple[float, float | None]:
+    """(achieved rate, fraction of `peak`) for `amount` units of work (FLOPs or bytes) done in `seconds`.
+
+    The one place MFU and MBU are computed: MFU with FLOPs and a dense FLOP/s peak, MBU with bytes and a B/s peak.
+    """
+    rate = amount / seconds
+    return rate, (rate / peak.value if peak is not None else None)
+
+
 def _stage_time_ms(record: ImageRecord, stage: str) -> float:
     if stage == stages.PREFILL:
         return record.prefill_ms
@@ -41,7 +50,7 @@ def mfu_by_stage(
             time_ms += _stage_time_ms(rec, stage)
         if time_ms <= 0:
             continue
-        achieved = flops_total / (time_ms / 1e3)
+        achieved, fraction = utilization(flops_total, time_ms / 1e3, peak)
         out.append(
             MfuRecord(
                 stage=stage,
@@ -49,7 +58,7 @@ def mfu_by_stage(
                 time_total_ms=time_ms,
                 achieved_tflops=achieved / 1e12,
                 peak=peak,
-                mfu=achieved / peak.value if peak is not None else None,
+                mfu=fraction,
                 flops_source=FLOP_SOURCE,
             )
         )

@@ -1,0 +1,501 @@
+"""Analytic FLOPs and bytes of DeepSeek-OCR-2, per module and per stage, computed from a :class:`ModelSpec`.
+
+Conventions
+-----------
+* 1 multiply-add (MAC) = 2 FLOPs, as ``torch.utils.flop_counter.FlopCounterMode`` counts (2·M·N·K).
+* The *counted* figure (:attr:`StageCost.matmul_flops`: categories "matmul", "attention", "convolution") is what
+  executes as matmuls, convolutions and attention products, and is what ``measure.flops`` counts on the real
+  modules; the two agree within 1% (tests/test_analytic_model.py). It holds:
+
+  - every linear and convolution (a bias add is not counted: FlopCounterMode counts ``addmm`` as its ``mm``);
+    convolutions over their whole output grid, padding positions included;
+  - attention QKᵀ and AV over the full score matrix SDPA computes: 4·b·h·s_q·s_k·d per call, with no causal
+    halving (FlopCounterMode's SDPA formula). The decoder's prefill attention (causal) and the Qwen2 encoder's
+    masked attention (bidirectional over SAM tokens, causal over queries) are counted the same way;
+  - SAM's windowed blocks run qkv, attention and proj on the padded grid (ceil(g/14)·14)², their MLP on g²;
+    global blocks attend over all g² positions; SAM's decomposed rel-pos einsums (2·windows·heads·side³·d MACs);
+  - the MoE router (a linear to n_routed logits, run in fp32), the routed experts for the ACTIVE experts only
+    (top_k rows per token) and the shared experts;
+  - the lm_head only on the positions whose logits are kept: the last prefill token, and each decode step.
+
+* Non-matmul work (norms, softmax, activations, residual adds, RoPE, the rel-pos bias add, MoE combine) is
+  reported as estimates in the categories "normalization" and "elementwise" (a few FLOPs per element: the
+  ``*_FLOPS`` constants below) and is excluded from the counted figure. Data movement without arithmetic
+  (embedding gathers, window partition, concatenation, KV-cache writes) is category "other" with 0 FLOPs.
+
+What FlopCounterMode does not count (and this model puts outside the counted figure on purpose): the bicubic
+pos-embed interpolation of non-1024 views and the linear interpolation of the rel-pos tables (``F.interpolate``
+has no FLOP formula), every elementwise op, softmax and the router's top-k. On the meta device and in the
+CPU/eager math path SDPA decomposes into ``bmm``s that the counter counts exactly like the fused kernel.
+
+Bytes (``dtype_bytes`` per element unless noted)
+------------------------------------------------
+* ``weight_bytes``: the parameters a module reads once per forward call. The vision tower runs once for the
+  global view and once for the batch of tiles, so its weights are read twice when there are tiles. Routed
+  experts: a forward over T tokens reads the distinct experts its tokens hit; assuming uniform routing that is
+  E·(1 − (1 − k/E)^T) experts (exactly k at T = 1, all E to within 1e-6 once T exceeds a few hundred, as in the
+  prefill of any image). The embedding reads one row per token.
+* ``activation_bytes``: approximate; each module reads its input tensors once and writes its outputs once.
+  Fused attention reads Q, K, V (plus SAM's rel-pos bias, which is materialised as an explicit (b, h, N, N)
+  ``attn_mask``) and writes O; the score matrix itself is not materialised (as in flash / memory-efficient
+  kernels; the eager and math paths would add about 2·b·h·s_q·s_k elements). fp32 upcasts inside norms are
+  ignored; the router's fp32 logits are counted at 4 bytes.
+* ``kv_bytes``: the decoder's KV cache: written in prefill (all prompt tokens), read (the ``context`` keys
+  attended) and written (one token) in each decode step. transformers' ``DynamicCache`` re-concatenates the
+  cache on every update; that copy is an implementation artefact and is not counted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Literal
+
+import attrs
+
+from llm_perf_opt.analytic.spec import ModelSpec, Workload
+
+Category = Literal["matmul", "attention", "convolution", "normalization", "elementwise", "other"]
+
+#: Categories whose FLOPs FlopCounterMode counts (the cross-checked figure).
+COUNTED_CATEGORIES: frozenset[str] = frozenset({"matmul", "attention", "convolution"})
+
+# Non-matmul FLOP estimates per element (documented approximations, excluded from the counted figure).
+NORM_FLOPS = 5  # LayerNorm / RMSNorm: square, reduce, scale, affine
+SOFTMAX_FLOPS = 5  # per score element: max, subtract, exp, sum, divide
+GELU_FLOPS = 8  # erf-based GELU (SAM MLP)
+SILU_GLU_FLOPS = 5  # silu(gate) * up: sigmoid (exp, add, divide), two multiplies
+ROPE_FLOPS = 3  # per q/k element: two multiplies, one add
+ADD_FLOPS = 1  # residual / bias-style adds
+
+VISION_STAGES = ("vision/sam", "vision/encoder", "vision/projector")
+_VISION_PREFIX = {"sam": "vision/sam", "encoder": "vision/encoder", "projector": "vision/projector"}
+
+
+@attrs.frozen
+class ModuleCost:
+    """FLOPs and bytes of one module (or one op of a module) for one forward call."""
+
+    name: str
+    category: Category
+    flops: float = 0.0
+    weight_bytes: float = 0.0
+    activation_bytes: float = 0.0
+    kv_bytes: float = 0.0
+
+    @property
+    def counted(self) -> bool:
+        """True when FlopCounterMode counts this module's FLOPs (matmul, attention, convolution)."""
+        return self.category in COUNTED_CATEGORIES
+
+    @property
+    def bytes(self) -> float:
+        return self.weight_bytes + self.activation_bytes + self.kv_bytes
+
+
+@attrs.frozen
+class StageCost:
+    """The modules of one stage and their totals."""
+
+    stage: str
+    modules: tuple[ModuleCost, ...]
+
+    @property
+    def flops(self) -> float:
+        """All FLOPs, non-matmul estimates included."""
+        return sum(m.flops for m in self.modules)
+
+    @property
+    def matmul_flops(self) -> float:
+        """Matmul + attention + convolution FLOPs: the figure cross-checked against FlopCounterMode."""
+        return sum(m.flops for m in self.modules if m.counted)
+
+    @property
+    def non_matmul_flops(self) -> float:
+        """Norm / elementwise estimates (not counted by FlopCounterMode)."""
+        return self.flops - self.matmul_flops
+
+    @property
+    def weight_bytes(self) -> float:
+        return sum(m.weight_bytes for m in self.modules)
+
+    @property
+    def activation_bytes(self) -> float:
+        return sum(m.activation_bytes for m in self.modules)
+
+    @property
+    def kv_bytes(self) -> float:
+        return sum(m.kv_bytes for m in self.modules)
+
+    @property
+    def bytes(self) -> float:
+        """Weight + activation + KV bytes."""
+        return self.weight_bytes + self.activation_bytes + self.kv_bytes
+
+    def flops_by_category(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for m in self.modules:
+            out[m.category] = out.get(m.category, 0.0) + m.flops
+        return out
+
+    def matmul_flops_under(self, prefix: str) -> float:
+        """Counted FLOPs of the modules whose name starts with `prefix` (e.g. "global/sam.layers.2.")."""
+        return sum(m.flops for m in self.modules if m.counted and m.name.startswith(prefix))
+
+
+# ---- building blocks ---------------------------------------------------------------------------------------
+def _linear(name: str, tokens: float, d_in: int, d_out: int, db: int, *, bias: bool) -> ModuleCost:
+    return ModuleCost(
+        name,
+        "matmul",
+        flops=2.0 * tokens * d_in * d_out,
+        weight_bytes=float(d_in * d_out + (d_out if bias else 0)) * db,
+        activation_bytes=float(tokens * (d_in + d_out)) * db,
+    )
+
+
+def _conv(
+    name: str, batch: int, out_side: int, c_in: int, c_out: int, kernel: int, in_side: int, db: int, *, bias: bool
+) -> ModuleCost:
+    return ModuleCost(
+        name,
+        "convolution",
+        flops=2.0 * batch * out_side**2 * c_out * c_in * kernel**2,
+        weight_bytes=float(c_out * c_in * kernel**2 + (c_out if bias else 0)) * db,
+        activation_bytes=float(batch * (in_side**2 * c_in + out_side**2 * c_out)) * db,
+    )
+
+
+def _norm(name: str, elements: float, width: int, db: int, *, bias: bool) -> ModuleCost:
+    return ModuleCost(
+        name,
+        "normalization",
+        flops=float(NORM_FLOPS * elements),
+        weight_bytes=float(width * (2 if bias else 1)) * db,
+        activation_bytes=2.0 * elements * db,
+    )
+
+
+def _eltwise(name: str, elements: float, flops_per: int, db: int, *, reads: int = 1) -> ModuleCost:
+    """An elementwise op over `elements` outputs reading `reads` tensors of the same size."""
+    return ModuleCost(
+        name, "elementwise", flops=float(flops_per * elements), activation_bytes=(reads + 1.0) * elements * db
+    )
+
+
+def _move(name: str, elements: float, db: int) -> ModuleCost:
+    """Data movement (read + write) without arithmetic."""
+    return ModuleCost(name, "other", activation_bytes=2.0 * elements * db)
+
+
+def expected_experts(tokens: float, n_routed: int, top_k: int) -> float:
+    """Distinct routed experts that `tokens` tokens hit, each picking top_k of n_routed uniformly at random."""
+    if tokens <= 0:
+        return 0.0
+    if tokens == 1 or top_k >= n_routed:
+        return float(min(top_k, n_routed))
+    return n_routed * -math.expm1(tokens * math.log1p(-top_k / n_routed))
+
+
+# ---- vision ------------------------------------------------------------------------------------------------
+def _sam(spec: ModelSpec, side_px: int, batch: int, db: int) -> list[ModuleCost]:
+    sam = spec.sam
+    h, hd = sam.hidden, sam.head_dim
+    g = spec.sam_grid(side_px)
+    n = batch * g * g  # positions over the batch
+    out: list[ModuleCost] = [
+        _conv("sam.patch_embed", batch, g, sam.in_channels, h, sam.patch, side_px, db, bias=True),
+    ]
+    if sam.use_abs_pos:
+        pos_grid = sam.image_size // sam.patch
+        out.append(
+            ModuleCost(
+                "sam.pos_embed",
+                "elementwise",
+                # the add; a non-pretraining grid is first resized (bicubic, ~16 FLOPs per output element)
+                flops=float(ADD_FLOPS * n + (16 * g * g * h if g != pos_grid else 0)),
+                weight_bytes=float(pos_grid * pos_grid * h) * db,
+                activation_bytes=2.0 * n * h * db,
+            )
+        )
+    for i in range(sam.layers):
+        p = f"sam.layers.{i}."
+        if sam.is_global(i):
+            side, windows = g, batch
+        else:
+            side = sam.window
+            padded = spec.windowed_grid(side_px)
+            windows = batch * (padded // sam.window) ** 2
+        seq = side * side
+        tokens = windows * seq  # positions attention runs over (the padded grid for windowed blocks)
+        scores = float(windows * sam.heads * seq * seq)
+        out.append(_norm(p + "layer_norm1", n * h, h, db, bias=True))
+        if not sam.is_global(i):
+            out.append(_move(p + "window_partition", tokens * h, db))
+        out.append(_linear(p + "attn.qkv", tokens, h, 3 * h, db, bias=sam.qkv_bias))
+        bias_read = 0.0
+        if sam.use_rel_pos:
+            # rel_h = einsum("bhwc,hkc->bhwk"), rel_w likewise: windows·heads·side³·head_dim MACs each
+            rel = float(windows * sam.heads * side**3)
+            out.append(
+                ModuleCost(
+                    p + "attn.rel_pos",
+                    "attention",
+                    flops=2.0 * 2.0 * rel * hd,
+                    weight_bytes=2.0 * (2 * side - 1) * hd * db,
+                    activation_bytes=(tokens * h + 2.0 * rel) * db,
+                )
+            )
+            # rel_h[..., None] + rel_w[..., None, :]: the (windows, heads, seq, seq) bias SDPA takes as attn_mask
+            out.append(
+                ModuleCost(
+                    p + "attn.rel_pos_bias",
+                    "elementwise",
+                    flops=float(ADD_FLOPS) * scores,
+                    activation_bytes=(2.0 * rel + scores) * db,
+                )
+            )
+            bias_read = scores
+        out.append(
+            ModuleCost(
+                p + "attn.sdpa",
+                "attention",
+                flops=4.0 * scores * hd,
+                activation_bytes=(4.0 * tokens * h + bias_read) * db,
+            )
+        )
+        out.append(ModuleCost(p + "attn.softmax", "elementwise", flops=float(SOFTMAX_FLOPS) * scores))
+        out.append(_linear(p + "attn.proj", tokens, h, h, db, bias=True))
+        if not sam.is_global(i):
+            out.append(_move(p + "window_unpartition", tokens * h, db))
+        out.append(_eltwise(p + "residual1", n * h, ADD_FLOPS, db, reads=2))
+        out.append(_norm(p + "layer_norm2", n * h, h, db, bias=True))
+        out.append(_linear(p + "mlp.lin1", n, h, sam.mlp_dim, db, bias=True))
+        out.append(_eltwise(p + "mlp.act", n * sam.mlp_dim, GELU_FLOPS, db))
+        out.append(_linear(p + "mlp.lin2", n, sam.mlp_dim, h, db, bias=True))
+        out.append(_eltwise(p + "residual2", n * h, ADD_FLOPS, db, reads=2))
+    c = sam.out_channels
+    g2 = (g - 1) // 2 + 1
+    g3 = (g2 - 1) // 2 + 1
+    d0, d1 = sam.downsample_channels
+    out += [
+        _conv("sam.neck.conv1", batch, g, h, c, 1, g, db, bias=False),
+        _norm("sam.neck.layer_norm1", n * c, c, db, bias=True),
+        _conv("sam.neck.conv2", batch, g, c, c, 3, g, db, bias=False),
+        _norm("sam.neck.layer_norm2", n * c, c, db, bias=True),
+        _conv("sam.net_2", batch, g2, c, d0, 3, g, db, bias=False),
+        _conv("sam.net_3", batch, g3, d0, d1, 3, g2, db, bias=False),
+    ]
+    return out
+
+
+def _encoder(spec: ModelSpec, side_px: int, batch: int, db: int) -> list[ModuleCost]:
+    enc = spec.encoder
+    h, hd = enc.hidden, enc.head_dim
+    m = spec.sam_positions(side_px)
+    s = m + spec.view_tokens(side_px)  # [SAM tokens ; queries]
+    t = batch * s
+    q_dim, kv_dim = enc.heads * hd, enc.kv_heads * hd
+    scores = float(batch * enc.heads * s * s)
+    out: list[ModuleCost] = [
+        ModuleCost(
+            "encoder.concat_queries",
+            "other",
+            weight_bytes=float(spec.view_tokens(side_px) * h) * db,
+            activation_bytes=2.0 * t * h * db,
+        )
+    ]
+    for i in range(enc.layers):
+        p = f"encoder.layers.{i}."
+        out += [
+            _norm(p + "input_layernorm", t * h, h, db, bias=False),
+            _linear(p + "self_attn.q_proj", t, h, q_dim, db, bias=True),
+            _linear(p + "self_attn.k_proj", t, h, kv_dim, db, bias=True),
+            _linear(p + "self_attn.v_proj", t, h, kv_dim, db, bias=True),
+            _eltwise(p + "self_attn.rope", t * (q_dim + kv_dim), ROPE_FLOPS, db),
+            ModuleCost(
+                p + "self_attn.sdpa",
+                "attention",
+                flops=4.0 * scores * hd,
+                activation_bytes=float(t * (2 * q_dim + 2 * kv_dim)) * db,
+            ),
+            ModuleCost(p + "self_attn.softmax", "elementwise", flops=float(SOFTMAX_FLOPS + ADD_FLOPS) * scores),
+            _linear(p + "self_attn.o_proj", t, q_dim, h, db, bias=False),
+            _eltwise(p + "residual1", t * h, ADD_FLOPS, db, reads=2),
+            _norm(p + "post_attention_layernorm", t * h, h, db, bias=False),
+            _linear(p + "mlp.gate_proj", t, h, enc.intermediate, db, bias=False),
+            _linear(p + "mlp.up_proj", t, h, enc.intermediate, db, bias=False),
+            _eltwise(p + "mlp.act", t * enc.intermediate, SILU_GLU_FLOPS, db, reads=2),
+            _linear(p + "mlp.down_proj", t, enc.intermediate, h, db, bias=False),
+            _eltwise(p + "residual2", t * h, ADD_FLOPS, db, reads=2),
+        ]
+    out.append(_norm("encoder.norm", t * h, h, db, bias=False))
+    return out
+
+
+def vision_view(spec: ModelSpec, side_px: int, dtype_bytes: int = 2, batch: int = 1) -> list[ModuleCost]:
+    """Modules of the vision tower and projector for `batch` square views of `side_px` pixels run as one call.
+
+    Names start with "sam.", "encoder." or "projector". FLOPs and activation bytes scale with `batch`; the weights
+    are read once per call.
+    """
+    n_query = spec.view_tokens(side_px)
+    return [
+        *_sam(spec, side_px, batch, dtype_bytes),
+        *_encoder(spec, side_px, batch, dtype_bytes),
+        _linear("projector", batch * n_query, spec.projector_in, spec.projector_out, dtype_bytes, bias=True),
+    ]
+
+
+# ---- decoder -----------------------------------------------------------------------------------------------
+def _decoder(spec: ModelSpec, tokens: int, keys: int, db: int, *, prefill: bool) -> list[ModuleCost]:
+    """The text model over `tokens` new positions, each attending `keys` keys (full score matrix), + lm_head
+    on the last position."""
+    tx = spec.text
+    h, hd = tx.hidden, tx.head_dim
+    q_dim, kv_dim = tx.heads * hd, tx.kv_heads * hd
+    t = float(tokens)
+    scores = float(tokens * tx.heads * keys)
+    out: list[ModuleCost] = [
+        ModuleCost("decoder.embed_tokens", "other", weight_bytes=t * h * db, activation_bytes=t * h * db)
+    ]
+    for i, kind in enumerate(tx.mlp_layer_types):
+        p = f"decoder.layers.{i}."
+        kv_read = float(keys * 2 * kv_dim) * db
+        out += [
+            _norm(p + "input_layernorm", t * h, h, db, bias=False),
+            _linear(p + "self_attn.q_proj", t, h, q_dim, db, bias=tx.attention_bias),
+            _linear(p + "self_attn.k_proj", t, h, kv_dim, db, bias=tx.attention_bias),
+            _linear(p + "self_attn.v_proj", t, h, kv_dim, db, bias=tx.attention_bias),
+            _eltwise(p + "self_attn.rope", t * (q_dim + kv_dim), ROPE_FLOPS, db),
+            ModuleCost(p + "self_attn.kv_write", "other", kv_bytes=t * 2 * kv_dim * db),
+            ModuleCost(
+                p + "self_attn.sdpa",
+                "attention",
+                flops=4.0 * scores * hd,
+                # prefill: K/V are this forward's own activations; decode: they are read from the cache
+                activation_bytes=2.0 * t * q_dim * db + (kv_read if prefill else 0.0),
+                kv_bytes=0.0 if prefill else kv_read,
+            ),
+            ModuleCost(p + "self_attn.softmax", "elementwise", flops=float(SOFTMAX_FLOPS) * scores),
+            _linear(p + "self_attn.o_proj", t, q_dim, h, db, bias=tx.attention_bias),
+            _eltwise(p + "residual1", t * h, ADD_FLOPS, db, reads=2),
+            _norm(p + "post_attention_layernorm", t * h, h, db, bias=False),
+        ]
+        if kind == "dense":
+            out += _glu(p + "mlp.", t, h, tx.intermediate, db, bias=tx.mlp_bias)
+        else:
+            out += _moe(spec, p + "mlp.", t, db)
+        out.append(_eltwise(p + "residual2", t * h, ADD_FLOPS, db, reads=2))
+    out.append(_norm("decoder.norm", t * h, h, db, bias=False))
+    out.append(_linear("lm_head", 1, h, tx.vocab, db, bias=False))
+    return out
+
+
+def _glu(prefix: str, t: float, h: int, inter: int, db: int, *, bias: bool) -> list[ModuleCost]:
+    return [
+        _linear(prefix + "gate_proj", t, h, inter, db, bias=bias),
+        _linear(prefix + "up_proj", t, h, inter, db, bias=bias),
+        _eltwise(prefix + "act", t * inter, SILU_GLU_FLOPS, db, reads=2),
+        _linear(prefix + "down_proj", t, inter, h, db, bias=bias),
+    ]
+
+
+def _moe(spec: ModelSpec, prefix: str, t: float, db: int) -> list[ModuleCost]:
+    tx = spec.text
+    h, mi, e, k = tx.hidden, tx.moe_intermediate, tx.n_routed, tx.top_k
+    rows = t * k  # (token, expert) pairs actually computed
+    hit = expected_experts(t, e, k)
+    return [
+        ModuleCost(
+            prefix + "gate",
+            "matmul",
+            flops=2.0 * t * h * e,
+            weight_bytes=float(e * h) * db,
+            activation_bytes=t * h * db + t * e * 4.0,  # fp32 logits
+        ),
+        ModuleCost(prefix + "gate.softmax_topk", "elementwise", flops=float(SOFTMAX_FLOPS) * t * e),
+        ModuleCost(
+            prefix + "experts.gate_up_proj",
+            "matmul",
+            flops=2.0 * rows * h * 2 * mi,
+            weight_bytes=hit * 2 * mi * h * db,
+            activation_bytes=rows * (h + 2 * mi) * db,
+        ),
+        _eltwise(prefix + "experts.act", rows * mi, SILU_GLU_FLOPS, db, reads=2),
+        ModuleCost(
+            prefix + "experts.down_proj",
+            "matmul",
+            flops=2.0 * rows * mi * h,
+            weight_bytes=hit * h * mi * db,
+            activation_bytes=rows * (mi + h) * db,
+        ),
+        _eltwise(prefix + "experts.combine", rows * h, 2 * ADD_FLOPS, db, reads=2),  # weight and index_add
+        *_glu(prefix + "shared_experts.", t, h, mi * tx.n_shared, db, bias=tx.mlp_bias),
+        _eltwise(prefix + "add_shared", t * h, ADD_FLOPS, db, reads=2),
+    ]
+
+
+# ---- stages ------------------------------------------------------------------------------------------------
+def _prefixed(prefix: str, modules: Iterable[ModuleCost]) -> list[ModuleCost]:
+    return [attrs.evolve(m, name=prefix + m.name) for m in modules]
+
+
+def prefill(spec: ModelSpec, workload: Workload) -> dict[str, StageCost]:
+    """Stages "vision/sam", "vision/encoder", "vision/projector" (global view + all tiles) and "prefill".
+
+    "prefill" is the whole prefill forward: the vision modules (the global view, then the tiles as one batch),
+    the placement of the image features, the decoder over the prompt (every position attending all prompt
+    positions) and the lm_head on the last position. Vision module names start with "global/" or "tiles/".
+    """
+    db = workload.dtype_bytes
+    vision = _prefixed("global/", vision_view(spec, workload.global_size, db))
+    if workload.tiles:
+        vision += _prefixed("tiles/", vision_view(spec, workload.tile_size, db, batch=workload.tiles))
+    by_stage: dict[str, list[ModuleCost]] = {stage: [] for stage in VISION_STAGES}
+    for m in vision:
+        part = m.name.split("/", 1)[1].split(".", 1)[0]
+        by_stage[_VISION_PREFIX[part]].append(m)
+    length = workload.prompt_tokens(spec)
+    image = workload.image_tokens(spec)
+    text = _decoder(spec, length, length, db, prefill=True)
+    merge = ModuleCost(
+        "image_features.masked_scatter",
+        "other",
+        weight_bytes=float(spec.projector_out) * db,  # the view separator
+        activation_bytes=float(image + 2 * length) * spec.projector_out * db,
+    )
+    stages = {stage: StageCost(stage, tuple(mods)) for stage, mods in by_stage.items()}
+    stages["prefill"] = StageCost("prefill", (*vision, merge, *text))
+    return stages
+
+
+def decode_step(spec: ModelSpec, context: int, dtype_bytes: int = 2) -> StageCost:
+    """One decode step: one new token whose query attends `context` keys (the cache plus itself).
+
+    Weight bytes are the active weights: attention, the dense / shared MLPs, the router, the top_k routed
+    experts of each MoE layer, the norms, the lm_head and the token's embedding row. KV bytes: the `context`
+    cached keys/values read plus the new token's written.
+    """
+    return StageCost("decode/step", tuple(_decoder(spec, 1, context, dtype_bytes, prefill=False)))
+
+
+def decode(spec: ModelSpec, workload: Workload) -> StageCost:
+    """The new_tokens − 1 decode steps after prefill; step i (1-based) attends prompt + i keys.
+
+    Every field of a step is affine in its context, so the sum is taken from the steps at the prompt length and
+    one past it: Σᵢ f(P + i) = (n − 1)·f(P) + (Σᵢ i)·(f(P + 1) − f(P)), exact.
+    """
+    steps = workload.new_tokens - 1
+    if steps <= 0:
+        return StageCost("decode", ())
+    length = workload.prompt_tokens(spec)
+    at_p = decode_step(spec, length, workload.dtype_bytes).modules
+    at_p1 = decode_step(spec, length + 1, workload.dtype_bytes).modules
+    ctx_sum = steps * (steps + 1) / 2  # Σ i for i = 1 … steps
+    fields = ("flops", "weight_bytes", "activation_bytes", "kv_bytes")
+    modules = []
+    for a, b in zip(at_p, at_p1, strict=True):
+        values = {f: steps * getattr(a, f) + ctx_sum * (getattr(b, f) - getattr(a, f)) for f in fields}
+        modules.append(attrs.evolve(a, **values))
+    return StageCost("decode", tuple(modules))

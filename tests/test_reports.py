@@ -207,7 +207,7 @@ def _record(pre, vision, prefill, steps, repeat=0, image="page.png") -> ImageRec
     )
 
 
-def _metrics(records, device, flops, peak, experts="grouped_mm") -> Stage1Metrics:
+def _metrics(records, device, flops, peak, experts="grouped_mm", efficiency=()) -> Stage1Metrics:
     fields = dict(
         schema_version="1.0",
         run_id="test",
@@ -233,6 +233,7 @@ def _metrics(records, device, flops, peak, experts="grouped_mm") -> Stage1Metric
         per_image={},
         throughput=throughput(records),
         mfu=mfu_by_stage(records, {"page.png": flops}, STAGES, peak),
+        efficiency=tuple(efficiency),
         flops_per_image={},
         top_operators=(),
         operator_sort_key=None,
@@ -392,3 +393,31 @@ def test_short_kernel_names() -> None:
         == "cudnn_generated_fort_native_sdpa_sm90_kernel0_0"
     )
     assert len(short_kernel_name("x" * 500)) == 90
+
+
+def test_decode_far_from_its_speed_of_light_points_to_launch_overhead() -> None:
+    from llm_perf_opt.hardware.table import peak_bandwidth, peak_compute
+    from llm_perf_opt.measure.efficiency import efficiency_by_stage
+
+    records = [_record(20.0, (30.0, 9.0, 1.0), 100.0, [20.0] * 31, repeat=r) for r in range(3)]
+    compute = peak_compute("NVIDIA H100 80GB HBM3", "bfloat16")
+    bandwidth = peak_bandwidth("NVIDIA H100 80GB HBM3")
+
+    class Cost:
+        def __init__(self, moved: float) -> None:
+            self.bytes = moved
+
+    costs = {"page.png": {"decode": Cost(31 * 1.2e9), "prefill": Cost(3e9)}}
+    per_image = {"page.png": {"decode": GPU_FLOPS.decode_total(32), "prefill": GPU_FLOPS.prefill}}
+    eff = efficiency_by_stage(records, per_image, costs, ["prefill", "decode"], compute, bandwidth, "counted")
+    decode = next(e for e in eff if e.stage == "decode")
+    # Three passes of 31 steps, 1.2 GB each at 3.35 TB/s: 33.3 ms of memory traffic against 1,860 ms measured.
+    assert decode.bound == "memory"
+    assert decode.time_ms == pytest.approx(3 * 620.0)
+    assert decode.speed_of_light_ms == pytest.approx(3 * 31 * 1.2e9 / 3.35e12 * 1e3, rel=1e-6)
+    assert decode.gap == pytest.approx(decode.time_ms / decode.speed_of_light_ms)
+    assert decode.mbu == pytest.approx(3 * 31 * 1.2e9 / 1.86 / 3.35e12)
+    prefill = next(e for e in eff if e.stage == "prefill")
+    assert prefill.bound == "compute"  # 6 TFLOP / 3 GB = 2000 FLOP/byte, above the H100's ridge of ~295
+    text = " ".join(recommendations(_metrics(records, H100, GPU_FLOPS, compute, efficiency=eff)))
+    assert "speed of light" in text and "MBU" in text and "launches" in text

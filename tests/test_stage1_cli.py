@@ -76,6 +76,8 @@ def test_tiny_run_completes_with_every_artifact(tiny_run: tuple[Path, Path, subp
         "run_status.json",
         "predictions/predictions.jsonl",
         "torch_profiler/trace.json.gz",
+        "static_analysis/analytic_model/report.json",
+        "static_analysis/analytic_model/report.md",
     ):
         assert (out / name).is_file(), name
         assert (out / name).stat().st_size > 0, name
@@ -132,6 +134,9 @@ def test_metrics_schema(tiny_run: tuple[Path, Path, subprocess.CompletedProcess[
     assert mfu["prefill"]["flops_total"] > mfu["vision/sam"]["flops_total"] > 0
     assert mfu["prefill"]["mfu"] is None and mfu["prefill"]["peak"] is None  # no peak for a CPU
     assert m["top_operators"] and m["operator_sort_key"] == "self_cpu_ms"
+    eff = {e["stage"]: e for e in m["efficiency"]}
+    assert set(eff) == {"prefill", "vision/sam", "vision/encoder", "vision/projector", "decode"}
+    assert eff["decode"]["bytes"] > 0 and eff["decode"]["mbu"] is None  # no bandwidth peak for a CPU
 
 
 def test_inputs_report_and_predictions(tiny_run: tuple[Path, Path, subprocess.CompletedProcess[str]]) -> None:

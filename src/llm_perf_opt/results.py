@@ -100,6 +100,8 @@ class Stage1Metrics:
     per_image: Mapping[str, tuple[StageStat, ...]]
     throughput: Throughput
     mfu: tuple[MfuRecord, ...]
+    efficiency: tuple[Any, ...]  # measure.efficiency.StageEfficiency per stage (MBU, roofline, speed of light)
+    bandwidth_peak: PeakFigure | None
     flops_per_image: Mapping[str, Mapping[str, float]]  # image -> stage -> FLOPs per pass
     top_operators: tuple[OperatorRow, ...]
     operator_sort_key: str | None

@@ -221,9 +221,9 @@ def _sam(spec: ModelSpec, side_px: int, batch: int, db: int) -> list[ModuleCost]
     for i in range(sam.layers):
         p = f"sam.layers.{i}."
         if sam.is_global(i):
-            side, windows = g, batch
+            side, windows, table = g, batch, sam.image_size // sam.patch
         else:
-            side = sam.window
+            side = table = sam.window
             padded = spec.windowed_grid(side_px)
             windows = batch * (padded // sam.window) ** 2
         seq = side * side
@@ -242,7 +242,9 @@ def _sam(spec: ModelSpec, side_px: int, batch: int, db: int) -> list[ModuleCost]
                     p + "attn.rel_pos",
                     "attention",
                     flops=2.0 * 2.0 * rel * hd,
-                    weight_bytes=2.0 * (2 * side - 1) * hd * db,
+                    # the stored tables (interpolated to 2·side − 1 rows when a global grid is not the
+                    # pretraining one)
+                    weight_bytes=2.0 * (2 * table - 1) * hd * db,
                     activation_bytes=(tokens * h + 2.0 * rel) * db,
                 )
             )

@@ -180,7 +180,7 @@ class ModelSpec:
 
     @classmethod
     def from_architecture(cls, architecture: Mapping[str, Any]) -> ModelSpec:
-        """From the Hydra ``model.architecture`` mapping (a DictConfig or a plain dict): ``DeepseekOcr2Config(**it)``."""
+        """From the Hydra ``model.architecture`` mapping (DictConfig or dict), via ``DeepseekOcr2Config(**it)``."""
         from transformers import DeepseekOcr2Config
 
         plain: Any = architecture

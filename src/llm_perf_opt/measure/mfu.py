@@ -23,7 +23,7 @@ def utilization(amount: float, seconds: float, peak: PeakFigure | None) -> tuple
     return rate, (rate / peak.value if peak is not None else None)
 
 
-def _stage_time_ms(record: ImageRecord, stage: str) -> float:
+def stage_time_ms(record: ImageRecord, stage: str) -> float:
     if stage == stages.PREFILL:
         return record.prefill_ms
     if stage == stages.DECODE:
@@ -47,7 +47,7 @@ def mfu_by_stage(
             if flops is None:
                 continue
             flops_total += flops
-            time_ms += _stage_time_ms(rec, stage)
+            time_ms += stage_time_ms(rec, stage)
         if time_ms <= 0:
             continue
         achieved, fraction = utilization(flops_total, time_ms / 1e3, peak)

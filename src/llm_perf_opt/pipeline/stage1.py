@@ -19,15 +19,18 @@ from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.data.dataset import DatasetSelection, select_images
 from llm_perf_opt.env_info import collect_env
 from llm_perf_opt.errors import UserError, require_whole
-from llm_perf_opt.hardware.table import peak_compute
+from llm_perf_opt.hardware.table import peak_bandwidth, peak_compute
 from llm_perf_opt.measure import stages
 from llm_perf_opt.measure.aggregate import stage_stats, throughput
-from llm_perf_opt.measure.flops import StageFlops, count_stage_flops
+from llm_perf_opt.measure.efficiency import efficiency_by_stage
+from llm_perf_opt.measure.flops import FLOP_SOURCE, StageFlops, count_stage_flops
 from llm_perf_opt.measure.mfu import mfu_by_stage
 from llm_perf_opt.measure.timing import timing_method
 from llm_perf_opt.measure.torch_profiler import OperatorTable, profile_image
+from llm_perf_opt.pipeline.analytic import write_analytic_report
 from llm_perf_opt.report import stage1_reports
 from llm_perf_opt.results import SCHEMA_VERSION, DeviceInfo, ImageRecord, ModelInfo, Stage1Metrics
+from llm_perf_opt.session.adapters.registry import make_adapter
 from llm_perf_opt.session.session import DeepSeekOCRSession, ImageMeasurement, device_name, resolve_device
 
 log = logging.getLogger("llm_perf_opt.stage1")
@@ -107,6 +110,7 @@ class _RunState:
 
     records: list[ImageRecord] = attrs.Factory(list)
     flops: dict[str, StageFlops] = attrs.Factory(dict)
+    analytic: dict[str, Mapping[str, Any]] = attrs.Factory(dict)  # image -> stage -> analytic cost
     predictions: dict[str, tuple[int, ...]] = attrs.Factory(dict)
     operators: OperatorTable | None = None
 
@@ -168,6 +172,8 @@ class Stage1Run:
         self.art.write_yaml("inputs.yaml", self._inputs_manifest())
         self.art.write_json("env.json", collect_env(device))
 
+        if make_adapter(cfg.model).has_analytic_model:
+            write_analytic_report(self.art, cfg)  # static_analysis/analytic_model/: priced before anything runs
         log.info("building %s on %s …", cfg.model.name, device)
         started = time.perf_counter()
         self.session = session = DeepSeekOCRSession.load(cfg.model, device)
@@ -177,7 +183,13 @@ class Stage1Run:
         for entry in self.selection.images:
             name = entry.path.name
             log.info("%s: counting FLOPs (untimed)", name)
-            self.state.flops[name] = count_stage_flops(session, session.prepare(entry.path))
+            prepared = session.prepare(entry.path)
+            self.state.flops[name] = count_stage_flops(session, prepared)
+            costs = session.adapter.analytic_costs(
+                session.model, prepared, settings.max_new_tokens, session.dtype.itemsize
+            )
+            if costs is not None:
+                self.state.analytic[name] = costs
             for _ in range(settings.warmup):  # no NVTX: warm-up stays outside every stage Nsight analyses
                 session.run_image(entry.path, settings.max_new_tokens, nvtx=False)
             for repeat in range(settings.repeats):
@@ -238,8 +250,10 @@ class Stage1Run:
         described = session.adapter.describe(session.model)
         dtype_name = str(session.dtype).removeprefix("torch.")
         dev_name = device_name(session.device)
+        hardware_name = dev_name if session.device.type == "cuda" else "cpu"  # the table has no CPU rows
+        bandwidth = peak_bandwidth(hardware_name, override_gbps=cfg.hardware.peak_bandwidth_gbps)
         peak = peak_compute(
-            dev_name if session.device.type == "cuda" else "cpu",
+            hardware_name,
             dtype_name,
             tf32_matmul=bool(torch.backends.cuda.matmul.allow_tf32),
             override_tflops=cfg.hardware.peak_tflops,
@@ -294,6 +308,10 @@ class Stage1Run:
             per_image=per_image,
             throughput=throughput(records),
             mfu=mfu_by_stage(records, self.state.flops, mfu_stages, peak),
+            efficiency=efficiency_by_stage(
+                records, flops_per_image, self.state.analytic, mfu_stages, peak, bandwidth, FLOP_SOURCE
+            ),
+            bandwidth_peak=bandwidth,
             flops_per_image=flops_per_image,
             top_operators=ops.overall[: int(cfg.pipeline.torch_profiler.top_k)] if ops else (),
             operator_sort_key=ops.sort_key if ops else None,

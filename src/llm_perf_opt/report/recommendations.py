@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from llm_perf_opt.measure import stages
 from llm_perf_opt.measure.aggregate import E2E
+from llm_perf_opt.report.markdown import pct
 from llm_perf_opt.results import Stage1Metrics
 
 # Thresholds that trigger a recommendation; named so the report's logic can be read and tuned in one place.
@@ -12,6 +13,7 @@ VISION_DOMINANT = 0.6  # vision share of prefill
 PREPROCESS_NOTABLE = 0.10  # preprocess share of time to first token
 LOW_PREFILL_MFU = 0.30
 LOW_DECODE_MFU = 0.02
+FAR_FROM_SOL = 5.0  # measured / speed-of-light time above which a stage is overhead-bound
 
 
 def _p50(m: Stage1Metrics, stage: str) -> float | None:
@@ -84,7 +86,15 @@ def recommendations(m: Stage1Metrics) -> list[str]:
         msg = f"Decode is {decode / e2e:.0%} of end-to-end time"
         if step:
             msg += f" at {step:,.2f} ms/token"
-        if m.device.type == "cuda" and dec_mfu is not None and dec_mfu < LOW_DECODE_MFU:
+        dec_eff = next((e for e in m.efficiency if e.stage == stages.DECODE), None)
+        if m.device.type == "cuda" and dec_eff is not None and dec_eff.gap is not None and dec_eff.gap > FAR_FROM_SOL:
+            msg += (
+                f", {dec_eff.gap:,.0f}× its speed of light with {pct(dec_eff.mbu)} MBU: the weights and KV cache "
+                "it reads would take a fraction of the step, so the step is bound by kernel launches and Python, not "
+                "by memory bandwidth. Capture it in a CUDA graph or compile it (static KV cache), fuse the per-expert "
+                "work, and batch pages; Stage 2 shows the GPU-busy fraction per step"
+            )
+        elif m.device.type == "cuda" and dec_mfu is not None and dec_mfu < LOW_DECODE_MFU:
             msg += (
                 f" and only {dec_mfu:.2%} MFU: batch-1 decode is bound by weight reads or, when a step takes far "
                 "longer than its bytes need, by kernel-launch/CPU overhead. Try CUDA graphs or torch.compile "

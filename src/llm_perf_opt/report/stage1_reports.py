@@ -223,6 +223,52 @@ def report_md(m: Stage1Metrics, operators: OperatorTable | None, files: Sequence
         _mfu_rows(m),
     )
 
+    if m.efficiency:
+        doc.h2("Speed of light per stage")
+        bw = m.bandwidth_peak
+        doc.para(
+            "FLOPs as counted above; bytes from the analytic model (weights read + activations + KV cache). "
+            "MBU = bytes / (time × peak bandwidth"
+            + (
+                f" {bw.value / 1e9:,.0f} GB/s, {bw.source})"
+                if bw
+                else "; none known: set hardware.peak_bandwidth_gbps)"
+            )
+            + ". A stage whose FLOP/byte is above the ridge point is compute-bound. Speed of light = max(FLOPs / "
+            "peak FLOP/s, bytes / peak bandwidth); the gap is measured time / speed of light."
+        )
+        doc.table(
+            [
+                "stage",
+                "time (all passes, ms)",
+                "FLOPs",
+                "bytes",
+                "FLOP/byte",
+                "ridge",
+                "bound",
+                "MFU",
+                "MBU",
+                "speed of light (ms)",
+                "measured / SoL",
+            ],
+            [
+                [
+                    stage_label(e.stage),
+                    ms(e.time_ms),
+                    flops(e.flops),
+                    num_bytes(e.bytes),
+                    f"{e.arithmetic_intensity:,.1f}" if e.arithmetic_intensity is not None else "n/a",
+                    f"{e.ridge_point:,.0f}" if e.ridge_point is not None else "n/a",
+                    e.bound or "n/a",
+                    pct(e.mfu, 2),
+                    pct(e.mbu, 2),
+                    ms(e.speed_of_light_ms, 2),
+                    f"{e.gap:,.1f}×" if e.gap is not None else "n/a",
+                ]
+                for e in m.efficiency
+            ],
+        )
+
     if operators is not None:
         doc.h2("Top operators of the profiled pass")
         doc.para(

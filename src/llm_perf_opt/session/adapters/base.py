@@ -55,6 +55,9 @@ class LoadedModel:
 class ModelAdapter(ABC):
     """One model family. Subclasses are registered in :mod:`llm_perf_opt.session.adapters.registry`."""
 
+    #: True when `llm_perf_opt.analytic` models this family (analytic costs and the static analysis report).
+    has_analytic_model: ClassVar[bool] = False
+
     #: Vision sub-stage name -> dotted path of the submodule that runs it (forward hooks time it).
     vision_stage_modules: ClassVar[Mapping[str, str]] = {}
 
@@ -76,6 +79,12 @@ class ModelAdapter(ABC):
     def stage_modules(self, model: nn.Module) -> dict[str, nn.Module]:
         """Vision sub-stage name -> submodule of `model`."""
         return {stage: model.get_submodule(path) for stage, path in self.vision_stage_modules.items()}
+
+    def analytic_costs(
+        self, model: nn.Module, prepared: PreparedInputs, new_tokens: int, dtype_bytes: int
+    ) -> Mapping[str, Any] | None:
+        """Analytic cost per stage name (objects with `.flops` and `.bytes`), or None without an analytic model."""
+        return None
 
     def describe(self, model: nn.Module) -> dict[str, Any]:
         """Facts about the built model for the reports (implementations, sizes)."""

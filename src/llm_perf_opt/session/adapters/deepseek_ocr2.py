@@ -41,6 +41,7 @@ def _plain(cfg: Any) -> dict[str, Any]:
 class DeepseekOcr2Adapter(ModelAdapter):
     """Stages: vision/sam, vision/encoder (Qwen2-style), vision/projector; then the DeepSeek-V2 MoE decoder."""
 
+    has_analytic_model: ClassVar[bool] = True
     vision_stage_modules: ClassVar[Mapping[str, str]] = {
         "vision/sam": "model.vision_tower.sam_encoder",
         "vision/encoder": "model.vision_tower.vision_encoder",
@@ -138,6 +139,27 @@ class DeepseekOcr2Adapter(ModelAdapter):
             tiles=tiles,
             views=tuple(views),
         )
+
+    def analytic_costs(
+        self, model: Any, prepared: PreparedInputs, new_tokens: int, dtype_bytes: int
+    ) -> Mapping[str, Any] | None:
+        """Analytic FLOPs and bytes of this image's stages (llm_perf_opt.analytic), from the model's config."""
+        from llm_perf_opt.analytic.model import decode, prefill
+        from llm_perf_opt.analytic.spec import ModelSpec, Workload
+
+        spec = ModelSpec.from_config(model.config)
+        sides = {kind: h for kind, h, _ in prepared.views}
+        workload = Workload(
+            global_size=sides["global"],
+            tile_size=sides.get("tile", int(self.cfg["preprocess"]["tile_size"])),
+            tiles=prepared.tiles,
+            text_tokens=prepared.prompt_tokens - 1 - prepared.image_tokens,
+            new_tokens=new_tokens,
+            dtype_bytes=dtype_bytes,
+        )
+        costs: dict[str, Any] = dict(prefill(spec, workload))
+        costs["decode"] = decode(spec, workload)
+        return costs
 
     def _text_ids(self, tokenizer: Any | None) -> list[int]:
         prompt = self.cfg["prompt"]

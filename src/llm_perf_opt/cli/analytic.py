@@ -1,0 +1,44 @@
+"""`analytic-report`: Hydra entry point (thin): price a workload from the model config, no weights needed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from llm_perf_opt.cli.common import register_resolvers, run_guarded
+
+
+@hydra.main(version_base="1.3", config_path="pkg://llm_perf_opt.conf", config_name="analytic")
+def _main(cfg: DictConfig) -> None:
+    from llm_perf_opt import artifacts
+    from llm_perf_opt.artifacts import ArtifactsManager
+    from llm_perf_opt.errors import UserError
+    from llm_perf_opt.pipeline.analytic import write_analytic_report
+
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+
+    def job() -> None:
+        art = ArtifactsManager(run_dir, stage="analytic")
+        art.start(run_dir.name)
+        try:
+            report = write_analytic_report(art, cfg)
+        except UserError as exc:
+            art.finish(artifacts.FAILED, str(exc))
+            raise
+        art.finish(artifacts.COMPLETE)
+        print(f"\nanalytic report: {report}")
+
+    run_guarded(job)
+
+
+def main() -> None:
+    """Console script entry point."""
+    register_resolvers()
+    _main()
+
+
+if __name__ == "__main__":
+    main()

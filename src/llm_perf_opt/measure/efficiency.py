@@ -1,0 +1,97 @@
+"""Per-stage roofline: MFU, MBU, arithmetic intensity against the ridge point, and the speed-of-light time.
+
+For each stage over all timed passes:
+- FLOPs: counted on the real modules (the same figure MFU uses);
+- bytes: the analytic model's bytes moved (weights read, activations, KV cache), `analytic.model.StageCost.bytes`;
+- MFU = FLOPs / (time x dense peak FLOP/s); MBU = bytes / (time x peak bandwidth) (`measure.mfu.utilization`);
+- arithmetic intensity = FLOPs / bytes against the ridge point = peak FLOP/s / peak B/s: above it a stage is
+  compute-bound, below it memory-bound;
+- speed of light = max(FLOPs / peak FLOP/s, bytes / peak B/s), and the gap = measured time / speed of light.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+import attrs
+
+from llm_perf_opt.hardware.table import PeakFigure
+from llm_perf_opt.measure.mfu import stage_time_ms, utilization
+from llm_perf_opt.results import ImageRecord
+
+BYTES_SOURCE = "analytic model (llm_perf_opt.analytic): weights read + activations + KV cache"
+
+
+class HasBytes(Protocol):
+    @property
+    def bytes(self) -> float: ...
+
+
+@attrs.frozen
+class StageEfficiency:
+    """Roofline figures of one stage over all timed passes (None where a peak is unknown)."""
+
+    stage: str
+    time_ms: float
+    flops: float
+    bytes: float
+    arithmetic_intensity: float | None  # FLOP / byte
+    ridge_point: float | None  # FLOP / byte where the device's compute and bandwidth roofs meet
+    bound: str | None  # "compute" | "memory"
+    mfu: float | None
+    mbu: float | None
+    speed_of_light_ms: float | None
+    gap: float | None  # measured / speed of light
+    flops_source: str
+    bytes_source: str = BYTES_SOURCE
+
+
+def efficiency_by_stage(
+    records: Sequence[ImageRecord],
+    flops_by_image: Mapping[str, Mapping[str, float]],
+    bytes_by_image: Mapping[str, Mapping[str, HasBytes]],
+    stage_names: Sequence[str],
+    compute: PeakFigure | None,
+    bandwidth: PeakFigure | None,
+    flops_source: str,
+) -> tuple[StageEfficiency, ...]:
+    """One StageEfficiency per stage that has FLOPs, bytes and a measured time."""
+    out = []
+    ridge = compute.value / bandwidth.value if compute and bandwidth else None
+    for stage in stage_names:
+        flops = moved = time_ms = 0.0
+        for rec in records:
+            stage_flops = flops_by_image.get(rec.image, {}).get(stage)
+            cost = bytes_by_image.get(rec.image, {}).get(stage)
+            if stage_flops is None or cost is None:
+                continue
+            flops += stage_flops
+            moved += cost.bytes
+            time_ms += stage_time_ms(rec, stage)
+        if time_ms <= 0 or moved <= 0:
+            continue
+        seconds = time_ms / 1e3
+        _, mfu = utilization(flops, seconds, compute)
+        _, mbu = utilization(moved, seconds, bandwidth)
+        intensity = flops / moved
+        sol_s = None
+        if compute and bandwidth:
+            sol_s = max(flops / compute.value, moved / bandwidth.value)
+        out.append(
+            StageEfficiency(
+                stage=stage,
+                time_ms=time_ms,
+                flops=flops,
+                bytes=moved,
+                arithmetic_intensity=intensity,
+                ridge_point=ridge,
+                bound=None if ridge is None else ("compute" if intensity >= ridge else "memory"),
+                mfu=mfu,
+                mbu=mbu,
+                speed_of_light_ms=None if sol_s is None else sol_s * 1e3,
+                gap=None if not sol_s else seconds / sol_s,
+                flops_source=flops_source,
+            )
+        )
+    return tuple(out)

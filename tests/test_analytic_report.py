@@ -63,3 +63,36 @@ def test_command_writes_json_and_markdown(tmp_path: Path) -> None:
     md = (out / "static_analysis/analytic_model/report.md").read_text()
     assert "What-if: lower-bound time per stage" in md and "NVIDIA L4" in md and "Modules of prefill" in md
     assert json.loads((out / "run_status.json").read_text())["state"] == "complete"
+
+
+def test_named_workload_is_priced_and_measured_alike(tmp_path: Path) -> None:
+    """workload=ocr2-snippet sets the page, the decode length and the analytic workload together."""
+    r = build_report(compose_analytic("workload=ocr2-snippet"))
+    assert r["workload_profile"]["name"] == "ocr2-snippet"
+    assert r["workload"]["tiles"] == 0 and r["workload"]["new_tokens"] == 64 and r["workload"]["image_tokens"] == 257
+    out = tmp_path / "run"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "llm_perf_opt.cli.stage1",
+            "model=deepseek_ocr2_tiny",
+            "workload=ocr2-snippet",
+            "infer.max_new_tokens=3",
+            "run.repeats=1",
+            "pipeline/torch_profiler=min",
+            f"hydra.run.dir={out}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["settings"]["workload_profile"]["name"] == "ocr2-snippet"
+    assert {rec["image"] for rec in metrics["records"]} == {"snippet_small.png"}
+    assert metrics["records"][0]["tiles"] == 0
+    assert "workload ocr2-snippet" in (out / "report.md").read_text()
+    priced = json.loads((out / "static_analysis/analytic_model/report.json").read_text())
+    assert priced["workload"]["tiles"] == 0

@@ -157,6 +157,9 @@ def build_report(cfg: DictConfig) -> dict[str, Any]:
         "schema_version": "1.0",
         "model": str(cfg.model.name),
         "weights": "none: priced from the config alone",
+        "workload_profile": OmegaConf.to_container(cfg.workload_profile, resolve=True)
+        if cfg.get("workload_profile")
+        else None,
         "conventions": "1 MAC = 2 FLOPs; matmul/attention/convolution FLOPs as executed (attention over the full "
         "score matrix); MoE routed experts counted for the active top-k only; norms and elementwise ops estimated "
         "separately (non_matmul_flops); bytes = weights read + activations + KV cache, analytic estimates",
@@ -183,7 +186,8 @@ def build_report(cfg: DictConfig) -> dict[str, Any]:
 
 def report_md(r: Mapping[str, Any], top_modules: int = 30) -> str:
     w = r["workload"]
-    doc = Doc(f"Analytic model: {r['model']}")
+    profile = r.get("workload_profile")
+    doc = Doc(f"Analytic model: {r['model']}" + (f" — workload {profile['name']}" if profile else ""))
     doc.para(
         f"Priced from the config alone (no weights). Workload: 1 page, global view {w['global_size']} px + "
         f"{w['tiles']} tiles of {w['tile_size']} px → {w['image_tokens']} image tokens, prompt {w['prompt_tokens']} "

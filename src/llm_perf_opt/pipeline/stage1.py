@@ -300,6 +300,9 @@ class Stage1Run:
                 "max_images": settings.max_images,
                 "sources": dict(settings.sources),
                 "batch_size": 1,
+                "workload_profile": OmegaConf.to_container(cfg.workload_profile, resolve=True)
+                if cfg.get("workload_profile")
+                else None,
                 "decoding": "greedy, fixed length (EOS ignored), first token from prefill",
                 "partial": partial,
             },

@@ -140,8 +140,11 @@ _OP_HEADER = [
 def report_md(m: Stage1Metrics, operators: OperatorTable | None, files: Sequence[str]) -> str:
     """The main report: three things first (where time goes, how efficient, what to try), details after."""
     doc = Doc(f"Stage 1 report: {m.model.name} on {m.device.name}")
+    profile = m.settings.get("workload_profile")
     doc.para(
-        f"Run `{m.run_id}` · {m.model.weights_detail} · {m.model.dtype} · "
+        f"Run `{m.run_id}` · "
+        + (f"workload {profile['name']} · " if profile else "")
+        + f"{m.model.weights_detail} · {m.model.dtype} · "
         f"{len({r.image for r in m.records})} image(s) × {m.settings['repeats']} timed pass(es) · "
         f"{m.settings['max_new_tokens']} new tokens per pass · times in ms ({m.device.timing_method})."
     )
@@ -361,8 +364,10 @@ def assumptions_md(m: Stage1Metrics, cfg: DictConfig, selection: DatasetSelectio
         ]
     )
     doc.h2("Run")
+    profile = s.get("workload_profile")
     doc.bullets(
         [
+            f"Named workload: {profile['name']} — {profile['document']}" if profile else "Named workload: none",
             f"Batch size: {s['batch_size']}",
             f"Timed passes per image (run.repeats): {s['repeats']} ({s['sources']['run.repeats']})",
             f"Warm-up passes per image (run.warmup): {s['warmup']} ({s['sources']['run.warmup']})",

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_module
 
+from helpers import run_cli
 from llm_perf_opt.cli.common import register_resolvers
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.pipeline.analytic import build_report
@@ -50,13 +49,7 @@ def test_unknown_gpu_key_is_a_user_error() -> None:
 
 def test_command_writes_json_and_markdown(tmp_path: Path) -> None:
     out = tmp_path / "an"
-    done = subprocess.run(
-        [sys.executable, "-m", "llm_perf_opt.cli.analytic", "analytic.tiles=2", f"hydra.run.dir={out}"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = run_cli("llm_perf_opt.cli.analytic", "analytic.tiles=2", f"hydra.run.dir={out}", timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads((out / "static_analysis/analytic_model/report.json").read_text())
     assert report["workload"]["tiles"] == 2 and report["workload"]["image_tokens"] == 545
@@ -71,22 +64,15 @@ def test_named_workload_is_priced_and_measured_alike(tmp_path: Path) -> None:
     assert r["workload_profile"]["name"] == "ocr2-snippet"
     assert r["workload"]["tiles"] == 0 and r["workload"]["new_tokens"] == 64 and r["workload"]["image_tokens"] == 257
     out = tmp_path / "run"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "llm_perf_opt.cli.stage1",
-            "model=deepseek_ocr2_tiny",
-            "workload=ocr2-snippet",
-            "infer.max_new_tokens=3",
-            "run.repeats=1",
-            "pipeline/torch_profiler=min",
-            f"hydra.run.dir={out}",
-        ],
-        capture_output=True,
-        text=True,
+    done = run_cli(
+        "llm_perf_opt.cli.stage1",
+        "model=deepseek_ocr2_tiny",
+        "workload=ocr2-snippet",
+        "infer.max_new_tokens=3",
+        "run.repeats=1",
+        "pipeline/torch_profiler=min",
+        f"hydra.run.dir={out}",
         timeout=300,
-        check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     metrics = json.loads((out / "metrics.json").read_text())

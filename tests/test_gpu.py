@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from hydra import compose, initialize_config_module
 
+from helpers import run_cli
 from llm_perf_opt.cli.common import register_resolvers
 from llm_perf_opt.data.dataset import bundled_samples_dir
 from llm_perf_opt.measure.timing import StageRecorder
@@ -55,22 +54,15 @@ def test_explicit_loop_matches_generate_on_gpu(tiny_cuda_fp32: DeepSeekOCRSessio
 
 def test_stage1_tiny_on_gpu_has_mfu(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "llm_perf_opt.cli.stage1",
-            "model=deepseek_ocr2_tiny",
-            "device=cuda",
-            "run.repeats=3",
-            "infer.max_new_tokens=4",
-            "dataset.max_images=2",
-            f"hydra.run.dir={out}",
-        ],
-        capture_output=True,
-        text=True,
+    done = run_cli(
+        "llm_perf_opt.cli.stage1",
+        "model=deepseek_ocr2_tiny",
+        "device=cuda",
+        "run.repeats=3",
+        "infer.max_new_tokens=4",
+        "dataset.max_images=2",
+        f"hydra.run.dir={out}",
         timeout=600,
-        check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
@@ -89,20 +81,13 @@ def test_stage2_light_on_the_tiny_model(tmp_path: Path) -> None:
     if shutil.which("nsys") is None or shutil.which("ncu") is None:
         pytest.skip("needs nsys and ncu on PATH")
     out = tmp_path / "s2"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "llm_perf_opt.cli.stage2",
-            "model=deepseek_ocr2_tiny",
-            "infer.max_new_tokens=6",
-            "dataset.max_images=1",
-            f"hydra.run.dir={out}",
-        ],
-        capture_output=True,
-        text=True,
+    done = run_cli(
+        "llm_perf_opt.cli.stage2",
+        "model=deepseek_ocr2_tiny",
+        "infer.max_new_tokens=6",
+        "dataset.max_images=1",
+        f"hydra.run.dir={out}",
         timeout=900,
-        check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     for name in (

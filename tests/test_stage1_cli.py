@@ -6,13 +6,13 @@ import gzip
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
+from helpers import run_cli
 from llm_perf_opt.data.dataset import bundled_samples_dir
 
 TINY = ["model=deepseek_ocr2_tiny"]
@@ -20,13 +20,7 @@ TINY = ["model=deepseek_ocr2_tiny"]
 
 def stage1(*overrides: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
     """`stage1-run` through its module (the console script calls the same main)."""
-    return subprocess.run(
-        [sys.executable, "-m", "llm_perf_opt.cli.stage1", *overrides],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    return run_cli("llm_perf_opt.cli.stage1", *overrides, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

@@ -5,13 +5,13 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_module
 
+from helpers import run_cli
 from llm_perf_opt.cli.common import register_resolvers
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.pipeline.stage2 import CAPTURE_FILE, TARGETS_FILE, forwarded_overrides, render, workload_argv
@@ -146,13 +146,7 @@ def test_render_from_h100_exports(tmp_path: Path) -> None:
 def test_rerender_command_on_a_copied_folder(tmp_path: Path) -> None:
     copy = tmp_path / "copied"
     shutil.copytree(_stage2_folder(tmp_path), copy)
-    done = subprocess.run(
-        [sys.executable, "-m", "llm_perf_opt.cli.stage2_report", str(copy)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = run_cli("llm_perf_opt.cli.stage2_report", str(copy), timeout=120)
     assert done.returncode == 0, done.stderr
     assert (copy / "kernels.md").is_file() and (copy / "report.md").is_file()
 
@@ -160,13 +154,7 @@ def test_rerender_command_on_a_copied_folder(tmp_path: Path) -> None:
 def test_render_rejects_a_folder_without_exports(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="not a complete Stage 2 folder"):
         render(tmp_path)
-    done = subprocess.run(
-        [sys.executable, "-m", "llm_perf_opt.cli.stage2_report", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = run_cli("llm_perf_opt.cli.stage2_report", str(tmp_path), timeout=120)
     assert done.returncode == 2 and "nsys/report.sqlite" in done.stderr
 
 
@@ -177,13 +165,7 @@ def test_stage2_without_gpu_fails_cleanly(tmp_path: Path) -> None:
     if torch.cuda.is_available():
         pytest.skip("checks the no-GPU error")
     out = tmp_path / "s2"
-    done = subprocess.run(
-        [sys.executable, "-m", "llm_perf_opt.cli.stage2", "model=deepseek_ocr2_tiny", f"hydra.run.dir={out}"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = run_cli("llm_perf_opt.cli.stage2", "model=deepseek_ocr2_tiny", f"hydra.run.dir={out}", timeout=120)
     assert done.returncode == 2
     assert "GPU" in done.stderr and "Traceback" not in done.stderr
     status = json.loads((out / "run_status.json").read_text())

@@ -82,3 +82,12 @@ def test_named_workload_is_priced_and_measured_alike(tmp_path: Path) -> None:
     assert "workload ocr2-snippet" in (out / "report.md").read_text()
     priced = json.loads((out / "static_analysis/analytic_model/report.json").read_text())
     assert priced["workload"]["tiles"] == 0
+
+
+def test_category_shares_add_up() -> None:
+    r = build_report(compose_analytic())
+    for stage, cats in r["categories"].items():
+        assert sum(c["share_of_flops"] for c in cats) == pytest.approx(1.0), stage
+        assert sum(c["share_of_bytes"] for c in cats) == pytest.approx(1.0), stage
+    prefill = {c["category"]: c for c in r["categories"]["prefill"]}
+    assert prefill["matmul"]["share_of_flops"] > 0.5

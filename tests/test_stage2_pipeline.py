@@ -192,3 +192,22 @@ def test_later_rounds_take_the_rarest_missing_kernels() -> None:
     # per step: lm_head 1, norm 2, device_kernel 22; the window for k kernels holds 4k launches.
     assert run._rarest_fitting(["device_kernel", "lm_head", "norm"], target, 1) == ["lm_head", "norm"]
     assert run._rarest_fitting(["device_kernel"], target, 1) == ["device_kernel"]
+
+
+def test_render_adds_mfu_and_mbu_from_the_workload_metrics(tmp_path: Path) -> None:
+    folder = _stage2_folder(tmp_path)
+    workload = {
+        "model": {"name": "deepseek_ocr2_tiny", "weights_detail": "random weights"},
+        "records": [],
+        "flops_per_image": {},
+        "mfu": [{"stage": "prefill", "peak": {"value": 989.4e12, "source": "datasheet"}}],
+        "efficiency": [{"stage": "prefill", "bytes": 2.0e9}, {"stage": "decode", "bytes": 1.0e9}],
+        "bandwidth_peak": {"value": 3.35e12, "source": "datasheet"},
+    }
+    (folder / "workload" / "nsys").mkdir(parents=True)
+    (folder / "workload" / "nsys" / "metrics.json").write_text(json.dumps(workload))
+    metrics = json.loads((render(folder) / "metrics.json").read_text())
+    prefill = next(s for s in metrics["stages"] if s["stage"] == "prefill")
+    assert prefill["bytes"] == 2.0e9
+    assert prefill["mbu_on_busy_time"] == pytest.approx(2.0e9 / (prefill["gpu_busy_ms"] / 1e3) / 3.35e12)
+    assert "MBU on busy time" in (folder / "report.md").read_text()

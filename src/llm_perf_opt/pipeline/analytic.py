@@ -59,6 +59,20 @@ def _stage_row(cost: StageCost) -> dict[str, float]:
     }
 
 
+def category_table(cost: StageCost) -> list[dict[str, Any]]:
+    """FLOPs and bytes per operator category (matmul, attention, convolution, normalization, ...) with shares."""
+    rows: dict[str, dict[str, Any]] = {}
+    for m in cost.modules:
+        row = rows.setdefault(m.category, {"category": m.category, "flops": 0.0, "bytes": 0.0})
+        row["flops"] += m.flops
+        row["bytes"] += m.bytes
+    out = sorted(rows.values(), key=lambda r: r["flops"], reverse=True)
+    for row in out:
+        row["share_of_flops"] = row["flops"] / cost.flops if cost.flops else 0.0
+        row["share_of_bytes"] = row["bytes"] / cost.bytes if cost.bytes else 0.0
+    return out
+
+
 def module_table(cost: StageCost) -> list[dict[str, Any]]:
     """Modules of a stage grouped across layers (`.layers.N.` -> `.layers.*.`), largest FLOPs first."""
     groups: dict[str, dict[str, Any]] = {}
@@ -174,7 +188,7 @@ def build_report(cfg: DictConfig) -> dict[str, Any]:
             "prompt_tokens": workload.prompt_tokens(spec),
         },
         "stages": {stage: _stage_row(cost) for stage, cost in costs.items()},
-        "categories": {stage: cost.flops_by_category() for stage, cost in costs.items()},
+        "categories": {stage: category_table(cost) for stage, cost in costs.items()},
         "modules": {stage: module_table(costs[stage]) for stage in ("prefill", "decode")},
         "what_if": what_if(costs, gpus, str(cfg.analytic.dtype)),
         "tile_sweep": {
@@ -251,6 +265,22 @@ def report_md(r: Mapping[str, Any], top_modules: int = 30) -> str:
                 ms(t["prefill_speed_of_light_ms"], 2),
             ]
             for t in sweep["rows"]
+        ],
+    )
+    doc.h2("Operator categories (share of each stage's FLOPs and bytes)")
+    doc.table(
+        ["stage", "category", "FLOPs", "share of FLOPs", "bytes", "share of bytes"],
+        [
+            [
+                stage,
+                c["category"],
+                flops(c["flops"]),
+                pct(c["share_of_flops"]),
+                num_bytes(c["bytes"]),
+                pct(c["share_of_bytes"]),
+            ]
+            for stage, cats in r["categories"].items()
+            for c in cats
         ],
     )
     for stage, rows in r["modules"].items():

@@ -52,6 +52,11 @@ def _stage_flops(workload: Mapping[str, Any] | None) -> dict[str, float]:
     return out
 
 
+def _stage_bytes(workload: Mapping[str, Any] | None) -> dict[str, float]:
+    """Analytic bytes per stage over the workload's timed passes (from Stage 1's efficiency table)."""
+    return {row["stage"]: float(row["bytes"]) for row in (workload or {}).get("efficiency") or []}
+
+
 def _peak(workload: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
     for row in (workload or {}).get("mfu", []):
         if row.get("peak"):
@@ -71,6 +76,8 @@ def build_metrics(
     stage1 = _stage1_ms(workload)
     flops = _stage_flops(workload)
     peak = _peak(workload)
+    moved = _stage_bytes(workload)
+    bandwidth = (workload or {}).get("bandwidth_peak")
     warnings: list[str] = []
     stage_rows = []
     for st in trace.stage_times():
@@ -82,6 +89,10 @@ def build_metrics(
             achieved = stage_flops / (st.gpu_busy_ms / 1e3)
             row["achieved_tflops_on_busy_time"] = achieved / 1e12
             row["mfu_on_busy_time"] = achieved / peak["value"] if peak else None
+        stage_bytes = moved.get(st.stage)
+        row["bytes"] = stage_bytes
+        if stage_bytes and st.gpu_busy_ms > 0 and bandwidth:
+            row["mbu_on_busy_time"] = stage_bytes / (st.gpu_busy_ms / 1e3) / bandwidth["value"]
         stage_rows.append(row)
     if not stage_rows:
         warnings.append("The trace holds no NVTX range of the llm_perf_opt domain: no per-stage figures.")
@@ -229,6 +240,7 @@ def _stage_table(m: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
         "GPU busy / wall",
         "kernels",
         "MFU on busy time",
+        "MBU on busy time",
     ]
     rows = []
     for r in m["stages"]:
@@ -243,6 +255,7 @@ def _stage_table(m: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
                 pct(r["busy_fraction"]),
                 f"{r['kernels']:,}",
                 pct(r.get("mfu_on_busy_time"), 2),
+                pct(r.get("mbu_on_busy_time"), 2),
             ]
         )
     return header, rows
@@ -307,7 +320,8 @@ def report_md(m: Mapping[str, Any], files: Sequence[str]) -> str:
     doc.para(
         "Cross-check: the NVTX range wall time (CPU side), Stage 1's CUDA-event time of the same passes, the GPU "
         "busy time (union of the kernels launched inside the range) and the summed kernel time. Busy / wall "
-        "under 100% means the GPU waited for the host. Tracing slows kernel launches, so wall times under nsys "
+        "under 100% means the GPU waited for the host. MBU on busy time divides Stage 1's analytic bytes by GPU "
+        "busy time and the peak bandwidth. Tracing slows kernel launches, so wall times under nsys "
         "are longer than in a plain Stage 1 run: take latency from Stage 1, GPU work from here. "
         "MFU here divides the counted FLOPs by GPU busy time"
         + (

@@ -71,6 +71,9 @@ def test_tiny_run_completes_with_every_artifact(tiny_run: tuple[Path, Path, subp
         "predictions/predictions.jsonl",
         "torch_profiler/trace.json.gz",
         "static_analysis/analytic_model/report.json",
+        "plots/stage_breakdown.png",
+        "plots/decode_latency.png",
+        "plots/operator_shares.png",
         "static_analysis/analytic_model/report.md",
     ):
         assert (out / name).is_file(), name
@@ -145,6 +148,7 @@ def test_inputs_report_and_predictions(tiny_run: tuple[Path, Path, subprocess.Co
     assert "Random weights" in report
     assert "↳ vision/sam" in report
     assert "MFU is n/a" in report
+    assert "![Where the time goes, per image](plots/stage_breakdown.png)" in report
     preds = [json.loads(line) for line in (out / "predictions/predictions.jsonl").read_text().splitlines()]
     assert [p["image"] for p in preds] == ["slide_square.png", "snippet_small.png"]
     assert all(len(p["token_ids"]) == 3 and p["text"] is None for p in preds)

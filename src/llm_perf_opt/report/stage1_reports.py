@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from llm_perf_opt.artifacts import ArtifactsManager
+from llm_perf_opt.artifacts import ArtifactsManager, to_plain
 from llm_perf_opt.data.dataset import DatasetSelection
 from llm_perf_opt.measure import stages
 from llm_perf_opt.measure.aggregate import E2E, TTFT
@@ -19,6 +19,7 @@ from llm_perf_opt.measure.flops import FLOP_SOURCE
 from llm_perf_opt.measure.torch_profiler import OperatorRow, OperatorTable
 from llm_perf_opt.report import gallery
 from llm_perf_opt.report.markdown import Doc, flops, ms, num_bytes, pct
+from llm_perf_opt.report.plots import write_stage1_plots
 from llm_perf_opt.report.recommendations import key_findings, recommendations
 from llm_perf_opt.results import Stage1Metrics, StageStat
 
@@ -137,7 +138,9 @@ _OP_HEADER = [
 ]
 
 
-def report_md(m: Stage1Metrics, operators: OperatorTable | None, files: Sequence[str]) -> str:
+def report_md(
+    m: Stage1Metrics, operators: OperatorTable | None, files: Sequence[str], plots: Mapping[str, str] | None = None
+) -> str:
     """The main report: three things first (where time goes, how efficient, what to try), details after."""
     doc = Doc(f"Stage 1 report: {m.model.name} on {m.device.name}")
     profile = m.settings.get("workload_profile")
@@ -155,6 +158,10 @@ def report_md(m: Stage1Metrics, operators: OperatorTable | None, files: Sequence
     if m.warnings:
         doc.h2("Warnings")
         doc.bullets(m.warnings)
+
+    for name, title in (("stage_breakdown", "Where the time goes, per image"), ("roofline", "Stages on the roofline")):
+        if plots and name in plots:
+            doc.image(title, plots[name])
 
     doc.h2("Stage times over all timed passes (ms)")
     doc.para(
@@ -198,6 +205,9 @@ def report_md(m: Stage1Metrics, operators: OperatorTable | None, files: Sequence
             ]
         )
     doc.table(header, rows)
+
+    if plots and "decode_latency" in plots:
+        doc.image("Decode step latency against context length", plots["decode_latency"])
 
     doc.h2("Throughput (medians over passes)")
     t = m.throughput
@@ -280,6 +290,8 @@ def report_md(m: Stage1Metrics, operators: OperatorTable | None, files: Sequence
             "Full tables per stage: [operators.md](operators.md)."
         )
         doc.table(_OP_HEADER, _operator_rows(operators.overall, operators.sort_key, 10))
+        if plots and "operator_shares" in plots:
+            doc.image("Operator time shares", plots["operator_shares"])
 
     doc.h2("Files")
     doc.bullets([f"[{f}]({f})" for f in sorted(set(files)) if not f.startswith(".")])
@@ -481,5 +493,9 @@ def write_all(
     art.write_text("stakeholder_summary.md", stakeholder_md(m))
     art.write_text("assumptions.md", assumptions_md(m, cfg, selection))
     write_predictions(art, m, cfg, selection, predictions, tokenizer)
+    written = write_stage1_plots(to_plain(m), art.run_dir)
+    for path in written.values():
+        art.record(str(path.relative_to(art.run_dir)))
+    plots = {name: str(path.relative_to(art.run_dir)) for name, path in written.items()}
     files = [*art.written, "report.md", "run_status.json"]
-    art.write_text("report.md", report_md(m, operators, files))
+    art.write_text("report.md", report_md(m, operators, files, plots))

@@ -1,0 +1,342 @@
+"""Stage 1 plots from a parsed `metrics.json` (plain dicts): stage breakdown, decode latency, roofline, operators.
+
+Each plot function takes the metrics dict and a target PNG path, writes the figure and returns the path, or
+returns None (writing nothing) when the data it needs is absent.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+from matplotlib.ticker import EngFormatter, MaxNLocator
+
+DPI = 110
+TOP_OPERATORS = 10
+MAX_PANELS = 4
+PREPROCESS = "preprocess"
+REST_OF_PREFILL = "prefill (rest)"
+DECODE = "decode"
+
+_SEGMENT_COLOURS = {PREPROCESS: "#9e9e9e", REST_OF_PREFILL: "#f28e2b", DECODE: "#59a14f"}
+_VISION_COLOURS = ("#1f4e9c", "#4e79a7", "#a0cbe8", "#76b7b2", "#b07aa1")
+_STAGE_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+_LINE_STYLES = ("-", "--", "-.", ":")
+
+Metrics = Mapping[str, Any]
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    finally:
+        plt.close(fig)
+    return path
+
+
+def _records_by_image(m: Metrics) -> dict[str, list[Mapping[str, Any]]]:
+    out: dict[str, list[Mapping[str, Any]]] = {}
+    for rec in m.get("records") or ():
+        out.setdefault(str(rec["image"]), []).append(rec)
+    return out
+
+
+def _vision_stages(m: Metrics) -> list[str]:
+    names: list[str] = []
+    for rec in m.get("records") or ():
+        names.extend(k for k in (rec.get("vision_ms") or {}) if k not in names)
+    return names
+
+
+def _segments(rec: Mapping[str, Any], vision: Sequence[str]) -> dict[str, float]:
+    vision_ms = rec.get("vision_ms") or {}
+    parts = {PREPROCESS: float(rec["preprocess_ms"])}
+    parts.update({v: float(vision_ms.get(v, 0.0)) for v in vision})
+    # vision runs inside prefill: only the remainder of prefill is added on top of it
+    parts[REST_OF_PREFILL] = max(0.0, float(rec["prefill_ms"]) - sum(float(x) for x in vision_ms.values()))
+    parts[DECODE] = float(rec["decode_ms"])
+    return parts
+
+
+def stage_segments(m: Metrics) -> dict[str, dict[str, float]]:
+    """image -> segment -> ms of the image's median pass by end-to-end time (the two middle passes averaged
+    when the count is even), so the segments add up to the median end-to-end time."""
+    vision = _vision_stages(m)
+    out: dict[str, dict[str, float]] = {}
+    for image, recs in _records_by_image(m).items():
+        ordered = sorted(recs, key=lambda r: float(r["e2e_ms"]))
+        mid = len(ordered) // 2
+        middle = ordered[mid : mid + 1] if len(ordered) % 2 else ordered[mid - 1 : mid + 1]
+        seg = [_segments(r, vision) for r in middle]
+        out[image] = {k: statistics.fmean(s[k] for s in seg) for k in seg[0]}
+    return out
+
+
+def stage_breakdown(m: Metrics, path: Path) -> Path | None:
+    """Stacked horizontal bar per image: preprocess, vision sub-stages, rest of prefill, decode (ms)."""
+    segs = stage_segments(m)
+    if not segs:
+        return None
+    images = list(segs)
+    names = list(next(iter(segs.values())))
+    vision = [n for n in names if n not in _SEGMENT_COLOURS]
+    colours = {**_SEGMENT_COLOURS, **{v: _VISION_COLOURS[i % len(_VISION_COLOURS)] for i, v in enumerate(vision)}}
+    totals = [sum(segs[i].values()) for i in images]
+    longest = max(totals) or 1.0
+
+    fig, ax = plt.subplots(figsize=(10, 2.2 + 0.5 * len(images)), layout="constrained")
+    left = [0.0] * len(images)
+    for name in names:
+        widths = [segs[i][name] for i in images]
+        bars = ax.barh(
+            images, widths, left=left, height=0.7, color=colours[name], edgecolor="white", linewidth=0.5, label=name
+        )
+        for bar, w in zip(bars, widths, strict=True):
+            if w >= 0.07 * longest:  # label only segments wide enough to hold the text
+                ax.text(
+                    bar.get_x() + w / 2,
+                    bar.get_y() + bar.get_height() / 2,
+                    f"{w:.0f}",
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    color="white" if name != PREPROCESS else "black",
+                )
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    for y, total in enumerate(totals):
+        ax.text(total + 0.01 * longest, y, f"{total:.0f} ms", va="center", fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, longest * 1.12)
+    ax.set_xlabel("time (ms)")
+    ax.set_ylabel("image")
+    device = (m.get("device") or {}).get("name", "")
+    ax.set_title(
+        f"End-to-end time per image by stage ({device}; median pass by end-to-end time)\n"
+        "vision stages are part of prefill, shown once",
+        fontsize=10,
+    )
+    fig.legend(loc="outside lower center", ncol=len(names), fontsize=8, frameon=False)
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_axisbelow(True)
+    return _save(fig, path)
+
+
+def decode_step_medians(m: Metrics) -> dict[str, tuple[list[int], list[float]]]:
+    """image -> (context lengths = prompt tokens + step index, median step latency over repeats in ms)."""
+    out: dict[str, tuple[list[int], list[float]]] = {}
+    for image, recs in _records_by_image(m).items():
+        steps = [list(r.get("decode_step_ms") or ()) for r in recs]
+        n = max((len(s) for s in steps), default=0)
+        if n == 0:
+            continue
+        prompt = round(statistics.median(int(r["prompt_tokens"]) for r in recs))
+        medians = [statistics.median(s[i] for s in steps if len(s) > i) for i in range(n)]
+        out[image] = ([prompt + i for i in range(n)], medians)
+    return out
+
+
+def decode_latency(m: Metrics, path: Path) -> Path | None:
+    """Per-step decode latency (ms) against context length, one line per image (median over repeats).
+
+    Images are grouped into one panel per prompt length (shared y axis), since each image spans only its few
+    decode steps of context; more than MAX_PANELS distinct prompt lengths share a single panel.
+    """
+    series = decode_step_medians(m)
+    if not series:
+        return None
+    groups: dict[int, list[str]] = {}
+    for image, (ctx, _) in series.items():
+        groups.setdefault(ctx[0], []).append(image)
+    panels = sorted(groups.items()) if len(groups) <= MAX_PANELS else [(0, list(series))]
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(3.2 + 3.2 * len(panels), 4.8), sharey=True, layout="constrained", squeeze=False
+    )
+    top = max(max(ms) for _, ms in series.values())
+    k = 0
+    for ax, (_, images) in zip(axes[0], panels, strict=True):
+        for image in images:
+            ctx, ms = series[image]
+            style, marker = _LINE_STYLES[k % len(_LINE_STYLES)], _STAGE_MARKERS[k % len(_STAGE_MARKERS)]
+            ax.plot(
+                ctx,
+                ms,
+                linestyle=style,
+                marker=marker,
+                markersize=3.5,
+                linewidth=1.3,
+                color=f"C{k % 10}",
+                label=f"{image}\n(prompt {ctx[0]} tokens)",
+            )
+            k += 1
+        ax.set_ylim(0, top * 1.3)
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=5, integer=True))
+        ax.set_xlabel("context length (tokens)")
+        ax.legend(fontsize=7.5, loc="lower center")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("decode step latency (ms)")
+    device = (m.get("device") or {}).get("name", "")
+    fig.suptitle(
+        f"Decode step latency vs context length = prompt tokens + step index ({device}; median over repeats)",
+        fontsize=10,
+    )
+    return _save(fig, path)
+
+
+def _compute_peaks(m: Metrics) -> list[tuple[float, str]]:
+    peaks: dict[float, str] = {}
+    for rec in m.get("mfu") or ():
+        peak = rec.get("peak") or {}
+        if peak.get("value"):
+            peaks.setdefault(float(peak["value"]), str(peak.get("dtype_key") or ""))
+    return sorted(peaks.items(), reverse=True)
+
+
+def roofline(m: Metrics, path: Path) -> Path | None:
+    """Log-log roofline of the device with each stage of `efficiency` as a point; None without both peaks."""
+    peaks = _compute_peaks(m)
+    bw = float((m.get("bandwidth_peak") or {}).get("value") or 0.0)
+    points = []
+    for e in m.get("efficiency") or ():
+        flops, moved, ms = float(e.get("flops") or 0), float(e.get("bytes") or 0), float(e.get("time_ms") or 0)
+        if flops > 0 and moved > 0 and ms > 0:
+            points.append((str(e["stage"]), flops / moved, flops / (ms / 1e3), e.get("mfu")))
+    if not peaks or bw <= 0 or not points:
+        return None
+
+    ridges = [p / bw for p, _ in peaks]
+    x_lo = min(min(p[1] for p in points), min(ridges)) / 4
+    x_hi = max(max(p[1] for p in points), max(ridges)) * 6
+    y_lo = min(min(p[2] for p in points), x_lo * bw) / 4
+    y_hi = peaks[0][0] * 3
+
+    fig, ax = plt.subplots(figsize=(9, 7), layout="constrained")
+    xs = [x_lo * (x_hi / x_lo) ** (i / 200) for i in range(201)]
+    for k, (peak, dtype) in enumerate(peaks):
+        ridge = peak / bw
+        ax.plot(
+            xs,
+            [min(peak, x * bw) for x in xs],
+            color="black",
+            linewidth=2 - 0.5 * k,
+            linestyle="-" if k == 0 else "--",
+            label=f"roof: min({_si(peak, 'FLOP/s')} {dtype}, intensity × {_si(bw, 'B/s')})",
+        )
+        ax.axvline(ridge, color="grey", linestyle=":", linewidth=1)
+        ax.annotate(
+            f"ridge {ridge:.3g} FLOP/B",
+            (ridge, peak),
+            xytext=(5, -14),
+            textcoords="offset points",
+            fontsize=8,
+            color="dimgrey",
+        )
+    for k, (stage, intensity, achieved, mfu) in enumerate(points):
+        mfu_txt = f", MFU {100 * mfu:.2g}%" if isinstance(mfu, int | float) else ""
+        ax.scatter(
+            [intensity],
+            [achieved],
+            s=60,
+            marker=_STAGE_MARKERS[k % len(_STAGE_MARKERS)],
+            zorder=3,
+            color=f"C{k % 10}",
+            label=f"{stage}: {intensity:.3g} FLOP/B, {_si(achieved, 'FLOP/s')}{mfu_txt}",
+        )
+        ax.annotate(
+            stage,
+            (intensity, achieved),
+            xytext=(8, _label_dy(k, points)),
+            textcoords="offset points",
+            fontsize=8,
+            va="center",
+        )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(x_lo, x_hi)
+    ax.set_ylim(y_lo, y_hi)
+    ax.yaxis.set_major_formatter(EngFormatter(unit=""))
+    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_ylabel("achieved throughput (FLOP/s)")
+    device = (m.get("device") or {}).get("name", "")
+    ax.set_title(
+        f"Roofline of the stages over all timed passes ({device})\nFLOPs counted, bytes from the analytic model",
+        fontsize=10,
+    )
+    fig.legend(loc="outside lower center", fontsize=8, frameon=False, ncol=2)
+    ax.grid(which="major", alpha=0.3)
+    ax.grid(which="minor", alpha=0.1)
+    return _save(fig, path)
+
+
+def _si(value: float, unit: str) -> str:
+    return str(EngFormatter(unit=unit)(float(f"{value:.3g}")))
+
+
+def _label_dy(k: int, points: Sequence[tuple[str, float, float, Any]]) -> float:
+    """Vertical label offset (points): apart from a neighbour closer than ~0.2 decades in both axes."""
+    _, x, y, _ = points[k]
+    for j, (_, x2, y2, _) in enumerate(points):
+        if j != k and abs(math.log10(x2 / x)) < 0.2 and abs(math.log10(y2 / y)) < 0.2:
+            return 7.0 if (y, k) > (y2, j) else -7.0
+    return 0.0
+
+
+_SORT_KEY_LABELS = {"self_device_ms": "self device time", "self_cpu_ms": "self CPU time"}
+
+
+def operator_shares(m: Metrics, path: Path) -> Path | None:
+    """Horizontal bars: each of the top 10 operators' share of the sort key, the remaining listed ones as "other"."""
+    key = m.get("operator_sort_key")
+    rows = [(str(r["name"]), float(r.get(key) or 0.0)) for r in m.get("top_operators") or ()] if key else []
+    total = sum(v for _, v in rows)
+    if total <= 0:
+        return None
+    rows.sort(key=lambda r: r[1], reverse=True)
+    shown = rows[:TOP_OPERATORS]
+    rest = rows[TOP_OPERATORS:]
+    if rest:
+        shown.append((f"other ({len(rest)} operators)", sum(v for _, v in rest)))
+    names = [n for n, _ in shown]
+    shares = [100 * v / total for _, v in shown]
+
+    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.38 * len(shown)))
+    colours = ["#4e79a7"] * min(len(rows), TOP_OPERATORS) + ["#bab0ac"] * bool(rest)
+    ax.barh(names, shares, color=colours)
+    for y, (share, (_, ms)) in enumerate(zip(shares, shown, strict=True)):
+        ax.text(share + 0.5, y, f"{share:.1f}% ({ms:.1f} ms)", va="center", fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(shares) * 1.3)
+    label = _SORT_KEY_LABELS.get(str(key), str(key))
+    ax.set_xlabel(f"share of {label} over the {len(rows)} listed operators (%)")
+    device = (m.get("device") or {}).get("name", "")
+    ax.set_title(f"Top operators by {label} (torch profiler, profiled pass; {device})", fontsize=10)
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_axisbelow(True)
+    return _save(fig, path)
+
+
+PLOTS = {
+    "stage_breakdown": stage_breakdown,
+    "decode_latency": decode_latency,
+    "roofline": roofline,
+    "operator_shares": operator_shares,
+}
+
+
+def write_stage1_plots(m: Metrics, folder: Path) -> dict[str, Path]:
+    """Every plot that applies, as `folder/plots/<name>.png`; returns name -> path."""
+    out: dict[str, Path] = {}
+    for name, plot in PLOTS.items():
+        written = plot(m, folder / "plots" / f"{name}.png")
+        if written is not None:
+            out[name] = written
+    return out

@@ -1,0 +1,217 @@
+"""`perf-compare`: real H100 / CPU Stage 1 and H100 Stage 2 run folders (trimmed) compared side by side."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llm_perf_opt import compare as cmp
+from llm_perf_opt.cli.compare import main
+
+FIXTURES = Path(__file__).parent / "fixtures" / "compare"
+H100_A = FIXTURES / "h100_s1final"  # no MBU (written before efficiency existed)
+H100_B = FIXTURES / "h100_s1sol"
+CPU_TINY = FIXTURES / "cpu_tiny"
+S2_LIGHT = FIXTURES / "s2_light"
+S2_DEEP = FIXTURES / "s2_deep"
+
+
+def table_row(markdown: str, first_cell: str) -> list[str]:
+    """The cells of the first Markdown table row that starts with `first_cell`."""
+    for line in markdown.splitlines():
+        if line.startswith(f"|{first_cell}|"):
+            return line.strip("|").split("|")
+    raise AssertionError(f"no row {first_cell!r} in:\n{markdown}")
+
+
+def body_rows(markdown: str) -> list[list[str]]:
+    """The cells of every table row in `markdown`, header and separator rows left out."""
+    lines = [line for line in markdown.splitlines() if line.startswith("|")]
+    rows = [line.strip("|").split("|") for line in lines if ":---" not in line]
+    return [row for row in rows if row[0] not in ("Stage", "Field", "Operator", "Kernel", "Whole run")]
+
+
+def section(markdown: str, title: str) -> str:
+    """The text from the header `title` to the next header of any level."""
+    start = markdown.index(title)
+    rest = markdown[start + len(title) :]
+    ends = [i for i in (rest.find("\n## "), rest.find("\n### ")) if i >= 0]
+    return rest[: min(ends)] if ends else rest
+
+
+def failed_copy(tmp_path: Path, source: Path, state: str) -> Path:
+    folder = tmp_path / f"{source.name}_{state}"
+    shutil.copytree(source, folder)
+    status = json.loads((folder / "run_status.json").read_text())
+    status.update(state=state, message="CUDA out of memory" if state == "failed" else None)
+    (folder / "run_status.json").write_text(json.dumps(status))
+    return folder
+
+
+def test_schema_major_matches_writers() -> None:
+    from llm_perf_opt.report.stage2_reports import SCHEMA_VERSION as STAGE2_VERSION
+    from llm_perf_opt.results import SCHEMA_VERSION as STAGE1_VERSION
+
+    assert STAGE1_VERSION.split(".")[0] == STAGE2_VERSION.split(".")[0] == cmp.SCHEMA_MAJOR
+
+
+def test_beyond_noise_uses_ci_overlap() -> None:
+    base = {"n": 5, "ci95_low": 10.0, "ci95_high": 12.0}
+    assert cmp.beyond_noise({"n": 5, "ci95_low": 12.5, "ci95_high": 14.0}, base) == "yes"
+    assert cmp.beyond_noise({"n": 5, "ci95_low": 11.5, "ci95_high": 14.0}, base) == "within noise"
+    assert cmp.beyond_noise({"n": 1, "ci95_low": 20.0, "ci95_high": 20.0}, base).startswith("n/a")
+    assert cmp.beyond_noise(None, base) == "n/a"
+    assert cmp.ratio(15.0, 10.0) == "1.50×" and cmp.ratio(None, 10.0) == "n/a" and cmp.ratio(1.0, 0.0) == "n/a"
+
+
+def test_two_h100_stage1_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "sub" / "compare.md"
+    main([str(H100_A), str(H100_B), "--out", str(out)])
+    assert f"comparison: {out}" in capsys.readouterr().out
+    md = out.read_text()
+    assert "Stage 1: **h100_s1final** (baseline) compared with h100_s1sol." in md
+    assert "Skipped folders" not in md and "Stage 2:" not in md
+
+    stages = section(md, "### Stage times (p50, ms)")
+    assert "|Stage|h100_s1final p50|h100_s1sol p50|h100_s1sol ratio|h100_s1sol beyond noise|" in stages
+    # same workload on the same GPU: p50s of both runs, their ratio, and every stage within the recorded noise
+    assert table_row(stages, "prefill") == ["prefill", "98.42", "99.97", "1.02×", "within noise"]
+    assert table_row(stages, "decode/step (in decode)")[1:4] == ["17.08", "18.31", "1.07×"]
+    verdicts = [row[4] for row in body_rows(stages)]
+    assert len(verdicts) == 9 and set(verdicts) == {"within noise"}
+
+    efficiency = section(md, "### MFU and MBU per stage")
+    assert "|Stage|h100_s1final MFU|h100_s1sol MFU|h100_s1final TFLOP/s|h100_s1sol TFLOP/s|" in efficiency
+    assert table_row(efficiency, "prefill") == ["prefill", "5.04%", "5.14%", "49.8", "50.8", "n/a", "10.26%"]
+
+    movers = section(md, "### Top operators that moved most")
+    rows = body_rows(movers)
+    deltas = [abs(float(r[5])) for r in rows]
+    assert 0 < len(rows) <= cmp.TOP_MOVERS and deltas == sorted(deltas, reverse=True)
+    assert rows[0][0] == "aten::addmm" and rows[0][5] == "-0.04"
+
+    config = section(md, "### Configuration and environment differences")
+    assert [row[0] for row in body_rows(config)] == [
+        "config digest"
+    ]  # same model, device and software: only the digest differs
+    assert table_row(config, "config digest")[1:] == ["2711c59415e3", "f0cbc3e27323"]
+
+
+def test_h100_vs_cpu_tiny_lists_config_differences() -> None:
+    md = cmp.compare([H100_B, CPU_TINY]).markdown
+    config = section(md, "### Configuration and environment differences")
+    assert table_row(config, "model")[1:] == ["deepseek_ocr2", "deepseek_ocr2_tiny"]
+    assert table_row(config, "device")[1:] == ["NVIDIA H100 80GB HBM3", "AMD EPYC"]
+    assert table_row(config, "dtype")[1:] == ["bfloat16", "float32"]
+    assert table_row(config, "torch")[1:] == ["2.11.0+cu130", "2.13.0+cpu"]
+    assert table_row(config, "transformers")[1:] == ["5.17.0", "5.23.0"]
+    assert table_row(config, "max_new_tokens")[1:] == ["32", "4"]
+    # a 200× smaller model on a CPU: prefill is far slower and clearly beyond noise
+    assert table_row(md, "prefill")[3:5] == ["21.42×", "yes"]
+    # operators are ranked by each run's own device time (CUDA vs CPU)
+    assert "**cpu_tiny** (by `self_cpu_ms`) vs **h100_s1sol** (by `self_device_ms`)" in md
+    assert table_row(md, "aten::mm")[3:5] == ["6.35", "1,045.03"]
+
+
+def test_bad_folders_skipped_rest_compared(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    failed = failed_copy(tmp_path, H100_B, "failed")
+    missing = tmp_path / "does_not_exist"
+    no_metrics = tmp_path / "empty"
+    no_metrics.mkdir()
+    out = tmp_path / "compare.md"
+    main([str(failed), str(H100_A), str(missing), str(no_metrics), str(H100_B), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert f"skipped {failed}: the run is marked failed, not complete: CUDA out of memory" in err
+    assert f"skipped {missing}: the folder does not exist" in err
+    assert f"skipped {no_metrics}: no metrics.json" in err
+
+    md = out.read_text()
+    skipped = section(md, "## Skipped folders")
+    assert f"`{failed}`: the run is marked failed" in skipped and f"`{missing}`: the folder does not exist" in skipped
+    # the failed first folder is not the baseline: the first usable one is
+    assert "Stage 1: **h100_s1final** (baseline) compared with h100_s1sol." in md
+    assert table_row(md, "prefill")[1:3] == ["98.42", "99.97"]
+
+
+def test_other_schema_major_and_running_are_skipped(tmp_path: Path) -> None:
+    newer = tmp_path / "newer"
+    shutil.copytree(H100_A, newer)
+    metrics = json.loads((newer / "metrics.json").read_text())
+    (newer / "metrics.json").write_text(json.dumps({**metrics, "schema_version": "2.0"}))
+    running = failed_copy(tmp_path, H100_B, "running")
+    assert cmp.load_run(newer) == cmp.Skipped(newer, "metrics.json has schema_version 2.0; this tool reads 1.x")
+    result = cmp.load_run(running)
+    assert isinstance(result, cmp.Skipped) and "marked running" in result.reason
+
+
+def test_fewer_than_two_usable_exits_2(tmp_path: Path) -> None:
+    interrupted = failed_copy(tmp_path, H100_A, "interrupted")
+    out = tmp_path / "compare.md"
+    folders = [str(H100_B), str(interrupted), str(tmp_path / "gone")]
+    proc = subprocess.run(
+        [sys.executable, "-m", "llm_perf_opt.cli.compare", *folders, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and not out.exists()
+    assert "error: fewer than two usable run folders of one kind to compare" in proc.stderr
+    assert f"{interrupted}: the run is marked interrupted" in proc.stderr
+    assert "Pass at least two completed folders written by stage1-run" in proc.stderr
+
+
+def test_one_stage1_and_one_stage2_is_not_comparable() -> None:
+    with pytest.raises(cmp.UserError, match="fewer than two usable run folders of one kind"):
+        cmp.compare([H100_A, S2_LIGHT])
+
+
+def test_two_stage2_runs() -> None:
+    md = cmp.compare([S2_LIGHT, S2_DEEP]).markdown
+    assert "Stage 2: **s2_light** (baseline) compared with s2_deep." in md
+    busy = section(md, "### GPU busy time per stage (Nsight Systems)")
+    assert "|Stage|s2_light busy ms|s2_deep busy ms|s2_deep ratio|s2_light busy fraction|s2_deep busy fraction|" in busy
+    assert table_row(busy, "prefill") == ["prefill", "235.11", "235.67", "1.00×", "37.6%", "38.9%", "17,738", "17,738"]
+    assert table_row(busy, "decode")[4:6] == ["8.9%", "10.6%"]
+    assert table_row(busy, "decode step wall ms")[1:] == ["28.04", "23.59"]
+
+    kernels = section(md, "### Kernels that moved most")
+    rows = body_rows(kernels)
+    deltas = [abs(float(r[5])) for r in rows]
+    assert 0 < len(rows) <= cmp.TOP_MOVERS and deltas == sorted(deltas, reverse=True)
+    assert rows[0] == [
+        "unrolled_elementwise_kernel [direct_copy_kernel_cuda]",
+        "17,874",
+        "17,874",
+        "51.88",
+        "52.71",
+        "+0.83",
+    ]
+    assert table_row(section(md, "### Configuration and environment differences"), "mode")[1:] == ["light", "deep"]
+
+
+def test_mixed_kinds_compared_within_each_kind() -> None:
+    md = cmp.compare([H100_A, S2_LIGHT, H100_B, S2_DEEP, CPU_TINY]).markdown
+    assert "Stage 1: **h100_s1final** (baseline) compared with h100_s1sol, cpu_tiny." in md
+    assert "Stage 2: **s2_light** (baseline) compared with s2_deep." in md
+    assert "## Stage 1: h100_s1final vs h100_s1sol vs cpu_tiny" in md and "## Stage 2: s2_light vs s2_deep" in md
+
+
+def test_stage_present_in_one_run_only_shows_na(tmp_path: Path) -> None:
+    fewer = tmp_path / "fewer"
+    shutil.copytree(H100_B, fewer)
+    metrics = json.loads((fewer / "metrics.json").read_text())
+    metrics["stages"] = [s for s in metrics["stages"] if s["stage"] != "decode/step"]
+    (fewer / "metrics.json").write_text(json.dumps(metrics))
+    md = cmp.compare([H100_A, fewer]).markdown
+    assert table_row(md, "decode/step (in decode)")[1:] == ["17.08", "n/a", "n/a", "n/a"]
+
+
+def test_same_folder_twice_gets_unique_labels() -> None:
+    runs, skipped = cmp.load_runs([H100_A, H100_A])
+    assert [r.label for r in runs] == ["h100_s1final", "h100_s1final#2"] and not skipped

@@ -32,12 +32,18 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("llo_samples_dir", lambda: str(bundled_samples_dir()))
 
 
-def run_guarded(job: Callable[[], Any]) -> Any:
-    """Run `job`; a UserError becomes one paragraph on stderr and exit 2, Ctrl-C exit 130."""
+def run_guarded(job: Callable[[], Any], *, in_sweep: bool = False) -> Any:
+    """Run `job`; a UserError becomes one paragraph on stderr and exit 2, Ctrl-C exit 130.
+
+    In a sweep (`in_sweep`), a UserError ends only this job: its folder is already marked failed, the sweep goes on
+    and its summary lists the job as skipped with the message.
+    """
     try:
         result = job()
     except UserError as exc:
         print(f"\nerror: {exc}", file=sys.stderr)
+        if in_sweep:
+            return None
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         print(
@@ -45,6 +51,9 @@ def run_guarded(job: Callable[[], Any]) -> Any:
             file=sys.stderr,
         )
         sys.exit(130)
-    if isinstance(result, Path):
-        print(f"\nreport: {result / 'report.md'}")
     return result
+
+
+def print_report_path(run_dir: Path) -> None:
+    """The last line a command prints: where its report is."""
+    print(f"\nreport: {run_dir / 'report.md'}")

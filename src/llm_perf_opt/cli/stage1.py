@@ -6,6 +6,7 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from llm_perf_opt.cli.common import register_resolvers, run_guarded
@@ -15,8 +16,10 @@ from llm_perf_opt.cli.common import register_resolvers, run_guarded
 def _main(cfg: DictConfig) -> None:
     from llm_perf_opt.pipeline.stage1 import Stage1Run
 
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
-    run_guarded(lambda: Stage1Run(cfg, run_dir, run_id=run_dir.name).execute())
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
+    run_guarded(lambda: Stage1Run(cfg, run_dir, run_id=run_dir.name).execute(), in_sweep=in_sweep)
 
 
 def main() -> None:

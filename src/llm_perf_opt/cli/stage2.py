@@ -8,7 +8,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from llm_perf_opt.cli.common import register_resolvers, run_guarded
+from llm_perf_opt.cli.common import print_report_path, register_resolvers, run_guarded
 
 
 @hydra.main(version_base="1.3", config_path="pkg://llm_perf_opt.conf", config_name="stage2")
@@ -16,12 +16,14 @@ def _main(cfg: DictConfig) -> None:
     from llm_perf_opt.pipeline.stage2 import Stage2Run, render
 
     if cfg.stage2.rerender:
-        run_guarded(lambda: render(Path(str(cfg.stage2.rerender))))
+        print_report_path(run_guarded(lambda: render(Path(str(cfg.stage2.rerender)))))
         return
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     overrides = list(hydra_cfg.overrides.task)
-    run_guarded(lambda: Stage2Run(cfg, run_dir, run_id=run_dir.name, task_overrides=overrides).execute())
+    print_report_path(
+        run_guarded(lambda: Stage2Run(cfg, run_dir, run_id=run_dir.name, task_overrides=overrides).execute())
+    )
 
 
 def main() -> None:

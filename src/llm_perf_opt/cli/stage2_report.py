@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from llm_perf_opt.cli.common import run_guarded
+from llm_perf_opt.cli.common import print_report_path, run_guarded
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -15,7 +15,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     from llm_perf_opt.pipeline.stage2 import render
 
-    run_guarded(lambda: render(args.folder))
+    print_report_path(run_guarded(lambda: render(args.folder)))
 
 
 if __name__ == "__main__":

@@ -28,7 +28,9 @@ from llm_perf_opt.measure.mfu import mfu_by_stage
 from llm_perf_opt.measure.timing import timing_method
 from llm_perf_opt.measure.torch_profiler import OperatorTable, profile_image
 from llm_perf_opt.pipeline.analytic import write_analytic_report
+from llm_perf_opt.progress import Feedback, StepHandle
 from llm_perf_opt.report import stage1_reports
+from llm_perf_opt.report.markdown import pct
 from llm_perf_opt.results import SCHEMA_VERSION, DeviceInfo, ImageRecord, ModelInfo, Stage1Metrics
 from llm_perf_opt.session.adapters.registry import make_adapter
 from llm_perf_opt.session.session import DeepSeekOCRSession, ImageMeasurement, device_name, resolve_device
@@ -118,8 +120,9 @@ class _RunState:
 class Stage1Run:
     """One `stage1-run` invocation over one run folder."""
 
-    def __init__(self, cfg: DictConfig, run_dir: Path, run_id: str) -> None:
+    def __init__(self, cfg: DictConfig, run_dir: Path, run_id: str, feedback: Feedback | None = None) -> None:
         self.cfg = cfg
+        self.feedback = feedback or Feedback()
         self.run_id = run_id
         self.art = ArtifactsManager(run_dir, stage="stage1")
         self.state = _RunState()
@@ -132,8 +135,9 @@ class Stage1Run:
         """Run everything; the folder ends complete, failed or interrupted."""
         self.art.start(self.run_id)
         try:
-            self._measure()
-            self._write_outputs(partial=False)
+            with self.feedback.session():
+                self._measure()
+            metrics = self._write_outputs(partial=False)
         except KeyboardInterrupt:
             self._write_partial("interrupted by the user (Ctrl-C)")
             self.art.finish(artifacts.INTERRUPTED, "interrupted by the user (Ctrl-C); results so far were written")
@@ -146,7 +150,26 @@ class Stage1Run:
             self.art.finish(artifacts.FAILED, f"{type(exc).__name__}: {exc}")
             raise
         self.art.finish(artifacts.COMPLETE)
+        self._print_summary(metrics)
         return self.art.run_dir
+
+    def _print_summary(self, m: Stage1Metrics) -> None:
+        p50 = {s.stage: s.summary.p50 for s in m.stages}
+        mfu = {r.stage: r.mfu for r in m.mfu}
+        eff = {e.stage: e for e in m.efficiency}
+        decode = eff.get(stages.DECODE)
+        rows = [
+            ("model", f"{m.model.name} ({m.model.weights}, {m.model.dtype})"),
+            ("device", m.device.name),
+            ("images x passes", f"{len({r.image for r in m.records})} x {m.settings['repeats']}"),
+            ("end to end (p50)", f"{p50.get('e2e', 0):,.1f} ms"),
+            ("prefill (p50)", f"{p50.get(stages.PREFILL, 0):,.1f} ms, MFU {pct(mfu.get(stages.PREFILL))}"),
+            (
+                "decode per token (p50)",
+                f"{p50.get(stages.DECODE_STEP, 0):,.2f} ms, MBU {pct(decode.mbu if decode else None)}",
+            ),
+        ]
+        self.feedback.summary(f"stage1-run {self.run_id}: complete", rows, str(self.art.run_dir / "report.md"))
 
     def _write_partial(self, why: str) -> None:
         if self.state.records and self.session is not None:
@@ -176,15 +199,45 @@ class Stage1Run:
             write_analytic_report(self.art, cfg)  # static_analysis/analytic_model/: priced before anything runs
         log.info("building %s on %s …", cfg.model.name, device)
         started = time.perf_counter()
-        self.session = session = DeepSeekOCRSession.load(cfg.model, device)
+        with self.feedback.step(f"building {cfg.model.name} on {device}"):
+            self.session = session = DeepSeekOCRSession.load(cfg.model, device)
         log.info("model ready in %.1f s: %s", time.perf_counter() - started, session.loaded.weights_detail)
 
         vision = session.vision_stages
+        passes = len(self.selection.images) * (1 + settings.warmup + settings.repeats)
+        with self.feedback.step("images: FLOP count, warm-up and timed passes", total=passes) as bar:
+            self._run_images(session, settings, vision, bar)
+
+        prof = cfg.pipeline.torch_profiler
+        if prof.enable:
+            first = self.selection.images[0].path
+            log.info("profiled pass on %s (prefill + %d decode steps)", first.name, int(prof.decode_steps))
+            trace = self.art.path("torch_profiler/trace.json.gz") if prof.chrome_trace else None
+            with self.feedback.step(f"profiled pass (prefill + {int(prof.decode_steps)} decode steps)"):
+                self.state.operators = profile_image(
+                    session,
+                    first,
+                    decode_steps=require_whole("pipeline.torch_profiler.decode_steps", prof.decode_steps, 0),
+                    record_shapes=bool(prof.record_shapes),
+                    profile_memory=bool(prof.profile_memory),
+                    with_stack=bool(prof.with_stack),
+                    with_flops=bool(prof.with_flops),
+                    trace_path=trace,
+                )
+            if trace is not None:
+                self.art.record("torch_profiler/trace.json.gz")
+
+    def _run_images(
+        self, session: DeepSeekOCRSession, settings: RunSettings, vision: tuple[str, ...], bar: StepHandle
+    ) -> None:
+        """Per image: the FLOP-counting pass (untimed), warm-up passes without NVTX, then the timed passes."""
+        assert self.selection is not None
         for entry in self.selection.images:
             name = entry.path.name
             log.info("%s: counting FLOPs (untimed)", name)
             prepared = session.prepare(entry.path)
             self.state.flops[name] = count_stage_flops(session, prepared)
+            bar.advance()
             costs = session.adapter.analytic_costs(
                 session.model, prepared, settings.max_new_tokens, session.dtype.itemsize
             )
@@ -192,10 +245,12 @@ class Stage1Run:
                 self.state.analytic[name] = costs
             for _ in range(settings.warmup):  # no NVTX: warm-up stays outside every stage Nsight analyses
                 session.run_image(entry.path, settings.max_new_tokens, nvtx=False)
+                bar.advance()
             for repeat in range(settings.repeats):
                 measured = session.run_image(entry.path, settings.max_new_tokens)
                 self.state.records.append(_record(name, repeat, measured, vision))
                 self.state.predictions.setdefault(name, measured.token_ids)
+                bar.advance()
                 log.info(
                     "%s repeat %d/%d: prefill %.1f ms, decode %.1f ms (%d tokens)",
                     name,
@@ -205,24 +260,6 @@ class Stage1Run:
                     measured.decode_ms,
                     len(measured.token_ids),
                 )
-
-        prof = cfg.pipeline.torch_profiler
-        if prof.enable:
-            first = self.selection.images[0].path
-            log.info("profiled pass on %s (prefill + %d decode steps)", first.name, int(prof.decode_steps))
-            trace = self.art.path("torch_profiler/trace.json.gz") if prof.chrome_trace else None
-            self.state.operators = profile_image(
-                session,
-                first,
-                decode_steps=require_whole("pipeline.torch_profiler.decode_steps", prof.decode_steps, 0),
-                record_shapes=bool(prof.record_shapes),
-                profile_memory=bool(prof.profile_memory),
-                with_stack=bool(prof.with_stack),
-                with_flops=bool(prof.with_flops),
-                trace_path=trace,
-            )
-            if trace is not None:
-                self.art.record("torch_profiler/trace.json.gz")
 
     # ---- outputs -----------------------------------------------------------------------------------
     def _inputs_manifest(self) -> dict[str, Any]:
@@ -353,7 +390,7 @@ class Stage1Run:
                 out.append(f"High run-to-run variation in {stat.stage}: CV {cv:.1%} (> {threshold:.0%}).")
         return tuple(out)
 
-    def _write_outputs(self, partial: bool) -> None:
+    def _write_outputs(self, partial: bool) -> Stage1Metrics:
         assert self.session is not None and self.selection is not None
         metrics = self._metrics(partial)
         self.art.write_json("metrics.json", metrics)
@@ -366,3 +403,4 @@ class Stage1Run:
             tokenizer=self.session.loaded.tokenizer,
             cfg=self.cfg,
         )
+        return metrics

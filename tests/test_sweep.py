@@ -1,0 +1,145 @@
+"""The multirun summary: a real two-job sweep through the Hydra callback, and a synthetic sweep with bad jobs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llm_perf_opt.sweep import SUMMARY_JSON, SUMMARY_MD, SUMMARY_PNG, main, summarize_sweep, swept_keys
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _summary(p50: dict[str, float]) -> list[dict[str, Any]]:
+    return [
+        {"stage": s, "nested_in": None, "summary": {"n": 1, "p50": v, "mean": v, "cv": None}} for s, v in p50.items()
+    ]
+
+
+def _metrics(prefill: float, decode: float, tokens: int) -> dict[str, Any]:
+    step = decode / tokens
+    return {
+        "schema_version": "1.0",
+        "stage": "stage1",
+        "stages": _summary(
+            {"prefill": prefill, "ttft": prefill + 5, "decode": decode, "decode/step": step, "e2e": prefill + decode}
+        ),
+        "mfu": [{"stage": "prefill", "mfu": 0.42, "achieved_tflops": 415.8}, {"stage": "decode", "mfu": 0.01}],
+        "efficiency": [{"stage": "decode", "mbu": 0.6, "gap": 1.7}],
+        "throughput": {"decode_tokens_per_s": 1000 / step, "e2e_images_per_s": 1.0},
+    }
+
+
+def _job(
+    sweep: Path, num: int, overrides: list[str], state: str, metrics: dict[str, Any] | None, msg: str = ""
+) -> None:
+    job = sweep / str(num)
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    (job / "run_status.json").write_text(json.dumps({"stage": "stage1", "state": state, "message": msg or None}))
+    if metrics is not None:
+        (job / "metrics.json").write_text(json.dumps(metrics))
+        (job / "report.md").write_text("# report\n")
+
+
+def test_multirun_writes_sweep_summary(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "llm_perf_opt.cli.stage1", "-m", "model=deepseek_ocr2_tiny", "device=cpu",
+            "run.repeats=1", "infer.max_new_tokens=2,3", "pipeline/torch_profiler=min", "dataset.max_images=1",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((sweep / SUMMARY_JSON).read_text())
+    assert data["swept_keys"] == ["infer.max_new_tokens"]
+    assert [j["swept"] for j in data["jobs"]] == [{"infer.max_new_tokens": "2"}, {"infer.max_new_tokens": "3"}]
+    assert all(j["status"] == "complete" and j["skipped_reason"] is None for j in data["jobs"])
+    assert all(j["metrics"]["prefill_p50_ms"] > 0 and j["metrics"]["decode_ms_per_token_p50"] > 0 for j in data["jobs"])
+    md = (sweep / SUMMARY_MD).read_text()
+    rows = [line for line in md.splitlines() if line.startswith("|") and "complete" in line]
+    assert len(rows) == 2
+    assert rows[0].startswith("|0|2|complete|") and rows[1].startswith("|1|3|complete|")
+    assert "[report](0/report.md)" in md and "[report](1/report.md)" in md
+    assert "|infer.max_new_tokens|" in md and "|model|" not in md  # only swept keys become columns
+    assert (sweep / SUMMARY_PNG).read_bytes().startswith(PNG_MAGIC)
+
+
+def test_summarize_sweep_skips_failed_and_incomplete_jobs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sweep = tmp_path / "sweep"
+    base = ["model=deepseek_ocr2_tiny", "device=cpu"]
+    _job(sweep, 0, [*base, "infer.max_new_tokens=8"], "complete", _metrics(100.0, 80.0, 8))
+    _job(sweep, 1, [*base, "infer.max_new_tokens=16"], "failed", None, msg="CUDA out of memory")
+    _job(sweep, 2, [*base, "infer.max_new_tokens=32"], "complete", None)  # no metrics.json
+    _job(sweep, 3, [*base, "infer.max_new_tokens=64"], "complete", _metrics(110.0, 640.0, 64))
+    (sweep / "4").mkdir()  # never started: no status, no overrides
+    (sweep / "multirun.yaml").write_text("{}\n")  # not a job folder
+
+    assert main([str(sweep)]) == 0
+    md_path = Path(capsys.readouterr().out.strip())
+    assert md_path == sweep / SUMMARY_MD and summarize_sweep(sweep) == md_path
+    md = md_path.read_text()
+    data = json.loads((sweep / SUMMARY_JSON).read_text())
+
+    assert data["swept_keys"] == ["infer.max_new_tokens"]
+    jobs = {j["num"]: j for j in data["jobs"]}
+    assert [n for n, j in jobs.items() if j["skipped_reason"] is None] == [0, 3]
+    assert jobs[1]["status"] == "failed" and "marked failed" in jobs[1]["skipped_reason"]
+    assert jobs[1]["message"] == "CUDA out of memory"
+    assert jobs[2]["skipped_reason"] == "no metrics.json"
+    assert jobs[4]["skipped_reason"].startswith("no run_status.json")
+    assert jobs[3]["metrics"]["decode_ms_per_token_p50"] == pytest.approx(10.0)
+
+    assert "|0|8|complete|180.0|100.0|10.00|105.0|42.00%|416 TFLOP/s|60.00%|100.0|[report](0/report.md)|" in md
+    assert "|3|64|complete|" in md
+    assert "|1|16|failed|the run is marked failed, not complete|CUDA out of memory|" in md
+    assert "|2|32|complete|no metrics.json||" in md
+    assert "|4|?|unknown|no run_status.json" in md and jobs[4]["overrides"] is None
+    assert (sweep / SUMMARY_PNG).read_bytes().startswith(PNG_MAGIC)
+
+
+def test_swept_keys_ignore_shared_overrides(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    _job(sweep, 0, ["device=cpu", "+x=1", "run.repeats=1"], "complete", _metrics(1.0, 1.0, 1))
+    _job(sweep, 1, ["device=cpu", "+x=1", "run.repeats=2"], "complete", _metrics(1.0, 1.0, 1))
+    summarize_sweep(sweep)
+    data = json.loads((sweep / SUMMARY_JSON).read_text())
+    assert data["swept_keys"] == ["run.repeats"]
+    assert swept_keys([]) == []
+
+
+def test_a_failing_job_does_not_stop_the_sweep(tmp_path: Path) -> None:
+    """One job with a bad value fails cleanly; the other runs; the summary lists both."""
+    sweep = tmp_path / "sweep"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "llm_perf_opt.cli.stage1",
+            "-m",
+            "model=deepseek_ocr2_tiny",
+            "device=cpu",
+            "run.repeats=1",
+            "infer.max_new_tokens=0,2",
+            "pipeline/torch_profiler=min",
+            "dataset.max_images=1",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "infer.max_new_tokens=0 is out of range" in done.stderr
+    summary = json.loads((sweep / "sweep_summary.json").read_text())
+    text = json.dumps(summary)
+    assert "failed" in text and "infer.max_new_tokens=0 is out of range" in text
+    assert (sweep / "1" / "report.md").is_file()

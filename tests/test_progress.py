@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import io
 
+import pytest
+import torch
+
 from llm_perf_opt.progress import Feedback
 
 
@@ -38,3 +41,10 @@ def test_terminal_output_shows_progress_and_a_table() -> None:
     assert "building model" in shown and "images" in shown and "2/2" in shown
     feedback.summary("done", [("decode per token (p50)", "18.31 ms")], "/runs/x/report.md")
     assert "decode per token (p50)" in out.getvalue() and "/runs/x/report.md" in out.getvalue()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU fallback")
+def test_job_device_without_a_gpu_is_auto() -> None:
+    from llm_perf_opt.cli.common import job_device
+
+    assert job_device() == "auto"

@@ -22,12 +22,26 @@ def new_run_id() -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
 
 
+def job_device() -> str:
+    """`cuda:<job number mod visible GPUs>` inside a Hydra job (one GPU per parallel sweep job), else `auto`."""
+    import torch
+    from hydra.core.hydra_config import HydraConfig
+
+    count = torch.cuda.device_count()
+    if count == 0 or not HydraConfig.initialized():
+        return "auto"
+    number = getattr(HydraConfig.get().job, "num", None) or 0
+    return f"cuda:{int(number) % count}"
+
+
 def register_resolvers() -> None:
-    """`${llo_run_id:}` and `${llo_samples_dir:}` for the configs (idempotent)."""
+    """`${llo_run_id:}`, `${llo_samples_dir:}` and `${llo_job_device:}` for the configs (idempotent)."""
     from llm_perf_opt.data.dataset import bundled_samples_dir
 
     if not OmegaConf.has_resolver("llo_run_id"):
         OmegaConf.register_new_resolver("llo_run_id", new_run_id, use_cache=True)
+    if not OmegaConf.has_resolver("llo_job_device"):
+        OmegaConf.register_new_resolver("llo_job_device", job_device)
     if not OmegaConf.has_resolver("llo_samples_dir"):
         OmegaConf.register_new_resolver("llo_samples_dir", lambda: str(bundled_samples_dir()))
 

@@ -26,6 +26,7 @@ from llm_perf_opt.nsight.ncu_report import read_ncu_raw_csv
 from llm_perf_opt.nsight.nsys_stats import REPORT_ALTERNATIVES, available_reports, pick_reports
 from llm_perf_opt.nsight.nsys_trace import NsysTrace
 from llm_perf_opt.nsight.tools import Tool, check_nsys_report, check_run, find_tool, require_gpu, run_tool
+from llm_perf_opt.progress import Feedback
 from llm_perf_opt.report import stage2_reports
 
 log = logging.getLogger("llm_perf_opt.stage2")
@@ -90,8 +91,16 @@ def _mode(cfg: DictConfig) -> DictConfig:
 class Stage2Run:
     """One `stage2-profile` invocation over one run folder."""
 
-    def __init__(self, cfg: DictConfig, run_dir: Path, run_id: str, task_overrides: Sequence[str]) -> None:
+    def __init__(
+        self,
+        cfg: DictConfig,
+        run_dir: Path,
+        run_id: str,
+        task_overrides: Sequence[str],
+        feedback: Feedback | None = None,
+    ) -> None:
         self.cfg = cfg
+        self.feedback = feedback or Feedback()
         self.run_id = run_id
         self.user_overrides = forwarded_overrides(task_overrides)
         self.art = ArtifactsManager(run_dir, stage="stage2")
@@ -101,7 +110,8 @@ class Stage2Run:
         """Capture with the tools, then render; the folder ends complete, failed or interrupted."""
         self.art.start(self.run_id)
         try:
-            self._capture()
+            with self.feedback.session():
+                self._capture()
             render(self.art.run_dir, art=self.art)
         except KeyboardInterrupt:
             self._save_capture()
@@ -153,7 +163,8 @@ class Stage2Run:
         self.art.write_text(str(Path(log_rel).with_name("cmd.txt")), commands.shell_line(argv) + "\n")
         log.info("%s: %s", what, commands.shell_line(argv)[:200])
         started = time.perf_counter()
-        run = run_tool(argv, timeout_s=timeout_s, log_path=self.art.path(log_rel))
+        with self.feedback.step(what):
+            run = run_tool(argv, timeout_s=timeout_s, log_path=self.art.path(log_rel))
         self.art.record(log_rel)
         self.capture["runs"][key] = {
             "argv": list(argv),

@@ -23,9 +23,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_module
 
-from llm_perf_opt.cli.common import register_resolvers
+from llm_perf_opt.cli.common import compose_config
 from llm_perf_opt.data.dataset import bundled_samples_dir
 from llm_perf_opt.measure.timing import NullRecorder, StageRecorder
 from llm_perf_opt.session.session import DeepSeekOCRSession, device_name, resolve_device
@@ -47,9 +46,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
-    register_resolvers()
-    with initialize_config_module(version_base="1.3", config_module="llm_perf_opt.conf"):
-        cfg = compose("stage1", overrides=[f"model={args.model}"])
+    cfg = compose_config("stage1", f"model={args.model}")
     device = resolve_device(args.device)
     session = DeepSeekOCRSession.load(cfg.model, device)
     image = Path(args.image)

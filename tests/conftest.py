@@ -8,11 +8,10 @@ from typing import Any
 
 import pytest
 import torch
-from hydra import compose, initialize_config_module
 from omegaconf import DictConfig
 from PIL import Image
 
-from llm_perf_opt.cli.common import register_resolvers
+from llm_perf_opt.cli.common import compose_config
 
 # Page sizes (width, height) and the tiles DeepSeek-OCR-2's preprocessing cuts them into (reference §2, §3.4).
 PAGE_SIZES: dict[str, tuple[int, int]] = {
@@ -26,9 +25,7 @@ PAGE_SIZES: dict[str, tuple[int, int]] = {
 
 def compose_stage1(*overrides: str) -> DictConfig:
     """The stage1 config composed by Hydra with `overrides`."""
-    register_resolvers()
-    with initialize_config_module(version_base="1.3", config_module="llm_perf_opt.conf"):
-        return compose("stage1", overrides=list(overrides))
+    return compose_config("stage1", *overrides)
 
 
 @pytest.fixture(scope="session")

@@ -6,18 +6,16 @@ import json
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_module
+from omegaconf import DictConfig
 
 from helpers import run_cli
-from llm_perf_opt.cli.common import register_resolvers
+from llm_perf_opt.cli.common import compose_config
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.pipeline.analytic import build_report
 
 
-def compose_analytic(*overrides: str):
-    register_resolvers()
-    with initialize_config_module(version_base="1.3", config_module="llm_perf_opt.conf"):
-        return compose("analytic", overrides=list(overrides))
+def compose_analytic(*overrides: str) -> DictConfig:
+    return compose_config("analytic", *overrides)
 
 
 def test_report_prices_every_stage_and_gpu() -> None:

@@ -54,8 +54,8 @@ def failed_copy(tmp_path: Path, source: Path, state: str) -> Path:
 
 
 def test_schema_major_matches_writers() -> None:
+    from llm_perf_opt.pipeline.stage1 import SCHEMA_VERSION as STAGE1_VERSION
     from llm_perf_opt.report.stage2_reports import SCHEMA_VERSION as STAGE2_VERSION
-    from llm_perf_opt.results import SCHEMA_VERSION as STAGE1_VERSION
 
     assert STAGE1_VERSION.split(".")[0] == STAGE2_VERSION.split(".")[0] == cmp.SCHEMA_MAJOR
 

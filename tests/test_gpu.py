@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_module
 
 from helpers import run_cli
-from llm_perf_opt.cli.common import register_resolvers
+from llm_perf_opt.cli.common import compose_config
 from llm_perf_opt.data.dataset import bundled_samples_dir
 from llm_perf_opt.measure.timing import StageRecorder
 from llm_perf_opt.session.session import DeepSeekOCRSession
@@ -23,9 +22,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def tiny_cuda_fp32() -> DeepSeekOCRSession:
-    register_resolvers()
-    with initialize_config_module(version_base="1.3", config_module="llm_perf_opt.conf"):
-        cfg = compose("stage1", overrides=["model=deepseek_ocr2_tiny", "model.dtype=float32"])
+    cfg = compose_config("stage1", "model=deepseek_ocr2_tiny", "model.dtype=float32")
     return DeepSeekOCRSession.load(cfg.model, torch.device("cuda", 0))
 
 

@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_module
 from omegaconf import DictConfig
 
-from llm_perf_opt.cli.common import new_run_id, register_resolvers
+from llm_perf_opt.cli.common import compose_config, new_run_id
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.pipeline.stage1 import Stage1Run, resolve_settings
 from llm_perf_opt.session.session import DeepSeekOCRSession
@@ -22,9 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def compose_stage1(*overrides: str) -> DictConfig:
-    register_resolvers()
-    with initialize_config_module(version_base="1.3", config_module="llm_perf_opt.conf"):
-        return compose("stage1", overrides=list(overrides))
+    return compose_config("stage1", *overrides)
 
 
 def test_device_defaults_fill_only_unset_keys() -> None:
@@ -51,9 +48,7 @@ def test_run_ids_never_collide_within_a_second() -> None:
 
 
 def test_default_run_dir_is_under_tmp_stage1() -> None:
-    register_resolvers()
-    with initialize_config_module(version_base="1.3", config_module="llm_perf_opt.conf"):
-        cfg = compose("stage1", return_hydra_config=True)
+    cfg = compose_config("stage1", return_hydra_config=True)
     assert str(cfg.hydra.run.dir).startswith("tmp/stage1/")
 
 

@@ -9,20 +9,18 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_module
+from omegaconf import DictConfig
 
 from helpers import run_cli
-from llm_perf_opt.cli.common import register_resolvers
+from llm_perf_opt.cli.common import compose_config
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.pipeline.stage2 import CAPTURE_FILE, TARGETS_FILE, forwarded_overrides, render, workload_argv
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-def compose_stage2(*overrides: str):
-    register_resolvers()
-    with initialize_config_module(version_base="1.3", config_module="llm_perf_opt.conf"):
-        return compose("stage2", overrides=list(overrides))
+def compose_stage2(*overrides: str) -> DictConfig:
+    return compose_config("stage2", *overrides)
 
 
 def test_every_workload_override_is_forwarded() -> None:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from helpers import run_cli
 from llm_perf_opt.sweep import SUMMARY_JSON, SUMMARY_MD, SUMMARY_PNG, main, summarize_sweep, swept_keys
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -49,14 +48,18 @@ def _job(
 
 def test_multirun_writes_sweep_summary(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
-    proc = subprocess.run(
-        [
-            sys.executable, "-m", "llm_perf_opt.cli.stage1", "-m", "model=deepseek_ocr2_tiny", "device=cpu",
-            "run.repeats=1", "infer.max_new_tokens=2,3", "pipeline/torch_profiler=min", "dataset.max_images=1",
-            f"hydra.sweep.dir={sweep}",
-        ],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+    proc = run_cli(
+        "llm_perf_opt.cli.stage1",
+        "-m",
+        "model=deepseek_ocr2_tiny",
+        "device=cpu",
+        "run.repeats=1",
+        "infer.max_new_tokens=2,3",
+        "pipeline/torch_profiler=min",
+        "dataset.max_images=1",
+        f"hydra.sweep.dir={sweep}",
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads((sweep / SUMMARY_JSON).read_text())
     assert data["swept_keys"] == ["infer.max_new_tokens"]
@@ -118,24 +121,17 @@ def test_swept_keys_ignore_shared_overrides(tmp_path: Path) -> None:
 def test_a_failing_job_does_not_stop_the_sweep(tmp_path: Path) -> None:
     """One job with a bad value fails cleanly; the other runs; the summary lists both."""
     sweep = tmp_path / "sweep"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "llm_perf_opt.cli.stage1",
-            "-m",
-            "model=deepseek_ocr2_tiny",
-            "device=cpu",
-            "run.repeats=1",
-            "infer.max_new_tokens=0,2",
-            "pipeline/torch_profiler=min",
-            "dataset.max_images=1",
-            f"hydra.sweep.dir={sweep}",
-        ],
-        capture_output=True,
-        text=True,
+    done = run_cli(
+        "llm_perf_opt.cli.stage1",
+        "-m",
+        "model=deepseek_ocr2_tiny",
+        "device=cpu",
+        "run.repeats=1",
+        "infer.max_new_tokens=0,2",
+        "pipeline/torch_profiler=min",
+        "dataset.max_images=1",
+        f"hydra.sweep.dir={sweep}",
         timeout=300,
-        check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "infer.max_new_tokens=0 is out of range" in done.stderr

@@ -17,10 +17,8 @@ import attrs
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.kernel_names import kernel_label, short_kernel_name
 from llm_perf_opt.report.markdown import Doc, ms, pct
+from llm_perf_opt.schema import SCHEMA_MAJOR
 
-# The schema major this module reads; results.SCHEMA_VERSION and report.stage2_reports.SCHEMA_VERSION share it
-# (not imported: llm_perf_opt.results pulls in torch).
-SCHEMA_MAJOR = "1"
 KINDS = {"stage1": "Stage 1", "stage2": "Stage 2"}
 TOP_MOVERS = 10
 NA = "n/a"

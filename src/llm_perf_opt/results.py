@@ -11,8 +11,6 @@ from llm_perf_opt.hardware.table import PeakFigure
 from llm_perf_opt.measure.stats import Summary
 from llm_perf_opt.measure.torch_profiler import OperatorRow
 
-SCHEMA_VERSION = "1.0"
-
 
 @attrs.frozen
 class ModelInfo:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from llm_perf_opt.errors import UserError
 
@@ -44,6 +44,15 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("llo_job_device", job_device)
     if not OmegaConf.has_resolver("llo_samples_dir"):
         OmegaConf.register_new_resolver("llo_samples_dir", lambda: str(bundled_samples_dir()))
+
+
+def compose_config(config_name: str, *overrides: str, return_hydra_config: bool = False) -> DictConfig:
+    """A project config (`stage1`, `stage2`, `analytic`) composed by Hydra outside a command, e.g. in tests."""
+    from hydra import compose, initialize_config_module
+
+    register_resolvers()
+    with initialize_config_module(version_base="1.3", config_module="llm_perf_opt.conf"):
+        return compose(config_name, overrides=list(overrides), return_hydra_config=return_hydra_config)
 
 
 def run_guarded(job: Callable[[], Any], *, in_sweep: bool = False) -> Any:

@@ -13,7 +13,7 @@ PyTorch's counter has no formula for two ops this model runs, so we add them:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from typing import Any
 
 import attrs
@@ -114,11 +114,8 @@ def count_stage_flops(session: Any, prepared: Any) -> StageFlops:
         with counters[step]:
             yield
 
-    def around_step(step: int) -> AbstractContextManager[None]:
-        return around(step)
-
     recorder = StageRecorder(session.device, nvtx=False)
-    session.generate(prepared, 3, recorder, around_step=around_step)
+    session.generate(prepared, 3, recorder, around_step=around)
     prefill = counters[0]
     by_module = prefill.get_flop_counts()
     root = type(session.model).__name__

@@ -16,6 +16,7 @@ from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.errors import UserError, require_whole
 from llm_perf_opt.hardware.table import GpuSpec, compute_dtype_key, load_gpu_table
 from llm_perf_opt.report.markdown import Doc, flops, ms, num_bytes, pct
+from llm_perf_opt.schema import SCHEMA_VERSION
 
 OUTPUT_DIR = "static_analysis/analytic_model"
 _LAYER_INDEX = re.compile(r"\.layers\.\d+\.")
@@ -168,7 +169,7 @@ def build_report(cfg: DictConfig) -> dict[str, Any]:
     gpus = [table[k] for k in cfg.analytic.gpus]
     reference = table[str(cfg.analytic.reference_gpu)] if str(cfg.analytic.reference_gpu) in table else gpus[0]
     return {
-        "schema_version": "1.0",
+        "schema_version": SCHEMA_VERSION,
         "model": str(cfg.model.name),
         "weights": "none: priced from the config alone",
         "workload_profile": OmegaConf.to_container(cfg.workload_profile, resolve=True)

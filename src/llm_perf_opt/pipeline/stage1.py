@@ -31,7 +31,8 @@ from llm_perf_opt.pipeline.analytic import write_analytic_report
 from llm_perf_opt.progress import Feedback, StepHandle
 from llm_perf_opt.report import stage1_reports
 from llm_perf_opt.report.markdown import pct
-from llm_perf_opt.results import SCHEMA_VERSION, DeviceInfo, ImageRecord, ModelInfo, Stage1Metrics
+from llm_perf_opt.results import DeviceInfo, ImageRecord, ModelInfo, Stage1Metrics
+from llm_perf_opt.schema import SCHEMA_VERSION
 from llm_perf_opt.session.adapters.registry import make_adapter
 from llm_perf_opt.session.session import DeepSeekOCRSession, ImageMeasurement, device_name, resolve_device
 

@@ -13,8 +13,8 @@ from llm_perf_opt.measure import stages
 from llm_perf_opt.nsight.ncu_report import read_ncu_raw_csv
 from llm_perf_opt.nsight.nsys_trace import NsysTrace
 from llm_perf_opt.report.markdown import Doc, ms, pct
+from llm_perf_opt.schema import SCHEMA_VERSION
 
-SCHEMA_VERSION = "1.0"
 TOP_OVERALL = 20
 TOP_PER_STAGE = 10
 LOW_BUSY = 0.5  # GPU-busy fraction under which a stage is launch/CPU bound rather than GPU bound

@@ -49,11 +49,28 @@ def test_explicit_loop_matches_generate_on_gpu(tiny_cuda_fp32: DeepSeekOCRSessio
     assert measured.prefill_ms >= sum(measured.stage_ms[s] for s in tiny_cuda_fp32.vision_stages)
 
 
-def test_stage1_tiny_on_gpu_has_mfu(tmp_path: Path) -> None:
+def test_v1_cached_decoding_matches_recomputation_on_gpu() -> None:
+    cfg = compose_config("stage1", "model=deepseek_ocr_tiny", "model.dtype=float32")
+    session = DeepSeekOCRSession.load(cfg.model, torch.device("cuda", 0))
+    prepared = session.prepare(bundled_samples_dir() / "page_portrait.png")  # Gundam: 2x3 tiles, 903 tokens
+    cached = session.generate(prepared, 5, StageRecorder(session.device))
+    ids, inputs, recomputed = prepared.input_ids, dict(prepared.model_inputs), []
+    with torch.inference_mode():
+        for _ in range(5):
+            inputs.update(input_ids=ids, attention_mask=torch.ones_like(ids))
+            token = session.model(**inputs, use_cache=False).logits[:, -1].argmax(-1)
+            recomputed.append(int(token))
+            ids = torch.cat([ids, token[:, None]], dim=1)
+    assert prepared.image_tokens == 903
+    assert cached == recomputed
+
+
+@pytest.mark.parametrize("model", ["deepseek_ocr2_tiny", "deepseek_ocr_tiny"])
+def test_stage1_tiny_on_gpu_has_mfu(tmp_path: Path, model: str) -> None:
     out = tmp_path / "run"
     done = run_cli(
         "llm_perf_opt.cli.stage1",
-        "model=deepseek_ocr2_tiny",
+        f"model={model}",
         "device=cuda",
         "run.repeats=3",
         "infer.max_new_tokens=4",
@@ -72,7 +89,8 @@ def test_stage1_tiny_on_gpu_has_mfu(tmp_path: Path) -> None:
     assert metrics["top_operators"][0]["self_device_ms"] > 0
 
 
-def test_stage2_light_on_the_tiny_model(tmp_path: Path) -> None:
+@pytest.mark.parametrize("model", ["deepseek_ocr2_tiny", "deepseek_ocr_tiny"])
+def test_stage2_light_on_the_tiny_model(tmp_path: Path, model: str) -> None:
     import shutil
 
     if shutil.which("nsys") is None or shutil.which("ncu") is None:
@@ -80,7 +98,7 @@ def test_stage2_light_on_the_tiny_model(tmp_path: Path) -> None:
     out = tmp_path / "s2"
     done = run_cli(
         "llm_perf_opt.cli.stage2",
-        "model=deepseek_ocr2_tiny",
+        f"model={model}",
         "infer.max_new_tokens=6",
         "dataset.max_images=1",
         f"hydra.run.dir={out}",

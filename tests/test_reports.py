@@ -367,6 +367,23 @@ def test_recommendations_cpu(cpu_vision_bound) -> None:
     assert not any(r.startswith("Preprocessing is") for r in recs)  # 2% of TTFT
 
 
+@pytest.mark.parametrize(
+    ("preprocess", "hint"),
+    [
+        ({"tile_size": 768}, "each 768-px tile adds a full SAM + encoder pass."),
+        (
+            {"mode": "gundam", "image_size": 640, "crop_mode": True},
+            "each 640-px tile adds a full SAM + CLIP pass; model.mode=base runs the global view alone.",
+        ),
+        ({"mode": "large", "image_size": 1280, "crop_mode": False}, "A smaller mode than model.mode=large cuts it"),
+    ],
+)
+def test_vision_hint_follows_the_preprocessing(cpu_vision_bound, preprocess: dict, hint: str) -> None:
+    m = attrs.evolve(cpu_vision_bound, model=attrs.evolve(cpu_vision_bound.model, preprocess=preprocess))
+    vision = next(r for r in recommendations(m) if r.startswith("Vision is"))
+    assert hint in vision
+
+
 def test_recommendations_cpu_decode_bound_suggests_fewer_tokens() -> None:
     records = [_record(5.0, (20.0, 5.0, 1.0), 40.0, [10.0] * 63)]
     recs = recommendations(_metrics(records, CPU, CPU_FLOPS, None))

@@ -63,7 +63,7 @@ def test_workload_argv_adds_stage2_settings(tmp_path: Path) -> None:
 
 def test_stage2_config_composes_with_stage1_keys() -> None:
     cfg = compose_stage2("stage2.mode=deep")
-    assert cfg.model.name == "deepseek_ocr2"
+    assert cfg.model.name == "deepseek_ocr"  # the default model
     assert cfg.stage2.modes[cfg.stage2.mode].top_kernels == 20
     assert list(cfg.pipeline.nsys.trace) == ["cuda", "nvtx", "osrt"]
     assert cfg.pipeline.ncu.clock_control == "none"

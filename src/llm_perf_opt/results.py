@@ -25,6 +25,9 @@ class ModelInfo:
     weights_detail: str
     config_source: str
     preprocess: Mapping[str, Any]
+    # The model's shape as its config gives it (model_type, layers, hidden size, heads, vocabulary, input kind,
+    # vision stages); empty for adapters that do not describe it.
+    architecture: Mapping[str, Any] = attrs.field(factory=dict)
 
 
 @attrs.frozen

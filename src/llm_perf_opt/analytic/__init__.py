@@ -1,12 +1,12 @@
-"""Analytic FLOPs and bytes of DeepSeek-OCR-2 from its config, per module and per stage.
+"""Analytic FLOPs and bytes of DeepSeek-OCR-2 and DeepSeek-OCR (v1) from their config, per module and per stage.
 
 Usage::
 
-    spec = ModelSpec.from_architecture(model_cfg.architecture)  # or ModelSpec.from_config(hf_config)
-    work = Workload(tiles=6, text_tokens=12, new_tokens=256, dtype_bytes=2)
-    stages = prefill(spec, work)  # "vision/sam", "vision/encoder", "vision/projector", "prefill"
-    steps = decode(spec, work)  # the new_tokens - 1 decode steps
-    stages["prefill"].matmul_flops  # the figure FlopCounterMode counts (tests: within 1%)
+    spec = ModelSpec.from_config(model.config)  # either model; or ModelSpec.from_architecture(cfg.architecture)
+    work = Workload(tiles=6, text_tokens=12, new_tokens=256, dtype_bytes=2)  # OCR-2: 6 tiles of 768 px
+    work = Workload(global_size=1024, tile_size=640, crop_grid=(2, 3), text_tokens=12)  # v1 Gundam, 2x3 tiles
+    costs = stage_costs(spec, work)  # spec.vision_stages, "prefill" (contains them) and "decode"
+    costs["prefill"].matmul_flops  # the figure FlopCounterMode counts (tests: exact)
 
 Conventions (1 MAC = 2 FLOPs, what is counted, byte approximations) are in :mod:`llm_perf_opt.analytic.model`.
 """
@@ -20,13 +20,16 @@ from llm_perf_opt.analytic.model import (
     decode_step,
     expected_experts,
     prefill,
+    stage_costs,
     vision_view,
 )
-from llm_perf_opt.analytic.spec import ModelSpec, Workload
+from llm_perf_opt.analytic.spec import ClipSpec, EncoderSpec, ModelSpec, Workload, grid_tiles
 
 __all__ = [
     "COUNTED_CATEGORIES",
     "VISION_STAGES",
+    "ClipSpec",
+    "EncoderSpec",
     "ModelSpec",
     "ModuleCost",
     "StageCost",
@@ -34,6 +37,8 @@ __all__ = [
     "decode",
     "decode_step",
     "expected_experts",
+    "grid_tiles",
     "prefill",
+    "stage_costs",
     "vision_view",
 ]

@@ -1,17 +1,20 @@
-"""Analytic FLOPs and bytes of DeepSeek-OCR-2, per module and per stage, computed from a :class:`ModelSpec`.
+"""Analytic FLOPs and bytes of DeepSeek-OCR-2 and DeepSeek-OCR (v1), per module and per stage, from a
+:class:`ModelSpec`. SAM and the decoder are shared; the encoder over SAM's features is OCR-2's Qwen2-style encoder
+("encoder.*", stage "vision/encoder") or v1's CLIP-L ("clip.*", stage "vision/clip").
 
 Conventions
 -----------
 * 1 multiply-add (MAC) = 2 FLOPs, as ``torch.utils.flop_counter.FlopCounterMode`` counts (2·M·N·K).
 * The *counted* figure (:attr:`StageCost.matmul_flops`: categories "matmul", "attention", "convolution") is what
   executes as matmuls, convolutions and attention products, and is what ``measure.flops`` counts on the real
-  modules; the two agree within 1% (tests/test_analytic_model.py). It holds:
+  modules; the two agree exactly (tests/test_analytic_model.py, tests/test_analytic_v1.py). It holds:
 
   - every linear and convolution (a bias add is not counted: FlopCounterMode counts ``addmm`` as its ``mm``);
     convolutions over their whole output grid, padding positions included;
   - attention QKᵀ and AV over the full score matrix SDPA computes: 4·b·h·s_q·s_k·d per call, with no causal
     halving (FlopCounterMode's SDPA formula). The decoder's prefill attention (causal) and the Qwen2 encoder's
-    masked attention (bidirectional over SAM tokens, causal over queries) are counted the same way;
+    masked attention (bidirectional over SAM tokens, causal over queries) are counted the same way; v1's CLIP
+    attends over [class token ; SAM tokens] without a mask;
   - SAM's windowed blocks run qkv, attention and proj on the padded grid (ceil(g/14)·14)², their MLP on g²;
     global blocks attend over all g² positions; SAM's decomposed rel-pos einsums (2·windows·heads·side³·d MACs);
   - the MoE router (a linear to n_routed logits, run in fp32), the routed experts for the ACTIVE experts only
@@ -21,12 +24,14 @@ Conventions
 * Non-matmul work (norms, softmax, activations, residual adds, RoPE, the rel-pos bias add, MoE combine) is
   reported as estimates in the categories "normalization" and "elementwise" (a few FLOPs per element: the
   ``*_FLOPS`` constants below) and is excluded from the counted figure. Data movement without arithmetic
-  (embedding gathers, window partition, concatenation, KV-cache writes) is category "other" with 0 FLOPs.
+  (embedding gathers, window partition, concatenation, v1's newline layout, KV-cache writes) is category
+  "other" with 0 FLOPs.
 
 What FlopCounterMode does not count (and this model puts outside the counted figure on purpose): the bicubic
-pos-embed interpolation of non-1024 views and the linear interpolation of the rel-pos tables (``F.interpolate``
-has no FLOP formula), every elementwise op, softmax and the router's top-k. On the meta device and in the
-CPU/eager math path SDPA decomposes into ``bmm``s that the counter counts exactly like the fused kernel.
+pos-embed interpolation of SAM's non-1024 views and of CLIP's non-16x16 feature grids, the linear interpolation
+of the rel-pos tables (``F.interpolate`` has no FLOP formula), every elementwise op, softmax and the router's
+top-k. On the meta device and in the CPU/eager math path SDPA decomposes into ``bmm``s that the counter counts
+exactly like the fused kernel.
 
 Bytes (``dtype_bytes`` per element unless noted)
 ------------------------------------------------
@@ -53,7 +58,7 @@ from typing import Literal
 
 import attrs
 
-from llm_perf_opt.analytic.spec import ModelSpec, Workload
+from llm_perf_opt.analytic.spec import PROJECTOR_STAGE, SAM_STAGE, ClipSpec, EncoderSpec, ModelSpec, Workload
 
 Category = Literal["matmul", "attention", "convolution", "normalization", "elementwise", "other"]
 
@@ -64,12 +69,14 @@ COUNTED_CATEGORIES: frozenset[str] = frozenset({"matmul", "attention", "convolut
 NORM_FLOPS = 5  # LayerNorm / RMSNorm: square, reduce, scale, affine
 SOFTMAX_FLOPS = 5  # per score element: max, subtract, exp, sum, divide
 GELU_FLOPS = 8  # erf-based GELU (SAM MLP)
+QUICK_GELU_FLOPS = 5  # x * sigmoid(1.702 x) (v1's CLIP MLP): a scale, the sigmoid (exp, add, divide), a multiply
+BICUBIC_FLOPS = 16  # per output element of a bicubic resize of a position table (4x4 taps)
 SILU_GLU_FLOPS = 5  # silu(gate) * up: sigmoid (exp, add, divide), two multiplies
 ROPE_FLOPS = 3  # per q/k element: two multiplies, one add
 ADD_FLOPS = 1  # residual / bias-style adds
 
-VISION_STAGES = ("vision/sam", "vision/encoder", "vision/projector")
-_VISION_PREFIX = {"sam": "vision/sam", "encoder": "vision/encoder", "projector": "vision/projector"}
+#: DeepSeek-OCR-2's vision sub-stages; :attr:`ModelSpec.vision_stages` gives any model's (v1: "vision/clip").
+VISION_STAGES = (SAM_STAGE, EncoderSpec.stage, PROJECTOR_STAGE)
 
 
 @attrs.frozen
@@ -198,6 +205,46 @@ def expected_experts(tokens: float, n_routed: int, top_k: int) -> float:
 
 
 # ---- vision ------------------------------------------------------------------------------------------------
+def _abs_pos(name: str, elements: float, resized: float, table: float, width: int, db: int) -> ModuleCost:
+    """A learned position table (`table` rows of `width`) added to `elements` elements; `resized` output rows are
+    first interpolated from the table (bicubic, when the view's grid is not the pretraining one)."""
+    return ModuleCost(
+        name,
+        "elementwise",
+        flops=float(ADD_FLOPS * elements + BICUBIC_FLOPS * resized * width),
+        weight_bytes=float(table * width) * db,
+        activation_bytes=2.0 * elements * db,
+    )
+
+
+def _qkv(prefix: str, tokens: float, h: int, q_dim: int, kv_dim: int, db: int, *, bias: bool) -> list[ModuleCost]:
+    """The q, k and v projections of an attention block."""
+    return [
+        _linear(prefix + "q_proj", tokens, h, q_dim, db, bias=bias),
+        _linear(prefix + "k_proj", tokens, h, kv_dim, db, bias=bias),
+        _linear(prefix + "v_proj", tokens, h, kv_dim, db, bias=bias),
+    ]
+
+
+def _sdpa(name: str, scores: float, head_dim: int, activation_bytes: float, kv_bytes: float = 0.0) -> ModuleCost:
+    """QKᵀ and AV over `scores` score elements (batch x heads x queries x keys): 4·scores·head_dim FLOPs."""
+    return ModuleCost(
+        name, "attention", flops=4.0 * scores * head_dim, activation_bytes=activation_bytes, kv_bytes=kv_bytes
+    )
+
+
+def _mlp(
+    prefix: str, t: float, h: int, inter: int, act_flops: int, db: int, names: tuple[str, str]
+) -> list[ModuleCost]:
+    """A two-layer MLP with biases: `names[0]` (h -> inter), the activation, `names[1]` (inter -> h)."""
+    up, down = names
+    return [
+        _linear(prefix + up, t, h, inter, db, bias=True),
+        _eltwise(prefix + "act", t * inter, act_flops, db),
+        _linear(prefix + down, t, inter, h, db, bias=True),
+    ]
+
+
 def _sam(spec: ModelSpec, side_px: int, batch: int, db: int) -> list[ModuleCost]:
     sam = spec.sam
     h, hd = sam.hidden, sam.head_dim
@@ -208,16 +255,7 @@ def _sam(spec: ModelSpec, side_px: int, batch: int, db: int) -> list[ModuleCost]
     ]
     if sam.use_abs_pos:
         pos_grid = sam.image_size // sam.patch
-        out.append(
-            ModuleCost(
-                "sam.pos_embed",
-                "elementwise",
-                # the add; a non-pretraining grid is first resized (bicubic, ~16 FLOPs per output element)
-                flops=float(ADD_FLOPS * n + (16 * g * g * h if g != pos_grid else 0)),
-                weight_bytes=float(pos_grid * pos_grid * h) * db,
-                activation_bytes=2.0 * n * h * db,
-            )
-        )
+        out.append(_abs_pos("sam.pos_embed", n * h, g * g if g != pos_grid else 0, pos_grid * pos_grid, h, db))
     for i in range(sam.layers):
         p = f"sam.layers.{i}."
         if sam.is_global(i):
@@ -258,23 +296,14 @@ def _sam(spec: ModelSpec, side_px: int, batch: int, db: int) -> list[ModuleCost]
                 )
             )
             bias_read = scores
-        out.append(
-            ModuleCost(
-                p + "attn.sdpa",
-                "attention",
-                flops=4.0 * scores * hd,
-                activation_bytes=(4.0 * tokens * h + bias_read) * db,
-            )
-        )
+        out.append(_sdpa(p + "attn.sdpa", scores, hd, (4.0 * tokens * h + bias_read) * db))
         out.append(ModuleCost(p + "attn.softmax", "elementwise", flops=float(SOFTMAX_FLOPS) * scores))
         out.append(_linear(p + "attn.proj", tokens, h, h, db, bias=True))
         if not sam.is_global(i):
             out.append(_move(p + "window_unpartition", tokens * h, db))
         out.append(_eltwise(p + "residual1", n * h, ADD_FLOPS, db, reads=2))
         out.append(_norm(p + "layer_norm2", n * h, h, db, bias=True))
-        out.append(_linear(p + "mlp.lin1", n, h, sam.mlp_dim, db, bias=True))
-        out.append(_eltwise(p + "mlp.act", n * sam.mlp_dim, GELU_FLOPS, db))
-        out.append(_linear(p + "mlp.lin2", n, sam.mlp_dim, h, db, bias=True))
+        out += _mlp(p + "mlp.", n, h, sam.mlp_dim, GELU_FLOPS, db, ("lin1", "lin2"))
         out.append(_eltwise(p + "residual2", n * h, ADD_FLOPS, db, reads=2))
     c = sam.out_channels
     g2 = (g - 1) // 2 + 1
@@ -291,11 +320,11 @@ def _sam(spec: ModelSpec, side_px: int, batch: int, db: int) -> list[ModuleCost]
     return out
 
 
-def _encoder(spec: ModelSpec, side_px: int, batch: int, db: int) -> list[ModuleCost]:
-    enc = spec.encoder
+def _qwen2_encoder(spec: ModelSpec, enc: EncoderSpec, side_px: int, batch: int, db: int) -> list[ModuleCost]:
+    """DeepSeek-OCR-2's encoder over [SAM tokens ; queries] (masked attention, counted over the full scores)."""
     h, hd = enc.hidden, enc.head_dim
     m = spec.sam_positions(side_px)
-    s = m + spec.view_tokens(side_px)  # [SAM tokens ; queries]
+    s = enc.sequence(m)
     t = batch * s
     q_dim, kv_dim = enc.heads * hd, enc.kv_heads * hd
     scores = float(batch * enc.heads * s * s)
@@ -303,7 +332,7 @@ def _encoder(spec: ModelSpec, side_px: int, batch: int, db: int) -> list[ModuleC
         ModuleCost(
             "encoder.concat_queries",
             "other",
-            weight_bytes=float(spec.view_tokens(side_px) * h) * db,
+            weight_bytes=float(enc.view_tokens(m) * h) * db,
             activation_bytes=2.0 * t * h * db,
         )
     ]
@@ -311,76 +340,123 @@ def _encoder(spec: ModelSpec, side_px: int, batch: int, db: int) -> list[ModuleC
         p = f"encoder.layers.{i}."
         out += [
             _norm(p + "input_layernorm", t * h, h, db, bias=False),
-            _linear(p + "self_attn.q_proj", t, h, q_dim, db, bias=True),
-            _linear(p + "self_attn.k_proj", t, h, kv_dim, db, bias=True),
-            _linear(p + "self_attn.v_proj", t, h, kv_dim, db, bias=True),
+            *_qkv(p + "self_attn.", t, h, q_dim, kv_dim, db, bias=True),
             _eltwise(p + "self_attn.rope", t * (q_dim + kv_dim), ROPE_FLOPS, db),
-            ModuleCost(
-                p + "self_attn.sdpa",
-                "attention",
-                flops=4.0 * scores * hd,
-                activation_bytes=float(t * (2 * q_dim + 2 * kv_dim)) * db,
-            ),
+            _sdpa(p + "self_attn.sdpa", scores, hd, float(t * (2 * q_dim + 2 * kv_dim)) * db),
             ModuleCost(p + "self_attn.softmax", "elementwise", flops=float(SOFTMAX_FLOPS + ADD_FLOPS) * scores),
             _linear(p + "self_attn.o_proj", t, q_dim, h, db, bias=False),
             _eltwise(p + "residual1", t * h, ADD_FLOPS, db, reads=2),
             _norm(p + "post_attention_layernorm", t * h, h, db, bias=False),
-            _linear(p + "mlp.gate_proj", t, h, enc.intermediate, db, bias=False),
-            _linear(p + "mlp.up_proj", t, h, enc.intermediate, db, bias=False),
-            _eltwise(p + "mlp.act", t * enc.intermediate, SILU_GLU_FLOPS, db, reads=2),
-            _linear(p + "mlp.down_proj", t, enc.intermediate, h, db, bias=False),
+            *_glu(p + "mlp.", t, h, enc.intermediate, db, bias=False),
             _eltwise(p + "residual2", t * h, ADD_FLOPS, db, reads=2),
         ]
     out.append(_norm("encoder.norm", t * h, h, db, bias=False))
     return out
 
 
+def _clip(spec: ModelSpec, clip: ClipSpec, side_px: int, batch: int, db: int) -> list[ModuleCost]:
+    """v1's CLIP-L over [class token ; SAM tokens]: embeddings (no patch embedding), pre_layrnorm, the layers."""
+    h, hd = clip.hidden, clip.head_dim
+    m = spec.sam_positions(side_px)
+    s = clip.sequence(m)
+    t = batch * s
+    scores = float(batch * clip.heads * s * s)
+    resized = m if spec.feature_side(side_px) != clip.pos_grid else 0
+    out: list[ModuleCost] = [
+        ModuleCost(
+            "clip.embeddings.class_token", "other", weight_bytes=float(h) * db, activation_bytes=2.0 * t * h * db
+        ),
+        _abs_pos("clip.embeddings.position", t * h, resized, clip.pos_grid**2 + 1, h, db),
+        _norm("clip.pre_layrnorm", t * h, h, db, bias=True),
+    ]
+    for i in range(clip.layers):
+        p = f"clip.layers.{i}."
+        out += [
+            _norm(p + "layer_norm1", t * h, h, db, bias=True),
+            *_qkv(p + "self_attn.", t, h, h, h, db, bias=True),
+            _sdpa(p + "self_attn.sdpa", scores, hd, 4.0 * t * h * db),
+            ModuleCost(p + "self_attn.softmax", "elementwise", flops=float(SOFTMAX_FLOPS) * scores),
+            _linear(p + "self_attn.out_proj", t, h, h, db, bias=True),
+            _eltwise(p + "residual1", t * h, ADD_FLOPS, db, reads=2),
+            _norm(p + "layer_norm2", t * h, h, db, bias=True),
+            *_mlp(p + "mlp.", t, h, clip.intermediate, QUICK_GELU_FLOPS, db, ("fc1", "fc2")),
+            _eltwise(p + "residual2", t * h, ADD_FLOPS, db, reads=2),
+        ]
+    return out
+
+
+def _vision_encoder(spec: ModelSpec, side_px: int, batch: int, db: int) -> list[ModuleCost]:
+    """The model's encoder over SAM features (Qwen2-style for OCR-2, CLIP-L for v1)."""
+    if isinstance(spec.encoder, ClipSpec):
+        return _clip(spec, spec.encoder, side_px, batch, db)
+    return _qwen2_encoder(spec, spec.encoder, side_px, batch, db)
+
+
 def vision_view(spec: ModelSpec, side_px: int, dtype_bytes: int = 2, batch: int = 1) -> list[ModuleCost]:
     """Modules of the vision tower and projector for `batch` square views of `side_px` pixels run as one call.
 
-    Names start with "sam.", "encoder." or "projector". FLOPs and activation bytes scale with `batch`; the weights
-    are read once per call.
+    Names start with "sam.", the encoder's prefix ("encoder." for OCR-2, "clip." for v1) or "projector". FLOPs and
+    activation bytes scale with `batch`; the weights are read once per call.
     """
-    n_query = spec.view_tokens(side_px)
+    tokens = batch * spec.view_tokens(side_px)
     return [
         *_sam(spec, side_px, batch, dtype_bytes),
-        *_encoder(spec, side_px, batch, dtype_bytes),
-        _linear("projector", batch * n_query, spec.projector_in, spec.projector_out, dtype_bytes, bias=True),
+        *_vision_encoder(spec, side_px, batch, dtype_bytes),
+        _linear("projector", tokens, spec.projector_in, spec.projector_out, dtype_bytes, bias=True),
     ]
 
 
 # ---- decoder -----------------------------------------------------------------------------------------------
+def _cached_attention(
+    p: str, t: float, keys: int, h: int, heads: int, kv_heads: int, hd: int, db: int, *, bias: bool, prefill: bool
+) -> list[ModuleCost]:
+    """A decoder's self-attention with a KV cache over `t` new positions, each attending `keys` keys: q/k/v, RoPE,
+    the cache write, attention over the full score matrix, softmax, o_proj (all projections biased or none)."""
+    q_dim, kv_dim = heads * hd, kv_heads * hd
+    scores = t * heads * keys
+    kv_read = float(keys * 2 * kv_dim) * db
+    return [
+        *_qkv(p, t, h, q_dim, kv_dim, db, bias=bias),
+        _eltwise(p + "rope", t * (q_dim + kv_dim), ROPE_FLOPS, db),
+        ModuleCost(p + "kv_write", "other", kv_bytes=t * 2 * kv_dim * db),
+        # prefill: K/V are this forward's own activations; decode: they are read from the cache
+        _sdpa(
+            p + "sdpa",
+            scores,
+            hd,
+            2.0 * t * q_dim * db + (kv_read if prefill else 0.0),
+            kv_bytes=0.0 if prefill else kv_read,
+        ),
+        ModuleCost(p + "softmax", "elementwise", flops=float(SOFTMAX_FLOPS) * scores),
+        _linear(p + "o_proj", t, q_dim, h, db, bias=bias),
+    ]
+
+
 def _decoder(spec: ModelSpec, tokens: int, keys: int, db: int, *, prefill: bool) -> list[ModuleCost]:
     """The text model over `tokens` new positions, each attending `keys` keys (full score matrix), + lm_head
     on the last position."""
     tx = spec.text
-    h, hd = tx.hidden, tx.head_dim
-    q_dim, kv_dim = tx.heads * hd, tx.kv_heads * hd
+    h = tx.hidden
     t = float(tokens)
-    scores = float(tokens * tx.heads * keys)
     out: list[ModuleCost] = [
         ModuleCost("decoder.embed_tokens", "other", weight_bytes=t * h * db, activation_bytes=t * h * db)
     ]
     for i, kind in enumerate(tx.mlp_layer_types):
         p = f"decoder.layers.{i}."
-        kv_read = float(keys * 2 * kv_dim) * db
         out += [
             _norm(p + "input_layernorm", t * h, h, db, bias=False),
-            _linear(p + "self_attn.q_proj", t, h, q_dim, db, bias=tx.attention_bias),
-            _linear(p + "self_attn.k_proj", t, h, kv_dim, db, bias=tx.attention_bias),
-            _linear(p + "self_attn.v_proj", t, h, kv_dim, db, bias=tx.attention_bias),
-            _eltwise(p + "self_attn.rope", t * (q_dim + kv_dim), ROPE_FLOPS, db),
-            ModuleCost(p + "self_attn.kv_write", "other", kv_bytes=t * 2 * kv_dim * db),
-            ModuleCost(
-                p + "self_attn.sdpa",
-                "attention",
-                flops=4.0 * scores * hd,
-                # prefill: K/V are this forward's own activations; decode: they are read from the cache
-                activation_bytes=2.0 * t * q_dim * db + (kv_read if prefill else 0.0),
-                kv_bytes=0.0 if prefill else kv_read,
+            *_cached_attention(
+                p + "self_attn.",
+                t,
+                keys,
+                h,
+                tx.heads,
+                tx.kv_heads,
+                tx.head_dim,
+                db,
+                bias=tx.attention_bias,
+                prefill=prefill,
             ),
-            ModuleCost(p + "self_attn.softmax", "elementwise", flops=float(SOFTMAX_FLOPS) * scores),
-            _linear(p + "self_attn.o_proj", t, q_dim, h, db, bias=tx.attention_bias),
             _eltwise(p + "residual1", t * h, ADD_FLOPS, db, reads=2),
             _norm(p + "post_attention_layernorm", t * h, h, db, bias=False),
         ]
@@ -443,32 +519,60 @@ def _prefixed(prefix: str, modules: Iterable[ModuleCost]) -> list[ModuleCost]:
     return [attrs.evolve(m, name=prefix + m.name) for m in modules]
 
 
+def _image_layout(spec: ModelSpec, workload: Workload) -> list[ModuleCost]:
+    """Laying the features out as the prompt's image tokens: v1's row newlines, then the scatter into the prompt."""
+    h, db = spec.projector_out, workload.dtype_bytes
+    image = workload.image_tokens(spec)
+    length = workload.prompt_tokens(spec)
+    out = []
+    if spec.image_newline:
+        features = spec.view_tokens(workload.global_size) + workload.tiles * spec.view_tokens(workload.tile_size)
+        out.append(
+            ModuleCost(
+                "image_features.newlines",
+                "other",
+                weight_bytes=float(h) * db,  # the image_newline vector
+                activation_bytes=float(features + image) * h * db,
+            )
+        )
+    out.append(
+        ModuleCost(
+            "image_features.masked_scatter",
+            "other",
+            weight_bytes=float(h) * db,  # the view separator
+            activation_bytes=float(image + 2 * length) * h * db,
+        )
+    )
+    return out
+
+
+def _vision_stage(spec: ModelSpec, name: str) -> str:
+    """The vision sub-stage of a vision module name ("tiles/clip.layers.3.fc1" -> "vision/clip")."""
+    part = name.split("/", 1)[1].split(".", 1)[0]
+    sam, encoder, projector = spec.vision_stages
+    return {"sam": sam, spec.encoder.prefix: encoder, "projector": projector}[part]
+
+
 def prefill(spec: ModelSpec, workload: Workload) -> dict[str, StageCost]:
-    """Stages "vision/sam", "vision/encoder", "vision/projector" (global view + all tiles) and "prefill".
+    """The vision sub-stages (``spec.vision_stages``: "vision/sam", "vision/encoder" or v1's "vision/clip",
+    "vision/projector"; global view + all tiles) and "prefill".
 
     "prefill" is the whole prefill forward: the vision modules (the global view, then the tiles as one batch),
-    the placement of the image features, the decoder over the prompt (every position attending all prompt
-    positions) and the lm_head on the last position. Vision module names start with "global/" or "tiles/".
+    the layout of the image features (v1: a newline per row), the decoder over the prompt (every position
+    attending all prompt positions) and the lm_head on the last position. Vision module names start with
+    "global/" or "tiles/".
     """
     db = workload.dtype_bytes
     vision = _prefixed("global/", vision_view(spec, workload.global_size, db))
     if workload.tiles:
         vision += _prefixed("tiles/", vision_view(spec, workload.tile_size, db, batch=workload.tiles))
-    by_stage: dict[str, list[ModuleCost]] = {stage: [] for stage in VISION_STAGES}
+    by_stage: dict[str, list[ModuleCost]] = {stage: [] for stage in spec.vision_stages}
     for m in vision:
-        part = m.name.split("/", 1)[1].split(".", 1)[0]
-        by_stage[_VISION_PREFIX[part]].append(m)
+        by_stage[_vision_stage(spec, m.name)].append(m)
     length = workload.prompt_tokens(spec)
-    image = workload.image_tokens(spec)
     text = _decoder(spec, length, length, db, prefill=True)
-    merge = ModuleCost(
-        "image_features.masked_scatter",
-        "other",
-        weight_bytes=float(spec.projector_out) * db,  # the view separator
-        activation_bytes=float(image + 2 * length) * spec.projector_out * db,
-    )
     stages = {stage: StageCost(stage, tuple(mods)) for stage, mods in by_stage.items()}
-    stages["prefill"] = StageCost("prefill", (*vision, merge, *text))
+    stages["prefill"] = StageCost("prefill", (*vision, *_image_layout(spec, workload), *text))
     return stages
 
 
@@ -501,3 +605,10 @@ def decode(spec: ModelSpec, workload: Workload) -> StageCost:
         values = {f: steps * getattr(a, f) + ctx_sum * (getattr(b, f) - getattr(a, f)) for f in fields}
         modules.append(attrs.evolve(a, **values))
     return StageCost("decode", tuple(modules))
+
+
+def stage_costs(spec: ModelSpec, workload: Workload) -> dict[str, StageCost]:
+    """Every stage of one image: the vision sub-stages, "prefill" (which contains them) and "decode"."""
+    costs = prefill(spec, workload)
+    costs["decode"] = decode(spec, workload)
+    return costs

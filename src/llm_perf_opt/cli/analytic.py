@@ -17,6 +17,7 @@ def _main(cfg: DictConfig) -> None:
     from llm_perf_opt.artifacts import ArtifactsManager
     from llm_perf_opt.errors import UserError
     from llm_perf_opt.pipeline.analytic import write_analytic_report
+    from llm_perf_opt.session.adapters.registry import make_adapter
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
 
@@ -24,6 +25,13 @@ def _main(cfg: DictConfig) -> None:
         art = ArtifactsManager(run_dir, stage="analytic")
         art.start(run_dir.name)
         try:
+            if not make_adapter(cfg.model).has_analytic_model:
+                raise UserError(
+                    f"analytic-report has no static model of {cfg.model.name} (adapter {cfg.model.adapter}): it prices "
+                    "the DeepSeek-OCR models",
+                    "Run stage1-run with the same model: dense decoder-only models (Llama, Qwen2, Mistral) get "
+                    "analytic FLOPs and bytes per stage in its report",
+                )
             report = write_analytic_report(art, cfg)
         except UserError as exc:
             art.finish(artifacts.FAILED, str(exc))

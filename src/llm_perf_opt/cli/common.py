@@ -35,8 +35,11 @@ def job_device() -> str:
 
 
 def register_resolvers() -> None:
-    """`${llo_run_id:}`, `${llo_samples_dir:}` and `${llo_job_device:}` for the configs (idempotent)."""
+    """`${llo_run_id:}`, `${llo_samples_dir:}`, `${llo_prompts_dir:}`, `${llo_job_device:}` and
+    `${llo_hf_label:name_or_path,config}` for the configs (idempotent)."""
     from llm_perf_opt.data.dataset import bundled_samples_dir
+    from llm_perf_opt.data.prompts import bundled_prompts_dir
+    from llm_perf_opt.session.adapters.hf_source import hf_label
 
     if not OmegaConf.has_resolver("llo_run_id"):
         OmegaConf.register_new_resolver("llo_run_id", new_run_id, use_cache=True)
@@ -44,6 +47,10 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("llo_job_device", job_device)
     if not OmegaConf.has_resolver("llo_samples_dir"):
         OmegaConf.register_new_resolver("llo_samples_dir", lambda: str(bundled_samples_dir()))
+    if not OmegaConf.has_resolver("llo_prompts_dir"):
+        OmegaConf.register_new_resolver("llo_prompts_dir", lambda: str(bundled_prompts_dir()))
+    if not OmegaConf.has_resolver("llo_hf_label"):
+        OmegaConf.register_new_resolver("llo_hf_label", hf_label)
 
 
 def compose_config(config_name: str, *overrides: str, return_hydra_config: bool = False) -> DictConfig:

@@ -38,6 +38,15 @@ class ImageEntry:
 
 
 @attrs.frozen
+class TextEntry:
+    """A text prompt that will be run (see :mod:`llm_perf_opt.data.prompts`)."""
+
+    path: Path  # absolute
+    characters: int
+    bytes: int  # file size
+
+
+@attrs.frozen
 class SkippedFile:
     """A selected file that is not a usable image, with the reason."""
 
@@ -52,7 +61,7 @@ class DatasetSelection:
     root: Path  # absolute
     subset_filelist: Path | None
     discovered: int  # image files found under root (before subset/sampling/validation)
-    images: tuple[ImageEntry, ...]  # exactly the images that will be run, in run order
+    images: tuple[ImageEntry | TextEntry, ...]  # exactly the inputs that will be run, in run order
     skipped: tuple[SkippedFile, ...]
     max_images: int | None
     seed: int

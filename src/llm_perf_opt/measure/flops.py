@@ -5,9 +5,11 @@ attention (elementwise ops, norms, softmax and routing are not counted). Attenti
 full score matrix, as FlopCounterMode does (a causal kernel may skip up to half of it). The MoE experts count
 only the rows actually routed (active parameters), whatever experts implementation runs.
 
-PyTorch's counter has no formula for two ops this model runs, so we add them:
+PyTorch's counter lacks formulas for ops these models run, so we add them:
 - `aten._grouped_mm` (transformers' default "grouped_mm" experts backend),
-- `aten._scaled_dot_product_flash_attention_for_cpu` (SDPA on the CPU).
+- `aten._scaled_dot_product_flash_attention_for_cpu` (SDPA on the CPU),
+- grouped-query attention in every SDPA op (`enable_gqa`: fewer key/value heads than query heads), which the
+  counter of torch < 2.12 rejects: QKᵀ and AV are counted over the query heads, the key/value heads broadcast.
 """
 
 from __future__ import annotations
@@ -18,19 +20,22 @@ from typing import Any
 
 import attrs
 import torch
-from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+from torch.utils.flop_counter import FlopCounterMode
 
 from llm_perf_opt.measure import stages
 from llm_perf_opt.measure.timing import StageRecorder
 
 FLOP_SOURCE = (
-    "counted on the real modules with torch FlopCounterMode (+ grouped_mm and CPU-SDPA formulas); "
+    "counted on the real modules with torch FlopCounterMode (+ grouped_mm, CPU-SDPA and GQA-SDPA formulas); "
     "1 MAC = 2 FLOPs; matmul/conv/attention only"
 )
 
 
-def _sdpa_cpu_flops(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, **kwargs: Any) -> int:
-    return int(sdpa_flop_count(query_shape, key_shape, value_shape))
+def _sdpa_flops(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, **kwargs: Any) -> int:
+    """QKᵀ + AV over the query heads: 2·b·h_q·s_q·s_k·d + 2·b·h_q·s_q·s_k·d_v (key/value heads broadcast under GQA)."""
+    batch, heads, s_q, d_qk = query_shape
+    s_k, d_v = key_shape[-2], value_shape[-1]
+    return 2 * batch * heads * s_q * s_k * (d_qk + d_v)
 
 
 def _grouped_mm_flops(
@@ -58,13 +63,19 @@ def _extra_formulas() -> dict[Any, Callable[..., int]]:
     aten = torch.ops.aten
     if hasattr(aten, "_grouped_mm"):
         formulas[aten._grouped_mm] = _grouped_mm_flops
-    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
-        formulas[aten._scaled_dot_product_flash_attention_for_cpu] = _sdpa_cpu_flops
+    for name in (
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+    ):
+        if hasattr(aten, name):
+            formulas[getattr(aten, name)] = _sdpa_flops
     return formulas
 
 
 def flop_counter() -> FlopCounterMode:
-    """A FlopCounterMode that also knows grouped_mm and CPU SDPA."""
+    """A FlopCounterMode that also knows grouped_mm, CPU SDPA and grouped-query SDPA."""
     return FlopCounterMode(display=False, custom_mapping=_extra_formulas())
 
 
@@ -119,9 +130,10 @@ def count_stage_flops(session: Any, prepared: Any) -> StageFlops:
     prefill = counters[0]
     by_module = prefill.get_flop_counts()
     root = type(session.model).__name__
+    paths = {id(module): name for name, module in session.model.named_modules()}
     vision = {
-        stage: float(sum(by_module.get(f"{root}.{path}", {}).values()))
-        for stage, path in session.adapter.vision_stage_modules.items()
+        stage: float(sum(by_module.get(f"{root}.{paths[id(module)]}", {}).values()))
+        for stage, module in session.adapter.stage_modules(session.model).items()
     }
     step1, step2 = counters[1].get_total_flops(), counters[2].get_total_flops()
     per_ctx = float(step2 - step1)

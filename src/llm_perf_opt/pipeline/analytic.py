@@ -1,5 +1,6 @@
 """`analytic-report`: a workload priced from the model config alone (no weights, no GPU), with what-ifs across GPUs
-and tile counts. Writes `static_analysis/analytic_model/report.json` and `report.md` under the run folder."""
+and across the page's views: tile counts for DeepSeek-OCR-2, resolution modes and Gundam crop grids for DeepSeek-OCR
+(v1). Writes `static_analysis/analytic_model/report.json` and `report.md` under the run folder."""
 
 from __future__ import annotations
 
@@ -8,13 +9,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 from omegaconf import DictConfig, OmegaConf
 
-from llm_perf_opt.analytic.model import StageCost, decode, prefill
+from llm_perf_opt.analytic.model import StageCost, prefill, stage_costs
 from llm_perf_opt.analytic.spec import ModelSpec, Workload
 from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.errors import UserError, require_whole
 from llm_perf_opt.hardware.table import GpuSpec, compute_dtype_key, load_gpu_table
+from llm_perf_opt.models.deepseek_ocr.preprocess import Mode, mode_from_config
 from llm_perf_opt.report.markdown import Doc, flops, ms, num_bytes, pct
 from llm_perf_opt.schema import SCHEMA_VERSION
 
@@ -23,29 +26,44 @@ _LAYER_INDEX = re.compile(r"\.layers\.\d+\.")
 _DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "float32": 4, "fp32": 4}
 
 
+def has_modes(model_cfg: DictConfig) -> bool:
+    """True for a model priced by resolution mode (DeepSeek-OCR v1: `model.modes`), not by tile count (OCR-2)."""
+    return "modes" in model_cfg
+
+
+def model_mode(model_cfg: DictConfig, name: str | None = None) -> Mode:
+    """The mode `name` (default: `model.mode`) from the model's `modes` table."""
+    return mode_from_config(str(name or model_cfg.mode), OmegaConf.to_container(model_cfg.modes, resolve=True))  # type: ignore[arg-type]
+
+
+def crop_grid_from(value: Any, name: str = "analytic.crop_grid") -> tuple[int, int]:
+    """A (tiles across, tiles down) pair from the config, or a UserError naming the setting."""
+    if value is None or isinstance(value, str | int) or len(value) != 2:
+        raise UserError(f"{name}={value} is not a crop grid", f"Set {name} to [tiles across, tiles down], e.g. [2, 3]")
+    return require_whole(f"{name}[0]", value[0], 1), require_whole(f"{name}[1]", value[1], 1)
+
+
 def workload_from(cfg: DictConfig) -> Workload:
-    """The analytic workload the config describes (`analytic.*` and the model's preprocessing and prompt)."""
+    """The analytic workload the config describes (`analytic.*` and the model's preprocessing or mode, and prompt)."""
     a = cfg.analytic
     dtype = str(a.dtype).lower()
     if dtype not in _DTYPE_BYTES:
         raise UserError(f"analytic.dtype={a.dtype} is not supported", "Use analytic.dtype=bfloat16, float16 or float32")
-    pre = cfg.model.preprocess
     text = a.text_tokens if a.text_tokens is not None else cfg.model.prompt.text_tokens
-    return Workload(
-        global_size=int(pre.global_size),
-        tile_size=int(pre.tile_size),
-        tiles=require_whole("analytic.tiles", a.tiles, 0),
+    base = Workload(
         text_tokens=require_whole("analytic.text_tokens", text, 0),
         new_tokens=require_whole("analytic.new_tokens", a.new_tokens, 1),
         dtype_bytes=_DTYPE_BYTES[dtype],
     )
-
-
-def stage_costs(spec: ModelSpec, workload: Workload) -> dict[str, StageCost]:
-    """prefill (with its vision sub-stages) and decode."""
-    costs = dict(prefill(spec, workload))
-    costs["decode"] = decode(spec, workload)
-    return costs
+    if has_modes(cfg.model):
+        return base.with_mode(model_mode(cfg.model), crop_grid_from(a.crop_grid))
+    pre = cfg.model.preprocess
+    return attrs.evolve(
+        base,
+        global_size=int(pre.global_size),
+        tile_size=int(pre.tile_size),
+        tiles=require_whole("analytic.tiles", a.tiles, 0),
+    )
 
 
 def _stage_row(cost: StageCost) -> dict[str, float]:
@@ -101,6 +119,16 @@ def module_table(cost: StageCost) -> list[dict[str, Any]]:
     return rows
 
 
+def speed_of_light(cost: StageCost, dense_tflops: float, bandwidth_gbps: float) -> dict[str, Any]:
+    """Lower-bound time of a stage: max(matmul FLOPs / dense peak, bytes / bandwidth), and which bound it is."""
+    compute_s = cost.matmul_flops / (dense_tflops * 1e12)
+    memory_s = cost.bytes / (bandwidth_gbps * 1e9)
+    return {
+        "speed_of_light_ms": max(compute_s, memory_s) * 1e3,
+        "bound": "compute" if compute_s >= memory_s else "memory",
+    }
+
+
 def what_if(costs: Mapping[str, StageCost], gpus: Sequence[GpuSpec], dtype: str) -> list[dict[str, Any]]:
     """Lower-bound time per stage on each GPU: max(FLOPs / dense peak, bytes / bandwidth)."""
     key = compute_dtype_key(dtype, tf32_matmul=False)
@@ -109,54 +137,98 @@ def what_if(costs: Mapping[str, StageCost], gpus: Sequence[GpuSpec], dtype: str)
         peak = gpu.dense_tflops.get(key)
         if peak is None:
             continue
-        row: dict[str, Any] = {
-            "gpu": gpu.display_name,
-            "key": gpu.key,
-            "dense_tflops": peak,
-            "bandwidth_gbps": gpu.bandwidth_gbps,
-            "stages": {},
-        }
-        for stage, cost in costs.items():
-            compute_s = cost.matmul_flops / (peak * 1e12)
-            memory_s = cost.bytes / (gpu.bandwidth_gbps * 1e9)
-            row["stages"][stage] = {
-                "speed_of_light_ms": max(compute_s, memory_s) * 1e3,
-                "bound": "compute" if compute_s >= memory_s else "memory",
+        out.append(
+            {
+                "gpu": gpu.display_name,
+                "key": gpu.key,
+                "dense_tflops": peak,
+                "bandwidth_gbps": gpu.bandwidth_gbps,
+                "stages": {stage: speed_of_light(cost, peak, gpu.bandwidth_gbps) for stage, cost in costs.items()},
             }
-        out.append(row)
+        )
     return out
 
 
+def priced_views(spec: ModelSpec, workload: Workload, gpu: GpuSpec, dtype: str) -> dict[str, Any]:
+    """One what-if row: the image and prompt tokens, the vision and prefill cost, and prefill's bound on `gpu`."""
+    costs = prefill(spec, workload)
+    pre = costs["prefill"]
+    peak = gpu.dense_tflops[compute_dtype_key(dtype, tf32_matmul=False)]
+    return {
+        "image_tokens": workload.image_tokens(spec),
+        "prompt_tokens": workload.prompt_tokens(spec),
+        "vision_flops": sum(costs[stage].matmul_flops for stage in spec.vision_stages),
+        "prefill_flops": pre.matmul_flops,
+        "prefill_bytes": pre.bytes,
+        "prefill_speed_of_light_ms": speed_of_light(pre, peak, gpu.bandwidth_gbps)["speed_of_light_ms"],
+    }
+
+
 def tile_sweep(spec: ModelSpec, base: Workload, tiles: Sequence[int], gpu: GpuSpec, dtype: str) -> list[dict[str, Any]]:
-    """Prefill cost and lower-bound time on `gpu` for each tile count."""
-    peak = gpu.dense_tflops[compute_dtype_key(dtype, tf32_matmul=False)] * 1e12
+    """DeepSeek-OCR-2: prefill cost and lower-bound time on `gpu` for each tile count."""
+    return [{"tiles": int(n), **priced_views(spec, attrs.evolve(base, tiles=int(n)), gpu, dtype)} for n in tiles]
+
+
+def mode_sweep(
+    spec: ModelSpec,
+    base: Workload,
+    modes: Sequence[Mode],
+    grids: Sequence[tuple[int, int]],
+    gpu: GpuSpec,
+    dtype: str,
+) -> list[dict[str, Any]]:
+    """DeepSeek-OCR v1: prefill cost and lower-bound time on `gpu` for each mode; a crop mode (Gundam) once per
+    crop grid of `grids`. `configured` marks the row of `base` itself."""
     rows = []
-    for n in tiles:
-        w = Workload(
-            global_size=base.global_size,
-            tile_size=base.tile_size,
-            tiles=int(n),
-            text_tokens=base.text_tokens,
-            new_tokens=base.new_tokens,
-            dtype_bytes=base.dtype_bytes,
-        )
-        pre = prefill(spec, w)["prefill"]
-        rows.append(
-            {
-                "tiles": int(n),
-                "image_tokens": w.image_tokens(spec),
-                "prompt_tokens": w.prompt_tokens(spec),
-                "prefill_flops": pre.matmul_flops,
-                "prefill_bytes": pre.bytes,
-                "prefill_speed_of_light_ms": max(pre.matmul_flops / peak, pre.bytes / (gpu.bandwidth_gbps * 1e9)) * 1e3,
-            }
-        )
+    for mode in modes:
+        for grid in grids if mode.crop_mode else [(1, 1)]:
+            w = base.with_mode(mode, grid)
+            label = f"{mode.name} {grid[0]}x{grid[1]}" if mode.crop_mode else mode.name
+            rows.append(
+                {
+                    "label": label,
+                    "mode": mode.name,
+                    "global_size": w.global_size,
+                    "tile_size": w.tile_size if w.tiles else None,
+                    "crop_grid": list(w.crop_grid) if w.tiles and w.crop_grid else None,
+                    "tiles": w.tiles,
+                    "configured": w == base,
+                    **priced_views(spec, w, gpu, dtype),
+                }
+            )
     return rows
+
+
+def view_sweep(cfg: DictConfig, spec: ModelSpec, workload: Workload, gpu: GpuSpec) -> tuple[str, dict[str, Any]]:
+    """The report's what-if over the page's views: ("mode_sweep", ...) for v1, ("tile_sweep", ...) for OCR-2."""
+    a, dtype = cfg.analytic, str(cfg.analytic.dtype)
+    if has_modes(cfg.model):
+        modes = [model_mode(cfg.model, name) for name in a.mode_sweep]
+        grids = [crop_grid_from(g, "analytic.grid_sweep[]") for g in a.grid_sweep]
+        return "mode_sweep", {"gpu": gpu.display_name, "rows": mode_sweep(spec, workload, modes, grids, gpu, dtype)}
+    return "tile_sweep", {"gpu": gpu.display_name, "rows": tile_sweep(spec, workload, list(a.tile_sweep), gpu, dtype)}
+
+
+def workload_row(spec: ModelSpec, workload: Workload, cfg: DictConfig) -> dict[str, Any]:
+    """The report's description of the workload (v1: its mode and crop grid too)."""
+    v1 = has_modes(cfg.model)
+    return {
+        "mode": model_mode(cfg.model).name if v1 else None,
+        "global_size": workload.global_size,
+        "tile_size": workload.tile_size,
+        "tiles": workload.tiles,
+        "crop_grid": list(workload.crop_grid) if workload.crop_grid else None,
+        "text_tokens": workload.text_tokens,
+        "new_tokens": workload.new_tokens,
+        "dtype": str(cfg.analytic.dtype),
+        "image_tokens": workload.image_tokens(spec),
+        "prompt_tokens": workload.prompt_tokens(spec),
+    }
 
 
 def build_report(cfg: DictConfig) -> dict[str, Any]:
     """Everything the analytic report shows, JSON-ready."""
-    spec = ModelSpec.from_architecture(OmegaConf.to_container(cfg.model.architecture, resolve=True))  # type: ignore[arg-type]
+    spec = ModelSpec.from_architecture(cfg.model.architecture)
     workload = workload_from(cfg)
     costs = stage_costs(spec, workload)
     table = {g.key: g for g in load_gpu_table()}
@@ -168,6 +240,7 @@ def build_report(cfg: DictConfig) -> dict[str, Any]:
         )
     gpus = [table[k] for k in cfg.analytic.gpus]
     reference = table[str(cfg.analytic.reference_gpu)] if str(cfg.analytic.reference_gpu) in table else gpus[0]
+    sweep_key, sweep = view_sweep(cfg, spec, workload, reference)
     return {
         "schema_version": SCHEMA_VERSION,
         "model": str(cfg.model.name),
@@ -178,25 +251,60 @@ def build_report(cfg: DictConfig) -> dict[str, Any]:
         "conventions": "1 MAC = 2 FLOPs; matmul/attention/convolution FLOPs as executed (attention over the full "
         "score matrix); MoE routed experts counted for the active top-k only; norms and elementwise ops estimated "
         "separately (non_matmul_flops); bytes = weights read + activations + KV cache, analytic estimates",
-        "workload": {
-            "global_size": workload.global_size,
-            "tile_size": workload.tile_size,
-            "tiles": workload.tiles,
-            "text_tokens": workload.text_tokens,
-            "new_tokens": workload.new_tokens,
-            "dtype": str(cfg.analytic.dtype),
-            "image_tokens": workload.image_tokens(spec),
-            "prompt_tokens": workload.prompt_tokens(spec),
-        },
+        "workload": workload_row(spec, workload, cfg),
         "stages": {stage: _stage_row(cost) for stage, cost in costs.items()},
         "categories": {stage: category_table(cost) for stage, cost in costs.items()},
         "modules": {stage: module_table(costs[stage]) for stage in ("prefill", "decode")},
         "what_if": what_if(costs, gpus, str(cfg.analytic.dtype)),
-        "tile_sweep": {
-            "gpu": reference.display_name,
-            "rows": tile_sweep(spec, workload, list(cfg.analytic.tile_sweep), reference, str(cfg.analytic.dtype)),
-        },
+        sweep_key: sweep,
     }
+
+
+def _views_text(w: Mapping[str, Any]) -> str:
+    """The page's views in words: OCR-2's tile count, or v1's mode and crop grid."""
+    if w.get("mode") is None:
+        return f"global view {w['global_size']} px + {w['tiles']} tiles of {w['tile_size']} px"
+    if w["tiles"]:
+        across, down = w["crop_grid"]
+        return f"mode {w['mode']}: global view {w['global_size']} px + {across}x{down} tiles of {w['tile_size']} px"
+    return f"mode {w['mode']}: one {w['global_size']} px view, no tiles"
+
+
+def _sweep_section(doc: Doc, r: Mapping[str, Any]) -> None:
+    """The what-if over the page's views: tile counts (OCR-2) or modes and crop grids (v1)."""
+    if "mode_sweep" in r:
+        sweep = r["mode_sweep"]
+        doc.h2(f"What-if: resolution modes and Gundam crop grids (prefill on {sweep['gpu']})")
+        first = "mode"
+        labels = [t["label"] + (" (this workload)" if t["configured"] else "") for t in sweep["rows"]]
+    else:
+        sweep = r["tile_sweep"]
+        doc.h2(f"What-if: tiles per page (prefill on {sweep['gpu']})")
+        first = "tiles"
+        labels = [str(t["tiles"]) for t in sweep["rows"]]
+    doc.table(
+        [
+            first,
+            "image tokens",
+            "prompt tokens",
+            "vision FLOPs",
+            "prefill matmul FLOPs",
+            "prefill bytes",
+            "lower-bound ms",
+        ],
+        [
+            [
+                label,
+                str(t["image_tokens"]),
+                str(t["prompt_tokens"]),
+                flops(t["vision_flops"]),
+                flops(t["prefill_flops"]),
+                num_bytes(t["prefill_bytes"]),
+                ms(t["prefill_speed_of_light_ms"], 2),
+            ]
+            for label, t in zip(labels, sweep["rows"], strict=True)
+        ],
+    )
 
 
 def report_md(r: Mapping[str, Any], top_modules: int = 30) -> str:
@@ -204,9 +312,8 @@ def report_md(r: Mapping[str, Any], top_modules: int = 30) -> str:
     profile = r.get("workload_profile")
     doc = Doc(f"Analytic model: {r['model']}" + (f" — workload {profile['name']}" if profile else ""))
     doc.para(
-        f"Priced from the config alone (no weights). Workload: 1 page, global view {w['global_size']} px + "
-        f"{w['tiles']} tiles of {w['tile_size']} px → {w['image_tokens']} image tokens, prompt {w['prompt_tokens']} "
-        f"tokens, {w['new_tokens']} new tokens, {w['dtype']}. {r['conventions']}."
+        f"Priced from the config alone (no weights). Workload: 1 page, {_views_text(w)} → {w['image_tokens']} image "
+        f"tokens, prompt {w['prompt_tokens']} tokens, {w['new_tokens']} new tokens, {w['dtype']}. {r['conventions']}."
     )
     doc.h2("Per stage")
     doc.table(
@@ -252,22 +359,7 @@ def report_md(r: Mapping[str, Any], top_modules: int = 30) -> str:
             for g in r["what_if"]
         ],
     )
-    sweep = r["tile_sweep"]
-    doc.h2(f"What-if: tiles per page (prefill on {sweep['gpu']})")
-    doc.table(
-        ["tiles", "image tokens", "prompt tokens", "prefill matmul FLOPs", "prefill bytes", "lower-bound ms"],
-        [
-            [
-                str(t["tiles"]),
-                str(t["image_tokens"]),
-                str(t["prompt_tokens"]),
-                flops(t["prefill_flops"]),
-                num_bytes(t["prefill_bytes"]),
-                ms(t["prefill_speed_of_light_ms"], 2),
-            ]
-            for t in sweep["rows"]
-        ],
-    )
+    _sweep_section(doc, r)
     doc.h2("Operator categories (share of each stage's FLOPs and bytes)")
     doc.table(
         ["stage", "category", "FLOPs", "share of FLOPs", "bytes", "share of bytes"],

@@ -16,7 +16,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from llm_perf_opt import artifacts
 from llm_perf_opt.artifacts import ArtifactsManager
-from llm_perf_opt.data.dataset import DatasetSelection, select_images
+from llm_perf_opt.data.dataset import DatasetSelection
+from llm_perf_opt.data.inputs import InputChoice, select_inputs
 from llm_perf_opt.env_info import collect_env
 from llm_perf_opt.errors import UserError, require_whole
 from llm_perf_opt.hardware.table import peak_bandwidth, peak_compute
@@ -129,6 +130,7 @@ class Stage1Run:
         self.state = _RunState()
         self.session: DeepSeekOCRSession | None = None
         self.selection: DatasetSelection | None = None
+        self.inputs: InputChoice | None = None
         self.settings: RunSettings | None = None
 
     # ---- driver ------------------------------------------------------------------------------------
@@ -183,20 +185,23 @@ class Stage1Run:
         self.art.write_text("config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
         device = resolve_device(cfg.device)
         self.settings = settings = resolve_settings(cfg, device)
-        self.selection = select_images(
-            cfg.dataset.root,
-            subset_filelist=cfg.dataset.subset_filelist,
+        adapter = make_adapter(cfg.model)  # knows what the model takes (images or text) before it is built
+        self.inputs = select_inputs(
+            cfg.dataset,
+            adapter.input_kind,
+            model_name=str(cfg.model.name),
             max_images=settings.max_images,
             sampling=settings.sampling,
-            seed=int(cfg.dataset.seed),
-            on_error=cfg.dataset.on_error,
         )
+        if self.inputs.note:
+            log.info("%s", self.inputs.note)
+        self.selection = self.inputs.selection
         for skipped in self.selection.skipped:
             log.warning("skipping %s: %s", skipped.path, skipped.reason)
         self.art.write_yaml("inputs.yaml", self._inputs_manifest())
         self.art.write_json("env.json", collect_env(device))
 
-        if make_adapter(cfg.model).has_analytic_model:
+        if adapter.has_analytic_model:
             write_analytic_report(self.art, cfg)  # static_analysis/analytic_model/: priced before anything runs
         log.info("building %s on %s …", cfg.model.name, device)
         started = time.perf_counter()
@@ -274,8 +279,10 @@ class Stage1Run:
             "seed": sel.seed,
             "max_images": sel.max_images,
             "count": len(sel.images),
+            "kind": self.inputs.kind if self.inputs else "image",
+            "chosen_because": self.inputs.note if self.inputs else None,
             "images": [
-                {"path": str(e.path), "width": e.width, "height": e.height, "bytes": e.bytes} for e in sel.images
+                {**attrs.asdict(e), "path": str(e.path)} for e in sel.images  # image: width, height; text: characters
             ],
             "skipped": [{"path": str(s.path), "reason": s.reason} for s in sel.skipped],
         }
@@ -320,10 +327,11 @@ class Stage1Run:
                 dtype=dtype_name,
                 attn_implementation=described["attn_implementation"],
                 experts_implementation=described["experts_implementation"],
+                architecture=described.get("architecture") or {},
                 weights=session.loaded.weights,
                 weights_detail=session.loaded.weights_detail,
                 config_source=session.loaded.config_source,
-                preprocess=OmegaConf.to_container(cfg.model.preprocess, resolve=True),  # type: ignore[arg-type]
+                preprocess=session.adapter.preprocess_settings(),
             ),
             device=DeviceInfo(
                 type=session.device.type,
@@ -343,6 +351,8 @@ class Stage1Run:
                 else None,
                 "decoding": "greedy, fixed length (EOS ignored), first token from prefill",
                 "partial": partial,
+                "input_kind": self.inputs.kind if self.inputs else "image",
+                "inputs_note": self.inputs.note if self.inputs else None,
             },
             records=tuple(records),
             stages=stage_stats(records, vision),
@@ -373,6 +383,11 @@ class Stage1Run:
         out = []
         if partial:
             out.append("The run did not finish: these figures cover only the passes measured before it stopped.")
+        if not self.state.analytic:
+            out.append(
+                f"No analytic model for {self.session.model.__class__.__name__}: bytes, MBU, the roofline and the "
+                "speed of light are absent; FLOPs and MFU are counted on the real modules."
+            )
         if self.session.loaded.weights == "random":
             out.append("Random weights: timings, FLOPs and bytes are real; the generated tokens are not text.")
         for s in self.selection.skipped:

@@ -27,7 +27,7 @@ from llm_perf_opt.nsight.nsys_stats import REPORT_ALTERNATIVES, available_report
 from llm_perf_opt.nsight.nsys_trace import NsysTrace
 from llm_perf_opt.nsight.tools import Tool, check_nsys_report, check_run, find_tool, require_gpu, run_tool
 from llm_perf_opt.progress import Feedback
-from llm_perf_opt.report import stage2_reports
+from llm_perf_opt.report import stage2_plots, stage2_reports
 
 log = logging.getLogger("llm_perf_opt.stage2")
 
@@ -331,7 +331,8 @@ class Stage2Run:
 
 
 def render(run_dir: Path, *, art: ArtifactsManager | None = None) -> Path:
-    """Build metrics.json, kernels.md, report.md and stakeholder_summary.md from a Stage 2 folder's exports."""
+    """Build metrics.json, kernel_roofline.png, kernels.md, report.md and stakeholder_summary.md from a Stage 2
+    folder's exports."""
     run_dir = Path(run_dir).resolve()
     missing = [p for p in (NSYS_SQLITE, CAPTURE_FILE) if not (run_dir / p).is_file()]
     if missing:
@@ -348,7 +349,10 @@ def render(run_dir: Path, *, art: ArtifactsManager | None = None) -> Path:
     with NsysTrace(run_dir / NSYS_SQLITE) as trace:
         metrics = stage2_reports.build_metrics(run_dir, trace, capture, targets, workload, env)
     manager.write_json("metrics.json", metrics)
-    manager.write_text("kernels.md", stage2_reports.kernels_md(metrics))
+    plots = stage2_plots.write_stage2_plots(metrics, run_dir)
+    for relative in plots.values():
+        manager.record(relative)
+    manager.write_text("kernels.md", stage2_reports.kernels_md(metrics, plots))
     manager.write_text("stakeholder_summary.md", stage2_reports.stakeholder_md(metrics))
     manager.write_text("report.md", stage2_reports.report_md(metrics, [*manager.written, "report.md"]))
     return run_dir

@@ -1,4 +1,5 @@
-"""Stage 1 plots from a parsed `metrics.json` (plain dicts): stage breakdown, decode latency, roofline, operators.
+"""Stage 1 plots from a parsed `metrics.json` (plain dicts): stage breakdown, decode latency, roofline, operators;
+also the roofline helpers (limits, roofs, axes) that the Stage 2 kernel roofline shares.
 
 Each plot function takes the metrics dict and a target PNG path, writes the figure and returns the path, or
 returns None (writing nothing) when the data it needs is absent.
@@ -17,6 +18,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import EngFormatter, MaxNLocator
 
@@ -27,15 +29,16 @@ PREPROCESS = "preprocess"
 REST_OF_PREFILL = "prefill (rest)"
 DECODE = "decode"
 
-_SEGMENT_COLOURS = {PREPROCESS: "#9e9e9e", REST_OF_PREFILL: "#f28e2b", DECODE: "#59a14f"}
+SEGMENT_COLOURS = {PREPROCESS: "#9e9e9e", REST_OF_PREFILL: "#f28e2b", DECODE: "#59a14f"}
 _VISION_COLOURS = ("#1f4e9c", "#4e79a7", "#a0cbe8", "#76b7b2", "#b07aa1")
-_STAGE_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+STAGE_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 _LINE_STYLES = ("-", "--", "-.", ":")
 
 Metrics = Mapping[str, Any]
 
 
-def _save(fig: Figure, path: Path) -> Path:
+def save_figure(fig: Figure, path: Path) -> Path:
+    """Write `fig` to `path` as PNG (DPI dots per inch, tight box), close it, return `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         fig.savefig(path, dpi=DPI, bbox_inches="tight")
@@ -89,8 +92,8 @@ def stage_breakdown(m: Metrics, path: Path) -> Path | None:
         return None
     images = list(segs)
     names = list(next(iter(segs.values())))
-    vision = [n for n in names if n not in _SEGMENT_COLOURS]
-    colours = {**_SEGMENT_COLOURS, **{v: _VISION_COLOURS[i % len(_VISION_COLOURS)] for i, v in enumerate(vision)}}
+    vision = [n for n in names if n not in SEGMENT_COLOURS]
+    colours = {**SEGMENT_COLOURS, **{v: _VISION_COLOURS[i % len(_VISION_COLOURS)] for i, v in enumerate(vision)}}
     totals = [sum(segs[i].values()) for i in images]
     longest = max(totals) or 1.0
 
@@ -118,17 +121,18 @@ def stage_breakdown(m: Metrics, path: Path) -> Path | None:
     ax.invert_yaxis()
     ax.set_xlim(0, longest * 1.12)
     ax.set_xlabel("time (ms)")
-    ax.set_ylabel("image")
+    unit = "prompt" if (m.get("settings") or {}).get("input_kind") == "text" else "image"
+    ax.set_ylabel(unit)
     device = (m.get("device") or {}).get("name", "")
     ax.set_title(
-        f"End-to-end time per image by stage ({device}; median pass by end-to-end time)\n"
-        "vision stages are part of prefill, shown once",
+        f"End-to-end time per {unit} by stage ({device}; median pass by end-to-end time)"
+        + ("\nvision stages are part of prefill, shown once" if _vision_stages(m) else ""),
         fontsize=10,
     )
     fig.legend(loc="outside lower center", ncol=len(names), fontsize=8, frameon=False)
     ax.grid(axis="x", alpha=0.3)
     ax.set_axisbelow(True)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def decode_step_medians(m: Metrics) -> dict[str, tuple[list[int], list[float]]]:
@@ -166,7 +170,7 @@ def decode_latency(m: Metrics, path: Path) -> Path | None:
     for ax, (_, images) in zip(axes[0], panels, strict=True):
         for image in images:
             ctx, ms = series[image]
-            style, marker = _LINE_STYLES[k % len(_LINE_STYLES)], _STAGE_MARKERS[k % len(_STAGE_MARKERS)]
+            style, marker = _LINE_STYLES[k % len(_LINE_STYLES)], STAGE_MARKERS[k % len(STAGE_MARKERS)]
             ax.plot(
                 ctx,
                 ms,
@@ -189,7 +193,7 @@ def decode_latency(m: Metrics, path: Path) -> Path | None:
         f"Decode step latency vs context length = prompt tokens + step index ({device}; median over repeats)",
         fontsize=10,
     )
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _compute_peaks(m: Metrics) -> list[tuple[float, str]]:
@@ -199,6 +203,55 @@ def _compute_peaks(m: Metrics) -> list[tuple[float, str]]:
         if peak.get("value"):
             peaks.setdefault(float(peak["value"]), str(peak.get("dtype_key") or ""))
     return sorted(peaks.items(), reverse=True)
+
+
+def roofline_limits(
+    points: Sequence[tuple[float, float]], peaks: Sequence[tuple[float, str]], bw: float
+) -> tuple[float, float, float, float]:
+    """(x_lo, x_hi, y_lo, y_hi) holding every (FLOP/byte, FLOP/s) point, every ridge and the top roof, with margins."""
+    ridges = [p / bw for p, _ in peaks]
+    x_lo = min(min(x for x, _ in points), min(ridges)) / 4
+    x_hi = max(max(x for x, _ in points), max(ridges)) * 6
+    y_lo = min(min(y for _, y in points), x_lo * bw) / 4
+    return x_lo, x_hi, y_lo, max(p for p, _ in peaks) * 3
+
+
+def draw_roofs(ax: Axes, peaks: Sequence[tuple[float, str]], bw: float, x_lo: float, x_hi: float) -> None:
+    """One roof min(peak, intensity x bw) per compute peak (FLOP/s, label; highest first, solid), with its ridge."""
+    xs = [x_lo * (x_hi / x_lo) ** (i / 200) for i in range(201)]
+    for k, (peak, label) in enumerate(peaks):
+        ridge = peak / bw
+        ax.plot(
+            xs,
+            [min(peak, x * bw) for x in xs],
+            color="black",
+            linewidth=max(0.8, 2 - 0.5 * k),
+            linestyle="-" if k == 0 else "--",
+            label=f"roof: min({si(peak, 'FLOP/s')} {label}, intensity × {si(bw, 'B/s')})",
+        )
+        ax.axvline(ridge, color="grey", linestyle=":", linewidth=1)
+        ax.annotate(
+            f"ridge {ridge:.3g} FLOP/B",
+            (ridge, peak),
+            xytext=(5, -14),
+            textcoords="offset points",
+            fontsize=8,
+            color="dimgrey",
+        )
+
+
+def style_roofline_axes(ax: Axes, limits: tuple[float, float, float, float]) -> None:
+    """Log-log axes with the given limits, unit labels and a light grid."""
+    x_lo, x_hi, y_lo, y_hi = limits
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(x_lo, x_hi)
+    ax.set_ylim(y_lo, y_hi)
+    ax.yaxis.set_major_formatter(EngFormatter(unit=""))
+    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_ylabel("achieved throughput (FLOP/s)")
+    ax.grid(which="major", alpha=0.3)
+    ax.grid(which="minor", alpha=0.1)
 
 
 def roofline(m: Metrics, path: Path) -> Path | None:
@@ -213,43 +266,19 @@ def roofline(m: Metrics, path: Path) -> Path | None:
     if not peaks or bw <= 0 or not points:
         return None
 
-    ridges = [p / bw for p, _ in peaks]
-    x_lo = min(min(p[1] for p in points), min(ridges)) / 4
-    x_hi = max(max(p[1] for p in points), max(ridges)) * 6
-    y_lo = min(min(p[2] for p in points), x_lo * bw) / 4
-    y_hi = peaks[0][0] * 3
-
+    limits = roofline_limits([(p[1], p[2]) for p in points], peaks, bw)
     fig, ax = plt.subplots(figsize=(9, 7), layout="constrained")
-    xs = [x_lo * (x_hi / x_lo) ** (i / 200) for i in range(201)]
-    for k, (peak, dtype) in enumerate(peaks):
-        ridge = peak / bw
-        ax.plot(
-            xs,
-            [min(peak, x * bw) for x in xs],
-            color="black",
-            linewidth=2 - 0.5 * k,
-            linestyle="-" if k == 0 else "--",
-            label=f"roof: min({_si(peak, 'FLOP/s')} {dtype}, intensity × {_si(bw, 'B/s')})",
-        )
-        ax.axvline(ridge, color="grey", linestyle=":", linewidth=1)
-        ax.annotate(
-            f"ridge {ridge:.3g} FLOP/B",
-            (ridge, peak),
-            xytext=(5, -14),
-            textcoords="offset points",
-            fontsize=8,
-            color="dimgrey",
-        )
+    draw_roofs(ax, peaks, bw, limits[0], limits[1])
     for k, (stage, intensity, achieved, mfu) in enumerate(points):
         mfu_txt = f", MFU {100 * mfu:.2g}%" if isinstance(mfu, int | float) else ""
         ax.scatter(
             [intensity],
             [achieved],
             s=60,
-            marker=_STAGE_MARKERS[k % len(_STAGE_MARKERS)],
+            marker=STAGE_MARKERS[k % len(STAGE_MARKERS)],
             zorder=3,
             color=f"C{k % 10}",
-            label=f"{stage}: {intensity:.3g} FLOP/B, {_si(achieved, 'FLOP/s')}{mfu_txt}",
+            label=f"{stage}: {intensity:.3g} FLOP/B, {si(achieved, 'FLOP/s')}{mfu_txt}",
         )
         ax.annotate(
             stage,
@@ -259,25 +288,18 @@ def roofline(m: Metrics, path: Path) -> Path | None:
             fontsize=8,
             va="center",
         )
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlim(x_lo, x_hi)
-    ax.set_ylim(y_lo, y_hi)
-    ax.yaxis.set_major_formatter(EngFormatter(unit=""))
-    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
-    ax.set_ylabel("achieved throughput (FLOP/s)")
+    style_roofline_axes(ax, limits)
     device = (m.get("device") or {}).get("name", "")
     ax.set_title(
         f"Roofline of the stages over all timed passes ({device})\nFLOPs counted, bytes from the analytic model",
         fontsize=10,
     )
     fig.legend(loc="outside lower center", fontsize=8, frameon=False, ncol=2)
-    ax.grid(which="major", alpha=0.3)
-    ax.grid(which="minor", alpha=0.1)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
-def _si(value: float, unit: str) -> str:
+def si(value: float, unit: str) -> str:
+    """`989.4e12, "FLOP/s"` -> `989 TFLOP/s` (3 significant digits, engineering prefix)."""
     return str(EngFormatter(unit=unit)(float(f"{value:.3g}")))
 
 
@@ -321,7 +343,7 @@ def operator_shares(m: Metrics, path: Path) -> Path | None:
     ax.set_title(f"Top operators by {label} (torch profiler, profiled pass; {device})", fontsize=10)
     ax.grid(axis="x", alpha=0.3)
     ax.set_axisbelow(True)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 PLOTS = {

@@ -45,7 +45,8 @@ def key_findings(m: Stage1Metrics) -> list[str]:
             f"preprocess {pre / e2e:.0%} ({pre:,.1f} ms)",
         ]
         parts.sort(key=lambda p: -float(p.split()[1].rstrip("%")))
-        out.append(f"Where time goes: {e2e:,.1f} ms end to end per image (median) — " + ", ".join(parts) + ".")
+        unit = "prompt" if m.settings.get("input_kind") == "text" else "image"
+        out.append(f"Where time goes: {e2e:,.1f} ms end to end per {unit} (median) — " + ", ".join(parts) + ".")
         vision = {s: _p50(m, s) or 0.0 for s in _vision_stages(m)}
         if prefill and vision:
             inner = ", ".join(f"{s.split('/', 1)[1]} {v / prefill:.0%}" for s, v in vision.items())
@@ -90,6 +91,8 @@ def recommendations(m: Stage1Metrics) -> list[str]:
             "(device=cuda) for kernel-level timings, MFU against a datasheet peak, and Stage 2."
         )
     if e2e and decode / e2e > DECODE_DOMINANT:
+        inputs = "prompts" if m.settings.get("input_kind") == "text" else "pages"
+        experts = m.model.experts_implementation is not None  # a MoE model: its per-expert work can be fused
         msg = f"Decode is {decode / e2e:.0%} of end-to-end time"
         if step:
             msg += f" at {step:,.2f} ms/token"
@@ -98,17 +101,18 @@ def recommendations(m: Stage1Metrics) -> list[str]:
             msg += (
                 f", {dec_eff.gap:,.0f}× its speed of light with {pct(dec_eff.mbu)} MBU: the weights and KV cache "
                 "it reads would take a fraction of the step, so the step is bound by kernel launches and Python, not "
-                "by memory bandwidth. Capture it in a CUDA graph or compile it (static KV cache), fuse the per-expert "
-                "work, and batch pages; Stage 2 shows the GPU-busy fraction per step"
+                "by memory bandwidth. Capture it in a CUDA graph or compile it (static KV cache), "
+                + ("fuse the per-expert work, " if experts else "")
+                + f"and batch {inputs}; Stage 2 shows the GPU-busy fraction per step"
             )
         elif m.device.type == "cuda" and dec_mfu is not None and dec_mfu < LOW_DECODE_MFU:
             msg += (
                 f" and only {dec_mfu:.2%} MFU: batch-1 decode is bound by weight reads or, when a step takes far "
                 "longer than its bytes need, by kernel-launch/CPU overhead. Try CUDA graphs or torch.compile "
-                "(static KV cache), and batch several pages per step; Stage 2 shows the GPU-busy fraction per step"
+                f"(static KV cache), and batch several {inputs} per step; Stage 2 shows the GPU-busy fraction per step"
             )
         else:
-            msg += ": fewer generated tokens or batching several pages per decode step pay off most"
+            msg += f": fewer generated tokens or batching several {inputs} per decode step pay off most"
         recs.append(msg + ".")
     vision = sum(_p50(m, s) or 0.0 for s in _vision_stages(m))
     if prefill and vision / prefill > VISION_DOMINANT:
@@ -120,10 +124,11 @@ def recommendations(m: Stage1Metrics) -> list[str]:
                 "relative-position bias of heads × N² elements (about 400 MB in bf16 for a 1024-px view), so SAM "
                 "moves far more bytes than its FLOPs need"
             )
-        recs.append(
-            msg + ". Fewer tiles (model.preprocess.max_tiles) cut it in proportion; each 768-px tile adds a full "
-            "SAM + encoder pass."
-        )
+        if m.model.adapter.startswith("deepseek"):  # tiled preprocessing: each tile is another vision pass
+            msg += _fewer_views_hint(m)
+        else:
+            msg += ": fewer image tokens (a smaller input resolution in the processor) cut it in proportion"
+        recs.append(msg + ".")
     pf_mfu = _mfu(m, stages.PREFILL)
     if m.device.type == "cuda" and pf_mfu is not None and pf_mfu < LOW_PREFILL_MFU:
         recs.append(
@@ -147,3 +152,17 @@ def recommendations(m: Stage1Metrics) -> list[str]:
     if not recs:
         recs.append("No stage stands out against the thresholds; compare modes or GPUs to find the next lever.")
     return recs
+
+
+def _fewer_views_hint(m: Stage1Metrics) -> str:
+    """How to cut DeepSeek-OCR's vision work: fewer tiles, or (v1, a single-view mode) a smaller mode."""
+    pre = m.model.preprocess or {}
+    v1 = "mode" in pre
+    if pre.get("crop_mode", True):
+        tile = pre.get("image_size" if v1 else "tile_size")
+        return (
+            f". Fewer tiles (model.preprocess.max_tiles) cut it in proportion: each {f'{tile}-px ' if tile else ''}"
+            f"tile adds a full SAM + {'CLIP' if v1 else 'encoder'} pass"
+            + ("; model.mode=base runs the global view alone" if v1 else "")
+        )
+    return f". A smaller mode than model.mode={pre['mode']} cuts it: SAM's work grows with the view's area"

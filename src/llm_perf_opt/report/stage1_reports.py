@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 
 from llm_perf_opt.artifacts import ArtifactsManager, to_plain
 from llm_perf_opt.data.dataset import DatasetSelection
+from llm_perf_opt.data.prompts import read_prompt
 from llm_perf_opt.measure import stages
 from llm_perf_opt.measure.aggregate import E2E, TTFT
 from llm_perf_opt.measure.flops import FLOP_SOURCE
@@ -33,13 +34,27 @@ _LABELS = {
 }
 
 
-def stage_label(stage: str) -> str:
-    """Report label of a stage; nested stages are marked with ↳."""
+def stage_label(stage: str, vision: bool = True) -> str:
+    """Report label of a stage; nested stages are marked with ↳. `vision`: the model has vision sub-stages."""
+    if stage == stages.PREFILL and not vision:
+        return "prefill"
     if stages.is_vision(stage):
         return f"↳ {stage}"
     if stage == stages.DECODE_STEP:
         return "↳ decode/step"
     return _LABELS.get(stage, stage)
+
+
+PROMPT_EXCERPT = 400  # characters of a text prompt shown in the predictions gallery
+
+
+def _has_vision(stats: Sequence[StageStat]) -> bool:
+    return any(stages.is_vision(s.stage) for s in stats)
+
+
+def _is_text(m: Stage1Metrics) -> bool:
+    """True when the inputs are text prompts (a text-only model): no images, tiles or vision stages."""
+    return m.settings.get("input_kind") == "text"
 
 
 def resolve_save_dir(run_dir: Path, save_dir: str) -> Path:
@@ -50,12 +65,13 @@ def resolve_save_dir(run_dir: Path, save_dir: str) -> Path:
 
 def _stat_rows(stats: Sequence[StageStat], e2e_median: float | None) -> list[list[str]]:
     rows = []
+    vision = _has_vision(stats)
     for st in stats:
         s = st.summary
         share = pct(s.p50 / e2e_median) if e2e_median and st.stage not in (TTFT, E2E, stages.DECODE_STEP) else ""
         rows.append(
             [
-                stage_label(st.stage),
+                stage_label(st.stage, vision),
                 str(s.n),
                 ms(s.mean),
                 ms(s.p50),
@@ -96,7 +112,7 @@ def _mfu_rows(m: Stage1Metrics) -> list[list[str]]:
         peak = f"{r.peak.value / 1e12:,.1f}" if r.peak else "n/a"
         rows.append(
             [
-                stage_label(r.stage),
+                stage_label(r.stage, _has_vision(m.stages)),
                 flops(r.flops_total),
                 ms(r.time_total_ms),
                 f"{r.achieved_tflops:,.2f}",
@@ -148,7 +164,8 @@ def report_md(
         f"Run `{m.run_id}` · "
         + (f"workload {profile['name']} · " if profile else "")
         + f"{m.model.weights_detail} · {m.model.dtype} · "
-        f"{len({r.image for r in m.records})} image(s) × {m.settings['repeats']} timed pass(es) · "
+        f"{len({r.image for r in m.records})} {'prompt' if _is_text(m) else 'image'}(s) × "
+        f"{m.settings['repeats']} timed pass(es) · "
         f"{m.settings['max_new_tokens']} new tokens per pass · times in ms ({m.device.timing_method})."
     )
     doc.h2("At a glance")
@@ -159,22 +176,24 @@ def report_md(
         doc.h2("Warnings")
         doc.bullets(m.warnings)
 
-    for name, title in (("stage_breakdown", "Where the time goes, per image"), ("roofline", "Stages on the roofline")):
+    per = "per prompt" if _is_text(m) else "per image"
+    for name, title in (("stage_breakdown", f"Where the time goes, {per}"), ("roofline", "Stages on the roofline")):
         if plots and name in plots:
             doc.image(title, plots[name])
 
     doc.h2("Stage times over all timed passes (ms)")
     doc.para(
-        "Vision sub-stages (↳) run inside prefill and decode/step inside decode: they are shown nested and never "
-        "added again. Time to first token = preprocess + prefill. End to end = preprocess + prefill + decode."
+        ("Vision sub-stages (↳) run inside prefill and decode/step" if _has_vision(m.stages) else "Decode/step runs")
+        + " inside decode: they are shown nested and never added again. Time to first token = preprocess + prefill. "
+        "End to end = preprocess + prefill + decode."
     )
     doc.table(_STAT_HEADER, _stat_rows(m.stages, _e2e_median(m.stages)))
 
-    doc.h2("Per image (medians, ms)")
+    image_cols = not _is_text(m)  # tiles and image tokens mean nothing for a text prompt
+    doc.h2("Per image (medians, ms)" if image_cols else "Per prompt (medians, ms)")
     header = [
-        "image",
-        "tiles",
-        "image tokens",
+        "image" if image_cols else "prompt",
+        *(["tiles", "image tokens"] if image_cols else []),
         "prompt tokens",
         "preprocess",
         "prefill",
@@ -192,8 +211,7 @@ def report_md(
         rows.append(
             [
                 image,
-                str(rec.tiles),
-                str(rec.image_tokens),
+                *([str(rec.tiles), str(rec.image_tokens)] if image_cols else []),
                 str(rec.prompt_tokens),
                 ms(p50.get(stages.PREPROCESS)),
                 ms(p50.get(stages.PREFILL)),
@@ -214,7 +232,8 @@ def report_md(
     doc.bullets(
         [
             f"Decode: {t.decode_tokens_per_s:,.1f} tokens/s (decode steps / decode time, batch 1)",
-            f"End to end: {t.e2e_images_per_s:,.3f} images/s, {t.e2e_tokens_per_s:,.1f} new tokens/s",
+            f"End to end: {t.e2e_images_per_s:,.3f} {'prompts' if _is_text(m) else 'images'}/s, "
+            f"{t.e2e_tokens_per_s:,.1f} new tokens/s",
         ]
     )
 
@@ -266,7 +285,7 @@ def report_md(
             ],
             [
                 [
-                    stage_label(e.stage),
+                    stage_label(e.stage, _has_vision(m.stages)),
                     ms(e.time_ms),
                     flops(e.flops),
                     num_bytes(e.bytes),
@@ -341,7 +360,10 @@ def stakeholder_md(m: Stage1Metrics) -> str:
     )
     doc.table(
         ["stage", "median ms", "share"],
-        [[stage_label(s.stage), ms(s.summary.p50), pct(s.summary.p50 / e2e) if e2e else "n/a"] for s in top],
+        [
+            [stage_label(s.stage, _has_vision(m.stages)), ms(s.summary.p50), pct(s.summary.p50 / e2e) if e2e else "n/a"]
+            for s in top
+        ],
     )
     doc.h2("Recommendations")
     doc.bullets(recommendations(m))
@@ -371,6 +393,11 @@ def assumptions_md(m: Stage1Metrics, cfg: DictConfig, selection: DatasetSelectio
             f"{m.model.parameters:,} parameters",
             f"Weights: {m.model.weights_detail}",
             f"Architecture from: {m.model.config_source}",
+            *(
+                ["Architecture: " + ", ".join(f"{k} {v}" for k, v in arch.items() if v not in (None, {}))]
+                if (arch := m.model.architecture)
+                else []
+            ),
             f"Attention implementation: {m.model.attn_implementation}; MoE experts implementation: "
             f"{m.model.experts_implementation}",
         ]
@@ -394,7 +421,9 @@ def assumptions_md(m: Stage1Metrics, cfg: DictConfig, selection: DatasetSelectio
             f"Torch profiler: {'on' if prof.enable else 'off'}; decode steps profiled: {prof.decode_steps}; "
             f"record_shapes={prof.record_shapes}, profile_memory={prof.profile_memory}, with_stack={prof.with_stack}, "
             f"with_flops={prof.with_flops}, chrome_trace={prof.chrome_trace}",
-            "NVTX ranges (domain llm_perf_opt): preprocess, prefill, vision/*, decode, decode/step",
+            "NVTX ranges (domain llm_perf_opt): preprocess, prefill, "
+            + "".join(f"{st.stage}, " for st in m.stages if stages.is_vision(st.stage))
+            + "decode, decode/step",
             f"FLOPs: {FLOP_SOURCE}",
         ]
     )
@@ -403,9 +432,10 @@ def assumptions_md(m: Stage1Metrics, cfg: DictConfig, selection: DatasetSelectio
         [
             f"Root: {selection.root}",
             f"Subset list: {selection.subset_filelist or 'none'}",
-            f"Discovered {selection.discovered} image file(s); ran {len(selection.images)}; skipped "
-            f"{len(selection.skipped)}; sampling {selection.sampling} (seed {selection.seed}); max_images "
-            f"{selection.max_images} ({s['sources']['dataset.max_images']})",
+            f"Discovered {selection.discovered} {'prompt' if _is_text(m) else 'image'} file(s); ran "
+            f"{len(selection.images)}; skipped {len(selection.skipped)}; sampling {selection.sampling} (seed "
+            f"{selection.seed}); max_images {selection.max_images} ({s['sources']['dataset.max_images']})",
+            *([f"Inputs chosen automatically: {s['inputs_note']}"] if s.get("inputs_note") else []),
         ]
     )
     return doc.text()
@@ -450,14 +480,23 @@ def write_predictions(
         for name, ids in predictions.items():
             doc.h2(name)
             recs = [r for r in m.records if r.image == name]
-            thumb = gallery.thumbnail_with_boxes(paths[name], texts[name], viz_dir / f"{Path(name).stem}.png")
-            doc.image(name, os.path.relpath(thumb, viz_dir))
+            if m.settings.get("input_kind") == "text":  # a prompt file: show its start, no thumbnail
+                prompt = read_prompt(paths[name])
+                excerpt = prompt[:PROMPT_EXCERPT] + (" …" if len(prompt) > PROMPT_EXCERPT else "")
+                doc.raw("\n**Prompt**\n\n```text\n" + excerpt + "\n```\n\n**Output**\n")
+                facts = [f"{recs[0].prompt_tokens} prompt tokens"]
+            else:
+                thumb = gallery.thumbnail_with_boxes(paths[name], texts[name], viz_dir / f"{Path(name).stem}.png")
+                doc.image(name, os.path.relpath(thumb, viz_dir))
+                facts = [
+                    f"{recs[0].tiles} tiles, {recs[0].image_tokens} image tokens",
+                    f"Boxes drawn: {gallery.count_boxes(texts[name])}",
+                ]
             doc.bullets(
                 [
                     f"TTFT {ms(statistics.median(r.ttft_ms for r in recs))} ms, decode "
-                    f"{ms(statistics.median(r.decode_ms for r in recs))} ms, {len(ids)} tokens, "
-                    f"{recs[0].tiles} tiles, {recs[0].image_tokens} image tokens",
-                    f"Boxes drawn: {gallery.count_boxes(texts[name])}",
+                    f"{ms(statistics.median(r.decode_ms for r in recs))} ms, {len(ids)} tokens, " + facts[0],
+                    *facts[1:],
                 ]
             )
             text = texts[name]

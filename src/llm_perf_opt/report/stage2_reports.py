@@ -8,10 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from llm_perf_opt.artifacts import to_plain
+from llm_perf_opt.hardware import peak_bandwidth, peak_compute
 from llm_perf_opt.kernel_names import kernel_label
 from llm_perf_opt.measure import stages
 from llm_perf_opt.nsight.ncu_report import read_ncu_raw_csv
 from llm_perf_opt.nsight.nsys_trace import NsysTrace
+from llm_perf_opt.report import stage2_plots
 from llm_perf_opt.report.markdown import Doc, ms, pct
 from llm_perf_opt.schema import SCHEMA_VERSION
 
@@ -64,6 +66,92 @@ def _peak(workload: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
     return None
 
 
+def _counts_tensor_ops(raw: Path) -> bool:
+    """Whether the ncu raw CSV's header has a tensor-core op counter (`sm__ops_path_tensor_src_*`): without one,
+    its FLOPs cover CUDA-core work only and are too low for any kernel that ran on tensor cores."""
+    with raw.open(encoding="utf-8", errors="replace") as lines:
+        for line in lines:
+            if '"Kernel Name"' in line or line.startswith('"ID"'):
+                return '"sm__ops_path_tensor_src_' in line
+    return False
+
+
+def _stage_kernel_time(trace: NsysTrace, stage: str) -> dict[str, tuple[float, float]]:
+    """nsys short name -> (GPU ms, share of the stage's kernel time), every instantiation of the name summed."""
+    out: dict[str, tuple[float, float]] = {}
+    for k in trace.top_kernels(1_000_000, stage=stage):
+        ms_so_far, share_so_far = out.get(k.name, (0.0, 0.0))
+        out[k.name] = (ms_so_far + k.total_ms, share_so_far + k.share)
+    return out
+
+
+def _stage_ncu_rows(run_dir: Path, stage: str, target: Mapping[str, Any], trace: NsysTrace) -> list[dict[str, Any]]:
+    """One row per kernel name that ncu profiled in `stage` (first round that reached it), with its nsys GPU time."""
+    times = _stage_kernel_time(trace, stage)
+    found: dict[str, dict[str, Any]] = {}
+    for rnd in target.get("rounds", []):
+        raw = run_dir / rnd["folder"] / "raw.csv"
+        if not raw.is_file():
+            continue
+        tensor = _counts_tensor_ops(raw)
+        for kernel in read_ncu_raw_csv(raw):
+            gpu_ms, share = times.get(kernel.name, (None, None))
+            found.setdefault(
+                kernel.name,
+                {
+                    "stage": stage,
+                    "round_folder": rnd["folder"],
+                    **to_plain(kernel),
+                    "tensor_ops_counted": tensor,
+                    "stage_gpu_ms": gpu_ms,  # nsys, all timed passes
+                    "stage_share": share,  # of the stage's summed kernel time (nsys)
+                },
+            )
+    return list(found.values())
+
+
+def _ncu_rows(
+    run_dir: Path, trace: NsysTrace, targets: Mapping[str, Any] | None, warnings: list[str]
+) -> list[dict[str, Any]]:
+    """The ncu rows of every targeted stage; notes rounds and kernels ncu missed in `warnings`."""
+    rows: list[dict[str, Any]] = []
+    for stage, target in ((targets or {}).get("stages") or {}).items():
+        found = _stage_ncu_rows(run_dir, stage, target, trace)
+        rows.extend(found)
+        warnings.extend(f"{stage}: {rnd['note']}." for rnd in target.get("rounds", []) if rnd.get("note"))
+        names = {r["name"] for r in found}
+        missed = [n for n in target.get("kernels", []) if n not in names]
+        if target.get("kernels") and not found:
+            warnings.append(f"Nsight Compute profiled no kernel in {stage} (filters matched nothing); see ncu logs.")
+        elif missed:
+            warnings.append(
+                f"Nsight Compute did not reach {len(missed)} of the {len(target['kernels'])} targeted kernels in "
+                f"{stage} within its launch windows: {', '.join(missed[:5])}."
+            )
+    return rows
+
+
+def _roofs(
+    device_name: str, peak: Mapping[str, Any] | None, bandwidth: Mapping[str, Any] | None
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """Compute roofs (highest first) and the memory roof for the kernel roofline.
+
+    Compute: the workload's peak (its dtype, or the user's override), else the GPU table's dense BF16 tensor-core
+    peak; plus the table's FP32 CUDA-core peak, the roof of kernels that do not use tensor cores. Memory: the
+    workload's bandwidth peak, else the table's. Each keeps its source; unknown GPUs give none.
+    """
+    compute = [dict(peak)] if peak else []
+    for dtype in ([] if peak else ["bfloat16"]) + ["float32"]:
+        figure = peak_compute(device_name, dtype)
+        if figure is not None and figure.dtype_key not in {c.get("dtype_key") for c in compute}:
+            compute.append(to_plain(figure))
+    compute.sort(key=lambda c: -float(c["value"]))
+    if bandwidth:
+        return compute, dict(bandwidth)
+    table_bw = peak_bandwidth(device_name)
+    return compute, None if table_bw is None else to_plain(table_bw)
+
+
 def build_metrics(
     run_dir: Path,
     trace: NsysTrace,
@@ -104,24 +192,8 @@ def build_metrics(
         for name in [r["stage"] for r in stage_rows]
         if name not in (stages.DECODE_STEP,)
     }
-    ncu_rows: list[dict[str, Any]] = []
-    for stage, target in ((targets or {}).get("stages") or {}).items():
-        found: dict[str, dict[str, Any]] = {}
-        for rnd in target.get("rounds", []):
-            raw = run_dir / rnd["folder"] / "raw.csv"
-            for kernel in read_ncu_raw_csv(raw) if raw.is_file() else []:
-                found.setdefault(kernel.name, {"stage": stage, "round_folder": rnd["folder"], **to_plain(kernel)})
-            if rnd.get("note"):
-                warnings.append(f"{stage}: {rnd['note']}.")
-        ncu_rows.extend(found.values())
-        missed = [n for n in target.get("kernels", []) if n not in found]
-        if target.get("kernels") and not found:
-            warnings.append(f"Nsight Compute profiled no kernel in {stage} (filters matched nothing); see ncu logs.")
-        elif missed:
-            warnings.append(
-                f"Nsight Compute did not reach {len(missed)} of the {len(target['kernels'])} targeted kernels in "
-                f"{stage} within its launch windows: {', '.join(missed[:5])}."
-            )
+    ncu_rows = _ncu_rows(run_dir, trace, targets, warnings)
+    compute_roofs, bandwidth_roof = _roofs(str(trace.device().get("name") or ""), peak, bandwidth)
     decode = trace.decode_steps()
     tools = capture.get("tools", {})
     return {
@@ -141,6 +213,8 @@ def build_metrics(
         "model": (workload or {}).get("model"),
         "workload_settings": (workload or {}).get("settings"),
         "peak": peak,
+        "compute_roofs": compute_roofs,
+        "bandwidth_peak": bandwidth_roof,
         "stages": stage_rows,
         "decode_steps": to_plain(decode) if decode else None,
         "kernel_count": trace.kernel_count(),
@@ -189,7 +263,21 @@ _KERNEL_HEADER = [
 ]
 
 
-def kernels_md(m: Mapping[str, Any]) -> str:
+def _kernel_roofline_section(doc: Doc, m: Mapping[str, Any], plots: Mapping[str, str]) -> None:
+    """The kernel roofline chart with its caption, or why there is none; nothing when ncu did not run."""
+    if not m["ncu_kernels"] and "kernel_roofline" not in plots:
+        return
+    doc.h2("Roofline of the profiled kernels")
+    if "kernel_roofline" in plots:
+        doc.image("Profiled kernels on the device's roofline", plots["kernel_roofline"])
+        doc.para(stage2_plots.roofline_caption(m))
+    else:
+        doc.para(f"No kernel roofline chart: {stage2_plots.missing_reason(m)}.")
+
+
+def kernels_md(m: Mapping[str, Any], plots: Mapping[str, str] | None = None) -> str:
+    """The kernel tables per stage (nsys times, ncu roofline figures), after the kernel roofline chart in `plots`
+    (name -> path relative to the folder)."""
     doc = Doc(f"Kernels: {(m.get('model') or {}).get('name', 'workload')} on {m['device'].get('name', 'GPU')}")
     doc.para(
         "Time columns from Nsight Systems (all timed passes, warm-up excluded); roofline columns from Nsight "
@@ -198,6 +286,7 @@ def kernels_md(m: Mapping[str, Any]) -> str:
         "ncu selects kernels by function name, so where several instantiations share a name (marked †) its "
         "figures cover all of them."
     )
+    _kernel_roofline_section(doc, m, plots or {})
     for stage, kernels in m["top_kernels_by_stage"].items():
         doc.h2(f"{stage}")
         shared = {k["name"] for k in kernels if sum(1 for o in kernels if o["name"] == k["name"]) > 1}
@@ -333,7 +422,10 @@ def report_md(m: Mapping[str, Any], files: Sequence[str]) -> str:
     header, rows = _stage_table(m)
     doc.table(header, rows)
     doc.h2("Top kernels")
-    doc.para("Per stage with Nsight Compute's roofline figures: [kernels.md](kernels.md).")
+    doc.para(
+        "Per stage with Nsight Compute's roofline figures, and the profiled kernels on the roofline chart: "
+        "[kernels.md](kernels.md)."
+    )
     doc.table(
         ["#", "kernel", "calls", "total ms", "% of all kernel time"],
         [
@@ -346,7 +438,7 @@ def report_md(m: Mapping[str, Any], files: Sequence[str]) -> str:
     doc.bullets([f"{k}: {v['seconds']:.1f} s (exit {v['returncode']})" for k, v in runs.items() if v.get("seconds")])
     doc.para("Commands: `nsys/cmd.txt` and `ncu/<stage>/cmd.txt`; raw reports and exports under `nsys/` and `ncu/`.")
     doc.h2("Files")
-    doc.bullets([f"[{f}]({f})" for f in sorted(set(files)) if f.endswith((".md", ".json", ".yaml", ".txt"))])
+    doc.bullets([f"[{f}]({f})" for f in sorted(set(files)) if f.endswith((".md", ".json", ".yaml", ".txt", ".png"))])
     return doc.text()
 
 

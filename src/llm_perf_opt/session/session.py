@@ -10,7 +10,6 @@ from typing import Any
 
 import attrs
 import torch
-from PIL import Image
 
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure import stages
@@ -123,16 +122,17 @@ class DeepSeekOCRSession:
         self.device = device
         self.dtype = dtype
         self._recorder: StageRecorder | None = None
+        self._stage_modules = adapter.stage_modules(self.model)
         self._hooks = self._install_stage_hooks()
 
     @classmethod
     def load(cls, model_cfg: Mapping[str, Any], device: torch.device) -> DeepSeekOCRSession:
-        """Build (random weights) or load (model.path) the model named by `model_cfg` on `device`."""
+        """Build (random weights) or load (the adapter's checkpoint folder) the model `model_cfg` names on `device`."""
         adapter = make_adapter(model_cfg)
         dtype = resolve_dtype(model_cfg.get("dtype"), device)
-        path = model_cfg.get("path")
+        path = adapter.checkpoint_path()
         if path:
-            loaded = adapter.load_checkpoint(str(path), device=device, dtype=dtype)
+            loaded = adapter.load_checkpoint(path, device=device, dtype=dtype)
         else:
             loaded = adapter.build_random(device=device, dtype=dtype)
         return cls(adapter, loaded, device, dtype)
@@ -140,7 +140,7 @@ class DeepSeekOCRSession:
     # ---- stage hooks -------------------------------------------------------------------------------
     def _install_stage_hooks(self) -> list[Any]:
         handles = []
-        for stage, module in self.adapter.stage_modules(self.model).items():
+        for stage, module in self._stage_modules.items():
 
             def pre_hook(_module: Any, _args: Any, stage: str = stage) -> None:
                 if self._recorder is not None:
@@ -167,13 +167,12 @@ class DeepSeekOCRSession:
 
     @property
     def vision_stages(self) -> tuple[str, ...]:
-        return tuple(self.adapter.vision_stage_modules)
+        return tuple(self._stage_modules)
 
     # ---- running -----------------------------------------------------------------------------------
-    def prepare(self, image_path: Path) -> PreparedInputs:
-        """Preprocess one image file and move its inputs to the device."""
-        with Image.open(image_path) as image:
-            prepared = self.adapter.prepare(image, self.loaded.tokenizer)
+    def prepare(self, input_path: Path) -> PreparedInputs:
+        """Preprocess one input file (an image, or a text prompt for text models) and move it to the device."""
+        prepared = self.adapter.prepare_file(input_path, self.loaded.tokenizer)
         return prepared.to(self.device, self.dtype)
 
     @torch.inference_mode()

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, ClassVar
 
 import attrs
 import torch
+from omegaconf import DictConfig, OmegaConf
 from PIL import Image
 from torch import nn
 
@@ -64,6 +66,21 @@ class ModelAdapter(ABC):
     def __init__(self, model_cfg: Mapping[str, Any]) -> None:
         self.cfg = model_cfg
 
+    @property
+    def input_kind(self) -> str:
+        """What one input file is: "image" (a page image) or "text" (a UTF-8 prompt file)."""
+        return "image"
+
+    def checkpoint_path(self) -> str | None:
+        """The local checkpoint folder to load, or None to build the architecture with random weights."""
+        path = self.cfg.get("path")
+        return str(path) if path else None
+
+    def prepare_file(self, path: Path, tokenizer: Any | None) -> PreparedInputs:
+        """Preprocess one input file: by default an image, through :meth:`prepare`."""
+        with Image.open(path) as image:
+            return self.prepare(image, tokenizer)
+
     @abstractmethod
     def build_random(self, *, device: torch.device, dtype: torch.dtype) -> LoadedModel:
         """The published architecture at its real size with random weights (seeded)."""
@@ -75,6 +92,21 @@ class ModelAdapter(ABC):
     @abstractmethod
     def prepare(self, image: Image.Image, tokenizer: Any | None) -> PreparedInputs:
         """The real preprocessing of one page image, and the prompt ids."""
+
+    def implementation_kwargs(self) -> dict[str, Any]:
+        """`attn_implementation` / `experts_implementation` from the model config, for transformers loaders."""
+        return {key: self.cfg[key] for key in ("attn_implementation", "experts_implementation") if self.cfg.get(key)}
+
+    def prompt_ids(self, tokenizer: Any | None) -> list[int]:
+        """The prompt text after the image, tokenized; without a tokenizer, `prompt.text_tokens` stand-in ids."""
+        prompt = self.cfg["prompt"]
+        if tokenizer is not None:
+            return list(tokenizer.encode(str(prompt["text"]), add_special_tokens=False))
+        return [1000 + i for i in range(int(prompt["text_tokens"]))]
+
+    def preprocess_settings(self) -> dict[str, Any]:
+        """The preprocessing settings the reports record."""
+        return plain(self.cfg.get("preprocess") or {})
 
     def stage_modules(self, model: nn.Module) -> dict[str, nn.Module]:
         """Vision sub-stage name -> submodule of `model`."""
@@ -95,3 +127,21 @@ class ModelAdapter(ABC):
             "attn_implementation": getattr(config, "_attn_implementation", None),
             "experts_implementation": getattr(config, "_experts_implementation", None),
         }
+
+
+def plain(cfg: Any) -> dict[str, Any]:
+    """A Hydra mapping (DictConfig, resolved) or any mapping as a plain dict."""
+    if isinstance(cfg, DictConfig):
+        container = OmegaConf.to_container(cfg, resolve=True)
+        assert isinstance(container, dict)
+        return {str(k): v for k, v in container.items()}
+    return dict(cfg)
+
+
+def load_tokenizer(folder: Path) -> Any | None:
+    """The checkpoint's tokenizer, or None when the folder has no tokenizer files."""
+    if not any((folder / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder, local_files_only=True)

@@ -8,13 +8,12 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 from PIL import Image
 from transformers import DeepseekOcr2Config, DeepseekOcr2ForConditionalGeneration
 from transformers.models.deepseek_ocr2.image_processing_pil_deepseek_ocr2 import DeepseekOcr2ImageProcessorPil
 
 from llm_perf_opt.errors import UserError
-from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, PreparedInputs
+from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, PreparedInputs, load_tokenizer, plain
 
 # The model class hard-codes two learned query banks (DeepseekOcr2VisionModel): 144 queries for views whose
 # SAM output has at most 144 positions (768-px tiles), 256 otherwise (the 1024-px global view). A view
@@ -30,13 +29,6 @@ def view_tokens(side_px: int) -> int:
     return _SMALL_BANK if positions <= _SMALL_BANK else _LARGE_BANK
 
 
-def _plain(cfg: Any) -> dict[str, Any]:
-    if isinstance(cfg, DictConfig):
-        container = OmegaConf.to_container(cfg, resolve=True)
-        assert isinstance(container, dict)
-        return {str(k): v for k, v in container.items()}
-    return dict(cfg)
-
 
 class DeepseekOcr2Adapter(ModelAdapter):
     """Stages: vision/sam, vision/encoder (Qwen2-style), vision/projector; then the DeepSeek-V2 MoE decoder."""
@@ -48,20 +40,12 @@ class DeepseekOcr2Adapter(ModelAdapter):
         "vision/projector": "model.multi_modal_projector",
     }
 
-    def _implementation_kwargs(self) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {}
-        if self.cfg.get("attn_implementation"):
-            kwargs["attn_implementation"] = self.cfg["attn_implementation"]
-        if self.cfg.get("experts_implementation"):
-            kwargs["experts_implementation"] = self.cfg["experts_implementation"]
-        return kwargs
-
     def build_random(self, *, device: torch.device, dtype: torch.dtype) -> LoadedModel:
-        config = DeepseekOcr2Config(**_plain(self.cfg["architecture"]))
+        config = DeepseekOcr2Config(**plain(self.cfg["architecture"]))
         torch.manual_seed(int(self.cfg.get("seed", 0)))
         with torch.device(device):
             model = DeepseekOcr2ForConditionalGeneration._from_config(
-                config, dtype=dtype, **self._implementation_kwargs()
+                config, dtype=dtype, **self.implementation_kwargs()
             )
         return LoadedModel(
             model=model.eval(),
@@ -85,7 +69,7 @@ class DeepseekOcr2Adapter(ModelAdapter):
             )
         try:
             model = DeepseekOcr2ForConditionalGeneration.from_pretrained(
-                folder, local_files_only=True, dtype=dtype, **self._implementation_kwargs()
+                folder, local_files_only=True, dtype=dtype, **self.implementation_kwargs()
             )
         except (OSError, ValueError, KeyError, RuntimeError) as exc:
             raise UserError(
@@ -93,7 +77,7 @@ class DeepseekOcr2Adapter(ModelAdapter):
                 "Check that the folder holds a complete transformers-format DeepSeek-OCR-2 checkpoint "
                 "(deepseek-community/DeepSeek-OCR-2 layout) with all safetensors shards, or leave model.path unset",
             ) from exc
-        tokenizer = _load_tokenizer(folder)
+        tokenizer = load_tokenizer(folder)
         return LoadedModel(
             model=model.to(device=device).eval(),  # type: ignore[call-arg]
             tokenizer=tokenizer,
@@ -121,7 +105,7 @@ class DeepseekOcr2Adapter(ModelAdapter):
         views += [("tile", int(local.shape[-2]), int(local.shape[-1]))] * tiles if local is not None else []
         image_tokens = sum(view_tokens(h) for _, h, _ in views) + 1  # + the view separator
         arch = self.cfg["architecture"]
-        text_ids = self._text_ids(tokenizer)
+        text_ids = self.prompt_ids(tokenizer)
         ids = [int(arch["text_config"]["bos_token_id"])] + [int(arch["image_token_id"])] * image_tokens + text_ids
         input_ids = torch.tensor([ids], dtype=torch.long)
         inputs: dict[str, Any] = {
@@ -144,10 +128,8 @@ class DeepseekOcr2Adapter(ModelAdapter):
         self, model: Any, prepared: PreparedInputs, new_tokens: int, dtype_bytes: int
     ) -> Mapping[str, Any] | None:
         """Analytic FLOPs and bytes of this image's stages (llm_perf_opt.analytic), from the model's config."""
-        from llm_perf_opt.analytic.model import decode, prefill
-        from llm_perf_opt.analytic.spec import ModelSpec, Workload
+        from llm_perf_opt.analytic import ModelSpec, Workload, stage_costs
 
-        spec = ModelSpec.from_config(model.config)
         sides = {kind: h for kind, h, _ in prepared.views}
         workload = Workload(
             global_size=sides["global"],
@@ -157,22 +139,4 @@ class DeepseekOcr2Adapter(ModelAdapter):
             new_tokens=new_tokens,
             dtype_bytes=dtype_bytes,
         )
-        costs: dict[str, Any] = dict(prefill(spec, workload))
-        costs["decode"] = decode(spec, workload)
-        return costs
-
-    def _text_ids(self, tokenizer: Any | None) -> list[int]:
-        prompt = self.cfg["prompt"]
-        if tokenizer is not None:
-            return list(tokenizer.encode(str(prompt["text"]), add_special_tokens=False))
-        # No tokenizer (random weights): fixed stand-in ids of the configured length.
-        return [1000 + i for i in range(int(prompt["text_tokens"]))]
-
-
-def _load_tokenizer(folder: Path) -> Any | None:
-    """The checkpoint's tokenizer, or None when the folder has no tokenizer files."""
-    if not any((folder / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        return stage_costs(ModelSpec.from_config(model.config), workload)

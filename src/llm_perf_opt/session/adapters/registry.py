@@ -7,10 +7,14 @@ from typing import Any
 
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.session.adapters.base import ModelAdapter
+from llm_perf_opt.session.adapters.deepseek_ocr import DeepseekOcrAdapter
 from llm_perf_opt.session.adapters.deepseek_ocr2 import DeepseekOcr2Adapter
+from llm_perf_opt.session.adapters.hf import HfAdapter
 
 ADAPTERS: dict[str, type[ModelAdapter]] = {
+    "deepseek_ocr": DeepseekOcrAdapter,
     "deepseek_ocr2": DeepseekOcr2Adapter,
+    "hf": HfAdapter,
 }
 
 

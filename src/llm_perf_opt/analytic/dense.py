@@ -1,0 +1,156 @@
+"""Analytic FLOPs and bytes of a dense decoder-only transformer (Llama, Qwen2, Mistral without sliding window).
+
+The architecture: token embedding, `layers` x (RMSNorm, attention with grouped KV heads and RoPE, RMSNorm,
+SwiGLU MLP), a final RMSNorm and the lm_head on the positions whose logits are kept (the last prefill token,
+and each decode step). Conventions are those of :mod:`llm_perf_opt.analytic.model` (1 MAC = 2 FLOPs; the
+counted figure, :attr:`StageCost.matmul_flops`, is what FlopCounterMode counts: the linears and attention over the
+full score matrix; it equals the count on the real modules exactly, tests/test_analytic_dense.py). Bytes: the
+weights a forward reads (the embedding one row per token), approximate activations, and the KV cache (written
+for every token, read for every key a decode step attends).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from llm_perf_opt.analytic.model import (
+    ADD_FLOPS,
+    ROPE_FLOPS,
+    SILU_GLU_FLOPS,
+    SOFTMAX_FLOPS,
+    ModuleCost,
+    StageCost,
+    _eltwise,
+    _linear,
+    _norm,
+)
+
+#: transformers model types whose shape this module models.
+SUPPORTED_TYPES = ("llama", "qwen2", "mistral")
+
+
+@attrs.frozen
+class DenseSpec:
+    """The shape of a dense decoder-only transformer, from its transformers config."""
+
+    model_type: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+
+    @classmethod
+    def from_config(cls, config: Any) -> DenseSpec | None:
+        """The spec of a supported config (see the module docstring), else None (no analytic model)."""
+        model_type = str(getattr(config, "model_type", ""))
+        if model_type not in SUPPORTED_TYPES or getattr(config, "hidden_act", None) != "silu":
+            return None
+        if getattr(config, "use_sliding_window", False) or (
+            model_type == "mistral" and getattr(config, "sliding_window", None) is not None
+        ):
+            return None  # a sliding window caps the keys a decode step attends: not modelled
+        heads = int(config.num_attention_heads)
+        attention_bias = bool(getattr(config, "attention_bias", False))
+        return cls(
+            model_type=model_type,
+            hidden=int(config.hidden_size),
+            layers=int(config.num_hidden_layers),
+            heads=heads,
+            kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
+            head_dim=int(getattr(config, "head_dim", None) or config.hidden_size // heads),
+            intermediate=int(config.intermediate_size),
+            vocab=int(config.vocab_size),
+            qkv_bias=model_type == "qwen2" or attention_bias,  # Qwen2: q/k/v always biased, o_proj never
+            o_bias=model_type != "qwen2" and attention_bias,
+            mlp_bias=bool(getattr(config, "mlp_bias", False)),
+        )
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV-cache elements one token stores over all layers (multiply by the dtype's bytes)."""
+        return self.layers * 2 * self.kv_heads * self.head_dim
+
+
+def _forward(spec: DenseSpec, tokens: int, keys: int, db: int, *, prefill: bool) -> list[ModuleCost]:
+    """One forward over `tokens` new positions, each attending `keys` keys, + lm_head on the last position."""
+    h, hd, t = spec.hidden, spec.head_dim, float(tokens)
+    q_dim, kv_dim = spec.heads * hd, spec.kv_heads * hd
+    scores = float(tokens * spec.heads * keys)
+    kv_read = float(keys * 2 * kv_dim) * db
+    out = [ModuleCost("embed_tokens", "other", weight_bytes=t * h * db, activation_bytes=t * h * db)]
+    for i in range(spec.layers):
+        p = f"layers.{i}."
+        out += [
+            _norm(p + "input_layernorm", t * h, h, db, bias=False),
+            _linear(p + "self_attn.q_proj", t, h, q_dim, db, bias=spec.qkv_bias),
+            _linear(p + "self_attn.k_proj", t, h, kv_dim, db, bias=spec.qkv_bias),
+            _linear(p + "self_attn.v_proj", t, h, kv_dim, db, bias=spec.qkv_bias),
+            _eltwise(p + "self_attn.rope", t * (q_dim + kv_dim), ROPE_FLOPS, db),
+            ModuleCost(p + "self_attn.kv_write", "other", kv_bytes=t * 2 * kv_dim * db),
+            ModuleCost(
+                p + "self_attn.sdpa",
+                "attention",
+                flops=4.0 * scores * hd,
+                # prefill: K/V are this forward's own activations; decode: they are read from the cache
+                activation_bytes=2.0 * t * q_dim * db + (kv_read if prefill else 0.0),
+                kv_bytes=0.0 if prefill else kv_read,
+            ),
+            ModuleCost(p + "self_attn.softmax", "elementwise", flops=float(SOFTMAX_FLOPS) * scores),
+            _linear(p + "self_attn.o_proj", t, q_dim, h, db, bias=spec.o_bias),
+            _eltwise(p + "residual1", t * h, ADD_FLOPS, db, reads=2),
+            _norm(p + "post_attention_layernorm", t * h, h, db, bias=False),
+            _linear(p + "mlp.gate_proj", t, h, spec.intermediate, db, bias=spec.mlp_bias),
+            _linear(p + "mlp.up_proj", t, h, spec.intermediate, db, bias=spec.mlp_bias),
+            _eltwise(p + "mlp.act", t * spec.intermediate, SILU_GLU_FLOPS, db, reads=2),
+            _linear(p + "mlp.down_proj", t, spec.intermediate, h, db, bias=spec.mlp_bias),
+            _eltwise(p + "residual2", t * h, ADD_FLOPS, db, reads=2),
+        ]
+    out.append(_norm("norm", t * h, h, db, bias=False))
+    out.append(_linear("lm_head", 1, h, spec.vocab, db, bias=False))
+    return out
+
+
+def prefill(spec: DenseSpec, prompt_tokens: int, dtype_bytes: int = 2) -> StageCost:
+    """The prefill forward over the prompt (every position attending every prompt position: the full score
+    matrix SDPA computes) and the lm_head on the last position."""
+    return StageCost("prefill", tuple(_forward(spec, prompt_tokens, prompt_tokens, dtype_bytes, prefill=True)))
+
+
+def decode_step(spec: DenseSpec, context: int, dtype_bytes: int = 2) -> StageCost:
+    """One decode step: one new token whose query attends `context` keys (the cache plus itself)."""
+    return StageCost("decode/step", tuple(_forward(spec, 1, context, dtype_bytes, prefill=False)))
+
+
+def decode(spec: DenseSpec, prompt_tokens: int, new_tokens: int, dtype_bytes: int = 2) -> StageCost:
+    """The new_tokens − 1 decode steps after prefill; step i (1-based) attends prompt + i keys.
+
+    Every field of a step is affine in its context: Σᵢ f(P + i) = n·f(P) + (Σᵢ i)·(f(P + 1) − f(P)), exact.
+    """
+    steps = new_tokens - 1
+    if steps <= 0:
+        return StageCost("decode", ())
+    at_p = decode_step(spec, prompt_tokens, dtype_bytes).modules
+    at_p1 = decode_step(spec, prompt_tokens + 1, dtype_bytes).modules
+    ctx_sum = steps * (steps + 1) / 2
+    fields = ("flops", "weight_bytes", "activation_bytes", "kv_bytes")
+    modules = []
+    for a, b in zip(at_p, at_p1, strict=True):
+        values = {f: steps * getattr(a, f) + ctx_sum * (getattr(b, f) - getattr(a, f)) for f in fields}
+        modules.append(attrs.evolve(a, **values))
+    return StageCost("decode", tuple(modules))
+
+
+def stage_costs(spec: DenseSpec, prompt_tokens: int, new_tokens: int, dtype_bytes: int) -> dict[str, StageCost]:
+    """The stages "prefill" and "decode" of one prompt."""
+    return {
+        "prefill": prefill(spec, prompt_tokens, dtype_bytes),
+        "decode": decode(spec, prompt_tokens, new_tokens, dtype_bytes),
+    }

@@ -1,0 +1,76 @@
+"""The inputs a run uses, for what the model takes: page images, or text prompts for text-only models.
+
+A dataset config names its ``kind`` (``image``: conf/dataset/samples.yaml, ``text``: conf/dataset/prompts.yaml).
+When it differs from the model's input kind and the dataset is a bundled default left as it is (no root or list
+of the user's own), the bundled dataset of the model's kind is used instead and the choice is recorded; a dataset
+of the user's own of the wrong kind is a :class:`UserError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from llm_perf_opt.data.dataset import DatasetSelection, bundled_samples_dir, select_images
+from llm_perf_opt.data.prompts import bundled_prompts_dir, select_prompts
+from llm_perf_opt.errors import UserError
+
+IMAGE = "image"
+TEXT = "text"
+_DATASET_OF = {IMAGE: "samples", TEXT: "prompts"}
+_WHAT = {IMAGE: "page images", TEXT: "text prompts"}
+
+
+@attrs.frozen
+class InputChoice:
+    """The selection and how it was chosen."""
+
+    selection: DatasetSelection
+    kind: str  # "image" | "text"
+    note: str | None  # set when the bundled dataset of the model's kind replaced the configured default
+
+
+def _bundled(kind: str) -> Path:
+    return bundled_samples_dir() if kind == IMAGE else bundled_prompts_dir()
+
+
+def _selector(kind: str) -> Callable[..., DatasetSelection]:
+    return select_images if kind == IMAGE else select_prompts
+
+
+def select_inputs(
+    dataset_cfg: Mapping[str, Any], input_kind: str, *, model_name: str, max_images: int | None, sampling: str
+) -> InputChoice:
+    """Select the run's inputs for a model taking `input_kind` inputs (see the module docstring)."""
+    kind = str(dataset_cfg.get("kind") or IMAGE)
+    if kind not in _DATASET_OF:
+        raise UserError(f"dataset.kind={kind} is not an input kind", "Set dataset.kind to image or text")
+    root = Path(str(dataset_cfg["root"])).expanduser()
+    subset = dataset_cfg.get("subset_filelist")
+    note = None
+    if kind != input_kind:
+        untouched = subset is None and root.resolve() == _bundled(kind)
+        if not untouched:
+            raise UserError(
+                f"model {model_name} takes {_WHAT[input_kind]}, but the dataset holds {_WHAT[kind]} "
+                f"(dataset.kind={kind}, dataset.root={root})",
+                f"Run it on {_WHAT[input_kind]}: dataset={_DATASET_OF[input_kind]} for the bundled ones, or "
+                f"dataset={_DATASET_OF[input_kind]} dataset.root=<folder> for your own",
+            )
+        root = _bundled(input_kind)
+        note = (
+            f"model {model_name} takes {_WHAT[input_kind]}: the bundled {_WHAT[input_kind]} "
+            f"(dataset={_DATASET_OF[input_kind]}) replace the default {_WHAT[kind]}"
+        )
+    selection = _selector(input_kind)(
+        root,
+        subset_filelist=subset,
+        max_images=max_images,
+        sampling=sampling,
+        seed=int(dataset_cfg.get("seed", 0)),
+        on_error=str(dataset_cfg.get("on_error", "skip")),
+    )
+    return InputChoice(selection=selection, kind=input_kind, note=note)

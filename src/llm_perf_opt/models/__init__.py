@@ -1,0 +1,1 @@
+"""Model implementations the project ships (for architectures transformers does not provide natively)."""

@@ -1,0 +1,221 @@
+"""DeepSeek-OCR (v1): the project's implementation (random weights or the official checkpoint by name map), or
+the vendor's own code from the checkpoint folder with ``model.trust_remote_code=true``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from PIL import Image
+from torch import nn
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from llm_perf_opt.errors import UserError
+from llm_perf_opt.models.deepseek_ocr.configuration import DeepseekOcrConfig
+from llm_perf_opt.models.deepseek_ocr.modeling import DeepseekOcrForConditionalGeneration
+from llm_perf_opt.models.deepseek_ocr.preprocess import Mode, image_token_count, mode_from_config, preprocess
+from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, PreparedInputs, load_tokenizer, plain
+
+
+@contextmanager
+def default_dtype(dtype: torch.dtype) -> Any:
+    """Parameters created inside are `dtype` (full-size builds never hold an fp32 copy on the GPU)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+class VendorModel(nn.Module):
+    """The vendor's ``DeepseekOCRForCausalLM`` (remote code) behind the session's forward interface."""
+
+    def __init__(self, inner: nn.Module, image_token_id: int):
+        super().__init__()
+        self.inner = inner
+        self.config = inner.config
+        self.image_token_id = image_token_id
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Any = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int = 0,
+        pixel_values: torch.Tensor | None = None,
+        pixel_values_local: torch.Tensor | None = None,
+        crop_grid: Sequence[int] | None = None,
+    ) -> CausalLMOutputWithPast:
+        vision: dict[str, Any] = {}
+        if pixel_values is not None:
+            # The vendor's infer(): zeros stand for "no tiles"; images_spatial_crop is [[n_w, n_h]].
+            crops = pixel_values_local if pixel_values_local is not None else torch.zeros_like(pixel_values)
+            vision = {
+                "images": [(crops, pixel_values)],
+                "images_seq_mask": input_ids == self.image_token_id,
+                "images_spatial_crop": torch.tensor([list(crop_grid or (1, 1))], dtype=torch.long),
+            }
+        out = self.inner(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+            return_dict=True,
+            **vision,
+        )
+        logits = out.logits[:, -logits_to_keep:] if logits_to_keep else out.logits
+        return CausalLMOutputWithPast(logits=logits, past_key_values=out.past_key_values)
+
+
+class DeepseekOcrAdapter(ModelAdapter):
+    """Stages: vision/sam, vision/clip, vision/projector; then the DeepSeek-V2 MoE decoder."""
+
+    has_analytic_model: ClassVar[bool] = True
+    vision_stage_modules: ClassVar[Mapping[str, str]] = {
+        "vision/sam": "model.sam_model",
+        "vision/clip": "model.vision_model",
+        "vision/projector": "model.projector",
+    }
+
+    @property
+    def mode(self) -> Mode:
+        return mode_from_config(str(self.cfg["mode"]), plain(self.cfg["modes"]))
+
+    def _config(self) -> DeepseekOcrConfig:
+        return DeepseekOcrConfig.from_architecture(
+            plain(self.cfg["architecture"]),
+            attn_implementation=self.cfg.get("attn_implementation"),
+            experts_implementation=self.cfg.get("experts_implementation"),
+        )
+
+    def build_random(self, *, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+        self.mode  # noqa: B018 - an unknown mode fails before the (long) build
+        config = self._config()
+        torch.manual_seed(int(self.cfg.get("seed", 0)))
+        with torch.device(device), default_dtype(dtype):
+            model = DeepseekOcrForConditionalGeneration(config)
+        return LoadedModel(
+            model=model.eval(),
+            tokenizer=None,
+            weights="random",
+            weights_detail=(
+                f"random weights (seed {self.cfg.get('seed', 0)}), no checkpoint: timings, FLOPs and bytes are "
+                "real, generated text is not"
+            ),
+            config_source=f"shipped config conf/model/{self.cfg['name']}.yaml (architecture)",
+        )
+
+    def load_checkpoint(self, path: str, *, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+        self.mode  # noqa: B018
+        folder = Path(path).expanduser()
+        if not (folder / "config.json").is_file():
+            raise UserError(
+                f"model.path={path} holds no loadable checkpoint (no config.json in {folder.resolve()})",
+                "Point model.path at a local DeepSeek-OCR checkpoint folder (config.json, *.safetensors, tokenizer "
+                "files, as published as deepseek-ai/DeepSeek-OCR), e.g. a link under extern/, or leave model.path "
+                "unset to build the published architecture with random weights",
+            )
+        if self.cfg.get("trust_remote_code"):
+            model: nn.Module = self._load_vendor_code(folder, device=device, dtype=dtype)
+            detail = f"checkpoint weights from {folder.resolve()}, run by the vendor's own code (trust_remote_code)"
+        else:
+            from llm_perf_opt.models.deepseek_ocr.checkpoint import load_v1_checkpoint
+
+            model, _architecture = load_v1_checkpoint(
+                folder,
+                device=device,
+                dtype=dtype,
+                attn_implementation=self.cfg.get("attn_implementation"),
+                experts_implementation=self.cfg.get("experts_implementation"),
+            )
+            detail = f"checkpoint weights from {folder.resolve()} (official tensor names mapped onto this model)"
+        return LoadedModel(
+            model=model.eval(),
+            tokenizer=load_tokenizer(folder),
+            weights="checkpoint",
+            weights_detail=detail,
+            config_source=f"{folder.resolve() / 'config.json'}",
+        )
+
+    def _load_vendor_code(self, folder: Path, *, device: torch.device, dtype: torch.dtype) -> VendorModel:
+        import transformers
+        from transformers import AutoModel
+
+        kwargs = {}
+        if self.cfg.get("attn_implementation"):
+            kwargs["attn_implementation"] = self.cfg["attn_implementation"]
+        try:
+            inner = AutoModel.from_pretrained(
+                folder, trust_remote_code=True, local_files_only=True, use_safetensors=True, dtype=dtype, **kwargs
+            )
+        except Exception as exc:  # vendor code fails in many ways; each becomes one user error
+            raise UserError(
+                f"model.trust_remote_code=true: the vendor code in {folder.resolve()} could not be loaded with "
+                f"transformers {transformers.__version__}: {type(exc).__name__}: {exc}",
+                "The vendor's modeling code was written for transformers 4.46; run it in an environment with that "
+                "version, or set model.trust_remote_code=false to load the same checkpoint into this project's "
+                "implementation (no remote code, any transformers 5.x)",
+            ) from exc
+        return VendorModel(inner.to(device=device), int(self.cfg["architecture"]["image_token_id"]))
+
+    def analytic_costs(
+        self, model: nn.Module, prepared: PreparedInputs, new_tokens: int, dtype_bytes: int
+    ) -> Mapping[str, Any] | None:
+        """Analytic FLOPs and bytes of this image's stages (llm_perf_opt.analytic) from the architecture config
+        (the vendor's code, when loaded, has the same hard-coded sizes)."""
+        from llm_perf_opt.analytic import ModelSpec, Workload, stage_costs
+
+        config = model.config if isinstance(model.config, DeepseekOcrConfig) else self._config()
+        workload = Workload(
+            text_tokens=prepared.prompt_tokens - 1 - prepared.image_tokens,
+            new_tokens=new_tokens,
+            dtype_bytes=dtype_bytes,
+        ).with_mode(self.mode, tuple(prepared.model_inputs["crop_grid"]))
+        return stage_costs(ModelSpec.from_config(config), workload)
+
+    def stage_modules(self, model: nn.Module) -> dict[str, nn.Module]:
+        prefix = "inner." if isinstance(model, VendorModel) else ""
+        return {stage: model.get_submodule(prefix + path) for stage, path in self.vision_stage_modules.items()}
+
+    def preprocess_settings(self) -> dict[str, Any]:
+        mode = self.mode
+        return {
+            "mode": mode.name,
+            "base_size": mode.base_size,
+            "image_size": mode.image_size,
+            "crop_mode": mode.crop_mode,
+            **plain(self.cfg["preprocess"]),
+        }
+
+    def prepare(self, image: Image.Image, tokenizer: Any | None) -> PreparedInputs:
+        pre = self.cfg["preprocess"]
+        mode = self.mode
+        views = preprocess(image, mode, min_tiles=int(pre["min_tiles"]), max_tiles=int(pre["max_tiles"]))
+        image_tokens = image_token_count(mode, views.grid)
+        arch = self.cfg["architecture"]
+        ids = [int(arch["text_config"]["bos_token_id"])] + [int(arch["image_token_id"])] * image_tokens
+        ids += self.prompt_ids(tokenizer)
+        input_ids = torch.tensor([ids], dtype=torch.long)
+        inputs: dict[str, Any] = {
+            "input_ids": input_ids,
+            "attention_mask": torch.ones_like(input_ids),
+            "pixel_values": views.global_view,
+            "crop_grid": list(views.grid),
+        }
+        side = mode.global_size
+        shapes = [("global", side, side)]
+        if views.tiles is not None:
+            inputs["pixel_values_local"] = views.tiles
+            shapes += [("tile", mode.image_size, mode.image_size)] * views.tile_count
+        return PreparedInputs(
+            model_inputs=inputs,
+            prompt_tokens=len(ids),
+            image_tokens=image_tokens,
+            tiles=views.tile_count,
+            views=tuple(shapes),
+        )

@@ -1,0 +1,277 @@
+"""Any Hugging Face causal LM or image-text-to-text model, by configuration (`model=hf`).
+
+Where the model comes from: :mod:`hf_source` (checkpoint folder, preset or config.json). Which models it can
+drive: :mod:`hf_arch`. Inputs: :mod:`hf_inputs` (text prompts from the dataset for text models; an image and
+`prompt.text` through the checkpoint's processor for image-text-to-text models). Vision sub-stages of an
+image-text-to-text model are the configured `vision_stage_modules`, or the vision tower and projector found by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from PIL import Image
+from torch import nn
+
+from llm_perf_opt.data.prompts import read_prompt
+from llm_perf_opt.errors import UserError
+from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, PreparedInputs, load_tokenizer, plain
+from llm_perf_opt.session.adapters.hf_arch import IMAGE, TEXT, HfArchitecture, classify
+from llm_perf_opt.session.adapters.hf_inputs import (
+    STAND_IN_TOKENIZATION,
+    image_inputs,
+    stand_in_ids,
+    text_ids,
+    text_inputs,
+)
+from llm_perf_opt.session.adapters.hf_source import HfSource, resolve_source
+
+#: Submodule names of vision towers and of the projectors that feed their output to the language model.
+VISION_TOWER_NAMES = ("vision_tower", "visual", "vision_model", "vision_encoder", "image_encoder")
+PROJECTOR_NAMES = ("multi_modal_projector", "mm_projector", "connector", "vision_projection")
+_PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
+_ARCH_KEYS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "vocab_size",
+    "max_position_embeddings",
+    "tie_word_embeddings",
+)
+#: Config keys whose presence (non-zero) marks a mixture-of-experts text model.
+_EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+def _shallowest(model: nn.Module, names: tuple[str, ...], outside: str | None = None) -> str | None:
+    """The dotted path of the shallowest submodule whose own name is in `names` (not inside `outside`)."""
+    found = [
+        path
+        for path, _ in model.named_modules()
+        if path.rsplit(".", 1)[-1] in names and not (outside and (path + ".").startswith(outside + "."))
+    ]
+    return min(found, key=lambda p: p.count("."), default=None)
+
+
+def detect_vision_stages(model: nn.Module) -> dict[str, str]:
+    """vision/encoder -> the vision tower, vision/projector -> the projector outside it (those found)."""
+    tower = _shallowest(model, VISION_TOWER_NAMES)
+    projector = _shallowest(model, PROJECTOR_NAMES, outside=tower)
+    stages = {"vision/encoder": tower, "vision/projector": projector}
+    return {stage: path for stage, path in stages.items() if path is not None}
+
+
+class HfAdapter(ModelAdapter):
+    """Stages: prefill and decode; for image-text-to-text models also the vision tower and projector."""
+
+    # The static analysis report (analytic-report) models DeepSeek-OCR only; dense decoder-only models still get
+    # analytic bytes (and MBU) through :meth:`analytic_costs`.
+    has_analytic_model: ClassVar[bool] = False
+
+    def __init__(self, model_cfg: Mapping[str, Any]) -> None:
+        super().__init__(model_cfg)
+        self._source: HfSource | None = None
+        self._arch: HfArchitecture | None = None
+
+    @property
+    def source(self) -> HfSource:
+        """Where the model comes from (resolved on first use; every problem is a UserError)."""
+        if self._source is None:
+            self._source = resolve_source(self.cfg)
+        return self._source
+
+    @property
+    def arch(self) -> HfArchitecture:
+        """How the model is built and what it takes (a UserError for a model this adapter cannot drive)."""
+        if self._arch is None:
+            self._arch = classify(self.source.config)
+        return self._arch
+
+    @property
+    def input_kind(self) -> str:
+        return self.arch.kind
+
+    @property
+    def name(self) -> str:
+        return str(self.cfg.get("name") or "hf")
+
+    def checkpoint_path(self) -> str | None:
+        folder = self.source.weights_folder
+        return None if folder is None else str(folder)
+
+    # ---- building ------------------------------------------------------------------------------------------
+    def build_random(self, *, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+        source, arch = self.source, self.arch
+        tokenizer, how = self._tokenizer_or_processor()  # before any weight: a missing processor fails fast
+        seed = int(self.cfg.get("seed", 0))
+        torch.manual_seed(seed)
+        with torch.device(device):
+            model = arch.auto_class.from_config(source.config, dtype=dtype, **self.implementation_kwargs())
+        return LoadedModel(
+            model=model.eval(),
+            tokenizer=tokenizer,
+            weights="random",
+            weights_detail=(
+                f"random weights (seed {seed}), no checkpoint: timings, FLOPs and bytes are real, generated text is "
+                f"not; {how}"
+            ),
+            config_source=source.config_source,
+        )
+
+    def load_checkpoint(self, path: str, *, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+        folder = Path(path)
+        tokenizer, how = self._tokenizer_or_processor()
+        try:
+            model = self.arch.auto_class.from_pretrained(
+                folder, local_files_only=True, dtype=dtype, **self.implementation_kwargs()
+            )
+        except (OSError, ValueError, KeyError, RuntimeError) as exc:
+            raise UserError(
+                f"model.name_or_path={folder} could not be loaded as {self.arch.model_class.__name__}: "
+                f"{type(exc).__name__}: {exc}",
+                "Check that the folder holds a complete checkpoint written by save_pretrained (config.json and all "
+                "*.safetensors shards), or use model.config=<config.json> for random weights",
+            ) from exc
+        return LoadedModel(
+            model=model.to(device=device).eval(),
+            tokenizer=tokenizer,
+            weights="checkpoint",
+            weights_detail=f"checkpoint weights from {folder}; {how}",
+            config_source=self.source.config_source,
+        )
+
+    def _tokenizer_or_processor(self) -> tuple[Any | None, str]:
+        """The tokenizer (text models) or processor (image-text-to-text models), and how prompts are tokenized."""
+        folder = self.source.assets_folder
+        if self.arch.kind == IMAGE:
+            if folder is None or not any((folder / name).is_file() for name in _PROCESSOR_FILES):
+                raise UserError(
+                    f"model {self.name} is an image-text-to-text model ({self.arch.model_class.__name__}) but "
+                    f"{folder or 'a shipped preset'} has no processor files ({' or '.join(_PROCESSOR_FILES)})",
+                    "Use a checkpoint folder saved with its processor (processor.save_pretrained), or point "
+                    "model.config at a config.json in such a folder",
+                )
+            processor = self._from_folder("processor", folder)
+            return processor, f"images and prompts prepared by {type(processor).__name__} from {folder}"
+        tokenizer = None if folder is None else self._from_folder("tokenizer", folder)
+        if tokenizer is None:
+            return None, STAND_IN_TOKENIZATION
+        return tokenizer, f"prompts tokenized by {type(tokenizer).__name__} from {folder}"
+
+    @staticmethod
+    def _from_folder(what: str, folder: Path) -> Any:
+        from transformers import AutoProcessor
+
+        try:
+            if what == "processor":
+                return AutoProcessor.from_pretrained(folder, local_files_only=True)
+            return load_tokenizer(folder)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise UserError(
+                f"the {what} files in {folder} could not be loaded: {type(exc).__name__}: {exc}",
+                f"Save the {what} again with save_pretrained, or point model.tokenizer at a folder with working "
+                "tokenizer files",
+            ) from exc
+
+    # ---- inputs --------------------------------------------------------------------------------------------
+    def prepare_file(self, path: Path, tokenizer: Any | None) -> PreparedInputs:
+        if self.input_kind == IMAGE:
+            with Image.open(path) as image:
+                return self.prepare(image, tokenizer)
+        text = read_prompt(path)
+        pre = self.cfg.get("preprocess") or {}
+        config = self.source.config.get_text_config()
+        if tokenizer is None:
+            ids = stand_in_ids(text, int(config.vocab_size), getattr(config, "bos_token_id", None))
+        else:
+            ids = text_ids(text, tokenizer, chat_template=bool(pre.get("chat_template")))
+        if pre.get("max_prompt_tokens"):
+            ids = ids[: int(pre["max_prompt_tokens"])]
+        limit = getattr(config, "max_position_embeddings", None)
+        if limit and len(ids) > int(limit):
+            raise UserError(
+                f"prompt {path.name} has {len(ids)} tokens, more than model {self.name} takes "
+                f"(max_position_embeddings={limit})",
+                f"Shorten the prompt, or keep its first tokens with model.preprocess.max_prompt_tokens={limit}",
+            )
+        return text_inputs(ids)
+
+    def prepare(self, image: Image.Image, tokenizer: Any | None) -> PreparedInputs:
+        if self.input_kind != IMAGE:
+            raise UserError(
+                f"model {self.name} is a text-only model: it takes text prompts, not images",
+                "Run it on text prompts (dataset=prompts, or dataset=prompts dataset.root=<folder of .txt files>)",
+            )
+        if tokenizer is None:
+            raise UserError(
+                f"model {self.name} takes images but no processor was loaded for it",
+                "Load it through a session (DeepSeekOCRSession.load), which loads the checkpoint's processor",
+            )
+        config = self.source.config
+        return image_inputs(
+            image,
+            tokenizer,
+            str(self.cfg["prompt"]["text"]),
+            chat_template=bool((self.cfg.get("preprocess") or {}).get("chat_template")),
+            image_token_id=getattr(config, "image_token_id", None) or getattr(config, "image_token_index", None),
+        )
+
+    # ---- stages and reports --------------------------------------------------------------------------------
+    def vision_stage_paths(self, model: nn.Module) -> dict[str, str]:
+        """Vision sub-stage -> dotted submodule path: configured, or detected for image-text-to-text models."""
+        configured = self.cfg.get("vision_stage_modules")
+        if configured and self.input_kind == TEXT:
+            raise UserError(
+                f"model.vision_stage_modules is set, but model {self.name} is a text-only model without a vision side",
+                "Leave model.vision_stage_modules unset for text models",
+            )
+        if not configured:
+            return detect_vision_stages(model) if self.input_kind == IMAGE else {}
+        return {(s if s.startswith("vision/") else f"vision/{s}"): str(p) for s, p in plain(configured).items()}
+
+    def stage_modules(self, model: nn.Module) -> dict[str, nn.Module]:
+        out = {}
+        for stage, path in self.vision_stage_paths(model).items():
+            try:
+                out[stage] = model.get_submodule(path)
+            except AttributeError:
+                top = ", ".join(name for name, _ in model.named_children())
+                raise UserError(
+                    f"model.vision_stage_modules: {stage} names {path!r}, which is no submodule of "
+                    f"{type(model).__name__} (its top-level modules: {top})",
+                    "Give dotted paths from the model's root (print(model) lists them), or leave "
+                    "model.vision_stage_modules unset to detect the vision tower and projector",
+                ) from None
+        return out
+
+    def analytic_costs(
+        self, model: Any, prepared: PreparedInputs, new_tokens: int, dtype_bytes: int
+    ) -> Mapping[str, Any] | None:
+        """Analytic prefill and decode costs for dense decoder-only text models (llm_perf_opt.analytic.dense)."""
+        from llm_perf_opt.analytic.dense import DenseSpec, stage_costs
+
+        spec = DenseSpec.from_config(model.config) if self.input_kind == TEXT else None
+        return None if spec is None else stage_costs(spec, prepared.prompt_tokens, new_tokens, dtype_bytes)
+
+    def describe(self, model: nn.Module) -> dict[str, Any]:
+        out = super().describe(model)
+        config = self.source.config
+        text = config.get_text_config()
+        if not any(getattr(text, key, None) for key in _EXPERT_KEYS):
+            out["experts_implementation"] = None  # transformers sets a default even on dense models
+        facts = {key: getattr(text, key, None) for key in _ARCH_KEYS}
+        if facts["head_dim"] is None and facts["hidden_size"] and facts["num_attention_heads"]:
+            facts["head_dim"] = facts["hidden_size"] // facts["num_attention_heads"]  # what the attention uses
+        out["architecture"] = {
+            "model_type": config.model_type,
+            "input": self.input_kind,
+            **({"text_model_type": text.model_type} if text is not config else {}),
+            **facts,
+            "vision_stages": self.vision_stage_paths(model),
+        }
+        return out

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import gzip
+import shutil
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 
 def run_cli(module: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
@@ -11,3 +15,30 @@ def run_cli(module: str, *args: str, timeout: int = 300) -> subprocess.Completed
     return subprocess.run(
         [sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=timeout, check=False
     )
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def unpack_nsys_fixture(folder: Path, name: str = "h100_tiny.sqlite.gz") -> Path:
+    """The gzipped nsys sqlite export `name` from tests/fixtures/nsys as `folder`/nsys/report.sqlite."""
+    target = folder / "nsys" / "report.sqlite"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(FIXTURES / "nsys" / name) as src, target.open("wb") as dst:
+        shutil.copyfileobj(src, dst)
+    return target
+
+
+def greedy_by_recomputation(session: Any, prepared: Any, new_tokens: int) -> list[int]:
+    """Greedy tokens with no KV cache: the whole sequence is run again for every token (the reference for the
+    session's cached prefill/decode loop)."""
+    import torch
+
+    ids, inputs, tokens = prepared.input_ids, dict(prepared.model_inputs), []
+    with torch.inference_mode():
+        for _ in range(new_tokens):
+            inputs.update(input_ids=ids, attention_mask=torch.ones_like(ids))
+            token = session.model(**inputs, use_cache=False).logits[:, -1].argmax(-1)
+            tokens.append(int(token))
+            ids = torch.cat([ids, token[:, None]], dim=1)
+    return tokens

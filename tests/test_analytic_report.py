@@ -15,7 +15,8 @@ from llm_perf_opt.pipeline.analytic import build_report
 
 
 def compose_analytic(*overrides: str) -> DictConfig:
-    return compose_config("analytic", *overrides)
+    """The analytic config for DeepSeek-OCR-2 (these tests price OCR-2; v1, the default, is in test_analytic_v1)."""
+    return compose_config("analytic", "model=deepseek_ocr2", *overrides)
 
 
 def test_report_prices_every_stage_and_gpu() -> None:
@@ -47,7 +48,9 @@ def test_unknown_gpu_key_is_a_user_error() -> None:
 
 def test_command_writes_json_and_markdown(tmp_path: Path) -> None:
     out = tmp_path / "an"
-    done = run_cli("llm_perf_opt.cli.analytic", "analytic.tiles=2", f"hydra.run.dir={out}", timeout=120)
+    done = run_cli(
+        "llm_perf_opt.cli.analytic", "model=deepseek_ocr2", "analytic.tiles=2", f"hydra.run.dir={out}", timeout=120
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads((out / "static_analysis/analytic_model/report.json").read_text())
     assert report["workload"]["tiles"] == 2 and report["workload"]["image_tokens"] == 545

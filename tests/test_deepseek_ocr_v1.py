@@ -14,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-from helpers import run_cli
+from helpers import greedy_by_recomputation, run_cli
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure.timing import StageRecorder
 from llm_perf_opt.models.deepseek_ocr.configuration import DeepseekOcrConfig
@@ -153,13 +153,7 @@ def test_cached_decoding_equals_recomputing_the_whole_sequence(
 ) -> None:
     prepared = v1_tiny_session.prepare(page_images[page])
     cached = v1_tiny_session.generate(prepared, 4, StageRecorder(torch.device("cpu"), nvtx=False))
-    ids, inputs, recomputed = prepared.input_ids, dict(prepared.model_inputs), []
-    with torch.inference_mode():
-        for _ in range(4):
-            inputs.update(input_ids=ids, attention_mask=torch.ones_like(ids))
-            token = v1_tiny_session.model(**inputs, use_cache=False).logits[:, -1].argmax(-1)
-            recomputed.append(int(token))
-            ids = torch.cat([ids, token[:, None]], dim=1)
+    recomputed = greedy_by_recomputation(v1_tiny_session, prepared, 4)
     assert cached == recomputed
 
 

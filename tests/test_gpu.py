@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import run_cli
+from helpers import greedy_by_recomputation, run_cli
 from llm_perf_opt.cli.common import compose_config
 from llm_perf_opt.data.dataset import bundled_samples_dir
 from llm_perf_opt.measure.timing import StageRecorder
@@ -54,13 +54,7 @@ def test_v1_cached_decoding_matches_recomputation_on_gpu() -> None:
     session = DeepSeekOCRSession.load(cfg.model, torch.device("cuda", 0))
     prepared = session.prepare(bundled_samples_dir() / "page_portrait.png")  # Gundam: 2x3 tiles, 903 tokens
     cached = session.generate(prepared, 5, StageRecorder(session.device))
-    ids, inputs, recomputed = prepared.input_ids, dict(prepared.model_inputs), []
-    with torch.inference_mode():
-        for _ in range(5):
-            inputs.update(input_ids=ids, attention_mask=torch.ones_like(ids))
-            token = session.model(**inputs, use_cache=False).logits[:, -1].argmax(-1)
-            recomputed.append(int(token))
-            ids = torch.cat([ids, token[:, None]], dim=1)
+    recomputed = greedy_by_recomputation(session, prepared, 5)
     assert prepared.image_tokens == 903
     assert cached == recomputed
 

@@ -381,3 +381,16 @@ def test_file_that_is_not_sqlite_or_is_missing(tmp_path: Path) -> None:
         NsysTrace(report)
     with pytest.raises(UserError, match="does not exist"):
         NsysTrace(tmp_path / "missing.sqlite")
+
+
+def test_timed_pass_kernels_leave_out_the_build_and_warm_up(trace: NsysTrace, stages: dict[str, StageGpuTime]) -> None:
+    """The report's overall kernel table sums the top-level ranges only: build and warm-up kernels run outside them."""
+    from llm_perf_opt.report.stage2_reports import timed_pass_kernels
+
+    timed = timed_pass_kernels(trace)
+    in_ranges_ms = sum(stages[s].kernel_ms for s in ("preprocess", "prefill", "decode") if s in stages)
+    whole_trace_ms = sum(k.total_ms for k in trace.top_kernels(1_000_000))
+    assert sum(k.total_ms for k in timed) == pytest.approx(in_ranges_ms, rel=1e-9)
+    assert in_ranges_ms < whole_trace_ms  # the capture also holds the model build and the warm-up pass
+    assert sum(k.share for k in timed) == pytest.approx(1.0)
+    assert [k.total_ms for k in timed] == sorted((k.total_ms for k in timed), reverse=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 import shutil
 import sys
@@ -11,7 +10,7 @@ from pathlib import Path
 import pytest
 from omegaconf import DictConfig
 
-from helpers import run_cli
+from helpers import run_cli, unpack_nsys_fixture
 from llm_perf_opt.cli.common import compose_config
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.pipeline.stage2 import CAPTURE_FILE, TARGETS_FILE, forwarded_overrides, render, workload_argv
@@ -72,12 +71,7 @@ def test_stage2_config_composes_with_stage1_keys() -> None:
 def _stage2_folder(root: Path) -> Path:
     """A Stage 2 folder assembled from the H100 fixtures (as stage2-profile leaves it)."""
     folder = root / "run"
-    (folder / "nsys").mkdir(parents=True)
-    with (
-        gzip.open(FIXTURES / "nsys" / "h100_tiny.sqlite.gz") as src,
-        (folder / "nsys" / "report.sqlite").open("wb") as dst,
-    ):
-        shutil.copyfileobj(src, dst)
+    unpack_nsys_fixture(folder)
     (folder / "ncu" / "decode").mkdir(parents=True)
     shutil.copy(FIXTURES / "ncu" / "h100_tiny_decode_raw.csv", folder / "ncu" / "decode" / "raw.csv")
     (folder / CAPTURE_FILE).write_text(

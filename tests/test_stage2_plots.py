@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import csv
-import gzip
 import json
 import shutil
 from pathlib import Path
@@ -17,7 +16,7 @@ from matplotlib.collections import PathCollection
 from matplotlib.figure import Figure
 from matplotlib.text import Annotation, Text
 
-from helpers import run_cli
+from helpers import run_cli, unpack_nsys_fixture
 from llm_perf_opt.nsight.ncu_report import read_ncu_raw_csv
 from llm_perf_opt.pipeline.stage2 import CAPTURE_FILE, TARGETS_FILE, render
 from llm_perf_opt.report import stage2_plots
@@ -38,12 +37,7 @@ def _round(stage: str) -> dict[str, Any]:
 def stage2_folder(root: Path) -> Path:
     """A Stage 2 folder as stage2-profile leaves it, from the H100 fixtures: one ncu round per stage."""
     folder = root / "run"
-    (folder / "nsys").mkdir(parents=True)
-    with (
-        gzip.open(FIXTURES / "nsys" / "h100_tiny.sqlite.gz") as src,
-        (folder / "nsys" / "report.sqlite").open("wb") as dst,
-    ):
-        shutil.copyfileobj(src, dst)
+    unpack_nsys_fixture(folder)
     for stage, export in NCU.items():
         (folder / "ncu" / stage).mkdir(parents=True)
         shutil.copy(FIXTURES / "ncu" / export, folder / "ncu" / stage / "raw.csv")
@@ -137,6 +131,7 @@ def test_ncu_rows_carry_nsys_share_and_tensor_counter_flag(rendered: Path) -> No
     assert reduce_ms == pytest.approx(0.302, abs=0.001)  # 4 instantiations: 160.1 + 92.0 + 34.0 + 16.0 µs
     assert rows["reduce_kernel"]["stage_gpu_ms"] == pytest.approx(reduce_ms, rel=1e-6)
     assert rows["reduce_kernel"]["stage_share"] == pytest.approx(reduce_ms / decode_ms, rel=1e-6)
+    assert rows["reduce_kernel"]["stage_instantiations"] == 4
 
 
 def test_roofs_without_workload_metrics_come_from_the_gpu_table(rendered: Path) -> None:
@@ -242,3 +237,14 @@ def test_stage2_report_command_rerenders_the_chart(rendered: Path, tmp_path: Pat
     assert done.returncode == 0, done.stderr
     assert_real_png(copy_dir / "kernel_roofline.png")
     assert "](kernel_roofline.png)" in (copy_dir / "kernels.md").read_text()
+
+
+def test_a_function_name_shared_by_instantiations_is_marked(rendered: Path) -> None:
+    """ncu measures one instantiation of a function name; the nsys share sums all of them: the label says so."""
+    m = json.loads((rendered / "metrics.json").read_text())
+    row = copy.deepcopy(next(r for r in m["ncu_kernels"] if stage2_plots._left_out_reason(r) is None))
+    single = stage2_plots._point({**row, "stage_instantiations": 1})
+    shared = stage2_plots._point({**row, "stage_instantiations": 3})
+    assert not single.label.endswith("†")
+    assert shared.label == single.label + " †"
+    assert "† marks a function name shared" in stage2_plots.roofline_caption(m)

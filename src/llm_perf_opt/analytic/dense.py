@@ -25,6 +25,7 @@ from llm_perf_opt.analytic.model import (
     _eltwise,
     _linear,
     _norm,
+    sum_of_steps,
 )
 
 #: transformers model types whose shape this module models.
@@ -130,22 +131,8 @@ def decode_step(spec: DenseSpec, context: int, dtype_bytes: int = 2) -> StageCos
 
 
 def decode(spec: DenseSpec, prompt_tokens: int, new_tokens: int, dtype_bytes: int = 2) -> StageCost:
-    """The new_tokens − 1 decode steps after prefill; step i (1-based) attends prompt + i keys.
-
-    Every field of a step is affine in its context: Σᵢ f(P + i) = n·f(P) + (Σᵢ i)·(f(P + 1) − f(P)), exact.
-    """
-    steps = new_tokens - 1
-    if steps <= 0:
-        return StageCost("decode", ())
-    at_p = decode_step(spec, prompt_tokens, dtype_bytes).modules
-    at_p1 = decode_step(spec, prompt_tokens + 1, dtype_bytes).modules
-    ctx_sum = steps * (steps + 1) / 2
-    fields = ("flops", "weight_bytes", "activation_bytes", "kv_bytes")
-    modules = []
-    for a, b in zip(at_p, at_p1, strict=True):
-        values = {f: steps * getattr(a, f) + ctx_sum * (getattr(b, f) - getattr(a, f)) for f in fields}
-        modules.append(attrs.evolve(a, **values))
-    return StageCost("decode", tuple(modules))
+    """The new_tokens − 1 decode steps after prefill; step i (1-based) attends prompt + i keys."""
+    return sum_of_steps(lambda context: decode_step(spec, context, dtype_bytes).modules, prompt_tokens, new_tokens)
 
 
 def stage_costs(spec: DenseSpec, prompt_tokens: int, new_tokens: int, dtype_bytes: int) -> dict[str, StageCost]:

@@ -53,7 +53,7 @@ Bytes (``dtype_bytes`` per element unless noted)
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Literal
 
 import attrs
@@ -587,17 +587,24 @@ def decode_step(spec: ModelSpec, context: int, dtype_bytes: int = 2) -> StageCos
 
 
 def decode(spec: ModelSpec, workload: Workload) -> StageCost:
-    """The new_tokens − 1 decode steps after prefill; step i (1-based) attends prompt + i keys.
+    """The new_tokens − 1 decode steps after prefill; step i (1-based) attends prompt + i keys."""
+    return sum_of_steps(
+        lambda context: decode_step(spec, context, workload.dtype_bytes).modules,
+        workload.prompt_tokens(spec),
+        workload.new_tokens,
+    )
+
+
+def sum_of_steps(step_at: Callable[[int], tuple[ModuleCost, ...]], prompt_tokens: int, new_tokens: int) -> StageCost:
+    """The "decode" stage: the new_tokens − 1 steps after prefill, step i (1-based) attending prompt + i keys.
 
     Every field of a step is affine in its context, so the sum is taken from the steps at the prompt length and
     one past it: Σᵢ f(P + i) = (n − 1)·f(P) + (Σᵢ i)·(f(P + 1) − f(P)), exact.
     """
-    steps = workload.new_tokens - 1
+    steps = new_tokens - 1
     if steps <= 0:
         return StageCost("decode", ())
-    length = workload.prompt_tokens(spec)
-    at_p = decode_step(spec, length, workload.dtype_bytes).modules
-    at_p1 = decode_step(spec, length + 1, workload.dtype_bytes).modules
+    at_p, at_p1 = step_at(prompt_tokens), step_at(prompt_tokens + 1)
     ctx_sum = steps * (steps + 1) / 2  # Σ i for i = 1 … steps
     fields = ("flops", "weight_bytes", "activation_bytes", "kv_bytes")
     modules = []

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import random
 import struct
-from importlib.resources import files
+from collections.abc import Callable
 from pathlib import Path
 
 import attrs
 from PIL import Image, UnidentifiedImageError
 
 from llm_perf_opt.errors import UserError
+from llm_perf_opt.resources import package_folder
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")  # matched case-insensitively
 SAMPLINGS = ("sorted", "random", "smallest")
@@ -70,13 +71,20 @@ class DatasetSelection:
 
 def bundled_samples_dir() -> Path:
     """The folder of sample images shipped inside the installed package."""
-    resource = files("llm_perf_opt") / "data" / "samples"
-    if not isinstance(resource, Path) or not resource.is_dir():
-        raise UserError(
-            f"the bundled samples folder {resource} is not a folder on disk",
-            "reinstall llm-perf-opt as a regular (not zipped) package, or set dataset.root to a folder of page images",
-        )
-    return resource.resolve()
+    return package_folder("data/samples", "samples", "set dataset.root to a folder of page images")
+
+
+@attrs.frozen
+class InputKind:
+    """What a selection looks for: which files, how to probe one, how to order them by size, how to name them."""
+
+    noun: str  # "image" | "prompt"
+    usable: str  # the adjective of a file that can run: "readable" | "usable"
+    files: str  # "<suffixes> <noun>", as error messages list them
+    suffixes: tuple[str, ...]  # matched case-insensitively
+    probe: Callable[[Path], ImageEntry | TextEntry | str]  # an entry, or why the file is not usable
+    size: Callable[[Path], float]  # for sampling="smallest"; unusable files sort last (inf)
+    root_fix: str
 
 
 def select_images(
@@ -97,6 +105,28 @@ def select_images(
     ``max_images`` readable images are taken. Unreadable files are skipped (``on_error="skip"``, the next
     file takes their place) or raise :class:`UserError` (``on_error="fail"``).
     """
+    return select_inputs(
+        root,
+        IMAGES,
+        subset_filelist=subset_filelist,
+        max_images=max_images,
+        sampling=sampling,
+        seed=seed,
+        on_error=on_error,
+    )
+
+
+def select_inputs(
+    root: str | Path,
+    kind: InputKind,
+    *,
+    subset_filelist: str | Path | None = None,
+    max_images: int | None = None,
+    sampling: str = "sorted",
+    seed: int = 0,
+    on_error: str = "skip",
+) -> DatasetSelection:
+    """The files of `kind` to run from ``root``, chosen by the rules of :func:`select_images`."""
     if sampling not in SAMPLINGS:
         raise UserError(
             f"dataset.sampling={sampling!r} is not supported",
@@ -110,8 +140,8 @@ def select_images(
             "set it to a positive number or leave it unset",
         )
 
-    root_path = _check_root(root)
-    discovered = _discover(root_path)
+    root_path = _check_root(root, kind.root_fix)
+    discovered = _discover(root_path, kind)
     list_path: Path | None = None
     if subset_filelist is None:
         candidates = discovered
@@ -123,34 +153,34 @@ def select_images(
         candidates = list(candidates)
         random.Random(seed).shuffle(candidates)
     elif sampling == "smallest":
-        candidates = sorted(candidates, key=_pixel_count)
+        candidates = sorted(candidates, key=kind.size)
 
-    images: list[ImageEntry] = []
+    entries: list[ImageEntry | TextEntry] = []
     skipped: list[SkippedFile] = []
     for path in candidates:
-        if max_images is not None and len(images) >= max_images:
+        if max_images is not None and len(entries) >= max_images:
             break
-        entry = _probe(path)
-        if isinstance(entry, ImageEntry):
-            images.append(entry)
+        entry = kind.probe(path)
+        if not isinstance(entry, str):
+            entries.append(entry)
         elif on_error == "fail":
             raise UserError(
-                f"{path} is not a usable image ({entry})",
+                f"{path} is not a usable {kind.noun} ({entry})",
                 "replace or remove the file, or set dataset.on_error=skip to skip such files",
             )
         else:
             skipped.append(SkippedFile(path=path, reason=entry))
 
-    if not images:
+    if not entries:
         source = f"the files listed in {list_path}" if list_path is not None else f"the files under {root_path}"
         first = f" (first: {skipped[0].path.name}: {skipped[0].reason})" if skipped else ""
-        raise UserError(f"none of {source} is a readable image{first}", _ROOT_FIX)
+        raise UserError(f"none of {source} is a {kind.usable} {kind.noun}{first}", kind.root_fix)
 
     return DatasetSelection(
         root=root_path,
         subset_filelist=list_path,
         discovered=len(discovered),
-        images=tuple(images),
+        images=tuple(entries),
         skipped=tuple(skipped),
         max_images=max_images,
         seed=seed,
@@ -167,21 +197,21 @@ def _pixel_count(path: Path) -> float:
         return float("inf")
 
 
-def _check_root(root: str | Path) -> Path:
+def _check_root(root: str | Path, fix: str) -> Path:
     """``root`` as an absolute path; it must be an existing folder."""
     path = Path(root).expanduser().resolve()
     if not path.exists():
-        raise UserError(f"dataset.root {path} does not exist", _ROOT_FIX)
+        raise UserError(f"dataset.root {path} does not exist", fix)
     if not path.is_dir():
-        raise UserError(f"dataset.root {path} is not a folder", _ROOT_FIX)
+        raise UserError(f"dataset.root {path} is not a folder", fix)
     return path
 
 
-def _discover(root: Path) -> list[Path]:
-    """All image files under ``root`` (recursive), sorted by relative path."""
-    found = [p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()]
+def _discover(root: Path, kind: InputKind) -> list[Path]:
+    """All files of `kind` under ``root`` (recursive), sorted by relative path."""
+    found = [p for p in root.rglob("*") if p.suffix.lower() in kind.suffixes and p.is_file()]
     if not found:
-        raise UserError(f"dataset.root {root} contains no .png/.jpg/.jpeg/.webp image files", _ROOT_FIX)
+        raise UserError(f"dataset.root {root} contains no {kind.files} files", kind.root_fix)
     return sorted(found, key=lambda p: p.relative_to(root).as_posix())
 
 
@@ -249,3 +279,14 @@ def _probe(path: Path) -> ImageEntry | str:
     if width <= 0 or height <= 0:
         return f"image has no pixels ({width}x{height})"
     return ImageEntry(path=path, width=width, height=height, bytes=size)
+
+
+IMAGES = InputKind(
+    noun="image",
+    usable="readable",
+    files=".png/.jpg/.jpeg/.webp image",
+    suffixes=IMAGE_SUFFIXES,
+    probe=_probe,
+    size=_pixel_count,
+    root_fix=_ROOT_FIX,
+)

@@ -75,7 +75,9 @@ def _left_out_reason(row: Mapping[str, Any]) -> str | None:
 def _point(row: Mapping[str, Any]) -> KernelPoint:
     return KernelPoint(
         stage=str(row["stage"]),
-        label=kernel_label(str(row["name"]), str(row.get("full_name") or "")),
+        # † : the time share covers every instantiation of the function name, not only the one ncu measured
+        label=kernel_label(str(row["name"]), str(row.get("full_name") or ""))
+        + (" †" if int(row.get("stage_instantiations") or 0) > 1 else ""),
         intensity=float(row["arithmetic_intensity"]),
         achieved=float(row["achieved_tflops"]) * 1e12,
         share=row.get("stage_share"),
@@ -306,7 +308,9 @@ def roofline_caption(m: Mapping[str, Any]) -> str:
         "Each point is one kernel that Nsight Compute profiled: x = FLOPs / DRAM bytes, y = FLOPs / duration, both "
         "per launch as ncu measured them (caches flushed between replays; FMA = 2 FLOPs; tensor-core ops counted "
         "as FLOPs). Colour and marker give the stage, the marker's area the kernel's share of the stage's GPU time "
-        f"(nsys); labels name the hottest (up to {LABELLED}, by nsys GPU time). Roofs: min(compute peak, "
+        f"(nsys); labels name the hottest (up to {LABELLED}, by nsys GPU time); † marks a function name shared by "
+        "several instantiations: the point is the one ncu measured, the share covers all of them. Roofs: "
+        "min(compute peak, "
         f"intensity × memory bandwidth), peaks from {_peak_sources(m) or 'no source'}. "
         f"Plotted: {len(points)} of the {total} profiled kernels"
     )

@@ -12,7 +12,7 @@ from llm_perf_opt.hardware import peak_bandwidth, peak_compute
 from llm_perf_opt.kernel_names import kernel_label
 from llm_perf_opt.measure import stages
 from llm_perf_opt.nsight.ncu_report import read_ncu_raw_csv
-from llm_perf_opt.nsight.nsys_trace import NsysTrace
+from llm_perf_opt.nsight.nsys_trace import KernelStat, NsysTrace
 from llm_perf_opt.report import stage2_plots
 from llm_perf_opt.report.markdown import Doc, ms, pct
 from llm_perf_opt.schema import SCHEMA_VERSION
@@ -76,12 +76,42 @@ def _counts_tensor_ops(raw: Path) -> bool:
     return False
 
 
-def _stage_kernel_time(trace: NsysTrace, stage: str) -> dict[str, tuple[float, float]]:
-    """nsys short name -> (GPU ms, share of the stage's kernel time), every instantiation of the name summed."""
-    out: dict[str, tuple[float, float]] = {}
+def timed_pass_kernels(trace: NsysTrace) -> list[KernelStat]:
+    """Every kernel launched inside the timed passes' top-level ranges (preprocess, prefill, decode), hottest first.
+
+    The model build and the warm-up passes run outside every range, so their kernels (weight initialisation,
+    first-call autotuning) are left out; `share` is of the timed passes' kernel time.
+    """
+    merged: dict[tuple[str, str], list[float]] = {}
+    for stage in (stages.PREPROCESS, stages.PREFILL, stages.DECODE):
+        for k in trace.top_kernels(1_000_000, stage=stage):
+            key = (k.name, k.demangled)
+            calls, total, low, high = merged.get(key, [0, 0.0, float("inf"), 0.0])
+            merged[key] = [calls + k.calls, total + k.total_ms, min(low, k.min_ms), max(high, k.max_ms)]
+    grand = sum(v[1] for v in merged.values())
+    out = [
+        KernelStat(
+            name=name,
+            demangled=demangled,
+            stage=None,
+            calls=int(calls),
+            total_ms=total,
+            mean_ms=total / calls,
+            min_ms=low,
+            max_ms=high,
+            share=total / grand if grand else 0.0,
+        )
+        for (name, demangled), (calls, total, low, high) in merged.items()
+    ]
+    return sorted(out, key=lambda k: (-k.total_ms, k.demangled, k.name))
+
+
+def _stage_kernel_time(trace: NsysTrace, stage: str) -> dict[str, tuple[float, float, int]]:
+    """nsys short name -> (GPU ms, share of the stage's kernel time, instantiations), every instantiation summed."""
+    out: dict[str, tuple[float, float, int]] = {}
     for k in trace.top_kernels(1_000_000, stage=stage):
-        ms_so_far, share_so_far = out.get(k.name, (0.0, 0.0))
-        out[k.name] = (ms_so_far + k.total_ms, share_so_far + k.share)
+        ms_so_far, share_so_far, count = out.get(k.name, (0.0, 0.0, 0))
+        out[k.name] = (ms_so_far + k.total_ms, share_so_far + k.share, count + 1)
     return out
 
 
@@ -95,7 +125,7 @@ def _stage_ncu_rows(run_dir: Path, stage: str, target: Mapping[str, Any], trace:
             continue
         tensor = _counts_tensor_ops(raw)
         for kernel in read_ncu_raw_csv(raw):
-            gpu_ms, share = times.get(kernel.name, (None, None))
+            gpu_ms, share, instantiations = times.get(kernel.name, (None, None, 0))
             found.setdefault(
                 kernel.name,
                 {
@@ -105,6 +135,7 @@ def _stage_ncu_rows(run_dir: Path, stage: str, target: Mapping[str, Any], trace:
                     "tensor_ops_counted": tensor,
                     "stage_gpu_ms": gpu_ms,  # nsys, all timed passes
                     "stage_share": share,  # of the stage's summed kernel time (nsys)
+                    "stage_instantiations": instantiations,  # nsys kernels sharing this function name
                 },
             )
     return list(found.values())
@@ -218,7 +249,7 @@ def build_metrics(
         "stages": stage_rows,
         "decode_steps": to_plain(decode) if decode else None,
         "kernel_count": trace.kernel_count(),
-        "top_kernels": [to_plain(k) for k in trace.top_kernels(TOP_OVERALL)],
+        "top_kernels": [to_plain(k) for k in timed_pass_kernels(trace)[:TOP_OVERALL]],
         "top_kernels_by_stage": per_stage,
         "analysed_stages": analysed,
         "ncu_kernels": ncu_rows,
@@ -307,9 +338,9 @@ def kernels_md(m: Mapping[str, Any], plots: Mapping[str, str] | None = None) -> 
             if k["name"] in shared and row[-1]:
                 row[-1] += " †"
         doc.table(_KERNEL_HEADER, rows)
-    doc.h2("All stages")
+    doc.h2("All timed passes (kernels inside preprocess, prefill and decode)")
     doc.table(
-        ["#", "kernel", "calls", "total ms", "mean ms", "% of all kernel time"],
+        ["#", "kernel", "calls", "total ms", "mean ms", "% of timed-pass kernel time"],
         [
             [str(i), _label(k), str(k["calls"]), ms(k["total_ms"], 3), ms(k["mean_ms"], 4), pct(k["share"])]
             for i, k in enumerate(m["top_kernels"], 1)
@@ -362,9 +393,11 @@ def findings(m: Mapping[str, Any]) -> list[str]:
             f"{dec['gpu_busy_fraction']:.0%} of each step."
         )
         if dec["gpu_busy_fraction"] < LOW_BUSY:
+            moe = ((m.get("model") or {}).get("experts_implementation")) is not None
             msg += (
                 " Most of a step is launch and Python overhead, not GPU work: CUDA graphs / torch.compile "
-                "(reduce-overhead) or fusing the per-expert loop would shorten it more than faster kernels."
+                f"(reduce-overhead){' or fusing the per-expert work' if moe else ''} would shorten it more than "
+                "faster kernels."
             )
         out.append(msg)
     pre = by.get(stages.PREFILL)
@@ -377,7 +410,7 @@ def findings(m: Mapping[str, Any]) -> list[str]:
     if m["top_kernels"]:
         top = m["top_kernels"][0]
         out.append(
-            f"Hottest kernel overall: {_label(top)}, {top['share']:.0%} of all kernel time "
+            f"Hottest kernel of the timed passes: {_label(top)}, {top['share']:.0%} of their kernel time "
             f"({top['calls']} calls, {top['total_ms']:.1f} ms)."
         )
     bound = [r for r in m["ncu_kernels"] if r.get("bound") in ("memory", "compute", "latency")]
@@ -427,7 +460,7 @@ def report_md(m: Mapping[str, Any], files: Sequence[str]) -> str:
         "[kernels.md](kernels.md)."
     )
     doc.table(
-        ["#", "kernel", "calls", "total ms", "% of all kernel time"],
+        ["#", "kernel", "calls", "total ms", "% of timed-pass kernel time"],
         [
             [str(i), _label(k), str(k["calls"]), ms(k["total_ms"], 2), pct(k["share"])]
             for i, k in enumerate(m["top_kernels"][:10], 1)

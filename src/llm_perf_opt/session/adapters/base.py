@@ -93,6 +93,27 @@ class ModelAdapter(ABC):
     def prepare(self, image: Image.Image, tokenizer: Any | None) -> PreparedInputs:
         """The real preprocessing of one page image, and the prompt ids."""
 
+    def seed_random_weights(self) -> int:
+        """Seed torch with `model.seed` before a random-weight build (reproducible FLOPs, routing, timings)."""
+        seed = int(self.cfg.get("seed", 0))
+        torch.manual_seed(seed)
+        return seed
+
+    def random_weights(
+        self, model: nn.Module, *, tokenizer: Any | None = None, note: str = "", config_source: str = ""
+    ) -> LoadedModel:
+        """`model` (just built with random weights) with the provenance line every report shows."""
+        return LoadedModel(
+            model=model.eval(),
+            tokenizer=tokenizer,
+            weights="random",
+            weights_detail=(
+                f"random weights (seed {self.cfg.get('seed', 0)}), no checkpoint: timings, FLOPs and bytes are real, "
+                f"generated text is not{f'; {note}' if note else ''}"
+            ),
+            config_source=config_source or f"shipped config conf/model/{self.cfg['name']}.yaml (architecture)",
+        )
+
     def implementation_kwargs(self) -> dict[str, Any]:
         """`attn_implementation` / `experts_implementation` from the model config, for transformers loaders."""
         return {key: self.cfg[key] for key in ("attn_implementation", "experts_implementation") if self.cfg.get(key)}

@@ -96,19 +96,10 @@ class DeepseekOcrAdapter(ModelAdapter):
     def build_random(self, *, device: torch.device, dtype: torch.dtype) -> LoadedModel:
         self.mode  # noqa: B018 - an unknown mode fails before the (long) build
         config = self._config()
-        torch.manual_seed(int(self.cfg.get("seed", 0)))
+        self.seed_random_weights()
         with torch.device(device), default_dtype(dtype):
             model = DeepseekOcrForConditionalGeneration(config)
-        return LoadedModel(
-            model=model.eval(),
-            tokenizer=None,
-            weights="random",
-            weights_detail=(
-                f"random weights (seed {self.cfg.get('seed', 0)}), no checkpoint: timings, FLOPs and bytes are "
-                "real, generated text is not"
-            ),
-            config_source=f"shipped config conf/model/{self.cfg['name']}.yaml (architecture)",
-        )
+        return self.random_weights(model)
 
     def load_checkpoint(self, path: str, *, device: torch.device, dtype: torch.dtype) -> LoadedModel:
         self.mode  # noqa: B018

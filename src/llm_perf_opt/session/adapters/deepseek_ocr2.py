@@ -42,21 +42,12 @@ class DeepseekOcr2Adapter(ModelAdapter):
 
     def build_random(self, *, device: torch.device, dtype: torch.dtype) -> LoadedModel:
         config = DeepseekOcr2Config(**plain(self.cfg["architecture"]))
-        torch.manual_seed(int(self.cfg.get("seed", 0)))
+        self.seed_random_weights()
         with torch.device(device):
             model = DeepseekOcr2ForConditionalGeneration._from_config(
                 config, dtype=dtype, **self.implementation_kwargs()
             )
-        return LoadedModel(
-            model=model.eval(),
-            tokenizer=None,
-            weights="random",
-            weights_detail=(
-                f"random weights (seed {self.cfg.get('seed', 0)}), no checkpoint: timings, FLOPs and bytes are "
-                "real, generated text is not"
-            ),
-            config_source=f"shipped config conf/model/{self.cfg['name']}.yaml (architecture)",
-        )
+        return self.random_weights(model)
 
     def load_checkpoint(self, path: str, *, device: torch.device, dtype: torch.dtype) -> LoadedModel:
         folder = Path(path).expanduser()

@@ -108,20 +108,10 @@ class HfAdapter(ModelAdapter):
     def build_random(self, *, device: torch.device, dtype: torch.dtype) -> LoadedModel:
         source, arch = self.source, self.arch
         tokenizer, how = self._tokenizer_or_processor()  # before any weight: a missing processor fails fast
-        seed = int(self.cfg.get("seed", 0))
-        torch.manual_seed(seed)
+        self.seed_random_weights()
         with torch.device(device):
             model = arch.auto_class.from_config(source.config, dtype=dtype, **self.implementation_kwargs())
-        return LoadedModel(
-            model=model.eval(),
-            tokenizer=tokenizer,
-            weights="random",
-            weights_detail=(
-                f"random weights (seed {seed}), no checkpoint: timings, FLOPs and bytes are real, generated text is "
-                f"not; {how}"
-            ),
-            config_source=source.config_source,
-        )
+        return self.random_weights(model, tokenizer=tokenizer, note=how, config_source=source.config_source)
 
     def load_checkpoint(self, path: str, *, device: torch.device, dtype: torch.dtype) -> LoadedModel:
         folder = Path(path)

@@ -9,26 +9,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 import attrs
 
 from llm_perf_opt.errors import UserError
+from llm_perf_opt.resources import package_folder
 
 PRESET_SUFFIX = ".json"
 
 
 def presets_dir() -> Path:
     """The folder of shipped model presets (config.json files named <preset>.json)."""
-    resource = files("llm_perf_opt") / "conf" / "model_presets"
-    if not isinstance(resource, Path) or not resource.is_dir():
-        raise UserError(
-            f"the bundled model presets folder {resource} is not a folder on disk",
-            "reinstall llm-perf-opt as a regular (not zipped) package, or pass model.config=<path to config.json>",
-        )
-    return resource.resolve()
+    return package_folder("conf/model_presets", "model presets", "pass model.config=<path to config.json>")
 
 
 def preset_names() -> list[str]:

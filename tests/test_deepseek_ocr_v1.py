@@ -191,3 +191,20 @@ def test_stage1_run_on_the_tiny_v1_model(tmp_path: Path, page_images: dict[str, 
     for stage in V1_STAGES:
         assert stage in text
     assert (run_dir / "report.md").is_file()
+
+
+def test_unknown_mode_on_the_command_line_fails_cleanly(tmp_path: Path, page_images: dict[str, Path]) -> None:
+    run_dir = tmp_path / "run"
+    result = run_cli(
+        "llm_perf_opt.cli.stage1",
+        "model=deepseek_ocr_tiny",
+        "model.mode=huge",
+        "device=cpu",
+        f"dataset.root={page_images['a4'].parent}",
+        f"hydra.run.dir={run_dir}",
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "model.mode=huge" in result.stderr and "Traceback" not in result.stderr
+    status = json.loads((run_dir / "run_status.json").read_text())
+    assert status["state"] == "failed" and "model.mode=huge" in status["message"]
+    assert not (run_dir / "report.md").exists()

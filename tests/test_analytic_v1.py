@@ -15,13 +15,13 @@ from omegaconf import DictConfig
 from helpers import run_cli
 from llm_perf_opt.analytic import ClipSpec, ModelSpec, Workload, decode_step, prefill, stage_costs, vision_view
 from llm_perf_opt.cli.common import compose_config
+from llm_perf_opt.config_data import plain
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure.flops import flop_counter
 from llm_perf_opt.models.deepseek_ocr.configuration import DeepseekOcrConfig
 from llm_perf_opt.models.deepseek_ocr.modeling import DeepseekOcrForConditionalGeneration
 from llm_perf_opt.models.deepseek_ocr.preprocess import image_token_count, mode_from_config
 from llm_perf_opt.pipeline.analytic import build_report
-from llm_perf_opt.session.adapters.base import plain
 
 G = 1e9
 EXACT = 1e-9  # relative error allowed against FlopCounterMode

@@ -15,6 +15,7 @@ import torch
 from PIL import Image
 
 from helpers import greedy_by_recomputation, run_cli
+from llm_perf_opt.config_data import plain
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure.timing import StageRecorder
 from llm_perf_opt.models.deepseek_ocr.configuration import DeepseekOcrConfig
@@ -25,7 +26,6 @@ from llm_perf_opt.models.deepseek_ocr.preprocess import (
     mode_from_config,
     preprocess,
 )
-from llm_perf_opt.session.adapters.base import plain
 from llm_perf_opt.session.session import DeepSeekOCRSession
 
 V1_STAGES = ("vision/sam", "vision/clip", "vision/projector")

@@ -265,7 +265,7 @@ class ModelSpec:
     def from_architecture(cls, architecture: Mapping[str, Any]) -> ModelSpec:
         """From the Hydra ``model.architecture`` mapping (DictConfig or dict) of either model: a mapping with
         ``clip_config`` is v1 (``DeepseekOcrConfig.from_architecture``), any other ``DeepseekOcr2Config(**it)``."""
-        from llm_perf_opt.session.adapters.base import plain as plain_dict
+        from llm_perf_opt.config_data import plain as plain_dict
 
         plain = plain_dict(architecture)
         if "clip_config" in plain:

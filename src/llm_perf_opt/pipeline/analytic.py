@@ -33,7 +33,7 @@ def has_modes(model_cfg: DictConfig) -> bool:
 
 def model_mode(model_cfg: DictConfig, name: str | None = None) -> Mode:
     """The mode `name` (default: `model.mode`) from the model's `modes` table."""
-    return mode_from_config(str(name or model_cfg.mode), OmegaConf.to_container(model_cfg.modes, resolve=True))  # type: ignore[arg-type]
+    return mode_from_config(str(name or model_cfg.mode), model_cfg.modes)
 
 
 def crop_grid_from(value: Any, name: str = "analytic.crop_grid") -> tuple[int, int]:

@@ -9,9 +9,10 @@ from typing import Any, ClassVar
 
 import attrs
 import torch
-from omegaconf import DictConfig, OmegaConf
 from PIL import Image
 from torch import nn
+
+from llm_perf_opt.config_data import plain
 
 
 @attrs.frozen
@@ -149,14 +150,6 @@ class ModelAdapter(ABC):
             "experts_implementation": getattr(config, "_experts_implementation", None),
         }
 
-
-def plain(cfg: Any) -> dict[str, Any]:
-    """A Hydra mapping (DictConfig, resolved) or any mapping as a plain dict."""
-    if isinstance(cfg, DictConfig):
-        container = OmegaConf.to_container(cfg, resolve=True)
-        assert isinstance(container, dict)
-        return {str(k): v for k, v in container.items()}
-    return dict(cfg)
 
 
 def load_tokenizer(folder: Path) -> Any | None:

@@ -13,11 +13,12 @@ from PIL import Image
 from torch import nn
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from llm_perf_opt.config_data import plain
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.models.deepseek_ocr.configuration import DeepseekOcrConfig
 from llm_perf_opt.models.deepseek_ocr.modeling import DeepseekOcrForConditionalGeneration
 from llm_perf_opt.models.deepseek_ocr.preprocess import Mode, image_token_count, mode_from_config, preprocess
-from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, PreparedInputs, load_tokenizer, plain
+from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, PreparedInputs, load_tokenizer
 
 
 @contextmanager
@@ -82,9 +83,9 @@ class DeepseekOcrAdapter(ModelAdapter):
         "vision/projector": "model.projector",
     }
 
-    @property
-    def mode(self) -> Mode:
-        return mode_from_config(str(self.cfg["mode"]), plain(self.cfg["modes"]))
+    def __init__(self, model_cfg: Mapping[str, Any]) -> None:
+        super().__init__(model_cfg)
+        self.mode: Mode = mode_from_config(str(model_cfg["mode"]), model_cfg["modes"])  # an unknown mode fails here
 
     def _config(self) -> DeepseekOcrConfig:
         return DeepseekOcrConfig.from_architecture(
@@ -94,7 +95,6 @@ class DeepseekOcrAdapter(ModelAdapter):
         )
 
     def build_random(self, *, device: torch.device, dtype: torch.dtype) -> LoadedModel:
-        self.mode  # noqa: B018 - an unknown mode fails before the (long) build
         config = self._config()
         self.seed_random_weights()
         with torch.device(device), default_dtype(dtype):
@@ -102,7 +102,6 @@ class DeepseekOcrAdapter(ModelAdapter):
         return self.random_weights(model)
 
     def load_checkpoint(self, path: str, *, device: torch.device, dtype: torch.dtype) -> LoadedModel:
-        self.mode  # noqa: B018
         folder = Path(path).expanduser()
         if not (folder / "config.json").is_file():
             raise UserError(

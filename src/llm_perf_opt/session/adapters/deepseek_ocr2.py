@@ -12,8 +12,9 @@ from PIL import Image
 from transformers import DeepseekOcr2Config, DeepseekOcr2ForConditionalGeneration
 from transformers.models.deepseek_ocr2.image_processing_pil_deepseek_ocr2 import DeepseekOcr2ImageProcessorPil
 
+from llm_perf_opt.config_data import plain
 from llm_perf_opt.errors import UserError
-from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, PreparedInputs, load_tokenizer, plain
+from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, PreparedInputs, load_tokenizer
 
 # The model class hard-codes two learned query banks (DeepseekOcr2VisionModel): 144 queries for views whose
 # SAM output has at most 144 positions (768-px tiles), 256 otherwise (the 1024-px global view). A view

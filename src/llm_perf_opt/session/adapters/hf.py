@@ -16,9 +16,10 @@ import torch
 from PIL import Image
 from torch import nn
 
+from llm_perf_opt.config_data import plain
 from llm_perf_opt.data.prompts import read_prompt
 from llm_perf_opt.errors import UserError
-from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, PreparedInputs, load_tokenizer, plain
+from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, PreparedInputs, load_tokenizer
 from llm_perf_opt.session.adapters.hf_arch import IMAGE, TEXT, HfArchitecture, classify
 from llm_perf_opt.session.adapters.hf_inputs import (
     STAND_IN_TOKENIZATION,

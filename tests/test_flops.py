@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llm_perf_opt.measure import stages
 from llm_perf_opt.measure.flops import StageFlops, _grouped_mm_flops, count_stage_flops, flop_counter
 from llm_perf_opt.measure.timing import StageRecorder
+from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.session.session import DeepSeekOCRSession
 
 VISION = ("vision/sam", "vision/encoder", "vision/projector")
@@ -89,11 +89,11 @@ def test_decode_totals(small_flops) -> None:
     p = small_flops.prompt_tokens
     assert small_flops.decode_total(1) == 0
     assert small_flops.decode_total(4) == sum(small_flops.decode_step(p + i) for i in (1, 2, 3))
-    assert small_flops.stage_total(stages.DECODE, 4) == small_flops.decode_total(4)
-    assert small_flops.stage_total(stages.DECODE_STEP, 4) == pytest.approx(small_flops.decode_total(4) / 3)
-    assert small_flops.stage_total(stages.PREFILL, 4) == small_flops.prefill
+    assert small_flops.stage_total(vocab.DECODE, 4) == small_flops.decode_total(4)
+    assert small_flops.stage_total(vocab.DECODE_STEP, 4) == pytest.approx(small_flops.decode_total(4) / 3)
+    assert small_flops.stage_total(vocab.PREFILL, 4) == small_flops.prefill
     assert small_flops.stage_total("vision/sam", 4) == small_flops.vision["vision/sam"]
-    assert small_flops.stage_total(stages.PREPROCESS, 4) is None
+    assert small_flops.stage_total(vocab.PREPROCESS, 4) is None
 
 
 def test_vision_is_inside_prefill_and_grows_with_tiles(small_flops, tiles_flops) -> None:

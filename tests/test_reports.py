@@ -11,13 +11,13 @@ import pytest
 from PIL import Image
 
 from llm_perf_opt.hardware.table import PeakFigure
-from llm_perf_opt.measure import stages
 from llm_perf_opt.measure.aggregate import E2E, TTFT, stage_stats, throughput
 from llm_perf_opt.measure.flops import StageFlops
 from llm_perf_opt.measure.mfu import mfu_by_stage
+from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records.stage1 import DeviceInfo, ImageRecord, ModelInfo, Stage1Metrics
 from llm_perf_opt.report import gallery, markdown
 from llm_perf_opt.report.recommendations import key_findings, recommendations
-from llm_perf_opt.results import DeviceInfo, ImageRecord, ModelInfo, Stage1Metrics
 
 # ---- markdown ------------------------------------------------------------------------------------------------
 
@@ -184,7 +184,7 @@ def test_thumbnail_without_boxes_is_just_the_page(tmp_path: Path) -> None:
 # ---- findings and recommendations ---------------------------------------------------------------------------
 
 VISION = ("vision/sam", "vision/encoder", "vision/projector")
-STAGES = (stages.PREFILL, *VISION, stages.DECODE)
+STAGES = (vocab.PREFILL, *VISION, vocab.DECODE)
 
 
 def _record(pre, vision, prefill, steps, repeat=0, image="page.png") -> ImageRecord:
@@ -269,11 +269,11 @@ def gpu_decode_bound() -> Stage1Metrics:
 def test_aggregates_of_the_synthetic_run(gpu_decode_bound) -> None:
     m = gpu_decode_bound
     by_name = {s.stage: s for s in m.stages}
-    assert list(by_name) == [stages.PREPROCESS, stages.PREFILL, *VISION, TTFT, stages.DECODE, stages.DECODE_STEP, E2E]
-    assert by_name["vision/sam"].nested_in == stages.PREFILL
-    assert by_name[stages.DECODE_STEP].nested_in == stages.DECODE
-    assert by_name[stages.PREFILL].nested_in is None
-    assert by_name[stages.DECODE_STEP].summary.n == 3 * 31
+    assert list(by_name) == [vocab.PREPROCESS, vocab.PREFILL, *VISION, TTFT, vocab.DECODE, vocab.DECODE_STEP, E2E]
+    assert by_name["vision/sam"].nested_in == vocab.PREFILL
+    assert by_name[vocab.DECODE_STEP].nested_in == vocab.DECODE
+    assert by_name[vocab.PREFILL].nested_in is None
+    assert by_name[vocab.DECODE_STEP].summary.n == 3 * 31
     assert by_name[E2E].summary.p50 == pytest.approx(740.0)
     assert by_name[TTFT].summary.p50 == pytest.approx(120.0)
     assert m.throughput.decode_tokens_per_s == pytest.approx(50.0)
@@ -281,11 +281,11 @@ def test_aggregates_of_the_synthetic_run(gpu_decode_bound) -> None:
     assert m.throughput.e2e_tokens_per_s == pytest.approx(32 / 0.740)
     mfu = {r.stage: r for r in m.mfu}
     assert list(mfu) == list(STAGES)
-    assert mfu[stages.PREFILL].flops_total == pytest.approx(3 * 6.0e12)
-    assert mfu[stages.PREFILL].time_total_ms == pytest.approx(300.0)
-    assert mfu[stages.PREFILL].achieved_tflops == pytest.approx(60.0)
-    assert mfu[stages.PREFILL].mfu == pytest.approx(60e12 / 989e12)
-    assert mfu[stages.DECODE].flops_total == pytest.approx(3 * GPU_FLOPS.decode_total(32))
+    assert mfu[vocab.PREFILL].flops_total == pytest.approx(3 * 6.0e12)
+    assert mfu[vocab.PREFILL].time_total_ms == pytest.approx(300.0)
+    assert mfu[vocab.PREFILL].achieved_tflops == pytest.approx(60.0)
+    assert mfu[vocab.PREFILL].mfu == pytest.approx(60e12 / 989e12)
+    assert mfu[vocab.DECODE].flops_total == pytest.approx(3 * GPU_FLOPS.decode_total(32))
 
 
 def test_key_findings_gpu_decode_bound(gpu_decode_bound) -> None:

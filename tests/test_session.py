@@ -8,7 +8,7 @@ import torch
 from omegaconf import OmegaConf
 
 from llm_perf_opt.errors import UserError, require_whole
-from llm_perf_opt.measure import stages
+from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.session.adapters.registry import make_adapter
 from llm_perf_opt.session.session import (
     DeepSeekOCRSession,
@@ -62,14 +62,14 @@ def test_run_image_stage_accounting(runs, page, views) -> None:
     assert len(m.token_ids) == NEW_TOKENS  # the first comes from prefill
     assert len(m.decode_step_ms) == NEW_TOKENS - 1
     assert all(ms > 0 for ms in m.decode_step_ms)
-    assert m.stage_calls[stages.PREFILL] == 1
-    assert m.stage_calls[stages.DECODE] == 1
-    assert m.stage_calls[stages.DECODE_STEP] == NEW_TOKENS - 1
+    assert m.stage_calls[vocab.PREFILL] == 1
+    assert m.stage_calls[vocab.DECODE] == 1
+    assert m.stage_calls[vocab.DECODE_STEP] == NEW_TOKENS - 1
     # Vision runs once for the global view and, with tiles, once more for the batch of tiles.
     assert {s: m.stage_calls[s] for s in VISION} == dict.fromkeys(VISION, views)
     vision_ms = sum(m.stage_ms[s] for s in VISION)
     assert 0 < vision_ms <= m.prefill_ms
-    assert m.stage_ms[stages.DECODE_STEP] == pytest.approx(sum(m.decode_step_ms))
+    assert m.stage_ms[vocab.DECODE_STEP] == pytest.approx(sum(m.decode_step_ms))
     assert m.decode_ms >= sum(m.decode_step_ms)
     assert m.preprocess_ms > 0
     assert m.ttft_ms == pytest.approx(m.preprocess_ms + m.prefill_ms)
@@ -83,9 +83,9 @@ def test_single_token_has_no_decode_spans(tiny_session, page_images, runs) -> No
     assert m.token_ids[0] == runs["small"].token_ids[0]  # greedy and deterministic
     assert m.decode_step_ms == ()
     assert m.decode_ms == 0.0
-    assert stages.DECODE not in m.stage_calls
-    assert stages.DECODE_STEP not in m.stage_calls
-    assert m.stage_calls[stages.PREFILL] == 1
+    assert vocab.DECODE not in m.stage_calls
+    assert vocab.DECODE_STEP not in m.stage_calls
+    assert m.stage_calls[vocab.PREFILL] == 1
 
 
 def test_prepared_inputs_to_casts_only_floating_tensors(tiny_session, page_images) -> None:

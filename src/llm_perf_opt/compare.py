@@ -16,8 +16,8 @@ import attrs
 
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.kernel_names import kernel_label, short_kernel_name
+from llm_perf_opt.records.common import SCHEMA_MAJOR
 from llm_perf_opt.report.markdown import Doc, ms, pct
-from llm_perf_opt.schema import SCHEMA_MAJOR
 
 KINDS = {"stage1": "Stage 1", "stage2": "Stage 2"}
 TOP_MOVERS = 10

@@ -19,6 +19,7 @@ import attrs
 import yaml
 
 from llm_perf_opt.errors import UserError
+from llm_perf_opt.records.common import PeakFigure
 
 DTYPE_KEYS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8")
 """Keys allowed in ``dense_tflops``."""
@@ -54,15 +55,6 @@ class GpuSpec:
     note: str = ""
 
 
-@attrs.frozen
-class PeakFigure:
-    """A peak rate and where it comes from."""
-
-    value: float  # FLOP/s (for compute) or B/s (for bandwidth), in base units
-    unit: str  # "FLOP/s" or "B/s"
-    dtype_key: str | None  # "bf16", "tf32", ...; None for bandwidth
-    source: str  # "datasheet: NVIDIA H100 SXM5, dense BF16 tensor core (https://...)" or "user override: ..."
-    device_name: str
 
 
 def _positive(value: Any, what: str) -> float:

@@ -5,12 +5,9 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Sequence
 
-from llm_perf_opt.measure import stages
 from llm_perf_opt.measure.stats import summarize
-from llm_perf_opt.results import ImageRecord, StageStat, Throughput
-
-TTFT = "ttft"
-E2E = "e2e"
+from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records.stage1 import ImageRecord, StageStat, Throughput
 
 
 def stage_values(records: Iterable[ImageRecord], vision_stages: Sequence[str]) -> dict[str, list[float]]:
@@ -21,24 +18,24 @@ def stage_values(records: Iterable[ImageRecord], vision_stages: Sequence[str]) -
         values.setdefault(name, []).append(value)
 
     for rec in records:
-        add(stages.PREPROCESS, rec.preprocess_ms)
-        add(stages.PREFILL, rec.prefill_ms)
+        add(vocab.PREPROCESS, rec.preprocess_ms)
+        add(vocab.PREFILL, rec.prefill_ms)
         for stage in vision_stages:
             add(stage, rec.vision_ms.get(stage, 0.0))
-        add(TTFT, rec.ttft_ms)
+        add(vocab.TTFT, rec.ttft_ms)
         if rec.decode_step_ms:
-            add(stages.DECODE, rec.decode_ms)
+            add(vocab.DECODE, rec.decode_ms)
             for step in rec.decode_step_ms:
-                add(stages.DECODE_STEP, step)
-        add(E2E, rec.e2e_ms)
+                add(vocab.DECODE_STEP, step)
+        add(vocab.E2E, rec.e2e_ms)
     return values
 
 
 def _nesting(stage: str) -> str | None:
-    if stages.is_vision(stage):
-        return stages.PREFILL
-    if stage == stages.DECODE_STEP:
-        return stages.DECODE
+    if vocab.is_vision(stage):
+        return vocab.PREFILL
+    if stage == vocab.DECODE_STEP:
+        return vocab.DECODE
     return None
 
 

@@ -14,13 +14,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-import attrs
-
-from llm_perf_opt.hardware.table import PeakFigure
 from llm_perf_opt.measure.mfu import stage_time_ms, utilization
-from llm_perf_opt.results import ImageRecord
-
-BYTES_SOURCE = "analytic model (llm_perf_opt.analytic): weights read + activations + KV cache"
+from llm_perf_opt.records.common import PeakFigure
+from llm_perf_opt.records.stage1 import ImageRecord, StageEfficiency
 
 
 class HasBytes(Protocol):
@@ -28,23 +24,6 @@ class HasBytes(Protocol):
     def bytes(self) -> float: ...
 
 
-@attrs.frozen
-class StageEfficiency:
-    """Roofline figures of one stage over all timed passes (None where a peak is unknown)."""
-
-    stage: str
-    time_ms: float
-    flops: float
-    bytes: float
-    arithmetic_intensity: float | None  # FLOP / byte
-    ridge_point: float | None  # FLOP / byte where the device's compute and bandwidth roofs meet
-    bound: str | None  # "compute" | "memory"
-    mfu: float | None
-    mbu: float | None
-    speed_of_light_ms: float | None
-    gap: float | None  # measured / speed of light
-    flops_source: str
-    bytes_source: str = BYTES_SOURCE
 
 
 def efficiency_by_stage(

@@ -22,8 +22,8 @@ import attrs
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from llm_perf_opt.measure import stages
 from llm_perf_opt.measure.timing import StageRecorder
+from llm_perf_opt.records import vocabulary as vocab
 
 FLOP_SOURCE = (
     "counted on the real modules with torch FlopCounterMode (+ grouped_mm, CPU-SDPA and GQA-SDPA formulas); "
@@ -106,11 +106,11 @@ class StageFlops:
 
     def stage_total(self, stage: str, new_tokens: int) -> float | None:
         """FLOPs for a stage name of :mod:`stages`; None where nothing is counted (preprocess)."""
-        if stage == stages.PREFILL:
+        if stage == vocab.PREFILL:
             return self.prefill
-        if stage == stages.DECODE:
+        if stage == vocab.DECODE:
             return self.decode_total(new_tokens)
-        if stage == stages.DECODE_STEP:
+        if stage == vocab.DECODE_STEP:
             return self.decode_total(new_tokens) / max(new_tokens - 1, 1)
         return self.vision.get(stage)
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from llm_perf_opt.hardware.table import PeakFigure
-from llm_perf_opt.measure import stages
 from llm_perf_opt.measure.flops import FLOP_SOURCE, StageFlops
-from llm_perf_opt.results import ImageRecord, MfuRecord
+from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records.stage1 import ImageRecord, MfuRecord
 
 
 def utilization(amount: float, seconds: float, peak: PeakFigure | None) -> tuple[float, float | None]:
@@ -24,9 +24,9 @@ def utilization(amount: float, seconds: float, peak: PeakFigure | None) -> tuple
 
 
 def stage_time_ms(record: ImageRecord, stage: str) -> float:
-    if stage == stages.PREFILL:
+    if stage == vocab.PREFILL:
         return record.prefill_ms
-    if stage == stages.DECODE:
+    if stage == vocab.DECODE:
         return record.decode_ms
     return record.vision_ms.get(stage, 0.0)
 

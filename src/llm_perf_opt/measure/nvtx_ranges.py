@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import nvtx
 
-from llm_perf_opt.measure.stages import NVTX_DOMAIN
+from llm_perf_opt.records.vocabulary import NVTX_DOMAIN
 
 _DOMAIN = nvtx.get_domain(NVTX_DOMAIN)
 

@@ -6,8 +6,9 @@ import bisect
 import math
 from collections.abc import Sequence
 
-import attrs
 import numpy as np
+
+from llm_perf_opt.records.common import Summary
 
 # Two-sided 95% (0.975 quantile) critical values of Student's t, exact to 6 decimals.
 _T95_EXACT: dict[int, float] = {
@@ -45,21 +46,6 @@ def t_critical_95(df: int) -> float:
     return lo_t + frac * (hi_t - lo_t)
 
 
-@attrs.frozen
-class Summary:
-    """Summary of ``n`` measurements in ``unit``."""
-
-    n: int
-    mean: float
-    std: float  # sample standard deviation (ddof=1); 0.0 when n == 1
-    min: float
-    p50: float
-    p90: float
-    max: float
-    cv: float | None  # std / |mean|; None when mean == 0 or n < 2
-    ci95_low: float  # Student-t 95% CI of the mean; equal to mean when n == 1
-    ci95_high: float
-    unit: str
 
 
 def summarize(values: Sequence[float], unit: str) -> Summary:

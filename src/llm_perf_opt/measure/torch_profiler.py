@@ -10,47 +10,22 @@ from __future__ import annotations
 import gzip
 import shutil
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-import attrs
 import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from llm_perf_opt.kernel_names import short_kernel_name
-from llm_perf_opt.measure import stages
 from llm_perf_opt.measure.timing import StageRecorder
+from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records.stage1 import OperatorRow, OperatorTable
 
 STAGE_LABEL_PREFIX = "stage:"
 
 
-@attrs.frozen
-class OperatorRow:
-    """One operator name, aggregated over its calls (times in ms)."""
-
-    name: str
-    calls: int
-    self_device_ms: float
-    total_device_ms: float  # inclusive of child ops; do not sum this column
-    self_cpu_ms: float
-    total_cpu_ms: float  # inclusive of child ops; do not sum this column
-    flops: float  # from the profiler's with_flops estimate (0 when not estimated)
-
-
-@attrs.frozen
-class OperatorTable:
-    """Operators of the profiled pass, overall and per stage."""
-
-    sort_key: str  # "self_device_ms" on GPU, "self_cpu_ms" on CPU
-    overall: tuple[OperatorRow, ...]  # host-side operators (their device time is that of the kernels they launch)
-    kernels: tuple[OperatorRow, ...]  # GPU kernels by short name (device time only); empty on CPU
-    by_stage: Mapping[str, tuple[OperatorRow, ...]]
-    events: int
-    decode_steps: int
-    postprocess_s: float
-    trace_path: str | None
 
 
 class _ProfilerLabels(StageRecorder):
@@ -84,7 +59,7 @@ def _stage_of(event: Any) -> str | None:
         if parent.name.startswith(STAGE_LABEL_PREFIX):
             stage = parent.name[len(STAGE_LABEL_PREFIX) :]
             # Attribute decode steps to `decode` for the per-stage table.
-            return stages.DECODE if stage == stages.DECODE_STEP else stage
+            return vocab.DECODE if stage == vocab.DECODE_STEP else stage
         parent = parent.cpu_parent
     return None
 

@@ -18,8 +18,8 @@ from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.errors import UserError, require_whole
 from llm_perf_opt.hardware.table import GpuSpec, compute_dtype_key, load_gpu_table
 from llm_perf_opt.models.deepseek_ocr.preprocess import Mode, mode_from_config
+from llm_perf_opt.records.common import SCHEMA_VERSION
 from llm_perf_opt.report.markdown import Doc, flops, ms, num_bytes, pct
-from llm_perf_opt.schema import SCHEMA_VERSION
 
 OUTPUT_DIR = "static_analysis/analytic_model"
 _LAYER_INDEX = re.compile(r"\.layers\.\d+\.")

@@ -21,7 +21,6 @@ from llm_perf_opt.data.inputs import InputChoice, select_inputs
 from llm_perf_opt.env_info import collect_env
 from llm_perf_opt.errors import UserError, require_whole
 from llm_perf_opt.hardware.table import peak_bandwidth, peak_compute
-from llm_perf_opt.measure import stages
 from llm_perf_opt.measure.aggregate import stage_stats, throughput
 from llm_perf_opt.measure.efficiency import efficiency_by_stage
 from llm_perf_opt.measure.flops import FLOP_SOURCE, StageFlops, count_stage_flops
@@ -30,10 +29,11 @@ from llm_perf_opt.measure.timing import timing_method
 from llm_perf_opt.measure.torch_profiler import OperatorTable, profile_image
 from llm_perf_opt.pipeline.analytic import write_analytic_report
 from llm_perf_opt.progress import Feedback, StepHandle
+from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records.common import SCHEMA_VERSION
+from llm_perf_opt.records.stage1 import DeviceInfo, ImageRecord, ModelInfo, Stage1Metrics
 from llm_perf_opt.report import stage1_reports
 from llm_perf_opt.report.markdown import pct
-from llm_perf_opt.results import DeviceInfo, ImageRecord, ModelInfo, Stage1Metrics
-from llm_perf_opt.schema import SCHEMA_VERSION
 from llm_perf_opt.session.adapters.registry import make_adapter
 from llm_perf_opt.session.session import DeepSeekOCRSession, ImageMeasurement, device_name, resolve_device
 
@@ -160,16 +160,16 @@ class Stage1Run:
         p50 = {s.stage: s.summary.p50 for s in m.stages}
         mfu = {r.stage: r.mfu for r in m.mfu}
         eff = {e.stage: e for e in m.efficiency}
-        decode = eff.get(stages.DECODE)
+        decode = eff.get(vocab.DECODE)
         rows = [
             ("model", f"{m.model.name} ({m.model.weights}, {m.model.dtype})"),
             ("device", m.device.name),
             ("images x passes", f"{len({r.image for r in m.records})} x {m.settings['repeats']}"),
             ("end to end (p50)", f"{p50.get('e2e', 0):,.1f} ms"),
-            ("prefill (p50)", f"{p50.get(stages.PREFILL, 0):,.1f} ms, MFU {pct(mfu.get(stages.PREFILL))}"),
+            ("prefill (p50)", f"{p50.get(vocab.PREFILL, 0):,.1f} ms, MFU {pct(mfu.get(vocab.PREFILL))}"),
             (
                 "decode per token (p50)",
-                f"{p50.get(stages.DECODE_STEP, 0):,.2f} ms, MBU {pct(decode.mbu if decode else None)}",
+                f"{p50.get(vocab.DECODE_STEP, 0):,.2f} ms, MBU {pct(decode.mbu if decode else None)}",
             ),
         ]
         self.feedback.summary(f"stage1-run {self.run_id}: complete", rows, str(self.art.run_dir / "report.md"))
@@ -307,7 +307,7 @@ class Stage1Run:
             image: stage_stats([r for r in records if r.image == image], vision)
             for image in dict.fromkeys(r.image for r in records)
         }
-        mfu_stages = (stages.PREFILL, *vision, stages.DECODE)
+        mfu_stages = (vocab.PREFILL, *vision, vocab.DECODE)
         flops_per_image = {
             image: {s: v for s in mfu_stages if (v := f.stage_total(s, settings.max_new_tokens)) is not None}
             for image, f in self.state.flops.items()

@@ -20,13 +20,13 @@ from llm_perf_opt import artifacts
 from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.env_info import collect_env
 from llm_perf_opt.errors import UserError, require_whole
-from llm_perf_opt.measure import stages
 from llm_perf_opt.nsight import commands
 from llm_perf_opt.nsight.ncu_report import read_ncu_raw_csv
 from llm_perf_opt.nsight.nsys_stats import REPORT_ALTERNATIVES, available_reports, pick_reports
 from llm_perf_opt.nsight.nsys_trace import NsysTrace
 from llm_perf_opt.nsight.tools import Tool, check_nsys_report, check_run, find_tool, require_gpu, run_tool
 from llm_perf_opt.progress import Feedback
+from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.report import stage2_plots, stage2_reports
 
 log = logging.getLogger("llm_perf_opt.stage2")
@@ -241,7 +241,7 @@ class Stage2Run:
                 calls: dict[str, int] = {}
                 for k in trace.top_kernels(1_000_000, stage=stage):  # every kernel of the stage, by short name
                     calls[k.name] = calls.get(k.name, 0) + k.calls
-                unit = stages.DECODE_STEP if stage == stages.DECODE else stage  # one decode step, or one prefill
+                unit = vocab.DECODE_STEP if stage == vocab.DECODE else stage  # one decode step, or one prefill
                 targets["stages"][stage] = {
                     "kernels": list(dict.fromkeys(k.name for k in kernels)),
                     "calls": calls,
@@ -324,7 +324,7 @@ class Stage2Run:
         """
         per_instance = max(1, round(sum(target["calls"].get(n, 0) for n in names) / target["instances"]))
         count = min(per_instance, self._launch_cap(names, per_kernel))
-        if stage == stages.DECODE:
+        if stage == vocab.DECODE:
             middle_step = (int(self.cfg.stage2.ncu_workload.max_new_tokens) - 1) // 2
             return per_instance * middle_step, count
         return 0, count

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from llm_perf_opt.measure import stages
-from llm_perf_opt.measure.aggregate import E2E
+from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records.stage1 import Stage1Metrics
 from llm_perf_opt.report.markdown import pct
-from llm_perf_opt.results import Stage1Metrics
 
 # Thresholds that trigger a recommendation; named so the report's logic can be read and tuned in one place.
 DECODE_DOMINANT = 0.5  # decode share of end-to-end
@@ -29,14 +28,14 @@ def _tflops(m: Stage1Metrics, stage: str) -> float | None:
 
 
 def _vision_stages(m: Stage1Metrics) -> list[str]:
-    return [s.stage for s in m.stages if stages.is_vision(s.stage)]
+    return [s.stage for s in m.stages if vocab.is_vision(s.stage)]
 
 
 def key_findings(m: Stage1Metrics) -> list[str]:
     """Where the time goes and how efficient it is, in two or three sentences with numbers."""
-    e2e = _p50(m, E2E) or 0.0
-    pre, prefill, decode = _p50(m, stages.PREPROCESS), _p50(m, stages.PREFILL), _p50(m, stages.DECODE) or 0.0
-    step = _p50(m, stages.DECODE_STEP)
+    e2e = _p50(m, vocab.E2E) or 0.0
+    pre, prefill, decode = _p50(m, vocab.PREPROCESS), _p50(m, vocab.PREFILL), _p50(m, vocab.DECODE) or 0.0
+    step = _p50(m, vocab.DECODE_STEP)
     out: list[str] = []
     if e2e and prefill is not None and pre is not None:
         parts = [
@@ -54,24 +53,24 @@ def key_findings(m: Stage1Metrics) -> list[str]:
                 f"Inside prefill, vision takes {sum(vision.values()) / prefill:.0%} ({inner}); the language model "
                 f"and merging take the other {1 - sum(vision.values()) / prefill:.0%}."
             )
-    pf_mfu, dec_mfu = _mfu(m, stages.PREFILL), _mfu(m, stages.DECODE)
-    dec_eff = next((e for e in m.efficiency if e.stage == stages.DECODE), None)
+    pf_mfu, dec_mfu = _mfu(m, vocab.PREFILL), _mfu(m, vocab.DECODE)
+    dec_eff = next((e for e in m.efficiency if e.stage == vocab.DECODE), None)
     if pf_mfu is not None and dec_eff is not None and dec_eff.mbu is not None and dec_eff.gap is not None:
         out.append(
-            f"How efficient: prefill runs at {_tflops(m, stages.PREFILL):,.1f} TFLOP/s = {pf_mfu:.1%} MFU; batch-1 "
+            f"How efficient: prefill runs at {_tflops(m, vocab.PREFILL):,.1f} TFLOP/s = {pf_mfu:.1%} MFU; batch-1 "
             f"decode, judged by memory bandwidth, reaches {dec_eff.mbu:.1%} MBU and takes {dec_eff.gap:,.0f}× its "
             "speed-of-light time."
         )
     elif pf_mfu is not None:
         out.append(
-            f"How efficient: prefill runs at {_tflops(m, stages.PREFILL):,.1f} TFLOP/s = {pf_mfu:.1%} MFU; decode at "
-            f"{_tflops(m, stages.DECODE) or 0:,.2f} TFLOP/s = {(dec_mfu or 0):.2%} MFU "
+            f"How efficient: prefill runs at {_tflops(m, vocab.PREFILL):,.1f} TFLOP/s = {pf_mfu:.1%} MFU; decode at "
+            f"{_tflops(m, vocab.DECODE) or 0:,.2f} TFLOP/s = {(dec_mfu or 0):.2%} MFU "
             "(batch-1 decode is judged by memory bandwidth, not FLOPs)."
         )
     else:
         out.append(
             f"How efficient: MFU is n/a on {m.device.name} (no dense peak known); prefill achieved "
-            f"{_tflops(m, stages.PREFILL) or 0:,.3f} TFLOP/s."
+            f"{_tflops(m, vocab.PREFILL) or 0:,.3f} TFLOP/s."
         )
     return out
 
@@ -79,12 +78,12 @@ def key_findings(m: Stage1Metrics) -> list[str]:
 def recommendations(m: Stage1Metrics) -> list[str]:
     """What to try next, each rule triggered by a measured figure."""
     recs: list[str] = []
-    e2e = _p50(m, E2E) or 0.0
-    decode = _p50(m, stages.DECODE) or 0.0
-    prefill = _p50(m, stages.PREFILL) or 0.0
-    pre = _p50(m, stages.PREPROCESS) or 0.0
-    step = _p50(m, stages.DECODE_STEP)
-    dec_mfu = _mfu(m, stages.DECODE)
+    e2e = _p50(m, vocab.E2E) or 0.0
+    decode = _p50(m, vocab.DECODE) or 0.0
+    prefill = _p50(m, vocab.PREFILL) or 0.0
+    pre = _p50(m, vocab.PREPROCESS) or 0.0
+    step = _p50(m, vocab.DECODE_STEP)
+    dec_mfu = _mfu(m, vocab.DECODE)
     if m.device.type == "cpu":
         recs.append(
             "This is a CPU run: its figures show the pipeline's shape, not GPU behaviour. Run on a GPU "
@@ -96,7 +95,7 @@ def recommendations(m: Stage1Metrics) -> list[str]:
         msg = f"Decode is {decode / e2e:.0%} of end-to-end time"
         if step:
             msg += f" at {step:,.2f} ms/token"
-        dec_eff = next((e for e in m.efficiency if e.stage == stages.DECODE), None)
+        dec_eff = next((e for e in m.efficiency if e.stage == vocab.DECODE), None)
         if m.device.type == "cuda" and dec_eff is not None and dec_eff.gap is not None and dec_eff.gap > FAR_FROM_SOL:
             msg += (
                 f", {dec_eff.gap:,.0f}× its speed of light with {pct(dec_eff.mbu)} MBU: the weights and KV cache "
@@ -129,7 +128,7 @@ def recommendations(m: Stage1Metrics) -> list[str]:
         else:
             msg += ": fewer image tokens (a smaller input resolution in the processor) cut it in proportion"
         recs.append(msg + ".")
-    pf_mfu = _mfu(m, stages.PREFILL)
+    pf_mfu = _mfu(m, vocab.PREFILL)
     if m.device.type == "cuda" and pf_mfu is not None and pf_mfu < LOW_PREFILL_MFU:
         recs.append(
             f"Prefill reaches {pf_mfu:.1%} MFU (< {LOW_PREFILL_MFU:.0%}): the operator table shows which kernels "

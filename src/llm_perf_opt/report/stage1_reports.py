@@ -14,33 +14,32 @@ from omegaconf import DictConfig
 from llm_perf_opt.artifacts import ArtifactsManager, to_plain
 from llm_perf_opt.data.dataset import DatasetSelection
 from llm_perf_opt.data.prompts import read_prompt
-from llm_perf_opt.measure import stages
-from llm_perf_opt.measure.aggregate import E2E, TTFT
 from llm_perf_opt.measure.flops import FLOP_SOURCE
 from llm_perf_opt.measure.torch_profiler import OperatorRow, OperatorTable
+from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records.stage1 import Stage1Metrics, StageStat
 from llm_perf_opt.report import gallery
 from llm_perf_opt.report.markdown import Doc, flops, ms, num_bytes, pct
 from llm_perf_opt.report.plots import write_stage1_plots
 from llm_perf_opt.report.recommendations import key_findings, recommendations
-from llm_perf_opt.results import Stage1Metrics, StageStat
 
 _LABELS = {
-    stages.PREPROCESS: "preprocess",
-    stages.PREFILL: "prefill (vision included)",
-    TTFT: "time to first token",
-    stages.DECODE: "decode (all steps)",
-    stages.DECODE_STEP: "decode, per step",
-    E2E: "end to end",
+    vocab.PREPROCESS: "preprocess",
+    vocab.PREFILL: "prefill (vision included)",
+    vocab.TTFT: "time to first token",
+    vocab.DECODE: "decode (all steps)",
+    vocab.DECODE_STEP: "decode, per step",
+    vocab.E2E: "end to end",
 }
 
 
 def stage_label(stage: str, vision: bool = True) -> str:
     """Report label of a stage; nested stages are marked with ↳. `vision`: the model has vision sub-stages."""
-    if stage == stages.PREFILL and not vision:
+    if stage == vocab.PREFILL and not vision:
         return "prefill"
-    if stages.is_vision(stage):
+    if vocab.is_vision(stage):
         return f"↳ {stage}"
-    if stage == stages.DECODE_STEP:
+    if stage == vocab.DECODE_STEP:
         return "↳ decode/step"
     return _LABELS.get(stage, stage)
 
@@ -49,7 +48,7 @@ PROMPT_EXCERPT = 400  # characters of a text prompt shown in the predictions gal
 
 
 def _has_vision(stats: Sequence[StageStat]) -> bool:
-    return any(stages.is_vision(s.stage) for s in stats)
+    return any(vocab.is_vision(s.stage) for s in stats)
 
 
 def _is_text(m: Stage1Metrics) -> bool:
@@ -68,7 +67,8 @@ def _stat_rows(stats: Sequence[StageStat], e2e_median: float | None) -> list[lis
     vision = _has_vision(stats)
     for st in stats:
         s = st.summary
-        share = pct(s.p50 / e2e_median) if e2e_median and st.stage not in (TTFT, E2E, stages.DECODE_STEP) else ""
+        derived = st.stage in (vocab.TTFT, vocab.E2E, vocab.DECODE_STEP)
+        share = pct(s.p50 / e2e_median) if e2e_median and not derived else ""
         rows.append(
             [
                 stage_label(st.stage, vision),
@@ -103,7 +103,7 @@ _STAT_HEADER = [
 
 
 def _e2e_median(stats: Sequence[StageStat]) -> float | None:
-    return next((s.summary.p50 for s in stats if s.stage == E2E), None)
+    return next((s.summary.p50 for s in stats if s.stage == vocab.E2E), None)
 
 
 def _mfu_rows(m: Stage1Metrics) -> list[list[str]]:
@@ -213,12 +213,12 @@ def report_md(
                 image,
                 *([str(rec.tiles), str(rec.image_tokens)] if image_cols else []),
                 str(rec.prompt_tokens),
-                ms(p50.get(stages.PREPROCESS)),
-                ms(p50.get(stages.PREFILL)),
-                ms(p50.get(TTFT)),
-                ms(p50.get(stages.DECODE)),
-                ms(p50.get(stages.DECODE_STEP), 2),
-                ms(p50.get(E2E)),
+                ms(p50.get(vocab.PREPROCESS)),
+                ms(p50.get(vocab.PREFILL)),
+                ms(p50.get(vocab.TTFT)),
+                ms(p50.get(vocab.DECODE)),
+                ms(p50.get(vocab.DECODE_STEP), 2),
+                ms(p50.get(vocab.E2E)),
                 num_bytes(mem) if mem else "n/a (CPU)",
             ]
         )
@@ -354,7 +354,7 @@ def stakeholder_md(m: Stage1Metrics) -> str:
     doc.h2("Top cost centres (share of end-to-end median)")
     e2e = _e2e_median(m.stages)
     top = sorted(
-        (s for s in m.stages if s.stage not in (TTFT, E2E, stages.DECODE_STEP)),
+        (s for s in m.stages if s.stage not in (vocab.TTFT, vocab.E2E, vocab.DECODE_STEP)),
         key=lambda s: s.summary.p50,
         reverse=True,
     )
@@ -422,7 +422,7 @@ def assumptions_md(m: Stage1Metrics, cfg: DictConfig, selection: DatasetSelectio
             f"record_shapes={prof.record_shapes}, profile_memory={prof.profile_memory}, with_stack={prof.with_stack}, "
             f"with_flops={prof.with_flops}, chrome_trace={prof.chrome_trace}",
             "NVTX ranges (domain llm_perf_opt): preprocess, prefill, "
-            + "".join(f"{st.stage}, " for st in m.stages if stages.is_vision(st.stage))
+            + "".join(f"{st.stage}, " for st in m.stages if vocab.is_vision(st.stage))
             + "decode, decode/step",
             f"FLOPs: {FLOP_SOURCE}",
         ]

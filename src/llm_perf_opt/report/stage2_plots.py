@@ -23,7 +23,7 @@ from matplotlib.text import Annotation, Text
 from matplotlib.transforms import Bbox
 
 from llm_perf_opt.kernel_names import kernel_label
-from llm_perf_opt.measure import stages
+from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.report import plots
 
 KERNEL_ROOFLINE = "kernel_roofline.png"
@@ -36,8 +36,8 @@ SIZE_KEY = (0.01, 0.1, 0.3)  # shares shown in the legend's size key
 _LABEL_OFFSETS = tuple((side, dy) for dy in (0, 11, -11, 22, -22, 33, -33, 44, -44) for side in (1, -1))
 
 STAGE_COLOURS = {
-    stages.PREFILL: plots.SEGMENT_COLOURS[plots.REST_OF_PREFILL],
-    stages.DECODE: plots.SEGMENT_COLOURS[plots.DECODE],
+    vocab.PREFILL: plots.SEGMENT_COLOURS[plots.REST_OF_PREFILL],
+    vocab.DECODE: plots.SEGMENT_COLOURS[plots.DECODE],
 }
 
 # Why a profiled kernel is not on the chart, in the order they are checked.

@@ -10,12 +10,12 @@ from typing import Any
 from llm_perf_opt.artifacts import to_plain
 from llm_perf_opt.hardware import peak_bandwidth, peak_compute
 from llm_perf_opt.kernel_names import kernel_label
-from llm_perf_opt.measure import stages
 from llm_perf_opt.nsight.ncu_report import read_ncu_raw_csv
 from llm_perf_opt.nsight.nsys_trace import KernelStat, NsysTrace
+from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records.common import SCHEMA_VERSION
 from llm_perf_opt.report import stage2_plots
 from llm_perf_opt.report.markdown import Doc, ms, pct
-from llm_perf_opt.schema import SCHEMA_VERSION
 
 TOP_OVERALL = 20
 TOP_PER_STAGE = 10
@@ -32,13 +32,13 @@ def _stage1_ms(workload: Mapping[str, Any] | None) -> dict[str, float]:
         out[stage] = out.get(stage, 0.0) + float(value)
 
     for rec in workload.get("records", []):
-        add(stages.PREPROCESS, rec["preprocess_ms"])
-        add(stages.PREFILL, rec["prefill_ms"])
+        add(vocab.PREPROCESS, rec["preprocess_ms"])
+        add(vocab.PREFILL, rec["prefill_ms"])
         for stage, value in rec["vision_ms"].items():
             add(stage, value)
         if rec["decode_step_ms"]:
-            add(stages.DECODE, rec["decode_ms"])
-            add(stages.DECODE_STEP, sum(rec["decode_step_ms"]))
+            add(vocab.DECODE, rec["decode_ms"])
+            add(vocab.DECODE_STEP, sum(rec["decode_step_ms"]))
     return out
 
 
@@ -83,7 +83,7 @@ def timed_pass_kernels(trace: NsysTrace) -> list[KernelStat]:
     first-call autotuning) are left out; `share` is of the timed passes' kernel time.
     """
     merged: dict[tuple[str, str], list[float]] = {}
-    for stage in (stages.PREPROCESS, stages.PREFILL, stages.DECODE):
+    for stage in (vocab.PREPROCESS, vocab.PREFILL, vocab.DECODE):
         for k in trace.top_kernels(1_000_000, stage=stage):
             key = (k.name, k.demangled)
             calls, total, low, high = merged.get(key, [0, 0.0, float("inf"), 0.0])
@@ -215,13 +215,13 @@ def build_metrics(
         stage_rows.append(row)
     if not stage_rows:
         warnings.append("The trace holds no NVTX range of the llm_perf_opt domain: no per-stage figures.")
-    analysed = [r["stage"] for r in stage_rows if r["stage"] in (stages.PREFILL, stages.DECODE)] or [
+    analysed = [r["stage"] for r in stage_rows if r["stage"] in (vocab.PREFILL, vocab.DECODE)] or [
         r["stage"] for r in stage_rows
     ]
     per_stage = {
         name: [to_plain(k) for k in trace.top_kernels(TOP_PER_STAGE, stage=name)]
         for name in [r["stage"] for r in stage_rows]
-        if name not in (stages.DECODE_STEP,)
+        if name not in (vocab.DECODE_STEP,)
     }
     ncu_rows = _ncu_rows(run_dir, trace, targets, warnings)
     compute_roofs, bandwidth_roof = _roofs(str(trace.device().get("name") or ""), peak, bandwidth)
@@ -400,7 +400,7 @@ def findings(m: Mapping[str, Any]) -> list[str]:
                 "faster kernels."
             )
         out.append(msg)
-    pre = by.get(stages.PREFILL)
+    pre = by.get(vocab.PREFILL)
     if pre:
         out.append(
             f"Prefill: GPU busy {pre['busy_fraction']:.0%} of its wall time"

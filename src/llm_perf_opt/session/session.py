@@ -12,8 +12,8 @@ import attrs
 import torch
 
 from llm_perf_opt.errors import UserError
-from llm_perf_opt.measure import stages
 from llm_perf_opt.measure.timing import StageRecorder
+from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, PreparedInputs
 from llm_perf_opt.session.adapters.registry import make_adapter
 
@@ -100,11 +100,11 @@ class ImageMeasurement:
 
     @property
     def prefill_ms(self) -> float:
-        return self.stage_ms[stages.PREFILL]
+        return self.stage_ms[vocab.PREFILL]
 
     @property
     def decode_ms(self) -> float:
-        return self.stage_ms.get(stages.DECODE, 0.0)
+        return self.stage_ms.get(vocab.DECODE, 0.0)
 
     @property
     def ttft_ms(self) -> float:
@@ -194,15 +194,15 @@ class DeepSeekOCRSession:
         inputs["attention_mask"] = full_mask[:, :prompt_len]
         self._recorder = recorder
         try:
-            with recorder.span(stages.PREFILL), around(0):
+            with recorder.span(vocab.PREFILL), around(0):
                 out = self.model(**inputs, use_cache=True, logits_to_keep=1)
                 next_token = out.logits[:, -1].argmax(-1)
             tokens = [next_token]
             cache = out.past_key_values
             if max_new_tokens > 1:
-                with recorder.span(stages.DECODE):
+                with recorder.span(vocab.DECODE):
                     for step in range(1, max_new_tokens):
-                        with recorder.span(stages.DECODE_STEP), around(step):
+                        with recorder.span(vocab.DECODE_STEP), around(step):
                             out = self.model(
                                 input_ids=next_token[:, None],
                                 attention_mask=full_mask[:, : prompt_len + step],
@@ -226,7 +226,7 @@ class DeepSeekOCRSession:
         if nvtx:
             from llm_perf_opt.measure import nvtx_ranges
 
-            nvtx_ranges.push(stages.PREPROCESS)
+            nvtx_ranges.push(vocab.PREPROCESS)
         start = time.perf_counter()
         prepared = self.prepare(image_path)
         if self.device.type == "cuda":
@@ -246,7 +246,7 @@ class DeepSeekOCRSession:
             preprocess_ms=preprocess_ms,
             stage_ms=totals,
             stage_calls=calls,
-            decode_step_ms=tuple(ms for name, ms in spans if name == stages.DECODE_STEP),
+            decode_step_ms=tuple(ms for name, ms in spans if name == vocab.DECODE_STEP),
             token_ids=tuple(token_ids),
             prompt_tokens=prepared.prompt_tokens,
             image_tokens=prepared.image_tokens,

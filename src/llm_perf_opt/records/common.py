@@ -1,0 +1,56 @@
+"""Records shared by every kind of run folder: dispersion summaries, peak figures, the run status."""
+
+from __future__ import annotations
+
+import attrs
+
+# The version of every record file the toolkit writes; a reader accepts any minor version of its major.
+SCHEMA_VERSION = "1.1"
+SCHEMA_MAJOR = SCHEMA_VERSION.split(".", 1)[0]
+
+# Run states (`run_status.json`): `running` from the start, then exactly one of the other three.
+RUNNING = "running"
+COMPLETE = "complete"
+FAILED = "failed"
+INTERRUPTED = "interrupted"
+
+
+@attrs.frozen
+class Summary:
+    """Summary of ``n`` measurements in ``unit``."""
+
+    n: int
+    mean: float
+    std: float  # sample standard deviation (ddof=1); 0.0 when n == 1
+    min: float
+    p50: float
+    p90: float
+    max: float
+    cv: float | None  # std / |mean|; None when mean == 0 or n < 2
+    ci95_low: float  # Student-t 95% CI of the mean; equal to mean when n == 1
+    ci95_high: float
+    unit: str
+
+
+@attrs.frozen
+class PeakFigure:
+    """A peak rate and where it comes from."""
+
+    value: float  # FLOP/s (for compute) or B/s (for bandwidth), in base units
+    unit: str  # "FLOP/s" or "B/s"
+    dtype_key: str | None  # "bf16", "tf32", ...; None for bandwidth
+    source: str  # "datasheet: NVIDIA H100 SXM5, dense BF16 tensor core (https://...)" or "user override: ..."
+    device_name: str
+
+
+@attrs.frozen
+class RunStatus:
+    """`run_status.json`: the state of a run folder and the files it wrote."""
+
+    stage: str  # "stage1" | "stage2" | "analytic"
+    run_id: str
+    state: str  # RUNNING | COMPLETE | FAILED | INTERRUPTED
+    started: str
+    ended: str | None = None
+    message: str | None = None
+    files: tuple[str, ...] = ()

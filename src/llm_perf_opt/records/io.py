@@ -1,0 +1,151 @@
+"""Records to files and back: one cattrs converter, atomic writes, and loaders that fail with one clear paragraph.
+
+`save(record, path)` writes JSON (or YAML for `.yaml`), `load_file(path, Type)` rebuilds a typed record from it, and
+`read_json`/`read_yaml` give the raw data of other artifacts. A file of another schema major version, a damaged
+file or a file whose fields do not fit the record raises `RecordError` naming the file and what to do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import cattrs
+import yaml
+
+from llm_perf_opt.errors import UserError
+from llm_perf_opt.records.common import SCHEMA_MAJOR, SCHEMA_VERSION
+
+T = TypeVar("T")
+
+converter = cattrs.Converter()
+converter.register_unstructure_hook(Path, str)
+converter.register_structure_hook(Path, lambda value, _: Path(value))
+
+
+class RecordError(UserError):
+    """A record file that cannot be read back: missing, damaged, of another schema version, or of another kind."""
+
+
+def to_plain(obj: Any) -> Any:
+    """attrs records (and containers of them) as plain JSON/YAML-ready data."""
+    return converter.unstructure(obj)
+
+
+def dumps(record: Any) -> str:
+    """A record as the JSON text the toolkit writes (indented, no NaN)."""
+    return json.dumps(to_plain(record), indent=2, allow_nan=False) + "\n"
+
+
+def dumps_yaml(record: Any) -> str:
+    return str(yaml.safe_dump(to_plain(record), sort_keys=False, allow_unicode=True))
+
+
+def atomic_write_text(target: Path, text: str) -> None:
+    """Write `text` to `target` through a temporary file in the same folder, so a reader never sees half a file."""
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; run folders are meant to be shared
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save(record: Any, path: Path) -> Path:
+    """Write `record` to `path` (JSON, or YAML for a `.yaml` suffix), atomically, parents created."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, dumps_yaml(record) if path.suffix in (".yaml", ".yml") else dumps(record))
+    return path
+
+
+def _unreadable(path: Path, why: str) -> RecordError:
+    return RecordError(
+        f"{path} cannot be read as a run record: {why}",
+        "Point the command at a folder written by this toolkit, or rerun the command that wrote it",
+    )
+
+
+def read_json(path: Path) -> Any:
+    """The parsed JSON of a record file, or a RecordError (missing or damaged file)."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise _unreadable(path, "the file does not exist") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise _unreadable(path, f"it is damaged ({type(exc).__name__}: {exc})") from None
+
+
+def read_yaml(path: Path) -> Any:
+    path = Path(path)
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise _unreadable(path, "the file does not exist") from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise _unreadable(path, f"it is damaged ({type(exc).__name__}: {exc})") from None
+
+
+def check_schema(data: Mapping[str, Any], path: Path) -> None:
+    """Refuse a record of another schema major version (a missing version is read as 1.0)."""
+    version = str(data.get("schema_version") or "1.0")
+    if version.split(".", 1)[0] != SCHEMA_MAJOR:
+        raise RecordError(
+            f"{path} has schema_version {version}; this version of llm-perf-opt reads {SCHEMA_MAJOR}.x "
+            f"(it writes {SCHEMA_VERSION})",
+            "Read it with the llm-perf-opt release that wrote it, or rerun the command to write a current folder",
+        )
+
+
+def structure(data: Any, cls: type[T], path: Path) -> T:
+    """`data` as a `cls` record, or a RecordError naming the file and the field that did not fit."""
+    try:
+        return converter.structure(data, cls)
+    except (cattrs.BaseValidationError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        detail = "; ".join(cattrs.transform_error(exc)) if isinstance(exc, cattrs.BaseValidationError) else str(exc)
+        raise _unreadable(path, f"its fields do not fit a {cls.__name__} record ({detail})") from None
+
+
+def load_file(path: Path, cls: type[T], *, versioned: bool = True) -> T:
+    """The record of type `cls` in the JSON or YAML file `path`."""
+    path = Path(path)
+    data = read_yaml(path) if path.suffix in (".yaml", ".yml") else read_json(path)
+    if versioned:
+        if not isinstance(data, Mapping):
+            raise _unreadable(path, "it does not hold a JSON object")
+        check_schema(data, path)
+    return structure(data, cls, path)
+
+
+def load_lines(path: Path, cls: type[T]) -> tuple[T, ...]:
+    """The records of a JSON-lines file (one record per non-empty line)."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise _unreadable(path, "the file does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _unreadable(path, f"it is damaged ({exc})") from None
+    out = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+        except ValueError as exc:
+            raise _unreadable(path, f"line {number} is damaged ({exc})") from None
+        out.append(structure(data, cls, path))
+    return tuple(out)
+
+
+def dumps_lines(records: Any) -> str:
+    """Records as JSON lines (one compact object per line)."""
+    return "".join(json.dumps(to_plain(r)) + "\n" for r in records)

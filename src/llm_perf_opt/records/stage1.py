@@ -1,0 +1,275 @@
+"""Stage 1 records: what `stage1-run` measured (`metrics.json`), its inputs (`inputs.yaml`), its predictions
+(`predictions/predictions.jsonl`) and the profiled pass's operators (`operators.json`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from llm_perf_opt.records.common import PeakFigure, Summary
+
+BYTES_SOURCE = "analytic model (llm_perf_opt.analytic): weights read + activations + KV cache"
+
+
+@attrs.frozen
+class ModelInfo:
+    name: str
+    adapter: str
+    class_name: str
+    parameters: int
+    dtype: str
+    attn_implementation: str | None
+    experts_implementation: str | None
+    weights: str  # "random" | "checkpoint"
+    weights_detail: str
+    config_source: str
+    preprocess: Mapping[str, Any]
+    # The model's shape as its config gives it (model_type, layers, hidden size, heads, vocabulary, input kind,
+    # vision stages); empty for adapters that do not describe it.
+    architecture: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class DeviceInfo:
+    type: str  # "cuda" | "cpu"
+    name: str
+    index: int | None
+    timing_method: str
+
+
+@attrs.frozen
+class ImageRecord:
+    """One timed pass over one input (times in ms). `image` is its path relative to the dataset root."""
+
+    image: str
+    repeat: int
+    preprocess_ms: float
+    prefill_ms: float  # vision included
+    vision_ms: Mapping[str, float]  # nested inside prefill
+    ttft_ms: float
+    decode_ms: float
+    decode_step_ms: tuple[float, ...]
+    e2e_ms: float  # preprocess + prefill + decode
+    new_tokens: int
+    prompt_tokens: int
+    image_tokens: int
+    tiles: int
+    peak_memory_bytes: int | None
+
+
+@attrs.frozen
+class StageStat:
+    """Dispersion of one stage over the timed passes."""
+
+    stage: str
+    nested_in: str | None  # "prefill" for vision sub-stages: shown nested, never added again
+    summary: Summary
+
+
+@attrs.frozen
+class MfuRecord:
+    """MFU of one stage over all timed passes: total FLOPs / (total time · peak)."""
+
+    stage: str
+    flops_total: float  # FLOPs over all timed passes
+    time_total_ms: float  # measured time over the same passes
+    achieved_tflops: float  # flops_total / time_total
+    peak: PeakFigure | None
+    mfu: float | None  # fraction; None when no peak is known
+    flops_source: str
+
+
+@attrs.frozen
+class StageEfficiency:
+    """Roofline figures of one stage over all timed passes (None where a peak is unknown)."""
+
+    stage: str
+    time_ms: float
+    flops: float
+    bytes: float
+    arithmetic_intensity: float | None  # FLOP / byte
+    ridge_point: float | None  # FLOP / byte where the device's compute and bandwidth roofs meet
+    bound: str | None  # "compute" | "memory"
+    mfu: float | None
+    mbu: float | None
+    speed_of_light_ms: float | None
+    gap: float | None  # measured / speed of light
+    flops_source: str
+    bytes_source: str = BYTES_SOURCE
+
+
+@attrs.frozen
+class Throughput:
+    decode_tokens_per_s: float  # decode steps / decode time (median over passes)
+    e2e_images_per_s: float  # 1 / median end-to-end time
+    e2e_tokens_per_s: float  # new tokens / end-to-end time (median)
+
+
+@attrs.frozen
+class OperatorRow:
+    """One operator name, aggregated over its calls (times in ms)."""
+
+    name: str
+    calls: int
+    self_device_ms: float
+    total_device_ms: float  # inclusive of child ops; do not sum this column
+    self_cpu_ms: float
+    total_cpu_ms: float  # inclusive of child ops; do not sum this column
+    flops: float  # from the profiler's with_flops estimate (0 when not estimated)
+
+
+@attrs.frozen
+class OperatorTable:
+    """Operators of the profiled pass, overall and per stage (`operators.json`)."""
+
+    sort_key: str  # "self_device_ms" on GPU, "self_cpu_ms" on CPU
+    overall: tuple[OperatorRow, ...]  # host-side operators (their device time is that of the kernels they launch)
+    kernels: tuple[OperatorRow, ...]  # GPU kernels by short name (device time only); empty on CPU
+    by_stage: Mapping[str, tuple[OperatorRow, ...]]
+    events: int
+    decode_steps: int
+    postprocess_s: float
+    trace_path: str | None
+
+
+@attrs.frozen
+class ProfilerInfo:
+    """The profiled pass in brief (the full table is `operators.json`)."""
+
+    events: int
+    decode_steps: int
+    postprocess_s: float
+    trace: str | None
+
+
+@attrs.frozen
+class ProfilerSettings:
+    """The torch-profiler settings the run used."""
+
+    enable: bool = False
+    decode_steps: int = 0
+    record_shapes: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False
+    with_flops: bool = False
+    chrome_trace: bool = False
+    top_k: int = 0
+
+
+@attrs.frozen
+class RunSettings:
+    """The effective settings of a run and where each came from (`sources`: key -> "config/override" or
+    "device default (cpu)")."""
+
+    repeats: int
+    warmup: int
+    max_new_tokens: int
+    max_images: int | None
+    sources: Mapping[str, str]
+    batch_size: int = 1
+    decoding: str = "greedy, fixed length (EOS ignored), first token from prefill"
+    partial: bool = False
+    workload_profile: Mapping[str, Any] | None = None
+    input_kind: str = "image"  # "image" | "text"
+    inputs_note: str | None = None
+    profiler: ProfilerSettings | None = None
+    measured_passes: int | None = None  # timed passes actually measured (fewer than asked when interrupted)
+
+
+@attrs.frozen
+class Stage1Metrics:
+    """`metrics.json` of a Stage 1 run."""
+
+    schema_version: str
+    run_id: str
+    stage: str
+    created: str
+    model: ModelInfo
+    device: DeviceInfo
+    settings: RunSettings
+    stages: tuple[StageStat, ...]
+    throughput: Throughput
+    mfu: tuple[MfuRecord, ...]
+    top_operators: tuple[OperatorRow, ...]
+    operator_sort_key: str | None
+    warnings: tuple[str, ...]
+    config_digest: str
+    # Absent from older (1.0) files or from trimmed copies: read as empty.
+    records: tuple[ImageRecord, ...] = ()
+    per_image: Mapping[str, tuple[StageStat, ...]] = attrs.field(factory=dict)
+    efficiency: tuple[StageEfficiency, ...] = ()  # MBU, roofline, speed of light per stage
+    bandwidth_peak: PeakFigure | None = None
+    flops_per_image: Mapping[str, Mapping[str, float]] = attrs.field(factory=dict)  # image -> stage -> FLOPs/pass
+    profiler: ProfilerInfo | None = None
+
+    @property
+    def vision_stages(self) -> tuple[str, ...]:
+        """The model's vision sub-stages, in the order they were recorded."""
+        return tuple(dict.fromkeys(s for r in self.records for s in r.vision_ms))
+
+    @property
+    def images(self) -> tuple[str, ...]:
+        """The inputs that were timed, in run order."""
+        return tuple(dict.fromkeys(r.image for r in self.records))
+
+    def stage_stat(self, name: str) -> StageStat | None:
+        return next((s for s in self.stages if s.stage == name), None)
+
+    def mfu_of(self, name: str) -> MfuRecord | None:
+        return next((r for r in self.mfu if r.stage == name), None)
+
+    def efficiency_of(self, name: str) -> StageEfficiency | None:
+        return next((e for e in self.efficiency if e.stage == name), None)
+
+    @property
+    def compute_peak(self) -> PeakFigure | None:
+        """The dense compute peak MFU used (one per run)."""
+        return next((r.peak for r in self.mfu if r.peak is not None), None)
+
+
+@attrs.frozen
+class InputEntry:
+    """One input of the run: an image (width, height) or a text prompt (characters)."""
+
+    path: str  # absolute
+    bytes: int
+    width: int | None = None
+    height: int | None = None
+    characters: int | None = None
+
+
+@attrs.frozen
+class SkippedInput:
+    path: str
+    reason: str
+
+
+@attrs.frozen
+class InputsManifest:
+    """`inputs.yaml`: the inputs a run discovered, ran and skipped."""
+
+    dataset_root: str
+    subset_filelist: str | None
+    discovered: int
+    sampling: str
+    seed: int
+    max_images: int | None
+    count: int
+    kind: str  # "image" | "text"
+    chosen_because: str | None
+    images: tuple[InputEntry, ...]
+    skipped: tuple[SkippedInput, ...]
+
+
+@attrs.frozen
+class Prediction:
+    """One line of `predictions/predictions.jsonl`: the tokens generated for one input."""
+
+    image: str
+    path: str
+    token_ids: tuple[int, ...]
+    tokens: int
+    text: str | None
+    weights: str

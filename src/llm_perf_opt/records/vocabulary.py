@@ -1,0 +1,71 @@
+"""The toolkit's vocabulary: stage names, the NVTX domain and dtype names, each defined here once.
+
+This module sits at the floor of the package: it imports nothing from llm_perf_opt, and every layer (sessions,
+measurement, Nsight analysis, analytic model, records, reports) takes these names from here.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+NVTX_DOMAIN: Final = "llm_perf_opt"
+
+# ---- stages ---------------------------------------------------------------------------------------------------
+PREPROCESS: Final = "preprocess"
+PREFILL: Final = "prefill"
+DECODE: Final = "decode"
+DECODE_STEP: Final = "decode/step"
+VISION_PREFIX: Final = "vision/"
+TTFT: Final = "ttft"  # preprocess + prefill: derived, no NVTX range of its own
+E2E: Final = "e2e"  # preprocess + prefill + decode: derived
+
+# Top-level stages of one input, in order. Vision sub-stages run inside prefill (nested, never added twice).
+TOP_LEVEL: Final = (PREPROCESS, PREFILL, DECODE)
+# Stages that MFU, MBU and the roofline are computed for, besides the model's vision sub-stages (inside prefill).
+COSTED: Final = (PREFILL, DECODE)
+
+
+def is_vision(stage: str) -> bool:
+    """True for a vision sub-stage (nested inside prefill)."""
+    return stage.startswith(VISION_PREFIX)
+
+
+def nested_in(stage: str) -> str | None:
+    """The stage that contains `stage` (prefill for vision sub-stages, decode for its steps), or None."""
+    if is_vision(stage):
+        return PREFILL
+    if stage == DECODE_STEP:
+        return DECODE
+    return None
+
+
+def costed_stages(vision_stages: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """prefill, the vision sub-stages, decode: the stages that get FLOPs, bytes, MFU and MBU."""
+    return (PREFILL, *vision_stages, DECODE)
+
+
+# ---- dtypes ---------------------------------------------------------------------------------------------------
+# Canonical compute dtype names (as torch spells them without the `torch.` prefix) and their aliases.
+DTYPE_ALIASES: Final[dict[str, str]] = {
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "float32": "float32",
+    "fp32": "float32",
+    "float": "float32",
+}
+DTYPE_BYTES: Final[dict[str, int]] = {"bfloat16": 2, "float16": 2, "float32": 4}
+SUPPORTED_DTYPES_TEXT: Final = "bfloat16, float16 or float32"
+
+
+def canonical_dtype(name: str) -> str | None:
+    """`bf16`, `torch.bfloat16`, `BFloat16` -> `bfloat16`; None for a name that is not a supported compute dtype."""
+    return DTYPE_ALIASES.get(str(name).strip().lower().removeprefix("torch."))
+
+
+def dtype_bytes(name: str) -> int | None:
+    """Bytes per element of a supported compute dtype (any alias), or None."""
+    canonical = canonical_dtype(name)
+    return None if canonical is None else DTYPE_BYTES[canonical]

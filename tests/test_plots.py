@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-import copy
 import json
 import statistics
 from pathlib import Path
 from typing import Any
 
+import attrs
 import matplotlib.pyplot as plt
 import pytest
 from PIL import Image
 
+from llm_perf_opt.records.folders import load_stage1_metrics
+from llm_perf_opt.records.stage1 import Stage1Metrics
 from llm_perf_opt.report import plots
 
 FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
@@ -19,18 +21,20 @@ RUNS = ("h100_full_stage1", "cpu_tiny_stage1")
 NAMES = ("stage_breakdown", "decode_latency", "roofline", "operator_shares")
 
 
-def load(run: str) -> dict[str, Any]:
-    return json.loads((FIXTURES / f"{run}.json").read_text())
+def load(run: str) -> Stage1Metrics:
+    return load_stage1_metrics(FIXTURES / f"{run}.json")
 
 
-def without_peaks(m: dict[str, Any]) -> dict[str, Any]:
+def raw(run: str) -> dict[str, Any]:
+    """The fixture as plain JSON, to check the plots' arithmetic independently of the records."""
+    return dict(json.loads((FIXTURES / f"{run}.json").read_text()))
+
+
+def without_peaks(m: Stage1Metrics) -> Stage1Metrics:
     """The run as if no peak were known (CPU without hardware.peak_* overrides)."""
-    out = copy.deepcopy(m)
-    out["bandwidth_peak"] = None
-    for rec in out["mfu"]:
-        rec["peak"] = None
-        rec["mfu"] = None
-    return out
+    return attrs.evolve(
+        m, bandwidth_peak=None, mfu=tuple(attrs.evolve(r, peak=None, mfu=None) for r in m.mfu)
+    )
 
 
 def assert_real_png(path: Path) -> None:
@@ -63,7 +67,7 @@ def test_write_stage1_plots_writes_all_and_closes_figures(run: str, tmp_path: Pa
 
 def test_roofline_needs_peaks(tmp_path: Path) -> None:
     h100 = load("h100_full_stage1")
-    assert h100["device"]["type"] == "cuda" and h100["bandwidth_peak"]
+    assert h100.device.type == "cuda" and h100.bandwidth_peak
     assert plots.roofline(h100, tmp_path / "h100.png") == tmp_path / "h100.png"
     cpu = without_peaks(load("cpu_tiny_stage1"))
     assert plots.roofline(cpu, tmp_path / "cpu.png") is None
@@ -74,8 +78,8 @@ def test_roofline_needs_peaks(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("run", RUNS)
 def test_stacked_segments_add_up_to_median_e2e_without_double_counting_vision(run: str) -> None:
-    m = load(run)
-    segments = plots.stage_segments(m)
+    segments = plots.stage_segments(load(run))
+    m = raw(run)
     images = {r["image"] for r in m["records"]}
     assert set(segments) == images
     for image, seg in segments.items():
@@ -100,8 +104,8 @@ def test_stacked_segments_add_up_to_median_e2e_without_double_counting_vision(ru
 
 
 def test_decode_series_are_medians_over_repeats_at_prompt_plus_step() -> None:
-    m = load("h100_full_stage1")
-    series = plots.decode_step_medians(m)
+    series = plots.decode_step_medians(load("h100_full_stage1"))
+    m = raw("h100_full_stage1")
     recs = [r for r in m["records"] if r["image"] == "receipt_long.png"]
     ctx, ms = series["receipt_long.png"]
     assert ctx[0] == recs[0]["prompt_tokens"] and ctx == list(range(ctx[0], ctx[0] + len(recs[0]["decode_step_ms"])))
@@ -109,6 +113,8 @@ def test_decode_series_are_medians_over_repeats_at_prompt_plus_step() -> None:
 
 
 def test_absent_data_gives_none(tmp_path: Path) -> None:
-    empty: dict[str, Any] = {"records": [], "efficiency": [], "mfu": [], "top_operators": [], "operator_sort_key": None}
+    empty = attrs.evolve(
+        load("cpu_tiny_stage1"), records=(), efficiency=(), mfu=(), top_operators=(), operator_sort_key=None
+    )
     assert plots.write_stage1_plots(empty, tmp_path) == {}
     assert not (tmp_path / "plots").exists()

@@ -11,11 +11,12 @@ import pytest
 from PIL import Image
 
 from llm_perf_opt.hardware.table import PeakFigure
-from llm_perf_opt.measure.aggregate import E2E, TTFT, stage_stats, throughput
+from llm_perf_opt.measure.aggregate import stage_stats, throughput
 from llm_perf_opt.measure.flops import StageFlops
 from llm_perf_opt.measure.mfu import mfu_by_stage
 from llm_perf_opt.records import vocabulary as vocab
-from llm_perf_opt.records.stage1 import DeviceInfo, ImageRecord, ModelInfo, Stage1Metrics
+from llm_perf_opt.records.stage1 import DeviceInfo, ImageRecord, ModelInfo, RunSettings, Stage1Metrics
+from llm_perf_opt.records.vocabulary import E2E, TTFT
 from llm_perf_opt.report import gallery, markdown
 from llm_perf_opt.report.recommendations import key_findings, recommendations
 
@@ -227,7 +228,7 @@ def _metrics(records, device, flops, peak, experts="grouped_mm", efficiency=()) 
             preprocess={},
         ),
         device=device,
-        settings={},
+        settings=RunSettings(repeats=5, warmup=2, max_new_tokens=32, max_images=None, sources={}),
         records=tuple(records),
         stages=stage_stats(records, VISION),
         per_image={},

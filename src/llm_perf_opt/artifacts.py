@@ -6,29 +6,18 @@ message) or `interrupted`. A folder whose status still reads `running` after its
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import cattrs
-import yaml
+import attrs
 
-RUNNING = "running"
-COMPLETE = "complete"
-FAILED = "failed"
-INTERRUPTED = "interrupted"
-STATUS_FILE = "run_status.json"
+from llm_perf_opt.records import io
+from llm_perf_opt.records.common import COMPLETE, FAILED, INTERRUPTED, RUNNING, RunStatus
+from llm_perf_opt.records.folders import STATUS_FILE, read_status
+from llm_perf_opt.records.io import to_plain  # noqa: F401  (Stage 2 still imports it from here)
 
-_converter = cattrs.Converter()
-_converter.register_unstructure_hook(Path, str)
-
-
-def to_plain(obj: Any) -> Any:
-    """attrs objects (and containers of them) as plain JSON/YAML-ready data."""
-    return _converter.unstructure(obj)
+__all__ = ["COMPLETE", "FAILED", "INTERRUPTED", "RUNNING", "STATUS_FILE", "ArtifactsManager", "read_status"]
 
 
 def _now() -> str:
@@ -46,9 +35,8 @@ class ArtifactsManager:
     # ---- status ------------------------------------------------------------------------------------
     def start(self, run_id: str) -> None:
         """Mark the folder running. Refuses a folder that already holds a run."""
-        status = self.run_dir / STATUS_FILE
-        if status.exists():
-            previous = json.loads(status.read_text()).get("state", "?")
+        if (self.run_dir / STATUS_FILE).exists():
+            previous = read_status(self.run_dir).state
             from llm_perf_opt.errors import UserError
 
             raise UserError(
@@ -56,20 +44,22 @@ class ArtifactsManager:
                 "Leave hydra.run.dir unset for a fresh folder, or point it at an empty one",
             )
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._status: dict[str, Any] = {"stage": self.stage, "run_id": run_id, "state": RUNNING, "started": _now()}
+        self._status = RunStatus(stage=self.stage, run_id=run_id, state=RUNNING, started=_now())
         self._write_status()
 
     def finish(self, state: str, message: str | None = None) -> None:
         """Set the final state (complete, failed or interrupted) with an optional message."""
-        self._status.update(state=state, ended=_now(), message=message, files=sorted(self.written))
+        self._status = attrs.evolve(
+            self._status, state=state, ended=_now(), message=message, files=tuple(sorted(self.written))
+        )
         self._write_status()
 
     @property
     def state(self) -> str:
-        return str(self._status["state"])
+        return self._status.state
 
     def _write_status(self) -> None:
-        self._atomic_write(self.run_dir / STATUS_FILE, json.dumps(self._status, indent=2) + "\n")
+        io.atomic_write_text(self.run_dir / STATUS_FILE, io.dumps(self._status))
 
     # ---- files -------------------------------------------------------------------------------------
     def path(self, relative: str) -> Path:
@@ -78,35 +68,35 @@ class ArtifactsManager:
         target.parent.mkdir(parents=True, exist_ok=True)
         return target
 
+    def resolve_save_dir(self, save_dir: str) -> Path:
+        """`save_dir` relative to the run folder; absolute paths are honoured."""
+        path = Path(str(save_dir)).expanduser()
+        return path if path.is_absolute() else self.run_dir / path
+
     def write_text(self, relative: str, text: str) -> Path:
         target = self.path(relative)
-        self._atomic_write(target, text)
+        io.atomic_write_text(target, text)
         self.written.append(relative)
         return target
 
+    def write_anywhere(self, target: Path, text: str) -> Path:
+        """Write `text` to `target`: inside the run folder as one of its files, outside it (an absolute save_dir)
+        as a plain file."""
+        try:
+            relative = target.resolve().relative_to(self.run_dir)
+        except ValueError:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            io.atomic_write_text(target, text)
+            return target
+        return self.write_text(str(relative), text)
+
     def write_json(self, relative: str, data: Any) -> Path:
-        return self.write_text(relative, json.dumps(to_plain(data), indent=2, allow_nan=False) + "\n")
+        """A record (or plain data) as JSON."""
+        return self.write_text(relative, io.dumps(data))
 
     def write_yaml(self, relative: str, data: Any) -> Path:
-        return self.write_text(relative, yaml.safe_dump(to_plain(data), sort_keys=False, allow_unicode=True))
+        return self.write_text(relative, io.dumps_yaml(data))
 
     def record(self, relative: str) -> None:
         """Note a file written by someone else (e.g. a trace) as part of the run."""
         self.written.append(relative)
-
-    @staticmethod
-    def _atomic_write(target: Path, text: str) -> None:
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(text)
-            os.chmod(tmp, 0o644)  # mkstemp creates 0600; run folders are meant to be shared
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-
-
-def read_status(run_dir: Path) -> dict[str, Any]:
-    """The status of a run folder (raises FileNotFoundError when it has none)."""
-    return dict(json.loads((Path(run_dir) / STATUS_FILE).read_text()))

@@ -16,7 +16,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from llm_perf_opt import artifacts
 from llm_perf_opt.artifacts import ArtifactsManager
-from llm_perf_opt.data.dataset import DatasetSelection
+from llm_perf_opt.config_data import plain
+from llm_perf_opt.data.dataset import DatasetSelection, ImageEntry, TextEntry
 from llm_perf_opt.data.inputs import InputChoice, select_inputs
 from llm_perf_opt.env_info import collect_env
 from llm_perf_opt.errors import UserError, require_whole
@@ -31,7 +32,23 @@ from llm_perf_opt.pipeline.analytic import write_analytic_report
 from llm_perf_opt.progress import Feedback, StepHandle
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.common import SCHEMA_VERSION
-from llm_perf_opt.records.stage1 import DeviceInfo, ImageRecord, ModelInfo, Stage1Metrics
+from llm_perf_opt.records.folders import INPUTS_FILE, METRICS_FILE, OPERATORS_FILE, load_stage1
+from llm_perf_opt.records.io import dumps_lines
+from llm_perf_opt.records.stage1 import (
+    DeviceInfo,
+    ImageInput,
+    ImageRecord,
+    InputsManifest,
+    ModelInfo,
+    OutputSettings,
+    Prediction,
+    ProfilerInfo,
+    ProfilerSettings,
+    RunSettings,
+    SkippedInput,
+    Stage1Metrics,
+    TextInput,
+)
 from llm_perf_opt.report import stage1_reports
 from llm_perf_opt.report.markdown import pct
 from llm_perf_opt.session.adapters.registry import make_adapter
@@ -41,7 +58,7 @@ log = logging.getLogger("llm_perf_opt.stage1")
 
 
 @attrs.frozen
-class RunSettings:
+class ResolvedSettings:
     """The effective run settings after device defaults (and where each came from)."""
 
     repeats: int
@@ -52,7 +69,7 @@ class RunSettings:
     sources: Mapping[str, str]  # key -> "override/config" or "device default (cpu)"
 
 
-def resolve_settings(cfg: DictConfig, device: torch.device) -> RunSettings:
+def resolve_settings(cfg: DictConfig, device: torch.device) -> ResolvedSettings:
     """Explicit values win; unset (null) keys take the device default. Bad values raise UserError."""
     defaults = cfg.run.device_defaults["cuda" if device.type == "cuda" else "cpu"]
     chosen: dict[str, Any] = {}
@@ -71,7 +88,7 @@ def resolve_settings(cfg: DictConfig, device: torch.device) -> RunSettings:
         else:
             chosen[short] = value
             sources[key] = "config/override"
-    return RunSettings(
+    return ResolvedSettings(
         repeats=require_whole("run.repeats", chosen["repeats"], 1),
         warmup=require_whole("run.warmup", chosen["warmup"], 0),
         max_new_tokens=require_whole("infer.max_new_tokens", chosen["max_new_tokens"], 1),
@@ -131,7 +148,7 @@ class Stage1Run:
         self.session: DeepSeekOCRSession | None = None
         self.selection: DatasetSelection | None = None
         self.inputs: InputChoice | None = None
-        self.settings: RunSettings | None = None
+        self.settings: ResolvedSettings | None = None
 
     # ---- driver ------------------------------------------------------------------------------------
     def execute(self) -> Path:
@@ -164,7 +181,7 @@ class Stage1Run:
         rows = [
             ("model", f"{m.model.name} ({m.model.weights}, {m.model.dtype})"),
             ("device", m.device.name),
-            ("images x passes", f"{len({r.image for r in m.records})} x {m.settings['repeats']}"),
+            ("images x passes", f"{len(m.images)} x {m.settings.repeats}"),
             ("end to end (p50)", f"{p50.get('e2e', 0):,.1f} ms"),
             ("prefill (p50)", f"{p50.get(vocab.PREFILL, 0):,.1f} ms, MFU {pct(mfu.get(vocab.PREFILL))}"),
             (
@@ -198,7 +215,7 @@ class Stage1Run:
         self.selection = self.inputs.selection
         for skipped in self.selection.skipped:
             log.warning("skipping %s: %s", skipped.path, skipped.reason)
-        self.art.write_yaml("inputs.yaml", self._inputs_manifest())
+        self.art.write_yaml(INPUTS_FILE, self._inputs_manifest())
         self.art.write_json("env.json", collect_env(device))
 
         if adapter.has_analytic_model:
@@ -234,12 +251,12 @@ class Stage1Run:
                 self.art.record("torch_profiler/trace.json.gz")
 
     def _run_images(
-        self, session: DeepSeekOCRSession, settings: RunSettings, vision: tuple[str, ...], bar: StepHandle
+        self, session: DeepSeekOCRSession, settings: ResolvedSettings, vision: tuple[str, ...], bar: StepHandle
     ) -> None:
         """Per image: the FLOP-counting pass (untimed), warm-up passes without NVTX, then the timed passes."""
         assert self.selection is not None
         for entry in self.selection.images:
-            name = entry.path.name
+            name = input_key(self.selection, entry.path)
             log.info("%s: counting FLOPs (untimed)", name)
             prepared = session.prepare(entry.path)
             self.state.flops[name] = count_stage_flops(session, prepared)
@@ -268,24 +285,22 @@ class Stage1Run:
                 )
 
     # ---- outputs -----------------------------------------------------------------------------------
-    def _inputs_manifest(self) -> dict[str, Any]:
+    def _inputs_manifest(self) -> InputsManifest:
         sel = self.selection
         assert sel is not None
-        return {
-            "dataset_root": str(sel.root),
-            "subset_filelist": str(sel.subset_filelist) if sel.subset_filelist else None,
-            "discovered": sel.discovered,
-            "sampling": sel.sampling,
-            "seed": sel.seed,
-            "max_images": sel.max_images,
-            "count": len(sel.images),
-            "kind": self.inputs.kind if self.inputs else "image",
-            "chosen_because": self.inputs.note if self.inputs else None,
-            "images": [
-                {**attrs.asdict(e), "path": str(e.path)} for e in sel.images  # image: width, height; text: characters
-            ],
-            "skipped": [{"path": str(s.path), "reason": s.reason} for s in sel.skipped],
-        }
+        return InputsManifest(
+            dataset_root=str(sel.root),
+            subset_filelist=str(sel.subset_filelist) if sel.subset_filelist else None,
+            discovered=sel.discovered,
+            sampling=sel.sampling,
+            seed=sel.seed,
+            max_images=sel.max_images,
+            count=len(sel.images),
+            kind=self.inputs.kind if self.inputs else "image",
+            chosen_because=self.inputs.note if self.inputs else None,
+            images=tuple(_input_record(e) for e in sel.images),
+            skipped=tuple(SkippedInput(path=str(s.path), reason=s.reason) for s in sel.skipped),
+        )
 
     def _metrics(self, partial: bool) -> Stage1Metrics:
         session, settings, cfg = self.session, self.settings, self.cfg
@@ -339,21 +354,21 @@ class Stage1Run:
                 index=session.device.index,
                 timing_method=timing_method(session.device),
             ),
-            settings={
-                "repeats": settings.repeats,
-                "warmup": settings.warmup,
-                "max_new_tokens": settings.max_new_tokens,
-                "max_images": settings.max_images,
-                "sources": dict(settings.sources),
-                "batch_size": 1,
-                "workload_profile": OmegaConf.to_container(cfg.workload_profile, resolve=True)
-                if cfg.get("workload_profile")
-                else None,
-                "decoding": "greedy, fixed length (EOS ignored), first token from prefill",
-                "partial": partial,
-                "input_kind": self.inputs.kind if self.inputs else "image",
-                "inputs_note": self.inputs.note if self.inputs else None,
-            },
+            settings=RunSettings(
+                repeats=settings.repeats,
+                warmup=settings.warmup,
+                max_new_tokens=settings.max_new_tokens,
+                max_images=settings.max_images,
+                sources=dict(settings.sources),
+                batch_size=1,
+                workload_profile=plain(cfg.workload_profile) if cfg.get("workload_profile") else None,
+                partial=partial,
+                input_kind=self.inputs.kind if self.inputs else "image",
+                inputs_note=self.inputs.note if self.inputs else None,
+                profiler=profiler_settings(cfg),
+                measured_passes=len(records),
+                outputs=output_settings(cfg),
+            ),
             records=tuple(records),
             stages=stage_stats(records, vision),
             per_image=per_image,
@@ -368,12 +383,9 @@ class Stage1Run:
             operator_sort_key=ops.sort_key if ops else None,
             profiler=None
             if ops is None
-            else {
-                "events": ops.events,
-                "decode_steps": ops.decode_steps,
-                "postprocess_s": ops.postprocess_s,
-                "trace": ops.trace_path,
-            },
+            else ProfilerInfo(
+                events=ops.events, decode_steps=ops.decode_steps, postprocess_s=ops.postprocess_s, trace=ops.trace_path
+            ),
             warnings=warnings,
             config_digest=config_digest(cfg),
         )
@@ -406,17 +418,109 @@ class Stage1Run:
                 out.append(f"High run-to-run variation in {stat.stage}: CV {cv:.1%} (> {threshold:.0%}).")
         return tuple(out)
 
+    def _predictions(self) -> tuple[Prediction, ...]:
+        """The tokens generated for each input (first timed pass), decoded where the model has a tokenizer."""
+        assert self.session is not None and self.selection is not None
+        tokenizer = self.session.loaded.tokenizer
+        paths = {input_key(self.selection, e.path): e.path for e in self.selection.images}
+        return tuple(
+            Prediction(
+                image=name,
+                path=str(paths.get(name, name)),
+                token_ids=tuple(ids),
+                tokens=len(ids),
+                text=None if tokenizer is None else str(tokenizer.decode(list(ids), skip_special_tokens=False)),
+                weights=self.session.loaded.weights,
+            )
+            for name, ids in self.state.predictions.items()
+        )
+
     def _write_outputs(self, partial: bool) -> Stage1Metrics:
         assert self.session is not None and self.selection is not None
         metrics = self._metrics(partial)
-        self.art.write_json("metrics.json", metrics)
+        self.art.write_json(METRICS_FILE, metrics)
+        if self.state.operators is not None:
+            self.art.write_json(OPERATORS_FILE, self.state.operators)
+        outputs = metrics.settings.outputs
+        predictions = self._predictions()
+        if outputs.prediction_enable:
+            target = self.art.resolve_save_dir(outputs.prediction_dir) / "predictions.jsonl"
+            self.art.write_anywhere(target, dumps_lines(predictions))
         stage1_reports.write_all(
             self.art,
             metrics,
+            inputs=self._inputs_manifest(),
             operators=self.state.operators,
-            selection=self.selection,
-            predictions=self.state.predictions,
-            tokenizer=self.session.loaded.tokenizer,
-            cfg=self.cfg,
+            predictions=predictions,
         )
         return metrics
+
+
+def render(run_dir: Path) -> Path:
+    """Rebuild a Stage 1 folder's Markdown reports and plots from its records (no model, no GPU)."""
+    folder = load_stage1(run_dir)
+    art = ArtifactsManager(folder.path, stage="stage1")
+    art.written.extend(folder.status.files)
+    stage1_reports.write_all(
+        art,
+        folder.metrics,
+        inputs=folder.inputs or _no_inputs(folder.metrics),
+        operators=folder.operators,
+        predictions=folder.predictions,
+    )
+    return art.run_dir
+
+
+def _no_inputs(m: Stage1Metrics) -> InputsManifest:
+    """An inputs manifest for a folder written without inputs.yaml: only the timed inputs are known."""
+    return InputsManifest(
+        dataset_root="(not recorded)",
+        subset_filelist=None,
+        discovered=len(m.images),
+        sampling="(not recorded)",
+        seed=0,
+        max_images=m.settings.max_images,
+        count=len(m.images),
+        kind=m.settings.input_kind,
+        chosen_because=None,
+        images=(),
+        skipped=(),
+    )
+
+
+def input_key(selection: DatasetSelection, path: Path) -> str:
+    """An input's key in every per-image record: its path relative to the dataset root (its name when outside)."""
+    try:
+        return path.relative_to(selection.root).as_posix()
+    except ValueError:
+        return path.name
+
+
+def _input_record(entry: ImageEntry | TextEntry) -> ImageInput | TextInput:
+    if isinstance(entry, ImageEntry):
+        return ImageInput(path=str(entry.path), width=entry.width, height=entry.height, bytes=entry.bytes)
+    return TextInput(path=str(entry.path), characters=entry.characters, bytes=entry.bytes)
+
+
+def profiler_settings(cfg: DictConfig) -> ProfilerSettings:
+    prof = cfg.pipeline.torch_profiler
+    return ProfilerSettings(
+        enable=bool(prof.enable),
+        decode_steps=int(prof.decode_steps),
+        record_shapes=bool(prof.record_shapes),
+        profile_memory=bool(prof.profile_memory),
+        with_stack=bool(prof.with_stack),
+        with_flops=bool(prof.with_flops),
+        chrome_trace=bool(prof.chrome_trace),
+        top_k=int(prof.top_k),
+    )
+
+
+def output_settings(cfg: DictConfig) -> OutputSettings:
+    out = cfg.pipeline.torch_profiler.output
+    return OutputSettings(
+        prediction_enable=bool(out.prediction.enable),
+        prediction_dir=str(out.prediction.save_dir),
+        visualization_enable=bool(out.visualization.enable),
+        visualization_dir=str(out.visualization.save_dir),
+    )

@@ -159,6 +159,16 @@ class ProfilerSettings:
 
 
 @attrs.frozen
+class OutputSettings:
+    """Where and whether a run writes its predictions and the predictions gallery."""
+
+    prediction_enable: bool = True
+    prediction_dir: str = "predictions"  # relative to the run folder, or absolute
+    visualization_enable: bool = True
+    visualization_dir: str = "viz"
+
+
+@attrs.frozen
 class RunSettings:
     """The effective settings of a run and where each came from (`sources`: key -> "config/override" or
     "device default (cpu)")."""
@@ -176,6 +186,7 @@ class RunSettings:
     inputs_note: str | None = None
     profiler: ProfilerSettings | None = None
     measured_passes: int | None = None  # timed passes actually measured (fewer than asked when interrupted)
+    outputs: OutputSettings = attrs.field(factory=OutputSettings)
 
 
 @attrs.frozen
@@ -230,14 +241,22 @@ class Stage1Metrics:
 
 
 @attrs.frozen
-class InputEntry:
-    """One input of the run: an image (width, height) or a text prompt (characters)."""
+class ImageInput:
+    """One image of the run (path absolute, size in pixels, file size in bytes)."""
 
-    path: str  # absolute
+    path: str
+    width: int
+    height: int
     bytes: int
-    width: int | None = None
-    height: int | None = None
-    characters: int | None = None
+
+
+@attrs.frozen
+class TextInput:
+    """One text prompt of the run (path absolute, length in characters, file size in bytes)."""
+
+    path: str
+    characters: int
+    bytes: int
 
 
 @attrs.frozen
@@ -259,7 +278,7 @@ class InputsManifest:
     count: int
     kind: str  # "image" | "text"
     chosen_because: str | None
-    images: tuple[InputEntry, ...]
+    images: tuple[ImageInput | TextInput, ...]
     skipped: tuple[SkippedInput, ...]
 
 

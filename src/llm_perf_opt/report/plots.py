@@ -1,7 +1,7 @@
-"""Stage 1 plots from a parsed `metrics.json` (plain dicts): stage breakdown, decode latency, roofline, operators;
+"""Stage 1 plots from its `Stage1Metrics` record: stage breakdown, decode latency, roofline, operators;
 also the roofline helpers (limits, roofs, axes) that the Stage 2 kernel roofline shares.
 
-Each plot function takes the metrics dict and a target PNG path, writes the figure and returns the path, or
+Each plot function takes the metrics record and a target PNG path, writes the figure and returns the path, or
 returns None (writing nothing) when the data it needs is absent.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,19 +22,22 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import EngFormatter, MaxNLocator
 
+from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records.stage1 import ImageRecord, Stage1Metrics
+
 DPI = 110
 TOP_OPERATORS = 10
 MAX_PANELS = 4
-PREPROCESS = "preprocess"
+PREPROCESS = vocab.PREPROCESS
 REST_OF_PREFILL = "prefill (rest)"
-DECODE = "decode"
+DECODE = vocab.DECODE
 
 SEGMENT_COLOURS = {PREPROCESS: "#9e9e9e", REST_OF_PREFILL: "#f28e2b", DECODE: "#59a14f"}
 _VISION_COLOURS = ("#1f4e9c", "#4e79a7", "#a0cbe8", "#76b7b2", "#b07aa1")
 STAGE_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 _LINE_STYLES = ("-", "--", "-.", ":")
 
-Metrics = Mapping[str, Any]
+Metrics = Stage1Metrics
 
 
 def save_figure(fig: Figure, path: Path) -> Path:
@@ -47,37 +50,29 @@ def save_figure(fig: Figure, path: Path) -> Path:
     return path
 
 
-def _records_by_image(m: Metrics) -> dict[str, list[Mapping[str, Any]]]:
-    out: dict[str, list[Mapping[str, Any]]] = {}
-    for rec in m.get("records") or ():
-        out.setdefault(str(rec["image"]), []).append(rec)
+def _records_by_image(m: Metrics) -> dict[str, list[ImageRecord]]:
+    out: dict[str, list[ImageRecord]] = {}
+    for rec in m.records:
+        out.setdefault(rec.image, []).append(rec)
     return out
 
 
-def _vision_stages(m: Metrics) -> list[str]:
-    names: list[str] = []
-    for rec in m.get("records") or ():
-        names.extend(k for k in (rec.get("vision_ms") or {}) if k not in names)
-    return names
-
-
-def _segments(rec: Mapping[str, Any], vision: Sequence[str]) -> dict[str, float]:
-    vision_ms = rec.get("vision_ms") or {}
-    parts = {PREPROCESS: float(rec["preprocess_ms"])}
-    parts.update({v: float(vision_ms.get(v, 0.0)) for v in vision})
+def _segments(rec: ImageRecord, vision: Sequence[str]) -> dict[str, float]:
+    parts = {PREPROCESS: rec.preprocess_ms}
+    parts.update({v: rec.vision_ms.get(v, 0.0) for v in vision})
     # vision runs inside prefill: only the remainder of prefill is added on top of it
-    parts[REST_OF_PREFILL] = max(0.0, float(rec["prefill_ms"]) - sum(float(x) for x in vision_ms.values()))
-    parts[DECODE] = float(rec["decode_ms"])
+    parts[REST_OF_PREFILL] = max(0.0, rec.prefill_ms - sum(rec.vision_ms.values()))
+    parts[DECODE] = rec.decode_ms
     return parts
 
 
 def stage_segments(m: Metrics) -> dict[str, dict[str, float]]:
     """image -> segment -> ms of the image's median pass by end-to-end time (the two middle passes averaged
     when the count is even), so the segments add up to the median end-to-end time."""
-    vision = _vision_stages(m)
+    vision = m.vision_stages
     out: dict[str, dict[str, float]] = {}
     for image, recs in _records_by_image(m).items():
-        ordered = sorted(recs, key=lambda r: float(r["e2e_ms"]))
+        ordered = sorted(recs, key=lambda r: r.e2e_ms)
         mid = len(ordered) // 2
         middle = ordered[mid : mid + 1] if len(ordered) % 2 else ordered[mid - 1 : mid + 1]
         seg = [_segments(r, vision) for r in middle]
@@ -121,12 +116,12 @@ def stage_breakdown(m: Metrics, path: Path) -> Path | None:
     ax.invert_yaxis()
     ax.set_xlim(0, longest * 1.12)
     ax.set_xlabel("time (ms)")
-    unit = "prompt" if (m.get("settings") or {}).get("input_kind") == "text" else "image"
+    unit = "prompt" if m.settings.input_kind == "text" else "image"
     ax.set_ylabel(unit)
-    device = (m.get("device") or {}).get("name", "")
+    device = m.device.name
     ax.set_title(
         f"End-to-end time per {unit} by stage ({device}; median pass by end-to-end time)"
-        + ("\nvision stages are part of prefill, shown once" if _vision_stages(m) else ""),
+        + ("\nvision stages are part of prefill, shown once" if m.vision_stages else ""),
         fontsize=10,
     )
     fig.legend(loc="outside lower center", ncol=len(names), fontsize=8, frameon=False)
@@ -139,11 +134,11 @@ def decode_step_medians(m: Metrics) -> dict[str, tuple[list[int], list[float]]]:
     """image -> (context lengths = prompt tokens + step index, median step latency over repeats in ms)."""
     out: dict[str, tuple[list[int], list[float]]] = {}
     for image, recs in _records_by_image(m).items():
-        steps = [list(r.get("decode_step_ms") or ()) for r in recs]
+        steps = [list(r.decode_step_ms) for r in recs]
         n = max((len(s) for s in steps), default=0)
         if n == 0:
             continue
-        prompt = round(statistics.median(int(r["prompt_tokens"]) for r in recs))
+        prompt = round(statistics.median(r.prompt_tokens for r in recs))
         medians = [statistics.median(s[i] for s in steps if len(s) > i) for i in range(n)]
         out[image] = ([prompt + i for i in range(n)], medians)
     return out
@@ -188,7 +183,7 @@ def decode_latency(m: Metrics, path: Path) -> Path | None:
         ax.legend(fontsize=7.5, loc="lower center")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("decode step latency (ms)")
-    device = (m.get("device") or {}).get("name", "")
+    device = m.device.name
     fig.suptitle(
         f"Decode step latency vs context length = prompt tokens + step index ({device}; median over repeats)",
         fontsize=10,
@@ -198,10 +193,9 @@ def decode_latency(m: Metrics, path: Path) -> Path | None:
 
 def _compute_peaks(m: Metrics) -> list[tuple[float, str]]:
     peaks: dict[float, str] = {}
-    for rec in m.get("mfu") or ():
-        peak = rec.get("peak") or {}
-        if peak.get("value"):
-            peaks.setdefault(float(peak["value"]), str(peak.get("dtype_key") or ""))
+    for rec in m.mfu:
+        if rec.peak is not None and rec.peak.value:
+            peaks.setdefault(rec.peak.value, rec.peak.dtype_key or "")
     return sorted(peaks.items(), reverse=True)
 
 
@@ -257,12 +251,12 @@ def style_roofline_axes(ax: Axes, limits: tuple[float, float, float, float]) -> 
 def roofline(m: Metrics, path: Path) -> Path | None:
     """Log-log roofline of the device with each stage of `efficiency` as a point; None without both peaks."""
     peaks = _compute_peaks(m)
-    bw = float((m.get("bandwidth_peak") or {}).get("value") or 0.0)
+    bw = m.bandwidth_peak.value if m.bandwidth_peak else 0.0
     points = []
-    for e in m.get("efficiency") or ():
-        flops, moved, ms = float(e.get("flops") or 0), float(e.get("bytes") or 0), float(e.get("time_ms") or 0)
+    for e in m.efficiency:
+        flops, moved, ms = e.flops, e.bytes, e.time_ms
         if flops > 0 and moved > 0 and ms > 0:
-            points.append((str(e["stage"]), flops / moved, flops / (ms / 1e3), e.get("mfu")))
+            points.append((e.stage, flops / moved, flops / (ms / 1e3), e.mfu))
     if not peaks or bw <= 0 or not points:
         return None
 
@@ -289,7 +283,7 @@ def roofline(m: Metrics, path: Path) -> Path | None:
             va="center",
         )
     style_roofline_axes(ax, limits)
-    device = (m.get("device") or {}).get("name", "")
+    device = m.device.name
     ax.set_title(
         f"Roofline of the stages over all timed passes ({device})\nFLOPs counted, bytes from the analytic model",
         fontsize=10,
@@ -317,8 +311,8 @@ _SORT_KEY_LABELS = {"self_device_ms": "self device time", "self_cpu_ms": "self C
 
 def operator_shares(m: Metrics, path: Path) -> Path | None:
     """Horizontal bars: each of the top 10 operators' share of the sort key, the remaining listed ones as "other"."""
-    key = m.get("operator_sort_key")
-    rows = [(str(r["name"]), float(r.get(key) or 0.0)) for r in m.get("top_operators") or ()] if key else []
+    key = m.operator_sort_key
+    rows = [(r.name, float(getattr(r, key))) for r in m.top_operators] if key else []
     total = sum(v for _, v in rows)
     if total <= 0:
         return None
@@ -339,7 +333,7 @@ def operator_shares(m: Metrics, path: Path) -> Path | None:
     ax.set_xlim(0, max(shares) * 1.3)
     label = _SORT_KEY_LABELS.get(str(key), str(key))
     ax.set_xlabel(f"share of {label} over the {len(rows)} listed operators (%)")
-    device = (m.get("device") or {}).get("name", "")
+    device = m.device.name
     ax.set_title(f"Top operators by {label} (torch profiler, profiled pass; {device})", fontsize=10)
     ax.grid(axis="x", alpha=0.3)
     ax.set_axisbelow(True)

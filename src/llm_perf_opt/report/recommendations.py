@@ -44,7 +44,7 @@ def key_findings(m: Stage1Metrics) -> list[str]:
             f"preprocess {pre / e2e:.0%} ({pre:,.1f} ms)",
         ]
         parts.sort(key=lambda p: -float(p.split()[1].rstrip("%")))
-        unit = "prompt" if m.settings.get("input_kind") == "text" else "image"
+        unit = "prompt" if m.settings.input_kind == "text" else "image"
         out.append(f"Where time goes: {e2e:,.1f} ms end to end per {unit} (median) — " + ", ".join(parts) + ".")
         vision = {s: _p50(m, s) or 0.0 for s in _vision_stages(m)}
         if prefill and vision:
@@ -90,7 +90,7 @@ def recommendations(m: Stage1Metrics) -> list[str]:
             "(device=cuda) for kernel-level timings, MFU against a datasheet peak, and Stage 2."
         )
     if e2e and decode / e2e > DECODE_DOMINANT:
-        inputs = "prompts" if m.settings.get("input_kind") == "text" else "pages"
+        inputs = "prompts" if m.settings.input_kind == "text" else "pages"
         experts = m.model.experts_implementation is not None  # a MoE model: its per-expert work can be fused
         msg = f"Decode is {decode / e2e:.0%} of end-to-end time"
         if step:

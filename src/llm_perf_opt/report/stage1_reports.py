@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
-from omegaconf import DictConfig
-
-from llm_perf_opt.artifacts import ArtifactsManager, to_plain
-from llm_perf_opt.data.dataset import DatasetSelection
+from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.data.prompts import read_prompt
 from llm_perf_opt.measure.flops import FLOP_SOURCE
-from llm_perf_opt.measure.torch_profiler import OperatorRow, OperatorTable
 from llm_perf_opt.records import vocabulary as vocab
-from llm_perf_opt.records.stage1 import Stage1Metrics, StageStat
+from llm_perf_opt.records.stage1 import (
+    InputsManifest,
+    OperatorRow,
+    OperatorTable,
+    OutputSettings,
+    Prediction,
+    ProfilerSettings,
+    Stage1Metrics,
+    StageStat,
+)
 from llm_perf_opt.report import gallery
 from llm_perf_opt.report.markdown import Doc, flops, ms, num_bytes, pct
 from llm_perf_opt.report.plots import write_stage1_plots
@@ -53,13 +56,7 @@ def _has_vision(stats: Sequence[StageStat]) -> bool:
 
 def _is_text(m: Stage1Metrics) -> bool:
     """True when the inputs are text prompts (a text-only model): no images, tiles or vision stages."""
-    return m.settings.get("input_kind") == "text"
-
-
-def resolve_save_dir(run_dir: Path, save_dir: str) -> Path:
-    """`save_dir` relative to the run folder; absolute paths are honoured."""
-    path = Path(str(save_dir)).expanduser()
-    return path if path.is_absolute() else run_dir / path
+    return m.settings.input_kind == "text"
 
 
 def _stat_rows(stats: Sequence[StageStat], e2e_median: float | None) -> list[list[str]]:
@@ -159,14 +156,14 @@ def report_md(
 ) -> str:
     """The main report: three things first (where time goes, how efficient, what to try), details after."""
     doc = Doc(f"Stage 1 report: {m.model.name} on {m.device.name}")
-    profile = m.settings.get("workload_profile")
+    profile = m.settings.workload_profile
     doc.para(
         f"Run `{m.run_id}` · "
         + (f"workload {profile['name']} · " if profile else "")
         + f"{m.model.weights_detail} · {m.model.dtype} · "
         f"{len({r.image for r in m.records})} {'prompt' if _is_text(m) else 'image'}(s) × "
-        f"{m.settings['repeats']} timed pass(es) · "
-        f"{m.settings['max_new_tokens']} new tokens per pass · times in ms ({m.device.timing_method})."
+        f"{m.settings.repeats} timed pass(es) · "
+        f"{m.settings.max_new_tokens} new tokens per pass · times in ms ({m.device.timing_method})."
     )
     doc.h2("At a glance")
     doc.bullets(key_findings(m))
@@ -348,7 +345,7 @@ def operators_md(m: Stage1Metrics, operators: OperatorTable, top_k: int) -> str:
 
 def stakeholder_md(m: Stage1Metrics) -> str:
     doc = Doc(f"Stakeholder summary: {m.model.name} inference on {m.device.name}")
-    doc.para(f"{m.model.weights_detail}. Batch size 1, {m.settings['max_new_tokens']} new tokens per image.")
+    doc.para(f"{m.model.weights_detail}. Batch size 1, {m.settings.max_new_tokens} new tokens per image.")
     doc.h2("Key findings")
     doc.bullets(key_findings(m))
     doc.h2("Top cost centres (share of end-to-end median)")
@@ -373,10 +370,10 @@ def stakeholder_md(m: Stage1Metrics) -> str:
     return doc.text()
 
 
-def assumptions_md(m: Stage1Metrics, cfg: DictConfig, selection: DatasetSelection) -> str:
+def assumptions_md(m: Stage1Metrics, inputs: InputsManifest) -> str:
     doc = Doc("Assumptions and settings")
     s = m.settings
-    prof = cfg.pipeline.torch_profiler
+    prof = s.profiler or ProfilerSettings()
     doc.h2("Device")
     doc.bullets(
         [
@@ -403,14 +400,14 @@ def assumptions_md(m: Stage1Metrics, cfg: DictConfig, selection: DatasetSelectio
         ]
     )
     doc.h2("Run")
-    profile = s.get("workload_profile")
+    profile = s.workload_profile
     doc.bullets(
         [
             f"Named workload: {profile['name']} — {profile['document']}" if profile else "Named workload: none",
-            f"Batch size: {s['batch_size']}",
-            f"Timed passes per image (run.repeats): {s['repeats']} ({s['sources']['run.repeats']})",
-            f"Warm-up passes per image (run.warmup): {s['warmup']} ({s['sources']['run.warmup']})",
-            f"Decoding: {s['decoding']}; {s['max_new_tokens']} new tokens ({s['sources']['infer.max_new_tokens']})",
+            f"Batch size: {s.batch_size}",
+            f"Timed passes per image (run.repeats): {s.repeats} ({s.sources['run.repeats']})",
+            f"Warm-up passes per image (run.warmup): {s.warmup} ({s.sources['run.warmup']})",
+            f"Decoding: {s.decoding}; {s.max_new_tokens} new tokens ({s.sources['infer.max_new_tokens']})",
         ]
     )
     doc.h2("Preprocessing")
@@ -430,109 +427,76 @@ def assumptions_md(m: Stage1Metrics, cfg: DictConfig, selection: DatasetSelectio
     doc.h2("Dataset selection")
     doc.bullets(
         [
-            f"Root: {selection.root}",
-            f"Subset list: {selection.subset_filelist or 'none'}",
-            f"Discovered {selection.discovered} {'prompt' if _is_text(m) else 'image'} file(s); ran "
-            f"{len(selection.images)}; skipped {len(selection.skipped)}; sampling {selection.sampling} (seed "
-            f"{selection.seed}); max_images {selection.max_images} ({s['sources']['dataset.max_images']})",
-            *([f"Inputs chosen automatically: {s['inputs_note']}"] if s.get("inputs_note") else []),
+            f"Root: {inputs.dataset_root}",
+            f"Subset list: {inputs.subset_filelist or 'none'}",
+            f"Discovered {inputs.discovered} {'prompt' if _is_text(m) else 'image'} file(s); ran "
+            f"{len(inputs.images)}; skipped {len(inputs.skipped)}; sampling {inputs.sampling} (seed "
+            f"{inputs.seed}); max_images {inputs.max_images} ({s.sources['dataset.max_images']})",
+            *([f"Inputs chosen automatically: {s.inputs_note}"] if s.inputs_note else []),
         ]
     )
     return doc.text()
 
 
-def _decode_text(tokenizer: Any | None, ids: Sequence[int]) -> str | None:
-    return None if tokenizer is None else str(tokenizer.decode(list(ids), skip_special_tokens=False))
-
-
-def write_predictions(
+def write_gallery(
     art: ArtifactsManager,
     m: Stage1Metrics,
-    cfg: DictConfig,
-    selection: DatasetSelection,
-    predictions: Mapping[str, Sequence[int]],
-    tokenizer: Any | None,
+    inputs: InputsManifest,
+    predictions: Sequence[Prediction],
+    outputs: OutputSettings,
 ) -> None:
-    out_cfg = cfg.pipeline.torch_profiler.output
-    paths = {e.path.name: e.path for e in selection.images}
-    texts = {name: _decode_text(tokenizer, ids) for name, ids in predictions.items()}
-    if out_cfg.prediction.enable:
-        pred_dir = resolve_save_dir(art.run_dir, out_cfg.prediction.save_dir)
-        lines = [
-            json.dumps(
-                {
-                    "image": name,
-                    "path": str(paths.get(name, name)),
-                    "token_ids": list(ids),
-                    "tokens": len(ids),
-                    "text": texts[name],
-                    "weights": m.model.weights,
-                }
-            )
-            for name, ids in predictions.items()
-        ]
-        _write_in(art, pred_dir / "predictions.jsonl", "\n".join(lines) + "\n")
-    if out_cfg.visualization.enable:
-        viz_dir = resolve_save_dir(art.run_dir, out_cfg.visualization.save_dir)
-        viz_dir.mkdir(parents=True, exist_ok=True)
-        doc = Doc("Predictions gallery")
-        doc.para(f"{m.model.weights_detail}. Per-image medians in ms.")
-        for name, ids in predictions.items():
-            doc.h2(name)
-            recs = [r for r in m.records if r.image == name]
-            if m.settings.get("input_kind") == "text":  # a prompt file: show its start, no thumbnail
-                prompt = read_prompt(paths[name])
-                excerpt = prompt[:PROMPT_EXCERPT] + (" …" if len(prompt) > PROMPT_EXCERPT else "")
-                doc.raw("\n**Prompt**\n\n```text\n" + excerpt + "\n```\n\n**Output**\n")
-                facts = [f"{recs[0].prompt_tokens} prompt tokens"]
-            else:
-                thumb = gallery.thumbnail_with_boxes(paths[name], texts[name], viz_dir / f"{Path(name).stem}.png")
-                doc.image(name, os.path.relpath(thumb, viz_dir))
-                facts = [
-                    f"{recs[0].tiles} tiles, {recs[0].image_tokens} image tokens",
-                    f"Boxes drawn: {gallery.count_boxes(texts[name])}",
-                ]
-            doc.bullets(
-                [
-                    f"TTFT {ms(statistics.median(r.ttft_ms for r in recs))} ms, decode "
-                    f"{ms(statistics.median(r.decode_ms for r in recs))} ms, {len(ids)} tokens, " + facts[0],
-                    *facts[1:],
-                ]
-            )
-            text = texts[name]
-            body = text if text is not None else f"(no tokenizer: token ids) {list(ids)[:64]}"
-            doc.raw("\n```text\n" + body + "\n```\n")
-        _write_in(art, viz_dir / "predictions.md", doc.text())
-
-
-def _write_in(art: ArtifactsManager, target: Path, text: str) -> None:
-    try:
-        relative = target.resolve().relative_to(art.run_dir)
-    except ValueError:  # an absolute save_dir outside the run folder
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, encoding="utf-8")
+    """`viz/predictions.md`: per input its thumbnail (grounding boxes drawn) or prompt excerpt, timings, output."""
+    if not outputs.visualization_enable:
         return
-    art.write_text(str(relative), text)
+    viz_dir = art.resolve_save_dir(outputs.visualization_dir)
+    viz_dir.mkdir(parents=True, exist_ok=True)
+    doc = Doc("Predictions gallery")
+    doc.para(f"{m.model.weights_detail}. Per-image medians in ms.")
+    for pred in predictions:
+        name = pred.image
+        doc.h2(name)
+        recs = [r for r in m.records if r.image == name]
+        if m.settings.input_kind == "text":  # a prompt file: show its start, no thumbnail
+            prompt = read_prompt(Path(pred.path))
+            excerpt = prompt[:PROMPT_EXCERPT] + (" …" if len(prompt) > PROMPT_EXCERPT else "")
+            doc.raw("\n**Prompt**\n\n```text\n" + excerpt + "\n```\n\n**Output**\n")
+            facts = [f"{recs[0].prompt_tokens} prompt tokens"]
+        else:
+            thumb = gallery.thumbnail_with_boxes(Path(pred.path), pred.text, viz_dir / f"{Path(name).stem}.png")
+            doc.image(name, os.path.relpath(thumb, viz_dir))
+            facts = [
+                f"{recs[0].tiles} tiles, {recs[0].image_tokens} image tokens",
+                f"Boxes drawn: {gallery.count_boxes(pred.text)}",
+            ]
+        doc.bullets(
+            [
+                f"TTFT {ms(statistics.median(r.ttft_ms for r in recs))} ms, decode "
+                f"{ms(statistics.median(r.decode_ms for r in recs))} ms, {pred.tokens} tokens, " + facts[0],
+                *facts[1:],
+            ]
+        )
+        body = pred.text if pred.text is not None else f"(no tokenizer: token ids) {list(pred.token_ids)[:64]}"
+        doc.raw("\n```text\n" + body + "\n```\n")
+    art.write_anywhere(viz_dir / "predictions.md", doc.text())
 
 
 def write_all(
     art: ArtifactsManager,
     m: Stage1Metrics,
     *,
+    inputs: InputsManifest,
     operators: OperatorTable | None,
-    selection: DatasetSelection,
-    predictions: Mapping[str, Sequence[int]],
-    tokenizer: Any | None,
-    cfg: DictConfig,
+    predictions: Sequence[Prediction],
 ) -> None:
-    """Write every Stage 1 Markdown artifact (report.md last, so it can list the others)."""
-    top_k = int(cfg.pipeline.torch_profiler.top_k)
+    """Write every Stage 1 Markdown artifact and plot from the run's records (report.md last, so it can list the
+    others)."""
+    top_k = m.settings.profiler.top_k if m.settings.profiler else 0
     if operators is not None:
         art.write_text("operators.md", operators_md(m, operators, top_k))
     art.write_text("stakeholder_summary.md", stakeholder_md(m))
-    art.write_text("assumptions.md", assumptions_md(m, cfg, selection))
-    write_predictions(art, m, cfg, selection, predictions, tokenizer)
-    written = write_stage1_plots(to_plain(m), art.run_dir)
+    art.write_text("assumptions.md", assumptions_md(m, inputs))
+    write_gallery(art, m, inputs, predictions, m.settings.outputs)
+    written = write_stage1_plots(m, art.run_dir)
     for path in written.values():
         art.record(str(path.relative_to(art.run_dir)))
     plots = {name: str(path.relative_to(art.run_dir)) for name, path in written.items()}

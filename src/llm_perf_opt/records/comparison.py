@@ -1,0 +1,170 @@
+"""The comparison `perf-compare` writes (`compare.json`, rendered as `compare.md`): runs of one kind side by side,
+against the first usable run of that kind as baseline.
+
+Per-run figures are tuples in run order (baseline first); per-other-run figures (ratios, noise verdicts) are
+tuples in the order of the runs after the baseline. None: not measured in that run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+
+from llm_perf_opt.records.io import load_file
+
+STAGE1 = "stage1"
+STAGE2 = "stage2"
+KINDS = {STAGE1: "Stage 1", STAGE2: "Stage 2"}
+
+
+@attrs.frozen
+class ComparedRun:
+    """One usable run folder: its label in the tables and what the run list says about it."""
+
+    path: Path
+    label: str  # the folder name, made unique with `#2`, `#3`
+    kind: str  # STAGE1 | STAGE2
+    model: str
+    device: str
+    created: str
+    repeats: int | None = None  # Stage 1
+    mode: str | None = None  # Stage 2
+
+
+@attrs.frozen
+class Skipped:
+    """A folder left out, and why."""
+
+    path: Path
+    reason: str
+
+
+@attrs.frozen
+class FieldDifference:
+    """A configuration or environment field whose value differs between the runs (values as shown, per run)."""
+
+    field: str
+    values: tuple[str | None, ...]
+
+
+@attrs.frozen
+class Mover:
+    """An operator or kernel whose time moved between the baseline and one other run (None: not recorded there)."""
+
+    name: str
+    base_calls: int | None
+    other_calls: int | None
+    base_ms: float | None
+    other_ms: float | None
+    delta_ms: float  # other - baseline, a missing entry counted as 0
+
+
+@attrs.frozen
+class MoverTable:
+    """The entries that moved most between the baseline and `other`, largest absolute change first."""
+
+    other: str  # label
+    base_key: str  # the time column the baseline is ranked by ("self_device_ms", "self_cpu_ms", "total_ms")
+    other_key: str
+    movers: tuple[Mover, ...]
+
+
+# --------------------------------------------------------------------------------------------- Stage 1
+
+
+@attrs.frozen
+class StageChange:
+    """One stage of one run against the baseline."""
+
+    p50_ms: float | None
+    ratio: float | None  # run p50 / baseline p50
+    beyond_noise: str  # measure.noise.noise_verdict
+
+
+@attrs.frozen
+class StageTimeRow:
+    stage: str
+    nested_in: str | None
+    base_p50_ms: float | None
+    others: tuple[StageChange, ...]
+
+
+@attrs.frozen
+class EfficiencyRow:
+    """MFU, achieved TFLOP/s and MBU of one stage, per run."""
+
+    stage: str
+    mfu: tuple[float | None, ...]
+    achieved_tflops: tuple[float | None, ...]
+    mbu: tuple[float | None, ...]
+
+
+@attrs.frozen
+class Stage1Comparison:
+    stage_times: tuple[StageTimeRow, ...]
+    efficiency: tuple[EfficiencyRow, ...]
+    operators: tuple[MoverTable, ...]  # one per run after the baseline
+    differences: tuple[FieldDifference, ...]
+
+
+# --------------------------------------------------------------------------------------------- Stage 2
+
+
+@attrs.frozen
+class BusyChange:
+    busy_ms: float | None
+    ratio: float | None  # run busy ms / baseline busy ms
+
+
+@attrs.frozen
+class BusyRow:
+    """GPU busy time of one stage (Nsight Systems)."""
+
+    stage: str
+    base_busy_ms: float | None
+    others: tuple[BusyChange, ...]
+    busy_fraction: tuple[float | None, ...]  # per run
+    kernels: tuple[int | None, ...]  # per run
+
+
+@attrs.frozen
+class RunTotals:
+    """Whole-run figures of one Stage 2 run."""
+
+    kernel_launches: int | None
+    decode_step_wall_ms: float | None
+    kernels_per_decode_step: float | None
+    decode_gpu_busy: float | None
+
+
+@attrs.frozen
+class Stage2Comparison:
+    busy: tuple[BusyRow, ...]
+    totals: tuple[RunTotals, ...]  # per run
+    kernels: tuple[MoverTable, ...]  # one per run after the baseline
+    differences: tuple[FieldDifference, ...]
+
+
+# --------------------------------------------------------------------------------------------- the whole
+
+
+@attrs.frozen
+class Comparison:
+    """`compare.json`: every usable run, the skipped folders, and a section per kind with two runs or more."""
+
+    schema_version: str
+    runs: tuple[ComparedRun, ...]
+    skipped: tuple[Skipped, ...]
+    stage1: Stage1Comparison | None
+    stage2: Stage2Comparison | None
+    top_movers: int  # the most movers a table lists
+
+    def runs_of(self, kind: str) -> tuple[ComparedRun, ...]:
+        """The runs of one kind, baseline first."""
+        return tuple(r for r in self.runs if r.kind == kind)
+
+
+def load_comparison(path: Path) -> Comparison:
+    """A `compare.json` read back (RecordError when missing, damaged or of another schema version)."""
+    return load_file(path, Comparison)

@@ -1,0 +1,242 @@
+"""Stage 2 records: what `stage2-profile` captured (`capture.json`), which kernels it sent to Nsight Compute
+(`ncu/targets.json`), and what its analysis found (`metrics.json`).
+
+The Nsight parsers hand over the records whose shape is recorded as is (`StageGpuTime`, `KernelStat`,
+`DecodeStepStats` from the nsys trace, `NcuKernel` from the ncu export); the analysis
+(`llm_perf_opt.nsight.stage2_analysis`) joins them with the Stage 1 workload into `StageRow` and `NcuKernelRow`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+
+from llm_perf_opt.records.common import PeakFigure
+from llm_perf_opt.records.stage1 import ModelInfo, RunSettings
+
+# ---- what the Nsight parsers measure --------------------------------------------------------------------------
+
+
+@attrs.frozen
+class StageGpuTime:
+    """GPU time of one NVTX range name (a stage), summed over its instances. Times in ms."""
+
+    stage: str  # range name without the domain, e.g. "prefill", "decode/step"
+    instances: int  # range instances
+    wall_ms: float  # sum of the ranges' CPU-side durations
+    kernel_ms: float  # sum of the durations of the kernels launched inside the ranges
+    gpu_busy_ms: float  # union of those kernels' GPU intervals (overlaps counted once), summed over instances
+    span_ms: float  # per instance last kernel end - first kernel start (nsys's GPU projection), summed
+    kernels: int  # kernel launches attributed
+    busy_fraction: float  # gpu_busy_ms / wall_ms (0 when wall is 0); can pass 1 when the GPU runs behind the CPU
+
+
+@attrs.frozen
+class KernelStat:
+    """One kernel (by demangled name) over a stage or over the whole trace. Times in ms."""
+
+    name: str  # nsys shortName: the base function name Nsight Compute's -k matches by default
+    demangled: str  # full demangled name
+    stage: str | None  # None = over all kernels of the trace (or of the timed passes)
+    calls: int
+    total_ms: float
+    mean_ms: float
+    min_ms: float
+    max_ms: float
+    share: float  # total_ms / kernel time of the stage (or of all kernels counted)
+
+
+@attrs.frozen
+class DecodeStepStats:
+    """Per-step view of the decode loop."""
+
+    steps: int
+    kernels_per_step: float
+    mean_kernel_us: float
+    step_wall_ms: float  # mean wall time of a step
+    gpu_busy_fraction: float  # GPU busy / wall over all steps
+
+
+@attrs.frozen
+class NcuKernel:
+    """One kernel's launches in an ncu export, averaged (per launch), in base units."""
+
+    name: str  # bare function name: no return type, namespace, template arguments or parameters
+    full_name: str  # ncu's name of the longest launch
+    launches: int
+    duration_s: float  # mean gpu__time_duration.sum
+    dram_bytes: float  # mean dram__bytes_read.sum + dram__bytes_write.sum
+    flops: float | None  # mean FLOPs per launch; None when no FLOP metric was collected
+    achieved_tflops: float | None
+    dram_gbps: float  # GB/s (1e9 bytes/s)
+    arithmetic_intensity: float | None  # FLOPs per DRAM byte
+    sm_throughput_pct: float | None  # SpeedOfLight "Compute (SM) Throughput"
+    dram_throughput_pct: float | None  # SpeedOfLight "Memory Throughput" (falls back to DRAM throughput)
+    bound: str  # "compute" | "memory" | "latency" | "unknown"
+    nvtx_range: str | None  # innermost NVTX push/pop range of the launch
+    variants: int = 1  # distinct full names (template instantiations) merged under `name`
+
+
+@attrs.frozen
+class TraceGpu:
+    """The GPU that ran most of the trace's kernels (nsys TARGET_INFO_GPU; all None when the export has none), with
+    the driver of the machine that captured it."""
+
+    name: str | None = None
+    chip: str | None = None
+    device_id: int | None = None
+    bus: str | None = None
+    memory_bytes: int | None = None
+    memory_bandwidth_bytes_per_s: int | None = None
+    clock_hz: int | None = None
+    sm_count: int | None = None
+    l2_cache_bytes: int | None = None
+    compute_capability: str | None = None  # "9.0"
+    gpus_in_trace: int | None = None
+    driver: str | None = None  # from env.json; the trace does not hold it
+
+
+# ---- capture.json and ncu/targets.json ------------------------------------------------------------------------
+
+
+@attrs.frozen
+class ToolInfo:
+    """A located Nsight tool."""
+
+    path: str
+    version: str
+
+
+@attrs.frozen(kw_only=True)
+class CapturedToolRun:
+    """One tool invocation of the capture (its log sits next to its `cmd.txt`)."""
+
+    argv: tuple[str, ...] = ()
+    returncode: int | None
+    seconds: float | None
+    timed_out: bool = False
+
+
+@attrs.frozen
+class NsysReportChoice:
+    """The `nsys stats` reports asked for: those run, those nsys does not offer, and stand-ins (wanted -> used)."""
+
+    names: tuple[str, ...]
+    missing: tuple[str, ...] = ()
+    substituted: Mapping[str, str] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class Capture:
+    """`capture.json`: the tools and the runs of one Stage 2 capture (written as it goes, so a failed capture keeps
+    what it did)."""
+
+    run_id: str
+    mode: str  # the Stage 2 mode: "light" | "deep" | ...
+    tools: Mapping[str, ToolInfo] = attrs.field(factory=dict)  # "nsys" / "ncu" -> the tool used
+    runs: Mapping[str, CapturedToolRun] = attrs.field(factory=dict)  # "nsys_profile", "ncu_decode", ... -> the run
+    ncu_clock_control: str | None = None
+    forwarded_overrides: tuple[str, ...] = ()  # the user's overrides passed on to the profiled workload
+    nsys_reports: NsysReportChoice | None = None
+
+
+@attrs.frozen
+class NcuRound:
+    """One Nsight Compute run over a stage: which kernels, which launch window, where its exports are."""
+
+    folder: str  # relative to the run folder, e.g. "ncu/decode", "ncu/decode-round2"
+    kernels: tuple[str, ...]
+    launch_skip: int
+    launch_count: int
+    regex: str
+    note: str | None = None  # why the round gave nothing, when it did not
+
+
+@attrs.frozen
+class NcuStageTarget:
+    """The kernels of one stage sent to Nsight Compute, with the nsys counts that size its launch windows."""
+
+    kernels: tuple[str, ...]  # the stage's top kernels by nsys GPU time (short names)
+    calls: Mapping[str, int]  # short name -> launches in the stage over the nsys workload
+    instances: int  # stage instances in the nsys workload (prefills, or decode steps)
+    rounds: tuple[NcuRound, ...] = ()
+
+
+@attrs.frozen
+class NcuTargets:
+    """`ncu/targets.json`: the targeted kernels and the ncu rounds of every analysed stage."""
+
+    mode: str
+    stages: Mapping[str, NcuStageTarget] = attrs.field(factory=dict)
+
+
+# ---- metrics.json -----------------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class StageRow(StageGpuTime):
+    """One stage's GPU time (nsys) joined with Stage 1's time, FLOPs and bytes of the same passes."""
+
+    stage1_cuda_event_ms: float | None = None  # Stage 1's CUDA-event time over the workload's timed passes
+    flops: float | None = None  # counted FLOPs over the same passes
+    achieved_tflops_on_busy_time: float | None = None
+    mfu_on_busy_time: float | None = None  # fraction of the dense compute peak
+    bytes: float | None = None  # analytic bytes over the same passes
+    mbu_on_busy_time: float | None = None  # fraction of the peak bandwidth
+
+
+@attrs.frozen(kw_only=True)
+class NcuKernelRow(NcuKernel):
+    """A kernel Nsight Compute profiled in a stage (the first round that reached it), with its nsys GPU time there."""
+
+    stage: str
+    round_folder: str
+    tensor_ops_counted: bool  # the export has a tensor-core op counter: its FLOPs include tensor-core work
+    stage_gpu_ms: float | None  # nsys, all timed passes; None when the trace has no kernel of that name
+    stage_share: float | None  # of the stage's summed kernel time (nsys)
+    stage_instantiations: int  # nsys kernels (demangled names) sharing this function name
+
+
+@attrs.frozen
+class ToolRunResult:
+    """How long a tool run took and how it exited."""
+
+    seconds: float | None
+    returncode: int | None
+
+
+@attrs.frozen(kw_only=True)
+class Stage2Metrics:
+    """`metrics.json` of a Stage 2 run. Fields with defaults are absent from trimmed copies (read as empty)."""
+
+    schema_version: str
+    stage: str
+    run_id: str
+    created: str
+    mode: str
+    device: TraceGpu
+    tools: Mapping[str, ToolInfo] = attrs.field(factory=dict)
+    ncu_clock_control: str | None = None
+    tool_runs: Mapping[str, ToolRunResult] = attrs.field(factory=dict)
+    forwarded_overrides: tuple[str, ...] = ()
+    model: ModelInfo | None = None  # the workload's model (None without the workload's Stage 1 metrics)
+    workload_settings: RunSettings | None = None
+    peak: PeakFigure | None = None  # the workload's dense compute peak (MFU)
+    compute_roofs: tuple[PeakFigure, ...] = ()  # kernel roofline compute roofs, highest first
+    bandwidth_peak: PeakFigure | None = None  # kernel roofline memory roof (MBU)
+    stages: tuple[StageRow, ...]
+    decode_steps: DecodeStepStats | None = None
+    kernel_count: int  # kernel launches in the whole trace (build and warm-up included)
+    top_kernels: tuple[KernelStat, ...]  # of the timed passes, hottest first
+    top_kernels_by_stage: Mapping[str, tuple[KernelStat, ...]] = attrs.field(factory=dict)
+    analysed_stages: tuple[str, ...]
+    ncu_kernels: tuple[NcuKernelRow, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    def stage_row(self, name: str) -> StageRow | None:
+        return next((s for s in self.stages if s.stage == name), None)
+
+    def ncu_row(self, stage: str, name: str) -> NcuKernelRow | None:
+        """Nsight Compute's figures of kernel `name` in `stage`, where it profiled it."""
+        return next((r for r in self.ncu_kernels if r.stage == stage and r.name == name), None)

@@ -20,6 +20,7 @@ import yaml
 
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.records.common import PeakFigure
+from llm_perf_opt.records.vocabulary import canonical_dtype
 
 DTYPE_KEYS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8")
 """Keys allowed in ``dense_tflops``."""
@@ -136,12 +137,9 @@ def compute_dtype_key(dtype: str, *, tf32_matmul: bool) -> str:
     float32 maps to ``"tf32"`` when TF32 matmuls are allowed, else ``"fp32"``. Unknown names raise ValueError.
     """
     name = str(dtype).strip().lower().removeprefix("torch.")
-    if name in ("bfloat16", "bf16"):
-        return "bf16"
-    if name in ("float16", "fp16", "half"):
-        return "fp16"
-    if name in ("float32", "fp32", "float"):
-        return "tf32" if tf32_matmul else "fp32"
+    canonical = canonical_dtype(name)
+    if canonical is not None:
+        return {"bfloat16": "bf16", "float16": "fp16", "float32": "tf32" if tf32_matmul else "fp32"}[canonical]
     if name == "tf32":
         return "tf32"
     if name == "fp8" or name.startswith("float8"):

@@ -16,6 +16,11 @@ PREFILL: Final = "prefill"
 DECODE: Final = "decode"
 DECODE_STEP: Final = "decode/step"
 VISION_PREFIX: Final = "vision/"
+# Vision sub-stages the shipped adapters time (a generic model's are found by name: vision/encoder, vision/projector).
+VISION_SAM: Final = "vision/sam"
+VISION_CLIP: Final = "vision/clip"  # DeepSeek-OCR v1's CLIP-L
+VISION_ENCODER: Final = "vision/encoder"  # DeepSeek-OCR-2's Qwen2-style encoder; a generic model's vision tower
+VISION_PROJECTOR: Final = "vision/projector"
 TTFT: Final = "ttft"  # preprocess + prefill: derived, no NVTX range of its own
 E2E: Final = "e2e"  # preprocess + prefill + decode: derived
 

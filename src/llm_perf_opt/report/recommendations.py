@@ -115,7 +115,7 @@ def recommendations(m: Stage1Metrics) -> list[str]:
         recs.append(msg + ".")
     vision = sum(_p50(m, s) or 0.0 for s in _vision_stages(m))
     if prefill and vision / prefill > VISION_DOMINANT:
-        sam = _p50(m, "vision/sam") or 0.0
+        sam = _p50(m, vocab.VISION_SAM) or 0.0
         msg = f"Vision is {vision / prefill:.0%} of prefill"
         if sam and sam / vision > 0.5:
             msg += (

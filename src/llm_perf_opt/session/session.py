@@ -17,16 +17,7 @@ from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, PreparedInputs
 from llm_perf_opt.session.adapters.registry import make_adapter
 
-_DTYPES = {
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float": torch.float32,
-}
+_TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -66,13 +57,13 @@ def resolve_dtype(spec: str | None, device: torch.device) -> torch.dtype:
     """null -> bfloat16 on CUDA, float32 on CPU; otherwise the named dtype."""
     if spec is None or str(spec).lower() in ("", "auto", "none"):
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    try:
-        return _DTYPES[str(spec).lower()]
-    except KeyError:
+    canonical = vocab.canonical_dtype(str(spec))
+    if canonical is None:
         raise UserError(
             f"model.dtype={spec} is not a supported compute dtype",
-            "Use model.dtype=bfloat16, float16 or float32 (or leave it unset: bf16 on GPU, fp32 on CPU)",
-        ) from None
+            f"Use model.dtype={vocab.SUPPORTED_DTYPES_TEXT} (or leave it unset: bf16 on GPU, fp32 on CPU)",
+        )
+    return _TORCH_DTYPES[canonical]
 
 
 def device_name(device: torch.device) -> str:

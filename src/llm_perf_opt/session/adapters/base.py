@@ -151,7 +151,6 @@ class ModelAdapter(ABC):
         }
 
 
-
 def load_tokenizer(folder: Path) -> Any | None:
     """The checkpoint's tokenizer, or None when the folder has no tokenizer files."""
     if not any((folder / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):

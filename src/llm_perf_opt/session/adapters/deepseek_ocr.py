@@ -18,6 +18,7 @@ from llm_perf_opt.errors import UserError
 from llm_perf_opt.models.deepseek_ocr.configuration import DeepseekOcrConfig
 from llm_perf_opt.models.deepseek_ocr.modeling import DeepseekOcrForConditionalGeneration
 from llm_perf_opt.models.deepseek_ocr.preprocess import Mode, image_token_count, mode_from_config, preprocess
+from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, PreparedInputs, load_tokenizer
 
 
@@ -78,9 +79,9 @@ class DeepseekOcrAdapter(ModelAdapter):
 
     has_analytic_model: ClassVar[bool] = True
     vision_stage_modules: ClassVar[Mapping[str, str]] = {
-        "vision/sam": "model.sam_model",
-        "vision/clip": "model.vision_model",
-        "vision/projector": "model.projector",
+        vocab.VISION_SAM: "model.sam_model",
+        vocab.VISION_CLIP: "model.vision_model",
+        vocab.VISION_PROJECTOR: "model.projector",
     }
 
     def __init__(self, model_cfg: Mapping[str, Any]) -> None:

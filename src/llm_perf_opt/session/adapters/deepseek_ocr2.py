@@ -14,6 +14,7 @@ from transformers.models.deepseek_ocr2.image_processing_pil_deepseek_ocr2 import
 
 from llm_perf_opt.config_data import plain
 from llm_perf_opt.errors import UserError
+from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, PreparedInputs, load_tokenizer
 
 # The model class hard-codes two learned query banks (DeepseekOcr2VisionModel): 144 queries for views whose
@@ -30,15 +31,14 @@ def view_tokens(side_px: int) -> int:
     return _SMALL_BANK if positions <= _SMALL_BANK else _LARGE_BANK
 
 
-
 class DeepseekOcr2Adapter(ModelAdapter):
     """Stages: vision/sam, vision/encoder (Qwen2-style), vision/projector; then the DeepSeek-V2 MoE decoder."""
 
     has_analytic_model: ClassVar[bool] = True
     vision_stage_modules: ClassVar[Mapping[str, str]] = {
-        "vision/sam": "model.vision_tower.sam_encoder",
-        "vision/encoder": "model.vision_tower.vision_encoder",
-        "vision/projector": "model.multi_modal_projector",
+        vocab.VISION_SAM: "model.vision_tower.sam_encoder",
+        vocab.VISION_ENCODER: "model.vision_tower.vision_encoder",
+        vocab.VISION_PROJECTOR: "model.multi_modal_projector",
     }
 
     def build_random(self, *, device: torch.device, dtype: torch.dtype) -> LoadedModel:

@@ -19,6 +19,7 @@ from torch import nn
 from llm_perf_opt.config_data import plain
 from llm_perf_opt.data.prompts import read_prompt
 from llm_perf_opt.errors import UserError
+from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, PreparedInputs, load_tokenizer
 from llm_perf_opt.session.adapters.hf_arch import IMAGE, TEXT, HfArchitecture, classify
 from llm_perf_opt.session.adapters.hf_inputs import (
@@ -63,7 +64,7 @@ def detect_vision_stages(model: nn.Module) -> dict[str, str]:
     """vision/encoder -> the vision tower, vision/projector -> the projector outside it (those found)."""
     tower = _shallowest(model, VISION_TOWER_NAMES)
     projector = _shallowest(model, PROJECTOR_NAMES, outside=tower)
-    stages = {"vision/encoder": tower, "vision/projector": projector}
+    stages = {vocab.VISION_ENCODER: tower, vocab.VISION_PROJECTOR: projector}
     return {stage: path for stage, path in stages.items() if path is not None}
 
 
@@ -223,7 +224,9 @@ class HfAdapter(ModelAdapter):
             )
         if not configured:
             return detect_vision_stages(model) if self.input_kind == IMAGE else {}
-        return {(s if s.startswith("vision/") else f"vision/{s}"): str(p) for s, p in plain(configured).items()}
+        return {
+            (s if vocab.is_vision(s) else f"{vocab.VISION_PREFIX}{s}"): str(p) for s, p in plain(configured).items()
+        }
 
     def stage_modules(self, model: nn.Module) -> dict[str, nn.Module]:
         out = {}

@@ -12,6 +12,10 @@ import pytest
 
 from llm_perf_opt import compare as cmp
 from llm_perf_opt.cli.compare import main
+from llm_perf_opt.measure.comparison import TOP_MOVERS, ratio
+from llm_perf_opt.measure.noise import noise_verdict
+from llm_perf_opt.records.common import SCHEMA_MAJOR, SCHEMA_VERSION, Summary
+from llm_perf_opt.report.comparison import comparison_markdown, ratio_text
 
 FIXTURES = Path(__file__).parent / "fixtures" / "compare"
 H100_A = FIXTURES / "h100_s1final"  # no MBU (written before efficiency existed)
@@ -19,6 +23,17 @@ H100_B = FIXTURES / "h100_s1sol"
 CPU_TINY = FIXTURES / "cpu_tiny"
 S2_LIGHT = FIXTURES / "s2_light"
 S2_DEEP = FIXTURES / "s2_deep"
+
+
+def compare_md(*paths: Path) -> str:
+    """compare.md of `paths`, as perf-compare renders it."""
+    return comparison_markdown(cmp.compare(paths))
+
+
+def ci(n: int, low: float, high: float) -> Summary:
+    """A dispersion summary of `n` passes whose 95% CI of the mean is [low, high]."""
+    mid = (low + high) / 2
+    return Summary(n, mid, 0.0, low, mid, high, high, None, low, high, "ms")
 
 
 def table_row(markdown: str, first_cell: str) -> list[str]:
@@ -54,19 +69,20 @@ def failed_copy(tmp_path: Path, source: Path, state: str) -> Path:
 
 
 def test_schema_major_matches_writers() -> None:
+    from llm_perf_opt.nsight.stage2_analysis import SCHEMA_VERSION as STAGE2_VERSION
     from llm_perf_opt.pipeline.stage1 import SCHEMA_VERSION as STAGE1_VERSION
-    from llm_perf_opt.report.stage2_reports import SCHEMA_VERSION as STAGE2_VERSION
 
-    assert STAGE1_VERSION.split(".")[0] == STAGE2_VERSION.split(".")[0] == cmp.SCHEMA_MAJOR
+    assert STAGE1_VERSION.split(".")[0] == STAGE2_VERSION.split(".")[0] == SCHEMA_MAJOR
 
 
 def test_beyond_noise_uses_ci_overlap() -> None:
-    base = {"n": 5, "ci95_low": 10.0, "ci95_high": 12.0}
-    assert cmp.beyond_noise({"n": 5, "ci95_low": 12.5, "ci95_high": 14.0}, base) == "yes"
-    assert cmp.beyond_noise({"n": 5, "ci95_low": 11.5, "ci95_high": 14.0}, base) == "within noise"
-    assert cmp.beyond_noise({"n": 1, "ci95_low": 20.0, "ci95_high": 20.0}, base).startswith("n/a")
-    assert cmp.beyond_noise(None, base) == "n/a"
-    assert cmp.ratio(15.0, 10.0) == "1.50×" and cmp.ratio(None, 10.0) == "n/a" and cmp.ratio(1.0, 0.0) == "n/a"
+    base = ci(5, 10.0, 12.0)
+    assert noise_verdict(ci(5, 12.5, 14.0), base) == "yes"
+    assert noise_verdict(ci(5, 11.5, 14.0), base) == "within noise"
+    assert noise_verdict(ci(1, 20.0, 20.0), base).startswith("n/a")
+    assert noise_verdict(None, base) == "n/a"
+    assert ratio_text(ratio(15.0, 10.0)) == "1.50×" and ratio_text(ratio(None, 10.0)) == "n/a"
+    assert ratio_text(ratio(1.0, 0.0)) == "n/a"
 
 
 def test_two_h100_stage1_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -92,7 +108,7 @@ def test_two_h100_stage1_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     movers = section(md, "### Top operators that moved most")
     rows = body_rows(movers)
     deltas = [abs(float(r[5])) for r in rows]
-    assert 0 < len(rows) <= cmp.TOP_MOVERS and deltas == sorted(deltas, reverse=True)
+    assert 0 < len(rows) <= TOP_MOVERS and deltas == sorted(deltas, reverse=True)
     assert rows[0][0] == "aten::addmm" and rows[0][5] == "-0.04"
 
     config = section(md, "### Configuration and environment differences")
@@ -103,7 +119,7 @@ def test_two_h100_stage1_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 
 def test_h100_vs_cpu_tiny_lists_config_differences() -> None:
-    md = cmp.compare([H100_B, CPU_TINY]).markdown
+    md = compare_md(H100_B, CPU_TINY)
     config = section(md, "### Configuration and environment differences")
     assert table_row(config, "model")[1:] == ["deepseek_ocr2", "deepseek_ocr2_tiny"]
     assert table_row(config, "device")[1:] == ["NVIDIA H100 80GB HBM3", "AMD EPYC"]
@@ -144,7 +160,10 @@ def test_other_schema_major_and_running_are_skipped(tmp_path: Path) -> None:
     metrics = json.loads((newer / "metrics.json").read_text())
     (newer / "metrics.json").write_text(json.dumps({**metrics, "schema_version": "2.0"}))
     running = failed_copy(tmp_path, H100_B, "running")
-    assert cmp.load_run(newer) == cmp.Skipped(newer, "metrics.json has schema_version 2.0; this tool reads 1.x")
+    assert cmp.load_run(newer) == cmp.Skipped(
+        newer,
+        f"metrics.json has schema_version 2.0; this version of llm-perf-opt reads 1.x (it writes {SCHEMA_VERSION})",
+    )
     result = cmp.load_run(running)
     assert isinstance(result, cmp.Skipped) and "marked running" in result.reason
 
@@ -172,7 +191,7 @@ def test_one_stage1_and_one_stage2_is_not_comparable() -> None:
 
 
 def test_two_stage2_runs() -> None:
-    md = cmp.compare([S2_LIGHT, S2_DEEP]).markdown
+    md = compare_md(S2_LIGHT, S2_DEEP)
     assert "Stage 2: **s2_light** (baseline) compared with s2_deep." in md
     busy = section(md, "### GPU busy time per stage (Nsight Systems)")
     assert "|Stage|s2_light busy ms|s2_deep busy ms|s2_deep ratio|s2_light busy fraction|s2_deep busy fraction|" in busy
@@ -183,7 +202,7 @@ def test_two_stage2_runs() -> None:
     kernels = section(md, "### Kernels that moved most")
     rows = body_rows(kernels)
     deltas = [abs(float(r[5])) for r in rows]
-    assert 0 < len(rows) <= cmp.TOP_MOVERS and deltas == sorted(deltas, reverse=True)
+    assert 0 < len(rows) <= TOP_MOVERS and deltas == sorted(deltas, reverse=True)
     assert rows[0] == [
         "unrolled_elementwise_kernel [direct_copy_kernel_cuda]",
         "17,874",
@@ -196,7 +215,7 @@ def test_two_stage2_runs() -> None:
 
 
 def test_mixed_kinds_compared_within_each_kind() -> None:
-    md = cmp.compare([H100_A, S2_LIGHT, H100_B, S2_DEEP, CPU_TINY]).markdown
+    md = compare_md(H100_A, S2_LIGHT, H100_B, S2_DEEP, CPU_TINY)
     assert "Stage 1: **h100_s1final** (baseline) compared with h100_s1sol, cpu_tiny." in md
     assert "Stage 2: **s2_light** (baseline) compared with s2_deep." in md
     assert "## Stage 1: h100_s1final vs h100_s1sol vs cpu_tiny" in md and "## Stage 2: s2_light vs s2_deep" in md
@@ -208,7 +227,7 @@ def test_stage_present_in_one_run_only_shows_na(tmp_path: Path) -> None:
     metrics = json.loads((fewer / "metrics.json").read_text())
     metrics["stages"] = [s for s in metrics["stages"] if s["stage"] != "decode/step"]
     (fewer / "metrics.json").write_text(json.dumps(metrics))
-    md = cmp.compare([H100_A, fewer]).markdown
+    md = compare_md(H100_A, fewer)
     assert table_row(md, "decode/step (in decode)")[1:] == ["17.08", "n/a", "n/a", "n/a"]
 
 

@@ -4,45 +4,68 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
+import attrs
 import pytest
 
 from helpers import run_cli
-from llm_perf_opt.sweep import SUMMARY_JSON, SUMMARY_MD, SUMMARY_PNG, main, summarize_sweep, swept_keys
+from llm_perf_opt.measure.sweep import swept_keys
+from llm_perf_opt.records.common import RunStatus, Summary
+from llm_perf_opt.records.folders import load_stage1_metrics
+from llm_perf_opt.records.io import save
+from llm_perf_opt.records.stage1 import MfuRecord, Stage1Metrics, StageEfficiency, StageStat, Throughput
+from llm_perf_opt.sweep import SUMMARY_JSON, SUMMARY_MD, SUMMARY_PNG, main, summarize_sweep
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def _summary(p50: dict[str, float]) -> list[dict[str, Any]]:
-    return [
-        {"stage": s, "nested_in": None, "summary": {"n": 1, "p50": v, "mean": v, "cv": None}} for s, v in p50.items()
-    ]
+STAGE1_METRICS = load_stage1_metrics(Path(__file__).parent / "fixtures" / "compare" / "h100_s1sol" / "metrics.json")
 
 
-def _metrics(prefill: float, decode: float, tokens: int) -> dict[str, Any]:
+def _summary(p50: dict[str, float]) -> tuple[StageStat, ...]:
+    return tuple(StageStat(s, None, Summary(1, v, 0.0, v, v, v, v, None, v, v, "ms")) for s, v in p50.items())
+
+
+def _metrics(prefill: float, decode: float, tokens: int) -> Stage1Metrics:
+    """A real Stage 1 record with these stage times, 42% prefill MFU at 415.8 TFLOP/s and 60% decode MBU."""
     step = decode / tokens
-    return {
-        "schema_version": "1.0",
-        "stage": "stage1",
-        "stages": _summary(
+    return attrs.evolve(
+        STAGE1_METRICS,
+        stages=_summary(
             {"prefill": prefill, "ttft": prefill + 5, "decode": decode, "decode/step": step, "e2e": prefill + decode}
         ),
-        "mfu": [{"stage": "prefill", "mfu": 0.42, "achieved_tflops": 415.8}, {"stage": "decode", "mfu": 0.01}],
-        "efficiency": [{"stage": "decode", "mbu": 0.6, "gap": 1.7}],
-        "throughput": {"decode_tokens_per_s": 1000 / step, "e2e_images_per_s": 1.0},
-    }
+        mfu=(
+            MfuRecord("prefill", 1.0, 1.0, achieved_tflops=415.8, peak=None, mfu=0.42, flops_source="test"),
+            MfuRecord("decode", 1.0, 1.0, achieved_tflops=0.1, peak=None, mfu=0.01, flops_source="test"),
+        ),
+        efficiency=(
+            StageEfficiency(
+                stage="decode",
+                time_ms=1.0,
+                flops=1.0,
+                bytes=1.0,
+                arithmetic_intensity=None,
+                ridge_point=None,
+                bound=None,
+                mfu=None,
+                mbu=0.6,
+                speed_of_light_ms=None,
+                gap=1.7,
+                flops_source="test",
+            ),
+        ),
+        throughput=Throughput(decode_tokens_per_s=1000 / step, e2e_images_per_s=1.0, e2e_tokens_per_s=1.0),
+    )
 
 
-def _job(
-    sweep: Path, num: int, overrides: list[str], state: str, metrics: dict[str, Any] | None, msg: str = ""
-) -> None:
+def _job(sweep: Path, num: int, overrides: list[str], state: str, metrics: Stage1Metrics | None, msg: str = "") -> None:
     job = sweep / str(num)
     (job / ".hydra").mkdir(parents=True)
     (job / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
-    (job / "run_status.json").write_text(json.dumps({"stage": "stage1", "state": state, "message": msg or None}))
+    status = RunStatus("stage1", f"job{num}", state, started="2026-11-22T12:00:00+00:00", message=msg or None)
+    save(status, job / "run_status.json")
     if metrics is not None:
-        (job / "metrics.json").write_text(json.dumps(metrics))
+        save(metrics, job / "metrics.json")
         (job / "report.md").write_text("# report\n")
 
 

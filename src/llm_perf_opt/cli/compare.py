@@ -22,10 +22,16 @@ def main(argv: list[str] | None = None) -> None:
     """Console script entry point."""
     parser = argparse.ArgumentParser(
         prog="perf-compare",
-        description="Compare stage1-run or stage2-profile folders in Markdown; the first folder is the baseline.",
+        description="Compare stage1-run or stage2-profile folders in Markdown (and the same figures as JSON next to "
+        "it); the first folder is the baseline.",
     )
     parser.add_argument("folders", type=Path, nargs="+", metavar="run", help="run folders (at least two)")
-    parser.add_argument("--out", type=Path, default=Path("compare.md"), help="Markdown to write (default: %(default)s)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("compare.md"),
+        help="Markdown to write; the record goes next to it as .json (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     run_guarded(lambda: _run(args.folders, args.out))
 

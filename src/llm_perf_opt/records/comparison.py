@@ -25,8 +25,8 @@ class ComparedRun:
     path: Path
     label: str  # the folder name, made unique with `#2`, `#3`
     kind: str  # STAGE1 | STAGE2
-    model: str
-    device: str
+    model: str | None  # None: a Stage 2 run without its workload's model
+    device: str | None
     created: str
     repeats: int | None = None  # Stage 1
     mode: str | None = None  # Stage 2

@@ -6,14 +6,19 @@ Every command that reads another command's output (Stage 2 reading its Stage 1 w
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
 from llm_perf_opt.records.common import COMPLETE, RunStatus
-from llm_perf_opt.records.io import RecordError, load_file, load_lines, read_json
+from llm_perf_opt.records.io import RecordError, check_schema, load_file, load_lines, read_json, structure
 from llm_perf_opt.records.stage1 import InputsManifest, OperatorTable, Prediction, Stage1Metrics
+from llm_perf_opt.records.stage2 import Capture, NcuTargets, Stage2Metrics
+
+T = TypeVar("T")
 
 STATUS_FILE = "run_status.json"
 METRICS_FILE = "metrics.json"
@@ -21,6 +26,10 @@ ENV_FILE = "env.json"
 INPUTS_FILE = "inputs.yaml"
 OPERATORS_FILE = "operators.json"
 PREDICTIONS_FILE = "predictions/predictions.jsonl"
+# Stage 2 folders: the capture's record, Nsight Compute's targets, the Stage 1 metrics of the workload nsys profiled.
+CAPTURE_FILE = "capture.json"
+NCU_TARGETS_FILE = "ncu/targets.json"
+WORKLOAD_METRICS_FILE = "workload/nsys/metrics.json"
 
 
 def read_status(run_dir: Path) -> RunStatus:
@@ -81,6 +90,70 @@ def load_stage1(run_dir: Path) -> Stage1Folder:
     )
 
 
+@attrs.frozen
+class Stage2Folder:
+    """A `stage2-profile` folder: its metrics and, where present, its capture, ncu targets and workload metrics."""
+
+    path: Path
+    status: RunStatus
+    metrics: Stage2Metrics
+    env: dict[str, Any]
+    capture: Capture | None
+    targets: NcuTargets | None
+    workload: Stage1Metrics | None
+
+    kind = "stage2"
+
+
+def load_metrics_of(path: Path, cls: type[T], stage: str, writer: str) -> T:
+    """The `metrics.json` at `path` as a `cls` record, refusing one of another schema major version or one that
+    another command (`stage` other than this one) wrote, before its fields are read."""
+    path = Path(path)
+    data = read_json(path)
+    if not isinstance(data, Mapping):
+        raise RecordError(f"{path} does not hold a JSON object", f"Rerun {writer} to write it again")
+    check_schema(data, path)
+    if data.get("stage") != stage:
+        raise RecordError(
+            f"{path} holds a {data.get('stage')} record, not a {stage} one",
+            f"Point the command at a folder written by {writer}",
+        )
+    return structure(data, cls, path)
+
+
+def load_stage2_metrics(path: Path) -> Stage2Metrics:
+    """`metrics.json` of a Stage 2 run."""
+    return load_metrics_of(path, Stage2Metrics, "stage2", "stage2-profile")
+
+
+def load_capture(run_dir: Path) -> Capture:
+    """`capture.json` of a Stage 2 folder (RecordError when it has none or it is damaged)."""
+    return load_file(Path(run_dir) / CAPTURE_FILE, Capture, versioned=False)
+
+
+def load_ncu_targets(run_dir: Path) -> NcuTargets | None:
+    """`ncu/targets.json` of a Stage 2 folder; None when Nsight Compute did not run."""
+    return _optional(Path(run_dir) / NCU_TARGETS_FILE, lambda p: load_file(p, NcuTargets, versioned=False))
+
+
+def load_workload_metrics(run_dir: Path) -> Stage1Metrics | None:
+    """The Stage 1 metrics of the workload a Stage 2 folder profiled under nsys; None when it wrote none."""
+    return _optional(Path(run_dir) / WORKLOAD_METRICS_FILE, load_stage1_metrics)
+
+
+def load_stage2(run_dir: Path) -> Stage2Folder:
+    run_dir = Path(run_dir)
+    return Stage2Folder(
+        path=run_dir,
+        status=read_status(run_dir),
+        metrics=load_stage2_metrics(run_dir / METRICS_FILE),
+        env=read_env(run_dir),
+        capture=load_capture(run_dir) if (run_dir / CAPTURE_FILE).is_file() else None,
+        targets=load_ncu_targets(run_dir),
+        workload=load_workload_metrics(run_dir),
+    )
+
+
 def metrics_kind(run_dir: Path) -> str:
     """The `stage` a folder's metrics.json names ("stage1", "stage2"), or a RecordError."""
     path = Path(run_dir) / METRICS_FILE
@@ -109,9 +182,14 @@ def load(run_dir: Path) -> Any:
     return loader(Path(run_dir))
 
 
+def skip_reason(error: RecordError, folder: Path) -> str:
+    """Why a folder is left out of a comparison or summary: the record error, its files named relative to it."""
+    return error.problem.replace(f"{folder}{os.sep}", "")
+
+
 def is_complete(folder: Any) -> bool:
     return bool(folder.status.state == COMPLETE)
 
 
 # Which loader reads which `stage` of metrics.json. A new kind of run folder adds its loader here.
-LOADERS: dict[str, Any] = {"stage1": load_stage1}
+LOADERS: dict[str, Any] = {"stage1": load_stage1, "stage2": load_stage2}

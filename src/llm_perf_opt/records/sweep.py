@@ -7,6 +7,7 @@ from pathlib import Path
 
 import attrs
 
+from llm_perf_opt.records.common import SCHEMA_VERSION
 from llm_perf_opt.records.io import load_file
 
 ABSENT = "(default)"  # value shown for a swept key that a job did not override
@@ -58,6 +59,7 @@ class SweepSummary:
     sweep_dir: str
     swept_keys: tuple[str, ...]
     jobs: tuple[SweepJob, ...]
+    schema_version: str = SCHEMA_VERSION
 
     @property
     def summarised(self) -> tuple[tuple[SweepJob, JobFigures], ...]:
@@ -70,5 +72,5 @@ class SweepSummary:
 
 
 def load_sweep_summary(path: Path) -> SweepSummary:
-    """A `sweep_summary.json` read back (RecordError when missing or damaged). The file carries no schema version."""
-    return load_file(path, SweepSummary, versioned=False)
+    """A `sweep_summary.json` read back (RecordError when missing, damaged or of another schema major version)."""
+    return load_file(path, SweepSummary)

@@ -1,0 +1,409 @@
+"""The figures of `perf-compare`: loaded run folders of one kind, set against the first one (the baseline).
+
+Per-stage p50 ratios with noise verdicts, MFU/MBU per stage, the operators or kernels that moved most and the
+configuration fields that differ, computed into a `Comparison` record (`records.comparison`); `report.comparison`
+renders it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+import attrs
+
+from llm_perf_opt.kernel_names import kernel_label, short_kernel_name
+from llm_perf_opt.measure.noise import noise_verdict
+from llm_perf_opt.records.common import SCHEMA_VERSION
+from llm_perf_opt.records.comparison import (
+    STAGE1,
+    STAGE2,
+    BusyChange,
+    BusyRow,
+    ComparedRun,
+    Comparison,
+    EfficiencyRow,
+    FieldDifference,
+    Mover,
+    MoverTable,
+    RunTotals,
+    Skipped,
+    Stage1Comparison,
+    Stage2Comparison,
+    StageChange,
+    StageTimeRow,
+)
+from llm_perf_opt.records.folders import Stage1Folder, Stage2Folder
+from llm_perf_opt.records.stage1 import ModelInfo, OperatorRow, RunSettings
+from llm_perf_opt.records.stage2 import KernelStat
+
+TOP_MOVERS = 10
+NA = "n/a"
+DEFAULT_OPERATOR_KEY = "self_device_ms"
+KERNEL_KEY = "total_ms"
+
+T = TypeVar("T")
+F = TypeVar("F", Stage1Folder, Stage2Folder)
+Labelled = tuple[str, F]  # a run's label and its folder
+Field = tuple[str, Callable[[F], object]]  # a configuration field's name and how to read it from a folder
+
+
+@attrs.frozen
+class Run:
+    """One usable run folder and its label in the tables."""
+
+    path: Path
+    label: str
+    folder: Stage1Folder | Stage2Folder
+
+    @property
+    def kind(self) -> str:
+        return str(self.folder.kind)
+
+
+# --------------------------------------------------------------------------------------------- shared
+
+
+def ratio(value: float | None, base: float | None) -> float | None:
+    """`value / base`, or None when either is unknown or the base is 0."""
+    if value is None or base is None or base == 0:
+        return None
+    return value / base
+
+
+def union(keys_per_run: Iterable[Iterable[str]]) -> list[str]:
+    """Keys in first-seen order: the baseline's order, then what only later runs have."""
+    return list(dict.fromkeys(key for keys in keys_per_run for key in keys))
+
+
+def _shown(value: object) -> str:
+    """A configuration value as the differences table shows it (mappings and lists as sorted JSON)."""
+    if value is None:
+        return NA
+    if isinstance(value, Mapping | list | tuple):
+        return json.dumps(value if not isinstance(value, Mapping) else dict(value), sort_keys=True)
+    return str(value)
+
+
+def differences(runs: Sequence[Labelled[F]], fields: Sequence[Field[F]]) -> tuple[FieldDifference, ...]:
+    """The fields whose shown value is not the same in every run."""
+    rows = []
+    for name, pick in fields:
+        values = tuple(_shown(pick(folder)) for _, folder in runs)
+        if len(set(values)) > 1:
+            rows.append(FieldDifference(name, values))
+    return tuple(rows)
+
+
+def movers(
+    base: Sequence[T],
+    other: Sequence[T],
+    key: Callable[[T], str],
+    base_ms: Callable[[T], float | None],
+    other_ms: Callable[[T], float | None],
+    name: Callable[[str, T], str],
+    calls: Callable[[T], int],
+) -> tuple[Mover, ...]:
+    """The entries whose time moved most by absolute difference, largest first (top TOP_MOVERS).
+
+    An entry missing from one run counts as 0 there.
+    """
+    a = {key(i): i for i in base}
+    b = {key(i): i for i in other}
+    either = {**b, **a}  # the baseline's entry where it has one
+    moved = []
+    for entry in union([a, b]):
+        item_a, item_b = a.get(entry), b.get(entry)
+        ms_a = None if item_a is None else base_ms(item_a)
+        ms_b = None if item_b is None else other_ms(item_b)
+        if (ms_b or 0.0) != (ms_a or 0.0):
+            moved.append(
+                Mover(
+                    name=name(entry, either[entry]),
+                    base_calls=None if item_a is None else calls(item_a),
+                    other_calls=None if item_b is None else calls(item_b),
+                    base_ms=ms_a,
+                    other_ms=ms_b,
+                    delta_ms=(ms_b or 0.0) - (ms_a or 0.0),
+                )
+            )
+    moved.sort(key=lambda m: abs(m.delta_ms), reverse=True)
+    return tuple(moved[:TOP_MOVERS])
+
+
+def _short_digest(value: str | None) -> str | None:
+    """`sha256:f0cbc3e2…` -> its first 12 hex digits (enough to tell two digests apart)."""
+    return value.split(":", 1)[-1][:12] if value else None
+
+
+def _gpu(env: Mapping[str, object]) -> Mapping[str, object]:
+    gpu = env.get("gpu")
+    return gpu if isinstance(gpu, Mapping) else {}
+
+
+# --------------------------------------------------------------------------------------------- Stage 1
+
+STAGE1_FIELDS: list[Field[Stage1Folder]] = [
+    ("model", lambda f: f.metrics.model.name),
+    ("parameters", lambda f: f.metrics.model.parameters),
+    ("weights", lambda f: f.metrics.model.weights),
+    ("dtype", lambda f: f.metrics.model.dtype),
+    ("attn implementation", lambda f: f.metrics.model.attn_implementation),
+    ("experts implementation", lambda f: f.metrics.model.experts_implementation),
+    ("preprocess", lambda f: f.metrics.model.preprocess),
+    ("device type", lambda f: f.metrics.device.type),
+    ("device", lambda f: f.metrics.device.name),
+    ("timing method", lambda f: f.metrics.device.timing_method),
+    ("torch", lambda f: f.env.get("torch")),
+    ("transformers", lambda f: f.env.get("transformers")),
+    ("python", lambda f: f.env.get("python")),
+    ("CUDA runtime", lambda f: f.env.get("cuda_runtime")),
+    ("GPU driver", lambda f: _gpu(f.env).get("driver")),
+    ("torch threads", lambda f: f.env.get("torch_threads")),
+    ("TF32 matmul", lambda f: f.env.get("tf32_matmul")),
+    ("repeats", lambda f: f.metrics.settings.repeats),
+    ("warmup", lambda f: f.metrics.settings.warmup),
+    ("max_new_tokens", lambda f: f.metrics.settings.max_new_tokens),
+    ("max_images", lambda f: f.metrics.settings.max_images),
+    ("batch_size", lambda f: f.metrics.settings.batch_size),
+    ("partial run", lambda f: f.metrics.settings.partial),
+    ("operator sort key", lambda f: f.metrics.operator_sort_key),
+    ("config digest", lambda f: _short_digest(f.metrics.config_digest)),
+]
+
+
+def operator_key(folder: Stage1Folder) -> str:
+    """The operator column a Stage 1 run ranked by: device time on a GPU, CPU time on a CPU."""
+    return folder.metrics.operator_sort_key or DEFAULT_OPERATOR_KEY
+
+
+def _operator_ms(key: str) -> Callable[[OperatorRow], float | None]:
+    """The time column `key` (an OperatorRow field named by the run's `operator_sort_key`) of an operator row."""
+
+    def pick(row: OperatorRow) -> float | None:
+        value = getattr(row, key, None)
+        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+    return pick
+
+
+def stage_times(runs: Sequence[Labelled[Stage1Folder]]) -> tuple[StageTimeRow, ...]:
+    """p50 of every stage per run, its ratio to the baseline's and whether it moved beyond the recorded noise."""
+    (_, base), others = runs[0], runs[1:]
+    nested = {s.stage: s.nested_in for _, f in runs for s in f.metrics.stages}  # the last run that has it decides
+    rows = []
+    for stage, nested_in in nested.items():
+        b = base.metrics.stage_stat(stage)
+        base_p50 = None if b is None else b.summary.p50
+        changes = []
+        for _, folder in others:
+            o = folder.metrics.stage_stat(stage)
+            p50 = None if o is None else o.summary.p50
+            verdict = noise_verdict(None if o is None else o.summary, None if b is None else b.summary)
+            changes.append(StageChange(p50_ms=p50, ratio=ratio(p50, base_p50), beyond_noise=verdict))
+        rows.append(StageTimeRow(stage=stage, nested_in=nested_in, base_p50_ms=base_p50, others=tuple(changes)))
+    return tuple(rows)
+
+
+def efficiency(runs: Sequence[Labelled[Stage1Folder]]) -> tuple[EfficiencyRow, ...]:
+    """MFU (from the MFU records, else the efficiency rows), achieved TFLOP/s and MBU of every costed stage."""
+    metrics = [f.metrics for _, f in runs]
+    stages = union([*(r.stage for r in m.mfu), *(e.stage for e in m.efficiency)] for m in metrics)
+    rows = []
+    for stage in stages:
+        mfu = [m.mfu_of(stage) for m in metrics]
+        eff = [m.efficiency_of(stage) for m in metrics]
+        rows.append(
+            EfficiencyRow(
+                stage=stage,
+                mfu=tuple(
+                    r.mfu if r is not None and r.mfu is not None else (None if e is None else e.mfu)
+                    for r, e in zip(mfu, eff, strict=True)
+                ),
+                achieved_tflops=tuple(None if r is None else r.achieved_tflops for r in mfu),
+                mbu=tuple(None if e is None else e.mbu for e in eff),
+            )
+        )
+    return tuple(rows)
+
+
+def operator_movers(base: Labelled[Stage1Folder], other: Labelled[Stage1Folder]) -> MoverTable:
+    """The operators of the profiled pass whose time moved most, each run ranked by its own device's time."""
+    base_key, other_key = operator_key(base[1]), operator_key(other[1])
+    return MoverTable(
+        other=other[0],
+        base_key=base_key,
+        other_key=other_key,
+        movers=movers(
+            base[1].metrics.top_operators,
+            other[1].metrics.top_operators,
+            key=lambda row: row.name,
+            base_ms=_operator_ms(base_key),
+            other_ms=_operator_ms(other_key),
+            name=lambda entry, _: entry,
+            calls=lambda row: row.calls,
+        ),
+    )
+
+
+def stage1_comparison(runs: Sequence[Labelled[Stage1Folder]]) -> Stage1Comparison:
+    return Stage1Comparison(
+        stage_times=stage_times(runs),
+        efficiency=efficiency(runs),
+        operators=tuple(operator_movers(runs[0], other) for other in runs[1:]),
+        differences=differences(runs, STAGE1_FIELDS),
+    )
+
+
+# --------------------------------------------------------------------------------------------- Stage 2
+
+
+def _model(pick: Callable[[ModelInfo], object]) -> Callable[[Stage2Folder], object]:
+    """A field of the Stage 2 workload's model (None when the run recorded no model)."""
+    return lambda f: None if f.metrics.model is None else pick(f.metrics.model)
+
+
+def _workload(pick: Callable[[RunSettings], object]) -> Callable[[Stage2Folder], object]:
+    """A setting of the Stage 2 workload (None when the run recorded none)."""
+    return lambda f: None if f.metrics.workload_settings is None else pick(f.metrics.workload_settings)
+
+
+def _tool_version(name: str) -> Callable[[Stage2Folder], object]:
+    def pick(f: Stage2Folder) -> object:
+        tool = f.metrics.tools.get(name)
+        return None if tool is None else tool.version
+
+    return pick
+
+
+STAGE2_FIELDS: list[Field[Stage2Folder]] = [
+    ("mode", lambda f: f.metrics.mode),
+    ("model", _model(lambda m: m.name)),
+    ("weights", _model(lambda m: m.weights)),
+    ("dtype", _model(lambda m: m.dtype)),
+    ("attn implementation", _model(lambda m: m.attn_implementation)),
+    ("experts implementation", _model(lambda m: m.experts_implementation)),
+    ("device", lambda f: f.metrics.device.name),
+    ("GPU driver", lambda f: f.metrics.device.driver),
+    ("torch", lambda f: f.env.get("torch")),
+    ("transformers", lambda f: f.env.get("transformers")),
+    ("CUDA runtime", lambda f: f.env.get("cuda_runtime")),
+    ("nsys", _tool_version("nsys")),
+    ("ncu", _tool_version("ncu")),
+    ("ncu clock control", lambda f: f.metrics.ncu_clock_control),
+    ("repeats", _workload(lambda s: s.repeats)),
+    ("warmup", _workload(lambda s: s.warmup)),
+    ("max_new_tokens", _workload(lambda s: s.max_new_tokens)),
+    ("max_images", _workload(lambda s: s.max_images)),
+    ("forwarded overrides", lambda f: f.metrics.forwarded_overrides),
+]
+
+
+def gpu_busy(runs: Sequence[Labelled[Stage2Folder]]) -> tuple[BusyRow, ...]:
+    """GPU busy ms of every stage per run with its ratio to the baseline's, busy fraction and kernel launches."""
+    metrics = [f.metrics for _, f in runs]
+    rows = []
+    for stage in union([s.stage for s in m.stages] for m in metrics):
+        per_run = [m.stage_row(stage) for m in metrics]
+        busy = [None if s is None else s.gpu_busy_ms for s in per_run]
+        rows.append(
+            BusyRow(
+                stage=stage,
+                base_busy_ms=busy[0],
+                others=tuple(BusyChange(busy_ms=v, ratio=ratio(v, busy[0])) for v in busy[1:]),
+                busy_fraction=tuple(None if s is None else s.busy_fraction for s in per_run),
+                kernels=tuple(None if s is None else s.kernels for s in per_run),
+            )
+        )
+    return tuple(rows)
+
+
+def run_totals(folder: Stage2Folder) -> RunTotals:
+    steps = folder.metrics.decode_steps
+    return RunTotals(
+        kernel_launches=folder.metrics.kernel_count,
+        decode_step_wall_ms=None if steps is None else steps.step_wall_ms,
+        kernels_per_decode_step=None if steps is None else steps.kernels_per_step,
+        decode_gpu_busy=None if steps is None else steps.gpu_busy_fraction,
+    )
+
+
+def _kernel_key(kernel: KernelStat) -> str:
+    return kernel.demangled or kernel.name
+
+
+def _kernel_name(_: str, kernel: KernelStat) -> str:
+    demangled = kernel.demangled or kernel.name
+    return kernel_label(kernel.name or short_kernel_name(demangled), demangled)
+
+
+def kernel_movers(base: Labelled[Stage2Folder], other: Labelled[Stage2Folder]) -> MoverTable:
+    """The kernels of the timed passes whose total time moved most."""
+    return MoverTable(
+        other=other[0],
+        base_key=KERNEL_KEY,
+        other_key=KERNEL_KEY,
+        movers=movers(
+            base[1].metrics.top_kernels,
+            other[1].metrics.top_kernels,
+            key=_kernel_key,
+            base_ms=lambda k: k.total_ms,
+            other_ms=lambda k: k.total_ms,
+            name=_kernel_name,
+            calls=lambda k: k.calls,
+        ),
+    )
+
+
+def stage2_comparison(runs: Sequence[Labelled[Stage2Folder]]) -> Stage2Comparison:
+    return Stage2Comparison(
+        busy=gpu_busy(runs),
+        totals=tuple(run_totals(f) for _, f in runs),
+        kernels=tuple(kernel_movers(runs[0], other) for other in runs[1:]),
+        differences=differences(runs, STAGE2_FIELDS),
+    )
+
+
+# --------------------------------------------------------------------------------------------- the whole
+
+
+def compared_run(run: Run) -> ComparedRun:
+    """What the run list says about one run."""
+    folder = run.folder
+    if isinstance(folder, Stage1Folder):
+        m1 = folder.metrics
+        return ComparedRun(
+            path=run.path,
+            label=run.label,
+            kind=STAGE1,
+            model=m1.model.name,
+            device=m1.device.name,
+            created=m1.created,
+            repeats=m1.settings.repeats,
+        )
+    m2 = folder.metrics
+    return ComparedRun(
+        path=run.path,
+        label=run.label,
+        kind=STAGE2,
+        model=None if m2.model is None else m2.model.name,
+        device=m2.device.name,
+        created=m2.created,
+        mode=m2.mode,
+    )
+
+
+def build_comparison(runs: Sequence[Run], skipped: Sequence[Skipped]) -> Comparison:
+    """The comparison of usable `runs` (in the order given): a section per kind with at least two runs."""
+    stage1 = [(r.label, r.folder) for r in runs if isinstance(r.folder, Stage1Folder)]
+    stage2 = [(r.label, r.folder) for r in runs if isinstance(r.folder, Stage2Folder)]
+    return Comparison(
+        schema_version=SCHEMA_VERSION,
+        runs=tuple(compared_run(r) for r in runs),
+        skipped=tuple(skipped),
+        stage1=stage1_comparison(stage1) if len(stage1) >= 2 else None,
+        stage2=stage2_comparison(stage2) if len(stage2) >= 2 else None,
+        top_movers=TOP_MOVERS,
+    )

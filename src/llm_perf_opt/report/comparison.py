@@ -1,0 +1,207 @@
+"""`compare.md`: a `Comparison` record (`records.comparison`) rendered as Markdown."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from llm_perf_opt.records.comparison import (
+    KINDS,
+    STAGE1,
+    STAGE2,
+    ComparedRun,
+    Comparison,
+    FieldDifference,
+    MoverTable,
+    Stage1Comparison,
+    Stage2Comparison,
+)
+from llm_perf_opt.report.markdown import Doc, ms, pct
+
+NA = "n/a"
+
+Row = list[str]
+
+
+def ratio_text(value: float | None) -> str:
+    """A ratio as `1.23×`, or n/a."""
+    return NA if value is None else f"{value:.2f}×"
+
+
+def _count(value: float | None) -> str:
+    return NA if value is None else f"{value:,.0f}"
+
+
+def _delta(value: float | None) -> str:
+    return NA if value is None else f"{value:+,.2f}"
+
+
+def _lead(doc: Doc, text: str) -> None:
+    """A paragraph that introduces a table (a blank line between them)."""
+    doc.para(text)
+    doc.raw("\n")
+
+
+def _runs_list(doc: Doc, runs: Sequence[ComparedRun], describe: Callable[[ComparedRun], str]) -> None:
+    items = [f"**{r.label}**{' (baseline)' if i == 0 else ''}: `{r.path}`; {describe(r)}" for i, r in enumerate(runs)]
+    doc.bullets(items)
+
+
+def _differences(doc: Doc, runs: Sequence[ComparedRun], rows: Sequence[FieldDifference]) -> None:
+    doc.h3("Configuration and environment differences")
+    if rows:
+        _lead(doc, "Only the fields that differ between the runs; any of them can explain a change in time.")
+        doc.table(["Field", *(r.label for r in runs)], [[d.field, *d.values] for d in rows])
+    else:
+        doc.para("None: same model, device, software versions and settings.")
+
+
+def _movers_table(doc: Doc, base: str, table: MoverTable, first: str) -> None:
+    doc.table(
+        [first, f"{base} calls", f"{table.other} calls", f"{base} ms", f"{table.other} ms", "Δ ms"],
+        [
+            [
+                m.name,
+                _count(m.base_calls),
+                _count(m.other_calls),
+                ms(m.base_ms, 2),
+                ms(m.other_ms, 2),
+                _delta(m.delta_ms),
+            ]
+            for m in table.movers
+        ],
+    )
+
+
+# --------------------------------------------------------------------------------------------- Stage 1
+
+
+def _stage1(doc: Doc, runs: Sequence[ComparedRun], section: Stage1Comparison, top: int) -> None:
+    base, others = runs[0], runs[1:]
+    doc.h2("Stage 1: " + " vs ".join(r.label for r in runs))
+    _runs_list(doc, runs, lambda r: f"{r.model} on {r.device}, {r.repeats} repeats, created {r.created}")
+
+    doc.h3("Stage times (p50, ms)")
+    header = [f"{base.label} p50"]
+    for r in others:
+        header += [f"{r.label} p50", f"{r.label} ratio", f"{r.label} beyond noise"]
+    rows: list[Row] = []
+    for s in section.stage_times:
+        row = [f"{s.stage} (in {s.nested_in})" if s.nested_in else s.stage, ms(s.base_p50_ms, 2)]
+        for c in s.others:
+            row += [ms(c.p50_ms, 2), ratio_text(c.ratio), c.beyond_noise]
+        rows.append(row)
+    doc.table(["Stage", *header], rows)
+    doc.para(
+        f'Ratio: run p50 / baseline p50 ({base.label}); above 1 is slower. Beyond noise: "yes" when the 95% '
+        "confidence intervals of the two means do not overlap (recorded run-to-run dispersion), otherwise "
+        '"within noise". n/a: the stage was not measured in that run.'
+    )
+
+    doc.h3("MFU and MBU per stage")
+    doc.table(
+        [
+            "Stage",
+            *(f"{r.label} MFU" for r in runs),
+            *(f"{r.label} TFLOP/s" for r in runs),
+            *(f"{r.label} MBU" for r in runs),
+        ],
+        [
+            [e.stage, *(pct(v, 2) for v in e.mfu), *(ms(v, 1) for v in e.achieved_tflops), *(pct(v, 2) for v in e.mbu)]
+            for e in section.efficiency
+        ],
+    )
+    doc.para("n/a: not computed in that run (no FLOP count, no known peak, or an older run without MBU).")
+
+    doc.h3("Top operators that moved most")
+    for table in section.operators:
+        if table.other_key == table.base_key:
+            _lead(
+                doc,
+                f"**{table.other}** vs **{base.label}**, by `{table.other_key}` (absolute difference, top {top}).",
+            )
+        else:
+            _lead(
+                doc,
+                f"**{table.other}** (by `{table.other_key}`) vs **{base.label}** (by `{table.base_key}`): each run's "
+                f"operators are ranked by the time on its own device (absolute difference, top {top}).",
+            )
+        _movers_table(doc, base.label, table, "Operator")
+    doc.para("n/a: not among that run's recorded top operators (counted as 0 for the ranking).")
+    _differences(doc, runs, section.differences)
+
+
+# --------------------------------------------------------------------------------------------- Stage 2
+
+
+def _stage2(doc: Doc, runs: Sequence[ComparedRun], section: Stage2Comparison, top: int) -> None:
+    base, others = runs[0], runs[1:]
+    doc.h2("Stage 2: " + " vs ".join(r.label for r in runs))
+    _runs_list(doc, runs, lambda r: f"{r.mode} mode, {r.model} on {r.device}, created {r.created}")
+
+    doc.h3("GPU busy time per stage (Nsight Systems)")
+    header = [f"{base.label} busy ms"]
+    for r in others:
+        header += [f"{r.label} busy ms", f"{r.label} ratio"]
+    header += [f"{r.label} busy fraction" for r in runs] + [f"{r.label} kernels" for r in runs]
+    rows: list[Row] = []
+    for s in section.busy:
+        row = [s.stage, ms(s.base_busy_ms, 2)]
+        for c in s.others:
+            row += [ms(c.busy_ms, 2), ratio_text(c.ratio)]
+        row += [pct(v) for v in s.busy_fraction]
+        row += [_count(v) for v in s.kernels]
+        rows.append(row)
+    doc.table(["Stage", *header], rows)
+    _lead(
+        doc,
+        "Busy ms: time at least one kernel ran inside the stage's NVTX ranges; busy fraction: busy ms / wall time; "
+        "kernels: launches. Ratio: run / baseline; n/a: the stage was not captured in that run. One capture per "
+        "run, so there is no run-to-run dispersion to test against.",
+    )
+    totals = section.totals
+    doc.table(
+        ["Whole run", *(r.label for r in runs)],
+        [
+            ["kernel launches", *(_count(t.kernel_launches) for t in totals)],
+            ["decode step wall ms", *(ms(t.decode_step_wall_ms, 2) for t in totals)],
+            ["kernels per decode step", *(ms(t.kernels_per_decode_step) for t in totals)],
+            ["decode GPU busy", *(pct(t.decode_gpu_busy) for t in totals)],
+        ],
+    )
+
+    doc.h3("Kernels that moved most")
+    for table in section.kernels:
+        _lead(doc, f"**{table.other}** vs **{base.label}**, by total ms (absolute difference, top {top}).")
+        _movers_table(doc, base.label, table, "Kernel")
+    doc.para("n/a: not among that run's recorded top kernels (counted as 0 for the ranking).")
+    _differences(doc, runs, section.differences)
+
+
+# --------------------------------------------------------------------------------------------- entry
+
+
+def _scope(comparison: Comparison) -> list[str]:
+    lines = []
+    for kind, name in KINDS.items():
+        runs = comparison.runs_of(kind)
+        if len(runs) >= 2:
+            rest = ", ".join(r.label for r in runs[1:])
+            lines.append(f"{name}: **{runs[0].label}** (baseline) compared with {rest}.")
+        elif runs:
+            lines.append(f"{name}: {runs[0].label} not compared: no other {name} run was given.")
+    return lines
+
+
+def comparison_markdown(comparison: Comparison) -> str:
+    """`compare.md`: the scope, the skipped folders, then a section per kind with two runs or more."""
+    doc = Doc("Run comparison")
+    doc.para("The first usable folder of each kind is the baseline; every other run of that kind is compared with it.")
+    doc.bullets(_scope(comparison))
+    if comparison.skipped:
+        doc.h2("Skipped folders")
+        doc.bullets([f"`{s.path}`: {s.reason}" for s in comparison.skipped])
+    if comparison.stage1 is not None:
+        _stage1(doc, comparison.runs_of(STAGE1), comparison.stage1, comparison.top_movers)
+    if comparison.stage2 is not None:
+        _stage2(doc, comparison.runs_of(STAGE2), comparison.stage2, comparison.top_movers)
+    return doc.text()

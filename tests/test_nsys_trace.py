@@ -56,13 +56,14 @@ def stages(trace: NsysTrace) -> dict[str, StageGpuTime]:
 
 def test_device_comes_from_target_info(trace: NsysTrace) -> None:
     device = trace.device()
-    assert device["name"] == "NVIDIA H100 80GB HBM3"
-    assert device["sm_count"] == 132
-    assert device["memory_bytes"] == 85017493504
-    assert device["clock_hz"] == 1980000000
-    assert device["memory_bandwidth_bytes_per_s"] == 3352320000000
-    assert device["compute_capability"] == "9.0"
-    assert device["gpus_in_trace"] == 1
+    assert device.name == "NVIDIA H100 80GB HBM3"
+    assert device.sm_count == 132
+    assert device.memory_bytes == 85017493504
+    assert device.clock_hz == 1980000000
+    assert device.memory_bandwidth_bytes_per_s == 3352320000000
+    assert device.compute_capability == "9.0"
+    assert device.gpus_in_trace == 1
+    assert device.driver is None  # the trace does not hold it; the analysis adds env.json's
 
 
 def test_stage_times_lists_the_domain_ranges_in_first_start_order(trace: NsysTrace) -> None:
@@ -385,12 +386,30 @@ def test_file_that_is_not_sqlite_or_is_missing(tmp_path: Path) -> None:
 
 def test_timed_pass_kernels_leave_out_the_build_and_warm_up(trace: NsysTrace, stages: dict[str, StageGpuTime]) -> None:
     """The report's overall kernel table sums the top-level ranges only: build and warm-up kernels run outside them."""
-    from llm_perf_opt.report.stage2_reports import timed_pass_kernels
+    from llm_perf_opt.nsight.stage2_analysis import Stage2Analysis
+    from llm_perf_opt.records.stage2 import Capture
 
-    timed = timed_pass_kernels(trace)
+    timed = Stage2Analysis(Path("/nonexistent"), trace, Capture(run_id="x", mode="light")).timed_pass_kernels()
     in_ranges_ms = sum(stages[s].kernel_ms for s in ("preprocess", "prefill", "decode") if s in stages)
     whole_trace_ms = sum(k.total_ms for k in trace.top_kernels(1_000_000))
     assert sum(k.total_ms for k in timed) == pytest.approx(in_ranges_ms, rel=1e-9)
     assert in_ranges_ms < whole_trace_ms  # the capture also holds the model build and the warm-up pass
     assert sum(k.share for k in timed) == pytest.approx(1.0)
     assert [k.total_ms for k in timed] == sorted((k.total_ms for k in timed), reverse=True)
+
+
+def test_a_gzipped_export_is_read_as_it_is(stages: dict[str, StageGpuTime], tmp_path: Path) -> None:
+    """The .sqlite.gz answers as the unpacked export does; its temporary copy goes on close; a bad one fails clean."""
+    import tempfile
+
+    before = set(Path(tempfile.gettempdir()).glob("h100_tiny.sqlite.*.sqlite"))
+    with NsysTrace(FIXTURES / "h100_tiny.sqlite.gz") as packed:
+        assert {s.stage: s for s in packed.stage_times()} == stages
+        unpacked = packed._unpacked
+        assert unpacked is not None and unpacked.is_file()
+    assert not unpacked.exists()
+    assert set(Path(tempfile.gettempdir()).glob("h100_tiny.sqlite.*.sqlite")) == before
+    damaged = tmp_path / "report.sqlite.gz"
+    damaged.write_bytes(b"not gzip at all")
+    with pytest.raises(UserError, match="not a readable gzip file"):
+        NsysTrace(damaged)

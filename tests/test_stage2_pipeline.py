@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
+import attrs
 import pytest
 from omegaconf import DictConfig
 
@@ -14,8 +16,21 @@ from helpers import run_cli, unpack_nsys_fixture
 from llm_perf_opt.cli.common import compose_config
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.pipeline.stage2 import CAPTURE_FILE, TARGETS_FILE, forwarded_overrides, render, workload_argv
+from llm_perf_opt.records.common import SCHEMA_VERSION, PeakFigure
+from llm_perf_opt.records.folders import (
+    METRICS_FILE,
+    WORKLOAD_METRICS_FILE,
+    load_ncu_targets,
+    load_stage1_metrics,
+    load_stage2_metrics,
+    read_status,
+)
+from llm_perf_opt.records.io import save
+from llm_perf_opt.records.stage1 import Stage1Metrics
+from llm_perf_opt.records.stage2 import NcuStageTarget, Stage2Metrics
 
 FIXTURES = Path(__file__).parent / "fixtures"
+H100_STAGE1 = FIXTURES / "metrics" / "h100_full_stage1.json"
 
 
 def compose_stage2(*overrides: str) -> DictConfig:
@@ -116,18 +131,41 @@ def _stage2_folder(root: Path) -> Path:
     return folder
 
 
+def stage2_metrics(folder: Path) -> Stage2Metrics:
+    return load_stage2_metrics(folder / METRICS_FILE)
+
+
+def write_workload(
+    folder: Path, peak: PeakFigure, bandwidth: PeakFigure, stage_bytes: Mapping[str, float] | None = None
+) -> Stage1Metrics:
+    """The real H100 Stage 1 metrics, passes dropped, with `peak`, `bandwidth` and (where given) these analytic bytes
+    per stage, as the workload metrics of the Stage 2 folder `folder`."""
+    base = load_stage1_metrics(H100_STAGE1)
+    bytes_of = stage_bytes or {}
+    workload = attrs.evolve(
+        base,
+        records=(),
+        flops_per_image={},
+        mfu=tuple(attrs.evolve(r, peak=peak) for r in base.mfu),
+        efficiency=tuple(attrs.evolve(e, bytes=bytes_of[e.stage]) for e in base.efficiency if e.stage in bytes_of),
+        bandwidth_peak=bandwidth,
+    )
+    save(workload, folder / WORKLOAD_METRICS_FILE)
+    return workload
+
+
 def test_render_from_h100_exports(tmp_path: Path) -> None:
     folder = render(_stage2_folder(tmp_path))
-    metrics = json.loads((folder / "metrics.json").read_text())
-    assert metrics["stage"] == "stage2" and metrics["schema_version"] == "1.0"
-    assert metrics["device"]["name"] == "NVIDIA H100 80GB HBM3"
-    stages = {s["stage"]: s for s in metrics["stages"]}
+    metrics = stage2_metrics(folder)
+    assert metrics.stage == "stage2" and metrics.schema_version == SCHEMA_VERSION
+    assert metrics.device.name == "NVIDIA H100 80GB HBM3"
+    stages = {s.stage: s for s in metrics.stages}
     assert {"prefill", "decode", "decode/step", "vision/sam", "vision/encoder"} <= set(stages)
-    assert 0 < stages["decode"]["busy_fraction"] <= 1
-    assert metrics["decode_steps"]["steps"] == 6
-    assert metrics["top_kernels"] and metrics["kernel_count"] > 1000
-    assert any(r["stage"] == "decode" for r in metrics["ncu_kernels"])
-    assert any("no_such_kernel" in w for w in metrics["warnings"])
+    assert 0 < stages["decode"].busy_fraction <= 1
+    assert metrics.decode_steps is not None and metrics.decode_steps.steps == 6
+    assert metrics.top_kernels and metrics.kernel_count > 1000
+    assert any(r.stage == "decode" for r in metrics.ncu_kernels)
+    assert any("no_such_kernel" in w for w in metrics.warnings)
     kernels = (folder / "kernels.md").read_text()
     assert "## decode" in kernels and "TFLOP/s (ncu)" in kernels
     report = (folder / "report.md").read_text()
@@ -160,8 +198,8 @@ def test_stage2_without_gpu_fails_cleanly(tmp_path: Path) -> None:
     done = run_cli("llm_perf_opt.cli.stage2", "model=deepseek_ocr2_tiny", f"hydra.run.dir={out}", timeout=120)
     assert done.returncode == 2
     assert "GPU" in done.stderr and "Traceback" not in done.stderr
-    status = json.loads((out / "run_status.json").read_text())
-    assert status["state"] == "failed" and status["stage"] == "stage2"
+    status = read_status(out)
+    assert status.state == "failed" and status.stage == "stage2"
 
 
 def test_launch_window_lands_in_a_middle_decode_step() -> None:
@@ -169,18 +207,19 @@ def test_launch_window_lands_in_a_middle_decode_step() -> None:
 
     cfg = compose_stage2("stage2.ncu_workload.max_new_tokens=9")
     run = Stage2Run(cfg, Path("/nonexistent"), run_id="x", task_overrides=[])
-    target = {"calls": {"gemm": 310, "add": 620, "lm_head": 31}, "instances": 31}
+    target = NcuStageTarget(kernels=(), calls={"gemm": 310, "add": 620, "lm_head": 31}, instances=31)
     # 30 matching launches per step; the ncu workload decodes 8 steps: skip 4 steps, count one step (capped).
     assert run._launch_window("decode", ["gemm", "add"], target, 1) == (120, 8)
     assert run._launch_window("decode", ["lm_head"], target, 1) == (4, 1)
-    assert run._launch_window("prefill", ["gemm"], {"calls": {"gemm": 50}, "instances": 5}, 2) == (0, 8)
+    prefill = NcuStageTarget(kernels=(), calls={"gemm": 50}, instances=5)
+    assert run._launch_window("prefill", ["gemm"], prefill, 2) == (0, 8)
 
 
 def test_later_rounds_take_the_rarest_missing_kernels() -> None:
     from llm_perf_opt.pipeline.stage2 import Stage2Run
 
     run = Stage2Run(compose_stage2(), Path("/nonexistent"), run_id="x", task_overrides=[])
-    target = {"calls": {"device_kernel": 3410, "lm_head": 155, "norm": 310}, "instances": 155}
+    target = NcuStageTarget(kernels=(), calls={"device_kernel": 3410, "lm_head": 155, "norm": 310}, instances=155)
     # per step: lm_head 1, norm 2, device_kernel 22; the window for k kernels holds 4k launches.
     assert run._rarest_fitting(["device_kernel", "lm_head", "norm"], target, 1) == ["lm_head", "norm"]
     assert run._rarest_fitting(["device_kernel"], target, 1) == ["device_kernel"]
@@ -188,18 +227,49 @@ def test_later_rounds_take_the_rarest_missing_kernels() -> None:
 
 def test_render_adds_mfu_and_mbu_from_the_workload_metrics(tmp_path: Path) -> None:
     folder = _stage2_folder(tmp_path)
-    workload = {
-        "model": {"name": "deepseek_ocr2_tiny", "weights_detail": "random weights"},
-        "records": [],
-        "flops_per_image": {},
-        "mfu": [{"stage": "prefill", "peak": {"value": 989.4e12, "source": "datasheet"}}],
-        "efficiency": [{"stage": "prefill", "bytes": 2.0e9}, {"stage": "decode", "bytes": 1.0e9}],
-        "bandwidth_peak": {"value": 3.35e12, "source": "datasheet"},
-    }
-    (folder / "workload" / "nsys").mkdir(parents=True)
-    (folder / "workload" / "nsys" / "metrics.json").write_text(json.dumps(workload))
-    metrics = json.loads((render(folder) / "metrics.json").read_text())
-    prefill = next(s for s in metrics["stages"] if s["stage"] == "prefill")
-    assert prefill["bytes"] == 2.0e9
-    assert prefill["mbu_on_busy_time"] == pytest.approx(2.0e9 / (prefill["gpu_busy_ms"] / 1e3) / 3.35e12)
+    peak = PeakFigure(value=989.4e12, unit="FLOP/s", dtype_key="bf16", source="datasheet", device_name="H100")
+    bandwidth = PeakFigure(value=3.35e12, unit="B/s", dtype_key=None, source="datasheet", device_name="H100")
+    write_workload(folder, peak, bandwidth, {"prefill": 2.0e9, "decode": 1.0e9})
+    metrics = stage2_metrics(render(folder))
+    prefill = metrics.stage_row("prefill")
+    assert prefill is not None and prefill.bytes == 2.0e9
+    assert prefill.mbu_on_busy_time == pytest.approx(2.0e9 / (prefill.gpu_busy_ms / 1e3) / 3.35e12)
     assert "MBU on busy time" in (folder / "report.md").read_text()
+
+
+def test_ncu_rounds_are_recorded_in_the_targets_and_the_capture(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stage 2's Nsight Compute step with a stand-in ncu: prefill's filters match nothing (no report), decode's
+    export (the H100 decode round) holds 2 of its 5 targets, so two more rounds go after the 3 missing ones."""
+    from llm_perf_opt.nsight import tools
+    from llm_perf_opt.pipeline import stage2
+
+    def fake_ncu(argv: list[str], *, timeout_s: float, log_path: Path) -> tools.ToolRun:
+        if "--import" in argv:
+            shutil.copy(FIXTURES / "ncu" / "h100_tiny_decode_raw.csv", log_path)
+        elif "prefill" not in log_path.parent.name:
+            (log_path.parent / "report.ncu-rep").write_bytes(b"ncu report")
+        return tools.ToolRun(argv=tuple(argv), returncode=0, seconds=0.1, log_path=log_path, timed_out=False)
+
+    monkeypatch.setattr(stage2, "run_tool", fake_ncu)
+    folder = _stage2_folder(tmp_path)
+    (folder / TARGETS_FILE).unlink()
+    cfg = compose_stage2()
+    run = stage2.Stage2Run(cfg, folder, run_id="fixture", task_overrides=[])
+    run._run_ncu(tools.Tool(name="ncu", path=Path("/opt/ncu"), version="2025.3.1"), cfg.stage2.modes.light)
+    targets = load_ncu_targets(folder)
+    assert targets is not None and list(targets.stages) == ["prefill", "decode"]
+    (prefill,) = targets.stages["prefill"].rounds
+    assert prefill.folder == "ncu/prefill" and prefill.note is not None and "matched nothing" in prefill.note
+    decode = targets.stages["decode"]
+    assert decode.instances == 6 and len(decode.kernels) == 5  # one instance is a decode step
+    assert [r.folder for r in decode.rounds] == ["ncu/decode", "ncu/decode-round2", "ncu/decode-round3"]
+    assert decode.rounds[0].kernels == decode.kernels
+    missed = set(decode.kernels) - {"reduce_kernel", "unrolled_elementwise_kernel"}
+    assert all(r.kernels and set(r.kernels) <= missed for r in decode.rounds[1:])
+    assert list(run.capture.runs) == ["ncu_prefill", "ncu_decode", "ncu_decode_round2", "ncu_decode_round3"]
+    run._save_capture()
+    warnings = stage2_metrics(render(folder)).warnings
+    assert any(w.startswith("prefill: ncu profiled no kernel") for w in warnings)
+    assert any(w.startswith("Nsight Compute did not reach 3 of the 5 targeted kernels in decode") for w in warnings)

@@ -3,13 +3,13 @@ plus the full-size model's prefill GEMM ncu round (the only fixture with tensor-
 
 from __future__ import annotations
 
-import copy
 import csv
 import json
 import shutil
 from pathlib import Path
 from typing import Any
 
+import attrs
 import matplotlib.pyplot as plt
 import pytest
 from matplotlib.collections import PathCollection
@@ -19,9 +19,12 @@ from matplotlib.text import Annotation, Text
 from helpers import run_cli, unpack_nsys_fixture
 from llm_perf_opt.nsight.ncu_report import read_ncu_raw_csv
 from llm_perf_opt.pipeline.stage2 import CAPTURE_FILE, TARGETS_FILE, render
+from llm_perf_opt.records.common import PeakFigure
+from llm_perf_opt.records.stage2 import NcuKernelRow, Stage2Metrics
 from llm_perf_opt.report import stage2_plots
 from llm_perf_opt.report.stage2_reports import kernels_md
 from test_plots import assert_real_png
+from test_stage2_pipeline import stage2_metrics, write_workload
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NCU = {"decode": "h100_tiny_decode_raw.csv", "prefill": "h100_full_prefill_gemm_raw.csv"}
@@ -57,8 +60,8 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return render(stage2_folder(tmp_path_factory.mktemp("s2")))
 
 
-def metrics_of(folder: Path) -> dict[str, Any]:
-    return json.loads((folder / "metrics.json").read_text())
+def metrics_of(folder: Path) -> Stage2Metrics:
+    return stage2_metrics(folder)
 
 
 def expected_plottable() -> int:
@@ -112,8 +115,9 @@ def test_plotted_kernels_are_those_with_flops_and_bytes(rendered: Path) -> None:
         plt.close(fig)
     assert len(plt.get_fignums()) == before
     assert len(points) == expected_plottable() == 1
-    gemm = next(r for r in m["ncu_kernels"] if r["name"] == GEMM)
-    assert points[0] == pytest.approx((gemm["arithmetic_intensity"], gemm["achieved_tflops"] * 1e12))
+    gemm = next(r for r in m.ncu_kernels if r.name == GEMM)
+    assert gemm.achieved_tflops is not None
+    assert points[0] == pytest.approx((gemm.arithmetic_intensity, gemm.achieved_tflops * 1e12))
     intensity, achieved = points[0]
     assert achieved <= min(H100_BF16, intensity * H100_BW)  # a measured kernel sits under the roof
     assert labels == [GEMM[: stage2_plots.LABEL_CHARS - 1] + "…"]
@@ -122,57 +126,53 @@ def test_plotted_kernels_are_those_with_flops_and_bytes(rendered: Path) -> None:
 
 
 def test_ncu_rows_carry_nsys_share_and_tensor_counter_flag(rendered: Path) -> None:
-    rows = {r["name"]: r for r in metrics_of(rendered)["ncu_kernels"]}
-    assert rows[GEMM]["tensor_ops_counted"] is True
-    assert rows[GEMM]["stage_share"] is None  # a full-size-model kernel: absent from the tiny model's trace
-    decode = [r for r in rows.values() if r["stage"] == "decode"]
-    assert len(decode) == 5 and not any(r["tensor_ops_counted"] for r in decode)
+    rows = {r.name: r for r in metrics_of(rendered).ncu_kernels}
+    assert rows[GEMM].tensor_ops_counted is True
+    assert rows[GEMM].stage_share is None  # a full-size-model kernel: absent from the tiny model's trace
+    decode = [r for r in rows.values() if r.stage == "decode"]
+    assert len(decode) == 5 and not any(r.tensor_ops_counted for r in decode)
     reduce_ms, decode_ms = nsys_stats_decode_ms("::reduce_kernel<")  # every instantiation of the name summed
     assert reduce_ms == pytest.approx(0.302, abs=0.001)  # 4 instantiations: 160.1 + 92.0 + 34.0 + 16.0 µs
-    assert rows["reduce_kernel"]["stage_gpu_ms"] == pytest.approx(reduce_ms, rel=1e-6)
-    assert rows["reduce_kernel"]["stage_share"] == pytest.approx(reduce_ms / decode_ms, rel=1e-6)
-    assert rows["reduce_kernel"]["stage_instantiations"] == 4
+    assert rows["reduce_kernel"].stage_gpu_ms == pytest.approx(reduce_ms, rel=1e-6)
+    assert rows["reduce_kernel"].stage_share == pytest.approx(reduce_ms / decode_ms, rel=1e-6)
+    assert rows["reduce_kernel"].stage_instantiations == 4
 
 
 def test_roofs_without_workload_metrics_come_from_the_gpu_table(rendered: Path) -> None:
     m = metrics_of(rendered)
-    assert [(r["dtype_key"], r["value"]) for r in m["compute_roofs"]] == [("bf16", H100_BF16), ("fp32", H100_FP32)]
-    assert m["bandwidth_peak"]["value"] == H100_BW
-    roofs = [*m["compute_roofs"], m["bandwidth_peak"]]
-    assert all(r["source"].startswith("datasheet: NVIDIA H100 SXM5") for r in roofs)
+    assert [(r.dtype_key, r.value) for r in m.compute_roofs] == [("bf16", H100_BF16), ("fp32", H100_FP32)]
+    assert m.bandwidth_peak is not None and m.bandwidth_peak.value == H100_BW
+    roofs = [*m.compute_roofs, m.bandwidth_peak]
+    assert all(r.source.startswith("datasheet: NVIDIA H100 SXM5") for r in roofs)
 
 
 def test_workload_peaks_win_over_the_table(tmp_path: Path) -> None:
     folder = stage2_folder(tmp_path)
-    override = {"value": 500e12, "unit": "FLOP/s", "dtype_key": "bf16", "source": "user override: x=500"}
-    workload = {
-        "records": [],
-        "mfu": [{"stage": "prefill", "peak": override}],
-        "bandwidth_peak": {"value": 2e12, "unit": "B/s", "source": "user override: y=2000"},
-    }
-    (folder / "workload" / "nsys").mkdir(parents=True)
-    (folder / "workload" / "nsys" / "metrics.json").write_text(json.dumps(workload))
+    override = PeakFigure(value=500e12, unit="FLOP/s", dtype_key="bf16", source="user override: x=500", device_name="x")
+    bandwidth = PeakFigure(value=2e12, unit="B/s", dtype_key=None, source="user override: y=2000", device_name="x")
+    write_workload(folder, override, bandwidth)
     m = metrics_of(render(folder))
-    assert [(r["dtype_key"], r["value"]) for r in m["compute_roofs"]] == [("bf16", 500e12), ("fp32", H100_FP32)]
-    assert m["bandwidth_peak"]["value"] == 2e12
+    assert [(r.dtype_key, r.value) for r in m.compute_roofs] == [("bf16", 500e12), ("fp32", H100_FP32)]
+    assert m.bandwidth_peak is not None and m.bandwidth_peak.value == 2e12
     caption = stage2_plots.roofline_caption(m)
     assert "user override: x=500" in caption and "user override: y=2000" in caption
 
 
-def _gemm_variant(m: dict[str, Any], **changes: Any) -> dict[str, Any]:
-    row = copy.deepcopy(next(r for r in m["ncu_kernels"] if r["name"] == GEMM))
-    row.update(changes)
-    return row
+def _gemm_variant(m: Stage2Metrics, **changes: Any) -> NcuKernelRow:
+    return attrs.evolve(next(r for r in m.ncu_kernels if r.name == GEMM), **changes)
 
 
 def test_incomplete_kernels_are_left_out_with_their_reason(rendered: Path, tmp_path: Path) -> None:
     m = metrics_of(rendered)
-    m["ncu_kernels"] = [
-        _gemm_variant(m, name="no_flops", flops=None, achieved_tflops=None, arithmetic_intensity=None),
-        _gemm_variant(m, name="cuda_cores_only", tensor_ops_counted=False),
-        _gemm_variant(m, name="zero_flops", flops=0.0, achieved_tflops=0.0, arithmetic_intensity=0.0),
-        _gemm_variant(m, name="zero_bytes", dram_bytes=0.0, arithmetic_intensity=None),
-    ]
+    m = attrs.evolve(
+        m,
+        ncu_kernels=(
+            _gemm_variant(m, name="no_flops", flops=None, achieved_tflops=None, arithmetic_intensity=None),
+            _gemm_variant(m, name="cuda_cores_only", tensor_ops_counted=False),
+            _gemm_variant(m, name="zero_flops", flops=0.0, achieved_tflops=0.0, arithmetic_intensity=0.0),
+            _gemm_variant(m, name="zero_bytes", dram_bytes=0.0, arithmetic_intensity=None),
+        ),
+    )
     points, left_out = stage2_plots.kernel_points(m)
     assert points == []
     assert left_out == {
@@ -191,8 +191,7 @@ def test_incomplete_kernels_are_left_out_with_their_reason(rendered: Path, tmp_p
 
 
 def test_no_chart_without_peaks(rendered: Path) -> None:
-    m = metrics_of(rendered)
-    m["compute_roofs"], m["bandwidth_peak"] = [], None
+    m = attrs.evolve(metrics_of(rendered), compute_roofs=(), bandwidth_peak=None)
     assert stage2_plots.kernel_roofline_figure(m) is None
     assert "no compute or bandwidth peak is known for NVIDIA H100 80GB HBM3" in stage2_plots.missing_reason(m)
 
@@ -213,7 +212,7 @@ def test_labels_name_the_hottest_kernels_without_overlapping(rendered: Path) -> 
                 stage_share=i / 40,
             )
         )
-    m["ncu_kernels"] = rows
+    m = attrs.evolve(m, ncu_kernels=tuple(rows))
     fig = stage2_plots.kernel_roofline_figure(m)
     assert fig is not None
     try:
@@ -241,10 +240,10 @@ def test_stage2_report_command_rerenders_the_chart(rendered: Path, tmp_path: Pat
 
 def test_a_function_name_shared_by_instantiations_is_marked(rendered: Path) -> None:
     """ncu measures one instantiation of a function name; the nsys share sums all of them: the label says so."""
-    m = json.loads((rendered / "metrics.json").read_text())
-    row = copy.deepcopy(next(r for r in m["ncu_kernels"] if stage2_plots._left_out_reason(r) is None))
-    single = stage2_plots._point({**row, "stage_instantiations": 1})
-    shared = stage2_plots._point({**row, "stage_instantiations": 3})
+    m = metrics_of(rendered)
+    row = next(r for r in m.ncu_kernels if stage2_plots._left_out_reason(r) is None)
+    single = stage2_plots._point(attrs.evolve(row, stage_instantiations=1))
+    shared = stage2_plots._point(attrs.evolve(row, stage_instantiations=3))
     assert not single.label.endswith("†")
     assert shared.label == single.label + " †"
     assert "† marks a function name shared" in stage2_plots.roofline_caption(m)

@@ -22,6 +22,7 @@ from pathlib import Path
 import attrs
 
 from llm_perf_opt.errors import UserError
+from llm_perf_opt.records.stage2 import NcuKernel
 
 BOUND_THRESHOLD_PCT = 60.0
 
@@ -76,26 +77,6 @@ _BASE_UNITS = {
     "transaction",
     "sm",
 }
-
-
-@attrs.frozen
-class NcuKernel:
-    """One kernel's launches averaged (per launch), in base units."""
-
-    name: str  # bare function name: no return type, namespace, template arguments or parameters
-    full_name: str  # ncu's name of the longest launch
-    launches: int
-    duration_s: float  # mean gpu__time_duration.sum
-    dram_bytes: float  # mean dram__bytes_read.sum + dram__bytes_write.sum
-    flops: float | None  # mean FLOPs per launch; None when no FLOP metric was collected
-    achieved_tflops: float | None
-    dram_gbps: float  # GB/s (1e9 bytes/s)
-    arithmetic_intensity: float | None  # FLOPs per DRAM byte
-    sm_throughput_pct: float | None  # SpeedOfLight "Compute (SM) Throughput"
-    dram_throughput_pct: float | None  # SpeedOfLight "Memory Throughput" (falls back to DRAM throughput)
-    bound: str  # "compute" | "memory" | "latency" | "unknown"
-    nvtx_range: str | None  # innermost NVTX push/pop range of the launch
-    variants: int = 1  # distinct full names (template instantiations) merged under `name`
 
 
 # ---- names -------------------------------------------------------------------------------------------------

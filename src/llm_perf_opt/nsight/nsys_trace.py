@@ -22,14 +22,21 @@ the CPU.
 
 from __future__ import annotations
 
+import gzip
+import os
+import shutil
 import sqlite3
+import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self
 
-import attrs
-
 from llm_perf_opt.errors import UserError
+from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records.stage2 import DecodeStepStats, KernelStat, StageGpuTime, TraceGpu
+
+__all__ = ["DecodeStepStats", "KernelStat", "NsysTrace", "StageGpuTime", "TraceGpu"]
 
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
 RUNTIME_TABLE = "CUPTI_ACTIVITY_KIND_RUNTIME"
@@ -44,6 +51,7 @@ NVTX_START_END_RANGE = 60
 NVTX_DOMAIN_CREATE = 75
 
 _NS_PER_MS = 1e6
+_ALL = 1_000_000_000  # a `top_kernels` limit above any trace's number of distinct kernels
 _Step = Literal["ranges", "kernel_totals", "stage_kernels"]
 # A serialized GlobalId packs (host/vm, pid, tid); shifting the 24 thread-id bits out leaves the process, which is
 # what a kernel's globalPid holds. correlationId and NVTX domainId are only unique within one process.
@@ -168,7 +176,7 @@ CREATE TEMP TABLE nvtx_stage_kernels (sid INTEGER, demangled INTEGER, short INTE
                                       low INTEGER, high INTEGER, PRIMARY KEY (sid, demangled, short)) WITHOUT ROWID;
 """
 
-# TARGET_INFO_GPU column -> key of device().
+# TARGET_INFO_GPU column -> field of TraceGpu.
 _DEVICE_KEYS = {
     "name": "name",
     "chipName": "chip",
@@ -182,81 +190,74 @@ _DEVICE_KEYS = {
 }
 
 
-@attrs.frozen
-class StageGpuTime:
-    """GPU time of one NVTX range name (a stage), summed over its instances. Times in ms."""
-
-    stage: str  # range name without the domain, e.g. "prefill", "decode/step"
-    instances: int  # range instances
-    wall_ms: float  # sum of the ranges' CPU-side durations
-    kernel_ms: float  # sum of the durations of the kernels launched inside the ranges
-    gpu_busy_ms: float  # union of those kernels' GPU intervals (overlaps counted once), summed over instances
-    span_ms: float  # per instance last kernel end - first kernel start (nsys's GPU projection), summed
-    kernels: int  # kernel launches attributed
-    busy_fraction: float  # gpu_busy_ms / wall_ms (0 when wall is 0); can pass 1 when the GPU runs behind the CPU
+_FIX = (
+    "Export the capture with `nsys export --type sqlite --output trace.sqlite trace.nsys-rep` "
+    "(captured with --trace=cuda,nvtx) and pass the .sqlite file (or it gzipped, .sqlite.gz)"
+)
 
 
-@attrs.frozen
-class KernelStat:
-    """One kernel (by demangled name) over a stage or over the whole trace. Times in ms."""
-
-    name: str  # nsys shortName: the base function name Nsight Compute's -k matches by default
-    demangled: str  # full demangled name
-    stage: str | None  # None = over all kernels of the trace
-    calls: int
-    total_ms: float
-    mean_ms: float
-    min_ms: float
-    max_ms: float
-    share: float  # total_ms / kernel time of the stage (or of all kernels)
-
-
-@attrs.frozen
-class DecodeStepStats:
-    """Per-step view of the decode loop."""
-
-    steps: int
-    kernels_per_step: float
-    mean_kernel_us: float
-    step_wall_ms: float  # mean wall time of a step
-    gpu_busy_fraction: float  # GPU busy / wall over all steps
+def _gunzip(path: Path) -> Path:
+    """`path` (gzip) decompressed into a temporary file, which the caller removes."""
+    fd, name = tempfile.mkstemp(prefix=f"{path.stem}.", suffix=".sqlite")
+    try:
+        with os.fdopen(fd, "wb") as out, gzip.open(path) as packed:
+            shutil.copyfileobj(packed, out)
+    except (OSError, EOFError) as exc:
+        Path(name).unlink(missing_ok=True)
+        raise UserError(f"{path} is not a readable gzip file ({exc})", _FIX) from None
+    return Path(name)
 
 
 class NsysTrace:
-    """An nsys SQLite export, opened read-only; answers questions about the ranges of one NVTX domain."""
+    """An nsys SQLite export, opened read-only; answers questions about the ranges of one NVTX domain.
 
-    def __init__(self, sqlite_path: Path, domain: str = "llm_perf_opt") -> None:
+    A gzipped export (`.gz`) is decompressed into a temporary file, removed on close.
+    """
+
+    def __init__(self, sqlite_path: Path, domain: str = vocab.NVTX_DOMAIN) -> None:
         self.path = Path(sqlite_path)
         self.domain = domain
-        fix = (
-            "Export the capture with `nsys export --type sqlite --output trace.sqlite trace.nsys-rep` "
-            "(captured with --trace=cuda,nvtx) and pass the .sqlite file"
-        )
         if not self.path.is_file():
-            raise UserError(f"the nsys export {self.path} does not exist", fix)
-        self._conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True)
+            raise UserError(f"the nsys export {self.path} does not exist", _FIX)
+        self._unpacked = _gunzip(self.path) if self.path.suffix == ".gz" else None
         try:
-            self._tables = {row[0] for row in self._conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        except sqlite3.DatabaseError as exc:
-            self._conn.close()
-            raise UserError(f"{self.path} is not an SQLite database ({exc})", fix) from None
-        missing = [t for t in REQUIRED_TABLES if t not in self._tables]
-        if missing:
-            self._conn.close()
-            raise UserError(
-                f"{self.path} is not an Nsight Systems export with a CUDA trace: it has no {', '.join(missing)} "
-                "table (nsys leaves the kernel tables out when no kernel ran)",
-                fix,
-            )
+            self._conn = self._connect(self._unpacked or self.path)
+        except BaseException:
+            self._remove_unpacked()
+            raise
         # TEMP tables live in a temporary file that SQLite keeps in this page cache until it outgrows it (a trace
         # of 1M kernels fits), so a huge trace spills to disk instead of exhausting memory.
         self._conn.execute("PRAGMA temp.cache_size = -262144")  # KiB
         self._built: set[str] = set()  # TEMP tables filled so far
 
+    def _connect(self, database: Path) -> sqlite3.Connection:
+        """A read-only connection to `database`, checked to be an nsys export with a CUDA trace."""
+        conn = sqlite3.connect(f"{database.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            self._tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            raise UserError(f"{self.path} is not an SQLite database ({exc})", _FIX) from None
+        missing = [t for t in REQUIRED_TABLES if t not in self._tables]
+        if missing:
+            conn.close()
+            raise UserError(
+                f"{self.path} is not an Nsight Systems export with a CUDA trace: it has no {', '.join(missing)} "
+                "table (nsys leaves the kernel tables out when no kernel ran)",
+                _FIX,
+            )
+        return conn
+
     # ---- lifecycle ------------------------------------------------------------------------------------
     def close(self) -> None:
-        """Close the connection (the TEMP tables go with it)."""
+        """Close the connection (the TEMP tables go with it) and remove a decompressed copy."""
         self._conn.close()
+        self._remove_unpacked()
+
+    def _remove_unpacked(self) -> None:
+        if self._unpacked is not None:
+            self._unpacked.unlink(missing_ok=True)
+            self._unpacked = None
 
     def __enter__(self) -> Self:
         return self
@@ -267,10 +268,10 @@ class NsysTrace:
         self.close()
 
     # ---- questions ------------------------------------------------------------------------------------
-    def device(self) -> dict[str, Any]:
-        """The GPU that ran most kernels, from TARGET_INFO_GPU ({} when the export has none)."""
+    def device(self) -> TraceGpu:
+        """The GPU that ran most kernels, from TARGET_INFO_GPU (all fields None when the export has none)."""
         if GPU_TABLE not in self._tables:
-            return {}
+            return TraceGpu()
         cursor = self._conn.execute(
             f"""SELECT g.*, (SELECT COUNT(*) FROM {GPU_TABLE}) AS gpus_in_trace
             FROM {GPU_TABLE} AS g
@@ -281,13 +282,12 @@ class NsysTrace:
         )
         row = cursor.fetchone()
         if row is None:
-            return {}
+            return TraceGpu()
         values = dict(zip((c[0] for c in cursor.description), row, strict=True))
         info: dict[str, Any] = {key: values[col] for col, key in _DEVICE_KEYS.items() if values.get(col) is not None}
         if values.get("computeMajor") is not None and values.get("computeMinor") is not None:
             info["compute_capability"] = f"{values['computeMajor']}.{values['computeMinor']}"
-        info["gpus_in_trace"] = values["gpus_in_trace"]
-        return info
+        return TraceGpu(**info, gpus_in_trace=values["gpus_in_trace"])
 
     def stage_times(self) -> list[StageGpuTime]:
         """Every range name of the domain, in the order of its first start."""
@@ -322,7 +322,37 @@ class NsysTrace:
             for name, demangled, calls, total, low, high, share_of in self._conn.execute(sql, params)
         ]
 
-    def decode_steps(self, step_range: str = "decode/step") -> DecodeStepStats | None:
+    def kernels_in(self, ranges: Sequence[str]) -> list[KernelStat]:
+        """Every kernel launched inside the ranges `ranges` (which must not nest), merged per kernel, hottest first;
+        `stage` is None and `share` is of their summed kernel time."""
+        merged: dict[tuple[str, str], list[float]] = {}
+        for stage in ranges:
+            for k in self.top_kernels(_ALL, stage=stage):
+                key = (k.name, k.demangled)
+                calls, total, low, high = merged.get(key, [0, 0.0, float("inf"), 0.0])
+                merged[key] = [calls + k.calls, total + k.total_ms, min(low, k.min_ms), max(high, k.max_ms)]
+        grand = sum(v[1] for v in merged.values())
+        out = [
+            KernelStat(
+                name=name,
+                demangled=demangled,
+                stage=None,
+                calls=int(calls),
+                total_ms=total,
+                mean_ms=total / calls,
+                min_ms=low,
+                max_ms=high,
+                share=total / grand if grand else 0.0,
+            )
+            for (name, demangled), (calls, total, low, high) in merged.items()
+        ]
+        return sorted(out, key=lambda k: (-k.total_ms, k.demangled, k.name))
+
+    def stage_kernels(self, stage: str) -> list[KernelStat]:
+        """Every kernel launched inside `stage`, hottest first."""
+        return self.top_kernels(_ALL, stage=stage)
+
+    def decode_steps(self, step_range: str = vocab.DECODE_STEP) -> DecodeStepStats | None:
         """Per-step averages over the instances of `step_range` (None when the trace has none)."""
         self._build("ranges")
         row = self._conn.execute(_STAGES_SQL.format(where="WHERE g.name = :name"), {"name": step_range}).fetchone()

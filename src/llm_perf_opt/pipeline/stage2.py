@@ -6,14 +6,14 @@ Stage 2 folder can be re-rendered on a machine without Nsight or a GPU (:func:`r
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 from omegaconf import DictConfig, OmegaConf
 
 from llm_perf_opt import artifacts
@@ -24,19 +24,32 @@ from llm_perf_opt.nsight import commands
 from llm_perf_opt.nsight.ncu_report import read_ncu_raw_csv
 from llm_perf_opt.nsight.nsys_stats import REPORT_ALTERNATIVES, available_reports, pick_reports
 from llm_perf_opt.nsight.nsys_trace import NsysTrace
+from llm_perf_opt.nsight.stage2_analysis import Stage2Analysis
 from llm_perf_opt.nsight.tools import Tool, check_nsys_report, check_run, find_tool, require_gpu, run_tool
 from llm_perf_opt.progress import Feedback
+from llm_perf_opt.records import folders
 from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records.folders import CAPTURE_FILE, METRICS_FILE
+from llm_perf_opt.records.folders import NCU_TARGETS_FILE as TARGETS_FILE
+from llm_perf_opt.records.stage2 import (
+    Capture,
+    CapturedToolRun,
+    NcuRound,
+    NcuStageTarget,
+    NcuTargets,
+    NsysReportChoice,
+    ToolInfo,
+)
 from llm_perf_opt.report import stage2_plots, stage2_reports
 
 log = logging.getLogger("llm_perf_opt.stage2")
 
 MAX_NCU_ROUNDS = 3  # per stage: all targets, then the rarest missing ones, twice
 
-CAPTURE_FILE = "capture.json"
-TARGETS_FILE = "ncu/targets.json"
 NSYS_SQLITE = "nsys/report.sqlite"
-WORKLOAD_METRICS = "workload/nsys/metrics.json"
+NSYS_SQLITE_GZ = f"{NSYS_SQLITE}.gz"  # a gzipped copy, read as it is (a shipped example folder keeps one)
+
+__all__ = ["CAPTURE_FILE", "NSYS_SQLITE", "TARGETS_FILE", "Stage2Run", "forwarded_overrides", "render", "workload_argv"]
 
 # Keys that belong to Stage 2 itself and are not forwarded to the profiled workload.
 _OWN_PREFIXES = ("stage2.", "pipeline.nsys", "pipeline.ncu", "pipeline/nsys", "pipeline/ncu", "hydra.", "hydra/")
@@ -104,7 +117,7 @@ class Stage2Run:
         self.run_id = run_id
         self.user_overrides = forwarded_overrides(task_overrides)
         self.art = ArtifactsManager(run_dir, stage="stage2")
-        self.capture: dict[str, Any] = {"run_id": run_id, "mode": str(cfg.stage2.mode), "tools": {}, "runs": {}}
+        self.capture = Capture(run_id=run_id, mode=str(cfg.stage2.mode))
 
     def execute(self) -> Path:
         """Capture with the tools, then render; the folder ends complete, failed or interrupted."""
@@ -131,6 +144,10 @@ class Stage2Run:
     def _save_capture(self) -> None:
         self.art.write_json(CAPTURE_FILE, self.capture)
 
+    def _note(self, **changes: Any) -> None:
+        """Add `changes` to the capture's record."""
+        self.capture = attrs.evolve(self.capture, **changes)
+
     # ---- capture -----------------------------------------------------------------------------------
     def _capture(self) -> None:
         cfg = self.cfg
@@ -140,22 +157,26 @@ class Stage2Run:
         import torch
 
         self.art.write_json("env.json", collect_env(torch.device("cuda", torch.cuda.current_device())))
-        self.capture["ncu_clock_control"] = str(cfg.pipeline.ncu.clock_control)
-        self.capture["forwarded_overrides"] = list(self.user_overrides)
+        self._note(
+            ncu_clock_control=str(cfg.pipeline.ncu.clock_control), forwarded_overrides=tuple(self.user_overrides)
+        )
         if not cfg.pipeline.nsys.enable:
             raise UserError(
                 "pipeline.nsys.enable=false leaves Stage 2 nothing to analyse",
                 "Keep Nsight Systems on; turn Nsight Compute off with pipeline.ncu.enable=false",
             )
-        nsys = find_tool("nsys", cfg.pipeline.nsys.binary)
-        self.capture["tools"]["nsys"] = {"path": str(nsys.path), "version": nsys.version}
-        ncu = find_tool("ncu", cfg.pipeline.ncu.binary) if cfg.pipeline.ncu.enable else None
-        if ncu is not None:
-            self.capture["tools"]["ncu"] = {"path": str(ncu.path), "version": ncu.version}
+        nsys = self._find_tool("nsys", cfg.pipeline.nsys.binary)
+        ncu = self._find_tool("ncu", cfg.pipeline.ncu.binary) if cfg.pipeline.ncu.enable else None
         self._run_nsys(nsys)
         if ncu is not None:
             self._run_ncu(ncu, mode)
         self._save_capture()
+
+    def _find_tool(self, name: str, binary: str | None) -> Tool:
+        """The tool `name` (at `binary` when set), noted in the capture."""
+        tool = find_tool(name, binary)
+        self._note(tools={**self.capture.tools, name: ToolInfo(path=str(tool.path), version=tool.version)})
+        return tool
 
     def _timed_tool(
         self, key: str, argv: list[str], log_rel: str, timeout_s: float, what: str, *, check: bool = True
@@ -166,12 +187,13 @@ class Stage2Run:
         with self.feedback.step(what):
             run = run_tool(argv, timeout_s=timeout_s, log_path=self.art.path(log_rel))
         self.art.record(log_rel)
-        self.capture["runs"][key] = {
-            "argv": list(argv),
-            "returncode": run.returncode,
-            "seconds": time.perf_counter() - started,
-            "timed_out": run.timed_out,
-        }
+        done = CapturedToolRun(
+            argv=tuple(argv),
+            returncode=run.returncode,
+            seconds=time.perf_counter() - started,
+            timed_out=run.timed_out,
+        )
+        self._note(runs={**self.capture.runs, key: done})
         if check:
             check_run(run, what)
 
@@ -202,11 +224,11 @@ class Stage2Run:
             log.warning("could not read nsys's report list; asking for the configured reports as named")
             available = set(ncfg.reports)
         picked = pick_reports(available, list(ncfg.reports), REPORT_ALTERNATIVES)
-        self.capture["nsys_reports"] = {
-            "names": list(picked),
-            "missing": list(picked.missing),
-            "substituted": dict(picked.substituted),
-        }
+        self._note(
+            nsys_reports=NsysReportChoice(
+                names=tuple(picked), missing=tuple(picked.missing), substituted=dict(picked.substituted)
+            )
+        )
         names = list(picked)
         if names:
             self._timed_tool(
@@ -229,80 +251,86 @@ class Stage2Run:
             if (workload_dir / name).is_file():
                 self.art.write_text(name, (workload_dir / name).read_text())
 
-    def _run_ncu(self, ncu: Tool, mode: DictConfig) -> None:
-        """Nsight Compute on each analysed stage's top kernels: a first round on all of them, then up to two rounds
-        on the rarest of those the earlier windows did not reach."""
-        cfg, run_dir = self.cfg, self.art.run_dir
-        targets: dict[str, Any] = {"mode": str(cfg.stage2.mode), "stages": {}}
-        with NsysTrace(run_dir / NSYS_SQLITE) as trace:
+    def _ncu_targets(self, mode: DictConfig) -> NcuTargets:
+        """Each analysed stage's top kernels by nsys GPU time, with the counts that size their launch windows."""
+        stages: dict[str, NcuStageTarget] = {}
+        with NsysTrace(self.art.run_dir / NSYS_SQLITE) as trace:
             instances = {st.stage: st.instances for st in trace.stage_times()}
             for stage in map(str, mode.stages):
                 kernels = trace.top_kernels(int(mode.top_kernels), stage=stage)
                 calls: dict[str, int] = {}
-                for k in trace.top_kernels(1_000_000, stage=stage):  # every kernel of the stage, by short name
+                for k in trace.stage_kernels(stage):  # by short name, every instantiation summed
                     calls[k.name] = calls.get(k.name, 0) + k.calls
                 unit = vocab.DECODE_STEP if stage == vocab.DECODE else stage  # one decode step, or one prefill
-                targets["stages"][stage] = {
-                    "kernels": list(dict.fromkeys(k.name for k in kernels)),
-                    "calls": calls,
-                    "instances": instances.get(unit, 1) or 1,
-                    "rounds": [],
-                }
+                stages[stage] = NcuStageTarget(
+                    kernels=tuple(dict.fromkeys(k.name for k in kernels)),
+                    calls=calls,
+                    instances=instances.get(unit, 1) or 1,
+                )
+        return NcuTargets(mode=str(self.cfg.stage2.mode), stages=stages)
+
+    def _run_ncu(self, ncu: Tool, mode: DictConfig) -> None:
+        """Nsight Compute on each analysed stage's top kernels: a first round on all of them, then up to two rounds
+        on the rarest of those the earlier windows did not reach."""
+        targets = self._ncu_targets(mode)
         self.art.write_json(TARGETS_FILE, targets)
-        timeout = float(require_whole("pipeline.ncu.timeout_s", cfg.pipeline.ncu.timeout_s, 1))
-        for stage, target in targets["stages"].items():
-            missing: list[str] = target["kernels"]
-            for round_no in range(1, MAX_NCU_ROUNDS + 1):
-                if not missing:
-                    break
-                wanted = (
-                    missing if round_no == 1 else self._rarest_fitting(missing, target, int(mode.launches_per_kernel))
-                )
-                folder = f"ncu/{stage.replace('/', '_')}" + ("" if round_no == 1 else f"-round{round_no}")
-                skip, count = self._launch_window(stage, wanted, target, int(mode.launches_per_kernel))
-                regex = commands.kernel_regex_for(wanted)
-                target["rounds"].append(
-                    {"folder": folder, "kernels": wanted, "launch_skip": skip, "launch_count": count, "regex": regex}
-                )
-                argv = commands.ncu_argv(
-                    ncu.path,
-                    self.art.path(f"{folder}/report"),
-                    workload_argv(cfg, self.user_overrides, run_dir, name=f"ncu-{Path(folder).name}", ncu=True),
-                    kernel_regex=regex,
-                    launch_skip=skip,
-                    launch_count=count,
-                    nvtx_include=[stage],
-                    sections=list(mode.sections),
-                    metrics=list(cfg.pipeline.ncu.metrics),
-                    clock_control=str(cfg.pipeline.ncu.clock_control),
-                    target_processes=str(cfg.pipeline.ncu.target_processes),
-                )
-                key = f"ncu_{stage}" + ("" if round_no == 1 else f"_round{round_no}")
-                self._timed_tool(
-                    key, argv, f"{folder}/profile.log", timeout, f"Nsight Compute ({stage}, round {round_no})"
-                )
-                rep = self.art.path(f"{folder}/report.ncu-rep")
-                if not rep.is_file():
-                    target["rounds"][-1]["note"] = "ncu profiled no kernel (the regex or NVTX filter matched nothing)"
-                    break
-                raw = run_tool(
-                    commands.ncu_import_raw_csv_argv(ncu.path, rep),
-                    timeout_s=600,
-                    log_path=self.art.path(f"{folder}/raw.csv"),
-                )
-                check_run(raw, f"ncu --import ({stage})")
-                found = {k.name for k in read_ncu_raw_csv(self.art.path(f"{folder}/raw.csv"))}
-                missing = [n for n in missing if n not in found]
+        for stage, target in targets.stages.items():
+            done = self._ncu_rounds(ncu, mode, stage, target)
+            targets = attrs.evolve(targets, stages={**targets.stages, stage: done})
             self.art.write_json(TARGETS_FILE, targets)
+
+    def _ncu_rounds(self, ncu: Tool, mode: DictConfig, stage: str, target: NcuStageTarget) -> NcuStageTarget:
+        """Up to MAX_NCU_ROUNDS ncu runs over `stage` until every target kernel was reached; `target` with them."""
+        cfg, run_dir = self.cfg, self.art.run_dir
+        timeout = float(require_whole("pipeline.ncu.timeout_s", cfg.pipeline.ncu.timeout_s, 1))
+        per_kernel = int(mode.launches_per_kernel)
+        missing = list(target.kernels)
+        for round_no in range(1, MAX_NCU_ROUNDS + 1):
+            if not missing:
+                break
+            wanted = missing if round_no == 1 else self._rarest_fitting(missing, target, per_kernel)
+            folder = f"ncu/{stage.replace('/', '_')}" + ("" if round_no == 1 else f"-round{round_no}")
+            skip, count = self._launch_window(stage, wanted, target, per_kernel)
+            regex = commands.kernel_regex_for(wanted)
+            rnd = NcuRound(folder=folder, kernels=tuple(wanted), launch_skip=skip, launch_count=count, regex=regex)
+            argv = commands.ncu_argv(
+                ncu.path,
+                self.art.path(f"{folder}/report"),
+                workload_argv(cfg, self.user_overrides, run_dir, name=f"ncu-{Path(folder).name}", ncu=True),
+                kernel_regex=regex,
+                launch_skip=skip,
+                launch_count=count,
+                nvtx_include=[stage],
+                sections=list(mode.sections),
+                metrics=list(cfg.pipeline.ncu.metrics),
+                clock_control=str(cfg.pipeline.ncu.clock_control),
+                target_processes=str(cfg.pipeline.ncu.target_processes),
+            )
+            key = f"ncu_{stage}" + ("" if round_no == 1 else f"_round{round_no}")
+            target = attrs.evolve(target, rounds=(*target.rounds, rnd))
+            self._timed_tool(key, argv, f"{folder}/profile.log", timeout, f"Nsight Compute ({stage}, round {round_no})")
+            rep = self.art.path(f"{folder}/report.ncu-rep")
+            if not rep.is_file():
+                note = "ncu profiled no kernel (the regex or NVTX filter matched nothing)"
+                return attrs.evolve(target, rounds=(*target.rounds[:-1], attrs.evolve(rnd, note=note)))
+            raw = run_tool(
+                commands.ncu_import_raw_csv_argv(ncu.path, rep),
+                timeout_s=600,
+                log_path=self.art.path(f"{folder}/raw.csv"),
+            )
+            check_run(raw, f"ncu --import ({stage})")
+            found = {k.name for k in read_ncu_raw_csv(self.art.path(f"{folder}/raw.csv"))}
+            missing = [n for n in missing if n not in found]
+        return target
 
     @staticmethod
     def _launch_cap(names: Sequence[str], per_kernel: int) -> int:
         return max(1, per_kernel * len(names) * 4)
 
-    def _rarest_fitting(self, names: Sequence[str], target: Mapping[str, Any], per_kernel: int) -> list[str]:
+    def _rarest_fitting(self, names: Sequence[str], target: NcuStageTarget, per_kernel: int) -> list[str]:
         """The rarest of `names` whose launches in one stage instance all fit in one launch window (at least one),
         so a later round catches kernels that frequent ones crowded out of the first window."""
-        per_instance = {n: target["calls"].get(n, 0) / target["instances"] for n in names}
+        per_instance = {n: target.calls.get(n, 0) / target.instances for n in names}
         chosen: list[str] = []
         total = 0.0
         for name in sorted(names, key=per_instance.__getitem__):
@@ -313,7 +341,7 @@ class Stage2Run:
         return chosen
 
     def _launch_window(
-        self, stage: str, names: Sequence[str], target: Mapping[str, Any], per_kernel: int
+        self, stage: str, names: Sequence[str], target: NcuStageTarget, per_kernel: int
     ) -> tuple[int, int]:
         """(launch skip, launch count) for kernels `names` in `stage` of the ncu workload.
 
@@ -322,7 +350,7 @@ class Stage2Run:
         Decode skips to the middle step of the ncu workload, a steady state; prefill starts at its beginning.
         The count covers one instance, capped at `per_kernel` launches per kernel (x4 for their interleaving).
         """
-        per_instance = max(1, round(sum(target["calls"].get(n, 0) for n in names) / target["instances"]))
+        per_instance = max(1, round(sum(target.calls.get(n, 0) for n in names) / target.instances))
         count = min(per_instance, self._launch_cap(names, per_kernel))
         if stage == vocab.DECODE:
             middle_step = (int(self.cfg.stage2.ncu_workload.max_new_tokens) - 1) // 2
@@ -332,23 +360,25 @@ class Stage2Run:
 
 def render(run_dir: Path, *, art: ArtifactsManager | None = None) -> Path:
     """Build metrics.json, kernel_roofline.png, kernels.md, report.md and stakeholder_summary.md from a Stage 2
-    folder's exports."""
+    folder's exports and records."""
     run_dir = Path(run_dir).resolve()
-    missing = [p for p in (NSYS_SQLITE, CAPTURE_FILE) if not (run_dir / p).is_file()]
-    if missing:
+    export = next((run_dir / p for p in (NSYS_SQLITE, NSYS_SQLITE_GZ) if (run_dir / p).is_file()), None)
+    missing = [NSYS_SQLITE] if export is None else []
+    missing += [CAPTURE_FILE] if not (run_dir / CAPTURE_FILE).is_file() else []
+    if export is None or missing:
         raise UserError(
             f"{run_dir} is not a complete Stage 2 folder: missing {', '.join(missing)}",
             "Point the command at a folder written by stage2-profile (it keeps nsys/report.sqlite and "
             "capture.json), or run stage2-profile again",
         )
     manager = art or ArtifactsManager(run_dir, stage="stage2")
-    capture = json.loads((run_dir / CAPTURE_FILE).read_text())
-    targets = json.loads((run_dir / TARGETS_FILE).read_text()) if (run_dir / TARGETS_FILE).is_file() else None
-    workload = json.loads((run_dir / WORKLOAD_METRICS).read_text()) if (run_dir / WORKLOAD_METRICS).is_file() else None
-    env = json.loads((run_dir / "env.json").read_text()) if (run_dir / "env.json").is_file() else {}
-    with NsysTrace(run_dir / NSYS_SQLITE) as trace:
-        metrics = stage2_reports.build_metrics(run_dir, trace, capture, targets, workload, env)
-    manager.write_json("metrics.json", metrics)
+    capture = folders.load_capture(run_dir)
+    targets = folders.load_ncu_targets(run_dir)
+    workload = folders.load_workload_metrics(run_dir)
+    driver = (folders.read_env(run_dir).get("gpu") or {}).get("driver")
+    with NsysTrace(export) as trace:
+        metrics = Stage2Analysis(run_dir, trace, capture, targets=targets, workload=workload, driver=driver).metrics()
+    manager.write_json(METRICS_FILE, metrics)
     plots = stage2_plots.write_stage2_plots(metrics, run_dir)
     for relative in plots.values():
         manager.record(relative)

@@ -1,5 +1,5 @@
-"""Stage 2 plot from its `metrics.json` (plain dicts): the hot kernels that Nsight Compute profiled, on the
-device's roofline.
+"""Stage 2 plot from its `Stage2Metrics` record: the hot kernels that Nsight Compute profiled, on the device's
+roofline.
 
 A kernel is placed at (FLOPs / DRAM bytes, FLOPs / duration), both per launch as ncu measured them; it is drawn
 only when those numbers are complete (see :func:`kernel_points`), so every point is right and the caption says how
@@ -24,6 +24,8 @@ from matplotlib.transforms import Bbox
 
 from llm_perf_opt.kernel_names import kernel_label
 from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records.common import PeakFigure
+from llm_perf_opt.records.stage2 import NcuKernelRow, Stage2Metrics
 from llm_perf_opt.report import plots
 
 KERNEL_ROOFLINE = "kernel_roofline.png"
@@ -60,36 +62,37 @@ class KernelPoint:
     gpu_ms: float | None  # nsys GPU time of the kernel in the stage, all timed passes
 
 
-def _left_out_reason(row: Mapping[str, Any]) -> str | None:
-    if row.get("flops") is None or row.get("achieved_tflops") is None:
+def _left_out_reason(row: NcuKernelRow) -> str | None:
+    if row.flops is None or row.achieved_tflops is None:
         return NO_FLOPS
-    if not row.get("tensor_ops_counted"):
+    if not row.tensor_ops_counted:
         return NO_TENSOR
-    if float(row["flops"]) <= 0:
+    if row.flops <= 0:
         return ZERO_FLOPS
-    if float(row.get("dram_bytes") or 0.0) <= 0 or row.get("arithmetic_intensity") is None:
+    if row.dram_bytes <= 0 or row.arithmetic_intensity is None:
         return ZERO_BYTES
     return None
 
 
-def _point(row: Mapping[str, Any]) -> KernelPoint:
+def _point(row: NcuKernelRow) -> KernelPoint:
+    """A kernel `_left_out_reason` keeps, as a point."""
+    assert row.arithmetic_intensity is not None and row.achieved_tflops is not None
     return KernelPoint(
-        stage=str(row["stage"]),
+        stage=row.stage,
         # † : the time share covers every instantiation of the function name, not only the one ncu measured
-        label=kernel_label(str(row["name"]), str(row.get("full_name") or ""))
-        + (" †" if int(row.get("stage_instantiations") or 0) > 1 else ""),
-        intensity=float(row["arithmetic_intensity"]),
-        achieved=float(row["achieved_tflops"]) * 1e12,
-        share=row.get("stage_share"),
-        gpu_ms=row.get("stage_gpu_ms"),
+        label=kernel_label(row.name, row.full_name) + (" †" if row.stage_instantiations > 1 else ""),
+        intensity=row.arithmetic_intensity,
+        achieved=row.achieved_tflops * 1e12,
+        share=row.stage_share,
+        gpu_ms=row.stage_gpu_ms,
     )
 
 
-def kernel_points(m: Mapping[str, Any]) -> tuple[list[KernelPoint], dict[str, int]]:
+def kernel_points(m: Stage2Metrics) -> tuple[list[KernelPoint], dict[str, int]]:
     """The plottable ncu kernels, hottest (nsys GPU time) first, and reason -> number of kernels left out."""
     points: list[KernelPoint] = []
     left_out: dict[str, int] = {}
-    for row in m.get("ncu_kernels") or ():
+    for row in m.ncu_kernels:
         reason = _left_out_reason(row)
         if reason is None:
             points.append(_point(row))
@@ -99,19 +102,17 @@ def kernel_points(m: Mapping[str, Any]) -> tuple[list[KernelPoint], dict[str, in
     return points, left_out
 
 
-def _roof_label(roof: Mapping[str, Any]) -> str:
-    key = str(roof.get("dtype_key") or "")
+def _roof_label(roof: PeakFigure) -> str:
+    key = roof.dtype_key or ""
     if not key:
         return "compute"
     return f"{key.upper()} {'CUDA-core' if key == 'fp32' else 'tensor-core'}"
 
 
-def _roofs(m: Mapping[str, Any]) -> tuple[list[tuple[float, str]], float]:
+def _roofs(m: Stage2Metrics) -> tuple[list[tuple[float, str]], float]:
     """(compute roofs as (FLOP/s, label), highest first; memory roof in B/s, 0 when unknown)."""
-    compute = sorted(
-        ((float(r["value"]), _roof_label(r)) for r in m.get("compute_roofs") or () if r.get("value")), reverse=True
-    )
-    return compute, float((m.get("bandwidth_peak") or {}).get("value") or 0.0)
+    compute = sorted(((r.value, _roof_label(r)) for r in m.compute_roofs if r.value), reverse=True)
+    return compute, m.bandwidth_peak.value if m.bandwidth_peak else 0.0
 
 
 def source_summary(sources: Iterable[str]) -> str:
@@ -126,9 +127,9 @@ def source_summary(sources: Iterable[str]) -> str:
     return "; ".join(out)
 
 
-def _peak_sources(m: Mapping[str, Any]) -> str:
-    roofs = [*(m.get("compute_roofs") or ()), m.get("bandwidth_peak") or {}]
-    return source_summary(str(r["source"]) for r in roofs if r.get("source"))
+def _peak_sources(m: Stage2Metrics) -> str:
+    roofs = [*m.compute_roofs, *([m.bandwidth_peak] if m.bandwidth_peak else [])]
+    return source_summary(r.source for r in roofs if r.source)
 
 
 def _size(share: float | None) -> float:
@@ -252,8 +253,8 @@ def left_out_text(left_out: Mapping[str, int]) -> str:
     return "; ".join(f"{n} kernel{'s' * (n != 1)} with {reason}" for reason, n in left_out.items())
 
 
-def _title(m: Mapping[str, Any], points: Sequence[KernelPoint], left_out: Mapping[str, int]) -> str:
-    device = (m.get("device") or {}).get("name") or "GPU"
+def _title(m: Stage2Metrics, points: Sequence[KernelPoint], left_out: Mapping[str, int]) -> str:
+    device = m.device.name or "GPU"
     total = len(points) + sum(left_out.values())
     counted = f"{len(points)} of {total} profiled kernels plotted" + (
         f"; left out: {sum(left_out.values())} (see kernels.md)" if left_out else ""
@@ -264,7 +265,7 @@ def _title(m: Mapping[str, Any], points: Sequence[KernelPoint], left_out: Mappin
     )
 
 
-def kernel_roofline_figure(m: Mapping[str, Any]) -> Figure | None:
+def kernel_roofline_figure(m: Stage2Metrics) -> Figure | None:
     """Log-log roofline of the device with each plottable ncu kernel as a point (colour and marker: stage; area:
     share of the stage's GPU time; the LABELLED hottest named); None without a compute and a memory roof or
     without a plottable kernel. The caller closes the figure."""
@@ -294,13 +295,13 @@ def kernel_roofline_figure(m: Mapping[str, Any]) -> Figure | None:
     return fig
 
 
-def kernel_roofline(m: Mapping[str, Any], path: Path) -> Path | None:
+def kernel_roofline(m: Stage2Metrics, path: Path) -> Path | None:
     """:func:`kernel_roofline_figure` written to `path` as PNG; None (nothing written) when it does not apply."""
     fig = kernel_roofline_figure(m)
     return None if fig is None else plots.save_figure(fig, path)
 
 
-def roofline_caption(m: Mapping[str, Any]) -> str:
+def roofline_caption(m: Stage2Metrics) -> str:
     """What the kernel roofline shows and which profiled kernels it leaves out."""
     points, left_out = kernel_points(m)
     total = len(points) + sum(left_out.values())
@@ -317,11 +318,11 @@ def roofline_caption(m: Mapping[str, Any]) -> str:
     return text + (f"; left out: {left_out_text(left_out)}." if left_out else ".")
 
 
-def missing_reason(m: Mapping[str, Any]) -> str:
+def missing_reason(m: Stage2Metrics) -> str:
     """Why no kernel roofline was drawn (for the report in its place)."""
     roofs, bw = _roofs(m)
     if not roofs or bw <= 0:
-        device = (m.get("device") or {}).get("name") or "this GPU"
+        device = m.device.name or "this GPU"
         return (
             f"no compute or bandwidth peak is known for {device} (pass hardware.peak_tflops and "
             "hardware.peak_bandwidth_gbps to stage2-profile; they reach the workload)"
@@ -332,7 +333,7 @@ def missing_reason(m: Mapping[str, Any]) -> str:
     return f"no profiled kernel has complete figures; left out: {left_out_text(left_out)}"
 
 
-def write_stage2_plots(m: Mapping[str, Any], folder: Path) -> dict[str, str]:
+def write_stage2_plots(m: Stage2Metrics, folder: Path) -> dict[str, str]:
     """Every Stage 2 plot that applies, in `folder`; returns name -> path relative to `folder`. A plot that no
     longer applies is removed, so a re-rendered folder holds no stale chart."""
     target = folder / KERNEL_ROOFLINE

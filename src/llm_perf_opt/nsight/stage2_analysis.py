@@ -1,0 +1,287 @@
+"""Stage 2's analysis: the nsys trace joined with the capture, the Nsight Compute rounds and the Stage 1 workload.
+
+One :class:`Stage2Analysis` per Stage 2 folder, one method per question (in the manner of HolisticTraceAnalysis);
+:meth:`Stage2Analysis.metrics` hands the answers over as one `Stage2Metrics` record, which the reports render.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import attrs
+
+from llm_perf_opt.hardware import peak_bandwidth, peak_compute
+from llm_perf_opt.measure.mfu import utilization
+from llm_perf_opt.nsight.ncu_report import read_ncu_raw_csv
+from llm_perf_opt.nsight.nsys_trace import NsysTrace
+from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records.common import SCHEMA_VERSION, PeakFigure
+from llm_perf_opt.records.stage1 import Stage1Metrics
+from llm_perf_opt.records.stage2 import (
+    Capture,
+    KernelStat,
+    NcuKernelRow,
+    NcuStageTarget,
+    NcuTargets,
+    Stage2Metrics,
+    StageGpuTime,
+    StageRow,
+    ToolRunResult,
+)
+
+TOP_OVERALL = 20
+TOP_PER_STAGE = 10
+TENSOR_COUNTER = '"sm__ops_path_tensor_src_'  # the start of an ncu tensor-core op counter in a raw-CSV header
+
+
+def counts_tensor_ops(raw: Path) -> bool:
+    """Whether the ncu raw CSV's header has a tensor-core op counter (`sm__ops_path_tensor_src_*`): without one,
+    its FLOPs cover CUDA-core work only and are too low for any kernel that ran on tensor cores."""
+    with raw.open(encoding="utf-8", errors="replace") as lines:
+        for line in lines:
+            if '"Kernel Name"' in line or line.startswith('"ID"'):
+                return TENSOR_COUNTER in line
+    return False
+
+
+@attrs.frozen
+class KernelTime:
+    """The nsys GPU time of one kernel function name in a stage, every instantiation summed."""
+
+    gpu_ms: float
+    share: float  # of the stage's summed kernel time
+    instantiations: int  # demangled names sharing the function name
+
+
+class Stage2Analysis:
+    """The questions Stage 2's reports ask of one folder's exports.
+
+    `trace` is the folder's nsys export; `capture` and `targets` its records; `workload` the Stage 1 metrics of the
+    workload nsys profiled (None when absent: no Stage 1 times, FLOPs, bytes or workload peaks); `driver` the
+    capturing machine's GPU driver.
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        trace: NsysTrace,
+        capture: Capture,
+        *,
+        targets: NcuTargets | None = None,
+        workload: Stage1Metrics | None = None,
+        driver: str | None = None,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.trace = trace
+        self.capture = capture
+        self.targets = targets
+        self.workload = workload
+        self.driver = driver
+
+    # ---- the Stage 1 workload, summed over its timed passes -----------------------------------------------------
+    def stage1_ms(self) -> dict[str, float]:
+        """Stage 1 CUDA-event time per stage, summed over the workload's timed passes."""
+        out: dict[str, float] = {}
+
+        def add(stage: str, value: float) -> None:
+            out[stage] = out.get(stage, 0.0) + float(value)
+
+        for rec in self.workload.records if self.workload else ():
+            add(vocab.PREPROCESS, rec.preprocess_ms)
+            add(vocab.PREFILL, rec.prefill_ms)
+            for stage, value in rec.vision_ms.items():
+                add(stage, value)
+            if rec.decode_step_ms:
+                add(vocab.DECODE, rec.decode_ms)
+                add(vocab.DECODE_STEP, sum(rec.decode_step_ms))
+        return out
+
+    def stage_flops(self) -> dict[str, float]:
+        """Counted FLOPs per stage over the workload's timed passes."""
+        if not self.workload:
+            return {}
+        out: dict[str, float] = {}
+        for rec in self.workload.records:
+            for stage, value in self.workload.flops_per_image.get(rec.image, {}).items():
+                out[stage] = out.get(stage, 0.0) + float(value)
+        return out
+
+    def stage_bytes(self) -> dict[str, float]:
+        """Analytic bytes per stage over the workload's timed passes (from Stage 1's efficiency table)."""
+        return {row.stage: row.bytes for row in (self.workload.efficiency if self.workload else ())}
+
+    def compute_peak(self) -> PeakFigure | None:
+        """The workload's dense compute peak (MFU), None without one."""
+        return self.workload.compute_peak if self.workload else None
+
+    def bandwidth_peak(self) -> PeakFigure | None:
+        """The workload's peak bandwidth (MBU), None without one."""
+        return self.workload.bandwidth_peak if self.workload else None
+
+    # ---- per stage ----------------------------------------------------------------------------------------------
+    def stage_rows(self) -> tuple[StageRow, ...]:
+        """Every NVTX stage of the trace with Stage 1's time, FLOPs and bytes, and MFU/MBU on GPU busy time."""
+        stage1, flops, moved = self.stage1_ms(), self.stage_flops(), self.stage_bytes()
+        peak, bandwidth = self.compute_peak(), self.bandwidth_peak()
+        return tuple(
+            self._stage_row(st, stage1.get(st.stage), flops.get(st.stage), moved.get(st.stage), peak, bandwidth)
+            for st in self.trace.stage_times()
+        )
+
+    @staticmethod
+    def _stage_row(
+        st: StageGpuTime,
+        stage1_ms: float | None,
+        flops: float | None,
+        moved: float | None,
+        peak: PeakFigure | None,
+        bandwidth: PeakFigure | None,
+    ) -> StageRow:
+        busy_s = st.gpu_busy_ms / 1e3
+        achieved = mfu = mbu = None
+        if flops and busy_s > 0:
+            achieved, mfu = utilization(flops, busy_s, peak)
+        if moved and busy_s > 0 and bandwidth is not None:
+            _, mbu = utilization(moved, busy_s, bandwidth)
+        return StageRow(
+            **attrs.asdict(st),
+            stage1_cuda_event_ms=stage1_ms,
+            flops=flops,
+            achieved_tflops_on_busy_time=None if achieved is None else achieved / 1e12,
+            mfu_on_busy_time=mfu,
+            bytes=moved,
+            mbu_on_busy_time=mbu,
+        )
+
+    @staticmethod
+    def analysed_stages(rows: tuple[StageRow, ...]) -> tuple[str, ...]:
+        """prefill and decode where the trace has them, else every stage."""
+        costed = tuple(r.stage for r in rows if r.stage in (vocab.PREFILL, vocab.DECODE))
+        return costed or tuple(r.stage for r in rows)
+
+    # ---- kernels ------------------------------------------------------------------------------------------------
+    def timed_pass_kernels(self) -> list[KernelStat]:
+        """Every kernel launched inside the timed passes' top-level ranges (preprocess, prefill, decode), hottest
+        first.
+
+        The model build and the warm-up passes run outside every range, so their kernels (weight initialisation,
+        first-call autotuning) are left out; `share` is of the timed passes' kernel time.
+        """
+        return self.trace.kernels_in(vocab.TOP_LEVEL)
+
+    def top_kernels_by_stage(self, stages: tuple[str, ...]) -> dict[str, tuple[KernelStat, ...]]:
+        """The TOP_PER_STAGE hottest kernels of each of `stages` but the decode step (decode holds its kernels)."""
+        return {
+            name: tuple(self.trace.top_kernels(TOP_PER_STAGE, stage=name))
+            for name in stages
+            if name != vocab.DECODE_STEP
+        }
+
+    def stage_kernel_time(self, stage: str) -> dict[str, KernelTime]:
+        """nsys short name -> its GPU time in `stage`, every instantiation summed."""
+        out: dict[str, KernelTime] = {}
+        for k in self.trace.stage_kernels(stage):
+            was = out.get(k.name, KernelTime(0.0, 0.0, 0))
+            out[k.name] = KernelTime(was.gpu_ms + k.total_ms, was.share + k.share, was.instantiations + 1)
+        return out
+
+    # ---- Nsight Compute -----------------------------------------------------------------------------------------
+    def stage_ncu_rows(self, stage: str, target: NcuStageTarget) -> list[NcuKernelRow]:
+        """One row per kernel name that ncu profiled in `stage` (first round that reached it), with its nsys GPU
+        time."""
+        times = self.stage_kernel_time(stage)
+        found: dict[str, NcuKernelRow] = {}
+        for rnd in target.rounds:
+            raw = self.run_dir / rnd.folder / "raw.csv"
+            if not raw.is_file():
+                continue
+            tensor = counts_tensor_ops(raw)
+            for kernel in read_ncu_raw_csv(raw):
+                if kernel.name in found:
+                    continue
+                time = times.get(kernel.name)
+                found[kernel.name] = NcuKernelRow(
+                    **attrs.asdict(kernel),
+                    stage=stage,
+                    round_folder=rnd.folder,
+                    tensor_ops_counted=tensor,
+                    stage_gpu_ms=None if time is None else time.gpu_ms,
+                    stage_share=None if time is None else time.share,
+                    stage_instantiations=0 if time is None else time.instantiations,
+                )
+        return list(found.values())
+
+    def ncu_rows(self) -> tuple[tuple[NcuKernelRow, ...], list[str]]:
+        """The ncu rows of every targeted stage, and warnings on the rounds and kernels ncu missed."""
+        rows: list[NcuKernelRow] = []
+        warnings: list[str] = []
+        for stage, target in (self.targets.stages if self.targets else {}).items():
+            found = self.stage_ncu_rows(stage, target)
+            rows.extend(found)
+            warnings.extend(f"{stage}: {rnd.note}." for rnd in target.rounds if rnd.note)
+            names = {r.name for r in found}
+            missed = [n for n in target.kernels if n not in names]
+            if target.kernels and not found:
+                warnings.append(
+                    f"Nsight Compute profiled no kernel in {stage} (filters matched nothing); see ncu logs."
+                )
+            elif missed:
+                warnings.append(
+                    f"Nsight Compute did not reach {len(missed)} of the {len(target.kernels)} targeted kernels in "
+                    f"{stage} within its launch windows: {', '.join(missed[:5])}."
+                )
+        return tuple(rows), warnings
+
+    def roofs(self, device_name: str) -> tuple[tuple[PeakFigure, ...], PeakFigure | None]:
+        """Compute roofs (highest first) and the memory roof for the kernel roofline.
+
+        Compute: the workload's peak (its dtype, or the user's override), else the GPU table's dense BF16
+        tensor-core peak; plus the table's FP32 CUDA-core peak, the roof of kernels that do not use tensor cores.
+        Memory: the workload's bandwidth peak, else the table's. Each keeps its source; unknown GPUs give none.
+        """
+        peak = self.compute_peak()
+        compute = [peak] if peak else []
+        for dtype in ([] if peak else ["bfloat16"]) + ["float32"]:
+            figure = peak_compute(device_name, dtype)
+            if figure is not None and figure.dtype_key not in {c.dtype_key for c in compute}:
+                compute.append(figure)
+        compute.sort(key=lambda c: -c.value)
+        return tuple(compute), self.bandwidth_peak() or peak_bandwidth(device_name)
+
+    # ---- everything ---------------------------------------------------------------------------------------------
+    def metrics(self) -> Stage2Metrics:
+        """Everything the Stage 2 reports show."""
+        rows = self.stage_rows()
+        warnings: list[str] = []
+        if not rows:
+            warnings.append(f"The trace holds no NVTX range of the {vocab.NVTX_DOMAIN} domain: no per-stage figures.")
+        ncu_rows, ncu_warnings = self.ncu_rows()
+        device = attrs.evolve(self.trace.device(), driver=self.driver)
+        compute_roofs, bandwidth_roof = self.roofs(device.name or "")
+        workload = self.workload
+        return Stage2Metrics(
+            schema_version=SCHEMA_VERSION,
+            stage="stage2",
+            run_id=self.capture.run_id,
+            created=datetime.now(UTC).isoformat(timespec="seconds"),
+            mode=self.capture.mode,
+            device=device,
+            tools=self.capture.tools,
+            ncu_clock_control=self.capture.ncu_clock_control,
+            tool_runs={k: ToolRunResult(v.seconds, v.returncode) for k, v in self.capture.runs.items()},
+            forwarded_overrides=self.capture.forwarded_overrides,
+            model=workload.model if workload else None,
+            workload_settings=workload.settings if workload else None,
+            peak=self.compute_peak(),
+            compute_roofs=compute_roofs,
+            bandwidth_peak=bandwidth_roof,
+            stages=rows,
+            decode_steps=self.trace.decode_steps(),
+            kernel_count=self.trace.kernel_count(),
+            top_kernels=tuple(self.timed_pass_kernels()[:TOP_OVERALL]),
+            top_kernels_by_stage=self.top_kernels_by_stage(tuple(r.stage for r in rows)),
+            analysed_stages=self.analysed_stages(rows),
+            ncu_kernels=ncu_rows,
+            warnings=(*warnings, *ncu_warnings),
+        )

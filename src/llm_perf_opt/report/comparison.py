@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from llm_perf_opt.records.comparison import (
     KINDS,
@@ -20,6 +21,10 @@ from llm_perf_opt.report.markdown import Doc, ms, pct
 NA = "n/a"
 
 Row = list[str]
+
+
+def _model(run: Any) -> str:
+    return str(run.model or "model not recorded")
 
 
 def ratio_text(value: float | None) -> str:
@@ -78,7 +83,11 @@ def _movers_table(doc: Doc, base: str, table: MoverTable, first: str) -> None:
 def _stage1(doc: Doc, runs: Sequence[ComparedRun], section: Stage1Comparison, top: int) -> None:
     base, others = runs[0], runs[1:]
     doc.h2("Stage 1: " + " vs ".join(r.label for r in runs))
-    _runs_list(doc, runs, lambda r: f"{r.model} on {r.device}, {r.repeats} repeats, created {r.created}")
+    _runs_list(
+        doc,
+        runs,
+        lambda r: f"{r.model or 'model not recorded'} on {r.device}, {r.repeats} repeats, created {r.created}",
+    )
 
     doc.h3("Stage times (p50, ms)")
     header = [f"{base.label} p50"]
@@ -136,7 +145,9 @@ def _stage1(doc: Doc, runs: Sequence[ComparedRun], section: Stage1Comparison, to
 def _stage2(doc: Doc, runs: Sequence[ComparedRun], section: Stage2Comparison, top: int) -> None:
     base, others = runs[0], runs[1:]
     doc.h2("Stage 2: " + " vs ".join(r.label for r in runs))
-    _runs_list(doc, runs, lambda r: f"{r.mode} mode, {r.model} on {r.device}, created {r.created}")
+    _runs_list(
+        doc, runs, lambda r: f"{r.mode} mode, {r.model or 'model not recorded'} on {r.device}, created {r.created}"
+    )
 
     doc.h3("GPU busy time per stage (Nsight Systems)")
     header = [f"{base.label} busy ms"]

@@ -206,8 +206,9 @@ def _mfu_peak_text(m: Stage2Metrics) -> str:
 def report_md(m: Stage2Metrics, files: Sequence[str]) -> str:
     doc = Doc(f"Stage 2 report: {_model_name(m)} on {_device_name(m)}")
     nsys, ncu = m.tools.get("nsys"), m.tools.get("ncu")
+    weights = m.model.weights_detail if m.model else "workload metrics not recorded"
     doc.para(
-        f"Run `{m.run_id}` · mode {m.mode} · {m.model.weights_detail if m.model else ''} · "
+        f"Run `{m.run_id}` · mode {m.mode} · {weights} · "
         f"nsys {nsys.version if nsys else 'n/a'}, ncu {ncu.version if ncu else 'not run'} · "
         f"driver {m.device.driver}."
     )

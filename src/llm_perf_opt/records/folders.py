@@ -63,13 +63,7 @@ class Stage1Folder:
 
 def load_stage1_metrics(path: Path) -> Stage1Metrics:
     """`metrics.json` of a Stage 1 run, wherever it lies (e.g. a Stage 2 folder's workload)."""
-    metrics = load_file(path, Stage1Metrics)
-    if metrics.stage != "stage1":
-        raise RecordError(
-            f"{path} holds a {metrics.stage} record, not a Stage 1 one",
-            "Point the command at a folder written by stage1-run",
-        )
-    return metrics
+    return load_metrics_of(path, Stage1Metrics, "stage1", "stage1-run")
 
 
 def _optional(path: Path, loader: Any) -> Any:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import run_cli
 from llm_perf_opt.data.dataset import bundled_samples_dir
 from llm_perf_opt.pipeline.stage1 import render
 from llm_perf_opt.records import io
@@ -99,3 +100,13 @@ def test_damaged_or_incomplete_metrics_name_the_file(tmp_path: Path, text: str, 
 def test_a_folder_without_metrics_says_what_it_is(tmp_path: Path) -> None:
     with pytest.raises(RecordError, match=r"no metrics\.json"):
         load(tmp_path)
+
+
+def test_stage1_report_rebuilds_a_copied_folder(tmp_path: Path) -> None:
+    folder = _copy_run(tmp_path)
+    (folder / "report.md").unlink()
+    done = run_cli("llm_perf_opt.cli.stage1_report", str(folder))
+    assert done.returncode == 0, done.stderr
+    assert (folder / "report.md").read_text() == (RUN / "report.md").read_text()
+    missing = run_cli("llm_perf_opt.cli.stage1_report", str(tmp_path / "nothing"))
+    assert missing.returncode == 2 and "is not a folder" in missing.stderr

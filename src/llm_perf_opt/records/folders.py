@@ -70,8 +70,18 @@ def _optional(path: Path, loader: Any) -> Any:
     return loader(path) if path.is_file() else None
 
 
-def load_stage1(run_dir: Path) -> Stage1Folder:
+def require_folder(run_dir: Path) -> Path:
+    """`run_dir` as a Path, or a RecordError when it is not a folder."""
     run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise RecordError(
+            f"{run_dir} is not a folder", "Pass the folder of a run (the last line a command prints names its report)"
+        )
+    return run_dir
+
+
+def load_stage1(run_dir: Path) -> Stage1Folder:
+    run_dir = require_folder(run_dir)
     predictions = run_dir / PREDICTIONS_FILE
     return Stage1Folder(
         path=run_dir,

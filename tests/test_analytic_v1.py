@@ -339,10 +339,10 @@ def test_report_command_prices_v1(tmp_path: Path) -> None:
 
 def test_named_v1_workload_and_modes() -> None:
     r = build_report(compose_config("analytic", "model=deepseek_ocr", "workload=ocr1-a4-page"))
-    assert r["workload_profile"]["name"] == "ocr1-a4-page"
-    assert (r["workload"]["image_tokens"], r["workload"]["new_tokens"]) == (903, 256)
-    base = build_report(compose_config("analytic", "model=deepseek_ocr", "model.mode=base"))["workload"]
-    assert (base["mode"], base["tiles"], base["crop_grid"], base["image_tokens"]) == ("base", 0, None, 273)
+    assert r.workload_profile is not None and r.workload_profile["name"] == "ocr1-a4-page"
+    assert (r.workload.image_tokens, r.workload.new_tokens) == (903, 256)
+    base = build_report(compose_config("analytic", "model=deepseek_ocr", "model.mode=base")).workload
+    assert (base.mode, base.tiles, base.crop_grid, base.image_tokens) == ("base", 0, None, 273)
     with pytest.raises(UserError, match=r"analytic\.crop_grid"):
         build_report(compose_config("analytic", "model=deepseek_ocr", "analytic.crop_grid=[2]"))
     with pytest.raises(UserError, match=r"model\.mode=huge"):

@@ -27,6 +27,7 @@ from llm_perf_opt.analytic.model import (
     _norm,
     sum_of_steps,
 )
+from llm_perf_opt.records.vocabulary import DECODE, DECODE_STEP, PREFILL
 
 #: transformers model types whose shape this module models.
 SUPPORTED_TYPES = ("llama", "qwen2", "mistral")
@@ -122,12 +123,12 @@ def _forward(spec: DenseSpec, tokens: int, keys: int, db: int, *, prefill: bool)
 def prefill(spec: DenseSpec, prompt_tokens: int, dtype_bytes: int = 2) -> StageCost:
     """The prefill forward over the prompt (every position attending every prompt position: the full score
     matrix SDPA computes) and the lm_head on the last position."""
-    return StageCost("prefill", tuple(_forward(spec, prompt_tokens, prompt_tokens, dtype_bytes, prefill=True)))
+    return StageCost(PREFILL, tuple(_forward(spec, prompt_tokens, prompt_tokens, dtype_bytes, prefill=True)))
 
 
 def decode_step(spec: DenseSpec, context: int, dtype_bytes: int = 2) -> StageCost:
     """One decode step: one new token whose query attends `context` keys (the cache plus itself)."""
-    return StageCost("decode/step", tuple(_forward(spec, 1, context, dtype_bytes, prefill=False)))
+    return StageCost(DECODE_STEP, tuple(_forward(spec, 1, context, dtype_bytes, prefill=False)))
 
 
 def decode(spec: DenseSpec, prompt_tokens: int, new_tokens: int, dtype_bytes: int = 2) -> StageCost:
@@ -138,6 +139,6 @@ def decode(spec: DenseSpec, prompt_tokens: int, new_tokens: int, dtype_bytes: in
 def stage_costs(spec: DenseSpec, prompt_tokens: int, new_tokens: int, dtype_bytes: int) -> dict[str, StageCost]:
     """The stages "prefill" and "decode" of one prompt."""
     return {
-        "prefill": prefill(spec, prompt_tokens, dtype_bytes),
-        "decode": decode(spec, prompt_tokens, new_tokens, dtype_bytes),
+        PREFILL: prefill(spec, prompt_tokens, dtype_bytes),
+        DECODE: decode(spec, prompt_tokens, new_tokens, dtype_bytes),
     }

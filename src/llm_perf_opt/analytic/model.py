@@ -53,12 +53,13 @@ Bytes (``dtype_bytes`` per element unless noted)
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Literal
 
 import attrs
 
 from llm_perf_opt.analytic.spec import PROJECTOR_STAGE, SAM_STAGE, ClipSpec, EncoderSpec, ModelSpec, Workload
+from llm_perf_opt.records.vocabulary import DECODE, DECODE_STEP, PREFILL
 
 Category = Literal["matmul", "attention", "convolution", "normalization", "elementwise", "other"]
 
@@ -572,7 +573,7 @@ def prefill(spec: ModelSpec, workload: Workload) -> dict[str, StageCost]:
     length = workload.prompt_tokens(spec)
     text = _decoder(spec, length, length, db, prefill=True)
     stages = {stage: StageCost(stage, tuple(mods)) for stage, mods in by_stage.items()}
-    stages["prefill"] = StageCost("prefill", (*vision, *_image_layout(spec, workload), *text))
+    stages[PREFILL] = StageCost(PREFILL, (*vision, *_image_layout(spec, workload), *text))
     return stages
 
 
@@ -583,7 +584,7 @@ def decode_step(spec: ModelSpec, context: int, dtype_bytes: int = 2) -> StageCos
     experts of each MoE layer, the norms, the lm_head and the token's embedding row. KV bytes: the `context`
     cached keys/values read plus the new token's written.
     """
-    return StageCost("decode/step", tuple(_decoder(spec, 1, context, dtype_bytes, prefill=False)))
+    return StageCost(DECODE_STEP, tuple(_decoder(spec, 1, context, dtype_bytes, prefill=False)))
 
 
 def decode(spec: ModelSpec, workload: Workload) -> StageCost:
@@ -603,7 +604,7 @@ def sum_of_steps(step_at: Callable[[int], tuple[ModuleCost, ...]], prompt_tokens
     """
     steps = new_tokens - 1
     if steps <= 0:
-        return StageCost("decode", ())
+        return StageCost(DECODE, ())
     at_p, at_p1 = step_at(prompt_tokens), step_at(prompt_tokens + 1)
     ctx_sum = steps * (steps + 1) / 2  # Σ i for i = 1 … steps
     fields = ("flops", "weight_bytes", "activation_bytes", "kv_bytes")
@@ -611,11 +612,28 @@ def sum_of_steps(step_at: Callable[[int], tuple[ModuleCost, ...]], prompt_tokens
     for a, b in zip(at_p, at_p1, strict=True):
         values = {f: steps * getattr(a, f) + ctx_sum * (getattr(b, f) - getattr(a, f)) for f in fields}
         modules.append(attrs.evolve(a, **values))
-    return StageCost("decode", tuple(modules))
+    return StageCost(DECODE, tuple(modules))
 
 
 def stage_costs(spec: ModelSpec, workload: Workload) -> dict[str, StageCost]:
     """Every stage of one image: the vision sub-stages, "prefill" (which contains them) and "decode"."""
     costs = prefill(spec, workload)
-    costs["decode"] = decode(spec, workload)
+    costs[DECODE] = decode(spec, workload)
     return costs
+
+
+def summed_stages(per_input: Sequence[Mapping[str, StageCost]]) -> dict[str, StageCost]:
+    """Several inputs' stages as one pass over all of them: each stage holds every input's modules, in input order."""
+    if not per_input:
+        raise ValueError("no inputs to sum")
+    return {
+        stage: StageCost(stage, tuple(m for costs in per_input for m in costs[stage].modules)) for stage in per_input[0]
+    }
+
+
+#: What the analytic figures count, as every analytic report states it.
+CONVENTIONS = (
+    "1 MAC = 2 FLOPs; matmul/attention/convolution FLOPs as executed (attention over the full score matrix); MoE "
+    "routed experts counted for the active top-k only; norms and elementwise ops estimated separately "
+    "(non_matmul_flops); bytes = weights read + activations + KV cache, analytic estimates"
+)

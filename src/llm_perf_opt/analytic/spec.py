@@ -26,14 +26,16 @@ from typing import Any, ClassVar, Protocol
 
 import attrs
 
+from llm_perf_opt.records.vocabulary import VISION_PREFIX
+
 # DeepseekOcr2VisionModel.__init__ hard-codes its two learned query banks (query_768_resolution = 12x12 and
 # query_1024_resolution = 16x16); they are not config fields. A view whose SAM output has at most
 # QUERY_BANK_SMALL positions uses the small bank, any other view the large one.
 QUERY_BANK_SMALL = 144
 QUERY_BANK_LARGE = 256
 
-SAM_STAGE = "vision/sam"
-PROJECTOR_STAGE = "vision/projector"
+SAM_STAGE = VISION_PREFIX + "sam"
+PROJECTOR_STAGE = VISION_PREFIX + "projector"
 
 
 def _side(value: Any) -> int:
@@ -106,7 +108,7 @@ class EncoderSpec:
     """DeepSeek-OCR-2's Qwen2-style vision encoder (``DeepseekOcr2VisionEncoder``): GQA with q/k/v biases, SwiGLU,
     over [SAM tokens ; learned queries]; a view yields its queries' outputs."""
 
-    stage: ClassVar[str] = "vision/encoder"
+    stage: ClassVar[str] = VISION_PREFIX + "encoder"
     prefix: ClassVar[str] = "encoder"  # module-name prefix in the analytic model
 
     hidden: int
@@ -145,7 +147,7 @@ class ClipSpec:
     """DeepSeek-OCR v1's CLIP-L over SAM features (``CLIPEncoder`` layers: MHA with biases, fc1/act/fc2): the
     sequence is [class token ; SAM tokens]; a view yields one token per SAM position (the class token dropped)."""
 
-    stage: ClassVar[str] = "vision/clip"
+    stage: ClassVar[str] = VISION_PREFIX + "clip"
     prefix: ClassVar[str] = "clip"
 
     hidden: int
@@ -344,7 +346,8 @@ def _check_tiles(instance: Workload, attribute: Any, value: int) -> None:
         raise ValueError(f"tiles={value} does not match crop_grid {instance.crop_grid!r}")
 
 
-def _grid(value: Any) -> tuple[int, int] | None:
+def as_crop_grid(value: Any) -> tuple[int, int] | None:
+    """A crop grid (any pair of numbers, e.g. a list from a config or a tensor's values) as a tuple of ints."""
     return None if value is None else tuple(int(v) for v in value)  # type: ignore[return-value]
 
 
@@ -360,7 +363,7 @@ class Workload:
 
     global_size: int = 1024
     tile_size: int = 768
-    crop_grid: tuple[int, int] | None = attrs.field(default=None, converter=_grid, validator=_check_grid)
+    crop_grid: tuple[int, int] | None = attrs.field(default=None, converter=as_crop_grid, validator=_check_grid)
     tiles: int = attrs.field(
         default=attrs.Factory(lambda self: grid_tiles(self.crop_grid), takes_self=True), validator=_check_tiles
     )

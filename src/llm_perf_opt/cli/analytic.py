@@ -14,6 +14,7 @@ from llm_perf_opt.cli.common import register_resolvers, run_guarded
 @hydra.main(version_base="1.3", config_path="pkg://llm_perf_opt.conf", config_name="analytic")
 def _main(cfg: DictConfig) -> None:
     from llm_perf_opt import artifacts
+    from llm_perf_opt.analytic.workload import check_workload_model
     from llm_perf_opt.artifacts import ArtifactsManager
     from llm_perf_opt.errors import UserError
     from llm_perf_opt.pipeline.analytic import write_analytic_report
@@ -25,6 +26,7 @@ def _main(cfg: DictConfig) -> None:
         art = ArtifactsManager(run_dir, stage="analytic")
         art.start(run_dir.name)
         try:
+            check_workload_model(cfg)  # a named workload with another model: one paragraph, before anything else
             if not make_adapter(cfg.model).has_analytic_model:
                 raise UserError(
                     f"analytic-report has no static model of {cfg.model.name} (adapter {cfg.model.adapter}): it prices "

@@ -24,6 +24,15 @@ class HasBytes(Protocol):
     def bytes(self) -> float: ...
 
 
+def speed_of_light(flops: float, moved: float, flops_per_s: float, bytes_per_s: float) -> tuple[float, str]:
+    """The lower-bound time (s) of `flops` FLOPs and `moved` bytes on a device with these peaks, and the roof that
+    sets it: max(FLOPs / peak FLOP/s, bytes / peak B/s), "compute" when the FLOP term is the larger (or equal).
+
+    The one speed-of-light formula: measured stages here, analytic what-ifs in `analytic.whatif`.
+    """
+    compute_s = flops / flops_per_s
+    memory_s = moved / bytes_per_s
+    return max(compute_s, memory_s), "compute" if compute_s >= memory_s else "memory"
 
 
 def efficiency_by_stage(
@@ -56,7 +65,7 @@ def efficiency_by_stage(
         intensity = flops / moved
         sol_s = None
         if compute and bandwidth:
-            sol_s = max(flops / compute.value, moved / bandwidth.value)
+            sol_s, _ = speed_of_light(flops, moved, compute.value, bandwidth.value)
         out.append(
             StageEfficiency(
                 stage=stage,

@@ -254,12 +254,13 @@ def _record(image: str, repeat: int, tiles: int) -> ImageRecord:
         image_tokens=280 + tiles,
         tiles=tiles,
         peak_memory_bytes=None,
+        crop_grid=(2, 3) if tiles == 6 else None,
     )
 
 
 def test_run_workload_from_stage1_records() -> None:
     records = [_record("a.png", 0, 6), _record("a.png", 1, 6), _record("b.png", 0, 0)]
-    run = RunWorkload.from_records(records, "bfloat16", {"a.png": [2, 3]})
+    run = RunWorkload.from_records(records, "bfloat16")
     assert run.dtype == "bfloat16"
     assert run.inputs == (
         MeasuredInput(image="a.png", tiles=6, image_tokens=286, prompt_tokens=306, new_tokens=2, crop_grid=(2, 3)),

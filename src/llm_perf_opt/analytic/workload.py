@@ -7,7 +7,7 @@ Named workloads (`conf/workload/*.yaml`) select their model and list the model c
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import attrs
@@ -134,17 +134,11 @@ class RunWorkload:
     dtype: str  # the run's compute dtype (metrics.json model.dtype), e.g. "float32"
 
     @classmethod
-    def from_records(
-        cls,
-        records: Iterable[ImageRecord],
-        dtype: str,
-        crop_grids: Mapping[str, Sequence[int] | None] | None = None,
-    ) -> RunWorkload:
-        """One input per image of `records` (its first timed pass), with its crop grid from `crop_grids`."""
+    def from_records(cls, records: Iterable[ImageRecord], dtype: str) -> RunWorkload:
+        """One input per image of `records` (its first timed pass), with the crop grid it recorded."""
         first: dict[str, ImageRecord] = {}
         for record in records:
             first.setdefault(record.image, record)
-        grids = crop_grids or {}
         return cls(
             inputs=tuple(
                 MeasuredInput(
@@ -153,7 +147,7 @@ class RunWorkload:
                     image_tokens=r.image_tokens,
                     prompt_tokens=r.prompt_tokens,
                     new_tokens=r.new_tokens,
-                    crop_grid=grids.get(r.image),
+                    crop_grid=r.crop_grid,
                 )
                 for r in first.values()
             ),

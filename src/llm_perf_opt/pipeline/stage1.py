@@ -15,6 +15,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from llm_perf_opt import artifacts
+from llm_perf_opt.analytic.workload import RunWorkload, check_workload_model
 from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.config_data import plain
 from llm_perf_opt.data.dataset import DatasetSelection, ImageEntry, TextEntry
@@ -28,7 +29,7 @@ from llm_perf_opt.measure.flops import FLOP_SOURCE, StageFlops, count_stage_flop
 from llm_perf_opt.measure.mfu import mfu_by_stage
 from llm_perf_opt.measure.timing import timing_method
 from llm_perf_opt.measure.torch_profiler import OperatorTable, profile_image
-from llm_perf_opt.pipeline.analytic import write_analytic_report
+from llm_perf_opt.pipeline.analytic import write_analytic_report_for_run
 from llm_perf_opt.progress import Feedback, StepHandle
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.common import SCHEMA_VERSION
@@ -106,7 +107,9 @@ def config_digest(cfg: DictConfig) -> str:
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
-def _record(image: str, repeat: int, m: ImageMeasurement, vision_stages: tuple[str, ...]) -> ImageRecord:
+def _record(
+    image: str, repeat: int, m: ImageMeasurement, vision_stages: tuple[str, ...], crop_grid: tuple[int, int] | None
+) -> ImageRecord:
     return ImageRecord(
         image=image,
         repeat=repeat,
@@ -122,6 +125,7 @@ def _record(image: str, repeat: int, m: ImageMeasurement, vision_stages: tuple[s
         image_tokens=m.image_tokens,
         tiles=m.tiles,
         peak_memory_bytes=m.peak_memory_bytes,
+        crop_grid=crop_grid,
     )
 
 
@@ -200,6 +204,7 @@ class Stage1Run:
     def _measure(self) -> None:
         cfg = self.cfg
         self.art.write_text("config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+        check_workload_model(cfg)
         device = resolve_device(cfg.device)
         self.settings = settings = resolve_settings(cfg, device)
         adapter = make_adapter(cfg.model)  # knows what the model takes (images or text) before it is built
@@ -218,8 +223,6 @@ class Stage1Run:
         self.art.write_yaml(INPUTS_FILE, self._inputs_manifest())
         self.art.write_json("env.json", collect_env(device))
 
-        if adapter.has_analytic_model:
-            write_analytic_report(self.art, cfg)  # static_analysis/analytic_model/: priced before anything runs
         log.info("building %s on %s …", cfg.model.name, device)
         started = time.perf_counter()
         with self.feedback.step(f"building {cfg.model.name} on {device}"):
@@ -259,6 +262,8 @@ class Stage1Run:
             name = input_key(self.selection, entry.path)
             log.info("%s: counting FLOPs (untimed)", name)
             prepared = session.prepare(entry.path)
+            grid = prepared.model_inputs.get("crop_grid")
+            grid = None if grid is None else (int(grid[0]), int(grid[1]))
             self.state.flops[name] = count_stage_flops(session, prepared)
             bar.advance()
             costs = session.adapter.analytic_costs(
@@ -271,7 +276,7 @@ class Stage1Run:
                 bar.advance()
             for repeat in range(settings.repeats):
                 measured = session.run_image(entry.path, settings.max_new_tokens)
-                self.state.records.append(_record(name, repeat, measured, vision))
+                self.state.records.append(_record(name, repeat, measured, vision, grid))
                 self.state.predictions.setdefault(name, measured.token_ids)
                 bar.advance()
                 log.info(
@@ -439,6 +444,10 @@ class Stage1Run:
         assert self.session is not None and self.selection is not None
         metrics = self._metrics(partial)
         self.art.write_json(METRICS_FILE, metrics)
+        if self.session.adapter.has_analytic_model and metrics.records:  # priced as measured: tiles, tokens, dtype
+            write_analytic_report_for_run(
+                self.art, self.cfg, RunWorkload.from_records(metrics.records, metrics.model.dtype)
+            )
         if self.state.operators is not None:
             self.art.write_json(OPERATORS_FILE, self.state.operators)
         outputs = metrics.settings.outputs

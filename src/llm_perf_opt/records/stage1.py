@@ -57,6 +57,7 @@ class ImageRecord:
     image_tokens: int
     tiles: int
     peak_memory_bytes: int | None
+    crop_grid: tuple[int, int] | None = None  # DeepSeek-OCR v1 Gundam: tiles across, down (3x2 and 2x3 differ)
 
 
 @attrs.frozen

@@ -14,6 +14,7 @@ import yaml
 
 from helpers import run_cli
 from llm_perf_opt.data.dataset import bundled_samples_dir
+from llm_perf_opt.records.common import SCHEMA_VERSION
 
 TINY = ["model=deepseek_ocr2_tiny"]
 
@@ -92,7 +93,7 @@ def test_tiny_run_completes_with_every_artifact(tiny_run: tuple[Path, Path, subp
 def test_metrics_schema(tiny_run: tuple[Path, Path, subprocess.CompletedProcess[str]]) -> None:
     out, _, _ = tiny_run
     m = json.loads((out / "metrics.json").read_text())
-    assert m["schema_version"] == "1.0"
+    assert m["schema_version"] == SCHEMA_VERSION
     assert m["stage"] == "stage1"
     assert m["config_digest"].startswith("sha256:")
     assert m["model"]["weights"] == "random"

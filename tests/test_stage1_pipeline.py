@@ -34,7 +34,26 @@ def test_device_defaults_fill_only_unset_keys() -> None:
     assert (gpu.repeats, gpu.warmup, gpu.max_new_tokens, gpu.max_images, gpu.sampling) == (7, 2, 32, None, "sorted")
 
 
-@pytest.mark.parametrize("override", ["run.repeats=0", "run.warmup=-1", "infer.max_new_tokens=0", "run.repeats=abc"])
+def test_max_images_all_means_every_image_on_every_device() -> None:
+    cfg = compose_stage1("dataset.max_images=all")
+    for device in (torch.device("cpu"), torch.device("cuda", 0)):
+        settings = resolve_settings(cfg, device)
+        assert settings.max_images is None
+        assert settings.sources["dataset.max_images"] == "config/override"
+    assert resolve_settings(compose_stage1(), torch.device("cpu")).max_images == 1  # null: the CPU default
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "run.repeats=0",
+        "run.warmup=-1",
+        "infer.max_new_tokens=0",
+        "run.repeats=abc",
+        "dataset.max_images=alll",
+        "dataset.max_images=0",
+    ],
+)
 def test_invalid_settings_raise_user_errors(override: str) -> None:
     key = override.split("=")[0]
     with pytest.raises(UserError, match=key.replace(".", r"\.")):

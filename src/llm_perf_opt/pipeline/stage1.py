@@ -52,6 +52,9 @@ class RunSettings:
     sources: Mapping[str, str]  # key -> "override/config" or "device default (cpu)"
 
 
+ALL = "all"  # dataset.max_images=all: every image, on every device
+
+
 def resolve_settings(cfg: DictConfig, device: torch.device) -> RunSettings:
     """Explicit values win; unset (null) keys take the device default. Bad values raise UserError."""
     defaults = cfg.run.device_defaults["cuda" if device.type == "cuda" else "cpu"]
@@ -75,8 +78,8 @@ def resolve_settings(cfg: DictConfig, device: torch.device) -> RunSettings:
         repeats=require_whole("run.repeats", chosen["repeats"], 1),
         warmup=require_whole("run.warmup", chosen["warmup"], 0),
         max_new_tokens=require_whole("infer.max_new_tokens", chosen["max_new_tokens"], 1),
-        max_images=None
-        if chosen["max_images"] is None
+        max_images=None  # "all" (or a device default of null): every image
+        if chosen["max_images"] in (None, ALL)
         else require_whole("dataset.max_images", chosen["max_images"], 1),
         sampling=str(chosen["sampling"]),
         sources=sources,

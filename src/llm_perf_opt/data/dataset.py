@@ -20,6 +20,7 @@ from pathlib import Path
 import attrs
 from PIL import Image, UnidentifiedImageError
 
+from llm_perf_opt.data.images import open_upright
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.resources import package_folder
 
@@ -35,12 +36,13 @@ _MAX_LISTED_MISSING = 10
 
 @attrs.frozen
 class ImageEntry:
-    """An image that will be run."""
+    """An image that will be run, with its size as the model sees it (upright)."""
 
     path: Path  # absolute
-    width: int
+    width: int  # pixels, after the EXIF orientation is applied
     height: int
     bytes: int  # file size
+    orientation: int | None = None  # the EXIF orientation tag applied (1..8); None when the file has none
 
 
 @attrs.frozen
@@ -312,7 +314,7 @@ def _read_filelist(list_path: Path, root: Path) -> tuple[list[Path], list[InputF
 
 
 def _probe(path: Path) -> ImageEntry | str:
-    """An :class:`ImageEntry` for a readable image, else the reason it is not usable."""
+    """An :class:`ImageEntry` for a readable image (upright size), else the reason it is not usable."""
     try:
         size = path.stat().st_size
     except OSError as exc:
@@ -320,16 +322,16 @@ def _probe(path: Path) -> ImageEntry | str:
     if size == 0:
         return "empty file (0 bytes)"
     try:
-        with Image.open(path) as img:
-            img.load()
-            width, height = img.size
+        upright, orientation = open_upright(path)
+        with upright:
+            width, height = upright.size
     except UnidentifiedImageError:
         return "not a readable image: cannot identify image file"
     except (OSError, SyntaxError, ValueError, EOFError, struct.error, Image.DecompressionBombError) as exc:
         return f"not a readable image: {str(exc) or type(exc).__name__}"
     if width <= 0 or height <= 0:
         return f"image has no pixels ({width}x{height})"
-    return ImageEntry(path=path, width=width, height=height, bytes=size)
+    return ImageEntry(path=path, width=width, height=height, bytes=size, orientation=orientation)
 
 
 IMAGES = InputKind(

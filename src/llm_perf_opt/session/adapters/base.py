@@ -13,6 +13,7 @@ from PIL import Image
 from torch import nn
 
 from llm_perf_opt.config_data import plain
+from llm_perf_opt.data.images import open_upright
 
 
 @attrs.frozen
@@ -78,8 +79,9 @@ class ModelAdapter(ABC):
         return str(path) if path else None
 
     def prepare_file(self, path: Path, tokenizer: Any | None) -> PreparedInputs:
-        """Preprocess one input file: by default an image, through :meth:`prepare`."""
-        with Image.open(path) as image:
+        """Preprocess one input file: by default an image (upright, as the model's loader reads it), through
+        :meth:`prepare`."""
+        with open_upright(path)[0] as image:
             return self.prepare(image, tokenizer)
 
     @abstractmethod

@@ -154,6 +154,19 @@ class RunFolderGuard(Callback):
             exit_with(exc)
 
 
+def launch(hydra_main: Callable[[], Any], config_name: str, command: str) -> None:
+    """A console script: resolvers, a check of the override keys (one paragraph and exit 2 for an unknown one,
+    naming the nearest valid key), then the Hydra entry point."""
+    from llm_perf_opt.cli.override_keys import check_override_keys
+
+    register_resolvers()
+    try:
+        check_override_keys(config_name, sys.argv[1:], command=command)
+    except UserError as exc:
+        exit_with(exc)
+    hydra_main()
+
+
 def print_report_path(run_dir: Path) -> None:
     """The last line a command prints: where its report is."""
     print(f"\nreport: {run_dir / 'report.md'}")

@@ -9,7 +9,15 @@ from typing import Any
 import pytest
 
 from helpers import run_cli
-from llm_perf_opt.sweep import SUMMARY_JSON, SUMMARY_MD, SUMMARY_PNG, main, summarize_sweep, swept_keys
+from llm_perf_opt.sweep import (
+    SUMMARY_JSON,
+    SUMMARY_MD,
+    SUMMARY_PNG,
+    SWEEP_FAILED_EXIT,
+    main,
+    summarize_sweep,
+    swept_keys,
+)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -133,8 +141,12 @@ def test_a_failing_job_does_not_stop_the_sweep(tmp_path: Path) -> None:
         f"hydra.sweep.dir={sweep}",
         timeout=300,
     )
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.returncode == SWEEP_FAILED_EXIT, done.stderr[-2000:]  # non-zero, after writing the summary
     assert "infer.max_new_tokens=0 is out of range" in done.stderr
+    assert done.stderr.rstrip().endswith(
+        f"error: 1 of 2 sweep job(s) did not complete: job 0 (failed). {sweep / 'sweep_summary.md'} lists the "
+        "reason of each."
+    )
     summary = json.loads((sweep / "sweep_summary.json").read_text())
     text = json.dumps(summary)
     assert "failed" in text and "infer.max_new_tokens=0 is out of range" in text

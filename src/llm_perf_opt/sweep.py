@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -270,25 +271,40 @@ def _write_plot(sweep_dir: Path, jobs: Sequence[JobResult], keys: Sequence[str])
 
 def summarize_sweep(sweep_dir: Path) -> Path:
     """Write `sweep_summary.md`, `.json` and `.png` into `sweep_dir`; returns the Markdown path."""
-    sweep_dir = Path(sweep_dir)
+    return _summarize(Path(sweep_dir))[0]
+
+
+def _summarize(sweep_dir: Path) -> tuple[Path, list[JobResult]]:
     jobs = [load_job(sweep_dir, d) for d in job_dirs(sweep_dir)]
     keys = swept_keys(jobs)
     plot = _write_plot(sweep_dir, jobs, keys)
     _write_json(sweep_dir, jobs, keys)
-    return _write_markdown(sweep_dir, jobs, keys, plot)
+    return _write_markdown(sweep_dir, jobs, keys, plot), jobs
+
+
+SWEEP_FAILED_EXIT = 1  # exit status of a multirun with a job that did not complete (after its summary is written)
 
 
 class SweepSummaryCallback(Callback):
-    """Hydra callback: summarise the sweep folder when a multirun ends."""
+    """Hydra callback: summarise the sweep folder when a multirun ends; exit 1 when a job did not complete."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))
         try:
-            target = summarize_sweep(sweep_dir)
+            target, jobs = _summarize(sweep_dir)
         except (OSError, ValueError) as exc:  # a summary must never turn a finished sweep into a failure
             log.warning("sweep summary not written for %s: %s", sweep_dir, exc)
             return
         log.info("sweep summary: %s", target)
+        failed = [job for job in jobs if not job.ok]
+        if failed:
+            listed = ", ".join(f"{job.num} ({job.status})" for job in failed)
+            print(
+                f"\nerror: {len(failed)} of {len(jobs)} sweep job(s) did not complete: job {listed}. "
+                f"{target} lists the reason of each.",
+                file=sys.stderr,
+            )
+            sys.exit(SWEEP_FAILED_EXIT)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -100,6 +100,7 @@ def test_metrics_schema(tiny_run: tuple[Path, Path, subprocess.CompletedProcess[
     assert m["device"]["type"] == "cpu"
     assert m["settings"]["repeats"] == 2 and m["settings"]["warmup"] == 1
     assert m["settings"]["sources"]["run.repeats"] == "config/override"
+    assert (m["settings"]["measured_passes"], m["settings"]["asked_passes"]) == (4, 4)  # 2 images x 2 passes
     records = m["records"]
     assert len(records) == 4  # 2 images x 2 repeats; warm-up passes excluded
     for rec in records:

@@ -97,6 +97,7 @@ def test_ctrl_c_keeps_what_was_measured(tmp_path: Path, monkeypatch: pytest.Monk
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["settings"]["partial"] is True
     assert len(metrics["records"]) == 1
+    assert (metrics["settings"]["measured_passes"], metrics["settings"]["asked_passes"]) == (1, 3)
     assert "did not finish" in (tmp_path / "run" / "report.md").read_text()
 
 

@@ -354,6 +354,8 @@ class Stage1Run:
                 else None,
                 "decoding": "greedy, fixed length (EOS ignored), first token from prefill",
                 "partial": partial,
+                "measured_passes": len(records),  # timed passes recorded (fewer than asked when interrupted)
+                "asked_passes": len(self.selection.images) * settings.repeats if self.selection else None,
                 "input_kind": self.inputs.kind if self.inputs else "image",
                 "inputs_note": self.inputs.note if self.inputs else None,
             },

@@ -138,3 +138,8 @@ def test_pixi_tasks_name_real_entry_points() -> None:
         else:
             assert program in {"pytest", "ruff"}, f"pixi task {task} runs unknown program {program}"
     assert manifest["tool"]["pixi"]["pypi-dependencies"]["llm-perf-opt"]["path"] == "."
+
+
+def test_pixi_python_range_matches_requires_python() -> None:
+    manifest = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert manifest["tool"]["pixi"]["dependencies"]["python"] == manifest["project"]["requires-python"]

@@ -173,3 +173,32 @@ def test_a_sweep_folder_holding_runs_is_refused(tmp_path: Path) -> None:
     assert f"the run folder {sweep / '0'} already holds a complete run" in done.stderr
     assert (sweep / "0" / ".hydra" / "overrides.yaml").read_text() == "- run.repeats=1\n"
     assert not (sweep / "1").exists()
+
+
+@pytest.mark.parametrize(
+    ("error", "paragraph"),
+    [
+        (OSError(errno.EDQUOT, "Disk quota exceeded", "/shared/viz/a.png"), "could not write /shared/viz/a.png"),
+        (PermissionError(errno.EACCES, "Permission denied", "/shared/viz"), "/shared/viz: Permission denied"),
+        (FileNotFoundError(errno.ENOENT, "No such file or directory", "/x"), None),  # not the environment: a bug
+    ],
+)
+def test_os_errors_outside_the_writers(
+    error: OSError, paragraph: str | None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ArtifactsManager(tmp_path, stage="stage1").start("os-error")
+
+    def job() -> None:
+        raise error
+
+    if paragraph is None:
+        with pytest.raises(FileNotFoundError):
+            run_guarded(job, run_dir=tmp_path)
+    else:
+        with pytest.raises(SystemExit) as ended:
+            run_guarded(job, run_dir=tmp_path)
+        assert ended.value.code == 2
+        assert capsys.readouterr().err.strip().startswith(f"error: {paragraph}")
+    status = read_status(tmp_path)
+    assert status["state"] == "failed"
+    assert str(error.filename) in status["message"]

@@ -41,8 +41,9 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-#: errno values that mean "this file cannot be written here" (as opposed to a bug).
-WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EFBIG})
+#: errno values of a file that cannot be written for want of room or a writable file system.
+_NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})
+_NO_ACCESS = frozenset({errno.EACCES, errno.EPERM})
 
 
 class OutputWriteError(UserError):
@@ -56,6 +57,21 @@ class OutputWriteError(UserError):
             "Free disk space or make that folder writable, or point hydra.run.dir (and any absolute save_dir) at a "
             "writable folder with room",
         )
+
+
+def environment_error(exc: OSError) -> UserError | None:
+    """An OSError that no file of the run's own writers caught, as a UserError when it is the environment's fault
+    (full disk, quota, read-only file system, permissions); None when it looks like a bug."""
+    where = exc.filename or "a file"
+    if exc.errno in _NO_ROOM:
+        return OutputWriteError(where, exc)
+    if exc.errno in _NO_ACCESS:
+        return UserError(
+            f"{where}: {exc.strerror or exc}",
+            "Make that file or folder accessible to this user, or point hydra.run.dir (and any absolute save_dir) at "
+            "a folder you can write",
+        )
+    return None
 
 
 class DamagedStatusError(UserError):

@@ -15,7 +15,6 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from llm_perf_opt import artifacts
-from llm_perf_opt.artifacts import WRITE_ERRNOS, OutputWriteError
 from llm_perf_opt.errors import UserError
 
 log = logging.getLogger("llm_perf_opt")
@@ -88,10 +87,10 @@ def run_guarded(job: Callable[[], Any], *, run_dir: Path | None = None, in_sweep
     try:
         result = job()
     except (UserError, OSError) as raised:
-        if isinstance(raised, OSError) and raised.errno not in WRITE_ERRNOS:
+        exc = raised if isinstance(raised, UserError) else artifacts.environment_error(raised)
+        if exc is None:  # an OSError that looks like a bug: keep its traceback
             _mark_failed(run_dir, f"{type(raised).__name__}: {raised}")
             raise
-        exc = raised if isinstance(raised, UserError) else OutputWriteError(raised.filename or "a file", raised)
         _mark_failed(run_dir, str(exc))
         print_error(exc)
         if in_sweep:

@@ -9,6 +9,9 @@ import pytest
 from PIL import Image
 
 from llm_perf_opt.data.dataset import (
+    NOT_SELECTED,
+    RUN,
+    SKIPPED,
     DatasetSelection,
     ImageEntry,
     bundled_samples_dir,
@@ -35,6 +38,11 @@ def make_image(path: Path, size: tuple[int, int] = (64, 48), fmt: str | None = N
 def names(selection: DatasetSelection) -> list[str]:
     """File names of the selected images, in run order."""
     return [entry.path.name for entry in selection.images]
+
+
+def fates(selection: DatasetSelection) -> list[tuple[str, str, str | None]]:
+    """(file name, fate, reason) of every file the selection considered, in its order."""
+    return [(f.path.name, f.fate, f.reason) for f in selection.fates]
 
 
 def make_folder(root: Path, count: int) -> list[str]:
@@ -80,6 +88,29 @@ def test_subset_filelist_relative_absolute_comments_and_duplicates(tmp_path: Pat
     assert names(sel) == ["img03.png", "extra.png", "img01.png"]
     assert sel.subset_filelist == filelist.resolve()
     assert sel.discovered == 4  # the folder listing, before the subset is applied
+    # Nothing is dropped silently: the repeated line is a listed skip, the unlisted files are not selected.
+    assert fates(sel) == [
+        ("img03.png", RUN, None),
+        ("extra.png", RUN, None),
+        ("img01.png", RUN, None),
+        ("img03.png", SKIPPED, "listed again on line 7 of subset.txt (first on line 3): runs once"),
+        ("img00.png", NOT_SELECTED, "not in dataset.subset_filelist subset.txt"),
+        ("img02.png", NOT_SELECTED, "not in dataset.subset_filelist subset.txt"),
+    ]
+
+
+def test_subset_filelist_keeps_its_order_and_max_images_cuts_it(tmp_path: Path) -> None:
+    make_folder(tmp_path, 5)
+    filelist = tmp_path / "subset.txt"
+    filelist.write_text("img04.png\nimg00.png\nimg02.png\n", encoding="utf-8")
+
+    sel = select_images(tmp_path, subset_filelist=filelist, max_images=2)
+
+    assert names(sel) == ["img04.png", "img00.png"]
+    cut = "dataset.max_images=2 reached (dataset.sampling=sorted: in order)"
+    assert fates(sel)[:3] == [("img04.png", RUN, None), ("img00.png", RUN, None), ("img02.png", NOT_SELECTED, cut)]
+    assert {name for name, fate, _ in fates(sel)[3:]} == {"img01.png", "img03.png"}
+    assert all(fate == NOT_SELECTED for _, fate, _ in fates(sel)[3:])
 
 
 def test_subset_filelist_missing_entries_are_listed(tmp_path: Path) -> None:
@@ -149,6 +180,17 @@ def test_bad_files_are_skipped_with_reasons_and_replaced(tmp_path: Path) -> None
     assert "truncated" in reasons["c_truncated.png"]
     assert reasons["d_empty.jpg"] == "empty file (0 bytes)"
     assert sel.discovered == 6
+    # Every discovered file has exactly one fate, in the order considered.
+    assert [(n, f) for n, f, _ in fates(sel)] == [
+        ("a_good.png", RUN),
+        ("b_corrupt.png", SKIPPED),
+        ("c_truncated.png", SKIPPED),
+        ("d_empty.jpg", SKIPPED),
+        ("e_good.png", RUN),
+        ("f_good.png", NOT_SELECTED),
+    ]
+    assert fates(sel)[1][2] == reasons["b_corrupt.png"]
+    assert fates(sel)[5][2] == "dataset.max_images=2 reached (dataset.sampling=sorted: in order)"
 
 
 def test_on_error_fail_raises_naming_the_file(tmp_path: Path) -> None:
@@ -203,6 +245,11 @@ def test_random_sampling_is_deterministic_per_seed(tmp_path: Path) -> None:
     everything = select_images(tmp_path, sampling="random", seed=7)
 
     assert names(first) == names(again)
+    assert len(first.fates) == 12 and {f.path.name for f in first.fates} == set(all_names)
+    assert [f.path.name for f in first.fates if f.fate == RUN] == names(first)
+    assert {f.reason for f in first.fates if f.fate != RUN} == {
+        "dataset.max_images=5 reached (dataset.sampling=random: after shuffling with seed 7)"
+    }
     assert len(names(first)) == 5 and set(names(first)) <= set(all_names)
     assert names(first) != names(other)
     assert names(everything)[:5] == names(first)  # max_images cuts the same shuffled order

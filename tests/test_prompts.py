@@ -149,3 +149,18 @@ def test_a_subset_list_on_the_bundled_samples_is_not_replaced() -> None:
 def test_unknown_dataset_kind(tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"dataset\.kind=audio"):
         select_inputs(_dataset("audio", tmp_path), "text", model_name="m", max_images=None, sampling="sorted")
+
+
+def test_a_subset_list_keeps_its_order_under_the_device_default_sampling(tmp_path: Path) -> None:
+    """On a CPU the default sampling is `smallest`; a subset list still runs in its own order."""
+    for name, text in (("long.txt", "many words " * 50), ("short.txt", "hi"), ("mid.txt", "a few words here")):
+        write(tmp_path, name, text)
+    write(tmp_path, "list.txt", "long.txt\nshort.txt\n")
+    cfg = {"kind": "text", "root": str(tmp_path), "subset_filelist": str(tmp_path / "list.txt"), "sampling": None}
+    chosen = select_inputs(cfg, "text", model_name="m", max_images=None, sampling="smallest")
+    assert names(chosen.selection) == ["long.txt", "short.txt"]
+    assert chosen.selection.sampling == "sorted"
+    explicit = select_inputs(
+        {**cfg, "sampling": "smallest"}, "text", model_name="m", max_images=None, sampling="smallest"
+    )
+    assert names(explicit.selection) == ["short.txt", "long.txt"]  # an explicit dataset.sampling still applies

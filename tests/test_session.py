@@ -174,6 +174,19 @@ def test_model_path_without_checkpoint_is_a_user_error(tiny_model_cfg, tmp_path)
     assert "model.path" in info.value.fix
 
 
+@pytest.mark.parametrize("model", ["model=deepseek_ocr_tiny", "model=deepseek_ocr2_tiny"])
+def test_model_path_that_does_not_exist_says_so(model: str, compose_model, tmp_path) -> None:
+    missing = tmp_path / "no_checkpoint_here"
+    with pytest.raises(UserError, match=r"model\.path=.*no_checkpoint_here does not exist") as info:
+        make_adapter(compose_model(model, f"model.path={missing}")).checkpoint_path()
+    assert "leave model.path unset" in info.value.fix
+    a_file = tmp_path / "weights.safetensors"
+    a_file.write_bytes(b"")
+    with pytest.raises(UserError, match=r"weights\.safetensors is a file, not a folder"):
+        make_adapter(compose_model(model, f"model.path={a_file}")).checkpoint_path()
+    assert make_adapter(compose_model(model, f"model.path={tmp_path}")).checkpoint_path() == str(tmp_path)
+
+
 def test_unknown_adapter_is_a_user_error(tiny_model_cfg) -> None:
     with pytest.raises(UserError, match=r"model\.adapter=no_such_model") as info:
         make_adapter({"adapter": "no_such_model"})

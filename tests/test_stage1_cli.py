@@ -101,6 +101,7 @@ def test_metrics_schema(tiny_run: tuple[Path, Path, subprocess.CompletedProcess[
     assert m["device"]["type"] == "cpu"
     assert m["settings"]["repeats"] == 2 and m["settings"]["warmup"] == 1
     assert m["settings"]["sources"]["run.repeats"] == "config/override"
+    assert (m["settings"]["measured_passes"], m["settings"]["asked_passes"]) == (4, 4)  # 2 images x 2 passes
     records = m["records"]
     assert len(records) == 4  # 2 images x 2 repeats; warm-up passes excluded
     for rec in records:
@@ -165,6 +166,7 @@ def test_inputs_report_and_predictions(tiny_run: tuple[Path, Path, subprocess.Co
         (["run.repeats=0"], "run.repeats"),
         (["infer.max_new_tokens=-2"], "infer.max_new_tokens"),
         (["model.path=__EMPTY__"], "config.json"),
+        (["model.path=/nonexistent/checkpoint"], "model.path=/nonexistent/checkpoint does not exist"),
         (["dataset.subset_filelist=__MISSING_LIST__"], "not_there.png"),
     ],
 )

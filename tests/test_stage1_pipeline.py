@@ -34,7 +34,26 @@ def test_device_defaults_fill_only_unset_keys() -> None:
     assert (gpu.repeats, gpu.warmup, gpu.max_new_tokens, gpu.max_images, gpu.sampling) == (7, 2, 32, None, "sorted")
 
 
-@pytest.mark.parametrize("override", ["run.repeats=0", "run.warmup=-1", "infer.max_new_tokens=0", "run.repeats=abc"])
+def test_max_images_all_means_every_image_on_every_device() -> None:
+    cfg = compose_stage1("dataset.max_images=all")
+    for device in (torch.device("cpu"), torch.device("cuda", 0)):
+        settings = resolve_settings(cfg, device)
+        assert settings.max_images is None
+        assert settings.sources["dataset.max_images"] == "config/override"
+    assert resolve_settings(compose_stage1(), torch.device("cpu")).max_images == 1  # null: the CPU default
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "run.repeats=0",
+        "run.warmup=-1",
+        "infer.max_new_tokens=0",
+        "run.repeats=abc",
+        "dataset.max_images=alll",
+        "dataset.max_images=0",
+    ],
+)
 def test_invalid_settings_raise_user_errors(override: str) -> None:
     key = override.split("=")[0]
     with pytest.raises(UserError, match=key.replace(".", r"\.")):
@@ -78,6 +97,7 @@ def test_ctrl_c_keeps_what_was_measured(tmp_path: Path, monkeypatch: pytest.Monk
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["settings"]["partial"] is True
     assert len(metrics["records"]) == 1
+    assert (metrics["settings"]["measured_passes"], metrics["settings"]["asked_passes"]) == (1, 3)
     assert "did not finish" in (tmp_path / "run" / "report.md").read_text()
 
 
@@ -99,6 +119,7 @@ def test_configs_ship_inside_the_package() -> None:
         "pipeline/torch_profiler/default.yaml",
         "pipeline/torch_profiler/min.yaml",
         "pipeline/torch_profiler/max.yaml",
+        "pipeline/output/default.yaml",
     ):
         assert (conf / name).is_file(), name
 
@@ -117,3 +138,8 @@ def test_pixi_tasks_name_real_entry_points() -> None:
         else:
             assert program in {"pytest", "ruff"}, f"pixi task {task} runs unknown program {program}"
     assert manifest["tool"]["pixi"]["pypi-dependencies"]["llm-perf-opt"]["path"] == "."
+
+
+def test_pixi_python_range_matches_requires_python() -> None:
+    manifest = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert manifest["tool"]["pixi"]["dependencies"]["python"] == manifest["project"]["requires-python"]

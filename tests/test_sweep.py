@@ -14,7 +14,7 @@ from llm_perf_opt.records.common import RunStatus, Summary
 from llm_perf_opt.records.folders import load_stage1_metrics
 from llm_perf_opt.records.io import save
 from llm_perf_opt.records.stage1 import MfuRecord, Stage1Metrics, StageEfficiency, StageStat, Throughput
-from llm_perf_opt.sweep import SUMMARY_JSON, SUMMARY_MD, SUMMARY_PNG, main, summarize_sweep
+from llm_perf_opt.sweep import SUMMARY_JSON, SUMMARY_MD, SUMMARY_PNG, SWEEP_FAILED_EXIT, main, summarize_sweep
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -156,8 +156,12 @@ def test_a_failing_job_does_not_stop_the_sweep(tmp_path: Path) -> None:
         f"hydra.sweep.dir={sweep}",
         timeout=300,
     )
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.returncode == SWEEP_FAILED_EXIT, done.stderr[-2000:]  # non-zero, after writing the summary
     assert "infer.max_new_tokens=0 is out of range" in done.stderr
+    assert done.stderr.rstrip().endswith(
+        f"error: 1 of 2 sweep job(s) did not complete: job 0 (failed). {sweep / 'sweep_summary.md'} lists the "
+        "reason of each."
+    )
     summary = json.loads((sweep / "sweep_summary.json").read_text())
     text = json.dumps(summary)
     assert "failed" in text and "infer.max_new_tokens=0 is out of range" in text

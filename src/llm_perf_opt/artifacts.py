@@ -1,27 +1,78 @@
 """One artifacts manager for every run folder: atomic writes and a run status that is never left looking complete.
 
-`run_status.json` holds the state: `running` from the start, then exactly one of `complete`, `failed` (with the
-message) or `interrupted`. A folder whose status still reads `running` after its process ended was killed hard.
+`run_status.json` holds the state (a `records.common.RunStatus`): `running` from the start, then exactly one of
+`complete`, `failed` (with the message) or `interrupted`. A folder whose status still reads `running` after its
+process ended was killed hard. A file that cannot be written (full disk, read-only folder) raises
+:class:`OutputWriteError`; the status itself falls back to an in-place rewrite, which still succeeds on a full disk,
+so a folder is marked failed whenever it can be written at all (:func:`mark_failed` is the last resort of the entry
+points). `read_status` (from `records.folders`) is the one run-status reader.
 """
 
 from __future__ import annotations
 
+import errno
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import attrs
 
+from llm_perf_opt.errors import UserError
 from llm_perf_opt.records import io
 from llm_perf_opt.records.common import COMPLETE, FAILED, INTERRUPTED, RUNNING, RunStatus
 from llm_perf_opt.records.folders import STATUS_FILE, read_status
-from llm_perf_opt.records.io import to_plain  # noqa: F401  (Stage 2 still imports it from here)
+from llm_perf_opt.records.io import RecordError
 
-__all__ = ["COMPLETE", "FAILED", "INTERRUPTED", "RUNNING", "STATUS_FILE", "ArtifactsManager", "read_status"]
+__all__ = [
+    "COMPLETE",
+    "FAILED",
+    "INTERRUPTED",
+    "RUNNING",
+    "STATUS_FILE",
+    "ArtifactsManager",
+    "OutputWriteError",
+    "environment_error",
+    "mark_failed",
+    "read_status",
+    "refuse_reuse",
+]
 
 
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+#: errno values of a file that cannot be written for want of room or a writable file system.
+_NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})
+_NO_ACCESS = frozenset({errno.EACCES, errno.EPERM})
+
+
+class OutputWriteError(UserError):
+    """A run's file could not be written: full disk, quota, a read-only or unwritable folder."""
+
+    def __init__(self, path: Path | str, exc: OSError) -> None:
+        self.path = Path(path)
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        super().__init__(
+            f"could not write {self.path}: {reason}",
+            "Free disk space or make that folder writable, or point hydra.run.dir (and any absolute save_dir) at a "
+            "writable folder with room",
+        )
+
+
+def environment_error(exc: OSError) -> UserError | None:
+    """An OSError that no file of the run's own writers caught, as a UserError when it is the environment's fault
+    (full disk, quota, read-only file system, permissions); None when it looks like a bug."""
+    where = exc.filename or "a file"
+    if exc.errno in _NO_ROOM:
+        return OutputWriteError(where, exc)
+    if exc.errno in _NO_ACCESS:
+        return UserError(
+            f"{where}: {exc.strerror or exc}",
+            "Make that file or folder accessible to this user, or point hydra.run.dir (and any absolute save_dir) at "
+            "a folder you can write",
+        )
+    return None
 
 
 class ArtifactsManager:
@@ -35,15 +86,8 @@ class ArtifactsManager:
     # ---- status ------------------------------------------------------------------------------------
     def start(self, run_id: str) -> None:
         """Mark the folder running. Refuses a folder that already holds a run."""
-        if (self.run_dir / STATUS_FILE).exists():
-            previous = read_status(self.run_dir).state
-            from llm_perf_opt.errors import UserError
-
-            raise UserError(
-                f"the run folder {self.run_dir} already holds a {previous} run",
-                "Leave hydra.run.dir unset for a fresh folder, or point it at an empty one",
-            )
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        refuse_reuse(self.run_dir)
+        _mkdir(self.run_dir)
         self._status = RunStatus(stage=self.stage, run_id=run_id, state=RUNNING, started=_now())
         self._write_status()
 
@@ -59,13 +103,13 @@ class ArtifactsManager:
         return self._status.state
 
     def _write_status(self) -> None:
-        io.atomic_write_text(self.run_dir / STATUS_FILE, io.dumps(self._status))
+        _write_status_file(self.run_dir, self._status)
 
     # ---- files -------------------------------------------------------------------------------------
     def path(self, relative: str) -> Path:
         """Absolute path of a file in the run folder (parents created)."""
         target = self.run_dir / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
+        _mkdir(target.parent)
         return target
 
     def resolve_save_dir(self, save_dir: str) -> Path:
@@ -75,7 +119,7 @@ class ArtifactsManager:
 
     def write_text(self, relative: str, text: str) -> Path:
         target = self.path(relative)
-        io.atomic_write_text(target, text)
+        _atomic_write(target, text)
         self.written.append(relative)
         return target
 
@@ -85,8 +129,8 @@ class ArtifactsManager:
         try:
             relative = target.resolve().relative_to(self.run_dir)
         except ValueError:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            io.atomic_write_text(target, text)
+            _mkdir(target.parent)
+            _atomic_write(target, text)
             return target
         return self.write_text(str(relative), text)
 
@@ -100,3 +144,69 @@ class ArtifactsManager:
     def record(self, relative: str) -> None:
         """Note a file written by someone else (e.g. a trace) as part of the run."""
         self.written.append(relative)
+
+
+def _mkdir(folder: Path) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputWriteError(folder, exc) from exc
+
+
+def _atomic_write(target: Path, text: str) -> None:
+    """Write `text` to `target` through a temporary file and a rename; OSError -> OutputWriteError."""
+    try:
+        io.atomic_write_text(target, text)
+    except OSError as exc:
+        raise OutputWriteError(target, exc) from exc
+
+
+def _write_status_file(run_dir: Path, status: RunStatus) -> None:
+    """Atomically where possible; else rewritten in place, which reuses the file's blocks (works on a full disk)."""
+    target = Path(run_dir) / STATUS_FILE
+    text = io.dumps(status)
+    try:
+        _atomic_write(target, text)
+    except OutputWriteError:
+        if not target.is_file():
+            raise
+        try:
+            with target.open("r+", encoding="utf-8") as handle:
+                handle.write(text)
+                handle.truncate()
+        except OSError as exc:
+            raise OutputWriteError(target, exc) from exc
+
+
+def refuse_reuse(run_dir: Path) -> None:
+    """UserError when `run_dir` already holds a run (a `run_status.json`, readable or not)."""
+    path = Path(run_dir) / STATUS_FILE
+    if not path.exists():
+        return
+    try:
+        previous = read_status(run_dir).state
+    except RecordError:
+        previous = "damaged"
+    raise UserError(
+        f"the run folder {Path(run_dir).resolve()} already holds a {previous} run; it was left untouched",
+        "Leave hydra.run.dir unset for a fresh folder, or point it at an empty one",
+    )
+
+
+def mark_failed(run_dir: Path, message: str) -> bool:
+    """Mark a folder whose status still reads `running` as failed with `message`; True when it was marked.
+
+    The entry points call this when a run ends with an error the run itself could not record (e.g. a second
+    write failure while it wrote what it had). A folder without a readable status, or already final, is left as is.
+    """
+    try:
+        status = read_status(run_dir)
+    except RecordError:
+        return False
+    if status.state != RUNNING:
+        return False
+    try:
+        _write_status_file(run_dir, attrs.evolve(status, state=FAILED, ended=_now(), message=message))
+    except OutputWriteError:
+        return False
+    return True

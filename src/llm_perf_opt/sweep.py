@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from llm_perf_opt.measure.sweep import job_figures, summarize
 from llm_perf_opt.records.common import COMPLETE, RUNNING
 from llm_perf_opt.records.folders import METRICS_FILE, STATUS_FILE, Stage1Folder, load, read_status, skip_reason
 from llm_perf_opt.records.io import RecordError, read_yaml, save
-from llm_perf_opt.records.sweep import SweepJob
+from llm_perf_opt.records.sweep import SweepJob, SweepSummary
 from llm_perf_opt.report.sweep_report import sweep_markdown, sweep_plot
 
 log = logging.getLogger("llm_perf_opt.sweep")
@@ -89,26 +90,41 @@ def job_dirs(sweep_dir: Path) -> list[Path]:
 
 def summarize_sweep(sweep_dir: Path) -> Path:
     """Write `sweep_summary.md`, `.json` and `.png` into `sweep_dir`; returns the Markdown path."""
-    sweep_dir = Path(sweep_dir)
+    return _summarize(Path(sweep_dir))[0]
+
+
+def _summarize(sweep_dir: Path) -> tuple[Path, SweepSummary]:
     summary = summarize(sweep_dir, [load_job(sweep_dir, d) for d in job_dirs(sweep_dir)])
     plot = sweep_plot(summary, sweep_dir / SUMMARY_PNG)
     save(summary, sweep_dir / SUMMARY_JSON)
     target = sweep_dir / SUMMARY_MD
     target.write_text(sweep_markdown(summary, None if plot is None else plot.name), encoding="utf-8")
-    return target
+    return target, summary
+
+
+SWEEP_FAILED_EXIT = 1  # exit status of a multirun with a job that did not complete (after its summary is written)
 
 
 class SweepSummaryCallback(Callback):
-    """Hydra callback: summarise the sweep folder when a multirun ends."""
+    """Hydra callback: summarise the sweep folder when a multirun ends; exit 1 when a job did not complete."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))
         try:
-            target = summarize_sweep(sweep_dir)
+            target, summary = _summarize(sweep_dir)
         except (OSError, ValueError) as exc:  # a summary must never turn a finished sweep into a failure
             log.warning("sweep summary not written for %s: %s", sweep_dir, exc)
             return
         log.info("sweep summary: %s", target)
+        failed = summary.skipped
+        if failed:
+            listed = ", ".join(f"{job.num} ({job.status})" for job in failed)
+            print(
+                f"\nerror: {len(failed)} of {len(summary.jobs)} sweep job(s) did not complete: job {listed}. "
+                f"{target} lists the reason of each.",
+                file=sys.stderr,
+            )
+            sys.exit(SWEEP_FAILED_EXIT)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

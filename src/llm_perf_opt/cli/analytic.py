@@ -8,7 +8,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from llm_perf_opt.cli.common import register_resolvers, run_guarded
+from llm_perf_opt.cli.common import launch, run_guarded
 
 
 @hydra.main(version_base="1.3", config_path="pkg://llm_perf_opt.conf", config_name="analytic")
@@ -41,13 +41,12 @@ def _main(cfg: DictConfig) -> None:
         art.finish(artifacts.COMPLETE)
         print(f"\nanalytic report: {report}")
 
-    run_guarded(job)
+    run_guarded(job, run_dir=run_dir)
 
 
 def main() -> None:
     """Console script entry point."""
-    register_resolvers()
-    _main()
+    launch(_main, "analytic", "analytic-report")
 
 
 if __name__ == "__main__":

@@ -1,17 +1,20 @@
-"""What every Hydra entry point shares: config resolvers and turning errors into exit codes."""
+"""What every Hydra entry point shares: config resolvers, the run-folder guard, and turning errors into exit codes."""
 
 from __future__ import annotations
 
 import logging
 import secrets
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from llm_perf_opt import artifacts
 from llm_perf_opt.errors import UserError
 
 log = logging.getLogger("llm_perf_opt")
@@ -62,26 +65,105 @@ def compose_config(config_name: str, *overrides: str, return_hydra_config: bool 
         return compose(config_name, overrides=list(overrides), return_hydra_config=return_hydra_config)
 
 
-def run_guarded(job: Callable[[], Any], *, in_sweep: bool = False) -> Any:
+def print_error(exc: UserError) -> None:
+    """The one paragraph a UserError ends a command with."""
+    print(f"\nerror: {exc}", file=sys.stderr)
+
+
+def exit_with(exc: UserError) -> NoReturn:
+    """Print `exc` as one paragraph and exit with its code (2)."""
+    print_error(exc)
+    sys.exit(exc.exit_code)
+
+
+def run_guarded(job: Callable[[], Any], *, run_dir: Path | None = None, in_sweep: bool = False) -> Any:
     """Run `job`; a UserError becomes one paragraph on stderr and exit 2, Ctrl-C exit 130.
 
-    In a sweep (`in_sweep`), a UserError ends only this job: its folder is already marked failed, the sweep goes on
+    A file that cannot be written (full disk, unwritable folder) is a UserError too. Whatever ends the job, a
+    `run_dir` whose status still reads `running` is marked failed with the reason (a bug keeps its traceback).
+    In a sweep (`in_sweep`), a UserError ends only this job: its folder is marked failed, the sweep goes on
     and its summary lists the job as skipped with the message.
     """
     try:
         result = job()
-    except UserError as exc:
-        print(f"\nerror: {exc}", file=sys.stderr)
+    except (UserError, OSError) as raised:
+        exc = raised if isinstance(raised, UserError) else artifacts.environment_error(raised)
+        if exc is None:  # an OSError that looks like a bug: keep its traceback
+            _mark_failed(run_dir, f"{type(raised).__name__}: {raised}")
+            raise
+        _mark_failed(run_dir, str(exc))
+        print_error(exc)
         if in_sweep:
             return None
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
+        _mark_failed(run_dir, "interrupted by the user (Ctrl-C) before the run could record it")
         print(
             "\ninterrupted: what was measured so far was written; the run folder is marked interrupted.",
             file=sys.stderr,
         )
         sys.exit(130)
+    except Exception as exc:
+        _mark_failed(run_dir, f"{type(exc).__name__}: {exc}")
+        raise
     return result
+
+
+def _mark_failed(run_dir: Path | None, message: str) -> None:
+    if run_dir is not None and artifacts.mark_failed(run_dir, message):
+        log.warning("run folder %s marked failed: %s", run_dir, message)
+
+
+def check_run_folder(folder: Path, *, holds_jobs: bool = False) -> None:
+    """Before Hydra writes anything into `folder`: UserError when it cannot be written or already holds a run.
+
+    `holds_jobs`: `folder` is a sweep folder, refused when any job folder in it holds a run.
+    """
+    folder = Path(folder)
+    jobs = sorted(p for p in folder.iterdir() if p.is_dir()) if holds_jobs and folder.is_dir() else []
+    for held in [folder, *jobs]:
+        artifacts.refuse_reuse(held)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise UserError(
+            f"the output folder {folder.resolve()} cannot be written: {exc.strerror or exc}",
+            "Point hydra.run.dir (hydra.sweep.dir for -m) at a writable folder, or leave it unset for a fresh "
+            "folder under tmp/",
+        ) from exc
+
+
+class RunFolderGuard(Callback):
+    """Hydra callback (conf/stage1.yaml, analytic.yaml): refuse an unwritable folder, or one that holds a run,
+    before Hydra writes its log and `.hydra/` into it — so a refused folder is left exactly as it was."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._check(Path(str(config.hydra.run.dir)), holds_jobs=False)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._check(Path(str(config.hydra.sweep.dir)), holds_jobs=True)
+
+    @staticmethod
+    def _check(folder: Path, *, holds_jobs: bool) -> None:
+        try:
+            check_run_folder(folder, holds_jobs=holds_jobs)
+        except UserError as exc:
+            exit_with(exc)
+
+
+def launch(hydra_main: Callable[[], Any], config_name: str, command: str) -> None:
+    """A console script: resolvers, a check of the override keys (one paragraph and exit 2 for an unknown one,
+    naming the nearest valid key), then the Hydra entry point."""
+    from llm_perf_opt.cli.override_keys import check_override_keys
+
+    register_resolvers()
+    try:
+        check_override_keys(config_name, sys.argv[1:], command=command)
+    except UserError as exc:
+        exit_with(exc)
+    hydra_main()
 
 
 def print_report_path(run_dir: Path) -> None:

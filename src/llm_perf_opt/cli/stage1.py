@@ -9,7 +9,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from llm_perf_opt.cli.common import register_resolvers, run_guarded
+from llm_perf_opt.cli.common import launch, run_guarded
 
 
 @hydra.main(version_base="1.3", config_path="pkg://llm_perf_opt.conf", config_name="stage1")
@@ -19,13 +19,12 @@ def _main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
-    run_guarded(lambda: Stage1Run(cfg, run_dir, run_id=run_dir.name).execute(), in_sweep=in_sweep)
+    run_guarded(lambda: Stage1Run(cfg, run_dir, run_id=run_dir.name).execute(), run_dir=run_dir, in_sweep=in_sweep)
 
 
 def main() -> None:
     """Console script entry point."""
-    register_resolvers()
-    _main()
+    launch(_main, "stage1", "stage1-run")
 
 
 if __name__ == "__main__":

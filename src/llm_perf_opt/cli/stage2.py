@@ -8,7 +8,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from llm_perf_opt.cli.common import print_report_path, register_resolvers, run_guarded
+from llm_perf_opt.cli.common import launch, print_report_path, run_guarded
 
 
 @hydra.main(version_base="1.3", config_path="pkg://llm_perf_opt.conf", config_name="stage2")
@@ -22,14 +22,15 @@ def _main(cfg: DictConfig) -> None:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     overrides = list(hydra_cfg.overrides.task)
     print_report_path(
-        run_guarded(lambda: Stage2Run(cfg, run_dir, run_id=run_dir.name, task_overrides=overrides).execute())
+        run_guarded(
+            lambda: Stage2Run(cfg, run_dir, run_id=run_dir.name, task_overrides=overrides).execute(), run_dir=run_dir
+        )
     )
 
 
 def main() -> None:
     """Console script entry point."""
-    register_resolvers()
-    _main()
+    launch(_main, "stage2", "stage2-profile")
 
 
 if __name__ == "__main__":

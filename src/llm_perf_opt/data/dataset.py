@@ -2,7 +2,12 @@
 
 :func:`select_images` finds the images under a folder (optionally narrowed by a subset file list), orders or
 samples them, checks that each one opens, and returns a :class:`DatasetSelection` that records exactly which
-images will run and which files were skipped and why. Only image headers and sizes are kept in memory.
+images will run and the fate of every file it considered: run, skipped (with the reason) or not selected (with
+the reason: `dataset.max_images` reached, or not in the subset list). Only image headers and sizes are kept in
+memory.
+
+A subset list is run in its own order (with ``sampling="sorted"``). A listed file that does not exist is an error
+naming every such line, never a silent drop; a file listed twice runs once and its repeat is a listed skip.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from pathlib import Path
 import attrs
 from PIL import Image, UnidentifiedImageError
 
+from llm_perf_opt.data.images import open_upright
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.resources import package_folder
 
@@ -30,12 +36,13 @@ _MAX_LISTED_MISSING = 10
 
 @attrs.frozen
 class ImageEntry:
-    """An image that will be run."""
+    """An image that will be run, with its size as the model sees it (upright)."""
 
     path: Path  # absolute
-    width: int
+    width: int  # pixels, after the EXIF orientation is applied
     height: int
     bytes: int  # file size
+    orientation: int | None = None  # the EXIF orientation tag applied (1..8); None when the file has none
 
 
 @attrs.frozen
@@ -55,6 +62,20 @@ class SkippedFile:
     reason: str
 
 
+RUN = "run"
+SKIPPED = "skipped"
+NOT_SELECTED = "not selected"
+
+
+@attrs.frozen
+class InputFate:
+    """What happened to one file the selection considered."""
+
+    path: Path  # absolute
+    fate: str  # RUN | SKIPPED | NOT_SELECTED
+    reason: str | None = None  # why it was skipped or not selected; None when it runs
+
+
 @attrs.frozen
 class DatasetSelection:
     """The images a run uses and how they were chosen."""
@@ -67,6 +88,10 @@ class DatasetSelection:
     max_images: int | None
     seed: int
     sampling: str  # "sorted" | "random" | "smallest"
+    # Every file considered, once each: the candidates in run order (run, skipped, or not selected because
+    # max_images was reached), then repeated subset-list lines (skipped), then discovered files the subset list
+    # leaves out (not selected).
+    fates: tuple[InputFate, ...] = ()
 
 
 def bundled_samples_dir() -> Path:
@@ -103,7 +128,9 @@ def select_images(
     ``sampling="sorted"`` keeps the order, ``"random"`` shuffles with ``random.Random(seed)``, ``"smallest"``
     orders by pixel count (fewest first; unreadable files last); then the first
     ``max_images`` readable images are taken. Unreadable files are skipped (``on_error="skip"``, the next
-    file takes their place) or raise :class:`UserError` (``on_error="fail"``).
+    file takes their place) or raise :class:`UserError` (``on_error="fail"``). A listed file that does not exist
+    is a :class:`UserError`; a file listed twice runs once. ``DatasetSelection.fates`` names the fate of every
+    file considered.
     """
     return select_inputs(
         root,
@@ -143,11 +170,12 @@ def select_inputs(
     root_path = _check_root(root, kind.root_fix)
     discovered = _discover(root_path, kind)
     list_path: Path | None = None
+    repeats: list[InputFate] = []
     if subset_filelist is None:
         candidates = discovered
     else:
         list_path = _find_filelist(subset_filelist, root_path)
-        candidates = _read_filelist(list_path, root_path)
+        candidates, repeats = _read_filelist(list_path, root_path)
 
     if sampling == "random":
         candidates = list(candidates)
@@ -157,12 +185,15 @@ def select_inputs(
 
     entries: list[ImageEntry | TextEntry] = []
     skipped: list[SkippedFile] = []
+    fates: list[InputFate] = []
     for path in candidates:
         if max_images is not None and len(entries) >= max_images:
-            break
+            fates.append(InputFate(path, NOT_SELECTED, _cut_reason(max_images, sampling, seed)))
+            continue
         entry = kind.probe(path)
         if not isinstance(entry, str):
             entries.append(entry)
+            fates.append(InputFate(path, RUN))
         elif on_error == "fail":
             raise UserError(
                 f"{path} is not a usable {kind.noun} ({entry})",
@@ -170,6 +201,15 @@ def select_inputs(
             )
         else:
             skipped.append(SkippedFile(path=path, reason=entry))
+            fates.append(InputFate(path, SKIPPED, entry))
+    fates.extend(repeats)
+    if list_path is not None:
+        listed = set(candidates)
+        fates.extend(
+            InputFate(path, NOT_SELECTED, f"not in dataset.subset_filelist {list_path.name}")
+            for path in discovered
+            if path not in listed
+        )
 
     if not entries:
         source = f"the files listed in {list_path}" if list_path is not None else f"the files under {root_path}"
@@ -185,7 +225,13 @@ def select_inputs(
         max_images=max_images,
         seed=seed,
         sampling=sampling,
+        fates=tuple(fates),
     )
+
+
+def _cut_reason(max_images: int, sampling: str, seed: int) -> str:
+    order = {"sorted": "in order", "random": f"after shuffling with seed {seed}", "smallest": "smallest first"}
+    return f"dataset.max_images={max_images} reached (dataset.sampling={sampling}: {order[sampling]})"
 
 
 def _pixel_count(path: Path) -> float:
@@ -229,12 +275,16 @@ def _find_filelist(subset_filelist: str | Path, root: Path) -> Path:
     )
 
 
-def _read_filelist(list_path: Path, root: Path) -> list[Path]:
-    """The existing files named in ``list_path``, in order, without duplicates."""
+def _read_filelist(list_path: Path, root: Path) -> tuple[list[Path], list[InputFate]]:
+    """The files named in ``list_path`` in order, each once, and a skip for every repeated line.
+
+    A listed file that does not exist is a UserError naming the missing lines.
+    """
     paths: list[Path] = []
-    seen: set[Path] = set()
+    first_line: dict[Path, int] = {}
+    repeats: list[InputFate] = []
     missing: list[str] = []
-    for raw in list_path.read_text(encoding="utf-8").splitlines():
+    for number, raw in enumerate(list_path.read_text(encoding="utf-8").splitlines(), start=1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
@@ -242,8 +292,11 @@ def _read_filelist(list_path: Path, root: Path) -> list[Path]:
         path = (path if path.is_absolute() else root / path).resolve()
         if not path.is_file():
             missing.append(line)
-        elif path not in seen:
-            seen.add(path)
+        elif path in first_line:
+            reason = f"listed again on line {number} of {list_path.name} (first on line {first_line[path]}): runs once"
+            repeats.append(InputFate(path, SKIPPED, reason))
+        else:
+            first_line[path] = number
             paths.append(path)
     if missing:
         shown = ", ".join(missing[:_MAX_LISTED_MISSING])
@@ -257,11 +310,11 @@ def _read_filelist(list_path: Path, root: Path) -> list[Path]:
             f"dataset.subset_filelist {list_path} lists no files",
             "add one image path per line, or leave dataset.subset_filelist unset to use every image under dataset.root",
         )
-    return paths
+    return paths, repeats
 
 
 def _probe(path: Path) -> ImageEntry | str:
-    """An :class:`ImageEntry` for a readable image, else the reason it is not usable."""
+    """An :class:`ImageEntry` for a readable image (upright size), else the reason it is not usable."""
     try:
         size = path.stat().st_size
     except OSError as exc:
@@ -269,16 +322,16 @@ def _probe(path: Path) -> ImageEntry | str:
     if size == 0:
         return "empty file (0 bytes)"
     try:
-        with Image.open(path) as img:
-            img.load()
-            width, height = img.size
+        upright, orientation = open_upright(path)
+        with upright:
+            width, height = upright.size
     except UnidentifiedImageError:
         return "not a readable image: cannot identify image file"
     except (OSError, SyntaxError, ValueError, EOFError, struct.error, Image.DecompressionBombError) as exc:
         return f"not a readable image: {str(exc) or type(exc).__name__}"
     if width <= 0 or height <= 0:
         return f"image has no pixels ({width}x{height})"
-    return ImageEntry(path=path, width=width, height=height, bytes=size)
+    return ImageEntry(path=path, width=width, height=height, bytes=size, orientation=orientation)
 
 
 IMAGES = InputKind(

@@ -3,7 +3,8 @@
 A dataset config names its ``kind`` (``image``: conf/dataset/samples.yaml, ``text``: conf/dataset/prompts.yaml).
 When it differs from the model's input kind and the dataset is a bundled default left as it is (no root or list
 of the user's own), the bundled dataset of the model's kind is used instead and the choice is recorded; a dataset
-of the user's own of the wrong kind is a :class:`UserError`.
+of the user's own of the wrong kind is a :class:`UserError`. A subset list runs in its own order unless
+``dataset.sampling`` is set explicitly (the device default sampling does not reorder it).
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ def select_inputs(
         raise UserError(f"dataset.kind={kind} is not an input kind", "Set dataset.kind to image or text")
     root = Path(str(dataset_cfg["root"])).expanduser()
     subset = dataset_cfg.get("subset_filelist")
+    if subset is not None and dataset_cfg.get("sampling") is None:
+        sampling = "sorted"  # a subset list runs in its own order, whatever the device's default sampling
     note = None
     if kind != input_kind:
         untouched = subset is None and root.resolve() == _bundled(kind)

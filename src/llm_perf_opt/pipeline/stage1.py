@@ -29,6 +29,7 @@ from llm_perf_opt.measure.flops import FLOP_SOURCE, StageFlops, count_stage_flop
 from llm_perf_opt.measure.mfu import mfu_by_stage
 from llm_perf_opt.measure.timing import timing_method
 from llm_perf_opt.measure.torch_profiler import OperatorTable, profile_image
+from llm_perf_opt.output_settings import output_settings
 from llm_perf_opt.pipeline.analytic import write_analytic_report_for_run
 from llm_perf_opt.progress import Feedback, StepHandle
 from llm_perf_opt.records import vocabulary as vocab
@@ -39,9 +40,9 @@ from llm_perf_opt.records.stage1 import (
     DeviceInfo,
     ImageInput,
     ImageRecord,
+    InputFate,
     InputsManifest,
     ModelInfo,
-    OutputSettings,
     Prediction,
     ProfilerInfo,
     ProfilerSettings,
@@ -70,6 +71,9 @@ class ResolvedSettings:
     sources: Mapping[str, str]  # key -> "override/config" or "device default (cpu)"
 
 
+ALL = "all"  # dataset.max_images=all: every image, on every device
+
+
 def resolve_settings(cfg: DictConfig, device: torch.device) -> ResolvedSettings:
     """Explicit values win; unset (null) keys take the device default. Bad values raise UserError."""
     defaults = cfg.run.device_defaults["cuda" if device.type == "cuda" else "cpu"]
@@ -93,8 +97,8 @@ def resolve_settings(cfg: DictConfig, device: torch.device) -> ResolvedSettings:
         repeats=require_whole("run.repeats", chosen["repeats"], 1),
         warmup=require_whole("run.warmup", chosen["warmup"], 0),
         max_new_tokens=require_whole("infer.max_new_tokens", chosen["max_new_tokens"], 1),
-        max_images=None
-        if chosen["max_images"] is None
+        max_images=None  # "all" (or a device default of null): every image
+        if chosen["max_images"] in (None, ALL)
         else require_whole("dataset.max_images", chosen["max_images"], 1),
         sampling=str(chosen["sampling"]),
         sources=sources,
@@ -305,6 +309,7 @@ class Stage1Run:
             chosen_because=self.inputs.note if self.inputs else None,
             images=tuple(_input_record(e) for e in sel.images),
             skipped=tuple(SkippedInput(path=str(s.path), reason=s.reason) for s in sel.skipped),
+            fates=tuple(InputFate(path=str(f.path), fate=f.fate, reason=f.reason) for f in sel.fates),
         )
 
     def _metrics(self, partial: bool) -> Stage1Metrics:
@@ -372,6 +377,7 @@ class Stage1Run:
                 inputs_note=self.inputs.note if self.inputs else None,
                 profiler=profiler_settings(cfg),
                 measured_passes=len(records),
+                asked_passes=len(self.selection.images) * settings.repeats if self.selection else None,
                 outputs=output_settings(cfg),
             ),
             records=tuple(records),
@@ -423,7 +429,7 @@ class Stage1Run:
                 out.append(f"High run-to-run variation in {stat.stage}: CV {cv:.1%} (> {threshold:.0%}).")
         return tuple(out)
 
-    def _predictions(self) -> tuple[Prediction, ...]:
+    def _predictions(self, strip_special_tokens: bool) -> tuple[Prediction, ...]:
         """The tokens generated for each input (first timed pass), decoded where the model has a tokenizer."""
         assert self.session is not None and self.selection is not None
         tokenizer = self.session.loaded.tokenizer
@@ -434,7 +440,9 @@ class Stage1Run:
                 path=str(paths.get(name, name)),
                 token_ids=tuple(ids),
                 tokens=len(ids),
-                text=None if tokenizer is None else str(tokenizer.decode(list(ids), skip_special_tokens=False)),
+                text=None
+                if tokenizer is None
+                else str(tokenizer.decode(list(ids), skip_special_tokens=strip_special_tokens)),
                 weights=self.session.loaded.weights,
             )
             for name, ids in self.state.predictions.items()
@@ -451,9 +459,9 @@ class Stage1Run:
         if self.state.operators is not None:
             self.art.write_json(OPERATORS_FILE, self.state.operators)
         outputs = metrics.settings.outputs
-        predictions = self._predictions()
-        if outputs.prediction_enable:
-            target = self.art.resolve_save_dir(outputs.prediction_dir) / "predictions.jsonl"
+        predictions = self._predictions(outputs.extra.deepseek_ocr.strip_special_tokens)
+        if outputs.prediction.enable:
+            target = self.art.resolve_save_dir(outputs.prediction.save_dir) / "predictions.jsonl"
             self.art.write_anywhere(target, dumps_lines(predictions))
         stage1_reports.write_all(
             self.art,
@@ -507,7 +515,13 @@ def input_key(selection: DatasetSelection, path: Path) -> str:
 
 def _input_record(entry: ImageEntry | TextEntry) -> ImageInput | TextInput:
     if isinstance(entry, ImageEntry):
-        return ImageInput(path=str(entry.path), width=entry.width, height=entry.height, bytes=entry.bytes)
+        return ImageInput(
+            path=str(entry.path),
+            width=entry.width,
+            height=entry.height,
+            bytes=entry.bytes,
+            orientation=entry.orientation,
+        )
     return TextInput(path=str(entry.path), characters=entry.characters, bytes=entry.bytes)
 
 
@@ -522,14 +536,4 @@ def profiler_settings(cfg: DictConfig) -> ProfilerSettings:
         with_flops=bool(prof.with_flops),
         chrome_trace=bool(prof.chrome_trace),
         top_k=int(prof.top_k),
-    )
-
-
-def output_settings(cfg: DictConfig) -> OutputSettings:
-    out = cfg.pipeline.torch_profiler.output
-    return OutputSettings(
-        prediction_enable=bool(out.prediction.enable),
-        prediction_dir=str(out.prediction.save_dir),
-        visualization_enable=bool(out.visualization.enable),
-        visualization_dir=str(out.visualization.save_dir),
     )

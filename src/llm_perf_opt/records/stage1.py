@@ -160,13 +160,44 @@ class ProfilerSettings:
 
 
 @attrs.frozen
-class OutputSettings:
-    """Where and whether a run writes its predictions and the predictions gallery."""
+class PredictionOutput:
+    """`predictions.jsonl`: the generated tokens and text of each input."""
 
-    prediction_enable: bool = True
-    prediction_dir: str = "predictions"  # relative to the run folder, or absolute
-    visualization_enable: bool = True
-    visualization_dir: str = "viz"
+    enable: bool = True
+    save_dir: str = "predictions"  # relative to the run folder, or absolute
+
+
+@attrs.frozen
+class VisualizationOutput:
+    """The gallery: `predictions.md` with a thumbnail (and grounding boxes) per image."""
+
+    enable: bool = True
+    save_dir: str = "viz"  # relative to the run folder, or absolute
+
+
+@attrs.frozen
+class DeepSeekOCROutput:
+    """DeepSeek-OCR knobs: special tokens in the decoded text, gallery size and thumbnail width."""
+
+    strip_special_tokens: bool = False
+    max_images: int = 16  # images shown in the gallery, the first ones in run order
+    thumbnail_width: int = 480  # pixels
+
+
+@attrs.frozen
+class OutputExtra:
+    """Model-specific output knobs, by model family."""
+
+    deepseek_ocr: DeepSeekOCROutput = attrs.field(factory=DeepSeekOCROutput)
+
+
+@attrs.frozen
+class OutputSettings:
+    """Where and whether a run writes its predictions and the gallery (`pipeline.torch_profiler.output`)."""
+
+    prediction: PredictionOutput = attrs.field(factory=PredictionOutput)
+    visualization: VisualizationOutput = attrs.field(factory=VisualizationOutput)
+    extra: OutputExtra = attrs.field(factory=OutputExtra)
 
 
 @attrs.frozen
@@ -187,6 +218,7 @@ class RunSettings:
     inputs_note: str | None = None
     profiler: ProfilerSettings | None = None
     measured_passes: int | None = None  # timed passes actually measured (fewer than asked when interrupted)
+    asked_passes: int | None = None  # inputs x repeats
     outputs: OutputSettings = attrs.field(factory=OutputSettings)
 
 
@@ -246,9 +278,10 @@ class ImageInput:
     """One image of the run (path absolute, size in pixels, file size in bytes)."""
 
     path: str
-    width: int
+    width: int  # pixels, upright (after the EXIF orientation is applied)
     height: int
     bytes: int
+    orientation: int | None = None  # the EXIF orientation tag applied (1..8); None when the file has none
 
 
 @attrs.frozen
@@ -267,6 +300,15 @@ class SkippedInput:
 
 
 @attrs.frozen
+class InputFate:
+    """What happened to one file the input selection considered."""
+
+    path: str
+    fate: str  # "run" | "skipped" | "not selected"
+    reason: str | None = None  # why it was skipped or not selected
+
+
+@attrs.frozen
 class InputsManifest:
     """`inputs.yaml`: the inputs a run discovered, ran and skipped."""
 
@@ -281,6 +323,7 @@ class InputsManifest:
     chosen_because: str | None
     images: tuple[ImageInput | TextInput, ...]
     skipped: tuple[SkippedInput, ...]
+    fates: tuple[InputFate, ...] = ()  # every file considered, once each, in run order
 
 
 @attrs.frozen

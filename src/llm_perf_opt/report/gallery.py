@@ -7,7 +7,9 @@ import re
 from pathlib import Path
 
 import attrs
-from PIL import Image, ImageDraw
+from PIL import ImageDraw
+
+from llm_perf_opt.data.images import open_upright
 
 _GROUNDING = re.compile(r"<\|ref\|>(.*?)<\|/ref\|>\s*<\|det\|>(.*?)<\|/det\|>", re.DOTALL)
 _COORD_RANGE = 999  # boxes are in 0..999 page coordinates
@@ -43,12 +45,12 @@ def count_boxes(text: str | None) -> int:
     return len(parse_boxes(text))
 
 
-def thumbnail_with_boxes(image_path: Path, text: str | None, target: Path) -> Path:
-    """A THUMB_WIDTH-wide PNG of the page with its grounding boxes drawn; returns `target`."""
-    with Image.open(image_path) as image:
+def thumbnail_with_boxes(image_path: Path, text: str | None, target: Path, width: int = THUMB_WIDTH) -> Path:
+    """A `width`-pixel-wide PNG of the page with its grounding boxes drawn; returns `target`."""
+    with open_upright(image_path)[0] as image:
         page = image.convert("RGB")
-    scale = THUMB_WIDTH / page.width
-    thumb = page.resize((THUMB_WIDTH, max(1, round(page.height * scale))))
+    scale = width / page.width
+    thumb = page.resize((width, max(1, round(page.height * scale))))
     draw = ImageDraw.Draw(thumb)
     for box in parse_boxes(text):
         xy = (

@@ -151,8 +151,39 @@ _OP_HEADER = [
 ]
 
 
+def _passes_text(m: Stage1Metrics) -> str:
+    """Inputs × timed passes; for a run that stopped early, the passes measured against those asked for."""
+    noun = "prompt" if _is_text(m) else "image"
+    s = m.settings
+    if s.partial and s.measured_passes is not None and s.asked_passes is not None:
+        return (
+            f"{len(m.images)} {noun}(s), {s.measured_passes} of {s.asked_passes} timed passes measured (stopped early)"
+        )
+    return f"{len(m.images)} {noun}(s) × {s.repeats} timed pass(es)"
+
+
+def _fates_section(doc: Doc, inputs: InputsManifest | None) -> None:
+    """Every input file the selection considered and what became of it (when any was not run)."""
+    if inputs is None or all(f.fate == "run" for f in inputs.fates):
+        return
+    doc.h2("Inputs considered")
+    doc.para(
+        f"{len(inputs.fates)} file(s) under `{inputs.dataset_root}`: {sum(f.fate == 'run' for f in inputs.fates)} run. "
+        "Not selected: left out by dataset.max_images or sampling; skipped: not usable (the reason is given)."
+    )
+    root = inputs.dataset_root.rstrip("/") + "/"
+    doc.table(
+        ["input", "fate", "reason"],
+        [[f.path.removeprefix(root), f.fate, f.reason or ""] for f in inputs.fates],
+    )
+
+
 def report_md(
-    m: Stage1Metrics, operators: OperatorTable | None, files: Sequence[str], plots: Mapping[str, str] | None = None
+    m: Stage1Metrics,
+    operators: OperatorTable | None,
+    files: Sequence[str],
+    plots: Mapping[str, str] | None = None,
+    inputs: InputsManifest | None = None,
 ) -> str:
     """The main report: three things first (where time goes, how efficient, what to try), details after."""
     doc = Doc(f"Stage 1 report: {m.model.name} on {m.device.name}")
@@ -161,8 +192,8 @@ def report_md(
         f"Run `{m.run_id}` · "
         + (f"workload {profile['name']} · " if profile else "")
         + f"{m.model.weights_detail} · {m.model.dtype} · "
-        f"{len({r.image for r in m.records})} {'prompt' if _is_text(m) else 'image'}(s) × "
-        f"{m.settings.repeats} timed pass(es) · "
+        + _passes_text(m)
+        + " · "
         f"{m.settings.max_new_tokens} new tokens per pass · times in ms ({m.device.timing_method})."
     )
     doc.h2("At a glance")
@@ -309,6 +340,7 @@ def report_md(
         if plots and "operator_shares" in plots:
             doc.image("Operator time shares", plots["operator_shares"])
 
+    _fates_section(doc, inputs)
     doc.h2("Files")
     doc.bullets([f"[{f}]({f})" for f in sorted(set(files)) if not f.startswith(".")])
     return doc.text()
@@ -431,7 +463,7 @@ def assumptions_md(m: Stage1Metrics, inputs: InputsManifest) -> str:
             f"Subset list: {inputs.subset_filelist or 'none'}",
             f"Discovered {inputs.discovered} {'prompt' if _is_text(m) else 'image'} file(s); ran "
             f"{len(inputs.images)}; skipped {len(inputs.skipped)}; sampling {inputs.sampling} (seed "
-            f"{inputs.seed}); max_images {inputs.max_images} ({s.sources['dataset.max_images']})",
+            f"{inputs.seed}); max_images {inputs.max_images or 'all'} ({s.sources['dataset.max_images']})",
             *([f"Inputs chosen automatically: {s.inputs_note}"] if s.inputs_note else []),
         ]
     )
@@ -446,13 +478,20 @@ def write_gallery(
     outputs: OutputSettings,
 ) -> None:
     """`viz/predictions.md`: per input its thumbnail (grounding boxes drawn) or prompt excerpt, timings, output."""
-    if not outputs.visualization_enable:
+    if not outputs.visualization.enable:
         return
-    viz_dir = art.resolve_save_dir(outputs.visualization_dir)
+    knobs = outputs.extra.deepseek_ocr
+    viz_dir = art.resolve_save_dir(outputs.visualization.save_dir)
     viz_dir.mkdir(parents=True, exist_ok=True)
     doc = Doc("Predictions gallery")
     doc.para(f"{m.model.weights_detail}. Per-image medians in ms.")
-    for pred in predictions:
+    shown = predictions[: knobs.max_images]
+    if len(predictions) > len(shown):
+        doc.para(
+            f"The first {len(shown)} of {len(predictions)} inputs (pipeline.torch_profiler.output.extra.deepseek_ocr."
+            "visualization.max_images); every output is in predictions/predictions.jsonl."
+        )
+    for pred in shown:
         name = pred.image
         doc.h2(name)
         recs = [r for r in m.records if r.image == name]
@@ -462,7 +501,9 @@ def write_gallery(
             doc.raw("\n**Prompt**\n\n```text\n" + excerpt + "\n```\n\n**Output**\n")
             facts = [f"{recs[0].prompt_tokens} prompt tokens"]
         else:
-            thumb = gallery.thumbnail_with_boxes(Path(pred.path), pred.text, viz_dir / f"{Path(name).stem}.png")
+            thumb = gallery.thumbnail_with_boxes(
+                Path(pred.path), pred.text, viz_dir / f"{Path(name).stem}.png", width=knobs.thumbnail_width
+            )
             doc.image(name, os.path.relpath(thumb, viz_dir))
             facts = [
                 f"{recs[0].tiles} tiles, {recs[0].image_tokens} image tokens",
@@ -501,4 +542,4 @@ def write_all(
         art.record(str(path.relative_to(art.run_dir)))
     plots = {name: str(path.relative_to(art.run_dir)) for name, path in written.items()}
     files = [*art.written, "report.md", "run_status.json"]
-    art.write_text("report.md", report_md(m, operators, files, plots))
+    art.write_text("report.md", report_md(m, operators, files, plots, inputs))

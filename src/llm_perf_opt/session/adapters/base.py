@@ -13,6 +13,8 @@ from PIL import Image
 from torch import nn
 
 from llm_perf_opt.config_data import plain
+from llm_perf_opt.data.images import open_upright
+from llm_perf_opt.errors import UserError
 
 
 @attrs.frozen
@@ -73,13 +75,26 @@ class ModelAdapter(ABC):
         return "image"
 
     def checkpoint_path(self) -> str | None:
-        """The local checkpoint folder to load, or None to build the architecture with random weights."""
+        """The local checkpoint folder to load (`model.path`), or None to build the architecture with random
+        weights. A `model.path` that is not an existing folder is a UserError saying so."""
         path = self.cfg.get("path")
-        return str(path) if path else None
+        if not path:
+            return None
+        folder = Path(str(path)).expanduser()
+        if not folder.is_dir():
+            problem = "is a file, not a folder" if folder.exists() else "does not exist"
+            raise UserError(
+                f"model.path={path} {problem} (looked at {folder.resolve()})",
+                "Point model.path at a local checkpoint folder (config.json, *.safetensors, tokenizer files), e.g. "
+                "a link under extern/; a relative path is relative to the folder the command runs in. Or leave "
+                "model.path unset to build the published architecture with random weights",
+            )
+        return str(path)
 
     def prepare_file(self, path: Path, tokenizer: Any | None) -> PreparedInputs:
-        """Preprocess one input file: by default an image, through :meth:`prepare`."""
-        with Image.open(path) as image:
+        """Preprocess one input file: by default an image (upright, as the model's loader reads it), through
+        :meth:`prepare`."""
+        with open_upright(path)[0] as image:
             return self.prepare(image, tokenizer)
 
     @abstractmethod

@@ -17,6 +17,7 @@ from PIL import Image
 from torch import nn
 
 from llm_perf_opt.config_data import plain
+from llm_perf_opt.data.images import open_upright
 from llm_perf_opt.data.prompts import read_prompt
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.records import vocabulary as vocab
@@ -173,7 +174,7 @@ class HfAdapter(ModelAdapter):
     # ---- inputs --------------------------------------------------------------------------------------------
     def prepare_file(self, path: Path, tokenizer: Any | None) -> PreparedInputs:
         if self.input_kind == IMAGE:
-            with Image.open(path) as image:
+            with open_upright(path)[0] as image:
                 return self.prepare(image, tokenizer)
         text = read_prompt(path)
         pre = self.cfg.get("preprocess") or {}

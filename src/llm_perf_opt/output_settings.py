@@ -1,0 +1,88 @@
+"""What a run writes besides its measurements: predictions, the gallery, and their model-specific knobs.
+
+The settings live at `pipeline.torch_profiler.output` (conf/pipeline/output/default.yaml). The legacy keys under
+`outputs.` are read for one release: a legacy key that is set wins over its new key and logs one INFO line naming
+the new key.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from llm_perf_opt.errors import UserError, require_whole
+from llm_perf_opt.records.stage1 import (
+    DeepSeekOCROutput,
+    OutputExtra,
+    OutputSettings,
+    PredictionOutput,
+    VisualizationOutput,
+)
+
+log = logging.getLogger("llm_perf_opt.output")
+
+OUTPUT = "pipeline.torch_profiler.output"
+_EXTRA = f"{OUTPUT}.extra.deepseek_ocr"
+
+#: legacy key -> the key that replaces it
+LEGACY_KEYS: dict[str, str] = {
+    "outputs.save_predictions": f"{OUTPUT}.prediction.enable",
+    "outputs.visualization.enable": f"{OUTPUT}.visualization.enable",
+    "outputs.predictions.strip_special_tokens": f"{_EXTRA}.prediction.strip_special_tokens",
+    "outputs.visualization.max_images": f"{_EXTRA}.visualization.max_images",
+    "outputs.visualization.thumbnail_width": f"{_EXTRA}.visualization.thumbnail_width",
+}
+
+
+
+
+def _flag(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise UserError(f"{key}={value} is not true or false", f"Set {key}=true or {key}=false")
+    return value
+
+
+def _save_dir(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise UserError(f"{key}={value} is not a folder", f"Set {key} to a folder name, relative or absolute")
+    return value
+
+
+def _shown(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def output_settings(cfg: DictConfig) -> OutputSettings:
+    """The run's output settings from `cfg` (a composed stage1/stage2 config); UserError for a bad value."""
+    given: dict[str, tuple[str, Any]] = {new: (new, OmegaConf.select(cfg, new)) for new in LEGACY_KEYS.values()}
+    for legacy, new in LEGACY_KEYS.items():
+        value = OmegaConf.select(cfg, legacy, default=None)
+        if value is not None:
+            log.info("%s is a legacy key (read for one release): use %s=%s", legacy, new, _shown(value))
+            given[new] = (legacy, value)
+
+    def flag(new: str) -> bool:
+        return _flag(*given[f"{OUTPUT}.{new}"])
+
+    def whole(new: str, minimum: int) -> int:
+        return require_whole(*given[f"{OUTPUT}.{new}"], minimum)
+
+    def folder(new: str) -> str:
+        key = f"{OUTPUT}.{new}"
+        return _save_dir(key, OmegaConf.select(cfg, key))
+
+    return OutputSettings(
+        prediction=PredictionOutput(enable=flag("prediction.enable"), save_dir=folder("prediction.save_dir")),
+        visualization=VisualizationOutput(
+            enable=flag("visualization.enable"), save_dir=folder("visualization.save_dir")
+        ),
+        extra=OutputExtra(
+            deepseek_ocr=DeepSeekOCROutput(
+                strip_special_tokens=flag("extra.deepseek_ocr.prediction.strip_special_tokens"),
+                max_images=whole("extra.deepseek_ocr.visualization.max_images", 1),
+                thumbnail_width=whole("extra.deepseek_ocr.visualization.thumbnail_width", 16),
+            )
+        ),
+    )

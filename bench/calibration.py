@@ -3,10 +3,11 @@
 - compute-bound: a bf16 GEMM (default 8192 x 8192 x 8192, 2·M·N·K FLOPs per product);
 - memory-bound: a device-to-device copy of a large buffer (bytes moved = 2 x size: one read, one write).
 
-Each workload is timed twice per repeat in one process: once through the toolkit (StageRecorder span, then
-`measure.mfu.utilization` against the hardware table's peak) and once directly (raw CUDA events around the same
-loop). The toolkit's MFU/MBU must agree with the direct measurement within 3%; the figures also show how far
-the datasheet peaks are from what the card reaches.
+The workloads are `llm_perf_opt.measure.calibration`'s (the same that `hardware.peaks=measured` times). Each is
+timed twice per repeat in one process: once through the toolkit (`calibration.timed_seconds`, a StageRecorder
+span, then `measure.mfu.utilization` against the hardware table's peak) and once directly (raw CUDA events around
+the same loop). The toolkit's MFU/MBU must agree with the direct measurement within 3%; the figures also show how
+far the datasheet peaks are from what the card reaches.
 
     python bench/calibration.py --out calibration.json
 """
@@ -23,26 +24,19 @@ from pathlib import Path
 import torch
 
 from llm_perf_opt.hardware.table import peak_bandwidth, peak_compute
+from llm_perf_opt.measure import calibration
 from llm_perf_opt.measure.mfu import utilization
-from llm_perf_opt.measure.timing import StageRecorder
 
 
-def _direct_seconds(run: Callable[[], None], iters: int) -> float:
+def _direct_seconds(run: Callable[[], None], iters: int, device: torch.device) -> float:
+    stream = torch.cuda.current_stream(device)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
+    start.record(stream)
     for _ in range(iters):
         run()
-    end.record()
-    torch.cuda.synchronize()
+    end.record(stream)
+    torch.cuda.synchronize(device)
     return float(start.elapsed_time(end)) / 1e3
-
-
-def _toolkit_seconds(run: Callable[[], None], iters: int, device: torch.device) -> float:
-    recorder = StageRecorder(device)
-    with recorder.span("calibration"):
-        for _ in range(iters):
-            run()
-    return recorder.totals_ms()["calibration"] / 1e3
 
 
 def main() -> None:
@@ -58,23 +52,11 @@ def main() -> None:
     device = torch.device("cuda", torch.cuda.current_device())
     name = torch.cuda.get_device_name(device)
 
-    n = args.size
-    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    c = torch.empty(n, n, device=device, dtype=torch.bfloat16)
-    elements = int(args.copy_gib * 2**30) // 2
-    src = torch.randn(elements, device=device, dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-
-    def gemm() -> None:
-        torch.matmul(a, b, out=c)
-
-    def copy() -> None:
-        dst.copy_(src)
-
+    gemm = calibration.gemm_workload(device, torch.bfloat16, args.size)
+    copy = calibration.copy_workload(device, args.copy_gib)
     workloads = {
-        "gemm_bf16": (gemm, 2.0 * n * n * n, peak_compute(name, "bfloat16")),
-        "copy": (copy, 2.0 * src.numel() * src.element_size(), peak_bandwidth(name)),
+        "gemm_bf16": (gemm, peak_compute(name, "bfloat16")),
+        "copy": (copy, peak_bandwidth(name)),
     }
     result: dict[str, object] = {
         "benchmark": "calibration",
@@ -84,20 +66,21 @@ def main() -> None:
         "iters": args.iters,
         "repeats": args.repeats,
     }
-    for key, (run, work, peak) in workloads.items():
+    for key, (workload, peak) in workloads.items():
+        run, work = workload.run, workload.work_per_run
         for _ in range(3):
             run()
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)
         toolkit, direct = [], []
         for _ in range(args.repeats):
-            toolkit.append(_toolkit_seconds(run, args.iters, device))
-            direct.append(_direct_seconds(run, args.iters))
+            toolkit.append(calibration.timed_seconds(run, args.iters, device))
+            direct.append(_direct_seconds(run, args.iters, device))
         t_rate, t_frac = utilization(work * args.iters, statistics.median(toolkit), peak)
         d_rate = work * args.iters / statistics.median(direct)
         direct_frac = d_rate / peak.value if peak else None
         result[key] = {
             "work_per_iter": work,
-            "unit": "FLOP" if key.startswith("gemm") else "byte",
+            "unit": workload.unit,
             "peak": None if peak is None else {"value": peak.value, "unit": peak.unit, "source": peak.source},
             "toolkit_rate": t_rate,
             "toolkit_fraction_of_peak": t_frac,

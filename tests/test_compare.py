@@ -31,9 +31,10 @@ def compare_md(*paths: Path) -> str:
 
 
 def ci(n: int, low: float, high: float) -> Summary:
-    """A dispersion summary of `n` passes whose 95% CI of the mean is [low, high]."""
+    """A summary of `n` passes whose 95% interval is [low, high] (none below 3 passes, as summarize gives)."""
     mid = (low + high) / 2
-    return Summary(n, mid, 0.0, low, mid, high, high, None, low, high, "ms")
+    bounds = (low, high) if n >= 3 else (None, None)
+    return Summary(n, mid, 0.0, low, mid, high, high, None, *bounds, "ms")
 
 
 def table_row(markdown: str, first_cell: str) -> list[str]:
@@ -77,7 +78,7 @@ def test_schema_major_matches_writers() -> None:
 
 def test_beyond_noise_uses_ci_overlap() -> None:
     base = ci(5, 10.0, 12.0)
-    assert noise_verdict(ci(5, 12.5, 14.0), base) == "yes"
+    assert noise_verdict(ci(5, 12.5, 14.0), base) == "beyond noise"
     assert noise_verdict(ci(5, 11.5, 14.0), base) == "within noise"
     assert noise_verdict(ci(1, 20.0, 20.0), base).startswith("n/a")
     assert noise_verdict(None, base) == "n/a"
@@ -128,7 +129,7 @@ def test_h100_vs_cpu_tiny_lists_config_differences() -> None:
     assert table_row(config, "transformers")[1:] == ["5.17.0", "5.23.0"]
     assert table_row(config, "max_new_tokens")[1:] == ["32", "4"]
     # a 200× smaller model on a CPU: prefill is far slower and clearly beyond noise
-    assert table_row(md, "prefill")[3:5] == ["21.42×", "yes"]
+    assert table_row(md, "prefill")[3:5] == ["21.42×", "beyond noise"]
     # operators are ranked by each run's own device time (CUDA vs CPU)
     assert "**cpu_tiny** (by `self_cpu_ms`) vs **h100_s1sol** (by `self_device_ms`)" in md
     assert table_row(md, "aten::mm")[3:5] == ["6.35", "1,045.03"]

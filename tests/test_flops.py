@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
-from llm_perf_opt.measure.flops import StageFlops, _grouped_mm_flops, count_stage_flops, flop_counter
+from llm_perf_opt.measure.flops import (
+    GROUPED_MM_FALLBACK_OP,
+    StageFlops,
+    _extra_formulas,
+    _grouped_mm_flops,
+    count_stage_flops,
+    flop_counter,
+)
 from llm_perf_opt.measure.timing import StageRecorder
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.session.session import DeepSeekOCRSession
@@ -109,6 +117,46 @@ def test_vision_is_inside_prefill_and_grows_with_tiles(small_flops, tiles_flops)
     assert tiles_flops.decode_step_base == small_flops.decode_step_base
     assert tiles_flops.decode_step_per_ctx == small_flops.decode_step_per_ctx
     assert tiles_flops.prompt_tokens - small_flops.prompt_tokens == 2 * 144
+
+
+def test_transformers_grouped_mm_fallback_counts_like_grouped_mm(
+    tiny_session, page_images, small_flops, decode_step_flops, monkeypatch
+) -> None:
+    """Where torch's grouped_mm cannot run, transformers loops over experts inside its own custom op, which the
+    counter sees as one opaque call: its formula must give the same FLOPs as the grouped_mm path."""
+    from transformers.integrations import moe
+
+    calls = []
+
+    def fallback_only(*args):
+        calls.append(args)
+        return False
+
+    monkeypatch.setattr(moe, "_can_use_grouped_mm", fallback_only)
+    fallback = count_stage_flops(tiny_session, tiny_session.prepare(page_images["small"]))
+    assert calls  # the experts went through the fallback
+    assert GROUPED_MM_FALLBACK_OP in fallback.by_operator and GROUPED_MM_FALLBACK_OP not in small_flops.by_operator
+    assert "aten._grouped_mm" not in fallback.by_operator
+    assert fallback.by_operator[GROUPED_MM_FALLBACK_OP] == small_flops.by_operator["aten._grouped_mm"]
+    assert fallback.prefill == small_flops.prefill
+    assert fallback.decode_step_base == small_flops.decode_step_base
+    assert fallback.decode_step_per_ctx == small_flops.decode_step_per_ctx
+    assert fallback.decode_total(32) == small_flops.decode_total(32) > 0
+
+    # Without its formula the fallback's FLOPs (the routed experts') vanish from a decode step.
+    def one_step(counter: FlopCounterMode) -> FlopCounterMode:
+        with torch.inference_mode(), counter:
+            tiny_session.model(input_ids=torch.tensor([[5]]), logits_to_keep=1)
+        return counter
+
+    fallback_op = torch.ops.transformers.grouped_mm_fallback
+    without = {op: f for op, f in _extra_formulas().items() if op is not fallback_op}
+    counted = one_step(flop_counter())
+    missed = one_step(FlopCounterMode(display=False, custom_mapping=without))
+    assert counted.get_total_flops() == decode_step_flops(tiny_session, 0)
+    experts = counted.get_flop_counts()["Global"][fallback_op]
+    assert experts > 0
+    assert counted.get_total_flops() - missed.get_total_flops() == experts
 
 
 def test_cpu_sdpa_is_counted(small_flops) -> None:

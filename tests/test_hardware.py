@@ -33,6 +33,16 @@ REAL_NAMES = {
     "NVIDIA GeForce RTX 4090": "rtx_4090",
     "NVIDIA GeForce RTX 5090": "rtx_5090",
     "NVIDIA B200": "b200",
+    "NVIDIA A800-SXM4-80GB": "a800_sxm4_80gb",
+    "NVIDIA A800 80GB PCIe": "a800_pcie_80gb",
+    "NVIDIA H800": "h800_sxm",
+    "NVIDIA H800 PCIe": "h800_pcie",
+    "NVIDIA GH200 480GB": "gh200_hbm3",
+    "NVIDIA GH200 144G HBM3e": "gh200_hbm3e",
+    "NVIDIA GH200 144GB HBM3e": "gh200_hbm3e",
+    "NVIDIA GH200": "gh200_unspecified",
+    "NVIDIA H100": "h100_unspecified",
+    "NVIDIA L40": "l40",
 }
 
 # Dense values from /work/shared/reference/deepseek-ocr-facts.md section 6 (TFLOP/s, GB/s).
@@ -54,6 +64,21 @@ REFERENCE_ROWS = {
     "b200": ({"fp32": 75, "tf32": 1100, "bf16": 2250, "fp16": 2250, "fp8": 4500}, 180, 7700),
 }
 
+# Rows not in the reference, checked against the pages their `sources` list (see gpus.yaml notes).
+_HOPPER = {"fp32": 67, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4, "fp8": 1979}
+CHECKED_ROWS = {
+    "a800_sxm4_80gb": REFERENCE_ROWS["a100_sxm4_80gb"],  # the A100 chip, NVLink cut
+    "a800_pcie_80gb": REFERENCE_ROWS["a100_pcie_80gb"],
+    "h800_pcie": REFERENCE_ROWS["h100_pcie"],  # the H100 chip, NVLink and FP64 cut
+    "h800_sxm": REFERENCE_ROWS["h100_sxm"],
+    "h100_unspecified": (_HOPPER, 80, 3900),  # SXM5 compute, NVL bandwidth: the family's highest
+    "gh200_hbm3e": (_HOPPER, 144, 4900),
+    "gh200_hbm3": (_HOPPER, 96, 4000),
+    "gh200_unspecified": (_HOPPER, 144, 4900),
+    "l40": ({"fp32": 90.5, "tf32": 90.5, "bf16": 181.05, "fp16": 181.05, "fp8": 362}, 48, 864),
+}
+ALL_ROWS = REFERENCE_ROWS | CHECKED_ROWS
+
 
 @pytest.mark.parametrize(("name", "key"), sorted(REAL_NAMES.items()))
 def test_real_device_names_match(name: str, key: str) -> None:
@@ -66,11 +91,40 @@ def test_matching_is_case_insensitive() -> None:
     assert spec is not None and spec.key == "h100_nvl"
 
 
-def test_l4_and_l40s_stay_apart() -> None:
-    l4, l40s = match_gpu("NVIDIA L4"), match_gpu("NVIDIA L40S")
+def test_l4_l40_and_l40s_stay_apart() -> None:
+    l4, l40, l40s = match_gpu("NVIDIA L4"), match_gpu("NVIDIA L40"), match_gpu("NVIDIA L40S")
     assert l4 is not None and l4.key == "l4"
+    assert l40 is not None and l40.key == "l40"
     assert l40s is not None and l40s.key == "l40s"
-    assert match_gpu("NVIDIA L40") is None
+
+
+def test_bare_h100_gets_the_familys_highest_peaks_and_says_so() -> None:
+    compute, bandwidth = peak_compute("NVIDIA H100", "bfloat16"), peak_bandwidth("NVIDIA H100")
+    assert compute is not None and bandwidth is not None
+    family = [s for s in load_gpu_table() if s.key in ("h100_sxm", "h100_pcie", "h100_nvl")]
+    assert compute.value == max(s.dense_tflops["bf16"] for s in family) * 1e12  # SXM5: 989.4
+    assert bandwidth.value == max(s.bandwidth_gbps for s in family) * 1e9  # NVL: 3,900 GB/s
+    for figure in (compute, bandwidth):
+        assert "form factor not in the device name" in figure.source and "lower bounds" in figure.source
+    # Only the bare name: a name with its form factor keeps its own row.
+    assert match_gpu("NVIDIA H100 80GB HBM3").key == "h100_sxm"  # type: ignore[union-attr]
+    assert match_gpu("NVIDIA H100 PCIe").key == "h100_pcie"  # type: ignore[union-attr]
+
+
+def test_gh200_memory_variants() -> None:
+    assert peak_bandwidth("NVIDIA GH200 480GB").value == 4000e9  # type: ignore[union-attr]
+    assert peak_bandwidth("NVIDIA GH200 144G HBM3e").value == 4900e9  # type: ignore[union-attr]
+    bare = peak_bandwidth("NVIDIA GH200")
+    assert bare is not None and bare.value == 4900e9 and "lower bound" in bare.source
+    assert peak_compute("NVIDIA GH200 480GB", "bf16").value == 989.4e12  # type: ignore[union-attr]
+    assert match_gpu("NVIDIA GH200 480GB").key != "h200_sxm"  # type: ignore[union-attr]
+
+
+def test_export_variants_use_their_base_chip_and_say_so() -> None:
+    h800 = peak_compute("NVIDIA H800", "bf16")
+    assert h800 is not None and h800.value == 989.4e12 and "H100 SXM5 figures" in h800.source
+    a800 = peak_bandwidth("NVIDIA A800-SXM4-80GB")
+    assert a800 is not None and a800.value == 2039e9 and "A100 SXM4 80GB figures" in a800.source
 
 
 @pytest.mark.parametrize(
@@ -83,11 +137,12 @@ def test_l4_and_l40s_stay_apart() -> None:
         "NVIDIA GeForce RTX 3090",
         "NVIDIA GeForce RTX 4090 D",
         "NVIDIA GeForce RTX 4090 Laptop GPU",
-        "NVIDIA GH200 480GB",
         "NVIDIA GB200",
         "NVIDIA A10",
-        "NVIDIA H800",
+        "NVIDIA A800-SXM4-40GB",  # A800 40GB parts: not verified
+        "NVIDIA A800 40GB Active",
         "NVIDIA H100 80GB HBM3 MIG 1g.10gb",
+        "NVIDIA GH200 480GB MIG 1g.12gb",
         "NVIDIA A100-SXM4-80GB MIG 3g.40gb",
     ],
 )
@@ -97,17 +152,18 @@ def test_unknown_or_partial_devices_have_no_peak(name: str) -> None:
     assert peak_bandwidth(name) is None
 
 
-def test_table_covers_reference_exactly() -> None:
+def test_table_covers_reference_and_checked_rows_exactly() -> None:
     assert [s.key for s in load_gpu_table()] == [
-        "a100_sxm4_80gb", "a100_pcie_80gb", "a100_40gb", "h100_nvl", "h100_pcie", "h100_sxm",
-        "h200_nvl", "h200_sxm", "l4", "l40s", "rtx_4090", "rtx_5090", "b200",
+        "a100_sxm4_80gb", "a100_pcie_80gb", "a100_40gb", "a800_sxm4_80gb", "a800_pcie_80gb", "h100_nvl",
+        "h100_pcie", "h100_sxm", "h100_unspecified", "h800_pcie", "h800_sxm", "h200_nvl", "h200_sxm",
+        "gh200_hbm3e", "gh200_hbm3", "gh200_unspecified", "l4", "l40s", "l40", "rtx_4090", "rtx_5090", "b200",
     ]  # fmt: skip
-    assert set(REFERENCE_ROWS) == {s.key for s in load_gpu_table()}
+    assert set(ALL_ROWS) == {s.key for s in load_gpu_table()}
 
 
-@pytest.mark.parametrize("key", sorted(REFERENCE_ROWS))
+@pytest.mark.parametrize("key", sorted(ALL_ROWS))
 def test_dense_values_equal_reference(key: str) -> None:
-    tflops, memory_gb, bandwidth_gbps = REFERENCE_ROWS[key]
+    tflops, memory_gb, bandwidth_gbps = ALL_ROWS[key]
     spec = next(s for s in load_gpu_table() if s.key == key)
     assert dict(spec.dense_tflops) == tflops
     assert spec.memory_gb == memory_gb

@@ -310,9 +310,16 @@ def test_parse_number(text: str, value: float | None) -> None:
     [
         (80, 20, "compute"),
         (20, 80, "memory"),
-        (59, 59, "latency"),
-        (60, 60, "compute"),
+        (60, 60, "compute"),  # a tie goes to compute
+        (60, 10, "compute"),
+        (59.9, 30, "compute-leaning"),
+        (57, 53, "compute-leaning"),  # a GEMM at 57% of tensor peak is not latency-bound
+        (30, 45, "memory-leaning"),
+        (40, 40, "compute-leaning"),
+        (39.9, 39.9, "latency"),
+        (14, 0.04, "latency"),
         (None, 70, "memory"),
+        (None, 50, "unknown"),  # a middling memory figure says nothing of the SM side
         (None, 10, "unknown"),
         (65, None, "compute"),
         (None, None, "unknown"),
@@ -380,3 +387,20 @@ def test_full_size_prefill_gemm_fixture_is_compute_bound_near_its_sm_throughput(
     assert gemm.sm_throughput_pct is not None
     assert abs(gemm.achieved_tflops / 989.4 * 100 - gemm.sm_throughput_pct) < 10
     assert gemm.arithmetic_intensity is not None and gemm.arithmetic_intensity > 100
+
+
+def test_full_size_prefill_gemm_below_60_percent_is_compute_leaning_not_latency() -> None:
+    """The GEMM's first four launches (a smaller prefill GEMM) keep the tensor pipe busy 58–59% of the time and
+    memory 53–54%: under ncu's 60% line, yet compute-limited."""
+    lines = (FIXTURE.parent / "h100_full_prefill_gemm_raw.csv").read_text().splitlines()
+    rows = list(csv.reader(lines))
+    header = rows[0]
+    (gemm,) = parse_ncu_raw_csv("\n".join(lines[:6]))  # header, units, launches 1-4
+    assert gemm.launches == 4
+    tensor = [
+        float(r[header.index("sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed")]) for r in rows[2:6]
+    ]
+    assert all(58 < t < 60 for t in tensor)
+    assert gemm.sm_throughput_pct == pytest.approx(sum(tensor) / 4)  # the SM figure is the tensor pipe here
+    assert gemm.dram_throughput_pct is not None and 53 < gemm.dram_throughput_pct < 54
+    assert gemm.bound == "compute-leaning"

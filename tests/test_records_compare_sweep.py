@@ -50,7 +50,7 @@ def test_comparison_record_written_next_to_markdown_and_round_trips(tmp_path: Pa
     assert loaded.stage1 is not None and loaded.stage2 is not None
     prefill = next(r for r in loaded.stage1.stage_times if r.stage == "prefill")
     assert isinstance(prefill, StageTimeRow) and prefill.base_p50_ms == pytest.approx(98.42, abs=0.005)
-    assert [c.beyond_noise for c in prefill.others] == ["within noise", "yes"]
+    assert [c.beyond_noise for c in prefill.others] == ["within noise", "beyond noise"]
     assert prefill.others[1].ratio == pytest.approx(21.75, abs=0.005)
     assert [t.other for t in loaded.stage1.operators] == ["h100_s1sol", "cpu_tiny"]
     assert loaded.stage1.operators[1].other_key == "self_cpu_ms"

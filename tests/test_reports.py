@@ -14,6 +14,7 @@ from llm_perf_opt.hardware.table import PeakFigure
 from llm_perf_opt.measure.aggregate import stage_stats, throughput
 from llm_perf_opt.measure.flops import StageFlops
 from llm_perf_opt.measure.mfu import mfu_by_stage
+from llm_perf_opt.measure.variation import stage_variation
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.stage1 import DeviceInfo, ImageRecord, ModelInfo, RunSettings, Stage1Metrics
 from llm_perf_opt.records.vocabulary import E2E, TTFT
@@ -231,6 +232,7 @@ def _metrics(records, device, flops, peak, experts="grouped_mm", efficiency=()) 
         settings=RunSettings(repeats=5, warmup=2, max_new_tokens=32, max_images=None, sources={}),
         records=tuple(records),
         stages=stage_stats(records, VISION),
+        variation=stage_variation(records, VISION),
         per_image={},
         throughput=throughput(records),
         mfu=mfu_by_stage(records, {"page.png": flops}, STAGES, peak),
@@ -242,7 +244,9 @@ def _metrics(records, device, flops, peak, experts="grouped_mm", efficiency=()) 
         config_digest="0",
     )
     # Fields the recommendations do not read (e.g. profiler details) are left empty.
-    fields.update({f.name: None for f in attrs.fields(Stage1Metrics) if f.name not in fields})
+    fields.update(
+        {f.name: None for f in attrs.fields(Stage1Metrics) if f.name not in fields and f.default is attrs.NOTHING}
+    )
     return Stage1Metrics(**fields)
 
 
@@ -274,7 +278,7 @@ def test_aggregates_of_the_synthetic_run(gpu_decode_bound) -> None:
     assert by_name["vision/sam"].nested_in == vocab.PREFILL
     assert by_name[vocab.DECODE_STEP].nested_in == vocab.DECODE
     assert by_name[vocab.PREFILL].nested_in is None
-    assert by_name[vocab.DECODE_STEP].summary.n == 3 * 31
+    assert by_name[vocab.DECODE_STEP].summary.n == 3  # one value per pass (its mean step), not one per step
     assert by_name[E2E].summary.p50 == pytest.approx(740.0)
     assert by_name[TTFT].summary.p50 == pytest.approx(120.0)
     assert m.throughput.decode_tokens_per_s == pytest.approx(50.0)
@@ -293,7 +297,7 @@ def test_key_findings_gpu_decode_bound(gpu_decode_bound) -> None:
     findings = key_findings(gpu_decode_bound)
     assert len(findings) == 3
     where, vision, efficiency = findings
-    assert where.startswith("Where time goes: 740.0 ms end to end per image (median)")
+    assert where.startswith("Where time goes: 740.0 ms end to end per image (mean over passes; median 740.0 ms)")
     # Largest share first.
     assert re.search(
         r"decode 84% \(620\.0 ms, 20\.00 ms/token\), prefill 14% \(100\.0 ms\), preprocess 3% \(20\.0 ms\)", where

@@ -133,3 +133,40 @@ def test_nvtx_push_pop_pair_with_spans(clock, monkeypatch) -> None:
     with quiet.span("prefill"):
         pass
     assert calls == []
+
+
+def test_cuda_events_are_recorded_on_the_models_gpu_stream(monkeypatch) -> None:
+    """On cuda:1 every event goes to cuda:1's current stream, never to the current device's (GPU 0's) stream;
+    the final synchronisation is cuda:1's too. CUDA itself is faked: this runs on any machine."""
+    streams = {index: SimpleNamespace(device_index=index) for index in (0, 1)}
+    recorded: list[tuple[int, object]] = []
+    synced: list[torch.device] = []
+
+    class FakeEvent:
+        def __init__(self, enable_timing: bool = False) -> None:
+            assert enable_timing
+            self.at: float | None = None
+
+        def record(self, stream=None) -> None:
+            assert stream is not None, "recorded on the current device's stream (GPU 0), not the model's"
+            recorded.append((stream.device_index, self))
+            self.at = 10.0 * len(recorded)
+
+        def elapsed_time(self, end: FakeEvent) -> float:
+            assert self.at is not None and end.at is not None
+            return end.at - self.at
+
+    def current_stream(device=None):
+        assert isinstance(device, torch.device), "current_stream() without a device is GPU 0's"
+        return streams[device.index]
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", current_stream)
+    monkeypatch.setattr(torch.cuda, "synchronize", synced.append)
+    recorder = StageRecorder(torch.device("cuda", 1), nvtx=False)
+    assert recorder.uses_cuda_events and recorder.method == "CUDA events (torch.cuda.Event)"
+    with recorder.span("prefill"), recorder.span("vision/sam"):
+        pass
+    assert [index for index, _ in recorded] == [1, 1, 1, 1]
+    assert recorder.spans_ms() == [("prefill", 30.0), ("vision/sam", 10.0)]
+    assert synced == [torch.device("cuda", 1)]

@@ -1,4 +1,9 @@
-"""Dispersion of stage times over the timed passes, overall and per image, and throughput."""
+"""Dispersion of stage times over the timed passes, overall and per image, and throughput.
+
+Every stage has one value per timed pass, so `n` and the interval count passes. `decode/step` too: its value for a
+pass is that pass's mean step time (steps of one pass are not independent samples; pooling them made the interval
+several times too narrow). `decode_step_pooled` keeps the distribution of single steps (p50/p90 of a step).
+"""
 
 from __future__ import annotations
 
@@ -7,11 +12,12 @@ from collections.abc import Iterable, Sequence
 
 from llm_perf_opt.measure.stats import summarize
 from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records.common import Summary
 from llm_perf_opt.records.stage1 import ImageRecord, StageStat, Throughput
 
 
 def stage_values(records: Iterable[ImageRecord], vision_stages: Sequence[str]) -> dict[str, list[float]]:
-    """Per stage name, one value (ms) per pass; `decode/step` pools every step of every pass."""
+    """Per stage name, one value (ms) per pass; for `decode/step`, the pass's mean step time."""
     values: dict[str, list[float]] = {}
 
     def add(name: str, value: float) -> None:
@@ -25,8 +31,7 @@ def stage_values(records: Iterable[ImageRecord], vision_stages: Sequence[str]) -
         add(vocab.TTFT, rec.ttft_ms)
         if rec.decode_step_ms:
             add(vocab.DECODE, rec.decode_ms)
-            for step in rec.decode_step_ms:
-                add(vocab.DECODE_STEP, step)
+            add(vocab.DECODE_STEP, statistics.fmean(rec.decode_step_ms))
         add(vocab.E2E, rec.e2e_ms)
     return values
 
@@ -45,6 +50,16 @@ def stage_stats(records: Sequence[ImageRecord], vision_stages: Sequence[str]) ->
         StageStat(stage=name, nested_in=_nesting(name), summary=summarize(vals, "ms"))
         for name, vals in stage_values(records, vision_stages).items()
     )
+
+
+def decode_step_pooled(records: Iterable[ImageRecord]) -> Summary | None:
+    """Every decode step of every pass pooled (ms): the distribution of one step, not an interval to compare.
+
+    Its `n` counts steps, and its interval treats them as independent, which they are not: use `decode/step` of
+    `stage_stats` for intervals and noise. None when no pass decoded.
+    """
+    steps = [step for rec in records for step in rec.decode_step_ms]
+    return summarize(steps, "ms") if steps else None
 
 
 def throughput(records: Sequence[ImageRecord]) -> Throughput:

@@ -6,7 +6,9 @@ full score matrix, as FlopCounterMode does (a causal kernel may skip up to half 
 only the rows actually routed (active parameters), whatever experts implementation runs.
 
 PyTorch's counter lacks formulas for ops these models run, so we add them:
-- `aten._grouped_mm` (transformers' default "grouped_mm" experts backend),
+- `aten._grouped_mm` (transformers' default "grouped_mm" experts backend) and transformers' own
+  `transformers::grouped_mm_fallback` (same arguments, a loop of `mm` that the counter cannot see into), which
+  that backend runs where `torch._grouped_mm` cannot (older torch, pre-Ampere GPUs, some CPU builds),
 - `aten._scaled_dot_product_flash_attention_for_cpu` (SDPA on the CPU),
 - grouped-query attention in every SDPA op (`enable_gqa`: fewer key/value heads than query heads), which the
   counter of torch < 2.12 rejects: QKᵀ and AV are counted over the query heads, the key/value heads broadcast.
@@ -26,9 +28,11 @@ from llm_perf_opt.measure.timing import StageRecorder
 from llm_perf_opt.records import vocabulary as vocab
 
 FLOP_SOURCE = (
-    "counted on the real modules with torch FlopCounterMode (+ grouped_mm, CPU-SDPA and GQA-SDPA formulas); "
-    "1 MAC = 2 FLOPs; matmul/conv/attention only"
+    "counted on the real modules with torch FlopCounterMode (+ grouped_mm, transformers' grouped_mm fallback, "
+    "CPU-SDPA and GQA-SDPA formulas); 1 MAC = 2 FLOPs; matmul/conv/attention only"
 )
+# `StageFlops.by_operator` key of transformers' fallback grouped matmul: present when the experts ran through it.
+GROUPED_MM_FALLBACK_OP = "transformers.grouped_mm_fallback"
 
 
 def _sdpa_flops(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, **kwargs: Any) -> int:
@@ -63,6 +67,9 @@ def _extra_formulas() -> dict[Any, Callable[..., int]]:
     aten = torch.ops.aten
     if hasattr(aten, "_grouped_mm"):
         formulas[aten._grouped_mm] = _grouped_mm_flops
+    # Registered when transformers' MoE integration is imported; an op that is not registered cannot have run.
+    if hasattr(torch.ops.transformers, "grouped_mm_fallback"):
+        formulas[torch.ops.transformers.grouped_mm_fallback] = _grouped_mm_flops
     for name in (
         "_scaled_dot_product_flash_attention_for_cpu",
         "_scaled_dot_product_flash_attention",
@@ -75,7 +82,7 @@ def _extra_formulas() -> dict[Any, Callable[..., int]]:
 
 
 def flop_counter() -> FlopCounterMode:
-    """A FlopCounterMode that also knows grouped_mm, CPU SDPA and grouped-query SDPA."""
+    """A FlopCounterMode that also knows grouped_mm (and transformers' fallback op), CPU SDPA and grouped-query SDPA."""
     return FlopCounterMode(display=False, custom_mapping=_extra_formulas())
 
 

@@ -1,8 +1,10 @@
 """Stage timing: CUDA events on the GPU, `time.perf_counter` on the CPU, NVTX ranges around both.
 
-A :class:`StageRecorder` records spans by name. On CUDA each mark is an event recorded on the current
-stream, so a span measures GPU time in stream order (including idle gaps while the host is still launching,
-which is what a launch-bound decode step costs). Nothing synchronises until :meth:`StageRecorder.spans_ms`.
+A :class:`StageRecorder` records spans by name. On CUDA each mark is an event recorded on the current stream
+of the recorder's device (the model's: `torch.cuda.current_stream(device)`, whatever the current device is), so a
+span measures GPU time in that stream's order (including idle gaps while the host is still launching, which is
+what a launch-bound decode step costs). An event recorded on another GPU's stream would instead time that GPU,
+idle, i.e. the host's enqueue order. Nothing synchronises until :meth:`StageRecorder.spans_ms`.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ class StageRecorder:
     def _mark(self) -> object:
         if self.uses_cuda_events:
             event = torch.cuda.Event(enable_timing=True)
-            event.record()
+            event.record(torch.cuda.current_stream(self.device))
             return event
         return time.perf_counter()
 

@@ -9,6 +9,19 @@ FLOPs follow the SpeedOfLight roofline convention (an FMA is 2 FLOPs): `sm__sass
 `sm__ops_path_tensor_src_<fp*|bf16|tf32>*.sum` (ncu counts those ops as FLOPs). The `derived__sm__..._x2` columns
 are PEAK rates (2 x `.peak_sustained`) and are never used as work. Without tensor metrics, FLOPs cover CUDA-core
 work only.
+
+Bound labels (`classify_bound`) come from Nsight Compute's speed-of-light breakdown: the SM throughput
+(`sm__throughput`, the busiest SM pipeline, the tensor pipe for a GEMM) and the memory throughput
+(`gpu__compute_memory_throughput`, the busiest of DRAM, L2 and L1), each in % of its peak:
+
+- the higher of the two >= `BOUND_PCT` (60%, the level below which ncu's own SOL rule speaks of latency):
+  that unit, "compute" or "memory" (ties: compute);
+- both < `LATENCY_PCT` (40%): "latency": neither unit is busy even 40% of the time, so launch overhead,
+  dependencies or too few warps set the time, not a throughput limit;
+- in between: the busier unit with a qualifier, "compute-leaning" or "memory-leaning": that unit does most of
+  the work but is not saturated (a GEMM at 57% of tensor peak is compute-leaning, not latency-bound; ncu would
+  add a latency hint, which still applies);
+- one figure missing: that unit when it is >= 60%, else "unknown" (a low figure says nothing of the other unit).
 """
 
 from __future__ import annotations
@@ -24,7 +37,14 @@ import attrs
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.records.stage2 import NcuKernel
 
-BOUND_THRESHOLD_PCT = 60.0
+BOUND_PCT = 60.0
+LATENCY_PCT = 40.0
+COMPUTE = "compute"
+MEMORY = "memory"
+COMPUTE_LEANING = "compute-leaning"
+MEMORY_LEANING = "memory-leaning"
+LATENCY = "latency"
+UNKNOWN = "unknown"
 
 DURATION = "gpu__time_duration.sum"
 DRAM_READ = "dram__bytes_read.sum"
@@ -340,17 +360,20 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return sum(present) / len(present) if present else None
 
 
-def classify_bound(sm_pct: float | None, mem_pct: float | None, threshold: float = BOUND_THRESHOLD_PCT) -> str:
-    """ "compute"/"memory" by the higher SpeedOfLight throughput, "latency" when both are under `threshold`% of peak."""
-    if sm_pct is not None and mem_pct is not None:
-        if max(sm_pct, mem_pct) < threshold:
-            return "latency"
-        return "compute" if sm_pct >= mem_pct else "memory"
-    if sm_pct is not None and sm_pct >= threshold:
-        return "compute"
-    if mem_pct is not None and mem_pct >= threshold:
-        return "memory"
-    return "unknown"
+def classify_bound(sm_pct: float | None, mem_pct: float | None) -> str:
+    """The bound label of SpeedOfLight SM and memory throughputs (% of peak); the rule is in the module docstring."""
+    if sm_pct is None or mem_pct is None:
+        known = sm_pct if mem_pct is None else mem_pct
+        if known is None or known < BOUND_PCT:
+            return UNKNOWN
+        return COMPUTE if mem_pct is None else MEMORY
+    busiest = max(sm_pct, mem_pct)
+    compute_side = sm_pct >= mem_pct
+    if busiest >= BOUND_PCT:
+        return COMPUTE if compute_side else MEMORY
+    if busiest < LATENCY_PCT:
+        return LATENCY
+    return COMPUTE_LEANING if compute_side else MEMORY_LEANING
 
 
 def _kernel(launches: list[_Launch]) -> NcuKernel:

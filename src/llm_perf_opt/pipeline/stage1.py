@@ -29,6 +29,7 @@ from llm_perf_opt.measure.flops import FLOP_SOURCE, StageFlops, count_stage_flop
 from llm_perf_opt.measure.mfu import mfu_by_stage
 from llm_perf_opt.measure.timing import timing_method
 from llm_perf_opt.measure.torch_profiler import OperatorTable, profile_image
+from llm_perf_opt.measure.variation import high_variation, stage_variation
 from llm_perf_opt.output_settings import output_settings
 from llm_perf_opt.pipeline.analytic import write_analytic_report_for_run
 from llm_perf_opt.progress import Feedback, StepHandle
@@ -399,6 +400,7 @@ class Stage1Run:
             ),
             warnings=warnings,
             config_digest=config_digest(cfg),
+            variation=stage_variation(records, vision),
         )
 
     def _warnings(self, records: list[ImageRecord], partial: bool, no_peak: bool) -> tuple[str, ...]:
@@ -423,10 +425,12 @@ class Stage1Run:
         if self.settings.repeats < 3:
             out.append(f"Only {self.settings.repeats} timed pass(es) per image: dispersion figures are weak.")
         threshold = float(self.cfg.run.cv_warn)
-        for stat in stage_stats(records, self.session.vision_stages):
-            cv = stat.summary.cv
-            if cv is not None and stat.summary.n >= 3 and cv > threshold:
-                out.append(f"High run-to-run variation in {stat.stage}: CV {cv:.1%} (> {threshold:.0%}).")
+        for v in high_variation(stage_variation(records, self.session.vision_stages), threshold):
+            worst = f"; worst {v.worst_image} {v.within_image_cv_max:.1%}" if v.images_judged > 1 else ""
+            out.append(
+                f"High run-to-run variation in {v.stage}: CV {v.within_image_cv_median:.1%} over one image's passes "
+                f"(median over {v.images_judged} image(s){worst}; > {threshold:.0%})."
+            )
         return tuple(out)
 
     def _predictions(self, strip_special_tokens: bool) -> tuple[Prediction, ...]:

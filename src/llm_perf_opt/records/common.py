@@ -27,9 +27,10 @@ class Summary:
     p90: float
     max: float
     cv: float | None  # std / |mean|; None when mean == 0 or n < 2
-    ci95_low: float  # Student-t 95% CI of the mean; equal to mean when n == 1
-    ci95_high: float
+    ci95_low: float | None  # 95% confidence interval (`ci_method` says of what); None when n < 3
+    ci95_high: float | None
     unit: str
+    ci_method: str | None = None  # how the interval was computed (measure.stats.CI_*); None when there is none
 
 
 @attrs.frozen

@@ -70,6 +70,28 @@ class StageStat:
 
 
 @attrs.frozen
+class ImageSpread:
+    """Spread of one stage over the passes of one image."""
+
+    image: str
+    passes: int
+    cv: float | None  # std (ddof=1) / mean over this image's passes; None below 2 passes or at mean 0
+
+
+@attrs.frozen
+class StageVariation:
+    """Within-image and image-mix dispersion of one stage."""
+
+    stage: str
+    per_image: tuple[ImageSpread, ...]  # in first-seen image order
+    images_judged: int  # images with >= 3 passes and a CV (the figures below use only these)
+    within_image_cv_median: float | None  # None when no image has enough passes
+    within_image_cv_max: float | None
+    worst_image: str | None  # the image with the largest within-image CV
+    image_mix_cv: float | None  # CV pooled over every pass of every image; None for a single image (no mix)
+
+
+@attrs.frozen
 class MfuRecord:
     """MFU of one stage over all timed passes: total FLOPs / (total time · peak)."""
 
@@ -247,6 +269,7 @@ class Stage1Metrics:
     bandwidth_peak: PeakFigure | None = None
     flops_per_image: Mapping[str, Mapping[str, float]] = attrs.field(factory=dict)  # image -> stage -> FLOPs/pass
     profiler: ProfilerInfo | None = None
+    variation: tuple[StageVariation, ...] = ()  # run-to-run dispersion within each image, and over the image mix
 
     @property
     def vision_stages(self) -> tuple[str, ...]:

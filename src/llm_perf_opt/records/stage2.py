@@ -73,7 +73,7 @@ class NcuKernel:
     arithmetic_intensity: float | None  # FLOPs per DRAM byte
     sm_throughput_pct: float | None  # SpeedOfLight "Compute (SM) Throughput"
     dram_throughput_pct: float | None  # SpeedOfLight "Memory Throughput" (falls back to DRAM throughput)
-    bound: str  # "compute" | "memory" | "latency" | "unknown"
+    bound: str  # compute | memory | compute-leaning | memory-leaning | latency | unknown (nsight.ncu_report)
     nvtx_range: str | None  # innermost NVTX push/pop range of the launch
     variants: int = 1  # distinct full names (template instantiations) merged under `name`
 

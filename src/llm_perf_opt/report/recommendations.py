@@ -15,8 +15,17 @@ LOW_DECODE_MFU = 0.02
 FAR_FROM_SOL = 5.0  # measured / speed-of-light time above which a stage is overhead-bound
 
 
+SAM_BIAS_MB_PER_BYTE = 200  # SAM's relative-position bias for a 1024-px view: ~200 MB per byte of element
+NOISY_CV = 0.10  # median CV over one image's passes above which a stage is called noisy
+
+
 def _p50(m: Stage1Metrics, stage: str) -> float | None:
     return next((s.summary.p50 for s in m.stages if s.stage == stage), None)
+
+
+def _mean(m: Stage1Metrics, stage: str) -> float | None:
+    """A stage's mean time per pass: means add up (e2e = preprocess + prefill + decode pass by pass), medians don't."""
+    return next((s.summary.mean for s in m.stages if s.stage == stage), None)
 
 
 def _mfu(m: Stage1Metrics, stage: str) -> float | None:
@@ -33,8 +42,8 @@ def _vision_stages(m: Stage1Metrics) -> list[str]:
 
 def key_findings(m: Stage1Metrics) -> list[str]:
     """Where the time goes and how efficient it is, in two or three sentences with numbers."""
-    e2e = _p50(m, vocab.E2E) or 0.0
-    pre, prefill, decode = _p50(m, vocab.PREPROCESS), _p50(m, vocab.PREFILL), _p50(m, vocab.DECODE) or 0.0
+    e2e = _mean(m, vocab.E2E) or 0.0
+    pre, prefill, decode = _mean(m, vocab.PREPROCESS), _mean(m, vocab.PREFILL), _mean(m, vocab.DECODE) or 0.0
     step = _p50(m, vocab.DECODE_STEP)
     out: list[str] = []
     if e2e and prefill is not None and pre is not None:
@@ -45,8 +54,13 @@ def key_findings(m: Stage1Metrics) -> list[str]:
         ]
         parts.sort(key=lambda p: -float(p.split()[1].rstrip("%")))
         unit = "prompt" if m.settings.input_kind == "text" else "image"
-        out.append(f"Where time goes: {e2e:,.1f} ms end to end per {unit} (median) — " + ", ".join(parts) + ".")
-        vision = {s: _p50(m, s) or 0.0 for s in _vision_stages(m)}
+        median = _p50(m, vocab.E2E) or 0.0
+        out.append(
+            f"Where time goes: {e2e:,.1f} ms end to end per {unit} (mean over passes; median {median:,.1f} ms) — "
+            + ", ".join(parts)
+            + "."
+        )
+        vision = {s: _mean(m, s) or 0.0 for s in _vision_stages(m)}
         if prefill and vision:
             inner = ", ".join(f"{s.split('/', 1)[1]} {v / prefill:.0%}" for s, v in vision.items())
             out.append(
@@ -78,10 +92,10 @@ def key_findings(m: Stage1Metrics) -> list[str]:
 def recommendations(m: Stage1Metrics) -> list[str]:
     """What to try next, each rule triggered by a measured figure."""
     recs: list[str] = []
-    e2e = _p50(m, vocab.E2E) or 0.0
-    decode = _p50(m, vocab.DECODE) or 0.0
-    prefill = _p50(m, vocab.PREFILL) or 0.0
-    pre = _p50(m, vocab.PREPROCESS) or 0.0
+    e2e = _mean(m, vocab.E2E) or 0.0
+    decode = _mean(m, vocab.DECODE) or 0.0
+    prefill = _mean(m, vocab.PREFILL) or 0.0
+    pre = _mean(m, vocab.PREPROCESS) or 0.0
     step = _p50(m, vocab.DECODE_STEP)
     dec_mfu = _mfu(m, vocab.DECODE)
     if m.device.type == "cpu":
@@ -113,15 +127,16 @@ def recommendations(m: Stage1Metrics) -> list[str]:
         else:
             msg += f": fewer generated tokens or batching several {inputs} per decode step pay off most"
         recs.append(msg + ".")
-    vision = sum(_p50(m, s) or 0.0 for s in _vision_stages(m))
+    vision = sum(_mean(m, s) or 0.0 for s in _vision_stages(m))
     if prefill and vision / prefill > VISION_DOMINANT:
-        sam = _p50(m, vocab.VISION_SAM) or 0.0
+        sam = _mean(m, vocab.VISION_SAM) or 0.0
         msg = f"Vision is {vision / prefill:.0%} of prefill"
         if sam and sam / vision > 0.5:
+            bias_mb = SAM_BIAS_MB_PER_BYTE * (vocab.dtype_bytes(m.model.dtype) or 2)
             msg += (
                 f", mostly SAM ({sam / vision:.0%} of vision): each global-attention block materialises a "
-                "relative-position bias of heads × N² elements (about 400 MB in bf16 for a 1024-px view), so SAM "
-                "moves far more bytes than its FLOPs need"
+                f"relative-position bias of heads × N² elements (about {bias_mb:,.0f} MB in {m.model.dtype} for a "
+                "1024-px view), so SAM moves far more bytes than its FLOPs need"
             )
         if m.model.adapter.startswith("deepseek"):  # tiled preprocessing: each tile is another vision pass
             msg += _fewer_views_hint(m)
@@ -142,7 +157,7 @@ def recommendations(m: Stage1Metrics) -> list[str]:
         )
     if m.device.type == "cuda" and m.model.experts_implementation == "eager":
         recs.append("The MoE experts run the eager per-expert loop: try model.experts_implementation=grouped_mm.")
-    noisy = [s.stage for s in m.stages if s.summary.cv is not None and s.summary.n >= 3 and s.summary.cv > 0.10]
+    noisy = [v.stage for v in m.variation if (v.within_image_cv_median or 0.0) > NOISY_CV]
     if noisy:
         recs.append(
             f"Run-to-run variation is high in {', '.join(noisy)}: add warm-up passes (run.warmup), more repeats, "
@@ -157,11 +172,14 @@ def _fewer_views_hint(m: Stage1Metrics) -> str:
     """How to cut DeepSeek-OCR's vision work: fewer tiles, or (v1, a single-view mode) a smaller mode."""
     pre = m.model.preprocess or {}
     v1 = "mode" in pre
-    if pre.get("crop_mode", True):
+    tiled = any(r.tiles for r in m.records)
+    if pre.get("crop_mode", True) and tiled:
         tile = pre.get("image_size" if v1 else "tile_size")
         return (
             f". Fewer tiles (model.preprocess.max_tiles) cut it in proportion: each {f'{tile}-px ' if tile else ''}"
             f"tile adds a full SAM + {'CLIP' if v1 else 'encoder'} pass"
             + ("; model.mode=base runs the global view alone" if v1 else "")
         )
-    return f". A smaller mode than model.mode={pre['mode']} cuts it: SAM's work grows with the view's area"
+    if v1 and pre.get("mode") not in (None, "tiny"):
+        return f". A smaller mode than model.mode={pre['mode']} cuts it: SAM's work grows with the view's area"
+    return ". The pages ran as one global view each (no tiles), so only a smaller view would cut it further"

@@ -11,6 +11,7 @@ from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.data.prompts import read_prompt
 from llm_perf_opt.measure.flops import FLOP_SOURCE
 from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records.common import Summary
 from llm_perf_opt.records.stage1 import (
     InputsManifest,
     OperatorRow,
@@ -59,13 +60,20 @@ def _is_text(m: Stage1Metrics) -> bool:
     return m.settings.input_kind == "text"
 
 
-def _stat_rows(stats: Sequence[StageStat], e2e_median: float | None) -> list[list[str]]:
+def _interval(s: Summary) -> str:
+    """The 95% interval, or n/a with the range when there are fewer than 3 values."""
+    if s.ci95_low is None or s.ci95_high is None:
+        return f"n/a (n < 3; range {ms(s.min)} – {ms(s.max)})"
+    return f"{ms(s.ci95_low)} – {ms(s.ci95_high)}"
+
+
+def _stat_rows(stats: Sequence[StageStat], e2e_mean: float | None) -> list[list[str]]:
     rows = []
     vision = _has_vision(stats)
     for st in stats:
         s = st.summary
         derived = st.stage in (vocab.TTFT, vocab.E2E, vocab.DECODE_STEP)
-        share = pct(s.p50 / e2e_median) if e2e_median and not derived else ""
+        share = pct(s.mean / e2e_mean) if e2e_mean and not derived else ""
         rows.append(
             [
                 stage_label(st.stage, vision),
@@ -77,7 +85,7 @@ def _stat_rows(stats: Sequence[StageStat], e2e_median: float | None) -> list[lis
                 ms(s.max),
                 ms(s.std),
                 pct(s.cv),
-                f"{ms(s.ci95_low)} – {ms(s.ci95_high)}",
+                _interval(s),
                 share,
             ]
         )
@@ -93,14 +101,27 @@ _STAT_HEADER = [
     "min",
     "max",
     "std",
-    "CV",
-    "95% CI of mean",
-    "share of e2e (p50)",
+    "CV (images mixed)",
+    "95% interval",
+    "share of e2e (mean)",
 ]
 
 
-def _e2e_median(stats: Sequence[StageStat]) -> float | None:
-    return next((s.summary.p50 for s in stats if s.stage == vocab.E2E), None)
+def _e2e_mean(stats: Sequence[StageStat]) -> float | None:
+    return next((s.summary.mean for s in stats if s.stage == vocab.E2E), None)
+
+
+def _within_image_text(m: Stage1Metrics) -> str:
+    """The median CV over one input's passes, per top-level stage (or why there is none)."""
+    judged = [
+        v for v in m.variation if v.within_image_cv_median is not None and v.stage in (*vocab.TOP_LEVEL, vocab.E2E)
+    ]
+    if not judged:
+        return "it needs at least 3 passes of one input."
+    return (
+        ", ".join(f"{v.stage} {pct(v.within_image_cv_median)}" for v in judged)
+        + " (median CV over one input's passes)."
+    )
 
 
 def _mfu_rows(m: Stage1Metrics) -> list[list[str]]:
@@ -149,6 +170,11 @@ _OP_HEADER = [
     "total CPU ms (incl.)",
     "share of self time",
 ]
+
+
+def _flops_source(m: Stage1Metrics) -> str:
+    """How the run counted its FLOPs (as recorded; the current method for a run that recorded none)."""
+    return next((r.flops_source for r in m.mfu), FLOP_SOURCE)
 
 
 def _passes_text(m: Stage1Metrics) -> str:
@@ -215,7 +241,14 @@ def report_md(
         + " inside decode: they are shown nested and never added again. Time to first token = preprocess + prefill. "
         "End to end = preprocess + prefill + decode."
     )
-    doc.table(_STAT_HEADER, _stat_rows(m.stages, _e2e_median(m.stages)))
+    methods = sorted({st.summary.ci_method for st in m.stages if st.summary.ci_method})
+    doc.table(_STAT_HEADER, _stat_rows(m.stages, _e2e_mean(m.stages)))
+    doc.para(
+        "n: timed passes (decode/step: one value per pass, its mean step time, so the interval is over passes). "
+        f"95% interval: {'; '.join(methods) or 'none (fewer than 3 passes)'}; none from fewer than 3 values. "
+        "CV over every pass of every input mixes different inputs; run-to-run noise is judged within one input: "
+        + _within_image_text(m)
+    )
 
     image_cols = not _is_text(m)  # tiles and image tokens mean nothing for a text prompt
     doc.h2("Per image (medians, ms)" if image_cols else "Per prompt (medians, ms)")
@@ -276,7 +309,7 @@ def report_md(
     )
     doc.para(
         "MFU = FLOPs over all timed passes / (their measured time × dense peak FLOP/s). "
-        f"FLOPs: {FLOP_SOURCE}. {denominator}"
+        f"FLOPs: {_flops_source(m)}. {denominator}"
     )
     doc.table(
         ["stage", "FLOPs (all passes)", "time (all passes, ms)", "achieved TFLOP/s", "peak TFLOP/s", "MFU"],
@@ -375,25 +408,34 @@ def operators_md(m: Stage1Metrics, operators: OperatorTable, top_k: int) -> str:
     return doc.text()
 
 
+def _cost_centre_rows(stats: Sequence[StageStat]) -> list[list[str]]:
+    """Top-level stages by mean time with their share of the mean end-to-end time, each followed by its nested
+    stages with their share of it (means add up pass by pass; medians do not)."""
+    mean = {s.stage: s.summary.mean for s in stats}
+    e2e = mean.get(vocab.E2E)
+    vision = _has_vision(stats)
+    rows = []
+    for top in sorted((s for s in stats if s.stage in vocab.TOP_LEVEL), key=lambda s: -s.summary.mean):
+        rows.append(
+            [stage_label(top.stage, vision), ms(top.summary.mean), pct(top.summary.mean / e2e) if e2e else "n/a"]
+        )
+        inner = [s for s in stats if s.nested_in == top.stage and s.stage != vocab.DECODE_STEP]
+        for s in sorted(inner, key=lambda s: -s.summary.mean):
+            share = pct(s.summary.mean / top.summary.mean) if top.summary.mean else "n/a"
+            rows.append([stage_label(s.stage, vision), ms(s.summary.mean), f"{share} of {top.stage}"])
+    return rows
+
+
 def stakeholder_md(m: Stage1Metrics) -> str:
     doc = Doc(f"Stakeholder summary: {m.model.name} inference on {m.device.name}")
     doc.para(f"{m.model.weights_detail}. Batch size 1, {m.settings.max_new_tokens} new tokens per image.")
     doc.h2("Key findings")
     doc.bullets(key_findings(m))
-    doc.h2("Top cost centres (share of end-to-end median)")
-    e2e = _e2e_median(m.stages)
-    top = sorted(
-        (s for s in m.stages if s.stage not in (vocab.TTFT, vocab.E2E, vocab.DECODE_STEP)),
-        key=lambda s: s.summary.p50,
-        reverse=True,
+    doc.h2("Top cost centres (share of the mean end-to-end time)")
+    doc.para(
+        "Top-level stages add up to the end-to-end time; nested stages (↳) are shares of the stage that contains them."
     )
-    doc.table(
-        ["stage", "median ms", "share"],
-        [
-            [stage_label(s.stage, _has_vision(m.stages)), ms(s.summary.p50), pct(s.summary.p50 / e2e) if e2e else "n/a"]
-            for s in top
-        ],
-    )
+    doc.table(["stage", "mean ms", "share"], _cost_centre_rows(m.stages))
     doc.h2("Recommendations")
     doc.bullets(recommendations(m))
     if m.warnings:
@@ -453,7 +495,7 @@ def assumptions_md(m: Stage1Metrics, inputs: InputsManifest) -> str:
             "NVTX ranges (domain llm_perf_opt): preprocess, prefill, "
             + "".join(f"{st.stage}, " for st in m.stages if vocab.is_vision(st.stage))
             + "decode, decode/step",
-            f"FLOPs: {FLOP_SOURCE}",
+            f"FLOPs: {_flops_source(m)}",
         ]
     )
     doc.h2("Dataset selection")

@@ -1,0 +1,55 @@
+"""Run-to-run variation judged per image: the spread over the passes of one image, not over a mix of images.
+
+Pooled over a multi-image run, a stage's CV mostly measures how different the images are (tiles, tokens), so it
+is reported as image mix. Noise is the spread of one image's own passes: per stage, the CV over the passes of
+each image, summarised over the images with at least `MIN_VALUES_FOR_CI` passes by its median (the warning's
+figure: what a typical image shows) and its maximum (with the image that shows it).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+from llm_perf_opt.measure.aggregate import stage_values
+from llm_perf_opt.measure.stats import MIN_VALUES_FOR_CI
+from llm_perf_opt.records.stage1 import ImageRecord, ImageSpread, StageVariation
+
+
+def _cv(values: Sequence[float]) -> float | None:
+    if len(values) < 2:
+        return None
+    mean = statistics.fmean(values)
+    return statistics.stdev(values) / abs(mean) if mean != 0 else None
+
+
+def stage_variation(records: Sequence[ImageRecord], vision_stages: Sequence[str]) -> tuple[StageVariation, ...]:
+    """Per stage (report order), the dispersion over each image's passes and over the mix of images."""
+    images = list(dict.fromkeys(r.image for r in records))
+    per_image = {image: stage_values([r for r in records if r.image == image], vision_stages) for image in images}
+    out = []
+    for stage, pooled in stage_values(records, vision_stages).items():
+        spreads = tuple(
+            ImageSpread(image=image, passes=len(vals), cv=_cv(vals))
+            for image in images
+            if (vals := per_image[image].get(stage))
+        )
+        judged = [s for s in spreads if s.passes >= MIN_VALUES_FOR_CI and s.cv is not None]
+        worst = max(judged, key=lambda s: s.cv or 0.0) if judged else None
+        out.append(
+            StageVariation(
+                stage=stage,
+                per_image=spreads,
+                images_judged=len(judged),
+                within_image_cv_median=statistics.median(s.cv for s in judged if s.cv is not None) if judged else None,
+                within_image_cv_max=worst.cv if worst else None,
+                worst_image=worst.image if worst else None,
+                image_mix_cv=_cv(pooled) if len(spreads) > 1 else None,
+            )
+        )
+    return tuple(out)
+
+
+def high_variation(variations: Sequence[StageVariation], threshold: float) -> tuple[StageVariation, ...]:
+    """The stages whose median within-image CV exceeds `threshold` (a fraction): the run-to-run noise warning."""
+    return tuple(v for v in variations if v.within_image_cv_median is not None and v.within_image_cv_median > threshold)

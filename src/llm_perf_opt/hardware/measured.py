@@ -9,7 +9,6 @@ and torch version (`measure.calibration`) and cached as JSON under `~/.cache/llm
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Mapping
@@ -17,14 +16,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import attrs
-import cattrs
 import torch
 
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.hardware.table import compute_dtype_key
 from llm_perf_opt.measure import calibration
 from llm_perf_opt.records.common import PeakFigure
-from llm_perf_opt.records.io import atomic_write_text, converter, to_plain
+from llm_perf_opt.records.io import RecordError, load_file, save
 
 DATASHEET = "datasheet"
 MEASURED = "measured"
@@ -86,11 +84,11 @@ def cache_path(device_name: str, cache_dir: Path | None = None) -> Path:
 def _read_cache(path: Path, device_name: str) -> PeaksCache:
     """The cache at `path`; an empty one when it is missing, damaged or written for another device or torch."""
     empty = PeaksCache(device_name=device_name, torch=torch.__version__)
-    try:
-        cached = converter.structure(json.loads(path.read_text(encoding="utf-8")), PeaksCache)
-    except FileNotFoundError:
+    if not path.is_file():
         return empty
-    except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError, cattrs.BaseValidationError):
+    try:
+        cached = load_file(path, PeaksCache, versioned=False)
+    except RecordError:
         return empty  # damaged: measured again and rewritten by the caller
     same = cached.device_name == device_name and cached.torch == torch.__version__
     return cached if same else empty
@@ -122,7 +120,7 @@ def _figure(key: str, device: torch.device, cache_dir: Path | None) -> tuple[Mea
     if key not in cache.figures:
         cache = attrs.evolve(cache, figures={**cache.figures, key: _measure(key, device)})
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, json.dumps(to_plain(cache), indent=2) + "\n")
+        save(cache, path)
     return cache.figures[key], path
 
 

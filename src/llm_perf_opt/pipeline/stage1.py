@@ -22,10 +22,16 @@ from llm_perf_opt.data.dataset import DatasetSelection, ImageEntry, TextEntry
 from llm_perf_opt.data.inputs import InputChoice, select_inputs
 from llm_perf_opt.env_info import collect_env
 from llm_perf_opt.errors import UserError, require_whole
+from llm_perf_opt.hardware.measured import (
+    MEASURED,
+    check_peaks_setting,
+    measured_peak_bandwidth,
+    measured_peak_compute,
+)
 from llm_perf_opt.hardware.table import peak_bandwidth, peak_compute
 from llm_perf_opt.measure.aggregate import stage_stats, throughput
 from llm_perf_opt.measure.efficiency import efficiency_by_stage
-from llm_perf_opt.measure.flops import FLOP_SOURCE, StageFlops, count_stage_flops
+from llm_perf_opt.measure.flops import FLOP_SOURCE, GROUPED_MM_FALLBACK_OP, StageFlops, count_stage_flops
 from llm_perf_opt.measure.mfu import mfu_by_stage
 from llm_perf_opt.measure.timing import timing_method
 from llm_perf_opt.measure.torch_profiler import OperatorTable, profile_image
@@ -34,7 +40,7 @@ from llm_perf_opt.output_settings import output_settings
 from llm_perf_opt.pipeline.analytic import write_analytic_report_for_run
 from llm_perf_opt.progress import Feedback, StepHandle
 from llm_perf_opt.records import vocabulary as vocab
-from llm_perf_opt.records.common import SCHEMA_VERSION
+from llm_perf_opt.records.common import SCHEMA_VERSION, PeakFigure
 from llm_perf_opt.records.folders import INPUTS_FILE, METRICS_FILE, OPERATORS_FILE, load_stage1
 from llm_perf_opt.records.io import dumps_lines
 from llm_perf_opt.records.stage1 import (
@@ -43,6 +49,7 @@ from llm_perf_opt.records.stage1 import (
     ImageRecord,
     InputFate,
     InputsManifest,
+    MeasuredPeaks,
     ModelInfo,
     Prediction,
     ProfilerInfo,
@@ -55,7 +62,13 @@ from llm_perf_opt.records.stage1 import (
 from llm_perf_opt.report import stage1_reports
 from llm_perf_opt.report.markdown import pct
 from llm_perf_opt.session.adapters.registry import make_adapter
-from llm_perf_opt.session.session import DeepSeekOCRSession, ImageMeasurement, device_name, resolve_device
+from llm_perf_opt.session.session import (
+    DeepSeekOCRSession,
+    ImageMeasurement,
+    device_name,
+    resolve_device,
+    resolve_dtype,
+)
 
 log = logging.getLogger("llm_perf_opt.stage1")
 
@@ -143,6 +156,7 @@ class _RunState:
     analytic: dict[str, Mapping[str, Any]] = attrs.Factory(dict)  # image -> stage -> analytic cost
     predictions: dict[str, tuple[int, ...]] = attrs.Factory(dict)
     operators: OperatorTable | None = None
+    measured_peaks: tuple[PeakFigure | None, PeakFigure | None] | None = None  # hardware.peaks=measured
 
 
 class Stage1Run:
@@ -228,6 +242,7 @@ class Stage1Run:
         self.art.write_yaml(INPUTS_FILE, self._inputs_manifest())
         self.art.write_json("env.json", collect_env(device))
 
+        self._measure_peaks(device)
         log.info("building %s on %s …", cfg.model.name, device)
         started = time.perf_counter()
         with self.feedback.step(f"building {cfg.model.name} on {device}"):
@@ -257,6 +272,20 @@ class Stage1Run:
                 )
             if trace is not None:
                 self.art.record("torch_profiler/trace.json.gz")
+
+    def _measure_peaks(self, device: torch.device) -> None:
+        """hardware.peaks=measured: this GPU's achievable GEMM and copy rates (cached per device), measured before
+        the model takes the memory."""
+        if check_peaks_setting(self.cfg.hardware.peaks) != MEASURED:
+            return
+        if device.type != "cuda":
+            return  # said in the run's warnings
+        dtype = str(resolve_dtype(self.cfg.model.dtype, device)).removeprefix("torch.")
+        with self.feedback.step("measuring this GPU's achievable peaks (cached after the first run)"):
+            self.state.measured_peaks = (
+                measured_peak_compute(device, dtype, tf32_matmul=bool(torch.backends.cuda.matmul.allow_tf32)),
+                measured_peak_bandwidth(device),
+            )
 
     def _run_images(
         self, session: DeepSeekOCRSession, settings: ResolvedSettings, vision: tuple[str, ...], bar: StepHandle
@@ -340,6 +369,19 @@ class Stage1Run:
         }
         warnings = self._warnings(records, partial, peak is None)
         ops = self.state.operators
+        measured = self.state.measured_peaks
+        measured_peaks = (
+            None
+            if measured is None
+            else MeasuredPeaks(
+                compute=measured[0],
+                bandwidth=measured[1],
+                mfu=mfu_by_stage(records, self.state.flops, mfu_stages, measured[0]),
+                efficiency=efficiency_by_stage(
+                    records, flops_per_image, self.state.analytic, mfu_stages, measured[0], measured[1], FLOP_SOURCE
+                ),
+            )
+        )
         return Stage1Metrics(
             schema_version=SCHEMA_VERSION,
             run_id=self.run_id,
@@ -401,6 +443,7 @@ class Stage1Run:
             warnings=warnings,
             config_digest=config_digest(cfg),
             variation=stage_variation(records, vision),
+            measured_peaks=measured_peaks,
         )
 
     def _warnings(self, records: list[ImageRecord], partial: bool, no_peak: bool) -> tuple[str, ...]:
@@ -412,6 +455,13 @@ class Stage1Run:
             out.append(
                 f"No analytic model for {self.session.model.__class__.__name__}: bytes, MBU, the roofline and the "
                 "speed of light are absent; FLOPs and MFU are counted on the real modules."
+            )
+        if self.cfg.hardware.peaks == MEASURED and self.state.measured_peaks is None:
+            out.append("hardware.peaks=measured needs a CUDA device: MFU and MBU use the datasheet peaks only.")
+        if any(GROUPED_MM_FALLBACK_OP in f.by_operator for f in self.state.flops.values()):
+            out.append(
+                "The MoE experts ran through transformers' grouped-matmul fallback (a loop over experts), not torch's "
+                "grouped_mm kernel: their FLOPs are counted alike, their time is the fallback's."
             )
         if self.session.loaded.weights == "random":
             out.append("Random weights: timings, FLOPs and bytes are real; the generated tokens are not text.")

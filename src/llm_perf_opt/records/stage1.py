@@ -245,6 +245,16 @@ class RunSettings:
 
 
 @attrs.frozen
+class MeasuredPeaks:
+    """MFU and MBU against the achievable peaks measured on this GPU (a second denominator beside the datasheet)."""
+
+    compute: PeakFigure | None
+    bandwidth: PeakFigure | None
+    mfu: tuple[MfuRecord, ...]
+    efficiency: tuple[StageEfficiency, ...]
+
+
+@attrs.frozen
 class Stage1Metrics:
     """`metrics.json` of a Stage 1 run."""
 
@@ -270,6 +280,8 @@ class Stage1Metrics:
     flops_per_image: Mapping[str, Mapping[str, float]] = attrs.field(factory=dict)  # image -> stage -> FLOPs/pass
     profiler: ProfilerInfo | None = None
     variation: tuple[StageVariation, ...] = ()  # run-to-run dispersion within each image, and over the image mix
+    # hardware.peaks=measured: the same figures against this GPU's measured achievable peaks (GEMM and copy)
+    measured_peaks: MeasuredPeaks | None = None
 
     @property
     def vision_stages(self) -> tuple[str, ...]:

@@ -172,6 +172,39 @@ _OP_HEADER = [
 ]
 
 
+def _measured_peaks_section(doc: Doc, m: Stage1Metrics) -> None:
+    """MFU and MBU against the achievable peaks measured on this GPU, beside the datasheet figures."""
+    mp = m.measured_peaks
+    if mp is None:
+        return
+    doc.h2("Against this GPU's measured peaks")
+    peaks = [
+        f"compute {mp.compute.value / 1e12:,.1f} TFLOP/s ({mp.compute.source})" if mp.compute else "compute: n/a",
+        f"bandwidth {mp.bandwidth.value / 1e9:,.0f} GB/s ({mp.bandwidth.source})" if mp.bandwidth else "bandwidth: n/a",
+    ]
+    doc.para(
+        "The datasheet peaks are rarely reachable; these denominators are what a large GEMM in the run's dtype and a "
+        "large device-to-device copy achieve on this GPU: " + "; ".join(peaks) + "."
+    )
+    stages = [r.stage for r in m.mfu]
+    vision = _has_vision(m.stages)
+    rows = []
+    for stage in stages:
+        sheet, achievable = m.efficiency_of(stage), next((e for e in mp.efficiency if e.stage == stage), None)
+        sheet_mfu = m.mfu_of(stage)
+        measured_mfu = next((r for r in mp.mfu if r.stage == stage), None)
+        rows.append(
+            [
+                stage_label(stage, vision),
+                pct(sheet_mfu.mfu if sheet_mfu else None, 2),
+                pct(measured_mfu.mfu if measured_mfu else None, 2),
+                pct(sheet.mbu if sheet else None, 2),
+                pct(achievable.mbu if achievable else None, 2),
+            ]
+        )
+    doc.table(["stage", "MFU (datasheet)", "MFU (measured peak)", "MBU (datasheet)", "MBU (measured peak)"], rows)
+
+
 def _flops_source(m: Stage1Metrics) -> str:
     """How the run counted its FLOPs (as recorded; the current method for a run that recorded none)."""
     return next((r.flops_source for r in m.mfu), FLOP_SOURCE)
@@ -361,6 +394,8 @@ def report_md(
                 for e in m.efficiency
             ],
         )
+
+    _measured_peaks_section(doc, m)
 
     if operators is not None:
         doc.h2("Top operators of the profiled pass")

@@ -13,9 +13,11 @@ from llm_perf_opt.nsight.ncu_report import (
     classify_bound,
     function_name,
     kernel_base_name,
+    nvtx_stack,
     parse_ncu_raw_csv,
     parse_number,
     read_ncu_raw_csv,
+    read_table,
     unit_scale,
 )
 
@@ -404,3 +406,26 @@ def test_full_size_prefill_gemm_below_60_percent_is_compute_leaning_not_latency(
     assert gemm.sm_throughput_pct == pytest.approx(sum(tensor) / 4)  # the SM figure is the tensor pipe here
     assert gemm.dram_throughput_pct is not None and 53 < gemm.dram_throughput_pct < 54
     assert gemm.bound == "compute-leaning"
+
+
+def test_nvtx_stack_of_the_real_export_and_of_both_range_kinds() -> None:
+    table, rows = read_table(FIXTURE.read_text(), "fixture")
+    assert [nvtx_stack(table, row, "llm_perf_opt") for row in rows] == [("decode", "decode/step")] * 6
+    assert nvtx_stack(table, rows[0], "other") == ()
+    start_stop = "Id:Domain:Start/Stop_Range:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg"
+    text = raw_csv(
+        [("ID", ""), (NVTX, ""), (start_stop, ""), ("Kernel Name", "")],
+        [
+            [
+                "0",
+                '640 "llm_perf_opt:a:b:none:none:RGB:0xff:REGISTERED:a:b"  '
+                '"torch:aten::mm:none:none:RGB:0x0:REGISTERED:aten::mm"',
+                '"7:llm_perf_opt:capture:none:none:RGB:0xff:REGISTERED:capture"',
+                "k",
+            ]
+        ],
+    )
+    table, rows = read_table(text, "made up")
+    assert nvtx_stack(table, rows[0], "llm_perf_opt") == ("a:b", "capture")  # a colon in a range name survives
+    assert nvtx_stack(table, rows[0], "torch") == ("aten::mm",)
+    assert read_table("", "empty")[1] == []  # nothing profiled: no rows

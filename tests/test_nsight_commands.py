@@ -261,3 +261,53 @@ def test_shell_line_quotes_for_copy_paste() -> None:
     line = commands.shell_line(argv)
     assert shlex.split(line) == argv
     assert "'regex:^(a|b)$'" in line
+
+
+def test_ncu_bytes_argv_profiles_every_kernel_of_the_stage_without_flushing_caches() -> None:
+    argv = commands.ncu_bytes_argv(
+        NCU, Path("/run/ncu/bytes-decode/report"), WORKLOAD, stage="decode", launch_skip=217, launch_count=217
+    )
+    assert argv == [
+        "/opt/ncu/ncu",
+        "--target-processes",
+        "all",
+        "--clock-control",
+        "none",
+        "--cache-control",
+        "none",
+        "--launch-skip",
+        "217",
+        "--launch-count",
+        "217",
+        "--nvtx",
+        "--nvtx-include",
+        "llm_perf_opt@decode/",
+        "--metrics",
+        "gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum",
+        "--replay-mode",
+        "kernel",
+        "-f",
+        "-o",
+        "/run/ncu/bytes-decode/report",
+        *WORKLOAD,
+    ]
+    assert "-k" not in argv and "--section" not in argv  # every kernel, no section (one counter pass)
+
+
+def test_ncu_bytes_argv_passes_its_settings_on() -> None:
+    argv = commands.ncu_bytes_argv(
+        NCU,
+        Path("o"),
+        ["w"],
+        stage="prefill",
+        launch_skip=0,
+        launch_count=1366,
+        clock_control="base",
+        target_processes="application-only",
+        cache_control="all",
+    )
+    assert argv[1:7] == ["--target-processes", "application-only", "--clock-control", "base", "--cache-control", "all"]
+    assert argv[argv.index("--nvtx-include") + 1] == "llm_perf_opt@prefill/"
+    assert argv[argv.index("--launch-count") + 1] == "1366"
+    with pytest.raises(ValueError, match="launch_count"):
+        commands.ncu_bytes_argv(NCU, Path("o"), ["w"], stage="prefill", launch_skip=0, launch_count=0)

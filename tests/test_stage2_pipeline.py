@@ -255,7 +255,7 @@ def test_ncu_rounds_are_recorded_in_the_targets_and_the_capture(
     monkeypatch.setattr(stage2, "run_tool", fake_ncu)
     folder = _stage2_folder(tmp_path)
     (folder / TARGETS_FILE).unlink()
-    cfg = compose_stage2()
+    cfg = compose_stage2("pipeline.ncu.bytes_pass=false")
     run = stage2.Stage2Run(cfg, folder, run_id="fixture", task_overrides=[])
     run._run_ncu(tools.Tool(name="ncu", path=Path("/opt/ncu"), version="2025.3.1"), cfg.stage2.modes.light)
     targets = load_ncu_targets(folder)

@@ -7,6 +7,7 @@ import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
+from llm_perf_opt.nsight.ncu_bytes import BYTES_METRICS
 from llm_perf_opt.nsight.ncu_report import function_name
 
 NVTX_DOMAIN = "llm_perf_opt"
@@ -148,6 +149,43 @@ def ncu_argv(
     argv += [str(a) for a in extra]
     argv += ["-f", "-o", str(output_base)]
     return argv + [str(a) for a in workload]
+
+
+def ncu_bytes_argv(
+    ncu: Path,
+    output_base: Path,
+    workload: Sequence[str],
+    *,
+    stage: str,
+    launch_skip: int,
+    launch_count: int,
+    clock_control: str = "none",
+    target_processes: str = "all",
+    cache_control: str = "none",
+    domain: str = NVTX_DOMAIN,
+) -> list[str]:
+    """The bytes pass: EVERY kernel launched inside the NVTX range `stage` (no kernel filter), `launch_count` of
+    them after `launch_skip`, with only duration and DRAM read/write bytes (one counter pass, no sections).
+
+    `cache_control` "none" leaves L1/L2 as the previous kernel left them, so a kernel's DRAM bytes are those of the
+    real kernel sequence; ncu's default "all" flushes the caches before each kernel, which sends every input to
+    DRAM again and overstates the traffic of kernels whose inputs the previous kernel left in L2.
+    """
+    return ncu_argv(
+        ncu,
+        output_base,
+        workload,
+        kernel_regex=None,
+        launch_skip=launch_skip,
+        launch_count=launch_count,
+        nvtx_include=[stage],
+        metrics=BYTES_METRICS,
+        clock_control=clock_control,
+        target_processes=target_processes,
+        cache_control=cache_control,
+        domain=domain,
+        extra=("--replay-mode", "kernel"),
+    )
 
 
 def kernel_regex_for(names: Sequence[str], *, base: str = "function") -> str:

@@ -132,16 +132,40 @@ def function_name(name: str) -> str:
     return kernel_base_name(name).rsplit("::", 1)[-1] or name.strip()
 
 
+def _nvtx_entries(cell: str, lead_fields: int) -> list[tuple[str | None, str]]:
+    """(domain, range) of each range of ncu's NVTX cell, outermost first.
+
+    The cell reads `tid  "domain:range:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg"  ...` for push/pop ranges
+    (`lead_fields` 1: the domain) and `"id:domain:range:..."` for start/stop ranges (`lead_fields` 2).
+    """
+    out: list[tuple[str | None, str]] = []
+    for entry in re.findall(r'"([^"]*)"', cell):
+        parts = entry.split(":")
+        if len(parts) < lead_fields + 7:
+            if entry:
+                out.append((None, entry))
+            continue
+        colons = (len(parts) - lead_fields - 7) // 2  # the range and its message carry the same colons
+        name = ":".join(parts[lead_fields : lead_fields + 1 + colons])
+        if name:
+            out.append((parts[lead_fields - 1], name))
+    return out
+
+
 def _nvtx_range(cell: str, lead_fields: int) -> str | None:
-    """Innermost range of ncu's NVTX cell: `tid  "domain:range:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg"  ...`."""
-    entries = re.findall(r'"([^"]*)"', cell)
-    if not entries:
-        return None
-    parts = entries[-1].split(":")
-    if len(parts) < lead_fields + 7:
-        return entries[-1] or None
-    colons = (len(parts) - lead_fields - 7) // 2  # the range and its message carry the same colons
-    return ":".join(parts[lead_fields : lead_fields + 1 + colons]) or None
+    """Innermost range of ncu's NVTX cell (see :func:`_nvtx_entries`)."""
+    entries = _nvtx_entries(cell, lead_fields)
+    return entries[-1][1] if entries else None
+
+
+def nvtx_stack(table: Table, row: Sequence[str], domain: str) -> tuple[str, ...]:
+    """The NVTX ranges of `domain` open around a launch, outermost first (push/pop ranges, then start/stop)."""
+    stack: list[str] = []
+    for column in table.header:
+        lead = 1 if "Push/Pop_Range" in column else 2 if "Start/Stop_Range" in column else 0
+        if lead:
+            stack.extend(name for dom, name in _nvtx_entries(row[table.index[column]], lead) if dom == domain)
+    return tuple(stack)
 
 
 # ---- units and numbers -----------------------------------------------------------------------------------
@@ -183,7 +207,9 @@ def parse_number(text: str) -> float | None:
 
 
 @attrs.define
-class _Table:
+class Table:
+    """The header of an ncu raw-page CSV with each column's factor to base units."""
+
     header: list[str]
     scales: list[float]
     index: dict[str, int]
@@ -236,7 +262,7 @@ def _csv_rows(text: str, source: str) -> list[list[str]]:
     return list(csv.reader(kept))
 
 
-def _make_table(header: list[str], units: list[str], source: str) -> _Table:
+def _make_table(header: list[str], units: list[str], source: str) -> Table:
     name_at = next((header.index(c) for c in _KERNEL_NAME_COLUMNS if c in header), None)
     if name_at is None:
         raise UserError(f"{source} has no Kernel Name column", "Export it with `ncu --import <rep> --csv --page raw`")
@@ -252,10 +278,34 @@ def _make_table(header: list[str], units: list[str], source: str) -> _Table:
             "Export it with `ncu --import <rep> --csv --page raw` (without --print-units or "
             "--print-metric-name options that change the layout)",
         )
-    return _Table(header=header, scales=[unit_scale(u) for u in units], index={h: i for i, h in enumerate(header)})
+    return Table(header=header, scales=[unit_scale(u) for u in units], index={h: i for i, h in enumerate(header)})
 
 
-def _elapsed_cycles(table: _Table, row: Sequence[str], unit: str, duration_s: float) -> float | None:
+def read_table(text: str, source: str) -> tuple[Table, list[list[str]]]:
+    """The table of an ncu raw-page CSV's text and its launch rows (a table without rows when nothing was
+    profiled)."""
+    rows = _csv_rows(text, source)
+    if len(rows) < 2:
+        return Table(header=[], scales=[], index={}), []
+    return _make_table(rows[0], rows[1], source), rows[2:]
+
+
+def launch_name(table: Table, row: Sequence[str]) -> str:
+    """ncu's full name of the launch in `row`."""
+    return next(row[table.index[c]] for c in _KERNEL_NAME_COLUMNS if c in table.index).strip()
+
+
+def check_width(table: Table, row: Sequence[str], number: int, source: str) -> None:
+    """A UserError when launch row `number` does not have the header's number of fields."""
+    if len(row) != len(table.header):
+        raise UserError(
+            f"{source}: launch row {number} has {len(row)} fields, the header {len(table.header)}",
+            "The export is truncated or not an ncu raw-page CSV; export it again with "
+            "`ncu --import <rep> --csv --page raw`",
+        )
+
+
+def _elapsed_cycles(table: Table, row: Sequence[str], unit: str, duration_s: float) -> float | None:
     cycles = table.value(row, f"{unit}__cycles_elapsed.avg")
     if cycles is not None:
         return cycles
@@ -266,7 +316,7 @@ def _elapsed_cycles(table: _Table, row: Sequence[str], unit: str, duration_s: fl
     return None
 
 
-def _tensor_flops(table: _Table, row: Sequence[str], duration_s: float) -> float | None:
+def _tensor_flops(table: Table, row: Sequence[str], duration_s: float) -> float | None:
     """Tensor-core FLOPs from `sm__ops_path_tensor_src_*` (counts, else per-cycle rates x elapsed cycles)."""
     by_src: dict[str, dict[tuple[bool, bool], list[str]]] = {}
     for column in table.header:
@@ -291,7 +341,7 @@ def _tensor_flops(table: _Table, row: Sequence[str], duration_s: float) -> float
     return total if found else None
 
 
-def _launch_flops(table: _Table, row: Sequence[str], duration_s: float) -> float | None:
+def _launch_flops(table: Table, row: Sequence[str], duration_s: float) -> float | None:
     total, found = 0.0, False
     for precision, op, weight in _FLOP_OPS:
         stem = f"sass_thread_inst_executed_op_{precision}{op}_pred_on"
@@ -311,14 +361,9 @@ def _launch_flops(table: _Table, row: Sequence[str], duration_s: float) -> float
     return total if found else None
 
 
-def _launch(table: _Table, row: list[str], number: int, source: str) -> _Launch:
-    if len(row) != len(table.header):
-        raise UserError(
-            f"{source}: launch row {number} has {len(row)} fields, the header {len(table.header)}",
-            "The export is truncated or not an ncu raw-page CSV; export it again with "
-            "`ncu --import <rep> --csv --page raw`",
-        )
-    full = next(row[table.index[c]] for c in _KERNEL_NAME_COLUMNS if c in table.index).strip()
+def _launch(table: Table, row: list[str], number: int, source: str) -> _Launch:
+    check_width(table, row, number, source)
+    full = launch_name(table, row)
     duration = table.value(row, DURATION)
     if duration is None:
         raise UserError(
@@ -406,12 +451,9 @@ def parse_ncu_raw_csv(text: str, source: str = "ncu raw CSV") -> list[NcuKernel]
 
     No profiled launch (an empty export, or a header without rows) gives [].
     """
-    rows = _csv_rows(text, source)
-    if len(rows) < 2:
-        return []
-    table = _make_table(rows[0], rows[1], source)
+    table, rows = read_table(text, source)
     groups: dict[tuple[str, str | None], list[_Launch]] = {}
-    for number, row in enumerate(rows[2:], start=1):
+    for number, row in enumerate(rows, start=1):
         launch = _launch(table, row, number, source)
         groups.setdefault((launch.name, launch.nvtx_range), []).append(launch)
     kernels = [_kernel(launches) for launches in groups.values()]

@@ -367,6 +367,14 @@ class NsysTrace:
             gpu_busy_fraction=stage.busy_fraction,
         )
 
+    def instance_kernels(self, stage: str) -> list[int]:
+        """Kernel launches inside each instance of range `stage`, in the order the instances start."""
+        self._build("ranges")
+        sql = """SELECT COALESCE(s.kernels, 0) FROM temp.nvtx_ranges AS g
+                 LEFT JOIN temp.nvtx_range_stats AS s ON s.rid = g.rid
+                 WHERE g.name = :name ORDER BY g.start, g.rid"""
+        return [int(n) for (n,) in self._conn.execute(sql, {"name": stage})]
+
     def kernel_count(self) -> int:
         """Kernel launches in the whole trace."""
         (count,) = self._conn.execute(f"SELECT COUNT(*) FROM {KERNEL_TABLE}").fetchone()

@@ -13,14 +13,21 @@ import attrs
 
 from llm_perf_opt.hardware import peak_bandwidth, peak_compute
 from llm_perf_opt.measure.mfu import utilization
+from llm_perf_opt.nsight.measured_bytes import InstanceCost, instance_costs, measured_rows, window_warnings
+from llm_perf_opt.nsight.ncu_bytes import bytes_by_range, read_launch_bytes
 from llm_perf_opt.nsight.ncu_report import read_ncu_raw_csv
 from llm_perf_opt.nsight.nsys_trace import NsysTrace
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.common import SCHEMA_VERSION, PeakFigure
+from llm_perf_opt.records.folders import METRICS_FILE, load_stage1_metrics
+from llm_perf_opt.records.io import RecordError
 from llm_perf_opt.records.stage1 import Stage1Metrics
 from llm_perf_opt.records.stage2 import (
     Capture,
     KernelStat,
+    MeasuredBytes,
+    MeasuredBytesRow,
+    NcuBytesPass,
     NcuKernelRow,
     NcuStageTarget,
     NcuTargets,
@@ -249,6 +256,83 @@ class Stage2Analysis:
         compute.sort(key=lambda c: -c.value)
         return tuple(compute), self.bandwidth_peak() or peak_bandwidth(device_name)
 
+    # ---- Nsight Compute's bytes pass -----------------------------------------------------------------------------
+    def bytes_pass_costs(self, bytes_pass: NcuBytesPass) -> tuple[dict[str, InstanceCost], str, str]:
+        """Per-instance analytic costs for a bytes pass, where they come from, and a warning ("" when none).
+
+        The profiled workload's own Stage 1 figures first (the very image ncu measured); else the nsys workload's,
+        averaged over its passes."""
+        path = self.run_dir / bytes_pass.workload / METRICS_FILE
+        warning = ""
+        if path.is_file():
+            try:
+                own = load_stage1_metrics(path)
+            except RecordError as exc:
+                warning = f"{bytes_pass.workload}: {exc.problem}; analytic bytes taken from the nsys workload."
+            else:
+                images = ", ".join(own.images) or "no image"
+                passes = len(own.records)
+                source = (
+                    f"Stage 1's figures of the profiled workload itself ({bytes_pass.workload}/{METRICS_FILE}: "
+                    f"{images}, {passes} timed pass{'es' if passes != 1 else ''})"
+                )
+                return instance_costs(own), source, warning
+        if self.workload is None:
+            return {}, "", warning
+        passes, count = len(self.workload.records), len(self.workload.images)
+        source = (
+            f"the nsys workload's Stage 1 figures averaged over its {passes} timed passes of {count} image(s) "
+            "(the profiled workload left none)"
+        )
+        return instance_costs(self.workload), source, warning
+
+    def measured_bytes(
+        self, bandwidth: PeakFigure | None, l2_cache_bytes: int | None
+    ) -> tuple[MeasuredBytes | None, list[str]]:
+        """Measured DRAM bytes per stage instance beside the analytic ones (None without a bytes pass), and
+        warnings on passes that gave nothing or windows that missed kernels."""
+        passes = self.targets.bytes_passes if self.targets else ()
+        if not passes:
+            return None, []
+        compute = self.compute_peak()
+        ridge = compute.value / bandwidth.value if compute and bandwidth else None
+        rows: list[MeasuredBytesRow] = []
+        warnings: list[str] = []
+        for bytes_pass in passes:
+            raw = self.run_dir / bytes_pass.folder / "raw.csv"
+            if bytes_pass.note or not raw.is_file():
+                why = bytes_pass.note or f"{bytes_pass.folder}/raw.csv is missing"
+                warnings.append(f"No measured bytes for {bytes_pass.instance}: {why}.")
+                continue
+            launches = read_launch_bytes(raw)
+            if not launches:
+                warnings.append(f"No measured bytes for {bytes_pass.instance}: ncu profiled no kernel.")
+                continue
+            warnings.extend(window_warnings(bytes_pass, launches))
+            costs, source, warning = self.bytes_pass_costs(bytes_pass)
+            warnings.extend([warning] if warning else [])
+            rows.extend(
+                measured_rows(
+                    bytes_pass,
+                    bytes_by_range(launches),
+                    launches,
+                    costs,
+                    source or None,
+                    bandwidth=bandwidth,
+                    ridge=ridge,
+                    l2_cache_bytes=l2_cache_bytes,
+                )
+            )
+        cache_control = ", ".join(dict.fromkeys(p.cache_control for p in passes))
+        result = MeasuredBytes(
+            rows=tuple(rows),
+            cache_control=cache_control,
+            bandwidth_peak=bandwidth,
+            ridge_point=ridge,
+            l2_cache_bytes=l2_cache_bytes,
+        )
+        return result, warnings
+
     # ---- everything ---------------------------------------------------------------------------------------------
     def metrics(self) -> Stage2Metrics:
         """Everything the Stage 2 reports show."""
@@ -259,6 +343,7 @@ class Stage2Analysis:
         ncu_rows, ncu_warnings = self.ncu_rows()
         device = attrs.evolve(self.trace.device(), driver=self.driver)
         compute_roofs, bandwidth_roof = self.roofs(device.name or "")
+        measured, bytes_warnings = self.measured_bytes(bandwidth_roof, device.l2_cache_bytes)
         workload = self.workload
         return Stage2Metrics(
             schema_version=SCHEMA_VERSION,
@@ -283,5 +368,6 @@ class Stage2Analysis:
             top_kernels_by_stage=self.top_kernels_by_stage(tuple(r.stage for r in rows)),
             analysed_stages=self.analysed_stages(rows),
             ncu_kernels=ncu_rows,
-            warnings=(*warnings, *ncu_warnings),
+            warnings=(*warnings, *ncu_warnings, *bytes_warnings),
+            measured_bytes=measured,
         )

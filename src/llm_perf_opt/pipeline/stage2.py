@@ -25,7 +25,7 @@ from llm_perf_opt.nsight.ncu_report import read_ncu_raw_csv
 from llm_perf_opt.nsight.nsys_stats import REPORT_ALTERNATIVES, available_reports, pick_reports
 from llm_perf_opt.nsight.nsys_trace import NsysTrace
 from llm_perf_opt.nsight.stage2_analysis import Stage2Analysis
-from llm_perf_opt.nsight.tools import Tool, check_nsys_report, check_run, find_tool, require_gpu, run_tool
+from llm_perf_opt.nsight.tools import Tool, ToolRun, check_nsys_report, check_run, find_tool, require_gpu, run_tool
 from llm_perf_opt.progress import Feedback
 from llm_perf_opt.records import folders
 from llm_perf_opt.records import vocabulary as vocab
@@ -34,6 +34,7 @@ from llm_perf_opt.records.folders import NCU_TARGETS_FILE as TARGETS_FILE
 from llm_perf_opt.records.stage2 import (
     Capture,
     CapturedToolRun,
+    NcuBytesPass,
     NcuRound,
     NcuStageTarget,
     NcuTargets,
@@ -74,19 +75,23 @@ def workload_argv(
 ) -> list[str]:
     """`python -m llm_perf_opt.cli.stage1` with every user override plus Stage 2's own settings."""
     argv = [sys.executable, "-m", "llm_perf_opt.cli.stage1", *user_overrides]
-    own = {
+    defaults = {  # the user's value wins
         "pipeline.torch_profiler.enable": "false",  # the torch profiler and Nsight both use CUPTI
         "run.repeats": cfg.stage2.workload.repeats,
         "run.warmup": cfg.stage2.workload.warmup,
     }
+    forced: dict[str, Any] = {}  # after the user's overrides, so these win
     if ncu:
-        own["dataset.max_images"] = cfg.stage2.ncu_workload.max_images
-        own["infer.max_new_tokens"] = cfg.stage2.ncu_workload.max_new_tokens
-    for key, value in own.items():
-        if value is not None and (
-            (ncu and key in ("dataset.max_images", "infer.max_new_tokens")) or not _has_key(user_overrides, key)
-        ):
+        ncu_cfg = cfg.stage2.ncu_workload
+        forced = {
+            "dataset.max_images": ncu_cfg.max_images,
+            "infer.max_new_tokens": ncu_cfg.max_new_tokens,
+            "run.repeats": ncu_cfg.get("repeats"),
+        }
+    for key, value in defaults.items():
+        if value is not None and not _has_key(user_overrides, key) and forced.get(key) is None:
             argv.append(f"{key}={value}")
+    argv += [f"{key}={value}" for key, value in forced.items() if value is not None]
     argv.append(f"hydra.run.dir={run_dir / 'workload' / name}")
     return argv
 
@@ -180,7 +185,7 @@ class Stage2Run:
 
     def _timed_tool(
         self, key: str, argv: list[str], log_rel: str, timeout_s: float, what: str, *, check: bool = True
-    ) -> None:
+    ) -> ToolRun:
         self.art.write_text(str(Path(log_rel).with_name("cmd.txt")), commands.shell_line(argv) + "\n")
         log.info("%s: %s", what, commands.shell_line(argv)[:200])
         started = time.perf_counter()
@@ -196,6 +201,7 @@ class Stage2Run:
         self._note(runs={**self.capture.runs, key: done})
         if check:
             check_run(run, what)
+        return run
 
     def _run_nsys(self, nsys: Tool) -> None:
         cfg, run_dir = self.cfg, self.art.run_dir
@@ -278,11 +284,37 @@ class Stage2Run:
             done = self._ncu_rounds(ncu, mode, stage, target)
             targets = attrs.evolve(targets, stages={**targets.stages, stage: done})
             self.art.write_json(TARGETS_FILE, targets)
+        if self.cfg.pipeline.ncu.get("bytes_pass", False):
+            for stage in map(str, mode.stages):
+                done_pass = self._ncu_bytes_pass(ncu, stage)
+                targets = attrs.evolve(targets, bytes_passes=(*targets.bytes_passes, done_pass))
+                self.art.write_json(TARGETS_FILE, targets)
+
+    def _ncu_profile(self, ncu: Tool, key: str, folder: str, argv: list[str], what: str, *, check: bool = True) -> str:
+        """Run ncu (`argv`, writing `<folder>/report.ncu-rep`) and export its raw page to `<folder>/raw.csv`.
+
+        Returns "" when the export is there, else why not: no report (the filters matched nothing), or, with
+        `check` off, how ncu failed (with it on, a failure raises a UserError).
+        """
+        timeout = float(require_whole("pipeline.ncu.timeout_s", self.cfg.pipeline.ncu.timeout_s, 1))
+        run = self._timed_tool(key, argv, f"{folder}/profile.log", timeout, what, check=check)
+        if run.timed_out or run.returncode != 0:
+            how = "timed out" if run.timed_out else f"exited with code {run.returncode}"
+            return f"ncu {how} (see {folder}/profile.log)"
+        rep = self.art.path(f"{folder}/report.ncu-rep")
+        if not rep.is_file():
+            return "ncu profiled no kernel (the regex or NVTX filter matched nothing)"
+        raw = run_tool(
+            commands.ncu_import_raw_csv_argv(ncu.path, rep),
+            timeout_s=600,
+            log_path=self.art.path(f"{folder}/raw.csv"),
+        )
+        check_run(raw, f"ncu --import ({what})")
+        return ""
 
     def _ncu_rounds(self, ncu: Tool, mode: DictConfig, stage: str, target: NcuStageTarget) -> NcuStageTarget:
         """Up to MAX_NCU_ROUNDS ncu runs over `stage` until every target kernel was reached; `target` with them."""
         cfg, run_dir = self.cfg, self.art.run_dir
-        timeout = float(require_whole("pipeline.ncu.timeout_s", cfg.pipeline.ncu.timeout_s, 1))
         per_kernel = int(mode.launches_per_kernel)
         missing = list(target.kernels)
         for round_no in range(1, MAX_NCU_ROUNDS + 1):
@@ -308,20 +340,73 @@ class Stage2Run:
             )
             key = f"ncu_{stage}" + ("" if round_no == 1 else f"_round{round_no}")
             target = attrs.evolve(target, rounds=(*target.rounds, rnd))
-            self._timed_tool(key, argv, f"{folder}/profile.log", timeout, f"Nsight Compute ({stage}, round {round_no})")
-            rep = self.art.path(f"{folder}/report.ncu-rep")
-            if not rep.is_file():
-                note = "ncu profiled no kernel (the regex or NVTX filter matched nothing)"
+            note = self._ncu_profile(ncu, key, folder, argv, f"Nsight Compute ({stage}, round {round_no})")
+            if note:
                 return attrs.evolve(target, rounds=(*target.rounds[:-1], attrs.evolve(rnd, note=note)))
-            raw = run_tool(
-                commands.ncu_import_raw_csv_argv(ncu.path, rep),
-                timeout_s=600,
-                log_path=self.art.path(f"{folder}/raw.csv"),
-            )
-            check_run(raw, f"ncu --import ({stage})")
             found = {k.name for k in read_ncu_raw_csv(self.art.path(f"{folder}/raw.csv"))}
             missing = [n for n in missing if n not in found]
         return target
+
+    def _ncu_bytes_pass(self, ncu: Tool, stage: str) -> NcuBytesPass:
+        """The bytes pass over one instance of `stage` (prefill: the whole prefill of the ncu workload's image,
+        vision sub-stages included; decode: its middle step): every kernel's duration and DRAM bytes.
+
+        A failed or empty pass is recorded with its reason and the capture goes on (the other figures stand).
+        """
+        cfg, name = self.cfg, f"bytes-{stage.replace('/', '_')}"
+        folder, workload = f"ncu/{name}", f"workload/ncu-{name}"
+        instance, skip, count, expected = self._bytes_window(stage)
+        cache_control = str(cfg.pipeline.ncu.get("bytes_cache_control") or "none")
+        done = NcuBytesPass(
+            stage=stage,
+            instance=instance,
+            folder=folder,
+            workload=workload,
+            launch_skip=skip,
+            launch_count=max(count, 1),
+            expected_kernels=expected,
+            cache_control=cache_control,
+        )
+        if count < 1:
+            return attrs.evolve(done, note=f"the nsys trace has no kernel in {instance}")
+        argv = commands.ncu_bytes_argv(
+            ncu.path,
+            self.art.path(f"{folder}/report"),
+            workload_argv(cfg, self.user_overrides, self.art.run_dir, name=f"ncu-{name}", ncu=True),
+            stage=stage,
+            launch_skip=skip,
+            launch_count=count,
+            clock_control=str(cfg.pipeline.ncu.clock_control),
+            target_processes=str(cfg.pipeline.ncu.target_processes),
+            cache_control=cache_control,
+        )
+        key = f"ncu_bytes_{stage.replace('/', '_')}"
+        note = self._ncu_profile(ncu, key, folder, argv, f"Nsight Compute bytes pass ({stage})", check=False)
+        if note:
+            log.warning("the bytes pass over %s gave nothing: %s", stage, note)
+        return attrs.evolve(done, note=note or None)
+
+    def _bytes_window(self, stage: str) -> tuple[str, int, int, int]:
+        """(the instance in words, launch skip, launch count, kernels expected) of the bytes pass over `stage`.
+
+        The window counts every launch inside the stage's NVTX range in the ncu workload (one timed pass of one
+        image). Prefill has one instance there, so the count is twice the largest prefill of the nsys trace (room
+        to spare: nothing follows it inside the range) and the first image's prefill is what it should profile.
+        Decode skips the steps before the middle one, each step's launches taken from the same step of the nsys
+        trace's first pass (the mean over all steps past its end).
+        """
+        with NsysTrace(self.art.run_dir / NSYS_SQLITE) as trace:
+            if stage != vocab.DECODE:
+                counts = trace.instance_kernels(stage)
+                return f"the {stage} of the first image", 0, 2 * max(counts, default=0), counts[0] if counts else 0
+            steps = trace.instance_kernels(vocab.DECODE_STEP)
+        total = int(self.cfg.stage2.ncu_workload.max_new_tokens) - 1  # the first token comes from prefill
+        if total < 1 or not steps:
+            return "a decode step (the ncu workload decodes none)", 0, 0, 0
+        middle = (total - 1) // 2
+        mean = round(sum(steps) / len(steps))
+        per_step = [*steps[: middle + 1], *[mean] * max(0, middle + 1 - len(steps))]
+        return f"decode step {middle + 1} of {total}", sum(per_step[:middle]), per_step[middle], per_step[middle]
 
     @staticmethod
     def _launch_cap(names: Sequence[str], per_kernel: int) -> int:

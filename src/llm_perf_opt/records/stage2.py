@@ -2,8 +2,9 @@
 (`ncu/targets.json`), and what its analysis found (`metrics.json`).
 
 The Nsight parsers hand over the records whose shape is recorded as is (`StageGpuTime`, `KernelStat`,
-`DecodeStepStats` from the nsys trace, `NcuKernel` from the ncu export); the analysis
-(`llm_perf_opt.nsight.stage2_analysis`) joins them with the Stage 1 workload into `StageRow` and `NcuKernelRow`.
+`DecodeStepStats` from the nsys trace, `NcuKernel` and `RangeBytes` from the ncu exports); the analysis
+(`llm_perf_opt.nsight.stage2_analysis`) joins them with the Stage 1 workload into `StageRow`, `NcuKernelRow` and
+`MeasuredBytesRow`.
 """
 
 from __future__ import annotations
@@ -76,6 +77,33 @@ class NcuKernel:
     bound: str  # compute | memory | compute-leaning | memory-leaning | latency | unknown (nsight.ncu_report)
     nvtx_range: str | None  # innermost NVTX push/pop range of the launch
     variants: int = 1  # distinct full names (template instantiations) merged under `name`
+
+
+@attrs.frozen
+class KernelBytes:
+    """One kernel function's DRAM traffic within a stage instance (Nsight Compute's bytes pass), summed."""
+
+    name: str  # bare function name
+    launches: int
+    dram_bytes: float  # dram__bytes_read.sum + dram__bytes_write.sum over its launches
+
+
+@attrs.frozen
+class RangeBytes:
+    """DRAM traffic and duration of every kernel launched inside one NVTX range (a stage) in the launches
+    Nsight Compute's bytes pass profiled: each launch counts for every range of its NVTX stack (a vision/sam
+    kernel also counts for prefill)."""
+
+    stage: str  # range name without the domain
+    kernels: int  # profiled launches
+    duration_s: float  # summed gpu__time_duration.sum (kernels one after another, as ncu serialises them)
+    dram_read_bytes: float
+    dram_write_bytes: float
+    top_kernels: tuple[KernelBytes, ...] = ()  # by DRAM bytes, largest first (a few)
+
+    @property
+    def dram_bytes(self) -> float:
+        return self.dram_read_bytes + self.dram_write_bytes
 
 
 @attrs.frozen
@@ -163,12 +191,32 @@ class NcuStageTarget:
     rounds: tuple[NcuRound, ...] = ()
 
 
+@attrs.frozen(kw_only=True)
+class NcuBytesPass:
+    """One Nsight Compute run over EVERY kernel of one stage instance, collecting duration and DRAM bytes only.
+
+    The launch window counts the launches inside the NVTX range `stage` of the ncu workload (one timed pass of one
+    image): prefill from its first kernel, decode skipped to its middle step. `instance` says which in words.
+    """
+
+    stage: str  # the NVTX range filtered on: "prefill" or "decode"
+    instance: str  # e.g. "the prefill of the first image", "decode step 2 of 3"
+    folder: str  # relative to the run folder, e.g. "ncu/bytes-prefill"
+    workload: str  # the Stage 1 folder of the profiled workload, e.g. "workload/ncu-bytes-prefill"
+    launch_skip: int
+    launch_count: int
+    expected_kernels: int  # launches of that instance, per the nsys trace
+    cache_control: str  # ncu --cache-control: "none" keeps L2 contents between kernels as in the real run
+    note: str | None = None  # why the pass gave nothing, when it did not
+
+
 @attrs.frozen
 class NcuTargets:
-    """`ncu/targets.json`: the targeted kernels and the ncu rounds of every analysed stage."""
+    """`ncu/targets.json`: the targeted kernels and the ncu rounds of every analysed stage, and the bytes passes."""
 
     mode: str
     stages: Mapping[str, NcuStageTarget] = attrs.field(factory=dict)
+    bytes_passes: tuple[NcuBytesPass, ...] = ()  # absent from folders written before the bytes pass existed
 
 
 # ---- metrics.json -----------------------------------------------------------------------------------------------
@@ -196,6 +244,46 @@ class NcuKernelRow(NcuKernel):
     stage_gpu_ms: float | None  # nsys, all timed passes; None when the trace has no kernel of that name
     stage_share: float | None  # of the stage's summed kernel time (nsys)
     stage_instantiations: int  # nsys kernels (demangled names) sharing this function name
+
+
+@attrs.frozen(kw_only=True)
+class MeasuredBytesRow:
+    """One stage instance's DRAM bytes measured by Nsight Compute beside the analytic figure for it.
+
+    MBU here is over the summed kernel durations ncu measured for the instance (kernels serialised, no launch
+    gaps), measured and analytic alike, so the two differ exactly as their bytes do.
+    """
+
+    stage: str  # "prefill", "vision/sam", ..., "decode/step"
+    instance: str  # which instance, in words
+    kernels: int
+    kernel_ms: float  # summed ncu gpu__time_duration
+    dram_read_bytes: float
+    dram_write_bytes: float
+    measured_bytes: float
+    analytic_bytes: float | None  # None without a Stage 1 analytic figure for the stage
+    ratio: float | None  # measured / analytic
+    flops: float | None  # counted FLOPs of one instance (Stage 1)
+    measured_intensity: float | None  # FLOPs / measured bytes
+    analytic_intensity: float | None
+    measured_bound: str | None  # "compute" | "memory" against the ridge point
+    analytic_bound: str | None
+    measured_mbu: float | None
+    analytic_mbu: float | None
+    top_kernels: tuple[KernelBytes, ...] = ()
+    analytic_source: str | None = None  # where the per-instance analytic bytes and FLOPs come from
+    why: str | None = None  # why measured and analytic differ, where the data show a cause
+
+
+@attrs.frozen(kw_only=True)
+class MeasuredBytes:
+    """Nsight Compute's measured DRAM bytes per stage instance, joined with the analytic bytes."""
+
+    rows: tuple[MeasuredBytesRow, ...]
+    cache_control: str  # the bytes passes' ncu --cache-control
+    bandwidth_peak: PeakFigure | None = None  # MBU denominator
+    ridge_point: float | None = None  # FLOP/byte where compute and bandwidth roofs meet
+    l2_cache_bytes: int | None = None
 
 
 @attrs.frozen
@@ -233,6 +321,7 @@ class Stage2Metrics:
     analysed_stages: tuple[str, ...]
     ncu_kernels: tuple[NcuKernelRow, ...] = ()
     warnings: tuple[str, ...] = ()
+    measured_bytes: MeasuredBytes | None = None  # None: no bytes pass (not asked for, or an older folder)
 
     def stage_row(self, name: str) -> StageRow | None:
         return next((s for s in self.stages if s.stage == name), None)

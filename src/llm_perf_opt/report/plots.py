@@ -180,9 +180,11 @@ def decode_latency(m: Metrics, path: Path) -> Path | None:
         ax.set_ylim(0, top * 1.3)
         ax.xaxis.set_major_locator(MaxNLocator(nbins=5, integer=True))
         ax.set_xlabel("context length (tokens)")
-        ax.legend(fontsize=7.5, loc="lower center")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("decode step latency (ms)")
+    handles = [h for ax in axes[0] for h in ax.get_lines()]
+    # Below the panels, never on the data.
+    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 3), fontsize=7.5, frameon=False)
     device = m.device.name
     fig.suptitle(
         f"Decode step latency vs context length = prompt tokens + step index ({device}; median over repeats)",

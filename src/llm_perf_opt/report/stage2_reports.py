@@ -6,9 +6,9 @@ from collections.abc import Mapping, Sequence
 
 from llm_perf_opt.kernel_names import kernel_label
 from llm_perf_opt.records import vocabulary as vocab
-from llm_perf_opt.records.stage2 import KernelStat, Stage2Metrics
+from llm_perf_opt.records.stage2 import KernelStat, MeasuredBytes, MeasuredBytesRow, Stage2Metrics
 from llm_perf_opt.report import stage2_plots
-from llm_perf_opt.report.markdown import Doc, ms, pct
+from llm_perf_opt.report.markdown import Doc, ms, num_bytes, pct
 
 LOW_BUSY = 0.5  # GPU-busy fraction under which a stage is launch/CPU bound rather than GPU bound
 
@@ -151,6 +151,114 @@ def _stage_table(m: Stage2Metrics) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def _ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}×"
+
+
+def _pair(measured: str, analytic: str) -> str:
+    return f"{measured} / {analytic}"
+
+
+def _intensity(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:,.1f}"
+
+
+def _measured_bytes_table(rows: Sequence[MeasuredBytesRow]) -> tuple[list[str], list[list[str]]]:
+    header = [
+        "stage",
+        "instance",
+        "kernels",
+        "kernel ms (ncu)",
+        "DRAM read",
+        "DRAM write",
+        "measured bytes",
+        "analytic bytes",
+        "measured / analytic",
+        "FLOP/byte (measured / analytic)",
+        "bound (measured / analytic)",
+        "MBU (measured / analytic)",
+    ]
+    body = [
+        [
+            r.stage,
+            r.instance,
+            f"{r.kernels:,}",
+            ms(r.kernel_ms, 2),
+            num_bytes(r.dram_read_bytes),
+            num_bytes(r.dram_write_bytes),
+            num_bytes(r.measured_bytes),
+            num_bytes(r.analytic_bytes),
+            _ratio(r.ratio),
+            _pair(_intensity(r.measured_intensity), _intensity(r.analytic_intensity)),
+            _pair(r.measured_bound or "n/a", r.analytic_bound or "n/a"),
+            _pair(pct(r.measured_mbu, 2), pct(r.analytic_mbu, 2)),
+        ]
+        for r in rows
+    ]
+    return header, body
+
+
+def _cache_text(cache_control: str) -> str:
+    if cache_control == "none":
+        return (
+            "with `--cache-control none`: ncu does not flush the caches between kernels, so a kernel's DRAM bytes are "
+            "those of the real kernel sequence (ncu's default, `all`, flushes L1 and L2 before each kernel, which "
+            "sends every input to DRAM again and overstates the traffic of kernels whose inputs the previous kernel "
+            "left in L2)"
+        )
+    return (
+        f"with `--cache-control {cache_control}`: ncu flushes L1 and L2 before each kernel, so every kernel reads "
+        "its inputs from DRAM again and the bytes overstate those of the real kernel sequence"
+    )
+
+
+def _measured_bytes_section(doc: Doc, mb: MeasuredBytes | None) -> None:
+    doc.h2("Measured DRAM bytes per stage instance (Nsight Compute)")
+    if mb is None:
+        doc.para(
+            "Not collected: this run had no Nsight Compute bytes pass (`pipeline.ncu.bytes_pass=true`, the "
+            "default, adds it; folders written before it existed have none). Bytes and MBU above are the analytic "
+            "model's."
+        )
+        return
+    sources = list(dict.fromkeys(r.analytic_source for r in mb.rows if r.analytic_source))
+    ridge = "" if mb.ridge_point is None else f" ({mb.ridge_point:,.0f} FLOP/byte)"
+    bandwidth = mb.bandwidth_peak
+    peak = "" if bandwidth is None else f" MBU divides by {bandwidth.value / 1e9:,.0f} GB/s ({bandwidth.source})."
+    doc.para(
+        "Nsight Compute profiled every kernel of one instance of each stage (NVTX-filtered, collecting only "
+        "`dram__bytes_read.sum`, `dram__bytes_write.sum` and `gpu__time_duration.sum`) "
+        + _cache_text(mb.cache_control)
+        + ". Profiling still serialises the kernels, and a dirty L2 line counts as written when it is evicted, "
+        "possibly during a later kernel. Analytic bytes and counted FLOPs per instance: "
+        + ("; ".join(sources) if sources else "none recorded (no Stage 1 analytic figures for this workload)")
+        + ". MBU is over the summed kernel durations ncu measured (kernels back to back, no launch gaps), for the "
+        "measured and the analytic bytes alike; the bound compares FLOP/byte with the ridge point" + ridge + "." + peak
+    )
+    if not mb.rows:
+        doc.para("The bytes pass gave no figures: see Warnings.")
+        return
+    header, rows = _measured_bytes_table(mb.rows)
+    doc.table(header, rows)
+    reasons = [f"{r.stage} ({_ratio(r.ratio)}): {r.why}." for r in mb.rows if r.why]
+    if reasons:
+        doc.para("Why measured and analytic bytes differ (where they differ by more than 10%):")
+        doc.bullets(reasons)
+    doc.para("Largest DRAM consumers per stage instance (bytes read + written, share of the stage's measured bytes):")
+    doc.bullets(
+        [
+            f"{r.stage}: "
+            + ", ".join(
+                f"`{k.name}` {num_bytes(k.dram_bytes)} ({k.dram_bytes / r.measured_bytes:.0%}, {k.launches:,} "
+                f"launch{'es' if k.launches != 1 else ''})"
+                for k in r.top_kernels[:3]
+            )
+            for r in mb.rows
+            if r.top_kernels and r.measured_bytes > 0
+        ]
+    )
+
+
 def _decode_launch_bound(m: Stage2Metrics) -> bool:
     return m.decode_steps is not None and m.decode_steps.gpu_busy_fraction < LOW_BUSY
 
@@ -185,6 +293,13 @@ def findings(m: Stage2Metrics) -> list[str]:
         out.append(
             f"Hottest kernel of the timed passes: {_label(top)}, {top.share:.0%} of their kernel time "
             f"({top.calls} calls, {top.total_ms:.1f} ms)."
+        )
+    compared = [r for r in (m.measured_bytes.rows if m.measured_bytes else ()) if r.ratio is not None]
+    if compared:
+        out.append(
+            "Measured DRAM bytes (Nsight Compute, one instance each) against the analytic count: "
+            + ", ".join(f"{r.stage} {_ratio(r.ratio)}" for r in compared)
+            + "."
         )
     counts: dict[str, int] = {}
     for r in m.ncu_kernels:
@@ -228,6 +343,7 @@ def report_md(m: Stage2Metrics, files: Sequence[str]) -> str:
     )
     header, rows = _stage_table(m)
     doc.table(header, rows)
+    _measured_bytes_section(doc, m.measured_bytes)
     doc.h2("Top kernels")
     doc.para(
         "Per stage with Nsight Compute's roofline figures, and the profiled kernels on the roofline chart: "

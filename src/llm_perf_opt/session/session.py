@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +13,14 @@ import torch
 
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure import stages
+from llm_perf_opt.measure.routing import RoutingRecorder, RoutingTrace
 from llm_perf_opt.measure.timing import StageRecorder
 from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, PreparedInputs
 from llm_perf_opt.session.adapters.registry import make_adapter
+from llm_perf_opt.session.compiled import CompileEvent, CompileSummary, cudagraph_skips
+from llm_perf_opt.session.decode import AroundStep, DecodeLoop, LoopOutput
+from llm_perf_opt.session.kv_cache import KvCaches, static_cache_error
+from llm_perf_opt.session.runtime import EAGER_REFERENCE, RuntimeSettings
 
 _DTYPES = {
     "bfloat16": torch.bfloat16,
@@ -97,6 +102,8 @@ class ImageMeasurement:
     image_tokens: int
     tiles: int
     peak_memory_bytes: int | None
+    routing: RoutingTrace | None = None  # experts each decode step hit (MoE decoders with runtime.record_routing)
+    compile_events: tuple[CompileEvent, ...] = ()  # compilations during this pass (warm-up passes absorb them)
 
     @property
     def prefill_ms(self) -> float:
@@ -115,27 +122,81 @@ class ImageMeasurement:
 class DeepSeekOCRSession:
     """A loaded model and its adapter. Load once with :meth:`load`, then :meth:`run_image` many times."""
 
-    def __init__(self, adapter: ModelAdapter, loaded: LoadedModel, device: torch.device, dtype: torch.dtype):
+    def __init__(
+        self,
+        adapter: ModelAdapter,
+        loaded: LoadedModel,
+        device: torch.device,
+        dtype: torch.dtype,
+        runtime: RuntimeSettings | None = None,
+    ):
         self.adapter = adapter
         self.loaded = loaded
         self.model = loaded.model
         self.device = device
         self.dtype = dtype
+        self.runtime = runtime = runtime or RuntimeSettings()
+        runtime.check_device(device)
+        if runtime.kv_cache == "static" and (blocker := adapter.static_cache_blocker(self.model)):
+            raise static_cache_error(blocker)
         self._recorder: StageRecorder | None = None
         self._stage_modules = adapter.stage_modules(self.model)
         self._hooks = self._install_stage_hooks()
+        self.routing = RoutingRecorder.install(self.model) if runtime.record_routing else None
+        self._loop = self._make_loop(runtime, self.routing)
+        self._reference_loop: DecodeLoop | None = None
 
     @classmethod
-    def load(cls, model_cfg: Mapping[str, Any], device: torch.device) -> DeepSeekOCRSession:
-        """Build (random weights) or load (the adapter's checkpoint folder) the model `model_cfg` names on `device`."""
+    def load(
+        cls, model_cfg: Mapping[str, Any], device: torch.device, runtime: RuntimeSettings | None = None
+    ) -> DeepSeekOCRSession:
+        """Build (random weights) or load (the adapter's checkpoint folder) the model `model_cfg` names on `device`,
+        to run under `runtime` (default: the eager reference)."""
         adapter = make_adapter(model_cfg)
         dtype = resolve_dtype(model_cfg.get("dtype"), device)
+        if runtime is not None:
+            runtime.check_device(device)  # before minutes of building
         path = adapter.checkpoint_path()
         if path:
             loaded = adapter.load_checkpoint(path, device=device, dtype=dtype)
         else:
             loaded = adapter.build_random(device=device, dtype=dtype)
-        return cls(adapter, loaded, device, dtype)
+        return cls(adapter, loaded, device, dtype, runtime)
+
+    def with_runtime(self, runtime: RuntimeSettings) -> DeepSeekOCRSession:
+        """A session on the same loaded model under another runtime (its own caches, compiled steps and hooks;
+        :meth:`close` the one no longer used)."""
+        return DeepSeekOCRSession(self.adapter, self.loaded, self.device, self.dtype, runtime)
+
+    def close(self) -> None:
+        """Detach this session's hooks from the model (stage timing and routing)."""
+        self.remove_stage_hooks()
+        if self.routing is not None:
+            self.routing.remove()
+            self.routing = None
+            self._loop.routing = None
+
+    def _make_loop(self, runtime: RuntimeSettings, routing: RoutingRecorder | None) -> DecodeLoop:
+        config = self.adapter.decoder_config(self.model)
+        return DecodeLoop(
+            self.model,
+            runtime,
+            KvCaches(runtime.kv_cache, config, runtime.static_cache_len),
+            attn_implementation=getattr(config, "_attn_implementation", None),
+            routing=routing,
+        )
+
+    @property
+    def reference_loop(self) -> DecodeLoop:
+        """The eager dynamic-cache loop (FLOP counting, output checks)."""
+        if self._reference_loop is None:
+            self._reference_loop = self._make_loop(EAGER_REFERENCE, None)
+        return self._reference_loop
+
+    def compile_summary(self) -> CompileSummary:
+        """Every compilation of this session's steps so far, and CUDA-graph captures inductor skipped."""
+        events = tuple(e for step in self._loop.compiled for e in step.events)
+        return CompileSummary(events=events, cudagraph_skips=cudagraph_skips() if self._loop.compiled else 0)
 
     # ---- stage hooks -------------------------------------------------------------------------------
     def _install_stage_hooks(self) -> list[Any]:
@@ -175,47 +236,53 @@ class DeepSeekOCRSession:
         prepared = self.adapter.prepare_file(input_path, self.loaded.tokenizer)
         return prepared.to(self.device, self.dtype)
 
+    def _embed(self, _index: int, prepared: PreparedInputs) -> torch.Tensor:
+        embeds = self.adapter.embed_prompt(self.model, prepared)
+        if embeds is None:
+            raise UserError(
+                f"{type(self.model).__name__} merges its vision features inside its own forward, so its inputs "
+                f"cannot be embedded apart (needed by run.batch_size={self.runtime.batch_size} and "
+                f"runtime.compile={self.runtime.compile})",
+                "Use run.batch_size=1 and runtime.compile=none or decode for this model",
+            )
+        return embeds
+
     @torch.inference_mode()
+    def _run_loop(
+        self,
+        batch: Sequence[PreparedInputs],
+        max_new_tokens: int,
+        recorder: StageRecorder,
+        around_step: AroundStep | None,
+        *,
+        reference: bool,
+        keep_logits: bool = False,
+    ) -> LoopOutput:
+        loop = self.reference_loop if reference else self._loop
+        self._recorder = recorder
+        try:
+            return loop.run(
+                batch, max_new_tokens, recorder, embed=self._embed, around_step=around_step, keep_logits=keep_logits
+            )
+        finally:
+            self._recorder = None
+
     def generate(
         self,
         prepared: PreparedInputs,
         max_new_tokens: int,
         recorder: StageRecorder,
         around_step: Callable[[int], AbstractContextManager[Any]] | None = None,
+        *,
+        reference: bool = False,
     ) -> list[int]:
         """Greedy decoding of exactly `max_new_tokens` tokens (EOS ignored); the first comes from prefill.
 
         `around_step(i)` wraps forward i (0 = prefill, i >= 1 = decode step i), e.g. to count its FLOPs.
+        `reference=True` runs the eager dynamic-cache loop whatever the session's runtime.
         """
-        around = around_step or (lambda _step: nullcontext())
-        inputs = dict(prepared.model_inputs)
-        prompt_len = prepared.prompt_tokens
-        full_mask = torch.ones((1, prompt_len + max_new_tokens), dtype=torch.long, device=self.device)
-        inputs["attention_mask"] = full_mask[:, :prompt_len]
-        self._recorder = recorder
-        try:
-            with recorder.span(stages.PREFILL), around(0):
-                out = self.model(**inputs, use_cache=True, logits_to_keep=1)
-                next_token = out.logits[:, -1].argmax(-1)
-            tokens = [next_token]
-            cache = out.past_key_values
-            if max_new_tokens > 1:
-                with recorder.span(stages.DECODE):
-                    for step in range(1, max_new_tokens):
-                        with recorder.span(stages.DECODE_STEP), around(step):
-                            out = self.model(
-                                input_ids=next_token[:, None],
-                                attention_mask=full_mask[:, : prompt_len + step],
-                                past_key_values=cache,
-                                use_cache=True,
-                                logits_to_keep=1,
-                            )
-                            next_token = out.logits[:, -1].argmax(-1)
-                            cache = out.past_key_values
-                        tokens.append(next_token)
-        finally:
-            self._recorder = None
-        return [int(t) for t in torch.cat(tokens).tolist()]
+        out = self._run_loop([prepared], max_new_tokens, recorder, around_step, reference=reference)
+        return list(out.tokens[0])
 
     def run_image(self, image_path: Path, max_new_tokens: int, *, nvtx: bool = True) -> ImageMeasurement:
         """One full pass (preprocess, prefill with vision, decode) with stage timing."""
@@ -234,7 +301,10 @@ class DeepSeekOCRSession:
         preprocess_ms = (time.perf_counter() - start) * 1e3
         if nvtx:
             nvtx_ranges.pop()
-        token_ids = self.generate(prepared, max_new_tokens, recorder)
+        compiled_before = len(self.compile_summary().events)
+        if self.routing is not None:
+            self.routing.begin_pass()
+        out = self._run_loop([prepared], max_new_tokens, recorder, None, reference=False)
         spans = recorder.spans_ms()
         totals: dict[str, float] = {}
         calls: dict[str, int] = {}
@@ -247,9 +317,11 @@ class DeepSeekOCRSession:
             stage_ms=totals,
             stage_calls=calls,
             decode_step_ms=tuple(ms for name, ms in spans if name == stages.DECODE_STEP),
-            token_ids=tuple(token_ids),
+            token_ids=out.tokens[0],
             prompt_tokens=prepared.prompt_tokens,
             image_tokens=prepared.image_tokens,
             tiles=prepared.tiles,
             peak_memory_bytes=peak,
+            routing=self.routing.end_pass() if self.routing is not None else None,
+            compile_events=self.compile_summary().events[compiled_before:],
         )

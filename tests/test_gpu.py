@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -119,3 +120,39 @@ def test_stage2_light_on_the_tiny_model(tmp_path: Path, model: str) -> None:
     assert stages["prefill"]["stage1_cuda_event_ms"] > 0
     assert metrics["ncu_kernels"], metrics["warnings"]
     assert json.loads((out / "run_status.json").read_text())["state"] == "complete"
+
+
+# ---- issue 11: runtimes ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_cuda_bf16() -> DeepSeekOCRSession:
+    """Tiny DeepSeek-OCR v1 in bf16 (grouped_mm experts run their CUDA kernel, as at full size)."""
+    cfg = compose_config("stage1", "model=deepseek_ocr_tiny", "model.dtype=bfloat16")
+    return DeepSeekOCRSession.load(cfg.model, torch.device("cuda", 0))
+
+
+def _sync_errors(step: int) -> Any:
+    """Around decode steps (step >= 1): any host synchronisation raises."""
+    from contextlib import contextmanager, nullcontext
+
+    @contextmanager
+    def strict() -> Any:
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    return strict() if step >= 1 else nullcontext()
+
+
+@pytest.mark.parametrize("kv_cache", ["dynamic", "static"])
+def test_decode_steps_do_not_synchronise_on_gpu(tiny_cuda_bf16: DeepSeekOCRSession, kv_cache: str) -> None:
+    from llm_perf_opt.session.runtime import RuntimeSettings
+
+    session = tiny_cuda_bf16.with_runtime(RuntimeSettings(kv_cache=kv_cache))
+    try:
+        prepared = session.prepare(bundled_samples_dir() / "page_portrait.png")
+        tokens = session.generate(prepared, 6, StageRecorder(session.device), around_step=_sync_errors)
+    finally:
+        session.close()
+    assert len(tokens) == 6

@@ -123,7 +123,9 @@ class RoutingRecorder:
         self.recording = False
         self._pending: list[torch.Tensor] = []  # this step's indices, one tensor per MoE layer
         self._steps: list[torch.Tensor] = []  # (layers, tokens, k) per decode step, on the device
-        self._handles = [module.register_forward_hook(self._hook) for _, module in routers]
+        self._routers = [module for _, module in routers]
+        self._handles: list[Any] = []
+        self.attach()
 
     @classmethod
     def install(cls, model: nn.Module) -> RoutingRecorder | None:
@@ -135,8 +137,13 @@ class RoutingRecorder:
         if self.recording:
             self._pending.append(out[-1])
 
+    def attach(self) -> None:
+        """Attach the hooks (done when the recorder is made; again after :meth:`remove`)."""
+        if not self._handles:
+            self._handles = [module.register_forward_hook(self._hook) for module in self._routers]
+
     def remove(self) -> None:
-        """Detach the hooks."""
+        """Detach the hooks (nothing is recorded until :meth:`attach`)."""
         for handle in self._handles:
             handle.remove()
         self._handles = []

@@ -144,7 +144,7 @@ class DecodeLoop:
             else:
                 logits, cache = self.prefill_step(plan.prefill, kv.cache)
             first = logits.argmax(-1)
-        kept = logits.float().cpu() if keep_logits else None
+        kept = logits.to(torch.float32, copy=True) if keep_logits else None  # to the host after the pass
         tokens = torch.empty((size, max_new_tokens), dtype=torch.long, device=first.device)
         tokens[:, 0] = first
         if max_new_tokens > 1:
@@ -168,7 +168,10 @@ class DecodeLoop:
                 if routing is not None:
                     routing.recording = False
         ids = tokens.tolist()  # the one host synchronisation of the pass
-        return LoopOutput(tokens=tuple(tuple(int(t) for t in row) for row in ids), prefill_logits=kept)
+        return LoopOutput(
+            tokens=tuple(tuple(int(t) for t in row) for row in ids),
+            prefill_logits=None if kept is None else kept.cpu(),
+        )
 
     def _dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype

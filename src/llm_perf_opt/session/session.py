@@ -14,12 +14,13 @@ import torch
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure import stages
 from llm_perf_opt.measure.routing import RoutingRecorder, RoutingTrace
-from llm_perf_opt.measure.timing import StageRecorder
+from llm_perf_opt.measure.timing import NullRecorder, StageRecorder
 from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, PreparedInputs
 from llm_perf_opt.session.adapters.registry import make_adapter
 from llm_perf_opt.session.compiled import CompileEvent, CompileSummary, cudagraph_skips
 from llm_perf_opt.session.decode import AroundStep, DecodeLoop, LoopOutput
 from llm_perf_opt.session.kv_cache import KvCaches, static_cache_error
+from llm_perf_opt.session.output_check import OutputCheck, ReferenceOutput, ReferenceOutputs, compare_outputs
 from llm_perf_opt.session.runtime import EAGER_REFERENCE, RuntimeSettings
 
 _DTYPES = {
@@ -104,6 +105,7 @@ class ImageMeasurement:
     peak_memory_bytes: int | None
     routing: RoutingTrace | None = None  # experts each decode step hit (MoE decoders with runtime.record_routing)
     compile_events: tuple[CompileEvent, ...] = ()  # compilations during this pass (warm-up passes absorb them)
+    output_check: OutputCheck | None = None  # against the eager dynamic-cache reference (runtime.output_check)
 
     @property
     def prefill_ms(self) -> float:
@@ -145,6 +147,7 @@ class DeepSeekOCRSession:
         self.routing = RoutingRecorder.install(self.model) if runtime.record_routing else None
         self._loop = self._make_loop(runtime, self.routing)
         self._reference_loop: DecodeLoop | None = None
+        self.references = ReferenceOutputs()
 
     @classmethod
     def load(
@@ -267,6 +270,27 @@ class DeepSeekOCRSession:
         finally:
             self._recorder = None
 
+    def reference_output(self, key: str, prepared: PreparedInputs, max_new_tokens: int) -> ReferenceOutput:
+        """The eager dynamic-cache outputs of input `key` (run once per input and token count, then kept)."""
+
+        def run() -> ReferenceOutput:
+            out = self._run_loop(
+                [prepared], max_new_tokens, NullRecorder(self.device), None, reference=True, keep_logits=True
+            )
+            assert out.prefill_logits is not None
+            return ReferenceOutput(token_ids=out.tokens[0], prefill_logits=out.prefill_logits[0])
+
+        return self.references.get((key, max_new_tokens), run)
+
+    def check_outputs(
+        self, key: str, prepared: PreparedInputs, out: LoopOutput, index: int = 0
+    ) -> OutputCheck | None:
+        """Output `index` of a pass against the reference of its input (None unless the runtime checks outputs)."""
+        if not self.runtime.checks_outputs or out.prefill_logits is None:
+            return None
+        reference = self.reference_output(key, prepared, len(out.tokens[index]))
+        return compare_outputs(out.tokens[index], out.prefill_logits[index], reference)
+
     def generate(
         self,
         prepared: PreparedInputs,
@@ -304,7 +328,9 @@ class DeepSeekOCRSession:
         compiled_before = len(self.compile_summary().events)
         if self.routing is not None:
             self.routing.begin_pass()
-        out = self._run_loop([prepared], max_new_tokens, recorder, None, reference=False)
+        out = self._run_loop(
+            [prepared], max_new_tokens, recorder, None, reference=False, keep_logits=self.runtime.checks_outputs
+        )
         spans = recorder.spans_ms()
         totals: dict[str, float] = {}
         calls: dict[str, int] = {}
@@ -312,6 +338,8 @@ class DeepSeekOCRSession:
             totals[name] = totals.get(name, 0.0) + ms
             calls[name] = calls.get(name, 0) + 1
         peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
+        routing = self.routing.end_pass() if self.routing is not None else None
+        compiled = self.compile_summary().events[compiled_before:]
         return ImageMeasurement(
             preprocess_ms=preprocess_ms,
             stage_ms=totals,
@@ -322,6 +350,7 @@ class DeepSeekOCRSession:
             image_tokens=prepared.image_tokens,
             tiles=prepared.tiles,
             peak_memory_bytes=peak,
-            routing=self.routing.end_pass() if self.routing is not None else None,
-            compile_events=self.compile_summary().events[compiled_before:],
+            routing=routing,
+            compile_events=compiled,
+            output_check=self.check_outputs(str(image_path), prepared, out),  # after the timed pass
         )

@@ -104,10 +104,12 @@ class CompiledStep:
         return out
 
     def _failure(self, exc: Exception) -> UserError:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        cause = getattr(exc, "inner_exception", None) or exc  # a backend's own error, when it raised one
+        lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
+        text = " ".join(lines)[:400]
         return UserError(
             f"runtime.compile={self.setting}: torch.compile (mode {self.mode}, torch {torch.__version__}) failed on "
-            f"the {self.name} step: {type(exc).__name__}: {first[:400]}",
+            f"the {self.name} step: {type(cause).__name__}: {text}",
             "Set runtime.compile=none to run eagerly, or try another runtime.compile_mode "
             "(default, max-autotune-no-cudagraphs)",
         )

@@ -282,9 +282,7 @@ class DeepSeekOCRSession:
 
         return self.references.get((key, max_new_tokens), run)
 
-    def check_outputs(
-        self, key: str, prepared: PreparedInputs, out: LoopOutput, index: int = 0
-    ) -> OutputCheck | None:
+    def check_outputs(self, key: str, prepared: PreparedInputs, out: LoopOutput, index: int = 0) -> OutputCheck | None:
         """Output `index` of a pass against the reference of its input (None unless the runtime checks outputs)."""
         if not self.runtime.checks_outputs or out.prefill_logits is None:
             return None

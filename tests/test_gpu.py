@@ -221,3 +221,21 @@ def test_compiled_prefill_and_decode_on_gpu(tiny_cuda_bf16: DeepSeekOCRSession, 
     assert runs[-1].compile_events == ()
     assert runs[-1].stage_calls["vision/sam"] == 2  # vision eager, timed by its hooks
     assert runs[-1].output_check is not None
+
+
+def test_batch_of_pages_on_gpu(tiny_cuda_fp32: DeepSeekOCRSession) -> None:
+    from llm_perf_opt.session.runtime import RuntimeSettings
+
+    pages = [bundled_samples_dir() / name for name in ("slide_square.png", "page_portrait.png", "receipt_long.png")]
+    session = tiny_cuda_fp32.with_runtime(RuntimeSettings(kv_cache="static", batch_size=3))
+    try:
+        m = session.run_batch(pages, 6)
+    finally:
+        session.close()
+    assert m.batch_size == 3 and len({p.prompt_tokens for p in m.pages}) > 1
+    assert m.peak_memory_bytes and m.peak_memory_bytes > 0
+    assert m.aggregate_decode_tokens_per_s and m.aggregate_decode_tokens_per_s > 0
+    for page in m.pages:
+        assert len(page.token_ids) == 6
+        assert page.output_check is not None
+        assert page.output_check.prefill_logits_max_abs_diff < 1e-2  # fp32: the same sums in another order

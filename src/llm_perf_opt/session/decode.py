@@ -138,6 +138,8 @@ class DecodeLoop:
             plan = self._plan(batch, embed)
             kv = self.caches.for_batch(size, plan.length, max_new_tokens)
             shape = (size, plan.length, kv.static_length or plan.length)
+            if plan.key_valid is not None:
+                plan.prefill["attention_mask"] = self._prefill_mask(plan.key_valid, shape[2])
             if isinstance(self.prefill_step, CompiledStep):
                 logits, cache = self.prefill_step(shape, plan.prefill, kv.cache)
                 logits = logits.clone()  # a CUDA-graph output is overwritten by the next replay
@@ -195,20 +197,22 @@ class DecodeLoop:
             )
         positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
         real = torch.tensor([e.shape[1] for e in embeds], device=inputs_embeds.device)
-        # Padding rows attend to themselves only (never an empty row); real rows never attend to padding.
-        causal = torch.ones((length, length), dtype=torch.bool, device=valid.device).tril()
-        allowed = causal[None] & valid[:, None, :]
-        allowed |= torch.eye(length, dtype=torch.bool, device=valid.device)[None] & ~valid[:, :, None]
         return _Batch(
-            prefill={
-                "inputs_embeds": inputs_embeds,
-                "position_ids": positions,
-                "attention_mask": _as_mask(allowed[:, None], self.attn_implementation, inputs_embeds.dtype),
-            },
+            prefill={"inputs_embeds": inputs_embeds, "position_ids": positions},
             length=length,
             real_lengths=real,
             key_valid=valid,
         )
+
+    def _prefill_mask(self, valid: torch.Tensor, kv_length: int) -> torch.Tensor:
+        """The prefill's 4-D mask over `kv_length` key positions (a static cache's whole length): causal, no padding
+        keys; padding rows attend to themselves only (never an empty row)."""
+        size, length = valid.shape
+        keys = torch.cat([valid, valid.new_zeros((size, kv_length - length))], dim=1)
+        causal = torch.ones((length, kv_length), dtype=torch.bool, device=valid.device).tril()
+        allowed = causal[None] & keys[:, None, :]
+        allowed |= torch.eye(length, kv_length, dtype=torch.bool, device=valid.device)[None] & ~valid[:, :, None]
+        return _as_mask(allowed[:, None], self.attn_implementation, self._dtype())
 
 
 @attrs.frozen

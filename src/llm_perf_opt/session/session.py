@@ -121,6 +121,127 @@ class ImageMeasurement:
         return self.preprocess_ms + self.prefill_ms
 
 
+@attrs.frozen
+class PageResult:
+    """One input of a batch: its own preprocessing, vision and tokens."""
+
+    input: str  # the input file
+    prompt_tokens: int
+    image_tokens: int
+    tiles: int
+    preprocess_ms: float  # this input's preprocessing
+    vision_ms: Mapping[str, float]  # this input's vision sub-stages (inputs run their vision one after the other)
+    vision_calls: Mapping[str, int]
+    token_ids: tuple[int, ...]
+    output_check: OutputCheck | None  # against this input run alone, eager, dynamic cache (runtime.output_check)
+
+
+@attrs.frozen
+class BatchMeasurement:
+    """One pass over a batch: per-input results and the batch's stage times (ms), tokens and memory.
+
+    Every input of the batch gets its first token when the batched prefill ends and its last when the last decode
+    step ends: time to first token and decode time are the batch's, for every input."""
+
+    pages: tuple[PageResult, ...]
+    stage_ms: Mapping[str, float]  # prefill (every input's vision + the batched decoder prefill), decode, decode/step,
+    # and each vision sub-stage summed over the inputs
+    stage_calls: Mapping[str, int]
+    decode_step_ms: tuple[float, ...]  # one per decode step of the whole batch
+    padded_prompt_tokens: int  # prompt positions after left padding (the longest prompt)
+    peak_memory_bytes: int | None
+    routing: RoutingTrace | None = None  # tokens_per_step = batch size
+    compile_events: tuple[CompileEvent, ...] = ()
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.pages)
+
+    @property
+    def new_tokens(self) -> int:
+        """Tokens generated per input (the first from prefill)."""
+        return len(self.pages[0].token_ids)
+
+    @property
+    def preprocess_ms(self) -> float:
+        """All inputs' preprocessing (one after the other, before the batch's prefill)."""
+        return sum(p.preprocess_ms for p in self.pages)
+
+    @property
+    def prefill_ms(self) -> float:
+        return self.stage_ms[stages.PREFILL]
+
+    @property
+    def decode_ms(self) -> float:
+        return self.stage_ms.get(stages.DECODE, 0.0)
+
+    @property
+    def ttft_ms(self) -> float:
+        """Time to first token of every input: the batch's preprocessing + prefill."""
+        return self.preprocess_ms + self.prefill_ms
+
+    @property
+    def e2e_ms(self) -> float:
+        return self.preprocess_ms + self.prefill_ms + self.decode_ms
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """Decode tokens per second of one input (tokens after the first, over the decode time)."""
+        if not self.decode_ms:
+            return None
+        return (self.new_tokens - 1) / self.decode_ms * 1e3
+
+    @property
+    def aggregate_decode_tokens_per_s(self) -> float | None:
+        """Decode tokens per second of the whole batch."""
+        per_input = self.decode_tokens_per_s
+        return None if per_input is None else per_input * self.batch_size
+
+    @property
+    def pages_per_s(self) -> float:
+        """Inputs finished per second, end to end (preprocessing included)."""
+        return self.batch_size / self.e2e_ms * 1e3
+
+    def page_measurements(self) -> tuple[ImageMeasurement, ...]:
+        """Each input as an :class:`ImageMeasurement`: its own vision sub-stages and tokens; the batch's
+        preprocessing, prefill and decode (what it waited for), so its time to first token is the batch's. The
+        routing trace and compile events stay on the batch (they are not per input)."""
+        batch_stages = {s: ms for s, ms in self.stage_ms.items() if not stages.is_vision(s)}
+        batch_calls = {s: n for s, n in self.stage_calls.items() if not stages.is_vision(s)}
+        return tuple(
+            ImageMeasurement(
+                preprocess_ms=self.preprocess_ms,
+                stage_ms={**batch_stages, **page.vision_ms},
+                stage_calls={**batch_calls, **page.vision_calls},
+                decode_step_ms=self.decode_step_ms,
+                token_ids=page.token_ids,
+                prompt_tokens=page.prompt_tokens,
+                image_tokens=page.image_tokens,
+                tiles=page.tiles,
+                peak_memory_bytes=self.peak_memory_bytes,
+                output_check=page.output_check,
+            )
+            for page in self.pages
+        )
+
+
+def _totals(spans: Sequence[tuple[str, float]]) -> tuple[dict[str, float], dict[str, int]]:
+    """Per span name: summed milliseconds and number of spans."""
+    totals: dict[str, float] = {}
+    calls: dict[str, int] = {}
+    for name, ms in spans:
+        totals[name] = totals.get(name, 0.0) + ms
+        calls[name] = calls.get(name, 0) + 1
+    return totals, calls
+
+
+def batches(paths: Sequence[Path], batch_size: int) -> list[tuple[Path, ...]]:
+    """`paths` in order, `batch_size` at a time; the last batch holds what is left (it may be smaller)."""
+    if batch_size < 1:
+        raise UserError(f"run.batch_size={batch_size} is out of range", "Set run.batch_size to a whole number ≥ 1")
+    return [tuple(paths[i : i + batch_size]) for i in range(0, len(paths), batch_size)]
+
+
 class DeepSeekOCRSession:
     """A loaded model and its adapter. Load once with :meth:`load`, then :meth:`run_image` many times."""
 
@@ -142,6 +263,7 @@ class DeepSeekOCRSession:
         if runtime.kv_cache == "static" and (blocker := adapter.static_cache_blocker(self.model)):
             raise static_cache_error(blocker)
         self._recorder: StageRecorder | None = None
+        self._input_recorders: list[StageRecorder] | None = None  # per input of a batch (its vision sub-stages)
         self._stage_modules = adapter.stage_modules(self.model)
         self._hooks = self._install_stage_hooks()
         self.routing = RoutingRecorder.install(self.model) if runtime.record_routing else None
@@ -239,8 +361,14 @@ class DeepSeekOCRSession:
         prepared = self.adapter.prepare_file(input_path, self.loaded.tokenizer)
         return prepared.to(self.device, self.dtype)
 
-    def _embed(self, _index: int, prepared: PreparedInputs) -> torch.Tensor:
-        embeds = self.adapter.embed_prompt(self.model, prepared)
+    def _embed(self, index: int, prepared: PreparedInputs) -> torch.Tensor:
+        batch_recorder = self._recorder
+        if self._input_recorders is not None:
+            self._recorder = self._input_recorders[index]  # vision sub-stages of input `index`
+        try:
+            embeds = self.adapter.embed_prompt(self.model, prepared)
+        finally:
+            self._recorder = batch_recorder
         if embeds is None:
             raise UserError(
                 f"{type(self.model).__name__} merges its vision features inside its own forward, so its inputs "
@@ -306,6 +434,99 @@ class DeepSeekOCRSession:
         out = self._run_loop([prepared], max_new_tokens, recorder, around_step, reference=reference)
         return list(out.tokens[0])
 
+    def generate_batch(
+        self,
+        batch: Sequence[PreparedInputs],
+        max_new_tokens: int,
+        recorder: StageRecorder,
+        around_step: Callable[[int], AbstractContextManager[Any]] | None = None,
+        *,
+        reference: bool = False,
+    ) -> list[list[int]]:
+        """:meth:`generate` for several inputs in one batch (vision per input, the decoder batched with left
+        padding); the tokens of each input."""
+        out = self._run_loop(batch, max_new_tokens, recorder, around_step, reference=reference)
+        return [list(tokens) for tokens in out.tokens]
+
+    def _timed_prepare(self, path: Path) -> tuple[PreparedInputs, float]:
+        start = time.perf_counter()
+        prepared = self.prepare(path)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return prepared, (time.perf_counter() - start) * 1e3
+
+    def run_batch(self, paths: Sequence[Path], max_new_tokens: int, *, nvtx: bool = True) -> BatchMeasurement:
+        """One full pass over a batch of inputs (`paths`, at most `run.batch_size` of them; fewer for a last batch):
+        each preprocessed and its vision run one after the other, then the decoder's prefill and decode steps on
+        the whole batch."""
+        if not paths:
+            raise ValueError("a batch needs at least one input")
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        recorder = StageRecorder(self.device, nvtx=nvtx)
+        inputs = [StageRecorder(self.device, nvtx=nvtx) for _ in paths]
+        if nvtx:
+            from llm_perf_opt.measure import nvtx_ranges
+
+            nvtx_ranges.push(stages.PREPROCESS)
+        prepared_ms = [self._timed_prepare(path) for path in paths]
+        if nvtx:
+            nvtx_ranges.pop()
+        batch = [prepared for prepared, _ in prepared_ms]
+        compiled_before = len(self.compile_summary().events)
+        if self.routing is not None:
+            self.routing.begin_pass()
+        self._input_recorders = inputs if len(paths) > 1 else None
+        try:
+            out = self._run_loop(
+                batch, max_new_tokens, recorder, None, reference=False, keep_logits=self.runtime.checks_outputs
+            )
+        finally:
+            self._input_recorders = None
+        spans = recorder.spans_ms()
+        totals, calls = _totals(spans)
+        if len(paths) > 1:
+            per_input = [_totals(r.spans_ms()) for r in inputs]
+            for vision_ms, vision_calls in per_input:
+                for stage, ms in vision_ms.items():
+                    totals[stage] = totals.get(stage, 0.0) + ms
+                    calls[stage] = calls.get(stage, 0) + vision_calls[stage]
+        else:  # one input: its vision ran under the batch recorder
+            per_input = [
+                (
+                    {s: ms for s, ms in totals.items() if stages.is_vision(s)},
+                    {s: n for s, n in calls.items() if stages.is_vision(s)},
+                )
+            ]
+        peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
+        routing = self.routing.end_pass() if self.routing is not None else None
+        compiled = self.compile_summary().events[compiled_before:]
+        pages = tuple(
+            PageResult(
+                input=str(path),
+                prompt_tokens=prepared.prompt_tokens,
+                image_tokens=prepared.image_tokens,
+                tiles=prepared.tiles,
+                preprocess_ms=ms,
+                vision_ms=per_input[i][0],
+                vision_calls=per_input[i][1],
+                token_ids=out.tokens[i],
+                output_check=self.check_outputs(str(path), prepared, out, i),  # after the timed pass
+            )
+            for i, (path, (prepared, ms)) in enumerate(zip(paths, prepared_ms, strict=True))
+        )
+        return BatchMeasurement(
+            pages=pages,
+            stage_ms=totals,
+            stage_calls=calls,
+            decode_step_ms=tuple(ms for name, ms in spans if name == stages.DECODE_STEP),
+            padded_prompt_tokens=max(p.prompt_tokens for p in batch),
+            peak_memory_bytes=peak,
+            routing=routing,
+            compile_events=compiled,
+        )
+
     def run_image(self, image_path: Path, max_new_tokens: int, *, nvtx: bool = True) -> ImageMeasurement:
         """One full pass (preprocess, prefill with vision, decode) with stage timing."""
         if self.device.type == "cuda":
@@ -330,11 +551,7 @@ class DeepSeekOCRSession:
             [prepared], max_new_tokens, recorder, None, reference=False, keep_logits=self.runtime.checks_outputs
         )
         spans = recorder.spans_ms()
-        totals: dict[str, float] = {}
-        calls: dict[str, int] = {}
-        for name, ms in spans:
-            totals[name] = totals.get(name, 0.0) + ms
-            calls[name] = calls.get(name, 0) + 1
+        totals, calls = _totals(spans)
         peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
         routing = self.routing.end_pass() if self.routing is not None else None
         compiled = self.compile_summary().events[compiled_before:]

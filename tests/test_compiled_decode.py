@@ -149,3 +149,26 @@ def test_cuda_graph_steps_are_marked(monkeypatch) -> None:
     plain = CompiledStep("decode", lambda x: x * 2, "default", "decode")
     plain((1, 1, 8), torch.tensor(1))
     assert len(marks) == 2 and not plain.cuda_graphs
+
+
+def test_compiled_prefill_finds_its_static_cache_allocated(tiny_session, page_images, monkeypatch) -> None:
+    from transformers.cache_utils import StaticLayer
+
+    lazy = StaticLayer.lazy_initialization
+    filled: list[int] = []  # positions in the key tensor each layer was allocated from: 0 = allocated ahead
+
+    def spy(self: Any, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        filled.append(int(key_states.shape[-2]))
+        lazy(self, key_states, value_states)
+
+    monkeypatch.setattr(StaticLayer, "lazy_initialization", spy)
+    session = tiny_session.with_runtime(PREFILL_DECODE)
+    try:
+        m = session.run_image(page_images["small"], NEW_TOKENS, nvtx=False)
+        (cache,) = session._loop.caches._static.values()
+    finally:
+        session.close()
+    text = tiny_session.model.config.text_config
+    shape = (1, text.num_key_value_heads, m.prompt_tokens + NEW_TOKENS, text.head_dim)
+    assert all(layer.is_initialized and tuple(layer.keys.shape) == shape for layer in cache.layers)
+    assert filled == [0] * text.num_hidden_layers  # before the compiled prefill, not inside it

@@ -141,6 +141,7 @@ class DecodeLoop:
             if plan.key_valid is not None:
                 plan.prefill["attention_mask"] = self._prefill_mask(plan.key_valid, shape[2])
             if isinstance(self.prefill_step, CompiledStep):
+                self.caches.allocate(kv, size, self._dtype(), plan.prefill["inputs_embeds"].device)
                 logits, cache = self.prefill_step(shape, plan.prefill, kv.cache)
                 logits = logits.clone()  # a CUDA-graph output is overwritten by the next replay
             else:

@@ -68,6 +68,17 @@ class KvCaches:
             self._static.popitem(last=False)
         return BatchCache(cache, length)
 
+    def allocate(self, batch: BatchCache, batch_size: int, dtype: Any, device: Any) -> None:
+        """Allocate a static cache's tensors now (otherwise its first update does), so that a compiled prefill
+        finds them allocated and marked as static addresses instead of creating them inside the graph."""
+        cache = batch.cache
+        if batch.static_length is None or all(getattr(layer, "is_initialized", False) for layer in cache.layers):
+            return
+        config = self.decoder_config
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        cache.early_initialization(batch_size, heads, head_dim, dtype, device)
+
     def _new_static(self, length: int) -> Any:
         from transformers import StaticCache
 

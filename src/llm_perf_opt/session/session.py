@@ -243,7 +243,9 @@ def batches(paths: Sequence[Path], batch_size: int) -> list[tuple[Path, ...]]:
 
 
 class DeepSeekOCRSession:
-    """A loaded model and its adapter. Load once with :meth:`load`, then :meth:`run_image` many times."""
+    """A loaded model and its adapter under one :class:`RuntimeSettings` (KV cache, compiled steps, batch size).
+
+    Load once with :meth:`load`, then :meth:`run_image` (one input) or :meth:`run_batch` (several) many times."""
 
     def __init__(
         self,
@@ -268,6 +270,7 @@ class DeepSeekOCRSession:
         self._hooks = self._install_stage_hooks()
         self.routing = RoutingRecorder.install(self.model) if runtime.record_routing else None
         self._loop = self._make_loop(runtime, self.routing)
+        self._cudagraph_skips_before = cudagraph_skips()
         self._reference_loop: DecodeLoop | None = None
         self.references = ReferenceOutputs()
 
@@ -319,9 +322,11 @@ class DeepSeekOCRSession:
         return self._reference_loop
 
     def compile_summary(self) -> CompileSummary:
-        """Every compilation of this session's steps so far, and CUDA-graph captures inductor skipped."""
+        """Every compilation of this session's steps so far, and the CUDA-graph captures inductor skipped since the
+        session was made."""
         events = tuple(e for step in self._loop.compiled for e in step.events)
-        return CompileSummary(events=events, cudagraph_skips=cudagraph_skips() if self._loop.compiled else 0)
+        skips = cudagraph_skips() - self._cudagraph_skips_before if self._loop.compiled else 0
+        return CompileSummary(events=events, cudagraph_skips=skips)
 
     # ---- stage hooks -------------------------------------------------------------------------------
     def _install_stage_hooks(self) -> list[Any]:

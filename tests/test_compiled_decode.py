@@ -172,3 +172,18 @@ def test_compiled_prefill_finds_its_static_cache_allocated(tiny_session, page_im
     shape = (1, text.num_key_value_heads, m.prompt_tokens + NEW_TOKENS, text.head_dim)
     assert all(layer.is_initialized and tuple(layer.keys.shape) == shape for layer in cache.layers)
     assert filled == [0] * text.num_hidden_layers  # before the compiled prefill, not inside it
+
+
+def test_compiled_steps_run_under_no_grad_not_inference_mode(tiny_session, page_images) -> None:
+    """As transformers' compiled generate: CUDA-graph trees get ordinary tensors (no inference tensors)."""
+    caches = {}
+    for name, runtime in (("compiled", DECODE), ("eager", RuntimeSettings(kv_cache="static"))):
+        session = tiny_session.with_runtime(runtime)
+        try:
+            session.run_image(page_images["small"], 2, nvtx=False)
+            (caches[name],) = session._loop.caches._static.values()
+        finally:
+            session.close()
+    assert not caches["compiled"].layers[0].keys.is_inference()
+    assert not caches["compiled"].layers[0].keys.requires_grad
+    assert caches["eager"].layers[0].keys.is_inference()

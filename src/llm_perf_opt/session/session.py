@@ -383,7 +383,6 @@ class DeepSeekOCRSession:
             )
         return embeds
 
-    @torch.inference_mode()
     def _run_loop(
         self,
         batch: Sequence[PreparedInputs],
@@ -395,11 +394,15 @@ class DeepSeekOCRSession:
         keep_logits: bool = False,
     ) -> LoopOutput:
         loop = self.reference_loop if reference else self._loop
+        # Compiled steps run under no_grad, as transformers' own compiled generate does: CUDA-graph trees and
+        # inference tensors (a KV cache made under inference_mode) do not mix well.
+        grad_off = torch.no_grad() if loop.compiled else torch.inference_mode()
         self._recorder = recorder
         try:
-            return loop.run(
-                batch, max_new_tokens, recorder, embed=self._embed, around_step=around_step, keep_logits=keep_logits
-            )
+            with grad_off:
+                return loop.run(
+                    batch, max_new_tokens, recorder, embed=self._embed, around_step=around_step, keep_logits=keep_logits
+                )
         finally:
             self._recorder = None
 

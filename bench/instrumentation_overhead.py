@@ -5,10 +5,12 @@ Side by side in one process on one loaded session, interleaved passes over the s
 comparison):
 - instrumented: prefill + decode as `run_image` runs them (NVTX ranges, CUDA events per stage and per decode step,
   vision-stage hooks), then reading every span (`spans_ms`);
-- uninstrumented: the same prefill + decode with a no-op recorder and the hooks detached.
-Both are timed by the same wall clock with a device synchronisation at each end. The figure of merit is the
+- uninstrumented: the same prefill + decode with a no-op recorder and the hooks detached;
+- for MoE decoders, instrumented with the routing record on (hooks on the routers, indices kept on the device and
+  copied once at the end of the pass); the routing cost is its ratio to the instrumented pass without it.
+All are timed by the same wall clock with a device synchronisation at each end. The figure of merit is the
 median of the per-pair ratios (each pair runs back to back, which cancels slow drifts of the host), with the
-plain medians beside it.
+plain medians beside it. `--kv-cache static --compile decode` measures the same under a compiled decode.
 
     python bench/instrumentation_overhead.py --model deepseek_ocr2 --repeats 7 --out overhead.json
 """
@@ -27,6 +29,7 @@ import torch
 from llm_perf_opt.cli.common import compose_config
 from llm_perf_opt.data.dataset import bundled_samples_dir
 from llm_perf_opt.measure.timing import NullRecorder, StageRecorder
+from llm_perf_opt.session.runtime import RuntimeSettings
 from llm_perf_opt.session.session import DeepSeekOCRSession, device_name, resolve_device
 
 
@@ -43,27 +46,51 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--kv-cache", default="dynamic", choices=["dynamic", "static"])
+    parser.add_argument("--compile", default="none", choices=["none", "decode", "prefill_decode"])
+    parser.add_argument("--compile-mode", default="reduce-overhead")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
-    cfg = compose_config("stage1", f"model={args.model}")
+    cfg = compose_config(
+        "stage1",
+        f"model={args.model}",
+        f"runtime.kv_cache={args.kv_cache}",
+        f"runtime.compile={args.compile}",
+        f"runtime.compile_mode={args.compile_mode}",
+    )
     device = resolve_device(args.device)
-    session = DeepSeekOCRSession.load(cfg.model, device)
+    runtime = RuntimeSettings.from_config(cfg)
+    session = DeepSeekOCRSession.load(cfg.model, device, runtime)
+    routing = session.routing
     image = Path(args.image)
 
     prepared = session.prepare(image)
 
-    def instrumented() -> float:
-        _sync(device)
-        start = time.perf_counter()
-        recorder = StageRecorder(device)
-        session.generate(prepared, args.new_tokens, recorder)
-        recorder.spans_ms()
-        _sync(device)
-        return (time.perf_counter() - start) * 1e3
+    def instrumented(with_routing: bool = False) -> float:
+        if routing is not None and not with_routing:
+            routing.remove()
+        try:
+            _sync(device)
+            start = time.perf_counter()
+            recorder = StageRecorder(device)
+            session.generate(prepared, args.new_tokens, recorder)
+            recorder.spans_ms()
+            if routing is not None and with_routing:
+                routing.end_pass()  # the one copy of the pass's expert indices to the host
+            _sync(device)
+            return (time.perf_counter() - start) * 1e3
+        finally:
+            if routing is not None:
+                routing.attach()
+
+    def routed() -> float:
+        return instrumented(with_routing=True)
 
     def plain() -> float:
         session.remove_stage_hooks()
+        if routing is not None:
+            routing.remove()
         try:
             _sync(device)
             start = time.perf_counter()
@@ -72,20 +99,28 @@ def main() -> None:
             return (time.perf_counter() - start) * 1e3
         finally:
             session.install_stage_hooks()
+            if routing is not None:
+                routing.attach()
 
+    variants = [plain, instrumented] + ([routed] if routing is not None else [])
     for _ in range(args.warmup):
-        plain()
-        instrumented()
-    with_ms, without_ms = [], []
-    for i in range(args.repeats):  # interleave, alternating which goes first
-        if i % 2:
-            with_ms.append(instrumented())
-            without_ms.append(plain())
-        else:
-            without_ms.append(plain())
-            with_ms.append(instrumented())
+        for variant in variants:
+            variant()
+    times: dict[str, list[float]] = {v.__name__: [] for v in variants}
+    for i in range(args.repeats):  # interleave, rotating which goes first
+        for variant in variants[i % len(variants) :] + variants[: i % len(variants)]:
+            times[variant.__name__].append(variant())
+    with_ms, without_ms = times["instrumented"], times["plain"]
     med_with, med_without = statistics.median(with_ms), statistics.median(without_ms)
     ratios = [a / b for a, b in zip(with_ms, without_ms, strict=True)]
+    routing_result = {}
+    if routing is not None:
+        routed_ratios = [a / b for a, b in zip(times["routed"], with_ms, strict=True)]
+        routing_result = {
+            "routing_ms": times["routed"],
+            "median_routing_ms": statistics.median(times["routed"]),
+            "routing_overhead_pct_median_paired": (statistics.median(routed_ratios) - 1) * 100,
+        }
     result = {
         "benchmark": "instrumentation_overhead",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -93,6 +128,7 @@ def main() -> None:
         "model": args.model,
         "image": image.name,
         "new_tokens": args.new_tokens,
+        "runtime": runtime.label,
         "repeats": args.repeats,
         "instrumented_ms": with_ms,
         "uninstrumented_ms": without_ms,
@@ -103,8 +139,9 @@ def main() -> None:
         "paired_ratio_p10_p90": [
             float(x) for x in (sorted(ratios)[len(ratios) // 10], sorted(ratios)[-1 - len(ratios) // 10])
         ],
+        **routing_result,
     }
-    print(json.dumps({k: v for k, v in result.items() if not k.endswith("ed_ms")}, indent=2))
+    print(json.dumps({k: v for k, v in result.items() if not k.endswith("ed_ms") and k != "routing_ms"}, indent=2))
     if args.out:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
 

@@ -42,3 +42,24 @@ def greedy_by_recomputation(session: Any, prepared: Any, new_tokens: int) -> lis
             tokens.append(int(token))
             ids = torch.cat([ids, token[:, None]], dim=1)
     return tokens
+
+
+def host_reads() -> Any:
+    """A dispatch mode that lists the ops inside it which read tensor data on the host (`.item()`, `bool(t)`,
+    data-dependent shapes): on a GPU each is a device-to-host copy and a stream synchronisation."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    reading = ("_local_scalar_dense", "is_nonzero", "nonzero", "unique", "masked_select", "equal")
+
+    class HostReads(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            name = str(func)
+            if any(part in name for part in reading):
+                self.ops.append(name)
+            return func(*args, **(kwargs or {}))
+
+    return HostReads()

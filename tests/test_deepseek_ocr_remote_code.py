@@ -145,3 +145,11 @@ def test_vendor_code_failure_is_one_user_error(tmp_path: Path, compose_model: An
     cfg = compose_model("model=deepseek_ocr_tiny", f"model.path={tmp_path}", "model.trust_remote_code=true")
     with pytest.raises(UserError, match=r"trust_remote_code=true.*transformers 4\.46"):
         DeepSeekOCRSession.load(cfg, torch.device("cpu"))
+
+
+def test_vendor_code_has_no_static_cache(vendor_session: DeepSeekOCRSession) -> None:
+    from llm_perf_opt.session.runtime import RuntimeSettings
+
+    with pytest.raises(UserError, match=r"runtime\.kv_cache=static is not supported.*vendor's own code") as info:
+        vendor_session.with_runtime(RuntimeSettings(kv_cache="static"))
+    assert "runtime.kv_cache=dynamic" in info.value.fix

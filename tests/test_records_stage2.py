@@ -140,3 +140,31 @@ def test_stage2_metrics_need_their_measured_fields(tmp_path: Path) -> None:
     (tmp_path / METRICS_FILE).write_text(json.dumps(data))
     with pytest.raises(RecordError, match=f"fit a {Stage2Metrics.__name__} record"):
         folders.load_stage2_metrics(tmp_path / METRICS_FILE)
+
+
+def test_measured_bytes_and_bytes_passes_round_trip(tmp_path: Path) -> None:
+    """A folder with both bytes passes: its targets and metrics carry them through plain data and files, and
+    metrics.json is the record as written."""
+    from test_stage2_bytes import bytes_folder
+
+    rendered = render(bytes_folder(tmp_path / "s2"))
+    shutil.copy(COMPARE / "s2_light" / "run_status.json", rendered / "run_status.json")
+    folder = folders.load(rendered)
+    assert isinstance(folder, Stage2Folder) and folder.targets is not None
+    assert [p.stage for p in folder.targets.bytes_passes] == ["prefill", "decode"]
+    measured = folder.metrics.measured_bytes
+    assert measured is not None and [r.stage for r in measured.rows][-1] == "decode/step"
+    assert measured.rows[0].top_kernels and measured.rows[0].analytic_source
+    for record in (folder.metrics, folder.targets):
+        assert_round_trips(record, tmp_path)
+    written = json.loads((folder.path / METRICS_FILE).read_text())
+    assert written == to_plain(folder.metrics) and written["measured_bytes"]["cache_control"] == "none"
+
+
+def test_folders_from_before_the_bytes_pass_load_without_it(tmp_path: Path) -> None:
+    targets = converter.structure({"mode": "light", "stages": {}}, NcuTargets)
+    assert targets.bytes_passes == ()
+    for name in ("s2_light", "s2_deep"):
+        data = json.loads((COMPARE / name / METRICS_FILE).read_text())
+        assert "measured_bytes" not in data
+        assert folders.load_stage2_metrics(COMPARE / name / METRICS_FILE).measured_bytes is None

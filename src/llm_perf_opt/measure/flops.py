@@ -133,7 +133,7 @@ def count_stage_flops(session: Any, prepared: Any) -> StageFlops:
             yield
 
     recorder = StageRecorder(session.device, nvtx=False)
-    session.generate(prepared, 3, recorder, around_step=around)
+    session.generate(prepared, 3, recorder, around_step=around, reference=True)
     prefill = counters[0]
     by_module = prefill.get_flop_counts()
     root = type(session.model).__name__

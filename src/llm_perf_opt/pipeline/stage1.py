@@ -33,6 +33,7 @@ from llm_perf_opt.measure.aggregate import stage_stats, throughput
 from llm_perf_opt.measure.efficiency import efficiency_by_stage
 from llm_perf_opt.measure.flops import FLOP_SOURCE, GROUPED_MM_FALLBACK_OP, StageFlops, count_stage_flops
 from llm_perf_opt.measure.mfu import mfu_by_stage
+from llm_perf_opt.measure.routing import RoutingTrace, summarize_routing
 from llm_perf_opt.measure.timing import timing_method
 from llm_perf_opt.measure.torch_profiler import OperatorTable, profile_image
 from llm_perf_opt.measure.variation import high_variation, stage_variation
@@ -44,6 +45,7 @@ from llm_perf_opt.records.common import SCHEMA_VERSION, PeakFigure
 from llm_perf_opt.records.folders import INPUTS_FILE, METRICS_FILE, OPERATORS_FILE, load_stage1
 from llm_perf_opt.records.io import dumps_lines
 from llm_perf_opt.records.stage1 import (
+    CompileRecord,
     DeviceInfo,
     ImageInput,
     ImageRecord,
@@ -55,6 +57,7 @@ from llm_perf_opt.records.stage1 import (
     ProfilerInfo,
     ProfilerSettings,
     RunSettings,
+    RuntimeRecord,
     SkippedInput,
     Stage1Metrics,
     TextInput,
@@ -62,6 +65,7 @@ from llm_perf_opt.records.stage1 import (
 from llm_perf_opt.report import stage1_reports
 from llm_perf_opt.report.markdown import pct
 from llm_perf_opt.session.adapters.registry import make_adapter
+from llm_perf_opt.session.runtime import RuntimeSettings
 from llm_perf_opt.session.session import (
     DeepSeekOCRSession,
     ImageMeasurement,
@@ -144,6 +148,7 @@ def _record(
         tiles=m.tiles,
         peak_memory_bytes=m.peak_memory_bytes,
         crop_grid=crop_grid,
+        output_check=m.output_check,
     )
 
 
@@ -157,6 +162,7 @@ class _RunState:
     predictions: dict[str, tuple[int, ...]] = attrs.Factory(dict)
     operators: OperatorTable | None = None
     measured_peaks: tuple[PeakFigure | None, PeakFigure | None] | None = None  # hardware.peaks=measured
+    routing: list[RoutingTrace] = attrs.Factory(list)  # MoE decoders: experts hit per decode step, timed passes
 
 
 class Stage1Run:
@@ -172,6 +178,7 @@ class Stage1Run:
         self.selection: DatasetSelection | None = None
         self.inputs: InputChoice | None = None
         self.settings: ResolvedSettings | None = None
+        self.runtime = RuntimeSettings()
 
     # ---- driver ------------------------------------------------------------------------------------
     def execute(self) -> Path:
@@ -225,6 +232,14 @@ class Stage1Run:
         self.art.write_text("config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
         check_workload_model(cfg)
         device = resolve_device(cfg.device)
+        self.runtime = RuntimeSettings.from_config(cfg)
+        if self.runtime.batch_size != 1:
+            raise UserError(
+                f"run.batch_size={self.runtime.batch_size}: stage1-run measures one input per forward in this release "
+                "(batched sessions exist, their per-batch report does not yet)",
+                "Leave run.batch_size=1",
+            )
+        self.runtime.check_device(device)
         self.settings = settings = resolve_settings(cfg, device)
         adapter = make_adapter(cfg.model)  # knows what the model takes (images or text) before it is built
         self.inputs = select_inputs(
@@ -246,7 +261,7 @@ class Stage1Run:
         log.info("building %s on %s …", cfg.model.name, device)
         started = time.perf_counter()
         with self.feedback.step(f"building {cfg.model.name} on {device}"):
-            self.session = session = DeepSeekOCRSession.load(cfg.model, device)
+            self.session = session = DeepSeekOCRSession.load(cfg.model, device, self.runtime)
         log.info("model ready in %.1f s: %s", time.perf_counter() - started, session.loaded.weights_detail)
 
         vision = session.vision_stages
@@ -311,6 +326,8 @@ class Stage1Run:
             for repeat in range(settings.repeats):
                 measured = session.run_image(entry.path, settings.max_new_tokens)
                 self.state.records.append(_record(name, repeat, measured, vision, grid))
+                if measured.routing is not None:
+                    self.state.routing.append(measured.routing)
                 self.state.predictions.setdefault(name, measured.token_ids)
                 bar.advance()
                 log.info(
@@ -422,6 +439,7 @@ class Stage1Run:
                 measured_passes=len(records),
                 asked_passes=len(self.selection.images) * settings.repeats if self.selection else None,
                 outputs=output_settings(cfg),
+                runtime=RuntimeRecord(**self.runtime.as_dict(), label=self.runtime.label),
             ),
             records=tuple(records),
             stages=stage_stats(records, vision),
@@ -444,6 +462,8 @@ class Stage1Run:
             config_digest=config_digest(cfg),
             variation=stage_variation(records, vision),
             measured_peaks=measured_peaks,
+            routing=summarize_routing(self.state.routing),
+            compile=_compile_record(session),
         )
 
     def _warnings(self, records: list[ImageRecord], partial: bool, no_peak: bool) -> tuple[str, ...]:
@@ -557,6 +577,14 @@ def _no_inputs(m: Stage1Metrics) -> InputsManifest:
         images=(),
         skipped=(),
     )
+
+
+def _compile_record(session: DeepSeekOCRSession) -> CompileRecord | None:
+    """Every compilation of the run (warm-up passes included), or None when nothing is compiled."""
+    if session.runtime.compile == "none":
+        return None
+    summary = session.compile_summary()
+    return CompileRecord(events=summary.events, cudagraph_skips=summary.cudagraph_skips)
 
 
 def input_key(selection: DatasetSelection, path: Path) -> str:

@@ -58,6 +58,7 @@ class ImageRecord:
     tiles: int
     peak_memory_bytes: int | None
     crop_grid: tuple[int, int] | None = None  # DeepSeek-OCR v1 Gundam: tiles across, down (3x2 and 2x3 differ)
+    output_check: OutputCheck | None = None  # against the eager dynamic-cache run of the same input
 
 
 @attrs.frozen
@@ -223,6 +224,20 @@ class OutputSettings:
 
 
 @attrs.frozen
+class RuntimeRecord:
+    """How the decoder ran (`runtime.*`, `run.batch_size`)."""
+
+    kv_cache: str = "dynamic"  # dynamic | static
+    compile: str = "none"  # none | decode | prefill_decode
+    compile_mode: str = "reduce-overhead"
+    static_cache_len: int | None = None
+    batch_size: int = 1
+    record_routing: bool = True
+    output_check: str = "auto"
+    label: str = "dynamic KV cache, eager, batch 1"
+
+
+@attrs.frozen
 class RunSettings:
     """The effective settings of a run and where each came from (`sources`: key -> "config/override" or
     "device default (cpu)")."""
@@ -242,6 +257,72 @@ class RunSettings:
     measured_passes: int | None = None  # timed passes actually measured (fewer than asked when interrupted)
     asked_passes: int | None = None  # inputs x repeats
     outputs: OutputSettings = attrs.field(factory=OutputSettings)
+    runtime: RuntimeRecord = attrs.field(factory=RuntimeRecord)
+
+
+@attrs.frozen
+class OutputCheck:
+    """One run's outputs against the reference of the same input."""
+
+    first_departure: int | None  # first generated index whose token differs from the reference; None: none does
+    compared_tokens: int  # generated tokens compared
+    prefill_logits_max_abs_diff: float  # max |logit − reference logit| at the last prompt position
+
+    @property
+    def identical_tokens(self) -> bool:
+        return self.first_departure is None
+
+
+@attrs.frozen
+class CompileEvent:
+    """One call of a compiled step during which TorchDynamo compiled (first call of a shape, or a recompile)."""
+
+    function: str  # "decode" or "prefill"
+    shape: tuple[int, ...]  # (batch, query tokens, KV cache positions)
+    call: int  # 1-based call number of this function
+    host_ms: float  # wall time of the whole call (tracing, compilation and the step itself)
+    frames: int  # frames TorchDynamo compiled during the call
+    graph_breaks: int  # graph breaks found during the call
+    recompile: bool  # True when the function had compiled before (a guard failed)
+
+
+@attrs.frozen
+class LayerRouting:
+    """Distinct experts per decode step in one MoE layer."""
+
+    layer: int
+    unique_per_step: Summary  # unit "experts"
+
+
+@attrs.frozen
+class RoutingSummary:
+    """Routing of all decode steps of some passes: distinct experts per step per layer, and how often each expert
+    was hit."""
+
+    experts: int
+    top_k: int
+    tokens_per_step: int
+    steps: int  # decode steps summarised (all passes)
+    per_layer: tuple[LayerRouting, ...]
+    overall: Summary  # distinct experts per step and layer, every MoE layer pooled
+    expected_unique: float  # E·(1 − (1 − k/E)^B) for B = tokens_per_step
+    hit_histogram: tuple[tuple[int, ...], ...]  # MoE layer -> expert -> decode steps that hit it
+
+
+@attrs.frozen
+class CompileRecord:
+    """What compilation cost the run: every call that compiled (warm-up passes included)."""
+
+    events: tuple[CompileEvent, ...]
+    cudagraph_skips: int
+
+    @property
+    def compile_ms(self) -> float:
+        return sum(e.host_ms for e in self.events)
+
+    @property
+    def recompiles(self) -> int:
+        return sum(1 for e in self.events if e.recompile)
 
 
 @attrs.frozen
@@ -282,6 +363,8 @@ class Stage1Metrics:
     variation: tuple[StageVariation, ...] = ()  # run-to-run dispersion within each image, and over the image mix
     # hardware.peaks=measured: the same figures against this GPU's measured achievable peaks (GEMM and copy)
     measured_peaks: MeasuredPeaks | None = None
+    routing: RoutingSummary | None = None  # MoE decoders: experts hit per decode step (timed passes)
+    compile: CompileRecord | None = None  # runtime.compile != none
 
     @property
     def vision_stages(self) -> tuple[str, ...]:

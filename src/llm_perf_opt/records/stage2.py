@@ -83,7 +83,7 @@ class NcuKernel:
 class KernelBytes:
     """One kernel function's DRAM traffic within a stage instance (Nsight Compute's bytes pass), summed."""
 
-    name: str  # bare function name
+    name: str  # bare function name, with the functor it applies where it has one (`elementwise_kernel [MulFunctor]`)
     launches: int
     dram_bytes: float  # dram__bytes_read.sum + dram__bytes_write.sum over its launches
 

@@ -16,6 +16,7 @@ from llm_perf_opt.records.stage1 import (
     InputsManifest,
     OperatorRow,
     OperatorTable,
+    OutputCheck,
     OutputSettings,
     Prediction,
     ProfilerSettings,
@@ -205,6 +206,44 @@ def _measured_peaks_section(doc: Doc, m: Stage1Metrics) -> None:
     doc.table(["stage", "MFU (datasheet)", "MFU (measured peak)", "MBU (datasheet)", "MBU (measured peak)"], rows)
 
 
+def _runtime_section(doc: Doc, m: Stage1Metrics) -> None:
+    """How the decoder ran: compilation cost, outputs against the eager reference, MoE experts hit per step."""
+    checks = [r for r in m.records if r.output_check is not None]
+    if m.compile is None and not checks and m.routing is None:
+        return
+    doc.h2("Runtime")
+    lines = [f"Runtime: {m.settings.runtime.label}."]
+    if m.compile is not None:
+        c = m.compile
+        lines.append(
+            f"Compilation: {len(c.events)} compiling call(s), {c.compile_ms / 1e3:,.1f} s of host time in all "
+            f"({c.recompiles} recompile(s), {c.cudagraph_skips} CUDA-graph capture(s) skipped); the warm-up passes "
+            "absorb it, so the timed passes are steady state."
+        )
+    if checks:
+        by_image: dict[str, list[OutputCheck]] = {}
+        for r in checks:
+            assert r.output_check is not None
+            by_image.setdefault(r.image, []).append(r.output_check)
+        for image, found in by_image.items():
+            departures = [c.first_departure for c in found if c.first_departure is not None]
+            worst = max(c.prefill_logits_max_abs_diff for c in found)
+            agree = (
+                f"tokens identical to the eager dynamic-cache reference for all {found[0].compared_tokens}"
+                if not departures
+                else f"tokens depart from the eager dynamic-cache reference at index {min(departures)}"
+            )
+            lines.append(f"Outputs of {image}: {agree}; prefill logits differ by at most {worst:.3g}.")
+    if m.routing is not None:
+        routing, o = m.routing, m.routing.overall
+        lines.append(
+            f"MoE routing over {routing.steps} decode steps: {o.mean:.1f} distinct experts per step and layer "
+            f"(p50 {o.p50:.0f}, p90 {o.p90:.0f}) of {routing.experts}, top-{routing.top_k} with "
+            f"{routing.tokens_per_step} token(s) per step; E·(1−(1−k/E)^B) expects {routing.expected_unique:.1f}."
+        )
+    doc.bullets(lines)
+
+
 def _flops_source(m: Stage1Metrics) -> str:
     """How the run counted its FLOPs (as recorded; the current method for a run that recorded none)."""
     return next((r.flops_source for r in m.mfu), FLOP_SOURCE)
@@ -250,7 +289,7 @@ def report_md(
     doc.para(
         f"Run `{m.run_id}` · "
         + (f"workload {profile['name']} · " if profile else "")
-        + f"{m.model.weights_detail} · {m.model.dtype} · "
+        + f"{m.model.weights_detail} · {m.model.dtype} · {m.settings.runtime.label} · "
         + _passes_text(m)
         + " · "
         f"{m.settings.max_new_tokens} new tokens per pass · times in ms ({m.device.timing_method})."
@@ -320,6 +359,8 @@ def report_md(
 
     if plots and "decode_latency" in plots:
         doc.image("Decode step latency against context length", plots["decode_latency"])
+
+    _runtime_section(doc, m)
 
     doc.h2("Throughput (medians over passes)")
     t = m.throughput
@@ -514,6 +555,8 @@ def assumptions_md(m: Stage1Metrics, inputs: InputsManifest) -> str:
         [
             f"Named workload: {profile['name']} — {profile['document']}" if profile else "Named workload: none",
             f"Batch size: {s.batch_size}",
+            f"Runtime: {s.runtime.label} (runtime.kv_cache={s.runtime.kv_cache}, runtime.compile={s.runtime.compile}, "
+            f"runtime.compile_mode={s.runtime.compile_mode}, runtime.output_check={s.runtime.output_check})",
             f"Timed passes per image (run.repeats): {s.repeats} ({s.sources['run.repeats']})",
             f"Warm-up passes per image (run.warmup): {s.warmup} ({s.sources['run.warmup']})",
             f"Decoding: {s.decoding}; {s.max_new_tokens} new tokens ({s.sources['infer.max_new_tokens']})",

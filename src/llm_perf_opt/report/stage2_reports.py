@@ -252,6 +252,7 @@ def _measured_bytes_section(doc: Doc, mb: MeasuredBytes | None) -> None:
                 f"`{k.name}` {num_bytes(k.dram_bytes)} ({k.dram_bytes / r.measured_bytes:.0%}, {k.launches:,} "
                 f"launch{'es' if k.launches != 1 else ''})"
                 for k in r.top_kernels[:3]
+                if k.dram_bytes > 0
             )
             for r in mb.rows
             if r.top_kernels and r.measured_bytes > 0
@@ -358,7 +359,10 @@ def report_md(m: Stage2Metrics, files: Sequence[str]) -> str:
     )
     doc.h2("Tools")
     doc.bullets([f"{k}: {v.seconds:.1f} s (exit {v.returncode})" for k, v in m.tool_runs.items() if v.seconds])
-    doc.para("Commands: `nsys/cmd.txt` and `ncu/<stage>/cmd.txt`; raw reports and exports under `nsys/` and `ncu/`.")
+    commands = "`nsys/cmd.txt` and `ncu/<stage>/cmd.txt`"
+    if m.measured_bytes is not None:
+        commands = "`nsys/cmd.txt`, `ncu/<stage>/cmd.txt` and the bytes passes' `ncu/bytes-<stage>/cmd.txt`"
+    doc.para(f"Commands: {commands}; raw reports and exports under `nsys/` and `ncu/`.")
     doc.h2("Files")
     doc.bullets([f"[{f}]({f})" for f in sorted(set(files)) if f.endswith((".md", ".json", ".yaml", ".txt", ".png"))])
     return doc.text()

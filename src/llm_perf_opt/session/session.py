@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +12,16 @@ import attrs
 import torch
 
 from llm_perf_opt.errors import UserError
-from llm_perf_opt.measure.timing import StageRecorder
+from llm_perf_opt.measure.routing import RoutingRecorder, RoutingTrace
+from llm_perf_opt.measure.timing import NullRecorder, StageRecorder
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, PreparedInputs
 from llm_perf_opt.session.adapters.registry import make_adapter
+from llm_perf_opt.session.compiled import CompileEvent, CompileSummary, cudagraph_skips
+from llm_perf_opt.session.decode import AroundStep, DecodeLoop, LoopOutput
+from llm_perf_opt.session.kv_cache import KvCaches, static_cache_error
+from llm_perf_opt.session.output_check import OutputCheck, ReferenceOutput, ReferenceOutputs, compare_outputs
+from llm_perf_opt.session.runtime import EAGER_REFERENCE, RuntimeSettings
 
 _TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -88,6 +94,9 @@ class ImageMeasurement:
     image_tokens: int
     tiles: int
     peak_memory_bytes: int | None
+    routing: RoutingTrace | None = None  # experts each decode step hit (MoE decoders with runtime.record_routing)
+    compile_events: tuple[CompileEvent, ...] = ()  # compilations during this pass (warm-up passes absorb them)
+    output_check: OutputCheck | None = None  # against the eager dynamic-cache reference (runtime.output_check)
 
     @property
     def prefill_ms(self) -> float:
@@ -103,30 +112,212 @@ class ImageMeasurement:
         return self.preprocess_ms + self.prefill_ms
 
 
-class DeepSeekOCRSession:
-    """A loaded model and its adapter. Load once with :meth:`load`, then :meth:`run_image` many times."""
+@attrs.frozen
+class PageResult:
+    """One input of a batch: its own preprocessing, vision and tokens."""
 
-    def __init__(self, adapter: ModelAdapter, loaded: LoadedModel, device: torch.device, dtype: torch.dtype):
+    input: str  # the input file
+    prompt_tokens: int
+    image_tokens: int
+    tiles: int
+    preprocess_ms: float  # this input's preprocessing
+    vision_ms: Mapping[str, float]  # this input's vision sub-stages (inputs run their vision one after the other)
+    vision_calls: Mapping[str, int]
+    token_ids: tuple[int, ...]
+    output_check: OutputCheck | None  # against this input run alone, eager, dynamic cache (runtime.output_check)
+
+
+@attrs.frozen
+class BatchMeasurement:
+    """One pass over a batch: per-input results and the batch's stage times (ms), tokens and memory.
+
+    Every input of the batch gets its first token when the batched prefill ends and its last when the last decode
+    step ends: time to first token and decode time are the batch's, for every input."""
+
+    pages: tuple[PageResult, ...]
+    stage_ms: Mapping[str, float]  # prefill (every input's vision + the batched decoder prefill), decode, decode/step,
+    # and each vision sub-stage summed over the inputs
+    stage_calls: Mapping[str, int]
+    decode_step_ms: tuple[float, ...]  # one per decode step of the whole batch
+    padded_prompt_tokens: int  # prompt positions after left padding (the longest prompt)
+    peak_memory_bytes: int | None
+    routing: RoutingTrace | None = None  # tokens_per_step = batch size
+    compile_events: tuple[CompileEvent, ...] = ()
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.pages)
+
+    @property
+    def new_tokens(self) -> int:
+        """Tokens generated per input (the first from prefill)."""
+        return len(self.pages[0].token_ids)
+
+    @property
+    def preprocess_ms(self) -> float:
+        """All inputs' preprocessing (one after the other, before the batch's prefill)."""
+        return sum(p.preprocess_ms for p in self.pages)
+
+    @property
+    def prefill_ms(self) -> float:
+        return self.stage_ms[vocab.PREFILL]
+
+    @property
+    def decode_ms(self) -> float:
+        return self.stage_ms.get(vocab.DECODE, 0.0)
+
+    @property
+    def ttft_ms(self) -> float:
+        """Time to first token of every input: the batch's preprocessing + prefill."""
+        return self.preprocess_ms + self.prefill_ms
+
+    @property
+    def e2e_ms(self) -> float:
+        return self.preprocess_ms + self.prefill_ms + self.decode_ms
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """Decode tokens per second of one input (tokens after the first, over the decode time)."""
+        if not self.decode_ms:
+            return None
+        return (self.new_tokens - 1) / self.decode_ms * 1e3
+
+    @property
+    def aggregate_decode_tokens_per_s(self) -> float | None:
+        """Decode tokens per second of the whole batch."""
+        per_input = self.decode_tokens_per_s
+        return None if per_input is None else per_input * self.batch_size
+
+    @property
+    def pages_per_s(self) -> float:
+        """Inputs finished per second, end to end (preprocessing included)."""
+        return self.batch_size / self.e2e_ms * 1e3
+
+    def page_measurements(self) -> tuple[ImageMeasurement, ...]:
+        """Each input as an :class:`ImageMeasurement`: its own vision sub-stages and tokens; the batch's
+        preprocessing, prefill and decode (what it waited for), so its time to first token is the batch's. The
+        routing trace and compile events stay on the batch (they are not per input)."""
+        batch_stages = {s: ms for s, ms in self.stage_ms.items() if not vocab.is_vision(s)}
+        batch_calls = {s: n for s, n in self.stage_calls.items() if not vocab.is_vision(s)}
+        return tuple(
+            ImageMeasurement(
+                preprocess_ms=self.preprocess_ms,
+                stage_ms={**batch_stages, **page.vision_ms},
+                stage_calls={**batch_calls, **page.vision_calls},
+                decode_step_ms=self.decode_step_ms,
+                token_ids=page.token_ids,
+                prompt_tokens=page.prompt_tokens,
+                image_tokens=page.image_tokens,
+                tiles=page.tiles,
+                peak_memory_bytes=self.peak_memory_bytes,
+                output_check=page.output_check,
+            )
+            for page in self.pages
+        )
+
+
+def _totals(spans: Sequence[tuple[str, float]]) -> tuple[dict[str, float], dict[str, int]]:
+    """Per span name: summed milliseconds and number of spans."""
+    totals: dict[str, float] = {}
+    calls: dict[str, int] = {}
+    for name, ms in spans:
+        totals[name] = totals.get(name, 0.0) + ms
+        calls[name] = calls.get(name, 0) + 1
+    return totals, calls
+
+
+def batches(paths: Sequence[Path], batch_size: int) -> list[tuple[Path, ...]]:
+    """`paths` in order, `batch_size` at a time; the last batch holds what is left (it may be smaller)."""
+    if batch_size < 1:
+        raise UserError(f"run.batch_size={batch_size} is out of range", "Set run.batch_size to a whole number ≥ 1")
+    return [tuple(paths[i : i + batch_size]) for i in range(0, len(paths), batch_size)]
+
+
+class DeepSeekOCRSession:
+    """A loaded model and its adapter under one :class:`RuntimeSettings` (KV cache, compiled steps, batch size).
+
+    Load once with :meth:`load`, then :meth:`run_image` (one input) or :meth:`run_batch` (several) many times."""
+
+    def __init__(
+        self,
+        adapter: ModelAdapter,
+        loaded: LoadedModel,
+        device: torch.device,
+        dtype: torch.dtype,
+        runtime: RuntimeSettings | None = None,
+    ):
         self.adapter = adapter
         self.loaded = loaded
         self.model = loaded.model
         self.device = device
         self.dtype = dtype
+        self.runtime = runtime = runtime or RuntimeSettings()
+        runtime.check_device(device)
+        if runtime.kv_cache == "static" and (blocker := adapter.static_cache_blocker(self.model)):
+            raise static_cache_error(blocker)
         self._recorder: StageRecorder | None = None
+        self._input_recorders: list[StageRecorder] | None = None  # per input of a batch (its vision sub-stages)
         self._stage_modules = adapter.stage_modules(self.model)
         self._hooks = self._install_stage_hooks()
+        self.routing = RoutingRecorder.install(self.model) if runtime.record_routing else None
+        self._loop = self._make_loop(runtime, self.routing)
+        self._cudagraph_skips_before = cudagraph_skips()
+        self._reference_loop: DecodeLoop | None = None
+        self.references = ReferenceOutputs()
 
     @classmethod
-    def load(cls, model_cfg: Mapping[str, Any], device: torch.device) -> DeepSeekOCRSession:
-        """Build (random weights) or load (the adapter's checkpoint folder) the model `model_cfg` names on `device`."""
+    def load(
+        cls, model_cfg: Mapping[str, Any], device: torch.device, runtime: RuntimeSettings | None = None
+    ) -> DeepSeekOCRSession:
+        """Build (random weights) or load (the adapter's checkpoint folder) the model `model_cfg` names on `device`,
+        to run under `runtime` (default: the eager reference)."""
         adapter = make_adapter(model_cfg)
         dtype = resolve_dtype(model_cfg.get("dtype"), device)
+        if runtime is not None:
+            runtime.check_device(device)  # before minutes of building
         path = adapter.checkpoint_path()
         if path:
             loaded = adapter.load_checkpoint(path, device=device, dtype=dtype)
         else:
             loaded = adapter.build_random(device=device, dtype=dtype)
-        return cls(adapter, loaded, device, dtype)
+        return cls(adapter, loaded, device, dtype, runtime)
+
+    def with_runtime(self, runtime: RuntimeSettings) -> DeepSeekOCRSession:
+        """A session on the same loaded model under another runtime (its own caches, compiled steps and hooks;
+        :meth:`close` the one no longer used)."""
+        return DeepSeekOCRSession(self.adapter, self.loaded, self.device, self.dtype, runtime)
+
+    def close(self) -> None:
+        """Detach this session's hooks from the model (stage timing and routing)."""
+        self.remove_stage_hooks()
+        if self.routing is not None:
+            self.routing.remove()
+            self.routing = None
+            self._loop.routing = None
+
+    def _make_loop(self, runtime: RuntimeSettings, routing: RoutingRecorder | None) -> DecodeLoop:
+        config = self.adapter.decoder_config(self.model)
+        return DecodeLoop(
+            self.model,
+            runtime,
+            KvCaches(runtime.kv_cache, config, runtime.static_cache_len),
+            attn_implementation=getattr(config, "_attn_implementation", None),
+            routing=routing,
+        )
+
+    @property
+    def reference_loop(self) -> DecodeLoop:
+        """The eager dynamic-cache loop (FLOP counting, output checks)."""
+        if self._reference_loop is None:
+            self._reference_loop = self._make_loop(EAGER_REFERENCE, None)
+        return self._reference_loop
+
+    def compile_summary(self) -> CompileSummary:
+        """Every compilation of this session's steps so far, and the CUDA-graph captures inductor skipped since the
+        session was made."""
+        events = tuple(e for step in self._loop.compiled for e in step.events)
+        skips = cudagraph_skips() - self._cudagraph_skips_before if self._loop.compiled else 0
+        return CompileSummary(events=events, cudagraph_skips=skips)
 
     # ---- stage hooks -------------------------------------------------------------------------------
     def _install_stage_hooks(self) -> list[Any]:
@@ -166,47 +357,174 @@ class DeepSeekOCRSession:
         prepared = self.adapter.prepare_file(input_path, self.loaded.tokenizer)
         return prepared.to(self.device, self.dtype)
 
-    @torch.inference_mode()
+    def _embed(self, index: int, prepared: PreparedInputs) -> torch.Tensor:
+        batch_recorder = self._recorder
+        if self._input_recorders is not None:
+            self._recorder = self._input_recorders[index]  # vision sub-stages of input `index`
+        try:
+            embeds = self.adapter.embed_prompt(self.model, prepared)
+        finally:
+            self._recorder = batch_recorder
+        if embeds is None:
+            raise UserError(
+                f"{type(self.model).__name__} merges its vision features inside its own forward, so its inputs "
+                f"cannot be embedded apart (needed by run.batch_size={self.runtime.batch_size} and "
+                f"runtime.compile={self.runtime.compile})",
+                "Use run.batch_size=1 and runtime.compile=none or decode for this model",
+            )
+        return embeds
+
+    def _run_loop(
+        self,
+        batch: Sequence[PreparedInputs],
+        max_new_tokens: int,
+        recorder: StageRecorder,
+        around_step: AroundStep | None,
+        *,
+        reference: bool,
+        keep_logits: bool = False,
+    ) -> LoopOutput:
+        loop = self.reference_loop if reference else self._loop
+        # Compiled steps run under no_grad, as transformers' own compiled generate does: CUDA-graph trees and
+        # inference tensors (a KV cache made under inference_mode) do not mix well.
+        grad_off = torch.no_grad() if loop.compiled else torch.inference_mode()
+        self._recorder = recorder
+        try:
+            with grad_off:
+                return loop.run(
+                    batch, max_new_tokens, recorder, embed=self._embed, around_step=around_step, keep_logits=keep_logits
+                )
+        finally:
+            self._recorder = None
+
+    def reference_output(self, key: str, prepared: PreparedInputs, max_new_tokens: int) -> ReferenceOutput:
+        """The eager dynamic-cache outputs of input `key` (run once per input and token count, then kept)."""
+
+        def run() -> ReferenceOutput:
+            out = self._run_loop(
+                [prepared], max_new_tokens, NullRecorder(self.device), None, reference=True, keep_logits=True
+            )
+            assert out.prefill_logits is not None
+            return ReferenceOutput(token_ids=out.tokens[0], prefill_logits=out.prefill_logits[0])
+
+        return self.references.get((key, max_new_tokens), run)
+
+    def check_outputs(self, key: str, prepared: PreparedInputs, out: LoopOutput, index: int = 0) -> OutputCheck | None:
+        """Output `index` of a pass against the reference of its input (None unless the runtime checks outputs)."""
+        if not self.runtime.checks_outputs or out.prefill_logits is None:
+            return None
+        reference = self.reference_output(key, prepared, len(out.tokens[index]))
+        return compare_outputs(out.tokens[index], out.prefill_logits[index], reference)
+
     def generate(
         self,
         prepared: PreparedInputs,
         max_new_tokens: int,
         recorder: StageRecorder,
         around_step: Callable[[int], AbstractContextManager[Any]] | None = None,
+        *,
+        reference: bool = False,
     ) -> list[int]:
         """Greedy decoding of exactly `max_new_tokens` tokens (EOS ignored); the first comes from prefill.
 
         `around_step(i)` wraps forward i (0 = prefill, i >= 1 = decode step i), e.g. to count its FLOPs.
+        `reference=True` runs the eager dynamic-cache loop whatever the session's runtime.
         """
-        around = around_step or (lambda _step: nullcontext())
-        inputs = dict(prepared.model_inputs)
-        prompt_len = prepared.prompt_tokens
-        full_mask = torch.ones((1, prompt_len + max_new_tokens), dtype=torch.long, device=self.device)
-        inputs["attention_mask"] = full_mask[:, :prompt_len]
-        self._recorder = recorder
+        out = self._run_loop([prepared], max_new_tokens, recorder, around_step, reference=reference)
+        return list(out.tokens[0])
+
+    def generate_batch(
+        self,
+        batch: Sequence[PreparedInputs],
+        max_new_tokens: int,
+        recorder: StageRecorder,
+        around_step: Callable[[int], AbstractContextManager[Any]] | None = None,
+        *,
+        reference: bool = False,
+    ) -> list[list[int]]:
+        """:meth:`generate` for several inputs in one batch (vision per input, the decoder batched with left
+        padding); the tokens of each input."""
+        out = self._run_loop(batch, max_new_tokens, recorder, around_step, reference=reference)
+        return [list(tokens) for tokens in out.tokens]
+
+    def _timed_prepare(self, path: Path) -> tuple[PreparedInputs, float]:
+        start = time.perf_counter()
+        prepared = self.prepare(path)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return prepared, (time.perf_counter() - start) * 1e3
+
+    def run_batch(self, paths: Sequence[Path], max_new_tokens: int, *, nvtx: bool = True) -> BatchMeasurement:
+        """One full pass over a batch of inputs (`paths`, at most `run.batch_size` of them; fewer for a last batch):
+        each preprocessed and its vision run one after the other, then the decoder's prefill and decode steps on
+        the whole batch."""
+        if not paths:
+            raise ValueError("a batch needs at least one input")
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        recorder = StageRecorder(self.device, nvtx=nvtx)
+        inputs = [StageRecorder(self.device, nvtx=nvtx) for _ in paths]
+        if nvtx:
+            from llm_perf_opt.measure import nvtx_ranges
+
+            nvtx_ranges.push(vocab.PREPROCESS)
+        prepared_ms = [self._timed_prepare(path) for path in paths]
+        if nvtx:
+            nvtx_ranges.pop()
+        batch = [prepared for prepared, _ in prepared_ms]
+        compiled_before = len(self.compile_summary().events)
+        if self.routing is not None:
+            self.routing.begin_pass()
+        self._input_recorders = inputs if len(paths) > 1 else None
         try:
-            with recorder.span(vocab.PREFILL), around(0):
-                out = self.model(**inputs, use_cache=True, logits_to_keep=1)
-                next_token = out.logits[:, -1].argmax(-1)
-            tokens = [next_token]
-            cache = out.past_key_values
-            if max_new_tokens > 1:
-                with recorder.span(vocab.DECODE):
-                    for step in range(1, max_new_tokens):
-                        with recorder.span(vocab.DECODE_STEP), around(step):
-                            out = self.model(
-                                input_ids=next_token[:, None],
-                                attention_mask=full_mask[:, : prompt_len + step],
-                                past_key_values=cache,
-                                use_cache=True,
-                                logits_to_keep=1,
-                            )
-                            next_token = out.logits[:, -1].argmax(-1)
-                            cache = out.past_key_values
-                        tokens.append(next_token)
+            out = self._run_loop(
+                batch, max_new_tokens, recorder, None, reference=False, keep_logits=self.runtime.checks_outputs
+            )
         finally:
-            self._recorder = None
-        return [int(t) for t in torch.cat(tokens).tolist()]
+            self._input_recorders = None
+        spans = recorder.spans_ms()
+        totals, calls = _totals(spans)
+        if len(paths) > 1:
+            per_input = [_totals(r.spans_ms()) for r in inputs]
+            for vision_ms, vision_calls in per_input:
+                for stage, ms in vision_ms.items():
+                    totals[stage] = totals.get(stage, 0.0) + ms
+                    calls[stage] = calls.get(stage, 0) + vision_calls[stage]
+        else:  # one input: its vision ran under the batch recorder
+            per_input = [
+                (
+                    {s: ms for s, ms in totals.items() if vocab.is_vision(s)},
+                    {s: n for s, n in calls.items() if vocab.is_vision(s)},
+                )
+            ]
+        peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
+        routing = self.routing.end_pass() if self.routing is not None else None
+        compiled = self.compile_summary().events[compiled_before:]
+        pages = tuple(
+            PageResult(
+                input=str(path),
+                prompt_tokens=prepared.prompt_tokens,
+                image_tokens=prepared.image_tokens,
+                tiles=prepared.tiles,
+                preprocess_ms=ms,
+                vision_ms=per_input[i][0],
+                vision_calls=per_input[i][1],
+                token_ids=out.tokens[i],
+                output_check=self.check_outputs(str(path), prepared, out, i),  # after the timed pass
+            )
+            for i, (path, (prepared, ms)) in enumerate(zip(paths, prepared_ms, strict=True))
+        )
+        return BatchMeasurement(
+            pages=pages,
+            stage_ms=totals,
+            stage_calls=calls,
+            decode_step_ms=tuple(ms for name, ms in spans if name == vocab.DECODE_STEP),
+            padded_prompt_tokens=max(p.prompt_tokens for p in batch),
+            peak_memory_bytes=peak,
+            routing=routing,
+            compile_events=compiled,
+        )
 
     def run_image(self, image_path: Path, max_new_tokens: int, *, nvtx: bool = True) -> ImageMeasurement:
         """One full pass (preprocess, prefill with vision, decode) with stage timing."""
@@ -225,22 +543,28 @@ class DeepSeekOCRSession:
         preprocess_ms = (time.perf_counter() - start) * 1e3
         if nvtx:
             nvtx_ranges.pop()
-        token_ids = self.generate(prepared, max_new_tokens, recorder)
+        compiled_before = len(self.compile_summary().events)
+        if self.routing is not None:
+            self.routing.begin_pass()
+        out = self._run_loop(
+            [prepared], max_new_tokens, recorder, None, reference=False, keep_logits=self.runtime.checks_outputs
+        )
         spans = recorder.spans_ms()
-        totals: dict[str, float] = {}
-        calls: dict[str, int] = {}
-        for name, ms in spans:
-            totals[name] = totals.get(name, 0.0) + ms
-            calls[name] = calls.get(name, 0) + 1
+        totals, calls = _totals(spans)
         peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
+        routing = self.routing.end_pass() if self.routing is not None else None
+        compiled = self.compile_summary().events[compiled_before:]
         return ImageMeasurement(
             preprocess_ms=preprocess_ms,
             stage_ms=totals,
             stage_calls=calls,
             decode_step_ms=tuple(ms for name, ms in spans if name == vocab.DECODE_STEP),
-            token_ids=tuple(token_ids),
+            token_ids=out.tokens[0],
             prompt_tokens=prepared.prompt_tokens,
             image_tokens=prepared.image_tokens,
             tiles=prepared.tiles,
             peak_memory_bytes=peak,
+            routing=routing,
+            compile_events=compiled,
+            output_check=self.check_outputs(str(image_path), prepared, out),  # after the timed pass
         )

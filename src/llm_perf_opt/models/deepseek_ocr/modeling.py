@@ -142,9 +142,30 @@ class DeepseekOcrForConditionalGeneration(nn.Module):
         self.lm_head = nn.Linear(int(text.hidden_size), int(text.vocab_size), bias=False)
         _init_plain(self.lm_head, float(text.initializer_range))
 
-    def forward(
+    def embed_inputs(
         self,
         input_ids: torch.Tensor,
+        pixel_values: torch.Tensor | None = None,
+        pixel_values_local: torch.Tensor | None = None,
+        crop_grid: Sequence[int] | None = None,
+    ) -> torch.Tensor:
+        """Token embeddings with the image features (run here) scattered into the ``<image>`` positions."""
+        embeds = self.model.language_model.embed_tokens(input_ids)
+        if pixel_values is None:
+            return embeds
+        features = self.model.image_features(pixel_values, pixel_values_local, crop_grid)
+        placeholders = input_ids == self.config.image_token_id
+        count = int(placeholders.sum())
+        if count != features.shape[0]:
+            raise ValueError(
+                f"Image features and image tokens do not match: {count} <image> tokens in the prompt, "
+                f"{features.shape[0]} features"
+            )
+        return embeds.masked_scatter(placeholders.unsqueeze(-1), features.to(embeds.dtype))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         past_key_values: Any = None,
         use_cache: bool | None = None,
@@ -153,20 +174,15 @@ class DeepseekOcrForConditionalGeneration(nn.Module):
         pixel_values_local: torch.Tensor | None = None,
         crop_grid: Sequence[int] | None = None,
         position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> CausalLMOutputWithPast:
-        embeds = self.model.language_model.embed_tokens(input_ids)
-        if pixel_values is not None:
-            features = self.model.image_features(pixel_values, pixel_values_local, crop_grid)
-            placeholders = input_ids == self.config.image_token_id
-            count = int(placeholders.sum())
-            if count != features.shape[0]:
-                raise ValueError(
-                    f"Image features and image tokens do not match: {count} <image> tokens in the prompt, "
-                    f"{features.shape[0]} features"
-                )
-            embeds = embeds.masked_scatter(placeholders.unsqueeze(-1), features.to(embeds.dtype))
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        if inputs_embeds is None:
+            assert input_ids is not None
+            inputs_embeds = self.embed_inputs(input_ids, pixel_values, pixel_values_local, crop_grid)
         out = self.model.language_model(
-            inputs_embeds=embeds,
+            inputs_embeds=inputs_embeds,
             attention_mask=attention_mask,
             past_key_values=past_key_values,
             use_cache=use_cache,

@@ -155,6 +155,33 @@ class ModelAdapter(ABC):
         """Analytic cost per stage name (objects with `.flops` and `.bytes`), or None without an analytic model."""
         return None
 
+    # ---- decoder runtime (KV caches, batches, compiled steps) ---------------------------------------------
+    def decoder_config(self, model: nn.Module) -> Any:
+        """The text decoder's transformers config: what its KV caches are built from (None: the model builds its
+        own dynamic cache)."""
+        config: Any = model.config
+        return config.get_text_config(decoder=True)
+
+    def decoder_module(self, model: nn.Module) -> nn.Module:
+        """The transformers module that runs the text decoder (its class says which caches it supports)."""
+        return model
+
+    def static_cache_blocker(self, model: nn.Module) -> str | None:
+        """Why transformers' StaticCache cannot drive this model's decoder, or None when it can."""
+        cls = type(self.decoder_module(model))
+        if not getattr(cls, "_can_compile_fullgraph", False):
+            return (
+                f"transformers does not mark {cls.__name__} as working with static-shape KV caches "
+                "(_can_compile_fullgraph is False)"
+            )
+        return None
+
+    def embed_prompt(self, model: nn.Module, prepared: PreparedInputs) -> torch.Tensor | None:
+        """The prompt's input embeddings (1, tokens, hidden) with the vision features merged in (vision runs here,
+        eagerly, under the stage hooks), or None when this model's vision cannot run apart from its decoder: then
+        batches of several inputs and a compiled prefill are not available."""
+        return None
+
     def describe(self, model: nn.Module) -> dict[str, Any]:
         """Facts about the built model for the reports (implementations, sizes)."""
         config = getattr(model, "config", None)

@@ -154,6 +154,33 @@ class DeepseekOcrAdapter(ModelAdapter):
             ) from exc
         return VendorModel(inner.to(device=device), int(self.cfg["architecture"]["image_token_id"]))
 
+    def decoder_config(self, model: nn.Module) -> Any:
+        if isinstance(model, VendorModel):
+            return None  # the vendor's code builds its own cache
+        config: Any = model.config
+        return config.text_config
+
+    def decoder_module(self, model: nn.Module) -> nn.Module:
+        if isinstance(model, VendorModel):
+            return model
+        return model.get_submodule("model.language_model")
+
+    def static_cache_blocker(self, model: nn.Module) -> str | None:
+        if isinstance(model, VendorModel):
+            return (
+                "the vendor's own code (model.trust_remote_code=true) manages its KV cache itself; set "
+                "model.trust_remote_code=false to run the same checkpoint through this project's implementation"
+            )
+        return super().static_cache_blocker(model)
+
+    def embed_prompt(self, model: nn.Module, prepared: PreparedInputs) -> torch.Tensor | None:
+        if not isinstance(model, DeepseekOcrForConditionalGeneration):
+            return None  # the vendor's code merges vision inside its forward
+        inputs = prepared.model_inputs
+        return model.embed_inputs(
+            inputs["input_ids"], inputs.get("pixel_values"), inputs.get("pixel_values_local"), inputs.get("crop_grid")
+        )
+
     def analytic_costs(
         self, model: nn.Module, prepared: PreparedInputs, new_tokens: int, dtype_bytes: int
     ) -> Mapping[str, Any] | None:

@@ -116,6 +116,19 @@ class DeepseekOcr2Adapter(ModelAdapter):
             views=tuple(views),
         )
 
+    def embed_prompt(self, model: Any, prepared: PreparedInputs) -> torch.Tensor | None:
+        """Token embeddings with the page's vision features scattered into its image placeholders (as the model's
+        own forward does)."""
+        inputs = prepared.model_inputs
+        input_ids = inputs["input_ids"]
+        embeds: torch.Tensor = model.get_input_embeddings()(input_ids)
+        vision = model.model.get_image_features(
+            inputs["pixel_values"], inputs.get("pixel_values_local"), inputs.get("num_local_patches"), return_dict=True
+        )
+        features = torch.cat(list(vision.pooler_output), dim=0).to(embeds.dtype)
+        placeholders = (input_ids == model.config.image_token_id).unsqueeze(-1)
+        return embeds.masked_scatter(placeholders, features)
+
     def analytic_costs(
         self, model: Any, prepared: PreparedInputs, new_tokens: int, dtype_bytes: int
     ) -> Mapping[str, Any] | None:

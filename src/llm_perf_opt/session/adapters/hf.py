@@ -244,6 +244,15 @@ class HfAdapter(ModelAdapter):
                 ) from None
         return out
 
+    def embed_prompt(self, model: nn.Module, prepared: PreparedInputs) -> torch.Tensor | None:
+        """Text models: the prompt's token embeddings. Image-text-to-text models merge vision inside their own
+        forward (each family its own way), so they return None."""
+        if self.input_kind != TEXT:
+            return None
+        get_embeddings: Any = model.get_input_embeddings
+        embeds: torch.Tensor = get_embeddings()(prepared.input_ids)
+        return embeds
+
     def analytic_costs(
         self, model: Any, prepared: PreparedInputs, new_tokens: int, dtype_bytes: int
     ) -> Mapping[str, Any] | None:

@@ -1,0 +1,188 @@
+"""Measured DRAM bytes of one stage instance (Nsight Compute's bytes pass) against the analytic bytes for it.
+
+Per stage instance (a prefill with its vision sub-stages, one decode step):
+
+- measured bytes: `dram__bytes_read.sum + dram__bytes_write.sum` over every kernel of the instance;
+- analytic bytes and counted FLOPs: Stage 1's figures of the same workload, per instance (prefill and vision
+  sub-stages per timed pass, decode per step: the mean over the steps of a pass, which is its middle step's
+  figure as the KV cache grows linearly);
+- FLOP/byte and the bound against the ridge point, for both; MBU over the summed kernel durations ncu measured,
+  for both (so they differ exactly as the bytes do);
+- where measured and analytic disagree by more than `AGREEMENT`, the cause the data show (:func:`gap_reason`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+from llm_perf_opt.measure.mfu import utilization
+from llm_perf_opt.nsight.ncu_bytes import LaunchBytes
+from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records.common import PeakFigure
+from llm_perf_opt.records.stage1 import Stage1Metrics
+from llm_perf_opt.records.stage2 import MeasuredBytesRow, NcuBytesPass, RangeBytes
+
+AGREEMENT = 0.10  # |measured / analytic - 1| within this: the two agree and no cause is named
+MIB = 2.0**20
+
+# Kernels whose DRAM traffic the analytic model leaves out or prices as part of a fused module, found by a word of
+# their full name (template arguments included), first match wins: (word, what they are).
+_EXTRA_TRAFFIC = (
+    ("softmax", "softmax kernels (the attention score matrix, materialised)"),
+    ("copy", "copy kernels (layout changes, dtype casts, concatenation)"),
+    ("elementwise", "unfused elementwise kernels"),
+)
+_SHOWN_SHARE = 0.05  # kinds under this share of the measured bytes are left out of the reason
+
+
+@attrs.frozen
+class InstanceCost:
+    """Analytic bytes and counted FLOPs of one stage instance."""
+
+    flops: float
+    bytes: float
+
+
+def instance_costs(workload: Stage1Metrics) -> dict[str, InstanceCost]:
+    """Stage name -> its cost per instance: prefill and vision sub-stages per timed pass, `decode/step` per step
+    (from Stage 1's `decode` row). Empty without per-pass records or analytic bytes."""
+    passes = len(workload.records)
+    steps = sum(len(r.decode_step_ms) for r in workload.records)
+    out: dict[str, InstanceCost] = {}
+    for row in workload.efficiency:
+        decode = row.stage == vocab.DECODE
+        count = steps if decode else passes
+        if count:
+            out[vocab.DECODE_STEP if decode else row.stage] = InstanceCost(row.flops / count, row.bytes / count)
+    return out
+
+
+def _bound(intensity: float | None, ridge: float | None) -> str | None:
+    """The roof a stage sits under: "compute" at or above the ridge point, else "memory" (Stage 1's rule)."""
+    if intensity is None or ridge is None:
+        return None
+    return "compute" if intensity >= ridge else "memory"
+
+
+def _extra_traffic(launches: Sequence[LaunchBytes], measured: float) -> list[str]:
+    """'<share> in <kind>' for the kinds of kernel that move at least _SHOWN_SHARE of `measured` bytes."""
+    moved = dict.fromkeys((word for word, _ in _EXTRA_TRAFFIC), 0.0)
+    for launch in launches:
+        name = launch.full_name.lower()
+        word = next((w for w, _ in _EXTRA_TRAFFIC if w in name), None)
+        if word is not None:
+            moved[word] += launch.dram_read_bytes + launch.dram_write_bytes
+    return [
+        f"{moved[word] / measured:.0%} in {what}"
+        for word, what in _EXTRA_TRAFFIC
+        if measured > 0 and moved[word] / measured >= _SHOWN_SHARE
+    ]
+
+
+def gap_reason(
+    stage: str, measured: float, analytic: float | None, launches: Sequence[LaunchBytes], l2_cache_bytes: int | None
+) -> str | None:
+    """Why the `measured` DRAM bytes of an instance of `stage` differ from the `analytic` ones, from what the
+    measurement shows; None where they agree within AGREEMENT or nothing is known."""
+    if not analytic:
+        return None
+    ratio = measured / analytic
+    if abs(ratio - 1) <= AGREEMENT:
+        return None
+    l2 = f"the {l2_cache_bytes / MIB:,.0f} MiB L2" if l2_cache_bytes else "L2"
+    if ratio < 1:
+        if l2_cache_bytes and analytic <= l2_cache_bytes:
+            left = (
+                "the weights and KV cache the previous step read are still there"
+                if stage == vocab.DECODE_STEP
+                else "what earlier kernels left there is read from L2"
+            )
+            return (
+                f"DRAM counters see only L2 misses, and the instance's analytic traffic ({analytic / MIB:,.1f} MiB) "
+                f"fits in {l2}: {left}"
+            )
+        return (
+            f"DRAM counters see only L2 misses: tensors one kernel writes and the next reads while they are still in "
+            f"{l2} never reach DRAM, while the analytic model counts every module's inputs and outputs"
+        )
+    kinds = _extra_traffic(launches, measured)
+    where = f": of the measured bytes, {'; '.join(kinds)}" if kinds else ""
+    return (
+        "traffic the analytic model does not count (it prices each module's inputs and outputs once, attention "
+        f"without its score matrix){where}; the largest consumers are listed below"
+    )
+
+
+def measured_rows(
+    bytes_pass: NcuBytesPass,
+    sums: dict[str, RangeBytes],
+    launches: Sequence[LaunchBytes],
+    costs: dict[str, InstanceCost],
+    analytic_source: str | None,
+    *,
+    bandwidth: PeakFigure | None,
+    ridge: float | None,
+    l2_cache_bytes: int | None,
+) -> list[MeasuredBytesRow]:
+    """One row per stage the pass measured: its own stage (a decode pass: the decode step) and the ranges nested in
+    it (a prefill pass: the vision sub-stages), in the order they first ran."""
+    names = [n for n in sums if not (bytes_pass.stage == vocab.DECODE and n == vocab.DECODE)]
+    rows = []
+    for name in names:
+        got = sums[name]
+        measured = got.dram_bytes
+        cost = costs.get(name)
+        analytic = cost.bytes if cost else None
+        flops = cost.flops if cost else None
+        seconds = got.duration_s
+        measured_mbu = analytic_mbu = None
+        if bandwidth is not None and seconds > 0:
+            _, measured_mbu = utilization(measured, seconds, bandwidth)
+            if analytic is not None:
+                _, analytic_mbu = utilization(analytic, seconds, bandwidth)
+        measured_intensity = flops / measured if flops is not None and measured > 0 else None
+        analytic_intensity = flops / analytic if flops is not None and analytic else None
+        rows.append(
+            MeasuredBytesRow(
+                stage=name,
+                instance=bytes_pass.instance,
+                kernels=got.kernels,
+                kernel_ms=seconds * 1e3,
+                dram_read_bytes=got.dram_read_bytes,
+                dram_write_bytes=got.dram_write_bytes,
+                measured_bytes=measured,
+                analytic_bytes=analytic,
+                ratio=measured / analytic if analytic else None,
+                flops=flops,
+                measured_intensity=measured_intensity,
+                analytic_intensity=analytic_intensity,
+                measured_bound=_bound(measured_intensity, ridge),
+                analytic_bound=_bound(analytic_intensity, ridge),
+                measured_mbu=measured_mbu,
+                analytic_mbu=analytic_mbu,
+                top_kernels=got.top_kernels,
+                analytic_source=analytic_source if cost else None,
+                why=gap_reason(name, measured, analytic, [x for x in launches if name in x.ranges], l2_cache_bytes),
+            )
+        )
+    return rows
+
+
+def window_warnings(bytes_pass: NcuBytesPass, launches: Sequence[LaunchBytes]) -> list[str]:
+    """What says the pass's launch window did not cover exactly its instance."""
+    out = []
+    n = len(launches)
+    what = f"The bytes pass over {bytes_pass.instance}"
+    if bytes_pass.stage != vocab.DECODE and n >= bytes_pass.launch_count:
+        out.append(f"{what} filled its window of {n} launches: the instance may have more kernels than it measured.")
+    elif n < bytes_pass.expected_kernels:
+        out.append(
+            f"{what} profiled {n} kernels where nsys counted {bytes_pass.expected_kernels}: its figures miss some."
+        )
+    if bytes_pass.stage == vocab.DECODE:
+        outside = sum(1 for x in launches if vocab.DECODE_STEP not in x.ranges)
+        if outside:
+            out.append(f"{what}: {outside} of its {n} kernels ran outside a decode step.")
+    return out

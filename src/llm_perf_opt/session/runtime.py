@@ -1,0 +1,145 @@
+"""How the decoder runs: KV cache kind, torch.compile target and mode, batch size (the `runtime:` config node
+and `run.batch_size`), checked once into a :class:`RuntimeSettings` record."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+import attrs
+import torch
+
+from llm_perf_opt.errors import UserError, require_whole
+
+KV_CACHES: Final = ("dynamic", "static")
+COMPILE_TARGETS: Final = ("none", "decode", "prefill_decode")
+COMPILE_MODES: Final = ("reduce-overhead", "max-autotune-no-cudagraphs", "default")
+OUTPUT_CHECKS: Final = ("auto", "always", "never")
+
+
+def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> str:
+    text = "none" if value is None and "none" in allowed else str(value).strip().lower()
+    if text not in allowed:
+        raise UserError(
+            f"{key}={value} is not a known value",
+            f"Set {key} to one of {', '.join(allowed)}",
+        )
+    return text
+
+
+@attrs.frozen
+class RuntimeSettings:
+    """The decoder's runtime; the defaults are the eager reference (dynamic cache, no compile, batch 1)."""
+
+    kv_cache: str = "dynamic"
+    compile: str = "none"
+    compile_mode: str = "reduce-overhead"
+    static_cache_len: int | None = None  # None: each batch's prompt + new tokens
+    batch_size: int = 1
+    record_routing: bool = True
+    output_check: str = "auto"
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> RuntimeSettings:
+        """From the composed stage config (its `runtime` node and `run.batch_size`); bad values raise UserError."""
+        node: Mapping[str, Any] = cfg.get("runtime") or {}
+        run: Mapping[str, Any] = cfg.get("run") or {}
+        batch = run.get("batch_size", 1)
+        batch_size = require_whole("run.batch_size", 1 if batch is None else batch, 1)
+        length = node.get("static_cache_len")
+        settings = cls(
+            kv_cache=_choice("runtime.kv_cache", node.get("kv_cache", "dynamic"), KV_CACHES),
+            compile=_choice("runtime.compile", node.get("compile", "none"), COMPILE_TARGETS),
+            compile_mode=_choice("runtime.compile_mode", node.get("compile_mode", "reduce-overhead"), COMPILE_MODES),
+            static_cache_len=None if length is None else require_whole("runtime.static_cache_len", length, 2),
+            batch_size=batch_size,
+            record_routing=_flag("runtime.record_routing", node.get("record_routing", True)),
+            output_check=_choice("runtime.output_check", node.get("output_check", "auto"), OUTPUT_CHECKS),
+        )
+        settings.check_consistent()
+        return settings
+
+    def check_consistent(self) -> None:
+        """Combinations that cannot run: compiled decode on a growing cache, a cache length without a static cache."""
+        if self.compile != "none" and self.kv_cache != "static":
+            raise UserError(
+                f"runtime.compile={self.compile} needs a static KV cache, but runtime.kv_cache={self.kv_cache}: a "
+                "dynamic cache changes shape every step, so the compiled step would recompile at every token",
+                "Set runtime.kv_cache=static (or runtime.compile=none)",
+            )
+        if self.static_cache_len is not None and self.kv_cache != "static":
+            raise UserError(
+                f"runtime.static_cache_len={self.static_cache_len} is set but runtime.kv_cache={self.kv_cache}",
+                "Set runtime.kv_cache=static, or leave runtime.static_cache_len unset (null)",
+            )
+
+    def check_device(self, device: torch.device) -> None:
+        """Compilation this device and torch can do (a UserError naming the setting otherwise)."""
+        if self.compile == "none":
+            return
+        import torch._dynamo
+
+        if not torch._dynamo.is_dynamo_supported():
+            raise UserError(
+                f"runtime.compile={self.compile}: torch.compile is not supported by torch {torch.__version__} "
+                "on this Python/platform",
+                "Set runtime.compile=none, or use a torch build whose torch.compile supports this Python version",
+            )
+        if self.uses_cuda_graphs and device.type != "cuda":
+            raise UserError(
+                f"runtime.compile_mode=reduce-overhead captures CUDA graphs, which need a CUDA device (device is "
+                f"{device.type})",
+                "Use runtime.compile_mode=default or max-autotune-no-cudagraphs off the GPU, or run on a GPU",
+            )
+
+    @property
+    def compiles_decode(self) -> bool:
+        return self.compile in ("decode", "prefill_decode")
+
+    @property
+    def compiles_prefill(self) -> bool:
+        return self.compile == "prefill_decode"
+
+    @property
+    def uses_cuda_graphs(self) -> bool:
+        return self.compile != "none" and self.compile_mode == "reduce-overhead"
+
+    @property
+    def is_reference(self) -> bool:
+        """True for the eager reference: dynamic cache, nothing compiled, batch 1."""
+        return self.kv_cache == "dynamic" and self.compile == "none" and self.batch_size == 1
+
+    @property
+    def checks_outputs(self) -> bool:
+        """Whether runs are compared with an eager dynamic-cache reference of the same inputs."""
+        if self.output_check == "auto":
+            return not self.is_reference
+        return self.output_check == "always"
+
+    @property
+    def label(self) -> str:
+        """One line for reports, e.g. "static KV cache, compiled decode (reduce-overhead), batch 4"."""
+        parts = [f"{self.kv_cache} KV cache"]
+        if self.static_cache_len is not None:
+            parts[0] += f" of {self.static_cache_len} positions"
+        if self.compile != "none":
+            what = "decode" if self.compile == "decode" else "prefill and decode"
+            parts.append(f"compiled {what} ({self.compile_mode})")
+        else:
+            parts.append("eager")
+        parts.append(f"batch {self.batch_size}")
+        return ", ".join(parts)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The settings as plain data (metrics.json, config records)."""
+        return attrs.asdict(self)
+
+
+def _flag(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise UserError(f"{key}={value} is not true or false", f"Set {key}=true or {key}=false")
+
+
+#: The eager reference every other runtime is compared with.
+EAGER_REFERENCE: Final = RuntimeSettings(record_routing=False, output_check="never")

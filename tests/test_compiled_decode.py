@@ -1,0 +1,189 @@
+"""runtime.compile=decode|prefill_decode on the CPU: TorchDynamo traces the real step functions (its "eager" backend
+stands in for inductor, which takes minutes per graph on two cores); compile events, recompiles and failures are
+recorded or turned into UserErrors; per-step timing, vision sub-stages and the routing record stay outside the
+graph. tests/test_gpu.py runs mode=reduce-overhead (CUDA graphs) for real."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from llm_perf_opt.errors import UserError
+from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.session import compiled
+from llm_perf_opt.session.compiled import CompiledStep
+from llm_perf_opt.session.runtime import RuntimeSettings
+from llm_perf_opt.session.session import DeepSeekOCRSession
+
+NEW_TOKENS = 4
+DECODE = RuntimeSettings(kv_cache="static", compile="decode", compile_mode="default")
+PREFILL_DECODE = RuntimeSettings(kv_cache="static", compile="prefill_decode", compile_mode="default")
+
+
+@pytest.fixture(autouse=True)
+def traced_by_dynamo(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """torch.compile with the "eager" backend: TorchDynamo traces and guards as for inductor, no code generation."""
+    torch._dynamo.reset()
+    monkeypatch.setattr(compiled, "compile_function", lambda fn, mode: torch.compile(fn, backend="eager"))
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def eager_tokens(tiny_session, page_images) -> dict[str, Any]:
+    return {page: tiny_session.run_image(page_images[page], NEW_TOKENS, nvtx=False) for page in ("small", "two_tiles")}
+
+
+def test_compiled_decode_gives_the_eager_tokens_and_logs_its_compilation(
+    tiny_session, page_images, eager_tokens
+) -> None:
+    session = tiny_session.with_runtime(DECODE)
+    try:
+        first = session.run_image(page_images["small"], NEW_TOKENS, nvtx=True)
+        steady = session.run_image(page_images["small"], NEW_TOKENS, nvtx=True)
+        other = session.run_image(page_images["two_tiles"], NEW_TOKENS, nvtx=False)
+        summary = session.compile_summary()
+    finally:
+        session.close()
+    assert first.token_ids == steady.token_ids == eager_tokens["small"].token_ids
+    assert other.token_ids == eager_tokens["two_tiles"].token_ids
+    # the first pass compiled the decode step once (first call of its shape); the second pass compiled nothing
+    assert len(first.compile_events) == 1
+    event = first.compile_events[0]
+    assert (event.function, event.call, event.recompile) == ("decode", 1, False)
+    assert event.shape == (1, 1, first.prompt_tokens + NEW_TOKENS)  # (batch, query, static cache positions)
+    assert event.frames >= 1 and event.host_ms > 0
+    assert steady.compile_events == ()
+    # another page has another cache length: a guard fails, the step recompiles
+    assert other.compile_events and all(e.recompile for e in other.compile_events)
+    assert summary.events == first.compile_events + other.compile_events
+    assert summary.recompiles == len(other.compile_events)
+    assert summary.compile_ms == pytest.approx(sum(e.host_ms for e in summary.events))
+    # per-step spans (CUDA events and NVTX on a GPU) stay around the compiled call, outside the graph
+    for m in (first, steady):
+        assert m.stage_calls[vocab.DECODE_STEP] == NEW_TOKENS - 1
+        assert all(ms > 0 for ms in m.decode_step_ms)
+        assert m.stage_calls["vision/sam"] == 1  # prefill (and vision) eager
+    assert steady.output_check is not None and steady.output_check.first_departure is None
+
+
+def test_one_cache_length_means_one_compilation(tiny_session, page_images, eager_tokens) -> None:
+    session = tiny_session.with_runtime(
+        RuntimeSettings(kv_cache="static", compile="decode", compile_mode="default", static_cache_len=640)
+    )
+    try:
+        runs = [session.run_image(page_images[p], NEW_TOKENS, nvtx=False) for p in ("small", "two_tiles", "small")]
+    finally:
+        session.close()
+    assert [len(m.compile_events) for m in runs] == [1, 0, 0]
+    assert [m.token_ids for m in runs] == [eager_tokens[p].token_ids for p in ("small", "two_tiles", "small")]
+
+
+def test_routing_record_through_the_compiled_step(tiny_session, page_images) -> None:
+    eager = tiny_session.run_image(page_images["two_tiles"], NEW_TOKENS, nvtx=False).routing
+    session = tiny_session.with_runtime(DECODE)
+    try:
+        traced = [session.run_image(page_images["two_tiles"], NEW_TOKENS, nvtx=False).routing for _ in range(2)]
+    finally:
+        session.close()
+    assert eager is not None and eager.steps == NEW_TOKENS - 1
+    assert traced == [eager, eager]
+
+
+def test_compiled_prefill_keeps_vision_eager(tiny_session, page_images, eager_tokens) -> None:
+    session = tiny_session.with_runtime(PREFILL_DECODE)
+    try:
+        m = session.run_image(page_images["two_tiles"], NEW_TOKENS, nvtx=False)
+    finally:
+        session.close()
+    assert m.token_ids == eager_tokens["two_tiles"].token_ids
+    assert {e.function for e in m.compile_events} == {"prefill", "decode"}
+    prefill = next(e for e in m.compile_events if e.function == "prefill")
+    assert prefill.shape == (1, m.prompt_tokens, m.prompt_tokens + NEW_TOKENS)
+    assert m.stage_calls["vision/sam"] == 2 and m.stage_calls["vision/encoder"] == 2  # global view + tiles
+    assert 0 < sum(m.stage_ms[s] for s in tiny_session.vision_stages) <= m.prefill_ms
+
+
+def test_compile_failure_is_a_user_error(tiny_session, page_images, monkeypatch) -> None:
+    def no_compiler(_gm: Any, _inputs: Any) -> Any:
+        raise RuntimeError("no C++ compiler found")
+
+    monkeypatch.setattr(compiled, "compile_function", lambda fn, mode: torch.compile(fn, backend=no_compiler))
+    session = tiny_session.with_runtime(DECODE)
+    try:
+        with pytest.raises(UserError, match=r"runtime\.compile=decode: torch\.compile \(mode default") as info:
+            session.run_image(page_images["small"], NEW_TOKENS, nvtx=False)
+    finally:
+        session.close()
+    assert "no C++ compiler found" in info.value.problem
+    assert "runtime.compile=none" in info.value.fix
+
+
+def test_compiled_prefill_needs_inputs_embedded_apart(tiny_session, page_images) -> None:
+    class NoEmbedding(type(tiny_session.adapter)):  # type: ignore[misc]
+        def embed_prompt(self, model: Any, prepared: Any) -> None:
+            return None
+
+    adapter = NoEmbedding(tiny_session.adapter.cfg)
+    session = DeepSeekOCRSession(adapter, tiny_session.loaded, tiny_session.device, tiny_session.dtype, PREFILL_DECODE)
+    try:
+        with pytest.raises(UserError, match=r"merges its vision features inside its own forward") as info:
+            session.run_image(page_images["small"], 2, nvtx=False)
+    finally:
+        session.close()
+    assert "runtime.compile=none or decode" in info.value.fix
+
+
+def test_cuda_graph_steps_are_marked(monkeypatch) -> None:
+    marks: list[int] = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    step = CompiledStep("decode", lambda x: x + 1, "reduce-overhead", "decode")
+    assert step.cuda_graphs
+    assert int(step((1, 1, 8), torch.tensor(1))) == 2
+    assert int(step((1, 1, 8), torch.tensor(2))) == 3
+    assert len(marks) == 2
+    assert [e.call for e in step.events] == [1]
+    plain = CompiledStep("decode", lambda x: x * 2, "default", "decode")
+    plain((1, 1, 8), torch.tensor(1))
+    assert len(marks) == 2 and not plain.cuda_graphs
+
+
+def test_compiled_prefill_finds_its_static_cache_allocated(tiny_session, page_images, monkeypatch) -> None:
+    from transformers.cache_utils import StaticLayer
+
+    lazy = StaticLayer.lazy_initialization
+    filled: list[int] = []  # positions in the key tensor each layer was allocated from: 0 = allocated ahead
+
+    def spy(self: Any, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        filled.append(int(key_states.shape[-2]))
+        lazy(self, key_states, value_states)
+
+    monkeypatch.setattr(StaticLayer, "lazy_initialization", spy)
+    session = tiny_session.with_runtime(PREFILL_DECODE)
+    try:
+        m = session.run_image(page_images["small"], NEW_TOKENS, nvtx=False)
+        (cache,) = session._loop.caches._static.values()
+    finally:
+        session.close()
+    text = tiny_session.model.config.text_config
+    shape = (1, text.num_key_value_heads, m.prompt_tokens + NEW_TOKENS, text.head_dim)
+    assert all(layer.is_initialized and tuple(layer.keys.shape) == shape for layer in cache.layers)
+    assert filled == [0] * text.num_hidden_layers  # before the compiled prefill, not inside it
+
+
+def test_compiled_steps_run_under_no_grad_not_inference_mode(tiny_session, page_images) -> None:
+    """As transformers' compiled generate: CUDA-graph trees get ordinary tensors (no inference tensors)."""
+    caches = {}
+    for name, runtime in (("compiled", DECODE), ("eager", RuntimeSettings(kv_cache="static"))):
+        session = tiny_session.with_runtime(runtime)
+        try:
+            session.run_image(page_images["small"], 2, nvtx=False)
+            (caches[name],) = session._loop.caches._static.values()
+        finally:
+            session.close()
+    assert not caches["compiled"].layers[0].keys.is_inference()
+    assert not caches["compiled"].layers[0].keys.requires_grad
+    assert caches["eager"].layers[0].keys.is_inference()

@@ -1,0 +1,97 @@
+"""`runtime:` and `run.batch_size`: composed from the shipped config, checked into RuntimeSettings, every bad value a
+UserError naming the key and the fix."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llm_perf_opt.cli.common import compose_config
+from llm_perf_opt.errors import UserError
+from llm_perf_opt.session.runtime import RuntimeSettings
+
+
+def settings(*overrides: str) -> RuntimeSettings:
+    return RuntimeSettings.from_config(compose_config("stage1", *overrides))
+
+
+def test_shipped_defaults_are_the_eager_reference() -> None:
+    s = settings()
+    assert s == RuntimeSettings()
+    assert (s.kv_cache, s.compile, s.compile_mode, s.batch_size) == ("dynamic", "none", "reduce-overhead", 1)
+    assert s.is_reference
+    assert not s.checks_outputs  # auto: nothing to compare against itself
+    assert s.label == "dynamic KV cache, eager, batch 1"
+
+
+def test_static_compiled_batched_settings() -> None:
+    s = settings(
+        "runtime.kv_cache=static", "runtime.compile=decode", "run.batch_size=4", "runtime.static_cache_len=2048"
+    )
+    assert s.compiles_decode and not s.compiles_prefill
+    assert s.uses_cuda_graphs
+    assert not s.is_reference and s.checks_outputs
+    assert s.label == "static KV cache of 2048 positions, compiled decode (reduce-overhead), batch 4"
+    assert s.as_dict()["batch_size"] == 4
+    both = settings("runtime.kv_cache=static", "runtime.compile=prefill_decode", "runtime.compile_mode=default")
+    assert both.compiles_prefill and both.compiles_decode and not both.uses_cuda_graphs
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("runtime.kv_cache=paged", "runtime.kv_cache=paged"),
+        ("runtime.compile=all", "runtime.compile=all"),
+        ("runtime.compile_mode=fast", "runtime.compile_mode=fast"),
+        ("runtime.output_check=sometimes", "runtime.output_check=sometimes"),
+        ("runtime.record_routing=maybe", "runtime.record_routing=maybe"),
+        ("run.batch_size=0", "run.batch_size=0"),
+        ("run.batch_size=-2", "run.batch_size=-2"),
+        ("run.batch_size=two", "run.batch_size=two"),
+        ("runtime.static_cache_len=1", "runtime.static_cache_len=1"),
+    ],
+)
+def test_bad_values_name_the_key(override: str, key: str) -> None:
+    with pytest.raises(UserError) as info:
+        settings("runtime.kv_cache=static", override) if "static_cache_len" in override else settings(override)
+    assert key in info.value.problem
+    assert key.split("=")[0] in info.value.fix
+
+
+def test_compile_needs_a_static_cache() -> None:
+    with pytest.raises(UserError, match=r"runtime\.compile=decode needs a static KV cache") as info:
+        settings("runtime.compile=decode")
+    assert "runtime.kv_cache=static" in info.value.fix
+
+
+def test_cache_length_needs_a_static_cache() -> None:
+    with pytest.raises(UserError, match=r"runtime\.static_cache_len=64 is set") as info:
+        settings("runtime.static_cache_len=64")
+    assert "runtime.kv_cache=static" in info.value.fix
+
+
+def test_output_check_switch() -> None:
+    assert settings("runtime.output_check=always").checks_outputs
+    assert not settings("run.batch_size=2", "runtime.output_check=never").checks_outputs
+    assert settings("run.batch_size=2").checks_outputs
+
+
+def test_cuda_graphs_need_a_cuda_device() -> None:
+    s = settings("runtime.kv_cache=static", "runtime.compile=decode")
+    with pytest.raises(UserError, match=r"reduce-overhead captures CUDA graphs") as info:
+        s.check_device(torch.device("cpu"))
+    assert "runtime.compile_mode=default" in info.value.fix
+    settings("runtime.kv_cache=static", "runtime.compile=decode", "runtime.compile_mode=default").check_device(
+        torch.device("cpu")
+    )
+    RuntimeSettings().check_device(torch.device("cpu"))  # nothing compiled: nothing to check
+
+
+def test_compile_unsupported_by_torch_is_a_user_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch._dynamo
+
+    monkeypatch.setattr(torch._dynamo, "is_dynamo_supported", lambda: False)
+    s = settings("runtime.kv_cache=static", "runtime.compile=decode", "runtime.compile_mode=default")
+    with pytest.raises(UserError, match=r"torch\.compile is not supported") as info:
+        s.check_device(torch.device("cpu"))
+    assert "runtime.compile=none" in info.value.fix

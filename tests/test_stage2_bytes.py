@@ -1,0 +1,260 @@
+"""Stage 2's bytes pass without a GPU: its launch windows from the H100 nsys trace, the capture with a stand-in ncu
+(argv, records, a failure that does not stop the capture), and the render that sets measured bytes beside the
+analytic ones in metrics.json and report.md (and says so when a folder has none)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import attrs
+import pytest
+
+from llm_perf_opt.nsight import tools
+from llm_perf_opt.nsight.nsys_trace import NsysTrace
+from llm_perf_opt.pipeline import stage2
+from llm_perf_opt.pipeline.stage2 import TARGETS_FILE, render
+from llm_perf_opt.records.common import PeakFigure
+from llm_perf_opt.records.folders import WORKLOAD_METRICS_FILE, load_capture, load_ncu_targets, load_stage1_metrics
+from llm_perf_opt.records.io import save
+from llm_perf_opt.records.stage1 import Stage1Metrics, StageEfficiency
+from llm_perf_opt.records.stage2 import NcuBytesPass
+from test_stage2_pipeline import FIXTURES, H100_STAGE1, _stage2_folder, compose_stage2, stage2_metrics
+
+NCU = tools.Tool(name="ncu", path=Path("/opt/ncu"), version="2025.3.1")
+RAW = {"bytes-prefill": "synthetic_bytes_prefill_raw.csv", "bytes-decode": "synthetic_bytes_decode_raw.csv"}
+MB = 1e6
+PEAK = PeakFigure(value=989.4e12, unit="FLOP/s", dtype_key="bf16", source="datasheet", device_name="H100")
+BANDWIDTH = PeakFigure(value=3.35e12, unit="B/s", dtype_key=None, source="datasheet bw", device_name="H100")
+# Analytic figures of one timed pass of one image decoding 3 steps (bytes, FLOPs), per Stage 1 efficiency row.
+ANALYTIC = {
+    "prefill": (30 * MB, 3.6e9),
+    "vision/sam": (16 * MB, 2.0e9),
+    "vision/encoder": (10 * MB, 1.0e9),
+    "vision/projector": (1 * MB, 0.1e9),
+    "decode": (3 * 31 * MB, 3 * 0.031e9),
+}
+
+
+def stand_in_ncu(exit_code: int = 0):  # type: ignore[no-untyped-def]
+    """A run_tool that acts as ncu: the profile run writes a report, the import run the synthetic export."""
+
+    def run(argv: list[str], *, timeout_s: float, log_path: Path) -> tools.ToolRun:
+        folder = log_path.parent.name
+        if "--import" in argv:
+            shutil.copy(FIXTURES / "ncu" / RAW.get(folder, "h100_tiny_decode_raw.csv"), log_path)
+        else:
+            log_path.write_text("ncu log\n")
+            if exit_code == 0:
+                (log_path.parent / "report.ncu-rep").write_bytes(b"ncu report")
+        return tools.ToolRun(argv=tuple(argv), returncode=exit_code, seconds=0.1, log_path=log_path, timed_out=False)
+
+    return run
+
+
+def one_pass_workload(base: Stage1Metrics) -> Stage1Metrics:
+    """One timed pass of the first image with 3 decode steps, with the ANALYTIC figures."""
+    record = attrs.evolve(base.records[0], decode_step_ms=(20.0, 21.0, 22.0))
+    blank = dict.fromkeys(("ridge_point", "bound", "mfu", "mbu", "speed_of_light_ms", "gap"))
+    efficiency = tuple(
+        StageEfficiency(
+            stage=stage,
+            time_ms=1.0,
+            flops=flops,
+            bytes=moved,
+            arithmetic_intensity=flops / moved,
+            flops_source="counted",
+            **blank,
+        )
+        for stage, (moved, flops) in ANALYTIC.items()
+    )
+    return attrs.evolve(base, records=(record,), efficiency=efficiency)
+
+
+def bytes_folder(root: Path, *, own_workload: bool = True) -> Path:
+    """The H100 Stage 2 folder with both bytes passes done (the synthetic exports), and the workload metrics."""
+    folder = _stage2_folder(root)
+    base = load_stage1_metrics(H100_STAGE1)
+    nsys_workload = attrs.evolve(
+        base, mfu=tuple(attrs.evolve(r, peak=PEAK) for r in base.mfu), bandwidth_peak=BANDWIDTH
+    )
+    save(nsys_workload, folder / WORKLOAD_METRICS_FILE)
+    passes = []
+    for stage, instance, skip, count in (
+        ("prefill", "the prefill of the first image", 0, 16),
+        ("decode", "decode step 2 of 3", 4, 4),
+    ):
+        name = f"bytes-{stage}"
+        (folder / "ncu" / name).mkdir(parents=True)
+        shutil.copy(FIXTURES / "ncu" / RAW[name], folder / "ncu" / name / "raw.csv")
+        if own_workload:
+            save(one_pass_workload(nsys_workload), folder / "workload" / f"ncu-{name}" / "metrics.json")
+        passes.append(
+            NcuBytesPass(
+                stage=stage,
+                instance=instance,
+                folder=f"ncu/{name}",
+                workload=f"workload/ncu-{name}",
+                launch_skip=skip,
+                launch_count=count,
+                expected_kernels=count if stage == "decode" else 8,
+                cache_control="none",
+            )
+        )
+    targets = load_ncu_targets(folder)
+    assert targets is not None
+    save(attrs.evolve(targets, bytes_passes=tuple(passes)), folder / TARGETS_FILE)
+    return folder
+
+
+# ---- the launch windows --------------------------------------------------------------------------------------
+
+
+def test_nsys_counts_the_kernels_of_each_instance() -> None:
+    with NsysTrace(FIXTURES / "nsys" / "h100_tiny.sqlite.gz") as trace:
+        assert trace.instance_kernels("prefill") == [683, 683]
+        assert trace.instance_kernels("vision/sam") == [67, 73, 67, 73]  # the global view, then the tiles
+        assert trace.instance_kernels("decode/step") == [217] * 6
+        assert trace.instance_kernels("no such range") == []
+
+
+def test_bytes_windows_cover_the_first_prefill_and_the_middle_decode_step(tmp_path: Path) -> None:
+    folder = _stage2_folder(tmp_path)
+    run = stage2.Stage2Run(compose_stage2(), folder, run_id="x", task_overrides=[])
+    # one prefill in the ncu workload: room for twice the largest, the first image's 683 expected
+    assert run._bytes_window("prefill") == ("the prefill of the first image", 0, 1366, 683)
+    # 4 new tokens: 3 steps, the middle one is the second: skip the first step's 217 launches
+    assert run._bytes_window("decode") == ("decode step 2 of 3", 217, 217, 217)
+    longer = stage2.Stage2Run(compose_stage2("stage2.ncu_workload.max_new_tokens=21"), folder, "x", [])
+    assert longer._bytes_window("decode") == ("decode step 10 of 20", 9 * 217, 217, 217)  # past nsys's 6: the mean
+    none = stage2.Stage2Run(compose_stage2("stage2.ncu_workload.max_new_tokens=1"), folder, "x", [])
+    assert none._bytes_window("decode")[2] == 0
+
+
+def test_ncu_workloads_run_one_timed_pass(tmp_path: Path) -> None:
+    cfg = compose_stage2()
+    argv = stage2.workload_argv(cfg, ["run.repeats=5", "run.warmup=0"], tmp_path, name="ncu-bytes-prefill", ncu=True)
+    assert argv.index("run.repeats=1") > argv.index("run.repeats=5")  # the ncu workload's own value wins
+    assert "run.warmup=0" in argv and "run.warmup=1" not in argv
+    assert "dataset.max_images=1" in argv and "infer.max_new_tokens=4" in argv
+    nsys = stage2.workload_argv(cfg, ["run.repeats=5"], tmp_path, name="nsys")
+    assert "run.repeats=5" in nsys and "run.repeats=1" not in nsys
+
+
+# ---- the capture ---------------------------------------------------------------------------------------------
+
+
+def test_bytes_passes_with_a_stand_in_ncu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(stage2, "run_tool", stand_in_ncu())
+    folder = _stage2_folder(tmp_path)
+    (folder / TARGETS_FILE).unlink()
+    cfg = compose_stage2()
+    run = stage2.Stage2Run(cfg, folder, run_id="fixture", task_overrides=["model=deepseek_ocr2_tiny"])
+    run._run_ncu(NCU, cfg.stage2.modes.light)
+    targets = load_ncu_targets(folder)
+    assert targets is not None
+    prefill, decode = targets.bytes_passes
+    assert (prefill.stage, prefill.folder) == ("prefill", "ncu/bytes-prefill")
+    assert prefill.workload == "workload/ncu-bytes-prefill"
+    assert (prefill.launch_skip, prefill.launch_count, prefill.expected_kernels) == (0, 1366, 683)
+    assert (decode.instance, decode.launch_skip, decode.launch_count) == ("decode step 2 of 3", 217, 217)
+    assert prefill.cache_control == "none" and prefill.note is None and decode.note is None
+    exported = (folder / "ncu" / "bytes-prefill" / "raw.csv").read_text()
+    assert exported == (FIXTURES / "ncu" / RAW["bytes-prefill"]).read_text()
+    cmd = (folder / "ncu" / "bytes-decode" / "cmd.txt").read_text()
+    assert "--cache-control none" in cmd and "--launch-skip 217 --launch-count 217" in cmd and " -k " not in cmd
+    assert "--nvtx-include llm_perf_opt@decode/" in cmd and "--section" not in cmd
+    assert "model=deepseek_ocr2_tiny" in cmd and "run.repeats=1" in cmd
+    assert f"hydra.run.dir={folder / 'workload' / 'ncu-bytes-decode'}" in cmd
+    assert list(run.capture.runs)[-2:] == ["ncu_bytes_prefill", "ncu_bytes_decode"]
+
+
+def test_a_failed_bytes_pass_is_recorded_and_the_capture_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(stage2, "run_tool", stand_in_ncu(exit_code=1))
+    folder = _stage2_folder(tmp_path)
+    run = stage2.Stage2Run(compose_stage2(), folder, run_id="fixture", task_overrides=[])
+    done = run._ncu_bytes_pass(NCU, "prefill")
+    assert done.note == "ncu exited with code 1 (see ncu/bytes-prefill/profile.log)"
+    assert run.capture.runs["ncu_bytes_prefill"].returncode == 1
+    targets = load_ncu_targets(folder)
+    assert targets is not None
+    save(attrs.evolve(targets, bytes_passes=(done,)), folder / TARGETS_FILE)
+    metrics = stage2_metrics(render(folder))
+    assert metrics.measured_bytes is not None and metrics.measured_bytes.rows == ()
+    assert "No measured bytes for the prefill of the first image: ncu exited with code 1" in " ".join(metrics.warnings)
+    assert "The bytes pass gave no figures" in (folder / "report.md").read_text()
+
+
+def test_bytes_pass_off_runs_no_bytes_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(stage2, "run_tool", stand_in_ncu())
+    folder = _stage2_folder(tmp_path)
+    cfg = compose_stage2("pipeline.ncu.bytes_pass=false")
+    run = stage2.Stage2Run(cfg, folder, run_id="fixture", task_overrides=[])
+    run._run_ncu(NCU, cfg.stage2.modes.light)
+    targets = load_ncu_targets(folder)
+    assert targets is not None and targets.bytes_passes == ()
+    assert not any(k.startswith("ncu_bytes") for k in run.capture.runs)
+    run._save_capture()
+    assert load_capture(folder).runs.keys() == run.capture.runs.keys()
+
+
+# ---- the render ----------------------------------------------------------------------------------------------
+
+
+def test_render_sets_measured_bytes_beside_the_analytic_ones(tmp_path: Path) -> None:
+    folder = render(bytes_folder(tmp_path))
+    measured = stage2_metrics(folder).measured_bytes
+    assert measured is not None and measured.cache_control == "none" and measured.l2_cache_bytes == 52428800
+    assert measured.bandwidth_peak == BANDWIDTH and measured.ridge_point == pytest.approx(989.4 / 3.35)
+    rows = {r.stage: r for r in measured.rows}
+    assert list(rows) == ["prefill", "vision/sam", "vision/encoder", "vision/projector", "decode/step"]
+    assert rows["prefill"].ratio == pytest.approx(1.2) and rows["vision/sam"].ratio == pytest.approx(22 / 16)
+    assert rows["vision/encoder"].ratio == pytest.approx(0.5) and rows["vision/projector"].ratio == pytest.approx(1.0)
+    step = rows["decode/step"]
+    assert step.analytic_bytes == pytest.approx(31 * MB) and step.measured_bytes == pytest.approx(31 * MB)
+    assert step.flops == pytest.approx(0.031e9) and step.measured_intensity == pytest.approx(1.0)
+    assert all(r.measured_bytes > 0 and r.kernels > 0 for r in measured.rows)
+    source = rows["prefill"].analytic_source
+    assert source is not None and "workload/ncu-bytes-prefill/metrics.json: page_landscape.png, 1 timed pass" in source
+    assert rows["vision/encoder"].why is not None and "fits in the 50 MiB L2" in rows["vision/encoder"].why
+    assert rows["vision/projector"].why is None and step.why is None
+
+    report = (folder / "report.md").read_text()
+    assert "## Measured DRAM bytes per stage instance (Nsight Compute)" in report
+    assert "|measured bytes|analytic bytes|measured / analytic|" in report
+    assert (
+        "|prefill|the prefill of the first image|8|0.30|23.37 MiB|10.97 MiB|34.33 MiB|28.61 MiB|1.20×|100.0 / 120.0|"
+        "memory / memory|3.58% / 2.99%|"
+    ) in report
+    assert "|decode/step|decode step 2 of 3|4|0.10|" in report
+    assert "`--cache-control none`" in report and "295 FLOP/byte" in report
+    assert "- vision/encoder (0.50×): DRAM counters see only L2 misses" in report
+    assert "- vision/sam (1.38×): traffic the analytic model does not count" in report
+    assert "- vision/sam: `nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_bias_TNN` 9.54 MiB (45%, 1 launch)" in report
+    assert (
+        "Measured DRAM bytes (Nsight Compute, one instance each) against the analytic count: prefill 1.20×, "
+        "vision/sam 1.38×, vision/encoder 0.50×, vision/projector 1.00×, decode/step 1.00×."
+    ) in report
+    assert "`ncu/bytes-<stage>/cmd.txt`" in report
+    assert "against the analytic count" in (folder / "stakeholder_summary.md").read_text()
+
+
+def test_render_falls_back_to_the_nsys_workload_averages(tmp_path: Path) -> None:
+    measured = stage2_metrics(render(bytes_folder(tmp_path, own_workload=False))).measured_bytes
+    assert measured is not None
+    prefill = next(r for r in measured.rows if r.stage == "prefill")
+    h100 = load_stage1_metrics(H100_STAGE1)
+    efficiency = h100.efficiency_of("prefill")
+    assert efficiency is not None and prefill.analytic_bytes == pytest.approx(efficiency.bytes / 25)
+    source = prefill.analytic_source
+    assert source is not None and "averaged over its 25 timed passes of 5 image(s)" in source
+
+
+def test_a_folder_without_a_bytes_pass_says_it_was_not_collected(tmp_path: Path) -> None:
+    folder = render(_stage2_folder(tmp_path))
+    assert stage2_metrics(folder).measured_bytes is None
+    report = (folder / "report.md").read_text()
+    assert "## Measured DRAM bytes per stage instance (Nsight Compute)\n\n\nNot collected" in report
+    assert "against the analytic count" not in report and "bytes-<stage>" not in report

@@ -131,6 +131,7 @@ class ArtifactsManager:
         except ValueError:
             _mkdir(target.parent)
             _atomic_write(target, text)
+            self.written.append(str(target.resolve()))
             return target
         return self.write_text(str(relative), text)
 
@@ -140,6 +141,14 @@ class ArtifactsManager:
 
     def write_yaml(self, relative: str, data: Any) -> Path:
         return self.write_text(relative, io.dumps_yaml(data))
+
+    def note_file(self, path: Path) -> None:
+        """Note a file written by someone else, wherever it lies: relative when inside the run folder, absolute
+        (an absolute save_dir) otherwise."""
+        try:
+            self.written.append(str(path.resolve().relative_to(self.run_dir)))
+        except ValueError:
+            self.written.append(str(path.resolve()))
 
     def record(self, relative: str) -> None:
         """Note a file written by someone else (e.g. a trace) as part of the run."""

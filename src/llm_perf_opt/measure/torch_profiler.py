@@ -8,6 +8,7 @@ Each operator is attributed to the innermost stage span (`record_function` label
 from __future__ import annotations
 
 import gzip
+import re
 import shutil
 import time
 from collections.abc import Callable, Iterable
@@ -24,8 +25,6 @@ from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.stage1 import OperatorRow, OperatorTable
 
 STAGE_LABEL_PREFIX = "stage:"
-
-
 
 
 class _ProfilerLabels(StageRecorder):
@@ -64,7 +63,18 @@ def _stage_of(event: Any) -> str | None:
     return None
 
 
-def _aggregate(events: Iterable[Any], sort_key: str, name_of: Callable[[str], str] = str) -> tuple[OperatorRow, ...]:
+_ADDRESS = re.compile(r" (?:object )?at 0x[0-9a-fA-F]+")
+
+
+def operator_name(name: str) -> str:
+    """A profiler event name without object addresses (`<built-in method x of Y object at 0x7f…>` -> `… of Y>`), so
+    the same operator aggregates to one row across runs."""
+    return _ADDRESS.sub("", name)
+
+
+def _aggregate(
+    events: Iterable[Any], sort_key: str, name_of: Callable[[str], str] = operator_name
+) -> tuple[OperatorRow, ...]:
     acc: dict[str, list[float]] = {}
     for ev in events:
         row = acc.setdefault(name_of(ev.name), [0, 0.0, 0.0, 0.0, 0.0, 0.0])

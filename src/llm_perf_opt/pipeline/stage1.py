@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import sys
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -464,6 +465,7 @@ class Stage1Run:
             measured_peaks=measured_peaks,
             routing=summarize_routing(self.state.routing),
             compile=_compile_record(session),
+            host_peak_rss_bytes=host_peak_rss_bytes(),
         )
 
     def _warnings(self, records: list[ImageRecord], partial: bool, no_peak: bool) -> tuple[str, ...]:
@@ -577,6 +579,16 @@ def _no_inputs(m: Stage1Metrics) -> InputsManifest:
         images=(),
         skipped=(),
     )
+
+
+def host_peak_rss_bytes() -> int | None:
+    """The process's peak resident set size so far (Linux reports KiB, macOS bytes); None where unknown."""
+    try:
+        import resource
+    except ImportError:  # not on POSIX
+        return None
+    peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    return peak if sys.platform == "darwin" else peak * 1024
 
 
 def _compile_record(session: DeepSeekOCRSession) -> CompileRecord | None:

@@ -365,6 +365,7 @@ class Stage1Metrics:
     measured_peaks: MeasuredPeaks | None = None
     routing: RoutingSummary | None = None  # MoE decoders: experts hit per decode step (timed passes)
     compile: CompileRecord | None = None  # runtime.compile != none
+    host_peak_rss_bytes: int | None = None  # the process's peak resident memory over the whole run (host side)
 
     @property
     def vision_stages(self) -> tuple[str, ...]:

@@ -63,7 +63,12 @@ def flops(value: float | None) -> str:
 
 
 def pct(value: float | None, digits: int = 1) -> str:
-    return "n/a" if value is None else f"{value * 100:.{digits}f}%"
+    """A fraction as a percentage; a non-zero value too small for `digits` decimals keeps two significant digits."""
+    if value is None:
+        return "n/a"
+    if value != 0 and abs(value * 100) < 0.5 * 10**-digits:
+        return f"{value * 100:.2g}%"
+    return f"{value * 100:.{digits}f}%"
 
 
 def num_bytes(value: float | None) -> str:

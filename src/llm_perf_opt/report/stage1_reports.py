@@ -142,8 +142,19 @@ def _mfu_rows(m: Stage1Metrics) -> list[list[str]]:
     return rows
 
 
+def _has_device_times(sort_key: str) -> bool:
+    """A GPU run ranks operators by device time; a CPU run has no device columns worth showing."""
+    return sort_key == "self_device_ms"
+
+
+def _operator_header(sort_key: str) -> list[str]:
+    device = ["self device ms", "total device ms (incl.)"] if _has_device_times(sort_key) else []
+    return ["#", "operator", "calls", *device, "self CPU ms", "total CPU ms (incl.)", "share of self time"]
+
+
 def _operator_rows(rows: Sequence[OperatorRow], sort_key: str, limit: int) -> list[list[str]]:
     total = sum(getattr(r, sort_key) for r in rows) or 1.0
+    device = _has_device_times(sort_key)
     out = []
     for i, r in enumerate(rows[:limit], 1):
         out.append(
@@ -151,26 +162,13 @@ def _operator_rows(rows: Sequence[OperatorRow], sort_key: str, limit: int) -> li
                 str(i),
                 f"`{r.name}`",
                 str(r.calls),
-                ms(r.self_device_ms, 3),
-                ms(r.total_device_ms, 3),
+                *([ms(r.self_device_ms, 3), ms(r.total_device_ms, 3)] if device else []),
                 ms(r.self_cpu_ms, 3),
                 ms(r.total_cpu_ms, 3),
                 pct(getattr(r, sort_key) / total),
             ]
         )
     return out
-
-
-_OP_HEADER = [
-    "#",
-    "operator",
-    "calls",
-    "self device ms",
-    "total device ms (incl.)",
-    "self CPU ms",
-    "total CPU ms (incl.)",
-    "share of self time",
-]
 
 
 def _measured_peaks_section(doc: Doc, m: Stage1Metrics) -> None:
@@ -367,6 +365,11 @@ def report_md(
     doc.bullets(
         [
             f"Decode: {t.decode_tokens_per_s:,.1f} tokens/s (decode steps / decode time, batch 1)",
+            *(
+                [f"Host peak memory: {num_bytes(m.host_peak_rss_bytes)} (the process's peak resident set, whole run)"]
+                if m.host_peak_rss_bytes
+                else []
+            ),
             f"End to end: {t.e2e_images_per_s:,.3f} {'prompts' if _is_text(m) else 'images'}/s, "
             f"{t.e2e_tokens_per_s:,.1f} new tokens/s",
         ]
@@ -445,7 +448,7 @@ def report_md(
             f"{operators.events:,} events, sorted by {operators.sort_key.replace('_', ' ')}. "
             "Full tables per stage: [operators.md](operators.md)."
         )
-        doc.table(_OP_HEADER, _operator_rows(operators.overall, operators.sort_key, 10))
+        doc.table(_operator_header(operators.sort_key), _operator_rows(operators.overall, operators.sort_key, 10))
         if plots and "operator_shares" in plots:
             doc.image("Operator time shares", plots["operator_shares"])
 
@@ -461,12 +464,16 @@ def operators_md(m: Stage1Metrics, operators: OperatorTable, top_k: int) -> str:
         f"Profiled pass (untimed, separate from the timed passes): prefill + {operators.decode_steps} decode steps "
         f"of one image; {operators.events:,} profiler events; post-processing {operators.postprocess_s:.2f} s. "
         f"Sorted by {operators.sort_key.replace('_', ' ')}. Self times exclude child operators and add up to the "
-        "total; inclusive (incl.) times contain their children and must not be summed. Device times are 0 on CPU."
+        "total; inclusive (incl.) times contain their children and must not be summed."
     )
     if operators.trace_path:
-        doc.para(f"Chrome/Perfetto trace: `{Path(operators.trace_path).name}` (open in https://ui.perfetto.dev).")
+        trace = Path(operators.trace_path)
+        doc.para(
+            f"Chrome/Perfetto trace: [{trace.parent.name}/{trace.name}]({trace.parent.name}/{trace.name}) in this run "
+            "folder (open it in https://ui.perfetto.dev)."
+        )
     doc.h2(f"All stages (top {top_k})")
-    doc.table(_OP_HEADER, _operator_rows(operators.overall, operators.sort_key, top_k))
+    doc.table(_operator_header(operators.sort_key), _operator_rows(operators.overall, operators.sort_key, top_k))
     if operators.kernels:
         doc.h2(f"GPU kernels (top {top_k}, by device time)")
         doc.para("Kernels by short name (template arguments and parameters dropped), summed over their launches.")
@@ -480,7 +487,7 @@ def operators_md(m: Stage1Metrics, operators: OperatorTable, top_k: int) -> str:
         )
     for stage, rows in operators.by_stage.items():
         doc.h2(f"Stage {stage} (top {min(top_k, 10)})")
-        doc.table(_OP_HEADER, _operator_rows(rows, operators.sort_key, min(top_k, 10)))
+        doc.table(_operator_header(operators.sort_key), _operator_rows(rows, operators.sort_key, min(top_k, 10)))
     return doc.text()
 
 
@@ -621,9 +628,11 @@ def write_gallery(
             doc.raw("\n**Prompt**\n\n```text\n" + excerpt + "\n```\n\n**Output**\n")
             facts = [f"{recs[0].prompt_tokens} prompt tokens"]
         else:
+            stem = Path(name).with_suffix("").as_posix().replace("/", "__")  # a/page.png and b/page.png differ
             thumb = gallery.thumbnail_with_boxes(
-                Path(pred.path), pred.text, viz_dir / f"{Path(name).stem}.png", width=knobs.thumbnail_width
+                Path(pred.path), pred.text, viz_dir / f"{stem}.png", width=knobs.thumbnail_width
             )
+            art.note_file(thumb)
             doc.image(name, os.path.relpath(thumb, viz_dir))
             facts = [
                 f"{recs[0].tiles} tiles, {recs[0].image_tokens} image tokens",

@@ -30,7 +30,7 @@ from llm_perf_opt.cli.common import compose_config
 from llm_perf_opt.data.dataset import bundled_samples_dir
 from llm_perf_opt.measure.timing import NullRecorder, StageRecorder
 from llm_perf_opt.session.runtime import RuntimeSettings
-from llm_perf_opt.session.session import DeepSeekOCRSession, device_name, resolve_device
+from llm_perf_opt.session.session import InferenceSession, device_name, resolve_device
 
 
 def _sync(device: torch.device) -> None:
@@ -61,7 +61,7 @@ def main() -> None:
     )
     device = resolve_device(args.device)
     runtime = RuntimeSettings.from_config(cfg)
-    session = DeepSeekOCRSession.load(cfg.model, device, runtime)
+    session = InferenceSession.load(cfg.model, device, runtime)
     routing = session.routing
     image = Path(args.image)
 

@@ -14,16 +14,16 @@ from hf_fixtures import preset_config
 from llm_perf_opt.analytic.dense import DenseSpec, decode, decode_step, prefill, stage_costs
 from llm_perf_opt.cli.common import compose_config
 from llm_perf_opt.measure.flops import count_stage_flops, flop_counter
-from llm_perf_opt.session.session import DeepSeekOCRSession
+from llm_perf_opt.session.session import InferenceSession
 
 PRESETS = ("qwen2_tiny", "llama_tiny")
 NEW_TOKENS = 5
 
 
 @pytest.fixture(scope="module", params=PRESETS)
-def session(request: pytest.FixtureRequest) -> DeepSeekOCRSession:
+def session(request: pytest.FixtureRequest) -> InferenceSession:
     cfg = compose_config("stage1", "model=hf", f"model.config={request.param}").model
-    return DeepSeekOCRSession.load(cfg, torch.device("cpu"))
+    return InferenceSession.load(cfg, torch.device("cpu"))
 
 
 def _prompt(tmp_path: Path, words: int) -> Any:
@@ -33,7 +33,7 @@ def _prompt(tmp_path: Path, words: int) -> Any:
 
 
 @pytest.mark.parametrize("words", [1, 37, 300])
-def test_flops_equal_the_counter_exactly(session: DeepSeekOCRSession, tmp_path: Path, words: int) -> None:
+def test_flops_equal_the_counter_exactly(session: InferenceSession, tmp_path: Path, words: int) -> None:
     prepared = session.prepare(_prompt(tmp_path, words))
     assert prepared.prompt_tokens == words + 1  # stand-in ids: BOS + one per word
     counted = count_stage_flops(session, prepared)
@@ -53,7 +53,7 @@ def test_flops_equal_the_counter_exactly(session: DeepSeekOCRSession, tmp_path: 
 
 
 @pytest.mark.parametrize("cached", [0, 700])
-def test_decode_step_matches_an_independent_count(session: DeepSeekOCRSession, cached: int) -> None:
+def test_decode_step_matches_an_independent_count(session: InferenceSession, cached: int) -> None:
     """One decode forward over a zero KV cache of `cached` positions (its query attends cached + 1 keys)."""
     config = session.model.config
     spec = DenseSpec.from_config(config)
@@ -73,7 +73,7 @@ def test_decode_step_matches_an_independent_count(session: DeepSeekOCRSession, c
     assert decode_step(spec, cached + 1, 4).matmul_flops == counter.get_total_flops()
 
 
-def test_bytes_match_the_built_model(session: DeepSeekOCRSession) -> None:
+def test_bytes_match_the_built_model(session: InferenceSession) -> None:
     model = session.model
     spec = DenseSpec.from_config(model.config)
     assert spec is not None

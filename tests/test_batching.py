@@ -21,7 +21,7 @@ from llm_perf_opt.measure.timing import StageRecorder
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.session import compiled
 from llm_perf_opt.session.runtime import RuntimeSettings
-from llm_perf_opt.session.session import BatchMeasurement, DeepSeekOCRSession, batches
+from llm_perf_opt.session.session import BatchMeasurement, InferenceSession, batches
 
 CPU = torch.device("cpu")
 NEW_TOKENS = 5
@@ -31,20 +31,20 @@ STATIC_BATCH = RuntimeSettings(kv_cache="static", batch_size=3)
 
 
 @pytest.fixture(scope="module")
-def v1_session(compose_model: Any) -> DeepSeekOCRSession:
-    return DeepSeekOCRSession.load(compose_model("model=deepseek_ocr_tiny"), CPU)
+def v1_session(compose_model: Any) -> InferenceSession:
+    return InferenceSession.load(compose_model("model=deepseek_ocr_tiny"), CPU)
 
 
 @pytest.fixture(scope="module")
-def qwen_session() -> DeepSeekOCRSession:
-    return DeepSeekOCRSession.load(compose_config("stage1", "model=hf", "model.config=qwen2_tiny").model, CPU)
+def qwen_session() -> InferenceSession:
+    return InferenceSession.load(compose_config("stage1", "model=hf", "model.config=qwen2_tiny").model, CPU)
 
 
-def alone(session: DeepSeekOCRSession, paths: list[Path]) -> list[tuple[int, ...]]:
+def alone(session: InferenceSession, paths: list[Path]) -> list[tuple[int, ...]]:
     return [session.run_image(path, NEW_TOKENS, nvtx=False).token_ids for path in paths]
 
 
-def batched(session: DeepSeekOCRSession, paths: list[Path], runtime: RuntimeSettings) -> BatchMeasurement:
+def batched(session: InferenceSession, paths: list[Path], runtime: RuntimeSettings) -> BatchMeasurement:
     run = session.with_runtime(runtime)
     try:
         return run.run_batch(paths, NEW_TOKENS, nvtx=False)
@@ -58,12 +58,12 @@ def v2_pages(page_images: dict[str, Path]) -> list[Path]:
 
 
 @pytest.fixture(scope="module")
-def v2_alone(tiny_session: DeepSeekOCRSession, v2_pages: list[Path]) -> list[tuple[int, ...]]:
+def v2_alone(tiny_session: InferenceSession, v2_pages: list[Path]) -> list[tuple[int, ...]]:
     return alone(tiny_session, v2_pages)
 
 
 @pytest.fixture(scope="module")
-def v2_batch(tiny_session: DeepSeekOCRSession, v2_pages: list[Path]) -> BatchMeasurement:
+def v2_batch(tiny_session: InferenceSession, v2_pages: list[Path]) -> BatchMeasurement:
     return batched(tiny_session, v2_pages, BATCH)
 
 
@@ -100,7 +100,7 @@ def test_text_batch_equals_prompts_alone(qwen_session) -> None:
 
 
 def test_eager_attention_takes_an_additive_mask(compose_model, v2_pages) -> None:
-    session = DeepSeekOCRSession.load(compose_model("model=deepseek_ocr2_tiny", "model.attn_implementation=eager"), CPU)
+    session = InferenceSession.load(compose_model("model=deepseek_ocr2_tiny", "model.attn_implementation=eager"), CPU)
     assert [p.token_ids for p in batched(session, v2_pages, BATCH).pages] == alone(session, v2_pages)
 
 
@@ -209,7 +209,7 @@ def test_flash_attention_cannot_take_a_padded_batch(tiny_session, v2_pages) -> N
 def test_image_text_model_cannot_batch(tmp_path) -> None:
     folder = save_tiny_llava(tmp_path / "llava")
     cfg = compose_config("stage1", "model=hf", f"model.name_or_path={folder}").model
-    session = DeepSeekOCRSession.load(cfg, CPU, BATCH)
+    session = InferenceSession.load(cfg, CPU, BATCH)
     page = tmp_path / "page.png"
     from PIL import Image
 

@@ -18,18 +18,18 @@ from llm_perf_opt.cli.common import compose_config
 from llm_perf_opt.data.prompts import bundled_prompts_dir
 from llm_perf_opt.measure.timing import StageRecorder
 from llm_perf_opt.session.runtime import RuntimeSettings
-from llm_perf_opt.session.session import DeepSeekOCRSession
+from llm_perf_opt.session.session import InferenceSession
 
 CPU = torch.device("cpu")
 RUNTIMES = [RuntimeSettings(), RuntimeSettings(kv_cache="static")]
 
 
 @pytest.fixture(scope="module")
-def qwen_session() -> DeepSeekOCRSession:
-    return DeepSeekOCRSession.load(compose_config("stage1", "model=hf", "model.config=qwen2_tiny").model, CPU)
+def qwen_session() -> InferenceSession:
+    return InferenceSession.load(compose_config("stage1", "model=hf", "model.config=qwen2_tiny").model, CPU)
 
 
-def decode_step_reads(session: DeepSeekOCRSession, path: Path, runtime: RuntimeSettings) -> list[list[str]]:
+def decode_step_reads(session: InferenceSession, path: Path, runtime: RuntimeSettings) -> list[list[str]]:
     """Host reads inside each decode step of a 4-token pass under `runtime`."""
     spies: list[Any] = []
 
@@ -77,7 +77,7 @@ def test_dense_decode_steps_read_nothing_on_the_host(qwen_session, runtime) -> N
 
 def test_eager_experts_do_read_on_the_host(compose_model, page_images) -> None:
     """What the record above rules out: transformers' eager experts loop picks its experts on the host."""
-    session = DeepSeekOCRSession.load(
+    session = InferenceSession.load(
         compose_model("model=deepseek_ocr2_tiny", "model.experts_implementation=eager"), CPU
     )
     reads = decode_step_reads(session, page_images["small"], RuntimeSettings())

@@ -28,7 +28,7 @@ from llm_perf_opt.session.adapters.hf_arch import classify
 from llm_perf_opt.session.adapters.hf_inputs import stand_in_ids
 from llm_perf_opt.session.adapters.hf_source import hf_label, preset_names
 from llm_perf_opt.session.adapters.registry import make_adapter
-from llm_perf_opt.session.session import DeepSeekOCRSession
+from llm_perf_opt.session.session import InferenceSession
 
 CPU = torch.device("cpu")
 QUESTION = bundled_prompts_dir() / "question_short.txt"
@@ -38,7 +38,7 @@ def hf_cfg(*overrides: str) -> Any:
     return compose_config("stage1", "model=hf", *overrides).model
 
 
-def hf_greedy(session: DeepSeekOCRSession, prepared: Any, new_tokens: int) -> list[int]:
+def hf_greedy(session: InferenceSession, prepared: Any, new_tokens: int) -> list[int]:
     with torch.inference_mode():
         out = session.model.generate(
             **prepared.model_inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False
@@ -145,7 +145,7 @@ def test_an_undrivable_config_fails_before_building(tmp_path: Path) -> None:
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": "mamba", "hidden_size": 16, "num_hidden_layers": 1}))
     with pytest.raises(UserError, match="Mamba"):
-        DeepSeekOCRSession.load(hf_cfg(f"model.config={path}"), CPU)
+        InferenceSession.load(hf_cfg(f"model.config={path}"), CPU)
 
 
 # ---- text models ----------------------------------------------------------------------------------------------
@@ -157,7 +157,7 @@ def test_stand_in_ids_are_one_per_word_or_mark_within_the_vocabulary() -> None:
 
 @pytest.mark.parametrize("preset", ["qwen2_tiny", "llama_tiny"])
 def test_explicit_loop_matches_generate_on_the_tiny_presets(preset: str) -> None:
-    session = DeepSeekOCRSession.load(hf_cfg(f"model.config={preset}"), CPU)
+    session = InferenceSession.load(hf_cfg(f"model.config={preset}"), CPU)
     assert session.adapter.input_kind == "text" and session.vision_stages == ()
     assert session.loaded.weights == "random" and session.loaded.tokenizer is None
     prepared = session.prepare(QUESTION)
@@ -172,7 +172,7 @@ def test_explicit_loop_matches_generate_on_the_tiny_presets(preset: str) -> None
 
 
 def test_checkpoint_folder_loads_with_its_tokenizer(qwen_dir: Path, tmp_path: Path) -> None:
-    session = DeepSeekOCRSession.load(hf_cfg(f"model.name_or_path={qwen_dir}"), CPU)
+    session = InferenceSession.load(hf_cfg(f"model.name_or_path={qwen_dir}"), CPU)
     assert session.loaded.weights == "checkpoint" and str(qwen_dir) in session.loaded.weights_detail
     assert f"prompts tokenized by {type(session.loaded.tokenizer).__name__} from {qwen_dir}" in (
         session.loaded.weights_detail
@@ -182,7 +182,7 @@ def test_checkpoint_folder_loads_with_its_tokenizer(qwen_dir: Path, tmp_path: Pa
     # transformers picks the tokenizer class by model type (Qwen2Tokenizer, whose byte-level split does not suit the
     # test's word vocabulary): the same word tokenizer from its own folder (model.tokenizer) tokenizes exactly.
     word_tokenizer().save_pretrained(tmp_path)
-    session = DeepSeekOCRSession.load(hf_cfg(f"model.name_or_path={qwen_dir}", f"model.tokenizer={tmp_path}"), CPU)
+    session = InferenceSession.load(hf_cfg(f"model.name_or_path={qwen_dir}", f"model.tokenizer={tmp_path}"), CPU)
     prepared = session.prepare(QUESTION)
     tokens = session.loaded.tokenizer.convert_ids_to_tokens(prepared.input_ids[0].tolist())
     assert tokens[:3] == ["<s>", "What", "is"] and "<unk>" not in tokens and tokens[-1] == "?"
@@ -192,7 +192,7 @@ def test_checkpoint_folder_loads_with_its_tokenizer(qwen_dir: Path, tmp_path: Pa
 
 def test_random_weights_with_a_tokenizer_folder(tmp_path: Path) -> None:
     word_tokenizer().save_pretrained(tmp_path)
-    session = DeepSeekOCRSession.load(hf_cfg("model.config=qwen2_tiny", f"model.tokenizer={tmp_path}"), CPU)
+    session = InferenceSession.load(hf_cfg("model.config=qwen2_tiny", f"model.tokenizer={tmp_path}"), CPU)
     assert session.loaded.weights == "random" and "prompts tokenized by" in session.loaded.weights_detail
     assert session.prepare(QUESTION).prompt_tokens == 22  # BOS + 21 words and marks
 
@@ -227,7 +227,7 @@ def test_text_models_take_no_images_or_vision_stages() -> None:
 
 # ---- image-text-to-text models ------------------------------------------------------------------------------------
 def test_tiny_llava_runs_with_its_processor_and_vision_stages(llava_dir: Path) -> None:
-    session = DeepSeekOCRSession.load(hf_cfg(f"model.name_or_path={llava_dir}"), CPU)
+    session = InferenceSession.load(hf_cfg(f"model.name_or_path={llava_dir}"), CPU)
     assert session.adapter.input_kind == "image"
     assert session.vision_stages == ("vision/encoder", "vision/projector")
     assert isinstance(session.adapter, HfAdapter)
@@ -251,7 +251,7 @@ def test_tiny_llava_runs_with_its_processor_and_vision_stages(llava_dir: Path) -
 
 
 def test_configured_vision_stages_are_checked(llava_dir: Path) -> None:
-    model = DeepSeekOCRSession.load(hf_cfg(f"model.name_or_path={llava_dir}"), CPU).model
+    model = InferenceSession.load(hf_cfg(f"model.name_or_path={llava_dir}"), CPU).model
     stages = "model.vision_stage_modules={tower: model.vision_tower}"
     ok = make_adapter(hf_cfg(f"model.name_or_path={llava_dir}", stages))
     assert list(ok.stage_modules(model)) == ["vision/tower"]
@@ -264,4 +264,4 @@ def test_configured_vision_stages_are_checked(llava_dir: Path) -> None:
 def test_a_vlm_without_processor_files_fails_before_building(tmp_path: Path) -> None:
     save_tiny_llava(tmp_path, processor=False)
     with pytest.raises(UserError, match="has no processor files"):
-        DeepSeekOCRSession.load(hf_cfg(f"model.name_or_path={tmp_path}"), CPU)
+        InferenceSession.load(hf_cfg(f"model.name_or_path={tmp_path}"), CPU)

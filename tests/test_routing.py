@@ -16,15 +16,15 @@ from llm_perf_opt.measure.routing import (
     summarize_routing,
 )
 from llm_perf_opt.session.runtime import RuntimeSettings
-from llm_perf_opt.session.session import DeepSeekOCRSession
+from llm_perf_opt.session.session import InferenceSession
 
 CPU = torch.device("cpu")
 NEW_TOKENS = 5
 
 
 @pytest.fixture(scope="module")
-def v1_session(compose_model: Any) -> DeepSeekOCRSession:
-    return DeepSeekOCRSession.load(compose_model("model=deepseek_ocr_tiny"), CPU)
+def v1_session(compose_model: Any) -> InferenceSession:
+    return InferenceSession.load(compose_model("model=deepseek_ocr_tiny"), CPU)
 
 
 def test_routers_found_in_both_tiny_models(tiny_session, v1_session) -> None:
@@ -75,7 +75,7 @@ def test_routing_record_can_be_switched_off(tiny_session, page_images) -> None:
 
 def test_dense_model_has_no_routing() -> None:
     cfg = compose_config("stage1", "model=hf", "model.config=qwen2_tiny").model
-    session = DeepSeekOCRSession.load(cfg, CPU)
+    session = InferenceSession.load(cfg, CPU)
     assert session.routing is None
     assert find_routers(session.model) == []
 

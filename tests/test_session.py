@@ -3,6 +3,8 @@ device / dtype / checkpoint checks that turn bad settings into UserErrors."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -193,4 +195,14 @@ def test_unknown_adapter_is_a_user_error(tiny_model_cfg) -> None:
     assert "deepseek_ocr2" in info.value.problem  # the known adapters are listed
     cfg = OmegaConf.merge(tiny_model_cfg, {"adapter": "no_such_model"})
     with pytest.raises(UserError):
+        DeepSeekOCRSession.load(cfg, torch.device("cpu"))
+
+
+def test_the_deepseek_session_runs_deepseek_models_only(compose_model: Any) -> None:
+    from llm_perf_opt.errors import UserError
+    from llm_perf_opt.session.session import DeepSeekOCRSession, InferenceSession
+
+    assert issubclass(DeepSeekOCRSession, InferenceSession)
+    cfg = compose_model("model=hf", "model.config=qwen2_tiny")
+    with pytest.raises(UserError, match=r"DeepSeekOCRSession runs DeepSeek-OCR models.*InferenceSession"):
         DeepSeekOCRSession.load(cfg, torch.device("cpu"))

@@ -17,7 +17,7 @@ from llm_perf_opt.measure.timing import StageRecorder
 from llm_perf_opt.session.adapters.base import ModelAdapter
 from llm_perf_opt.session.kv_cache import KvCaches
 from llm_perf_opt.session.runtime import RuntimeSettings
-from llm_perf_opt.session.session import DeepSeekOCRSession
+from llm_perf_opt.session.session import InferenceSession
 
 CPU = torch.device("cpu")
 NEW_TOKENS = 5
@@ -25,17 +25,17 @@ STATIC = RuntimeSettings(kv_cache="static")
 
 
 @pytest.fixture(scope="module")
-def v1_session(compose_model: Any) -> DeepSeekOCRSession:
-    return DeepSeekOCRSession.load(compose_model("model=deepseek_ocr_tiny"), CPU)
+def v1_session(compose_model: Any) -> InferenceSession:
+    return InferenceSession.load(compose_model("model=deepseek_ocr_tiny"), CPU)
 
 
 @pytest.fixture(scope="module")
-def qwen_session() -> DeepSeekOCRSession:
+def qwen_session() -> InferenceSession:
     cfg = compose_config("stage1", "model=hf", "model.config=qwen2_tiny").model
-    return DeepSeekOCRSession.load(cfg, CPU)
+    return InferenceSession.load(cfg, CPU)
 
 
-def static_and_dynamic(session: DeepSeekOCRSession, path: Path, runtime: RuntimeSettings = STATIC) -> tuple[Any, Any]:
+def static_and_dynamic(session: InferenceSession, path: Path, runtime: RuntimeSettings = STATIC) -> tuple[Any, Any]:
     static = session.with_runtime(runtime)
     try:
         return static.run_image(path, NEW_TOKENS, nvtx=False), session.run_image(path, NEW_TOKENS, nvtx=False)
@@ -110,7 +110,7 @@ def test_model_without_static_cache_support_is_a_user_error(tiny_session) -> Non
     adapter: ModelAdapter = Adapter(tiny_session.adapter.cfg)
     assert "_can_compile_fullgraph is False" in (adapter.static_cache_blocker(tiny_session.model) or "")
     with pytest.raises(UserError, match=r"runtime\.kv_cache=static is not supported by this model") as info:
-        DeepSeekOCRSession(adapter, tiny_session.loaded, CPU, tiny_session.dtype, STATIC)
+        InferenceSession(adapter, tiny_session.loaded, CPU, tiny_session.dtype, STATIC)
     assert "runtime.kv_cache=dynamic" in info.value.fix
 
 

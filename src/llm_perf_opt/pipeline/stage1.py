@@ -68,8 +68,8 @@ from llm_perf_opt.report.markdown import pct
 from llm_perf_opt.session.adapters.registry import make_adapter
 from llm_perf_opt.session.runtime import RuntimeSettings
 from llm_perf_opt.session.session import (
-    DeepSeekOCRSession,
     ImageMeasurement,
+    InferenceSession,
     device_name,
     resolve_device,
     resolve_dtype,
@@ -175,7 +175,7 @@ class Stage1Run:
         self.run_id = run_id
         self.art = ArtifactsManager(run_dir, stage="stage1")
         self.state = _RunState()
-        self.session: DeepSeekOCRSession | None = None
+        self.session: InferenceSession | None = None
         self.selection: DatasetSelection | None = None
         self.inputs: InputChoice | None = None
         self.settings: ResolvedSettings | None = None
@@ -262,7 +262,7 @@ class Stage1Run:
         log.info("building %s on %s …", cfg.model.name, device)
         started = time.perf_counter()
         with self.feedback.step(f"building {cfg.model.name} on {device}"):
-            self.session = session = DeepSeekOCRSession.load(cfg.model, device, self.runtime)
+            self.session = session = InferenceSession.load(cfg.model, device, self.runtime)
         log.info("model ready in %.1f s: %s", time.perf_counter() - started, session.loaded.weights_detail)
 
         vision = session.vision_stages
@@ -304,7 +304,7 @@ class Stage1Run:
             )
 
     def _run_images(
-        self, session: DeepSeekOCRSession, settings: ResolvedSettings, vision: tuple[str, ...], bar: StepHandle
+        self, session: InferenceSession, settings: ResolvedSettings, vision: tuple[str, ...], bar: StepHandle
     ) -> None:
         """Per image: the FLOP-counting pass (untimed), warm-up passes without NVTX, then the timed passes."""
         assert self.selection is not None
@@ -591,7 +591,7 @@ def host_peak_rss_bytes() -> int | None:
     return peak if sys.platform == "darwin" else peak * 1024
 
 
-def _compile_record(session: DeepSeekOCRSession) -> CompileRecord | None:
+def _compile_record(session: InferenceSession) -> CompileRecord | None:
     """Every compilation of the run (warm-up passes included), or None when nothing is compiled."""
     if session.runtime.compile == "none":
         return None

@@ -1,4 +1,7 @@
-"""DeepSeekOCRSession: load a model once, run many images through explicit prefill and decode steps."""
+"""Sessions: load a model once, run many inputs through explicit prefill and decode steps.
+
+`InferenceSession` runs any model an adapter builds (DeepSeek-OCR v1 and OCR-2, Hugging Face causal LMs and
+image-text-to-text models); `DeepSeekOCRSession` is the same session for the DeepSeek-OCR family only."""
 
 from __future__ import annotations
 
@@ -6,7 +9,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import attrs
 import torch
@@ -16,6 +19,8 @@ from llm_perf_opt.measure.routing import RoutingRecorder, RoutingTrace
 from llm_perf_opt.measure.timing import NullRecorder, StageRecorder
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, PreparedInputs
+from llm_perf_opt.session.adapters.deepseek_ocr import DeepseekOcrAdapter
+from llm_perf_opt.session.adapters.deepseek_ocr2 import DeepseekOcr2Adapter
 from llm_perf_opt.session.adapters.registry import make_adapter
 from llm_perf_opt.session.compiled import CompileEvent, CompileSummary, cudagraph_skips
 from llm_perf_opt.session.decode import AroundStep, DecodeLoop, LoopOutput
@@ -233,7 +238,7 @@ def batches(paths: Sequence[Path], batch_size: int) -> list[tuple[Path, ...]]:
     return [tuple(paths[i : i + batch_size]) for i in range(0, len(paths), batch_size)]
 
 
-class DeepSeekOCRSession:
+class InferenceSession:
     """A loaded model and its adapter under one :class:`RuntimeSettings` (KV cache, compiled steps, batch size).
 
     Load once with :meth:`load`, then :meth:`run_image` (one input) or :meth:`run_batch` (several) many times."""
@@ -268,10 +273,11 @@ class DeepSeekOCRSession:
     @classmethod
     def load(
         cls, model_cfg: Mapping[str, Any], device: torch.device, runtime: RuntimeSettings | None = None
-    ) -> DeepSeekOCRSession:
+    ) -> Self:
         """Build (random weights) or load (the adapter's checkpoint folder) the model `model_cfg` names on `device`,
         to run under `runtime` (default: the eager reference)."""
         adapter = make_adapter(model_cfg)
+        cls.check_adapter(adapter)
         dtype = resolve_dtype(model_cfg.get("dtype"), device)
         if runtime is not None:
             runtime.check_device(device)  # before minutes of building
@@ -282,10 +288,14 @@ class DeepSeekOCRSession:
             loaded = adapter.build_random(device=device, dtype=dtype)
         return cls(adapter, loaded, device, dtype, runtime)
 
-    def with_runtime(self, runtime: RuntimeSettings) -> DeepSeekOCRSession:
+    @classmethod
+    def check_adapter(cls, adapter: ModelAdapter) -> None:
+        """Whether this kind of session runs `adapter`'s models (every adapter, for the general session)."""
+
+    def with_runtime(self, runtime: RuntimeSettings) -> Self:
         """A session on the same loaded model under another runtime (its own caches, compiled steps and hooks;
         :meth:`close` the one no longer used)."""
-        return DeepSeekOCRSession(self.adapter, self.loaded, self.device, self.dtype, runtime)
+        return type(self)(self.adapter, self.loaded, self.device, self.dtype, runtime)
 
     def close(self) -> None:
         """Detach this session's hooks from the model (stage timing and routing)."""
@@ -568,3 +578,17 @@ class DeepSeekOCRSession:
             compile_events=compiled,
             output_check=self.check_outputs(str(image_path), prepared, out),  # after the timed pass
         )
+
+
+
+
+class DeepSeekOCRSession(InferenceSession):
+    """An :class:`InferenceSession` of a DeepSeek-OCR model (v1 or OCR-2, `model=deepseek_ocr*`)."""
+
+    @classmethod
+    def check_adapter(cls, adapter: ModelAdapter) -> None:
+        if not isinstance(adapter, DeepseekOcrAdapter | DeepseekOcr2Adapter):
+            raise UserError(
+                f"DeepSeekOCRSession runs DeepSeek-OCR models, not {type(adapter).__name__}'s",
+                "Use llm_perf_opt.session.session.InferenceSession for any other model",
+            )

@@ -203,7 +203,7 @@ class HfAdapter(ModelAdapter):
         if tokenizer is None:
             raise UserError(
                 f"model {self.name} takes images but no processor was loaded for it",
-                "Load it through a session (DeepSeekOCRSession.load), which loads the checkpoint's processor",
+                "Load it through a session (InferenceSession.load), which loads the checkpoint's processor",
             )
         config = self.source.config
         return image_inputs(

@@ -169,3 +169,16 @@ def launch(hydra_main: Callable[[], Any], config_name: str, command: str) -> Non
 def print_report_path(run_dir: Path) -> None:
     """The last line a command prints: where its report is."""
     print(f"\nreport: {run_dir / 'report.md'}")
+
+
+def rebuild_reports(prog: str, description: str, writer: str, render_module: str, argv: list[str] | None) -> None:
+    """`<prog> <folder>`: rebuild a run folder's reports with `render(folder)` of `render_module` (imported late,
+    so `--help` stays fast); the folder must have been written by `writer`."""
+    import argparse
+    import importlib
+
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("folder", type=Path, help=f"a folder written by {writer} (or a copy of one)")
+    args = parser.parse_args(argv)
+    render = importlib.import_module(render_module).render
+    print_report_path(run_guarded(lambda: render(args.folder)))

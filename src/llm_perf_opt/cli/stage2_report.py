@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
-
-from llm_perf_opt.cli.common import print_report_path, run_guarded
+from llm_perf_opt.cli.common import rebuild_reports
 
 
 def main(argv: list[str] | None = None) -> None:
     """Console script entry point."""
-    parser = argparse.ArgumentParser(prog="stage2-report", description=__doc__)
-    parser.add_argument("folder", type=Path, help="a folder written by stage2-profile (or a copy of one)")
-    args = parser.parse_args(argv)
-    from llm_perf_opt.pipeline.stage2 import render
-
-    print_report_path(run_guarded(lambda: render(args.folder)))
+    rebuild_reports("stage2-report", __doc__ or "", "stage2-profile", "llm_perf_opt.pipeline.stage2", argv)
 
 
 if __name__ == "__main__":

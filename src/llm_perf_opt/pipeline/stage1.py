@@ -46,7 +46,7 @@ from llm_perf_opt.records.common import SCHEMA_VERSION, PeakFigure
 from llm_perf_opt.records.folders import INPUTS_FILE, METRICS_FILE, OPERATORS_FILE, load_stage1
 from llm_perf_opt.records.io import dumps_lines
 from llm_perf_opt.records.stage1 import (
-    CompileRecord,
+    CompileSummary,
     DeviceInfo,
     ImageInput,
     ImageRecord,
@@ -591,12 +591,9 @@ def host_peak_rss_bytes() -> int | None:
     return peak if sys.platform == "darwin" else peak * 1024
 
 
-def _compile_record(session: InferenceSession) -> CompileRecord | None:
+def _compile_record(session: InferenceSession) -> CompileSummary | None:
     """Every compilation of the run (warm-up passes included), or None when nothing is compiled."""
-    if session.runtime.compile == "none":
-        return None
-    summary = session.compile_summary()
-    return CompileRecord(events=summary.events, cudagraph_skips=summary.cudagraph_skips)
+    return None if session.runtime.compile == "none" else session.compile_summary()
 
 
 def input_key(selection: DatasetSelection, path: Path) -> str:

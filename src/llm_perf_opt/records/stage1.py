@@ -310,19 +310,24 @@ class RoutingSummary:
 
 
 @attrs.frozen
-class CompileRecord:
-    """What compilation cost the run: every call that compiled (warm-up passes included)."""
+class CompileSummary:
+    """Compilation cost of a session so far (a run: warm-up passes included), per compiled call and in all."""
 
     events: tuple[CompileEvent, ...]
-    cudagraph_skips: int
+    cudagraph_skips: int  # times inductor declined to capture a CUDA graph (reduce-overhead only)
 
     @property
     def compile_ms(self) -> float:
+        """Host time of every call that compiled (ms)."""
         return sum(e.host_ms for e in self.events)
 
     @property
     def recompiles(self) -> int:
         return sum(1 for e in self.events if e.recompile)
+
+    @property
+    def graph_breaks(self) -> int:
+        return sum(e.graph_breaks for e in self.events)
 
 
 @attrs.frozen
@@ -364,7 +369,7 @@ class Stage1Metrics:
     # hardware.peaks=measured: the same figures against this GPU's measured achievable peaks (GEMM and copy)
     measured_peaks: MeasuredPeaks | None = None
     routing: RoutingSummary | None = None  # MoE decoders: experts hit per decode step (timed passes)
-    compile: CompileRecord | None = None  # runtime.compile != none
+    compile: CompileSummary | None = None  # runtime.compile != none
     host_peak_rss_bytes: int | None = None  # the process's peak resident memory over the whole run (host side)
 
     @property

@@ -12,32 +12,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import attrs
 import torch
 
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.records.stage1 import CompileEvent
-
-
-@attrs.frozen
-class CompileSummary:
-    """Compilation cost of a session so far, per compiled function and in all."""
-
-    events: tuple[CompileEvent, ...]
-    cudagraph_skips: int  # times inductor declined to capture a CUDA graph (reduce-overhead only)
-
-    @property
-    def compile_ms(self) -> float:
-        """Host time of every call that compiled (ms)."""
-        return sum(e.host_ms for e in self.events)
-
-    @property
-    def recompiles(self) -> int:
-        return sum(1 for e in self.events if e.recompile)
-
-    @property
-    def graph_breaks(self) -> int:
-        return sum(e.graph_breaks for e in self.events)
 
 
 def compile_function(fn: Callable[..., Any], mode: str) -> Callable[..., Any]:

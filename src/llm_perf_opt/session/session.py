@@ -18,11 +18,12 @@ from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure.routing import RoutingRecorder, RoutingTrace
 from llm_perf_opt.measure.timing import NullRecorder, StageRecorder
 from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records.stage1 import CompileSummary
 from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, PreparedInputs
 from llm_perf_opt.session.adapters.deepseek_ocr import DeepseekOcrAdapter
 from llm_perf_opt.session.adapters.deepseek_ocr2 import DeepseekOcr2Adapter
 from llm_perf_opt.session.adapters.registry import make_adapter
-from llm_perf_opt.session.compiled import CompileEvent, CompileSummary, cudagraph_skips
+from llm_perf_opt.session.compiled import CompileEvent, cudagraph_skips
 from llm_perf_opt.session.decode import AroundStep, DecodeLoop, LoopOutput
 from llm_perf_opt.session.kv_cache import KvCaches, static_cache_error
 from llm_perf_opt.session.output_check import OutputCheck, ReferenceOutput, ReferenceOutputs, compare_outputs

@@ -264,6 +264,16 @@ def _decode_launch_bound(m: Stage2Metrics) -> bool:
     return m.decode_steps is not None and m.decode_steps.gpu_busy_fraction < LOW_BUSY
 
 
+# How the findings name each ncu bound label (nsight.ncu_report documents the thresholds).
+_BOUND_WORDS = {
+    "compute": "compute-bound",
+    "memory": "memory-bound",
+    "compute-leaning": "leaning compute-bound",
+    "memory-leaning": "leaning memory-bound",
+    "latency": "latency-bound",
+}
+
+
 def findings(m: Stage2Metrics) -> list[str]:
     """Data-driven statements for the summaries."""
     out = []
@@ -304,11 +314,13 @@ def findings(m: Stage2Metrics) -> list[str]:
         )
     counts: dict[str, int] = {}
     for r in m.ncu_kernels:
-        if r.bound in ("memory", "compute", "latency"):
+        if r.bound in _BOUND_WORDS:
             counts[r.bound] = counts.get(r.bound, 0) + 1
     if counts:
         out.append(
-            "Nsight Compute on the targeted kernels: " + ", ".join(f"{n} {b}-bound" for b, n in counts.items()) + "."
+            "Nsight Compute on the targeted kernels: "
+            + ", ".join(f"{n} {_BOUND_WORDS[b]}" for b, n in counts.items())
+            + "."
         )
     return out
 

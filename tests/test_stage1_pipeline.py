@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 from llm_perf_opt.cli.common import compose_config, new_run_id
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.pipeline.stage1 import Stage1Run, resolve_settings
-from llm_perf_opt.session.session import DeepSeekOCRSession
+from llm_perf_opt.session.session import InferenceSession
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,16 +79,16 @@ def test_ctrl_c_keeps_what_was_measured(tmp_path: Path, monkeypatch: pytest.Monk
         "infer.max_new_tokens=2",
         "pipeline/torch_profiler=min",
     )
-    real = DeepSeekOCRSession.run_image
+    real = InferenceSession.run_image
     calls = {"n": 0}
 
-    def interrupted_on_second(self: DeepSeekOCRSession, *args: object, **kwargs: object) -> object:
+    def interrupted_on_second(self: InferenceSession, *args: object, **kwargs: object) -> object:
         calls["n"] += 1
         if calls["n"] == 2:
             raise KeyboardInterrupt
         return real(self, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(DeepSeekOCRSession, "run_image", interrupted_on_second)
+    monkeypatch.setattr(InferenceSession, "run_image", interrupted_on_second)
     run = Stage1Run(cfg, tmp_path / "run", run_id="ctrl-c")
     with pytest.raises(KeyboardInterrupt):
         run.execute()

@@ -36,6 +36,20 @@ def stage_values(records: Iterable[ImageRecord], vision_stages: Sequence[str]) -
     return values
 
 
+def stage_totals_ms(records: Sequence[ImageRecord]) -> dict[str, float]:
+    """Per measured stage (TTFT and end to end left out), its time summed over the timed passes in `records`;
+    `decode/step` sums every step (the decode steps' share of the decode stage)."""
+    vision = tuple(dict.fromkeys(s for r in records for s in r.vision_ms))
+    totals = {
+        stage: sum(values)
+        for stage, values in stage_values(records, vision).items()
+        if stage not in (vocab.TTFT, vocab.E2E, vocab.DECODE_STEP)
+    }
+    if any(r.decode_step_ms for r in records):
+        totals[vocab.DECODE_STEP] = sum(sum(r.decode_step_ms) for r in records)
+    return totals
+
+
 def _nesting(stage: str) -> str | None:
     if vocab.is_vision(stage):
         return vocab.PREFILL

@@ -12,6 +12,7 @@ from pathlib import Path
 import attrs
 
 from llm_perf_opt.hardware import peak_bandwidth, peak_compute
+from llm_perf_opt.measure.aggregate import stage_totals_ms
 from llm_perf_opt.measure.mfu import utilization
 from llm_perf_opt.nsight.measured_bytes import InstanceCost, instance_costs, measured_rows, window_warnings
 from llm_perf_opt.nsight.ncu_bytes import bytes_by_range, read_launch_bytes
@@ -89,20 +90,7 @@ class Stage2Analysis:
     # ---- the Stage 1 workload, summed over its timed passes -----------------------------------------------------
     def stage1_ms(self) -> dict[str, float]:
         """Stage 1 CUDA-event time per stage, summed over the workload's timed passes."""
-        out: dict[str, float] = {}
-
-        def add(stage: str, value: float) -> None:
-            out[stage] = out.get(stage, 0.0) + float(value)
-
-        for rec in self.workload.records if self.workload else ():
-            add(vocab.PREPROCESS, rec.preprocess_ms)
-            add(vocab.PREFILL, rec.prefill_ms)
-            for stage, value in rec.vision_ms.items():
-                add(stage, value)
-            if rec.decode_step_ms:
-                add(vocab.DECODE, rec.decode_ms)
-                add(vocab.DECODE_STEP, sum(rec.decode_step_ms))
-        return out
+        return stage_totals_ms(self.workload.records) if self.workload else {}
 
     def stage_flops(self) -> dict[str, float]:
         """Counted FLOPs per stage over the workload's timed passes."""

@@ -61,6 +61,7 @@ from llm_perf_opt.records.stage1 import (
     RuntimeRecord,
     SkippedInput,
     Stage1Metrics,
+    StageVariation,
     TextInput,
 )
 from llm_perf_opt.report import stage1_reports
@@ -385,7 +386,8 @@ class Stage1Run:
             image: {s: v for s in mfu_stages if (v := f.stage_total(s, settings.max_new_tokens)) is not None}
             for image, f in self.state.flops.items()
         }
-        warnings = self._warnings(records, partial, peak is None)
+        variation = stage_variation(records, vision)
+        warnings = self._warnings(variation, partial, peak is None)
         ops = self.state.operators
         measured = self.state.measured_peaks
         measured_peaks = (
@@ -461,14 +463,14 @@ class Stage1Run:
             ),
             warnings=warnings,
             config_digest=config_digest(cfg),
-            variation=stage_variation(records, vision),
+            variation=variation,
             measured_peaks=measured_peaks,
             routing=summarize_routing(self.state.routing),
             compile=_compile_record(session),
             host_peak_rss_bytes=host_peak_rss_bytes(),
         )
 
-    def _warnings(self, records: list[ImageRecord], partial: bool, no_peak: bool) -> tuple[str, ...]:
+    def _warnings(self, variation: tuple[StageVariation, ...], partial: bool, no_peak: bool) -> tuple[str, ...]:
         assert self.selection is not None and self.session is not None and self.settings is not None
         out = []
         if partial:
@@ -497,7 +499,7 @@ class Stage1Run:
         if self.settings.repeats < 3:
             out.append(f"Only {self.settings.repeats} timed pass(es) per image: dispersion figures are weak.")
         threshold = float(self.cfg.run.cv_warn)
-        for v in high_variation(stage_variation(records, self.session.vision_stages), threshold):
+        for v in high_variation(variation, threshold):
             worst = f"; worst {v.worst_image} {v.within_image_cv_max:.1%}" if v.images_judged > 1 else ""
             out.append(
                 f"High run-to-run variation in {v.stage}: CV {v.within_image_cv_median:.1%} over one image's passes "

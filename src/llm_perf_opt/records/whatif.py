@@ -1,0 +1,176 @@
+"""`perf-whatif` records (`whatif.json`): the levers tried, every rung measured (baseline, each lever alone, the
+cumulative ladder), what each changed and why, and the recommendations they back."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+
+from llm_perf_opt.records.common import Summary
+
+# What a lever may change: only the time of the same work, or the work itself (mode, tiles, dtype, …).
+LATENCY = "latency"
+WORKLOAD = "workload"
+
+# Phases of a what-if run, in the order they run.
+BASELINE = "baseline"
+ALONE = "alone"  # one lever against the baseline
+LADDER = "ladder"  # the levers that helped, added one at a time in order of measured gain
+
+# Rung states: measured, failed while running, skipped before running (with the reason), or refused by validation.
+MEASURED = "complete"
+FAILED = "failed"
+SKIPPED = "skipped"
+INVALID = "invalid"
+
+
+@attrs.frozen
+class Lever:
+    """One optimisation lever: a name, the overrides that turn it on and what it may change."""
+
+    name: str
+    overrides: tuple[str, ...]  # Hydra overrides of `stage1-run`, e.g. ("runtime.kv_cache=static",)
+    about: str = ""
+    changes: str = LATENCY  # LATENCY | WORKLOAD
+    needs: str | None = None  # "cuda" for levers that cannot run elsewhere
+
+
+@attrs.frozen
+class Objective:
+    """The figure a preset ranks levers by."""
+
+    name: str  # e.g. "decode_ms_per_token"
+    label: str  # e.g. "decode ms/token (p50)"
+    unit: str
+    higher_is_better: bool
+
+
+@attrs.frozen
+class Speedup:
+    """A rung's objective against a reference rung: > 1 is better whatever the objective's direction."""
+
+    value: float  # reference p50 / rung p50 (lower-is-better) or rung p50 / reference p50
+    ci95_low: float | None  # interval of the ratio of geometric means over passes (None below 3 passes each)
+    ci95_high: float | None
+    ci_method: str | None
+    verdict: str  # measure.noise verdict on the two objective summaries
+
+
+@attrs.frozen
+class OutputAgreement:
+    """A rung's outputs against the baseline's, over the inputs both ran."""
+
+    inputs: int  # inputs compared
+    first_departure: int | None  # smallest generated index where any input's tokens differ; None: all identical
+    compared_tokens: int  # generated tokens compared per input (the shorter of the two)
+    prefill_logits_max_abs_diff: float | None  # largest |Δ logit| at the last prompt position; None: not recorded
+
+    @property
+    def identical(self) -> bool:
+        return self.first_departure is None
+
+
+@attrs.frozen
+class StepFloor:
+    """One stage of one rung from its floor up (ms per decode step, or per prefill): speed of light (analytic
+    bytes over peak bandwidth or FLOPs over peak compute) → summed kernel time → GPU-busy time → wall time."""
+
+    stage: str  # "decode/step" | "prefill"
+    speed_of_light_ms: float | None
+    kernel_ms: float | None  # summed kernel durations (profiled pass)
+    busy_ms: float | None  # union of kernel intervals (profiled pass)
+    wall_ms: float  # p50 over the timed passes
+
+
+@attrs.frozen
+class RungFigures:
+    """What one rung measured (`stage1-run` figures of its folder), per page unless said."""
+
+    objective: Summary  # the preset's objective, one value per timed pass
+    decode_ms_per_token: Summary | None
+    ttft_ms: Summary | None
+    pages_per_s: float | None  # median over passes
+    aggregate_decode_tokens_per_s: float | None  # whole batch, median over passes
+    kernels_per_step: float | None  # decode, profiled pass
+    gpu_busy_fraction: float | None  # decode steps, profiled pass
+    flops_per_step: float | None  # counted, per decode step of the batch
+    bytes_per_step: float | None  # analytic, per decode step of the batch
+    bound: str | None  # decode's roofline verdict ("memory" | "compute")
+    peak_memory_bytes: int | None  # max over timed passes
+    compile_ms: float | None  # host time of every call that compiled (warm-up included)
+    warmup_passes: int
+    batch_size: int
+    floors: tuple[StepFloor, ...] = ()
+
+
+@attrs.frozen
+class Attribution:
+    """Where a rung's decode-step change against a reference rung came from (ms per step; negative = saved)."""
+
+    against: str  # the reference rung's name
+    wall_ms: float
+    idle_ms: float | None  # change of (wall − GPU busy): launch and host overhead
+    busy_ms: float | None  # change of GPU-busy time: the kernels' own work
+    kernels_per_step: float | None  # change in kernel launches per step
+    flops_per_step: float | None
+    bytes_per_step: float | None
+    cause: str  # one line, e.g. "fewer launches: 912 → 6 kernels/step; GPU idle −15.3 ms/step"
+
+
+@attrs.frozen
+class Rung:
+    """One configuration of the what-if run and what became of it."""
+
+    name: str
+    phase: str  # BASELINE | ALONE | LADDER
+    levers: tuple[str, ...]  # levers on, in order
+    overrides: tuple[str, ...]  # the overrides the rung ran with (workload overrides not repeated)
+    changes_workload: bool
+    state: str  # MEASURED | FAILED | SKIPPED | INVALID
+    reason: str | None = None  # why it failed, was skipped or refused
+    folder: str | None = None  # its stage1-run folder, relative to the what-if folder
+    wall_s: float | None = None  # the rung's process from start to end (model build, compilation, passes)
+    figures: RungFigures | None = None
+    speedup: Speedup | None = None  # against the baseline
+    outputs: OutputAgreement | None = None  # against the baseline
+    attribution: Attribution | None = None  # against the baseline (alone) or the previous rung (ladder)
+    reused: str | None = None  # a ladder rung identical to an earlier rung: that rung's name (not run again)
+
+
+@attrs.frozen
+class Verdict:
+    """One lever's outcome in one line, for the report and the recommendations."""
+
+    lever: str
+    helped: bool
+    line: str  # e.g. "static cache: 1.34× (beyond noise), outputs identical for 32 tokens"
+
+
+@attrs.frozen
+class WhatIfRecord:
+    """`whatif.json`."""
+
+    schema_version: str
+    run_id: str
+    stage: str  # "whatif"
+    created: str
+    preset: str
+    objective: Objective
+    model: str
+    weights: str | None  # "random" | "checkpoint" (from the baseline run)
+    device: str | None
+    workload_overrides: tuple[str, ...]
+    levers: tuple[Lever, ...]
+    rungs: tuple[Rung, ...]
+    best: str | None  # the ladder rung (or lever) with the best objective among those whose outputs were checked
+    verdicts: tuple[Verdict, ...]
+    notes: tuple[str, ...] = ()
+    settings: Mapping[str, object] = attrs.field(factory=dict)
+
+    def rung(self, name: str) -> Rung | None:
+        return next((r for r in self.rungs if r.name == name), None)
+
+    @property
+    def baseline(self) -> Rung | None:
+        return next((r for r in self.rungs if r.phase == BASELINE), None)

@@ -34,6 +34,7 @@ from llm_perf_opt.measure.aggregate import stage_stats, throughput
 from llm_perf_opt.measure.efficiency import efficiency_by_stage
 from llm_perf_opt.measure.flops import FLOP_SOURCE, GROUPED_MM_FALLBACK_OP, StageFlops, count_stage_flops
 from llm_perf_opt.measure.mfu import mfu_by_stage
+from llm_perf_opt.measure.outputs import save_prefill_logits
 from llm_perf_opt.measure.routing import RoutingTrace, summarize_routing
 from llm_perf_opt.measure.timing import timing_method
 from llm_perf_opt.measure.torch_profiler import OperatorTable, profile_image
@@ -43,7 +44,7 @@ from llm_perf_opt.pipeline.analytic import write_analytic_report_for_run
 from llm_perf_opt.progress import Feedback, StepHandle
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.common import SCHEMA_VERSION, PeakFigure
-from llm_perf_opt.records.folders import INPUTS_FILE, METRICS_FILE, OPERATORS_FILE, load_stage1
+from llm_perf_opt.records.folders import INPUTS_FILE, METRICS_FILE, OPERATORS_FILE, PREFILL_LOGITS_FILE, load_stage1
 from llm_perf_opt.records.io import dumps_lines
 from llm_perf_opt.records.stage1 import (
     CompileSummary,
@@ -165,6 +166,7 @@ class _RunState:
     operators: OperatorTable | None = None
     measured_peaks: tuple[PeakFigure | None, PeakFigure | None] | None = None  # hardware.peaks=measured
     routing: list[RoutingTrace] = attrs.Factory(list)  # MoE decoders: experts hit per decode step, timed passes
+    prefill_logits: dict[str, torch.Tensor] = attrs.Factory(dict)  # run.save_prefill_logits: first timed pass
 
 
 class Stage1Run:
@@ -264,6 +266,7 @@ class Stage1Run:
         started = time.perf_counter()
         with self.feedback.step(f"building {cfg.model.name} on {device}"):
             self.session = session = InferenceSession.load(cfg.model, device, self.runtime)
+        session.keep_prefill_logits = bool(cfg.run.get("save_prefill_logits", False))
         log.info("model ready in %.1f s: %s", time.perf_counter() - started, session.loaded.weights_detail)
 
         vision = session.vision_stages
@@ -331,6 +334,8 @@ class Stage1Run:
                 if measured.routing is not None:
                     self.state.routing.append(measured.routing)
                 self.state.predictions.setdefault(name, measured.token_ids)
+                if measured.prefill_logits is not None:
+                    self.state.prefill_logits.setdefault(name, measured.prefill_logits)
                 bar.advance()
                 log.info(
                     "%s repeat %d/%d: prefill %.1f ms, decode %.1f ms (%d tokens)",
@@ -536,6 +541,9 @@ class Stage1Run:
             )
         if self.state.operators is not None:
             self.art.write_json(OPERATORS_FILE, self.state.operators)
+        if self.state.prefill_logits:
+            save_prefill_logits(self.art.path(PREFILL_LOGITS_FILE), self.state.prefill_logits)
+            self.art.record(PREFILL_LOGITS_FILE)
         outputs = metrics.settings.outputs
         predictions = self._predictions(outputs.extra.deepseek_ocr.strip_special_tokens)
         if outputs.prediction.enable:

@@ -26,6 +26,7 @@ ENV_FILE = "env.json"
 INPUTS_FILE = "inputs.yaml"
 OPERATORS_FILE = "operators.json"
 PREDICTIONS_FILE = "predictions/predictions.jsonl"
+PREFILL_LOGITS_FILE = "prefill_logits.pt"  # run.save_prefill_logits: last-prompt-position logits per input
 # Stage 2 folders: the capture's record, Nsight Compute's targets, the Stage 1 metrics of the workload nsys profiled.
 CAPTURE_FILE = "capture.json"
 NCU_TARGETS_FILE = "ncu/targets.json"

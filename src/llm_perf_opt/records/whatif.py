@@ -166,7 +166,7 @@ class WhatIfRecord:
     best: str | None  # the ladder rung (or lever) with the best objective among those whose outputs were checked
     verdicts: tuple[Verdict, ...]
     notes: tuple[str, ...] = ()
-    settings: Mapping[str, object] = attrs.field(factory=dict)
+    settings: Mapping[str, int] = attrs.field(factory=dict)  # repeats, warmup, max_new_tokens, inputs (baseline)
 
     def rung(self, name: str) -> Rung | None:
         return next((r for r in self.rungs if r.name == name), None)

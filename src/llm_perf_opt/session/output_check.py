@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 import attrs
 import torch
 
+from llm_perf_opt.measure.outputs import first_departure
 from llm_perf_opt.records.stage1 import OutputCheck
 
 
@@ -21,16 +22,6 @@ class ReferenceOutput:
 
     token_ids: tuple[int, ...]
     prefill_logits: torch.Tensor  # (vocab,) float32 on the CPU: the last prompt position
-
-
-
-
-def first_departure(tokens: Sequence[int], reference: Sequence[int]) -> int | None:
-    """The first index where `tokens` and `reference` differ (or where one ends early); None when equal."""
-    for index, (token, expected) in enumerate(zip(tokens, reference, strict=False)):
-        if token != expected:
-            return index
-    return None if len(tokens) == len(reference) else min(len(tokens), len(reference))
 
 
 def compare_outputs(tokens: Sequence[int], prefill_logits: torch.Tensor, reference: ReferenceOutput) -> OutputCheck:

@@ -103,6 +103,8 @@ class ImageMeasurement:
     routing: RoutingTrace | None = None  # experts each decode step hit (MoE decoders with runtime.record_routing)
     compile_events: tuple[CompileEvent, ...] = ()  # compilations during this pass (warm-up passes absorb them)
     output_check: OutputCheck | None = None  # against the eager dynamic-cache reference (runtime.output_check)
+    # (vocab,) float32 logits at the last prompt position, when the session keeps them (`keep_prefill_logits`)
+    prefill_logits: torch.Tensor | None = attrs.field(default=None, eq=False, repr=False)
 
     @property
     def prefill_ms(self) -> float:
@@ -131,6 +133,7 @@ class PageResult:
     vision_calls: Mapping[str, int]
     token_ids: tuple[int, ...]
     output_check: OutputCheck | None  # against this input run alone, eager, dynamic cache (runtime.output_check)
+    prefill_logits: torch.Tensor | None = attrs.field(default=None, eq=False, repr=False)  # see ImageMeasurement
 
 
 @attrs.frozen
@@ -217,6 +220,7 @@ class BatchMeasurement:
                 tiles=page.tiles,
                 peak_memory_bytes=self.peak_memory_bytes,
                 output_check=page.output_check,
+                prefill_logits=page.prefill_logits,
             )
             for page in self.pages
         )
@@ -270,6 +274,8 @@ class InferenceSession:
         self._cudagraph_skips_before = cudagraph_skips()
         self._reference_loop: DecodeLoop | None = None
         self.references = ReferenceOutputs()
+        # Keep each pass's prefill logits (last prompt position) in its measurement (`run.save_prefill_logits`).
+        self.keep_prefill_logits = False
 
     @classmethod
     def load(
@@ -458,6 +464,10 @@ class InferenceSession:
         out = self._run_loop(batch, max_new_tokens, recorder, around_step, reference=reference)
         return [list(tokens) for tokens in out.tokens]
 
+    @property
+    def _keeps_logits(self) -> bool:
+        return self.runtime.checks_outputs or self.keep_prefill_logits
+
     def _timed_prepare(self, path: Path) -> tuple[PreparedInputs, float]:
         start = time.perf_counter()
         prepared = self.prepare(path)
@@ -490,7 +500,7 @@ class InferenceSession:
         self._input_recorders = inputs if len(paths) > 1 else None
         try:
             out = self._run_loop(
-                batch, max_new_tokens, recorder, None, reference=False, keep_logits=self.runtime.checks_outputs
+                batch, max_new_tokens, recorder, None, reference=False, keep_logits=self._keeps_logits
             )
         finally:
             self._input_recorders = None
@@ -523,6 +533,7 @@ class InferenceSession:
                 vision_calls=per_input[i][1],
                 token_ids=out.tokens[i],
                 output_check=self.check_outputs(str(path), prepared, out, i),  # after the timed pass
+                prefill_logits=None if out.prefill_logits is None else out.prefill_logits[i],
             )
             for i, (path, (prepared, ms)) in enumerate(zip(paths, prepared_ms, strict=True))
         )
@@ -558,7 +569,7 @@ class InferenceSession:
         if self.routing is not None:
             self.routing.begin_pass()
         out = self._run_loop(
-            [prepared], max_new_tokens, recorder, None, reference=False, keep_logits=self.runtime.checks_outputs
+            [prepared], max_new_tokens, recorder, None, reference=False, keep_logits=self._keeps_logits
         )
         spans = recorder.spans_ms()
         totals, calls = _totals(spans)
@@ -578,6 +589,7 @@ class InferenceSession:
             routing=routing,
             compile_events=compiled,
             output_check=self.check_outputs(str(image_path), prepared, out),  # after the timed pass
+            prefill_logits=None if out.prefill_logits is None else out.prefill_logits[0],
         )
 
 

@@ -1,0 +1,31 @@
+"""`perf-whatif`: Hydra entry point (thin: it composes the config and hands it to the pipeline)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from llm_perf_opt.cli.common import launch, run_guarded
+
+
+@hydra.main(version_base="1.3", config_path="pkg://llm_perf_opt.conf", config_name="whatif")
+def _main(cfg: DictConfig) -> None:
+    from llm_perf_opt.pipeline.whatif import WhatIfRun, workload_overrides
+
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    workload = workload_overrides(list(hydra_cfg.overrides.task))
+    run_guarded(lambda: WhatIfRun(cfg, run_dir, run_id=run_dir.name, workload=workload).execute(), run_dir=run_dir)
+    print(f"\nreport: {run_dir / 'whatif.md'}")
+
+
+def main() -> None:
+    """Console script entry point."""
+    launch(_main, "whatif", "perf-whatif")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,392 @@
+"""The figures of `perf-whatif`: each rung's measurements from its `stage1-run` folder, its speed-up against a
+reference rung (with a 95% interval and a noise verdict), its outputs against the baseline's, where its decode-step
+change came from, and the order in which the levers that helped are stacked into the ladder.
+
+Everything here reads typed Stage 1 records (`records.folders.Stage1Folder`); `pipeline.whatif` runs the rungs and
+`report.whatif_report` renders the result.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import attrs
+
+from llm_perf_opt.measure.noise import BEYOND, WITHIN, noise_verdict
+from llm_perf_opt.measure.outputs import first_departure, load_prefill_logits
+from llm_perf_opt.measure.stats import MIN_VALUES_FOR_CI, summarize, t_critical_95
+from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records.folders import Stage1Folder
+from llm_perf_opt.records.stage1 import ImageRecord, Stage1Metrics
+from llm_perf_opt.records.whatif import (
+    Attribution,
+    Lever,
+    Objective,
+    OutputAgreement,
+    RungFigures,
+    Speedup,
+    StepFloor,
+)
+
+CI_LOG_RATIO = "Welch t on log values (ratio of geometric means)"
+
+OBJECTIVES: Mapping[str, Objective] = {
+    o.name: o
+    for o in (
+        Objective("decode_ms_per_token", "decode ms/token (p50)", "ms", higher_is_better=False),
+        Objective("ttft_ms", "time to first token (p50)", "ms", higher_is_better=False),
+        Objective(
+            "aggregate_decode_tokens_per_s", "aggregate decode tokens/s (p50)", "tokens/s", higher_is_better=True
+        ),
+        Objective("pages_per_s", "pages/s end to end (p50)", "pages/s", higher_is_better=True),
+    )
+}
+
+
+def objective(name: str) -> Objective:
+    """The objective called `name` (KeyError for an unknown one; the caller turns it into a UserError)."""
+    return OBJECTIVES[name]
+
+
+# --------------------------------------------------------------------------------------------- per-pass values
+
+
+def _passes(metrics: Stage1Metrics) -> list[tuple[ImageRecord, ...]]:
+    """The timed passes of a run: the page records of one forward (a batch) together, one group per pass."""
+    groups: dict[tuple[int, int], list[ImageRecord]] = {}
+    batch_of = _batch_index(metrics)
+    for index, rec in enumerate(metrics.records):
+        groups.setdefault((batch_of(index, rec), rec.repeat), []).append(rec)
+    return [tuple(g) for g in groups.values()]
+
+
+def _batch_index(metrics: Stage1Metrics) -> Callable[[int, ImageRecord], int]:
+    """How to tell which forward a page record belongs to: by its recorded batch when the run batched inputs,
+    else every record is its own forward."""
+    batch_size = max(1, metrics.settings.batch_size)
+    if batch_size == 1:
+        return lambda index, _rec: index
+    images = list(metrics.images)
+    return lambda _index, rec: images.index(rec.image) // batch_size
+
+
+def pass_values(metrics: Stage1Metrics, name: str) -> list[float]:
+    """One value of objective `name` per timed pass (a pass = one forward of one batch)."""
+    values = []
+    for group in _passes(metrics):
+        first = group[0]
+        steps = first.decode_step_ms
+        if name == "decode_ms_per_token":
+            if steps:
+                values.append(statistics.fmean(steps))
+        elif name == "ttft_ms":
+            values.append(first.ttft_ms)
+        elif name == "aggregate_decode_tokens_per_s":
+            if steps:
+                values.append(len(group) * 1e3 / statistics.fmean(steps))
+        elif name == "pages_per_s":
+            values.append(len(group) * 1e3 / first.e2e_ms)
+        else:
+            raise KeyError(name)
+    return values
+
+
+# --------------------------------------------------------------------------------------------- comparison
+
+
+def ratio_interval_95(base: Sequence[float], other: Sequence[float]) -> tuple[float, float] | None:
+    """95% interval of geomean(other) / geomean(base) (Welch t on log values); None below 3 positive values each."""
+    if len(base) < MIN_VALUES_FOR_CI or len(other) < MIN_VALUES_FOR_CI:
+        return None
+    if min(base) <= 0 or min(other) <= 0:
+        return None
+    lb, lo = [math.log(v) for v in base], [math.log(v) for v in other]
+    vb, vo = statistics.variance(lb) / len(lb), statistics.variance(lo) / len(lo)
+    centre = statistics.fmean(lo) - statistics.fmean(lb)
+    se = math.sqrt(vb + vo)
+    if se == 0:
+        return math.exp(centre), math.exp(centre)
+    df = (vb + vo) ** 2 / (vb**2 / (len(lb) - 1) + vo**2 / (len(lo) - 1))
+    half = t_critical_95(max(1, int(df))) * se
+    return math.exp(centre - half), math.exp(centre + half)
+
+
+def speedup(goal: Objective, base: Sequence[float], other: Sequence[float]) -> Speedup | None:
+    """`other` against `base` on `goal`: > 1 is better; None when either has no value."""
+    if not base or not other:
+        return None
+    base_p50, other_p50 = statistics.median(base), statistics.median(other)
+    if base_p50 <= 0 or other_p50 <= 0:
+        return None
+    value = other_p50 / base_p50 if goal.higher_is_better else base_p50 / other_p50
+    interval = ratio_interval_95(base, other)
+    low = high = None
+    if interval is not None:
+        low, high = interval if goal.higher_is_better else (1 / interval[1], 1 / interval[0])
+    return Speedup(
+        value=value,
+        ci95_low=low,
+        ci95_high=high,
+        ci_method=CI_LOG_RATIO if interval is not None else None,
+        verdict=noise_verdict(summarize(other, goal.unit), summarize(base, goal.unit)),
+    )
+
+
+def helped(s: Speedup | None) -> bool:
+    """A lever helped when it is faster and its change is not within the noise (too few passes: faster is taken,
+    the report says it is unverified)."""
+    return s is not None and s.value > 1.0 and s.verdict != WITHIN
+
+
+def outputs_against(base: Stage1Folder, other: Stage1Folder) -> OutputAgreement | None:
+    """Tokens (first timed pass of each input) and prefill logits of `other` against `base`, over shared inputs."""
+    base_tokens = {p.image: p.token_ids for p in base.predictions}
+    other_tokens = {p.image: p.token_ids for p in other.predictions}
+    shared = [k for k in base_tokens if k in other_tokens]
+    if not shared:
+        return None
+    departures = [first_departure(other_tokens[k], base_tokens[k]) for k in shared]
+    found = [d for d in departures if d is not None]
+    compared = min(min(len(other_tokens[k]), len(base_tokens[k])) for k in shared)
+    base_logits, other_logits = load_prefill_logits(base.path), load_prefill_logits(other.path)
+    diffs = [
+        float((other_logits[k] - base_logits[k]).abs().max())
+        for k in shared
+        if k in base_logits and k in other_logits and base_logits[k].shape == other_logits[k].shape
+    ]
+    return OutputAgreement(
+        inputs=len(shared),
+        first_departure=min(found) if found else None,
+        compared_tokens=compared,
+        prefill_logits_max_abs_diff=max(diffs) if diffs else None,
+    )
+
+
+# --------------------------------------------------------------------------------------------- rung figures
+
+
+def _summary(metrics: Stage1Metrics, stage: str) -> object:
+    stat = metrics.stage_stat(stage)
+    return None if stat is None else stat.summary
+
+
+def _decode_steps(metrics: Stage1Metrics) -> int:
+    return sum(len(r.decode_step_ms) for r in metrics.records)
+
+
+def _per_step(total: float | None, steps: int) -> float | None:
+    return None if total is None or steps == 0 else total / steps
+
+
+def _activity(metrics: Stage1Metrics) -> object | None:
+    """The profiled pass's decode activity (kernels per step, GPU busy) when the run recorded one."""
+    return None if metrics.profiler is None else getattr(metrics.profiler, "decode_activity", None)
+
+
+def rung_figures(folder: Stage1Folder, goal: Objective) -> RungFigures:
+    """What one rung's folder measured, brought to per-page / per-step figures."""
+    m = folder.metrics
+    values = pass_values(m, goal.name)
+    if not values:
+        raise ValueError(f"{folder.path}: no timed pass has a {goal.label}")
+    steps = _decode_steps(m)
+    decode = m.efficiency_of(vocab.DECODE)
+    prefill = m.efficiency_of(vocab.PREFILL)
+    activity = _activity(m)
+    kernel_ms = getattr(activity, "kernel_ms_per_step", None)
+    busy_ms = getattr(activity, "busy_ms_per_step", None)
+    decode_summary = m.stage_stat(vocab.DECODE_STEP)
+    prefill_summary = m.stage_stat(vocab.PREFILL)
+    floors = []
+    if decode_summary is not None:
+        floors.append(
+            StepFloor(
+                stage=vocab.DECODE_STEP,
+                speed_of_light_ms=_per_step(None if decode is None else decode.speed_of_light_ms, steps),
+                kernel_ms=_mean_of(kernel_ms),
+                busy_ms=_mean_of(busy_ms),
+                wall_ms=decode_summary.summary.p50,
+            )
+        )
+    if prefill_summary is not None:
+        passes = len(_passes(m))
+        floors.append(
+            StepFloor(
+                stage=vocab.PREFILL,
+                speed_of_light_ms=_per_step(None if prefill is None else prefill.speed_of_light_ms, passes),
+                kernel_ms=getattr(activity, "prefill_kernel_ms", None),
+                busy_ms=getattr(activity, "prefill_busy_ms", None),
+                wall_ms=prefill_summary.summary.p50,
+            )
+        )
+    pages = pass_values(m, "pages_per_s")
+    aggregate = pass_values(m, "aggregate_decode_tokens_per_s")
+    peaks = [r.peak_memory_bytes for r in m.records if r.peak_memory_bytes is not None]
+    return RungFigures(
+        objective=summarize(values, goal.unit),
+        decode_ms_per_token=None if decode_summary is None else decode_summary.summary,
+        ttft_ms=None if (s := m.stage_stat(vocab.TTFT)) is None else s.summary,
+        pages_per_s=statistics.median(pages) if pages else None,
+        aggregate_decode_tokens_per_s=statistics.median(aggregate) if aggregate else None,
+        kernels_per_step=_mean_of(getattr(activity, "kernels_per_step", None)),
+        gpu_busy_fraction=getattr(activity, "busy_fraction", None),
+        flops_per_step=_per_step(None if decode is None else decode.flops, steps),
+        bytes_per_step=_per_step(None if decode is None else decode.bytes, steps),
+        bound=None if decode is None else decode.bound,
+        peak_memory_bytes=max(peaks) if peaks else None,
+        compile_ms=None if m.compile is None else m.compile.compile_ms,
+        warmup_passes=m.settings.warmup,
+        batch_size=m.settings.batch_size,
+        floors=tuple(floors),
+    )
+
+
+def _mean_of(value: object) -> float | None:
+    """A figure recorded either as a number or as a summary (its mean)."""
+    if value is None:
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    mean = getattr(value, "mean", None)
+    return None if mean is None else float(mean)
+
+
+# --------------------------------------------------------------------------------------------- attribution
+
+SMALL = 0.05  # a relative change below 5% in FLOPs or bytes is not a cause
+
+
+def _delta(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
+
+
+def _idle(f: RungFigures) -> float | None:
+    decode = next((x for x in f.floors if x.stage == vocab.DECODE_STEP), None)
+    if decode is None or decode.busy_ms is None:
+        return None
+    return max(decode.wall_ms - decode.busy_ms, 0.0)
+
+
+def _busy(f: RungFigures) -> float | None:
+    decode = next((x for x in f.floors if x.stage == vocab.DECODE_STEP), None)
+    return None if decode is None else decode.busy_ms
+
+
+def _moved(new: float | None, old: float | None) -> bool:
+    return new is not None and old is not None and old > 0 and abs(new - old) / old > SMALL
+
+
+def attribute(name: str, figures: RungFigures, against: str, ref: RungFigures) -> Attribution | None:
+    """Split a rung's decode-step change against `ref` into GPU-idle (launch and host overhead) and GPU-busy
+    (kernel work), and name the cause: fewer launches, fewer bytes, fewer FLOPs or faster kernels."""
+    if figures.decode_ms_per_token is None or ref.decode_ms_per_token is None:
+        return None
+    wall = figures.decode_ms_per_token.p50 - ref.decode_ms_per_token.p50
+    idle, busy = _delta(_idle(figures), _idle(ref)), _delta(_busy(figures), _busy(ref))
+    kernels = _delta(figures.kernels_per_step, ref.kernels_per_step)
+    flops = _delta(figures.flops_per_step, ref.flops_per_step)
+    moved = _delta(figures.bytes_per_step, ref.bytes_per_step)
+    return Attribution(
+        against=against,
+        wall_ms=wall,
+        idle_ms=idle,
+        busy_ms=busy,
+        kernels_per_step=kernels,
+        flops_per_step=flops,
+        bytes_per_step=moved,
+        cause=_cause(figures, ref, wall, idle, busy),
+    )
+
+
+def _cause(f: RungFigures, ref: RungFigures, wall: float, idle: float | None, busy: float | None) -> str:
+    direction = "saves" if wall < 0 else "adds"
+    if idle is None or busy is None:
+        return f"{direction} {abs(wall):.3g} ms/step; not split (no kernel timeline: CPU, or no profiled pass)"
+    if abs(idle) >= abs(busy):
+        launches = ""
+        if f.kernels_per_step is not None and ref.kernels_per_step is not None:
+            launches = f" ({ref.kernels_per_step:.0f} → {f.kernels_per_step:.0f} kernels/step)"
+        return f"launch and host overhead: GPU idle {idle:+.3g} ms/step{launches}"
+    if _moved(f.bytes_per_step, ref.bytes_per_step) and f.bound == "memory":
+        return (
+            f"bytes moved: {_ratio_text(f.bytes_per_step, ref.bytes_per_step)} per step; GPU busy {busy:+.3g} ms/step"
+        )
+    if _moved(f.flops_per_step, ref.flops_per_step):
+        return f"FLOPs: {_ratio_text(f.flops_per_step, ref.flops_per_step)} per step; GPU busy {busy:+.3g} ms/step"
+    return f"kernel speed (same FLOPs and bytes): GPU busy {busy:+.3g} ms/step"
+
+
+def _ratio_text(new: float | None, old: float | None) -> str:
+    assert new is not None and old is not None
+    return f"{new / old:.2f}× of the reference"
+
+
+# --------------------------------------------------------------------------------------------- the ladder
+
+
+@attrs.frozen
+class LadderStep:
+    """One rung of the cumulative ladder: the levers on so far and their merged overrides."""
+
+    levers: tuple[str, ...]
+    overrides: tuple[str, ...]
+
+
+@attrs.frozen
+class LadderPlan:
+    steps: tuple[LadderStep, ...]
+    left_out: tuple[tuple[str, str], ...]  # (lever, why it is not stacked)
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def plan_ladder(ranked: Sequence[Lever]) -> LadderPlan:
+    """Stack `ranked` levers (best first) one at a time; a lever whose overrides are already on adds nothing and
+    one that sets a key to another value than an earlier lever conflicts: both are left out with the reason."""
+    merged: dict[str, str] = {}
+    owner: dict[str, str] = {}
+    names: list[str] = []
+    steps: list[LadderStep] = []
+    left_out: list[tuple[str, str]] = []
+    for lever in ranked:
+        wanted = {_key(o): o for o in lever.overrides}
+        clash = next((k for k, o in wanted.items() if k in merged and merged[k] != o), None)
+        if clash is not None:
+            left_out.append((lever.name, f"sets {clash} unlike {owner[clash]}, which is already on"))
+            continue
+        if all(merged.get(k) == o for k, o in wanted.items()):
+            left_out.append((lever.name, f"already on through {', '.join(sorted({owner[k] for k in wanted}))}"))
+            continue
+        for k, o in wanted.items():
+            merged.setdefault(k, o)
+            owner.setdefault(k, lever.name)
+        names.append(lever.name)
+        steps.append(LadderStep(levers=tuple(names), overrides=tuple(merged.values())))
+    return LadderPlan(steps=tuple(steps), left_out=tuple(left_out))
+
+
+def rank(levers: Sequence[Lever], gains: Mapping[str, Speedup | None]) -> list[Lever]:
+    """The levers that helped, best measured speed-up first (ties in preset order)."""
+    scored = [(lever, gain) for lever in levers if (gain := gains.get(lever.name)) is not None and helped(gain)]
+    return [lever for lever, _ in sorted(scored, key=lambda pair: -pair[1].value)]
+
+
+def verdict_beyond(s: Speedup | None) -> bool:
+    return s is not None and s.verdict == BEYOND
+
+
+def folder_name(index: int, name: str) -> str:
+    """A rung's folder under `rungs/`: its order and name, e.g. `03-cuda_graphs`."""
+    return f"{index:02d}-{name}"
+
+
+def relative(path: Path, root: Path) -> str:
+    try:
+        return path.relative_to(root).as_posix()
+    except ValueError:
+        return str(path)

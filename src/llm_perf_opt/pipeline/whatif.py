@@ -1,0 +1,489 @@
+"""`perf-whatif`: the baseline, each lever alone, then the cumulative ladder of the levers that helped, each rung a
+`stage1-run` of the same workload in its own process; the figures, outputs and attribution of every rung in
+`whatif.json`, rendered to `whatif.md` and plots."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import attrs
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from llm_perf_opt import artifacts
+from llm_perf_opt.artifacts import ArtifactsManager
+from llm_perf_opt.errors import UserError
+from llm_perf_opt.measure import whatif as figures
+from llm_perf_opt.pipeline.whatif_rungs import RungJob, RungOutcome, run_rungs
+from llm_perf_opt.progress import Feedback
+from llm_perf_opt.records import common
+from llm_perf_opt.records.common import SCHEMA_VERSION
+from llm_perf_opt.records.folders import Stage1Folder, load_stage1
+from llm_perf_opt.records.io import RecordError
+from llm_perf_opt.records.whatif import (
+    ALONE,
+    BASELINE,
+    FAILED,
+    INVALID,
+    LADDER,
+    LATENCY,
+    MEASURED,
+    SKIPPED,
+    WORKLOAD,
+    Lever,
+    Objective,
+    Rung,
+    Verdict,
+    WhatIfRecord,
+)
+
+log = logging.getLogger("llm_perf_opt.whatif")
+
+WHATIF_FILE = "whatif.json"
+RUNGS_DIR = "rungs"
+LOGS_DIR = "logs"
+BASELINE_NAME = "baseline"
+# Keys of perf-whatif itself, never passed to a rung.
+OWN_KEYS = ("whatif", "whatif_run", "hydra")
+
+
+def workload_overrides(task_overrides: Sequence[str]) -> tuple[str, ...]:
+    """The command line's overrides that set the workload (every one but perf-whatif's own keys)."""
+    kept = []
+    for override in task_overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        if key.split(".", 1)[0].split("/", 1)[0] not in OWN_KEYS:
+            kept.append(override)
+    return tuple(kept)
+
+
+def read_levers(node: Any, exclude: Sequence[str]) -> tuple[Lever, ...]:
+    """The preset's levers (`whatif.levers`: name -> {overrides, about, changes, needs}) minus `exclude`."""
+    levers = OmegaConf.to_container(node, resolve=True) if node is not None else {}
+    if not isinstance(levers, Mapping) or not levers:
+        raise UserError(
+            "the what-if preset has no levers (whatif.levers is empty)", "Pick whatif=decode|vision|batch|all"
+        )
+    unknown = sorted(set(exclude) - set(levers))
+    if unknown:
+        raise UserError(
+            f"whatif_run.exclude names {', '.join(unknown)}, which the preset does not have",
+            f"Exclude some of {', '.join(str(name) for name in levers)}",
+        )
+    out = []
+    for name, spec in levers.items():
+        if name in exclude:
+            continue
+        out.append(_lever(str(name), spec))
+    return tuple(out)
+
+
+def _lever(name: str, spec: Any) -> Lever:
+    fix = f"Give whatif.levers.{name} a list of overrides, e.g. overrides: [runtime.kv_cache=static]"
+    if not isinstance(spec, Mapping) or not isinstance(spec.get("overrides"), list) or not spec["overrides"]:
+        raise UserError(f"lever {name} has no overrides", fix)
+    overrides = tuple(str(o) for o in spec["overrides"])
+    bad = [o for o in overrides if "=" not in o]
+    if bad:
+        raise UserError(f"lever {name}: {', '.join(bad)} is not a key=value override", fix)
+    changes = str(spec.get("changes") or LATENCY)
+    if changes not in (LATENCY, WORKLOAD):
+        raise UserError(f"lever {name}: changes={changes} is not known", f"Set changes to {LATENCY} or {WORKLOAD}")
+    needs = spec.get("needs")
+    return Lever(name=name, overrides=overrides, about=str(spec.get("about") or ""), changes=changes, needs=needs)
+
+
+def validate(overrides: Sequence[str]) -> str | None:
+    """Why `stage1-run` would refuse these overrides before running (None when it accepts them)."""
+    from llm_perf_opt.cli.common import compose_config
+    from llm_perf_opt.cli.override_keys import check_override_keys
+    from llm_perf_opt.session.runtime import RuntimeSettings
+
+    try:
+        with _outside_running_hydra():
+            check_override_keys("stage1", overrides, command="stage1-run")
+            RuntimeSettings.from_config(compose_config("stage1", *overrides))
+    except UserError as exc:
+        return str(exc)
+    except (HydraException, OmegaConfBaseException, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}".splitlines()[0]
+    return None
+
+
+@contextmanager
+def _outside_running_hydra() -> Iterator[None]:
+    """Compose configs from inside a Hydra app: the app's global Hydra is set aside and put back after."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    running = GlobalHydra.instance().hydra
+    GlobalHydra.instance().clear()
+    try:
+        yield
+    finally:
+        GlobalHydra.instance().clear()
+        if running is not None:
+            GlobalHydra.instance().initialize(running)
+
+
+def has_cuda(device: str) -> bool:
+    """Whether rungs on `device` (auto | cpu | cuda[:N]) run on a GPU."""
+    import torch
+
+    if device.startswith("cuda"):
+        return torch.cuda.is_available()
+    return device == "auto" and torch.cuda.is_available()
+
+
+@attrs.define
+class _Plan:
+    """A rung before it runs: what it is and, once known, why it does not run."""
+
+    rung: Rung
+    job: RungJob | None = None
+
+
+class WhatIfRun:
+    """One `perf-whatif` invocation over one folder."""
+
+    def __init__(
+        self,
+        cfg: DictConfig,
+        run_dir: Path,
+        run_id: str,
+        workload: Sequence[str],
+        feedback: Feedback | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.run_id = run_id
+        self.workload = tuple(workload)
+        self.feedback = feedback or Feedback()
+        self.art = ArtifactsManager(run_dir, stage="whatif")
+        self.goal = self._objective()
+        self.rungs: dict[str, Rung] = {}
+        self.folders: dict[str, Stage1Folder] = {}
+        self.index = 0
+
+    def _objective(self) -> Objective:
+        name = str(self.cfg.whatif.get("objective") or "decode_ms_per_token")
+        try:
+            return figures.objective(name)
+        except KeyError:
+            raise UserError(
+                f"whatif.objective={name} is not known", f"Use one of {', '.join(figures.OBJECTIVES)}"
+            ) from None
+
+    # ---- driver ------------------------------------------------------------------------------------
+    def execute(self) -> WhatIfRecord:
+        self.art.start(self.run_id)
+        try:
+            record = self._run()
+        except KeyboardInterrupt:
+            self._write(partial="interrupted by the user (Ctrl-C)")
+            self.art.finish(artifacts.INTERRUPTED, "interrupted by the user (Ctrl-C); the rungs so far were written")
+            raise
+        except UserError as exc:
+            self._write(partial=str(exc))
+            self.art.finish(artifacts.FAILED, str(exc))
+            raise
+        except Exception as exc:
+            self.art.finish(artifacts.FAILED, f"{type(exc).__name__}: {exc}")
+            raise
+        base = record.baseline
+        if base is None or base.state != MEASURED:
+            reason = base.reason if base is not None else "not run"
+            self.art.finish(artifacts.FAILED, f"the baseline failed: {reason}")
+            raise UserError(
+                f"the what-if baseline failed ({reason}); no lever can be judged without it",
+                f"Fix the workload overrides until `stage1-run {' '.join(self.workload)}` runs; its log is in "
+                f"{self.art.run_dir / LOGS_DIR}",
+            )
+        self.art.finish(artifacts.COMPLETE)
+        return record
+
+    def _run(self) -> WhatIfRecord:
+        run_cfg = self.cfg.whatif_run
+        self.art.write_text("config.yaml", OmegaConf.to_yaml(self.cfg, resolve=True))
+        levers = read_levers(self.cfg.whatif.get("levers"), [str(x) for x in run_cfg.exclude or []])
+        self.levers = levers
+        devices = self._devices()
+        cuda = (
+            has_cuda(str(self.cfg.device))
+            if run_cfg.devices is None
+            else all(has_cuda(str(d)) for d in run_cfg.devices)
+        )
+
+        base = self._plan(BASELINE_NAME, BASELINE, (), (), changes_workload=False)
+        alone = [
+            self._plan(
+                lever.name,
+                ALONE,
+                (lever.name,),
+                lever.overrides,
+                changes_workload=lever.changes == WORKLOAD,
+                skip=None if lever.needs != "cuda" or cuda else "needs a CUDA device (this run has none)",
+            )
+            for lever in levers
+        ]
+        with self.feedback.step("the baseline", total=1) as bar:
+            self._execute([base], devices, bar.advance)
+        if self.rungs[BASELINE_NAME].state != MEASURED:  # without a baseline no lever can be judged: stop here
+            for p in alone:
+                if p.job is not None:
+                    self.rungs[p.rung.name] = attrs.evolve(p.rung, state=SKIPPED, reason="not run: the baseline failed")
+        else:
+            with self.feedback.step(f"{len(alone)} lever(s), each alone", total=len(alone)) as bar:
+                self._execute(alone, devices, bar.advance)
+            self._judge(BASELINE_NAME)
+            if bool(run_cfg.ladder):
+                self._ladder(levers, devices, latency_only=bool(run_cfg.ladder_latency_only))
+        record = self._record()
+        self._write_record(record)
+        return record
+
+    def _devices(self) -> list[str | None]:
+        chosen = self.cfg.whatif_run.devices
+        if chosen is None:
+            return [None]
+        if isinstance(chosen, str) or not chosen:
+            raise UserError(
+                f"whatif_run.devices={chosen} is not a list of devices", "Set whatif_run.devices=[cuda:0,cuda:1]"
+            )
+        return [str(d) for d in chosen]
+
+    # ---- rungs -------------------------------------------------------------------------------------
+    def _plan(
+        self,
+        name: str,
+        phase: str,
+        levers: tuple[str, ...],
+        overrides: tuple[str, ...],
+        *,
+        changes_workload: bool,
+        skip: str | None = None,
+    ) -> _Plan:
+        rung = Rung(
+            name=name,
+            phase=phase,
+            levers=levers,
+            overrides=overrides,
+            changes_workload=changes_workload,
+            state=SKIPPED if skip else MEASURED,
+            reason=skip,
+        )
+        if skip is None and (refused := validate([*self.workload, *overrides])) is not None:
+            rung = attrs.evolve(rung, state=INVALID, reason=refused)
+        self.rungs[name] = rung
+        if rung.state != MEASURED:
+            log.warning("%s: %s (%s)", name, rung.state, rung.reason)
+            return _Plan(rung)
+        folder_name = figures.folder_name(self.index, name)
+        self.index += 1
+        job = RungJob(
+            name=name,
+            overrides=(*self.workload, *overrides),
+            folder=self.art.run_dir / RUNGS_DIR / folder_name,
+            log=self.art.run_dir / LOGS_DIR / f"{folder_name}.log",
+        )
+        return _Plan(rung, job)
+
+    def _execute(self, plans: Sequence[_Plan], devices: Sequence[str | None], advance: Any) -> None:
+        jobs = [p.job for p in plans if p.job is not None]
+        for p in plans:
+            if p.job is None:
+                advance()
+        timeout = self.cfg.whatif_run.rung_timeout_s
+
+        def done(outcome: RungOutcome) -> None:
+            log.info(
+                "rung %s: %s in %.0f s%s",
+                outcome.name,
+                outcome.state,
+                outcome.wall_s,
+                f" ({outcome.message})" if outcome.message else "",
+            )
+            advance()
+
+        outcomes = run_rungs(jobs, devices, None if timeout is None else float(timeout), done)
+        for job in jobs:
+            self._take(job, outcomes[job.name])
+
+    def _take(self, job: RungJob, outcome: RungOutcome) -> None:
+        rung = attrs.evolve(
+            self.rungs[job.name], folder=figures.relative(job.folder, self.art.run_dir), wall_s=outcome.wall_s
+        )
+        if outcome.state != common.COMPLETE:
+            self.rungs[job.name] = attrs.evolve(rung, state=FAILED, reason=outcome.message or outcome.state)
+            return
+        try:
+            folder = load_stage1(job.folder)
+            measured = figures.rung_figures(folder, self.goal)
+        except (RecordError, ValueError) as exc:
+            self.rungs[job.name] = attrs.evolve(rung, state=FAILED, reason=str(exc))
+            return
+        self.folders[job.name] = folder
+        self.rungs[job.name] = attrs.evolve(rung, figures=measured)
+
+    def _judge(self, reference: str) -> None:
+        """Speed-up, outputs and attribution of every measured rung against the baseline (ladder rungs: the
+        attribution against the rung below them)."""
+        base_folder = self.folders.get(BASELINE_NAME)
+        base = self.rungs[BASELINE_NAME]
+        if base_folder is None or base.figures is None:
+            return
+        base_values = figures.pass_values(base_folder.metrics, self.goal.name)
+        for name, rung in list(self.rungs.items()):
+            folder = self.folders.get(name)
+            if name == BASELINE_NAME or folder is None or rung.figures is None or rung.speedup is not None:
+                continue
+            against = reference if rung.phase != LADDER else self._below(rung)
+            ref_rung = self.rungs[against]
+            assert ref_rung.figures is not None
+            self.rungs[name] = attrs.evolve(
+                rung,
+                speedup=figures.speedup(self.goal, base_values, figures.pass_values(folder.metrics, self.goal.name)),
+                outputs=figures.outputs_against(base_folder, folder),
+                attribution=figures.attribute(name, rung.figures, against, ref_rung.figures),
+            )
+
+    def _below(self, rung: Rung) -> str:
+        """The rung a ladder rung stands on: the ladder rung with one lever fewer (the best lever alone first)."""
+        if len(rung.levers) <= 1:
+            return BASELINE_NAME
+        below = next((r for r in self.rungs.values() if r.phase == LADDER and r.levers == rung.levers[:-1]), None)
+        if below is None or below.state != MEASURED:
+            return BASELINE_NAME
+        return below.reused or below.name
+
+    def _ladder(self, levers: Sequence[Lever], devices: Sequence[str | None], *, latency_only: bool) -> None:
+        candidates = [
+            lever
+            for lever in levers
+            if self.rungs[lever.name].state == MEASURED and (lever.changes == LATENCY or not latency_only)
+        ]
+        ranked = figures.rank(candidates, {lever.name: self.rungs[lever.name].speedup for lever in candidates})
+        plan = figures.plan_ladder(ranked)
+        self.left_out = plan.left_out
+        if not plan.steps:
+            return
+        first = plan.steps[0]
+        reused = self.rungs[first.levers[0]]
+        self.rungs[f"ladder-1-{first.levers[0]}"] = attrs.evolve(
+            reused, name=f"ladder-1-{first.levers[0]}", phase=LADDER, levers=first.levers, reused=reused.name
+        )
+        plans = [
+            self._plan(
+                f"ladder-{i}-{step.levers[-1]}",
+                LADDER,
+                step.levers,
+                step.overrides,
+                changes_workload=any(self._lever(n).changes == WORKLOAD for n in step.levers),
+            )
+            for i, step in enumerate(plan.steps[1:], start=2)
+        ]
+        if plans:
+            with self.feedback.step(f"the ladder: {len(plans)} more rung(s)", total=len(plans)) as bar:
+                self._execute(plans, devices, bar.advance)
+        self._judge(BASELINE_NAME)
+
+    def _lever(self, name: str) -> Lever:
+        return next(lever for lever in self.levers if lever.name == name)
+
+    # ---- the record --------------------------------------------------------------------------------
+    def _record(self) -> WhatIfRecord:
+        base = self.folders.get(BASELINE_NAME)
+        rungs = tuple(self.rungs.values())
+        return WhatIfRecord(
+            schema_version=SCHEMA_VERSION,
+            run_id=self.run_id,
+            stage="whatif",
+            created=datetime.now(UTC).isoformat(timespec="seconds"),
+            preset=str(self.cfg.whatif.get("name") or "custom"),
+            objective=self.goal,
+            model=str(self.cfg.model.name) if base is None else base.metrics.model.name,
+            weights=None if base is None else base.metrics.model.weights,
+            device=None if base is None else base.metrics.device.name,
+            workload_overrides=self.workload,
+            levers=getattr(self, "levers", ()),
+            rungs=rungs,
+            best=self._best(rungs),
+            verdicts=self._verdicts(),
+            notes=self._notes(),
+            settings={}
+            if base is None
+            else {
+                "repeats": base.metrics.settings.repeats,
+                "warmup": base.metrics.settings.warmup,
+                "max_new_tokens": base.metrics.settings.max_new_tokens,
+                "inputs": len(base.metrics.images),
+            },
+        )
+
+    @staticmethod
+    def _best(rungs: Sequence[Rung]) -> str | None:
+        """The fastest latency-only rung that beat the baseline (a reused ladder rung counts as its lever)."""
+        scored = [
+            r
+            for r in rungs
+            if r.state == MEASURED and r.reused is None and not r.changes_workload and figures.helped(r.speedup)
+        ]
+        if not scored:
+            return None
+        return max(scored, key=lambda r: r.speedup.value if r.speedup else 0.0).name
+
+    def _verdicts(self) -> tuple[Verdict, ...]:
+        out = []
+        for lever in getattr(self, "levers", ()):
+            rung = self.rungs.get(lever.name)
+            if rung is None:
+                continue
+            out.append(Verdict(lever=lever.name, helped=figures.helped(rung.speedup), line=_verdict_line(rung)))
+        return tuple(out)
+
+    def _notes(self) -> tuple[str, ...]:
+        notes = [f"{name} is not stacked on the ladder: {why}." for name, why in getattr(self, "left_out", ())]
+        if bool(self.cfg.whatif_run.ladder_latency_only):
+            workload = [r.name for r in self.rungs.values() if r.phase == ALONE and r.changes_workload]
+            if workload:
+                notes.append(
+                    f"{', '.join(workload)} change(s) the workload (what is computed, not only how fast): measured "
+                    "alone, never stacked on the ladder (whatif_run.ladder_latency_only=true)."
+                )
+        return tuple(notes)
+
+    def _write_record(self, record: WhatIfRecord) -> None:
+        from llm_perf_opt.report import whatif_report
+
+        self.art.write_json(WHATIF_FILE, record)
+        whatif_report.write_all(self.art, record)
+
+    def _write(self, partial: str) -> None:
+        """Write what is known so far when the run stops early."""
+        if not self.rungs:
+            return
+        log.warning("writing the rungs measured so far: %s", partial)
+        self._write_record(attrs.evolve(self._record(), notes=(*self._notes(), f"The run did not finish: {partial}.")))
+
+
+def _verdict_line(rung: Rung) -> str:
+    if rung.state != MEASURED:
+        return f"{rung.name}: {rung.state} — {rung.reason}"
+    s = rung.speedup
+    if s is None:
+        return f"{rung.name}: no comparable figure"
+    parts = [f"{rung.name}: {s.value:.2f}× ({s.verdict})"]
+    o = rung.outputs
+    if o is not None:
+        parts.append(
+            f"outputs identical for {o.compared_tokens} tokens"
+            if o.identical
+            else f"outputs depart at generated token {o.first_departure}"
+        )
+    if rung.changes_workload:
+        parts.append("changes the workload")
+    return ", ".join(parts)

@@ -1,0 +1,127 @@
+"""Running what-if rungs: each one a `stage1-run` in its own process (compiled state and the allocator stay
+isolated), one rung per device at a time, its output kept in a log file; what became of it read from its folder."""
+
+from __future__ import annotations
+
+import queue
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import attrs
+
+from llm_perf_opt import artifacts
+from llm_perf_opt.records import common
+from llm_perf_opt.records.folders import STATUS_FILE, read_status
+from llm_perf_opt.records.io import RecordError
+
+LOG_TAIL_LINES = 3
+
+
+@attrs.frozen
+class RungJob:
+    """A rung to run: its name, the `stage1-run` overrides (workload first, then the levers'), its folder."""
+
+    name: str
+    overrides: tuple[str, ...]
+    folder: Path
+    log: Path
+
+
+@attrs.frozen
+class RungOutcome:
+    """How a rung's process ended: the folder's state and message (or why there is no folder), and its wall time."""
+
+    name: str
+    state: str  # records.common COMPLETE | FAILED | INTERRUPTED
+    message: str | None
+    wall_s: float
+
+
+def stage1_command(job: RungJob, device: str | None) -> list[str]:
+    """The child command of one rung (the same interpreter as this one)."""
+    extra = [] if device is None else [f"device={device}"]
+    return [
+        sys.executable,
+        "-m",
+        "llm_perf_opt.cli.stage1",
+        *job.overrides,
+        *extra,
+        "run.save_prefill_logits=true",
+        f"hydra.run.dir={job.folder}",
+    ]
+
+
+def run_rung(job: RungJob, device: str | None, timeout_s: float | None) -> RungOutcome:
+    """Run one rung to its end (or its time limit) and read what became of it."""
+    job.log.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    with job.log.open("w") as log:
+        try:
+            done = subprocess.run(
+                stage1_command(job, device), stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s, check=False
+            )
+            returncode: int | None = done.returncode
+        except subprocess.TimeoutExpired:
+            returncode = None
+    wall = time.perf_counter() - started
+    if returncode is None:
+        message = f"ran past whatif_run.rung_timeout_s={timeout_s:g} s and was stopped"
+        artifacts.mark_failed(job.folder, message)
+        return RungOutcome(job.name, common.FAILED, message, wall)
+    return _outcome(job, returncode, wall)
+
+
+def _outcome(job: RungJob, returncode: int, wall: float) -> RungOutcome:
+    if (job.folder / STATUS_FILE).is_file():
+        try:
+            status = read_status(job.folder)
+        except RecordError as exc:
+            return RungOutcome(job.name, common.FAILED, str(exc), wall)
+        if status.state == common.RUNNING:  # killed before it could record its end
+            message = f"the process ended (exit {returncode}) before the run recorded its end; see {job.log}"
+            artifacts.mark_failed(job.folder, message)
+            return RungOutcome(job.name, common.FAILED, message, wall)
+        if status.state == common.COMPLETE and returncode != 0:
+            return RungOutcome(job.name, common.FAILED, f"exit {returncode} after completing; see {job.log}", wall)
+        return RungOutcome(job.name, status.state, status.message, wall)
+    return RungOutcome(job.name, common.FAILED, f"exit {returncode}: {log_tail(job.log)}", wall)
+
+
+def log_tail(log: Path) -> str:
+    """The last non-empty lines of a rung's log, joined (what it said before it ended)."""
+    try:
+        lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError as exc:
+        return f"(its log {log} cannot be read: {exc.strerror or exc})"
+    return " / ".join(lines[-LOG_TAIL_LINES:]) or "(no output)"
+
+
+def run_rungs(
+    jobs: Sequence[RungJob],
+    devices: Sequence[str | None],
+    timeout_s: float | None,
+    on_done: Callable[[RungOutcome], None] | None = None,
+) -> dict[str, RungOutcome]:
+    """Run `jobs`, at most one per device at a time (`devices` = [None]: the rungs' own `device` setting, one after
+    the other); outcomes by rung name."""
+    free: queue.Queue[str | None] = queue.Queue()
+    for device in devices:
+        free.put(device)
+
+    def one(job: RungJob) -> RungOutcome:
+        device = free.get()
+        try:
+            outcome = run_rung(job, device, timeout_s)
+        finally:
+            free.put(device)
+        if on_done is not None:
+            on_done(outcome)
+        return outcome
+
+    with ThreadPoolExecutor(max_workers=max(1, len(devices))) as pool:
+        outcomes = list(pool.map(one, jobs))
+    return {o.name: o for o in outcomes}

@@ -1,0 +1,103 @@
+"""End-to-end `perf-whatif` on the tiny model (CPU) with a user preset: the baseline, a lever that helps or not,
+a rung that crashes, a CUDA-only lever skipped, a lever refused by validation, a workload-changing lever; and a
+failing baseline."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from helpers import run_cli
+from llm_perf_opt.records.folders import read_status
+from llm_perf_opt.records.io import load_file
+from llm_perf_opt.records.whatif import ALONE, BASELINE, FAILED, INVALID, MEASURED, SKIPPED, WhatIfRecord
+
+PRESET = """\
+name: tiny-test
+objective: decode_ms_per_token
+levers:
+  static_cache:
+    about: static KV cache
+    overrides: [runtime.kv_cache=static]
+  too_short_cache:
+    about: a static cache shorter than the prompt (fails while running)
+    overrides: [runtime.kv_cache=static, runtime.static_cache_len=4]
+  graphs:
+    overrides: [runtime.kv_cache=static, runtime.compile=decode, runtime.compile_mode=reduce-overhead]
+    needs: cuda
+  misspelt:
+    overrides: [runtime.kv_cahce=static]
+  one_tile_less:
+    overrides: [model.preprocess.max_tiles=2]
+    changes: workload
+"""
+WORKLOAD = (
+    "model=deepseek_ocr_tiny",
+    "run.repeats=3",
+    "run.warmup=0",
+    "infer.max_new_tokens=3",
+    "pipeline.torch_profiler.enable=false",
+)
+
+
+def whatif(config_dir: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
+    return run_cli("llm_perf_opt.cli.whatif", "--config-dir", str(config_dir), *overrides, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def config_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("levers")
+    (root / "whatif").mkdir()
+    (root / "whatif" / "tiny_test.yaml").write_text(PRESET)
+    return root
+
+
+@pytest.fixture(scope="module")
+def ladder(config_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    out = tmp_path_factory.mktemp("whatif") / "run"
+    done = whatif(config_dir, "whatif=tiny_test", *WORKLOAD, f"hydra.run.dir={out}")
+    return out, done
+
+
+def test_every_rung_ends_as_it_should(ladder: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    out, done = ladder
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert read_status(out).state == "complete"
+    record = load_file(out / "whatif.json", WhatIfRecord)
+    rungs = {r.name: r for r in record.rungs}
+    assert rungs["baseline"].phase == BASELINE and rungs["baseline"].state == MEASURED
+    assert rungs["static_cache"].phase == ALONE and rungs["static_cache"].state == MEASURED
+    # outputs against the baseline: a static cache gives exactly the dynamic cache's tokens and logits on CPU
+    outputs = rungs["static_cache"].outputs
+    assert outputs is not None and outputs.identical and outputs.compared_tokens == 3
+    assert outputs.prefill_logits_max_abs_diff is not None and outputs.prefill_logits_max_abs_diff < 1e-4
+    speedup = rungs["static_cache"].speedup
+    assert speedup is not None and speedup.ci95_low is not None  # 3 passes each: an interval
+    # the crash is recorded with the run's own message; the ladder went on
+    assert rungs["too_short_cache"].state == FAILED
+    assert "static_cache_len" in (rungs["too_short_cache"].reason or "")
+    assert rungs["graphs"].state == SKIPPED and "CUDA" in (rungs["graphs"].reason or "")
+    assert rungs["misspelt"].state == INVALID and "runtime.kv_cache" in (rungs["misspelt"].reason or "")
+    assert rungs["one_tile_less"].changes_workload and rungs["one_tile_less"].state == MEASURED
+    # the workload-changing lever is never stacked on the ladder
+    assert all("one_tile_less" not in r.levers for r in record.rungs if r.phase == "ladder")
+    assert {v.lever for v in record.verdicts} == {"static_cache", "too_short_cache", "graphs", "misspelt", "one_tile_less"}
+    for rung in record.rungs:
+        if rung.state == MEASURED and rung.reused is None:
+            assert rung.folder is not None and read_status(out / rung.folder).state == "complete"
+            assert (out / rung.folder / "prefill_logits.pt").is_file()
+    assert (out / "whatif.md").is_file()
+
+
+def test_a_failing_baseline_stops_the_run(config_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    done = whatif(config_dir, "whatif=tiny_test", *WORKLOAD, "model.path=/does/not/exist", f"hydra.run.dir={out}")
+    assert done.returncode == 2
+    assert "baseline failed" in done.stderr
+    assert read_status(out).state == "failed"
+    record = load_file(out / "whatif.json", WhatIfRecord)
+    rungs = {r.name: r for r in record.rungs}
+    assert rungs["baseline"].state == FAILED and "/does/not/exist" in (rungs["baseline"].reason or "")
+    assert rungs["static_cache"].state == SKIPPED and "baseline failed" in (rungs["static_cache"].reason or "")

@@ -64,7 +64,9 @@ def _gain(value: float, verdict: str = BEYOND) -> Speedup:
 def test_ladder_takes_helping_levers_best_first() -> None:
     levers = [
         _lever("static_cache", "runtime.kv_cache=static"),
-        _lever("cuda_graphs", "runtime.kv_cache=static", "runtime.compile=decode", "runtime.compile_mode=reduce-overhead"),
+        _lever(
+            "cuda_graphs", "runtime.kv_cache=static", "runtime.compile=decode", "runtime.compile_mode=reduce-overhead"
+        ),
         _lever("compiled", "runtime.kv_cache=static", "runtime.compile=decode", "runtime.compile_mode=default"),
         _lever("grouped", "model.experts_implementation=grouped_mm"),
         _lever("eager_attn", "model.attn_implementation=eager"),
@@ -152,7 +154,7 @@ def test_presets_compose_with_their_levers() -> None:
 
 def test_bad_lever_definitions_are_one_paragraph_each() -> None:
     cfg = compose_config("whatif")
-    with pytest.raises(UserError, match="whatif_run.exclude names nope"):
+    with pytest.raises(UserError, match=r"whatif_run\.exclude names nope"):
         read_levers(cfg.whatif.levers, ["nope"])
     bad = compose_config("whatif", "+whatif.levers.broken={about: x}")
     with pytest.raises(UserError, match="lever broken has no overrides"):

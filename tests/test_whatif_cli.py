@@ -83,7 +83,13 @@ def test_every_rung_ends_as_it_should(ladder: tuple[Path, subprocess.CompletedPr
     assert rungs["one_tile_less"].changes_workload and rungs["one_tile_less"].state == MEASURED
     # the workload-changing lever is never stacked on the ladder
     assert all("one_tile_less" not in r.levers for r in record.rungs if r.phase == "ladder")
-    assert {v.lever for v in record.verdicts} == {"static_cache", "too_short_cache", "graphs", "misspelt", "one_tile_less"}
+    assert {v.lever for v in record.verdicts} == {
+        "static_cache",
+        "too_short_cache",
+        "graphs",
+        "misspelt",
+        "one_tile_less",
+    }
     for rung in record.rungs:
         if rung.state == MEASURED and rung.reused is None:
             assert rung.folder is not None and read_status(out / rung.folder).state == "complete"

@@ -58,8 +58,8 @@ def step_activities(
         host_start, host_end = host_spans[step]
         spans = by_step[step]
         start = host_start if previous_end is None else max(host_start, previous_end)
-        end = max([host_end, *(e for _, e in spans)])
         start = min([start, *(s for s, _ in spans)])  # a kernel never runs before its launch; guard clock skew
+        end = max([start, host_end, *(e for _, e in spans)])  # a host span that ended while the queue ran: 0
         out[step] = StepActivity(
             kernels=len(spans),
             kernel_ms=sum(e - s for s, e in spans) / 1e3,

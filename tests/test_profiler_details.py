@@ -5,13 +5,27 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import attrs
+import pytest
+import torch
 
 from helpers import run_cli
+from llm_perf_opt.errors import UserError
+from llm_perf_opt.measure import torch_profiler as tp
+from llm_perf_opt.measure.timing import StageRecorder
+from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.folders import load_stage1
 from llm_perf_opt.records.io import converter, to_plain
-from llm_perf_opt.records.stage1 import CallSite, DecodeActivity, OperatorTable, ShapeGroup, StepActivity
+from llm_perf_opt.records.stage1 import (
+    CallSite,
+    DecodeActivity,
+    OperatorTable,
+    ShapeGroup,
+    Stage1Metrics,
+    StepActivity,
+)
 from llm_perf_opt.report.recommendations import key_findings
 from llm_perf_opt.report.stage1_reports import operators_md, report_md
 
@@ -75,6 +89,7 @@ def test_gpu_activity_line_in_report_and_findings() -> None:
         device=attrs.evolve(m.device, type="cuda"),
         profiler=attrs.evolve(m.profiler, activity=act),
     )
+    assert converter.structure(to_plain(gpu), Stage1Metrics) == gpu  # the new record round-trips in metrics.json
     text = report_md(gpu, folder.operators, [])
     assert "GPU activity per decode step (4 steps profiled): 850.0 kernels (850)" in text
     assert "= 23.5% busy" in text and "prefill: 3,000 kernels" in text and "Method: test method" in text
@@ -107,3 +122,51 @@ def test_max_preset_operators_show_shapes_memory_and_call_sites(tmp_path: Path) 
     assert mm["self_cpu_memory_bytes"] is not None
     assert not any(r["name"].startswith(("torch/", "nn.Module:")) for r in ops["overall"])  # frames are not operators
     assert "n/a on CPU" in (out / "report.md").read_text()
+
+
+class _FakeSession:
+    """Just enough of a session for `profile_image`: one matmul per forward pass on the CPU."""
+
+    device = torch.device("cpu")
+
+    def prepare(self, path: Path) -> None:
+        return None
+
+    def generate(self, prepared: None, new_tokens: int, recorder: StageRecorder) -> None:
+        a = torch.ones(8, 8)
+        with recorder.span(vocab.PREFILL):
+            a = a @ a
+        for _ in range(new_tokens - 1):
+            with recorder.span(vocab.DECODE_STEP):
+                a = a @ a
+
+
+def _garbling(failures: int) -> type:
+    """A torch.profiler.profile whose first `failures` instances cannot read their events back (as torch's Python
+    tracer sometimes leaves an undecodable frame name)."""
+    seen = {"n": 0}
+
+    class Garbling(tp.profile):
+        def events(self) -> Any:
+            seen["n"] += 1
+            if seen["n"] <= failures:
+                raise UnicodeDecodeError("utf-8", b"\xb0", 0, 1, "invalid start byte")
+            return super().events()
+
+    return Garbling
+
+
+def test_an_unreadable_profile_is_profiled_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tp, "profile", _garbling(1))
+    flags = {"record_shapes": True, "profile_memory": False, "with_stack": False, "with_flops": False}
+    table = tp.profile_image(_FakeSession(), Path("x.png"), decode_steps=2, trace_path=None, **flags)
+    mm = next(r for r in table.overall if r.name == "aten::mm")
+    assert mm.calls == 3 and mm.shapes[0].shapes == "[[8, 8], [8, 8]]"
+    assert table.activity is None  # a CPU run: no kernels
+
+
+def test_a_profile_that_stays_unreadable_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tp, "profile", _garbling(tp.PROFILE_ATTEMPTS))
+    flags = {"record_shapes": False, "profile_memory": False, "with_stack": True, "with_flops": False}
+    with pytest.raises(UserError, match="with_stack=false"):
+        tp.profile_image(_FakeSession(), Path("x.png"), decode_steps=1, trace_path=None, **flags)

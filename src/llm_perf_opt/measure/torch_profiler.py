@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import gzip
+import logging
 import re
 import shutil
 import time
@@ -21,13 +22,17 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from llm_perf_opt.errors import UserError
 from llm_perf_opt.kernel_names import short_kernel_name
 from llm_perf_opt.measure.kernel_activity import PREFILL_STEP, KernelSpan, decode_activity
 from llm_perf_opt.measure.timing import StageRecorder
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.stage1 import CallSite, DecodeActivity, OperatorRow, OperatorTable, ShapeGroup
 
+log = logging.getLogger(__name__)
+
 STAGE_LABEL_PREFIX = "stage:"
+PROFILE_ATTEMPTS = 3  # profiled passes tried when torch cannot read back its own events
 SHAPE_GROUPS = 3  # input-shape groups kept per operator
 CALL_SITES = 2  # call sites kept per operator
 SITE_FRAMES = 3  # user-code frames per call site
@@ -268,19 +273,30 @@ def profile_image(
     if session.device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
     prepared = session.prepare(image_path)
-    recorder = _ProfilerLabels(session.device)
-    with profile(
-        activities=activities,
-        record_shapes=record_shapes,
-        profile_memory=profile_memory,
-        with_stack=with_stack,
-        with_flops=with_flops,
-    ) as prof:
-        session.generate(prepared, decode_steps + 1, recorder)
-        if session.device.type == "cuda":
-            torch.cuda.synchronize(session.device)
-    started = time.perf_counter()
-    everything = prof.events()
+    for attempt in range(1, PROFILE_ATTEMPTS + 1):
+        with profile(
+            activities=activities,
+            record_shapes=record_shapes,
+            profile_memory=profile_memory,
+            with_stack=with_stack,
+            with_flops=with_flops,
+        ) as prof:
+            session.generate(prepared, decode_steps + 1, _ProfilerLabels(session.device))
+            if session.device.type == "cuda":
+                torch.cuda.synchronize(session.device)
+        started = time.perf_counter()
+        try:
+            everything = prof.events()
+            break
+        except UnicodeDecodeError as err:
+            # torch's Python tracer (with_stack) now and then garbles one frame name, mostly on a process's first
+            # profile; the events cannot be read then, so the pass is profiled again.
+            if attempt == PROFILE_ATTEMPTS:
+                raise UserError(
+                    f"torch.profiler returned an unreadable event name in {PROFILE_ATTEMPTS} profiled passes ({err})",
+                    "set pipeline.torch_profiler.with_stack=false (the Python frame names are what it garbles)",
+                ) from err
+            log.warning("profiled pass %d: torch.profiler garbled an event name (%s); profiling it again", attempt, err)
     # Host-side operators only: a kernel also appears as its own device event, and counting both would add
     # its time twice. The kernels get their own table.
     events = [

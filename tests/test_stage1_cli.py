@@ -88,6 +88,8 @@ def test_tiny_run_completes_with_every_artifact(tiny_run: tuple[Path, Path, subp
     assert len(list(viz.glob("*.png"))) == 2
     with gzip.open(out / "torch_profiler/trace.json.gz", "rt") as trace:
         assert "traceEvents" in json.load(trace)
+    # The default preset records no shapes, memory or stacks, so operators.md has no columns for them.
+    assert "Shapes, memory and call sites" not in (out / "operators.md").read_text()
 
 
 def test_metrics_schema(tiny_run: tuple[Path, Path, subprocess.CompletedProcess[str]]) -> None:

@@ -7,11 +7,14 @@ Each operator is attributed to the innermost stage span (`record_function` label
 
 from __future__ import annotations
 
+import bisect
 import gzip
+import logging
 import re
 import shutil
 import time
-from collections.abc import Callable, Iterable
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +22,30 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from llm_perf_opt.errors import UserError
 from llm_perf_opt.kernel_names import short_kernel_name
+from llm_perf_opt.measure.kernel_activity import PREFILL_STEP, KernelSpan, decode_activity
 from llm_perf_opt.measure.timing import StageRecorder
 from llm_perf_opt.records import vocabulary as vocab
-from llm_perf_opt.records.stage1 import OperatorRow, OperatorTable
+from llm_perf_opt.records.stage1 import CallSite, DecodeActivity, OperatorRow, OperatorTable, ShapeGroup
+
+log = logging.getLogger(__name__)
 
 STAGE_LABEL_PREFIX = "stage:"
+PROFILE_ATTEMPTS = 3  # profiled passes tried when torch cannot read back its own events
+SHAPE_GROUPS = 3  # input-shape groups kept per operator
+CALL_SITES = 2  # call sites kept per operator
+SITE_FRAMES = 3  # user-code frames per call site
+# Frames of the framework rather than the model: torch itself, module plumbing and transformers' wrappers.
+_FRAMEWORK_FRAMES = (
+    "torch/",
+    "<built-in",
+    "nn.Module:",
+    "transformers/utils/",
+    "transformers/modeling_layers.py",
+    "contextlib.py",
+    "functools.py",
+)
 
 
 class _ProfilerLabels(StageRecorder):
@@ -72,18 +93,92 @@ def operator_name(name: str) -> str:
     return _ADDRESS.sub("", name)
 
 
+def _user_frame(frame: str) -> str | None:
+    """`pkg/models/x/modeling_x.py(594): forward` -> `modeling_x.py(594): forward`; None for a framework frame."""
+    if not frame or any(frame.startswith(p) or f"/{p}" in frame.split("(", 1)[0] for p in _FRAMEWORK_FRAMES):
+        return None
+    path, sep, rest = frame.partition("(")
+    return path.rsplit("/", 1)[-1] + sep + rest
+
+
+def call_site(event: Any) -> tuple[str, ...]:
+    """The innermost user-code frames an operator was called from: its Python-function ancestors in the profiler's
+    tree (`with_stack` in recent torch), or the event's own `stack` strings (older builds)."""
+    frames: list[str] = []
+    parent = event.cpu_parent
+    while parent is not None and len(frames) < SITE_FRAMES:
+        if getattr(parent, "is_python_function", False) and (frame := _user_frame(parent.name)):
+            frames.append(frame)
+        parent = parent.cpu_parent
+    if not frames:
+        for entry in getattr(event, "stack", None) or ():
+            if (frame := _user_frame(str(entry))) is not None:
+                frames.append(frame)
+                if len(frames) == SITE_FRAMES:
+                    break
+    return tuple(frames)
+
+
+class _Details:
+    """Per-operator details the profiled pass recorded: input-shape groups, memory, call sites."""
+
+    def __init__(self, *, shapes: bool, memory: bool, device: bool, stacks: bool) -> None:
+        self.shapes, self.memory, self.device, self.stacks = shapes, memory, device, stacks
+        self._shape_acc: dict[str, dict[str, list[float]]] = {}
+        self._memory: dict[str, list[int]] = {}
+        self._sites: dict[str, Counter[tuple[str, ...]]] = {}
+
+    def add(self, name: str, ev: Any) -> None:
+        if self.shapes:
+            group = self._shape_acc.setdefault(name, {}).setdefault(str(ev.input_shapes or []), [0, 0.0, 0.0])
+            group[0] += 1
+            group[1] += _device_time(ev, "self_device_time_total")
+            group[2] += float(ev.self_cpu_time_total)
+        if self.memory:
+            mem = self._memory.setdefault(name, [0, 0])
+            mem[0] += int(ev.self_cpu_memory_usage or 0)
+            mem[1] += int(getattr(ev, "self_device_memory_usage", 0) or 0)
+        if self.stacks and (site := call_site(ev)):
+            self._sites.setdefault(name, Counter())[site] += 1
+
+    def fields(self, name: str) -> dict[str, Any]:
+        """The OperatorRow fields for `name` (only those recorded)."""
+        out: dict[str, Any] = {}
+        if self.shapes:
+            groups = sorted(self._shape_acc.get(name, {}).items(), key=lambda kv: (-kv[1][0], -kv[1][1] - kv[1][2]))
+            out["shapes"] = tuple(
+                ShapeGroup(shapes=k, calls=int(v[0]), self_device_ms=v[1] / 1e3, self_cpu_ms=v[2] / 1e3)
+                for k, v in groups[:SHAPE_GROUPS]
+            )
+        if self.memory:
+            cpu, dev = self._memory.get(name, [0, 0])
+            out["self_cpu_memory_bytes"] = cpu
+            out["self_device_memory_bytes"] = dev if self.device else None
+        if self.stacks:
+            sites = self._sites.get(name, Counter())
+            out["call_sites"] = tuple(CallSite(frames=f, calls=c) for f, c in sites.most_common(CALL_SITES))
+            out["call_site_count"] = len(sites)
+        return out
+
+
 def _aggregate(
-    events: Iterable[Any], sort_key: str, name_of: Callable[[str], str] = operator_name
+    events: Iterable[Any],
+    sort_key: str,
+    name_of: Callable[[str], str] = operator_name,
+    details: _Details | None = None,
 ) -> tuple[OperatorRow, ...]:
     acc: dict[str, list[float]] = {}
     for ev in events:
-        row = acc.setdefault(name_of(ev.name), [0, 0.0, 0.0, 0.0, 0.0, 0.0])
+        name = name_of(ev.name)
+        row = acc.setdefault(name, [0, 0.0, 0.0, 0.0, 0.0, 0.0])
         row[0] += 1
         row[1] += _device_time(ev, "self_device_time_total")
         row[2] += _device_time(ev, "device_time_total")
         row[3] += float(ev.self_cpu_time_total)
         row[4] += float(ev.cpu_time_total)
         row[5] += float(getattr(ev, "flops", 0) or 0)
+        if details is not None:
+            details.add(name, ev)
     rows = [
         OperatorRow(
             name=name,
@@ -93,10 +188,73 @@ def _aggregate(
             self_cpu_ms=v[3] / 1e3,
             total_cpu_ms=v[4] / 1e3,
             flops=v[5],
+            **(details.fields(name) if details is not None else {}),
         )
         for name, v in acc.items()
     ]
     return tuple(sorted(rows, key=lambda r: getattr(r, sort_key), reverse=True))
+
+
+_LAUNCH_ACTIVITIES = ("cuda_runtime", "cuda_driver")
+ACTIVITY_METHOD = (
+    "torch.profiler (CUPTI via Kineto), the profiled pass: each GPU kernel is tied to the host call that launched it "
+    "by its correlation id (kernels replayed from a CUDA graph carry their cudaGraphLaunch's), and that call to the "
+    "prefill or decode-step span enclosing it on the host thread; a kernel's own GPU time is never compared with the "
+    "host spans (launches are asynchronous). Busy = union of a step's kernel intervals; wall = from the step's host "
+    "start (or the previous step's last kernel end, if later) to its last kernel end (or host end, if later). "
+    "Memory copies and sets are not counted as kernels."
+)
+
+
+def _is_kernel(ev: Any) -> bool:
+    kind = getattr(ev, "activity_type", None)
+    if kind:
+        return bool(kind == "kernel")
+    return ev.device_type == DeviceType.CUDA and not ev.name.startswith(STAGE_LABEL_PREFIX)
+
+
+def _step_spans(events: Sequence[Any]) -> dict[int, tuple[float, float]]:
+    """Host spans of the profiled forward passes: 0 = prefill, 1… = decode steps in order."""
+    host = [ev for ev in events if ev.device_type == DeviceType.CPU]
+    spans: dict[int, tuple[float, float]] = {}
+    prefill = [ev for ev in host if ev.name == STAGE_LABEL_PREFIX + vocab.PREFILL]
+    if prefill:
+        spans[PREFILL_STEP] = (prefill[0].time_range.start, prefill[0].time_range.end)
+    steps = sorted(
+        (ev for ev in host if ev.name == STAGE_LABEL_PREFIX + vocab.DECODE_STEP), key=lambda e: e.time_range.start
+    )
+    for i, ev in enumerate(steps, 1):
+        spans[i] = (ev.time_range.start, ev.time_range.end)
+    return spans
+
+
+def kernel_activity(events: Sequence[Any]) -> DecodeActivity | None:
+    """Kernels per decode step and per prefill, with busy and wall time, from the profiler's events (CUDA runs)."""
+    kernels = [ev for ev in events if ev.device_type == DeviceType.CUDA and _is_kernel(ev)]
+    spans = _step_spans(events)
+    if not kernels or not spans:
+        return None
+    launch_at = {
+        ev.id: ev.time_range.start
+        for ev in events
+        if ev.device_type == DeviceType.CPU and getattr(ev, "activity_type", None) in _LAUNCH_ACTIVITIES
+    }
+    op_at = {
+        ev.id: ev.time_range.start
+        for ev in events
+        if ev.device_type == DeviceType.CPU and getattr(ev, "activity_type", "cpu_op") == "cpu_op"
+    }
+    order = sorted(spans.items(), key=lambda kv: kv[1][0])
+    starts = [span[0] for _, span in order]
+    tied: list[KernelSpan] = []
+    for k in kernels:
+        at = launch_at.get(k.id)
+        if at is None:
+            at = op_at.get(getattr(k, "linked_correlation_id", 0) or -1)
+        i = bisect.bisect_right(starts, at) - 1 if at is not None else -1
+        if i >= 0 and at is not None and at <= order[i][1][1]:
+            tied.append((order[i][0], k.time_range.start, k.time_range.end))
+    return decode_activity(tied, spans, unattributed=len(kernels) - len(tied), method=ACTIVITY_METHOD)
 
 
 def profile_image(
@@ -115,23 +273,38 @@ def profile_image(
     if session.device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
     prepared = session.prepare(image_path)
-    recorder = _ProfilerLabels(session.device)
-    with profile(
-        activities=activities,
-        record_shapes=record_shapes,
-        profile_memory=profile_memory,
-        with_stack=with_stack,
-        with_flops=with_flops,
-    ) as prof:
-        session.generate(prepared, decode_steps + 1, recorder)
-        if session.device.type == "cuda":
-            torch.cuda.synchronize(session.device)
-    started = time.perf_counter()
-    everything = prof.events()
+    for attempt in range(1, PROFILE_ATTEMPTS + 1):
+        with profile(
+            activities=activities,
+            record_shapes=record_shapes,
+            profile_memory=profile_memory,
+            with_stack=with_stack,
+            with_flops=with_flops,
+        ) as prof:
+            session.generate(prepared, decode_steps + 1, _ProfilerLabels(session.device))
+            if session.device.type == "cuda":
+                torch.cuda.synchronize(session.device)
+        started = time.perf_counter()
+        try:
+            everything = prof.events()
+            break
+        except UnicodeDecodeError as err:
+            # torch's Python tracer (with_stack) now and then garbles one frame name, mostly on a process's first
+            # profile; the events cannot be read then, so the pass is profiled again.
+            if attempt == PROFILE_ATTEMPTS:
+                raise UserError(
+                    f"torch.profiler returned an unreadable event name in {PROFILE_ATTEMPTS} profiled passes ({err})",
+                    "set pipeline.torch_profiler.with_stack=false (the Python frame names are what it garbles)",
+                ) from err
+            log.warning("profiled pass %d: torch.profiler garbled an event name (%s); profiling it again", attempt, err)
     # Host-side operators only: a kernel also appears as its own device event, and counting both would add
     # its time twice. The kernels get their own table.
     events = [
-        ev for ev in everything if ev.device_type == DeviceType.CPU and not ev.name.startswith(STAGE_LABEL_PREFIX)
+        ev
+        for ev in everything
+        if ev.device_type == DeviceType.CPU
+        and not ev.name.startswith(STAGE_LABEL_PREFIX)
+        and not getattr(ev, "is_python_function", False)  # with_stack: Python frames are call sites, not operators
     ]
     # Device-side copies of the stage labels are annotations, not kernels.
     kernel_events = [
@@ -141,8 +314,16 @@ def profile_image(
     by_stage_events: dict[str, list[Any]] = {}
     for ev in events:
         by_stage_events.setdefault(_stage_of(ev) or "other", []).append(ev)
-    table_overall = _aggregate(events, sort_key)
-    by_stage = {stage: _aggregate(evs, sort_key) for stage, evs in by_stage_events.items()}
+
+    def details() -> _Details | None:
+        if not (record_shapes or profile_memory or with_stack):
+            return None
+        return _Details(
+            shapes=record_shapes, memory=profile_memory, device=session.device.type == "cuda", stacks=with_stack
+        )
+
+    table_overall = _aggregate(events, sort_key, details=details())
+    by_stage = {stage: _aggregate(evs, sort_key, details=details()) for stage, evs in by_stage_events.items()}
     written: str | None = None
     if trace_path is not None:
         raw = trace_path.with_suffix("")  # foo.json.gz -> foo.json
@@ -160,4 +341,5 @@ def profile_image(
         decode_steps=decode_steps,
         postprocess_s=time.perf_counter() - started,
         trace_path=written,
+        activity=kernel_activity(everything) if session.device.type == "cuda" else None,
     )

@@ -464,7 +464,11 @@ class Stage1Run:
             profiler=None
             if ops is None
             else ProfilerInfo(
-                events=ops.events, decode_steps=ops.decode_steps, postprocess_s=ops.postprocess_s, trace=ops.trace_path
+                events=ops.events,
+                decode_steps=ops.decode_steps,
+                postprocess_s=ops.postprocess_s,
+                trace=ops.trace_path,
+                activity=ops.activity,
             ),
             warnings=warnings,
             config_digest=config_digest(cfg),

@@ -132,6 +132,24 @@ class Throughput:
 
 
 @attrs.frozen
+class ShapeGroup:
+    """The calls of one operator with one set of input shapes (`record_shapes`)."""
+
+    shapes: str  # the input shapes as the profiler gives them, e.g. "[[1, 903, 1280], [1280, 1280]]"
+    calls: int
+    self_device_ms: float
+    self_cpu_ms: float
+
+
+@attrs.frozen
+class CallSite:
+    """Where in the model's Python code an operator is called from (`with_stack`): innermost frame first."""
+
+    frames: tuple[str, ...]  # "file.py(line): function", framework frames (torch, wrappers) left out
+    calls: int
+
+
+@attrs.frozen
 class OperatorRow:
     """One operator name, aggregated over its calls (times in ms)."""
 
@@ -142,6 +160,41 @@ class OperatorRow:
     self_cpu_ms: float
     total_cpu_ms: float  # inclusive of child ops; do not sum this column
     flops: float  # from the profiler's with_flops estimate (0 when not estimated)
+    # Present only when the profiled pass recorded them (pipeline.torch_profiler record_shapes / profile_memory /
+    # with_stack); absent from older files.
+    shapes: tuple[ShapeGroup, ...] = ()  # the most frequent input-shape groups, by calls
+    self_cpu_memory_bytes: int | None = None  # host memory allocated minus freed by the operator itself
+    self_device_memory_bytes: int | None = None  # the same on the GPU (None on CPU runs)
+    call_sites: tuple[CallSite, ...] = ()  # the most frequent call sites, by calls
+    call_site_count: int = 0  # distinct call sites seen (call_sites holds the top ones)
+
+
+@attrs.frozen
+class StepActivity:
+    """GPU activity of one forward pass of the profiled pass (the prefill or one decode step)."""
+
+    kernels: int
+    kernel_ms: float  # summed kernel durations (overlapping kernels counted each)
+    busy_ms: float  # union of the kernel intervals: time the GPU ran at least one of them
+    wall_ms: float  # from the step's start (its host span start, or the previous step's last kernel end if later)
+    # to its end (its last kernel end, or its host span end if later)
+
+
+@attrs.frozen
+class DecodeActivity:
+    """Kernels launched and GPU busy time per decode step and for the prefill, from the profiled pass (CUDA only)."""
+
+    steps: int  # decode steps profiled
+    kernels_mean: float
+    kernels_min: int
+    kernels_max: int
+    kernel_ms_mean: float
+    busy_ms_mean: float
+    wall_ms_mean: float
+    busy_fraction: float  # summed busy time / summed wall time over the decode steps
+    prefill: StepActivity | None
+    unattributed_kernels: int  # kernels whose launch could not be tied to a profiled span (outside every step)
+    method: str
 
 
 @attrs.frozen
@@ -156,6 +209,7 @@ class OperatorTable:
     decode_steps: int
     postprocess_s: float
     trace_path: str | None
+    activity: DecodeActivity | None = None  # CUDA runs: kernels and GPU busy time per decode step
 
 
 @attrs.frozen
@@ -166,6 +220,7 @@ class ProfilerInfo:
     decode_steps: int
     postprocess_s: float
     trace: str | None
+    activity: DecodeActivity | None = None  # CUDA runs: kernels and GPU busy time per decode step
 
 
 @attrs.frozen

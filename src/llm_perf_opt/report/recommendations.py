@@ -86,6 +86,11 @@ def key_findings(m: Stage1Metrics) -> list[str]:
             f"How efficient: MFU is n/a on {m.device.name} (no dense peak known); prefill achieved "
             f"{_tflops(m, vocab.PREFILL) or 0:,.3f} TFLOP/s."
         )
+    if (act := m.profiler.activity if m.profiler else None) is not None:
+        out.append(
+            f"Per decode step the GPU ran {act.kernels_mean:,.0f} kernels and was busy {act.busy_fraction:.0%} of the "
+            f"{act.wall_ms_mean:,.2f} ms step (profiled pass)."
+        )
     return out
 
 

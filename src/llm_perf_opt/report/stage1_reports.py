@@ -171,6 +171,104 @@ def _operator_rows(rows: Sequence[OperatorRow], sort_key: str, limit: int) -> li
     return out
 
 
+SHAPES_CHARS = 72  # one shape group's text in a table cell, truncated beyond
+MIB = 1024**2
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+_DETAIL_COLUMNS = {
+    "shapes": "input shapes (top groups by calls: calls, self ms)",
+    "cpu_memory": "self CPU memory (MiB)",
+    "device_memory": "self device memory (MiB)",
+    "sites": "called from (innermost user frame first)",
+}
+
+
+def _detail_columns(rows: Sequence[OperatorRow], sort_key: str) -> list[str]:
+    """The detail columns the profiled pass recorded (shapes, memory, call sites); none when it recorded none."""
+    shown = {
+        "shapes": any(r.shapes for r in rows),
+        "cpu_memory": any(r.self_cpu_memory_bytes is not None for r in rows),
+        "device_memory": _has_device_times(sort_key) and any(r.self_device_memory_bytes is not None for r in rows),
+        "sites": any(r.call_sites for r in rows),
+    }
+    return [key for key, on in shown.items() if on]
+
+
+def _mib(value: int | None) -> str:
+    if value is None:
+        return "n/a"
+    mib = value / MIB
+    return f"{mib if abs(mib) >= 0.005 else 0.0:,.2f}"  # never "-0.00"
+
+
+def _detail_cell(r: OperatorRow, column: str, time_of: str) -> str:
+    if column == "shapes":
+        return "<br>".join(
+            f"`{_clip(g.shapes, SHAPES_CHARS)}`: {g.calls}, {ms(getattr(g, time_of), 3)}" for g in r.shapes
+        )
+    if column == "cpu_memory":
+        return _mib(r.self_cpu_memory_bytes)
+    if column == "device_memory":
+        return _mib(r.self_device_memory_bytes)
+    sites = [" ← ".join(f"`{f}`" for f in site.frames) + f" ({site.calls} calls)" for site in r.call_sites]
+    others = r.call_site_count - len(r.call_sites)
+    return "<br>".join(sites + ([f"+{others} other sites"] if others > 0 else []))
+
+
+def _detail_rows(rows: Sequence[OperatorRow], sort_key: str, columns: Sequence[str], limit: int) -> list[list[str]]:
+    time_of = "self_device_ms" if _has_device_times(sort_key) else "self_cpu_ms"
+    return [
+        [str(i), f"`{r.name}`", str(r.calls), *(_detail_cell(r, c, time_of) for c in columns)]
+        for i, r in enumerate(rows[:limit], 1)
+    ]
+
+
+def _details_section(doc: Doc, operators: OperatorTable, top_k: int) -> None:
+    """Shapes, memory and call sites per operator, when the profiled pass recorded any of them."""
+    columns = _detail_columns(operators.overall, operators.sort_key)
+    if not columns:
+        return
+    doc.h2(f"Shapes, memory and call sites (top {top_k})")
+    doc.para(
+        "What the profiler recorded per operator (pipeline.torch_profiler record_shapes / profile_memory / "
+        "with_stack): the most frequent input-shape groups with their calls and self time (ms); the memory the "
+        "operator itself allocated minus what it freed (MiB, child operators excluded; negative when it frees more); "
+        "the most frequent call sites in the model's Python code (framework frames left out)."
+    )
+    doc.table(
+        ["#", "operator", "calls", *(_DETAIL_COLUMNS[c] for c in columns)],
+        _detail_rows(operators.overall, operators.sort_key, columns, top_k),
+    )
+
+
+def activity_text(m: Stage1Metrics) -> str | None:
+    """Kernels per decode step and GPU-busy fraction from the profiled pass, or why they are absent."""
+    act = m.profiler.activity if m.profiler else None
+    if act is None:
+        if m.device.type == "cpu":
+            return "Kernels per decode step and GPU-busy fraction: n/a on CPU (no GPU kernels)."
+        return None
+    spread = f"{act.kernels_min}–{act.kernels_max}" if act.kernels_min != act.kernels_max else str(act.kernels_min)
+    text = (
+        f"GPU activity per decode step ({act.steps} steps profiled): {act.kernels_mean:,.1f} kernels ({spread}), "
+        f"{ms(act.kernel_ms_mean, 3)} ms of kernel time, GPU busy {ms(act.busy_ms_mean, 3)} ms of "
+        f"{ms(act.wall_ms_mean, 3)} ms = {pct(act.busy_fraction)} busy"
+    )
+    if act.prefill is not None:
+        text += (
+            f"; prefill: {act.prefill.kernels:,} kernels, {ms(act.prefill.kernel_ms, 2)} ms of kernel time, busy "
+            f"{pct(act.prefill.busy_ms / act.prefill.wall_ms if act.prefill.wall_ms else None)} of "
+            f"{ms(act.prefill.wall_ms, 2)} ms"
+        )
+    if act.unattributed_kernels:
+        text += f"; {act.unattributed_kernels:,} kernels launched outside the prefill and the steps"
+    return text + "."
+
+
 def _measured_peaks_section(doc: Doc, m: Stage1Metrics) -> None:
     """MFU and MBU against the achievable peaks measured on this GPU, beside the datasheet figures."""
     mp = m.measured_peaks
@@ -449,6 +547,9 @@ def report_md(
             "Full tables per stage: [operators.md](operators.md)."
         )
         doc.table(_operator_header(operators.sort_key), _operator_rows(operators.overall, operators.sort_key, 10))
+        if (activity := activity_text(m)) is not None:
+            act = m.profiler.activity if m.profiler else None
+            doc.para(activity + (f" Method: {act.method}" if act else ""))
         if plots and "operator_shares" in plots:
             doc.image("Operator time shares", plots["operator_shares"])
 
@@ -474,6 +575,7 @@ def operators_md(m: Stage1Metrics, operators: OperatorTable, top_k: int) -> str:
         )
     doc.h2(f"All stages (top {top_k})")
     doc.table(_operator_header(operators.sort_key), _operator_rows(operators.overall, operators.sort_key, top_k))
+    _details_section(doc, operators, top_k)
     if operators.kernels:
         doc.h2(f"GPU kernels (top {top_k}, by device time)")
         doc.para("Kernels by short name (template arguments and parameters dropped), summed over their launches.")

@@ -1,0 +1,53 @@
+"""GPU: kernels per decode step and GPU-busy fraction from the profiled pass, eager and with compiled decode
+(reduce-overhead: the step replays a CUDA graph, whose kernels must still be counted). Skips without CUDA."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import run_cli
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+@pytest.mark.parametrize(
+    "runtime",
+    [(), ("runtime.kv_cache=static", "runtime.compile=decode")],
+    ids=["eager", "compiled-decode"],
+)
+def test_profiled_pass_counts_kernels_per_decode_step(tmp_path: Path, runtime: tuple[str, ...]) -> None:
+    out = tmp_path / "run"
+    done = run_cli(
+        "llm_perf_opt.cli.stage1",
+        "model=deepseek_ocr_tiny",
+        "device=cuda",
+        *runtime,
+        "run.repeats=3",
+        "infer.max_new_tokens=8",
+        "dataset.max_images=1",
+        "pipeline.torch_profiler.decode_steps=4",
+        f"hydra.run.dir={out}",
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    act = metrics["profiler"]["activity"]
+    assert act is not None, "no kernels tied to the profiled decode steps"
+    assert act["steps"] == 4
+    assert act["kernels_min"] > 0 and act["kernels_mean"] >= act["kernels_min"]
+    assert 0 < act["busy_ms_mean"] <= act["wall_ms_mean"] + 1e-6
+    assert act["busy_ms_mean"] <= act["kernel_ms_mean"] + 1e-6  # the union never exceeds the sum
+    assert 0 < act["busy_fraction"] <= 1
+    assert act["prefill"]["kernels"] > act["kernels_max"]  # the prefill (vision + prompt) launches far more
+    report = (out / "report.md").read_text()
+    assert "GPU activity per decode step (4 steps profiled)" in report
+    assert "busy" in (out / "stakeholder_summary.md").read_text()
+    if runtime:  # compiled decode: a CUDA graph replay per step, still counted kernel by kernel
+        assert metrics["compile"] is not None

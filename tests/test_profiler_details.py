@@ -1,0 +1,172 @@
+"""What `pipeline/torch_profiler=max` records shows in operators.md (input shapes, memory, call sites, the trace);
+the default preset shows none of it; the GPU-activity line of report.md and the key findings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import torch
+
+from helpers import run_cli
+from llm_perf_opt.errors import UserError
+from llm_perf_opt.measure import torch_profiler as tp
+from llm_perf_opt.measure.timing import StageRecorder
+from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records.folders import load_stage1
+from llm_perf_opt.records.io import converter, to_plain
+from llm_perf_opt.records.stage1 import (
+    CallSite,
+    DecodeActivity,
+    OperatorTable,
+    ShapeGroup,
+    Stage1Metrics,
+    StepActivity,
+)
+from llm_perf_opt.report.recommendations import key_findings
+from llm_perf_opt.report.stage1_reports import operators_md, report_md
+
+RUN = Path(__file__).parent / "fixtures" / "runs" / "cpu_tiny_v1_stage1"
+DETAILS = "## Shapes, memory and call sites"
+LONG = "[[" + ", ".join(["4096"] * 40) + "]]"
+
+
+def _with_details(ops: OperatorTable) -> OperatorTable:
+    first = attrs.evolve(
+        ops.overall[0],
+        shapes=(
+            ShapeGroup(shapes="[[1, 64], [64, 64]]", calls=7, self_device_ms=0.0, self_cpu_ms=1.5),
+            ShapeGroup(shapes=LONG, calls=2, self_device_ms=0.0, self_cpu_ms=0.5),
+        ),
+        self_cpu_memory_bytes=3 * 1024**2,
+        self_device_memory_bytes=None,
+        call_sites=(CallSite(frames=("modeling_x.py(10): forward", "modeling_x.py(99): forward"), calls=6),),
+        call_site_count=4,
+    )
+    return attrs.evolve(ops, overall=(first, *ops.overall[1:]))
+
+
+def test_recorded_details_render_as_columns_and_round_trip() -> None:
+    folder = load_stage1(RUN)
+    assert folder.operators is not None
+    ops = _with_details(folder.operators)
+    assert converter.structure(to_plain(ops), OperatorTable) == ops
+    text = operators_md(folder.metrics, ops, 5)
+    assert DETAILS in text
+    assert "input shapes" in text and "self CPU memory (MiB)" in text and "called from" in text
+    assert "self device memory" not in text  # a CPU run: no device column
+    assert "`[[1, 64], [64, 64]]`: 7, 1.500" in text and "|3.00|" in text
+    assert "`modeling_x.py(10): forward` ← `modeling_x.py(99): forward` (6 calls)<br>+3 other sites" in text
+    assert f"`{LONG[:71]}…`: 2, 0.500" in text and LONG not in text  # a long shape list is clipped
+    # Without recorded details (the fixture, default preset) the section is absent, not empty.
+    assert DETAILS not in operators_md(folder.metrics, folder.operators, 5)
+
+
+def test_gpu_activity_line_in_report_and_findings() -> None:
+    folder = load_stage1(RUN)
+    m = folder.metrics
+    assert "n/a on CPU" in report_md(m, folder.operators, [])
+    assert not any("kernels" in line for line in key_findings(m))
+    act = DecodeActivity(
+        steps=4,
+        kernels_mean=850.0,
+        kernels_min=850,
+        kernels_max=850,
+        kernel_ms_mean=4.2,
+        busy_ms_mean=4.0,
+        wall_ms_mean=17.0,
+        busy_fraction=4.0 / 17.0,
+        prefill=StepActivity(kernels=3000, kernel_ms=40.0, busy_ms=38.0, wall_ms=60.0),
+        unattributed_kernels=3,
+        method="test method",
+    )
+    assert m.profiler is not None
+    gpu = attrs.evolve(
+        m,
+        device=attrs.evolve(m.device, type="cuda"),
+        profiler=attrs.evolve(m.profiler, activity=act),
+    )
+    assert converter.structure(to_plain(gpu), Stage1Metrics) == gpu  # the new record round-trips in metrics.json
+    text = report_md(gpu, folder.operators, [])
+    assert "GPU activity per decode step (4 steps profiled): 850.0 kernels (850)" in text
+    assert "= 23.5% busy" in text and "prefill: 3,000 kernels" in text and "Method: test method" in text
+    assert any("850 kernels and was busy 24%" in line for line in key_findings(gpu))
+
+
+def test_max_preset_operators_show_shapes_memory_and_call_sites(tmp_path: Path) -> None:
+    out = tmp_path / "max"
+    done = run_cli(
+        "llm_perf_opt.cli.stage1",
+        "model=deepseek_ocr_tiny",
+        "pipeline/torch_profiler=max",
+        "pipeline.torch_profiler.decode_steps=2",
+        "run.repeats=1",
+        "run.warmup=0",
+        "infer.max_new_tokens=3",
+        "dataset.max_images=1",
+        f"hydra.run.dir={out}",
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    text = (out / "operators.md").read_text()
+    assert DETAILS in text
+    assert "input shapes (top groups by calls: calls, self ms)" in text and "self CPU memory (MiB)" in text
+    assert "modeling_deepseek_ocr2.py(" in text  # call sites name the model's own code
+    assert "[torch_profiler/trace.json.gz](torch_profiler/trace.json.gz)" in text
+    ops = json.loads((out / "operators.json").read_text())
+    mm = next(r for r in ops["overall"] if r["name"] in ("aten::mm", "aten::addmm"))
+    assert mm["shapes"] and mm["shapes"][0]["calls"] > 0 and mm["call_sites"]
+    assert mm["self_cpu_memory_bytes"] is not None
+    assert not any(r["name"].startswith(("torch/", "nn.Module:")) for r in ops["overall"])  # frames are not operators
+    assert "n/a on CPU" in (out / "report.md").read_text()
+
+
+class _FakeSession:
+    """Just enough of a session for `profile_image`: one matmul per forward pass on the CPU."""
+
+    device = torch.device("cpu")
+
+    def prepare(self, path: Path) -> None:
+        return None
+
+    def generate(self, prepared: None, new_tokens: int, recorder: StageRecorder) -> None:
+        a = torch.ones(8, 8)
+        with recorder.span(vocab.PREFILL):
+            a = a @ a
+        for _ in range(new_tokens - 1):
+            with recorder.span(vocab.DECODE_STEP):
+                a = a @ a
+
+
+def _garbling(failures: int) -> type:
+    """A torch.profiler.profile whose first `failures` instances cannot read their events back (as torch's Python
+    tracer sometimes leaves an undecodable frame name)."""
+    seen = {"n": 0}
+
+    class Garbling(tp.profile):
+        def events(self) -> Any:
+            seen["n"] += 1
+            if seen["n"] <= failures:
+                raise UnicodeDecodeError("utf-8", b"\xb0", 0, 1, "invalid start byte")
+            return super().events()
+
+    return Garbling
+
+
+def test_an_unreadable_profile_is_profiled_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tp, "profile", _garbling(1))
+    flags = {"record_shapes": True, "profile_memory": False, "with_stack": False, "with_flops": False}
+    table = tp.profile_image(_FakeSession(), Path("x.png"), decode_steps=2, trace_path=None, **flags)
+    mm = next(r for r in table.overall if r.name == "aten::mm")
+    assert mm.calls == 3 and mm.shapes[0].shapes == "[[8, 8], [8, 8]]"
+    assert table.activity is None  # a CPU run: no kernels
+
+
+def test_a_profile_that_stays_unreadable_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tp, "profile", _garbling(tp.PROFILE_ATTEMPTS))
+    flags = {"record_shapes": False, "profile_memory": False, "with_stack": True, "with_flops": False}
+    with pytest.raises(UserError, match="with_stack=false"):
+        tp.profile_image(_FakeSession(), Path("x.png"), decode_steps=1, trace_path=None, **flags)

@@ -546,7 +546,8 @@ def assumptions_md(m: Stage1Metrics, inputs: InputsManifest) -> str:
         [
             f"Device: {m.device.name} ({m.device.type}{'' if m.device.index is None else ':' + str(m.device.index)})",
             f"Timing: {m.device.timing_method}; warm-up passes excluded; a separate FLOP-counting pass per image "
-            "(untimed) runs first",
+            + ("and per batch " if m.settings.batch_size > 1 else "")
+            + "(untimed) runs first",
             f"Compute dtype: {m.model.dtype}",
         ]
     )

@@ -52,7 +52,10 @@ def pages(page_images: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 
 
 def run_stage1(folder: Path, pages: Path, *overrides: str) -> Stage1Folder:
-    cfg = compose_config("stage1", *RUN, f"dataset.root={pages}", *overrides)
+    """stage1-run in-process into `folder` with RUN's settings, `overrides` replacing those of the same key."""
+    keys = {o.split("=", 1)[0] for o in overrides}
+    base = [o for o in RUN if o.split("=", 1)[0] not in keys]
+    cfg = compose_config("stage1", *base, f"dataset.root={pages}", *overrides)
     Stage1Run(cfg, folder, run_id=folder.name).execute()
     return load_stage1(folder)
 
@@ -286,3 +289,24 @@ def test_a_user_error_after_measuring_keeps_what_was_measured(
     assert metrics["settings"]["partial"] is True
     assert (metrics["settings"]["measured_passes"], metrics["settings"]["asked_passes"]) == (1, 6)
     assert "did not finish" in (tmp_path / "run" / "report.md").read_text()
+
+
+# ---- on a GPU -----------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_batched_run_on_a_gpu_has_memory_mbu_and_the_speed_of_light(pages: Path, tmp_path: Path) -> None:
+    """Peak memory per batch pass, and MFU/MBU/speed of light of the batch against the GPU's peaks; outputs of the
+    batch (fp32) equal the inputs alone."""
+    folder = run_stage1(
+        tmp_path / "gpu", pages, "device=cuda", "model.dtype=float32", "run.batch_size=2", "runtime.output_check=always"
+    )
+    m = folder.metrics
+    assert m.batch_summary is not None and (m.batch_summary.peak_memory_bytes or 0) > 0
+    assert all(b.peak_memory_bytes for b in m.batches)
+    decode = m.efficiency_of(vocab.DECODE)
+    assert decode is not None and decode.mbu is not None and decode.speed_of_light_ms is not None
+    assert decode.time_ms == pytest.approx(sum(b.decode_ms for b in m.batches))
+    prefill = m.mfu_of(vocab.PREFILL)
+    assert prefill is not None and prefill.mfu is not None
+    assert all(r.output_check is not None and r.output_check.identical_tokens for r in m.records)
+    assert "## Batches" in (folder.path / "report.md").read_text()

@@ -17,12 +17,13 @@ from llm_perf_opt.analytic.dense import DenseSpec
 from llm_perf_opt.analytic.dense import batch_stage_costs as dense_batch_costs
 from llm_perf_opt.cli.common import compose_config
 from llm_perf_opt.errors import UserError
+from llm_perf_opt.measure.aggregate import batch_summary
 from llm_perf_opt.measure.flops import count_stage_flops
 from llm_perf_opt.measure.sweep import job_figures, summarize
 from llm_perf_opt.pipeline.stage1 import Stage1Run, render
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.folders import Stage1Folder, load_stage1
-from llm_perf_opt.records.stage1 import Stage1Metrics
+from llm_perf_opt.records.stage1 import BatchRecord, Stage1Metrics
 from llm_perf_opt.records.sweep import SweepJob
 from llm_perf_opt.report.plots import routing_hits
 from llm_perf_opt.report.sweep_report import sweep_markdown, throughput_latency_plot
@@ -208,6 +209,25 @@ def test_no_routing_record_no_heatmap(batch1: Stage1Folder, tmp_path: Path) -> N
     assert routing_hits(batch1.metrics, tmp_path / "hits.png") is not None
     assert routing_hits(attrs.evolve(batch1.metrics, routing=None), tmp_path / "none.png") is None
     assert not (tmp_path / "none.png").exists()
+
+
+def _batch(index: int, size: int, decode_ms: float) -> BatchRecord:
+    return BatchRecord(
+        batch=index, repeat=0, images=tuple(f"p{index}_{i}" for i in range(size)), preprocess_ms=1.0, prefill_ms=2.0,
+        vision_ms={}, decode_ms=decode_ms, decode_step_ms=(decode_ms / 2, decode_ms / 2), new_tokens=3,
+        padded_prompt_tokens=10, peak_memory_bytes=None, aggregate_decode_tokens_per_s=size * 2 / decode_ms * 1e3,
+        pages_per_s=size / (3.0 + decode_ms) * 1e3,
+    )  # fmt: skip
+
+
+def test_the_batch_summary_leaves_a_short_last_batch_out_unless_no_batch_is_full() -> None:
+    mixed = batch_summary([_batch(0, 4, 10.0), _batch(1, 4, 20.0), _batch(2, 4, 30.0), _batch(3, 1, 1.0)], 4, None)
+    assert mixed is not None and (mixed.batches, mixed.short_last_batch, mixed.passes) == (4, 1, 3)
+    assert mixed.decode_step_ms is not None and mixed.decode_step_ms.p50 == 10.0  # the full batches' steps only
+    assert mixed.decode_step_ms.ci95_low is not None  # 3 passes: an interval
+    alone = batch_summary([_batch(0, 3, 10.0)], 4, None)
+    assert alone is not None and (alone.short_last_batch, alone.passes) == (3, 1)
+    assert batch_summary([], 4, None) is None
 
 
 # ---- FLOPs counted on a batch against the analytic batch model -----------------------------------------------

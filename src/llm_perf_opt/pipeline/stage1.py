@@ -639,7 +639,12 @@ class Stage1Run:
                 "TFLOP/s> to get one."
             )
         short = self._short_last_batch()
-        if short is not None:
+        if short is not None and short == len(self.selection.images):
+            out.append(
+                f"All {short} input(s) fit in one batch, fewer than run.batch_size={self.runtime.batch_size}: it ran "
+                f"as a batch of {short}."
+            )
+        elif short is not None:
             out.append(
                 f"The last batch holds {short} input(s), fewer than run.batch_size={self.runtime.batch_size}: it ran "
                 "as a smaller batch; the batch summary and the routing figures cover the full batches only."

@@ -97,7 +97,8 @@ def batches_section(doc: Doc, m: Stage1Metrics) -> None:
         "longest prompt. Every input of a batch gets its first token when the batch's prefill ends and its last "
         "when the batch's last decode step ends, so the per-input TTFT and decode times above are the batch's."
     )
-    scope = "the full batches" if b.short_last_batch is not None else "every batch"
+    only_full = b.passes < len(m.batches)  # a short last batch beside full ones is left out of the summary
+    scope = "the full batches" if only_full else "every batch"
     doc.bullets(
         [
             f"Decode step latency: {_p50(b.decode_step_ms, 2, 'ms')}",
@@ -109,7 +110,7 @@ def batches_section(doc: Doc, m: Stage1Metrics) -> None:
             + (
                 f"; the last batch holds {b.short_last_batch} input(s), fewer than {b.batch_size}, and is listed "
                 "apart below."
-                if b.short_last_batch is not None
+                if only_full
                 else "."
             ),
             *([f"Decode bytes count the routed experts as {b.decode_experts}."] if b.decode_experts else []),

@@ -166,6 +166,7 @@ def test_inputs_report_and_predictions(tiny_run: tuple[Path, Path, subprocess.Co
     [
         (["dataset.root=/nonexistent/pages"], "dataset.root"),
         (["run.repeats=0"], "run.repeats"),
+        (["run.batch_size=0"], "run.batch_size"),
         (["infer.max_new_tokens=-2"], "infer.max_new_tokens"),
         (["model.path=__EMPTY__"], "config.json"),
         (["model.path=/nonexistent/checkpoint"], "model.path=/nonexistent/checkpoint does not exist"),

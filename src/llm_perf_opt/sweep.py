@@ -24,13 +24,14 @@ from llm_perf_opt.records.common import COMPLETE, RUNNING
 from llm_perf_opt.records.folders import METRICS_FILE, STATUS_FILE, Stage1Folder, load, read_status, skip_reason
 from llm_perf_opt.records.io import RecordError, read_yaml, save
 from llm_perf_opt.records.sweep import SweepJob, SweepSummary
-from llm_perf_opt.report.sweep_report import sweep_markdown, sweep_plot
+from llm_perf_opt.report.sweep_report import sweep_markdown, sweep_plot, throughput_latency_plot
 
 log = logging.getLogger("llm_perf_opt.sweep")
 
 SUMMARY_MD = "sweep_summary.md"
 SUMMARY_JSON = "sweep_summary.json"
 SUMMARY_PNG = "sweep_summary.png"
+CURVE_PNG = "throughput_latency.png"  # a sweep over run.batch_size
 
 
 def _override_key(override: str) -> tuple[str, str]:
@@ -96,9 +97,11 @@ def summarize_sweep(sweep_dir: Path) -> Path:
 def _summarize(sweep_dir: Path) -> tuple[Path, SweepSummary]:
     summary = summarize(sweep_dir, [load_job(sweep_dir, d) for d in job_dirs(sweep_dir)])
     plot = sweep_plot(summary, sweep_dir / SUMMARY_PNG)
+    curve = throughput_latency_plot(summary, sweep_dir / CURVE_PNG)
     save(summary, sweep_dir / SUMMARY_JSON)
     target = sweep_dir / SUMMARY_MD
-    target.write_text(sweep_markdown(summary, None if plot is None else plot.name), encoding="utf-8")
+    markdown = sweep_markdown(summary, None if plot is None else plot.name, None if curve is None else curve.name)
+    target.write_text(markdown, encoding="utf-8")
     return target, summary
 
 

@@ -11,6 +11,7 @@ for every token, read for every key a decode step attends).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -81,12 +82,13 @@ class DenseSpec:
         return self.layers * 2 * self.kv_heads * self.head_dim
 
 
-def _forward(spec: DenseSpec, tokens: int, keys: int, db: int, *, prefill: bool) -> list[ModuleCost]:
-    """One forward over `tokens` new positions, each attending `keys` keys, + lm_head on the last position."""
-    h, hd, t = spec.hidden, spec.head_dim, float(tokens)
+def _forward(spec: DenseSpec, tokens: int, keys: int, db: int, *, prefill: bool, batch: int = 1) -> list[ModuleCost]:
+    """One forward over `batch` sequences of `tokens` new positions, each attending `keys` keys of its own
+    sequence, + lm_head on the last position of each sequence."""
+    h, hd, t = spec.hidden, spec.head_dim, float(batch * tokens)
     q_dim, kv_dim = spec.heads * hd, spec.kv_heads * hd
-    scores = float(tokens * spec.heads * keys)
-    kv_read = float(keys * 2 * kv_dim) * db
+    scores = float(batch * tokens * spec.heads * keys)
+    kv_read = float(batch * keys * 2 * kv_dim) * db
     out = [ModuleCost("embed_tokens", "other", weight_bytes=t * h * db, activation_bytes=t * h * db)]
     for i in range(spec.layers):
         p = f"layers.{i}."
@@ -116,7 +118,7 @@ def _forward(spec: DenseSpec, tokens: int, keys: int, db: int, *, prefill: bool)
             _eltwise(p + "residual2", t * h, ADD_FLOPS, db, reads=2),
         ]
     out.append(_norm("norm", t * h, h, db, bias=False))
-    out.append(_linear("lm_head", 1, h, spec.vocab, db, bias=False))
+    out.append(_linear("lm_head", batch, h, spec.vocab, db, bias=False))
     return out
 
 
@@ -141,4 +143,20 @@ def stage_costs(spec: DenseSpec, prompt_tokens: int, new_tokens: int, dtype_byte
     return {
         PREFILL: prefill(spec, prompt_tokens, dtype_bytes),
         DECODE: decode(spec, prompt_tokens, new_tokens, dtype_bytes),
+    }
+
+
+def batch_stage_costs(
+    spec: DenseSpec, prompt_tokens: Sequence[int], new_tokens: int, dtype_bytes: int
+) -> dict[str, StageCost]:
+    """The stages "prefill" and "decode" of a batch of prompts left-padded to the longest (padding positions are
+    computed, read and cached like tokens); decode step i attends padded prompt + i keys per sequence."""
+    size, length = len(prompt_tokens), max(prompt_tokens)
+    return {
+        PREFILL: StageCost(PREFILL, tuple(_forward(spec, length, length, dtype_bytes, prefill=True, batch=size))),
+        DECODE: sum_of_steps(
+            lambda context: tuple(_forward(spec, 1, context, dtype_bytes, prefill=False, batch=size)),
+            length,
+            new_tokens,
+        ),
     }

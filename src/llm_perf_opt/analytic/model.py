@@ -409,13 +409,25 @@ def vision_view(spec: ModelSpec, side_px: int, dtype_bytes: int = 2, batch: int 
 
 # ---- decoder -----------------------------------------------------------------------------------------------
 def _cached_attention(
-    p: str, t: float, keys: int, h: int, heads: int, kv_heads: int, hd: int, db: int, *, bias: bool, prefill: bool
+    p: str,
+    t: float,
+    keys: int,
+    h: int,
+    heads: int,
+    kv_heads: int,
+    hd: int,
+    db: int,
+    *,
+    bias: bool,
+    prefill: bool,
+    batch: int = 1,
 ) -> list[ModuleCost]:
-    """A decoder's self-attention with a KV cache over `t` new positions, each attending `keys` keys: q/k/v, RoPE,
-    the cache write, attention over the full score matrix, softmax, o_proj (all projections biased or none)."""
+    """A decoder's self-attention with a KV cache over `t` new positions (over the whole batch), each attending
+    `keys` keys of its own sequence: q/k/v, RoPE, the cache write, attention over the full score matrix, softmax,
+    o_proj (all projections biased or none). Each of the `batch` sequences has its own `keys` cached keys."""
     q_dim, kv_dim = heads * hd, kv_heads * hd
     scores = t * heads * keys
-    kv_read = float(keys * 2 * kv_dim) * db
+    kv_read = float(batch * keys * 2 * kv_dim) * db
     return [
         *_qkv(p, t, h, q_dim, kv_dim, db, bias=bias),
         _eltwise(p + "rope", t * (q_dim + kv_dim), ROPE_FLOPS, db),
@@ -433,12 +445,22 @@ def _cached_attention(
     ]
 
 
-def _decoder(spec: ModelSpec, tokens: int, keys: int, db: int, *, prefill: bool) -> list[ModuleCost]:
-    """The text model over `tokens` new positions, each attending `keys` keys (full score matrix), + lm_head
-    on the last position."""
+def _decoder(
+    spec: ModelSpec,
+    tokens: int,
+    keys: int,
+    db: int,
+    *,
+    prefill: bool,
+    batch: int = 1,
+    experts_hit: float | None = None,
+) -> list[ModuleCost]:
+    """The text model over `batch` sequences of `tokens` new positions, each attending `keys` keys (full score
+    matrix), + lm_head on the last position of each sequence. `experts_hit`: distinct routed experts per MoE layer
+    (default: the uniform-routing expectation for the forward's tokens)."""
     tx = spec.text
     h = tx.hidden
-    t = float(tokens)
+    t = float(batch * tokens)
     out: list[ModuleCost] = [
         ModuleCost("decoder.embed_tokens", "other", weight_bytes=t * h * db, activation_bytes=t * h * db)
     ]
@@ -457,6 +479,7 @@ def _decoder(spec: ModelSpec, tokens: int, keys: int, db: int, *, prefill: bool)
                 db,
                 bias=tx.attention_bias,
                 prefill=prefill,
+                batch=batch,
             ),
             _eltwise(p + "residual1", t * h, ADD_FLOPS, db, reads=2),
             _norm(p + "post_attention_layernorm", t * h, h, db, bias=False),
@@ -464,10 +487,10 @@ def _decoder(spec: ModelSpec, tokens: int, keys: int, db: int, *, prefill: bool)
         if kind == "dense":
             out += _glu(p + "mlp.", t, h, tx.intermediate, db, bias=tx.mlp_bias)
         else:
-            out += _moe(spec, p + "mlp.", t, db)
+            out += _moe(spec, p + "mlp.", t, db, experts_hit)
         out.append(_eltwise(p + "residual2", t * h, ADD_FLOPS, db, reads=2))
     out.append(_norm("decoder.norm", t * h, h, db, bias=False))
-    out.append(_linear("lm_head", 1, h, tx.vocab, db, bias=False))
+    out.append(_linear("lm_head", batch, h, tx.vocab, db, bias=False))
     return out
 
 
@@ -480,11 +503,13 @@ def _glu(prefix: str, t: float, h: int, inter: int, db: int, *, bias: bool) -> l
     ]
 
 
-def _moe(spec: ModelSpec, prefix: str, t: float, db: int) -> list[ModuleCost]:
+def _moe(spec: ModelSpec, prefix: str, t: float, db: int, experts_hit: float | None = None) -> list[ModuleCost]:
+    """An MoE MLP over `t` tokens; its routed weights are those of `experts_hit` distinct experts (default: the
+    uniform-routing expectation E·(1 − (1 − k/E)^t))."""
     tx = spec.text
     h, mi, e, k = tx.hidden, tx.moe_intermediate, tx.n_routed, tx.top_k
     rows = t * k  # (token, expert) pairs actually computed
-    hit = expected_experts(t, e, k)
+    hit = expected_experts(t, e, k) if experts_hit is None else experts_hit
     return [
         ModuleCost(
             prefix + "gate",
@@ -563,6 +588,15 @@ def prefill(spec: ModelSpec, workload: Workload) -> dict[str, StageCost]:
     attending all prompt positions) and the lm_head on the last position. Vision module names start with
     "global/" or "tiles/".
     """
+    stages, image = _image_part(spec, workload)
+    length = workload.prompt_tokens(spec)
+    text = _decoder(spec, length, length, workload.dtype_bytes, prefill=True)
+    stages[PREFILL] = StageCost(PREFILL, (*image, *text))
+    return stages
+
+
+def _image_part(spec: ModelSpec, workload: Workload) -> tuple[dict[str, StageCost], list[ModuleCost]]:
+    """One image's vision sub-stages, and the modules of its prefill before the decoder (vision and layout)."""
     db = workload.dtype_bytes
     vision = _prefixed("global/", vision_view(spec, workload.global_size, db))
     if workload.tiles:
@@ -570,21 +604,23 @@ def prefill(spec: ModelSpec, workload: Workload) -> dict[str, StageCost]:
     by_stage: dict[str, list[ModuleCost]] = {stage: [] for stage in spec.vision_stages}
     for m in vision:
         by_stage[_vision_stage(spec, m.name)].append(m)
-    length = workload.prompt_tokens(spec)
-    text = _decoder(spec, length, length, db, prefill=True)
     stages = {stage: StageCost(stage, tuple(mods)) for stage, mods in by_stage.items()}
-    stages[PREFILL] = StageCost(PREFILL, (*vision, *_image_layout(spec, workload), *text))
-    return stages
+    return stages, [*vision, *_image_layout(spec, workload)]
 
 
-def decode_step(spec: ModelSpec, context: int, dtype_bytes: int = 2) -> StageCost:
-    """One decode step: one new token whose query attends `context` keys (the cache plus itself).
+def decode_step(
+    spec: ModelSpec, context: int, dtype_bytes: int = 2, *, batch: int = 1, experts_hit: float | None = None
+) -> StageCost:
+    """One decode step: one new token per sequence of the batch, whose query attends `context` keys (the cache
+    plus itself).
 
-    Weight bytes are the active weights: attention, the dense / shared MLPs, the router, the top_k routed
-    experts of each MoE layer, the norms, the lm_head and the token's embedding row. KV bytes: the `context`
-    cached keys/values read plus the new token's written.
+    Weight bytes are the active weights: attention, the dense / shared MLPs, the router, the routed experts hit
+    in each MoE layer (`experts_hit`; default the top_k at batch 1, E·(1 − (1 − k/E)^B) at batch B), the norms,
+    the lm_head and the tokens' embedding rows. KV bytes: each sequence's `context` cached keys/values read plus
+    its new token's written.
     """
-    return StageCost(DECODE_STEP, tuple(_decoder(spec, 1, context, dtype_bytes, prefill=False)))
+    modules = _decoder(spec, 1, context, dtype_bytes, prefill=False, batch=batch, experts_hit=experts_hit)
+    return StageCost(DECODE_STEP, tuple(modules))
 
 
 def decode(spec: ModelSpec, workload: Workload) -> StageCost:
@@ -620,6 +656,36 @@ def stage_costs(spec: ModelSpec, workload: Workload) -> dict[str, StageCost]:
     costs = prefill(spec, workload)
     costs[DECODE] = decode(spec, workload)
     return costs
+
+
+def batch_stage_costs(
+    spec: ModelSpec, workloads: Sequence[Workload], experts_hit: float | None = None
+) -> dict[str, StageCost]:
+    """Every stage of one batch of images run together (vision per image, the decoder batched with left padding).
+
+    The vision sub-stages hold every image's modules; "prefill" holds every image's vision and layout and one
+    decoder forward over the batch, each sequence padded to the longest prompt (padding positions are computed,
+    read and cached like tokens); "decode" the new_tokens − 1 batched steps, step i attending padded prompt + i
+    keys per sequence, with `experts_hit` distinct routed experts per MoE layer and step (default: E·(1 − (1 −
+    k/E)^B)). The workloads share new_tokens and dtype_bytes.
+    """
+    if not workloads:
+        raise ValueError("no images in the batch")
+    first = workloads[0]
+    db, size = first.dtype_bytes, len(workloads)
+    length = max(w.prompt_tokens(spec) for w in workloads)
+    parts = [_image_part(spec, w) for w in workloads]
+    stages = {
+        stage: StageCost(stage, tuple(m for costs, _ in parts for m in costs[stage].modules)) for stage in parts[0][0]
+    }
+    text = _decoder(spec, length, length, db, prefill=True, batch=size)
+    stages[PREFILL] = StageCost(PREFILL, (*(m for _, image in parts for m in image), *text))
+    stages[DECODE] = sum_of_steps(
+        lambda context: decode_step(spec, context, db, batch=size, experts_hit=experts_hit).modules,
+        length,
+        first.new_tokens,
+    )
+    return stages
 
 
 def summed_stages(per_input: Sequence[Mapping[str, StageCost]]) -> dict[str, StageCost]:

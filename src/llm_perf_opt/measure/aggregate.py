@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from llm_perf_opt.measure.stats import summarize
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.common import Summary
-from llm_perf_opt.records.stage1 import ImageRecord, StageStat, Throughput
+from llm_perf_opt.records.stage1 import BatchRecord, BatchSummary, ImageRecord, StageStat, Throughput
 
 
 def stage_values(records: Iterable[ImageRecord], vision_stages: Sequence[str]) -> dict[str, list[float]]:
@@ -85,4 +85,28 @@ def throughput(records: Sequence[ImageRecord]) -> Throughput:
         decode_tokens_per_s=statistics.median(decode) if decode else 0.0,
         e2e_images_per_s=1.0 / e2e if e2e > 0 else 0.0,
         e2e_tokens_per_s=tokens,
+    )
+
+
+def batch_summary(batches: Sequence[BatchRecord], batch_size: int, decode_experts: str | None) -> BatchSummary | None:
+    """The batch passes in brief: figures over the full batches' passes (every batch's when none is full), one
+    value per pass; None without batch passes."""
+    if not batches:
+        return None
+    full = [b for b in batches if b.size == batch_size] or list(batches)
+    sizes = {b.batch: b.size for b in batches}
+    last = sizes[max(sizes)]
+    steps = [statistics.fmean(b.decode_step_ms) for b in full if b.decode_step_ms]
+    aggregate = [r for b in full if (r := b.aggregate_decode_tokens_per_s) is not None]
+    memory = [b.peak_memory_bytes for b in batches if b.peak_memory_bytes is not None]
+    return BatchSummary(
+        batch_size=batch_size,
+        batches=len(sizes),
+        short_last_batch=last if last < batch_size else None,
+        passes=len(full),
+        decode_step_ms=summarize(steps, "ms") if steps else None,
+        aggregate_decode_tokens_per_s=summarize(aggregate, "tokens/s") if aggregate else None,
+        pages_per_s=summarize([b.pages_per_s for b in full], "inputs/s"),
+        peak_memory_bytes=max(memory) if memory else None,
+        decode_experts=decode_experts,
     )

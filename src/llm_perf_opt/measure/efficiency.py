@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from llm_perf_opt.measure.mfu import stage_time_ms, utilization
+from llm_perf_opt.measure.mfu import TimedPass, stage_time_ms, utilization
 from llm_perf_opt.records.common import PeakFigure
-from llm_perf_opt.records.stage1 import ImageRecord, StageEfficiency
+from llm_perf_opt.records.stage1 import StageEfficiency
 
 
 class HasBytes(Protocol):
@@ -36,7 +36,7 @@ def speed_of_light(flops: float, moved: float, flops_per_s: float, bytes_per_s: 
 
 
 def efficiency_by_stage(
-    records: Sequence[ImageRecord],
+    records: Sequence[TimedPass],
     flops_by_image: Mapping[str, Mapping[str, float]],
     bytes_by_image: Mapping[str, Mapping[str, HasBytes]],
     stage_names: Sequence[str],
@@ -44,14 +44,15 @@ def efficiency_by_stage(
     bandwidth: PeakFigure | None,
     flops_source: str,
 ) -> tuple[StageEfficiency, ...]:
-    """One StageEfficiency per stage that has FLOPs, bytes and a measured time."""
+    """One StageEfficiency per stage that has FLOPs, bytes and a measured time (FLOPs and bytes keyed by the passes'
+    `cost_key`: per input, or per batch)."""
     out = []
     ridge = compute.value / bandwidth.value if compute and bandwidth else None
     for stage in stage_names:
         flops = moved = time_ms = 0.0
         for rec in records:
-            stage_flops = flops_by_image.get(rec.image, {}).get(stage)
-            cost = bytes_by_image.get(rec.image, {}).get(stage)
+            stage_flops = flops_by_image.get(rec.cost_key, {}).get(stage)
+            cost = bytes_by_image.get(rec.cost_key, {}).get(stage)
             if stage_flops is None or cost is None:
                 continue
             flops += stage_flops

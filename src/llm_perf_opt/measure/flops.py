@@ -16,7 +16,7 @@ PyTorch's counter lacks formulas for ops these models run, so we add them:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -122,8 +122,40 @@ class StageFlops:
         return self.vision.get(stage)
 
 
+@contextmanager
+def _stage_counters(modules: Mapping[str, torch.nn.Module], totals: dict[str, float]) -> Iterator[None]:
+    """Count each call of each stage module under its own counter (nested inside the step's), adding its FLOPs to
+    `totals[stage]`: a module's FLOPs whether it runs inside the model's forward or on its own (a batch embeds
+    each input's vision outside the model's forward, where the step counter's module names do not reach it)."""
+    running: dict[str, FlopCounterMode] = {}
+    handles = []
+    for stage, module in modules.items():
+        totals[stage] = 0.0
+
+        def enter(_module: Any, _args: Any, stage: str = stage) -> None:
+            running[stage] = flop_counter()
+            running[stage].__enter__()
+
+        def leave(_module: Any, _args: Any, _out: Any, stage: str = stage) -> None:
+            counter = running.pop(stage)
+            counter.__exit__(None, None, None)
+            totals[stage] += float(counter.get_total_flops())
+
+        handles += [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def count_stage_flops(session: Any, prepared: Any) -> StageFlops:
-    """Count prefill (with vision sub-stages) and two decode steps of `prepared` on `session`'s model."""
+    """Count prefill (with vision sub-stages) and two decode steps of `prepared` on `session`'s model.
+
+    `prepared` is one input, or a sequence of inputs run as one batch (vision per input, the decoder batched with
+    left padding): then the counts are the batch's, padding positions included (a padded prompt position is
+    computed like a token, and every decode step attends the padded prompt), and `prompt_tokens` is the padded
+    prompt length, so `decode_step(context)` is the whole batch's step."""
     counters: dict[int, FlopCounterMode] = {}
 
     @contextmanager
@@ -133,24 +165,22 @@ def count_stage_flops(session: Any, prepared: Any) -> StageFlops:
             yield
 
     recorder = StageRecorder(session.device, nvtx=False)
-    session.generate(prepared, 3, recorder, around_step=around, reference=True)
+    batch = list(prepared) if isinstance(prepared, Sequence) else [prepared]
+    vision: dict[str, float] = {}
+    with _stage_counters(session.adapter.stage_modules(session.model), vision):
+        session.generate_batch(batch, 3, recorder, around_step=around, reference=True)
+    prompt_tokens = max(p.prompt_tokens for p in batch)
     prefill = counters[0]
     by_module = prefill.get_flop_counts()
-    root = type(session.model).__name__
-    paths = {id(module): name for name, module in session.model.named_modules()}
-    vision = {
-        stage: float(sum(by_module.get(f"{root}.{paths[id(module)]}", {}).values()))
-        for stage, module in session.adapter.stage_modules(session.model).items()
-    }
     step1, step2 = counters[1].get_total_flops(), counters[2].get_total_flops()
     per_ctx = float(step2 - step1)
-    base = float(step1) - per_ctx * (prepared.prompt_tokens + 1)
+    base = float(step1) - per_ctx * (prompt_tokens + 1)
     by_op = {str(op): float(n) for op, n in by_module.get("Global", {}).items()}
     return StageFlops(
         prefill=float(prefill.get_total_flops()),
         vision=vision,
         decode_step_base=base,
         decode_step_per_ctx=per_ctx,
-        prompt_tokens=prepared.prompt_tokens,
+        prompt_tokens=prompt_tokens,
         by_operator=by_op,
     )

@@ -2,16 +2,20 @@
 
 Using totals (not a mean of ratios) keeps the arithmetic checkable from the report: every MFU row shows its
 FLOPs, its time, the achieved TFLOP/s and the peak with its source.
+
+A pass is one input's (an `ImageRecord`, batch 1) or one batch's (a `BatchRecord`): its FLOPs and bytes are
+looked up by its `cost_key` (the input, or the batch), so a batch's MFU is the batch's FLOPs over the batch's time.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 from llm_perf_opt.hardware.table import PeakFigure
 from llm_perf_opt.measure.flops import FLOP_SOURCE, StageFlops
 from llm_perf_opt.records import vocabulary as vocab
-from llm_perf_opt.records.stage1 import ImageRecord, MfuRecord
+from llm_perf_opt.records.stage1 import MfuRecord
 
 
 def utilization(amount: float, seconds: float, peak: PeakFigure | None) -> tuple[float, float | None]:
@@ -23,7 +27,22 @@ def utilization(amount: float, seconds: float, peak: PeakFigure | None) -> tuple
     return rate, (rate / peak.value if peak is not None else None)
 
 
-def stage_time_ms(record: ImageRecord, stage: str) -> float:
+class TimedPass(Protocol):
+    """One timed pass with stage times (ms): an `ImageRecord` or a `BatchRecord`."""
+
+    @property
+    def cost_key(self) -> str: ...
+    @property
+    def prefill_ms(self) -> float: ...
+    @property
+    def decode_ms(self) -> float: ...
+    @property
+    def vision_ms(self) -> Mapping[str, float]: ...
+    @property
+    def new_tokens(self) -> int: ...
+
+
+def stage_time_ms(record: TimedPass, stage: str) -> float:
     if stage == vocab.PREFILL:
         return record.prefill_ms
     if stage == vocab.DECODE:
@@ -32,18 +51,19 @@ def stage_time_ms(record: ImageRecord, stage: str) -> float:
 
 
 def mfu_by_stage(
-    records: Sequence[ImageRecord],
+    records: Sequence[TimedPass],
     flops_by_image: Mapping[str, StageFlops],
     stage_names: Sequence[str],
     peak: PeakFigure | None,
 ) -> tuple[MfuRecord, ...]:
-    """One MfuRecord per stage in `stage_names` (prefill, vision sub-stages, decode)."""
+    """One MfuRecord per stage in `stage_names` (prefill, vision sub-stages, decode); `flops_by_image` is keyed by
+    the passes' `cost_key`."""
     out = []
     for stage in stage_names:
         flops_total = 0.0
         time_ms = 0.0
         for rec in records:
-            flops = flops_by_image[rec.image].stage_total(stage, rec.new_tokens)
+            flops = flops_by_image[rec.cost_key].stage_total(stage, rec.new_tokens)
             if flops is None:
                 continue
             flops_total += flops

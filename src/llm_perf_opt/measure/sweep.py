@@ -10,7 +10,7 @@ import attrs
 
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.stage1 import Stage1Metrics
-from llm_perf_opt.records.sweep import ABSENT, JobFigures, SweepJob, SweepSummary
+from llm_perf_opt.records.sweep import ABSENT, BATCH_SIZE_KEY, JobFigures, SweepJob, SweepSummary, ThroughputPoint
 
 
 def _finite(value: float | None) -> float | None:
@@ -27,6 +27,12 @@ def job_figures(metrics: Stage1Metrics) -> JobFigures:
 
     prefill_mfu = metrics.mfu_of(vocab.PREFILL)
     decode_efficiency = metrics.efficiency_of(vocab.DECODE)
+    size = metrics.settings.batch_size
+    batch = metrics.batch_summary
+    if batch is not None and batch.aggregate_decode_tokens_per_s is not None:
+        aggregate = _finite(batch.aggregate_decode_tokens_per_s.p50)
+    else:  # batch 1: the batch is the input
+        aggregate = _finite(metrics.throughput.decode_tokens_per_s) if size == 1 else None
     return JobFigures(
         e2e_p50_ms=p50(vocab.E2E),
         prefill_p50_ms=p50(vocab.PREFILL),
@@ -37,7 +43,33 @@ def job_figures(metrics: Stage1Metrics) -> JobFigures:
         prefill_achieved_tflops=None if prefill_mfu is None else _finite(prefill_mfu.achieved_tflops),
         decode_mbu=None if decode_efficiency is None else _finite(decode_efficiency.mbu),
         decode_tokens_per_s=_finite(metrics.throughput.decode_tokens_per_s),
+        batch_size=size,
+        per_input_decode_tokens_per_s=None if aggregate is None else aggregate / size,
+        aggregate_decode_tokens_per_s=aggregate,
     )
+
+
+def throughput_latency(jobs: Sequence[SweepJob], keys: Sequence[str]) -> tuple[ThroughputPoint, ...]:
+    """Per-input against aggregate decode tokens/s of each summarised job, by batch size; empty unless the sweep
+    varies run.batch_size."""
+    if BATCH_SIZE_KEY not in keys:
+        return ()
+    points = [
+        ThroughputPoint(
+            job=job.num,
+            batch_size=m.batch_size,
+            per_input_decode_tokens_per_s=m.per_input_decode_tokens_per_s,
+            aggregate_decode_tokens_per_s=m.aggregate_decode_tokens_per_s,
+            decode_ms_per_token_p50=m.decode_ms_per_token_p50,
+        )
+        for job in jobs
+        if job.ok
+        and (m := job.metrics) is not None
+        and m.batch_size is not None
+        and m.per_input_decode_tokens_per_s is not None
+        and m.aggregate_decode_tokens_per_s is not None
+    ]
+    return tuple(sorted(points, key=lambda p: (p.batch_size, p.job)))
 
 
 def swept_keys(jobs: Sequence[SweepJob]) -> list[str]:
@@ -56,4 +88,5 @@ def summarize(sweep_dir: Path, jobs: Sequence[SweepJob]) -> SweepSummary:
         sweep_dir=str(sweep_dir),
         swept_keys=tuple(keys),
         jobs=tuple(attrs.evolve(j, swept={k: j.value(k) for k in keys}) for j in jobs),
+        throughput_latency=throughput_latency(jobs, keys),
     )

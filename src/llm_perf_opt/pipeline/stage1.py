@@ -30,12 +30,12 @@ from llm_perf_opt.hardware.measured import (
     measured_peak_compute,
 )
 from llm_perf_opt.hardware.table import peak_bandwidth, peak_compute
-from llm_perf_opt.measure.aggregate import stage_stats, throughput
+from llm_perf_opt.measure.aggregate import batch_summary, stage_stats, throughput
 from llm_perf_opt.measure.efficiency import efficiency_by_stage
 from llm_perf_opt.measure.flops import FLOP_SOURCE, GROUPED_MM_FALLBACK_OP, StageFlops, count_stage_flops
 from llm_perf_opt.measure.mfu import mfu_by_stage
 from llm_perf_opt.measure.outputs import save_prefill_logits
-from llm_perf_opt.measure.routing import RoutingTrace, summarize_routing
+from llm_perf_opt.measure.routing import RoutingTrace, find_routers, mean_unique_experts, summarize_routing
 from llm_perf_opt.measure.timing import timing_method
 from llm_perf_opt.measure.torch_profiler import OperatorTable, profile_image
 from llm_perf_opt.measure.variation import high_variation, stage_variation
@@ -47,6 +47,7 @@ from llm_perf_opt.records.common import SCHEMA_VERSION, PeakFigure
 from llm_perf_opt.records.folders import INPUTS_FILE, METRICS_FILE, OPERATORS_FILE, PREFILL_LOGITS_FILE, load_stage1
 from llm_perf_opt.records.io import dumps_lines
 from llm_perf_opt.records.stage1 import (
+    BatchRecord,
     CompileSummary,
     DeviceInfo,
     ImageInput,
@@ -64,14 +65,17 @@ from llm_perf_opt.records.stage1 import (
     Stage1Metrics,
     StageVariation,
     TextInput,
+    batch_key,
 )
 from llm_perf_opt.report import stage1_reports
 from llm_perf_opt.report.markdown import pct
 from llm_perf_opt.session.adapters.registry import make_adapter
 from llm_perf_opt.session.runtime import RuntimeSettings
 from llm_perf_opt.session.session import (
+    BatchMeasurement,
     ImageMeasurement,
     InferenceSession,
+    batches,
     device_name,
     resolve_device,
     resolve_dtype,
@@ -155,6 +159,25 @@ def _record(
     )
 
 
+def _batch_record(index: int, repeat: int, keys: tuple[str, ...], m: BatchMeasurement) -> BatchRecord:
+    return BatchRecord(
+        batch=index,
+        repeat=repeat,
+        images=keys,
+        preprocess_ms=m.preprocess_ms,
+        prefill_ms=m.prefill_ms,
+        vision_ms={s: ms for s, ms in m.stage_ms.items() if vocab.is_vision(s)},
+        decode_ms=m.decode_ms,
+        decode_step_ms=m.decode_step_ms,
+        new_tokens=m.new_tokens,
+        padded_prompt_tokens=m.padded_prompt_tokens,
+        peak_memory_bytes=m.peak_memory_bytes,
+        aggregate_decode_tokens_per_s=m.aggregate_decode_tokens_per_s,
+        pages_per_s=m.pages_per_s,
+        experts_hit_per_step=None if m.routing is None else mean_unique_experts([m.routing]),
+    )
+
+
 @attrs.define
 class _RunState:
     """What has been gathered so far (written out on success, failure after measuring, or Ctrl-C)."""
@@ -167,6 +190,11 @@ class _RunState:
     measured_peaks: tuple[PeakFigure | None, PeakFigure | None] | None = None  # hardware.peaks=measured
     routing: list[RoutingTrace] = attrs.Factory(list)  # MoE decoders: experts hit per decode step, timed passes
     prefill_logits: dict[str, torch.Tensor] = attrs.Factory(dict)  # run.save_prefill_logits: first timed pass
+    # run.batch_size > 1: the batch passes, and each batch's counted FLOPs and analytic costs (by batch key)
+    batches: list[BatchRecord] = attrs.Factory(list)
+    batch_flops: dict[str, StageFlops] = attrs.Factory(dict)
+    batch_analytic: dict[str, Mapping[str, Any]] = attrs.Factory(dict)
+    decode_experts: str | None = None  # which routed-expert count the batch decode bytes used
 
 
 class Stage1Run:
@@ -188,20 +216,22 @@ class Stage1Run:
     def execute(self) -> Path:
         """Run everything; the folder ends complete, failed or interrupted."""
         self.art.start(self.run_id)
+        measuring = True
         try:
             with self.feedback.session():
                 self._measure()
+            measuring = False
             metrics = self._write_outputs(partial=False)
         except KeyboardInterrupt:
             self._write_partial("interrupted by the user (Ctrl-C)")
             self.art.finish(artifacts.INTERRUPTED, "interrupted by the user (Ctrl-C); results so far were written")
             raise
         except UserError as exc:
-            self.art.finish(artifacts.FAILED, str(exc))
+            # bad input found while measuring: keep what was measured (an output that cannot be written is not retried)
+            self._fail(f"failed: {exc}", str(exc), partial=measuring)
             raise
         except Exception as exc:
-            self._write_partial(f"failed: {type(exc).__name__}: {exc}")
-            self.art.finish(artifacts.FAILED, f"{type(exc).__name__}: {exc}")
+            self._fail(f"failed: {type(exc).__name__}: {exc}", f"{type(exc).__name__}: {exc}")
             raise
         self.art.finish(artifacts.COMPLETE)
         self._print_summary(metrics)
@@ -225,6 +255,14 @@ class Stage1Run:
         ]
         self.feedback.summary(f"stage1-run {self.run_id}: complete", rows, str(self.art.run_dir / "report.md"))
 
+    def _fail(self, why: str, message: str, *, partial: bool = True) -> None:
+        """Write what was measured (when `partial`), then mark the folder failed whatever that write does."""
+        try:
+            if partial:
+                self._write_partial(why)
+        finally:
+            self.art.finish(artifacts.FAILED, message)
+
     def _write_partial(self, why: str) -> None:
         if self.state.records and self.session is not None:
             log.warning("writing what was measured so far (%d passes): %s", len(self.state.records), why)
@@ -236,13 +274,7 @@ class Stage1Run:
         self.art.write_text("config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
         check_workload_model(cfg)
         device = resolve_device(cfg.device)
-        self.runtime = RuntimeSettings.from_config(cfg)
-        if self.runtime.batch_size != 1:
-            raise UserError(
-                f"run.batch_size={self.runtime.batch_size}: stage1-run measures one input per forward in this release "
-                "(batched sessions exist, their per-batch report does not yet)",
-                "Leave run.batch_size=1",
-            )
+        self.runtime = RuntimeSettings.from_config(cfg)  # run.batch_size ≤ 0 is refused here, before any build
         self.runtime.check_device(device)
         self.settings = settings = resolve_settings(cfg, device)
         adapter = make_adapter(cfg.model)  # knows what the model takes (images or text) before it is built
@@ -270,9 +302,16 @@ class Stage1Run:
         log.info("model ready in %.1f s: %s", time.perf_counter() - started, session.loaded.weights_detail)
 
         vision = session.vision_stages
-        passes = len(self.selection.images) * (1 + settings.warmup + settings.repeats)
-        with self.feedback.step("images: FLOP count, warm-up and timed passes", total=passes) as bar:
-            self._run_images(session, settings, vision, bar)
+        size = self.runtime.batch_size
+        if size == 1:
+            passes = len(self.selection.images) * (1 + settings.warmup + settings.repeats)
+            with self.feedback.step("images: FLOP count, warm-up and timed passes", total=passes) as bar:
+                self._run_images(session, settings, vision, bar)
+        else:
+            groups = batches([e.path for e in self.selection.images], size)
+            passes = len(self.selection.images) + len(groups) * (1 + settings.warmup + settings.repeats)
+            with self.feedback.step(f"batches of {size}: FLOP count, warm-up and timed passes", total=passes) as bar:
+                self._run_batches(session, settings, vision, groups, bar)
 
         prof = cfg.pipeline.torch_profiler
         if prof.enable:
@@ -347,6 +386,97 @@ class Stage1Run:
                     len(measured.token_ids),
                 )
 
+    def _run_batches(
+        self,
+        session: InferenceSession,
+        settings: ResolvedSettings,
+        vision: tuple[str, ...],
+        groups: list[tuple[Path, ...]],
+        bar: StepHandle,
+    ) -> None:
+        """Per batch: each input's FLOP count alone and the batch's (untimed), warm-up passes without NVTX, then
+        the timed passes: one `BatchRecord` per pass and one `ImageRecord` per input and pass."""
+        assert self.selection is not None
+        if groups[-1] and len(groups[-1]) < self.runtime.batch_size:
+            log.warning(
+                "the last batch holds %d input(s), fewer than run.batch_size=%d: it runs as a smaller batch",
+                len(groups[-1]),
+                self.runtime.batch_size,
+            )
+        for index, paths in enumerate(groups):
+            keys = tuple(input_key(self.selection, path) for path in paths)
+            prepared = [session.prepare(path) for path in paths]
+            grids = {}
+            for name, one in zip(keys, prepared, strict=True):
+                log.info("%s: counting FLOPs alone (untimed)", name)
+                grid = one.model_inputs.get("crop_grid")
+                grids[name] = None if grid is None else (int(grid[0]), int(grid[1]))
+                self.state.flops[name] = count_stage_flops(session, one)
+                costs = session.adapter.analytic_costs(
+                    session.model, one, settings.max_new_tokens, session.dtype.itemsize
+                )
+                if costs is not None:
+                    self.state.analytic[name] = costs
+                bar.advance()
+            key = batch_key(index)
+            if len(prepared) == 1:  # a last batch of one input: its count alone
+                self.state.batch_flops[key] = self.state.flops[keys[0]]
+            else:
+                log.info("%s (%s): counting FLOPs of the batch (untimed)", key, ", ".join(keys))
+                self.state.batch_flops[key] = count_stage_flops(session, prepared)
+            bar.advance()
+            for _ in range(settings.warmup):  # no NVTX: warm-up stays outside every stage Nsight analyses
+                session.run_batch(paths, settings.max_new_tokens, nvtx=False)
+                bar.advance()
+            traces: list[RoutingTrace] = []
+            for repeat in range(settings.repeats):
+                measured = session.run_batch(paths, settings.max_new_tokens)
+                for name, page in zip(keys, measured.page_measurements(), strict=True):
+                    self.state.records.append(_record(name, repeat, page, vision, grids[name]))
+                    self.state.predictions.setdefault(name, page.token_ids)
+                    if page.prefill_logits is not None:
+                        self.state.prefill_logits.setdefault(name, page.prefill_logits)
+                if measured.routing is not None:
+                    self.state.routing.append(measured.routing)
+                    traces.append(measured.routing)
+                self.state.batches.append(_batch_record(index, repeat, keys, measured))
+                self._price_batch(session, key, prepared, traces)
+                bar.advance()
+                log.info(
+                    "%s repeat %d/%d: prefill %.1f ms, decode %.1f ms (%d tokens x %d inputs)",
+                    key,
+                    repeat + 1,
+                    settings.repeats,
+                    measured.prefill_ms,
+                    measured.decode_ms,
+                    measured.new_tokens,
+                    measured.batch_size,
+                )
+
+    def _price_batch(
+        self, session: InferenceSession, key: str, prepared: list[Any], traces: list[RoutingTrace]
+    ) -> None:
+        """The batch's analytic costs; its decode reads the routed experts the routing record saw hit (mean over
+        the batch's timed decode steps), or the uniform-routing expectation without a record."""
+        assert self.settings is not None
+        hit = mean_unique_experts(traces)
+        costs = session.adapter.analytic_batch_costs(
+            session.model, prepared, self.settings.max_new_tokens, session.dtype.itemsize, hit
+        )
+        if costs is None:
+            return
+        self.state.batch_analytic[key] = costs
+        if hit is not None:
+            self.state.decode_experts = (
+                "measured: the routing record's distinct experts per decode step and MoE layer, each batch's mean "
+                "over its timed passes"
+            )
+        elif find_routers(session.model):
+            self.state.decode_experts = (
+                "expected: E·(1 − (1 − k/E)^B) distinct experts per decode step and MoE layer (uniform routing; no "
+                "routing record, runtime.record_routing=false)"
+            )
+
     # ---- outputs -----------------------------------------------------------------------------------
     def _inputs_manifest(self) -> InputsManifest:
         sel = self.selection
@@ -387,10 +517,21 @@ class Stage1Run:
             for image in dict.fromkeys(r.image for r in records)
         }
         mfu_stages = (vocab.PREFILL, *vision, vocab.DECODE)
-        flops_per_image = {
-            image: {s: v for s in mfu_stages if (v := f.stage_total(s, settings.max_new_tokens)) is not None}
-            for image, f in self.state.flops.items()
-        }
+
+        def per_stage(counted: Mapping[str, StageFlops]) -> dict[str, dict[str, float]]:
+            return {
+                key: {s: v for s in mfu_stages if (v := f.stage_total(s, settings.max_new_tokens)) is not None}
+                for key, f in counted.items()
+            }
+
+        flops_per_image = per_stage(self.state.flops)
+        flops_per_batch = per_stage(self.state.batch_flops)
+        # MFU, MBU and the speed of light per pass of the decoder: an input's (batch 1) or a batch's (its FLOPs and
+        # bytes over its time; per-input FLOPs over the batch's time would count the batch's time once per input)
+        passes: list[Any] = list(self.state.batches) if self.state.batches else list(records)
+        pass_flops = self.state.batch_flops if self.state.batches else self.state.flops
+        pass_flops_per_stage = flops_per_batch if self.state.batches else flops_per_image
+        pass_costs = self.state.batch_analytic if self.state.batches else self.state.analytic
         variation = stage_variation(records, vision)
         warnings = self._warnings(variation, partial, peak is None)
         ops = self.state.operators
@@ -401,9 +542,9 @@ class Stage1Run:
             else MeasuredPeaks(
                 compute=measured[0],
                 bandwidth=measured[1],
-                mfu=mfu_by_stage(records, self.state.flops, mfu_stages, measured[0]),
+                mfu=mfu_by_stage(passes, pass_flops, mfu_stages, measured[0]),
                 efficiency=efficiency_by_stage(
-                    records, flops_per_image, self.state.analytic, mfu_stages, measured[0], measured[1], FLOP_SOURCE
+                    passes, pass_flops_per_stage, pass_costs, mfu_stages, measured[0], measured[1], FLOP_SOURCE
                 ),
             )
         )
@@ -438,7 +579,7 @@ class Stage1Run:
                 max_new_tokens=settings.max_new_tokens,
                 max_images=settings.max_images,
                 sources=dict(settings.sources),
-                batch_size=1,
+                batch_size=self.runtime.batch_size,
                 workload_profile=plain(cfg.workload_profile) if cfg.get("workload_profile") else None,
                 partial=partial,
                 input_kind=self.inputs.kind if self.inputs else "image",
@@ -453,9 +594,9 @@ class Stage1Run:
             stages=stage_stats(records, vision),
             per_image=per_image,
             throughput=throughput(records),
-            mfu=mfu_by_stage(records, self.state.flops, mfu_stages, peak),
+            mfu=mfu_by_stage(passes, pass_flops, mfu_stages, peak),
             efficiency=efficiency_by_stage(
-                records, flops_per_image, self.state.analytic, mfu_stages, peak, bandwidth, FLOP_SOURCE
+                passes, pass_flops_per_stage, pass_costs, mfu_stages, peak, bandwidth, FLOP_SOURCE
             ),
             bandwidth_peak=bandwidth,
             flops_per_image=flops_per_image,
@@ -474,9 +615,12 @@ class Stage1Run:
             config_digest=config_digest(cfg),
             variation=variation,
             measured_peaks=measured_peaks,
-            routing=summarize_routing(self.state.routing),
+            routing=summarize_routing(_largest_batches(self.state.routing)),
             compile=_compile_record(session),
             host_peak_rss_bytes=host_peak_rss_bytes(),
+            batches=tuple(self.state.batches),
+            batch_summary=batch_summary(self.state.batches, self.runtime.batch_size, self.state.decode_experts),
+            flops_per_batch=flops_per_batch,
         )
 
     def _warnings(self, variation: tuple[StageVariation, ...], partial: bool, no_peak: bool) -> tuple[str, ...]:
@@ -505,6 +649,17 @@ class Stage1Run:
                 "MFU is n/a: no dense peak is known for this device and dtype. Set hardware.peak_tflops=<dense "
                 "TFLOP/s> to get one."
             )
+        short = self._short_last_batch()
+        if short is not None and short == len(self.selection.images):
+            out.append(
+                f"All {short} input(s) fit in one batch, fewer than run.batch_size={self.runtime.batch_size}: it ran "
+                f"as a batch of {short}."
+            )
+        elif short is not None:
+            out.append(
+                f"The last batch holds {short} input(s), fewer than run.batch_size={self.runtime.batch_size}: it ran "
+                "as a smaller batch; the batch summary and the routing figures cover the full batches only."
+            )
         if self.settings.repeats < 3:
             out.append(f"Only {self.settings.repeats} timed pass(es) per image: dispersion figures are weak.")
         threshold = float(self.cfg.run.cv_warn)
@@ -515,6 +670,13 @@ class Stage1Run:
                 f"(median over {v.images_judged} image(s){worst}; > {threshold:.0%})."
             )
         return tuple(out)
+
+    def _short_last_batch(self) -> int | None:
+        """Inputs in a last batch smaller than run.batch_size, or None."""
+        if self.runtime.batch_size == 1 or self.selection is None or not self.selection.images:
+            return None
+        left = len(self.selection.images) % self.runtime.batch_size
+        return left or None
 
     def _predictions(self, strip_special_tokens: bool) -> tuple[Prediction, ...]:
         """The tokens generated for each input (first timed pass), decoded where the model has a tokenizer."""
@@ -603,6 +765,12 @@ def host_peak_rss_bytes() -> int | None:
         return None
     peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
     return peak if sys.platform == "darwin" else peak * 1024
+
+
+def _largest_batches(traces: list[RoutingTrace]) -> list[RoutingTrace]:
+    """The routing traces of the full batches (the most tokens per step): a smaller last batch is not pooled."""
+    most = max((t.tokens_per_step for t in traces if t.steps), default=0)
+    return [t for t in traces if t.tokens_per_step == most]
 
 
 def _compile_record(session: InferenceSession) -> CompileSummary | None:

@@ -60,6 +60,68 @@ class ImageRecord:
     crop_grid: tuple[int, int] | None = None  # DeepSeek-OCR v1 Gundam: tiles across, down (3x2 and 2x3 differ)
     output_check: OutputCheck | None = None  # against the eager dynamic-cache run of the same input
 
+    @property
+    def cost_key(self) -> str:
+        """The key of this pass's FLOPs and analytic bytes: its input."""
+        return self.image
+
+
+def batch_key(index: int) -> str:
+    """The key of batch `index` (0-based, run order) in per-batch mappings (FLOPs, analytic bytes)."""
+    return f"batch {index}"
+
+
+@attrs.frozen
+class BatchRecord:
+    """One timed pass over one batch of inputs (`run.batch_size` > 1; times in ms, rates per second).
+
+    The inputs are preprocessed and run through vision one after the other, then the decoder prefills and decodes
+    them together: every input's TTFT and decode time are the batch's (its `ImageRecord`s say so too)."""
+
+    batch: int  # 0-based index of the batch in run order
+    repeat: int
+    images: tuple[str, ...]  # the inputs' keys, in batch order
+    preprocess_ms: float  # every input's preprocessing
+    prefill_ms: float  # every input's vision + the batched decoder prefill
+    vision_ms: Mapping[str, float]  # per vision sub-stage, summed over the inputs (nested inside prefill)
+    decode_ms: float
+    decode_step_ms: tuple[float, ...]  # one per decode step of the whole batch
+    new_tokens: int  # per input (the first from prefill)
+    padded_prompt_tokens: int  # prompt positions after left padding (the longest prompt)
+    peak_memory_bytes: int | None
+    aggregate_decode_tokens_per_s: float | None  # decode tokens of every input / decode time
+    pages_per_s: float  # inputs finished per second, end to end
+    experts_hit_per_step: float | None = None  # MoE: distinct experts per decode step and layer (routing record)
+
+    @property
+    def size(self) -> int:
+        return len(self.images)
+
+    @property
+    def e2e_ms(self) -> float:
+        return self.preprocess_ms + self.prefill_ms + self.decode_ms
+
+    @property
+    def cost_key(self) -> str:
+        """The key of this pass's FLOPs and analytic bytes: its batch."""
+        return batch_key(self.batch)
+
+
+@attrs.frozen
+class BatchSummary:
+    """The batches of a run in brief: figures over the timed passes of the full batches (of `batch_size` inputs;
+    of every batch when none is full), one value per batch pass, by the `Summary` rules."""
+
+    batch_size: int
+    batches: int  # batches per round over the inputs
+    short_last_batch: int | None  # inputs of a last batch smaller than batch_size (None: every batch is full)
+    passes: int  # batch passes the figures below summarise
+    decode_step_ms: Summary | None  # a pass's mean decode step (ms)
+    aggregate_decode_tokens_per_s: Summary | None
+    pages_per_s: Summary
+    peak_memory_bytes: int | None  # the largest over every batch pass (None off the GPU)
+    decode_experts: str | None = None  # which routed-expert count the batch decode bytes used (MoE, analytic model)
+
 
 @attrs.frozen
 class StageStat:
@@ -426,6 +488,10 @@ class Stage1Metrics:
     routing: RoutingSummary | None = None  # MoE decoders: experts hit per decode step (timed passes)
     compile: CompileSummary | None = None  # runtime.compile != none
     host_peak_rss_bytes: int | None = None  # the process's peak resident memory over the whole run (host side)
+    # run.batch_size > 1: every timed batch pass, their summary, and each batch's counted FLOPs per stage and pass
+    batches: tuple[BatchRecord, ...] = ()
+    batch_summary: BatchSummary | None = None
+    flops_per_batch: Mapping[str, Mapping[str, float]] = attrs.field(factory=dict)  # batch key -> stage -> FLOPs
 
     @property
     def vision_stages(self) -> tuple[str, ...]:

@@ -10,6 +10,7 @@ import attrs
 from llm_perf_opt.records.common import SCHEMA_VERSION
 from llm_perf_opt.records.io import load_file
 
+BATCH_SIZE_KEY = "run.batch_size"  # the override whose sweep gives the throughput–latency curve
 ABSENT = "(default)"  # value shown for a swept key that a job did not override
 UNKNOWN = "?"  # value shown when the job's overrides.yaml is missing or unreadable
 
@@ -27,6 +28,23 @@ class JobFigures:
     prefill_achieved_tflops: float | None = None
     decode_mbu: float | None = None
     decode_tokens_per_s: float | None = None
+    batch_size: int | None = None  # run.batch_size (None: a run that did not record it)
+    # decode tokens/s of one input (tokens after the first over the decode time) and of the whole batch (every
+    # input's): p50 over the full batches' passes (batch 1: the per-pass median)
+    per_input_decode_tokens_per_s: float | None = None
+    aggregate_decode_tokens_per_s: float | None = None
+
+
+@attrs.frozen
+class ThroughputPoint:
+    """One batch size of a sweep over run.batch_size: what one input sees (latency) against what the batch delivers
+    (throughput)."""
+
+    job: int
+    batch_size: int
+    per_input_decode_tokens_per_s: float
+    aggregate_decode_tokens_per_s: float
+    decode_ms_per_token_p50: float | None
 
 
 @attrs.frozen
@@ -60,6 +78,8 @@ class SweepSummary:
     swept_keys: tuple[str, ...]
     jobs: tuple[SweepJob, ...]
     schema_version: str = SCHEMA_VERSION
+    # a sweep over run.batch_size: one point per summarised job, by batch size (empty otherwise)
+    throughput_latency: tuple[ThroughputPoint, ...] = ()
 
     @property
     def summarised(self) -> tuple[tuple[SweepJob, JobFigures], ...]:

@@ -28,6 +28,7 @@ from llm_perf_opt.records.stage1 import ImageRecord, Stage1Metrics
 DPI = 110
 TOP_OPERATORS = 10
 MAX_PANELS = 4
+ANNOTATED_CELLS = 256  # routing heatmaps up to this many cells print each cell's count
 PREPROCESS = vocab.PREPROCESS
 REST_OF_PREFILL = "prefill (rest)"
 DECODE = vocab.DECODE
@@ -342,11 +343,45 @@ def operator_shares(m: Metrics, path: Path) -> Path | None:
     return save_figure(fig, path)
 
 
+def routing_hits(m: Metrics, path: Path) -> Path | None:
+    """Heatmap of the MoE routing record: for each MoE layer (rows) and routed expert (columns), the share of the
+    timed decode steps whose tokens picked it; None for a run without a routing record."""
+    routing = m.routing
+    if routing is None or not routing.hit_histogram or not routing.steps:
+        return None
+    share = [[100.0 * hits / routing.steps for hits in row] for row in routing.hit_histogram]
+    layers = [f"layer {r.layer}" for r in routing.per_layer]
+    experts = routing.experts
+    fig, ax = plt.subplots(figsize=(max(6.0, 2.5 + 0.16 * experts), max(2.6, 1.6 + 0.32 * len(layers))))
+    image = ax.imshow(share, aspect="auto", cmap="viridis", vmin=0.0, vmax=100.0, interpolation="nearest")
+    if experts * len(layers) <= ANNOTATED_CELLS:  # a small grid: each cell's count of steps
+        for row, hits in enumerate(routing.hit_histogram):
+            for expert, count in enumerate(hits):
+                colour = "white" if share[row][expert] < 50 else "black"
+                ax.text(expert, row, str(count), ha="center", va="center", fontsize=8, color=colour)
+    ax.set_yticks(range(len(layers)))
+    ax.set_yticklabels(layers, fontsize=8)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=min(experts, 16)))
+    ax.set_xlabel(f"routed expert (of {experts})")
+    ax.set_ylabel("MoE layer")
+    uniform = 100.0 * routing.expected_unique / experts
+    ax.set_title(
+        f"Experts hit per decode step: top-{routing.top_k}, {routing.tokens_per_step} token(s) per step, "
+        f"{routing.steps} timed steps\n(uniform routing would hit each expert in {uniform:.0f}% of the steps; "
+        f"{m.model.name})",
+        fontsize=10,
+    )
+    bar = fig.colorbar(image, ax=ax, pad=0.02)
+    bar.set_label("decode steps that hit it (%)")
+    return save_figure(fig, path)
+
+
 PLOTS = {
     "stage_breakdown": stage_breakdown,
     "decode_latency": decode_latency,
     "roofline": roofline,
     "operator_shares": operator_shares,
+    "routing_hits": routing_hits,
 }
 
 

@@ -71,15 +71,15 @@ def key_findings(m: Stage1Metrics) -> list[str]:
     dec_eff = next((e for e in m.efficiency if e.stage == vocab.DECODE), None)
     if pf_mfu is not None and dec_eff is not None and dec_eff.mbu is not None and dec_eff.gap is not None:
         out.append(
-            f"How efficient: prefill runs at {_tflops(m, vocab.PREFILL):,.1f} TFLOP/s = {pf_mfu:.1%} MFU; batch-1 "
-            f"decode, judged by memory bandwidth, reaches {dec_eff.mbu:.1%} MBU and takes {dec_eff.gap:,.0f}× its "
-            "speed-of-light time."
+            f"How efficient: prefill runs at {_tflops(m, vocab.PREFILL):,.1f} TFLOP/s = {pf_mfu:.1%} MFU; "
+            f"batch-{m.settings.batch_size} decode, judged by memory bandwidth, reaches {dec_eff.mbu:.1%} MBU and "
+            f"takes {dec_eff.gap:,.0f}× its speed-of-light time."
         )
     elif pf_mfu is not None:
         out.append(
             f"How efficient: prefill runs at {_tflops(m, vocab.PREFILL):,.1f} TFLOP/s = {pf_mfu:.1%} MFU; decode at "
             f"{_tflops(m, vocab.DECODE) or 0:,.2f} TFLOP/s = {(dec_mfu or 0):.2%} MFU "
-            "(batch-1 decode is judged by memory bandwidth, not FLOPs)."
+            f"(batch-{m.settings.batch_size} decode is judged by memory bandwidth, not FLOPs)."
         )
     else:
         out.append(
@@ -125,9 +125,10 @@ def recommendations(m: Stage1Metrics) -> list[str]:
             )
         elif m.device.type == "cuda" and dec_mfu is not None and dec_mfu < LOW_DECODE_MFU:
             msg += (
-                f" and only {dec_mfu:.2%} MFU: batch-1 decode is bound by weight reads or, when a step takes far "
-                "longer than its bytes need, by kernel-launch/CPU overhead. Try CUDA graphs or torch.compile "
-                f"(static KV cache), and batch several {inputs} per step; Stage 2 shows the GPU-busy fraction per step"
+                f" and only {dec_mfu:.2%} MFU: batch-{m.settings.batch_size} decode is bound by weight reads or, "
+                "when a step takes far longer than its bytes need, by kernel-launch/CPU overhead. Try CUDA graphs or "
+                f"torch.compile (static KV cache), and batch several {inputs} per step; Stage 2 shows the GPU-busy "
+                "fraction per step"
             )
         else:
             msg += f": fewer generated tokens or batching several {inputs} per decode step pay off most"

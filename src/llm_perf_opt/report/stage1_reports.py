@@ -23,7 +23,7 @@ from llm_perf_opt.records.stage1 import (
     Stage1Metrics,
     StageStat,
 )
-from llm_perf_opt.report import gallery
+from llm_perf_opt.report import batches, gallery
 from llm_perf_opt.report.markdown import Doc, flops, ms, num_bytes, pct
 from llm_perf_opt.report.plots import write_stage1_plots
 from llm_perf_opt.report.recommendations import key_findings, recommendations
@@ -353,7 +353,8 @@ def _passes_text(m: Stage1Metrics) -> str:
         return (
             f"{len(m.images)} {noun}(s), {s.measured_passes} of {s.asked_passes} timed passes measured (stopped early)"
         )
-    return f"{len(m.images)} {noun}(s) × {s.repeats} timed pass(es)"
+    grouped = f" in batches of {s.batch_size}" if s.batch_size > 1 else ""
+    return f"{len(m.images)} {noun}(s){grouped} × {s.repeats} timed pass(es)"
 
 
 def _fates_section(doc: Doc, inputs: InputsManifest | None) -> None:
@@ -457,12 +458,18 @@ def report_md(
         doc.image("Decode step latency against context length", plots["decode_latency"])
 
     _runtime_section(doc, m)
+    if plots and "routing_hits" in plots:
+        doc.image("Experts hit per MoE layer over the timed decode steps", plots["routing_hits"])
+    batches.batches_section(doc, m)
 
     doc.h2("Throughput (medians over passes)")
     t = m.throughput
+    batch = "batch 1" if m.settings.batch_size == 1 else f"per input, batch {m.settings.batch_size}"
+    aggregate = batches.aggregate_line(m)
     doc.bullets(
         [
-            f"Decode: {t.decode_tokens_per_s:,.1f} tokens/s (decode steps / decode time, batch 1)",
+            f"Decode: {t.decode_tokens_per_s:,.1f} tokens/s (decode steps / decode time, {batch})",
+            *([aggregate] if aggregate else []),
             *(
                 [f"Host peak memory: {num_bytes(m.host_peak_rss_bytes)} (the process's peak resident set, whole run)"]
                 if m.host_peak_rss_bytes
@@ -484,7 +491,7 @@ def report_md(
     )
     doc.para(
         "MFU = FLOPs over all timed passes / (their measured time × dense peak FLOP/s). "
-        f"FLOPs: {_flops_source(m)}. {denominator}"
+        f"FLOPs: {_flops_source(m)}. {denominator}" + batches.efficiency_note(m)
     )
     doc.table(
         ["stage", "FLOPs (all passes)", "time (all passes, ms)", "achieved TFLOP/s", "peak TFLOP/s", "MFU"],
@@ -613,7 +620,10 @@ def _cost_centre_rows(stats: Sequence[StageStat]) -> list[list[str]]:
 
 def stakeholder_md(m: Stage1Metrics) -> str:
     doc = Doc(f"Stakeholder summary: {m.model.name} inference on {m.device.name}")
-    doc.para(f"{m.model.weights_detail}. Batch size 1, {m.settings.max_new_tokens} new tokens per image.")
+    doc.para(
+        f"{m.model.weights_detail}. Batch size {m.settings.batch_size}, {m.settings.max_new_tokens} new tokens per "
+        "image." + (f" {aggregate}." if (aggregate := batches.aggregate_line(m)) else "")
+    )
     doc.h2("Key findings")
     doc.bullets(key_findings(m))
     doc.h2("Top cost centres (share of the mean end-to-end time)")
@@ -638,7 +648,8 @@ def assumptions_md(m: Stage1Metrics, inputs: InputsManifest) -> str:
         [
             f"Device: {m.device.name} ({m.device.type}{'' if m.device.index is None else ':' + str(m.device.index)})",
             f"Timing: {m.device.timing_method}; warm-up passes excluded; a separate FLOP-counting pass per image "
-            "(untimed) runs first",
+            + ("and per batch " if m.settings.batch_size > 1 else "")
+            + "(untimed) runs first",
             f"Compute dtype: {m.model.dtype}",
         ]
     )

@@ -1,4 +1,5 @@
-"""The sweep summary rendered: `sweep_summary.md` (jobs and skipped jobs) and `sweep_summary.png` (p50 bars)."""
+"""The sweep summary rendered: `sweep_summary.md` (jobs and skipped jobs), `sweep_summary.png` (p50 bars) and, for a
+sweep over run.batch_size, `throughput_latency.png` (per-input against aggregate decode tokens/s)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ def _rate(tflops: float | None) -> str:
     return "n/a" if tflops is None else f"{flops(tflops * 1e12)}/s"
 
 
-def sweep_markdown(summary: SweepSummary, plot: str | None) -> str:
-    """The Markdown summary; `plot` is the plot's file name next to it (None: no plot)."""
+def sweep_markdown(summary: SweepSummary, plot: str | None, curve_plot: str | None = None) -> str:
+    """The Markdown summary; `plot` and `curve_plot` are the plots' file names next to it (None: no plot)."""
     keys = summary.swept_keys
     done, skipped = summary.summarised, summary.skipped
     doc = Doc("Sweep summary")
@@ -40,12 +41,69 @@ def sweep_markdown(summary: SweepSummary, plot: str | None) -> str:
     doc.table(header, rows)
     if plot is not None:
         doc.image("prefill and decode p50 per job", plot)
+    _throughput_latency_section(doc, summary, curve_plot)
     doc.h2("Skipped jobs")
     doc.table(
         ["job", *keys, "status", "reason", "message"],
         [[j.num, *(j.value(k) for k in keys), j.status, j.skipped_reason, j.message or ""] for j in skipped],
     )
     return doc.text()
+
+
+def _throughput_latency_section(doc: Doc, summary: SweepSummary, plot: str | None) -> None:
+    """Per-input against aggregate decode tokens/s by batch size (a sweep over run.batch_size only)."""
+    points = summary.throughput_latency
+    if not points:
+        return
+    doc.h2("Throughput against latency (run.batch_size)")
+    doc.para(
+        "Per input: one input's decode tokens/s (tokens after the first over the batch's decode time): what each "
+        "reader waits for. Aggregate: every input's decode tokens over the same time: what the GPU delivers. p50 over "
+        "the full batches' passes; the speed-up is against the smallest batch size swept."
+    )
+    base = points[0].aggregate_decode_tokens_per_s
+    doc.table(
+        ["batch size", "job", "per-input decode tokens/s", "aggregate decode tokens/s", "decode p50 (ms/token)",
+         "aggregate speed-up"],
+        [
+            [p.batch_size, p.job, ms(p.per_input_decode_tokens_per_s), ms(p.aggregate_decode_tokens_per_s),
+             ms(p.decode_ms_per_token_p50, 2), f"{p.aggregate_decode_tokens_per_s / base:,.2f}×" if base else "n/a"]
+            for p in points
+        ],
+    )  # fmt: skip
+    if plot is not None:
+        doc.image("per-input against aggregate decode tokens/s by batch size", plot)
+
+
+def throughput_latency_plot(summary: SweepSummary, target: Path) -> Path | None:
+    """Per-input decode tokens/s against aggregate decode tokens/s, one point per batch size, joined in batch order;
+    None when the sweep does not vary run.batch_size."""
+    points = summary.throughput_latency
+    if not points:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = [p.aggregate_decode_tokens_per_s for p in points]
+    ys = [p.per_input_decode_tokens_per_s for p in points]
+    fig, ax = plt.subplots(figsize=(6.4, 4.6))
+    try:
+        ax.plot(xs, ys, "-o", color="#4e79a7")
+        for p, x, y in zip(points, xs, ys, strict=True):
+            ax.annotate(f"batch {p.batch_size}", (x, y), textcoords="offset points", xytext=(6, 6), fontsize=9)
+        ax.set_xlabel("aggregate decode tokens/s (whole batch)")
+        ax.set_ylabel("per-input decode tokens/s")
+        ax.set_title("Decode throughput against per-input speed, by batch size (p50)")
+        ax.set_xlim(0, max(xs) * 1.25)
+        ax.set_ylim(0, max(ys) * 1.25)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(target, dpi=110)
+    finally:
+        plt.close(fig)
+    return target
 
 
 def _label(job: SweepJob, keys: Sequence[str]) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -153,6 +153,19 @@ class ModelAdapter(ABC):
         self, model: nn.Module, prepared: PreparedInputs, new_tokens: int, dtype_bytes: int
     ) -> Mapping[str, Any] | None:
         """Analytic cost per stage name (objects with `.flops` and `.bytes`), or None without an analytic model."""
+        return None
+
+    def analytic_batch_costs(
+        self,
+        model: nn.Module,
+        batch: Sequence[PreparedInputs],
+        new_tokens: int,
+        dtype_bytes: int,
+        experts_hit: float | None = None,
+    ) -> Mapping[str, Any] | None:
+        """Analytic cost per stage name of `batch` run together (vision per input, the decoder batched with left
+        padding), or None without an analytic model. `experts_hit`: distinct routed experts per MoE layer and decode
+        step, as measured (None: the uniform-routing expectation)."""
         return None
 
     # ---- decoder runtime (KV caches, batches, compiled steps) ---------------------------------------------

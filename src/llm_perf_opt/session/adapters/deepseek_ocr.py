@@ -186,15 +186,37 @@ class DeepseekOcrAdapter(ModelAdapter):
     ) -> Mapping[str, Any] | None:
         """Analytic FLOPs and bytes of this image's stages (llm_perf_opt.analytic) from the architecture config
         (the vendor's code, when loaded, has the same hard-coded sizes)."""
-        from llm_perf_opt.analytic import ModelSpec, Workload, stage_costs
+        from llm_perf_opt.analytic import stage_costs
 
-        config = model.config if isinstance(model.config, DeepseekOcrConfig) else self._config()
-        workload = Workload(
+        return stage_costs(self._spec(model), self._workload(prepared, new_tokens, dtype_bytes))
+
+    def analytic_batch_costs(
+        self,
+        model: nn.Module,
+        batch: Sequence[PreparedInputs],
+        new_tokens: int,
+        dtype_bytes: int,
+        experts_hit: float | None = None,
+    ) -> Mapping[str, Any] | None:
+        from llm_perf_opt.analytic.model import batch_stage_costs
+
+        workloads = [self._workload(prepared, new_tokens, dtype_bytes) for prepared in batch]
+        return batch_stage_costs(self._spec(model), workloads, experts_hit)
+
+    def _spec(self, model: nn.Module) -> Any:
+        from llm_perf_opt.analytic import ModelSpec
+
+        return ModelSpec.from_config(model.config if isinstance(model.config, DeepseekOcrConfig) else self._config())
+
+    def _workload(self, prepared: PreparedInputs, new_tokens: int, dtype_bytes: int) -> Any:
+        """The analytic workload of one prepared image (its mode, crop grid and prompt)."""
+        from llm_perf_opt.analytic import Workload
+
+        return Workload(
             text_tokens=prepared.prompt_tokens - 1 - prepared.image_tokens,
             new_tokens=new_tokens,
             dtype_bytes=dtype_bytes,
         ).with_mode(self.mode, tuple(prepared.model_inputs["crop_grid"]))
-        return stage_costs(ModelSpec.from_config(config), workload)
 
     def stage_modules(self, model: nn.Module) -> dict[str, nn.Module]:
         prefix = "inner." if isinstance(model, VendorModel) else ""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -133,10 +133,30 @@ class DeepseekOcr2Adapter(ModelAdapter):
         self, model: Any, prepared: PreparedInputs, new_tokens: int, dtype_bytes: int
     ) -> Mapping[str, Any] | None:
         """Analytic FLOPs and bytes of this image's stages (llm_perf_opt.analytic), from the model's config."""
-        from llm_perf_opt.analytic import ModelSpec, Workload, stage_costs
+        from llm_perf_opt.analytic import ModelSpec, stage_costs
+
+        return stage_costs(ModelSpec.from_config(model.config), self._workload(prepared, new_tokens, dtype_bytes))
+
+    def analytic_batch_costs(
+        self,
+        model: Any,
+        batch: Sequence[PreparedInputs],
+        new_tokens: int,
+        dtype_bytes: int,
+        experts_hit: float | None = None,
+    ) -> Mapping[str, Any] | None:
+        from llm_perf_opt.analytic import ModelSpec
+        from llm_perf_opt.analytic.model import batch_stage_costs
+
+        workloads = [self._workload(prepared, new_tokens, dtype_bytes) for prepared in batch]
+        return batch_stage_costs(ModelSpec.from_config(model.config), workloads, experts_hit)
+
+    def _workload(self, prepared: PreparedInputs, new_tokens: int, dtype_bytes: int) -> Any:
+        """The analytic workload of one prepared image (its views and prompt)."""
+        from llm_perf_opt.analytic import Workload
 
         sides = {kind: h for kind, h, _ in prepared.views}
-        workload = Workload(
+        return Workload(
             global_size=sides["global"],
             tile_size=sides.get("tile", int(self.cfg["preprocess"]["tile_size"])),
             tiles=prepared.tiles,
@@ -144,4 +164,3 @@ class DeepseekOcr2Adapter(ModelAdapter):
             new_tokens=new_tokens,
             dtype_bytes=dtype_bytes,
         )
-        return stage_costs(ModelSpec.from_config(model.config), workload)

@@ -8,7 +8,7 @@ image-text-to-text model are the configured `vision_stage_modules`, or the visio
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -261,6 +261,21 @@ class HfAdapter(ModelAdapter):
 
         spec = DenseSpec.from_config(model.config) if self.input_kind == TEXT else None
         return None if spec is None else stage_costs(spec, prepared.prompt_tokens, new_tokens, dtype_bytes)
+
+    def analytic_batch_costs(
+        self,
+        model: Any,
+        batch: Sequence[PreparedInputs],
+        new_tokens: int,
+        dtype_bytes: int,
+        experts_hit: float | None = None,
+    ) -> Mapping[str, Any] | None:
+        """The same for a batch of prompts left-padded to the longest (dense models: no experts)."""
+        from llm_perf_opt.analytic.dense import DenseSpec, batch_stage_costs
+
+        spec = DenseSpec.from_config(model.config) if self.input_kind == TEXT else None
+        lengths = [prepared.prompt_tokens for prepared in batch]
+        return None if spec is None else batch_stage_costs(spec, lengths, new_tokens, dtype_bytes)
 
     def describe(self, model: nn.Module) -> dict[str, Any]:
         out = super().describe(model)

@@ -1,0 +1,135 @@
+"""Stage 1's batch figures (`run.batch_size` > 1): the "Batches" section of report.md and the aggregate-throughput
+lines of the report and the stakeholder summary, rendered from `Stage1Metrics.batches` and `.batch_summary`."""
+
+from __future__ import annotations
+
+import statistics
+
+from llm_perf_opt.records.common import Summary
+from llm_perf_opt.records.stage1 import BatchRecord, Stage1Metrics
+from llm_perf_opt.report.markdown import Doc, ms, num_bytes
+
+
+def batched(m: Stage1Metrics) -> bool:
+    """True for a run of several inputs per forward with batch figures."""
+    return m.settings.batch_size > 1 and m.batch_summary is not None
+
+
+def _p50(s: Summary | None, digits: int, unit: str) -> str:
+    """p50 of a per-pass figure with its 95% interval (none from fewer than 3 passes)."""
+    if s is None:
+        return "n/a"
+    text = f"{s.p50:,.{digits}f} {unit} (p50"
+    if s.ci95_low is not None and s.ci95_high is not None:
+        text += f"; 95% interval {s.ci95_low:,.{digits}f} – {s.ci95_high:,.{digits}f}"
+    return text + f", n = {s.n} batch passes)"
+
+
+def aggregate_line(m: Stage1Metrics) -> str | None:
+    """One sentence on the batch's aggregate decode throughput, or None at batch 1."""
+    if not batched(m):
+        return None
+    b = m.batch_summary
+    assert b is not None
+    if b.aggregate_decode_tokens_per_s is None:
+        return None
+    return (
+        f"Aggregate decode: {b.aggregate_decode_tokens_per_s.p50:,.1f} tokens/s over batches of {b.batch_size} "
+        f"(every input's decode tokens over the batch's decode time; p50 over {b.passes} batch passes), "
+        f"{b.pages_per_s.p50:,.3f} inputs/s end to end"
+    )
+
+
+def efficiency_note(m: Stage1Metrics) -> str:
+    """How the MFU and roofline tables count a batched run ('' at batch 1)."""
+    if not batched(m):
+        return ""
+    return (
+        f" With run.batch_size={m.settings.batch_size} a pass is a batch pass: its FLOPs are counted on the batch "
+        "(left padding included) and its bytes priced for the batch, over the batch's time."
+    )
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _batch_rows(m: Stage1Metrics) -> list[list[str]]:
+    """One row per batch: medians over its timed passes."""
+    by_batch: dict[int, list[BatchRecord]] = {}
+    for rec in m.batches:
+        by_batch.setdefault(rec.batch, []).append(rec)
+    rows = []
+    for index, recs in by_batch.items():
+        first = recs[0]
+        steps = [statistics.fmean(r.decode_step_ms) for r in recs if r.decode_step_ms]
+        rates = [r.aggregate_decode_tokens_per_s for r in recs if r.aggregate_decode_tokens_per_s is not None]
+        experts = [r.experts_hit_per_step for r in recs if r.experts_hit_per_step is not None]
+        memory = [r.peak_memory_bytes for r in recs if r.peak_memory_bytes is not None]
+        rows.append(
+            [
+                str(index),
+                ", ".join(first.images),
+                str(first.size) + (" (short)" if first.size < m.settings.batch_size else ""),
+                str(first.padded_prompt_tokens),
+                str(len(recs)),
+                ms(_median([r.prefill_ms for r in recs])),
+                ms(_median(steps), 2),
+                ms(_median(rates)),
+                ms(_median([r.pages_per_s for r in recs]), 3),
+                num_bytes(max(memory)) if memory else "n/a (CPU)",
+                ms(_median(experts)) if experts else "n/a",
+            ]
+        )
+    return rows
+
+
+def batches_section(doc: Doc, m: Stage1Metrics) -> None:
+    """The "Batches" section (nothing at batch 1)."""
+    if not batched(m):
+        return
+    b = m.batch_summary
+    assert b is not None
+    doc.h2("Batches")
+    doc.para(
+        f"run.batch_size={b.batch_size}: {b.batches} batch(es) per round over the inputs. Each input is preprocessed "
+        "and runs its vision on its own; the decoder prefills and decodes the batch together, left-padded to its "
+        "longest prompt. Every input of a batch gets its first token when the batch's prefill ends and its last "
+        "when the batch's last decode step ends, so the per-input TTFT and decode times above are the batch's."
+    )
+    only_full = b.passes < len(m.batches)  # a short last batch beside full ones is left out of the summary
+    scope = "the full batches" if only_full else "every batch"
+    doc.bullets(
+        [
+            f"Decode step latency: {_p50(b.decode_step_ms, 2, 'ms')}",
+            f"Aggregate decode throughput: {_p50(b.aggregate_decode_tokens_per_s, 1, 'tokens/s')}",
+            f"Inputs per second, end to end: {_p50(b.pages_per_s, 3, 'inputs/s')}",
+            f"Peak GPU memory: {num_bytes(b.peak_memory_bytes) if b.peak_memory_bytes else 'n/a (CPU)'} "
+            "(the largest over every batch pass)",
+            f"These figures summarise {scope} ({b.passes} timed pass(es))"
+            + (
+                f"; the last batch holds {b.short_last_batch} input(s), fewer than {b.batch_size}, and is listed "
+                "apart below."
+                if only_full
+                else "."
+            ),
+            *([f"Decode bytes count the routed experts as {b.decode_experts}."] if b.decode_experts else []),
+        ]
+    )
+    doc.table(
+        [
+            "batch",
+            "inputs",
+            "size",
+            "padded prompt tokens",
+            "passes",
+            "prefill (ms)",
+            "decode step (ms)",
+            "aggregate decode tokens/s",
+            "inputs/s",
+            "peak GPU memory",
+            "experts per step and layer",
+        ],
+        _batch_rows(m),
+    )
+    doc.para("Medians over each batch's timed passes; decode step: a pass's mean step time.")

@@ -4,6 +4,7 @@ cumulative ladder), what each changed and why, and the recommendations they back
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import attrs
 
@@ -166,7 +167,7 @@ class WhatIfRecord:
     best: str | None  # the ladder rung (or lever) with the best objective among those whose outputs were checked
     verdicts: tuple[Verdict, ...]
     notes: tuple[str, ...] = ()
-    settings: Mapping[str, object] = attrs.field(factory=dict)
+    settings: Mapping[str, Any] = attrs.field(factory=dict)
     device_type: str | None = None  # "cuda" | "cpu" (the baseline's `DeviceInfo.type`); None: not recorded
 
     def rung(self, name: str) -> Rung | None:

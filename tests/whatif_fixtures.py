@@ -234,7 +234,7 @@ def realistic() -> WhatIfRecord:
         created="2025-01-01T12:00:00+00:00",
         preset="decode",
         objective=DECODE,
-        model="deepseek-ai/DeepSeek-OCR",
+        model="deepseek_ocr",
         weights="checkpoint",
         device="NVIDIA H100 80GB HBM3",
         device_type="cuda",

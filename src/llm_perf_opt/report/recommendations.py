@@ -246,7 +246,10 @@ def _generic(m: Stage1Metrics) -> list[tuple[str, frozenset[str]]]:
         )
     if m.device.type == "cuda" and m.model.experts_implementation == "eager":
         recs.append(
-            ("The MoE experts run the eager per-expert loop: try model.experts_implementation=grouped_mm.", EXPERTS_LEVERS)
+            (
+                "The MoE experts run the eager per-expert loop: try model.experts_implementation=grouped_mm.",
+                EXPERTS_LEVERS,
+            )
         )
     noisy = [v.stage for v in m.variation if (v.within_image_cv_median or 0.0) > NOISY_CV]
     if noisy:

@@ -114,7 +114,8 @@ def waterfall(record: WhatIfRecord, path: Path) -> Path | None:
         fontsize=10,
     )
     legend = {
-        TOTAL_COLOUR: "decode ms/token" + (" (or a change the profiled pass does not split)" if TOTAL_COLOUR in used else ""),
+        TOTAL_COLOUR: "decode ms/token"
+        + (" (or a change the profiled pass does not split)" if TOTAL_COLOUR in used else ""),
         IDLE_COLOUR: "change in idle time (launch/host overhead)",
         BUSY_COLOUR: "change in GPU-busy time (kernel work)",
         OTHER_COLOUR: "change not split by the profiled pass",
@@ -153,7 +154,9 @@ def floor(record: WhatIfRecord, path: Path) -> Path | None:
     best_f = None if best is None else record.figures_of(best)
     best_by_stage = {f.stage: f for f in (best_f.floors if best_f else ())}
     stages = list(base_f.floors)
-    fig, axes = plt.subplots(1, len(stages), figsize=(1.5 + 4.6 * len(stages), 4.8), layout="constrained", squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(stages), figsize=(1.5 + 4.6 * len(stages), 4.8), layout="constrained", squeeze=False
+    )
     best_name = record.best or "best"
     for ax, stage_floor in zip(axes[0], stages, strict=True):
         groups = [("baseline", stage_floor)]

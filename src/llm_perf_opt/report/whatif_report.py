@@ -13,12 +13,12 @@ from llm_perf_opt.records.whatif import (
     BASELINE,
     LADDER,
     MEASURED,
+    WORKLOAD,
     Objective,
     OutputAgreement,
     Rung,
     RungFigures,
     Speedup,
-    WORKLOAD,
     StepFloor,
     WhatIfRecord,
 )
@@ -105,9 +105,7 @@ def ranked_rungs(record: WhatIfRecord) -> list[Rung]:
     """Baseline first, then the ladder in its order, then each lever alone by speed-up (best first); the rungs
     that were not measured last, in the order they were tried."""
     measured = [r for r in record.rungs if r.state == MEASURED]
-    alone = sorted(
-        (r for r in measured if r.phase == ALONE), key=lambda r: -(r.speedup.value if r.speedup else 0.0)
-    )
+    alone = sorted((r for r in measured if r.phase == ALONE), key=lambda r: -(r.speedup.value if r.speedup else 0.0))
     return [
         *(r for r in measured if r.phase == BASELINE),
         *(r for r in measured if r.phase == LADDER),
@@ -139,13 +137,11 @@ def verdict_paragraph(record: WhatIfRecord) -> str:
             f"the verdicts below say why for each lever. {where}"
         )
     s = best.speedup
-    interval = (
-        f" (95% interval {s.ci95_low:.2f}–{s.ci95_high:.2f}×; {s.verdict})"
-        if s is not None and s.ci95_low is not None and s.ci95_high is not None
-        else f" ({s.verdict})"
-        if s is not None
-        else ""
-    )
+    interval = ""
+    if s is not None and s.ci95_low is not None and s.ci95_high is not None:
+        interval = f" (95% interval {s.ci95_low:.2f}–{s.ci95_high:.2f}×; {s.verdict})"
+    elif s is not None:
+        interval = f" ({s.verdict})"
     text = (
         f"Best: **{best.name}** ({' + '.join(best.levers) or 'no lever'}) — {objective.label} "
         f"{_objective_value(objective, base_figures)} at baseline → {_objective_value(objective, best_figures)}, "
@@ -156,7 +152,9 @@ def verdict_paragraph(record: WhatIfRecord) -> str:
     else:
         text += "Outputs were not compared with the baseline. "
     if best.changes_workload:
-        text += f"This rung {CHANGES_WORKLOAD}: its time is for different work, so check its outputs before adopting it. "
+        text += (
+            f"This rung {CHANGES_WORKLOAD}: its time is for different work, so check its outputs before adopting it. "
+        )
     return text + where
 
 
@@ -267,7 +265,9 @@ def _attribution_table(doc: Doc, record: WhatIfRecord) -> None:
 
 
 def _floor_rows(label: str, floor: StepFloor) -> Row:
-    share = (lambda v: pct(v / floor.wall_ms, 0) if v is not None and floor.wall_ms else NA)  # noqa: E731
+    def share(value: float | None) -> str:
+        return pct(value / floor.wall_ms, 0) if value is not None and floor.wall_ms else NA
+
     return [
         floor.stage,
         label,

@@ -302,3 +302,37 @@ def test_stage1_run_accepts_report_whatif_dir_and_refuses_a_bad_one_before_measu
     )
     assert done.returncode == 2 and "holds no whatif.json" in done.stderr
     assert not (tmp_path / "run" / "metrics.json").exists()
+
+
+# --------------------------------------------------------------------------------------------- Stage 2
+
+
+EXAMPLE_STAGE2 = Path(__file__).parents[1] / "examples" / "stage2-h100-tiny"
+
+
+def test_stage2_recommendations_cite_the_whatif_run_and_drop_the_advice_it_measured() -> None:
+    from llm_perf_opt.records.folders import load_stage2_metrics
+    from llm_perf_opt.report.stage2_reports import stakeholder_md
+
+    m = load_stage2_metrics(EXAMPLE_STAGE2 / "metrics.json")
+    generic = "Batch-1 decode keeps the GPU busy only"
+    assert generic in stakeholder_md(m)
+    cited = stakeholder_md(m, realistic()).split("## Recommendations", 1)[1]
+    assert cited.lstrip().startswith("- Measured on this GPU (NVIDIA H100 80GB HBM3) by what-if run")
+    assert generic in cited  # its batching lever failed in the what-if run
+    batch = Rung("batch_16", ALONE, ("batch_16",), BATCH.overrides, False, MEASURED)
+    measured_all = attrs.evolve(realistic(), rungs=(*realistic().rungs, batch))
+    assert generic not in stakeholder_md(m, measured_all)
+
+
+def test_stage2_report_takes_whatif_and_stage2_keeps_it_from_the_workload(tmp_path: Path) -> None:
+    from llm_perf_opt.pipeline.stage2 import forwarded_overrides
+
+    assert forwarded_overrides(["model=deepseek_ocr", "report.whatif_dir=/w"]) == ["model=deepseek_ocr"]
+    copy = tmp_path / "example"
+    shutil.copytree(EXAMPLE_STAGE2, copy)
+    io.save(realistic(), tmp_path / "wi" / WHATIF_FILE)
+    done = run_cli("llm_perf_opt.cli.stage2_report", str(copy), "--whatif", str(tmp_path / "wi"), timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert "by what-if run `20250101-120000-abcdef`" in (copy / "stakeholder_summary.md").read_text()
+    assert (copy / "report.md").read_text() == (EXAMPLE_STAGE2 / "report.md").read_text()

@@ -44,7 +44,7 @@ from llm_perf_opt.progress import Feedback, StepHandle
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.common import SCHEMA_VERSION, PeakFigure
 from llm_perf_opt.records.folders import INPUTS_FILE, METRICS_FILE, OPERATORS_FILE, load_stage1, whatif_for
-from llm_perf_opt.records.io import RecordError, dumps_lines
+from llm_perf_opt.records.io import dumps_lines
 from llm_perf_opt.records.stage1 import (
     CompileSummary,
     DeviceInfo,
@@ -235,7 +235,7 @@ class Stage1Run:
         cfg = self.cfg
         self.art.write_text("config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
         check_workload_model(cfg)
-        self.whatif = whatif_evidence(self.art.run_dir, cfg.get("report", {}).get("whatif_dir"))
+        self.whatif = whatif_for(self.art.run_dir, cfg.get("report", {}).get("whatif_dir"))
         device = resolve_device(cfg.device)
         self.runtime = RuntimeSettings.from_config(cfg)
         if self.runtime.batch_size != 1:
@@ -555,24 +555,11 @@ class Stage1Run:
         return metrics
 
 
-def whatif_evidence(run_dir: Path, given: Path | str | None) -> WhatIfRecord | None:
-    """The what-if record the reports cite: the folder `given` (a RecordError when
-    it cannot be read), else the what-if folder `run_dir` lies in (left out with a warning when it cannot be read);
-    None when neither."""
-    if given is not None and str(given).strip():
-        return whatif_for(run_dir, given)
-    try:
-        return whatif_for(run_dir)
-    except RecordError as exc:
-        log.warning("the reports do not cite the enclosing what-if run: %s", exc.problem)
-        return None
-
-
 def render(run_dir: Path, whatif: Path | str | None = None) -> Path:
     """Rebuild a Stage 1 folder's Markdown reports and plots from its records (no model, no GPU); `whatif`: a
     perf-whatif folder whose measured levers "What to try" cites (default: the one the folder lies in, if any)."""
     folder = load_stage1(run_dir)
-    evidence = whatif_evidence(folder.path, whatif)
+    evidence = whatif_for(folder.path, whatif)
     art = ArtifactsManager(folder.path, stage="stage1")
     art.written.extend(folder.status.files)
     stage1_reports.write_all(

@@ -6,6 +6,7 @@ Every command that reads another command's output (Stage 2 reading its Stage 1 w
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,6 +21,7 @@ from llm_perf_opt.records.stage2 import Capture, NcuTargets, Stage2Metrics
 from llm_perf_opt.records.whatif import WhatIfRecord
 
 T = TypeVar("T")
+log = logging.getLogger("llm_perf_opt.records")
 
 STATUS_FILE = "run_status.json"
 METRICS_FILE = "metrics.json"
@@ -181,13 +183,19 @@ def enclosing_whatif(run_dir: Path) -> Path | None:
 
 
 def whatif_for(run_dir: Path, given: Path | str | None = None) -> WhatIfRecord | None:
-    """The what-if record a run folder's reports cite: `given` (a perf-whatif folder or its whatif.json), else that
-    of the what-if folder the run folder was written in; None when neither. RecordError when the one found cannot
-    be read."""
+    """The what-if record a run folder's reports cite: `given` (a perf-whatif folder or its whatif.json; a
+    RecordError when it cannot be read), else that of the what-if folder the run folder was written in (left out
+    with a warning when it cannot be read); None when neither."""
     if given is not None and str(given).strip():
         return load_whatif(Path(str(given)).expanduser())
     found = enclosing_whatif(run_dir)
-    return None if found is None else load_whatif(found)
+    if found is None:
+        return None
+    try:
+        return load_whatif(found)
+    except RecordError as exc:
+        log.warning("the reports do not cite the enclosing what-if run: %s", exc.problem)
+        return None
 
 
 def metrics_kind(run_dir: Path) -> str:

@@ -183,6 +183,8 @@ def test_the_waterfall_runs_from_the_baseline_along_the_ladder_to_the_best() -> 
     ]
     alone_best = attrs.evolve(record, best="static_cache")
     assert [r.name for r in waterfall_steps(alone_best)] == ["baseline", "static_cache"]
+    floor = _section(whatif_md(alone_best), "Distance to the floor")
+    assert "The best rung (static_cache) recorded no floors" in floor and len(_rows(floor, "decode/step")) == 1
 
 
 def test_no_plot_without_a_best_rung_or_floors(tmp_path: Path) -> None:

@@ -181,8 +181,9 @@ def floor(record: WhatIfRecord, path: Path) -> Path | None:
         ax.set_axisbelow(True)
     handles = [Patch(color=c, label=label) for c, label in zip(LAYER_COLOURS, LAYERS, strict=True)]
     fig.legend(handles=handles, loc="outside lower center", ncol=len(LAYERS), fontsize=8, frameon=False)
+    against = "baseline vs best rung" if best_by_stage else f"baseline (the best rung, {best_name}, recorded none)"
     fig.suptitle(
-        f"Distance to the floor per stage, baseline vs best rung ({record.device or 'device not recorded'})\n"
+        f"Distance to the floor per stage, {against} ({record.device or 'device not recorded'})\n"
         "speed of light: analytic bytes / peak bandwidth or FLOPs / peak compute; kernels and busy: profiled pass; "
         "wall: p50",
         fontsize=9,

@@ -336,6 +336,8 @@ def _floor_table(doc: Doc, record: WhatIfRecord) -> None:
         ],
         rows,
     )
+    if record.best is not None and all(top is None for _, top in pairs):
+        doc.para(f"The best rung ({record.best}) recorded no floors: the baseline alone is shown.")
     doc.para(
         "Per decode step and per prefill, from the floor up: speed of light (analytic bytes over peak bandwidth, or "
         "FLOPs over peak compute, whichever is longer), the kernels' summed durations and the GPU-busy time (one "

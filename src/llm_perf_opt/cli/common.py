@@ -171,14 +171,35 @@ def print_report_path(run_dir: Path) -> None:
     print(f"\nreport: {run_dir / 'report.md'}")
 
 
-def rebuild_reports(prog: str, description: str, writer: str, render_module: str, argv: list[str] | None) -> None:
+def rebuild_reports(
+    prog: str,
+    description: str,
+    writer: str,
+    render_module: str,
+    argv: list[str] | None,
+    *,
+    cites_whatif: bool = False,
+) -> None:
     """`<prog> <folder>`: rebuild a run folder's reports with `render(folder)` of `render_module` (imported late,
-    so `--help` stays fast); the folder must have been written by `writer`."""
+    so `--help` stays fast); the folder must have been written by `writer`. `cites_whatif`: also take
+    `--whatif <folder>`, a perf-whatif folder whose measured levers the recommendations cite."""
     import argparse
     import importlib
 
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("folder", type=Path, help=f"a folder written by {writer} (or a copy of one)")
+    if cites_whatif:
+        parser.add_argument(
+            "--whatif",
+            type=Path,
+            default=None,
+            metavar="FOLDER",
+            help="a perf-whatif folder (holding whatif.json) whose measured gains 'What to try' cites; default: the "
+            "what-if folder the run folder lies in, if any",
+        )
     args = parser.parse_args(argv)
     render = importlib.import_module(render_module).render
-    print_report_path(run_guarded(lambda: render(args.folder)))
+    if cites_whatif:
+        print_report_path(run_guarded(lambda: render(args.folder, whatif=args.whatif)))
+    else:
+        print_report_path(run_guarded(lambda: render(args.folder)))

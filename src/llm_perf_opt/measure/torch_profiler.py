@@ -206,11 +206,28 @@ ACTIVITY_METHOD = (
 )
 
 
+# Host calls that launch kernels, by name: torch builds without `FunctionEvent.activity_type` (before 2.12) still
+# list the CUDA runtime and driver calls among the profiler's CPU events.
+_LAUNCH_NAME = re.compile(r"^cu(da)?(LaunchKernel|LaunchCooperativeKernel|GraphLaunch)")
+_NOT_KERNEL = re.compile(r"^(Memcpy|Memset|\[memory\])")
+
+
 def _is_kernel(ev: Any) -> bool:
     kind = getattr(ev, "activity_type", None)
     if kind:
         return bool(kind == "kernel")
-    return ev.device_type == DeviceType.CUDA and not ev.name.startswith(STAGE_LABEL_PREFIX)
+    return (
+        ev.device_type == DeviceType.CUDA
+        and not ev.name.startswith(STAGE_LABEL_PREFIX)
+        and not _NOT_KERNEL.match(ev.name)
+    )
+
+
+def _is_launch(ev: Any) -> bool:
+    kind = getattr(ev, "activity_type", None)
+    if kind:
+        return kind in _LAUNCH_ACTIVITIES
+    return bool(_LAUNCH_NAME.match(ev.name))
 
 
 def _step_spans(events: Sequence[Any]) -> dict[int, tuple[float, float]]:
@@ -234,11 +251,7 @@ def kernel_activity(events: Sequence[Any]) -> DecodeActivity | None:
     spans = _step_spans(events)
     if not kernels or not spans:
         return None
-    launch_at = {
-        ev.id: ev.time_range.start
-        for ev in events
-        if ev.device_type == DeviceType.CPU and getattr(ev, "activity_type", None) in _LAUNCH_ACTIVITIES
-    }
+    launch_at = {ev.id: ev.time_range.start for ev in events if ev.device_type == DeviceType.CPU and _is_launch(ev)}
     op_at = {
         ev.id: ev.time_range.start
         for ev in events
@@ -254,6 +267,9 @@ def kernel_activity(events: Sequence[Any]) -> DecodeActivity | None:
         i = bisect.bisect_right(starts, at) - 1 if at is not None else -1
         if i >= 0 and at is not None and at <= order[i][1][1]:
             tied.append((order[i][0], k.time_range.start, k.time_range.end))
+    if not tied:  # no kernel could be tied to a step: say nothing rather than 0 kernels per step
+        log.warning("profiled pass: none of its %d GPU kernels could be tied to a prefill or decode step", len(kernels))
+        return None
     return decode_activity(tied, spans, unattributed=len(kernels) - len(tied), method=ACTIVITY_METHOD)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import attrs
@@ -20,7 +20,7 @@ from llm_perf_opt.measure.outputs import first_departure, load_prefill_logits
 from llm_perf_opt.measure.stats import MIN_VALUES_FOR_CI, summarize, t_critical_95
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.folders import Stage1Folder
-from llm_perf_opt.records.stage1 import ImageRecord, Stage1Metrics
+from llm_perf_opt.records.stage1 import BatchRecord, DecodeActivity, ImageRecord, Stage1Metrics
 from llm_perf_opt.records.whatif import (
     Attribution,
     Lever,
@@ -54,44 +54,38 @@ def objective(name: str) -> Objective:
 # --------------------------------------------------------------------------------------------- per-pass values
 
 
-def _passes(metrics: Stage1Metrics) -> list[tuple[ImageRecord, ...]]:
-    """The timed passes of a run: the page records of one forward (a batch) together, one group per pass."""
-    groups: dict[tuple[int, int], list[ImageRecord]] = {}
-    batch_of = _batch_index(metrics)
-    for index, rec in enumerate(metrics.records):
-        groups.setdefault((batch_of(index, rec), rec.repeat), []).append(rec)
-    return [tuple(g) for g in groups.values()]
-
-
-def _batch_index(metrics: Stage1Metrics) -> Callable[[int, ImageRecord], int]:
-    """How to tell which forward a page record belongs to: by its recorded batch when the run batched inputs,
-    else every record is its own forward."""
-    batch_size = max(1, metrics.settings.batch_size)
-    if batch_size == 1:
-        return lambda index, _rec: index
-    images = list(metrics.images)
-    return lambda _index, rec: images.index(rec.image) // batch_size
-
-
 def pass_values(metrics: Stage1Metrics, name: str) -> list[float]:
-    """One value of objective `name` per timed pass (a pass = one forward of one batch)."""
-    values = []
-    for group in _passes(metrics):
-        first = group[0]
-        steps = first.decode_step_ms
-        if name == "decode_ms_per_token":
-            if steps:
-                values.append(statistics.fmean(steps))
-        elif name == "ttft_ms":
-            values.append(first.ttft_ms)
-        elif name == "aggregate_decode_tokens_per_s":
-            if steps:
-                values.append(len(group) * 1e3 / statistics.fmean(steps))
-        elif name == "pages_per_s":
-            values.append(len(group) * 1e3 / first.e2e_ms)
-        else:
-            raise KeyError(name)
-    return values
+    """One value of objective `name` per timed pass: per batch pass when the run batched inputs, else per input
+    pass (decode ms/token: the pass's mean step time; aggregate tokens/s: every input's decode tokens)."""
+    if metrics.batches:
+        return [v for b in metrics.batches if (v := _batch_value(b, name)) is not None]
+    return [v for r in metrics.records if (v := _record_value(r, name)) is not None]
+
+
+def _record_value(rec: ImageRecord, name: str) -> float | None:
+    steps = rec.decode_step_ms
+    if name == "decode_ms_per_token":
+        return statistics.fmean(steps) if steps else None
+    if name == "ttft_ms":
+        return rec.ttft_ms
+    if name == "aggregate_decode_tokens_per_s":
+        return 1e3 / statistics.fmean(steps) if steps else None
+    if name == "pages_per_s":
+        return 1e3 / rec.e2e_ms
+    raise KeyError(name)
+
+
+def _batch_value(batch: BatchRecord, name: str) -> float | None:
+    steps = batch.decode_step_ms
+    if name == "decode_ms_per_token":
+        return statistics.fmean(steps) if steps else None
+    if name == "ttft_ms":
+        return batch.preprocess_ms + batch.prefill_ms
+    if name == "aggregate_decode_tokens_per_s":
+        return batch.aggregate_decode_tokens_per_s
+    if name == "pages_per_s":
+        return batch.pages_per_s
+    raise KeyError(name)
 
 
 # --------------------------------------------------------------------------------------------- comparison
@@ -181,9 +175,9 @@ def _per_step(total: float | None, steps: int) -> float | None:
     return None if total is None or steps == 0 else total / steps
 
 
-def _activity(metrics: Stage1Metrics) -> object | None:
-    """The profiled pass's decode activity (kernels per step, GPU busy) when the run recorded one."""
-    return None if metrics.profiler is None else getattr(metrics.profiler, "decode_activity", None)
+def _activity(metrics: Stage1Metrics) -> DecodeActivity | None:
+    """The profiled pass's kernels and GPU-busy time per decode step (CUDA runs with a profiled pass)."""
+    return None if metrics.profiler is None else metrics.profiler.activity
 
 
 def rung_figures(folder: Stage1Folder, goal: Objective) -> RungFigures:
@@ -196,8 +190,7 @@ def rung_figures(folder: Stage1Folder, goal: Objective) -> RungFigures:
     decode = m.efficiency_of(vocab.DECODE)
     prefill = m.efficiency_of(vocab.PREFILL)
     activity = _activity(m)
-    kernel_ms = getattr(activity, "kernel_ms_per_step", None)
-    busy_ms = getattr(activity, "busy_ms_per_step", None)
+    prefill_activity = None if activity is None else activity.prefill
     decode_summary = m.stage_stat(vocab.DECODE_STEP)
     prefill_summary = m.stage_stat(vocab.PREFILL)
     floors = []
@@ -206,19 +199,19 @@ def rung_figures(folder: Stage1Folder, goal: Objective) -> RungFigures:
             StepFloor(
                 stage=vocab.DECODE_STEP,
                 speed_of_light_ms=_per_step(None if decode is None else decode.speed_of_light_ms, steps),
-                kernel_ms=_mean_of(kernel_ms),
-                busy_ms=_mean_of(busy_ms),
+                kernel_ms=None if activity is None else activity.kernel_ms_mean,
+                busy_ms=None if activity is None else activity.busy_ms_mean,
                 wall_ms=decode_summary.summary.p50,
             )
         )
     if prefill_summary is not None:
-        passes = len(_passes(m))
+        passes = len(m.batches) or len(m.records)
         floors.append(
             StepFloor(
                 stage=vocab.PREFILL,
                 speed_of_light_ms=_per_step(None if prefill is None else prefill.speed_of_light_ms, passes),
-                kernel_ms=getattr(activity, "prefill_kernel_ms", None),
-                busy_ms=getattr(activity, "prefill_busy_ms", None),
+                kernel_ms=None if prefill_activity is None else prefill_activity.kernel_ms,
+                busy_ms=None if prefill_activity is None else prefill_activity.busy_ms,
                 wall_ms=prefill_summary.summary.p50,
             )
         )
@@ -231,8 +224,8 @@ def rung_figures(folder: Stage1Folder, goal: Objective) -> RungFigures:
         ttft_ms=None if (s := m.stage_stat(vocab.TTFT)) is None else s.summary,
         pages_per_s=statistics.median(pages) if pages else None,
         aggregate_decode_tokens_per_s=statistics.median(aggregate) if aggregate else None,
-        kernels_per_step=_mean_of(getattr(activity, "kernels_per_step", None)),
-        gpu_busy_fraction=getattr(activity, "busy_fraction", None),
+        kernels_per_step=None if activity is None else activity.kernels_mean,
+        gpu_busy_fraction=None if activity is None else activity.busy_fraction,
         flops_per_step=_per_step(None if decode is None else decode.flops, steps),
         bytes_per_step=_per_step(None if decode is None else decode.bytes, steps),
         bound=None if decode is None else decode.bound,
@@ -242,16 +235,6 @@ def rung_figures(folder: Stage1Folder, goal: Objective) -> RungFigures:
         batch_size=m.settings.batch_size,
         floors=tuple(floors),
     )
-
-
-def _mean_of(value: object) -> float | None:
-    """A figure recorded either as a number or as a summary (its mean)."""
-    if value is None:
-        return None
-    if isinstance(value, int | float):
-        return float(value)
-    mean = getattr(value, "mean", None)
-    return None if mean is None else float(mean)
 
 
 # --------------------------------------------------------------------------------------------- attribution

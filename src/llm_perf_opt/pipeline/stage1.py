@@ -44,7 +44,14 @@ from llm_perf_opt.pipeline.analytic import write_analytic_report_for_run
 from llm_perf_opt.progress import Feedback, StepHandle
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.common import SCHEMA_VERSION, PeakFigure
-from llm_perf_opt.records.folders import INPUTS_FILE, METRICS_FILE, OPERATORS_FILE, PREFILL_LOGITS_FILE, load_stage1
+from llm_perf_opt.records.folders import (
+    INPUTS_FILE,
+    METRICS_FILE,
+    OPERATORS_FILE,
+    PREFILL_LOGITS_FILE,
+    load_stage1,
+    whatif_for,
+)
 from llm_perf_opt.records.io import dumps_lines
 from llm_perf_opt.records.stage1 import (
     BatchRecord,
@@ -67,6 +74,7 @@ from llm_perf_opt.records.stage1 import (
     TextInput,
     batch_key,
 )
+from llm_perf_opt.records.whatif import WhatIfRecord
 from llm_perf_opt.report import stage1_reports
 from llm_perf_opt.report.markdown import pct
 from llm_perf_opt.session.adapters.registry import make_adapter
@@ -77,6 +85,7 @@ from llm_perf_opt.session.session import (
     InferenceSession,
     batches,
     device_name,
+    filled,
     resolve_device,
     resolve_dtype,
 )
@@ -211,6 +220,7 @@ class Stage1Run:
         self.inputs: InputChoice | None = None
         self.settings: ResolvedSettings | None = None
         self.runtime = RuntimeSettings()
+        self.whatif: WhatIfRecord | None = None  # the what-if run the reports cite (report.whatif_dir)
 
     # ---- driver ------------------------------------------------------------------------------------
     def execute(self) -> Path:
@@ -273,6 +283,7 @@ class Stage1Run:
         cfg = self.cfg
         self.art.write_text("config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
         check_workload_model(cfg)
+        self.whatif = whatif_for(self.art.run_dir, cfg.get("report", {}).get("whatif_dir"))
         device = resolve_device(cfg.device)
         self.runtime = RuntimeSettings.from_config(cfg)  # run.batch_size ≤ 0 is refused here, before any build
         self.runtime.check_device(device)
@@ -309,6 +320,8 @@ class Stage1Run:
                 self._run_images(session, settings, vision, bar)
         else:
             groups = batches([e.path for e in self.selection.images], size)
+            if self.fills_batches:
+                groups = [filled(group, size) for group in groups]
             passes = len(self.selection.images) + len(groups) * (1 + settings.warmup + settings.repeats)
             with self.feedback.step(f"batches of {size}: FLOP count, warm-up and timed passes", total=passes) as bar:
                 self._run_batches(session, settings, vision, groups, bar)
@@ -408,6 +421,8 @@ class Stage1Run:
             prepared = [session.prepare(path) for path in paths]
             grids = {}
             for name, one in zip(keys, prepared, strict=True):
+                if name in grids:  # a copy filling the batch (run.fill_batches): counted once
+                    continue
                 log.info("%s: counting FLOPs alone (untimed)", name)
                 grid = one.model_inputs.get("crop_grid")
                 grids[name] = None if grid is None else (int(grid[0]), int(grid[1]))
@@ -431,7 +446,11 @@ class Stage1Run:
             traces: list[RoutingTrace] = []
             for repeat in range(settings.repeats):
                 measured = session.run_batch(paths, settings.max_new_tokens)
+                recorded: set[str] = set()
                 for name, page in zip(keys, measured.page_measurements(), strict=True):
+                    if name in recorded:  # a copy filling the batch: one record per input and pass
+                        continue
+                    recorded.add(name)
                     self.state.records.append(_record(name, repeat, page, vision, grids[name]))
                     self.state.predictions.setdefault(name, page.token_ids)
                     if page.prefill_logits is not None:
@@ -649,6 +668,12 @@ class Stage1Run:
                 "MFU is n/a: no dense peak is known for this device and dtype. Set hardware.peak_tflops=<dense "
                 "TFLOP/s> to get one."
             )
+        if self.fills_batches:
+            out.append(
+                f"Every batch was filled to run.batch_size={self.runtime.batch_size} with copies of its own inputs "
+                f"(run.fill_batches=true; {len(self.selection.images)} distinct input(s)): per-input figures count "
+                "each input once per pass, batch figures count every copy."
+            )
         short = self._short_last_batch()
         if short is not None and short == len(self.selection.images):
             out.append(
@@ -671,9 +696,14 @@ class Stage1Run:
             )
         return tuple(out)
 
+    @property
+    def fills_batches(self) -> bool:
+        """run.fill_batches: every batch filled to run.batch_size with copies of its own inputs."""
+        return bool(self.cfg.run.get("fill_batches", False)) and self.runtime.batch_size > 1
+
     def _short_last_batch(self) -> int | None:
         """Inputs in a last batch smaller than run.batch_size, or None."""
-        if self.runtime.batch_size == 1 or self.selection is None or not self.selection.images:
+        if self.runtime.batch_size == 1 or self.selection is None or not self.selection.images or self.fills_batches:
             return None
         left = len(self.selection.images) % self.runtime.batch_size
         return left or None
@@ -721,13 +751,16 @@ class Stage1Run:
             inputs=self._inputs_manifest(),
             operators=self.state.operators,
             predictions=predictions,
+            whatif=self.whatif,
         )
         return metrics
 
 
-def render(run_dir: Path) -> Path:
-    """Rebuild a Stage 1 folder's Markdown reports and plots from its records (no model, no GPU)."""
+def render(run_dir: Path, whatif: Path | str | None = None) -> Path:
+    """Rebuild a Stage 1 folder's Markdown reports and plots from its records (no model, no GPU); `whatif`: a
+    perf-whatif folder whose measured levers "What to try" cites (default: the one the folder lies in, if any)."""
     folder = load_stage1(run_dir)
+    evidence = whatif_for(folder.path, whatif)
     art = ArtifactsManager(folder.path, stage="stage1")
     art.written.extend(folder.status.files)
     stage1_reports.write_all(
@@ -736,6 +769,7 @@ def render(run_dir: Path) -> Path:
         inputs=folder.inputs or _no_inputs(folder.metrics),
         operators=folder.operators,
         predictions=folder.predictions,
+        whatif=evidence,
     )
     return art.run_dir
 

@@ -53,7 +53,16 @@ NSYS_SQLITE_GZ = f"{NSYS_SQLITE}.gz"  # a gzipped copy, read as it is (a shipped
 __all__ = ["CAPTURE_FILE", "NSYS_SQLITE", "TARGETS_FILE", "Stage2Run", "forwarded_overrides", "render", "workload_argv"]
 
 # Keys that belong to Stage 2 itself and are not forwarded to the profiled workload.
-_OWN_PREFIXES = ("stage2.", "pipeline.nsys", "pipeline.ncu", "pipeline/nsys", "pipeline/ncu", "hydra.", "hydra/")
+_OWN_PREFIXES = (
+    "stage2.",
+    "report.",
+    "pipeline.nsys",
+    "pipeline.ncu",
+    "pipeline/nsys",
+    "pipeline/ncu",
+    "hydra.",
+    "hydra/",
+)
 
 
 def forwarded_overrides(task_overrides: Sequence[str]) -> list[str]:
@@ -123,6 +132,7 @@ class Stage2Run:
         self.user_overrides = forwarded_overrides(task_overrides)
         self.art = ArtifactsManager(run_dir, stage="stage2")
         self.capture = Capture(run_id=run_id, mode=str(cfg.stage2.mode))
+        self.whatif_dir = cfg.get("report", {}).get("whatif_dir")
 
     def execute(self) -> Path:
         """Capture with the tools, then render; the folder ends complete, failed or interrupted."""
@@ -130,7 +140,7 @@ class Stage2Run:
         try:
             with self.feedback.session():
                 self._capture()
-            render(self.art.run_dir, art=self.art)
+            render(self.art.run_dir, art=self.art, whatif=self.whatif_dir)
         except KeyboardInterrupt:
             self._save_capture()
             self.art.finish(artifacts.INTERRUPTED, "interrupted by the user (Ctrl-C); exports so far were kept")
@@ -158,6 +168,8 @@ class Stage2Run:
         cfg = self.cfg
         mode = _mode(cfg)
         self.art.write_text("config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+        if self.whatif_dir:
+            folders.whatif_for(self.art.run_dir, self.whatif_dir)  # a folder that cannot be read fails before nsys
         require_gpu()
         import torch
 
@@ -443,10 +455,12 @@ class Stage2Run:
         return 0, count
 
 
-def render(run_dir: Path, *, art: ArtifactsManager | None = None) -> Path:
+def render(run_dir: Path, *, art: ArtifactsManager | None = None, whatif: Path | str | None = None) -> Path:
     """Build metrics.json, kernel_roofline.png, kernels.md, report.md and stakeholder_summary.md from a Stage 2
-    folder's exports and records."""
+    folder's exports and records; `whatif`: a perf-whatif folder whose measured levers the recommendations cite
+    (default: the one the folder lies in, if any)."""
     run_dir = Path(run_dir).resolve()
+    evidence = folders.whatif_for(run_dir, whatif)
     export = next((run_dir / p for p in (NSYS_SQLITE, NSYS_SQLITE_GZ) if (run_dir / p).is_file()), None)
     missing = [NSYS_SQLITE] if export is None else []
     missing += [CAPTURE_FILE] if not (run_dir / CAPTURE_FILE).is_file() else []
@@ -468,6 +482,6 @@ def render(run_dir: Path, *, art: ArtifactsManager | None = None) -> Path:
     for relative in plots.values():
         manager.record(relative)
     manager.write_text("kernels.md", stage2_reports.kernels_md(metrics, plots))
-    manager.write_text("stakeholder_summary.md", stage2_reports.stakeholder_md(metrics))
+    manager.write_text("stakeholder_summary.md", stage2_reports.stakeholder_md(metrics, evidence))
     manager.write_text("report.md", stage2_reports.report_md(metrics, [*manager.written, "report.md"]))
     return run_dir

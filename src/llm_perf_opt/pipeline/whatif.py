@@ -34,6 +34,7 @@ from llm_perf_opt.records.whatif import (
     LADDER,
     LATENCY,
     MEASURED,
+    PENDING,
     SKIPPED,
     WORKLOAD,
     Lever,
@@ -49,6 +50,7 @@ WHATIF_FILE = "whatif.json"
 RUNGS_DIR = "rungs"
 LOGS_DIR = "logs"
 BASELINE_NAME = "baseline"
+IN_PROGRESS = "The run was still going when this was written: later rungs are missing."
 # Keys of perf-whatif itself, never passed to a rung.
 OWN_KEYS = ("whatif", "whatif_run", "hydra")
 
@@ -273,13 +275,13 @@ class WhatIfRun:
             levers=levers,
             overrides=overrides,
             changes_workload=changes_workload,
-            state=SKIPPED if skip else MEASURED,
-            reason=skip,
+            state=SKIPPED if skip else PENDING,
+            reason=skip or "not run yet",
         )
         if skip is None and (refused := validate([*self.workload, *overrides])) is not None:
             rung = attrs.evolve(rung, state=INVALID, reason=refused)
         self.rungs[name] = rung
-        if rung.state != MEASURED:
+        if rung.state != PENDING:
             log.warning("%s: %s (%s)", name, rung.state, rung.reason)
             return _Plan(rung)
         folder_name = figures.folder_name(self.index, name)
@@ -312,6 +314,8 @@ class WhatIfRun:
         outcomes = run_rungs(jobs, devices, None if timeout is None else float(timeout), done)
         for job in jobs:
             self._take(job, outcomes[job.name])
+        if jobs:  # what is known so far, in case the run is stopped before its end
+            self._write_record(attrs.evolve(self._record(), notes=(*self._notes(), IN_PROGRESS)))
 
     def _take(self, job: RungJob, outcome: RungOutcome) -> None:
         rung = attrs.evolve(
@@ -327,7 +331,7 @@ class WhatIfRun:
             self.rungs[job.name] = attrs.evolve(rung, state=FAILED, reason=str(exc))
             return
         self.folders[job.name] = folder
-        self.rungs[job.name] = attrs.evolve(rung, figures=measured)
+        self.rungs[job.name] = attrs.evolve(rung, state=MEASURED, reason=None, figures=measured)
 
     def _judge(self, reference: str) -> None:
         """Speed-up, outputs and attribution of every measured rung against the baseline (ladder rungs: the
@@ -408,6 +412,7 @@ class WhatIfRun:
             model=str(self.cfg.model.name) if base is None else base.metrics.model.name,
             weights=None if base is None else base.metrics.model.weights,
             device=None if base is None else base.metrics.device.name,
+            device_type=None if base is None else base.metrics.device.type,
             workload_overrides=self.workload,
             levers=getattr(self, "levers", ()),
             rungs=rungs,

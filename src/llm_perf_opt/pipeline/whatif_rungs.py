@@ -87,8 +87,18 @@ def _outcome(job: RungJob, returncode: int, wall: float) -> RungOutcome:
             return RungOutcome(job.name, common.FAILED, message, wall)
         if status.state == common.COMPLETE and returncode != 0:
             return RungOutcome(job.name, common.FAILED, f"exit {returncode} after completing; see {job.log}", wall)
-        return RungOutcome(job.name, status.state, status.message, wall)
+        return RungOutcome(job.name, status.state, _one_line(status.message, job.log), wall)
     return RungOutcome(job.name, common.FAILED, f"exit {returncode}: {log_tail(job.log)}", wall)
+
+
+def _one_line(message: str | None, log: Path) -> str | None:
+    """A run's end message on one line (a traceback's first line), pointing at the log for the rest."""
+    if message is None:
+        return None
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return lines[0] if lines else None
+    return f"{lines[0]} … (the whole message: {log})"
 
 
 def log_tail(log: Path) -> str:

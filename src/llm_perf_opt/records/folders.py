@@ -6,6 +6,7 @@ Every command that reads another command's output (Stage 2 reading its Stage 1 w
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,8 +18,10 @@ from llm_perf_opt.records.common import COMPLETE, RunStatus
 from llm_perf_opt.records.io import RecordError, check_schema, load_file, load_lines, read_json, structure
 from llm_perf_opt.records.stage1 import InputsManifest, OperatorTable, Prediction, Stage1Metrics
 from llm_perf_opt.records.stage2 import Capture, NcuTargets, Stage2Metrics
+from llm_perf_opt.records.whatif import WhatIfRecord
 
 T = TypeVar("T")
+log = logging.getLogger("llm_perf_opt.records")
 
 STATUS_FILE = "run_status.json"
 METRICS_FILE = "metrics.json"
@@ -31,6 +34,8 @@ PREFILL_LOGITS_FILE = "prefill_logits.pt"  # run.save_prefill_logits: last-promp
 CAPTURE_FILE = "capture.json"
 NCU_TARGETS_FILE = "ncu/targets.json"
 WORKLOAD_METRICS_FILE = "workload/nsys/metrics.json"
+# `perf-whatif` folders: the record of the whole run (its rungs are Stage 1 folders inside it).
+WHATIF_FILE = "whatif.json"
 
 
 def read_status(run_dir: Path) -> RunStatus:
@@ -157,6 +162,41 @@ def load_stage2(run_dir: Path) -> Stage2Folder:
         targets=load_ncu_targets(run_dir),
         workload=load_workload_metrics(run_dir),
     )
+
+
+def load_whatif(path: Path) -> WhatIfRecord:
+    """The `whatif.json` of a `perf-whatif` folder (`path` is the folder or the file itself); RecordError when it
+    is missing, damaged, of another schema major version, or another command's record."""
+    path = Path(path)
+    file = path / WHATIF_FILE if path.is_dir() else path
+    if not file.is_file():
+        raise RecordError(
+            f"{path} holds no {WHATIF_FILE}, so it is not a finished perf-whatif folder",
+            "Pass the folder perf-whatif printed at its end (the one holding whatif.json and whatif.md)",
+        )
+    return load_metrics_of(file, WhatIfRecord, "whatif", "perf-whatif")
+
+
+def enclosing_whatif(run_dir: Path) -> Path | None:
+    """The `perf-whatif` folder a run folder was written in (its parent or grandparent holds `whatif.json`)."""
+    here = Path(run_dir).resolve()
+    return next((p for p in (here.parent, here.parent.parent) if (p / WHATIF_FILE).is_file()), None)
+
+
+def whatif_for(run_dir: Path, given: Path | str | None = None) -> WhatIfRecord | None:
+    """The what-if record a run folder's reports cite: `given` (a perf-whatif folder or its whatif.json; a
+    RecordError when it cannot be read), else that of the what-if folder the run folder was written in (left out
+    with a warning when it cannot be read); None when neither."""
+    if given is not None and str(given).strip():
+        return load_whatif(Path(str(given)).expanduser())
+    found = enclosing_whatif(run_dir)
+    if found is None:
+        return None
+    try:
+        return load_whatif(found)
+    except RecordError as exc:
+        log.warning("the reports do not cite the enclosing what-if run: %s", exc.problem)
+        return None
 
 
 def metrics_kind(run_dir: Path) -> str:

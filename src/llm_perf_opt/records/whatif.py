@@ -4,6 +4,7 @@ cumulative ladder), what each changed and why, and the recommendations they back
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import attrs
 
@@ -23,6 +24,7 @@ MEASURED = "complete"
 FAILED = "failed"
 SKIPPED = "skipped"
 INVALID = "invalid"
+PENDING = "pending"  # planned, not run yet (only in a record written while the run was still going)
 
 
 @attrs.frozen
@@ -166,7 +168,8 @@ class WhatIfRecord:
     best: str | None  # the ladder rung (or lever) with the best objective among those whose outputs were checked
     verdicts: tuple[Verdict, ...]
     notes: tuple[str, ...] = ()
-    settings: Mapping[str, int] = attrs.field(factory=dict)  # repeats, warmup, max_new_tokens, inputs (baseline)
+    settings: Mapping[str, Any] = attrs.field(factory=dict)  # repeats, warmup, max_new_tokens, inputs (baseline)
+    device_type: str | None = None  # "cuda" | "cpu" (the baseline's `DeviceInfo.type`); None: not recorded
 
     def rung(self, name: str) -> Rung | None:
         return next((r for r in self.rungs if r.name == name), None)
@@ -174,3 +177,23 @@ class WhatIfRecord:
     @property
     def baseline(self) -> Rung | None:
         return next((r for r in self.rungs if r.phase == BASELINE), None)
+
+    @property
+    def best_rung(self) -> Rung | None:
+        return None if self.best is None else self.rung(self.best)
+
+    @property
+    def device_phrase(self) -> str:
+        """How the reports name where the rungs ran: "this GPU (NVIDIA H100 …)", "this CPU (…)"."""
+        kind = {"cuda": "this GPU", "cpu": "this CPU"}.get(self.device_type or "", "this device")
+        return f"{kind} ({self.device})" if self.device else kind
+
+    def figures_of(self, rung: Rung) -> RungFigures | None:
+        """A rung's figures, or those of the rung it reused (a ladder rung identical to an earlier one)."""
+        if rung.figures is not None or rung.reused is None:
+            return rung.figures
+        earlier = self.rung(rung.reused)
+        return None if earlier is None else earlier.figures
+
+    def lever(self, name: str) -> Lever | None:
+        return next((lever for lever in self.levers if lever.name == name), None)

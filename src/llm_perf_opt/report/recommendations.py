@@ -1,9 +1,14 @@
-"""Findings and recommendations derived from the measured numbers (no fixed text without a number behind it)."""
+"""Findings and recommendations derived from the measured numbers (no fixed text without a number behind it).
+
+Given a `perf-whatif` record of the same model, "What to try" starts with what its levers measured (the gain of the
+best rung, which levers did not help) and drops the generic advice whose every lever it measured.
+"""
 
 from __future__ import annotations
 
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.stage1 import Stage1Metrics
+from llm_perf_opt.records.whatif import BASELINE, MEASURED, WhatIfRecord
 from llm_perf_opt.report.markdown import pct
 
 # Thresholds that trigger a recommendation; named so the report's logic can be read and tuned in one place.
@@ -94,9 +99,83 @@ def key_findings(m: Stage1Metrics) -> list[str]:
     return out
 
 
-def recommendations(m: Stage1Metrics) -> list[str]:
-    """What to try next, each rule triggered by a measured figure."""
-    recs: list[str] = []
+# The overrides each generic rule advises: a what-if record that measured all of them replaces the rule.
+DECODE_LEVERS = frozenset({"runtime.kv_cache", "runtime.compile", "run.batch_size"})
+EXPERTS_LEVERS = frozenset({"model.experts_implementation"})
+
+
+def recommendations(m: Stage1Metrics, whatif: WhatIfRecord | None = None) -> list[str]:
+    """What to try next: the levers a what-if run measured (when given), then each generic rule triggered by a
+    measured figure whose levers it did not measure."""
+    measured = measured_lever_lines(whatif, m.device.name, m.model.name) if whatif is not None else []
+    tried = measured_override_keys(whatif) if whatif is not None else frozenset()
+    generic = [text for text, levers in _generic(m) if not (levers and levers <= tried)]
+    if not generic and not measured:
+        return ["No stage stands out against the thresholds; compare modes or GPUs to find the next lever."]
+    return [*measured, *generic]
+
+
+def _override_key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def measured_override_keys(w: WhatIfRecord) -> frozenset[str]:
+    """The config keys the what-if run's measured rungs set."""
+    return frozenset(_override_key(o) for r in w.rungs if r.state == MEASURED for o in r.overrides)
+
+
+def measured_lever_lines(w: WhatIfRecord, device: str, model: str) -> list[str]:
+    """What a what-if run measured, one line each: the best rung against the baseline (with its interval's verdict
+    and the outputs check), the levers that did not help, the rungs that could not run. `device` and `model`: the
+    citing run's, named when the what-if run's differ."""
+    where = w.device_phrase if w.device == device else f"{w.device or 'another device'} (not this run's {device})"
+    source = f"measured on {where} by what-if run `{w.run_id}` (preset {w.preset}"
+    source += ")" if w.model == model else f", model {w.model}, not this run's {model})"
+    o = w.objective
+    base, best = w.baseline, w.best_rung
+    base_f = None if base is None else w.figures_of(base)
+    best_f = None if best is None else w.figures_of(best)
+    lines: list[str] = []
+    if base_f is None:
+        lines.append(f"The what-if run `{w.run_id}` has no measured baseline, so none of its levers can be cited.")
+    elif best is None or best_f is None or best.phase == BASELINE:
+        lines.append(
+            f"{source[0].upper()}{source[1:]}: no lever beat the baseline's {base_f.objective.p50:,.2f} {o.unit} "
+            f"({o.label}) with its outputs checked."
+        )
+    else:
+        verb = "raised" if o.higher_is_better else "cut"
+        gain = f"{best.speedup.value:.1f}×, {best.speedup.verdict}" if best.speedup else "no ratio recorded"
+        line = (
+            f"{source[0].upper()}{source[1:]}: {' + '.join(best.levers)} {verb} {o.label} from "
+            f"{base_f.objective.p50:,.2f} to {best_f.objective.p50:,.2f} {o.unit} ({gain})"
+        )
+        out = best.outputs
+        if out is None:
+            line += "; outputs not compared"
+        elif out.identical:
+            line += f"; outputs identical for {out.compared_tokens} tokens"
+        else:
+            line += f"; outputs depart at token {out.first_departure} of {out.compared_tokens}"
+        if best.changes_workload:
+            line += "; it changes the workload, so judge its outputs before adopting it"
+        overrides = " ".join(best.overrides)
+        lines.append(line + (f". Set: `{overrides}`." if overrides else "."))
+    helped = [v.line for v in w.verdicts if v.helped]
+    if len(helped) > 1:
+        lines.append("Levers that helped (what-if verdicts): " + "; ".join(helped) + ".")
+    not_helped = [v.line for v in w.verdicts if not v.helped]
+    if not_helped:
+        lines.append("Did not help (measured): " + "; ".join(not_helped) + ".")
+    not_run = [f"{r.name} {r.state} ({r.reason or 'no reason recorded'})" for r in w.rungs if r.state != MEASURED]
+    if not_run:
+        lines.append("Not measured in the what-if run: " + "; ".join(not_run) + ".")
+    return lines
+
+
+def _generic(m: Stage1Metrics) -> list[tuple[str, frozenset[str]]]:
+    """Each rule triggered by a measured figure, with the override keys it advises (empty: none)."""
+    recs: list[tuple[str, frozenset[str]]] = []
     e2e = _mean(m, vocab.E2E) or 0.0
     decode = _mean(m, vocab.DECODE) or 0.0
     prefill = _mean(m, vocab.PREFILL) or 0.0
@@ -105,8 +184,11 @@ def recommendations(m: Stage1Metrics) -> list[str]:
     dec_mfu = _mfu(m, vocab.DECODE)
     if m.device.type == "cpu":
         recs.append(
-            "This is a CPU run: its figures show the pipeline's shape, not GPU behaviour. Run on a GPU "
-            "(device=cuda) for kernel-level timings, MFU against a datasheet peak, and Stage 2."
+            (
+                "This is a CPU run: its figures show the pipeline's shape, not GPU behaviour. Run on a GPU "
+                "(device=cuda) for kernel-level timings, MFU against a datasheet peak, and Stage 2.",
+                frozenset(),
+            )
         )
     if e2e and decode / e2e > DECODE_DOMINANT:
         inputs = "prompts" if m.settings.input_kind == "text" else "pages"
@@ -132,7 +214,7 @@ def recommendations(m: Stage1Metrics) -> list[str]:
             )
         else:
             msg += f": fewer generated tokens or batching several {inputs} per decode step pay off most"
-        recs.append(msg + ".")
+        recs.append((msg + ".", DECODE_LEVERS | (EXPERTS_LEVERS if experts else frozenset())))
     vision = sum(_mean(m, s) or 0.0 for s in _vision_stages(m))
     if prefill and vision / prefill > VISION_DOMINANT:
         sam = _mean(m, vocab.VISION_SAM) or 0.0
@@ -148,29 +230,42 @@ def recommendations(m: Stage1Metrics) -> list[str]:
             msg += _fewer_views_hint(m)
         else:
             msg += ": fewer image tokens (a smaller input resolution in the processor) cut it in proportion"
-        recs.append(msg + ".")
+        recs.append((msg + ".", frozenset()))
     pf_mfu = _mfu(m, vocab.PREFILL)
     if m.device.type == "cuda" and pf_mfu is not None and pf_mfu < LOW_PREFILL_MFU:
         recs.append(
-            f"Prefill reaches {pf_mfu:.1%} MFU (< {LOW_PREFILL_MFU:.0%}): the operator table shows which kernels "
-            "hold it back (attention backend, small GEMMs, elementwise work); Stage 2 gives their roofline."
+            (
+                f"Prefill reaches {pf_mfu:.1%} MFU (< {LOW_PREFILL_MFU:.0%}): the operator table shows which "
+                "kernels hold it back (attention backend, small GEMMs, elementwise work); Stage 2 gives their "
+                "roofline.",
+                frozenset(),
+            )
         )
     ttft = pre + prefill
     if ttft and pre / ttft > PREPROCESS_NOTABLE:
         recs.append(
-            f"Preprocessing is {pre / ttft:.0%} of time to first token ({pre:,.1f} ms on the CPU): overlap it with "
-            "GPU work (a data-loader worker) or preprocess ahead of time."
+            (
+                f"Preprocessing is {pre / ttft:.0%} of time to first token ({pre:,.1f} ms on the CPU): overlap it "
+                "with GPU work (a data-loader worker) or preprocess ahead of time.",
+                frozenset(),
+            )
         )
     if m.device.type == "cuda" and m.model.experts_implementation == "eager":
-        recs.append("The MoE experts run the eager per-expert loop: try model.experts_implementation=grouped_mm.")
+        recs.append(
+            (
+                "The MoE experts run the eager per-expert loop: try model.experts_implementation=grouped_mm.",
+                EXPERTS_LEVERS,
+            )
+        )
     noisy = [v.stage for v in m.variation if (v.within_image_cv_median or 0.0) > NOISY_CV]
     if noisy:
         recs.append(
-            f"Run-to-run variation is high in {', '.join(noisy)}: add warm-up passes (run.warmup), more repeats, "
-            "and keep other work off the device."
+            (
+                f"Run-to-run variation is high in {', '.join(noisy)}: add warm-up passes (run.warmup), more "
+                "repeats, and keep other work off the device.",
+                frozenset(),
+            )
         )
-    if not recs:
-        recs.append("No stage stands out against the thresholds; compare modes or GPUs to find the next lever.")
     return recs
 
 

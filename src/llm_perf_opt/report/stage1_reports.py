@@ -23,6 +23,7 @@ from llm_perf_opt.records.stage1 import (
     Stage1Metrics,
     StageStat,
 )
+from llm_perf_opt.records.whatif import WhatIfRecord
 from llm_perf_opt.report import batches, gallery
 from llm_perf_opt.report.markdown import Doc, flops, ms, num_bytes, pct
 from llm_perf_opt.report.plots import write_stage1_plots
@@ -379,6 +380,7 @@ def report_md(
     files: Sequence[str],
     plots: Mapping[str, str] | None = None,
     inputs: InputsManifest | None = None,
+    whatif: WhatIfRecord | None = None,
 ) -> str:
     """The main report: three things first (where time goes, how efficient, what to try), details after."""
     doc = Doc(f"Stage 1 report: {m.model.name} on {m.device.name}")
@@ -394,7 +396,7 @@ def report_md(
     doc.h2("At a glance")
     doc.bullets(key_findings(m))
     doc.h2("What to try")
-    doc.bullets(recommendations(m))
+    doc.bullets(recommendations(m, whatif))
     if m.warnings:
         doc.h2("Warnings")
         doc.bullets(m.warnings)
@@ -618,7 +620,7 @@ def _cost_centre_rows(stats: Sequence[StageStat]) -> list[list[str]]:
     return rows
 
 
-def stakeholder_md(m: Stage1Metrics) -> str:
+def stakeholder_md(m: Stage1Metrics, whatif: WhatIfRecord | None = None) -> str:
     doc = Doc(f"Stakeholder summary: {m.model.name} inference on {m.device.name}")
     doc.para(
         f"{m.model.weights_detail}. Batch size {m.settings.batch_size}, {m.settings.max_new_tokens} new tokens per "
@@ -632,7 +634,7 @@ def stakeholder_md(m: Stage1Metrics) -> str:
     )
     doc.table(["stage", "mean ms", "share"], _cost_centre_rows(m.stages))
     doc.h2("Recommendations")
-    doc.bullets(recommendations(m))
+    doc.bullets(recommendations(m, whatif))
     if m.warnings:
         doc.h2("Caveats")
         doc.bullets(m.warnings)
@@ -770,13 +772,14 @@ def write_all(
     inputs: InputsManifest,
     operators: OperatorTable | None,
     predictions: Sequence[Prediction],
+    whatif: WhatIfRecord | None = None,
 ) -> None:
     """Write every Stage 1 Markdown artifact and plot from the run's records (report.md last, so it can list the
-    others)."""
+    others); `whatif`: a what-if run whose measured levers "What to try" cites."""
     top_k = m.settings.profiler.top_k if m.settings.profiler else 0
     if operators is not None:
         art.write_text("operators.md", operators_md(m, operators, top_k))
-    art.write_text("stakeholder_summary.md", stakeholder_md(m))
+    art.write_text("stakeholder_summary.md", stakeholder_md(m, whatif))
     art.write_text("assumptions.md", assumptions_md(m, inputs))
     write_gallery(art, m, inputs, predictions, m.settings.outputs)
     written = write_stage1_plots(m, art.run_dir)
@@ -784,4 +787,4 @@ def write_all(
         art.record(str(path.relative_to(art.run_dir)))
     plots = {name: str(path.relative_to(art.run_dir)) for name, path in written.items()}
     files = [*art.written, "report.md", "run_status.json"]
-    art.write_text("report.md", report_md(m, operators, files, plots, inputs))
+    art.write_text("report.md", report_md(m, operators, files, plots, inputs, whatif))

@@ -7,8 +7,10 @@ from collections.abc import Mapping, Sequence
 from llm_perf_opt.kernel_names import kernel_label
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.stage2 import KernelStat, MeasuredBytes, MeasuredBytesRow, Stage2Metrics
+from llm_perf_opt.records.whatif import WhatIfRecord
 from llm_perf_opt.report import stage2_plots
 from llm_perf_opt.report.markdown import Doc, ms, num_bytes, pct
+from llm_perf_opt.report.recommendations import DECODE_LEVERS, measured_lever_lines, measured_override_keys
 
 LOW_BUSY = 0.5  # GPU-busy fraction under which a stage is launch/CPU bound rather than GPU bound
 
@@ -380,7 +382,8 @@ def report_md(m: Stage2Metrics, files: Sequence[str]) -> str:
     return doc.text()
 
 
-def stakeholder_md(m: Stage2Metrics) -> str:
+def stakeholder_md(m: Stage2Metrics, whatif: WhatIfRecord | None = None) -> str:
+    """The short summary; `whatif`: a what-if run whose measured levers the recommendations cite first."""
     doc = Doc(f"Stakeholder summary (Stage 2): {_model_name(m)} on {_device_name(m)}")
     doc.h2("Executive summary")
     doc.bullets(findings(m))
@@ -388,9 +391,10 @@ def stakeholder_md(m: Stage2Metrics) -> str:
     header, rows = _stage_table(m)
     doc.table(header, rows)
     doc.h2("Recommendations")
-    recs = []
+    recs = [] if whatif is None else measured_lever_lines(whatif, _device_name(m), _model_name(m))
+    tried = frozenset() if whatif is None else measured_override_keys(whatif)
     dec = m.decode_steps
-    if dec and _decode_launch_bound(m):
+    if dec and _decode_launch_bound(m) and not tried >= DECODE_LEVERS:
         recs.append(
             f"Batch-1 decode keeps the GPU busy only {dec.gpu_busy_fraction:.0%} of the time with "
             f"{dec.kernels_per_step:.0f} launches per step: capture the decode step in a CUDA graph "

@@ -243,6 +243,13 @@ def batches(paths: Sequence[Path], batch_size: int) -> list[tuple[Path, ...]]:
     return [tuple(paths[i : i + batch_size]) for i in range(0, len(paths), batch_size)]
 
 
+def filled(group: Sequence[Path], batch_size: int) -> tuple[Path, ...]:
+    """`group` filled to `batch_size` inputs with copies of its own inputs, in turn (one page: that page B times)."""
+    if not group:
+        return ()
+    return tuple(group[i % len(group)] for i in range(max(batch_size, len(group))))
+
+
 class InferenceSession:
     """A loaded model and its adapter under one :class:`RuntimeSettings` (KV cache, compiled steps, batch size).
 

@@ -1,0 +1,204 @@
+"""What-if plots from a `WhatIfRecord`: the decode waterfall from the baseline to the best rung, and the distance
+to the floor per stage (baseline vs best).
+
+Each plot function takes the record and a target PNG path, writes the figure and returns the path, or returns None
+(writing nothing) when the data it needs is absent.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+from matplotlib.patches import Patch
+
+from llm_perf_opt.records.whatif import BASELINE, LADDER, MEASURED, Rung, StepFloor, WhatIfRecord
+from llm_perf_opt.report.plots import save_figure
+
+TOTAL_COLOUR = "#4e79a7"
+IDLE_COLOUR = "#f28e2b"  # launch and host overhead
+BUSY_COLOUR = "#59a14f"  # the kernels' own work
+OTHER_COLOUR = "#bab0ac"  # a change the attribution does not split
+LAYER_COLOURS = ("#59a14f", "#76b7b2", "#4e79a7", "#f28e2b")  # speed of light, kernels, busy, wall
+LAYERS = ("speed of light", "summed kernels", "GPU busy", "wall")
+
+
+def _decode_p50(record: WhatIfRecord, rung: Rung) -> float | None:
+    f = record.figures_of(rung)
+    return None if f is None or f.decode_ms_per_token is None else f.decode_ms_per_token.p50
+
+
+def waterfall_steps(record: WhatIfRecord) -> list[Rung]:
+    """The rungs from the baseline to the best: baseline, the ladder up to the best rung (or the best rung alone when
+    it is not on the ladder); every one with a decode time."""
+    base, best = record.baseline, record.best_rung
+    if base is None or best is None or _decode_p50(record, base) is None:
+        return []
+    ladder = [r for r in record.rungs if r.phase == LADDER and r.state == MEASURED]
+    names = [r.name for r in ladder]
+    path = ladder[: names.index(best.name) + 1] if best.name in names else [best]
+    steps = [base, *(r for r in path if r.phase != BASELINE)]
+    return [r for r in steps if _decode_p50(record, r) is not None]
+
+
+def _added(record: WhatIfRecord, rung: Rung, previous: Rung) -> str:
+    """The levers a rung adds to the previous one."""
+    new = [lever for lever in rung.levers if lever not in previous.levers] or list(rung.levers)
+    return "+ " + " + ".join(new)
+
+
+def waterfall(record: WhatIfRecord, path: Path) -> Path | None:
+    """Decode ms/token from the baseline through each ladder rung to the best: a full bar at each end, a floating
+    bar for each drop, split into idle (launch/host) and busy (kernel work) where the attribution has them."""
+    steps = waterfall_steps(record)
+    if len(steps) < 2:
+        return None
+    values = [_decode_p50(record, r) or 0.0 for r in steps]
+    top = max(values)
+    fig, ax = plt.subplots(figsize=(2.2 + 1.9 * (len(steps) + 1), 5.2), layout="constrained")
+    labels = ["baseline"]
+    ax.bar(0, values[0], color=TOTAL_COLOUR, width=0.6)
+    ax.text(0, values[0] + 0.01 * top, f"{values[0]:,.2f} ms", ha="center", va="bottom", fontsize=9)
+    used: set[str] = set()
+    for i in range(1, len(steps)):
+        rung, before, after = steps[i], values[i - 1], values[i]
+        labels.append(_added(record, rung, steps[i - 1]))
+        a = rung.attribution
+        level = before
+        parts: list[tuple[float, str]] = []
+        note = ""
+        if a is not None and a.idle_ms is not None and a.busy_ms is not None:
+            parts = [(a.idle_ms, IDLE_COLOUR), (a.busy_ms, BUSY_COLOUR)]
+            note = f"\nidle {_signed_ms(a.idle_ms)} ms, busy {_signed_ms(a.busy_ms)} ms"
+        rest = (after - before) - sum(p for p, _ in parts)
+        if abs(rest) > 0.005 * top or not parts:
+            parts.append((rest, OTHER_COLOUR if parts else TOTAL_COLOUR))
+        for delta, colour in parts:
+            ax.bar(i, delta, bottom=level, color=colour, width=0.6, edgecolor="white", linewidth=0.5)
+            used.add(colour)
+            level += delta
+        ax.plot([i - 1 + 0.3, i - 0.3], [before, before], color="grey", linewidth=0.8, linestyle=":")
+        ax.text(
+            i,
+            max(before, after) + 0.01 * top,
+            f"{_signed_ms(after - before)} ms{note}\n→ {after:,.2f} ms",
+            ha="center",
+            va="bottom",
+            fontsize=8.5,
+        )
+    last = len(steps)
+    labels.append(f"best:\n{steps[-1].name}")
+    ax.bar(last, values[-1], color=TOTAL_COLOUR, width=0.6)
+    ax.plot([last - 1 + 0.3, last - 0.3], [values[-1], values[-1]], color="grey", linewidth=0.8, linestyle=":")
+    ratio = values[0] / values[-1] if values[-1] else None
+    ax.text(
+        last,
+        values[-1] + 0.01 * top,
+        f"{values[-1]:,.2f} ms" + (f"\n({ratio:,.1f}× faster)" if ratio else ""),
+        ha="center",
+        va="bottom",
+        fontsize=9,
+    )
+    ax.set_xticks(range(len(labels)), [_wrap(label) for label in labels], fontsize=8)
+    ax.set_ylim(0, top * 1.25)
+    ax.set_ylabel("decode time per token (ms, p50 over timed passes)")
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+    ax.set_title(
+        f"Decode ms/token from the baseline to the best rung ({record.device or 'device not recorded'}; "
+        f"{record.model})",
+        fontsize=10,
+    )
+    legend = {
+        TOTAL_COLOUR: "decode ms/token"
+        + (" (or a change the profiled pass does not split)" if TOTAL_COLOUR in used else ""),
+        IDLE_COLOUR: "change in idle time (launch/host overhead)",
+        BUSY_COLOUR: "change in GPU-busy time (kernel work)",
+        OTHER_COLOUR: "change not split by the profiled pass",
+    }
+    handles = [Patch(color=c, label=label) for c, label in legend.items() if c == TOTAL_COLOUR or c in used]
+    fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=8, frameon=False)
+    return save_figure(fig, path)
+
+
+def _signed_ms(value: float) -> str:
+    """`+1.20` / `−16.93` (a true minus sign)."""
+    return f"{value:+,.2f}".replace("-", "\u2212")
+
+
+def _wrap(label: str, width: int = 18) -> str:
+    """Break a long tick label at " + " (or spaces) so that neighbouring labels do not overlap."""
+    lines: list[str] = []
+    for word in label.replace(" + ", " +\u00a0").split(" "):
+        if lines and len(lines[-1]) + 1 + len(word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return "\n".join(lines).replace("\u00a0", " ")
+
+
+def _layers(f: StepFloor) -> list[float | None]:
+    return [f.speed_of_light_ms, f.kernel_ms, f.busy_ms, f.wall_ms]
+
+
+def floor(record: WhatIfRecord, path: Path) -> Path | None:
+    """One panel per stage: speed of light, summed kernels, GPU busy and wall (ms), baseline beside the best rung."""
+    base, best = record.baseline, record.best_rung
+    base_f = None if base is None else record.figures_of(base)
+    if base_f is None or not base_f.floors:
+        return None
+    best_f = None if best is None else record.figures_of(best)
+    best_by_stage = {f.stage: f for f in (best_f.floors if best_f else ())}
+    stages = list(base_f.floors)
+    fig, axes = plt.subplots(
+        1, len(stages), figsize=(1.5 + 4.6 * len(stages), 4.8), layout="constrained", squeeze=False
+    )
+    best_name = record.best or "best"
+    for ax, stage_floor in zip(axes[0], stages, strict=True):
+        groups = [("baseline", stage_floor)]
+        other = best_by_stage.get(stage_floor.stage)
+        if other is not None:
+            groups.append((f"best: {best_name}", other))
+        width = 0.8 / len(LAYERS)
+        top = max(v for _, f in groups for v in _layers(f) if v is not None)
+        for g, (_, f) in enumerate(groups):
+            for k, value in enumerate(_layers(f)):
+                x = g + (k - (len(LAYERS) - 1) / 2) * width
+                if value is None:
+                    ax.text(x, 0.01 * top, "n/a", ha="center", va="bottom", fontsize=7, rotation=90)
+                    continue
+                ax.bar(x, value, width=width * 0.95, color=LAYER_COLOURS[k])
+                ax.text(x, value + 0.01 * top, f"{value:,.3g}", ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(range(len(groups)), [_wrap(name, 22) for name, _ in groups], fontsize=8)
+        ax.set_ylim(0, top * 1.15)
+        ax.set_ylabel("ms per decode step" if stage_floor.stage.startswith("decode") else "ms per prefill")
+        ax.set_title(stage_floor.stage, fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+        ax.set_axisbelow(True)
+    handles = [Patch(color=c, label=label) for c, label in zip(LAYER_COLOURS, LAYERS, strict=True)]
+    fig.legend(handles=handles, loc="outside lower center", ncol=len(LAYERS), fontsize=8, frameon=False)
+    against = "baseline vs best rung" if best_by_stage else f"baseline (the best rung, {best_name}, recorded none)"
+    fig.suptitle(
+        f"Distance to the floor per stage, {against} ({record.device or 'device not recorded'})\n"
+        "speed of light: analytic bytes / peak bandwidth or FLOPs / peak compute; kernels and busy: profiled pass; "
+        "wall: p50",
+        fontsize=9,
+    )
+    return save_figure(fig, path)
+
+
+PLOTS = {"waterfall": waterfall, "floor": floor}
+
+
+def write_whatif_plots(record: WhatIfRecord, folder: Path) -> dict[str, Path]:
+    """Every plot that applies, as `folder/plots/<name>.png`; returns name -> path."""
+    out: dict[str, Path] = {}
+    for name, plot in PLOTS.items():
+        written = plot(record, folder / "plots" / f"{name}.png")
+        if written is not None:
+            out[name] = written
+    return out

@@ -1,0 +1,417 @@
+"""`whatif.md` and its plots: a `WhatIfRecord` (`records.whatif`) rendered as Markdown.
+
+Every figure comes from the record; this module ranks rungs for display and formats them, nothing more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from llm_perf_opt.artifacts import ArtifactsManager
+from llm_perf_opt.records.whatif import (
+    ALONE,
+    BASELINE,
+    LADDER,
+    MEASURED,
+    WORKLOAD,
+    Objective,
+    OutputAgreement,
+    Rung,
+    RungFigures,
+    Speedup,
+    StepFloor,
+    WhatIfRecord,
+)
+from llm_perf_opt.report.comparison import ratio_text
+from llm_perf_opt.report.markdown import Doc, flops, ms, num_bytes, pct
+from llm_perf_opt.report.whatif_plots import write_whatif_plots
+
+NA = "n/a"
+WHATIF_REPORT = "whatif.md"
+CHANGES_WORKLOAD = "changes the workload"
+
+Row = list[str]
+
+
+# --------------------------------------------------------------------------------------------- cells
+
+
+def _signed(value: float | None, fmt: Callable[[float], str]) -> str:
+    """A change with its sign (`+`, `−`, or none for 0), the magnitude formatted by `fmt`."""
+    if value is None:
+        return NA
+    sign = "+" if value > 0 else "−" if value < 0 else ""
+    return sign + fmt(abs(value))
+
+
+def _count(value: float | None) -> str:
+    return NA if value is None else f"{value:,.0f}"
+
+
+def _objective_value(objective: Objective, figures: RungFigures | None) -> str:
+    return NA if figures is None else f"{ms(figures.objective.p50, 2)} {objective.unit}"
+
+
+def speedup_text(s: Speedup | None) -> str:
+    """`1.34× (95% CI 1.30–1.38×)`, or the ratio alone without an interval."""
+    if s is None:
+        return NA
+    if s.ci95_low is None or s.ci95_high is None:
+        return ratio_text(s.value)
+    return f"{ratio_text(s.value)} (95% CI {s.ci95_low:.2f}–{s.ci95_high:.2f}×)"
+
+
+def outputs_text(o: OutputAgreement | None) -> str:
+    """How a rung's outputs compare with the baseline's, in a few words."""
+    if o is None:
+        return NA
+    inputs = f"{o.inputs} input{'s' if o.inputs != 1 else ''}"
+    if o.identical:
+        text = f"identical for {o.compared_tokens} tokens ({inputs})"
+    else:
+        text = f"depart at token {o.first_departure} of {o.compared_tokens} ({inputs})"
+    if o.prefill_logits_max_abs_diff is not None:
+        text += f"; logits max |Δ| {o.prefill_logits_max_abs_diff:.3g}"
+    return text
+
+
+def _levers_text(record: WhatIfRecord, rung: Rung) -> str:
+    if rung.phase == BASELINE:
+        return "none (the workload as given)"
+    overrides = ", ".join(f"`{o}`" for o in rung.overrides)
+    text = " + ".join(rung.levers) + (f" ({overrides})" if overrides else "")
+    return text + (f"; **{CHANGES_WORKLOAD}**" if rung.changes_workload else "")
+
+
+def _warmup_text(f: RungFigures) -> str:
+    compiled = "no compilation" if f.compile_ms is None else f"compile {f.compile_ms / 1e3:,.1f} s"
+    return f"{compiled}; {f.warmup_passes} warm-up pass{'es' if f.warmup_passes != 1 else ''}"
+
+
+def _wall_text(rung: Rung) -> str:
+    if rung.reused is not None:
+        return f"not rerun (= {rung.reused})"
+    return NA if rung.wall_s is None else f"{rung.wall_s:,.0f} s"
+
+
+def _state_line(rung: Rung) -> str:
+    return f"{rung.state}: {rung.reason or 'no reason recorded'}"
+
+
+# --------------------------------------------------------------------------------------------- order
+
+
+def ranked_rungs(record: WhatIfRecord) -> list[Rung]:
+    """Baseline first, then the ladder in its order, then each lever alone by speed-up (best first); the rungs
+    that were not measured last, in the order they were tried."""
+    measured = [r for r in record.rungs if r.state == MEASURED]
+    alone = sorted((r for r in measured if r.phase == ALONE), key=lambda r: -(r.speedup.value if r.speedup else 0.0))
+    return [
+        *(r for r in measured if r.phase == BASELINE),
+        *(r for r in measured if r.phase == LADDER),
+        *alone,
+        *(r for r in record.rungs if r.state != MEASURED),
+    ]
+
+
+def _batched(record: WhatIfRecord) -> bool:
+    return any((f := record.figures_of(r)) is not None and f.batch_size > 1 for r in record.rungs)
+
+
+# --------------------------------------------------------------------------------------------- sections
+
+
+def verdict_paragraph(record: WhatIfRecord) -> str:
+    """The paragraph at the top: the best rung against the baseline, its interval, its outputs."""
+    base, best = record.baseline, record.best_rung
+    objective = record.objective
+    base_figures = None if base is None else record.figures_of(base)
+    if base is None or base_figures is None:
+        reason = f": {base.reason}" if base is not None and base.reason else ""
+        return f"The baseline was not measured{reason}. Without it no lever can be judged."
+    where = f"Measured on {record.device_phrase}: every figure is from these runs, not an estimate."
+    best_figures = None if best is None else record.figures_of(best)
+    if best is None or best_figures is None:
+        return (
+            f"No rung beat the baseline ({_objective_value(objective, base_figures)}) with its outputs checked; "
+            f"the verdicts below say why for each lever. {where}"
+        )
+    s = best.speedup
+    interval = ""
+    if s is not None and s.ci95_low is not None and s.ci95_high is not None:
+        interval = f" (95% interval {s.ci95_low:.2f}–{s.ci95_high:.2f}×; {s.verdict})"
+    elif s is not None:
+        interval = f" ({s.verdict})"
+    text = (
+        f"Best: **{best.name}** ({' + '.join(best.levers) or 'no lever'}) — {objective.label} "
+        f"{_objective_value(objective, base_figures)} at baseline → {_objective_value(objective, best_figures)}, "
+        f"{ratio_text(s.value if s else None)} the baseline{interval}. "
+    )
+    if best.outputs is not None:
+        text += f"Outputs against the baseline: {outputs_text(best.outputs)}. "
+    else:
+        text += "Outputs were not compared with the baseline. "
+    if best.changes_workload:
+        text += (
+            f"This rung {CHANGES_WORKLOAD}: its time is for different work, so check its outputs before adopting it. "
+        )
+    return text + where
+
+
+def _header(doc: Doc, record: WhatIfRecord) -> None:
+    o = record.objective
+    overrides = ", ".join(f"`{w}`" for w in record.workload_overrides) or "none (the defaults)"
+    doc.para(
+        f"Run `{record.run_id}` · {record.model} ({record.weights or 'weights not recorded'} weights) · "
+        f"{record.device or 'device not recorded'} · preset `{record.preset}` · objective: {o.label} "
+        f"({'higher' if o.higher_is_better else 'lower'} is better) · workload overrides: {overrides} · "
+        f"created {record.created}."
+    )
+
+
+def _ranked_table(doc: Doc, record: WhatIfRecord) -> None:
+    batched = _batched(record)
+    header = [
+        "rung",
+        "phase",
+        "levers (overrides)",
+        "TTFT p50 (ms)",
+        "decode p50 (ms/token)",
+        "pages/s",
+        *(["aggregate decode tokens/s"] if batched else []),
+        "speed-up vs baseline",
+        "noise verdict",
+        "kernels/step",
+        "GPU busy (decode)",
+        "outputs vs baseline",
+        "peak memory",
+        "compile / warm-up",
+        "rung wall time",
+    ]
+    rows: list[Row] = []
+    for rung in ranked_rungs(record):
+        head = [f"**{rung.name}**" if rung.name == record.best else rung.name, rung.phase, _levers_text(record, rung)]
+        f = record.figures_of(rung)
+        if rung.state != MEASURED or f is None:
+            rows.append([*head, _state_line(rung), *["—"] * (len(header) - 4)])
+            continue
+        base = rung.phase == BASELINE
+        rows.append(
+            [
+                *head,
+                ms(f.ttft_ms.p50 if f.ttft_ms else None, 1),
+                ms(f.decode_ms_per_token.p50 if f.decode_ms_per_token else None, 2),
+                ms(f.pages_per_s, 2),
+                *([ms(f.aggregate_decode_tokens_per_s, 0)] if batched else []),
+                "1.00× (reference)" if base else speedup_text(rung.speedup),
+                "reference" if base else (rung.speedup.verdict if rung.speedup else NA),
+                _count(f.kernels_per_step),
+                pct(f.gpu_busy_fraction, 0),
+                "reference" if base else outputs_text(rung.outputs),
+                num_bytes(f.peak_memory_bytes),
+                _warmup_text(f),
+                _wall_text(rung),
+            ]
+        )
+    doc.table(header, rows)
+    doc.para(
+        f"Ranked: baseline, then the ladder (the levers that helped, added one at a time in order of measured gain), "
+        f"then each lever alone by speed-up, then the rungs that did not run. Speed-up: the baseline's "
+        f"{record.objective.label} over the rung's (above 1 is better), with the 95% interval of the ratio over the "
+        "timed passes; noise verdict: whether the two runs' 95% intervals are apart. Kernels/step and GPU busy come "
+        "from one profiled pass; peak memory is the largest over the timed passes."
+    )
+
+
+def _attribution_table(doc: Doc, record: WhatIfRecord) -> None:
+    rows: list[Row] = []
+    for rung in ranked_rungs(record):
+        a = rung.attribution
+        if a is None or rung.state != MEASURED:
+            continue
+        rows.append(
+            [
+                rung.name,
+                a.against,
+                _signed(a.wall_ms, lambda v: ms(v, 2)),
+                _signed(a.idle_ms, lambda v: ms(v, 2)),
+                _signed(a.busy_ms, lambda v: ms(v, 2)),
+                _signed(a.kernels_per_step, lambda v: f"{v:,.0f}"),
+                _signed(a.flops_per_step, flops),
+                _signed(a.bytes_per_step, num_bytes),
+                a.cause,
+            ]
+        )
+    doc.h2("Where each gain came from (decode, per step)")
+    doc.table(
+        [
+            "rung",
+            "against",
+            "Δ wall (ms/step)",
+            "Δ idle: launch/host (ms/step)",
+            "Δ busy: kernel work (ms/step)",
+            "Δ kernels/step",
+            "Δ FLOPs/step",
+            "Δ bytes/step",
+            "cause",
+        ],
+        rows,
+    )
+    doc.para(
+        "Against the baseline for a lever alone, against the previous rung for the ladder. Idle is wall time minus "
+        "GPU-busy time (kernel launches, Python, synchronisation); busy is the union of the kernels' intervals. "
+        "Negative is saved. FLOPs are counted on the modules, bytes from the analytic model."
+    )
+
+
+def _floor_rows(label: str, floor: StepFloor) -> Row:
+    def share(value: float | None) -> str:
+        return pct(value / floor.wall_ms, 0) if value is not None and floor.wall_ms else NA
+
+    return [
+        floor.stage,
+        label,
+        ms(floor.speed_of_light_ms, 2),
+        ms(floor.kernel_ms, 2),
+        ms(floor.busy_ms, 2),
+        ms(floor.wall_ms, 2),
+        share(floor.speed_of_light_ms),
+        share(floor.kernel_ms),
+        share(floor.busy_ms),
+    ]
+
+
+def _removed_row(base: StepFloor, best: StepFloor) -> Row:
+    def gone(a: float | None, b: float | None) -> str:
+        return NA if a is None or b is None else _signed(b - a, lambda v: ms(v, 2))
+
+    wall = _signed((best.wall_ms - base.wall_ms) / base.wall_ms, lambda v: pct(v, 0)) if base.wall_ms else NA
+    return [
+        base.stage,
+        "change (best − baseline)",
+        gone(base.speed_of_light_ms, best.speed_of_light_ms),
+        gone(base.kernel_ms, best.kernel_ms),
+        gone(base.busy_ms, best.busy_ms),
+        gone(base.wall_ms, best.wall_ms) + f" ({wall})",
+        "",
+        "",
+        "",
+    ]
+
+
+def floor_pairs(record: WhatIfRecord) -> list[tuple[StepFloor, StepFloor | None]]:
+    """(baseline, best) floors of each stage the baseline recorded; best is None when it has none for the stage."""
+    base = record.baseline
+    base_f = None if base is None else record.figures_of(base)
+    best = record.best_rung
+    best_f = None if best is None else record.figures_of(best)
+    best_by_stage = {f.stage: f for f in (best_f.floors if best_f else ())}
+    return [(f, best_by_stage.get(f.stage)) for f in (base_f.floors if base_f else ())]
+
+
+def _floor_table(doc: Doc, record: WhatIfRecord) -> None:
+    doc.h2("Distance to the floor")
+    pairs = floor_pairs(record)
+    if not pairs:
+        doc.para("n/a: the baseline recorded no per-stage floors (no analytic model or no profiled pass).")
+        return
+    best = record.best or "best rung"
+    rows: list[Row] = []
+    for base, top in pairs:
+        rows.append(_floor_rows("baseline", base))
+        if top is not None:
+            rows.append(_floor_rows(best, top))
+            rows.append(_removed_row(base, top))
+    doc.table(
+        [
+            "stage",
+            "rung",
+            "speed of light (ms)",
+            "summed kernels (ms)",
+            "GPU busy (ms)",
+            "wall (ms)",
+            "speed of light / wall",
+            "kernels / wall",
+            "busy / wall",
+        ],
+        rows,
+    )
+    if record.best is not None and all(top is None for _, top in pairs):
+        doc.para(f"The best rung ({record.best}) recorded no floors: the baseline alone is shown.")
+    doc.para(
+        "Per decode step and per prefill, from the floor up: speed of light (analytic bytes over peak bandwidth, or "
+        "FLOPs over peak compute, whichever is longer), the kernels' summed durations and the GPU-busy time (one "
+        "profiled pass), and the wall time (p50 over the timed passes). Wall − busy is launch and host overhead; "
+        "busy − speed of light is what faster kernels could still win."
+    )
+
+
+def _verdicts(doc: Doc, record: WhatIfRecord) -> None:
+    doc.h2("Verdicts")
+    helped = [v.line for v in record.verdicts if v.helped]
+    not_helped = [v.line for v in record.verdicts if not v.helped]
+    not_run = [f"{r.name} ({r.phase}) {_state_line(r)}" for r in record.rungs if r.state != MEASURED]
+    for title, lines in (("Helped", helped), ("Did not help", not_helped), ("Not measured", not_run)):
+        if lines:
+            doc.h3(title)
+            doc.bullets(lines)
+    if not (helped or not_helped or not_run):
+        doc.para("No lever was judged.")
+
+
+def _levers(doc: Doc, record: WhatIfRecord) -> None:
+    doc.h2("Levers")
+    doc.table(
+        ["lever", "overrides", "what it may change", "needs", "about"],
+        [
+            [
+                lever.name,
+                ", ".join(f"`{o}`" for o in lever.overrides),
+                CHANGES_WORKLOAD if lever.changes == WORKLOAD else "latency only",
+                lever.needs or "—",
+                lever.about or "—",
+            ]
+            for lever in record.levers
+        ],
+    )
+
+
+def whatif_md(record: WhatIfRecord, plots: dict[str, str] | None = None, files: Sequence[str] = ()) -> str:
+    """`whatif.md`: verdict first, then the ranked rungs, the attribution, the floor, the verdicts and notes."""
+    plots = plots or {}
+    doc = Doc(f"What-if report: {record.model} on {record.device or 'device not recorded'}")
+    _header(doc, record)
+    doc.h2("Verdict")
+    doc.para(verdict_paragraph(record))
+    if "waterfall" in plots:
+        doc.image("Decode ms/token from the baseline to the best rung", plots["waterfall"])
+    doc.h2("Rungs, ranked")
+    _ranked_table(doc, record)
+    _attribution_table(doc, record)
+    _floor_table(doc, record)
+    if "floor" in plots:
+        doc.image("Distance to the floor, baseline vs best rung", plots["floor"])
+    _verdicts(doc, record)
+    _levers(doc, record)
+    if record.notes:
+        doc.h2("Notes")
+        doc.bullets(list(record.notes))
+    folders = [f"{r.name}: [{r.folder}]({r.folder}/report.md)" for r in record.rungs if r.folder]
+    if folders:
+        doc.h2("Rung folders")
+        doc.bullets(folders)
+    if files:
+        doc.h2("Files")
+        doc.bullets([f"[{f}]({f})" for f in sorted(set(files))])
+    return doc.text()
+
+
+def write_all(art: ArtifactsManager, record: WhatIfRecord) -> None:
+    """The plots (`plots/*.png`) and `whatif.md` of a what-if folder, from its record alone (the record itself,
+    `whatif.json`, is the runner's to save)."""
+    written = write_whatif_plots(record, art.run_dir)
+    for path in written.values():
+        art.record(str(path.relative_to(art.run_dir)))
+    plots = {name: str(path.relative_to(art.run_dir)) for name, path in written.items()}
+    files = [f for f in art.written if f.endswith((".md", ".json", ".png"))]
+    art.write_text(WHATIF_REPORT, whatif_md(record, plots, [*files, WHATIF_REPORT]))

@@ -1,0 +1,340 @@
+"""`whatif.md`, its plots, and the Stage 1 recommendations that cite a what-if run: rendered from hand-built
+`WhatIfRecord`s (no model)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import attrs
+import pytest
+from PIL import Image
+
+from helpers import FIXTURES, run_cli
+from llm_perf_opt.artifacts import ArtifactsManager
+from llm_perf_opt.pipeline.stage1 import render
+from llm_perf_opt.records import io
+from llm_perf_opt.records.folders import WHATIF_FILE, load_stage1_metrics
+from llm_perf_opt.records.stage1 import Stage1Metrics
+from llm_perf_opt.records.whatif import ALONE, FAILED, MEASURED, Rung, WhatIfRecord
+from llm_perf_opt.report.recommendations import DECODE_LEVERS, recommendations
+from llm_perf_opt.report.whatif_plots import waterfall_steps, write_whatif_plots
+from llm_perf_opt.report.whatif_report import ranked_rungs, whatif_md, write_all
+from whatif_fixtures import BATCH, figures, identical, minimal, realistic, speedup
+
+H100_METRICS = FIXTURES / "metrics" / "h100_full_stage1.json"
+RUN = FIXTURES / "runs" / "cpu_tiny_v1_stage1"
+
+
+def _rows(text: str, first_cell: str) -> list[list[str]]:
+    """The cells of every Markdown table row of `text` whose first cell is `first_cell`."""
+    rows = [
+        [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip("|"))]
+        for line in text.splitlines()
+        if line.startswith("|")
+    ]
+    return [r for r in rows if r[0] == first_cell]
+
+
+def _section(text: str, title: str) -> str:
+    return text.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+# --------------------------------------------------------------------------------------------- whatif.md
+
+
+def test_the_verdict_paragraph_gives_the_best_rung_its_interval_and_outputs() -> None:
+    verdict = _section(whatif_md(realistic()), "Verdict")
+    assert "Best: **ladder 2: static_cache + cuda_graphs** (static_cache + cuda_graphs)" in verdict
+    assert "24.80 ms/token at baseline → 1.57 ms/token, 15.80× the baseline" in verdict
+    assert "95% interval 15.32–16.27×; beyond noise" in verdict
+    assert "identical for 32 tokens (1 input); logits max |Δ| 0.0312" in verdict
+    assert "Measured on this GPU (NVIDIA H100 80GB HBM3)" in verdict
+
+
+def test_the_ranked_table_orders_baseline_ladder_levers_then_the_rungs_that_did_not_run() -> None:
+    record = realistic()
+    assert [r.name for r in ranked_rungs(record)] == [
+        "baseline",
+        "ladder 1: static_cache",
+        "ladder 2: static_cache + cuda_graphs",
+        "static_cache",
+        "mode_base",  # 1.07× (a workload change still ranks by its speed-up)
+        "grouped_mm",
+        "cuda_graphs",
+        "flash_attention_3",
+        "batch_16",
+    ]
+    text = _section(whatif_md(record), "Rungs, ranked")
+    (base,) = _rows(text, "baseline")
+    assert base[3:8] == ["180.0", "24.80", "1.03", "1.00× (reference)", "reference"]
+    assert base[8:] == ["912", "38%", "reference", "7.10 GiB", "no compilation; 2 warm-up passes", "95 s"]
+    (best,) = _rows(text, "**ladder 2: static_cache + cuda_graphs**")
+    assert best[4] == "1.57" and best[6] == "15.80× (95% CI 15.32–16.27×)" and best[7] == "beyond noise"
+    assert best[8:10] == ["6", "97%"] and best[12] == "compile 41.0 s; 2 warm-up passes"
+    (reused,) = _rows(text, "ladder 1: static_cache")
+    assert reused[-1] == "not rerun (= static_cache)"
+    (workload,) = _rows(text, "mode_base")
+    assert "**changes the workload**" in workload[2] and workload[10] == "depart at token 3 of 32 (1 input)"
+    (grouped,) = _rows(text, "grouped_mm")
+    assert grouped[7] == "within noise"
+    assert _rows(text, "batch_16")[0][3].startswith("failed: CUDA out of memory: tried to allocate 12.00 GiB")
+    assert _rows(text, "cuda_graphs")[0][3] == "invalid: runtime.compile=decode needs runtime.kv_cache=static"
+    assert _rows(text, "flash_attention_3")[0][3].startswith("skipped: needs the flash_attn_interface package")
+    assert "aggregate decode tokens/s" not in text  # batch 1 everywhere
+
+
+def test_a_batched_rung_adds_the_aggregate_throughput_column() -> None:
+    record = realistic()
+    batched = Rung(
+        "batch_16",
+        ALONE,
+        ("batch_16",),
+        BATCH.overrides,
+        False,
+        MEASURED,
+        figures=figures(30.0, kernels=920, busy=0.6, batch_size=16),
+        speedup=speedup(24.8, 30.0),
+        outputs=identical(),
+    )
+    record = attrs.evolve(record, rungs=tuple(batched if r.name == "batch_16" else r for r in record.rungs))
+    text = whatif_md(record)
+    header = next(line for line in text.splitlines() if line.startswith("|rung|phase|"))
+    assert "|aggregate decode tokens/s|" in header
+    assert _rows(text, "batch_16")[0][6] == "533"  # 16 × 1000 / 30 ms
+    assert _rows(text, "baseline")[0][6] == "40"
+
+
+def test_the_attribution_splits_each_change_into_idle_and_busy() -> None:
+    text = _section(whatif_md(realistic()), "Where each gain came from (decode, per step)")
+    (ladder,) = _rows(text, "ladder 2: static_cache + cuda_graphs")
+    assert ladder[1:8] == ["ladder 1: static_cache", "−16.93", "−9.20", "−7.73", "−899", "0 FLOP", "0 B"]
+    assert ladder[8] == "fewer launches: 905 → 6 kernels/step; GPU idle −9.2 ms/step"
+    (mode,) = _rows(text, "mode_base")
+    assert mode[6:8] == ["−1.1 GFLOP", "−190.73 MiB"]
+    assert _rows(text, "grouped_mm")[0][3] == "+0.10"
+
+
+def test_the_floor_table_goes_from_speed_of_light_to_wall_and_says_what_was_removed() -> None:
+    text = _section(whatif_md(realistic()), "Distance to the floor")
+    rows = _rows(text, "decode/step")
+    assert rows[0][1:] == ["baseline", "0.95", "9.10", "9.42", "24.80", "4%", "37%", "38%"]
+    assert rows[1][1:] == ["ladder 2: static_cache + cuda_graphs", "0.95", "1.41", "1.52", "1.57", "61%", "90%", "97%"]
+    assert rows[2][1:6] == ["change (best − baseline)", "0.00", "−7.69", "−7.90", "−23.23 (−94%)"]
+    assert len(_rows(text, "prefill")) == 3
+
+
+def test_the_verdicts_list_what_helped_what_did_not_and_what_could_not_run() -> None:
+    text = whatif_md(realistic())
+    helped, rest = _section(text, "Verdicts").split("### Did not help", 1)
+    assert "static_cache: 1.34× (beyond noise)" in helped and "grouped_mm" not in helped
+    assert "grouped_mm: 1.01× (within noise)" in rest
+    assert "batch_16 (alone) failed: CUDA out of memory" in rest
+    assert "flash_attention_3 skipped: flash_attn_interface is not installed." in _section(text, "Notes")
+
+
+def test_a_run_where_nothing_helped_says_so_with_na_where_nothing_was_measured() -> None:
+    text = whatif_md(minimal())
+    assert "No rung beat the baseline (40.00 ms/token) with its outputs checked" in text
+    assert "Measured on this CPU (AMD EPYC)" in text and "GPU" not in _section(text, "Verdict")
+    (lever,) = _rows(_section(text, "Rungs, ranked"), "static_cache")
+    assert lever[6:12] == [
+        "0.99× (95% CI 0.96–1.02×)",
+        "within noise",
+        "n/a",
+        "n/a",
+        "identical for 4 tokens (1 input)",
+        "n/a",
+    ]
+    assert _rows(text, "cuda_graphs")[0][3] == "skipped: needs a CUDA device; this run is on the CPU"
+    assert "n/a: the baseline recorded no per-stage floors" in text
+
+
+def test_a_failed_baseline_is_the_verdict() -> None:
+    record = minimal()
+    base = attrs.evolve(record.rungs[0], state=FAILED, figures=None, reason="model build failed: no such checkpoint")
+    text = whatif_md(attrs.evolve(record, rungs=(base, *record.rungs[1:])))
+    assert "The baseline was not measured: model build failed: no such checkpoint." in text
+    assert _rows(text, "baseline")[0][3] == "failed: model build failed: no such checkpoint"
+
+
+# --------------------------------------------------------------------------------------------- plots
+
+
+def test_write_all_writes_the_report_and_both_plots(tmp_path: Path) -> None:
+    art = ArtifactsManager(tmp_path, stage="whatif")
+    write_all(art, realistic())
+    text = (tmp_path / "whatif.md").read_text()
+    for name in ("waterfall", "floor"):
+        png = tmp_path / "plots" / f"{name}.png"
+        with Image.open(png) as image:
+            assert image.format == "PNG" and image.width > 600 and image.height > 300
+        assert f"](plots/{name}.png)" in text
+    assert {"plots/waterfall.png", "plots/floor.png", "whatif.md"} <= set(art.written)
+
+
+def test_the_waterfall_runs_from_the_baseline_along_the_ladder_to_the_best() -> None:
+    record = realistic()
+    assert [r.name for r in waterfall_steps(record)] == [
+        "baseline",
+        "ladder 1: static_cache",
+        "ladder 2: static_cache + cuda_graphs",
+    ]
+    alone_best = attrs.evolve(record, best="static_cache")
+    assert [r.name for r in waterfall_steps(alone_best)] == ["baseline", "static_cache"]
+    floor = _section(whatif_md(alone_best), "Distance to the floor")
+    assert "The best rung (static_cache) recorded no floors" in floor and len(_rows(floor, "decode/step")) == 1
+
+
+def test_no_plot_without_a_best_rung_or_floors(tmp_path: Path) -> None:
+    assert write_whatif_plots(minimal(), tmp_path) == {}
+    assert not (tmp_path / "plots").exists()
+
+
+# --------------------------------------------------------------------------------------------- recommendations
+
+
+def _h100(record: WhatIfRecord) -> Stage1Metrics:
+    m = load_stage1_metrics(H100_METRICS)
+    return attrs.evolve(m, model=attrs.evolve(m.model, name=record.model))
+
+
+def test_what_to_try_quotes_the_measured_gain_first_and_what_did_not_help() -> None:
+    record = realistic()
+    recs = recommendations(_h100(record), record)
+    assert recs[0].startswith(
+        "Measured on this GPU (NVIDIA H100 80GB HBM3) by what-if run `20250101-120000-abcdef` (preset decode): "
+        "static_cache + cuda_graphs cut decode ms/token (p50) from 24.80 to 1.57 ms/token (15.8×, beyond noise); "
+        "outputs identical for 32 tokens."
+    )
+    assert "`runtime.kv_cache=static runtime.compile=decode runtime.compile_mode=reduce-overhead`" in recs[0]
+    not_helped = next(r for r in recs if r.startswith("Did not help (measured):"))
+    assert "grouped_mm: 1.01× (within noise)" in not_helped and "mode_base" in not_helped
+    assert any(r.startswith("Not measured in the what-if run:") and "batch_16 failed" in r for r in recs)
+    # the generic decode advice stays: its batching lever failed, so the record did not measure all it advises
+    assert any(r.startswith("Decode is 68% of end-to-end time") for r in recs)
+    assert recommendations(_h100(record))[0].startswith("Decode is 68%")  # no record: generic advice only
+
+
+def test_generic_advice_whose_levers_were_all_measured_gives_way() -> None:
+    record = realistic()
+    batch = Rung(
+        "batch_16", ALONE, ("batch_16",), BATCH.overrides, False, MEASURED, figures=figures(30.0, kernels=1, busy=1)
+    )
+    record = attrs.evolve(record, rungs=tuple(batch if r.name == "batch_16" else r for r in record.rungs))
+    assert {"runtime.kv_cache", "runtime.compile", "run.batch_size"} == DECODE_LEVERS
+    recs = recommendations(_h100(record), record)
+    assert not any(r.startswith("Decode is") for r in recs)
+    assert not any("experts_implementation=grouped_mm" in r and r.startswith("The MoE") for r in recs)
+
+
+def test_a_whatif_run_of_another_device_or_model_says_so() -> None:
+    record = realistic()
+    m = load_stage1_metrics(H100_METRICS)
+    line = recommendations(attrs.evolve(m, device=attrs.evolve(m.device, name="NVIDIA A100")), record)[0]
+    assert line.startswith("Measured on NVIDIA H100 80GB HBM3 (not this run's NVIDIA A100)")
+    assert "model deepseek_ocr, not this run's deepseek_ocr2" in line
+
+
+def test_a_whatif_run_where_nothing_helped_is_cited_as_such() -> None:
+    record = minimal()
+    m = load_stage1_metrics(H100_METRICS)
+    recs = recommendations(attrs.evolve(m, device=attrs.evolve(m.device, name="AMD EPYC")), record)
+    assert "no lever beat the baseline's 40.00 ms/token (decode ms/token (p50)) with its outputs checked" in recs[0]
+    assert recs[1] == "Did not help (measured): static_cache: 0.99× (within noise)."
+
+
+# --------------------------------------------------------------------------------------------- wiring
+
+
+RECORDED_SAMPLES = "/work/main/src/llm_perf_opt/data/samples"
+
+
+def _copy_run(target: Path) -> Path:
+    from llm_perf_opt.data.dataset import bundled_samples_dir
+
+    shutil.copytree(RUN, target)
+    for name in ("inputs.yaml", "predictions/predictions.jsonl"):
+        text = (target / name).read_text()
+        (target / name).write_text(text.replace(RECORDED_SAMPLES, str(bundled_samples_dir())))
+    return target
+
+
+def _what_to_try(folder: Path) -> str:
+    return _section((folder / "report.md").read_text(), "What to try")
+
+
+def test_stage1_report_cites_the_whatif_folder_given(tmp_path: Path) -> None:
+    folder = _copy_run(tmp_path / "run")
+    io.save(realistic(), tmp_path / "wi" / WHATIF_FILE)
+    done = run_cli("llm_perf_opt.cli.stage1_report", str(folder), "--whatif", str(tmp_path / "wi"))
+    assert done.returncode == 0, done.stderr
+    cited = _what_to_try(folder)
+    assert "static_cache + cuda_graphs cut decode ms/token (p50) from 24.80 to 1.57 ms/token" in cited
+    assert "Did not help (measured): grouped_mm" in cited
+    assert "by what-if run `20250101-120000-abcdef`" in (folder / "stakeholder_summary.md").read_text()
+    missing = run_cli("llm_perf_opt.cli.stage1_report", str(folder), "--whatif", str(tmp_path / "nowhere"))
+    assert missing.returncode == 2 and "holds no whatif.json" in missing.stderr
+
+
+def test_a_stage1_folder_inside_a_whatif_folder_cites_it(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    folder = _copy_run(tmp_path / "wi" / "rungs" / "00-baseline")
+    render(folder)
+    assert "what-if run" not in _what_to_try(folder)  # no whatif.json yet: a rung cites nothing
+    io.save(realistic(), tmp_path / "wi" / WHATIF_FILE)
+    render(folder)
+    assert "cut decode ms/token (p50) from 24.80 to 1.57 ms/token" in _what_to_try(folder)
+    (tmp_path / "wi" / WHATIF_FILE).write_text("{damaged")
+    render(folder)  # a damaged enclosing record is left out with a warning, the reports still render
+    assert "what-if run" not in _what_to_try(folder)
+    assert "do not cite the enclosing what-if run" in caplog.text
+
+
+def test_stage1_run_accepts_report_whatif_dir_and_refuses_a_bad_one_before_measuring(tmp_path: Path) -> None:
+    from llm_perf_opt.cli.override_keys import check_override_keys
+
+    check_override_keys("stage1", ["report.whatif_dir=/somewhere"], command="stage1-run")
+    done = run_cli(
+        "llm_perf_opt.cli.stage1",
+        "model=deepseek_ocr_tiny",
+        "device=cpu",
+        f"report.whatif_dir={tmp_path / 'nowhere'}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
+    assert done.returncode == 2 and "holds no whatif.json" in done.stderr
+    assert not (tmp_path / "run" / "metrics.json").exists()
+
+
+# --------------------------------------------------------------------------------------------- Stage 2
+
+
+EXAMPLE_STAGE2 = Path(__file__).parents[1] / "examples" / "stage2-h100-tiny"
+
+
+def test_stage2_recommendations_cite_the_whatif_run_and_drop_the_advice_it_measured() -> None:
+    from llm_perf_opt.records.folders import load_stage2_metrics
+    from llm_perf_opt.report.stage2_reports import stakeholder_md
+
+    m = load_stage2_metrics(EXAMPLE_STAGE2 / "metrics.json")
+    generic = "Batch-1 decode keeps the GPU busy only"
+    assert generic in stakeholder_md(m)
+    cited = stakeholder_md(m, realistic()).split("## Recommendations", 1)[1]
+    assert cited.lstrip().startswith("- Measured on this GPU (NVIDIA H100 80GB HBM3) by what-if run")
+    assert generic in cited  # its batching lever failed in the what-if run
+    batch = Rung("batch_16", ALONE, ("batch_16",), BATCH.overrides, False, MEASURED)
+    measured_all = attrs.evolve(realistic(), rungs=(*realistic().rungs, batch))
+    assert generic not in stakeholder_md(m, measured_all)
+
+
+def test_stage2_report_takes_whatif_and_stage2_keeps_it_from_the_workload(tmp_path: Path) -> None:
+    from llm_perf_opt.pipeline.stage2 import forwarded_overrides
+
+    assert forwarded_overrides(["model=deepseek_ocr", "report.whatif_dir=/w"]) == ["model=deepseek_ocr"]
+    copy = tmp_path / "example"
+    shutil.copytree(EXAMPLE_STAGE2, copy)
+    io.save(realistic(), tmp_path / "wi" / WHATIF_FILE)
+    done = run_cli("llm_perf_opt.cli.stage2_report", str(copy), "--whatif", str(tmp_path / "wi"), timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert "by what-if run `20250101-120000-abcdef`" in (copy / "stakeholder_summary.md").read_text()
+    assert (copy / "report.md").read_text() == (EXAMPLE_STAGE2 / "report.md").read_text()

@@ -314,6 +314,7 @@ class Stage1Run:
 
         vision = session.vision_stages
         size = self.runtime.batch_size
+        profiled: tuple[Path, ...] = (self.selection.images[0].path,)  # the profiled pass: the first input or batch
         if size == 1:
             passes = len(self.selection.images) * (1 + settings.warmup + settings.repeats)
             with self.feedback.step("images: FLOP count, warm-up and timed passes", total=passes) as bar:
@@ -325,16 +326,17 @@ class Stage1Run:
             passes = len(self.selection.images) + len(groups) * (1 + settings.warmup + settings.repeats)
             with self.feedback.step(f"batches of {size}: FLOP count, warm-up and timed passes", total=passes) as bar:
                 self._run_batches(session, settings, vision, groups, bar)
+            profiled = groups[0]
 
         prof = cfg.pipeline.torch_profiler
         if prof.enable:
-            first = self.selection.images[0].path
-            log.info("profiled pass on %s (prefill + %d decode steps)", first.name, int(prof.decode_steps))
+            what = profiled[0].name if len(profiled) == 1 else f"the first batch ({len(profiled)} inputs)"
+            log.info("profiled pass on %s (prefill + %d decode steps)", what, int(prof.decode_steps))
             trace = self.art.path("torch_profiler/trace.json.gz") if prof.chrome_trace else None
             with self.feedback.step(f"profiled pass (prefill + {int(prof.decode_steps)} decode steps)"):
                 self.state.operators = profile_image(
                     session,
-                    first,
+                    profiled,
                     decode_steps=require_whole("pipeline.torch_profiler.decode_steps", prof.decode_steps, 0),
                     record_shapes=bool(prof.record_shapes),
                     profile_memory=bool(prof.profile_memory),

@@ -107,3 +107,32 @@ def test_a_failing_baseline_stops_the_run(config_dir: Path, tmp_path: Path) -> N
     rungs = {r.name: r for r in record.rungs}
     assert rungs["baseline"].state == FAILED and "/does/not/exist" in (rungs["baseline"].reason or "")
     assert rungs["static_cache"].state == SKIPPED and "baseline failed" in (rungs["static_cache"].reason or "")
+
+
+def test_sigterm_stops_the_rungs_and_keeps_what_was_measured(config_dir: Path, tmp_path: Path) -> None:
+    """A scheduler's stop (SIGTERM) ends the run as interrupted, stops the rung in flight and writes the record."""
+    import signal
+    import sys
+    import time
+
+    out = tmp_path / "run"
+    args = [sys.executable, "-m", "llm_perf_opt.cli.whatif", "--config-dir", str(config_dir), "whatif=tiny_test"]
+    process = subprocess.Popen(
+        [*args, *WORKLOAD, f"hydra.run.dir={out}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    deadline = time.monotonic() + 600
+    while not (out / "whatif.json").is_file() and time.monotonic() < deadline:  # written once the baseline ends
+        time.sleep(0.5)
+    time.sleep(8)  # a lever's rung is running now (its folder started)
+    process.send_signal(signal.SIGTERM)
+    process.communicate(timeout=300)
+    assert process.returncode == 130
+    assert read_status(out).state == "interrupted"
+    record = load_file(out / "whatif.json", WhatIfRecord)
+    assert record.baseline is not None and record.baseline.state == MEASURED
+    assert any("did not finish" in note for note in record.notes)
+    folders = sorted((out / "rungs").iterdir())
+    assert len(folders) >= 2  # the baseline's and the stopped lever's
+    for folder in folders:  # no rung folder is left claiming to run (one stopped before it started has no status)
+        if (folder / "run_status.json").is_file():
+            assert read_status(folder).state != "running"

@@ -186,8 +186,8 @@ class WhatIfRun:
         try:
             record = self._run()
         except KeyboardInterrupt:
-            self._write(partial="interrupted by the user (Ctrl-C)")
-            self.art.finish(artifacts.INTERRUPTED, "interrupted by the user (Ctrl-C); the rungs so far were written")
+            self._write(partial="interrupted (Ctrl-C or SIGTERM); the rungs still running were stopped")
+            self.art.finish(artifacts.INTERRUPTED, "interrupted (Ctrl-C or SIGTERM); the rungs so far were written")
             raise
         except UserError as exc:
             self._write(partial=str(exc))
@@ -234,6 +234,7 @@ class WhatIfRun:
         ]
         with self.feedback.step("the baseline", total=1) as bar:
             self._execute([base], devices, bar.advance)
+        self._write_progress()
         if self.rungs[BASELINE_NAME].state != MEASURED:  # without a baseline no lever can be judged: stop here
             for p in alone:
                 if p.job is not None:
@@ -242,6 +243,7 @@ class WhatIfRun:
             with self.feedback.step(f"{len(alone)} lever(s), each alone", total=len(alone)) as bar:
                 self._execute(alone, devices, bar.advance)
             self._judge(BASELINE_NAME)
+            self._write_progress()
             if bool(run_cfg.ladder):
                 self._ladder(levers, devices, latency_only=bool(run_cfg.ladder_latency_only))
         record = self._record()
@@ -314,8 +316,6 @@ class WhatIfRun:
         outcomes = run_rungs(jobs, devices, None if timeout is None else float(timeout), done)
         for job in jobs:
             self._take(job, outcomes[job.name])
-        if jobs:  # what is known so far, in case the run is stopped before its end
-            self._write_record(attrs.evolve(self._record(), notes=(*self._notes(), IN_PROGRESS)))
 
     def _take(self, job: RungJob, outcome: RungOutcome) -> None:
         rung = attrs.evolve(
@@ -466,6 +466,10 @@ class WhatIfRun:
 
         self.art.write_json(WHATIF_FILE, record)
         whatif_report.write_all(self.art, record)
+
+    def _write_progress(self) -> None:
+        """What is known so far, in case the run is stopped before its end (pending rungs say so)."""
+        self._write_record(attrs.evolve(self._record(), notes=(*self._notes(), IN_PROGRESS)))
 
     def _write(self, partial: str) -> None:
         """Write what is known so far when the run stops early."""

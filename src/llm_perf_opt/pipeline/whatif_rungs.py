@@ -6,6 +6,7 @@ from __future__ import annotations
 import queue
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -60,13 +61,17 @@ def run_rung(job: RungJob, device: str | None, timeout_s: float | None) -> RungO
     job.log.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     with job.log.open("w") as log:
+        process = subprocess.Popen(stage1_command(job, device), stdout=log, stderr=subprocess.STDOUT)
+        with _LOCK:
+            _LIVE.add(process)
         try:
-            done = subprocess.run(
-                stage1_command(job, device), stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s, check=False
-            )
-            returncode: int | None = done.returncode
+            returncode: int | None = process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
+            _stop(process)
             returncode = None
+        finally:
+            with _LOCK:
+                _LIVE.discard(process)
     wall = time.perf_counter() - started
     if returncode is None:
         message = f"ran past whatif_run.rung_timeout_s={timeout_s:g} s and was stopped"
@@ -110,6 +115,29 @@ def log_tail(log: Path) -> str:
     return " / ".join(lines[-LOG_TAIL_LINES:]) or "(no output)"
 
 
+_LIVE: set[subprocess.Popen[bytes]] = set()  # rung processes running now
+_LOCK = threading.Lock()
+STOP_GRACE_S = 20.0  # seconds a rung gets to write what it measured after SIGTERM
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after the grace period."""
+    process.terminate()
+    try:
+        process.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def stop_all() -> None:
+    """Stop every rung still running (the what-if run itself is being stopped)."""
+    with _LOCK:
+        running = list(_LIVE)
+    for process in running:
+        _stop(process)
+
+
 def run_rungs(
     jobs: Sequence[RungJob],
     devices: Sequence[str | None],
@@ -133,5 +161,9 @@ def run_rungs(
         return outcome
 
     with ThreadPoolExecutor(max_workers=max(1, len(devices))) as pool:
-        outcomes = list(pool.map(one, jobs))
+        try:
+            outcomes = list(pool.map(one, jobs))
+        except KeyboardInterrupt:  # the rungs must not outlive the run (the pool waits for them otherwise)
+            stop_all()
+            raise
     return {o.name: o for o in outcomes}

@@ -12,4 +12,6 @@ start=$(date +%s)
 python3 -m llm_perf_opt.cli.whatif "whatif=$preset" \
   'dataset.subset_filelist=${llo_samples_dir:}/lists/a4_page.txt' \
   "hydra.run.dir=$out" "$@"
-echo "perf-whatif whatif=$preset: $(( $(date +%s) - start )) s end to end ($(date -u +%F), $(python3 -c 'import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu")'))"
+elapsed=$(( $(date +%s) - start ))
+device=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
+echo "perf-whatif whatif=$preset: $elapsed s end to end ($(date -u +%F), ${device:-no GPU})"

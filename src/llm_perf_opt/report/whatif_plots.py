@@ -98,7 +98,7 @@ def waterfall(record: WhatIfRecord, path: Path) -> Path | None:
     ax.text(
         last,
         values[-1] + 0.01 * top,
-        f"{values[-1]:,.2f} ms" + (f"\n({ratio:,.1f}× faster)" if ratio else ""),
+        f"{values[-1]:,.2f} ms" + (f"\n({ratio:,.1f}× faster per step)" if ratio else ""),
         ha="center",
         va="bottom",
         fontsize=9,
@@ -108,9 +108,10 @@ def waterfall(record: WhatIfRecord, path: Path) -> Path | None:
     ax.set_ylabel("decode time per token (ms, p50 over timed passes)")
     ax.grid(axis="y", alpha=0.3)
     ax.set_axisbelow(True)
+    ranked_by = "" if record.objective.name == "decode_ms_per_token" else f"\nthe run ranks by {record.objective.label}"
     ax.set_title(
         f"Decode ms/token from the baseline to the best rung ({record.device or 'device not recorded'}; "
-        f"{record.model})",
+        f"{record.model}){ranked_by}",
         fontsize=10,
     )
     legend = {

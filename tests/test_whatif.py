@@ -170,3 +170,22 @@ def test_validation_refuses_what_stage1_would_refuse() -> None:
     assert typo is not None and "runtime.kv_cache" in typo  # names the nearest key
     dynamic = validate(["model=deepseek_ocr_tiny", "runtime.compile=decode"])
     assert dynamic is not None and "needs a static KV cache" in dynamic
+
+
+@pytest.mark.parametrize(
+    ("workload", "preset", "refused"),
+    [
+        (("model=hf", "model.config=qwen2_tiny"), "decode", set()),
+        (("model=deepseek_ocr2_tiny",), "decode", set()),
+        (("model=deepseek_ocr2_tiny",), "vision", {"base_mode"}),  # OCR-2 has no v1 modes
+        (("model=deepseek_ocr_tiny",), "vision", set()),
+    ],
+)
+def test_presets_validate_per_model_family(workload: tuple[str, ...], preset: str, refused: set[str]) -> None:
+    """Every lever of a preset is accepted for the model families it fits; one that does not fit is refused with
+    stage1-run's own message (it becomes an invalid rung, the others run)."""
+    levers = read_levers(compose_config("whatif", f"whatif={preset}").whatif.levers, [])
+    reasons = {lever.name: validate([*workload, *lever.overrides]) for lever in levers}
+    assert {name for name, why in reasons.items() if why is not None} == refused
+    for name in refused:
+        assert "model.mode" in (reasons[name] or "")

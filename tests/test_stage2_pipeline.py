@@ -202,6 +202,18 @@ def test_stage2_without_gpu_fails_cleanly(tmp_path: Path) -> None:
     assert status.state == "failed" and status.stage == "stage2"
 
 
+def test_stage2_refuses_batches_before_profiling(tmp_path: Path) -> None:
+    """Stage 2's joins add up per-input records: a batched workload is refused (exit 2, folder failed), not summed."""
+    out = tmp_path / "s2"
+    done = run_cli(
+        "llm_perf_opt.cli.stage2", "model=deepseek_ocr2_tiny", "run.batch_size=4", f"hydra.run.dir={out}", timeout=120
+    )
+    assert done.returncode == 2
+    assert "run.batch_size=4" in done.stderr and "stage1-run run.batch_size=B" in done.stderr
+    assert read_status(out).state == "failed"
+    assert not (out / "nsys").exists()
+
+
 def test_launch_window_lands_in_a_middle_decode_step() -> None:
     from llm_perf_opt.pipeline.stage2 import Stage2Run
 

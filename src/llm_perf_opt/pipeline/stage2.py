@@ -170,6 +170,14 @@ class Stage2Run:
         self.art.write_text("config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
         if self.whatif_dir:
             folders.whatif_for(self.art.run_dir, self.whatif_dir)  # a folder that cannot be read fails before nsys
+        batch = cfg.get("run", {}).get("batch_size", 1)
+        if batch not in (None, 1):
+            raise UserError(
+                f"run.batch_size={batch}: Stage 2 ties GPU time to one input per forward in this release (its "
+                "per-stage joins add up per-input records, which a batch shares)",
+                "Run stage2-profile with run.batch_size=1; measure batches with stage1-run run.batch_size=B, whose "
+                "report has the per-batch figures and kernels per decode step",
+            )
         require_gpu()
         import torch
 

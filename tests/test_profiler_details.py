@@ -28,6 +28,7 @@ from llm_perf_opt.records.stage1 import (
 )
 from llm_perf_opt.report.recommendations import key_findings
 from llm_perf_opt.report.stage1_reports import operators_md, report_md
+from llm_perf_opt.session.runtime import RuntimeSettings
 
 RUN = Path(__file__).parent / "fixtures" / "runs" / "cpu_tiny_v1_stage1"
 DETAILS = "## Shapes, memory and call sites"
@@ -128,6 +129,7 @@ class _FakeSession:
     """Just enough of a session for `profile_image`: one matmul per forward pass on the CPU."""
 
     device = torch.device("cpu")
+    runtime = RuntimeSettings()
 
     def prepare(self, path: Path) -> None:
         return None
@@ -159,7 +161,7 @@ def _garbling(failures: int) -> type:
 def test_an_unreadable_profile_is_profiled_again(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tp, "profile", _garbling(1))
     flags = {"record_shapes": True, "profile_memory": False, "with_stack": False, "with_flops": False}
-    table = tp.profile_image(_FakeSession(), Path("x.png"), decode_steps=2, trace_path=None, **flags)
+    table = tp.profile_image(_FakeSession(), [Path("x.png")], decode_steps=2, trace_path=None, **flags)
     mm = next(r for r in table.overall if r.name == "aten::mm")
     assert mm.calls == 3 and mm.shapes[0].shapes == "[[8, 8], [8, 8]]"
     assert table.activity is None  # a CPU run: no kernels
@@ -169,4 +171,4 @@ def test_a_profile_that_stays_unreadable_is_one_clear_error(monkeypatch: pytest.
     monkeypatch.setattr(tp, "profile", _garbling(tp.PROFILE_ATTEMPTS))
     flags = {"record_shapes": False, "profile_memory": False, "with_stack": True, "with_flops": False}
     with pytest.raises(UserError, match="with_stack=false"):
-        tp.profile_image(_FakeSession(), Path("x.png"), decode_steps=1, trace_path=None, **flags)
+        tp.profile_image(_FakeSession(), [Path("x.png")], decode_steps=1, trace_path=None, **flags)

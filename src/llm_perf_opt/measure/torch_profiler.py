@@ -275,7 +275,7 @@ def kernel_activity(events: Sequence[Any]) -> DecodeActivity | None:
 
 def profile_image(
     session: Any,
-    image_path: Path | Sequence[Path],
+    paths: Sequence[Path],
     *,
     decode_steps: int,
     record_shapes: bool,
@@ -284,11 +284,11 @@ def profile_image(
     with_flops: bool,
     trace_path: Path | None,
 ) -> OperatorTable:
-    """Run one image under the profiler (prefill + `decode_steps` decode steps) and build its operator table."""
+    """Run one input (or, for a batched run, its first batch: `paths`) under the profiler (prefill + `decode_steps`
+    decode steps) and build its operator table."""
     activities = [ProfilerActivity.CPU]
     if session.device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
-    paths = [image_path] if isinstance(image_path, Path) else list(image_path)
     batch = [session.prepare(path) for path in paths]
 
     def forward(recorder: StageRecorder) -> None:
@@ -297,8 +297,7 @@ def profile_image(
         else:  # a batched run profiles its first batch
             session.generate_batch(batch, decode_steps + 1, recorder)
 
-    runtime = getattr(session, "runtime", None)
-    if runtime is not None and runtime.compile != "none":
+    if session.runtime.compile != "none":
         # The profiled pass decodes fewer tokens than the timed passes, so a static cache of another length: its
         # compilation and CUDA-graph capture happen here, untimed and unprofiled, so the profile shows steady state.
         forward(NullRecorder(session.device))

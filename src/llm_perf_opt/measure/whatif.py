@@ -15,7 +15,7 @@ from pathlib import Path
 
 import attrs
 
-from llm_perf_opt.measure.noise import BEYOND, WITHIN, noise_verdict
+from llm_perf_opt.measure.noise import WITHIN, noise_verdict
 from llm_perf_opt.measure.outputs import first_departure, load_prefill_logits
 from llm_perf_opt.measure.stats import MIN_VALUES_FOR_CI, summarize, t_critical_95
 from llm_perf_opt.records import vocabulary as vocab
@@ -160,11 +160,6 @@ def outputs_against(base: Stage1Folder, other: Stage1Folder) -> OutputAgreement 
 
 
 # --------------------------------------------------------------------------------------------- rung figures
-
-
-def _summary(metrics: Stage1Metrics, stage: str) -> object:
-    stat = metrics.stage_stat(stage)
-    return None if stat is None else stat.summary
 
 
 def _decode_steps(metrics: Stage1Metrics) -> int:
@@ -357,10 +352,6 @@ def rank(levers: Sequence[Lever], gains: Mapping[str, Speedup | None]) -> list[L
     """The levers that helped, best measured speed-up first (ties in preset order)."""
     scored = [(lever, gain) for lever in levers if (gain := gains.get(lever.name)) is not None and helped(gain)]
     return [lever for lever, _ in sorted(scored, key=lambda pair: -pair[1].value)]
-
-
-def verdict_beyond(s: Speedup | None) -> bool:
-    return s is not None and s.verdict == BEYOND
 
 
 def folder_name(index: int, name: str) -> str:

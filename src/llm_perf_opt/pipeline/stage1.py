@@ -387,9 +387,7 @@ class Stage1Run:
                 self.state.records.append(_record(name, repeat, measured, vision, grid))
                 if measured.routing is not None:
                     self.state.routing.append(measured.routing)
-                self.state.predictions.setdefault(name, measured.token_ids)
-                if measured.prefill_logits is not None:
-                    self.state.prefill_logits.setdefault(name, measured.prefill_logits)
+                self._keep_outputs(name, measured)
                 bar.advance()
                 log.info(
                     "%s repeat %d/%d: prefill %.1f ms, decode %.1f ms (%d tokens)",
@@ -400,6 +398,12 @@ class Stage1Run:
                     measured.decode_ms,
                     len(measured.token_ids),
                 )
+
+    def _keep_outputs(self, name: str, measured: ImageMeasurement) -> None:
+        """An input's tokens (and prefill logits, when kept) from its first timed pass."""
+        self.state.predictions.setdefault(name, measured.token_ids)
+        if measured.prefill_logits is not None:
+            self.state.prefill_logits.setdefault(name, measured.prefill_logits)
 
     def _run_batches(
         self,
@@ -454,9 +458,7 @@ class Stage1Run:
                         continue
                     recorded.add(name)
                     self.state.records.append(_record(name, repeat, page, vision, grids[name]))
-                    self.state.predictions.setdefault(name, page.token_ids)
-                    if page.prefill_logits is not None:
-                        self.state.prefill_logits.setdefault(name, page.prefill_logits)
+                    self._keep_outputs(name, page)
                 if measured.routing is not None:
                     self.state.routing.append(measured.routing)
                     traces.append(measured.routing)

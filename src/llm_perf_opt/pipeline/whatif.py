@@ -169,6 +169,8 @@ class WhatIfRun:
         self.goal = self._objective()
         self.rungs: dict[str, Rung] = {}
         self.folders: dict[str, Stage1Folder] = {}
+        self.levers: tuple[Lever, ...] = ()  # the preset's, read when the run starts
+        self.left_out: tuple[tuple[str, str], ...] = ()  # levers the ladder did not stack, with the reason
         self.index = 0
 
     def _objective(self) -> Objective:
@@ -211,8 +213,7 @@ class WhatIfRun:
     def _run(self) -> WhatIfRecord:
         run_cfg = self.cfg.whatif_run
         self.art.write_text("config.yaml", OmegaConf.to_yaml(self.cfg, resolve=True))
-        levers = read_levers(self.cfg.whatif.get("levers"), [str(x) for x in run_cfg.exclude or []])
-        self.levers = levers
+        self.levers = levers = read_levers(self.cfg.whatif.get("levers"), [str(x) for x in run_cfg.exclude or []])
         devices = self._devices()
         cuda = (
             has_cuda(str(self.cfg.device))
@@ -414,7 +415,7 @@ class WhatIfRun:
             device=None if base is None else base.metrics.device.name,
             device_type=None if base is None else base.metrics.device.type,
             workload_overrides=self.workload,
-            levers=getattr(self, "levers", ()),
+            levers=self.levers,
             rungs=rungs,
             best=self._best(rungs),
             verdicts=self._verdicts(),
@@ -443,7 +444,7 @@ class WhatIfRun:
 
     def _verdicts(self) -> tuple[Verdict, ...]:
         out = []
-        for lever in getattr(self, "levers", ()):
+        for lever in self.levers:
             rung = self.rungs.get(lever.name)
             if rung is None:
                 continue
@@ -451,7 +452,7 @@ class WhatIfRun:
         return tuple(out)
 
     def _notes(self) -> tuple[str, ...]:
-        notes = [f"{name} is not stacked on the ladder: {why}." for name, why in getattr(self, "left_out", ())]
+        notes = [f"{name} is not stacked on the ladder: {why}." for name, why in self.left_out]
         if bool(self.cfg.whatif_run.ladder_latency_only):
             workload = [r.name for r in self.rungs.values() if r.phase == ALONE and r.changes_workload]
             if workload:

@@ -29,6 +29,7 @@ import torch
 from llm_perf_opt.cli.common import compose_config
 from llm_perf_opt.data.dataset import bundled_samples_dir
 from llm_perf_opt.measure.timing import NullRecorder, StageRecorder
+from llm_perf_opt.records.vocabulary import DECODE
 from llm_perf_opt.session.runtime import RuntimeSettings
 from llm_perf_opt.session.session import InferenceSession, device_name, resolve_device
 
@@ -67,6 +68,8 @@ def main() -> None:
 
     prepared = session.prepare(image)
 
+    decode_ms: dict[bool, list[float]] = {False: [], True: []}  # the decode stage's CUDA-event time, by routing on
+
     def instrumented(with_routing: bool = False) -> float:
         if routing is not None and not with_routing:
             routing.remove()
@@ -75,7 +78,7 @@ def main() -> None:
             start = time.perf_counter()
             recorder = StageRecorder(device)
             session.generate(prepared, args.new_tokens, recorder)
-            recorder.spans_ms()
+            decode_ms[with_routing].append(recorder.totals_ms()[DECODE])
             if routing is not None and with_routing:
                 routing.end_pass()  # the one copy of the pass's expert indices to the host
             _sync(device)
@@ -116,10 +119,15 @@ def main() -> None:
     routing_result = {}
     if routing is not None:
         routed_ratios = [a / b for a, b in zip(times["routed"], with_ms, strict=True)]
+        timed_decode = {on: values[-args.repeats :] for on, values in decode_ms.items()}  # warm-up passes dropped
+        decode_ratios = [a / b for a, b in zip(timed_decode[True], timed_decode[False], strict=True)]
         routing_result = {
             "routing_ms": times["routed"],
             "median_routing_ms": statistics.median(times["routed"]),
             "routing_overhead_pct_median_paired": (statistics.median(routed_ratios) - 1) * 100,
+            "median_decode_ms_without_routing": statistics.median(timed_decode[False]),
+            "median_decode_ms_with_routing": statistics.median(timed_decode[True]),
+            "routing_overhead_pct_of_decode_median_paired": (statistics.median(decode_ratios) - 1) * 100,
         }
     result = {
         "benchmark": "instrumentation_overhead",

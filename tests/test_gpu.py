@@ -122,6 +122,37 @@ def test_stage2_light_on_the_tiny_model(tmp_path: Path, model: str) -> None:
     assert json.loads((out / "run_status.json").read_text())["state"] == "complete"
 
 
+
+def test_stage2_traces_compiled_decode_node_by_node(tmp_path: Path) -> None:
+    """CUDA-graph decode under nsys (`--cuda-graph-trace=node`): the kernels a graph replays land in their decode
+    step, so kernels per step and the GPU-busy fraction exist for compiled decode (and are fewer per step than a
+    graph-free run would launch as separate host calls)."""
+    import shutil
+
+    if shutil.which("nsys") is None:
+        pytest.skip("needs nsys on PATH")
+    out = tmp_path / "s2-compiled"
+    done = run_cli(
+        "llm_perf_opt.cli.stage2",
+        "model=deepseek_ocr_tiny",
+        "model.dtype=bfloat16",
+        "runtime.kv_cache=static",
+        "runtime.compile=decode",
+        "infer.max_new_tokens=6",
+        "dataset.max_images=1",
+        "pipeline.ncu.enable=false",
+        f"hydra.run.dir={out}",
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert "--cuda-graph-trace=node" in (out / "nsys/cmd.txt").read_text()
+    step = {s["stage"]: s for s in metrics["stages"]}["decode/step"]
+    assert step["instances"] == 5  # one timed pass; compilation and capture fell in the warm-up
+    assert step["kernels"] >= 5  # replayed graph nodes counted inside the steps
+    assert 0 < step["busy_fraction"] <= 1
+    assert json.loads((out / "run_status.json").read_text())["state"] == "complete"
+
 # ---- issue 11: runtimes ------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_cuda_bf16() -> DeepSeekOCRSession:

@@ -153,6 +153,34 @@ def test_stage2_traces_compiled_decode_node_by_node(tmp_path: Path) -> None:
     assert 0 < step["busy_fraction"] <= 1
     assert json.loads((out / "run_status.json").read_text())["state"] == "complete"
 
+
+def test_stage2_profiles_a_batch(tmp_path: Path) -> None:
+    """run.batch_size=2: one NVTX prefill range and one set of decode steps per batch pass; Stage 1's batch records
+    are what the GPU times are checked against, and the bytes pass profiles the first whole batch."""
+    import shutil
+
+    if shutil.which("nsys") is None or shutil.which("ncu") is None:
+        pytest.skip("needs nsys and ncu on PATH")
+    out = tmp_path / "s2-batch"
+    done = run_cli(
+        "llm_perf_opt.cli.stage2",
+        "model=deepseek_ocr_tiny",
+        "run.batch_size=2",
+        "run.fill_batches=true",
+        "dataset.max_images=2",
+        "infer.max_new_tokens=6",
+        f"hydra.run.dir={out}",
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    stages = {s["stage"]: s for s in metrics["stages"]}
+    assert stages["prefill"]["instances"] == 1 and stages["decode/step"]["instances"] == 5  # one batch, one pass
+    assert stages["vision/sam"]["instances"] == 2  # per input
+    ratio = stages["prefill"]["stage1_cuda_event_ms"] / stages["prefill"]["wall_ms"]
+    assert 0.5 < ratio < 2  # the batch's own prefill, not the sum of its inputs' copies of it
+    assert "the first batch (2 inputs)" in (out / "report.md").read_text()
+
 # ---- issue 11: runtimes ------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_cuda_bf16() -> DeepSeekOCRSession:

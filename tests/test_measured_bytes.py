@@ -146,3 +146,16 @@ def test_window_warnings() -> None:
     assert window_warnings(DECODE_PASS, steps) == [
         "The bytes pass over decode step 2 of 3: 1 of its 4 kernels ran outside a decode step."
     ]
+
+
+def test_instance_costs_of_a_batched_run_are_per_batch() -> None:
+    """Batched: one prefill instance is a whole batch's (its inputs' vision included), so costs divide by batch
+    passes, not by input records."""
+    batched = load_stage1_metrics(FIXTURES / "metrics" / "cpu_tiny_batch2_stage1.json")  # 3 passes of a batch of 2
+    costs = instance_costs(batched)
+    prefill = batched.efficiency_of("prefill")
+    assert prefill is not None and costs["prefill"].flops == pytest.approx(prefill.flops / 3)
+    assert costs["prefill"].flops == pytest.approx(batched.flops_per_batch["batch 0"]["prefill"])
+    steps = sum(len(b.decode_step_ms) for b in batched.batches)
+    decode = batched.efficiency_of("decode")
+    assert decode is not None and costs["decode/step"].bytes == pytest.approx(decode.bytes / steps)

@@ -202,16 +202,29 @@ def test_stage2_without_gpu_fails_cleanly(tmp_path: Path) -> None:
     assert status.state == "failed" and status.stage == "stage2"
 
 
-def test_stage2_refuses_batches_before_profiling(tmp_path: Path) -> None:
-    """Stage 2's joins add up per-input records: a batched workload is refused (exit 2, folder failed), not summed."""
-    out = tmp_path / "s2"
-    done = run_cli(
-        "llm_perf_opt.cli.stage2", "model=deepseek_ocr2_tiny", "run.batch_size=4", f"hydra.run.dir={out}", timeout=120
-    )
-    assert done.returncode == 2
-    assert "run.batch_size=4" in done.stderr and "stage1-run run.batch_size=B" in done.stderr
-    assert read_status(out).state == "failed"
-    assert not (out / "nsys").exists()
+def test_batched_workloads_join_per_batch_not_per_input() -> None:
+    """A batch's inputs share one prefill and one decode: Stage 2 sums Stage 1's batch records (one NVTX prefill
+    range and one set of decode steps per batch pass), never the per-input records that each repeat the batch's."""
+    from llm_perf_opt.measure.aggregate import stage_totals_ms
+    from llm_perf_opt.records.folders import load_stage1_metrics
+
+    batched = load_stage1_metrics(FIXTURES / "metrics" / "cpu_tiny_batch2_stage1.json")  # 3 passes of a batch of 2
+    assert len(batched.forwards) == 3 and len(batched.records) == 6
+    totals = stage_totals_ms(batched.forwards)
+    assert totals["prefill"] == pytest.approx(sum(b.prefill_ms for b in batched.batches))
+    assert totals["decode/step"] == pytest.approx(sum(sum(b.decode_step_ms) for b in batched.batches))
+    assert totals["vision/sam"] == pytest.approx(sum(r.vision_ms["vision/sam"] for r in batched.records))  # per input
+    assert totals["prefill"] < sum(r.prefill_ms for r in batched.records)  # the per-input sum counts it twice
+    assert batched.flops_of(batched.batches[0]) == batched.flops_per_batch["batch 0"]
+    unbatched = load_stage1_metrics(FIXTURES / "metrics" / "cpu_tiny_stage1.json")
+    assert unbatched.forwards == unbatched.records
+    assert stage_totals_ms(unbatched.forwards)["prefill"] == pytest.approx(sum(r.prefill_ms for r in unbatched.records))
+
+
+def test_the_ncu_workload_of_a_batch_runs_one_whole_batch(tmp_path: Path) -> None:
+    cfg = compose_stage2("run.batch_size=4")
+    ncu = workload_argv(cfg, ["run.batch_size=4"], tmp_path, name="ncu-prefill", ncu=True)
+    assert "dataset.max_images=4" in ncu and "dataset.max_images=1" not in ncu
 
 
 def test_launch_window_lands_in_a_middle_decode_step() -> None:

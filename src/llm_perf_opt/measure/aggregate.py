@@ -36,17 +36,23 @@ def stage_values(records: Iterable[ImageRecord], vision_stages: Sequence[str]) -
     return values
 
 
-def stage_totals_ms(records: Sequence[ImageRecord]) -> dict[str, float]:
-    """Per measured stage (TTFT and end to end left out), its time summed over the timed passes in `records`;
-    `decode/step` sums every step (the decode steps' share of the decode stage)."""
-    vision = tuple(dict.fromkeys(s for r in records for s in r.vision_ms))
-    totals = {
-        stage: sum(values)
-        for stage, values in stage_values(records, vision).items()
-        if stage not in (vocab.TTFT, vocab.E2E, vocab.DECODE_STEP)
-    }
-    if any(r.decode_step_ms for r in records):
-        totals[vocab.DECODE_STEP] = sum(sum(r.decode_step_ms) for r in records)
+def stage_totals_ms(forwards: Sequence[ImageRecord] | Sequence[BatchRecord]) -> dict[str, float]:
+    """Per measured stage (TTFT and end to end left out), its time summed over the timed forwards (per-input records,
+    or batch records when the run batched: a batch's inputs share its prefill and decode); `decode/step` sums every
+    step (the decode steps' share of the decode stage)."""
+    totals: dict[str, float] = {}
+
+    def add(name: str, value: float) -> None:
+        totals[name] = totals.get(name, 0.0) + value
+
+    for forward in forwards:
+        add(vocab.PREPROCESS, forward.preprocess_ms)
+        add(vocab.PREFILL, forward.prefill_ms)
+        for stage, ms in forward.vision_ms.items():
+            add(stage, ms)
+        if forward.decode_step_ms:
+            add(vocab.DECODE, forward.decode_ms)
+            add(vocab.DECODE_STEP, sum(forward.decode_step_ms))
     return totals
 
 

@@ -46,10 +46,12 @@ class InstanceCost:
 
 
 def instance_costs(workload: Stage1Metrics) -> dict[str, InstanceCost]:
-    """Stage name -> its cost per instance: prefill and vision sub-stages per timed pass, `decode/step` per step
-    (from Stage 1's `decode` row). Empty without per-pass records or analytic bytes."""
-    passes = len(workload.records)
-    steps = sum(len(r.decode_step_ms) for r in workload.records)
+    """Stage name -> its cost per instance: prefill and vision sub-stages per timed forward (a batch's when the run
+    batched: its vision sub-stages then hold every input's), `decode/step` per step (from Stage 1's `decode` row).
+    Empty without timed forwards or analytic bytes."""
+    forwards = workload.forwards
+    passes = len(forwards)
+    steps = sum(len(f.decode_step_ms) for f in forwards)
     out: dict[str, InstanceCost] = {}
     for row in workload.efficiency:
         decode = row.stage == vocab.DECODE

@@ -90,15 +90,15 @@ class Stage2Analysis:
     # ---- the Stage 1 workload, summed over its timed passes -----------------------------------------------------
     def stage1_ms(self) -> dict[str, float]:
         """Stage 1 CUDA-event time per stage, summed over the workload's timed passes."""
-        return stage_totals_ms(self.workload.records) if self.workload else {}
+        return stage_totals_ms(self.workload.forwards) if self.workload else {}
 
     def stage_flops(self) -> dict[str, float]:
         """Counted FLOPs per stage over the workload's timed passes."""
         if not self.workload:
             return {}
         out: dict[str, float] = {}
-        for rec in self.workload.records:
-            for stage, value in self.workload.flops_per_image.get(rec.image, {}).items():
+        for forward in self.workload.forwards:
+            for stage, value in self.workload.flops_of(forward).items():
                 out[stage] = out.get(stage, 0.0) + float(value)
         return out
 

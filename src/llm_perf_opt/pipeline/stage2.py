@@ -92,8 +92,8 @@ def workload_argv(
     forced: dict[str, Any] = {}  # after the user's overrides, so these win
     if ncu:
         ncu_cfg = cfg.stage2.ncu_workload
-        forced = {
-            "dataset.max_images": ncu_cfg.max_images,
+        forced = {  # one forward: one input, or one whole batch
+            "dataset.max_images": max(int(ncu_cfg.max_images), _batch_size(cfg)),
             "infer.max_new_tokens": ncu_cfg.max_new_tokens,
             "run.repeats": ncu_cfg.get("repeats"),
         }
@@ -103,6 +103,11 @@ def workload_argv(
     argv += [f"{key}={value}" for key, value in forced.items() if value is not None]
     argv.append(f"hydra.run.dir={run_dir / 'workload' / name}")
     return argv
+
+
+def _batch_size(cfg: DictConfig) -> int:
+    """The workload's inputs per forward (`run.batch_size`, 1 when unset)."""
+    return int(cfg.get("run", {}).get("batch_size") or 1)
 
 
 def _mode(cfg: DictConfig) -> DictConfig:
@@ -170,14 +175,6 @@ class Stage2Run:
         self.art.write_text("config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
         if self.whatif_dir:
             folders.whatif_for(self.art.run_dir, self.whatif_dir)  # a folder that cannot be read fails before nsys
-        batch = cfg.get("run", {}).get("batch_size", 1)
-        if batch not in (None, 1):
-            raise UserError(
-                f"run.batch_size={batch}: Stage 2 ties GPU time to one input per forward in this release (its "
-                "per-stage joins add up per-input records, which a batch shares)",
-                "Run stage2-profile with run.batch_size=1; measure batches with stage1-run run.batch_size=B, whose "
-                "report has the per-batch figures and kernels per decode step",
-            )
         require_gpu()
         import torch
 
@@ -410,15 +407,18 @@ class Stage2Run:
         """(the instance in words, launch skip, launch count, kernels expected) of the bytes pass over `stage`.
 
         The window counts every launch inside the stage's NVTX range in the ncu workload (one timed pass of one
-        image). Prefill has one instance there, so the count is twice the largest prefill of the nsys trace (room
-        to spare: nothing follows it inside the range) and the first image's prefill is what it should profile.
+        forward: one image, or one batch). Prefill has one instance there, so the count is twice the largest prefill
+        of the nsys trace (room to spare: nothing follows it inside the range) and the first forward's prefill is what
+        it should profile.
         Decode skips the steps before the middle one, each step's launches taken from the same step of the nsys
         trace's first pass (the mean over all steps past its end).
         """
         with NsysTrace(self.art.run_dir / NSYS_SQLITE) as trace:
             if stage != vocab.DECODE:
                 counts = trace.instance_kernels(stage)
-                return f"the {stage} of the first image", 0, 2 * max(counts, default=0), counts[0] if counts else 0
+                batch = _batch_size(self.cfg)
+                forward = "the first image" if batch == 1 else f"the first batch ({batch} inputs)"
+                return f"the {stage} of {forward}", 0, 2 * max(counts, default=0), counts[0] if counts else 0
             steps = trace.instance_kernels(vocab.DECODE_STEP)
         total = int(self.cfg.stage2.ncu_workload.max_new_tokens) - 1  # the first token comes from prefill
         if total < 1 or not steps:

@@ -503,6 +503,18 @@ class Stage1Metrics:
         """The inputs that were timed, in run order."""
         return tuple(dict.fromkeys(r.image for r in self.records))
 
+    @property
+    def forwards(self) -> tuple[ImageRecord, ...] | tuple[BatchRecord, ...]:
+        """The timed forwards, one per pass over one forward: the batch records when the run batched (its inputs
+        share a batch's prefill and decode steps), else the per-input records."""
+        return self.batches or self.records
+
+    def flops_of(self, forward: ImageRecord | BatchRecord) -> Mapping[str, float]:
+        """Counted FLOPs per stage of one timed forward (a batch's, or an input's)."""
+        if isinstance(forward, BatchRecord):
+            return self.flops_per_batch.get(forward.cost_key, {})
+        return self.flops_per_image.get(forward.image, {})
+
     def stage_stat(self, name: str) -> StageStat | None:
         return next((s for s in self.stages if s.stage == name), None)
 

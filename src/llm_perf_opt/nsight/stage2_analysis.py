@@ -259,7 +259,7 @@ class Stage2Analysis:
                 warning = f"{bytes_pass.workload}: {exc.problem}; analytic bytes taken from the nsys workload."
             else:
                 images = ", ".join(own.images) or "no image"
-                passes = len(own.records)
+                passes = len(own.forwards)
                 source = (
                     f"Stage 1's figures of the profiled workload itself ({bytes_pass.workload}/{METRICS_FILE}: "
                     f"{images}, {passes} timed pass{'es' if passes != 1 else ''})"
@@ -267,7 +267,7 @@ class Stage2Analysis:
                 return instance_costs(own), source, warning
         if self.workload is None:
             return {}, "", warning
-        passes, count = len(self.workload.records), len(self.workload.images)
+        passes, count = len(self.workload.forwards), len(self.workload.images)
         source = (
             f"the nsys workload's Stage 1 figures averaged over its {passes} timed passes of {count} image(s) "
             "(the profiled workload left none)"

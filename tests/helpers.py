@@ -20,6 +20,15 @@ def run_cli(module: str, *args: str, timeout: int = 300) -> subprocess.Completed
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
+def require_tools(*names: str) -> None:
+    """Skip the calling test unless every named program (e.g. nsys, ncu) is on PATH."""
+    import pytest
+
+    missing = [name for name in names if shutil.which(name) is None]
+    if missing:
+        pytest.skip(f"needs {' and '.join(missing)} on PATH")
+
+
 def unpack_nsys_fixture(folder: Path, name: str = "h100_tiny.sqlite.gz") -> Path:
     """The gzipped nsys sqlite export `name` from tests/fixtures/nsys as `folder`/nsys/report.sqlite."""
     target = folder / "nsys" / "report.sqlite"

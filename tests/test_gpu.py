@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from helpers import greedy_by_recomputation, run_cli
+from helpers import greedy_by_recomputation, require_tools, run_cli
 from llm_perf_opt.cli.common import compose_config
 from llm_perf_opt.data.dataset import bundled_samples_dir
 from llm_perf_opt.measure.timing import StageRecorder
@@ -86,10 +86,7 @@ def test_stage1_tiny_on_gpu_has_mfu(tmp_path: Path, model: str) -> None:
 
 @pytest.mark.parametrize("model", ["deepseek_ocr2_tiny", "deepseek_ocr_tiny"])
 def test_stage2_light_on_the_tiny_model(tmp_path: Path, model: str) -> None:
-    import shutil
-
-    if shutil.which("nsys") is None or shutil.which("ncu") is None:
-        pytest.skip("needs nsys and ncu on PATH")
+    require_tools("nsys", "ncu")
     out = tmp_path / "s2"
     done = run_cli(
         "llm_perf_opt.cli.stage2",
@@ -127,10 +124,7 @@ def test_stage2_traces_compiled_decode_node_by_node(tmp_path: Path) -> None:
     """CUDA-graph decode under nsys (`--cuda-graph-trace=node`): the kernels a graph replays land in their decode
     step, so kernels per step and the GPU-busy fraction exist for compiled decode (and are fewer per step than a
     graph-free run would launch as separate host calls)."""
-    import shutil
-
-    if shutil.which("nsys") is None:
-        pytest.skip("needs nsys on PATH")
+    require_tools("nsys")
     out = tmp_path / "s2-compiled"
     done = run_cli(
         "llm_perf_opt.cli.stage2",
@@ -157,10 +151,7 @@ def test_stage2_traces_compiled_decode_node_by_node(tmp_path: Path) -> None:
 def test_stage2_profiles_a_batch(tmp_path: Path) -> None:
     """run.batch_size=2: one NVTX prefill range and one set of decode steps per batch pass; Stage 1's batch records
     are what the GPU times are checked against, and the bytes pass profiles the first whole batch."""
-    import shutil
-
-    if shutil.which("nsys") is None or shutil.which("ncu") is None:
-        pytest.skip("needs nsys and ncu on PATH")
+    require_tools("nsys", "ncu")
     out = tmp_path / "s2-batch"
     done = run_cli(
         "llm_perf_opt.cli.stage2",

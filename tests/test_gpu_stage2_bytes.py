@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import run_cli
+from helpers import require_tools, run_cli
 from llm_perf_opt.records.folders import METRICS_FILE, NCU_TARGETS_FILE, load_ncu_targets, load_stage2_metrics
 
 pytestmark = [
@@ -25,8 +25,7 @@ VISION = ("vision/sam", "vision/encoder", "vision/projector")
 
 
 def test_stage2_light_measures_bytes_per_stage_instance(tmp_path: Path) -> None:
-    if shutil.which("nsys") is None or shutil.which("ncu") is None:
-        pytest.skip("needs nsys and ncu on PATH")
+    require_tools("nsys", "ncu")
     out = tmp_path / "s2"
     done = run_cli(
         "llm_perf_opt.cli.stage2",

@@ -234,7 +234,11 @@ def _measured_bytes_section(doc: Doc, mb: MeasuredBytes | None) -> None:
         + ". Profiling still serialises the kernels, and a dirty L2 line counts as written when it is evicted, "
         "possibly during a later kernel. Analytic bytes and counted FLOPs per instance: "
         + ("; ".join(sources) if sources else "none recorded (no Stage 1 analytic figures for this workload)")
-        + ". MBU is over the summed kernel durations ncu measured (kernels back to back, no launch gaps), for the "
+        + ". The analytic bytes count every module's inputs and outputs once, with the layout copies the "
+        "implementation makes (SAM: the reshape copy of its rel-pos bias, the q/k/v split and head merge, window "
+        "padding and crop, the layer norms' input copies), and subtract nothing for what L2 keeps between kernels: "
+        "measured bytes below them are L2 hits. MBU is over the summed kernel durations ncu measured (kernels back "
+        "to back, no launch gaps), for the "
         "measured and the analytic bytes alike; the bound compares FLOP/byte with the ridge point" + ridge + "." + peak
     )
     if not mb.rows:

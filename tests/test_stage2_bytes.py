@@ -294,3 +294,32 @@ def test_render_prices_the_analytic_bytes_with_the_current_model(tmp_path: Path)
     source = rows["vision/sam"].analytic_source
     assert source is not None and source.startswith("the analytic model priced on the inputs of the profiled")
     assert "workload/ncu-bytes-prefill/config.yaml and metrics.json" in source
+
+
+def test_mbu_on_busy_time_uses_the_current_model_when_the_nsys_workload_has_its_config(tmp_path: Path) -> None:
+    from omegaconf import OmegaConf
+
+    from llm_perf_opt.analytic import ModelSpec, Workload, stage_costs
+
+    folder = bytes_folder(tmp_path)
+    before = {r.stage: r.bytes for r in stage2_metrics(render(folder)).stages}
+    cfg = compose_config("stage1", "model=deepseek_ocr2")
+    (folder / WORKLOAD_METRICS_FILE).with_name("config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    after = {r.stage: r for r in stage2_metrics(render(folder)).stages}
+    spec = ModelSpec.from_architecture(cfg.model.architecture)
+    records = load_stage1_metrics(H100_STAGE1).records
+    sam = sum(
+        stage_costs(
+            spec,
+            Workload(
+                tiles=r.tiles,
+                text_tokens=r.prompt_tokens - 1 - r.image_tokens,
+                new_tokens=r.new_tokens,
+                dtype_bytes=2,
+            ),
+        )["vision/sam"].bytes
+        for r in records
+    )
+    row = after["vision/sam"]
+    assert row.bytes == pytest.approx(sam) and row.bytes != pytest.approx(before["vision/sam"])
+    assert row.mbu_on_busy_time is not None and row.mbu_on_busy_time > 0

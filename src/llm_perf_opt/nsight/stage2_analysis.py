@@ -28,7 +28,7 @@ from llm_perf_opt.nsight.ncu_report import read_ncu_raw_csv
 from llm_perf_opt.nsight.nsys_trace import NsysTrace
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.common import SCHEMA_VERSION, PeakFigure
-from llm_perf_opt.records.folders import METRICS_FILE, load_stage1_metrics
+from llm_perf_opt.records.folders import METRICS_FILE, WORKLOAD_METRICS_FILE, load_stage1_metrics
 from llm_perf_opt.records.io import RecordError
 from llm_perf_opt.records.stage1 import Stage1Metrics
 from llm_perf_opt.records.stage2 import (
@@ -112,8 +112,24 @@ class Stage2Analysis:
         return out
 
     def stage_bytes(self) -> dict[str, float]:
-        """Analytic bytes per stage over the workload's timed passes (from Stage 1's efficiency table)."""
-        return {row.stage: row.bytes for row in (self.workload.efficiency if self.workload else ())}
+        """Analytic bytes per stage over the workload's timed passes: the current analytic model's on the inputs
+        the workload ran where its config is there to price them (:meth:`_repriced`), else Stage 1's efficiency
+        table."""
+        if not self.workload:
+            return {}
+        stored = {row.stage: row.bytes for row in self.workload.efficiency}
+        repriced, _ = self._repriced(str(Path(WORKLOAD_METRICS_FILE).parent), self.workload)
+        if repriced is None:
+            return stored
+        counts = {
+            vocab.DECODE: sum(len(r.decode_step_ms) for r in self.workload.records),
+            **dict.fromkeys(stored.keys() - {vocab.DECODE}, len(self.workload.records)),
+        }
+        keys = {stage: vocab.DECODE_STEP if stage == vocab.DECODE else stage for stage in stored}
+        return {
+            stage: repriced[keys[stage]].bytes * counts[stage] if keys[stage] in repriced else moved
+            for stage, moved in stored.items()
+        }
 
     def compute_peak(self) -> PeakFigure | None:
         """The workload's dense compute peak (MFU), None without one."""

@@ -355,8 +355,9 @@ def report_md(m: Stage2Metrics, files: Sequence[str]) -> str:
     doc.para(
         "Cross-check: the NVTX range wall time (CPU side), Stage 1's CUDA-event time of the same passes, the GPU "
         "busy time (union of the kernels launched inside the range) and the summed kernel time. Busy / wall "
-        "under 100% means the GPU waited for the host. MBU on busy time divides Stage 1's analytic bytes by GPU "
-        "busy time and the peak bandwidth. Tracing slows kernel launches, so wall times under nsys "
+        "under 100% means the GPU waited for the host. MBU on busy time divides the analytic bytes of the same "
+        "passes (priced by the current analytic model where the workload's config.yaml is in the folder, else "
+        "Stage 1's) by GPU busy time and the peak bandwidth. Tracing slows kernel launches, so wall times under nsys "
         "are longer than in a plain Stage 1 run: take latency from Stage 1, GPU work from here. "
         "MFU here divides the counted FLOPs by GPU busy time" + _mfu_peak_text(m)
     )

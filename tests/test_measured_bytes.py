@@ -159,3 +159,18 @@ def test_instance_costs_of_a_batched_run_are_per_batch() -> None:
     steps = sum(len(b.decode_step_ms) for b in batched.batches)
     decode = batched.efficiency_of("decode")
     assert decode is not None and costs["decode/step"].bytes == pytest.approx(decode.bytes / steps)
+
+
+def test_a_gemm_whose_template_names_copy_atoms_is_not_a_copy_kernel() -> None:
+    """CUTLASS's grouped GEMM (the MoE experts) names `cute::Copy_Atom`s in its template arguments: the kind of a
+    kernel comes from its function name and functor, not from every word of its full name."""
+    grouped = (
+        "void cutlass::device_kernel<gemm::GemmUniversal<gemm::CollectiveMma<cute::Copy_Atom<cute::SM90_TMA_LOAD>, "
+        "cute::SM75_U32x4_LDSM_N>>>(T1::Params)"
+    )
+    launches = [
+        launch(grouped, 60 * MB, "prefill"),
+        launch("void elementwise_kernel<128, 4, gpu_kernel_impl_nocast<direct_copy_kernel_cuda>>(int)", 40 * MB),
+    ]
+    why = gap_reason("prefill", 100 * MB, 50 * MB, launches, L2)
+    assert why is not None and "40% in copy kernels" in why and "60%" not in why

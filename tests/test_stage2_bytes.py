@@ -10,6 +10,7 @@ from pathlib import Path
 import attrs
 import pytest
 
+from llm_perf_opt.cli.common import compose_config
 from llm_perf_opt.nsight import tools
 from llm_perf_opt.nsight.nsys_trace import NsysTrace
 from llm_perf_opt.pipeline import stage2
@@ -258,3 +259,67 @@ def test_a_folder_without_a_bytes_pass_says_it_was_not_collected(tmp_path: Path)
     report = (folder / "report.md").read_text()
     assert "## Measured DRAM bytes per stage instance (Nsight Compute)\n\n\nNot collected" in report
     assert "against the analytic count" not in report and "bytes-<stage>" not in report
+
+
+def test_render_prices_the_analytic_bytes_with_the_current_model(tmp_path: Path) -> None:
+    """With the profiled workload's config.yaml, the analytic bytes are the current analytic model's for the inputs
+    the workload ran (here: full-size OCR-2, 6 tiles, bf16), not the figures its Stage 1 metrics stored; the
+    counted FLOPs stay Stage 1's."""
+    from omegaconf import OmegaConf
+
+    from llm_perf_opt.analytic import ModelSpec, Workload, stage_costs
+    from llm_perf_opt.records.vocabulary import DECODE
+
+    folder = bytes_folder(tmp_path)
+    cfg = compose_config("stage1", "model=deepseek_ocr2")
+    for name in ("bytes-prefill", "bytes-decode"):
+        (folder / "workload" / f"ncu-{name}" / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    measured = stage2_metrics(render(folder)).measured_bytes
+    assert measured is not None
+    rows = {r.stage: r for r in measured.rows}
+    record = load_stage1_metrics(H100_STAGE1).records[0]
+    work = Workload(
+        global_size=1024,
+        tile_size=768,
+        tiles=record.tiles,
+        text_tokens=record.prompt_tokens - 1 - record.image_tokens,
+        new_tokens=record.new_tokens,
+        dtype_bytes=2,
+    )
+    costs = stage_costs(ModelSpec.from_architecture(cfg.model.architecture), work)
+    for stage in ("prefill", "vision/sam", "vision/encoder", "vision/projector"):
+        assert rows[stage].analytic_bytes == pytest.approx(costs[stage].bytes), stage
+        assert rows[stage].flops == pytest.approx(ANALYTIC[stage][1]), stage
+    assert rows["decode/step"].analytic_bytes == pytest.approx(costs[DECODE].bytes / 3)  # the pass's 3 steps
+    source = rows["vision/sam"].analytic_source
+    assert source is not None and source.startswith("the analytic model priced on the inputs of the profiled")
+    assert "workload/ncu-bytes-prefill/config.yaml and metrics.json" in source
+
+
+def test_mbu_on_busy_time_uses_the_current_model_when_the_nsys_workload_has_its_config(tmp_path: Path) -> None:
+    from omegaconf import OmegaConf
+
+    from llm_perf_opt.analytic import ModelSpec, Workload, stage_costs
+
+    folder = bytes_folder(tmp_path)
+    before = {r.stage: r.bytes for r in stage2_metrics(render(folder)).stages}
+    cfg = compose_config("stage1", "model=deepseek_ocr2")
+    (folder / WORKLOAD_METRICS_FILE).with_name("config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    after = {r.stage: r for r in stage2_metrics(render(folder)).stages}
+    spec = ModelSpec.from_architecture(cfg.model.architecture)
+    records = load_stage1_metrics(H100_STAGE1).records
+    sam = sum(
+        stage_costs(
+            spec,
+            Workload(
+                tiles=r.tiles,
+                text_tokens=r.prompt_tokens - 1 - r.image_tokens,
+                new_tokens=r.new_tokens,
+                dtype_bytes=2,
+            ),
+        )["vision/sam"].bytes
+        for r in records
+    )
+    row = after["vision/sam"]
+    assert row.bytes == pytest.approx(sam) and row.bytes != pytest.approx(before["vision/sam"])
+    assert row.mbu_on_busy_time is not None and row.mbu_on_busy_time > 0

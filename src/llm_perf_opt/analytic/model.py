@@ -40,11 +40,23 @@ Bytes (``dtype_bytes`` per element unless noted)
   experts: a forward over T tokens reads the distinct experts its tokens hit; assuming uniform routing that is
   E·(1 − (1 − k/E)^T) experts (exactly k at T = 1, all E to within 1e-6 once T exceeds a few hundred, as in the
   prefill of any image). The embedding reads one row per token.
-* ``activation_bytes``: approximate; each module reads its input tensors once and writes its outputs once.
+* ``activation_bytes``: approximate; each module reads its input tensors once and writes its outputs once, from
+  and to memory (what a cache keeps between kernels is not subtracted: measured DRAM bytes can be lower).
   Fused attention reads Q, K, V (plus SAM's rel-pos bias, which is materialised as an explicit (b, h, N, N)
   ``attn_mask``) and writes O; the score matrix itself is not materialised (as in flash / memory-efficient
   kernels; the eager and math paths would add about 2·b·h·s_q·s_k elements). fp32 upcasts inside norms are
   ignored; the router's fp32 logits are counted at 4 bytes.
+* SAM's layout copies (category "other", 0 FLOPs; transformers' ``DeepseekOcr2SamVisionLayer`` with SDPA, as the
+  kernels of an H100 run show them): the rel-pos bias sum keeps the einsum outputs' permuted strides, so its
+  ``reshape`` to (b, heads, N, N) copies the whole score-sized bias (``attn.rel_pos_bias.reshape``, the largest);
+  with more than one attention batch (windows, or a batch of tiles) q/k/v are split by a copy
+  (``attn.qkv_split``) and the heads merged by one (``attn.merge_heads``); the einsum copies the query for its
+  bmm (``attn.rel_pos.query_copy``: once after the split, twice on the strided view of one batch); ``F.pad``
+  writes the zero-filled padded grid and copies the positions in (``window_pad``), the crop back is a copy
+  (``window_crop``); and the residual stream keeps the strides of patch_embed's permuted NCHW output, so each
+  layer norm first copies its input (``layer_norm1.contiguous``, ``layer_norm2.contiguous``). Each copy reads
+  and writes its tensor once. Left out: the pos-embed interpolation's fp32 casts and the neck's layout copies
+  (together under 1% of SAM's bytes on an H100), and the conv bias add cuDNN may run apart.
 * ``kv_bytes``: the decoder's KV cache: written in prefill (all prompt tokens), read (the ``context`` keys
   attended) and written (one token) in each decode step. transformers' ``DynamicCache`` re-concatenates the
   cache on every update; that copy is an implementation artefact and is not counted.
@@ -259,6 +271,7 @@ def _sam(spec: ModelSpec, side_px: int, batch: int, db: int) -> list[ModuleCost]
         out.append(_abs_pos("sam.pos_embed", n * h, g * g if g != pos_grid else 0, pos_grid * pos_grid, h, db))
     for i in range(sam.layers):
         p = f"sam.layers.{i}."
+        padded = g
         if sam.is_global(i):
             side, windows, table = g, batch, sam.image_size // sam.patch
         else:
@@ -268,14 +281,27 @@ def _sam(spec: ModelSpec, side_px: int, batch: int, db: int) -> list[ModuleCost]
         seq = side * side
         tokens = windows * seq  # positions attention runs over (the padded grid for windowed blocks)
         scores = float(windows * sam.heads * seq * seq)
+        windowed = not sam.is_global(i)
+        padded_grid = windowed and padded > g
+        split = windows > 1  # more than one attention batch: q/k/v and the output are laid out by copies
+        # the residual stream keeps the strides of patch_embed's permuted NCHW output, so layer_norm copies it
+        out.append(_move(p + "layer_norm1.contiguous", n * h, db))
         out.append(_norm(p + "layer_norm1", n * h, h, db, bias=True))
-        if not sam.is_global(i):
+        if windowed:
+            # F.pad: a zero-filled padded grid and the copy of the g x g positions into it (a clone when unpadded)
+            fill = tokens if padded_grid else 0
+            out.append(ModuleCost(p + "window_pad", "other", activation_bytes=(2.0 * n + fill) * h * db))
             out.append(_move(p + "window_partition", tokens * h, db))
         out.append(_linear(p + "attn.qkv", tokens, h, 3 * h, db, bias=sam.qkv_bias))
+        if split:
+            # .reshape(b, N, 3, heads, d).permute(2, 0, 3, 1, 4).reshape(3, b·heads, N, d) cannot be a view
+            out.append(_move(p + "attn.qkv_split", 3.0 * tokens * h, db))
         bias_read = 0.0
         if sam.use_rel_pos:
             # rel_h = einsum("bhwc,hkc->bhwk"), rel_w likewise: windows·heads·side³·head_dim MACs each
             rel = float(windows * sam.heads * side**3)
+            # einsum lays the query out for its bmm: one copy (rel_h) after the split, two on the strided view
+            out.append(_move(p + "attn.rel_pos.query_copy", (1.0 if split else 2.0) * tokens * h, db))
             out.append(
                 ModuleCost(
                     p + "attn.rel_pos",
@@ -296,13 +322,21 @@ def _sam(spec: ModelSpec, side_px: int, batch: int, db: int) -> list[ModuleCost]
                     activation_bytes=(2.0 * rel + scores) * db,
                 )
             )
+            # the sum keeps the einsum outputs' permuted strides, so .reshape(b, heads, N, N) copies all of it
+            out.append(_move(p + "attn.rel_pos_bias.reshape", scores, db))
             bias_read = scores
         out.append(_sdpa(p + "attn.sdpa", scores, hd, (4.0 * tokens * h + bias_read) * db))
         out.append(ModuleCost(p + "attn.softmax", "elementwise", flops=float(SOFTMAX_FLOPS) * scores))
+        if split:
+            # the (b, heads, N, d) output .permute(0, 2, 3, 1, 4).reshape(b, h, w, heads·d) for proj
+            out.append(_move(p + "attn.merge_heads", tokens * h, db))
         out.append(_linear(p + "attn.proj", tokens, h, h, db, bias=True))
-        if not sam.is_global(i):
+        if windowed:
             out.append(_move(p + "window_unpartition", tokens * h, db))
+            if padded_grid:
+                out.append(_move(p + "window_crop", n * h, db))  # [:, :g, :g].contiguous()
         out.append(_eltwise(p + "residual1", n * h, ADD_FLOPS, db, reads=2))
+        out.append(_move(p + "layer_norm2.contiguous", n * h, db))
         out.append(_norm(p + "layer_norm2", n * h, h, db, bias=True))
         out += _mlp(p + "mlp.", n, h, sam.mlp_dim, GELU_FLOPS, db, ("lin1", "lin2"))
         out.append(_eltwise(p + "residual2", n * h, ADD_FLOPS, db, reads=2))

@@ -5,7 +5,9 @@ Per stage instance (a prefill with its vision sub-stages, one decode step):
 - measured bytes: `dram__bytes_read.sum + dram__bytes_write.sum` over every kernel of the instance;
 - analytic bytes and counted FLOPs: Stage 1's figures of the same workload, per instance (prefill and vision
   sub-stages per timed pass, decode per step: the mean over the steps of a pass, which is its middle step's
-  figure as the KV cache grows linearly);
+  figure as the KV cache grows linearly); for a DeepSeek-OCR model the bytes are priced again by the current
+  analytic model on the inputs the workload ran (:func:`repriced_costs`), so a report rebuilt after a correction
+  of the model shows it;
 - FLOP/byte and the bound against the ridge point, for both; MBU over the summed kernel durations ncu measured,
   for both (so they differ exactly as the bytes do);
 - where measured and analytic disagree by more than `AGREEMENT`, the cause the data show (:func:`gap_reason`).
@@ -16,7 +18,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import attrs
+from omegaconf import DictConfig
 
+from llm_perf_opt.analytic.model import stage_costs
+from llm_perf_opt.analytic.spec import ModelSpec
+from llm_perf_opt.analytic.workload import RunWorkload, run_workloads
+from llm_perf_opt.kernel_names import kernel_label
 from llm_perf_opt.measure.mfu import utilization
 from llm_perf_opt.nsight.ncu_bytes import LaunchBytes
 from llm_perf_opt.records import vocabulary as vocab
@@ -27,8 +34,9 @@ from llm_perf_opt.records.stage2 import MeasuredBytesRow, NcuBytesPass, RangeByt
 AGREEMENT = 0.10  # |measured / analytic - 1| within this: the two agree and no cause is named
 MIB = 2.0**20
 
-# Kernels whose DRAM traffic the analytic model leaves out or prices as part of a fused module, found by a word of
-# their full name (template arguments included), first match wins: (word, what they are).
+# Kinds of kernel whose DRAM traffic the analytic model prices loosely (as part of a fused module, or as layout
+# copies), found by a word of their label (function name and functor: a CUTLASS GEMM's template arguments name
+# copy atoms, so the full name would call it a copy), first match wins: (word, what they are).
 _EXTRA_TRAFFIC = (
     ("softmax", "softmax kernels (the attention score matrix, materialised)"),
     ("copy", "copy kernels (layout changes, dtype casts, concatenation)"),
@@ -61,6 +69,35 @@ def instance_costs(workload: Stage1Metrics) -> dict[str, InstanceCost]:
     return out
 
 
+#: The Stage 1 model adapters whose stages the analytic model prices from the run's config (`model.adapter`).
+REPRICED_ADAPTERS = frozenset({"deepseek_ocr", "deepseek_ocr2"})
+
+
+def repriced_costs(workload: Stage1Metrics, cfg: DictConfig) -> dict[str, InstanceCost] | None:
+    """Stage 1's per-instance costs with the analytic bytes priced again by the current analytic model on the
+    inputs the run measured (its config `cfg`: the model's architecture and mode; each timed pass's image with its
+    tiles, crop grid, prompt and new tokens; the run's dtype), the counted FLOPs kept. None when the analytic model
+    does not price this model (`model.adapter` not a DeepSeek-OCR one), the run has no passes, or it batched (a
+    batch's bytes are priced for the batch, its weights read once: Stage 1's own figures stand)."""
+    stored = instance_costs(workload)
+    if str(cfg.model.get("adapter")) not in REPRICED_ADAPTERS or not stored or workload.batches:
+        return None
+    spec = ModelSpec.from_architecture(cfg.model.architecture)
+    inputs = run_workloads(cfg, spec, RunWorkload.from_records(workload.records, workload.model.dtype))
+    per_image = {image: stage_costs(spec, priced) for image, priced in inputs}
+    passes = len(workload.records)
+    steps = sum(len(r.decode_step_ms) for r in workload.records)
+    out = {}
+    for stage, cost in stored.items():
+        decode = stage == vocab.DECODE_STEP
+        priced_stage = vocab.DECODE if decode else stage
+        total = sum(
+            per_image[r.image][priced_stage].bytes for r in workload.records if priced_stage in per_image[r.image]
+        )
+        out[stage] = attrs.evolve(cost, bytes=total / (steps if decode else passes))
+    return out
+
+
 def _bound(intensity: float | None, ridge: float | None) -> str | None:
     """The roof a stage sits under: "compute" at or above the ridge point, else "memory" (Stage 1's rule)."""
     if intensity is None or ridge is None:
@@ -72,7 +109,7 @@ def _extra_traffic(launches: Sequence[LaunchBytes], measured: float) -> list[str
     """'<share> in <kind>' for the kinds of kernel that move at least _SHOWN_SHARE of `measured` bytes."""
     moved = dict.fromkeys((word for word, _ in _EXTRA_TRAFFIC), 0.0)
     for launch in launches:
-        name = launch.full_name.lower()
+        name = kernel_label(launch.name, launch.full_name).lower()
         word = next((w for w, _ in _EXTRA_TRAFFIC if w in name), None)
         if word is not None:
             moved[word] += launch.dram_read_bytes + launch.dram_write_bytes

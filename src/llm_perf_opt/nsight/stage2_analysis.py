@@ -10,17 +10,25 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import attrs
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError
 
 from llm_perf_opt.hardware import peak_bandwidth, peak_compute
 from llm_perf_opt.measure.aggregate import stage_totals_ms
 from llm_perf_opt.measure.mfu import utilization
-from llm_perf_opt.nsight.measured_bytes import InstanceCost, instance_costs, measured_rows, window_warnings
+from llm_perf_opt.nsight.measured_bytes import (
+    InstanceCost,
+    instance_costs,
+    measured_rows,
+    repriced_costs,
+    window_warnings,
+)
 from llm_perf_opt.nsight.ncu_bytes import bytes_by_range, read_launch_bytes
 from llm_perf_opt.nsight.ncu_report import read_ncu_raw_csv
 from llm_perf_opt.nsight.nsys_trace import NsysTrace
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.common import SCHEMA_VERSION, PeakFigure
-from llm_perf_opt.records.folders import METRICS_FILE, load_stage1_metrics
+from llm_perf_opt.records.folders import METRICS_FILE, WORKLOAD_METRICS_FILE, load_stage1_metrics
 from llm_perf_opt.records.io import RecordError
 from llm_perf_opt.records.stage1 import Stage1Metrics
 from llm_perf_opt.records.stage2 import (
@@ -38,6 +46,7 @@ from llm_perf_opt.records.stage2 import (
     ToolRunResult,
 )
 
+CONFIG_FILE = "config.yaml"  # the composed config a Stage 1 run writes
 TOP_OVERALL = 20
 TOP_PER_STAGE = 10
 TENSOR_COUNTER = '"sm__ops_path_tensor_src_'  # the start of an ncu tensor-core op counter in a raw-CSV header
@@ -103,8 +112,24 @@ class Stage2Analysis:
         return out
 
     def stage_bytes(self) -> dict[str, float]:
-        """Analytic bytes per stage over the workload's timed passes (from Stage 1's efficiency table)."""
-        return {row.stage: row.bytes for row in (self.workload.efficiency if self.workload else ())}
+        """Analytic bytes per stage over the workload's timed passes: the current analytic model's on the inputs
+        the workload ran where its config is there to price them (:meth:`_repriced`), else Stage 1's efficiency
+        table."""
+        if not self.workload:
+            return {}
+        stored = {row.stage: row.bytes for row in self.workload.efficiency}
+        repriced, _ = self._repriced(str(Path(WORKLOAD_METRICS_FILE).parent), self.workload)
+        if repriced is None:
+            return stored
+        counts = {
+            vocab.DECODE: sum(len(f.decode_step_ms) for f in self.workload.forwards),
+            **dict.fromkeys(stored.keys() - {vocab.DECODE}, len(self.workload.forwards)),
+        }
+        keys = {stage: vocab.DECODE_STEP if stage == vocab.DECODE else stage for stage in stored}
+        return {
+            stage: repriced[keys[stage]].bytes * counts[stage] if keys[stage] in repriced else moved
+            for stage, moved in stored.items()
+        }
 
     def compute_peak(self) -> PeakFigure | None:
         """The workload's dense compute peak (MFU), None without one."""
@@ -260,11 +285,19 @@ class Stage2Analysis:
             else:
                 images = ", ".join(own.images) or "no image"
                 passes = len(own.forwards)
+                what = f"{images}, {passes} timed pass{'es' if passes != 1 else ''}"
+                repriced, note = self._repriced(bytes_pass.workload, own)
+                if repriced is not None:
+                    source = (
+                        f"the analytic model priced on the inputs of the profiled workload itself "
+                        f"({bytes_pass.workload}/{CONFIG_FILE} and {METRICS_FILE}: {what}), counted FLOPs from "
+                        "its Stage 1 figures"
+                    )
+                    return repriced, source, warning
                 source = (
-                    f"Stage 1's figures of the profiled workload itself ({bytes_pass.workload}/{METRICS_FILE}: "
-                    f"{images}, {passes} timed pass{'es' if passes != 1 else ''})"
+                    f"Stage 1's figures of the profiled workload itself ({bytes_pass.workload}/{METRICS_FILE}: {what})"
                 )
-                return instance_costs(own), source, warning
+                return instance_costs(own), source, note
         if self.workload is None:
             return {}, "", warning
         passes, count = len(self.workload.forwards), len(self.workload.images)
@@ -273,6 +306,20 @@ class Stage2Analysis:
             "(the profiled workload left none)"
         )
         return instance_costs(self.workload), source, warning
+
+    def _repriced(self, folder: str, own: Stage1Metrics) -> tuple[dict[str, InstanceCost] | None, str]:
+        """The profiled workload's instance costs with bytes from the current analytic model (None where its
+        config is missing or the model is not priced), and a warning when pricing failed."""
+        path = self.run_dir / folder / CONFIG_FILE
+        if not path.is_file():
+            return None, ""
+        try:
+            config = OmegaConf.load(path)
+            if not isinstance(config, DictConfig):
+                raise ValueError("not a mapping")
+            return repriced_costs(own, config), ""
+        except (ValueError, KeyError, AttributeError, TypeError, ConfigKeyError) as exc:
+            return None, f"{folder}/{CONFIG_FILE}: the analytic model could not price it ({exc}); Stage 1's bytes kept."
 
     def measured_bytes(
         self, bandwidth: PeakFigure | None, l2_cache_bytes: int | None

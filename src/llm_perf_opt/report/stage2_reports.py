@@ -234,7 +234,11 @@ def _measured_bytes_section(doc: Doc, mb: MeasuredBytes | None) -> None:
         + ". Profiling still serialises the kernels, and a dirty L2 line counts as written when it is evicted, "
         "possibly during a later kernel. Analytic bytes and counted FLOPs per instance: "
         + ("; ".join(sources) if sources else "none recorded (no Stage 1 analytic figures for this workload)")
-        + ". MBU is over the summed kernel durations ncu measured (kernels back to back, no launch gaps), for the "
+        + ". The analytic bytes count every module's inputs and outputs once, with the layout copies the "
+        "implementation makes (SAM: the reshape copy of its rel-pos bias, the q/k/v split and head merge, window "
+        "padding and crop, the layer norms' input copies), and subtract nothing for what L2 keeps between kernels: "
+        "measured bytes below them are L2 hits. MBU is over the summed kernel durations ncu measured (kernels back "
+        "to back, no launch gaps), for the "
         "measured and the analytic bytes alike; the bound compares FLOP/byte with the ridge point" + ridge + "." + peak
     )
     if not mb.rows:
@@ -351,8 +355,9 @@ def report_md(m: Stage2Metrics, files: Sequence[str]) -> str:
     doc.para(
         "Cross-check: the NVTX range wall time (CPU side), Stage 1's CUDA-event time of the same passes, the GPU "
         "busy time (union of the kernels launched inside the range) and the summed kernel time. Busy / wall "
-        "under 100% means the GPU waited for the host. MBU on busy time divides Stage 1's analytic bytes by GPU "
-        "busy time and the peak bandwidth. Tracing slows kernel launches, so wall times under nsys "
+        "under 100% means the GPU waited for the host. MBU on busy time divides the analytic bytes of the same "
+        "passes (priced by the current analytic model where the workload's config.yaml is in the folder, else "
+        "Stage 1's) by GPU busy time and the peak bandwidth. Tracing slows kernel launches, so wall times under nsys "
         "are longer than in a plain Stage 1 run: take latency from Stage 1, GPU work from here. "
         "MFU here divides the counted FLOPs by GPU busy time" + _mfu_peak_text(m)
     )

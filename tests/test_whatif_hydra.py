@@ -10,6 +10,7 @@ from pathlib import Path
 
 import attrs
 import pytest
+import torch
 import yaml
 
 from helpers import run_cli
@@ -238,3 +239,27 @@ def test_the_joblib_launcher_runs_the_levers_at_once(config_dir: Path, tmp_path:
         n: MEASURED for n in ("baseline", "static_cache", "profiler_min")
     }
     assert "Joblib.Parallel(n_jobs=2" in (out / "logs" / "phase-alone.log").read_text()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_joblib_jobs_on_two_gpus_claim_one_each(config_dir: Path, tmp_path: Path) -> None:
+    """Two levers at once on two GPUs: each rung runs on its own GPU, the one its job claimed."""
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    out = tmp_path / "joblib-gpus"
+    done = whatif(
+        config_dir,
+        "whatif=two_levers",
+        *WORKLOAD,
+        "whatif_run.launcher=hydra",
+        'whatif_run.hydra_launcher=["hydra/launcher=joblib","hydra.launcher.n_jobs=2"]',
+        "whatif_run.ladder=false",
+        "whatif_run.exclude=[no_cv_warn]",
+        f"hydra.run.dir={out}",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    devices = {
+        name: yaml.safe_load((out / "rungs" / name / "config.yaml").read_text())["device"]
+        for name in ("01-static_cache", "02-profiler_min")
+    }
+    assert set(devices.values()) == {"cuda:0", "cuda:1"}, devices

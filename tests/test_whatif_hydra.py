@@ -4,6 +4,7 @@ Hydra's basic launcher (joblib too where its plugin is installed)."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -206,6 +207,37 @@ def test_the_rungs_come_out_as_with_the_local_launcher(hydra_run: Path, config_d
     assert local_shape["no_cv_warn"][1] != INVALID  # the local launcher passes a deletion to the rung, which runs
     del local_shape["no_cv_warn"], hydra_shape["no_cv_warn"]
     assert local_shape == hydra_shape
+
+
+def test_sigterm_stops_the_phase_and_keeps_what_was_measured(config_dir: Path, tmp_path: Path) -> None:
+    """A scheduler's stop (SIGTERM) during the levers' multirun stops it: the run ends interrupted with the
+    baseline measured, and no rung folder is left claiming to run."""
+    import signal
+    import sys
+
+    out = tmp_path / "run"
+    args = [sys.executable, "-m", "llm_perf_opt.cli.whatif", "--config-dir", str(config_dir), "whatif=two_levers"]
+    process = subprocess.Popen(
+        [*args, *WORKLOAD, "whatif_run.launcher=hydra", f"hydra.run.dir={out}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 600
+    while not (out / "rungs" / "01-static_cache").is_dir() and time.monotonic() < deadline:  # the levers' phase
+        time.sleep(0.5)
+    process.send_signal(signal.SIGTERM)
+    process.communicate(timeout=300)
+    assert process.returncode == 130
+    assert read_status(out).state == "interrupted"
+    record = load_file(out / "whatif.json", WhatIfRecord)
+    assert record.baseline is not None and record.baseline.state == MEASURED
+    for folder in (out / "rungs").iterdir():
+        if (folder / "run_status.json").is_file():
+            assert read_status(folder).state != "running", folder.name
+    if shutil.which("pgrep"):
+        time.sleep(1)
+        running = subprocess.run(["pgrep", "-f", f"hydra.sweep.dir={out / 'rungs'}"], capture_output=True, text=True)
+        assert running.stdout.strip() == ""  # the multirun and its workers were stopped
 
 
 def test_the_report_says_how_the_rungs_ran() -> None:

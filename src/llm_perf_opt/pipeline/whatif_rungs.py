@@ -79,6 +79,9 @@ def run_process(command: Sequence[str], log: Path, timeout_s: float | None, *, o
         except subprocess.TimeoutExpired:
             _stop(process, own_group)
             return None
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM while waiting here: the process must not outlive the run
+            _stop(process, own_group)
+            raise
         finally:
             with _LOCK:
                 _LIVE.pop(process, None)

@@ -193,7 +193,7 @@ class WhatIfRun:
         except ValueError as exc:
             raise UserError(
                 str(exc),
-                "Set e.g. 'whatif_run.hydra_launcher=[\"hydra/launcher=joblib\",\"hydra.launcher.n_jobs=2\"]' (each "
+                'Set e.g. \'whatif_run.hydra_launcher=["hydra/launcher=joblib","hydra.launcher.n_jobs=2"]\' (each '
                 "override quoted, since it holds an =)",
             ) from None
         if name == LOCAL_LAUNCHER:
@@ -328,15 +328,19 @@ class WhatIfRun:
             return _Plan(rung)
         folder_name = figures.folder_name(self.index, name)
         self.index += 1
-        log_name = f"phase-{phase}" if self.launcher == HYDRA_LAUNCHER else folder_name
+        own_log = self.art.run_dir / LOGS_DIR / f"{folder_name}.log"
         job = RungJob(
             name=name,
             workload=self.workload,
             levers=overrides,
             folder=self.art.run_dir / RUNGS_DIR / folder_name,
-            log=self.art.run_dir / LOGS_DIR / f"{log_name}.log",
+            log=self._phase_log(phase) if self.launcher == HYDRA_LAUNCHER else own_log,
         )
         return _Plan(rung, job)
+
+    def _phase_log(self, phase: str) -> Path:
+        """The log of a phase's multirun (whatif_run.launcher=hydra), which its rungs share."""
+        return self.art.run_dir / LOGS_DIR / f"phase-{phase}.log"
 
     def _refusal(self, name: str, overrides: tuple[str, ...]) -> str | None:
         """Why a rung cannot run (stage1-run's validation; for the Hydra launcher, its lever config too)."""
@@ -363,8 +367,7 @@ class WhatIfRun:
             advance()
 
         if self.launcher == HYDRA_LAUNCHER:
-            phase_log = self.art.run_dir / LOGS_DIR / f"phase-{phase}.log"
-            outcomes = whatif_hydra.run_phase(jobs, self.launcher_overrides, phase_log, limit, done)
+            outcomes = whatif_hydra.run_phase(jobs, self.launcher_overrides, self._phase_log(phase), limit, done)
         else:
             outcomes = run_rungs(jobs, devices, limit, done)
         for job in jobs:

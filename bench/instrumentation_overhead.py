@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from llm_perf_opt.cli.common import compose_config
+from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.data.dataset import bundled_samples_dir
 from llm_perf_opt.measure.timing import NullRecorder, StageRecorder
 from llm_perf_opt.records.vocabulary import DECODE

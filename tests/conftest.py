@@ -11,7 +11,7 @@ import torch
 from omegaconf import DictConfig
 from PIL import Image
 
-from llm_perf_opt.cli.common import compose_config
+from llm_perf_opt.config_compose import compose_config
 
 # Page sizes (width, height) and the tiles DeepSeek-OCR-2's preprocessing cuts them into (reference §2, §3.4).
 PAGE_SIZES: dict[str, tuple[int, int]] = {

@@ -12,7 +12,7 @@ from transformers import DynamicCache, LlavaConfig, MistralConfig, Qwen2MoeConfi
 
 from hf_fixtures import preset_config
 from llm_perf_opt.analytic.dense import DenseSpec, decode, decode_step, prefill, stage_costs
-from llm_perf_opt.cli.common import compose_config
+from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.measure.flops import count_stage_flops, flop_counter
 from llm_perf_opt.session.session import InferenceSession
 

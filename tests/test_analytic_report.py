@@ -16,7 +16,7 @@ from transformers import DeepseekOcr2Config
 import llm_perf_opt.conf
 from helpers import run_cli
 from llm_perf_opt.analytic.workload import MeasuredInput, RunWorkload, check_workload_model
-from llm_perf_opt.cli.common import compose_config
+from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.config_data import plain
 from llm_perf_opt.data.dataset import bundled_samples_dir
 from llm_perf_opt.errors import UserError

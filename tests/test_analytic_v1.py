@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 
 from helpers import run_cli
 from llm_perf_opt.analytic import ClipSpec, ModelSpec, Workload, decode_step, prefill, stage_costs, vision_view
-from llm_perf_opt.cli.common import compose_config
+from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.config_data import plain
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure.flops import flop_counter

@@ -14,7 +14,7 @@ import torch
 
 from helpers import host_reads
 from hf_fixtures import save_tiny_llava
-from llm_perf_opt.cli.common import compose_config
+from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.data.prompts import bundled_prompts_dir
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure.timing import StageRecorder

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from helpers import host_reads
-from llm_perf_opt.cli.common import compose_config
+from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.data.prompts import bundled_prompts_dir
 from llm_perf_opt.measure.timing import StageRecorder
 from llm_perf_opt.session.runtime import RuntimeSettings

@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 from torch.nn import functional as F
 
-from llm_perf_opt.cli.common import compose_config
+from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.models.deepseek_ocr import checkpoint
 from llm_perf_opt.models.deepseek_ocr.checkpoint import (

@@ -19,7 +19,7 @@ from hf_fixtures import (
     save_tiny_llava,
     word_tokenizer,
 )
-from llm_perf_opt.cli.common import compose_config
+from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.data.prompts import bundled_prompts_dir
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure.flops import count_stage_flops

@@ -16,7 +16,7 @@ from PIL import Image
 from helpers import run_cli
 from hf_fixtures import LLAVA_IMAGE_TOKENS, preset_config, save_tiny_llava
 from llm_perf_opt.analytic.dense import DenseSpec, decode, prefill
-from llm_perf_opt.cli.common import compose_config
+from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.data.dataset import bundled_samples_dir
 from llm_perf_opt.pipeline.stage2 import forwarded_overrides, workload_argv
 

@@ -58,3 +58,12 @@ def test_run_artifacts_are_parsed_only_in_records() -> None:
             ):
                 found.append(str(relative))
     assert not found
+
+
+def test_pipelines_import_nothing_from_the_entry_points() -> None:
+    """pipeline/ (and everything below it) never imports cli/: what both need lives below them
+    (`config_compose`, `override_keys`, `gpu_claim`)."""
+    for path in PACKAGE.rglob("*.py"):
+        if path.relative_to(PACKAGE).parts[0] == "cli":
+            continue
+        assert not {n for n in _imports(path) if n.startswith("llm_perf_opt.cli")}, path.relative_to(PACKAGE)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from llm_perf_opt.cli.common import compose_config
+from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.hardware import measured
 from llm_perf_opt.hardware.measured import (

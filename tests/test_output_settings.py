@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from llm_perf_opt.cli.common import compose_config
+from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.output_settings import LEGACY_KEYS, OutputSettings, output_settings
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from helpers import run_cli
-from llm_perf_opt.cli.override_keys import check_override_keys
 from llm_perf_opt.errors import UserError
+from llm_perf_opt.override_keys import check_override_keys
 
 EXTRA = "pipeline.torch_profiler.output.extra.deepseek_ocr"
 

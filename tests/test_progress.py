@@ -45,6 +45,6 @@ def test_terminal_output_shows_progress_and_a_table() -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU fallback")
 def test_job_device_without_a_gpu_is_auto() -> None:
-    from llm_perf_opt.cli.common import job_device
+    from llm_perf_opt.gpu_claim import job_device
 
     assert job_device() == "auto"

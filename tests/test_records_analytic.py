@@ -10,7 +10,7 @@ import pytest
 
 from llm_perf_opt.analytic.workload import MeasuredInput, RunWorkload
 from llm_perf_opt.artifacts import ArtifactsManager
-from llm_perf_opt.cli.common import compose_config
+from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.pipeline.analytic import write_analytic_report, write_analytic_report_for_run
 from llm_perf_opt.records.analytic import (
     REPORT_FILE,

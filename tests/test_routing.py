@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from llm_perf_opt.cli.common import compose_config
+from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.measure.routing import (
     RoutingTrace,
     expected_unique_experts,

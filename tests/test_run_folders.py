@@ -17,7 +17,8 @@ import pytest
 from helpers import run_cli
 from llm_perf_opt import artifacts
 from llm_perf_opt.artifacts import ArtifactsManager, OutputWriteError, mark_failed, read_status
-from llm_perf_opt.cli.common import compose_config, run_guarded
+from llm_perf_opt.cli.common import run_guarded
+from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.pipeline.stage1 import Stage1Run
 from llm_perf_opt.records import io as records_io
 from llm_perf_opt.records.io import RecordError

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llm_perf_opt.cli.common import compose_config
+from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.session.runtime import RuntimeSettings
 

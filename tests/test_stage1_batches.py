@@ -15,7 +15,7 @@ import torch
 
 from llm_perf_opt.analytic.dense import DenseSpec
 from llm_perf_opt.analytic.dense import batch_stage_costs as dense_batch_costs
-from llm_perf_opt.cli.common import compose_config
+from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure.aggregate import batch_summary
 from llm_perf_opt.measure.flops import count_stage_flops

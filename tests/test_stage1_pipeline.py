@@ -12,7 +12,7 @@ import pytest
 import torch
 from omegaconf import DictConfig
 
-from llm_perf_opt.cli.common import compose_config, new_run_id
+from llm_perf_opt.config_compose import compose_config, new_run_id
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.pipeline.stage1 import Stage1Run, resolve_settings
 from llm_perf_opt.session.session import InferenceSession

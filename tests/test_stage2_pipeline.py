@@ -13,7 +13,7 @@ import pytest
 from omegaconf import DictConfig
 
 from helpers import run_cli, unpack_nsys_fixture
-from llm_perf_opt.cli.common import compose_config
+from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.pipeline.stage2 import CAPTURE_FILE, TARGETS_FILE, forwarded_overrides, render, workload_argv
 from llm_perf_opt.records.common import SCHEMA_VERSION, PeakFigure

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from llm_perf_opt.cli.common import compose_config
+from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.data.prompts import bundled_prompts_dir
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure.timing import StageRecorder

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from llm_perf_opt.cli.common import compose_config
+from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure import whatif as w
 from llm_perf_opt.measure.noise import BEYOND, TOO_FEW, WITHIN

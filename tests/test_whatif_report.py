@@ -292,7 +292,7 @@ def test_a_stage1_folder_inside_a_whatif_folder_cites_it(tmp_path: Path, caplog:
 
 
 def test_stage1_run_accepts_report_whatif_dir_and_refuses_a_bad_one_before_measuring(tmp_path: Path) -> None:
-    from llm_perf_opt.cli.override_keys import check_override_keys
+    from llm_perf_opt.override_keys import check_override_keys
 
     check_override_keys("stage1", ["report.whatif_dir=/somewhere"], command="stage1-run")
     done = run_cli(

@@ -78,6 +78,7 @@ from llm_perf_opt.records.whatif import WhatIfRecord
 from llm_perf_opt.report import stage1_reports
 from llm_perf_opt.report.markdown import pct
 from llm_perf_opt.session.adapters.registry import make_adapter
+from llm_perf_opt.session.process_state import start_clean
 from llm_perf_opt.session.runtime import RuntimeSettings
 from llm_perf_opt.session.session import (
     BatchMeasurement,
@@ -204,6 +205,7 @@ class _RunState:
     batch_flops: dict[str, StageFlops] = attrs.Factory(dict)
     batch_analytic: dict[str, Mapping[str, Any]] = attrs.Factory(dict)
     decode_experts: str | None = None  # which routed-expert count the batch decode bytes used
+    reused_process: bool = False  # an earlier job ran in this process (a reused launcher worker)
 
 
 class Stage1Run:
@@ -285,6 +287,7 @@ class Stage1Run:
         check_workload_model(cfg)
         self.whatif = whatif_for(self.art.run_dir, cfg.get("report", {}).get("whatif_dir"))
         device = resolve_device(cfg.device)
+        self.state.reused_process = start_clean(device)
         self.runtime = RuntimeSettings.from_config(cfg)  # run.batch_size ≤ 0 is refused here, before any build
         self.runtime.check_device(device)
         self.settings = settings = resolve_settings(cfg, device)
@@ -640,7 +643,7 @@ class Stage1Run:
             measured_peaks=measured_peaks,
             routing=summarize_routing(_largest_batches(self.state.routing)),
             compile=_compile_record(session),
-            host_peak_rss_bytes=host_peak_rss_bytes(),
+            host_peak_rss_bytes=None if self.state.reused_process else host_peak_rss_bytes(),
             batches=tuple(self.state.batches),
             batch_summary=batch_summary(self.state.batches, self.runtime.batch_size, self.state.decode_experts),
             flops_per_batch=flops_per_batch,
@@ -662,6 +665,12 @@ class Stage1Run:
             out.append(
                 "The MoE experts ran through transformers' grouped-matmul fallback (a loop over experts), not torch's "
                 "grouped_mm kernel: their FLOPs are counted alike, their time is the fallback's."
+            )
+        if self.state.reused_process:
+            out.append(
+                "This process ran another job before this one (a reused launcher worker): torch.compile's caches and "
+                "the CUDA allocator's cache and peak counters were reset first; the host peak memory is left out (it "
+                "would include the earlier job's)."
             )
         if self.session.loaded.weights == "random":
             out.append("Random weights: timings, FLOPs and bytes are real; the generated tokens are not text.")

@@ -20,6 +20,7 @@ from llm_perf_opt import artifacts
 from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure import whatif as figures
+from llm_perf_opt.pipeline import whatif_hydra
 from llm_perf_opt.pipeline.whatif_rungs import RungJob, RungOutcome, run_rungs
 from llm_perf_opt.progress import Feedback
 from llm_perf_opt.records import common
@@ -30,9 +31,11 @@ from llm_perf_opt.records.whatif import (
     ALONE,
     BASELINE,
     FAILED,
+    HYDRA_LAUNCHER,
     INVALID,
     LADDER,
     LATENCY,
+    LOCAL_LAUNCHER,
     MEASURED,
     PENDING,
     SKIPPED,
@@ -103,8 +106,8 @@ def _lever(name: str, spec: Any) -> Lever:
 
 def validate(overrides: Sequence[str]) -> str | None:
     """Why `stage1-run` would refuse these overrides before running (None when it accepts them)."""
-    from llm_perf_opt.cli.common import compose_config
-    from llm_perf_opt.cli.override_keys import check_override_keys
+    from llm_perf_opt.config_compose import compose_config
+    from llm_perf_opt.override_keys import check_override_keys
     from llm_perf_opt.session.runtime import RuntimeSettings
 
     try:
@@ -172,6 +175,42 @@ class WhatIfRun:
         self.levers: tuple[Lever, ...] = ()  # the preset's, read when the run starts
         self.left_out: tuple[tuple[str, str], ...] = ()  # levers the ladder did not stack, with the reason
         self.index = 0
+        self.launcher, self.launcher_overrides = self._launcher()
+
+    def _launcher(self) -> tuple[str, tuple[str, ...]]:
+        """whatif_run.launcher (local | hydra) and, for hydra, the overrides that choose Hydra's launcher."""
+        run_cfg = self.cfg.whatif_run
+        name = str(run_cfg.get("launcher") or LOCAL_LAUNCHER)
+        if name not in (LOCAL_LAUNCHER, HYDRA_LAUNCHER):
+            raise UserError(
+                f"whatif_run.launcher={name} is not known",
+                f"Use {LOCAL_LAUNCHER} (perf-whatif starts each rung) or {HYDRA_LAUNCHER} (one Hydra multirun per "
+                "phase)",
+            )
+        raw = run_cfg.get("hydra_launcher")
+        try:
+            overrides = whatif_hydra.parse_launcher(OmegaConf.to_container(raw) if raw is not None else None)
+        except ValueError as exc:
+            raise UserError(
+                str(exc),
+                'Set e.g. \'whatif_run.hydra_launcher=["hydra/launcher=joblib","hydra.launcher.n_jobs=2"]\' (each '
+                "override quoted, since it holds an =)",
+            ) from None
+        if name == LOCAL_LAUNCHER:
+            if overrides:
+                raise UserError(
+                    "whatif_run.hydra_launcher is set but whatif_run.launcher=local ignores it",
+                    "Add whatif_run.launcher=hydra, or drop whatif_run.hydra_launcher",
+                )
+            return name, ()
+        if run_cfg.get("devices") is not None:
+            raise UserError(
+                "whatif_run.devices places the rungs of whatif_run.launcher=local; with launcher=hydra the Hydra "
+                "launcher places them",
+                "Drop whatif_run.devices; for one rung per GPU add hydra/launcher=joblib and "
+                "hydra.launcher.n_jobs=<GPUs> to whatif_run.hydra_launcher (each job then claims a free GPU)",
+            )
+        return name, overrides
 
     def _objective(self) -> Objective:
         name = str(self.cfg.whatif.get("objective") or "decode_ms_per_token")
@@ -234,7 +273,7 @@ class WhatIfRun:
             for lever in levers
         ]
         with self.feedback.step("the baseline", total=1) as bar:
-            self._execute([base], devices, bar.advance)
+            self._execute(BASELINE, [base], devices, bar.advance)
         self._write_progress()
         if self.rungs[BASELINE_NAME].state != MEASURED:  # without a baseline no lever can be judged: stop here
             for p in alone:
@@ -242,7 +281,7 @@ class WhatIfRun:
                     self.rungs[p.rung.name] = attrs.evolve(p.rung, state=SKIPPED, reason="not run: the baseline failed")
         else:
             with self.feedback.step(f"{len(alone)} lever(s), each alone", total=len(alone)) as bar:
-                self._execute(alone, devices, bar.advance)
+                self._execute(ALONE, alone, devices, bar.advance)
             self._judge(BASELINE_NAME)
             self._write_progress()
             if bool(run_cfg.ladder):
@@ -281,7 +320,7 @@ class WhatIfRun:
             state=SKIPPED if skip else PENDING,
             reason=skip or "not run yet",
         )
-        if skip is None and (refused := validate([*self.workload, *overrides])) is not None:
+        if skip is None and (refused := self._refusal(name, overrides)) is not None:
             rung = attrs.evolve(rung, state=INVALID, reason=refused)
         self.rungs[name] = rung
         if rung.state != PENDING:
@@ -289,32 +328,48 @@ class WhatIfRun:
             return _Plan(rung)
         folder_name = figures.folder_name(self.index, name)
         self.index += 1
+        own_log = self.art.run_dir / LOGS_DIR / f"{folder_name}.log"
         job = RungJob(
             name=name,
-            overrides=(*self.workload, *overrides),
+            workload=self.workload,
+            levers=overrides,
             folder=self.art.run_dir / RUNGS_DIR / folder_name,
-            log=self.art.run_dir / LOGS_DIR / f"{folder_name}.log",
+            log=self._phase_log(phase) if self.launcher == HYDRA_LAUNCHER else own_log,
         )
         return _Plan(rung, job)
 
-    def _execute(self, plans: Sequence[_Plan], devices: Sequence[str | None], advance: Any) -> None:
+    def _phase_log(self, phase: str) -> Path:
+        """The log of a phase's multirun (whatif_run.launcher=hydra), which its rungs share."""
+        return self.art.run_dir / LOGS_DIR / f"phase-{phase}.log"
+
+    def _refusal(self, name: str, overrides: tuple[str, ...]) -> str | None:
+        """Why a rung cannot run (stage1-run's validation; for the Hydra launcher, its lever config too)."""
+        refused = validate([*self.workload, *overrides])
+        if refused is None and self.launcher == HYDRA_LAUNCHER:
+            try:
+                whatif_hydra.rung_config(figures.folder_name(self.index, name), overrides, self.workload)
+            except whatif_hydra.NotExpressible as exc:
+                refused = f"not runnable through whatif_run.launcher=hydra: {exc}"
+        return refused
+
+    def _execute(self, phase: str, plans: Sequence[_Plan], devices: Sequence[str | None], advance: Any) -> None:
         jobs = [p.job for p in plans if p.job is not None]
         for p in plans:
             if p.job is None:
                 advance()
         timeout = self.cfg.whatif_run.rung_timeout_s
+        limit = None if timeout is None else float(timeout)
 
         def done(outcome: RungOutcome) -> None:
-            log.info(
-                "rung %s: %s in %.0f s%s",
-                outcome.name,
-                outcome.state,
-                outcome.wall_s,
-                f" ({outcome.message})" if outcome.message else "",
-            )
+            took = "" if outcome.wall_s is None else f" in {outcome.wall_s:.0f} s"
+            why = f" ({outcome.message})" if outcome.message else ""
+            log.info("rung %s: %s%s%s", outcome.name, outcome.state, took, why)
             advance()
 
-        outcomes = run_rungs(jobs, devices, None if timeout is None else float(timeout), done)
+        if self.launcher == HYDRA_LAUNCHER:
+            outcomes = whatif_hydra.run_phase(jobs, self.launcher_overrides, self._phase_log(phase), limit, done)
+        else:
+            outcomes = run_rungs(jobs, devices, limit, done)
         for job in jobs:
             self._take(job, outcomes[job.name])
 
@@ -393,7 +448,7 @@ class WhatIfRun:
         ]
         if plans:
             with self.feedback.step(f"the ladder: {len(plans)} more rung(s)", total=len(plans)) as bar:
-                self._execute(plans, devices, bar.advance)
+                self._execute(LADDER, plans, devices, bar.advance)
         self._judge(BASELINE_NAME)
 
     def _lever(self, name: str) -> Lever:
@@ -414,6 +469,8 @@ class WhatIfRun:
             weights=None if base is None else base.metrics.model.weights,
             device=None if base is None else base.metrics.device.name,
             device_type=None if base is None else base.metrics.device.type,
+            launcher=self.launcher,
+            launcher_overrides=self.launcher_overrides,
             workload_overrides=self.workload,
             levers=self.levers,
             rungs=rungs,

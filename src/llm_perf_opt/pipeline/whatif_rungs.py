@@ -1,9 +1,13 @@
 """Running what-if rungs: each one a `stage1-run` in its own process (compiled state and the allocator stay
-isolated), one rung per device at a time, its output kept in a log file; what became of it read from its folder."""
+isolated), one rung per device at a time, its output kept in a log file; what became of it read from its folder.
+(`whatif_hydra.py` runs them through a Hydra launcher instead, with the process handling and folder reading here.)"""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -24,12 +28,18 @@ LOG_TAIL_LINES = 3
 
 @attrs.frozen
 class RungJob:
-    """A rung to run: its name, the `stage1-run` overrides (workload first, then the levers'), its folder."""
+    """A rung to run: its name, the workload's and the levers' `stage1-run` overrides, its folder and its log."""
 
     name: str
-    overrides: tuple[str, ...]
+    workload: tuple[str, ...]
+    levers: tuple[str, ...]
     folder: Path
     log: Path
+
+    @property
+    def overrides(self) -> tuple[str, ...]:
+        """The child's overrides: the workload first, then the levers' (which win on a key both set)."""
+        return (*self.workload, *self.levers)
 
 
 @attrs.frozen
@@ -39,7 +49,7 @@ class RungOutcome:
     name: str
     state: str  # records.common COMPLETE | FAILED | INTERRUPTED
     message: str | None
-    wall_s: float
+    wall_s: float | None  # None: not known (a rung of a Hydra multirun whose folder recorded no end)
 
 
 def stage1_command(job: RungJob, device: str | None) -> list[str]:
@@ -56,31 +66,45 @@ def stage1_command(job: RungJob, device: str | None) -> list[str]:
     ]
 
 
-def run_rung(job: RungJob, device: str | None, timeout_s: float | None) -> RungOutcome:
-    """Run one rung to its end (or its time limit) and read what became of it."""
-    job.log.parent.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    with job.log.open("w") as log:
-        process = subprocess.Popen(stage1_command(job, device), stdout=log, stderr=subprocess.STDOUT)
+def run_process(command: Sequence[str], log: Path, timeout_s: float | None, *, own_group: bool = False) -> int | None:
+    """Run `command` with its output in `log` to its end (its exit status) or its time limit (None: stopped).
+    `own_group`: in a process group of its own, stopped as a whole (a launcher and the workers it starts)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=own_group)
         with _LOCK:
-            _LIVE.add(process)
+            _LIVE[process] = own_group
         try:
-            returncode: int | None = process.wait(timeout=timeout_s)
+            returncode = process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            _stop(process)
-            returncode = None
+            _stop(process, own_group)
+            return None
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM while waiting here: the process must not outlive the run
+            _stop(process, own_group)
+            raise
         finally:
             with _LOCK:
-                _LIVE.discard(process)
+                _LIVE.pop(process, None)
+    if own_group:  # workers it left behind (a launcher's idle pool) must not hold a GPU into the next phase
+        _signal(process, signal.SIGKILL, group=True)
+    return returncode
+
+
+def run_rung(job: RungJob, device: str | None, timeout_s: float | None) -> RungOutcome:
+    """Run one rung to its end (or its time limit) and read what became of it."""
+    started = time.perf_counter()
+    returncode = run_process(stage1_command(job, device), job.log, timeout_s)
     wall = time.perf_counter() - started
     if returncode is None:
         message = f"ran past whatif_run.rung_timeout_s={timeout_s:g} s and was stopped"
         artifacts.mark_failed(job.folder, message)
         return RungOutcome(job.name, common.FAILED, message, wall)
-    return _outcome(job, returncode, wall)
+    return read_outcome(job, returncode, wall)
 
 
-def _outcome(job: RungJob, returncode: int, wall: float) -> RungOutcome:
+def read_outcome(job: RungJob, returncode: int, wall: float | None, *, shared: bool = False) -> RungOutcome:
+    """What became of a rung, from its folder and the exit status of the process that ran it. `shared`: that
+    process ran other rungs too (a Hydra multirun), so its exit status does not judge a rung that completed."""
     if (job.folder / STATUS_FILE).is_file():
         try:
             status = read_status(job.folder)
@@ -90,7 +114,7 @@ def _outcome(job: RungJob, returncode: int, wall: float) -> RungOutcome:
             message = f"the process ended (exit {returncode}) before the run recorded its end; see {job.log}"
             artifacts.mark_failed(job.folder, message)
             return RungOutcome(job.name, common.FAILED, message, wall)
-        if status.state == common.COMPLETE and returncode != 0:
+        if status.state == common.COMPLETE and returncode != 0 and not shared:
             return RungOutcome(job.name, common.FAILED, f"exit {returncode} after completing; see {job.log}", wall)
         return RungOutcome(job.name, status.state, _one_line(status.message, job.log), wall)
     return RungOutcome(job.name, common.FAILED, f"exit {returncode}: {log_tail(job.log)}", wall)
@@ -115,27 +139,37 @@ def log_tail(log: Path) -> str:
     return " / ".join(lines[-LOG_TAIL_LINES:]) or "(no output)"
 
 
-_LIVE: set[subprocess.Popen[bytes]] = set()  # rung processes running now
+_LIVE: dict[subprocess.Popen[bytes], bool] = {}  # rung processes running now -> whether each leads its own group
 _LOCK = threading.Lock()
 STOP_GRACE_S = 20.0  # seconds a rung gets to write what it measured after SIGTERM
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM, then SIGKILL after the grace period."""
-    process.terminate()
+def _signal(process: subprocess.Popen[bytes], signum: int, group: bool) -> None:
+    with contextlib.suppress(ProcessLookupError):  # already gone
+        if group:
+            os.killpg(process.pid, signum)
+        else:
+            process.send_signal(signum)
+
+
+def _stop(process: subprocess.Popen[bytes], group: bool = False) -> None:
+    """SIGTERM, then SIGKILL after the grace period (to its whole process group when `group`)."""
+    _signal(process, signal.SIGTERM, group)
     try:
         process.wait(timeout=STOP_GRACE_S)
     except subprocess.TimeoutExpired:
-        process.kill()
+        _signal(process, signal.SIGKILL, group)
         process.wait()
+    if group:  # workers the launcher left behind
+        _signal(process, signal.SIGKILL, group)
 
 
 def stop_all() -> None:
     """Stop every rung still running (the what-if run itself is being stopped)."""
     with _LOCK:
-        running = list(_LIVE)
-    for process in running:
-        _stop(process)
+        running = list(_LIVE.items())
+    for process, group in running:
+        _stop(process, group)
 
 
 def run_rungs(

@@ -3,7 +3,7 @@ cumulative ladder), what each changed and why, and the recommendations they back
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -25,6 +25,16 @@ FAILED = "failed"
 SKIPPED = "skipped"
 INVALID = "invalid"
 PENDING = "pending"  # planned, not run yet (only in a record written while the run was still going)
+
+# How the rungs ran: each its own `stage1-run` process started by perf-whatif, or one Hydra multirun per phase.
+LOCAL_LAUNCHER = "local"
+HYDRA_LAUNCHER = "hydra"
+
+
+def hydra_launcher_name(overrides: Sequence[str]) -> str:
+    """The Hydra launcher that `hydra/launcher=<name>` among `overrides` chooses (`basic` when none does)."""
+    chosen = [o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("hydra/launcher=")]
+    return chosen[-1] if chosen else "basic"
 
 
 @attrs.frozen
@@ -170,6 +180,9 @@ class WhatIfRecord:
     notes: tuple[str, ...] = ()
     settings: Mapping[str, Any] = attrs.field(factory=dict)  # repeats, warmup, max_new_tokens, inputs (baseline)
     device_type: str | None = None  # "cuda" | "cpu" (the baseline's `DeviceInfo.type`); None: not recorded
+    # How the rungs ran (whatif_run.launcher): LOCAL_LAUNCHER or HYDRA_LAUNCHER; None: not recorded (older runs)
+    launcher: str | None = None
+    launcher_overrides: tuple[str, ...] = ()  # HYDRA_LAUNCHER: whatif_run.hydra_launcher, e.g. hydra/launcher=joblib
 
     def rung(self, name: str) -> Rung | None:
         return next((r for r in self.rungs if r.name == name), None)

@@ -11,7 +11,9 @@ from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.records.whatif import (
     ALONE,
     BASELINE,
+    HYDRA_LAUNCHER,
     LADDER,
+    LOCAL_LAUNCHER,
     MEASURED,
     WORKLOAD,
     Objective,
@@ -21,6 +23,7 @@ from llm_perf_opt.records.whatif import (
     Speedup,
     StepFloor,
     WhatIfRecord,
+    hydra_launcher_name,
 )
 from llm_perf_opt.report.comparison import ratio_text
 from llm_perf_opt.report.markdown import Doc, flops, ms, num_bytes, pct
@@ -166,6 +169,31 @@ def _header(doc: Doc, record: WhatIfRecord) -> None:
         f"{record.device or 'device not recorded'} · preset `{record.preset}` · objective: {o.label} "
         f"({'higher' if o.higher_is_better else 'lower'} is better) · workload overrides: {overrides} · "
         f"created {record.created}."
+    )
+
+
+def launcher_text(record: WhatIfRecord) -> str | None:
+    """How the rungs ran (None for a record that does not say)."""
+    if record.launcher == LOCAL_LAUNCHER:
+        return (
+            "How the rungs ran: each its own `stage1-run` process, started by perf-whatif "
+            "(`whatif_run.launcher=local`)."
+        )
+    if record.launcher != HYDRA_LAUNCHER:
+        return None
+    name = hydra_launcher_name(record.launcher_overrides)
+    settings = ", ".join(f"`{o}`" for o in record.launcher_overrides) or "no launcher overrides"
+    text = (
+        f"How the rungs ran: one `stage1-run -m` multirun per phase through Hydra's {name} launcher ({settings}), "
+        "each rung's levers a config of the sweep."
+    )
+    if name == "basic":
+        text += " The basic launcher runs the jobs one after the other in one process."
+    elif name.startswith("joblib"):
+        text += " joblib reuses its worker processes, so one process may run several rungs in turn."
+    return (
+        text + " A job that finds its process already used resets torch.compile's caches and the CUDA allocator's "
+        "cache and peak counters first, and leaves out the host peak memory."
     )
 
 
@@ -381,6 +409,8 @@ def whatif_md(record: WhatIfRecord, plots: dict[str, str] | None = None, files: 
     plots = plots or {}
     doc = Doc(f"What-if report: {record.model} on {record.device or 'device not recorded'}")
     _header(doc, record)
+    if (how := launcher_text(record)) is not None:
+        doc.para(how)
     doc.h2("Verdict")
     doc.para(verdict_paragraph(record))
     if "waterfall" in plots:

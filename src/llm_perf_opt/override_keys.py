@@ -43,7 +43,7 @@ def check_override_keys(config_name: str, argv: Sequence[str], *, command: str) 
             raise _error(unknown, keys, overrides, command)
 
 
-def _is_group(key: str) -> bool:
+def is_group(key: str) -> bool:
     """A config group (`model`, `pipeline/torch_profiler`, `hydra/launcher`) rather than a config key."""
     return "/" in key or (files("llm_perf_opt") / "conf" / key).is_dir()
 
@@ -59,7 +59,7 @@ def _combinations(parsed: Sequence[Any]) -> Iterator[list[str]]:
             raise ValueError(f"{override.input_line}: not enumerable here")
         values = list(override.sweep_string_iterator())
         key = override.get_key_element()
-        chosen = values if _is_group(override.key_or_group) else values[:1]
+        chosen = values if is_group(override.key_or_group) else values[:1]
         options.append([f"{key}={value}" for value in chosen])
     for combination in itertools.product(*options):
         yield list(combination)
@@ -67,7 +67,7 @@ def _combinations(parsed: Sequence[Any]) -> Iterator[list[str]]:
 
 def _unknown_keys(config_name: str, overrides: Sequence[str]) -> tuple[list[tuple[str, str]], list[str]]:
     """The (key, override) pairs whose key the config lacks, and the config's keys without them."""
-    from llm_perf_opt.cli.common import compose_config
+    from llm_perf_opt.config_compose import compose_config
 
     remaining = list(overrides)
     unknown: list[tuple[str, str]] = []
@@ -121,7 +121,7 @@ def _nearest(key: str, keys: Sequence[str]) -> str | None:
 def _error(
     unknown: Sequence[tuple[str, str]], keys: Sequence[str], overrides: Sequence[str], command: str
 ) -> UserError:
-    groups = [o for o in overrides if _is_group(_key_of(o)) and not o.startswith(("hydra", "+", "~"))]
+    groups = [o for o in overrides if is_group(_key_of(o)) and not o.startswith(("hydra", "+", "~"))]
     where = f" with {' '.join(groups)}" if groups else ""
     names = " and ".join(key for key, _ in unknown)
     verb = "is not a setting" if len(unknown) == 1 else "are not settings"

@@ -298,3 +298,39 @@ def test_ncu_rounds_are_recorded_in_the_targets_and_the_capture(
     warnings = stage2_metrics(render(folder)).warnings
     assert any(w.startswith("prefill: ncu profiled no kernel") for w in warnings)
     assert any(w.startswith("Nsight Compute did not reach 3 of the 5 targeted kernels in decode") for w in warnings)
+
+
+def test_every_command_run_in_a_folder_stays_in_its_cmd_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """nsys/ holds the profile and the export: its cmd.txt lists both, in order (the export once overwrote the
+    profile command, the one that says how the trace was taken)."""
+    from llm_perf_opt.nsight import tools
+    from llm_perf_opt.pipeline import stage2
+
+    def fake_tool(argv: list[str], *, timeout_s: float, log_path: Path) -> tools.ToolRun:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_path.write_text("ok\n")
+        return tools.ToolRun(argv=tuple(argv), returncode=0, seconds=0.1, log_path=log_path, timed_out=False)
+
+    monkeypatch.setattr(stage2, "run_tool", fake_tool)
+    run = stage2.Stage2Run(compose_stage2(), tmp_path / "s2", run_id="x", task_overrides=[])
+    run._timed_tool("nsys_profile", ["nsys", "profile", "--cuda-graph-trace=node"], "nsys/profile.log", 5, "profile")
+    run._timed_tool("nsys_export", ["nsys", "export", "--type=sqlite"], "nsys/export.log", 5, "export")
+    lines = (tmp_path / "s2" / "nsys" / "cmd.txt").read_text().splitlines()
+    assert lines == ["nsys profile --cuda-graph-trace=node", "nsys export --type=sqlite"]
+    assert run.art.written.count("nsys/cmd.txt") >= 1
+
+
+def test_decode_advice_knows_the_step_already_replays_a_cuda_graph() -> None:
+    """A launch-bound step under CUDA graphs gets no advice to use CUDA graphs: the waiting is host work around the
+    replay, and batching spreads it."""
+    from llm_perf_opt.records.stage1 import RunSettings, RuntimeRecord
+    from llm_perf_opt.report.stage2_reports import findings
+
+    eager = load_stage2_metrics(Path(__file__).parents[1] / "examples" / "stage2-h100-tiny" / METRICS_FILE)
+    assert "CUDA graphs / torch.compile" in findings(eager)[0]
+    graphs = RuntimeRecord(kv_cache="static", compile="decode", compile_mode="reduce-overhead")
+    base = eager.workload_settings or RunSettings(repeats=1, warmup=1, max_new_tokens=6, max_images=1, sources={})
+    settings = attrs.evolve(base, runtime=graphs)
+    advice = findings(attrs.evolve(eager, workload_settings=settings))[0]
+    assert "already replays a CUDA graph" in advice and "CUDA graphs / torch.compile" not in advice
+    assert "run.batch_size" in advice

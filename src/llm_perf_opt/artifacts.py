@@ -94,7 +94,7 @@ class ArtifactsManager:
     def finish(self, state: str, message: str | None = None) -> None:
         """Set the final state (complete, failed or interrupted) with an optional message."""
         self._status = attrs.evolve(
-            self._status, state=state, ended=_now(), message=message, files=tuple(sorted(self.written))
+            self._status, state=state, ended=_now(), message=message, files=tuple(sorted(set(self.written)))
         )
         self._write_status()
 

@@ -200,10 +200,15 @@ class Stage2Run:
         self._note(tools={**self.capture.tools, name: ToolInfo(path=str(tool.path), version=tool.version)})
         return tool
 
+    def _note_command(self, cmd_rel: str, argv: list[str]) -> None:
+        """Add `argv` to the folder's `cmd.txt`: every command run there, in order (nsys/: profile, then export)."""
+        earlier = self.art.path(cmd_rel).read_text() if cmd_rel in self.art.written else ""
+        self.art.write_text(cmd_rel, earlier + commands.shell_line(argv) + "\n")
+
     def _timed_tool(
         self, key: str, argv: list[str], log_rel: str, timeout_s: float, what: str, *, check: bool = True
     ) -> ToolRun:
-        self.art.write_text(str(Path(log_rel).with_name("cmd.txt")), commands.shell_line(argv) + "\n")
+        self._note_command(str(Path(log_rel).with_name("cmd.txt")), argv)
         log.info("%s: %s", what, commands.shell_line(argv)[:200])
         started = time.perf_counter()
         with self.feedback.step(what):

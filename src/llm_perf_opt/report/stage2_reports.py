@@ -291,12 +291,20 @@ def findings(m: Stage2Metrics) -> list[str]:
             f"{dec.gpu_busy_fraction:.0%} of each step."
         )
         if _decode_launch_bound(m):
-            moe = m.model is not None and m.model.experts_implementation is not None
-            msg += (
-                " Most of a step is launch and Python overhead, not GPU work: CUDA graphs / torch.compile "
-                f"(reduce-overhead){' or fusing the per-expert work' if moe else ''} would shorten it more than "
-                "faster kernels."
-            )
+            runtime = m.workload_settings.runtime if m.workload_settings is not None else None
+            if runtime is not None and runtime.compile != "none" and runtime.compile_mode == "reduce-overhead":
+                msg += (
+                    " The step already replays a CUDA graph, so the GPU waits on the host work around it (Python, "
+                    "the next step's inputs, the graph launch): more pages per forward (`run.batch_size`) spread that "
+                    "fixed cost over more tokens."
+                )
+            else:
+                moe = m.model is not None and m.model.experts_implementation is not None
+                msg += (
+                    " Most of a step is launch and Python overhead, not GPU work: CUDA graphs / torch.compile "
+                    f"(reduce-overhead){' or fusing the per-expert work' if moe else ''} would shorten it more than "
+                    "faster kernels."
+                )
         out.append(msg)
     pre = m.stage_row(vocab.PREFILL)
     if pre:

@@ -20,6 +20,18 @@ def run_cli(module: str, *args: str, timeout: int = 300) -> subprocess.Completed
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
+def run_whatif(config_dir: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
+    """`perf-whatif --config-dir <config_dir> <overrides>` in a child process."""
+    return run_cli("llm_perf_opt.cli.whatif", "--config-dir", str(config_dir), *overrides, timeout=900)
+
+
+def preset_dir(root: Path, name: str, preset: str) -> Path:
+    """A user config dir under `root` holding the what-if preset `whatif/<name>.yaml`."""
+    (root / "whatif").mkdir(parents=True)
+    (root / "whatif" / f"{name}.yaml").write_text(preset)
+    return root
+
+
 def require_tools(*names: str) -> None:
     """Skip the calling test unless every named program (e.g. nsys, ncu) is on PATH."""
     import pytest

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import run_cli
+from helpers import preset_dir, run_whatif
 from llm_perf_opt.records.folders import read_status
 from llm_perf_opt.records.io import load_file
 from llm_perf_opt.records.whatif import ALONE, BASELINE, FAILED, INVALID, MEASURED, SKIPPED, WhatIfRecord
@@ -42,16 +42,12 @@ WORKLOAD = (
 )
 
 
-def whatif(config_dir: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
-    return run_cli("llm_perf_opt.cli.whatif", "--config-dir", str(config_dir), *overrides, timeout=900)
+whatif = run_whatif
 
 
 @pytest.fixture(scope="module")
 def config_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("levers")
-    (root / "whatif").mkdir()
-    (root / "whatif" / "tiny_test.yaml").write_text(PRESET)
-    return root
+    return preset_dir(tmp_path_factory.mktemp("levers"), "tiny_test", PRESET)
 
 
 @pytest.fixture(scope="module")

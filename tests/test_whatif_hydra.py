@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from helpers import run_cli
+from helpers import preset_dir, run_whatif
 from llm_perf_opt.pipeline import whatif_hydra
 from llm_perf_opt.pipeline.whatif_hydra import NotExpressible, phase_command, run_phase, rung_config
 from llm_perf_opt.pipeline.whatif_rungs import RungJob
@@ -128,16 +128,12 @@ def test_a_phase_past_its_limit_is_stopped_and_its_rungs_failed(tmp_path: Path) 
 
 
 # ---- end to end ------------------------------------------------------------------------------------------
-def whatif(config_dir: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
-    return run_cli("llm_perf_opt.cli.whatif", "--config-dir", str(config_dir), *overrides, timeout=900)
+whatif = run_whatif
 
 
 @pytest.fixture(scope="module")
 def config_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("levers")
-    (root / "whatif").mkdir()
-    (root / "whatif" / "two_levers.yaml").write_text(PRESET)
-    return root
+    return preset_dir(tmp_path_factory.mktemp("levers"), "two_levers", PRESET)
 
 
 @pytest.fixture(scope="module")

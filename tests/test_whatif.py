@@ -189,3 +189,22 @@ def test_presets_validate_per_model_family(workload: tuple[str, ...], preset: st
     assert {name for name, why in reasons.items() if why is not None} == refused
     for name in refused:
         assert "model.mode" in (reasons[name] or "")
+
+
+def test_per_step_figures_of_a_batched_rung_count_each_batch_step_once(tmp_path) -> None:
+    """A batch's inputs each repeat the batch's decode steps in their records: the rung's FLOPs and bytes per step
+    divide by the batch steps, not by every input's copy of them."""
+    from pathlib import Path
+
+    from llm_perf_opt.records.folders import Stage1Folder, load_stage1_metrics
+    from llm_perf_opt.records.whatif import Objective
+
+    metrics = load_stage1_metrics(Path(__file__).parent / "fixtures" / "metrics" / "cpu_tiny_batch2_stage1.json")
+    batch_steps = sum(len(b.decode_step_ms) for b in metrics.batches)
+    assert sum(len(r.decode_step_ms) for r in metrics.records) == 2 * batch_steps  # a batch of 2
+    folder = Stage1Folder(tmp_path, None, metrics, {}, None, None, ())  # type: ignore[arg-type]
+    goal = Objective(name="decode_ms_per_token", label="decode ms/token (p50)", unit="ms", higher_is_better=False)
+    figures = w.rung_figures(folder, goal)
+    decode = metrics.efficiency_of(vocab.DECODE)
+    assert decode is not None and figures.bytes_per_step == pytest.approx(decode.bytes / batch_steps)
+    assert figures.flops_per_step == pytest.approx(decode.flops / batch_steps)

@@ -163,7 +163,8 @@ def outputs_against(base: Stage1Folder, other: Stage1Folder) -> OutputAgreement 
 
 
 def _decode_steps(metrics: Stage1Metrics) -> int:
-    return sum(len(r.decode_step_ms) for r in metrics.records)
+    """Decode steps over the timed forwards (a batch's steps once, not once per input of the batch)."""
+    return sum(len(f.decode_step_ms) for f in metrics.forwards)
 
 
 def _per_step(total: float | None, steps: int) -> float | None:
@@ -200,7 +201,7 @@ def rung_figures(folder: Stage1Folder, goal: Objective) -> RungFigures:
             )
         )
     if prefill_summary is not None:
-        passes = len(m.batches) or len(m.records)
+        passes = len(m.forwards)
         floors.append(
             StepFloor(
                 stage=vocab.PREFILL,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -385,11 +385,16 @@ PLOTS = {
 }
 
 
-def write_stage1_plots(m: Metrics, folder: Path) -> dict[str, Path]:
-    """Every plot that applies, as `folder/plots/<name>.png`; returns name -> path."""
+def write_plots(plots: Mapping[str, Callable[[Any, Path], Path | None]], source: Any, folder: Path) -> dict[str, Path]:
+    """Every plot of `plots` that applies to `source`, as `folder/plots/<name>.png`; returns name -> path."""
     out: dict[str, Path] = {}
-    for name, plot in PLOTS.items():
-        written = plot(m, folder / "plots" / f"{name}.png")
+    for name, plot in plots.items():
+        written = plot(source, folder / "plots" / f"{name}.png")
         if written is not None:
             out[name] = written
     return out
+
+
+def write_stage1_plots(m: Metrics, folder: Path) -> dict[str, Path]:
+    """Every Stage 1 plot that applies, as `folder/plots/<name>.png`; returns name -> path."""
+    return write_plots(PLOTS, m, folder)

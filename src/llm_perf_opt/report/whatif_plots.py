@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
 from llm_perf_opt.records.whatif import BASELINE, LADDER, MEASURED, Rung, StepFloor, WhatIfRecord
-from llm_perf_opt.report.plots import save_figure
+from llm_perf_opt.report.plots import save_figure, write_plots
 
 TOTAL_COLOUR = "#4e79a7"
 IDLE_COLOUR = "#f28e2b"  # launch and host overhead
@@ -196,10 +196,5 @@ PLOTS = {"waterfall": waterfall, "floor": floor}
 
 
 def write_whatif_plots(record: WhatIfRecord, folder: Path) -> dict[str, Path]:
-    """Every plot that applies, as `folder/plots/<name>.png`; returns name -> path."""
-    out: dict[str, Path] = {}
-    for name, plot in PLOTS.items():
-        written = plot(record, folder / "plots" / f"{name}.png")
-        if written is not None:
-            out[name] = written
-    return out
+    """Every what-if plot that applies, as `folder/plots/<name>.png`; returns name -> path."""
+    return write_plots(PLOTS, record, folder)

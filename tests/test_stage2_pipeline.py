@@ -334,3 +334,15 @@ def test_decode_advice_knows_the_step_already_replays_a_cuda_graph() -> None:
     advice = findings(attrs.evolve(eager, workload_settings=settings))[0]
     assert "already replays a CUDA graph" in advice and "CUDA graphs / torch.compile" not in advice
     assert "run.batch_size" in advice
+
+
+def test_stage2_refuses_a_bad_batch_size_before_profiling(tmp_path: Path) -> None:
+    """run.batch_size ≤ 0 is one paragraph naming the key (exit 2, folder failed) before any Nsight tool runs."""
+    out = tmp_path / "s2"
+    done = run_cli(
+        "llm_perf_opt.cli.stage2", "model=deepseek_ocr2_tiny", "run.batch_size=0", f"hydra.run.dir={out}", timeout=120
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "run.batch_size" in done.stderr
+    assert read_status(out).state == "failed"
+    assert not (out / "nsys").exists()

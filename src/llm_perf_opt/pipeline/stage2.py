@@ -42,6 +42,7 @@ from llm_perf_opt.records.stage2 import (
     ToolInfo,
 )
 from llm_perf_opt.report import stage2_plots, stage2_reports
+from llm_perf_opt.session.runtime import RuntimeSettings
 
 log = logging.getLogger("llm_perf_opt.stage2")
 
@@ -93,7 +94,7 @@ def workload_argv(
     if ncu:
         ncu_cfg = cfg.stage2.ncu_workload
         forced = {  # one forward: one input, or one whole batch
-            "dataset.max_images": max(int(ncu_cfg.max_images), _batch_size(cfg)),
+            "dataset.max_images": max(int(ncu_cfg.max_images), RuntimeSettings.from_config(cfg).batch_size),
             "infer.max_new_tokens": ncu_cfg.max_new_tokens,
             "run.repeats": ncu_cfg.get("repeats"),
         }
@@ -103,11 +104,6 @@ def workload_argv(
     argv += [f"{key}={value}" for key, value in forced.items() if value is not None]
     argv.append(f"hydra.run.dir={run_dir / 'workload' / name}")
     return argv
-
-
-def _batch_size(cfg: DictConfig) -> int:
-    """The workload's inputs per forward (`run.batch_size`, 1 when unset)."""
-    return int(cfg.get("run", {}).get("batch_size") or 1)
 
 
 def _mode(cfg: DictConfig) -> DictConfig:
@@ -175,6 +171,7 @@ class Stage2Run:
         self.art.write_text("config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
         if self.whatif_dir:
             folders.whatif_for(self.art.run_dir, self.whatif_dir)  # a folder that cannot be read fails before nsys
+        RuntimeSettings.from_config(cfg)  # bad runtime.* or run.batch_size values fail before nsys, not in its child
         require_gpu()
         import torch
 
@@ -421,7 +418,7 @@ class Stage2Run:
         with NsysTrace(self.art.run_dir / NSYS_SQLITE) as trace:
             if stage != vocab.DECODE:
                 counts = trace.instance_kernels(stage)
-                batch = _batch_size(self.cfg)
+                batch = RuntimeSettings.from_config(self.cfg).batch_size
                 forward = "the first image" if batch == 1 else f"the first batch ({batch} inputs)"
                 return f"the {stage} of {forward}", 0, 2 * max(counts, default=0), counts[0] if counts else 0
             steps = trace.instance_kernels(vocab.DECODE_STEP)

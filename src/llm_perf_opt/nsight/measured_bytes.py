@@ -6,7 +6,7 @@ Per stage instance (a prefill with its vision sub-stages, one decode step):
 - analytic bytes and counted FLOPs: Stage 1's figures of the same workload, per instance (prefill and vision
   sub-stages per timed pass, decode per step: the mean over the steps of a pass, which is its middle step's
   figure as the KV cache grows linearly); for a DeepSeek-OCR model the bytes are priced again by the current
-  analytic model on the inputs the workload ran (:func:`repriced_costs`), so a report rebuilt after a correction
+  analytic model on the inputs the workload ran (:func:`repriced_bytes`), so a report rebuilt after a correction
   of the model shows it;
 - FLOP/byte and the bound against the ridge point, for both; MBU over the summed kernel durations ncu measured,
   for both (so they differ exactly as the bytes do);
@@ -15,7 +15,7 @@ Per stage instance (a prefill with its vision sub-stages, one decode step):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
 from omegaconf import DictConfig
@@ -53,19 +53,22 @@ class InstanceCost:
     bytes: float
 
 
-def instance_costs(workload: Stage1Metrics) -> dict[str, InstanceCost]:
+def instance_costs(workload: Stage1Metrics, stage_bytes: Mapping[str, float] | None = None) -> dict[str, InstanceCost]:
     """Stage name -> its cost per instance: prefill and vision sub-stages per timed forward (a batch's when the run
     batched: its vision sub-stages then hold every input's), `decode/step` per step (from Stage 1's `decode` row).
+    Bytes are the efficiency rows' unless `stage_bytes` (per row stage, over the timed forwards) replaces them.
     Empty without timed forwards or analytic bytes."""
     forwards = workload.forwards
     passes = len(forwards)
     steps = sum(len(f.decode_step_ms) for f in forwards)
+    moved = stage_bytes or {}
     out: dict[str, InstanceCost] = {}
     for row in workload.efficiency:
         decode = row.stage == vocab.DECODE
         count = steps if decode else passes
         if count:
-            out[vocab.DECODE_STEP if decode else row.stage] = InstanceCost(row.flops / count, row.bytes / count)
+            total = moved.get(row.stage, row.bytes)
+            out[vocab.DECODE_STEP if decode else row.stage] = InstanceCost(row.flops / count, total / count)
     return out
 
 
@@ -73,29 +76,23 @@ def instance_costs(workload: Stage1Metrics) -> dict[str, InstanceCost]:
 REPRICED_ADAPTERS = frozenset({"deepseek_ocr", "deepseek_ocr2"})
 
 
-def repriced_costs(workload: Stage1Metrics, cfg: DictConfig) -> dict[str, InstanceCost] | None:
-    """Stage 1's per-instance costs with the analytic bytes priced again by the current analytic model on the
-    inputs the run measured (its config `cfg`: the model's architecture and mode; each timed pass's image with its
-    tiles, crop grid, prompt and new tokens; the run's dtype), the counted FLOPs kept. None when the analytic model
-    does not price this model (`model.adapter` not a DeepSeek-OCR one), the run has no passes, or it batched (a
-    batch's bytes are priced for the batch, its weights read once: Stage 1's own figures stand)."""
-    stored = instance_costs(workload)
-    if str(cfg.model.get("adapter")) not in REPRICED_ADAPTERS or not stored or workload.batches:
+def repriced_bytes(workload: Stage1Metrics, cfg: DictConfig) -> dict[str, float] | None:
+    """Analytic bytes per stage of Stage 1's efficiency rows, summed over the timed passes, priced again by the
+    current analytic model on the inputs the run measured (its config `cfg`: the model's architecture and mode; each
+    timed pass's image with its tiles, crop grid, prompt and new tokens; the run's dtype). None when the analytic model
+    does not price this model (`model.adapter` not a DeepSeek-OCR one), the run has no passes or analytic bytes, or it
+    batched (a batch's bytes are priced for the batch, its weights read once: Stage 1's own figures stand)."""
+    if str(cfg.model.get("adapter")) not in REPRICED_ADAPTERS or not instance_costs(workload) or workload.batches:
         return None
     spec = ModelSpec.from_architecture(cfg.model.architecture)
     inputs = run_workloads(cfg, spec, RunWorkload.from_records(workload.records, workload.model.dtype))
     per_image = {image: stage_costs(spec, priced) for image, priced in inputs}
-    passes = len(workload.records)
-    steps = sum(len(r.decode_step_ms) for r in workload.records)
-    out = {}
-    for stage, cost in stored.items():
-        decode = stage == vocab.DECODE_STEP
-        priced_stage = vocab.DECODE if decode else stage
-        total = sum(
-            per_image[r.image][priced_stage].bytes for r in workload.records if priced_stage in per_image[r.image]
+    return {
+        row.stage: sum(
+            per_image[r.image][row.stage].bytes for r in workload.records if row.stage in per_image[r.image]
         )
-        out[stage] = attrs.evolve(cost, bytes=total / (steps if decode else passes))
-    return out
+        for row in workload.efficiency
+    }
 
 
 def _bound(intensity: float | None, ridge: float | None) -> str | None:

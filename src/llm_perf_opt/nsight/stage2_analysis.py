@@ -20,7 +20,7 @@ from llm_perf_opt.nsight.measured_bytes import (
     InstanceCost,
     instance_costs,
     measured_rows,
-    repriced_costs,
+    repriced_bytes,
     window_warnings,
 )
 from llm_perf_opt.nsight.ncu_bytes import bytes_by_range, read_launch_bytes
@@ -119,17 +119,7 @@ class Stage2Analysis:
             return {}
         stored = {row.stage: row.bytes for row in self.workload.efficiency}
         repriced, _ = self._repriced(str(Path(WORKLOAD_METRICS_FILE).parent), self.workload)
-        if repriced is None:
-            return stored
-        counts = {
-            vocab.DECODE: sum(len(f.decode_step_ms) for f in self.workload.forwards),
-            **dict.fromkeys(stored.keys() - {vocab.DECODE}, len(self.workload.forwards)),
-        }
-        keys = {stage: vocab.DECODE_STEP if stage == vocab.DECODE else stage for stage in stored}
-        return {
-            stage: repriced[keys[stage]].bytes * counts[stage] if keys[stage] in repriced else moved
-            for stage, moved in stored.items()
-        }
+        return stored if repriced is None else {**stored, **repriced}
 
     def compute_peak(self) -> PeakFigure | None:
         """The workload's dense compute peak (MFU), None without one."""
@@ -293,7 +283,7 @@ class Stage2Analysis:
                         f"({bytes_pass.workload}/{CONFIG_FILE} and {METRICS_FILE}: {what}), counted FLOPs from "
                         "its Stage 1 figures"
                     )
-                    return repriced, source, warning
+                    return instance_costs(own, repriced), source, warning
                 source = (
                     f"Stage 1's figures of the profiled workload itself ({bytes_pass.workload}/{METRICS_FILE}: {what})"
                 )
@@ -307,9 +297,9 @@ class Stage2Analysis:
         )
         return instance_costs(self.workload), source, warning
 
-    def _repriced(self, folder: str, own: Stage1Metrics) -> tuple[dict[str, InstanceCost] | None, str]:
-        """The profiled workload's instance costs with bytes from the current analytic model (None where its
-        config is missing or the model is not priced), and a warning when pricing failed."""
+    def _repriced(self, folder: str, own: Stage1Metrics) -> tuple[dict[str, float] | None, str]:
+        """The analytic bytes per stage of `own` (the workload in `folder`) from the current analytic model (None
+        where its config is missing or the model is not priced), and a warning when pricing failed."""
         path = self.run_dir / folder / CONFIG_FILE
         if not path.is_file():
             return None, ""
@@ -317,7 +307,7 @@ class Stage2Analysis:
             config = OmegaConf.load(path)
             if not isinstance(config, DictConfig):
                 raise ValueError("not a mapping")
-            return repriced_costs(own, config), ""
+            return repriced_bytes(own, config), ""
         except (ValueError, KeyError, AttributeError, TypeError, ConfigKeyError) as exc:
             return None, f"{folder}/{CONFIG_FILE}: the analytic model could not price it ({exc}); Stage 1's bytes kept."
 

@@ -16,8 +16,11 @@ from llm_perf_opt.records.common import Summary
 from llm_perf_opt.records.stage1 import BatchRecord, BatchSummary, ImageRecord, StageStat, Throughput
 
 
-def stage_values(records: Iterable[ImageRecord], vision_stages: Sequence[str]) -> dict[str, list[float]]:
-    """Per stage name, one value (ms) per pass; for `decode/step`, the pass's mean step time."""
+def stage_values(
+    records: Iterable[ImageRecord] | Iterable[BatchRecord], vision_stages: Sequence[str]
+) -> dict[str, list[float]]:
+    """Per stage name, one value (ms) per pass (of an input, or of a batch); for `decode/step`, the pass's mean
+    step time."""
     values: dict[str, list[float]] = {}
 
     def add(name: str, value: float) -> None:
@@ -40,19 +43,14 @@ def stage_totals_ms(forwards: Sequence[ImageRecord] | Sequence[BatchRecord]) -> 
     """Per measured stage (TTFT and end to end left out), its time summed over the timed forwards (per-input records,
     or batch records when the run batched: a batch's inputs share its prefill and decode); `decode/step` sums every
     step (the decode steps' share of the decode stage)."""
-    totals: dict[str, float] = {}
-
-    def add(name: str, value: float) -> None:
-        totals[name] = totals.get(name, 0.0) + value
-
-    for forward in forwards:
-        add(vocab.PREPROCESS, forward.preprocess_ms)
-        add(vocab.PREFILL, forward.prefill_ms)
-        for stage, ms in forward.vision_ms.items():
-            add(stage, ms)
-        if forward.decode_step_ms:
-            add(vocab.DECODE, forward.decode_ms)
-            add(vocab.DECODE_STEP, sum(forward.decode_step_ms))
+    vision = tuple(dict.fromkeys(s for f in forwards for s in f.vision_ms))
+    totals = {
+        stage: sum(values)
+        for stage, values in stage_values(forwards, vision).items()
+        if stage not in (vocab.TTFT, vocab.E2E, vocab.DECODE_STEP)
+    }
+    if any(f.decode_step_ms for f in forwards):
+        totals[vocab.DECODE_STEP] = sum(sum(f.decode_step_ms) for f in forwards)
     return totals
 
 

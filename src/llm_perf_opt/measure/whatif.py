@@ -80,7 +80,7 @@ def _batch_value(batch: BatchRecord, name: str) -> float | None:
     if name == "decode_ms_per_token":
         return statistics.fmean(steps) if steps else None
     if name == "ttft_ms":
-        return batch.preprocess_ms + batch.prefill_ms
+        return batch.ttft_ms
     if name == "aggregate_decode_tokens_per_s":
         return batch.aggregate_decode_tokens_per_s
     if name == "pages_per_s":

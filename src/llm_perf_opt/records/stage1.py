@@ -98,8 +98,13 @@ class BatchRecord:
         return len(self.images)
 
     @property
+    def ttft_ms(self) -> float:
+        """Every input's time to first token: the batch's preprocessing and prefill (each input waits for them)."""
+        return self.preprocess_ms + self.prefill_ms
+
+    @property
     def e2e_ms(self) -> float:
-        return self.preprocess_ms + self.prefill_ms + self.decode_ms
+        return self.ttft_ms + self.decode_ms
 
     @property
     def cost_key(self) -> str:

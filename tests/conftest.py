@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 from PIL import Image
 
 from llm_perf_opt.config_compose import compose_config
+from llm_perf_opt.models.cache_argument import cache_kwargs
 
 # Page sizes (width, height) and the tiles DeepSeek-OCR-2's preprocessing cuts them into (reference §2, §3.4).
 PAGE_SIZES: dict[str, tuple[int, int]] = {
@@ -81,7 +82,7 @@ def _decode_step_flops(session: Any, cached: int) -> int:
     mask = torch.ones(1, cached + 1, dtype=torch.long)
     with torch.inference_mode(), flop_counter() as counter:
         session.model(
-            input_ids=torch.tensor([[5]]), attention_mask=mask, past_key_values=cache, use_cache=True, logits_to_keep=1
+            input_ids=torch.tensor([[5]]), attention_mask=mask, use_cache=True, logits_to_keep=1, **cache_kwargs(cache)
         )
     return int(counter.get_total_flops())
 

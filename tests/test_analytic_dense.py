@@ -14,6 +14,7 @@ from hf_fixtures import preset_config
 from llm_perf_opt.analytic.dense import DenseSpec, decode, decode_step, prefill, stage_costs
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.measure.flops import count_stage_flops, flop_counter
+from llm_perf_opt.models.cache_argument import cache_kwargs, output_cache
 from llm_perf_opt.session.session import InferenceSession
 
 PRESETS = ("qwen2_tiny", "llama_tiny")
@@ -66,7 +67,7 @@ def test_decode_step_matches_an_independent_count(session: InferenceSession, cac
         session.model(
             input_ids=torch.tensor([[5]]),
             attention_mask=torch.ones(1, cached + 1, dtype=torch.long),
-            past_key_values=cache,
+            **cache_kwargs(cache),
             use_cache=True,
             logits_to_keep=1,
         )
@@ -84,7 +85,7 @@ def test_bytes_match_the_built_model(session: InferenceSession) -> None:
     ids = torch.arange(1, 24)[None]
     with torch.inference_mode():
         out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
-    held = sum(t.numel() for layer in out.past_key_values.layers for t in (layer.keys, layer.values))
+    held = sum(t.numel() for layer in output_cache(out).layers for t in (layer.keys, layer.values))
     assert held == spec.kv_bytes_per_token * ids.shape[1] == prefill(spec, ids.shape[1], 1).kv_bytes
     assert decode_step(spec, 100, 2).kv_bytes == spec.kv_bytes_per_token * 2 * (100 + 1)
 

@@ -26,6 +26,7 @@ from llm_perf_opt.analytic import (
 )
 from llm_perf_opt.analytic.spec import QUERY_BANK_LARGE, QUERY_BANK_SMALL
 from llm_perf_opt.measure.flops import StageFlops, count_stage_flops, flop_counter
+from llm_perf_opt.models.cache_argument import cache_kwargs
 from llm_perf_opt.session.adapters.registry import make_adapter
 
 G = 1e9
@@ -237,7 +238,7 @@ def test_full_size_decode_step_matches_flop_counter_on_meta(full, meta_model, ca
         cache.update(kv, kv.clone(), layer)
     with torch.inference_mode(), flop_counter() as counter:
         embeds = torch.empty(1, 1, text.hidden, device="meta", dtype=bf16)
-        out = meta_model.model.language_model(inputs_embeds=embeds, past_key_values=cache, use_cache=True)
+        out = meta_model.model.language_model(inputs_embeds=embeds, use_cache=True, **cache_kwargs(cache))
         meta_model.lm_head(out.last_hidden_state[:, -1:])
     assert decode_step(full, cached + 1).matmul_flops == pytest.approx(counter.get_total_flops(), rel=1e-2)
 

@@ -18,6 +18,7 @@ from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.config_data import plain
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure.flops import flop_counter
+from llm_perf_opt.models.cache_argument import cache_kwargs, output_cache
 from llm_perf_opt.models.deepseek_ocr.configuration import DeepseekOcrConfig
 from llm_perf_opt.models.deepseek_ocr.modeling import DeepseekOcrForConditionalGeneration
 from llm_perf_opt.models.deepseek_ocr.preprocess import image_token_count, mode_from_config
@@ -251,7 +252,7 @@ def _run_tiny(model: DeepseekOcrForConditionalGeneration, spec: ModelSpec, work:
         for _ in range(_DECODE_STEPS):
             token = out.logits.argmax(-1)
             with flop_counter() as counter:
-                out = model(input_ids=token, past_key_values=out.past_key_values, use_cache=True, logits_to_keep=1)
+                out = model(input_ids=token, use_cache=True, logits_to_keep=1, **cache_kwargs(output_cache(out)))
             counts["steps"].append(float(counter.get_total_flops()))
     return counts
 

@@ -17,6 +17,7 @@ from helpers import host_reads
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.data.prompts import bundled_prompts_dir
 from llm_perf_opt.measure.timing import StageRecorder
+from llm_perf_opt.models.cache_argument import cache_kwargs, output_cache
 from llm_perf_opt.session.runtime import RuntimeSettings
 from llm_perf_opt.session.session import InferenceSession
 
@@ -58,7 +59,7 @@ def test_the_detector_sees_the_mask_check_of_a_masked_step(tiny_session, page_im
             tiny_session.model(
                 input_ids=out.logits[:, -1].argmax(-1)[:, None],
                 attention_mask=mask,
-                past_key_values=out.past_key_values,
+                **cache_kwargs(output_cache(out)),
                 use_cache=True,
             )
     assert spy.ops  # e.g. aten.is_nonzero from masking_utils.fast_all

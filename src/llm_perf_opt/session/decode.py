@@ -23,6 +23,7 @@ from torch import nn
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure.routing import RoutingRecorder
 from llm_perf_opt.measure.timing import StageRecorder
+from llm_perf_opt.models.cache_argument import CACHE_FIELD, forward_cache_argument, output_cache
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.session.adapters.base import PreparedInputs
 from llm_perf_opt.session.compiled import CompiledStep
@@ -83,6 +84,8 @@ class DecodeLoop:
         self.caches = caches
         self.attn_implementation = attn_implementation or "sdpa"
         self.routing = routing
+        # The model's own name for its KV cache argument (transformers renamed it in 5.24; remote code keeps its own).
+        self.cache_argument = forward_cache_argument(model.forward) or CACHE_FIELD
         self.decode_step: Callable[..., torch.Tensor] = self._decode
         self.prefill_step: Callable[..., tuple[torch.Tensor, Any]] = self._prefill
         self.compiled: list[CompiledStep] = []
@@ -97,8 +100,8 @@ class DecodeLoop:
 
     # ---- the step functions (what torch.compile traces) ---------------------------------------------------
     def _prefill(self, inputs: dict[str, Any], cache: Any) -> tuple[torch.Tensor, Any]:
-        out = self.model(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        return out.logits[:, -1], out.past_key_values
+        out = self.model(**inputs, **{self.cache_argument: cache}, use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1], output_cache(out)
 
     def _decode(
         self,
@@ -112,7 +115,8 @@ class DecodeLoop:
             extra["position_ids"] = position_ids
         if attention_mask is not None:
             extra["attention_mask"] = attention_mask
-        out = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1, **extra)
+        extra[self.cache_argument] = cache
+        out = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=1, **extra)
         return out.logits[:, -1].argmax(-1)
 
     # ---- a pass ---------------------------------------------------------------------------------------------

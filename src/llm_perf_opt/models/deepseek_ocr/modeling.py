@@ -30,6 +30,7 @@ from transformers.models.deepseek_ocr2.modeling_deepseek_ocr2 import (
     DeepseekOcr2TextModel,
 )
 
+from llm_perf_opt.models.cache_argument import accepted_cache, cache_kwargs, causal_lm_output, output_cache
 from llm_perf_opt.models.deepseek_ocr.configuration import DeepseekOcrConfig
 
 
@@ -167,7 +168,7 @@ class DeepseekOcrForConditionalGeneration(nn.Module):
         self,
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        past_key_values: Any = None,
+        cache: Any = None,
         use_cache: bool | None = None,
         logits_to_keep: int = 0,
         pixel_values: torch.Tensor | None = None,
@@ -175,7 +176,10 @@ class DeepseekOcrForConditionalGeneration(nn.Module):
         crop_grid: Sequence[int] | None = None,
         position_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
+        past_key_values: Any = None,
     ) -> CausalLMOutputWithPast:
+        """The decoder's logits (the last `logits_to_keep` positions, or all) and its KV cache. The cache is taken
+        as ``cache`` or, as transformers before 5.24 names it, ``past_key_values``."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         if inputs_embeds is None:
@@ -184,14 +188,14 @@ class DeepseekOcrForConditionalGeneration(nn.Module):
         out = self.model.language_model(
             inputs_embeds=inputs_embeds,
             attention_mask=attention_mask,
-            past_key_values=past_key_values,
             use_cache=use_cache,
             position_ids=position_ids,
+            **cache_kwargs(accepted_cache(cache, past_key_values)),
         )
         hidden = out.last_hidden_state
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
-        return CausalLMOutputWithPast(logits=self.lm_head(hidden), past_key_values=out.past_key_values)
+        return causal_lm_output(self.lm_head(hidden), output_cache(out))
 
 
 def _init_plain(module: nn.Module, std: float) -> None:

@@ -15,6 +15,13 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from llm_perf_opt.config_data import plain
 from llm_perf_opt.errors import UserError
+from llm_perf_opt.models.cache_argument import (
+    CACHE_FIELD,
+    accepted_cache,
+    causal_lm_output,
+    forward_cache_argument,
+    output_cache,
+)
 from llm_perf_opt.models.deepseek_ocr.configuration import DeepseekOcrConfig
 from llm_perf_opt.models.deepseek_ocr.modeling import DeepseekOcrForConditionalGeneration
 from llm_perf_opt.models.deepseek_ocr.preprocess import Mode, image_token_count, mode_from_config, preprocess
@@ -41,17 +48,20 @@ class VendorModel(nn.Module):
         self.inner = inner
         self.config = inner.config
         self.image_token_id = image_token_id
+        # The vendor's code names the cache argument itself, whatever the installed transformers calls it.
+        self.inner_cache_argument = forward_cache_argument(inner.forward) or CACHE_FIELD
 
     def forward(
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
-        past_key_values: Any = None,
+        cache: Any = None,
         use_cache: bool | None = None,
         logits_to_keep: int = 0,
         pixel_values: torch.Tensor | None = None,
         pixel_values_local: torch.Tensor | None = None,
         crop_grid: Sequence[int] | None = None,
+        past_key_values: Any = None,
     ) -> CausalLMOutputWithPast:
         vision: dict[str, Any] = {}
         if pixel_values is not None:
@@ -65,13 +75,13 @@ class VendorModel(nn.Module):
         out = self.inner(
             input_ids=input_ids,
             attention_mask=attention_mask,
-            past_key_values=past_key_values,
             use_cache=use_cache,
             return_dict=True,
+            **{self.inner_cache_argument: accepted_cache(cache, past_key_values)},
             **vision,
         )
         logits = out.logits[:, -logits_to_keep:] if logits_to_keep else out.logits
-        return CausalLMOutputWithPast(logits=logits, past_key_values=out.past_key_values)
+        return causal_lm_output(logits, output_cache(out))
 
 
 class DeepseekOcrAdapter(ModelAdapter):

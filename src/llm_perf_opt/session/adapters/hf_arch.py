@@ -2,7 +2,8 @@
 
 Drivable: decoder-only models that `AutoModelForImageTextToText` (with a vision config: they take an image and
 text) or `AutoModelForCausalLM` (text only) builds, whose forward names what the explicit prefill/decode loop
-passes (`attention_mask`, `past_key_values`, `logits_to_keep`; `use_cache` may go through **kwargs). Anything
+passes (`attention_mask`, the KV cache as `cache` or, before transformers 5.24, `past_key_values`,
+`logits_to_keep`; `use_cache` may go through **kwargs). Anything
 else is refused with a :class:`UserError` before a single weight is built.
 """
 
@@ -14,13 +15,14 @@ from typing import Any
 import attrs
 
 from llm_perf_opt.errors import UserError
+from llm_perf_opt.models.cache_argument import forward_cache_argument
 
 TEXT = "text"
 IMAGE = "image"
 
 #: Keyword arguments the session's generate loop passes to every forward that the forward must name (a catch-all
-#: **kwargs would swallow them silently).
-LOOP_ARGUMENTS = ("input_ids", "attention_mask", "past_key_values", "logits_to_keep")
+#: **kwargs would swallow them silently); the KV cache argument is checked apart, under either of its names.
+LOOP_ARGUMENTS = ("input_ids", "attention_mask", "logits_to_keep")
 
 _FIX = (
     "Use a decoder-only model that AutoModelForCausalLM or AutoModelForImageTextToText builds (e.g. Llama, Qwen2, "
@@ -64,6 +66,8 @@ def classify(config: Any) -> HfArchitecture:
         )
     parameters = inspect.signature(cls.forward).parameters
     missing = [name for name in LOOP_ARGUMENTS if name not in parameters]
+    if forward_cache_argument(cls.forward) is None:
+        missing.insert(1, "KV cache argument (cache or past_key_values)")
     if missing:
         raise UserError(
             f"{what} builds {cls.__name__}, whose forward takes no {', '.join(missing)}: the explicit prefill/decode "

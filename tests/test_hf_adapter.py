@@ -130,7 +130,7 @@ def test_bad_sources_are_user_errors(tmp_path: Path, overrides: list[str], needl
 @pytest.mark.parametrize(
     ("config", "needle"),
     [
-        (MambaConfig(hidden_size=16, num_hidden_layers=1), "takes no KV cache argument"),
+        (MambaConfig(hidden_size=16, num_hidden_layers=1), "recurrent-state model"),
         (T5Config(), "encoder-decoder"),
         (CLIPVisionConfig(), "neither a causal LM nor an image-text-to-text model"),
     ],

@@ -179,7 +179,7 @@ def test_tiny_llava_checkpoint_runs_images_with_vision_stages(tmp_path: Path) ->
     [
         (["model.config=no_such_preset"], ["no_such_preset", "qwen2_tiny"]),
         (["model.name_or_path=Qwen/Qwen2-0.5B"], ["not a local folder"]),
-        (["model.config=__MAMBA__"], ["MambaForCausalLM", "takes no KV cache argument"]),
+        (["model.config=__MAMBA__"], ["MambaForCausalLM", "recurrent-state model"]),
         ([], ["neither model.name_or_path nor model.config"]),
         (["model.config=qwen2_tiny", f"dataset.root={bundled_samples_dir()}", "dataset.max_images=1"], []),
         (["model.config=qwen2_tiny", "dataset.root=__PAGES__"], ["takes text prompts", "dataset=prompts"]),

@@ -64,6 +64,12 @@ def classify(config: Any) -> HfArchitecture:
             "cannot build it",
             _FIX,
         )
+    if getattr(cls, "_is_stateful", False):
+        raise UserError(
+            f"{what} builds {cls.__name__}, a recurrent-state model (as Mamba or RWKV): it carries a recurrent state "
+            "from step to step, not a KV cache, so the explicit prefill/decode loop cannot drive it",
+            _FIX,
+        )
     parameters = inspect.signature(cls.forward).parameters
     missing = [name for name in LOOP_ARGUMENTS if name not in parameters]
     if forward_cache_argument(cls.forward) is None:
@@ -71,8 +77,7 @@ def classify(config: Any) -> HfArchitecture:
     if missing:
         raise UserError(
             f"{what} builds {cls.__name__}, whose forward takes no {', '.join(missing)}: the explicit prefill/decode "
-            "loop (KV cache, last-position logits) cannot drive it (recurrent-state models such as Mamba or RWKV "
-            "keep no KV cache)",
+            "loop (KV cache, last-position logits) cannot drive it",
             _FIX,
         )
     return HfArchitecture(kind=kind, auto_class=auto, model_class=cls)

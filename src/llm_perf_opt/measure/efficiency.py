@@ -28,7 +28,7 @@ def speed_of_light(flops: float, moved: float, flops_per_s: float, bytes_per_s: 
     """The lower-bound time (s) of `flops` FLOPs and `moved` bytes on a device with these peaks, and the roof that
     sets it: max(FLOPs / peak FLOP/s, bytes / peak B/s), "compute" when the FLOP term is the larger (or equal).
 
-    The one speed-of-light formula: measured stages here, analytic what-ifs in `analytic.whatif`.
+    The one speed-of-light formula: measured stages here, analytic what-ifs in `analytic.pricing`.
     """
     compute_s = flops / flops_per_s
     memory_s = moved / bytes_per_s

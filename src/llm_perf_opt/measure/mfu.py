@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from llm_perf_opt.hardware.table import PeakFigure
 from llm_perf_opt.measure.flops import FLOP_SOURCE, StageFlops
 from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records.common import PeakFigure
 from llm_perf_opt.records.stage1 import MfuRecord
 
 

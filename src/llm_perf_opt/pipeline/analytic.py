@@ -13,8 +13,8 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from llm_perf_opt.analytic.model import CONVENTIONS, StageCost, stage_costs, summed_stages
+from llm_perf_opt.analytic.pricing import category_table, module_table, stage_bounds, stage_row, view_sweep, what_if
 from llm_perf_opt.analytic.spec import ModelSpec, Workload
-from llm_perf_opt.analytic.whatif import category_table, module_table, stage_bounds, stage_row, view_sweep, what_if
 from llm_perf_opt.analytic.workload import (
     RunWorkload,
     check_workload_model,

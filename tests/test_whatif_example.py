@@ -1,5 +1,6 @@
 """The shipped H100 what-if example (examples/whatif-h100-decode): its record loads, its figures are the ones the
-README quotes, its report re-renders from the record alone, and the baseline's report cites it."""
+perf-whatif guide and docs/benchmarks.md quote, its report re-renders from the record alone, and the baseline's report
+cites it."""
 
 from __future__ import annotations
 

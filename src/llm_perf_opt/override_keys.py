@@ -138,7 +138,8 @@ def _missing_keys(setup: _Setup, overrides: Sequence[str]) -> tuple[list[tuple[s
 def _adds_key(override: str, config_dir: str | None) -> bool:
     """`+key=...` or `++key=...` of a config key (not a group, not Hydra's own settings)."""
     key = _key_of(override)
-    return override.startswith("+") and not key.startswith("hydra") and not is_group(key, config_dir)
+    hydras = key == "hydra" or key.startswith("hydra.")
+    return override.startswith("+") and not hydras and not is_group(key, config_dir)
 
 
 def _lands_in_a_section(key: str, keys: Sequence[str]) -> bool:

@@ -15,6 +15,8 @@ from llm_perf_opt.cli.compare import main
 from llm_perf_opt.measure.comparison import TOP_MOVERS, ratio
 from llm_perf_opt.measure.noise import noise_verdict
 from llm_perf_opt.records.common import SCHEMA_MAJOR, SCHEMA_VERSION, Summary
+from llm_perf_opt.records.comparison import load_comparison
+from llm_perf_opt.records.folders import load
 from llm_perf_opt.report.comparison import comparison_markdown, ratio_text
 
 FIXTURES = Path(__file__).parent / "fixtures" / "compare"
@@ -235,3 +237,58 @@ def test_stage_present_in_one_run_only_shows_na(tmp_path: Path) -> None:
 def test_same_folder_twice_gets_unique_labels() -> None:
     runs, skipped = cmp.load_runs([H100_A, H100_A])
     assert [r.label for r in runs] == ["h100_s1final", "h100_s1final#2"] and not skipped
+
+
+# ---- --out: a folder gets compare.md and compare.json; a run folder's files are never overwritten ------------------
+STAGE1_RUN = Path(__file__).parent / "fixtures" / "runs" / "cpu_tiny_v1_stage1"  # with operators.json, report.md
+
+
+def _refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """perf-compare's stderr for `argv`, which must end with exit code 2."""
+    with pytest.raises(SystemExit) as ended:
+        main(list(argv))
+    assert ended.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["operators.md", "report.md", "metrics.md", "viz/predictions.md"])
+def test_out_over_a_run_folders_file_is_refused(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(STAGE1_RUN, run)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    err = _refused(capsys, str(H100_A), str(run), "--out", str(run / name))
+    assert err.startswith(f"\nerror: --out {run / name} would overwrite ") and err.count("\n") == 2  # one paragraph
+    assert f"part of the run folder {run}; nothing was written. Write the comparison outside run folders" in err
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    assert load(run).operators is not None  # stage1-report still reads the measured operator profile
+
+
+def test_out_naming_a_folder_writes_compare_files_inside(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    main([str(H100_A), str(H100_B), "--out", str(existing)])
+    assert f"comparison: {existing / 'compare.md'}" in capsys.readouterr().out
+    assert "Stage 1: **h100_s1final**" in (existing / "compare.md").read_text()
+    assert load_comparison(existing / "compare.json").stage1 is not None
+    main([str(H100_A), str(H100_B), "--out", str(existing)])  # a folder of comparisons may be rewritten
+    fresh = tmp_path / "new" / "cmp"
+    main([str(H100_A), str(H100_B), "--out", f"{fresh}/"])
+    assert sorted(p.name for p in fresh.iterdir()) == ["compare.json", "compare.md"]
+
+
+def test_out_into_a_run_folder_adds_files_without_replacing_any(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(STAGE1_RUN, run)
+    main([str(H100_A), str(run), "--out", str(run)])
+    assert (run / "compare.md").is_file() and load(run).operators is not None
+    err = _refused(capsys, str(H100_A), str(run), "--out", str(run))  # now compare.md is part of the run folder
+    assert f"would overwrite {run / 'compare.md'} and {run / 'compare.json'}, part of the run folder {run}" in err
+
+
+def test_out_whose_record_would_replace_a_folder_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "x.json").mkdir()
+    err = _refused(capsys, str(H100_A), str(H100_B), "--out", str(tmp_path / "x.md"))
+    assert f"--out {tmp_path / 'x.md'} would write the comparison over {tmp_path / 'x.json'}, which is a folder" in err
+    assert "Traceback" not in err and not (tmp_path / "x.md").exists()

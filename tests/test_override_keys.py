@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
-from helpers import run_cli
+from helpers import preset_dir, run_cli
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.override_keys import check_override_keys
 
@@ -93,3 +94,103 @@ def test_the_commands_end_with_one_paragraph_and_exit_2(module: str, command: st
         f"model.dtyp); `{command} --cfg job` lists every setting."
     )
     assert not (tmp_path / "run").exists()
+
+
+# ---- `+` adding a key inside a section: the same paragraph (it would be read by nothing) ------------------------
+@pytest.mark.parametrize(
+    ("added", "suggestion"),
+    [
+        ("+run.repeatz=3", "run.repeats=3"),
+        ("++run.repeatz=3", "run.repeats=3"),
+        ("+modle.dtype=float16", "model.dtype=float16"),  # a top-level name close to a section's
+        ("+model.preprocess.max_tile=2", "model.preprocess.max_tiles=2"),
+    ],
+)
+def test_a_plus_inside_a_section_names_the_nearest_key(added: str, suggestion: str) -> None:
+    key = added.lstrip("+").split("=")[0]
+    with pytest.raises(UserError) as raised:
+        check("model=deepseek_ocr_tiny", added)
+    assert str(raised.value) == (
+        f"{key} is not a setting of stage1-run with model=deepseek_ocr_tiny. Use {suggestion} (the nearest setting "
+        f"to {key}); a leading + only adds a key that stage1-run never reads; `stage1-run --cfg job` lists every "
+        "setting."
+    )
+
+
+@pytest.mark.parametrize("argv", [("+note=x",), ("++run.repeats=3",), ("+hydra.job.env_set.FOO=1",)])
+def test_a_plus_outside_the_settings_or_on_an_existing_key_passes(argv: tuple[str, ...]) -> None:
+    check(*argv)
+
+
+def test_a_plus_may_add_a_what_if_lever_but_nothing_else_of_perf_whatif() -> None:
+    check("+whatif.levers.mine={overrides: [run.warmup=0]}", config="whatif", command="perf-whatif")
+    with pytest.raises(UserError, match=r"^whatif\.objectiv is not a setting of perf-whatif\. Use whatif\.objective="):
+        check("+whatif.objectiv=pages_per_s", config="whatif", command="perf-whatif")
+
+
+def test_the_nearest_key_is_never_the_section_holding_the_typo() -> None:
+    with pytest.raises(UserError, match=r"^run\.x is not a setting of stage1-run\. Check the spelling of run\.x;"):
+        check("run.x=1")  # not "use run=1"
+
+
+# ---- a config-group option that does not exist: the group's options, the nearest one ----------------------------
+def test_an_unknown_group_option_lists_the_options() -> None:
+    with pytest.raises(UserError) as raised:
+        check("model=nonexistent_model")
+    assert str(raised.value) == (
+        "model=nonexistent_model names no model config of stage1-run (the options: deepseek_ocr, deepseek_ocr2, "
+        "deepseek_ocr2_tiny, deepseek_ocr_tiny, hf). Pick one of them; a config of your own goes in "
+        "<dir>/model/<name>.yaml, used with --config-dir <dir>."
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("pipeline/torch_profiler=maxx",), "Use pipeline/torch_profiler=max (the nearest option to maxx)"),
+        (("-m", "model=hf,deepseek_ocr_tinyy"), "Use model=deepseek_ocr_tiny (the nearest option to"),
+        (("workload=ocr1-a4-pag",), "Use workload=ocr1-a4-page (the nearest option to ocr1-a4-pag)"),
+        (("hydra/launcher=jobllib",), "(the options: basic). Pick one of them; other options come with Hydra plugins"),
+    ],
+)
+def test_a_mistyped_group_option_names_the_nearest(argv: tuple[str, ...], message: str) -> None:
+    with pytest.raises(UserError, match=re.escape(message)):
+        check(*argv)
+
+
+def test_a_config_dir_is_searched_for_options_and_keys(tmp_path: Path) -> None:
+    config_dir = preset_dir(tmp_path, "mine", "name: mine\nobjective: decode_ms_per_token\nlevers: {}\n")
+    own = ("--config-dir", str(config_dir))
+    check(*own, "whatif=mine", config="whatif", command="perf-whatif")
+    with pytest.raises(UserError, match=r"\(the options: all, batch, decode, mine, vision\)\. Use whatif=mine "):
+        check(*own, "whatif=mien", config="whatif", command="perf-whatif")
+    with pytest.raises(UserError, match=r"run\.repetz is not a setting of perf-whatif with whatif=mine"):
+        check(*own, "whatif=mine", "run.repetz=3", config="whatif", command="perf-whatif")
+
+
+# ---- every entry point: one paragraph, exit 2, no run folder -----------------------------------------------------
+# The workload a command would run if the override were let through: the tiny model, briefly.
+TINY = ("model=deepseek_ocr_tiny", "infer.max_new_tokens=2", "pipeline.torch_profiler.enable=false")
+
+
+@pytest.mark.parametrize(
+    ("module", "command", "argv", "message"),
+    [
+        ("stage1", "stage1-run", (*TINY, "+run.repeatz=3"), "run.repeatz is not a setting of stage1-run with"),
+        ("whatif", "perf-whatif", (*TINY, "+run.repeatz=3"), "run.repeatz is not a setting of perf-whatif with"),
+        ("analytic", "analytic-report", ("+analytic.new_tokenz=8",), "analytic.new_tokenz is not a setting of"),
+        ("stage1", "stage1-run", ("model=nonexistent_model",), "model=nonexistent_model names no model config of"),
+        ("stage2", "stage2-profile", ("model=nonexistent_model",), "model=nonexistent_model names no model config"),
+        ("analytic", "analytic-report", ("model=nonexistent_model",), "model=nonexistent_model names no model"),
+        ("whatif", "perf-whatif", ("model=nonexistent_model",), "model=nonexistent_model names no model config"),
+        ("whatif", "perf-whatif", ("whatif=nosuch",), "whatif=nosuch names no whatif config of perf-whatif (the"),
+    ],
+)
+def test_every_command_refuses_before_anything_runs(
+    module: str, command: str, argv: tuple[str, ...], message: str, tmp_path: Path
+) -> None:
+    done = run_cli(f"llm_perf_opt.cli.{module}", *argv, f"hydra.run.dir={tmp_path / 'run'}")
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.startswith(f"\nerror: {message}") and done.stderr.count("\n") == 2  # one paragraph
+    assert command in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "run").exists()  # refused before the run folder is made

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from omegaconf import OmegaConf
 
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.errors import UserError
@@ -162,6 +163,15 @@ def test_bad_lever_definitions_are_one_paragraph_each() -> None:
     odd = compose_config("whatif", "+whatif.levers.odd={overrides: ['runtime.kv_cache=static'], changes: sometimes}")
     with pytest.raises(UserError, match="changes=sometimes is not known"):
         read_levers(odd.whatif.levers, [])
+
+
+@pytest.mark.parametrize("name", ["x/../../escaped", "..", "a b", "dotted.name", "/abs", "é"])
+def test_a_lever_name_other_than_letters_digits_underscore_dash_is_refused(name: str) -> None:
+    spec = {"overrides": ["runtime.kv_cache=static"]}
+    with pytest.raises(UserError, match=r"a lever name takes letters, digits, _ and - only\. Rename the lever") as e:
+        read_levers(OmegaConf.create({name: spec}), [])
+    assert f"the lever {name!r} has a name" in str(e.value)
+    assert [lever.name for lever in read_levers(OmegaConf.create({"Static-cache_2": spec}), [])] == ["Static-cache_2"]
 
 
 def test_validation_refuses_what_stage1_would_refuse() -> None:

@@ -132,3 +132,20 @@ def test_sigterm_stops_the_rungs_and_keeps_what_was_measured(config_dir: Path, t
     for folder in folders:  # no rung folder is left claiming to run (one stopped before it started has no status)
         if (folder / "run_status.json").is_file():
             assert read_status(folder).state != "running"
+
+
+def test_a_lever_name_that_is_a_path_is_refused_before_any_rung(tmp_path: Path) -> None:
+    """A lever named like a path once wrote its rung's folder and log two levels above the what-if folder, exit 0."""
+    escaping = "x/../../../../escaped_whatif"
+    preset = f"name: evil\nobjective: decode_ms_per_token\nlevers:\n  {escaping}:\n    overrides: [run.warmup=0]\n"
+    config = preset_dir(tmp_path / "levers", "evil", preset)
+    out = tmp_path / "a" / "b" / "run"
+    done = whatif(config, "whatif=evil", *WORKLOAD, f"hydra.run.dir={out}")
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().endswith(
+        f"error: the lever '{escaping}' has a name that cannot name its rung's folder and log: a lever name takes "
+        "letters, digits, _ and - only. Rename the lever in the what-if preset (whatif.levers), e.g. to "
+        "x_escaped_whatif."
+    )
+    assert not [p for p in tmp_path.rglob("*escaped_whatif*")]
+    assert read_status(out).state == "failed" and not (out / "rungs").exists()

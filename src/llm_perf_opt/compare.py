@@ -8,6 +8,7 @@ only with runs of the same kind (Stage 1 with Stage 1, Stage 2 with Stage 2). Th
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,7 +18,14 @@ from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure.comparison import Run, build_comparison
 from llm_perf_opt.records.common import COMPLETE
 from llm_perf_opt.records.comparison import KINDS, Comparison, Skipped
-from llm_perf_opt.records.folders import METRICS_FILE, STATUS_FILE, load, read_status, skip_reason
+from llm_perf_opt.records.folders import (
+    METRICS_FILE,
+    STATUS_FILE,
+    enclosing_run_folder,
+    load,
+    read_status,
+    skip_reason,
+)
 from llm_perf_opt.records.io import RecordError, save
 from llm_perf_opt.report.comparison import comparison_markdown
 
@@ -82,17 +90,52 @@ def compare(paths: Sequence[Path]) -> Comparison:
     return build_comparison(runs, skipped)
 
 
+# The files a folder given as --out gets.
+MARKDOWN_FILE = "compare.md"
+RECORD_FILE = "compare.json"
+
+
 def record_path(out: Path) -> Path:
     """Where the comparison record goes next to its Markdown `out` (`X.md` -> `X.json`)."""
     return out.with_suffix(".json")
 
 
-def write_comparison(paths: Sequence[Path], out: Path) -> Comparison:
-    """Compare `paths`; write the Markdown to `out` and the record next to it (parent folders created)."""
-    if Path(out).suffix == ".json":
-        raise UserError(f"--out {out} ends in .json, where the comparison record goes", "Name a .md file")
+def output_files(out: Path | str) -> tuple[Path, Path]:
+    """The Markdown and the record `--out` names: a folder (one that exists, or a name ending in `/`) gets
+    compare.md and compare.json inside it; a file `X.md` gets `X.json` beside it."""
+    path = Path(out)
+    if path.is_dir() or str(out).endswith(("/", os.sep)):
+        return path / MARKDOWN_FILE, path / RECORD_FILE
+    if path.suffix == ".json":
+        raise UserError(f"--out {out} ends in .json, where the comparison record goes", "Name a .md file or a folder")
+    return path, record_path(path)
+
+
+def refuse_overwrites(files: Sequence[Path], out: Path | str) -> None:
+    """UserError when writing `files` would replace a folder, or a file that belongs to a run folder."""
+    folders = [f for f in files if f.exists() and not f.is_file()]
+    if folders:
+        raise UserError(
+            f"--out {out} would write the comparison over {folders[0]}, which is a folder",
+            "Name a .md file, or a folder to hold compare.md and compare.json",
+        )
+    owned = [(f, run) for f in files if f.exists() and (run := enclosing_run_folder(f)) is not None]
+    if owned:
+        names = " and ".join(str(f) for f, _ in owned)
+        raise UserError(
+            f"--out {out} would overwrite {names}, part of the run folder {owned[0][1]}; nothing was written",
+            "Write the comparison outside run folders (e.g. --out comparisons/ for comparisons/compare.md and "
+            "compare.json), or name files that do not exist yet",
+        )
+
+
+def write_comparison(paths: Sequence[Path], out: Path | str) -> Comparison:
+    """Compare `paths`; write the Markdown and the record where `--out` names them (`output_files`; parent
+    folders created), never over a file of a run folder."""
+    markdown, record = output_files(out)
+    refuse_overwrites([markdown, record], out)
     result = compare(paths)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(comparison_markdown(result), encoding="utf-8")
-    save(result, record_path(out))
+    markdown.parent.mkdir(parents=True, exist_ok=True)
+    markdown.write_text(comparison_markdown(result), encoding="utf-8")
+    save(result, record)
     return result

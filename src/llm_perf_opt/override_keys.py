@@ -1,9 +1,13 @@
-"""Unknown override keys: one paragraph naming the nearest valid key, before Hydra starts.
+"""Unknown override keys and config-group options: one paragraph naming the nearest valid one, before Hydra starts.
 
 Hydra answers an override of a key the config lacks (`run.repets=3`) with a hint to add `+`, which would make the
 key exist and be silently ignored. :func:`check_override_keys` composes the config with the command line's
 overrides first (once per combination of swept config groups, since a group choice changes which keys exist) and
-raises a :class:`UserError` that names the nearest valid key instead. Everything else is left to Hydra.
+raises a :class:`UserError` that names the nearest valid key instead. So does a `+key` (or `++key`) that adds a key
+inside one of the config's sections (`+run.repeatz=3`), where nothing reads it; `+` may add a key of your own at the
+top level (`+note=...`, `+my.note=...`) or an entry of an open map (OPEN_MAPS: a what-if lever). A config-group
+option that does not exist (`model=nosuch`) is a UserError listing the group's options. Everything else is left to
+Hydra.
 """
 
 from __future__ import annotations
@@ -13,42 +17,71 @@ import itertools
 import re
 from collections.abc import Iterator, Sequence
 from importlib.resources import files
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
-from hydra.errors import ConfigCompositionException, HydraException
+from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 
 from llm_perf_opt.errors import UserError
 
 _UNKNOWN = re.compile(r"Could not override '([^']+)'")
 _MAX_COMBINATIONS = 32  # group combinations composed at most (each takes a fraction of a second)
+# Config nodes whose entries are the user's to name, so `+` may add one (each is validated where it is read).
+OPEN_MAPS = ("whatif.levers",)
 
 
 def check_override_keys(config_name: str, argv: Sequence[str], *, command: str) -> None:
-    """UserError when an override in `argv` (a console script's arguments) sets a key the config lacks."""
+    """UserError when an override in `argv` (a console script's arguments) sets a key the config lacks, adds one
+    inside a section of the config, or picks a config-group option that does not exist."""
     from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     args, _ = get_args_parser().parse_known_args(list(argv))
-    if args.help or args.hydra_help or args.info or args.shell_completion or args.config_dir or args.config_path:
+    if args.help or args.hydra_help or args.info or args.shell_completion or args.config_path:
         return
+    search = _search_path(args.config_dir, args.overrides)
+    if search is None:
+        return
+    setup = _Setup(args.config_name or config_name, command, args.config_dir, search)
     try:
         parsed = OverridesParser.create().parse_overrides(list(args.overrides))
-        combinations = list(itertools.islice(_combinations(parsed), _MAX_COMBINATIONS))
+        combinations = list(itertools.islice(_combinations(parsed, args.config_dir), _MAX_COMBINATIONS))
     except (HydraException, ValueError):  # a syntax Hydra reports itself, or a sweep that cannot be enumerated
         return
     for overrides in combinations:
-        unknown, keys = _unknown_keys(args.config_name or config_name, overrides)
+        unknown, keys = _unknown_keys(setup, overrides)
         if unknown:
             raise _error(unknown, keys, overrides, command)
 
 
-def is_group(key: str) -> bool:
-    """A config group (`model`, `pipeline/torch_profiler`, `hydra/launcher`) rather than a config key."""
-    return "/" in key or (files("llm_perf_opt") / "conf" / key).is_dir()
+class _Setup(NamedTuple):
+    """What composing a command's config takes besides the overrides."""
+
+    config_name: str
+    command: str
+    config_dir: str | None  # --config-dir
+    search: tuple[str, ...]  # the override putting config_dir on the search path, if any
 
 
-def _combinations(parsed: Sequence[Any]) -> Iterator[list[str]]:
+def is_group(key: str, config_dir: str | None = None) -> bool:
+    """A config group (`model`, `pipeline/torch_profiler`, `hydra/launcher`, a folder of `config_dir`) rather than a
+    config key."""
+    in_dir = config_dir is not None and (Path(config_dir) / key).is_dir()
+    return "/" in key or in_dir or (files("llm_perf_opt") / "conf" / key).is_dir()
+
+
+def _search_path(config_dir: str | None, overrides: Sequence[str]) -> tuple[str, ...] | None:
+    """The override that puts `--config-dir` on the search path for composing (none without one); None when the
+    command line sets hydra.searchpath itself, which is then left to Hydra."""
+    if config_dir is None:
+        return ()
+    if any(_key_of(o) == "hydra.searchpath" for o in overrides):
+        return None
+    return (f"hydra.searchpath=[file://{Path(config_dir).expanduser().resolve()}]",)
+
+
+def _combinations(parsed: Sequence[Any], config_dir: str | None) -> Iterator[list[str]]:
     """Single-valued override lists: every combination of swept groups, the first value of other sweeps."""
     options: list[list[str]] = []
     for override in parsed:
@@ -59,21 +92,37 @@ def _combinations(parsed: Sequence[Any]) -> Iterator[list[str]]:
             raise ValueError(f"{override.input_line}: not enumerable here")
         values = list(override.sweep_string_iterator())
         key = override.get_key_element()
-        chosen = values if is_group(override.key_or_group) else values[:1]
+        chosen = values if is_group(override.key_or_group, config_dir) else values[:1]
         options.append([f"{key}={value}" for value in chosen])
     for combination in itertools.product(*options):
         yield list(combination)
 
 
-def _unknown_keys(config_name: str, overrides: Sequence[str]) -> tuple[list[tuple[str, str]], list[str]]:
-    """The (key, override) pairs whose key the config lacks, and the config's keys without them."""
+def _unknown_keys(setup: _Setup, overrides: Sequence[str]) -> tuple[list[tuple[str, str]], list[str]]:
+    """The (key, override) pairs whose key the config lacks or that `+` adds inside a section of it, and the
+    config's keys without them. A group option that does not exist raises a UserError."""
+    adds = [o for o in overrides if _adds_key(o, setup.config_dir)]
+    unknown, keys = _missing_keys(setup, [o for o in overrides if o not in adds])
+    if keys:
+        unknown += [(_key_of(o), o) for o in adds if _lands_in_a_section(_key_of(o), keys)]
+    return unknown, keys
+
+
+def _missing_keys(setup: _Setup, overrides: Sequence[str]) -> tuple[list[tuple[str, str]], list[str]]:
+    """The (key, override) pairs whose key the config lacks, and the config's keys without them ([] when the config
+    cannot be composed for another reason, which Hydra reports)."""
     from llm_perf_opt.config_compose import compose_config
 
     remaining = list(overrides)
     unknown: list[tuple[str, str]] = []
     for _ in range(len(overrides) + 1):
         try:
-            cfg = compose_config(config_name, *remaining, return_hydra_config=True)
+            cfg = compose_config(setup.config_name, *remaining, *setup.search, return_hydra_config=True)
+        except MissingConfigException as exc:
+            error = _missing_option(exc, setup.command)
+            if error is None:
+                return unknown, []  # not a group option: Hydra reports it
+            raise error from None
         except ConfigCompositionException as exc:
             match = _UNKNOWN.search(str(exc))
             culprit = next((o for o in remaining if match and _key_of(o) == match.group(1)), None)
@@ -84,6 +133,47 @@ def _unknown_keys(config_name: str, overrides: Sequence[str]) -> tuple[list[tupl
             continue
         return unknown, _flat_keys(cfg)
     return unknown, []
+
+
+def _adds_key(override: str, config_dir: str | None) -> bool:
+    """`+key=...` or `++key=...` of a config key (not a group, not Hydra's own settings)."""
+    key = _key_of(override)
+    hydras = key == "hydra" or key.startswith("hydra.")
+    return override.startswith("+") and not hydras and not is_group(key, config_dir)
+
+
+def _lands_in_a_section(key: str, keys: Sequence[str]) -> bool:
+    """Whether adding `key` puts a key nothing reads inside a section of the config (one not in OPEN_MAPS), or at
+    the top level under a name close to a section's (`+modle.dtype`)."""
+    if key in keys:
+        return False
+    parts = key.split(".")
+    prefixes = (".".join(parts[:i]) for i in range(len(parts) - 1, 0, -1))
+    parent = next((p for p in prefixes if p in keys), None)
+    if parent is None:
+        top = [k for k in keys if "." not in k]
+        return bool(difflib.get_close_matches(parts[0], top, n=1, cutoff=0.6))
+    return not any(parent == m or parent.startswith(f"{m}.") for m in OPEN_MAPS)
+
+
+def _missing_option(exc: MissingConfigException, command: str) -> UserError | None:
+    """A group option that does not exist, as one paragraph listing the group's options; None for another missing
+    config (e.g. a primary config that does not exist)."""
+    missing = str(exc.missing_cfg_file or "")
+    if "/" not in missing or not exc.options:
+        return None
+    group, choice = missing.rsplit("/", 1)
+    options = sorted(exc.options)
+    nearest = difflib.get_close_matches(choice, options, n=1, cutoff=0.6)
+    fix = f"use {group}={nearest[0]} (the nearest option to {choice})" if nearest else "pick one of them"
+    more = (
+        "other options come with Hydra plugins (e.g. hydra-joblib-launcher for hydra/launcher=joblib)"
+        if group.startswith("hydra/")
+        else f"a config of your own goes in <dir>/{group}/<name>.yaml, used with --config-dir <dir>"
+    )
+    return UserError(
+        f"{group}={choice} names no {group} config of {command} (the options: {', '.join(options)})", f"{fix}; {more}"
+    )
 
 
 def _key_of(override: str) -> str:
@@ -106,7 +196,8 @@ def _flat_keys(cfg: DictConfig) -> list[str]:
 
 
 def _nearest(key: str, keys: Sequence[str]) -> str | None:
-    pool = [k for k in keys if k.startswith("hydra.") == key.startswith("hydra.")]
+    """The valid key closest to `key` (never one of its own sections: `whatif.x` is no typo of `whatif`)."""
+    pool = [k for k in keys if k.startswith("hydra.") == key.startswith("hydra.") and not key.startswith(f"{k}.")]
     leaf = key.rsplit(".", 1)[-1]
     close = difflib.get_close_matches(key, pool, n=1, cutoff=0.6) or difflib.get_close_matches(
         leaf, [k.rsplit(".", 1)[-1] for k in pool], n=1, cutoff=0.75
@@ -132,6 +223,8 @@ def _error(
         fixes.append(
             f"use {nearest}={value} (the nearest setting to {key})" if nearest else f"check the spelling of {key}"
         )
+    if any(override.startswith("+") for _, override in unknown):
+        fixes.append(f"a leading + only adds a key that {command} never reads")
     return UserError(
         f"{names} {verb} of {command}{where}", f"{'; '.join(fixes)}; `{command} --cfg job` lists every setting"
     )

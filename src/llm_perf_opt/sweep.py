@@ -21,7 +21,15 @@ from omegaconf import DictConfig
 
 from llm_perf_opt.measure.sweep import job_figures, summarize
 from llm_perf_opt.records.common import COMPLETE, RUNNING
-from llm_perf_opt.records.folders import METRICS_FILE, STATUS_FILE, Stage1Folder, load, read_status, skip_reason
+from llm_perf_opt.records.folders import (
+    METRICS_FILE,
+    STATUS_FILE,
+    SWEEP_SUMMARY_FILE,
+    Stage1Folder,
+    load,
+    read_status,
+    skip_reason,
+)
 from llm_perf_opt.records.io import RecordError, read_yaml, save
 from llm_perf_opt.records.sweep import SweepJob, SweepSummary
 from llm_perf_opt.report.sweep_report import sweep_markdown, sweep_plot, throughput_latency_plot
@@ -29,7 +37,7 @@ from llm_perf_opt.report.sweep_report import sweep_markdown, sweep_plot, through
 log = logging.getLogger("llm_perf_opt.sweep")
 
 SUMMARY_MD = "sweep_summary.md"
-SUMMARY_JSON = "sweep_summary.json"
+SUMMARY_JSON = SWEEP_SUMMARY_FILE
 SUMMARY_PNG = "sweep_summary.png"
 CURVE_PNG = "throughput_latency.png"  # a sweep over run.batch_size
 

@@ -7,14 +7,14 @@ import sys
 from pathlib import Path
 
 from llm_perf_opt.cli.common import run_guarded
-from llm_perf_opt.compare import Comparison, write_comparison
+from llm_perf_opt.compare import Comparison, output_files, write_comparison
 
 
-def _run(folders: list[Path], out: Path) -> Comparison:
+def _run(folders: list[Path], out: str) -> Comparison:
     result = write_comparison(folders, out)
     for skipped in result.skipped:
         print(f"skipped {skipped.path}: {skipped.reason}", file=sys.stderr)
-    print(f"\ncomparison: {out}")
+    print(f"\ncomparison: {output_files(out)[0]}")
     return result
 
 
@@ -28,9 +28,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("folders", type=Path, nargs="+", metavar="run", help="run folders (at least two)")
     parser.add_argument(
         "--out",
-        type=Path,
-        default=Path("compare.md"),
-        help="Markdown to write; the record goes next to it as .json (default: %(default)s)",
+        default="compare.md",
+        help="Markdown to write, the record next to it as .json; a folder (existing, or ending in /) gets "
+        "compare.md and compare.json inside it. Files of a run folder are never overwritten (default: %(default)s)",
     )
     args = parser.parse_args(argv)
     run_guarded(lambda: _run(args.folders, args.out))

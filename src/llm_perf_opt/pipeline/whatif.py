@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -54,6 +55,8 @@ RUNGS_DIR = "rungs"
 LOGS_DIR = "logs"
 BASELINE_NAME = "baseline"
 IN_PROGRESS = "The run was still going when this was written: later rungs are missing."
+# A lever's name becomes a rung's folder and log name (rungs/NN-name, logs/NN-name.log).
+LEVER_NAME = re.compile(r"[A-Za-z0-9_-]+")
 # Keys of perf-whatif itself, never passed to a rung.
 OWN_KEYS = ("whatif", "whatif_run", "hydra")
 
@@ -90,6 +93,13 @@ def read_levers(node: Any, exclude: Sequence[str]) -> tuple[Lever, ...]:
 
 
 def _lever(name: str, spec: Any) -> Lever:
+    if not LEVER_NAME.fullmatch(name):
+        raise UserError(
+            f"the lever {name!r} has a name that cannot name its rung's folder and log: a lever name takes letters, "
+            "digits, _ and - only",
+            "Rename the lever in the what-if preset (whatif.levers), e.g. to "
+            f"{re.sub(r'[^A-Za-z0-9_-]+', '_', name).strip('_') or 'my_lever'}",
+        )
     fix = f"Give whatif.levers.{name} a list of overrides, e.g. overrides: [runtime.kv_cache=static]"
     if not isinstance(spec, Mapping) or not isinstance(spec.get("overrides"), list) or not spec["overrides"]:
         raise UserError(f"lever {name} has no overrides", fix)

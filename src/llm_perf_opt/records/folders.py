@@ -36,6 +36,11 @@ NCU_TARGETS_FILE = "ncu/targets.json"
 WORKLOAD_METRICS_FILE = "workload/nsys/metrics.json"
 # `perf-whatif` folders: the record of the whole run (its rungs are Stage 1 folders inside it).
 WHATIF_FILE = "whatif.json"
+# A Hydra multirun of `stage1-run`: its summary beside the job folders.
+SWEEP_SUMMARY_FILE = "sweep_summary.json"
+# Files that make a folder a run folder: everything at or below it belongs to that run (a comparison's own
+# `compare.json` is not one of them, so a folder of comparisons stays free to rewrite).
+RUN_MARKERS = (STATUS_FILE, METRICS_FILE, WHATIF_FILE, SWEEP_SUMMARY_FILE)
 
 
 def read_status(run_dir: Path) -> RunStatus:
@@ -181,6 +186,12 @@ def enclosing_whatif(run_dir: Path) -> Path | None:
     """The `perf-whatif` folder a run folder was written in (its parent or grandparent holds `whatif.json`)."""
     here = Path(run_dir).resolve()
     return next((p for p in (here.parent, here.parent.parent) if (p / WHATIF_FILE).is_file()), None)
+
+
+def enclosing_run_folder(path: Path) -> Path | None:
+    """The run folder a file at `path` lies in: the nearest folder above it that holds one of RUN_MARKERS; None
+    when there is none."""
+    return next((p for p in Path(path).resolve().parents if any((p / m).is_file() for m in RUN_MARKERS)), None)
 
 
 def whatif_for(run_dir: Path, given: Path | str | None = None) -> WhatIfRecord | None:

@@ -17,6 +17,9 @@ from llm_perf_opt.measure.flops import count_stage_flops, flop_counter
 from llm_perf_opt.models.cache_argument import cache_kwargs, output_cache
 from llm_perf_opt.session.session import InferenceSession
 
+#: Drives transformers models: CI also runs it on the oldest supported transformers.
+pytestmark = pytest.mark.transformers_api
+
 PRESETS = ("qwen2_tiny", "llama_tiny")
 NEW_TOKENS = 5
 

@@ -23,6 +23,9 @@ from llm_perf_opt.session import compiled
 from llm_perf_opt.session.runtime import RuntimeSettings
 from llm_perf_opt.session.session import BatchMeasurement, InferenceSession, batches
 
+#: Drives transformers models: CI also runs it on the oldest supported transformers.
+pytestmark = pytest.mark.transformers_api
+
 CPU = torch.device("cpu")
 NEW_TOKENS = 5
 PAGES = ("small", "two_tiles", "wide")  # 0, 2 and 3 tiles: three prompt lengths

@@ -27,6 +27,9 @@ from llm_perf_opt.models.cache_argument import (
 )
 from llm_perf_opt.session.session import InferenceSession
 
+#: Drives transformers models: CI also runs it on the oldest supported transformers.
+pytestmark = pytest.mark.transformers_api
+
 CPU = torch.device("cpu")
 
 

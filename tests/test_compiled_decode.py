@@ -18,6 +18,9 @@ from llm_perf_opt.session.compiled import CompiledStep
 from llm_perf_opt.session.runtime import RuntimeSettings
 from llm_perf_opt.session.session import DeepSeekOCRSession
 
+#: Drives transformers models: CI also runs it on the oldest supported transformers.
+pytestmark = pytest.mark.transformers_api
+
 NEW_TOKENS = 4
 DECODE = RuntimeSettings(kv_cache="static", compile="decode", compile_mode="default")
 PREFILL_DECODE = RuntimeSettings(kv_cache="static", compile="prefill_decode", compile_mode="default")

@@ -21,6 +21,9 @@ from llm_perf_opt.models.cache_argument import cache_kwargs, output_cache
 from llm_perf_opt.session.runtime import RuntimeSettings
 from llm_perf_opt.session.session import InferenceSession
 
+#: Drives transformers models: CI also runs it on the oldest supported transformers.
+pytestmark = pytest.mark.transformers_api
+
 CPU = torch.device("cpu")
 RUNTIMES = [RuntimeSettings(), RuntimeSettings(kv_cache="static")]
 

@@ -44,6 +44,9 @@ from llm_perf_opt.models.deepseek_ocr.synthetic import (
     write_synthetic_v1_checkpoint,
 )
 
+#: Drives transformers models: CI also runs it on the oldest supported transformers.
+pytestmark = pytest.mark.transformers_api
+
 IMAGE_TOKEN = 128815
 PUBLISHED_TENSORS = 2_710
 PUBLISHED_PARAMETERS = 3_336_106_240

@@ -22,6 +22,9 @@ from llm_perf_opt.measure.timing import StageRecorder
 from llm_perf_opt.session.adapters.deepseek_ocr import VendorModel
 from llm_perf_opt.session.session import DeepSeekOCRSession
 
+#: Drives transformers models: CI also runs it on the oldest supported transformers.
+pytestmark = pytest.mark.transformers_api
+
 VENDOR_CODE = textwrap.dedent(
     '''
     import torch

@@ -28,6 +28,9 @@ from llm_perf_opt.models.deepseek_ocr.preprocess import (
 )
 from llm_perf_opt.session.session import DeepSeekOCRSession
 
+#: Drives transformers models: CI also runs it on the oldest supported transformers.
+pytestmark = pytest.mark.transformers_api
+
 V1_STAGES = ("vision/sam", "vision/clip", "vision/projector")
 GREY = (127 / 255 - 0.5) / 0.5  # the pad colour after normalisation
 

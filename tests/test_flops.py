@@ -18,6 +18,9 @@ from llm_perf_opt.measure.timing import StageRecorder
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.session.session import DeepSeekOCRSession
 
+#: Drives transformers models: CI also runs it on the oldest supported transformers.
+pytestmark = pytest.mark.transformers_api
+
 VISION = ("vision/sam", "vision/encoder", "vision/projector")
 
 

@@ -30,6 +30,9 @@ from llm_perf_opt.session.adapters.hf_source import hf_label, preset_names
 from llm_perf_opt.session.adapters.registry import make_adapter
 from llm_perf_opt.session.session import InferenceSession
 
+#: Drives transformers models: CI also runs it on the oldest supported transformers.
+pytestmark = pytest.mark.transformers_api
+
 CPU = torch.device("cpu")
 QUESTION = bundled_prompts_dir() / "question_short.txt"
 

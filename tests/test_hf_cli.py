@@ -20,6 +20,9 @@ from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.data.dataset import bundled_samples_dir
 from llm_perf_opt.pipeline.stage2 import forwarded_overrides, workload_argv
 
+#: Drives transformers models: CI also runs it on the oldest supported transformers.
+pytestmark = pytest.mark.transformers_api
+
 FAST = ["device=cpu", "pipeline/torch_profiler=min"]  # min: no gallery or trace
 
 

@@ -18,6 +18,9 @@ from transformers import DeepseekOcr2Config, DeepseekOcr2ForConditionalGeneratio
 from llm_perf_opt.session.adapters.deepseek_ocr2 import view_tokens
 from llm_perf_opt.session.adapters.registry import make_adapter
 
+#: Drives transformers models: CI also runs it on the oldest supported transformers.
+pytestmark = pytest.mark.transformers_api
+
 CONF = Path(__file__).resolve().parents[1] / "src" / "llm_perf_opt" / "conf" / "model"
 
 # Reference §3.2: the published DeepSeek-OCR-2 built from the shipped architecture.

@@ -14,6 +14,9 @@ from llm_perf_opt.session.output_check import (
 )
 from llm_perf_opt.session.runtime import RuntimeSettings
 
+#: Drives transformers models: CI also runs it on the oldest supported transformers.
+pytestmark = pytest.mark.transformers_api
+
 NEW_TOKENS = 4
 
 

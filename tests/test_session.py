@@ -18,6 +18,9 @@ from llm_perf_opt.session.session import (
     resolve_dtype,
 )
 
+#: Drives transformers models: CI also runs it on the oldest supported transformers.
+pytestmark = pytest.mark.transformers_api
+
 NEW_TOKENS = 4
 VISION = ("vision/sam", "vision/encoder", "vision/projector")
 

@@ -19,6 +19,9 @@ from llm_perf_opt.session.kv_cache import KvCaches
 from llm_perf_opt.session.runtime import RuntimeSettings
 from llm_perf_opt.session.session import InferenceSession
 
+#: Drives transformers models: CI also runs it on the oldest supported transformers.
+pytestmark = pytest.mark.transformers_api
+
 CPU = torch.device("cpu")
 NEW_TOKENS = 5
 STATIC = RuntimeSettings(kv_cache="static")

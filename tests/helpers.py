@@ -84,3 +84,22 @@ def host_reads() -> Any:
             return func(*args, **(kwargs or {}))
 
     return HostReads()
+
+
+def rope_table_flops(model: Any, tokens: int) -> int:
+    """FLOPs that FlopCounterMode sees in the first rotary-embedding table of `model` (pass the decoder where a vision
+    encoder has one too) for `tokens` positions.
+
+    Older transformers releases (5.17 among them) build the table with a (head_dim/2 × 1) @ (1 × tokens) matmul (head_dim × tokens
+    FLOPs, counted); newer ones (5.24) multiply elementwise (0). The analytic models leave this release detail out, so
+    tests that compare them with the counter exactly add it back."""
+    import torch
+
+    from llm_perf_opt.measure.flops import flop_counter
+
+    rotary = next(m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding"))
+    with torch.inference_mode(), flop_counter() as counter:
+        rotary(torch.zeros(1, tokens, 1), torch.arange(tokens)[None])
+    flops = int(counter.get_total_flops())
+    assert flops % tokens == 0 and flops <= 512 * tokens, flops  # 0, or head_dim per position
+    return flops

@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from llm_perf_opt import artifacts
+from llm_perf_opt import artifacts, interrupts
 from llm_perf_opt.config_compose import register_resolvers
 from llm_perf_opt.errors import UserError
 
@@ -31,7 +31,7 @@ def exit_with(exc: UserError) -> NoReturn:
 
 
 def run_guarded(job: Callable[[], Any], *, run_dir: Path | None = None, in_sweep: bool = False) -> Any:
-    """Run `job`; a UserError becomes one paragraph on stderr and exit 2, Ctrl-C exit 130.
+    """Run `job`; a UserError becomes one paragraph on stderr and exit 2, Ctrl-C or SIGTERM exit 130.
 
     A file that cannot be written (full disk, unwritable folder) is a UserError too. Whatever ends the job, a
     `run_dir` whose status still reads `running` is marked failed with the reason (a bug keeps its traceback).
@@ -50,8 +50,8 @@ def run_guarded(job: Callable[[], Any], *, run_dir: Path | None = None, in_sweep
         if in_sweep:
             return None
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        _mark_failed(run_dir, "interrupted by the user (Ctrl-C) before the run could record it")
+    except KeyboardInterrupt as stop:
+        _mark_failed(run_dir, f"{interrupts.cause(stop)} before the run could record it")
         print(
             "\ninterrupted: what was measured so far was written; the run folder is marked interrupted.",
             file=sys.stderr,
@@ -108,10 +108,11 @@ class RunFolderGuard(Callback):
 
 
 def launch(hydra_main: Callable[[], Any], config_name: str, command: str) -> None:
-    """A console script: resolvers, a check of the override keys (one paragraph and exit 2 for an unknown one,
-    naming the nearest valid key), then the Hydra entry point."""
+    """A console script: SIGTERM handled like Ctrl-C (`interrupts`), resolvers, a check of the override keys (one
+    paragraph and exit 2 for an unknown one, naming the nearest valid key), then the Hydra entry point."""
     from llm_perf_opt.override_keys import check_override_keys
 
+    interrupts.install()
     register_resolvers()
     try:
         check_override_keys(config_name, sys.argv[1:], command=command)

@@ -1,8 +1,9 @@
 """One artifacts manager for every run folder: atomic writes and a run status that is never left looking complete.
 
 `run_status.json` holds the state (a `records.common.RunStatus`): `running` from the start, then exactly one of
-`complete`, `failed` (with the message) or `interrupted`. A folder whose status still reads `running` after its
-process ended was killed hard. A file that cannot be written (full disk, read-only folder) raises
+`complete`, `failed` (with the message) or `interrupted`; it names the process writing the folder (pid and host), so
+a folder whose status still reads `running` after that process is gone is known to have been killed hard
+(`records.folders.writer_state`). A file that cannot be written (full disk, read-only folder) raises
 :class:`OutputWriteError`; the status itself falls back to an in-place rewrite, which still succeeds on a full disk,
 so a folder is marked failed whenever it can be written at all (:func:`mark_failed` is the last resort of the entry
 points). `read_status` (from `records.folders`) is the one run-status reader.
@@ -11,6 +12,7 @@ points). `read_status` (from `records.folders`) is the one run-status reader.
 from __future__ import annotations
 
 import errno
+import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ import attrs
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.records import io
 from llm_perf_opt.records.common import COMPLETE, FAILED, INTERRUPTED, RUNNING, RunStatus
-from llm_perf_opt.records.folders import STATUS_FILE, read_status
+from llm_perf_opt.records.folders import STATUS_FILE, read_status, this_host, writer_note
 from llm_perf_opt.records.io import RecordError
 
 __all__ = [
@@ -88,7 +90,7 @@ class ArtifactsManager:
         """Mark the folder running. Refuses a folder that already holds a run."""
         refuse_reuse(self.run_dir)
         _mkdir(self.run_dir)
-        self._status = RunStatus(stage=self.stage, run_id=run_id, state=RUNNING, started=_now())
+        self._status = _running(self.stage, run_id)
         self._write_status()
 
     def finish(self, state: str, message: str | None = None) -> None:
@@ -155,6 +157,11 @@ class ArtifactsManager:
         self.written.append(relative)
 
 
+def _running(stage: str, run_id: str) -> RunStatus:
+    """The status of a run starting now in this process (its pid and host, so a reader can tell when it is gone)."""
+    return RunStatus(stage=stage, run_id=run_id, state=RUNNING, started=_now(), pid=os.getpid(), host=this_host())
+
+
 def _mkdir(folder: Path) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -193,11 +200,13 @@ def refuse_reuse(run_dir: Path) -> None:
     if not path.exists():
         return
     try:
-        previous = read_status(run_dir).state
+        status = read_status(run_dir)
     except RecordError:
-        previous = "damaged"
+        held = "a damaged run"
+    else:
+        held = f"a {status.state} run" + (f" ({writer_note(status)})" if status.state == RUNNING else "")
     raise UserError(
-        f"the run folder {Path(run_dir).resolve()} already holds a {previous} run; it was left untouched",
+        f"the run folder {Path(run_dir).resolve()} already holds {held}; it was left untouched",
         "Leave hydra.run.dir unset for a fresh folder, or point it at an empty one",
     )
 

@@ -50,6 +50,7 @@ from llm_perf_opt.records.folders import (
     OPERATORS_FILE,
     PREFILL_LOGITS_FILE,
     load_stage1,
+    unfinished_text,
     whatif_for,
 )
 from llm_perf_opt.records.io import dumps_lines
@@ -783,6 +784,7 @@ def render(run_dir: Path, whatif: Path | str | None = None) -> Path:
         operators=folder.operators,
         predictions=folder.predictions,
         whatif=evidence,
+        unfinished=unfinished_text(folder.status),
     )
     return art.run_dir
 

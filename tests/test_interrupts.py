@@ -12,23 +12,27 @@ from pathlib import Path
 
 import pytest
 
+from helpers import TINY_STAGE1, wait_for_log
 from llm_perf_opt import interrupts
 from llm_perf_opt.records.folders import load_stage1, read_status
 
-TINY = ("model=deepseek_ocr_tiny", "device=cpu", "infer.max_new_tokens=2", "pipeline.torch_profiler.enable=false")
-
 
 @pytest.fixture
-def installed(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """`interrupts.install()` in this process, undone after the test."""
+def restored(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """This process's SIGINT and SIGTERM handlers (and the stop state) put back after the test."""
     monkeypatch.setattr(interrupts, "_stopping", [])
     previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
-    interrupts.install()
     try:
         yield
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+@pytest.fixture
+def installed(restored: None) -> None:
+    """`interrupts.install()` in this process, undone after the test."""
+    interrupts.install()
 
 
 def test_sigterm_is_a_keyboard_interrupt_once(installed: None) -> None:
@@ -53,23 +57,19 @@ def test_a_sigterm_after_ctrl_c_is_ignored(installed: None) -> None:
     time.sleep(0.05)  # reached: the SIGTERM raised nothing
 
 
-def wait_for_log(folder: Path, needle: str, process: subprocess.Popen[str], timeout_s: float = 300) -> None:
-    """Wait until a log file in `folder` says `needle` (the run's progress), failing if the process ends first."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if any(needle in log.read_text(errors="replace") for log in folder.glob("*.log")):
-            return
-        if process.poll() is not None:
-            pytest.fail(f"the run ended (exit {process.returncode}) before its log said {needle!r}")
-        time.sleep(0.2)
-    pytest.fail(f"no log in {folder} said {needle!r} within {timeout_s:g} s")
+def test_a_signal_started_ignored_stays_ignored(restored: None) -> None:
+    """A run started under `nohup` (SIGTERM ignored) or as a background job (SIGINT ignored) keeps ignoring it."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    interrupts.install()
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    assert signal.getsignal(signal.SIGINT) == interrupts._interrupt
 
 
 @pytest.mark.slow
 def test_sigterm_to_stage1_run_writes_what_was_measured(tmp_path: Path) -> None:
     """Before: the process died at once, its folder left `running` with no files. Now: exit 130, `interrupted`."""
     out = tmp_path / "run"
-    argv = [sys.executable, "-m", "llm_perf_opt.cli.stage1", *TINY, "run.repeats=50", f"hydra.run.dir={out}"]
+    argv = [sys.executable, "-m", "llm_perf_opt.cli.stage1", *TINY_STAGE1, "run.repeats=50", f"hydra.run.dir={out}"]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for_log(out, "repeat 2/50", process)

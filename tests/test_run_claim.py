@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
+from helpers import TINY_STAGE1
 from llm_perf_opt import artifacts
 from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.cli.common import RunFolderGuard, run_guarded
@@ -21,7 +22,6 @@ from llm_perf_opt.records.common import RunStatus
 from llm_perf_opt.records.folders import read_status, this_host
 from llm_perf_opt.records.io import dumps
 
-TINY = ("model=deepseek_ocr_tiny", "device=cpu", "infer.max_new_tokens=2", "pipeline.torch_profiler.enable=false")
 RACERS = 6
 
 
@@ -113,7 +113,7 @@ def test_two_runs_started_together_into_one_folder(tmp_path: Path) -> None:
             sys.executable,
             "-m",
             "llm_perf_opt.cli.stage1",
-            *TINY,
+            *TINY_STAGE1,
             f"run.repeats={repeats}",
             f"hydra.run.dir={out}",
         ]

@@ -22,9 +22,11 @@ _stopping: list[str] = []  # the signal that started the stop, once one did (thi
 
 
 def install() -> None:
-    """SIGINT and SIGTERM raise KeyboardInterrupt in the main thread (call it from there, before the run starts)."""
+    """SIGINT and SIGTERM raise KeyboardInterrupt in the main thread (call it from there, before the run starts);
+    a signal this process was started ignoring (`nohup`, a background job) stays ignored."""
     for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, _interrupt)
+        if signal.getsignal(signum) != signal.SIG_IGN:
+            signal.signal(signum, _interrupt)
 
 
 def _interrupt(signum: int, _frame: FrameType | None) -> None:

@@ -17,6 +17,7 @@ import pytest
 from llm_perf_opt import artifacts, compare
 from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.cli.stage1_report import main as stage1_report
+from llm_perf_opt.pipeline.whatif_rungs import RungJob, stopped_outcome
 from llm_perf_opt.records.common import RunStatus
 from llm_perf_opt.records.folders import (
     ALIVE,
@@ -151,3 +152,17 @@ def test_citing_a_what_if_run_whose_process_is_gone_warns(
     assert f"the what-if run in {whatif} did not record its end (the process that wrote it (pid {dead_pid}" in (
         caplog.text
     )
+
+
+def test_the_what_if_reader_names_a_rung_whose_process_is_gone(tmp_path: Path, dead_pid: int) -> None:
+    """A rung still marked `running` after the what-if run stopped it (SIGKILL after the grace period)."""
+    job = RungJob("static_cache", (), (), tmp_path / "rungs" / "01-static_cache", tmp_path / "logs" / "01.log")
+    ArtifactsManager(job.folder, stage="stage1").start(job.folder.name)
+    mark_running(job.folder, dead_pid)
+    outcome = stopped_outcome(job)
+    assert outcome is not None and outcome.state == "failed"
+    assert outcome.message == (
+        f"stopped with the what-if run, it recorded no end within 20 s (the process that wrote it (pid {dead_pid} on "
+        f"host {HOST}) is gone: it was killed before it could record its end)"
+    )
+    assert read_status(job.folder).state == "failed"  # no longer claims to run

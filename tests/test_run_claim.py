@@ -3,6 +3,7 @@ folder exactly one runs there, and the refused one neither writes into it nor ma
 
 from __future__ import annotations
 
+import errno
 import multiprocessing
 import os
 import subprocess
@@ -20,7 +21,7 @@ from llm_perf_opt.cli.common import RunFolderGuard, run_guarded
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.records.common import RunStatus
 from llm_perf_opt.records.folders import read_status, this_host
-from llm_perf_opt.records.io import dumps
+from llm_perf_opt.records.io import create_exclusive, dumps
 
 RACERS = 6
 
@@ -50,6 +51,20 @@ def test_of_processes_claiming_one_folder_at_once_exactly_one_wins(tmp_path: Pat
     assert [p.name for p in (tmp_path / "run").iterdir()] == ["run_status.json"]  # no racer's temporary file left
     status = read_status(tmp_path / "run")
     assert status.state == "running" and status.host == this_host() and status.pid != os.getpid()
+
+
+def test_without_hard_links_a_claim_is_still_exclusive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Some FUSE and SMB mounts have no hard links: the claim falls back to O_EXCL."""
+
+    def no_links(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    create_exclusive(tmp_path / "run_status.json", "first\n")
+    with pytest.raises(FileExistsError):
+        create_exclusive(tmp_path / "run_status.json", "second\n")
+    assert (tmp_path / "run_status.json").read_text() == "first\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["run_status.json"]
 
 
 def test_a_refused_run_never_marks_the_other_runs_folder_failed(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ import gzip
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,27 @@ def run_cli(module: str, *args: str, timeout: int = 300) -> subprocess.Completed
 
 
 FIXTURES = Path(__file__).parent / "fixtures"
+# The quickest real stage1-run (tiny model, CPU, 2 new tokens, no profiler), for tests of a whole process.
+TINY_STAGE1 = (
+    "model=deepseek_ocr_tiny",
+    "device=cpu",
+    "infer.max_new_tokens=2",
+    "pipeline.torch_profiler.enable=false",
+)
+
+
+def wait_for_log(folder: Path, needle: str, process: subprocess.Popen[str], timeout_s: float = 300) -> None:
+    """Wait until a log file in `folder` says `needle` (a run's progress), failing if `process` ends first."""
+    import pytest
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(needle in log.read_text(errors="replace") for log in folder.glob("*.log")):
+            return
+        if process.poll() is not None:
+            pytest.fail(f"the run ended (exit {process.returncode}) before its log said {needle!r}")
+        time.sleep(0.2)
+    pytest.fail(f"no log in {folder} said {needle!r} within {timeout_s:g} s")
 
 
 def run_whatif(config_dir: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
@@ -90,9 +112,9 @@ def rope_table_flops(model: Any, tokens: int) -> int:
     """FLOPs that FlopCounterMode sees in the first rotary-embedding table of `model` (pass the decoder where a vision
     encoder has one too) for `tokens` positions.
 
-    Older transformers releases (5.17 among them) build the table with a (head_dim/2 × 1) @ (1 × tokens) matmul (head_dim × tokens
-    FLOPs, counted); newer ones (5.24) multiply elementwise (0). The analytic models leave this release detail out, so
-    tests that compare them with the counter exactly add it back."""
+    Older transformers releases (5.17 among them) build the table with a (head_dim/2 × 1) @ (1 × tokens) matmul
+    (head_dim × tokens FLOPs, counted); newer ones (5.24) multiply elementwise (0). The analytic models leave this
+    release detail out, so tests that compare them with the counter exactly add it back."""
     import torch
 
     from llm_perf_opt.measure.flops import flop_counter

@@ -1,18 +1,29 @@
 """End-to-end `perf-whatif` on the tiny model (CPU) with a user preset: the baseline, a lever that helps or not,
-a rung that crashes, a CUDA-only lever skipped, a lever refused by validation, a workload-changing lever; and a
-failing baseline."""
+a rung that crashes, a CUDA-only lever skipped, a lever refused by validation, a workload-changing lever; a failing
+baseline; and SIGTERM mid-rung."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import preset_dir, run_whatif
+from helpers import preset_dir, run_whatif, wait_for_log
 from llm_perf_opt.records.folders import read_status
 from llm_perf_opt.records.io import load_file
-from llm_perf_opt.records.whatif import ALONE, BASELINE, FAILED, INVALID, MEASURED, SKIPPED, WhatIfRecord
+from llm_perf_opt.records.whatif import (
+    ALONE,
+    BASELINE,
+    FAILED,
+    INTERRUPTED,
+    INVALID,
+    MEASURED,
+    SKIPPED,
+    WhatIfRecord,
+)
 
 PRESET = """\
 name: tiny-test
@@ -105,28 +116,57 @@ def test_a_failing_baseline_stops_the_run(config_dir: Path, tmp_path: Path) -> N
     assert rungs["static_cache"].state == SKIPPED and "baseline failed" in (rungs["static_cache"].reason or "")
 
 
-def test_sigterm_stops_the_rungs_and_keeps_what_was_measured(config_dir: Path, tmp_path: Path) -> None:
-    """A scheduler's stop (SIGTERM) ends the run as interrupted, stops the rung in flight and writes the record."""
-    import signal
-    import sys
-    import time
+# A lever whose rung runs long enough to be stopped mid-way, and one that the stop leaves unstarted.
+STOPPED_PRESET = """\
+name: tiny-stopped
+objective: decode_ms_per_token
+levers:
+  many_passes:
+    about: forty timed passes, stopped by SIGTERM after a few
+    overrides: [run.repeats=40]
+  never_started:
+    overrides: [runtime.kv_cache=static]
+"""
 
+
+@pytest.mark.slow
+def test_sigterm_mid_rung_keeps_the_rungs_passes(tmp_path: Path) -> None:
+    """A scheduler's stop (SIGTERM) ends the run as interrupted; the rung in flight is stopped, writes the passes it
+    measured and is recorded as interrupted with them (before: the rung died at once, left `running` with no
+    figures, and the record called it "pending: not run yet")."""
+    config_dir = preset_dir(tmp_path / "levers", "tiny_stopped", STOPPED_PRESET)
     out = tmp_path / "run"
-    args = [sys.executable, "-m", "llm_perf_opt.cli.whatif", "--config-dir", str(config_dir), "whatif=tiny_test"]
+    args = [sys.executable, "-m", "llm_perf_opt.cli.whatif", "--config-dir", str(config_dir), "whatif=tiny_stopped"]
     process = subprocess.Popen(
-        [*args, *WORKLOAD, f"hydra.run.dir={out}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [*args, *WORKLOAD, f"hydra.run.dir={out}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    deadline = time.monotonic() + 600
-    while not (out / "whatif.json").is_file() and time.monotonic() < deadline:  # written once the baseline ends
-        time.sleep(0.5)
-    time.sleep(8)  # a lever's rung is running now (its folder started)
-    process.send_signal(signal.SIGTERM)
-    process.communicate(timeout=300)
-    assert process.returncode == 130
-    assert read_status(out).state == "interrupted"
+    try:
+        wait_for_log(out / "logs", "repeat 2/40", process, timeout_s=600)  # the lever's rung has measured 2 passes
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=300)
+    finally:
+        process.kill()
+    assert process.returncode == 130, err[-3000:]
+    status = read_status(out)
+    assert status.state == "interrupted" and status.message == "stopped by SIGTERM; the rungs so far were written"
     record = load_file(out / "whatif.json", WhatIfRecord)
     assert record.baseline is not None and record.baseline.state == MEASURED
     assert any("did not finish" in note for note in record.notes)
+    rungs = {r.name: r for r in record.rungs}
+    stopped = rungs["many_passes"]
+    assert stopped.state == INTERRUPTED and stopped.folder is not None
+    figures = stopped.figures
+    assert figures is not None and 2 <= figures.objective.n < 40  # the passes it measured, one value each
+    assert f"stopped with the what-if run after {figures.objective.n} of 40 timed passes" in (stopped.reason or "")
+    assert stopped.speedup is None  # a partial rung is not judged against the baseline
+    rung = read_status(out / stopped.folder)
+    assert (rung.state, rung.message) == ("interrupted", "stopped by SIGTERM; results so far were written")
+    assert rungs["never_started"].state == SKIPPED
+    assert rungs["never_started"].reason == "not run: the what-if run was stopped first"
+    assert not (out / "rungs" / "02-never_started").exists()
+    report = (out / "whatif.md").read_text()
+    assert "pending" not in report and "not run yet" not in report
+    assert f"interrupted: stopped with the what-if run after {figures.objective.n} of 40 timed passes" in report
     folders = sorted((out / "rungs").iterdir())
     assert len(folders) >= 2  # the baseline's and the stopped lever's
     for folder in folders:  # no rung folder is left claiming to run (one stopped before it started has no status)

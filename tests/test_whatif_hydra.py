@@ -21,7 +21,7 @@ from llm_perf_opt.pipeline.whatif_rungs import RungJob
 from llm_perf_opt.records import common
 from llm_perf_opt.records.folders import load_stage1, read_status
 from llm_perf_opt.records.io import load_file
-from llm_perf_opt.records.whatif import ALONE, BASELINE, INVALID, LADDER, MEASURED, WhatIfRecord
+from llm_perf_opt.records.whatif import ALONE, BASELINE, INVALID, LADDER, MEASURED, PENDING, WhatIfRecord
 from llm_perf_opt.report.whatif_report import launcher_text
 from whatif_fixtures import realistic
 
@@ -227,6 +227,7 @@ def test_sigterm_stops_the_phase_and_keeps_what_was_measured(config_dir: Path, t
     assert read_status(out).state == "interrupted"
     record = load_file(out / "whatif.json", WhatIfRecord)
     assert record.baseline is not None and record.baseline.state == MEASURED
+    assert all(r.state != PENDING for r in record.rungs)  # each stopped rung as its folder tells, or not run
     for folder in (out / "rungs").iterdir():
         if (folder / "run_status.json").is_file():
             assert read_status(folder).state != "running", folder.name

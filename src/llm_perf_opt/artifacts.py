@@ -1,8 +1,9 @@
 """One artifacts manager for every run folder: atomic writes and a run status that is never left looking complete.
 
 `run_status.json` holds the state (a `records.common.RunStatus`): `running` from the start, then exactly one of
-`complete`, `failed` (with the message) or `interrupted`. A folder whose status still reads `running` after its
-process ended was killed hard. A file that cannot be written (full disk, read-only folder) raises
+`complete`, `failed` (with the message) or `interrupted`; it names the process writing the folder (pid and host), so
+a folder whose status still reads `running` after that process is gone is known to have been killed hard
+(`records.folders.writer_state`). A file that cannot be written (full disk, read-only folder) raises
 :class:`OutputWriteError`; the status itself falls back to an in-place rewrite, which still succeeds on a full disk,
 so a folder is marked failed whenever it can be written at all (:func:`mark_failed` is the last resort of the entry
 points). `read_status` (from `records.folders`) is the one run-status reader.
@@ -11,6 +12,7 @@ points). `read_status` (from `records.folders`) is the one run-status reader.
 from __future__ import annotations
 
 import errno
+import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ import attrs
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.records import io
 from llm_perf_opt.records.common import COMPLETE, FAILED, INTERRUPTED, RUNNING, RunStatus
-from llm_perf_opt.records.folders import STATUS_FILE, read_status
+from llm_perf_opt.records.folders import STATUS_FILE, read_status, this_host, writer_note
 from llm_perf_opt.records.io import RecordError
 
 __all__ = [
@@ -31,10 +33,12 @@ __all__ = [
     "STATUS_FILE",
     "ArtifactsManager",
     "OutputWriteError",
+    "claim",
     "environment_error",
     "mark_failed",
     "read_status",
     "refuse_reuse",
+    "release",
 ]
 
 
@@ -85,10 +89,12 @@ class ArtifactsManager:
 
     # ---- status ------------------------------------------------------------------------------------
     def start(self, run_id: str) -> None:
-        """Mark the folder running. Refuses a folder that already holds a run."""
-        refuse_reuse(self.run_dir)
-        _mkdir(self.run_dir)
-        self._status = RunStatus(stage=self.stage, run_id=run_id, state=RUNNING, started=_now())
+        """Mark the folder running, claiming it first (`claim`) unless this process already did. Refuses a folder
+        that holds another run."""
+        if self.run_dir not in _CLAIMED:
+            claim(self.run_dir, stage=self.stage)
+        _CLAIMED.discard(self.run_dir)  # started: a second start in this process is refused like any other
+        self._status = _running(self.stage, run_id)
         self._write_status()
 
     def finish(self, state: str, message: str | None = None) -> None:
@@ -155,6 +161,11 @@ class ArtifactsManager:
         self.written.append(relative)
 
 
+def _running(stage: str, run_id: str) -> RunStatus:
+    """The status of a run starting now in this process (its pid and host, so a reader can tell when it is gone)."""
+    return RunStatus(stage=stage, run_id=run_id, state=RUNNING, started=_now(), pid=os.getpid(), host=this_host())
+
+
 def _mkdir(folder: Path) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -187,32 +198,72 @@ def _write_status_file(run_dir: Path, status: RunStatus) -> None:
             raise OutputWriteError(target, exc) from exc
 
 
+_CLAIMED: set[Path] = set()  # folders this process claimed whose run has not started yet (`claim`, then `start`)
+
+
+def claim(run_dir: Path, *, stage: str) -> None:
+    """Make `run_dir` this process's run folder before anything else is written into it: its `run_status.json` is
+    created exclusively (`running`, with this pid and host). Of runs started together into one folder exactly one
+    gets it; the others get a UserError and leave the folder as it was."""
+    run_dir = Path(run_dir).resolve()
+    refuse_reuse(run_dir)  # the common case, refused before anything is written
+    _mkdir(run_dir)
+    try:
+        io.create_exclusive(run_dir / STATUS_FILE, io.dumps(_running(stage, run_dir.name)))
+    except FileExistsError:  # another run claimed it since the check
+        raise _refusal(run_dir, _holder(run_dir) or "another run") from None
+    except OSError as exc:
+        raise OutputWriteError(run_dir / STATUS_FILE, exc) from exc
+    _CLAIMED.add(run_dir)
+
+
+def release(run_dir: Path) -> None:
+    """Give back a folder this process claimed but ran nothing in (its claim removed: it holds no run)."""
+    run_dir = Path(run_dir).resolve()
+    if run_dir in _CLAIMED:
+        _CLAIMED.discard(run_dir)
+        (run_dir / STATUS_FILE).unlink(missing_ok=True)
+
+
 def refuse_reuse(run_dir: Path) -> None:
     """UserError when `run_dir` already holds a run (a `run_status.json`, readable or not)."""
-    path = Path(run_dir) / STATUS_FILE
-    if not path.exists():
-        return
+    held = _holder(run_dir)
+    if held is not None:
+        raise _refusal(run_dir, held)
+
+
+def _holder(run_dir: Path) -> str | None:
+    """The run a folder holds, in words ("a running run (the process writing it ...)"); None when it holds none."""
+    if not (Path(run_dir) / STATUS_FILE).exists():
+        return None
     try:
-        previous = read_status(run_dir).state
+        status = read_status(run_dir)
     except RecordError:
-        previous = "damaged"
-    raise UserError(
-        f"the run folder {Path(run_dir).resolve()} already holds a {previous} run; it was left untouched",
+        return "a damaged run"
+    return f"a {status.state} run" + (f" ({writer_note(status)})" if status.state == RUNNING else "")
+
+
+def _refusal(run_dir: Path, held: str) -> UserError:
+    return UserError(
+        f"the run folder {Path(run_dir).resolve()} already holds {held}; it was left untouched",
         "Leave hydra.run.dir unset for a fresh folder, or point it at an empty one",
     )
 
 
-def mark_failed(run_dir: Path, message: str) -> bool:
+def mark_failed(run_dir: Path, message: str, *, only_this_process: bool = False) -> bool:
     """Mark a folder whose status still reads `running` as failed with `message`; True when it was marked.
 
     The entry points call this when a run ends with an error the run itself could not record (e.g. a second
-    write failure while it wrote what it had). A folder without a readable status, or already final, is left as is.
+    write failure while it wrote what it had), `only_this_process`: never a folder another process is writing.
+    A folder without a readable status, or already final, is left as is.
     """
     try:
         status = read_status(run_dir)
     except RecordError:
         return False
     if status.state != RUNNING:
+        return False
+    if only_this_process and (status.pid, status.host) != (os.getpid(), this_host()):
         return False
     try:
         _write_status_file(run_dir, attrs.evolve(status, state=FAILED, ended=_now(), message=message))

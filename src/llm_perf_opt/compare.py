@@ -25,6 +25,7 @@ from llm_perf_opt.records.folders import (
     load,
     read_status,
     skip_reason,
+    status_detail,
 )
 from llm_perf_opt.records.io import RecordError, save
 from llm_perf_opt.report.comparison import comparison_markdown
@@ -37,15 +38,19 @@ def load_run(path: Path) -> Run | Skipped:
         return Skipped(path, "the folder does not exist")
     if not path.is_dir():
         return Skipped(path, "not a folder")
-    if not (path / METRICS_FILE).is_file():
-        return Skipped(path, "no metrics.json (not a finished stage1-run or stage2-profile folder)")
+    has_metrics = (path / METRICS_FILE).is_file()
     if not (path / STATUS_FILE).is_file():
+        if not has_metrics:
+            return Skipped(path, "no metrics.json (not a finished stage1-run or stage2-profile folder)")
         return Skipped(path, "no run_status.json, so the run is not marked complete")
     try:
         status = read_status(path)
-        if status.state != COMPLETE:
-            detail = f": {status.message}" if status.message else ""
-            return Skipped(path, f"the run is marked {status.state or 'with no state'}, not complete{detail}")
+        if status.state != COMPLETE:  # before metrics.json: a run killed hard wrote none, its status says why
+            detail = status_detail(status)
+            tail = f": {detail}" if detail else ""
+            return Skipped(path, f"the run is marked {status.state or 'with no state'}, not complete{tail}")
+        if not has_metrics:
+            return Skipped(path, "no metrics.json (not a finished stage1-run or stage2-profile folder)")
         folder = load(path)
     except RecordError as exc:
         return Skipped(path, skip_reason(exc, path))

@@ -29,6 +29,7 @@ from llm_perf_opt.records.folders import (
     load,
     read_status,
     skip_reason,
+    writer_note,
 )
 from llm_perf_opt.records.io import RecordError, read_yaml, save
 from llm_perf_opt.records.sweep import SweepJob, SweepSummary
@@ -74,8 +75,10 @@ def load_job(sweep_dir: Path, job_dir: Path) -> SweepJob:
         return attrs.evolve(job, skipped_reason=skip_reason(exc, job_dir))
     job = attrs.evolve(job, status=status.state, message=status.message or None)
     if status.state != COMPLETE:
-        detail = "killed hard while running" if status.state == RUNNING else f"the run is marked {status.state}"
-        return attrs.evolve(job, skipped_reason=f"{detail}, not complete")
+        marked = f"the run is marked {status.state}"
+        if status.state == RUNNING:
+            marked += f" ({writer_note(status)})"
+        return attrs.evolve(job, skipped_reason=f"{marked}, not complete")
     if not (job_dir / METRICS_FILE).is_file():
         return attrs.evolve(job, skipped_reason="no metrics.json")
     try:

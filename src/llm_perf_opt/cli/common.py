@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from llm_perf_opt import artifacts
+from llm_perf_opt import artifacts, interrupts
 from llm_perf_opt.config_compose import register_resolvers
 from llm_perf_opt.errors import UserError
 
@@ -31,10 +31,11 @@ def exit_with(exc: UserError) -> NoReturn:
 
 
 def run_guarded(job: Callable[[], Any], *, run_dir: Path | None = None, in_sweep: bool = False) -> Any:
-    """Run `job`; a UserError becomes one paragraph on stderr and exit 2, Ctrl-C exit 130.
+    """Run `job`; a UserError becomes one paragraph on stderr and exit 2, Ctrl-C or SIGTERM exit 130.
 
     A file that cannot be written (full disk, unwritable folder) is a UserError too. Whatever ends the job, a
-    `run_dir` whose status still reads `running` is marked failed with the reason (a bug keeps its traceback).
+    `run_dir` whose status this process left reading `running` is marked failed with the reason (a bug keeps its
+    traceback); another process's folder is never touched.
     In a sweep (`in_sweep`), a UserError ends only this job: its folder is marked failed, the sweep goes on
     and its summary lists the job as skipped with the message.
     """
@@ -50,8 +51,8 @@ def run_guarded(job: Callable[[], Any], *, run_dir: Path | None = None, in_sweep
         if in_sweep:
             return None
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        _mark_failed(run_dir, "interrupted by the user (Ctrl-C) before the run could record it")
+    except KeyboardInterrupt as stop:
+        _mark_failed(run_dir, f"{interrupts.cause(stop)} before the run could record it")
         print(
             "\ninterrupted: what was measured so far was written; the run folder is marked interrupted.",
             file=sys.stderr,
@@ -64,7 +65,8 @@ def run_guarded(job: Callable[[], Any], *, run_dir: Path | None = None, in_sweep
 
 
 def _mark_failed(run_dir: Path | None, message: str) -> None:
-    if run_dir is not None and artifacts.mark_failed(run_dir, message):
+    """Mark `run_dir` failed if this process's run still reads `running` there (never another run's folder)."""
+    if run_dir is not None and artifacts.mark_failed(run_dir, message, only_this_process=True):
         log.warning("run folder %s marked failed: %s", run_dir, message)
 
 
@@ -89,29 +91,41 @@ def check_run_folder(folder: Path, *, holds_jobs: bool = False) -> None:
         ) from exc
 
 
+def claim_run_folder(folder: Path, stage: str) -> None:
+    """Before Hydra writes anything into `folder`: check it (`check_run_folder`), then claim it for this run
+    (`artifacts.claim`), so a run started at the same moment into the same folder is refused and writes nothing."""
+    check_run_folder(folder)
+    artifacts.claim(folder, stage=stage)
+
+
 class RunFolderGuard(Callback):
-    """Hydra callback (conf/stage1.yaml, analytic.yaml): refuse an unwritable folder, or one that holds a run,
-    before Hydra writes its log and `.hydra/` into it — so a refused folder is left exactly as it was."""
+    """Hydra callback (conf/stage1.yaml, analytic.yaml): refuse an unwritable folder, or one that holds a run, and
+    claim the run folder, before Hydra writes its log and `.hydra/` into it — so a refused folder is left exactly as
+    it was, even by a run started together with the one that holds it. Hydra 1.3 calls on_run_start before run_job
+    writes anything (on_job_start comes after `.hydra/`); a multirun's job folders are claimed as each run starts."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self._check(Path(str(config.hydra.run.dir)), holds_jobs=False)
+        folder = Path(str(config.hydra.run.dir))
+        stage = str(kwargs.get("config_name") or "run")  # the pipeline's own stage replaces it when the run starts
+        self._or_exit(lambda: claim_run_folder(folder, stage))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self._check(Path(str(config.hydra.sweep.dir)), holds_jobs=True)
+        self._or_exit(lambda: check_run_folder(Path(str(config.hydra.sweep.dir)), holds_jobs=True))
 
     @staticmethod
-    def _check(folder: Path, *, holds_jobs: bool) -> None:
+    def _or_exit(step: Callable[[], None]) -> None:
         try:
-            check_run_folder(folder, holds_jobs=holds_jobs)
+            step()
         except UserError as exc:
             exit_with(exc)
 
 
 def launch(hydra_main: Callable[[], Any], config_name: str, command: str) -> None:
-    """A console script: resolvers, a check of the override keys (one paragraph and exit 2 for an unknown one,
-    naming the nearest valid key), then the Hydra entry point."""
+    """A console script: SIGTERM handled like Ctrl-C (`interrupts`), resolvers, a check of the override keys (one
+    paragraph and exit 2 for an unknown one, naming the nearest valid key), then the Hydra entry point."""
     from llm_perf_opt.override_keys import check_override_keys
 
+    interrupts.install()
     register_resolvers()
     try:
         check_override_keys(config_name, sys.argv[1:], command=command)

@@ -8,6 +8,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from llm_perf_opt import artifacts
 from llm_perf_opt.cli.common import launch, print_report_path, run_guarded
 
 
@@ -15,11 +16,12 @@ from llm_perf_opt.cli.common import launch, print_report_path, run_guarded
 def _main(cfg: DictConfig) -> None:
     from llm_perf_opt.pipeline.stage2 import Stage2Run, render
 
-    if cfg.stage2.rerender:
-        print_report_path(run_guarded(lambda: render(Path(str(cfg.stage2.rerender)))))
-        return
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
+    if cfg.stage2.rerender:  # no run: the folder the run-folder guard claimed is given back
+        artifacts.release(run_dir)
+        print_report_path(run_guarded(lambda: render(Path(str(cfg.stage2.rerender)))))
+        return
     overrides = list(hydra_cfg.overrides.task)
     print_report_path(
         run_guarded(

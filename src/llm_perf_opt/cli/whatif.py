@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 
 import hydra
@@ -23,14 +22,9 @@ def _main(cfg: DictConfig) -> None:
     print(f"\nreport: {run_dir / 'whatif.md'}")
 
 
-def _interrupt(signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt(signal.Signals(signum).name)
-
-
 def main() -> None:
     """Console script entry point. SIGTERM (a scheduler's or `timeout`'s stop) ends the run like Ctrl-C: the rungs
-    still running are stopped and what was measured is written."""
-    signal.signal(signal.SIGTERM, _interrupt)
+    still running are stopped (each writes what it measured) and the rungs so far are written."""
     launch(_main, "whatif", "perf-whatif")
 
 

@@ -15,7 +15,7 @@ import attrs
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from llm_perf_opt import artifacts
+from llm_perf_opt import artifacts, interrupts
 from llm_perf_opt.analytic.workload import RunWorkload, check_workload_model
 from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.config_data import plain
@@ -50,6 +50,7 @@ from llm_perf_opt.records.folders import (
     OPERATORS_FILE,
     PREFILL_LOGITS_FILE,
     load_stage1,
+    unfinished_text,
     whatif_for,
 )
 from llm_perf_opt.records.io import dumps_lines
@@ -234,9 +235,9 @@ class Stage1Run:
                 self._measure()
             measuring = False
             metrics = self._write_outputs(partial=False)
-        except KeyboardInterrupt:
-            self._write_partial("interrupted by the user (Ctrl-C)")
-            self.art.finish(artifacts.INTERRUPTED, "interrupted by the user (Ctrl-C); results so far were written")
+        except KeyboardInterrupt as stop:
+            self._write_partial(interrupts.cause(stop))
+            self.art.finish(artifacts.INTERRUPTED, f"{interrupts.cause(stop)}; results so far were written")
             raise
         except UserError as exc:
             # bad input found while measuring: keep what was measured (an output that cannot be written is not retried)
@@ -783,6 +784,7 @@ def render(run_dir: Path, whatif: Path | str | None = None) -> Path:
         operators=folder.operators,
         predictions=folder.predictions,
         whatif=evidence,
+        unfinished=unfinished_text(folder.status),
     )
     return art.run_dir
 

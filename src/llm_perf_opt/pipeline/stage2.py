@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 from omegaconf import DictConfig, OmegaConf
 
-from llm_perf_opt import artifacts
+from llm_perf_opt import artifacts, interrupts
 from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.env_info import collect_env
 from llm_perf_opt.errors import UserError, require_whole
@@ -142,9 +142,9 @@ class Stage2Run:
             with self.feedback.session():
                 self._capture()
             render(self.art.run_dir, art=self.art, whatif=self.whatif_dir)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as stop:
             self._save_capture()
-            self.art.finish(artifacts.INTERRUPTED, "interrupted by the user (Ctrl-C); exports so far were kept")
+            self.art.finish(artifacts.INTERRUPTED, f"{interrupts.cause(stop)}; exports so far were kept")
             raise
         except UserError as exc:
             self._save_capture()

@@ -17,12 +17,12 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from llm_perf_opt import artifacts
+from llm_perf_opt import artifacts, interrupts
 from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure import whatif as figures
 from llm_perf_opt.pipeline import whatif_hydra
-from llm_perf_opt.pipeline.whatif_rungs import RungJob, RungOutcome, run_rungs
+from llm_perf_opt.pipeline.whatif_rungs import RungJob, RungOutcome, run_rungs, stopped_outcome
 from llm_perf_opt.progress import Feedback
 from llm_perf_opt.records import common
 from llm_perf_opt.records.common import SCHEMA_VERSION
@@ -33,6 +33,7 @@ from llm_perf_opt.records.whatif import (
     BASELINE,
     FAILED,
     HYDRA_LAUNCHER,
+    INTERRUPTED,
     INVALID,
     LADDER,
     LATENCY,
@@ -57,6 +58,7 @@ BASELINE_NAME = "baseline"
 IN_PROGRESS = "The run was still going when this was written: later rungs are missing."
 # A lever's name becomes a rung's folder and log name (rungs/NN-name, logs/NN-name.log).
 LEVER_NAME = re.compile(r"[A-Za-z0-9_-]+")
+STOPPED_FIRST = "not run: the what-if run was stopped first"
 # Keys of perf-whatif itself, never passed to a rung.
 OWN_KEYS = ("whatif", "whatif_run", "hydra")
 
@@ -236,9 +238,10 @@ class WhatIfRun:
         self.art.start(self.run_id)
         try:
             record = self._run()
-        except KeyboardInterrupt:
-            self._write(partial="interrupted (Ctrl-C or SIGTERM); the rungs still running were stopped")
-            self.art.finish(artifacts.INTERRUPTED, "interrupted (Ctrl-C or SIGTERM); the rungs so far were written")
+        except KeyboardInterrupt as stop:
+            why = interrupts.cause(stop)
+            self._write(partial=f"{why}; the rungs still running were stopped")
+            self.art.finish(artifacts.INTERRUPTED, f"{why}; the rungs so far were written")
             raise
         except UserError as exc:
             self._write(partial=str(exc))
@@ -376,17 +379,35 @@ class WhatIfRun:
             log.info("rung %s: %s%s%s", outcome.name, outcome.state, took, why)
             advance()
 
-        if self.launcher == HYDRA_LAUNCHER:
-            outcomes = whatif_hydra.run_phase(jobs, self.launcher_overrides, self._phase_log(phase), limit, done)
-        else:
-            outcomes = run_rungs(jobs, devices, limit, done)
+        try:
+            if self.launcher == HYDRA_LAUNCHER:
+                outcomes = whatif_hydra.run_phase(jobs, self.launcher_overrides, self._phase_log(phase), limit, done)
+            else:
+                outcomes = run_rungs(jobs, devices, limit, done)
+        except KeyboardInterrupt:  # the rungs were stopped: what each one left in its folder is what it measured
+            self._take_stopped(jobs)
+            raise
         for job in jobs:
             self._take(job, outcomes[job.name])
+
+    def _take_stopped(self, jobs: Sequence[RungJob]) -> None:
+        """The phase's rungs after a stop (Ctrl-C, SIGTERM): those that started as their folders tell (one stopped
+        mid-way with the passes it measured), those that did not as skipped; the measured ones judged."""
+        for job in jobs:
+            outcome = stopped_outcome(job)
+            if outcome is None:
+                self.rungs[job.name] = attrs.evolve(self.rungs[job.name], state=SKIPPED, reason=STOPPED_FIRST)
+            else:
+                self._take(job, outcome)
+        self._judge(BASELINE_NAME)
 
     def _take(self, job: RungJob, outcome: RungOutcome) -> None:
         rung = attrs.evolve(
             self.rungs[job.name], folder=figures.relative(job.folder, self.art.run_dir), wall_s=outcome.wall_s
         )
+        if outcome.state == common.INTERRUPTED:
+            self.rungs[job.name] = _interrupted(rung, job.folder, self.goal)
+            return
         if outcome.state != common.COMPLETE:
             self.rungs[job.name] = attrs.evolve(rung, state=FAILED, reason=outcome.message or outcome.state)
             return
@@ -545,6 +566,22 @@ class WhatIfRun:
             return
         log.warning("writing the rungs measured so far: %s", partial)
         self._write_record(attrs.evolve(self._record(), notes=(*self._notes(), f"The run did not finish: {partial}.")))
+
+
+def _interrupted(rung: Rung, folder: Path, goal: Objective) -> Rung:
+    """A rung stopped with the what-if run: the figures of the passes it measured, not judged against the baseline."""
+    try:
+        stage1 = load_stage1(folder)
+        measured = figures.rung_figures(stage1, goal)
+    except (RecordError, ValueError):
+        return attrs.evolve(rung, state=INTERRUPTED, reason="stopped with the what-if run before its first timed pass")
+    s = stage1.metrics.settings
+    if s.partial and s.measured_passes is not None and s.asked_passes is not None:
+        passes = f"{s.measured_passes} of {s.asked_passes}"
+    else:  # stopped while it wrote its results
+        passes = f"all {len(stage1.metrics.records)}"
+    reason = f"stopped with the what-if run after {passes} timed passes; not judged against the baseline"
+    return attrs.evolve(rung, state=INTERRUPTED, reason=reason, figures=measured)
 
 
 def _verdict_line(rung: Rung) -> str:

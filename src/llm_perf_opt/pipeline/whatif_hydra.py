@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Callable, Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +20,16 @@ import yaml
 
 from llm_perf_opt import artifacts
 from llm_perf_opt.override_keys import is_group
-from llm_perf_opt.pipeline.whatif_rungs import RungJob, RungOutcome, log_tail, read_outcome, run_process
+from llm_perf_opt.pipeline.whatif_rungs import (
+    RungJob,
+    RungOutcome,
+    log_tail,
+    read_outcome,
+    run_process,
+    status_wall_s,
+)
 from llm_perf_opt.records import common
-from llm_perf_opt.records.folders import STATUS_FILE, read_status
-from llm_perf_opt.records.io import RecordError
+from llm_perf_opt.records.folders import STATUS_FILE
 from llm_perf_opt.records.whatif import hydra_launcher_name
 
 RUNG_GROUP = "whatif_rung"  # the config group the rungs' configs form
@@ -184,18 +189,3 @@ def _phase_outcome(job: RungJob, returncode: int | None, limit: float | None) ->
         never = f"the multirun (exit {returncode}) never started this rung: {log_tail(job.log)}"
         return RungOutcome(job.name, common.FAILED, never, wall)
     return read_outcome(job, returncode, wall, shared=True)
-
-
-def status_wall_s(folder: Path) -> float | None:
-    """A rung's run from its start to its end as its `run_status.json` records them (seconds; None when either
-    is missing or unreadable)."""
-    try:
-        status = read_status(folder)
-    except RecordError:
-        return None
-    if status.ended is None:
-        return None
-    try:
-        return (datetime.fromisoformat(status.ended) - datetime.fromisoformat(status.started)).total_seconds()
-    except ValueError:
-        return None

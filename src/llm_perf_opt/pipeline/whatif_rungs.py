@@ -14,13 +14,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 
 import attrs
 
 from llm_perf_opt import artifacts
 from llm_perf_opt.records import common
-from llm_perf_opt.records.folders import STATUS_FILE, read_status
+from llm_perf_opt.records.folders import STATUS_FILE, read_status, writer_note
 from llm_perf_opt.records.io import RecordError
 
 LOG_TAIL_LINES = 3
@@ -102,22 +103,53 @@ def run_rung(job: RungJob, device: str | None, timeout_s: float | None) -> RungO
     return read_outcome(job, returncode, wall)
 
 
-def read_outcome(job: RungJob, returncode: int, wall: float | None, *, shared: bool = False) -> RungOutcome:
-    """What became of a rung, from its folder and the exit status of the process that ran it. `shared`: that
-    process ran other rungs too (a Hydra multirun), so its exit status does not judge a rung that completed."""
+def read_outcome(job: RungJob, returncode: int | None, wall: float | None, *, shared: bool = False) -> RungOutcome:
+    """What became of a rung, from its folder and the exit status of the process that ran it (None: the process
+    was stopped with the what-if run). `shared`: that process ran other rungs too (a Hydra multirun), so its exit
+    status does not judge a rung that completed."""
     if (job.folder / STATUS_FILE).is_file():
         try:
             status = read_status(job.folder)
         except RecordError as exc:
             return RungOutcome(job.name, common.FAILED, str(exc), wall)
         if status.state == common.RUNNING:  # killed before it could record its end
-            message = f"the process ended (exit {returncode}) before the run recorded its end; see {job.log}"
+            message = _unrecorded_end(status, returncode, job.log)
             artifacts.mark_failed(job.folder, message)
             return RungOutcome(job.name, common.FAILED, message, wall)
-        if status.state == common.COMPLETE and returncode != 0 and not shared:
+        if status.state == common.COMPLETE and returncode not in (0, None) and not shared:
             return RungOutcome(job.name, common.FAILED, f"exit {returncode} after completing; see {job.log}", wall)
         return RungOutcome(job.name, status.state, _one_line(status.message, job.log), wall)
     return RungOutcome(job.name, common.FAILED, f"exit {returncode}: {log_tail(job.log)}", wall)
+
+
+def stopped_outcome(job: RungJob) -> RungOutcome | None:
+    """What became of a rung when the what-if run was stopped (Ctrl-C, SIGTERM) with it in flight or done, read
+    from its folder (an interrupted rung keeps the passes it measured); None when it had not started."""
+    if not (job.folder / STATUS_FILE).is_file():
+        return None
+    return read_outcome(job, None, status_wall_s(job.folder))
+
+
+def _unrecorded_end(status: common.RunStatus, returncode: int | None, log: Path) -> str:
+    """Why a rung's folder still reads `running` after its process was waited for."""
+    if returncode is None:
+        return f"stopped with the what-if run, it recorded no end within {STOP_GRACE_S:g} s ({writer_note(status)})"
+    return f"its process (pid {status.pid}) ended (exit {returncode}) before the run recorded its end; see {log}"
+
+
+def status_wall_s(folder: Path) -> float | None:
+    """A rung's run from its start to its end as its `run_status.json` records them (seconds; None when either
+    is missing or unreadable)."""
+    try:
+        status = read_status(folder)
+    except RecordError:
+        return None
+    if status.ended is None:
+        return None
+    try:
+        return (datetime.fromisoformat(status.ended) - datetime.fromisoformat(status.started)).total_seconds()
+    except ValueError:
+        return None
 
 
 def _one_line(message: str | None, log: Path) -> str | None:

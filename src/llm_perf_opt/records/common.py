@@ -5,7 +5,8 @@ from __future__ import annotations
 import attrs
 
 # The version of every record file the toolkit writes; a reader accepts any minor version of its major.
-SCHEMA_VERSION = "1.1"
+# 1.2: run_status.json records the process writing the folder (pid, host); a what-if rung may be `interrupted`.
+SCHEMA_VERSION = "1.2"
 SCHEMA_MAJOR = SCHEMA_VERSION.split(".", 1)[0]
 
 # Run states (`run_status.json`): `running` from the start, then exactly one of the other three.
@@ -55,3 +56,7 @@ class RunStatus:
     ended: str | None = None
     message: str | None = None
     files: tuple[str, ...] = ()
+    # The process that writes the folder (schema 1.2; None in older folders), so a reader can tell a `running`
+    # folder whose process is gone (`records.folders.writer_state`).
+    pid: int | None = None
+    host: str | None = None

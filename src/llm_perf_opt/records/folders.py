@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 import attrs
 
-from llm_perf_opt.records.common import COMPLETE, RunStatus
+from llm_perf_opt.records.common import COMPLETE, RUNNING, RunStatus
 from llm_perf_opt.records.io import RecordError, check_schema, load_file, load_lines, read_json, structure
 from llm_perf_opt.records.stage1 import InputsManifest, OperatorTable, Prediction, Stage1Metrics
 from llm_perf_opt.records.stage2 import Capture, NcuTargets, Stage2Metrics
@@ -46,6 +47,70 @@ RUN_MARKERS = (STATUS_FILE, METRICS_FILE, WHATIF_FILE, SWEEP_SUMMARY_FILE)
 def read_status(run_dir: Path) -> RunStatus:
     """The status of a run folder (RecordError when it has none or it is damaged)."""
     return load_file(Path(run_dir) / STATUS_FILE, RunStatus, versioned=False)
+
+
+# Whether the process that wrote a folder's `running` status still runs (`writer_state`).
+ALIVE = "alive"
+GONE = "gone"
+UNKNOWN = "unknown"  # written on another host, or by a version that did not record its process
+
+
+def this_host() -> str:
+    """The host name a run folder records (`RunStatus.host`)."""
+    return socket.gethostname()
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with id `pid` runs on this host (one of another user counts; a zombie does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """Whether `pid` has ended but not been reaped by its parent (Linux /proc; False where it cannot be told)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    fields = stat.rsplit(")", 1)[-1].split()
+    return bool(fields) and fields[0] == "Z"
+
+
+def writer_state(status: RunStatus) -> str:
+    """Whether the process that wrote `status` still runs: ALIVE or GONE when it ran on this host, UNKNOWN when it
+    ran on another host or the status does not record it."""
+    if status.pid is None or status.host is None or status.host != this_host():
+        return UNKNOWN
+    return ALIVE if pid_alive(status.pid) else GONE
+
+
+def writer_note(status: RunStatus) -> str:
+    """What a reader can say of the process behind a folder whose status reads `running`."""
+    who = f"pid {status.pid} on host {status.host}"
+    state = writer_state(status)
+    if state == GONE:
+        return f"the process that wrote it ({who}) is gone: it was killed before it could record its end"
+    if state == ALIVE:
+        return f"the process writing it ({who}) is still running"
+    if status.pid is None or status.host is None:
+        return "it does not record its process (an older folder), so whether that process still runs cannot be told"
+    return f"it was written by {who}, so from host {this_host()} it cannot be told whether that process still runs"
+
+
+def status_detail(status: RunStatus) -> str | None:
+    """What a reader adds to a folder's state: for `running`, what became of its process; else its message."""
+    return writer_note(status) if status.state == RUNNING else status.message
+
+
+def unfinished_text(status: RunStatus) -> str | None:
+    """For a report rebuilt from a folder whose status still reads `running`: that, and what became of its
+    process; None for a run that recorded its end."""
+    return None if status.state != RUNNING else f"its run_status.json still reads running; {writer_note(status)}"
 
 
 def read_env(run_dir: Path) -> dict[str, Any]:
@@ -91,8 +156,25 @@ def require_folder(run_dir: Path) -> Path:
     return run_dir
 
 
+def require_metrics(run_dir: Path, writer: str) -> None:
+    """RecordError when `run_dir` holds no metrics.json, saying what its run_status.json tells of the run (for one
+    still marked `running`: whether the process that wrote it is gone)."""
+    if (Path(run_dir) / METRICS_FILE).is_file():
+        return
+    problem = f"{run_dir} has no metrics.json, so it is not a finished {writer} folder"
+    try:
+        status = read_status(run_dir)
+    except RecordError:
+        status = None
+    if status is not None:
+        detail = status_detail(status)
+        problem += f"; its run_status.json reads {status.state}" + (f": {detail}" if detail else "")
+    raise RecordError(problem, "Pass the folder of a finished run (the last line a command prints names it)")
+
+
 def load_stage1(run_dir: Path) -> Stage1Folder:
     run_dir = require_folder(run_dir)
+    require_metrics(run_dir, "stage1-run")
     predictions = run_dir / PREDICTIONS_FILE
     return Stage1Folder(
         path=run_dir,
@@ -157,7 +239,8 @@ def load_workload_metrics(run_dir: Path) -> Stage1Metrics | None:
 
 
 def load_stage2(run_dir: Path) -> Stage2Folder:
-    run_dir = Path(run_dir)
+    run_dir = require_folder(run_dir)
+    require_metrics(run_dir, "stage2-profile")
     return Stage2Folder(
         path=run_dir,
         status=read_status(run_dir),
@@ -199,15 +282,35 @@ def whatif_for(run_dir: Path, given: Path | str | None = None) -> WhatIfRecord |
     RecordError when it cannot be read), else that of the what-if folder the run folder was written in (left out
     with a warning when it cannot be read); None when neither."""
     if given is not None and str(given).strip():
-        return load_whatif(Path(str(given)).expanduser())
+        chosen = Path(str(given)).expanduser()
+        record = load_whatif(chosen)
+        _warn_if_abandoned(chosen if chosen.is_dir() else chosen.parent)
+        return record
     found = enclosing_whatif(run_dir)
     if found is None:
         return None
     try:
-        return load_whatif(found)
+        record = load_whatif(found)
     except RecordError as exc:
         log.warning("the reports do not cite the enclosing what-if run: %s", exc.problem)
         return None
+    _warn_if_abandoned(found)
+    return record
+
+
+def _warn_if_abandoned(whatif_dir: Path) -> None:
+    """A warning when a cited what-if folder still reads `running` but its process is not known to run: its record
+    holds only the rungs measured before it stopped."""
+    try:
+        status = read_status(whatif_dir)
+    except RecordError:
+        return
+    if status.state == RUNNING and writer_state(status) != ALIVE:
+        log.warning(
+            "the what-if run in %s did not record its end (%s); the reports cite the rungs it measured before",
+            whatif_dir,
+            writer_note(status),
+        )
 
 
 def metrics_kind(run_dir: Path) -> str:
@@ -215,11 +318,7 @@ def metrics_kind(run_dir: Path) -> str:
     path = Path(run_dir) / METRICS_FILE
     if not Path(run_dir).is_dir():
         raise RecordError(f"{run_dir} is not a folder", "Pass the folder of a finished run")
-    if not path.is_file():
-        raise RecordError(
-            f"{run_dir} has no metrics.json, so it is not a finished stage1-run or stage2-profile folder",
-            "Pass the folder of a finished run (the last line a command prints names it)",
-        )
+    require_metrics(run_dir, "stage1-run or stage2-profile")
     data = read_json(path)
     if not isinstance(data, dict):
         raise RecordError(f"{path} does not hold a JSON object", "Rerun the command that wrote the folder")

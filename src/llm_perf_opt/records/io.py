@@ -7,6 +7,7 @@ file or a file whose fields do not fit the record raises `RecordError` naming th
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -56,6 +57,38 @@ def atomic_write_text(target: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+# errno of a file system that has no hard links (some FUSE and SMB mounts): `create_exclusive` falls back to O_EXCL.
+_NO_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS})
+
+
+def create_exclusive(target: Path, text: str) -> None:
+    """Write `text` to `target` only if no file is there: FileExistsError otherwise, and `target` is not touched.
+
+    The text goes to a temporary file that is hard-linked to `target` (atomic, and unlike a rename it never replaces
+    a file), so of several processes racing for `target` exactly one wins and a reader never sees it half written.
+    """
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".new")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.chmod(tmp, 0o644)
+        try:
+            os.link(tmp, target)
+        except OSError as exc:
+            if exc.errno not in _NO_LINKS:  # FileExistsError among them
+                raise
+            _create_excl_open(target, text)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def _create_excl_open(target: Path, text: str) -> None:
+    """`create_exclusive` without hard links: O_CREAT | O_EXCL (still exclusive; a reader may see it empty at first)."""
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
 
 
 def save(record: Any, path: Path) -> Path:

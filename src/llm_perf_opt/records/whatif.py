@@ -25,6 +25,8 @@ FAILED = "failed"
 SKIPPED = "skipped"
 INVALID = "invalid"
 PENDING = "pending"  # planned, not run yet (only in a record written while the run was still going)
+# Stopped with the what-if run (Ctrl-C, SIGTERM): its figures cover the passes it measured; it is not judged.
+INTERRUPTED = "interrupted"
 
 # How the rungs ran: each its own `stage1-run` process started by perf-whatif, or one Hydra multirun per phase.
 LOCAL_LAUNCHER = "local"
@@ -139,8 +141,8 @@ class Rung:
     levers: tuple[str, ...]  # levers on, in order
     overrides: tuple[str, ...]  # the overrides the rung ran with (workload overrides not repeated)
     changes_workload: bool
-    state: str  # MEASURED | FAILED | SKIPPED | INVALID
-    reason: str | None = None  # why it failed, was skipped or refused
+    state: str  # MEASURED | FAILED | SKIPPED | INVALID | INTERRUPTED (PENDING while the run goes on)
+    reason: str | None = None  # why it failed, was skipped, refused or interrupted
     folder: str | None = None  # its stage1-run folder, relative to the what-if folder
     wall_s: float | None = None  # the rung's process from start to end (model build, compilation, passes)
     figures: RungFigures | None = None

@@ -381,8 +381,10 @@ def report_md(
     plots: Mapping[str, str] | None = None,
     inputs: InputsManifest | None = None,
     whatif: WhatIfRecord | None = None,
+    unfinished: str | None = None,
 ) -> str:
-    """The main report: three things first (where time goes, how efficient, what to try), details after."""
+    """The main report: three things first (where time goes, how efficient, what to try), details after.
+    `unfinished`: why the folder's status does not say how the run ended (it still reads `running`)."""
     doc = Doc(f"Stage 1 report: {m.model.name} on {m.device.name}")
     profile = m.settings.workload_profile
     doc.para(
@@ -393,6 +395,8 @@ def report_md(
         + " · "
         f"{m.settings.max_new_tokens} new tokens per pass · times in ms ({m.device.timing_method})."
     )
+    if unfinished:
+        doc.para(f"**Not marked finished:** {unfinished}. The figures are those it wrote before.")
     doc.h2("At a glance")
     doc.bullets(key_findings(m))
     doc.h2("What to try")
@@ -773,9 +777,10 @@ def write_all(
     operators: OperatorTable | None,
     predictions: Sequence[Prediction],
     whatif: WhatIfRecord | None = None,
+    unfinished: str | None = None,
 ) -> None:
     """Write every Stage 1 Markdown artifact and plot from the run's records (report.md last, so it can list the
-    others); `whatif`: a what-if run whose measured levers "What to try" cites."""
+    others); `whatif`: a what-if run whose measured levers "What to try" cites; `unfinished`: see `report_md`."""
     top_k = m.settings.profiler.top_k if m.settings.profiler else 0
     if operators is not None:
         art.write_text("operators.md", operators_md(m, operators, top_k))
@@ -787,4 +792,4 @@ def write_all(
         art.record(str(path.relative_to(art.run_dir)))
     plots = {name: str(path.relative_to(art.run_dir)) for name, path in written.items()}
     files = [*art.written, "report.md", "run_status.json"]
-    art.write_text("report.md", report_md(m, operators, files, plots, inputs, whatif))
+    art.write_text("report.md", report_md(m, operators, files, plots, inputs, whatif, unfinished))

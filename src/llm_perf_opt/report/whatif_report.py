@@ -12,6 +12,7 @@ from llm_perf_opt.records.whatif import (
     ALONE,
     BASELINE,
     HYDRA_LAUNCHER,
+    INTERRUPTED,
     LADDER,
     LOCAL_LAUNCHER,
     MEASURED,
@@ -106,7 +107,7 @@ def _state_line(rung: Rung) -> str:
 
 def ranked_rungs(record: WhatIfRecord) -> list[Rung]:
     """Baseline first, then the ladder in its order, then each lever alone by speed-up (best first); the rungs
-    that were not measured last, in the order they were tried."""
+    that were not measured (or were interrupted) last, in the order they were tried."""
     measured = [r for r in record.rungs if r.state == MEASURED]
     alone = sorted((r for r in measured if r.phase == ALONE), key=lambda r: -(r.speedup.value if r.speedup else 0.0))
     return [
@@ -129,9 +130,10 @@ def verdict_paragraph(record: WhatIfRecord) -> str:
     base, best = record.baseline, record.best_rung
     objective = record.objective
     base_figures = None if base is None else record.figures_of(base)
-    if base is None or base_figures is None:
+    if base is None or base_figures is None or base.state != MEASURED:
         reason = f": {base.reason}" if base is not None and base.reason else ""
-        return f"The baseline was not measured{reason}. Without it no lever can be judged."
+        measured = "interrupted" if base is not None and base.state == INTERRUPTED else "not measured"
+        return f"The baseline was {measured}{reason}. Without it no lever can be judged."
     where = f"Measured on {record.device_phrase}: every figure is from these runs, not an estimate."
     best_figures = None if best is None else record.figures_of(best)
     if best is None or best_figures is None:
@@ -220,10 +222,12 @@ def _ranked_table(doc: Doc, record: WhatIfRecord) -> None:
     for rung in ranked_rungs(record):
         head = [f"**{rung.name}**" if rung.name == record.best else rung.name, rung.phase, _levers_text(record, rung)]
         f = record.figures_of(rung)
-        if rung.state != MEASURED or f is None:
+        if f is None:
             rows.append([*head, _state_line(rung), *["—"] * (len(header) - 4)])
             continue
-        base = rung.phase == BASELINE
+        judged = rung.state == MEASURED  # an interrupted rung shows the passes it measured, unjudged
+        base = rung.phase == BASELINE and judged
+        against = "1.00× (reference)" if base else speedup_text(rung.speedup) if judged else _state_line(rung)
         rows.append(
             [
                 *head,
@@ -231,7 +235,7 @@ def _ranked_table(doc: Doc, record: WhatIfRecord) -> None:
                 ms(f.decode_ms_per_token.p50 if f.decode_ms_per_token else None, 2),
                 ms(f.pages_per_s, 2),
                 *([ms(f.aggregate_decode_tokens_per_s, 0)] if batched else []),
-                "1.00× (reference)" if base else speedup_text(rung.speedup),
+                against,
                 "reference" if base else (rung.speedup.verdict if rung.speedup else NA),
                 _count(f.kernels_per_step),
                 pct(f.gpu_busy_fraction, 0),
@@ -379,7 +383,7 @@ def _verdicts(doc: Doc, record: WhatIfRecord) -> None:
     helped = [v.line for v in record.verdicts if v.helped]
     not_helped = [v.line for v in record.verdicts if not v.helped]
     not_run = [f"{r.name} ({r.phase}) {_state_line(r)}" for r in record.rungs if r.state != MEASURED]
-    for title, lines in (("Helped", helped), ("Did not help", not_helped), ("Not measured", not_run)):
+    for title, lines in (("Helped", helped), ("Did not help", not_helped), ("Not measured in full", not_run)):
         if lines:
             doc.h3(title)
             doc.bullets(lines)

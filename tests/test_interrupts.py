@@ -1,0 +1,88 @@
+"""SIGTERM ends a run exactly like Ctrl-C: what was measured is written and the folder is marked interrupted."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from helpers import TINY_STAGE1, wait_for_log
+from llm_perf_opt import interrupts
+from llm_perf_opt.records.folders import load_stage1, read_status
+
+
+@pytest.fixture
+def restored(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """This process's SIGINT and SIGTERM handlers (and the stop state) put back after the test."""
+    monkeypatch.setattr(interrupts, "_stopping", [])
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+@pytest.fixture
+def installed(restored: None) -> None:
+    """`interrupts.install()` in this process, undone after the test."""
+    interrupts.install()
+
+
+def test_sigterm_is_a_keyboard_interrupt_once(installed: None) -> None:
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler runs at the next bytecode; never reached
+    assert interrupts.cause(stopped.value) == "stopped by SIGTERM"
+    os.kill(os.getpid(), signal.SIGTERM)  # while stopping: ignored, so writing what was measured goes on
+    time.sleep(0.05)
+    with pytest.raises(KeyboardInterrupt) as again:  # a second Ctrl-C still interrupts
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+    assert interrupts.cause(again.value) == "interrupted by the user (Ctrl-C)"
+
+
+def test_a_sigterm_after_ctrl_c_is_ignored(installed: None) -> None:
+    """perf-whatif forwards SIGTERM to a rung that the terminal's Ctrl-C already stopped."""
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.05)  # reached: the SIGTERM raised nothing
+
+
+def test_a_signal_started_ignored_stays_ignored(restored: None) -> None:
+    """A run started under `nohup` (SIGTERM ignored) or as a background job (SIGINT ignored) keeps ignoring it."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    interrupts.install()
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    assert signal.getsignal(signal.SIGINT) == interrupts._interrupt
+
+
+@pytest.mark.slow
+def test_sigterm_to_stage1_run_writes_what_was_measured(tmp_path: Path) -> None:
+    """Before: the process died at once, its folder left `running` with no files. Now: exit 130, `interrupted`."""
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "llm_perf_opt.cli.stage1", *TINY_STAGE1, "run.repeats=50", f"hydra.run.dir={out}"]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_log(out, "repeat 2/50", process)
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 130, err[-2000:]
+    assert "interrupted: what was measured so far was written" in err
+    status = read_status(out)
+    assert status.state == "interrupted"
+    assert status.message == "stopped by SIGTERM; results so far were written"
+    assert "metrics.json" in status.files and "report.md" in status.files
+    settings = load_stage1(out).metrics.settings
+    assert settings.partial and settings.asked_passes == 50
+    assert settings.measured_passes is not None and 2 <= settings.measured_passes < 50

@@ -25,7 +25,7 @@ from llm_perf_opt.records.stage1 import (
 )
 from llm_perf_opt.records.whatif import WhatIfRecord
 from llm_perf_opt.report import batches, gallery
-from llm_perf_opt.report.markdown import Doc, flops, ms, num_bytes, pct
+from llm_perf_opt.report.markdown import Doc, flops, link, ms, num_bytes, pct
 from llm_perf_opt.report.plots import write_stage1_plots
 from llm_perf_opt.report.recommendations import key_findings, recommendations
 
@@ -564,7 +564,7 @@ def report_md(
 
     _fates_section(doc, inputs)
     doc.h2("Files")
-    doc.bullets([f"[{f}]({f})" for f in sorted(set(files)) if not f.startswith(".")])
+    doc.bullets([link(f, f) for f in sorted(set(files)) if not f.startswith(".")])
     return doc.text()
 
 

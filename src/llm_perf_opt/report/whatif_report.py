@@ -26,7 +26,7 @@ from llm_perf_opt.records.whatif import (
     hydra_launcher_name,
 )
 from llm_perf_opt.report.comparison import ratio_text
-from llm_perf_opt.report.markdown import Doc, flops, ms, num_bytes, pct
+from llm_perf_opt.report.markdown import Doc, flops, link, ms, num_bytes, pct
 from llm_perf_opt.report.whatif_plots import write_whatif_plots
 
 NA = "n/a"
@@ -426,13 +426,13 @@ def whatif_md(record: WhatIfRecord, plots: dict[str, str] | None = None, files: 
     if record.notes:
         doc.h2("Notes")
         doc.bullets(list(record.notes))
-    folders = [f"{r.name}: [{r.folder}]({r.folder}/report.md)" for r in record.rungs if r.folder]
+    folders = [f"{r.name}: " + link(r.folder, f"{r.folder}/report.md") for r in record.rungs if r.folder]
     if folders:
         doc.h2("Rung folders")
         doc.bullets(folders)
     if files:
         doc.h2("Files")
-        doc.bullets([f"[{f}]({f})" for f in sorted(set(files))])
+        doc.bullets([link(f, f) for f in sorted(set(files))])
     return doc.text()
 
 

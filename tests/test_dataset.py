@@ -193,6 +193,22 @@ def test_bad_files_are_skipped_with_reasons_and_replaced(tmp_path: Path) -> None
     assert fates(sel)[5][2] == "dataset.max_images=2 reached (dataset.sampling=sorted: in order)"
 
 
+@pytest.mark.parametrize("sampling", ["sorted", "smallest"])
+def test_a_dangling_symlink_is_listed_as_skipped_with_the_reason(tmp_path: Path, sampling: str) -> None:
+    make_image(tmp_path / "a_good.png")
+    (tmp_path / "b_gone.png").symlink_to(tmp_path / "deleted.png")  # the target never existed
+    make_image(tmp_path / "c_good.png")
+
+    sel = select_images(tmp_path, sampling=sampling)
+
+    assert names(sel) == ["a_good.png", "c_good.png"]
+    assert sel.discovered == 3
+    reason = f"broken symbolic link: its target {tmp_path / 'deleted.png'} does not exist"
+    assert [(s.path.name, s.reason) for s in sel.skipped] == [("b_gone.png", reason)]
+    assert ("b_gone.png", SKIPPED, reason) in fates(sel)
+    assert len(fates(sel)) == 3  # every file considered, once
+
+
 def test_on_error_fail_raises_naming_the_file(tmp_path: Path) -> None:
     make_image(tmp_path / "a_good.png")
     (tmp_path / "b_corrupt.png").write_bytes(b"garbage")

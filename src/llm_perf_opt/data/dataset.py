@@ -12,6 +12,7 @@ naming every such line, never a silent drop; a file listed twice runs once and i
 
 from __future__ import annotations
 
+import os
 import random
 import struct
 from collections.abc import Callable
@@ -190,7 +191,7 @@ def select_inputs(
         if max_images is not None and len(entries) >= max_images:
             fates.append(InputFate(path, NOT_SELECTED, _cut_reason(max_images, sampling, seed)))
             continue
-        entry = kind.probe(path)
+        entry = _broken_link(path) or kind.probe(path)
         if not isinstance(entry, str):
             entries.append(entry)
             fates.append(InputFate(path, RUN))
@@ -254,11 +255,21 @@ def _check_root(root: str | Path, fix: str) -> Path:
 
 
 def _discover(root: Path, kind: InputKind) -> list[Path]:
-    """All files of `kind` under ``root`` (recursive), sorted by relative path."""
-    found = [p for p in root.rglob("*") if p.suffix.lower() in kind.suffixes and p.is_file()]
+    """All files of `kind` under ``root`` (recursive), sorted by relative path; a broken symbolic link is found
+    too, so that the selection lists it as skipped."""
+    found = [
+        p for p in root.rglob("*") if p.suffix.lower() in kind.suffixes and (p.is_file() or _broken_link(p))
+    ]
     if not found:
         raise UserError(f"dataset.root {root} contains no {kind.files} files", kind.root_fix)
     return sorted(found, key=lambda p: p.relative_to(root).as_posix())
+
+
+def _broken_link(path: Path) -> str | None:
+    """Why `path`, a symbolic link whose target does not exist, cannot be read; None for anything else."""
+    if path.is_symlink() and not path.exists():
+        return f"broken symbolic link: its target {os.readlink(path)} does not exist"
+    return None
 
 
 def _find_filelist(subset_filelist: str | Path, root: Path) -> Path:

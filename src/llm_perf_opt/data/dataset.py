@@ -12,6 +12,7 @@ naming every such line, never a silent drop; a file listed twice runs once and i
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import struct
@@ -21,9 +22,11 @@ from pathlib import Path
 import attrs
 from PIL import Image, UnidentifiedImageError
 
-from llm_perf_opt.data.images import open_upright
+from llm_perf_opt.data.images import large_page_note, open_upright, stored_size
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.resources import package_folder
+
+log = logging.getLogger("llm_perf_opt.dataset")
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")  # matched case-insensitively
 SAMPLINGS = ("sorted", "random", "smallest")
@@ -238,8 +241,8 @@ def _cut_reason(max_images: int, sampling: str, seed: int) -> str:
 def _pixel_count(path: Path) -> float:
     """Width x height from the image header; unreadable files sort last."""
     try:
-        with Image.open(path) as image:
-            return float(image.width * image.height)
+        width, height = stored_size(path)
+        return float(width * height)
     except (OSError, ValueError, Image.DecompressionBombError):
         return float("inf")
 
@@ -342,6 +345,8 @@ def _probe(path: Path) -> ImageEntry | str:
         return f"not a readable image: {str(exc) or type(exc).__name__}"
     if width <= 0 or height <= 0:
         return f"image has no pixels ({width}x{height})"
+    if (note := large_page_note(path, width, height)) is not None:
+        log.info("%s", note)
     return ImageEntry(path=path, width=width, height=height, bytes=size, orientation=orientation)
 
 

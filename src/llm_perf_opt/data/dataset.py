@@ -260,9 +260,7 @@ def _check_root(root: str | Path, fix: str) -> Path:
 def _discover(root: Path, kind: InputKind) -> list[Path]:
     """All files of `kind` under ``root`` (recursive), sorted by relative path; a broken symbolic link is found
     too, so that the selection lists it as skipped."""
-    found = [
-        p for p in root.rglob("*") if p.suffix.lower() in kind.suffixes and (p.is_file() or _broken_link(p))
-    ]
+    found = [p for p in root.rglob("*") if p.suffix.lower() in kind.suffixes and (p.is_file() or _broken_link(p))]
     if not found:
         raise UserError(f"dataset.root {root} contains no {kind.files} files", kind.root_fix)
     return sorted(found, key=lambda p: p.relative_to(root).as_posix())

@@ -9,6 +9,7 @@ from __future__ import annotations
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.stage1 import Stage1Metrics
 from llm_perf_opt.records.whatif import BASELINE, MEASURED, WhatIfRecord
+from llm_perf_opt.report.batches import batch_run
 from llm_perf_opt.report.markdown import pct
 
 # Thresholds that trigger a recommendation; named so the report's logic can be read and tuned in one place.
@@ -77,14 +78,14 @@ def key_findings(m: Stage1Metrics) -> list[str]:
     if pf_mfu is not None and dec_eff is not None and dec_eff.mbu is not None and dec_eff.gap is not None:
         out.append(
             f"How efficient: prefill runs at {_tflops(m, vocab.PREFILL):,.1f} TFLOP/s = {pf_mfu:.1%} MFU; "
-            f"batch-{m.settings.batch_size} decode, judged by memory bandwidth, reaches {dec_eff.mbu:.1%} MBU and "
+            f"batch-{batch_run(m)} decode, judged by memory bandwidth, reaches {dec_eff.mbu:.1%} MBU and "
             f"takes {dec_eff.gap:,.0f}× its speed-of-light time."
         )
     elif pf_mfu is not None:
         out.append(
             f"How efficient: prefill runs at {_tflops(m, vocab.PREFILL):,.1f} TFLOP/s = {pf_mfu:.1%} MFU; decode at "
             f"{_tflops(m, vocab.DECODE) or 0:,.2f} TFLOP/s = {(dec_mfu or 0):.2%} MFU "
-            f"(batch-{m.settings.batch_size} decode is judged by memory bandwidth, not FLOPs)."
+            f"(batch-{batch_run(m)} decode is judged by memory bandwidth, not FLOPs)."
         )
     else:
         out.append(
@@ -207,7 +208,7 @@ def _generic(m: Stage1Metrics) -> list[tuple[str, frozenset[str]]]:
             )
         elif m.device.type == "cuda" and dec_mfu is not None and dec_mfu < LOW_DECODE_MFU:
             msg += (
-                f" and only {dec_mfu:.2%} MFU: batch-{m.settings.batch_size} decode is bound by weight reads or, "
+                f" and only {dec_mfu:.2%} MFU: batch-{batch_run(m)} decode is bound by weight reads or, "
                 "when a step takes far longer than its bytes need, by kernel-launch/CPU overhead. Try CUDA graphs or "
                 f"torch.compile (static KV cache), and batch several {inputs} per step; Stage 2 shows the GPU-busy "
                 "fraction per step"

@@ -309,7 +309,7 @@ def _runtime_section(doc: Doc, m: Stage1Metrics) -> None:
     if m.compile is None and not checks and m.routing is None:
         return
     doc.h2("Runtime")
-    lines = [f"Runtime: {m.settings.runtime.label}."]
+    lines = [f"Runtime: {batches.runtime_text(m)}."]
     if m.compile is not None:
         c = m.compile
         lines.append(
@@ -354,7 +354,7 @@ def _passes_text(m: Stage1Metrics) -> str:
         return (
             f"{len(m.images)} {noun}(s), {s.measured_passes} of {s.asked_passes} timed passes measured (stopped early)"
         )
-    grouped = f" in batches of {s.batch_size}" if s.batch_size > 1 else ""
+    grouped = f" in batches of {batches.batch_run(m)}" if batches.batch_run(m) > 1 else ""
     return f"{len(m.images)} {noun}(s){grouped} × {s.repeats} timed pass(es)"
 
 
@@ -388,7 +388,7 @@ def report_md(
     doc.para(
         f"Run `{m.run_id}` · "
         + (f"workload {profile['name']} · " if profile else "")
-        + f"{m.model.weights_detail} · {m.model.dtype} · {m.settings.runtime.label} · "
+        + f"{m.model.weights_detail} · {m.model.dtype} · {batches.runtime_text(m)} · "
         + _passes_text(m)
         + " · "
         f"{m.settings.max_new_tokens} new tokens per pass · times in ms ({m.device.timing_method})."
@@ -466,7 +466,7 @@ def report_md(
 
     doc.h2("Throughput (medians over passes)")
     t = m.throughput
-    batch = "batch 1" if m.settings.batch_size == 1 else f"per input, batch {m.settings.batch_size}"
+    batch = "batch 1" if batches.batch_run(m) == 1 else f"per input, batch {batches.batch_run(m)}"
     aggregate = batches.aggregate_line(m)
     doc.bullets(
         [
@@ -623,7 +623,7 @@ def _cost_centre_rows(stats: Sequence[StageStat]) -> list[list[str]]:
 def stakeholder_md(m: Stage1Metrics, whatif: WhatIfRecord | None = None) -> str:
     doc = Doc(f"Stakeholder summary: {m.model.name} inference on {m.device.name}")
     doc.para(
-        f"{m.model.weights_detail}. Batch size {m.settings.batch_size}, {m.settings.max_new_tokens} new tokens per "
+        f"{m.model.weights_detail}. {batches.batch_text(m).capitalize()}, {m.settings.max_new_tokens} new tokens per "
         "image." + (f" {aggregate}." if (aggregate := batches.aggregate_line(m)) else "")
     )
     doc.h2("Key findings")
@@ -676,9 +676,10 @@ def assumptions_md(m: Stage1Metrics, inputs: InputsManifest) -> str:
     doc.bullets(
         [
             f"Named workload: {profile['name']} — {profile['document']}" if profile else "Named workload: none",
-            f"Batch size: {s.batch_size}",
-            f"Runtime: {s.runtime.label} (runtime.kv_cache={s.runtime.kv_cache}, runtime.compile={s.runtime.compile}, "
-            f"runtime.compile_mode={s.runtime.compile_mode}, runtime.output_check={s.runtime.output_check})",
+            f"Batch: {batches.batch_text(m)}",
+            f"Runtime: {batches.runtime_text(m)} (runtime.kv_cache={s.runtime.kv_cache}, "
+            f"runtime.compile={s.runtime.compile}, runtime.compile_mode={s.runtime.compile_mode}, "
+            f"runtime.output_check={s.runtime.output_check})",
             f"Timed passes per image (run.repeats): {s.repeats} ({s.sources['run.repeats']})",
             f"Warm-up passes per image (run.warmup): {s.warmup} ({s.sources['run.warmup']})",
             f"Decoding: {s.decoding}; {s.max_new_tokens} new tokens ({s.sources['infer.max_new_tokens']})",

@@ -10,6 +10,7 @@ import attrs
 import torch
 
 from llm_perf_opt.errors import UserError, require_whole
+from llm_perf_opt.records.stage1 import runtime_label
 
 KV_CACHES: Final = ("dynamic", "static")
 COMPILE_TARGETS: Final = ("none", "decode", "prefill_decode")
@@ -119,16 +120,9 @@ class RuntimeSettings:
     @property
     def label(self) -> str:
         """One line for reports, e.g. "static KV cache, compiled decode (reduce-overhead), batch 4"."""
-        parts = [f"{self.kv_cache} KV cache"]
-        if self.static_cache_len is not None:
-            parts[0] += f" of {self.static_cache_len} positions"
-        if self.compile != "none":
-            what = "decode" if self.compile == "decode" else "prefill and decode"
-            parts.append(f"compiled {what} ({self.compile_mode})")
-        else:
-            parts.append("eager")
-        parts.append(f"batch {self.batch_size}")
-        return ", ".join(parts)
+        return runtime_label(
+            self.kv_cache, self.compile, self.compile_mode, self.static_cache_len, f"batch {self.batch_size}"
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """The settings as plain data (metrics.json, config records)."""

@@ -615,6 +615,7 @@ class Stage1Run:
                 asked_passes=len(self.selection.images) * settings.repeats if self.selection else None,
                 outputs=output_settings(cfg),
                 runtime=RuntimeRecord(**self.runtime.as_dict(), label=self.runtime.label),
+                fill_batches=bool(cfg.run.get("fill_batches", False)),
             ),
             records=tuple(records),
             stages=stage_stats(records, vision),

@@ -5,7 +5,8 @@ from __future__ import annotations
 import attrs
 
 # The version of every record file the toolkit writes; a reader accepts any minor version of its major.
-SCHEMA_VERSION = "1.1"
+# 1.2: RunSettings.fill_batches, Verdict.judged, the comparisons' config_differences (all with defaults).
+SCHEMA_VERSION = "1.2"
 SCHEMA_MAJOR = SCHEMA_VERSION.split(".", 1)[0]
 
 # Run states (`run_status.json`): `running` from the start, then exactly one of the other three.

@@ -396,6 +396,7 @@ class RunSettings:
     asked_passes: int | None = None  # inputs x repeats
     outputs: OutputSettings = attrs.field(factory=OutputSettings)
     runtime: RuntimeRecord = attrs.field(factory=RuntimeRecord)
+    fill_batches: bool = False  # run.fill_batches: batches filled to run.batch_size with copies of their inputs
 
 
 @attrs.frozen

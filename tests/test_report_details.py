@@ -60,10 +60,10 @@ def test_a_batch_that_ran_smaller_than_run_batch_size_is_named_as_it_ran() -> No
     header = text.split("\n## ", 1)[0]
     assert "batch 1 (run.batch_size=2, 1 input)" in header and "batch 2" not in header
     assert "batch-2" not in text and "batches of 2" not in text
-    assert "Batch 1 (run.batch_size=2, 1 input)" in stakeholder_md(m)
+    assert "Batch size 1 (run.batch_size=2, 1 input)" in stakeholder_md(m)
     folder = load_stage1(RUN)
     assert folder.inputs is not None
-    assert "Batch: batch 1 (run.batch_size=2, 1 input)" in assumptions_md(m, folder.inputs)
+    assert "Batch size: 1 (run.batch_size=2, 1 input)" in assumptions_md(m, folder.inputs)
 
 
 def test_a_full_batch_is_named_with_its_size() -> None:

@@ -27,19 +27,19 @@ def batch_run(m: Stage1Metrics) -> int:
     return m.settings.batch_size if m.settings.batch_size in sizes else sizes[0]
 
 
-def batch_text(m: Stage1Metrics) -> str:
-    """The batch that ran, e.g. "batch 4", "batch 4 (the last batch 1)", "batch 1 (run.batch_size=2, 1 input)"."""
+def batch_size_text(m: Stage1Metrics) -> str:
+    """The batch size that ran, e.g. "4", "4 (the last batch 1)", "1 (run.batch_size=2, 1 input)"."""
     configured, sizes, ran = m.settings.batch_size, sizes_run(m), batch_run(m)
     if ran != configured:
         inputs = len(m.images)
-        return f"batch {ran} (run.batch_size={configured}, {inputs} input{'s' if inputs != 1 else ''})"
+        return f"{ran} (run.batch_size={configured}, {inputs} input{'s' if inputs != 1 else ''})"
     smaller = [s for s in sizes if s < ran]
-    return f"batch {ran}" + (f" (the last batch {smaller[-1]})" if smaller else "")
+    return f"{ran}" + (f" (the last batch {smaller[-1]})" if smaller else "")
 
 
 def runtime_text(m: Stage1Metrics) -> str:
     """How the decoder ran, with the batch that ran (the recorded label names run.batch_size)."""
-    return m.settings.runtime.described(batch_text(m))
+    return m.settings.runtime.described(f"batch {batch_size_text(m)}")
 
 
 def _p50(s: Summary | None, digits: int, unit: str) -> str:

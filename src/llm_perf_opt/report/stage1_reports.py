@@ -623,8 +623,8 @@ def _cost_centre_rows(stats: Sequence[StageStat]) -> list[list[str]]:
 def stakeholder_md(m: Stage1Metrics, whatif: WhatIfRecord | None = None) -> str:
     doc = Doc(f"Stakeholder summary: {m.model.name} inference on {m.device.name}")
     doc.para(
-        f"{m.model.weights_detail}. {batches.batch_text(m).capitalize()}, {m.settings.max_new_tokens} new tokens per "
-        "image." + (f" {aggregate}." if (aggregate := batches.aggregate_line(m)) else "")
+        f"{m.model.weights_detail}. Batch size {batches.batch_size_text(m)}, {m.settings.max_new_tokens} new tokens "
+        "per image." + (f" {aggregate}." if (aggregate := batches.aggregate_line(m)) else "")
     )
     doc.h2("Key findings")
     doc.bullets(key_findings(m))
@@ -676,7 +676,7 @@ def assumptions_md(m: Stage1Metrics, inputs: InputsManifest) -> str:
     doc.bullets(
         [
             f"Named workload: {profile['name']} — {profile['document']}" if profile else "Named workload: none",
-            f"Batch: {batches.batch_text(m)}",
+            f"Batch size: {batches.batch_size_text(m)}",
             f"Runtime: {batches.runtime_text(m)} (runtime.kv_cache={s.runtime.kv_cache}, "
             f"runtime.compile={s.runtime.compile}, runtime.compile_mode={s.runtime.compile_mode}, "
             f"runtime.output_check={s.runtime.output_check})",

@@ -454,6 +454,8 @@ class CompileSummary:
 
     events: tuple[CompileEvent, ...]
     cudagraph_skips: int  # times inductor declined to capture a CUDA graph (reduce-overhead only)
+    # The compiling calls that fell in timed passes (their times include compilation); None: not recorded (older)
+    in_timed_passes: tuple[CompileEvent, ...] | None = None
 
     @property
     def compile_ms(self) -> float:

@@ -106,6 +106,15 @@ class RuntimeSettings:
         return self.compile != "none" and self.compile_mode == "reduce-overhead"
 
     @property
+    def warmup_needed(self) -> int:
+        """Warm-up passes per input a timed pass needs to be steady state: none eagerly; one when a step is compiled
+        (the first pass of each shape compiles it); two with CUDA graphs (a step called once per pass, such as a
+        compiled prefill, is recorded as a graph in its second call and replayed from the third)."""
+        if self.compile == "none":
+            return 0
+        return 2 if self.uses_cuda_graphs else 1
+
+    @property
     def is_reference(self) -> bool:
         """True for the eager reference: dynamic cache, nothing compiled, batch 1."""
         return self.kv_cache == "dynamic" and self.compile == "none" and self.batch_size == 1

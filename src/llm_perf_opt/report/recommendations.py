@@ -11,6 +11,7 @@ from llm_perf_opt.records.stage1 import Stage1Metrics
 from llm_perf_opt.records.whatif import BASELINE, MEASURED, WhatIfRecord
 from llm_perf_opt.report.batches import batch_run
 from llm_perf_opt.report.markdown import pct
+from llm_perf_opt.report.whatif_report import single_pass_text
 
 # Thresholds that trigger a recommendation; named so the report's logic can be read and tuned in one place.
 DECODE_DOMINANT = 0.5  # decode share of end-to-end
@@ -165,9 +166,11 @@ def measured_lever_lines(w: WhatIfRecord, device: str, model: str) -> list[str]:
     helped = [v.line for v in w.verdicts if v.helped]
     if len(helped) > 1:
         lines.append("Levers that helped (what-if verdicts): " + "; ".join(helped) + ".")
-    not_helped = [v.line for v in w.verdicts if not v.helped]
+    not_helped = [v.line for v in w.verdicts if v.judged and not v.helped]
     if not_helped:
         lines.append("Did not help (measured): " + "; ".join(not_helped) + ".")
+    if unjudged := w.unjudged_levers():
+        lines.append(f"Not judged: {single_pass_text(w, unjudged)}.")
     not_run = [f"{r.name} {r.state} ({r.reason or 'no reason recorded'})" for r in w.rungs if r.state != MEASURED]
     if not_run:
         lines.append("Not measured in the what-if run: " + "; ".join(not_run) + ".")

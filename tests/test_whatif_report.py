@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import attrs
@@ -409,3 +410,31 @@ def test_rungs_with_different_warm_ups_are_noted(tmp_path: Path) -> None:
     }
     (note,) = [n for n in run._notes() if "warm-up" in n]
     assert note.startswith("The rungs ran different warm-up passes per input (baseline 0, compiled_decode 1)")
+
+
+def test_rung_reports_cite_the_whatif_run_as_it_ended(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each rung writes its reports while later rungs are still pending; the what-if run rebuilds them when it ends.
+    The rungs here are copies of a finished run folder, rendered as a rung renders itself."""
+    from llm_perf_opt.config_compose import compose_config
+    from llm_perf_opt.pipeline import whatif as pipeline
+    from llm_perf_opt.pipeline.whatif_rungs import RungJob, RungOutcome
+
+    def copied_rungs(
+        jobs: list[RungJob], _devices: object, _limit: object, done: Callable[[RungOutcome], None]
+    ) -> dict[str, RungOutcome]:
+        outcomes = {}
+        for job in jobs:
+            render(_copy_run(job.folder))  # the rung's own reports, citing whatif.json as it is now
+            outcomes[job.name] = RungOutcome(job.name, "complete", None, 1.0)
+            done(outcomes[job.name])
+        return outcomes
+
+    monkeypatch.setattr(pipeline, "run_rungs", copied_rungs)
+    cfg = compose_config("whatif", "model=deepseek_ocr_tiny", "device=cpu", "whatif_run.exclude=[cuda_graphs]")
+    record = pipeline.WhatIfRun(cfg, tmp_path / "wi", "wi", workload=("model=deepseek_ocr_tiny",)).execute()
+    folders = {r.folder for r in record.rungs if r.folder}
+    assert len(folders) == 6  # the baseline and five levers alone
+    for folder in folders:
+        cited = _what_to_try(tmp_path / "wi" / str(folder))
+        assert "by what-if run `wi`" in cited
+        assert "pending" not in cited and "not run yet" not in cited

@@ -25,7 +25,7 @@ from llm_perf_opt.pipeline.whatif_rungs import RungJob, RungOutcome, run_rungs
 from llm_perf_opt.progress import Feedback
 from llm_perf_opt.records import common
 from llm_perf_opt.records.common import SCHEMA_VERSION
-from llm_perf_opt.records.folders import Stage1Folder, load_stage1
+from llm_perf_opt.records.folders import METRICS_FILE, Stage1Folder, load_stage1
 from llm_perf_opt.records.io import RecordError
 from llm_perf_opt.records.whatif import (
     ALONE,
@@ -288,6 +288,7 @@ class WhatIfRun:
                 self._ladder(levers, devices, latency_only=bool(run_cfg.ladder_latency_only))
         record = self._record()
         self._write_record(record)
+        self._render_rungs()
         return record
 
     def _devices(self) -> list[str | None]:
@@ -566,6 +567,23 @@ class WhatIfRun:
             return
         log.warning("writing the rungs measured so far: %s", partial)
         self._write_record(attrs.evolve(self._record(), notes=(*self._notes(), f"The run did not finish: {partial}.")))
+        self._render_rungs()
+
+    def _render_rungs(self) -> None:
+        """Rebuild the reports of every rung folder from its records, so that their "What to try" cites the
+        what-if record as it ends (each rung wrote its reports while later rungs were still pending)."""
+        from llm_perf_opt.pipeline.stage1 import render
+
+        for rung in self.rungs.values():
+            folder = None if rung.folder is None or rung.reused is not None else self.art.run_dir / rung.folder
+            if folder is None or not (folder / METRICS_FILE).is_file():
+                continue  # a ladder rung reusing another's folder, or a rung that wrote no records
+            try:
+                render(folder)
+            except (RecordError, OSError) as exc:
+                log.warning(
+                    "the reports of rung %s were not rebuilt (they cite the what-if run as it was): %s", rung.name, exc
+                )
 
 
 def _verdict_line(rung: Rung, base_passes: int | None) -> str:

@@ -384,7 +384,9 @@ def test_single_pass_rungs_name_no_best_and_no_helped_lever(tmp_path: Path) -> N
         ("static_cache", False, False),
         ("grouped_mm", False, False),
     ]
-    assert record.verdicts[1].line.startswith("grouped_mm: 8.00× on single passes, not judged")
+    assert record.verdicts[1].line.startswith(
+        "grouped_mm: 8.00× on single passes, not judged (an interval needs ≥ 3 passes per side)"
+    )
     md = whatif_md(record)
     verdict = _section(md, "Verdict")
     assert "Best:" not in verdict and "No lever is called helped or best" in verdict and "single passes" in verdict
@@ -393,7 +395,8 @@ def test_single_pass_rungs_name_no_best_and_no_helped_lever(tmp_path: Path) -> N
     assert any("too few timed passes for an interval" in note for note in record.notes)
     cited = " ".join(recommendations(load_stage1_metrics(H100_METRICS), record))
     assert "Not judged: the figures of static_cache, grouped_mm and of the baseline are single passes" in cited
-    assert "Levers that helped" not in cited and "Did not help" not in cited
+    assert "no lever could be judged against the baseline's 32.00 ms (decode ms/token (p50))" in cited
+    assert "Levers that helped" not in cited and "Did not help" not in cited and "no lever beat" not in cited
 
 
 def test_rungs_with_different_warm_ups_are_noted(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from llm_perf_opt import artifacts
 from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure import whatif as figures
+from llm_perf_opt.measure.stats import MIN_VALUES_FOR_CI
 from llm_perf_opt.pipeline import whatif_hydra
 from llm_perf_opt.pipeline.whatif_rungs import RungJob, RungOutcome, run_rungs
 from llm_perf_opt.progress import Feedback
@@ -595,7 +596,10 @@ def _verdict_line(rung: Rung, base_passes: int | None) -> str:
     if figures.judged(s):
         parts = [f"{rung.name}: {s.value:.2f}× ({s.verdict})"]
     else:
-        parts = [f"{rung.name}: {s.value:.2f}× {_passes_text(base_passes, rung)}, not judged ({s.verdict})"]
+        parts = [
+            f"{rung.name}: {s.value:.2f}× {_passes_text(base_passes, rung)}, not judged (an interval needs "
+            f"≥ {MIN_VALUES_FOR_CI} passes per side)"
+        ]
     o = rung.outputs
     if o is not None:
         parts.append(

@@ -140,6 +140,11 @@ def measured_lever_lines(w: WhatIfRecord, device: str, model: str) -> list[str]:
     lines: list[str] = []
     if base_f is None:
         lines.append(f"The what-if run `{w.run_id}` has no measured baseline, so none of its levers can be cited.")
+    elif (best is None or best_f is None) and w.unjudged_levers() and not any(v.judged for v in w.verdicts):
+        lines.append(
+            f"{source[0].upper()}{source[1:]}: no lever could be judged against the baseline's "
+            f"{base_f.objective.p50:,.2f} {o.unit} ({o.label})."
+        )
     elif best is None or best_f is None or best.phase == BASELINE:
         lines.append(
             f"{source[0].upper()}{source[1:]}: no lever beat the baseline's {base_f.objective.p50:,.2f} {o.unit} "

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from llm_perf_opt import compare as cmp
 from llm_perf_opt.cli.compare import main
@@ -114,11 +115,12 @@ def test_two_h100_stage1_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert 0 < len(rows) <= TOP_MOVERS and deltas == sorted(deltas, reverse=True)
     assert rows[0][0] == "aten::addmm" and rows[0][5] == "-0.04"
 
-    config = section(md, "### Configuration and environment differences")
-    assert [row[0] for row in body_rows(config)] == [
-        "config digest"
-    ]  # same model, device and software: only the digest differs
+    config, keys = section(md, "### Configuration and environment differences").split("|config.yaml key|")
+    assert [row[0] for row in body_rows(config)] == ["config digest"]  # same model, device, software and settings
     assert table_row(config, "config digest")[1:] == ["2711c59415e3", "f0cbc3e27323"]
+    # the digests differ because the later release wrote an analytic section into config.yaml: listed key by key
+    assert {row[0].split(".")[0] for row in body_rows(keys)} == {"analytic"}
+    assert table_row(keys, "analytic.tiles")[1:] == ["(absent)", "6"]
 
 
 def test_h100_vs_cpu_tiny_lists_config_differences() -> None:
@@ -215,6 +217,38 @@ def test_two_stage2_runs() -> None:
         "+0.83",
     ]
     assert table_row(section(md, "### Configuration and environment differences"), "mode")[1:] == ["light", "deep"]
+
+
+def _static_copy(tmp_path: Path) -> Path:
+    """The CPU tiny run as if rerun with a static KV cache and batches of 2 filled with copies (metrics.json and
+    config.yaml both say so), from another dataset folder."""
+    folder = tmp_path / "static"
+    shutil.copytree(CPU_TINY, folder)
+    metrics = json.loads((folder / "metrics.json").read_text())
+    metrics["settings"]["runtime"] = {"kv_cache": "static", "batch_size": 2}
+    metrics["settings"].update(batch_size=2, fill_batches=True)
+    (folder / "metrics.json").write_text(json.dumps(metrics))
+    config = yaml.safe_load((folder / "config.yaml").read_text())
+    config["runtime"] = {"kv_cache": "static"}
+    config["run"].update(batch_size=2, fill_batches=True)
+    config["dataset"]["seed"] = 7
+    (folder / "config.yaml").write_text(yaml.safe_dump(config))
+    return folder
+
+
+def test_every_differing_setting_is_listed(tmp_path: Path) -> None:
+    """A dynamic-cache run against a static-cache one: the runtime settings and run.fill_batches are compared, and
+    any other config.yaml key that differs is listed once, under its key."""
+    base = tmp_path / "dynamic"
+    shutil.copytree(CPU_TINY, base)
+    md = compare_md(base, _static_copy(tmp_path))
+    settings, keys = section(md, "### Configuration and environment differences").split("|config.yaml key|")
+    assert table_row(settings, "runtime.kv_cache")[1:] == ["dynamic", "static"]
+    assert table_row(settings, "run.fill_batches")[1:] == ["False", "True"]
+    assert table_row(settings, "batch_size")[1:] == ["1", "2"]
+    assert "runtime.compile" not in settings  # the same in both runs: not a difference
+    assert [row[0] for row in body_rows(keys)] == ["dataset.seed"]  # the settings rows above are not repeated
+    assert table_row(keys, "dataset.seed")[1:] == ["0", "7"]
 
 
 def test_mixed_kinds_compared_within_each_kind() -> None:

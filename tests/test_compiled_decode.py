@@ -190,3 +190,69 @@ def test_compiled_steps_run_under_no_grad_not_inference_mode(tiny_session, page_
     assert not caches["compiled"].layers[0].keys.is_inference()
     assert not caches["compiled"].layers[0].keys.requires_grad
     assert caches["eager"].layers[0].keys.is_inference()
+
+
+# ---- a compiled run gets the warm-up passes that absorb compilation ---------------------------------------------
+
+
+def test_a_compiled_runtime_raises_run_warmup_and_says_why() -> None:
+    from llm_perf_opt.pipeline.stage1 import ResolvedSettings, with_runtime_warmup
+
+    cold = ResolvedSettings(1, 0, 8, 1, "smallest", {"run.warmup": "device default (cpu)"})
+    raised = with_runtime_warmup(cold, DECODE)
+    assert raised.warmup == 1
+    assert raised.sources["run.warmup"].startswith("raised from 0 (device default (cpu)): runtime.compile=decode")
+    graphs = RuntimeSettings(kv_cache="static", compile="prefill_decode", compile_mode="reduce-overhead")
+    assert with_runtime_warmup(cold, graphs).warmup == 2  # a graph is recorded in its second call
+    assert with_runtime_warmup(cold, RuntimeSettings()) is cold  # eager: nothing to absorb
+    warm = ResolvedSettings(1, 3, 8, 1, "smallest", {"run.warmup": "config/override"})
+    assert with_runtime_warmup(warm, DECODE) is warm
+
+
+def test_compiled_decode_with_run_warmup_0_times_no_compilation(page_images, tmp_path) -> None:
+    """The CPU what-if defaults (run.warmup=0, one timed pass) with a compiled decode: before, the compilation landed
+    in the timed pass while the report said the warm-up passes absorbed it."""
+    import shutil
+
+    from llm_perf_opt.config_compose import compose_config
+    from llm_perf_opt.pipeline.stage1 import Stage1Run
+    from llm_perf_opt.records.folders import load_stage1
+
+    root = tmp_path / "pages"
+    root.mkdir()
+    shutil.copy(page_images["small"], root / "page.png")
+    cfg = compose_config(
+        "stage1",
+        "model=deepseek_ocr2_tiny",
+        "device=cpu",
+        f"dataset.root={root}",
+        "run.warmup=0",
+        "run.repeats=1",
+        f"infer.max_new_tokens={NEW_TOKENS}",
+        "pipeline.torch_profiler.enable=false",
+        "runtime.kv_cache=static",
+        "runtime.compile=decode",
+        "runtime.compile_mode=default",
+    )
+    Stage1Run(cfg, tmp_path / "run", run_id="run").execute()
+    m = load_stage1(tmp_path / "run").metrics
+    assert m.settings.warmup == 1 and m.settings.sources["run.warmup"].startswith("raised from 0")
+    assert m.compile is not None and len(m.compile.events) == 1  # compiled once, in the warm-up pass
+    assert m.compile.in_timed_passes == ()
+    assert any(w.startswith("run.warmup is 1, raised from 0") for w in m.warnings)
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "the 1 warm-up pass per input absorbed it: none fell in the timed passes." in report
+    assumptions = (tmp_path / "run" / "assumptions.md").read_text()
+    assert "Warm-up passes per image (run.warmup): 1 (raised from 0" in assumptions
+
+
+def test_the_report_says_when_compilation_fell_in_timed_passes() -> None:
+    from llm_perf_opt.records.stage1 import CompileEvent, CompileSummary
+    from llm_perf_opt.report.stage1_reports import _compile_placement
+
+    event = CompileEvent("decode", (1, 1, 100), 1, 7022.0, 3, 0, False)
+    timed = _compile_placement(0, CompileSummary(events=(event,), cudagraph_skips=0, in_timed_passes=(event,)))
+    assert timed.startswith("1 of the compiling calls (7.0 s) fell in the timed passes despite 0 warm-up passes")
+    older = _compile_placement(0, CompileSummary(events=(event,), cudagraph_skips=0))  # recorded no placement
+    assert older == "with no warm-up pass, the first timed pass of each input includes compilation."
+    assert "absorb" not in timed + older

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -191,6 +193,48 @@ def test_bad_files_are_skipped_with_reasons_and_replaced(tmp_path: Path) -> None
     ]
     assert fates(sel)[1][2] == reasons["b_corrupt.png"]
     assert fates(sel)[5][2] == "dataset.max_images=2 reached (dataset.sampling=sorted: in order)"
+
+
+@pytest.mark.parametrize("sampling", ["sorted", "smallest"])
+def test_a_dangling_symlink_is_listed_as_skipped_with_the_reason(tmp_path: Path, sampling: str) -> None:
+    make_image(tmp_path / "a_good.png")
+    (tmp_path / "b_gone.png").symlink_to(tmp_path / "deleted.png")  # the target never existed
+    make_image(tmp_path / "c_good.png")
+
+    sel = select_images(tmp_path, sampling=sampling)
+
+    assert names(sel) == ["a_good.png", "c_good.png"]
+    assert sel.discovered == 3
+    reason = f"broken symbolic link: its target {tmp_path / 'deleted.png'} does not exist"
+    assert [(s.path.name, s.reason) for s in sel.skipped] == [("b_gone.png", reason)]
+    assert ("b_gone.png", SKIPPED, reason) in fates(sel)
+    assert len(fates(sel)) == 3  # every file considered, once
+
+
+@pytest.mark.parametrize("sampling", ["sorted", "smallest"])
+def test_a_page_above_pils_bomb_threshold_runs_with_one_clear_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, sampling: str
+) -> None:
+    """PIL's threshold scaled down to 1,000 px: a 40×40 page (1,600 px) stands for a 121-Mpx legal page against
+    the real 89.5-Mpx threshold. It runs, without PIL's raw DecompressionBombWarning, and one log line names its
+    size; a page above twice the threshold (PIL's error) is skipped with the reason."""
+    from llm_perf_opt.data.images import open_upright
+
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    make_image(tmp_path / "a_legal.png", size=(40, 40))
+    make_image(tmp_path / "b_huge.png", size=(50, 50))
+    with warnings.catch_warnings(record=True) as raised, caplog.at_level(logging.INFO, "llm_perf_opt.dataset"):
+        warnings.simplefilter("always")
+        sel = select_images(tmp_path, sampling=sampling)
+        open_upright(tmp_path / "a_legal.png")  # as the adapters and the gallery open it
+    assert not [w for w in raised if issubclass(w.category, Image.DecompressionBombWarning)]
+    assert names(sel) == ["a_legal.png"]
+    notes = [r.getMessage() for r in caplog.records if "a_legal.png" in r.getMessage()]
+    assert notes == [
+        "a_legal.png is a large page: 40×40 px (0.0016 Mpx), above PIL's decompression-bomb warning threshold of "
+        "0.001 Mpx; it runs as any page (PIL refuses images above 0.002 Mpx)"
+    ]
+    assert [(s.path.name, "exceeds limit" in s.reason) for s in sel.skipped] == [("b_huge.png", True)]
 
 
 def test_on_error_fail_raises_naming_the_file(tmp_path: Path) -> None:

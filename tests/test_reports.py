@@ -443,3 +443,38 @@ def test_decode_far_from_its_speed_of_light_points_to_launch_overhead() -> None:
     assert prefill.bound == "compute"  # 6 TFLOP / 3 GB = 2000 FLOP/byte, above the H100's ridge of ~295
     text = " ".join(recommendations(_metrics(records, H100, GPU_FLOPS, compute, efficiency=eff)))
     assert "speed of light" in text and "MBU" in text and "launches" in text
+
+
+def _image_sources(markdown_text: str) -> list[str]:
+    """The `src` of every image a CommonMark parser finds in `markdown_text`."""
+    from markdown_it import MarkdownIt
+
+    found = []
+    for token in MarkdownIt("commonmark").parse(markdown_text):
+        found += [child.attrs["src"] for child in token.children or () if child.type == "image"]
+    return [str(src) for src in found]
+
+
+def test_gallery_links_a_page_with_spaces_in_its_name(tmp_path: Path) -> None:
+    """`my page (1).png` gets a thumbnail whose image link a Markdown parser reads and that points at the file."""
+    from urllib.parse import unquote
+
+    from llm_perf_opt.artifacts import ArtifactsManager
+    from llm_perf_opt.records.folders import load_stage1
+    from llm_perf_opt.records.stage1 import Prediction
+    from llm_perf_opt.report.stage1_reports import write_gallery
+
+    folder = load_stage1(Path(__file__).parent / "fixtures" / "runs" / "cpu_tiny_v1_stage1")
+    name = "my page (1).png"
+    page = tmp_path / "pages" / name
+    page.parent.mkdir()
+    Image.new("RGB", (400, 300), "white").save(page)
+    m = attrs.evolve(folder.metrics, records=tuple(attrs.evolve(r, image=name) for r in folder.metrics.records))
+    prediction = Prediction(image=name, path=str(page), token_ids=(1, 2), tokens=2, text="text", weights="random")
+    art = ArtifactsManager(tmp_path / "run", stage="stage1")
+    write_gallery(art, m, folder.inputs, [prediction], m.settings.outputs)
+    viz = tmp_path / "run" / "viz"
+    (source,) = _image_sources((viz / "predictions.md").read_text())
+    assert (viz / unquote(source)).is_file()
+    assert markdown.link_target("viz/my page (1).png") == "viz/my%20page%20%281%29.png"
+    assert markdown.link("a b.png", "a b.png") == "[a b.png](a%20b.png)"

@@ -148,7 +148,7 @@ def test_report_shows_the_batches(batch2: Stage1Folder) -> None:
     assert "![Experts hit per MoE layer over the timed decode steps](plots/routing_hits.png)" in report
     assert (batch2.path / "plots" / "routing_hits.png").stat().st_size > 0
     summary = (batch2.path / "stakeholder_summary.md").read_text()
-    assert "Batch size 2" in summary and "Aggregate decode:" in summary
+    assert "Batch size 2 (the last batch 1)" in summary and "Aggregate decode:" in summary
 
 
 def test_batch_reports_rebuild_from_the_records(batch2: Stage1Folder) -> None:

@@ -44,7 +44,7 @@ def test_no_interval_below_three_passes() -> None:
     s = w.speedup(DECODE, [10.0, 11.0], [5.0, 5.5])
     assert s is not None and s.ci95_low is None and s.ci95_high is None and s.ci_method is None
     assert s.verdict == TOO_FEW
-    assert w.helped(s)  # faster, unverified: taken, and the report says so
+    assert not w.judged(s) and not w.helped(s)  # twice as fast on 2 passes each: no interval, no gain claimed
 
 
 def test_ratio_interval_is_the_inverse_when_swapped() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import attrs
@@ -17,7 +18,7 @@ from llm_perf_opt.pipeline.stage1 import render
 from llm_perf_opt.records import io
 from llm_perf_opt.records.folders import WHATIF_FILE, load_stage1_metrics
 from llm_perf_opt.records.stage1 import Stage1Metrics
-from llm_perf_opt.records.whatif import ALONE, FAILED, MEASURED, Rung, WhatIfRecord
+from llm_perf_opt.records.whatif import ALONE, FAILED, MEASURED, Rung, RungFigures, WhatIfRecord
 from llm_perf_opt.report.recommendations import DECODE_LEVERS, recommendations
 from llm_perf_opt.report.whatif_plots import waterfall_steps, write_whatif_plots
 from llm_perf_opt.report.whatif_report import ranked_rungs, whatif_md, write_all
@@ -338,3 +339,105 @@ def test_stage2_report_takes_whatif_and_stage2_keeps_it_from_the_workload(tmp_pa
     assert done.returncode == 0, done.stderr
     assert "by what-if run `20250101-120000-abcdef`" in (copy / "stakeholder_summary.md").read_text()
     assert (copy / "report.md").read_text() == (EXAMPLE_STAGE2 / "report.md").read_text()
+
+
+# ---- rungs of too few passes: no lever called helped or best ----------------------------------------------------
+
+
+def _single_pass(decode_ms: float) -> RungFigures:
+    """A rung's figures from one timed pass (the CPU defaults: one image, run.repeats=1, run.warmup=0)."""
+    from llm_perf_opt.measure.stats import summarize
+
+    one = summarize([decode_ms], "ms/token")
+    return attrs.evolve(figures(decode_ms, kernels=None, busy=None), objective=one, decode_ms_per_token=one)
+
+
+def test_single_pass_rungs_name_no_best_and_no_helped_lever(tmp_path: Path) -> None:
+    """The record perf-whatif builds on the CPU defaults (one pass per rung): before, the fastest single pass was
+    "Best" and every faster lever "Helped"; now their ratios are reported as single measurements, not judged."""
+    from llm_perf_opt.config_compose import compose_config
+    from llm_perf_opt.measure import whatif as w
+    from llm_perf_opt.pipeline.whatif import WhatIfRun
+    from llm_perf_opt.records.whatif import BASELINE
+    from whatif_fixtures import GROUPED, STATIC
+
+    goal = w.objective("decode_ms_per_token")
+    run = WhatIfRun(compose_config("whatif"), tmp_path, "wi", workload=())
+    run.levers = (STATIC, GROUPED)
+    base = _single_pass(32.0)
+    run.rungs = {"baseline": Rung("baseline", BASELINE, (), (), False, MEASURED, figures=base)}
+    for lever, ms in ((STATIC, 24.9), (GROUPED, 4.0)):
+        run.rungs[lever.name] = Rung(
+            lever.name,
+            ALONE,
+            (lever.name,),
+            lever.overrides,
+            False,
+            MEASURED,
+            figures=_single_pass(ms),
+            speedup=w.speedup(goal, [32.0], [ms]),
+            outputs=identical(tokens=8),
+        )
+    record = run._record()
+    assert record.best is None
+    assert [(v.lever, v.helped, v.judged) for v in record.verdicts] == [
+        ("static_cache", False, False),
+        ("grouped_mm", False, False),
+    ]
+    assert record.verdicts[1].line.startswith(
+        "grouped_mm: 8.00× on single passes, not judged (an interval needs ≥ 3 passes per side)"
+    )
+    md = whatif_md(record)
+    verdict = _section(md, "Verdict")
+    assert "Best:" not in verdict and "No lever is called helped or best" in verdict and "single passes" in verdict
+    assert "### Helped" not in md and "### Did not help" not in md
+    assert "### Not judged: too few passes" in md
+    assert any("too few timed passes for an interval" in note for note in record.notes)
+    cited = " ".join(recommendations(load_stage1_metrics(H100_METRICS), record))
+    assert "Not judged: the figures of static_cache, grouped_mm and of the baseline are single passes" in cited
+    assert "no lever could be judged against the baseline's 32.00 ms (decode ms/token (p50))" in cited
+    assert "Levers that helped" not in cited and "Did not help" not in cited and "no lever beat" not in cited
+
+
+def test_rungs_with_different_warm_ups_are_noted(tmp_path: Path) -> None:
+    from llm_perf_opt.config_compose import compose_config
+    from llm_perf_opt.pipeline.whatif import WhatIfRun
+    from llm_perf_opt.records.whatif import BASELINE
+
+    run = WhatIfRun(compose_config("whatif"), tmp_path, "wi", workload=())
+    cold = attrs.evolve(figures(32.0, kernels=None, busy=None), warmup_passes=0)
+    warm = attrs.evolve(figures(30.0, kernels=None, busy=None), warmup_passes=1, compile_ms=51_600.0)
+    run.rungs = {
+        "baseline": Rung("baseline", BASELINE, (), (), False, MEASURED, figures=cold),
+        "compiled_decode": Rung("compiled_decode", ALONE, ("compiled_decode",), (), False, MEASURED, figures=warm),
+    }
+    (note,) = [n for n in run._notes() if "warm-up" in n]
+    assert note.startswith("The rungs ran different warm-up passes per input (baseline 0, compiled_decode 1)")
+
+
+def test_rung_reports_cite_the_whatif_run_as_it_ended(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each rung writes its reports while later rungs are still pending; the what-if run rebuilds them when it ends.
+    The rungs here are copies of a finished run folder, rendered as a rung renders itself."""
+    from llm_perf_opt.config_compose import compose_config
+    from llm_perf_opt.pipeline import whatif as pipeline
+    from llm_perf_opt.pipeline.whatif_rungs import RungJob, RungOutcome
+
+    def copied_rungs(
+        jobs: list[RungJob], _devices: object, _limit: object, done: Callable[[RungOutcome], None]
+    ) -> dict[str, RungOutcome]:
+        outcomes = {}
+        for job in jobs:
+            render(_copy_run(job.folder))  # the rung's own reports, citing whatif.json as it is now
+            outcomes[job.name] = RungOutcome(job.name, "complete", None, 1.0)
+            done(outcomes[job.name])
+        return outcomes
+
+    monkeypatch.setattr(pipeline, "run_rungs", copied_rungs)
+    cfg = compose_config("whatif", "model=deepseek_ocr_tiny", "device=cpu", "whatif_run.exclude=[cuda_graphs]")
+    record = pipeline.WhatIfRun(cfg, tmp_path / "wi", "wi", workload=("model=deepseek_ocr_tiny",)).execute()
+    folders = {r.folder for r in record.rungs if r.folder}
+    assert len(folders) == 6  # the baseline and five levers alone
+    for folder in folders:
+        cited = _what_to_try(tmp_path / "wi" / str(folder))
+        assert "by what-if run `wi`" in cited
+        assert "pending" not in cited and "not run yet" not in cited

@@ -1,4 +1,6 @@
-"""Progress for long work (rich bars on a terminal, silence otherwise) and the one-screen summary at the end."""
+"""Progress for long work (rich bars on a terminal, silence otherwise) and the one-screen summary at the end.
+
+The bars go to stderr, the summary to stdout with the logs, so `stage1-run | tail -1` names the report."""
 
 from __future__ import annotations
 
@@ -13,12 +15,18 @@ from rich.table import Table
 
 
 class Feedback:
-    """Progress bars and the final summary. Bars appear only on a terminal; logs carry the same events anyway."""
+    """Progress bars on `stream` (stderr) and the final summary on `out` (stdout). Bars appear only on a terminal
+    (logs carry the same events anyway); the summary is a table on a terminal, plain lines otherwise."""
 
-    def __init__(self, stream: IO[str] | None = None, *, interactive: bool | None = None) -> None:
+    def __init__(
+        self, stream: IO[str] | None = None, *, interactive: bool | None = None, out: IO[str] | None = None
+    ) -> None:
         stream = stream or sys.stderr
+        out = out or sys.stdout
         self.interactive = stream.isatty() if interactive is None else interactive
         self.console = Console(file=stream, force_terminal=self.interactive, soft_wrap=True)
+        self.out_interactive = out.isatty() if interactive is None else interactive
+        self.out = Console(file=out, force_terminal=self.out_interactive, soft_wrap=True)
         self._progress: Progress | None = None
 
     @contextmanager
@@ -52,18 +60,18 @@ class Feedback:
             handle.done()
 
     def summary(self, title: str, rows: Sequence[tuple[str, str]], report: str) -> None:
-        """Key figures and where the report is: a table on a terminal, plain lines otherwise."""
-        if self.interactive:
+        """Key figures and where the report is (the last line): a table on a terminal, plain lines otherwise."""
+        if self.out_interactive:
             table = Table(title=title, show_header=False, title_justify="left")
             table.add_column(style="bold")
             table.add_column()
             for key, value in rows:
                 table.add_row(key, value)
             table.add_row("report", report)
-            self.console.print(table)
+            self.out.print(table)
             return
         lines = [title, *(f"  {key}: {value}" for key, value in rows), f"  report: {report}"]
-        self.console.print("\n".join(lines), highlight=False, markup=False)
+        self.out.print("\n".join(lines), highlight=False, markup=False)
 
 
 class StepHandle:

@@ -12,6 +12,8 @@ naming every such line, never a silent drop; a file listed twice runs once and i
 
 from __future__ import annotations
 
+import logging
+import os
 import random
 import struct
 from collections.abc import Callable
@@ -20,9 +22,11 @@ from pathlib import Path
 import attrs
 from PIL import Image, UnidentifiedImageError
 
-from llm_perf_opt.data.images import open_upright
+from llm_perf_opt.data.images import large_page_note, open_upright, stored_size
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.resources import package_folder
+
+log = logging.getLogger("llm_perf_opt.dataset")
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")  # matched case-insensitively
 SAMPLINGS = ("sorted", "random", "smallest")
@@ -190,7 +194,7 @@ def select_inputs(
         if max_images is not None and len(entries) >= max_images:
             fates.append(InputFate(path, NOT_SELECTED, _cut_reason(max_images, sampling, seed)))
             continue
-        entry = kind.probe(path)
+        entry = _broken_link(path) or kind.probe(path)
         if not isinstance(entry, str):
             entries.append(entry)
             fates.append(InputFate(path, RUN))
@@ -237,8 +241,8 @@ def _cut_reason(max_images: int, sampling: str, seed: int) -> str:
 def _pixel_count(path: Path) -> float:
     """Width x height from the image header; unreadable files sort last."""
     try:
-        with Image.open(path) as image:
-            return float(image.width * image.height)
+        width, height = stored_size(path)
+        return float(width * height)
     except (OSError, ValueError, Image.DecompressionBombError):
         return float("inf")
 
@@ -254,11 +258,19 @@ def _check_root(root: str | Path, fix: str) -> Path:
 
 
 def _discover(root: Path, kind: InputKind) -> list[Path]:
-    """All files of `kind` under ``root`` (recursive), sorted by relative path."""
-    found = [p for p in root.rglob("*") if p.suffix.lower() in kind.suffixes and p.is_file()]
+    """All files of `kind` under ``root`` (recursive), sorted by relative path; a broken symbolic link is found
+    too, so that the selection lists it as skipped."""
+    found = [p for p in root.rglob("*") if p.suffix.lower() in kind.suffixes and (p.is_file() or _broken_link(p))]
     if not found:
         raise UserError(f"dataset.root {root} contains no {kind.files} files", kind.root_fix)
     return sorted(found, key=lambda p: p.relative_to(root).as_posix())
+
+
+def _broken_link(path: Path) -> str | None:
+    """Why `path`, a symbolic link whose target does not exist, cannot be read; None for anything else."""
+    if path.is_symlink() and not path.exists():
+        return f"broken symbolic link: its target {os.readlink(path)} does not exist"
+    return None
 
 
 def _find_filelist(subset_filelist: str | Path, root: Path) -> Path:
@@ -331,6 +343,8 @@ def _probe(path: Path) -> ImageEntry | str:
         return f"not a readable image: {str(exc) or type(exc).__name__}"
     if width <= 0 or height <= 0:
         return f"image has no pixels ({width}x{height})"
+    if (note := large_page_note(path, width, height)) is not None:
+        log.info("%s", note)
     return ImageEntry(path=path, width=width, height=height, bytes=size, orientation=orientation)
 
 

@@ -36,7 +36,7 @@ from llm_perf_opt.records.comparison import (
     StageTimeRow,
 )
 from llm_perf_opt.records.folders import Stage1Folder, Stage2Folder
-from llm_perf_opt.records.stage1 import ModelInfo, OperatorRow, RunSettings
+from llm_perf_opt.records.stage1 import ModelInfo, OperatorRow, RunSettings, RuntimeRecord
 from llm_perf_opt.records.stage2 import KernelStat
 
 TOP_MOVERS = 10
@@ -46,8 +46,9 @@ KERNEL_KEY = "total_ms"
 
 T = TypeVar("T")
 F = TypeVar("F", Stage1Folder, Stage2Folder)
+R = TypeVar("R")
 Labelled = tuple[str, F]  # a run's label and its folder
-Field = tuple[str, Callable[[F], object]]  # a configuration field's name and how to read it from a folder
+Field = tuple[str, Callable[[T], object]]  # a configuration field's name and how to read it from a folder
 
 
 @attrs.frozen
@@ -94,6 +95,59 @@ def differences(runs: Sequence[Labelled[F]], fields: Sequence[Field[F]]) -> tupl
         values = tuple(_shown(pick(folder)) for _, folder in runs)
         if len(set(values)) > 1:
             rows.append(FieldDifference(name, values))
+    return tuple(rows)
+
+
+# The runtime settings a run records (`RuntimeRecord`), each compared as `runtime.<name>`; run.batch_size is its
+# own row and the label only words them.
+RUNTIME_SETTINGS = tuple(f.name for f in attrs.fields(RuntimeRecord) if f.name not in ("batch_size", "label"))
+ABSENT = "(absent)"
+
+
+def _runtime_setting(name: str) -> Callable[[RunSettings], object]:
+    return lambda s: getattr(s.runtime, name)
+
+
+# Each recorded run setting a comparison lists under its config key, and how to read it from `RunSettings`.
+RUN_SETTINGS: tuple[tuple[str, Callable[[RunSettings], object]], ...] = (
+    ("run.fill_batches", lambda s: s.fill_batches),
+    *((f"runtime.{name}", _runtime_setting(name)) for name in RUNTIME_SETTINGS),
+)
+
+
+def run_setting_fields(settings: Callable[[R], RunSettings | None]) -> list[Field[R]]:
+    """The fields of `RUN_SETTINGS`, read from a run's (or its workload's) `RunSettings` (None when it has none)."""
+
+    def field(read: Callable[[RunSettings], object]) -> Callable[[R], object]:
+        return lambda f: None if (s := settings(f)) is None else read(s)
+
+    return [(key, field(read)) for key, read in RUN_SETTINGS]
+
+
+def flat_config(config: Mapping[str, object], prefix: str = "") -> dict[str, object]:
+    """A nested configuration as dotted keys and leaf values (`{"run": {"warmup": 2}}` -> `{"run.warmup": 2}`)."""
+    leaves: dict[str, object] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            leaves.update(flat_config(value, name + "."))
+        else:
+            leaves[name] = value
+    return leaves
+
+
+def config_differences(configs: Sequence[Mapping[str, object]], shown: Iterable[str]) -> tuple[FieldDifference, ...]:
+    """Every key of the runs' `config.yaml` whose value differs, except the keys `shown` among the settings rows
+    (a key one run lacks reads "(absent)"); none unless every run has its `config.yaml`."""
+    if len(configs) < 2 or not all(configs):
+        return ()
+    skip = set(shown)
+    flat = [flat_config(c) for c in configs]
+    rows = []
+    for key in union(flat):
+        values = tuple(("null" if f[key] is None else _shown(f[key])) if key in f else ABSENT for f in flat)
+        if key not in skip and len(set(values)) > 1:
+            rows.append(FieldDifference(key, values))
     return tuple(rows)
 
 
@@ -145,6 +199,11 @@ def _gpu(env: Mapping[str, object]) -> Mapping[str, object]:
 
 # --------------------------------------------------------------------------------------------- Stage 1
 
+
+def _stage1_settings(folder: Stage1Folder) -> RunSettings:
+    return folder.metrics.settings
+
+
 STAGE1_FIELDS: list[Field[Stage1Folder]] = [
     ("model", lambda f: f.metrics.model.name),
     ("parameters", lambda f: f.metrics.model.parameters),
@@ -168,10 +227,28 @@ STAGE1_FIELDS: list[Field[Stage1Folder]] = [
     ("max_new_tokens", lambda f: f.metrics.settings.max_new_tokens),
     ("max_images", lambda f: f.metrics.settings.max_images),
     ("batch_size", lambda f: f.metrics.settings.batch_size),
+    *run_setting_fields(_stage1_settings),
     ("partial run", lambda f: f.metrics.settings.partial),
     ("operator sort key", lambda f: f.metrics.operator_sort_key),
     ("config digest", lambda f: _short_digest(f.metrics.config_digest)),
 ]
+
+# The config.yaml keys the rows above already show (as the run's effective values): not listed again.
+SETTINGS_CONFIG_KEYS = frozenset(
+    {
+        "model.name",
+        "model.dtype",
+        "model.attn_implementation",
+        "model.experts_implementation",
+        "device",
+        "run.repeats",
+        "run.warmup",
+        "infer.max_new_tokens",
+        "dataset.max_images",
+        "run.batch_size",
+        *(key for key, _ in RUN_SETTINGS),
+    }
+)
 
 
 def operator_key(folder: Stage1Folder) -> str:
@@ -254,6 +331,7 @@ def stage1_comparison(runs: Sequence[Labelled[Stage1Folder]]) -> Stage1Compariso
         efficiency=efficiency(runs),
         operators=tuple(operator_movers(runs[0], other) for other in runs[1:]),
         differences=differences(runs, STAGE1_FIELDS),
+        config_differences=config_differences([f.config for _, f in runs], SETTINGS_CONFIG_KEYS),
     )
 
 
@@ -278,6 +356,10 @@ def _tool_version(name: str) -> Callable[[Stage2Folder], object]:
     return pick
 
 
+def _workload_settings(folder: Stage2Folder) -> RunSettings | None:
+    return folder.metrics.workload_settings
+
+
 STAGE2_FIELDS: list[Field[Stage2Folder]] = [
     ("mode", lambda f: f.metrics.mode),
     ("model", _model(lambda m: m.name)),
@@ -297,8 +379,11 @@ STAGE2_FIELDS: list[Field[Stage2Folder]] = [
     ("warmup", _workload(lambda s: s.warmup)),
     ("max_new_tokens", _workload(lambda s: s.max_new_tokens)),
     ("max_images", _workload(lambda s: s.max_images)),
+    ("batch_size", _workload(lambda s: s.batch_size)),
+    *run_setting_fields(_workload_settings),
     ("forwarded overrides", lambda f: f.metrics.forwarded_overrides),
 ]
+STAGE2_CONFIG_KEYS = SETTINGS_CONFIG_KEYS | {"stage2.mode", "stage2.workload.repeats", "stage2.workload.warmup"}
 
 
 def gpu_busy(runs: Sequence[Labelled[Stage2Folder]]) -> tuple[BusyRow, ...]:
@@ -363,6 +448,7 @@ def stage2_comparison(runs: Sequence[Labelled[Stage2Folder]]) -> Stage2Compariso
         totals=tuple(run_totals(f) for _, f in runs),
         kernels=tuple(kernel_movers(runs[0], other) for other in runs[1:]),
         differences=differences(runs, STAGE2_FIELDS),
+        config_differences=config_differences([f.config for _, f in runs], STAGE2_CONFIG_KEYS),
     )
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import attrs
 
-from llm_perf_opt.measure.noise import WITHIN, noise_verdict
+from llm_perf_opt.measure.noise import BEYOND, WITHIN, noise_verdict
 from llm_perf_opt.measure.outputs import first_departure, load_prefill_logits
 from llm_perf_opt.measure.stats import MIN_VALUES_FOR_CI, summarize, t_critical_95
 from llm_perf_opt.records import vocabulary as vocab
@@ -129,10 +129,15 @@ def speedup(goal: Objective, base: Sequence[float], other: Sequence[float]) -> S
     )
 
 
+def judged(s: Speedup | None) -> bool:
+    """Whether a speed-up has a noise verdict: both sides had the ≥ 3 timed passes an interval needs."""
+    return s is not None and s.verdict in (BEYOND, WITHIN)
+
+
 def helped(s: Speedup | None) -> bool:
-    """A lever helped when it is faster and its change is not within the noise (too few passes: faster is taken,
-    the report says it is unverified)."""
-    return s is not None and s.value > 1.0 and s.verdict != WITHIN
+    """A lever helped when it is faster beyond the noise: only on intervals (≥ 3 passes per side). A ratio of fewer
+    passes is reported as such, never called a gain."""
+    return judged(s) and s is not None and s.value > 1.0 and s.verdict == BEYOND
 
 
 def outputs_against(base: Stage1Folder, other: Stage1Folder) -> OutputAgreement | None:

@@ -56,6 +56,7 @@ from llm_perf_opt.records.folders import (
 from llm_perf_opt.records.io import dumps_lines
 from llm_perf_opt.records.stage1 import (
     BatchRecord,
+    CompileEvent,
     CompileSummary,
     DeviceInfo,
     ImageInput,
@@ -141,6 +142,20 @@ def resolve_settings(cfg: DictConfig, device: torch.device) -> ResolvedSettings:
     )
 
 
+def with_runtime_warmup(settings: ResolvedSettings, runtime: RuntimeSettings) -> ResolvedSettings:
+    """`settings` with at least the warm-up passes `runtime` needs (a compiled step compiles in the first pass of
+    each shape): fewer are raised, and the source of run.warmup says from what and why."""
+    needed = runtime.warmup_needed
+    if settings.warmup >= needed:
+        return settings
+    why = (
+        f"raised from {settings.warmup} ({settings.sources['run.warmup']}): runtime.compile={runtime.compile} "
+        f"(compile_mode {runtime.compile_mode}) needs {needed} warm-up pass(es) per input, or the timed passes "
+        "would include compilation"
+    )
+    return attrs.evolve(settings, warmup=needed, sources={**settings.sources, "run.warmup": why})
+
+
 def config_digest(cfg: DictConfig) -> str:
     """sha256 of the resolved config (hydra section excluded)."""
     text = OmegaConf.to_yaml(cfg, resolve=True, sort_keys=True)
@@ -207,6 +222,7 @@ class _RunState:
     batch_analytic: dict[str, Mapping[str, Any]] = attrs.Factory(dict)
     decode_experts: str | None = None  # which routed-expert count the batch decode bytes used
     reused_process: bool = False  # an earlier job ran in this process (a reused launcher worker)
+    timed_compiles: list[CompileEvent] = attrs.Factory(list)  # compiling calls that fell in timed passes
 
 
 class Stage1Run:
@@ -291,7 +307,7 @@ class Stage1Run:
         self.state.reused_process = start_clean(device)
         self.runtime = RuntimeSettings.from_config(cfg)  # run.batch_size ≤ 0 is refused here, before any build
         self.runtime.check_device(device)
-        self.settings = settings = resolve_settings(cfg, device)
+        self.settings = settings = with_runtime_warmup(resolve_settings(cfg, device), self.runtime)
         adapter = make_adapter(cfg.model)  # knows what the model takes (images or text) before it is built
         self.inputs = select_inputs(
             cfg.dataset,
@@ -388,6 +404,7 @@ class Stage1Run:
                 bar.advance()
             for repeat in range(settings.repeats):
                 measured = session.run_image(entry.path, settings.max_new_tokens)
+                self.state.timed_compiles.extend(measured.compile_events)
                 self.state.records.append(_record(name, repeat, measured, vision, grid))
                 if measured.routing is not None:
                     self.state.routing.append(measured.routing)
@@ -456,6 +473,7 @@ class Stage1Run:
             traces: list[RoutingTrace] = []
             for repeat in range(settings.repeats):
                 measured = session.run_batch(paths, settings.max_new_tokens)
+                self.state.timed_compiles.extend(measured.compile_events)
                 recorded: set[str] = set()
                 for name, page in zip(keys, measured.page_measurements(), strict=True):
                     if name in recorded:  # a copy filling the batch: one record per input and pass
@@ -616,6 +634,7 @@ class Stage1Run:
                 asked_passes=len(self.selection.images) * settings.repeats if self.selection else None,
                 outputs=output_settings(cfg),
                 runtime=RuntimeRecord(**self.runtime.as_dict(), label=self.runtime.label),
+                fill_batches=bool(cfg.run.get("fill_batches", False)),
             ),
             records=tuple(records),
             stages=stage_stats(records, vision),
@@ -643,7 +662,7 @@ class Stage1Run:
             variation=variation,
             measured_peaks=measured_peaks,
             routing=summarize_routing(_largest_batches(self.state.routing)),
-            compile=_compile_record(session),
+            compile=_compile_record(session, self.state.timed_compiles),
             host_peak_rss_bytes=None if self.state.reused_process else host_peak_rss_bytes(),
             batches=tuple(self.state.batches),
             batch_summary=batch_summary(self.state.batches, self.runtime.batch_size, self.state.decode_experts),
@@ -673,6 +692,7 @@ class Stage1Run:
                 "the CUDA allocator's cache and peak counters were reset first; the host peak memory is left out (it "
                 "would include the earlier job's)."
             )
+        out.extend(self._warmup_warnings())
         if self.session.loaded.weights == "random":
             out.append("Random weights: timings, FLOPs and bytes are real; the generated tokens are not text.")
         for s in self.selection.skipped:
@@ -709,6 +729,23 @@ class Stage1Run:
                 f"(median over {v.images_judged} image(s){worst}; > {threshold:.0%})."
             )
         return tuple(out)
+
+    def _warmup_warnings(self) -> list[str]:
+        """A warm-up raised for a compiled runtime, and compilations that still fell in timed passes."""
+        assert self.settings is not None
+        out = []
+        source = self.settings.sources["run.warmup"]
+        if source.startswith("raised"):
+            out.append(f"run.warmup is {self.settings.warmup}, {source}.")
+        timed = self.state.timed_compiles
+        if timed:
+            seconds = sum(e.host_ms for e in timed) / 1e3
+            out.append(
+                f"{len(timed)} compiling call(s) fell in the timed passes ({seconds:,.1f} s of host time, recompiles "
+                "included): those passes include compilation, so their times are not steady state; raise run.warmup "
+                "or fix the recompiles (see the Runtime section)."
+            )
+        return out
 
     @property
     def fills_batches(self) -> bool:
@@ -822,9 +859,12 @@ def _largest_batches(traces: list[RoutingTrace]) -> list[RoutingTrace]:
     return [t for t in traces if t.tokens_per_step == most]
 
 
-def _compile_record(session: InferenceSession) -> CompileSummary | None:
-    """Every compilation of the run (warm-up passes included), or None when nothing is compiled."""
-    return None if session.runtime.compile == "none" else session.compile_summary()
+def _compile_record(session: InferenceSession, timed: list[CompileEvent]) -> CompileSummary | None:
+    """Every compilation of the run (warm-up passes included) and those of them in timed passes, or None when
+    nothing is compiled."""
+    if session.runtime.compile == "none":
+        return None
+    return attrs.evolve(session.compile_summary(), in_timed_passes=tuple(timed))
 
 
 def input_key(selection: DatasetSelection, path: Path) -> str:

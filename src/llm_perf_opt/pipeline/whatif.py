@@ -21,12 +21,13 @@ from llm_perf_opt import artifacts, interrupts
 from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure import whatif as figures
+from llm_perf_opt.measure.stats import MIN_VALUES_FOR_CI
 from llm_perf_opt.pipeline import whatif_hydra
 from llm_perf_opt.pipeline.whatif_rungs import RungJob, RungOutcome, run_rungs, stopped_outcome
 from llm_perf_opt.progress import Feedback
 from llm_perf_opt.records import common
 from llm_perf_opt.records.common import SCHEMA_VERSION
-from llm_perf_opt.records.folders import Stage1Folder, load_stage1
+from llm_perf_opt.records.folders import METRICS_FILE, Stage1Folder, load_stage1
 from llm_perf_opt.records.io import RecordError
 from llm_perf_opt.records.whatif import (
     ALONE,
@@ -301,6 +302,7 @@ class WhatIfRun:
                 self._ladder(levers, devices, latency_only=bool(run_cfg.ladder_latency_only))
         record = self._record()
         self._write_record(record)
+        self._render_rungs()
         return record
 
     def _devices(self) -> list[str | None]:
@@ -532,15 +534,25 @@ class WhatIfRun:
 
     def _verdicts(self) -> tuple[Verdict, ...]:
         out = []
+        base = self.rungs.get(BASELINE_NAME)
+        base_passes = None if base is None or base.figures is None else base.figures.objective.n
         for lever in self.levers:
             rung = self.rungs.get(lever.name)
             if rung is None:
                 continue
-            out.append(Verdict(lever=lever.name, helped=figures.helped(rung.speedup), line=_verdict_line(rung)))
+            out.append(
+                Verdict(
+                    lever=lever.name,
+                    helped=figures.helped(rung.speedup),
+                    line=_verdict_line(rung, base_passes),
+                    judged=rung.state == MEASURED and figures.judged(rung.speedup),
+                )
+            )
         return tuple(out)
 
     def _notes(self) -> tuple[str, ...]:
         notes = [f"{name} is not stacked on the ladder: {why}." for name, why in self.left_out]
+        notes += self._pass_notes()
         if bool(self.cfg.whatif_run.ladder_latency_only):
             workload = [r.name for r in self.rungs.values() if r.phase == ALONE and r.changes_workload]
             if workload:
@@ -549,6 +561,27 @@ class WhatIfRun:
                     "alone, never stacked on the ladder (whatif_run.ladder_latency_only=true)."
                 )
         return tuple(notes)
+
+    def _pass_notes(self) -> list[str]:
+        """Why levers were left unjudged (too few passes), and warm-up passes that differ between the rungs."""
+        measured = [r for r in self.rungs.values() if r.state == MEASURED and r.figures is not None]
+        notes = []
+        unjudged = [r.name for r in measured if r.phase == ALONE and not figures.judged(r.speedup)]
+        if unjudged:
+            notes.append(
+                f"{', '.join(unjudged)}: too few timed passes for an interval (each side needs ≥ 3; set "
+                "run.repeats=3 or more), so no lever is called helped or best from them and none is stacked on the "
+                "ladder; their ratios are single measurements."
+            )
+        warmups = {r.name: r.figures.warmup_passes for r in measured if r.figures is not None}
+        if len(set(warmups.values())) > 1:
+            counts = ", ".join(f"{name} {n}" for name, n in warmups.items())
+            notes.append(
+                f"The rungs ran different warm-up passes per input ({counts}): stage1-run gives a compiled runtime "
+                "the warm-up passes that absorb its compilation, so a rung without warm-up pays its first-pass costs "
+                "in its timed passes; set run.warmup to the largest for a like-for-like comparison."
+            )
+        return notes
 
     def _write_record(self, record: WhatIfRecord) -> None:
         from llm_perf_opt.report import whatif_report
@@ -566,6 +599,23 @@ class WhatIfRun:
             return
         log.warning("writing the rungs measured so far: %s", partial)
         self._write_record(attrs.evolve(self._record(), notes=(*self._notes(), f"The run did not finish: {partial}.")))
+        self._render_rungs()
+
+    def _render_rungs(self) -> None:
+        """Rebuild the reports of every rung folder from its records, so that their "What to try" cites the
+        what-if record as it ends (each rung wrote its reports while later rungs were still pending)."""
+        from llm_perf_opt.pipeline.stage1 import render
+
+        for rung in self.rungs.values():
+            folder = None if rung.folder is None or rung.reused is not None else self.art.run_dir / rung.folder
+            if folder is None or not (folder / METRICS_FILE).is_file():
+                continue  # a ladder rung reusing another's folder, or a rung that wrote no records
+            try:
+                render(folder)
+            except (RecordError, OSError) as exc:
+                log.warning(
+                    "the reports of rung %s were not rebuilt (they cite the what-if run as it was): %s", rung.name, exc
+                )
 
 
 def _interrupted(rung: Rung, folder: Path, goal: Objective) -> Rung:
@@ -584,13 +634,19 @@ def _interrupted(rung: Rung, folder: Path, goal: Objective) -> Rung:
     return attrs.evolve(rung, state=INTERRUPTED, reason=reason, figures=measured)
 
 
-def _verdict_line(rung: Rung) -> str:
+def _verdict_line(rung: Rung, base_passes: int | None) -> str:
     if rung.state != MEASURED:
         return f"{rung.name}: {rung.state} — {rung.reason}"
     s = rung.speedup
     if s is None:
         return f"{rung.name}: no comparable figure"
-    parts = [f"{rung.name}: {s.value:.2f}× ({s.verdict})"]
+    if figures.judged(s):
+        parts = [f"{rung.name}: {s.value:.2f}× ({s.verdict})"]
+    else:
+        parts = [
+            f"{rung.name}: {s.value:.2f}× {_passes_text(base_passes, rung)}, not judged (an interval needs "
+            f"≥ {MIN_VALUES_FOR_CI} passes per side)"
+        ]
     o = rung.outputs
     if o is not None:
         parts.append(
@@ -601,3 +657,12 @@ def _verdict_line(rung: Rung) -> str:
     if rung.changes_workload:
         parts.append("changes the workload")
     return ", ".join(parts)
+
+
+def _passes_text(base_passes: int | None, rung: Rung) -> str:
+    """The pass counts behind an unjudged ratio: "on single passes", or "on 2 vs 1 timed passes"."""
+    counts = (base_passes, None if rung.figures is None else rung.figures.objective.n)
+    if counts == (1, 1):
+        return "on single passes"
+    base, own = ("?" if n is None else str(n) for n in counts)
+    return f"on {base} vs {own} timed passes"

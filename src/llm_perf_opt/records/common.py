@@ -5,7 +5,8 @@ from __future__ import annotations
 import attrs
 
 # The version of every record file the toolkit writes; a reader accepts any minor version of its major.
-# 1.2: run_status.json records the process writing the folder (pid, host); a what-if rung may be `interrupted`.
+# 1.2: run_status.json records the process writing the folder (pid, host); a what-if rung may be `interrupted`;
+#      RunSettings.fill_batches, Verdict.judged, the comparisons' config_differences (all with defaults).
 SCHEMA_VERSION = "1.2"
 SCHEMA_MAJOR = SCHEMA_VERSION.split(".", 1)[0]
 

@@ -106,6 +106,7 @@ class Stage1Comparison:
     efficiency: tuple[EfficiencyRow, ...]
     operators: tuple[MoverTable, ...]  # one per run after the baseline
     differences: tuple[FieldDifference, ...]
+    config_differences: tuple[FieldDifference, ...] = ()  # other config.yaml keys that differ
 
 
 # --------------------------------------------------------------------------------------------- Stage 2
@@ -144,6 +145,7 @@ class Stage2Comparison:
     totals: tuple[RunTotals, ...]  # per run
     kernels: tuple[MoverTable, ...]  # one per run after the baseline
     differences: tuple[FieldDifference, ...]
+    config_differences: tuple[FieldDifference, ...] = ()  # other config.yaml keys that differ
 
 
 # --------------------------------------------------------------------------------------------- the whole

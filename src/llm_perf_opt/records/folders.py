@@ -16,7 +16,15 @@ from typing import Any, TypeVar
 import attrs
 
 from llm_perf_opt.records.common import COMPLETE, RUNNING, RunStatus
-from llm_perf_opt.records.io import RecordError, check_schema, load_file, load_lines, read_json, structure
+from llm_perf_opt.records.io import (
+    RecordError,
+    check_schema,
+    load_file,
+    load_lines,
+    read_json,
+    read_yaml,
+    structure,
+)
 from llm_perf_opt.records.stage1 import InputsManifest, OperatorTable, Prediction, Stage1Metrics
 from llm_perf_opt.records.stage2 import Capture, NcuTargets, Stage2Metrics
 from llm_perf_opt.records.whatif import WhatIfRecord
@@ -27,6 +35,7 @@ log = logging.getLogger("llm_perf_opt.records")
 STATUS_FILE = "run_status.json"
 METRICS_FILE = "metrics.json"
 ENV_FILE = "env.json"
+CONFIG_FILE = "config.yaml"  # the resolved configuration the command ran with (Hydra's section left out)
 INPUTS_FILE = "inputs.yaml"
 OPERATORS_FILE = "operators.json"
 PREDICTIONS_FILE = "predictions/predictions.jsonl"
@@ -122,9 +131,18 @@ def read_env(run_dir: Path) -> dict[str, Any]:
     return dict(data) if isinstance(data, dict) else {}
 
 
+def read_config(run_dir: Path) -> dict[str, Any]:
+    """`config.yaml` (the resolved configuration) as data; empty when the folder has none."""
+    path = Path(run_dir) / CONFIG_FILE
+    if not path.is_file():
+        return {}
+    data = read_yaml(path)
+    return dict(data) if isinstance(data, dict) else {}
+
+
 @attrs.frozen
 class Stage1Folder:
-    """A `stage1-run` folder: its metrics and, where written, its inputs, operators and predictions."""
+    """A `stage1-run` folder: its metrics and, where written, its inputs, operators, predictions and config."""
 
     path: Path
     status: RunStatus
@@ -133,6 +151,7 @@ class Stage1Folder:
     inputs: InputsManifest | None
     operators: OperatorTable | None
     predictions: tuple[Prediction, ...]
+    config: dict[str, Any] = attrs.field(factory=dict)  # config.yaml; empty when the folder has none
 
     kind = "stage1"
 
@@ -184,6 +203,7 @@ def load_stage1(run_dir: Path) -> Stage1Folder:
         inputs=_optional(run_dir / INPUTS_FILE, lambda p: load_file(p, InputsManifest, versioned=False)),
         operators=_optional(run_dir / OPERATORS_FILE, lambda p: load_file(p, OperatorTable, versioned=False)),
         predictions=load_lines(predictions, Prediction) if predictions.is_file() else (),
+        config=read_config(run_dir),
     )
 
 
@@ -198,6 +218,7 @@ class Stage2Folder:
     capture: Capture | None
     targets: NcuTargets | None
     workload: Stage1Metrics | None
+    config: dict[str, Any] = attrs.field(factory=dict)  # config.yaml; empty when the folder has none
 
     kind = "stage2"
 
@@ -249,6 +270,7 @@ def load_stage2(run_dir: Path) -> Stage2Folder:
         capture=load_capture(run_dir) if (run_dir / CAPTURE_FILE).is_file() else None,
         targets=load_ncu_targets(run_dir),
         workload=load_workload_metrics(run_dir),
+        config=read_config(run_dir),
     )
 
 

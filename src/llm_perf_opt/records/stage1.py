@@ -345,6 +345,18 @@ class OutputSettings:
     extra: OutputExtra = attrs.field(factory=OutputExtra)
 
 
+def runtime_label(kv_cache: str, compile: str, compile_mode: str, static_cache_len: int | None, batch: str) -> str:
+    """One line for reports, e.g. "static KV cache, compiled decode (reduce-overhead), batch 4"."""
+    parts = [f"{kv_cache} KV cache" + (f" of {static_cache_len} positions" if static_cache_len is not None else "")]
+    if compile != "none":
+        what = "decode" if compile == "decode" else "prefill and decode"
+        parts.append(f"compiled {what} ({compile_mode})")
+    else:
+        parts.append("eager")
+    parts.append(batch)
+    return ", ".join(parts)
+
+
 @attrs.frozen
 class RuntimeRecord:
     """How the decoder ran (`runtime.*`, `run.batch_size`)."""
@@ -357,6 +369,10 @@ class RuntimeRecord:
     record_routing: bool = True
     output_check: str = "auto"
     label: str = "dynamic KV cache, eager, batch 1"
+
+    def described(self, batch: str) -> str:
+        """The label with `batch` (e.g. "batch 1 (run.batch_size=2, 1 input)") in place of the configured size."""
+        return runtime_label(self.kv_cache, self.compile, self.compile_mode, self.static_cache_len, batch)
 
 
 @attrs.frozen
@@ -380,6 +396,7 @@ class RunSettings:
     asked_passes: int | None = None  # inputs x repeats
     outputs: OutputSettings = attrs.field(factory=OutputSettings)
     runtime: RuntimeRecord = attrs.field(factory=RuntimeRecord)
+    fill_batches: bool = False  # run.fill_batches: batches filled to run.batch_size with copies of their inputs
 
 
 @attrs.frozen
@@ -437,6 +454,8 @@ class CompileSummary:
 
     events: tuple[CompileEvent, ...]
     cudagraph_skips: int  # times inductor declined to capture a CUDA graph (reduce-overhead only)
+    # The compiling calls that fell in timed passes (their times include compilation); None: not recorded (older)
+    in_timed_passes: tuple[CompileEvent, ...] | None = None
 
     @property
     def compile_ms(self) -> float:

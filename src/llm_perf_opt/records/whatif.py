@@ -159,6 +159,9 @@ class Verdict:
     lever: str
     helped: bool
     line: str  # e.g. "static cache: 1.34× (beyond noise), outputs identical for 32 tokens"
+    # Measured with a noise verdict (≥ 3 passes per side); False: not run, or too few passes to tell (older
+    # records: True, their verdicts list unmeasured levers among those that did not help)
+    judged: bool = True
 
 
 @attrs.frozen
@@ -209,6 +212,10 @@ class WhatIfRecord:
             return rung.figures
         earlier = self.rung(rung.reused)
         return None if earlier is None else earlier.figures
+
+    def unjudged_levers(self) -> list[str]:
+        """The levers measured without a noise verdict (too few timed passes on a side for an interval)."""
+        return [v.lever for v in self.verdicts if not v.judged and (r := self.rung(v.lever)) and r.state == MEASURED]
 
     def lever(self, name: str) -> Lever | None:
         return next((lever for lever in self.levers if lever.name == name), None)

@@ -15,6 +15,33 @@ def batched(m: Stage1Metrics) -> bool:
     return m.settings.batch_size > 1 and m.batch_summary is not None
 
 
+def sizes_run(m: Stage1Metrics) -> list[int]:
+    """The sizes of the batches the timed passes ran, largest first ([1] for a run without batch records)."""
+    return sorted({b.size for b in m.batches}, reverse=True) or [1]
+
+
+def batch_run(m: Stage1Metrics) -> int:
+    """The batch size the run's figures are for: run.batch_size when a batch that full ran, else the largest batch
+    that ran (every input fit in one smaller batch)."""
+    sizes = sizes_run(m)
+    return m.settings.batch_size if m.settings.batch_size in sizes else sizes[0]
+
+
+def batch_size_text(m: Stage1Metrics) -> str:
+    """The batch size that ran, e.g. "4", "4 (the last batch 1)", "1 (run.batch_size=2, 1 input)"."""
+    configured, sizes, ran = m.settings.batch_size, sizes_run(m), batch_run(m)
+    if ran != configured:
+        inputs = len(m.images)
+        return f"{ran} (run.batch_size={configured}, {inputs} input{'s' if inputs != 1 else ''})"
+    smaller = [s for s in sizes if s < ran]
+    return f"{ran}" + (f" (the last batch {smaller[-1]})" if smaller else "")
+
+
+def runtime_text(m: Stage1Metrics) -> str:
+    """How the decoder ran, with the batch that ran (the recorded label names run.batch_size)."""
+    return m.settings.runtime.described(f"batch {batch_size_text(m)}")
+
+
 def _p50(s: Summary | None, digits: int, unit: str) -> str:
     """p50 of a per-pass figure with its 95% interval (none from fewer than 3 passes)."""
     if s is None:
@@ -34,7 +61,7 @@ def aggregate_line(m: Stage1Metrics) -> str | None:
     if b.aggregate_decode_tokens_per_s is None:
         return None
     return (
-        f"Aggregate decode: {b.aggregate_decode_tokens_per_s.p50:,.1f} tokens/s over batches of {b.batch_size} "
+        f"Aggregate decode: {b.aggregate_decode_tokens_per_s.p50:,.1f} tokens/s over batches of {batch_run(m)} "
         f"(every input's decode tokens over the batch's decode time; p50 over {b.passes} batch passes), "
         f"{b.pages_per_s.p50:,.3f} inputs/s end to end"
     )

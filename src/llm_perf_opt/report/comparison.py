@@ -51,13 +51,22 @@ def _runs_list(doc: Doc, runs: Sequence[ComparedRun], describe: Callable[[Compar
     doc.bullets(items)
 
 
-def _differences(doc: Doc, runs: Sequence[ComparedRun], rows: Sequence[FieldDifference]) -> None:
+def _differences(
+    doc: Doc, runs: Sequence[ComparedRun], rows: Sequence[FieldDifference], config: Sequence[FieldDifference] = ()
+) -> None:
     doc.h3("Configuration and environment differences")
     if rows:
         _lead(doc, "Only the fields that differ between the runs; any of them can explain a change in time.")
         doc.table(["Field", *(r.label for r in runs)], [[d.field, *d.values] for d in rows])
-    else:
+    elif not config:
         doc.para("None: same model, device, software versions and settings.")
+    if config:
+        _lead(
+            doc,
+            "Every other key of the runs' resolved configuration (config.yaml) that differs; (absent): a key the "
+            "run's configuration does not have (an older release, or another model's settings).",
+        )
+        doc.table(["config.yaml key", *(r.label for r in runs)], [[d.field, *d.values] for d in config])
 
 
 def _movers_table(doc: Doc, base: str, table: MoverTable, first: str) -> None:
@@ -136,7 +145,7 @@ def _stage1(doc: Doc, runs: Sequence[ComparedRun], section: Stage1Comparison, to
             )
         _movers_table(doc, base.label, table, "Operator")
     doc.para("n/a: not among that run's recorded top operators (counted as 0 for the ranking).")
-    _differences(doc, runs, section.differences)
+    _differences(doc, runs, section.differences, section.config_differences)
 
 
 # --------------------------------------------------------------------------------------------- Stage 2
@@ -185,7 +194,7 @@ def _stage2(doc: Doc, runs: Sequence[ComparedRun], section: Stage2Comparison, to
         _lead(doc, f"**{table.other}** vs **{base.label}**, by total ms (absolute difference, top {top}).")
         _movers_table(doc, base.label, table, "Kernel")
     doc.para("n/a: not among that run's recorded top kernels (counted as 0 for the ranking).")
-    _differences(doc, runs, section.differences)
+    _differences(doc, runs, section.differences, section.config_differences)
 
 
 # --------------------------------------------------------------------------------------------- entry

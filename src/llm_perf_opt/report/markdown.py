@@ -3,8 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from urllib.parse import quote
 
 from mdutils.mdutils import MdUtils
+
+
+def link_target(path: str) -> str:
+    """A path as a Markdown link or image target: percent-encoded, so spaces, brackets and parentheses in file
+    names keep the link valid (`viz/my page.png` -> `viz/my%20page.png`)."""
+    return quote(path, safe="/")
+
+
+def link(text: str, path: str) -> str:
+    """`[text](path)` with the path as a valid link target."""
+    return f"[{text}]({link_target(path)})"
 
 
 class Doc:
@@ -38,7 +50,7 @@ class Doc:
         self._md.new_table(columns=len(header), rows=len(rows) + 1, text=cells, text_align=align)
 
     def image(self, alt: str, path: str) -> None:
-        self._md.new_paragraph(MdUtils.new_inline_image(text=alt, path=path))
+        self._md.new_paragraph(MdUtils.new_inline_image(text=alt, path=link_target(path)))
 
     def raw(self, text: str) -> None:
         self._md.write(text)

@@ -9,7 +9,9 @@ from __future__ import annotations
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.stage1 import Stage1Metrics
 from llm_perf_opt.records.whatif import BASELINE, MEASURED, WhatIfRecord
+from llm_perf_opt.report.batches import batch_run
 from llm_perf_opt.report.markdown import pct
+from llm_perf_opt.report.whatif_report import single_pass_text
 
 # Thresholds that trigger a recommendation; named so the report's logic can be read and tuned in one place.
 DECODE_DOMINANT = 0.5  # decode share of end-to-end
@@ -77,14 +79,14 @@ def key_findings(m: Stage1Metrics) -> list[str]:
     if pf_mfu is not None and dec_eff is not None and dec_eff.mbu is not None and dec_eff.gap is not None:
         out.append(
             f"How efficient: prefill runs at {_tflops(m, vocab.PREFILL):,.1f} TFLOP/s = {pf_mfu:.1%} MFU; "
-            f"batch-{m.settings.batch_size} decode, judged by memory bandwidth, reaches {dec_eff.mbu:.1%} MBU and "
+            f"batch-{batch_run(m)} decode, judged by memory bandwidth, reaches {dec_eff.mbu:.1%} MBU and "
             f"takes {dec_eff.gap:,.0f}× its speed-of-light time."
         )
     elif pf_mfu is not None:
         out.append(
             f"How efficient: prefill runs at {_tflops(m, vocab.PREFILL):,.1f} TFLOP/s = {pf_mfu:.1%} MFU; decode at "
             f"{_tflops(m, vocab.DECODE) or 0:,.2f} TFLOP/s = {(dec_mfu or 0):.2%} MFU "
-            f"(batch-{m.settings.batch_size} decode is judged by memory bandwidth, not FLOPs)."
+            f"(batch-{batch_run(m)} decode is judged by memory bandwidth, not FLOPs)."
         )
     else:
         out.append(
@@ -138,6 +140,11 @@ def measured_lever_lines(w: WhatIfRecord, device: str, model: str) -> list[str]:
     lines: list[str] = []
     if base_f is None:
         lines.append(f"The what-if run `{w.run_id}` has no measured baseline, so none of its levers can be cited.")
+    elif (best is None or best_f is None) and w.unjudged_levers() and not any(v.judged for v in w.verdicts):
+        lines.append(
+            f"{source[0].upper()}{source[1:]}: no lever could be judged against the baseline's "
+            f"{base_f.objective.p50:,.2f} {o.unit} ({o.label})."
+        )
     elif best is None or best_f is None or best.phase == BASELINE:
         lines.append(
             f"{source[0].upper()}{source[1:]}: no lever beat the baseline's {base_f.objective.p50:,.2f} {o.unit} "
@@ -164,9 +171,11 @@ def measured_lever_lines(w: WhatIfRecord, device: str, model: str) -> list[str]:
     helped = [v.line for v in w.verdicts if v.helped]
     if len(helped) > 1:
         lines.append("Levers that helped (what-if verdicts): " + "; ".join(helped) + ".")
-    not_helped = [v.line for v in w.verdicts if not v.helped]
+    not_helped = [v.line for v in w.verdicts if v.judged and not v.helped]
     if not_helped:
         lines.append("Did not help (measured): " + "; ".join(not_helped) + ".")
+    if unjudged := w.unjudged_levers():
+        lines.append(f"Not judged: {single_pass_text(w, unjudged)}.")
     not_run = [f"{r.name} {r.state} ({r.reason or 'no reason recorded'})" for r in w.rungs if r.state != MEASURED]
     if not_run:
         lines.append("Not measured in the what-if run: " + "; ".join(not_run) + ".")
@@ -207,7 +216,7 @@ def _generic(m: Stage1Metrics) -> list[tuple[str, frozenset[str]]]:
             )
         elif m.device.type == "cuda" and dec_mfu is not None and dec_mfu < LOW_DECODE_MFU:
             msg += (
-                f" and only {dec_mfu:.2%} MFU: batch-{m.settings.batch_size} decode is bound by weight reads or, "
+                f" and only {dec_mfu:.2%} MFU: batch-{batch_run(m)} decode is bound by weight reads or, "
                 "when a step takes far longer than its bytes need, by kernel-launch/CPU overhead. Try CUDA graphs or "
                 f"torch.compile (static KV cache), and batch several {inputs} per step; Stage 2 shows the GPU-busy "
                 "fraction per step"

@@ -13,6 +13,7 @@ from llm_perf_opt.measure.flops import FLOP_SOURCE
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.common import Summary
 from llm_perf_opt.records.stage1 import (
+    CompileSummary,
     InputsManifest,
     OperatorRow,
     OperatorTable,
@@ -25,7 +26,7 @@ from llm_perf_opt.records.stage1 import (
 )
 from llm_perf_opt.records.whatif import WhatIfRecord
 from llm_perf_opt.report import batches, gallery
-from llm_perf_opt.report.markdown import Doc, flops, ms, num_bytes, pct
+from llm_perf_opt.report.markdown import Doc, flops, link, ms, num_bytes, pct
 from llm_perf_opt.report.plots import write_stage1_plots
 from llm_perf_opt.report.recommendations import key_findings, recommendations
 
@@ -309,13 +310,13 @@ def _runtime_section(doc: Doc, m: Stage1Metrics) -> None:
     if m.compile is None and not checks and m.routing is None:
         return
     doc.h2("Runtime")
-    lines = [f"Runtime: {m.settings.runtime.label}."]
+    lines = [f"Runtime: {batches.runtime_text(m)}."]
     if m.compile is not None:
         c = m.compile
         lines.append(
             f"Compilation: {len(c.events)} compiling call(s), {c.compile_ms / 1e3:,.1f} s of host time in all "
-            f"({c.recompiles} recompile(s), {c.cudagraph_skips} CUDA-graph capture(s) skipped); the warm-up passes "
-            "absorb it, so the timed passes are steady state."
+            f"({c.recompiles} recompile(s), {c.cudagraph_skips} CUDA-graph capture(s) skipped); "
+            + _compile_placement(m.settings.warmup, c)
         )
     if checks:
         by_image: dict[str, list[OutputCheck]] = {}
@@ -341,6 +342,23 @@ def _runtime_section(doc: Doc, m: Stage1Metrics) -> None:
     doc.bullets(lines)
 
 
+def _compile_placement(warmup: int, c: CompileSummary) -> str:
+    """Whether the compilation fell in the warm-up passes or in the timed ones (as far as the record says)."""
+    passes = f"{warmup} warm-up pass{'es' if warmup != 1 else ''} per input"
+    timed = c.in_timed_passes
+    if timed:
+        seconds = sum(e.host_ms for e in timed) / 1e3
+        return (
+            f"{len(timed)} of the compiling calls ({seconds:,.1f} s) fell in the timed passes despite {passes}: "
+            "those passes include compilation and are not steady state."
+        )
+    if warmup == 0:
+        return "with no warm-up pass, the first timed pass of each input includes compilation."
+    if timed is None:
+        return f"the {passes} are meant to absorb it (this older record does not say whether any fell in timed passes)."
+    return f"the {passes} absorbed it: none fell in the timed passes."
+
+
 def _flops_source(m: Stage1Metrics) -> str:
     """How the run counted its FLOPs (as recorded; the current method for a run that recorded none)."""
     return next((r.flops_source for r in m.mfu), FLOP_SOURCE)
@@ -354,7 +372,7 @@ def _passes_text(m: Stage1Metrics) -> str:
         return (
             f"{len(m.images)} {noun}(s), {s.measured_passes} of {s.asked_passes} timed passes measured (stopped early)"
         )
-    grouped = f" in batches of {s.batch_size}" if s.batch_size > 1 else ""
+    grouped = f" in batches of {batches.batch_run(m)}" if batches.batch_run(m) > 1 else ""
     return f"{len(m.images)} {noun}(s){grouped} × {s.repeats} timed pass(es)"
 
 
@@ -390,7 +408,7 @@ def report_md(
     doc.para(
         f"Run `{m.run_id}` · "
         + (f"workload {profile['name']} · " if profile else "")
-        + f"{m.model.weights_detail} · {m.model.dtype} · {m.settings.runtime.label} · "
+        + f"{m.model.weights_detail} · {m.model.dtype} · {batches.runtime_text(m)} · "
         + _passes_text(m)
         + " · "
         f"{m.settings.max_new_tokens} new tokens per pass · times in ms ({m.device.timing_method})."
@@ -470,7 +488,7 @@ def report_md(
 
     doc.h2("Throughput (medians over passes)")
     t = m.throughput
-    batch = "batch 1" if m.settings.batch_size == 1 else f"per input, batch {m.settings.batch_size}"
+    batch = "batch 1" if batches.batch_run(m) == 1 else f"per input, batch {batches.batch_run(m)}"
     aggregate = batches.aggregate_line(m)
     doc.bullets(
         [
@@ -568,7 +586,7 @@ def report_md(
 
     _fates_section(doc, inputs)
     doc.h2("Files")
-    doc.bullets([f"[{f}]({f})" for f in sorted(set(files)) if not f.startswith(".")])
+    doc.bullets([link(f, f) for f in sorted(set(files)) if not f.startswith(".")])
     return doc.text()
 
 
@@ -627,8 +645,8 @@ def _cost_centre_rows(stats: Sequence[StageStat]) -> list[list[str]]:
 def stakeholder_md(m: Stage1Metrics, whatif: WhatIfRecord | None = None) -> str:
     doc = Doc(f"Stakeholder summary: {m.model.name} inference on {m.device.name}")
     doc.para(
-        f"{m.model.weights_detail}. Batch size {m.settings.batch_size}, {m.settings.max_new_tokens} new tokens per "
-        "image." + (f" {aggregate}." if (aggregate := batches.aggregate_line(m)) else "")
+        f"{m.model.weights_detail}. Batch size {batches.batch_size_text(m)}, {m.settings.max_new_tokens} new tokens "
+        "per image." + (f" {aggregate}." if (aggregate := batches.aggregate_line(m)) else "")
     )
     doc.h2("Key findings")
     doc.bullets(key_findings(m))
@@ -680,9 +698,10 @@ def assumptions_md(m: Stage1Metrics, inputs: InputsManifest) -> str:
     doc.bullets(
         [
             f"Named workload: {profile['name']} — {profile['document']}" if profile else "Named workload: none",
-            f"Batch size: {s.batch_size}",
-            f"Runtime: {s.runtime.label} (runtime.kv_cache={s.runtime.kv_cache}, runtime.compile={s.runtime.compile}, "
-            f"runtime.compile_mode={s.runtime.compile_mode}, runtime.output_check={s.runtime.output_check})",
+            f"Batch size: {batches.batch_size_text(m)}",
+            f"Runtime: {batches.runtime_text(m)} (runtime.kv_cache={s.runtime.kv_cache}, "
+            f"runtime.compile={s.runtime.compile}, runtime.compile_mode={s.runtime.compile_mode}, "
+            f"runtime.output_check={s.runtime.output_check})",
             f"Timed passes per image (run.repeats): {s.repeats} ({s.sources['run.repeats']})",
             f"Warm-up passes per image (run.warmup): {s.warmup} ({s.sources['run.warmup']})",
             f"Decoding: {s.decoding}; {s.max_new_tokens} new tokens ({s.sources['infer.max_new_tokens']})",

@@ -9,7 +9,7 @@ from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.stage2 import KernelStat, MeasuredBytes, MeasuredBytesRow, Stage2Metrics
 from llm_perf_opt.records.whatif import WhatIfRecord
 from llm_perf_opt.report import stage2_plots
-from llm_perf_opt.report.markdown import Doc, ms, num_bytes, pct
+from llm_perf_opt.report.markdown import Doc, link, ms, num_bytes, pct
 from llm_perf_opt.report.recommendations import DECODE_LEVERS, measured_lever_lines, measured_override_keys
 
 LOW_BUSY = 0.5  # GPU-busy fraction under which a stage is launch/CPU bound rather than GPU bound
@@ -391,7 +391,7 @@ def report_md(m: Stage2Metrics, files: Sequence[str]) -> str:
         commands = "`nsys/cmd.txt`, `ncu/<stage>/cmd.txt` and the bytes passes' `ncu/bytes-<stage>/cmd.txt`"
     doc.para(f"Commands: {commands}; raw reports and exports under `nsys/` and `ncu/`.")
     doc.h2("Files")
-    doc.bullets([f"[{f}]({f})" for f in sorted(set(files)) if f.endswith((".md", ".json", ".yaml", ".txt", ".png"))])
+    doc.bullets([link(f, f) for f in sorted(set(files)) if f.endswith((".md", ".json", ".yaml", ".txt", ".png"))])
     return doc.text()
 
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from llm_perf_opt.records.sweep import SweepJob, SweepSummary
-from llm_perf_opt.report.markdown import Doc, flops, ms, pct
+from llm_perf_opt.report.markdown import Doc, flops, link, ms, pct
 
 
 def _rate(tflops: float | None) -> str:
@@ -36,7 +36,7 @@ def sweep_markdown(summary: SweepSummary, plot: str | None, curve_plot: str | No
             job.num, *(job.value(k) for k in keys), job.status,
             ms(m.e2e_p50_ms), ms(m.prefill_p50_ms), ms(m.decode_ms_per_token_p50, 2), ms(m.ttft_p50_ms),
             pct(m.prefill_mfu, 2), _rate(m.prefill_achieved_tflops), pct(m.decode_mbu, 2),
-            ms(m.decode_tokens_per_s), f"[report]({job.report})" if job.report else "n/a",
+            ms(m.decode_tokens_per_s), link("report", job.report) if job.report else "n/a",
         ])  # fmt: skip
     doc.table(header, rows)
     if plot is not None:

@@ -27,7 +27,7 @@ from llm_perf_opt.records.whatif import (
     hydra_launcher_name,
 )
 from llm_perf_opt.report.comparison import ratio_text
-from llm_perf_opt.report.markdown import Doc, flops, ms, num_bytes, pct
+from llm_perf_opt.report.markdown import Doc, flops, link, ms, num_bytes, pct
 from llm_perf_opt.report.whatif_plots import write_whatif_plots
 
 NA = "n/a"
@@ -137,6 +137,11 @@ def verdict_paragraph(record: WhatIfRecord) -> str:
     where = f"Measured on {record.device_phrase}: every figure is from these runs, not an estimate."
     best_figures = None if best is None else record.figures_of(best)
     if best is None or best_figures is None:
+        if (unjudged := record.unjudged_levers()) and not any(v.judged for v in record.verdicts):
+            return (
+                f"No lever is called helped or best: {single_pass_text(record, unjudged)}; the baseline measured "
+                f"{_objective_value(objective, base_figures)}. {where}"
+            )
         return (
             f"No rung beat the baseline ({_objective_value(objective, base_figures)}) with its outputs checked; "
             f"the verdicts below say why for each lever. {where}"
@@ -161,6 +166,17 @@ def verdict_paragraph(record: WhatIfRecord) -> str:
             f"This rung {CHANGES_WORKLOAD}: its time is for different work, so check its outputs before adopting it. "
         )
     return text + where
+
+
+def single_pass_text(record: WhatIfRecord, levers: Sequence[str]) -> str:
+    """Why `levers` were not judged: their figures, and the baseline's, are too few passes for an interval."""
+    passes = sorted({f.objective.n for r in record.rungs if (f := record.figures_of(r)) is not None})
+    counts = " or ".join(str(n) for n in passes)
+    kind = "single passes" if passes == [1] else f"{counts} timed pass(es) each"
+    return (
+        f"the figures of {', '.join(levers)} and of the baseline are {kind}, too few for a 95% interval and a noise "
+        "verdict (≥ 3 passes per side; run.repeats=3 or more), so their ratios are single measurements, not gains"
+    )
 
 
 def _header(doc: Doc, record: WhatIfRecord) -> None:
@@ -381,13 +397,20 @@ def _floor_table(doc: Doc, record: WhatIfRecord) -> None:
 def _verdicts(doc: Doc, record: WhatIfRecord) -> None:
     doc.h2("Verdicts")
     helped = [v.line for v in record.verdicts if v.helped]
-    not_helped = [v.line for v in record.verdicts if not v.helped]
+    not_helped = [v.line for v in record.verdicts if v.judged and not v.helped]
+    unjudged = set(record.unjudged_levers())
+    too_few = [v.line for v in record.verdicts if v.lever in unjudged]
     not_run = [f"{r.name} ({r.phase}) {_state_line(r)}" for r in record.rungs if r.state != MEASURED]
-    for title, lines in (("Helped", helped), ("Did not help", not_helped), ("Not measured in full", not_run)):
+    for title, lines in (
+        ("Helped", helped),
+        ("Did not help", not_helped),
+        ("Not judged: too few passes", too_few),
+        ("Not measured in full", not_run),
+    ):
         if lines:
             doc.h3(title)
             doc.bullets(lines)
-    if not (helped or not_helped or not_run):
+    if not (helped or not_helped or too_few or not_run):
         doc.para("No lever was judged.")
 
 
@@ -430,13 +453,13 @@ def whatif_md(record: WhatIfRecord, plots: dict[str, str] | None = None, files: 
     if record.notes:
         doc.h2("Notes")
         doc.bullets(list(record.notes))
-    folders = [f"{r.name}: [{r.folder}]({r.folder}/report.md)" for r in record.rungs if r.folder]
+    folders = [f"{r.name}: " + link(r.folder, f"{r.folder}/report.md") for r in record.rungs if r.folder]
     if folders:
         doc.h2("Rung folders")
         doc.bullets(folders)
     if files:
         doc.h2("Files")
-        doc.bullets([f"[{f}]({f})" for f in sorted(set(files))])
+        doc.bullets([link(f, f) for f in sorted(set(files))])
     return doc.text()
 
 

@@ -3,7 +3,8 @@
 Each call of a :class:`CompiledStep` is timed on the host; a call during which TorchDynamo compiled frames is a
 compile event (the first call of a shape, or a recompile after a guard failure), recorded with its host time,
 frames compiled and graph breaks. CUDA-graph capture (``mode="reduce-overhead"``) happens in the first calls of
-each shape; warm-up passes absorb it, and graph skips are counted from inductor's counters.
+each shape; stage1-run gives a compiled runtime the warm-up passes that absorb it (`RuntimeSettings.warmup_needed`)
+and records any compile event that still falls in a timed pass. Graph skips are counted from inductor's counters.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ import attrs
 import torch
 
 from llm_perf_opt.errors import UserError, require_whole
+from llm_perf_opt.records.stage1 import runtime_label
 
 KV_CACHES: Final = ("dynamic", "static")
 COMPILE_TARGETS: Final = ("none", "decode", "prefill_decode")
@@ -105,6 +106,15 @@ class RuntimeSettings:
         return self.compile != "none" and self.compile_mode == "reduce-overhead"
 
     @property
+    def warmup_needed(self) -> int:
+        """Warm-up passes per input a timed pass needs to be steady state: none eagerly; one when a step is compiled
+        (the first pass of each shape compiles it); two with CUDA graphs (a step called once per pass, such as a
+        compiled prefill, is recorded as a graph in its second call and replayed from the third)."""
+        if self.compile == "none":
+            return 0
+        return 2 if self.uses_cuda_graphs else 1
+
+    @property
     def is_reference(self) -> bool:
         """True for the eager reference: dynamic cache, nothing compiled, batch 1."""
         return self.kv_cache == "dynamic" and self.compile == "none" and self.batch_size == 1
@@ -119,16 +129,9 @@ class RuntimeSettings:
     @property
     def label(self) -> str:
         """One line for reports, e.g. "static KV cache, compiled decode (reduce-overhead), batch 4"."""
-        parts = [f"{self.kv_cache} KV cache"]
-        if self.static_cache_len is not None:
-            parts[0] += f" of {self.static_cache_len} positions"
-        if self.compile != "none":
-            what = "decode" if self.compile == "decode" else "prefill and decode"
-            parts.append(f"compiled {what} ({self.compile_mode})")
-        else:
-            parts.append("eager")
-        parts.append(f"batch {self.batch_size}")
-        return ", ".join(parts)
+        return runtime_label(
+            self.kv_cache, self.compile, self.compile_mode, self.static_cache_len, f"batch {self.batch_size}"
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """The settings as plain data (metrics.json, config records)."""

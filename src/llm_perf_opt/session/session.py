@@ -101,7 +101,7 @@ class ImageMeasurement:
     tiles: int
     peak_memory_bytes: int | None
     routing: RoutingTrace | None = None  # experts each decode step hit (MoE decoders with runtime.record_routing)
-    compile_events: tuple[CompileEvent, ...] = ()  # compilations during this pass (warm-up passes absorb them)
+    compile_events: tuple[CompileEvent, ...] = ()  # compilations during this pass (recorded when it is timed)
     output_check: OutputCheck | None = None  # against the eager dynamic-cache reference (runtime.output_check)
     # (vocab,) float32 logits at the last prompt position, when the session keeps them (`keep_prefill_logits`)
     prefill_logits: torch.Tensor | None = attrs.field(default=None, eq=False, repr=False)

@@ -15,12 +15,16 @@ from typing import Any
 
 import attrs
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError
 
 from llm_perf_opt import artifacts
+from llm_perf_opt.analytic.settings import PricedModel
 from llm_perf_opt.artifacts import ArtifactsManager
+from llm_perf_opt.config_data import plain
 from llm_perf_opt.env_info import collect_env
 from llm_perf_opt.errors import UserError, require_whole
 from llm_perf_opt.nsight import commands
+from llm_perf_opt.nsight.measured_bytes import REPRICED_ADAPTERS, WorkloadModel
 from llm_perf_opt.nsight.ncu_report import read_ncu_raw_csv
 from llm_perf_opt.nsight.nsys_stats import REPORT_ALTERNATIVES, available_reports, pick_reports
 from llm_perf_opt.nsight.nsys_trace import NsysTrace
@@ -29,7 +33,7 @@ from llm_perf_opt.nsight.tools import Tool, ToolRun, check_nsys_report, check_ru
 from llm_perf_opt.progress import Feedback
 from llm_perf_opt.records import folders
 from llm_perf_opt.records import vocabulary as vocab
-from llm_perf_opt.records.folders import CAPTURE_FILE, METRICS_FILE
+from llm_perf_opt.records.folders import CAPTURE_FILE, CONFIG_FILE, METRICS_FILE, WORKLOAD_METRICS_FILE
 from llm_perf_opt.records.folders import NCU_TARGETS_FILE as TARGETS_FILE
 from llm_perf_opt.records.stage2 import (
     Capture,
@@ -465,6 +469,30 @@ class Stage2Run:
         return 0, count
 
 
+def workload_models(run_dir: Path, targets: NcuTargets | None) -> dict[str, WorkloadModel]:
+    """The model of each profiled workload folder (`workload/nsys`, each bytes pass's) whose `config.yaml` the
+    analytic model prices again, parsed here so that the analysis below gets typed records."""
+    names = [str(Path(WORKLOAD_METRICS_FILE).parent), *(p.workload for p in (targets.bytes_passes if targets else ()))]
+    found = {name: _workload_model(run_dir / name / CONFIG_FILE) for name in names}
+    return {name: model for name, model in found.items() if model is not None}
+
+
+def _workload_model(path: Path) -> WorkloadModel | None:
+    """The model a workload's `config.yaml` describes (or why it cannot be read); None without the file or for a
+    model the analytic model does not price (`model.adapter` not a DeepSeek-OCR one)."""
+    if not path.is_file():
+        return None
+    try:
+        config = OmegaConf.load(path)
+        if not isinstance(config, DictConfig):
+            raise ValueError("not a mapping")
+        if str(config.model.get("adapter")) not in REPRICED_ADAPTERS:
+            return None
+        return WorkloadModel(model=PricedModel.from_config(plain(config.model)))
+    except (ValueError, KeyError, AttributeError, TypeError, ConfigKeyError) as exc:
+        return WorkloadModel(problem=str(exc))
+
+
 def render(run_dir: Path, *, art: ArtifactsManager | None = None, whatif: Path | str | None = None) -> Path:
     """Build metrics.json, kernel_roofline.png, kernels.md, report.md and stakeholder_summary.md from a Stage 2
     folder's exports and records; `whatif`: a perf-whatif folder whose measured levers the recommendations cite
@@ -486,7 +514,11 @@ def render(run_dir: Path, *, art: ArtifactsManager | None = None, whatif: Path |
     workload = folders.load_workload_metrics(run_dir)
     driver = (folders.read_env(run_dir).get("gpu") or {}).get("driver")
     with NsysTrace(export) as trace:
-        metrics = Stage2Analysis(run_dir, trace, capture, targets=targets, workload=workload, driver=driver).metrics()
+        models = workload_models(run_dir, targets)
+        analysis = Stage2Analysis(
+            run_dir, trace, capture, targets=targets, workload=workload, driver=driver, models=models
+        )
+        metrics = analysis.metrics()
     manager.write_json(METRICS_FILE, metrics)
     plots = stage2_plots.write_stage2_plots(metrics, run_dir)
     for relative in plots.values():

@@ -25,6 +25,7 @@ log = logging.getLogger("llm_perf_opt.records")
 
 STATUS_FILE = "run_status.json"
 METRICS_FILE = "metrics.json"
+CONFIG_FILE = "config.yaml"  # the composed config a run writes (resolved)
 ENV_FILE = "env.json"
 INPUTS_FILE = "inputs.yaml"
 OPERATORS_FILE = "operators.json"

@@ -13,6 +13,7 @@ import pytest
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.config_data import plain
 from llm_perf_opt.nsight import tools
+from llm_perf_opt.nsight.ncu_windows import BytesWindow
 from llm_perf_opt.nsight.nsys_trace import NsysTrace
 from llm_perf_opt.pipeline import stage2
 from llm_perf_opt.pipeline.stage2 import TARGETS_FILE, render
@@ -124,13 +125,13 @@ def test_bytes_windows_cover_the_first_prefill_and_the_middle_decode_step(tmp_pa
     folder = _stage2_folder(tmp_path)
     run = stage2.Stage2Run(compose_stage2(), folder, run_id="x", task_overrides=[])
     # one prefill in the ncu workload: room for twice the largest, the first image's 683 expected
-    assert run._bytes_window("prefill") == ("the prefill of the first image", 0, 1366, 683)
+    assert run._bytes_window("prefill") == BytesWindow("the prefill of the first image", 0, 1366, 683)
     # 4 new tokens: 3 steps, the middle one is the second: skip the first step's 217 launches
-    assert run._bytes_window("decode") == ("decode step 2 of 3", 217, 217, 217)
+    assert run._bytes_window("decode") == BytesWindow("decode step 2 of 3", 217, 217, 217)
     longer = stage2.Stage2Run(compose_stage2("stage2.ncu_workload.max_new_tokens=21"), folder, "x", [])
-    assert longer._bytes_window("decode") == ("decode step 10 of 20", 9 * 217, 217, 217)  # past nsys's 6: the mean
+    assert longer._bytes_window("decode") == BytesWindow("decode step 10 of 20", 9 * 217, 217, 217)  # the mean
     none = stage2.Stage2Run(compose_stage2("stage2.ncu_workload.max_new_tokens=1"), folder, "x", [])
-    assert none._bytes_window("decode")[2] == 0
+    assert none._bytes_window("decode").count == 0
 
 
 def test_ncu_workloads_run_one_timed_pass(tmp_path: Path) -> None:

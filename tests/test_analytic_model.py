@@ -25,6 +25,7 @@ from llm_perf_opt.analytic import (
     vision_view,
 )
 from llm_perf_opt.analytic.spec import QUERY_BANK_LARGE, QUERY_BANK_SMALL
+from llm_perf_opt.config_data import plain
 from llm_perf_opt.measure.flops import StageFlops, count_stage_flops, flop_counter
 from llm_perf_opt.models.cache_argument import cache_kwargs
 from llm_perf_opt.session.adapters.registry import make_adapter
@@ -34,12 +35,12 @@ G = 1e9
 
 @pytest.fixture(scope="module")
 def full(full_model_cfg) -> ModelSpec:
-    return ModelSpec.from_architecture(full_model_cfg.architecture)
+    return ModelSpec.from_architecture(plain(full_model_cfg.architecture))
 
 
 @pytest.fixture(scope="module")
 def tiny(tiny_model_cfg) -> ModelSpec:
-    return ModelSpec.from_architecture(tiny_model_cfg.architecture)
+    return ModelSpec.from_architecture(plain(tiny_model_cfg.architecture))
 
 
 @pytest.fixture(scope="module")

@@ -15,12 +15,12 @@ from transformers import DeepseekOcr2Config
 
 import llm_perf_opt.conf
 from helpers import run_cli
-from llm_perf_opt.analytic.workload import MeasuredInput, RunWorkload, check_workload_model
+from llm_perf_opt.analytic.workload import MeasuredInput, RunWorkload
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.config_data import plain
 from llm_perf_opt.data.dataset import bundled_samples_dir
 from llm_perf_opt.errors import UserError
-from llm_perf_opt.pipeline.analytic import build_report, build_run_report
+from llm_perf_opt.pipeline.analytic import build_report, build_run_report, check_workload_model
 from llm_perf_opt.records.io import dumps
 from llm_perf_opt.records.stage1 import ImageRecord
 from llm_perf_opt.report.analytic_report import analytic_report_md

@@ -11,6 +11,7 @@ import pytest
 
 from llm_perf_opt.analytic import ModelSpec, Workload, prefill
 from llm_perf_opt.analytic.model import ModuleCost, _sam
+from llm_perf_opt.config_data import plain
 from llm_perf_opt.records.vocabulary import PREFILL
 
 MEASURED = json.loads(
@@ -32,17 +33,17 @@ COPY_TERMS = (
 
 @pytest.fixture(scope="module")
 def tiny(tiny_model_cfg) -> ModelSpec:
-    return ModelSpec.from_architecture(tiny_model_cfg.architecture)
+    return ModelSpec.from_architecture(plain(tiny_model_cfg.architecture))
 
 
 @pytest.fixture(scope="module")
 def ocr2(full_model_cfg) -> ModelSpec:
-    return ModelSpec.from_architecture(full_model_cfg.architecture)
+    return ModelSpec.from_architecture(plain(full_model_cfg.architecture))
 
 
 @pytest.fixture(scope="module")
 def v1(compose_model) -> ModelSpec:
-    return ModelSpec.from_architecture(compose_model("model=deepseek_ocr").architecture)
+    return ModelSpec.from_architecture(plain(compose_model("model=deepseek_ocr").architecture))
 
 
 def _layer(modules: list[ModuleCost], layer: int) -> dict[str, ModuleCost]:

@@ -36,7 +36,7 @@ def full_cfg(compose_model) -> DictConfig:
 
 @pytest.fixture(scope="module")
 def full(full_cfg) -> ModelSpec:
-    return ModelSpec.from_architecture(full_cfg.architecture)
+    return ModelSpec.from_architecture(plain(full_cfg.architecture))
 
 
 @pytest.fixture(scope="module")
@@ -82,9 +82,9 @@ def test_spec_reads_either_config(full, full_cfg, meta_model, tiny, compose_mode
     )
     assert (full.projector_in, full.projector_out, full.sam.downsample_channels) == (2048, 1280, (512, 1024))
     assert ModelSpec.from_config(meta_model.config) == full
-    assert ModelSpec.from_architecture(compose_model("model=deepseek_ocr_tiny").architecture) == tiny
+    assert ModelSpec.from_architecture(plain(compose_model("model=deepseek_ocr_tiny").architecture)) == tiny
     # the OCR-2 config still gives the Qwen2-style encoder and no newlines
-    ocr2 = ModelSpec.from_architecture(compose_model("model=deepseek_ocr2").architecture)
+    ocr2 = ModelSpec.from_architecture(plain(compose_model("model=deepseek_ocr2").architecture))
     assert ocr2.vision_stages == ("vision/sam", "vision/encoder", "vision/projector") and not ocr2.image_newline
 
 

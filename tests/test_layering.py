@@ -67,3 +67,18 @@ def test_pipelines_import_nothing_from_the_entry_points() -> None:
         if path.relative_to(PACKAGE).parts[0] == "cli":
             continue
         assert not {n for n in _imports(path) if n.startswith("llm_perf_opt.cli")}, path.relative_to(PACKAGE)
+
+
+BELOW_THE_PIPELINES = ("session", "measure", "nsight", "analytic", "hardware", "records", "report", "data", "models")
+
+
+def test_nothing_below_the_pipelines_imports_the_config_libraries() -> None:
+    """Settings are parsed once at the edge (cli/, pipeline/, the config modules at the root) into typed records;
+    the layers below them never see an omegaconf node or Hydra."""
+    found = []
+    for folder in BELOW_THE_PIPELINES:
+        for path in _modules(folder):
+            config = {n for n in _imports(path) if n.split(".")[0] in ("omegaconf", "hydra")}
+            if config:
+                found.append((str(path.relative_to(PACKAGE)), sorted(config)))
+    assert not found

@@ -11,7 +11,9 @@ import attrs
 import pytest
 
 from llm_perf_opt.config_compose import compose_config
+from llm_perf_opt.config_data import plain
 from llm_perf_opt.nsight import tools
+from llm_perf_opt.nsight.ncu_windows import BytesWindow
 from llm_perf_opt.nsight.nsys_trace import NsysTrace
 from llm_perf_opt.pipeline import stage2
 from llm_perf_opt.pipeline.stage2 import TARGETS_FILE, render
@@ -123,13 +125,13 @@ def test_bytes_windows_cover_the_first_prefill_and_the_middle_decode_step(tmp_pa
     folder = _stage2_folder(tmp_path)
     run = stage2.Stage2Run(compose_stage2(), folder, run_id="x", task_overrides=[])
     # one prefill in the ncu workload: room for twice the largest, the first image's 683 expected
-    assert run._bytes_window("prefill") == ("the prefill of the first image", 0, 1366, 683)
+    assert run._bytes_window("prefill") == BytesWindow("the prefill of the first image", 0, 1366, 683)
     # 4 new tokens: 3 steps, the middle one is the second: skip the first step's 217 launches
-    assert run._bytes_window("decode") == ("decode step 2 of 3", 217, 217, 217)
+    assert run._bytes_window("decode") == BytesWindow("decode step 2 of 3", 217, 217, 217)
     longer = stage2.Stage2Run(compose_stage2("stage2.ncu_workload.max_new_tokens=21"), folder, "x", [])
-    assert longer._bytes_window("decode") == ("decode step 10 of 20", 9 * 217, 217, 217)  # past nsys's 6: the mean
+    assert longer._bytes_window("decode") == BytesWindow("decode step 10 of 20", 9 * 217, 217, 217)  # the mean
     none = stage2.Stage2Run(compose_stage2("stage2.ncu_workload.max_new_tokens=1"), folder, "x", [])
-    assert none._bytes_window("decode")[2] == 0
+    assert none._bytes_window("decode").count == 0
 
 
 def test_ncu_workloads_run_one_timed_pass(tmp_path: Path) -> None:
@@ -286,7 +288,7 @@ def test_render_prices_the_analytic_bytes_with_the_current_model(tmp_path: Path)
         new_tokens=record.new_tokens,
         dtype_bytes=2,
     )
-    costs = stage_costs(ModelSpec.from_architecture(cfg.model.architecture), work)
+    costs = stage_costs(ModelSpec.from_architecture(plain(cfg.model.architecture)), work)
     for stage in ("prefill", "vision/sam", "vision/encoder", "vision/projector"):
         assert rows[stage].analytic_bytes == pytest.approx(costs[stage].bytes), stage
         assert rows[stage].flops == pytest.approx(ANALYTIC[stage][1]), stage
@@ -306,7 +308,7 @@ def test_mbu_on_busy_time_uses_the_current_model_when_the_nsys_workload_has_its_
     cfg = compose_config("stage1", "model=deepseek_ocr2")
     (folder / WORKLOAD_METRICS_FILE).with_name("config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     after = {r.stage: r for r in stage2_metrics(render(folder)).stages}
-    spec = ModelSpec.from_architecture(cfg.model.architecture)
+    spec = ModelSpec.from_architecture(plain(cfg.model.architecture))
     records = load_stage1_metrics(H100_STAGE1).records
     sam = sum(
         stage_costs(
@@ -323,3 +325,34 @@ def test_mbu_on_busy_time_uses_the_current_model_when_the_nsys_workload_has_its_
     row = after["vision/sam"]
     assert row.bytes == pytest.approx(sam) and row.bytes != pytest.approx(before["vision/sam"])
     assert row.mbu_on_busy_time is not None and row.mbu_on_busy_time > 0
+
+
+def test_workload_configs_are_parsed_in_the_pipeline_and_handed_down_typed(tmp_path: Path) -> None:
+    """render() reads each workload folder's config.yaml into a PricedModel: a model the analytic model does not
+    price (hf) and a folder without a config are left out; a DeepSeek-OCR config without its architecture is a
+    warning naming the file, and Stage 1's bytes stand."""
+    from omegaconf import OmegaConf
+
+    folder = bytes_folder(tmp_path)
+    targets = load_ncu_targets(folder)
+    cfg = compose_config("stage1", "model=deepseek_ocr2")
+    broken = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(broken, dict)
+    del broken["model"]["architecture"]
+    (folder / "workload" / "ncu-bytes-prefill" / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    (folder / "workload" / "ncu-bytes-decode" / "config.yaml").write_text(OmegaConf.to_yaml(broken))
+    (folder / WORKLOAD_METRICS_FILE).with_name("config.yaml").write_text("model: {adapter: hf, name: gpt2}\n")
+    models = stage2.workload_models(folder, targets)
+    assert set(models) == {"workload/ncu-bytes-prefill", "workload/ncu-bytes-decode"}
+    priced = models["workload/ncu-bytes-prefill"].model
+    assert priced is not None and (priced.name, priced.mode, priced.global_size, priced.tile_size) == (
+        "deepseek_ocr2",
+        None,
+        1024,
+        768,
+    )
+    unread = models["workload/ncu-bytes-decode"]
+    assert unread.model is None and "architecture" in str(unread.problem)
+    warnings = stage2_metrics(render(folder)).warnings
+    unpriced = "workload/ncu-bytes-decode/config.yaml: the analytic model could not price"
+    assert any(w.startswith(unpriced) for w in warnings)

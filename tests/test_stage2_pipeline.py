@@ -15,7 +15,14 @@ from omegaconf import DictConfig
 from helpers import run_cli, unpack_nsys_fixture
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.errors import UserError
-from llm_perf_opt.pipeline.stage2 import CAPTURE_FILE, TARGETS_FILE, forwarded_overrides, render, workload_argv
+from llm_perf_opt.pipeline.stage2 import (
+    CAPTURE_FILE,
+    TARGETS_FILE,
+    Stage2Run,
+    forwarded_overrides,
+    render,
+    workload_argv,
+)
 from llm_perf_opt.records.common import SCHEMA_VERSION, PeakFigure
 from llm_perf_opt.records.folders import (
     METRICS_FILE,
@@ -27,7 +34,7 @@ from llm_perf_opt.records.folders import (
 )
 from llm_perf_opt.records.io import save
 from llm_perf_opt.records.stage1 import Stage1Metrics
-from llm_perf_opt.records.stage2 import NcuStageTarget, Stage2Metrics
+from llm_perf_opt.records.stage2 import Stage2Metrics
 
 FIXTURES = Path(__file__).parent / "fixtures"
 H100_STAGE1 = FIXTURES / "metrics" / "h100_full_stage1.json"
@@ -223,31 +230,9 @@ def test_batched_workloads_join_per_batch_not_per_input() -> None:
 
 def test_the_ncu_workload_of_a_batch_runs_one_whole_batch(tmp_path: Path) -> None:
     cfg = compose_stage2("run.batch_size=4")
-    ncu = workload_argv(cfg, ["run.batch_size=4"], tmp_path, name="ncu-prefill", ncu=True)
+    assert Stage2Run(cfg, tmp_path, run_id="x", task_overrides=[]).runtime.batch_size == 4
+    ncu = workload_argv(cfg, ["run.batch_size=4"], tmp_path, name="ncu-prefill", ncu=True, batch_size=4)
     assert "dataset.max_images=4" in ncu and "dataset.max_images=1" not in ncu
-
-
-def test_launch_window_lands_in_a_middle_decode_step() -> None:
-    from llm_perf_opt.pipeline.stage2 import Stage2Run
-
-    cfg = compose_stage2("stage2.ncu_workload.max_new_tokens=9")
-    run = Stage2Run(cfg, Path("/nonexistent"), run_id="x", task_overrides=[])
-    target = NcuStageTarget(kernels=(), calls={"gemm": 310, "add": 620, "lm_head": 31}, instances=31)
-    # 30 matching launches per step; the ncu workload decodes 8 steps: skip 4 steps, count one step (capped).
-    assert run._launch_window("decode", ["gemm", "add"], target, 1) == (120, 8)
-    assert run._launch_window("decode", ["lm_head"], target, 1) == (4, 1)
-    prefill = NcuStageTarget(kernels=(), calls={"gemm": 50}, instances=5)
-    assert run._launch_window("prefill", ["gemm"], prefill, 2) == (0, 8)
-
-
-def test_later_rounds_take_the_rarest_missing_kernels() -> None:
-    from llm_perf_opt.pipeline.stage2 import Stage2Run
-
-    run = Stage2Run(compose_stage2(), Path("/nonexistent"), run_id="x", task_overrides=[])
-    target = NcuStageTarget(kernels=(), calls={"device_kernel": 3410, "lm_head": 155, "norm": 310}, instances=155)
-    # per step: lm_head 1, norm 2, device_kernel 22; the window for k kernels holds 4k launches.
-    assert run._rarest_fitting(["device_kernel", "lm_head", "norm"], target, 1) == ["lm_head", "norm"]
-    assert run._rarest_fitting(["device_kernel"], target, 1) == ["device_kernel"]
 
 
 def test_render_adds_mfu_and_mbu_from_the_workload_metrics(tmp_path: Path) -> None:

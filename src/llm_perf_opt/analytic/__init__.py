@@ -9,9 +9,10 @@ Usage::
     costs["prefill"].matmul_flops  # the figure FlopCounterMode counts (tests: exact)
 
 Conventions (1 MAC = 2 FLOPs, what is counted, byte approximations) are in :mod:`llm_perf_opt.analytic.model`.
-:mod:`~llm_perf_opt.analytic.workload` turns a config or a Stage 1 run's inputs into workloads (and checks a named
-workload's model); :mod:`~llm_perf_opt.analytic.pricing` turns costs into the analytic report's rows (categories,
-modules, lower bounds per GPU, the view sweep); :mod:`~llm_perf_opt.analytic.dense` prices dense decoder-only LMs.
+:mod:`~llm_perf_opt.analytic.settings` holds what the config tells the analytic model (parsed once by a pipeline);
+:mod:`~llm_perf_opt.analytic.workload` turns those settings or a Stage 1 run's inputs into workloads;
+:mod:`~llm_perf_opt.analytic.pricing` turns costs into the analytic report's rows (categories, modules, lower bounds
+per GPU, the view sweep); :mod:`~llm_perf_opt.analytic.dense` prices dense decoder-only LMs.
 """
 
 from llm_perf_opt.analytic.model import (

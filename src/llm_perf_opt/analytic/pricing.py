@@ -12,11 +12,10 @@ import re
 from collections.abc import Mapping, Sequence
 
 import attrs
-from omegaconf import DictConfig
 
 from llm_perf_opt.analytic.model import StageCost, prefill
+from llm_perf_opt.analytic.settings import AnalyticSettings
 from llm_perf_opt.analytic.spec import ModelSpec, Workload
-from llm_perf_opt.analytic.workload import crop_grid_from, has_modes, model_mode
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.hardware.table import GpuSpec, compute_dtype_key
 from llm_perf_opt.measure.efficiency import speed_of_light
@@ -194,12 +193,12 @@ def mode_sweep(
     return tuple(rows)
 
 
-def view_sweep(cfg: DictConfig, spec: ModelSpec, base: Workload, gpu: GpuSpec, dtype: str) -> TileSweep | ModeSweep:
+def view_sweep(
+    settings: AnalyticSettings, spec: ModelSpec, base: Workload, gpu: GpuSpec, dtype: str
+) -> TileSweep | ModeSweep:
     """The what-if over the page's views from `base`: the modes and crop grids of `analytic.mode_sweep` and
     `analytic.grid_sweep` for v1, the tile counts of `analytic.tile_sweep` for OCR-2."""
-    a = cfg.analytic
-    if has_modes(cfg.model):
-        modes = [model_mode(cfg.model, name) for name in a.mode_sweep]
-        grids = [crop_grid_from(g, "analytic.grid_sweep[]") for g in a.grid_sweep]
-        return ModeSweep(gpu=gpu.display_name, rows=mode_sweep(spec, base, modes, grids, gpu, dtype))
-    return TileSweep(gpu=gpu.display_name, rows=tile_sweep(spec, base, list(a.tile_sweep), gpu, dtype))
+    if settings.model.mode is not None:
+        rows = mode_sweep(spec, base, settings.sweep_modes, settings.grid_sweep, gpu, dtype)
+        return ModeSweep(gpu=gpu.display_name, rows=rows)
+    return TileSweep(gpu=gpu.display_name, rows=tile_sweep(spec, base, settings.tile_sweep, gpu, dtype))

@@ -265,11 +265,10 @@ class ModelSpec:
 
     @classmethod
     def from_architecture(cls, architecture: Mapping[str, Any]) -> ModelSpec:
-        """From the Hydra ``model.architecture`` mapping (DictConfig or dict) of either model: a mapping with
-        ``clip_config`` is v1 (``DeepseekOcrConfig.from_architecture``), any other ``DeepseekOcr2Config(**it)``."""
-        from llm_perf_opt.config_data import plain as plain_dict
-
-        plain = plain_dict(architecture)
+        """From the ``model.architecture`` mapping of either model as plain data (``config_data.plain`` of the Hydra
+        node): a mapping with ``clip_config`` is v1 (``DeepseekOcrConfig.from_architecture``), any other
+        ``DeepseekOcr2Config(**it)``."""
+        plain = dict(architecture)
         if "clip_config" in plain:
             from llm_perf_opt.models.deepseek_ocr.configuration import DeepseekOcrConfig
 

@@ -14,10 +14,9 @@ from llm_perf_opt.cli.common import launch, run_guarded
 @hydra.main(version_base="1.3", config_path="pkg://llm_perf_opt.conf", config_name="analytic")
 def _main(cfg: DictConfig) -> None:
     from llm_perf_opt import artifacts
-    from llm_perf_opt.analytic.workload import check_workload_model
     from llm_perf_opt.artifacts import ArtifactsManager
     from llm_perf_opt.errors import UserError
-    from llm_perf_opt.pipeline.analytic import write_analytic_report
+    from llm_perf_opt.pipeline.analytic import check_workload_model, write_analytic_report
     from llm_perf_opt.session.adapters.registry import make_adapter
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)

@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import attrs
-from omegaconf import DictConfig
 
 from llm_perf_opt.analytic.model import stage_costs
+from llm_perf_opt.analytic.settings import PricedModel
 from llm_perf_opt.analytic.spec import ModelSpec
 from llm_perf_opt.analytic.workload import RunWorkload, run_workloads
 from llm_perf_opt.kernel_names import kernel_label
@@ -76,16 +76,28 @@ def instance_costs(workload: Stage1Metrics, stage_bytes: Mapping[str, float] | N
 REPRICED_ADAPTERS = frozenset({"deepseek_ocr", "deepseek_ocr2"})
 
 
-def repriced_bytes(workload: Stage1Metrics, cfg: DictConfig) -> dict[str, float] | None:
+@attrs.frozen
+class WorkloadModel:
+    """A profiled workload's model as its folder's `config.yaml` describes it, read by the pipeline: the model the
+    analytic model prices again, or why the config could not be read (`problem`)."""
+
+    model: PricedModel | None = None
+    problem: str | None = None
+
+
+def reprices(workload: Stage1Metrics) -> bool:
+    """Whether a run's analytic bytes can be priced again: it has timed passes and analytic bytes, and did not batch
+    (a batch's bytes are priced for the batch, its weights read once: Stage 1's own figures stand)."""
+    return bool(instance_costs(workload)) and not workload.batches
+
+
+def repriced_bytes(workload: Stage1Metrics, model: PricedModel) -> dict[str, float]:
     """Analytic bytes per stage of Stage 1's efficiency rows, summed over the timed passes, priced again by the
-    current analytic model on the inputs the run measured (its config `cfg`: the model's architecture and mode; each
-    timed pass's image with its tiles, crop grid, prompt and new tokens; the run's dtype). None when the analytic model
-    does not price this model (`model.adapter` not a DeepSeek-OCR one), the run has no passes or analytic bytes, or it
-    batched (a batch's bytes are priced for the batch, its weights read once: Stage 1's own figures stand)."""
-    if str(cfg.model.get("adapter")) not in REPRICED_ADAPTERS or not instance_costs(workload) or workload.batches:
-        return None
-    spec = ModelSpec.from_architecture(cfg.model.architecture)
-    inputs = run_workloads(cfg, spec, RunWorkload.from_records(workload.records, workload.model.dtype))
+    current analytic model on the inputs the run measured (the run's `model`: its architecture and mode; each timed
+    pass's image with its tiles, crop grid, prompt and new tokens; the run's dtype). Raises ValueError where the
+    analytic model and the run disagree on an input's views."""
+    spec = ModelSpec.from_architecture(model.architecture)
+    inputs = run_workloads(model, spec, RunWorkload.from_records(workload.records, workload.model.dtype))
     per_image = {image: stage_costs(spec, priced) for image, priced in inputs}
     return {
         row.stage: sum(

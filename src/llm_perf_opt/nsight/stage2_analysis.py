@@ -6,21 +6,22 @@ One :class:`Stage2Analysis` per Stage 2 folder, one method per question (in the 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
 import attrs
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigKeyError
 
 from llm_perf_opt.hardware import peak_bandwidth, peak_compute
 from llm_perf_opt.measure.aggregate import stage_totals_ms
 from llm_perf_opt.measure.mfu import utilization
 from llm_perf_opt.nsight.measured_bytes import (
     InstanceCost,
+    WorkloadModel,
     instance_costs,
     measured_rows,
     repriced_bytes,
+    reprices,
     window_warnings,
 )
 from llm_perf_opt.nsight.ncu_bytes import bytes_by_range, read_launch_bytes
@@ -28,7 +29,7 @@ from llm_perf_opt.nsight.ncu_report import read_ncu_raw_csv
 from llm_perf_opt.nsight.nsys_trace import NsysTrace
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.common import SCHEMA_VERSION, PeakFigure
-from llm_perf_opt.records.folders import METRICS_FILE, WORKLOAD_METRICS_FILE, load_stage1_metrics
+from llm_perf_opt.records.folders import CONFIG_FILE, METRICS_FILE, WORKLOAD_METRICS_FILE, load_stage1_metrics
 from llm_perf_opt.records.io import RecordError
 from llm_perf_opt.records.stage1 import Stage1Metrics
 from llm_perf_opt.records.stage2 import (
@@ -46,7 +47,6 @@ from llm_perf_opt.records.stage2 import (
     ToolRunResult,
 )
 
-CONFIG_FILE = "config.yaml"  # the composed config a Stage 1 run writes
 TOP_OVERALL = 20
 TOP_PER_STAGE = 10
 TENSOR_COUNTER = '"sm__ops_path_tensor_src_'  # the start of an ncu tensor-core op counter in a raw-CSV header
@@ -60,6 +60,11 @@ def counts_tensor_ops(raw: Path) -> bool:
             if '"Kernel Name"' in line or line.startswith('"ID"'):
                 return TENSOR_COUNTER in line
     return False
+
+
+def _unpriced(folder: str, why: object) -> str:
+    """The warning for a workload folder the analytic model could not price again."""
+    return f"{folder}/{CONFIG_FILE}: the analytic model could not price it ({why}); Stage 1's bytes kept."
 
 
 @attrs.frozen
@@ -88,6 +93,7 @@ class Stage2Analysis:
         targets: NcuTargets | None = None,
         workload: Stage1Metrics | None = None,
         driver: str | None = None,
+        models: Mapping[str, WorkloadModel] | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.trace = trace
@@ -95,6 +101,7 @@ class Stage2Analysis:
         self.targets = targets
         self.workload = workload
         self.driver = driver
+        self.models = dict(models or {})
 
     # ---- the Stage 1 workload, summed over its timed passes -----------------------------------------------------
     def stage1_ms(self) -> dict[str, float]:
@@ -300,16 +307,15 @@ class Stage2Analysis:
     def _repriced(self, folder: str, own: Stage1Metrics) -> tuple[dict[str, float] | None, str]:
         """The analytic bytes per stage of `own` (the workload in `folder`) from the current analytic model (None
         where its config is missing or the model is not priced), and a warning when pricing failed."""
-        path = self.run_dir / folder / CONFIG_FILE
-        if not path.is_file():
+        found = self.models.get(folder)
+        if found is None or not reprices(own):
             return None, ""
+        if found.model is None:
+            return None, _unpriced(folder, found.problem)
         try:
-            config = OmegaConf.load(path)
-            if not isinstance(config, DictConfig):
-                raise ValueError("not a mapping")
-            return repriced_bytes(own, config), ""
-        except (ValueError, KeyError, AttributeError, TypeError, ConfigKeyError) as exc:
-            return None, f"{folder}/{CONFIG_FILE}: the analytic model could not price it ({exc}); Stage 1's bytes kept."
+            return repriced_bytes(own, found.model), ""
+        except (ValueError, KeyError, AttributeError, TypeError) as exc:
+            return None, _unpriced(folder, exc)
 
     def measured_bytes(
         self, bandwidth: PeakFigure | None, l2_cache_bytes: int | None

@@ -14,15 +14,9 @@ from omegaconf import DictConfig
 
 from llm_perf_opt.analytic.model import CONVENTIONS, StageCost, stage_costs, summed_stages
 from llm_perf_opt.analytic.pricing import category_table, module_table, stage_bounds, stage_row, view_sweep, what_if
+from llm_perf_opt.analytic.settings import AnalyticSettings, PricedModel, WorkloadProfile
 from llm_perf_opt.analytic.spec import ModelSpec, Workload
-from llm_perf_opt.analytic.workload import (
-    RunWorkload,
-    check_workload_model,
-    configured_mode,
-    run_workloads,
-    workload_from,
-    workload_row,
-)
+from llm_perf_opt.analytic.workload import RunWorkload, configured_workload, run_workloads, workload_row
 from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.config_data import plain
 from llm_perf_opt.errors import UserError
@@ -37,22 +31,40 @@ CONFIG_WEIGHTS = "none: priced from the config alone"
 RUN_WEIGHTS = "none: priced from the config and the inputs the run measured"
 
 
-def report_gpus(cfg: DictConfig) -> tuple[list[GpuSpec], GpuSpec]:
+def workload_profile(cfg: DictConfig) -> WorkloadProfile | None:
+    """The named workload the config selects (`workload_profile`), None without one."""
+    return WorkloadProfile.from_config(cfg.get("workload_profile"))
+
+
+def check_workload_model(cfg: DictConfig) -> None:
+    """Refuse a named workload with a model it is not written for, in one paragraph, before anything runs."""
+    profile = workload_profile(cfg)
+    if profile is not None:
+        profile.check_model(str(cfg.model.name))
+
+
+def analytic_settings(cfg: DictConfig) -> AnalyticSettings:
+    """The analytic settings of the composed config (`model`, `analytic`, `workload_profile`), checked once."""
+    model = PricedModel.from_config(plain(cfg.model))
+    return AnalyticSettings.from_config(plain(cfg.analytic), model, workload_profile(cfg))
+
+
+def report_gpus(settings: AnalyticSettings) -> tuple[list[GpuSpec], GpuSpec]:
     """The GPUs of `analytic.gpus` and the one the view sweep is priced on (`analytic.reference_gpu`, else the
     first), or a UserError naming the keys missing from the hardware table."""
     table = {g.key: g for g in load_gpu_table()}
-    unknown = [k for k in cfg.analytic.gpus if k not in table]
+    unknown = [k for k in settings.gpus if k not in table]
     if unknown:
         raise UserError(
             f"analytic.gpus names GPUs missing from the hardware table: {', '.join(unknown)}",
             f"Use keys from hardware/gpus.yaml: {', '.join(table)}",
         )
-    gpus = [table[k] for k in cfg.analytic.gpus]
-    return gpus, table.get(str(cfg.analytic.reference_gpu), gpus[0])
+    gpus = [table[k] for k in settings.gpus]
+    return gpus, table.get(settings.reference_gpu, gpus[0])
 
 
 def _assemble(
-    cfg: DictConfig,
+    settings: AnalyticSettings,
     spec: ModelSpec,
     page: Workload,
     costs: Mapping[str, StageCost],
@@ -64,14 +76,14 @@ def _assemble(
 ) -> AnalyticReport:
     """The report of `costs` (one page, or a run's inputs summed) on `gpus`, with `page` as the starting point of
     the view sweep on `reference`."""
-    sweep = view_sweep(cfg, spec, page, reference, dtype)
+    sweep = view_sweep(settings, spec, page, reference, dtype)
     return AnalyticReport(
         schema_version=SCHEMA_VERSION,
-        model=str(cfg.model.name),
+        model=settings.model.name,
         weights=weights,
-        workload_profile=plain(cfg.workload_profile) if cfg.get("workload_profile") else None,
+        workload_profile=settings.profile.as_dict() if settings.profile else None,
         conventions=CONVENTIONS,
-        workload=workload_row(spec, page, configured_mode(cfg), dtype),
+        workload=workload_row(spec, page, settings.model.mode_name, dtype),
         stages={stage: stage_row(cost) for stage, cost in costs.items()},
         categories={stage: category_table(cost) for stage, cost in costs.items()},
         modules={stage: module_table(costs[stage]) for stage in (PREFILL, DECODE)},
@@ -84,21 +96,22 @@ def _assemble(
 
 def build_report(cfg: DictConfig) -> AnalyticReport:
     """The analytic report of the page the config describes."""
-    spec = ModelSpec.from_architecture(cfg.model.architecture)
-    workload = workload_from(cfg)
-    gpus, reference = report_gpus(cfg)
+    settings = analytic_settings(cfg)
+    spec = ModelSpec.from_architecture(settings.model.architecture)
+    workload = configured_workload(settings)
+    gpus, reference = report_gpus(settings)
     costs = stage_costs(spec, workload)
-    return _assemble(cfg, spec, workload, costs, str(cfg.analytic.dtype), gpus, reference, CONFIG_WEIGHTS)
+    return _assemble(settings, spec, workload, costs, settings.dtype, gpus, reference, CONFIG_WEIGHTS)
 
 
 def build_run_report(cfg: DictConfig, priced: RunWorkload) -> AnalyticReport:
     """The analytic report of the inputs a Stage 1 run measured: each input priced as it ran, the tables summed."""
-    check_workload_model(cfg)
-    gpus, reference = report_gpus(cfg)
-    spec = ModelSpec.from_architecture(cfg.model.architecture)
-    inputs = run_workloads(cfg, spec, priced)
+    settings = analytic_settings(cfg)
+    gpus, reference = report_gpus(settings)
+    spec = ModelSpec.from_architecture(settings.model.architecture)
+    inputs = run_workloads(settings.model, spec, priced)
     per_input = [stage_costs(spec, workload) for _, workload in inputs]
-    mode = configured_mode(cfg)
+    mode = settings.model.mode_name
     run = RunInputs(
         gpu=reference.display_name,
         inputs=tuple(
@@ -112,7 +125,7 @@ def build_run_report(cfg: DictConfig, priced: RunWorkload) -> AnalyticReport:
         ),
     )
     costs = summed_stages(per_input)
-    return _assemble(cfg, spec, inputs[0][1], costs, priced.dtype, gpus, reference, RUN_WEIGHTS, run)
+    return _assemble(settings, spec, inputs[0][1], costs, priced.dtype, gpus, reference, RUN_WEIGHTS, run)
 
 
 def _write(art: ArtifactsManager, report: AnalyticReport) -> Path:

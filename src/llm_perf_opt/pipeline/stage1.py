@@ -16,7 +16,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from llm_perf_opt import artifacts, interrupts
-from llm_perf_opt.analytic.workload import RunWorkload, check_workload_model
+from llm_perf_opt.analytic.workload import RunWorkload
 from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.config_data import plain
 from llm_perf_opt.data.dataset import DatasetSelection, ImageEntry, TextEntry
@@ -40,7 +40,7 @@ from llm_perf_opt.measure.timing import timing_method
 from llm_perf_opt.measure.torch_profiler import OperatorTable, profile_image
 from llm_perf_opt.measure.variation import high_variation, stage_variation
 from llm_perf_opt.output_settings import output_settings
-from llm_perf_opt.pipeline.analytic import write_analytic_report_for_run
+from llm_perf_opt.pipeline.analytic import check_workload_model, write_analytic_report_for_run
 from llm_perf_opt.progress import Feedback, StepHandle
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.common import SCHEMA_VERSION, PeakFigure

@@ -6,6 +6,7 @@ Stage 2 folder can be re-rendered on a machine without Nsight or a GPU (:func:`r
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import time
@@ -15,13 +16,24 @@ from typing import Any
 
 import attrs
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError
 
 from llm_perf_opt import artifacts, interrupts
+from llm_perf_opt.analytic.settings import PricedModel
 from llm_perf_opt.artifacts import ArtifactsManager
+from llm_perf_opt.config_data import plain
 from llm_perf_opt.env_info import collect_env
 from llm_perf_opt.errors import UserError, require_whole
 from llm_perf_opt.nsight import commands
+from llm_perf_opt.nsight.measured_bytes import REPRICED_ADAPTERS, WorkloadModel
 from llm_perf_opt.nsight.ncu_report import read_ncu_raw_csv
+from llm_perf_opt.nsight.ncu_windows import (
+    BytesWindow,
+    decode_bytes_window,
+    launch_window,
+    prefill_bytes_window,
+    rarest_fitting,
+)
 from llm_perf_opt.nsight.nsys_stats import REPORT_ALTERNATIVES, available_reports, pick_reports
 from llm_perf_opt.nsight.nsys_trace import NsysTrace
 from llm_perf_opt.nsight.stage2_analysis import Stage2Analysis
@@ -29,7 +41,7 @@ from llm_perf_opt.nsight.tools import Tool, ToolRun, check_nsys_report, check_ru
 from llm_perf_opt.progress import Feedback
 from llm_perf_opt.records import folders
 from llm_perf_opt.records import vocabulary as vocab
-from llm_perf_opt.records.folders import CAPTURE_FILE, METRICS_FILE
+from llm_perf_opt.records.folders import CAPTURE_FILE, CONFIG_FILE, METRICS_FILE, WORKLOAD_METRICS_FILE
 from llm_perf_opt.records.folders import NCU_TARGETS_FILE as TARGETS_FILE
 from llm_perf_opt.records.stage2 import (
     Capture,
@@ -81,9 +93,16 @@ def _has_key(overrides: Sequence[str], key: str) -> bool:
 
 
 def workload_argv(
-    cfg: DictConfig, user_overrides: Sequence[str], run_dir: Path, *, name: str, ncu: bool = False
+    cfg: DictConfig,
+    user_overrides: Sequence[str],
+    run_dir: Path,
+    *,
+    name: str,
+    ncu: bool = False,
+    batch_size: int = 1,
 ) -> list[str]:
-    """`python -m llm_perf_opt.cli.stage1` with every user override plus Stage 2's own settings."""
+    """`python -m llm_perf_opt.cli.stage1` with every user override plus Stage 2's own settings; an ncu workload
+    runs one forward: one input, or one whole batch of `batch_size` (`run.batch_size`)."""
     argv = [sys.executable, "-m", "llm_perf_opt.cli.stage1", *user_overrides]
     defaults = {  # the user's value wins
         "pipeline.torch_profiler.enable": "false",  # the torch profiler and Nsight both use CUPTI
@@ -94,7 +113,7 @@ def workload_argv(
     if ncu:
         ncu_cfg = cfg.stage2.ncu_workload
         forced = {  # one forward: one input, or one whole batch
-            "dataset.max_images": max(int(ncu_cfg.max_images), RuntimeSettings.from_config(cfg).batch_size),
+            "dataset.max_images": max(int(ncu_cfg.max_images), batch_size),
             "infer.max_new_tokens": ncu_cfg.max_new_tokens,
             "run.repeats": ncu_cfg.get("repeats"),
         }
@@ -135,6 +154,11 @@ class Stage2Run:
         self.capture = Capture(run_id=run_id, mode=str(cfg.stage2.mode))
         self.whatif_dir = cfg.get("report", {}).get("whatif_dir")
 
+    @functools.cached_property
+    def runtime(self) -> RuntimeSettings:
+        """The profiled workload's runtime settings (`runtime.*`, `run.batch_size`), parsed once."""
+        return RuntimeSettings.from_config(self.cfg)
+
     def execute(self) -> Path:
         """Capture with the tools, then render; the folder ends complete, failed or interrupted."""
         self.art.start(self.run_id)
@@ -171,7 +195,7 @@ class Stage2Run:
         self.art.write_text("config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
         if self.whatif_dir:
             folders.whatif_for(self.art.run_dir, self.whatif_dir)  # a folder that cannot be read fails before nsys
-        RuntimeSettings.from_config(cfg)  # bad runtime.* or run.batch_size values fail before nsys, not in its child
+        _ = self.runtime  # parsed here: bad runtime.* or run.batch_size values fail before nsys, not in its child
         require_gpu()
         import torch
 
@@ -335,19 +359,27 @@ class Stage2Run:
         """Up to MAX_NCU_ROUNDS ncu runs over `stage` until every target kernel was reached; `target` with them."""
         cfg, run_dir = self.cfg, self.art.run_dir
         per_kernel = int(mode.launches_per_kernel)
+        new_tokens = int(cfg.stage2.ncu_workload.max_new_tokens)
         missing = list(target.kernels)
         for round_no in range(1, MAX_NCU_ROUNDS + 1):
             if not missing:
                 break
-            wanted = missing if round_no == 1 else self._rarest_fitting(missing, target, per_kernel)
+            wanted = missing if round_no == 1 else rarest_fitting(missing, target, per_kernel)
             folder = f"ncu/{stage.replace('/', '_')}" + ("" if round_no == 1 else f"-round{round_no}")
-            skip, count = self._launch_window(stage, wanted, target, per_kernel)
+            skip, count = launch_window(stage, wanted, target, per_kernel, new_tokens)
             regex = commands.kernel_regex_for(wanted)
             rnd = NcuRound(folder=folder, kernels=tuple(wanted), launch_skip=skip, launch_count=count, regex=regex)
             argv = commands.ncu_argv(
                 ncu.path,
                 self.art.path(f"{folder}/report"),
-                workload_argv(cfg, self.user_overrides, run_dir, name=f"ncu-{Path(folder).name}", ncu=True),
+                workload_argv(
+                    cfg,
+                    self.user_overrides,
+                    run_dir,
+                    name=f"ncu-{Path(folder).name}",
+                    ncu=True,
+                    batch_size=self.runtime.batch_size,
+                ),
                 kernel_regex=regex,
                 launch_skip=skip,
                 launch_count=count,
@@ -374,7 +406,8 @@ class Stage2Run:
         """
         cfg, name = self.cfg, f"bytes-{stage.replace('/', '_')}"
         folder, workload = f"ncu/{name}", f"workload/ncu-{name}"
-        instance, skip, count, expected = self._bytes_window(stage)
+        window = self._bytes_window(stage)
+        instance, skip, count = window.instance, window.skip, window.count
         cache_control = str(cfg.pipeline.ncu.get("bytes_cache_control") or "none")
         done = NcuBytesPass(
             stage=stage,
@@ -383,7 +416,7 @@ class Stage2Run:
             workload=workload,
             launch_skip=skip,
             launch_count=max(count, 1),
-            expected_kernels=expected,
+            expected_kernels=window.expected,
             cache_control=cache_control,
         )
         if count < 1:
@@ -391,7 +424,14 @@ class Stage2Run:
         argv = commands.ncu_bytes_argv(
             ncu.path,
             self.art.path(f"{folder}/report"),
-            workload_argv(cfg, self.user_overrides, self.art.run_dir, name=f"ncu-{name}", ncu=True),
+            workload_argv(
+                cfg,
+                self.user_overrides,
+                self.art.run_dir,
+                name=f"ncu-{name}",
+                ncu=True,
+                batch_size=self.runtime.batch_size,
+            ),
             stage=stage,
             launch_skip=skip,
             launch_count=count,
@@ -405,64 +445,37 @@ class Stage2Run:
             log.warning("the bytes pass over %s gave nothing: %s", stage, note)
         return attrs.evolve(done, note=note or None)
 
-    def _bytes_window(self, stage: str) -> tuple[str, int, int, int]:
-        """(the instance in words, launch skip, launch count, kernels expected) of the bytes pass over `stage`.
-
-        The window counts every launch inside the stage's NVTX range in the ncu workload (one timed pass of one
-        forward: one image, or one batch). Prefill has one instance there, so the count is twice the largest prefill
-        of the nsys trace (room to spare: nothing follows it inside the range) and the first forward's prefill is what
-        it should profile.
-        Decode skips the steps before the middle one, each step's launches taken from the same step of the nsys
-        trace's first pass (the mean over all steps past its end).
-        """
+    def _bytes_window(self, stage: str) -> BytesWindow:
+        """The launches the bytes pass over `stage` profiles, from the nsys trace's kernels per instance."""
         with NsysTrace(self.art.run_dir / NSYS_SQLITE) as trace:
             if stage != vocab.DECODE:
-                counts = trace.instance_kernels(stage)
-                batch = RuntimeSettings.from_config(self.cfg).batch_size
-                forward = "the first image" if batch == 1 else f"the first batch ({batch} inputs)"
-                return f"the {stage} of {forward}", 0, 2 * max(counts, default=0), counts[0] if counts else 0
+                return prefill_bytes_window(stage, trace.instance_kernels(stage), self.runtime.batch_size)
             steps = trace.instance_kernels(vocab.DECODE_STEP)
-        total = int(self.cfg.stage2.ncu_workload.max_new_tokens) - 1  # the first token comes from prefill
-        if total < 1 or not steps:
-            return "a decode step (the ncu workload decodes none)", 0, 0, 0
-        middle = (total - 1) // 2
-        mean = round(sum(steps) / len(steps))
-        per_step = [*steps[: middle + 1], *[mean] * max(0, middle + 1 - len(steps))]
-        return f"decode step {middle + 1} of {total}", sum(per_step[:middle]), per_step[middle], per_step[middle]
+        return decode_bytes_window(steps, int(self.cfg.stage2.ncu_workload.max_new_tokens))
 
-    @staticmethod
-    def _launch_cap(names: Sequence[str], per_kernel: int) -> int:
-        return max(1, per_kernel * len(names) * 4)
 
-    def _rarest_fitting(self, names: Sequence[str], target: NcuStageTarget, per_kernel: int) -> list[str]:
-        """The rarest of `names` whose launches in one stage instance all fit in one launch window (at least one),
-        so a later round catches kernels that frequent ones crowded out of the first window."""
-        per_instance = {n: target.calls.get(n, 0) / target.instances for n in names}
-        chosen: list[str] = []
-        total = 0.0
-        for name in sorted(names, key=per_instance.__getitem__):
-            if chosen and total + per_instance[name] > self._launch_cap([*chosen, name], per_kernel):
-                break
-            chosen.append(name)
-            total += per_instance[name]
-        return chosen
+def workload_models(run_dir: Path, targets: NcuTargets | None) -> dict[str, WorkloadModel]:
+    """The model of each profiled workload folder (`workload/nsys`, each bytes pass's) whose `config.yaml` the
+    analytic model prices again, parsed here so that the analysis below gets typed records."""
+    names = [str(Path(WORKLOAD_METRICS_FILE).parent), *(p.workload for p in (targets.bytes_passes if targets else ()))]
+    found = {name: _workload_model(run_dir / name / CONFIG_FILE) for name in names}
+    return {name: model for name, model in found.items() if model is not None}
 
-    def _launch_window(
-        self, stage: str, names: Sequence[str], target: NcuStageTarget, per_kernel: int
-    ) -> tuple[int, int]:
-        """(launch skip, launch count) for kernels `names` in `stage` of the ncu workload.
 
-        Skip and count apply to the launches that pass both filters (these kernel names, inside the stage's NVTX
-        range). One instance (a prefill, or a decode step) launches `per_instance` of them, estimated from nsys.
-        Decode skips to the middle step of the ncu workload, a steady state; prefill starts at its beginning.
-        The count covers one instance, capped at `per_kernel` launches per kernel (x4 for their interleaving).
-        """
-        per_instance = max(1, round(sum(target.calls.get(n, 0) for n in names) / target.instances))
-        count = min(per_instance, self._launch_cap(names, per_kernel))
-        if stage == vocab.DECODE:
-            middle_step = (int(self.cfg.stage2.ncu_workload.max_new_tokens) - 1) // 2
-            return per_instance * middle_step, count
-        return 0, count
+def _workload_model(path: Path) -> WorkloadModel | None:
+    """The model a workload's `config.yaml` describes (or why it cannot be read); None without the file or for a
+    model the analytic model does not price (`model.adapter` not a DeepSeek-OCR one)."""
+    if not path.is_file():
+        return None
+    try:
+        config = OmegaConf.load(path)
+        if not isinstance(config, DictConfig):
+            raise ValueError("not a mapping")
+        if str(config.model.get("adapter")) not in REPRICED_ADAPTERS:
+            return None
+        return WorkloadModel(model=PricedModel.from_config(plain(config.model)))
+    except (ValueError, KeyError, AttributeError, TypeError, ConfigKeyError) as exc:
+        return WorkloadModel(problem=str(exc))
 
 
 def render(run_dir: Path, *, art: ArtifactsManager | None = None, whatif: Path | str | None = None) -> Path:
@@ -486,7 +499,11 @@ def render(run_dir: Path, *, art: ArtifactsManager | None = None, whatif: Path |
     workload = folders.load_workload_metrics(run_dir)
     driver = (folders.read_env(run_dir).get("gpu") or {}).get("driver")
     with NsysTrace(export) as trace:
-        metrics = Stage2Analysis(run_dir, trace, capture, targets=targets, workload=workload, driver=driver).metrics()
+        models = workload_models(run_dir, targets)
+        analysis = Stage2Analysis(
+            run_dir, trace, capture, targets=targets, workload=workload, driver=driver, models=models
+        )
+        metrics = analysis.metrics()
     manager.write_json(METRICS_FILE, metrics)
     plots = stage2_plots.write_stage2_plots(metrics, run_dir)
     for relative in plots.values():

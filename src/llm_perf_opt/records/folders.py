@@ -34,6 +34,7 @@ log = logging.getLogger("llm_perf_opt.records")
 
 STATUS_FILE = "run_status.json"
 METRICS_FILE = "metrics.json"
+CONFIG_FILE = "config.yaml"  # the composed config a run writes (resolved)
 ENV_FILE = "env.json"
 CONFIG_FILE = "config.yaml"  # the resolved configuration the command ran with (Hydra's section left out)
 INPUTS_FILE = "inputs.yaml"

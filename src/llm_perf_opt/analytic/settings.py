@@ -1,0 +1,175 @@
+"""What the analytic model is told by the config, checked once into frozen records (the pattern of
+:class:`llm_perf_opt.session.runtime.RuntimeSettings`).
+
+- :class:`PricedModel`: the model config (`model.*`) as the analytic model needs it: its architecture, and how it
+  lays out a page's views (DeepSeek-OCR v1 by resolution mode, DeepSeek-OCR-2 by tile count at fixed view sizes);
+- :class:`WorkloadProfile`: a named workload (`workload_profile`, set by `conf/workload/*.yaml`);
+- :class:`AnalyticSettings`: the `analytic.*` node (the page a config report prices, the GPUs, the view what-if).
+
+The `from_config` constructors take plain data (a pipeline converts its config nodes first); every bad value is a
+UserError naming the setting. Nothing else below `pipeline/` reads a config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from llm_perf_opt.errors import UserError, require_whole
+from llm_perf_opt.models.deepseek_ocr.preprocess import Mode, mode_from_config
+from llm_perf_opt.records.vocabulary import SUPPORTED_DTYPES_TEXT, dtype_bytes
+
+
+def crop_grid_from(value: Any, name: str = "analytic.crop_grid") -> tuple[int, int]:
+    """A (tiles across, tiles down) pair from the config, or a UserError naming the setting."""
+    if value is None or isinstance(value, str | int) or len(value) != 2:
+        raise UserError(f"{name}={value} is not a crop grid", f"Set {name} to [tiles across, tiles down], e.g. [2, 3]")
+    return require_whole(f"{name}[0]", value[0], 1), require_whole(f"{name}[1]", value[1], 1)
+
+
+@attrs.frozen
+class PricedModel:
+    """A model config as the analytic model prices it.
+
+    DeepSeek-OCR v1 (`model.modes`) is priced by resolution mode: `mode` is `model.mode` and `modes` the model's
+    table; DeepSeek-OCR-2 by tile count, at its preprocessing's `global_size` and `tile_size`.
+    """
+
+    name: str
+    adapter: str | None
+    architecture: Mapping[str, Any]  # plain data: `model.architecture`
+    prompt_text_tokens: Any  # `model.prompt.text_tokens` (checked where a page is priced from the config)
+    modes: Mapping[str, Mapping[str, Any]] | None = None
+    mode: Mode | None = None
+    global_size: int | None = None
+    tile_size: int | None = None
+
+    @classmethod
+    def from_config(cls, model: Mapping[str, Any]) -> PricedModel:
+        """From the `model` node as plain data; an unknown `model.mode` raises UserError."""
+        modes = model.get("modes")
+        prompt = model.get("prompt") or {}
+        common = {
+            "name": str(model["name"]),
+            "adapter": None if model.get("adapter") is None else str(model["adapter"]),
+            "architecture": model["architecture"],
+            "prompt_text_tokens": prompt.get("text_tokens"),
+        }
+        if modes is not None:
+            return cls(**common, modes=modes, mode=mode_from_config(str(model["mode"]), modes))
+        pre = model["preprocess"]
+        return cls(**common, global_size=int(pre["global_size"]), tile_size=int(pre["tile_size"]))
+
+    @property
+    def mode_name(self) -> str | None:
+        """The v1 mode priced (`model.mode`); None for a model priced by tile count."""
+        return None if self.mode is None else self.mode.name
+
+    def mode_named(self, name: str) -> Mode:
+        """The v1 mode `name` of the model's table (a UserError naming the known ones otherwise)."""
+        if self.modes is None:
+            raise ValueError(f"{self.name} is priced by tile count, not by mode")
+        return mode_from_config(name, self.modes)
+
+
+@attrs.frozen
+class WorkloadProfile:
+    """A named workload (`conf/workload/*.yaml`): its name, the document it prices, the model configs it is for."""
+
+    name: str
+    document: str = ""
+    models: tuple[str, ...] = ()
+
+    @classmethod
+    def from_config(cls, node: Mapping[str, Any] | None) -> WorkloadProfile | None:
+        """From the `workload_profile` node (None when no named workload is selected)."""
+        if not node:
+            return None
+        return cls(
+            name=str(node["name"]),
+            document=str(node.get("document") or ""),
+            models=tuple(str(m) for m in node.get("models") or ()),
+        )
+
+    def check_model(self, model: str) -> None:
+        """Refuse a model this workload is not written for (`workload_profile.models`), in one paragraph.
+
+        A workload file selects its own model; `model=` on the command line wins over it and must be one of the
+        workload's models (the full-size model and its tiny variant of the same classes)."""
+        if not self.models or model in self.models:
+            return
+        raise UserError(
+            f"workload={self.name} is written for model={' or model='.join(self.models)} (its page, views and decode "
+            f"length are that model's), but this command runs model={model}",
+            f"Leave model= out to run the workload's own model ({self.models[0]}), or choose a workload of "
+            f"conf/workload/ whose workload_profile.models lists {model}",
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """The profile as the records keep it (`workload_profile` of metrics.json and report.json)."""
+        return {"name": self.name, "document": self.document, "models": list(self.models)}
+
+
+@attrs.frozen(kw_only=True)
+class AnalyticSettings:
+    """The `analytic.*` node: the page a config report prices, the GPUs it prices on, and the view what-if (v1:
+    modes and crop grids; OCR-2: tile counts), with the model and the named workload they belong to."""
+
+    model: PricedModel
+    profile: WorkloadProfile | None = None
+    dtype: str
+    dtype_bytes: int
+    text_tokens: int
+    new_tokens: int
+    gpus: tuple[str, ...]
+    reference_gpu: str
+    crop_grid: tuple[int, int] | None = None  # v1
+    sweep_modes: tuple[Mode, ...] = ()  # v1
+    grid_sweep: tuple[tuple[int, int], ...] = ()  # v1
+    tiles: int = 0  # OCR-2
+    tile_sweep: tuple[int, ...] = ()  # OCR-2
+
+    @classmethod
+    def from_config(
+        cls, analytic: Mapping[str, Any], model: PricedModel, profile: WorkloadProfile | None = None
+    ) -> AnalyticSettings:
+        """From the `analytic` node as plain data, for `model`; a named workload must be written for the model."""
+        if profile is not None:
+            profile.check_model(model.name)
+        text = analytic.get("text_tokens")
+        common = cls._page_and_gpus(analytic, text if text is not None else model.prompt_text_tokens)
+        if model.modes is not None:
+            return cls(
+                model=model,
+                profile=profile,
+                **common,
+                crop_grid=crop_grid_from(analytic["crop_grid"]),
+                sweep_modes=tuple(model.mode_named(str(name)) for name in analytic["mode_sweep"]),
+                grid_sweep=tuple(crop_grid_from(g, "analytic.grid_sweep[]") for g in analytic["grid_sweep"]),
+            )
+        return cls(
+            model=model,
+            profile=profile,
+            **common,
+            tiles=require_whole("analytic.tiles", analytic["tiles"], 0),
+            tile_sweep=tuple(int(n) for n in analytic["tile_sweep"]),
+        )
+
+    @staticmethod
+    def _page_and_gpus(analytic: Mapping[str, Any], text_tokens: Any) -> dict[str, Any]:
+        text = require_whole("analytic.text_tokens", text_tokens, 0)
+        new = require_whole("analytic.new_tokens", analytic["new_tokens"], 1)
+        dtype = str(analytic["dtype"])
+        size = dtype_bytes(dtype)
+        if size is None:
+            raise UserError(f"analytic.dtype={dtype} is not supported", f"Use analytic.dtype={SUPPORTED_DTYPES_TEXT}")
+        return {
+            "dtype": dtype,
+            "dtype_bytes": size,
+            "text_tokens": text,
+            "new_tokens": new,
+            "gpus": tuple(str(g) for g in analytic["gpus"]),
+            "reference_gpu": str(analytic.get("reference_gpu")),
+        }

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llm_perf_opt import compare as cmp
 from llm_perf_opt.cli.compare import main
 from llm_perf_opt.measure.comparison import TOP_MOVERS, ratio
 from llm_perf_opt.measure.noise import noise_verdict
+from llm_perf_opt.pipeline import compare as cmp
 from llm_perf_opt.records.common import SCHEMA_MAJOR, SCHEMA_VERSION, Summary
 from llm_perf_opt.records.comparison import load_comparison
 from llm_perf_opt.records.folders import load

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from llm_perf_opt import compare as cmp
 from llm_perf_opt.errors import UserError
+from llm_perf_opt.pipeline import compare as cmp
+from llm_perf_opt.pipeline.sweep import SUMMARY_JSON, SUMMARY_MD, summarize_sweep
 from llm_perf_opt.records.comparison import Comparison, StageTimeRow, load_comparison
 from llm_perf_opt.records.io import converter, dumps, save, to_plain
 from llm_perf_opt.records.sweep import JobFigures, SweepSummary, load_sweep_summary
 from llm_perf_opt.report.comparison import comparison_markdown
-from llm_perf_opt.sweep import SUMMARY_JSON, SUMMARY_MD, summarize_sweep
 
 FIXTURES = Path(__file__).parent / "fixtures" / "compare"
 H100_A = FIXTURES / "h100_s1final"

@@ -17,6 +17,7 @@ import pytest
 from llm_perf_opt import artifacts, compare
 from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.cli.stage1_report import main as stage1_report
+from llm_perf_opt.pipeline.sweep import load_job
 from llm_perf_opt.pipeline.whatif_rungs import RungJob, stopped_outcome
 from llm_perf_opt.records.common import RunStatus
 from llm_perf_opt.records.folders import (
@@ -28,7 +29,6 @@ from llm_perf_opt.records.folders import (
     writer_note,
     writer_state,
 )
-from llm_perf_opt.sweep import load_job
 
 FIXTURES = Path(__file__).parent / "fixtures"
 WHATIF_EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "whatif-h100-decode"

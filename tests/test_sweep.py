@@ -10,11 +10,11 @@ import pytest
 
 from helpers import run_cli
 from llm_perf_opt.measure.sweep import swept_keys
+from llm_perf_opt.pipeline.sweep import SUMMARY_JSON, SUMMARY_MD, SUMMARY_PNG, SWEEP_FAILED_EXIT, main, summarize_sweep
 from llm_perf_opt.records.common import RunStatus, Summary
 from llm_perf_opt.records.folders import load_stage1_metrics
 from llm_perf_opt.records.io import save
 from llm_perf_opt.records.stage1 import MfuRecord, Stage1Metrics, StageEfficiency, StageStat, Throughput
-from llm_perf_opt.sweep import SUMMARY_JSON, SUMMARY_MD, SUMMARY_PNG, SWEEP_FAILED_EXIT, main, summarize_sweep
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from llm_perf_opt.cli.common import run_guarded
-from llm_perf_opt.compare import Comparison, output_files, write_comparison
+from llm_perf_opt.pipeline.compare import Comparison, output_files, write_comparison
 
 
 def _run(folders: list[Path], out: str) -> Comparison:

@@ -1,7 +1,7 @@
 """Summary of a Hydra multirun of `stage1-run`: one row per job, the swept keys, a plot.
 
 `SweepSummaryCallback` (registered in conf/stage1.yaml) calls `summarize_sweep` when the multirun ends; rerun it
-by hand with `python -m llm_perf_opt.sweep <sweep_dir>`. Each numeric job folder is read as typed records
+by hand with `python -m llm_perf_opt.pipeline.sweep <sweep_dir>`. Each numeric job folder is read as typed records
 (`records.folders.load`) plus its `.hydra/overrides.yaml`; a job that cannot be summarised is listed as skipped.
 The figures come from `measure.sweep`, the Markdown and plot from `report.sweep_report`.
 """
@@ -35,7 +35,7 @@ from llm_perf_opt.records.io import RecordError, read_yaml, save
 from llm_perf_opt.records.sweep import SweepJob, SweepSummary
 from llm_perf_opt.report.sweep_report import sweep_markdown, sweep_plot, throughput_latency_plot
 
-log = logging.getLogger("llm_perf_opt.sweep")
+log = logging.getLogger("llm_perf_opt.pipeline.sweep")
 
 SUMMARY_MD = "sweep_summary.md"
 SUMMARY_JSON = SWEEP_SUMMARY_FILE
@@ -142,8 +142,8 @@ class SweepSummaryCallback(Callback):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m llm_perf_opt.sweep <sweep_dir>`: (re)write the summary of a finished sweep."""
-    parser = argparse.ArgumentParser(prog="python -m llm_perf_opt.sweep", description=main.__doc__)
+    """`python -m llm_perf_opt.pipeline.sweep <sweep_dir>`: (re)write the summary of a finished sweep."""
+    parser = argparse.ArgumentParser(prog="python -m llm_perf_opt.pipeline.sweep", description=main.__doc__)
     parser.add_argument("sweep_dir", type=Path, help="the multirun folder (hydra.sweep.dir)")
     args = parser.parse_args(argv)
     if not args.sweep_dir.is_dir():

@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 
-from llm_perf_opt import artifacts, compare
+from llm_perf_opt import artifacts
 from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.cli.stage1_report import main as stage1_report
+from llm_perf_opt.pipeline import compare
 from llm_perf_opt.pipeline.sweep import load_job
 from llm_perf_opt.pipeline.whatif_rungs import RungJob, stopped_outcome
 from llm_perf_opt.records.common import RunStatus

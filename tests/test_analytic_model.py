@@ -264,6 +264,7 @@ def tiny_counts(tiny_session, compose_model, page_images) -> Any:
     return counts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("page", "text_tokens"), _TINY_CASES)
 def test_tiny_model_matches_flop_counter(tiny, tiny_counts, page, text_tokens) -> None:
     prepared, counted = tiny_counts(page, text_tokens)

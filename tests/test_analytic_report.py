@@ -64,6 +64,7 @@ def test_unknown_gpu_key_is_a_user_error() -> None:
         build_report(compose_analytic("analytic.gpus=[h100_sxm,no_such_gpu]"))
 
 
+@pytest.mark.slow
 def test_command_writes_json_and_markdown(tmp_path: Path) -> None:
     out = tmp_path / "an"
     done = run_cli(
@@ -77,6 +78,7 @@ def test_command_writes_json_and_markdown(tmp_path: Path) -> None:
     assert json.loads((out / "run_status.json").read_text())["state"] == "complete"
 
 
+@pytest.mark.slow
 def test_named_workload_is_priced_and_measured_alike(tmp_path: Path) -> None:
     """workload=ocr2-snippet sets the page, the decode length and the analytic workload together."""
     r = report_data(compose_analytic("workload=ocr2-snippet"))
@@ -138,6 +140,7 @@ def test_workload_prices_its_own_model() -> None:
     )
 
 
+@pytest.mark.slow
 def test_workload_of_another_model_is_refused_in_one_paragraph(tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"workload=ocr2-receipt is written for model=deepseek_ocr2 or "):
         build_report(compose_config("analytic", "model=deepseek_ocr", "workload=ocr2-receipt"))

@@ -262,6 +262,7 @@ def tiny_counts(tiny_model, tiny) -> dict[str, dict[str, Any]]:
     return {name: _run_tiny(tiny_model, tiny, work) for name, work in _TINY_CASES.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(_TINY_CASES))
 def test_tiny_model_matches_flop_counter(tiny, tiny_counts, case) -> None:
     work = _TINY_CASES[case]
@@ -292,6 +293,7 @@ def test_tiles_add_vision_work_and_newlines(tiny, tiny_counts) -> None:
 
 
 # ---- analytic-report model=deepseek_ocr ------------------------------------------------------------------------
+@pytest.mark.slow
 def test_report_command_prices_v1(tmp_path: Path) -> None:
     out = tmp_path / "an"
     done = run_cli("llm_perf_opt.cli.analytic", "model=deepseek_ocr", f"hydra.run.dir={out}", timeout=180)

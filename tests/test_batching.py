@@ -70,6 +70,7 @@ def v2_batch(tiny_session: InferenceSession, v2_pages: list[Path]) -> BatchMeasu
     return batched(tiny_session, v2_pages, BATCH)
 
 
+@pytest.mark.slow
 def test_v2_batch_equals_pages_alone(v2_batch, v2_alone) -> None:
     assert [p.tiles for p in v2_batch.pages] == [0, 2, 3]
     assert len({p.prompt_tokens for p in v2_batch.pages}) == 3
@@ -84,6 +85,7 @@ def test_v2_static_batch_equals_pages_alone(tiny_session, v2_pages, v2_alone, ru
     assert [p.token_ids for p in batched(tiny_session, v2_pages, runtime).pages] == v2_alone
 
 
+@pytest.mark.slow
 def test_v1_batch_equals_pages_alone(v1_session, page_images) -> None:
     pages = [page_images[p] for p in ("small", "a4", "two_tiles")]
     expected = alone(v1_session, pages)
@@ -102,6 +104,7 @@ def test_text_batch_equals_prompts_alone(qwen_session) -> None:
         assert [p.token_ids for p in measured.pages] == expected
 
 
+@pytest.mark.slow
 def test_eager_attention_takes_an_additive_mask(compose_model, v2_pages) -> None:
     session = InferenceSession.load(compose_model("model=deepseek_ocr2_tiny", "model.attn_implementation=eager"), CPU)
     assert [p.token_ids for p in batched(session, v2_pages, BATCH).pages] == alone(session, v2_pages)
@@ -186,6 +189,7 @@ def test_padded_decode_steps_get_4d_masks_and_read_nothing_on_the_host(tiny_sess
         assert c["position_ids"].shape == (3, 1)
 
 
+@pytest.mark.slow
 def test_compiled_decode_of_a_padded_batch(tiny_session, v2_pages, v2_alone, monkeypatch) -> None:
     torch._dynamo.reset()
     monkeypatch.setattr(compiled, "compile_function", lambda fn, mode: torch.compile(fn, backend="eager"))

@@ -73,6 +73,7 @@ def test_compiled_decode_gives_the_eager_tokens_and_logs_its_compilation(
     assert steady.output_check is not None and steady.output_check.first_departure is None
 
 
+@pytest.mark.slow
 def test_one_cache_length_means_one_compilation(tiny_session, page_images, eager_tokens) -> None:
     session = tiny_session.with_runtime(
         RuntimeSettings(kv_cache="static", compile="decode", compile_mode="default", static_cache_len=640)
@@ -85,6 +86,7 @@ def test_one_cache_length_means_one_compilation(tiny_session, page_images, eager
     assert [m.token_ids for m in runs] == [eager_tokens[p].token_ids for p in ("small", "two_tiles", "small")]
 
 
+@pytest.mark.slow
 def test_routing_record_through_the_compiled_step(tiny_session, page_images) -> None:
     eager = tiny_session.run_image(page_images["two_tiles"], NEW_TOKENS, nvtx=False).routing
     session = tiny_session.with_runtime(DECODE)
@@ -96,6 +98,7 @@ def test_routing_record_through_the_compiled_step(tiny_session, page_images) -> 
     assert traced == [eager, eager]
 
 
+@pytest.mark.slow
 def test_compiled_prefill_keeps_vision_eager(tiny_session, page_images, eager_tokens) -> None:
     session = tiny_session.with_runtime(PREFILL_DECODE)
     try:

@@ -150,6 +150,7 @@ def test_features_follow_the_vendor_layout(v1_tiny_session: DeepSeekOCRSession, 
     assert torch.equal(features[-1], separator)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", ["small", "a4"])
 def test_cached_decoding_equals_recomputing_the_whole_sequence(
     v1_tiny_session: DeepSeekOCRSession, page_images: dict[str, Path], page: str
@@ -171,6 +172,7 @@ def test_run_image_times_the_v1_vision_stages(
     assert measured.image_tokens == 903 and measured.tiles == 6
 
 
+@pytest.mark.slow
 def test_stage1_run_on_the_tiny_v1_model(tmp_path: Path, page_images: dict[str, Path]) -> None:
     run_dir = tmp_path / "run"
     result = run_cli(
@@ -196,6 +198,7 @@ def test_stage1_run_on_the_tiny_v1_model(tmp_path: Path, page_images: dict[str, 
     assert (run_dir / "report.md").is_file()
 
 
+@pytest.mark.slow
 def test_unknown_mode_on_the_command_line_fails_cleanly(tmp_path: Path, page_images: dict[str, Path]) -> None:
     run_dir = tmp_path / "run"
     result = run_cli(

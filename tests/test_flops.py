@@ -43,6 +43,7 @@ def tiles_flops(tiny_session, page_images) -> StageFlops:
     return count_stage_flops(tiny_session, tiny_session.prepare(page_images["two_tiles"]))
 
 
+@pytest.mark.slow
 def test_flops_do_not_depend_on_the_kernel_implementation(tiny_session, eager_session, page_images, small_flops):
     info = eager_session.adapter.describe(eager_session.model)
     assert (info["attn_implementation"], info["experts_implementation"]) == ("eager", "eager")

@@ -53,6 +53,7 @@ def qwen_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_qwen2_preset_writes_every_artifact_with_the_model_metadata(qwen_run: Path) -> None:
     for name in ("report.md", "metrics.json", "operators.md", "stakeholder_summary.md", "assumptions.md", "env.json",
                  "inputs.yaml", "config.yaml", "predictions/predictions.jsonl", "viz/predictions.md",
@@ -134,6 +135,7 @@ def test_qwen2_reports_speak_of_prompts_not_vision(qwen_run: Path) -> None:
     assert [len(p["token_ids"]) for p in preds] == [3, 3] and all(p["text"] is None for p in preds)
 
 
+@pytest.mark.slow
 def test_llama_preset_runs_with_mfu_against_a_given_peak(tmp_path: Path) -> None:
     out = tmp_path / "llama"
     done = stage1(
@@ -155,6 +157,7 @@ def test_llama_preset_runs_with_mfu_against_a_given_peak(tmp_path: Path) -> None
     assert decode_eff["bound"] == "memory"
 
 
+@pytest.mark.slow
 def test_tiny_llava_checkpoint_runs_images_with_vision_stages(tmp_path: Path) -> None:
     ckpt = save_tiny_llava(tmp_path / "llava")
     pages = tmp_path / "pages"
@@ -192,6 +195,7 @@ def test_tiny_llava_checkpoint_runs_images_with_vision_stages(tmp_path: Path) ->
         (["model.config=qwen2_tiny", "dataset.root=__PAGES__"], ["takes text prompts", "dataset=prompts"]),
     ],
 )
+@pytest.mark.slow
 def test_bad_input_fails_cleanly_before_building(tmp_path: Path, overrides: list[str], needles: list[str]) -> None:
     (tmp_path / "mamba.json").write_text(json.dumps({"model_type": "mamba", "hidden_size": 16, "num_hidden_layers": 1}))
     (tmp_path / "pages").mkdir()
@@ -230,6 +234,7 @@ def test_stage2_forwards_the_hf_overrides(tmp_path: Path) -> None:
     assert "dataset.max_images=1" in ncu and "infer.max_new_tokens=4" in ncu
 
 
+@pytest.mark.slow
 def test_analytic_report_refuses_model_hf(tmp_path: Path) -> None:
     out = tmp_path / "analytic"
     done = run_cli("llm_perf_opt.cli.analytic", "model=hf", "model.config=qwen2_tiny", f"hydra.run.dir={out}")

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from PIL import Image
 
 from helpers import run_cli
 from llm_perf_opt.records.folders import load_stage1
 
 
+@pytest.mark.slow
 def test_same_file_name_in_two_subfolders_are_two_inputs(tmp_path: Path) -> None:
     root = tmp_path / "pages"
     for sub, size in (("a", (700, 500)), ("b", (1536, 768))):  # no tiles / two tiles: different FLOPs

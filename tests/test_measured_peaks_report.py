@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import attrs
+import pytest
 
 from helpers import run_cli
 from llm_perf_opt.records.common import PeakFigure
@@ -35,6 +36,7 @@ def test_report_shows_both_denominators() -> None:
     assert "Against this GPU's measured peaks" not in report_md(m, None, [])
 
 
+@pytest.mark.slow
 def test_peaks_setting_is_checked_and_cpu_keeps_the_datasheet(tmp_path: Path) -> None:
     bad = run_cli(
         "llm_perf_opt.cli.stage1",

@@ -56,6 +56,7 @@ def test_static_runs_are_checked_against_the_eager_reference(tiny_session, page_
         session.close()
 
 
+@pytest.mark.slow
 def test_a_departing_run_is_reported(tiny_session, page_images) -> None:
     session = tiny_session.with_runtime(RuntimeSettings(output_check="always"))
     try:

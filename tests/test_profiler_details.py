@@ -97,6 +97,7 @@ def test_gpu_activity_line_in_report_and_findings() -> None:
     assert any("850 kernels and was busy 24%" in line for line in key_findings(gpu))
 
 
+@pytest.mark.slow
 def test_max_preset_operators_show_shapes_memory_and_call_sites(tmp_path: Path) -> None:
     out = tmp_path / "max"
     done = run_cli(

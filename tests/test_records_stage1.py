@@ -109,6 +109,7 @@ def test_a_folder_without_metrics_says_what_it_is(tmp_path: Path) -> None:
         load(tmp_path)
 
 
+@pytest.mark.slow
 def test_stage1_report_rebuilds_a_copied_folder(tmp_path: Path) -> None:
     folder = _copy_run(tmp_path)
     (folder / "report.md").unlink()

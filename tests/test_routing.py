@@ -39,6 +39,7 @@ def test_routers_found_in_both_tiny_models(tiny_session, v1_session) -> None:
         assert (session.routing.experts, session.routing.top_k) == (8, 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["v1", "v2"])
 @pytest.mark.parametrize("kv_cache", ["dynamic", "static"])
 def test_trace_holds_the_routers_choices_of_each_decode_step(
@@ -121,6 +122,7 @@ def test_summary_refuses_mixed_batch_sizes() -> None:
         summarize_routing([a, b])
 
 
+@pytest.mark.slow
 def test_detached_hooks_record_nothing_until_attached_again(tiny_session, page_images) -> None:
     routing = tiny_session.routing
     assert routing is not None

@@ -42,6 +42,7 @@ def _disk_full(*args: object, **kwargs: object) -> None:
     raise OSError(errno.ENOSPC, "No space left on device", "plots/stage_breakdown.png")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("failing", ["report writer", "artifacts writer"])
 def test_write_failure_while_finishing_marks_the_folder_failed(
     failing: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
@@ -150,6 +151,7 @@ def test_read_only_run_dir_is_one_paragraph(inside: bool, tmp_path: Path) -> Non
     assert list(read_only.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_refused_reuse_keeps_the_previous_run_and_its_hydra_folder(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     first = run_cli("llm_perf_opt.cli.stage1", *TINY_RUN, "dataset.root=/nonexistent", f"hydra.run.dir={run_dir}")

@@ -29,6 +29,9 @@ from llm_perf_opt.report.plots import routing_hits
 from llm_perf_opt.report.sweep_report import sweep_markdown, throughput_latency_plot
 from llm_perf_opt.session.session import InferenceSession
 
+#: Runs the console scripts in child processes (seconds to a minute each).
+pytestmark = pytest.mark.slow
+
 CPU = torch.device("cpu")
 # Sorted names: batch 0 = a 0-tile and a 2-tile page (different prompt lengths: left padding), batch 1 = one page.
 PAGES = {"a_small.png": "small", "b_two_tiles.png": "two_tiles", "c_square.png": "square700"}

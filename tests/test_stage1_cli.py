@@ -16,6 +16,9 @@ from helpers import run_cli
 from llm_perf_opt.data.dataset import bundled_samples_dir
 from llm_perf_opt.records.common import SCHEMA_VERSION
 
+#: Runs the console scripts in child processes (seconds to a minute each).
+pytestmark = pytest.mark.slow
+
 TINY = ["model=deepseek_ocr2_tiny"]
 
 

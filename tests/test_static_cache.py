@@ -67,6 +67,7 @@ def test_static_cache_gives_the_dynamic_tokens_qwen2(qwen_session) -> None:
     assert static.token_ids == dynamic.token_ids
 
 
+@pytest.mark.slow
 def test_fixed_length_static_cache_is_reused_across_passes(v1_session, page_images) -> None:
     """One cache length for every input: the same StaticCache object (same tensors) serves every pass, reset."""
     session = v1_session.with_runtime(RuntimeSettings(kv_cache="static", static_cache_len=1024))

@@ -16,6 +16,9 @@ from llm_perf_opt.records.folders import load_stage1_metrics
 from llm_perf_opt.records.io import save
 from llm_perf_opt.records.stage1 import MfuRecord, Stage1Metrics, StageEfficiency, StageStat, Throughput
 
+#: Runs the console scripts in child processes (seconds to a minute each).
+pytestmark = pytest.mark.slow
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

@@ -25,6 +25,9 @@ from llm_perf_opt.records.whatif import (
     WhatIfRecord,
 )
 
+#: Runs the console scripts in child processes (seconds to a minute each).
+pytestmark = pytest.mark.slow
+
 PRESET = """\
 name: tiny-test
 objective: decode_ms_per_token

@@ -25,6 +25,9 @@ from llm_perf_opt.records.whatif import ALONE, BASELINE, INVALID, LADDER, MEASUR
 from llm_perf_opt.report.whatif_report import launcher_text
 from whatif_fixtures import realistic
 
+#: Runs the console scripts in child processes (seconds to a minute each).
+pytestmark = pytest.mark.slow
+
 PRESET = """\
 name: two-levers
 objective: decode_ms_per_token

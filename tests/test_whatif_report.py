@@ -266,6 +266,7 @@ def _what_to_try(folder: Path) -> str:
     return _section((folder / "report.md").read_text(), "What to try")
 
 
+@pytest.mark.slow
 def test_stage1_report_cites_the_whatif_folder_given(tmp_path: Path) -> None:
     folder = _copy_run(tmp_path / "run")
     io.save(realistic(), tmp_path / "wi" / WHATIF_FILE)
@@ -292,6 +293,7 @@ def test_a_stage1_folder_inside_a_whatif_folder_cites_it(tmp_path: Path, caplog:
     assert "do not cite the enclosing what-if run" in caplog.text
 
 
+@pytest.mark.slow
 def test_stage1_run_accepts_report_whatif_dir_and_refuses_a_bad_one_before_measuring(tmp_path: Path) -> None:
     from llm_perf_opt.override_keys import check_override_keys
 

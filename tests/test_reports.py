@@ -15,11 +15,14 @@ from llm_perf_opt.measure.aggregate import stage_stats, throughput
 from llm_perf_opt.measure.flops import StageFlops
 from llm_perf_opt.measure.mfu import mfu_by_stage
 from llm_perf_opt.measure.variation import stage_variation
+from llm_perf_opt.records import io
 from llm_perf_opt.records import vocabulary as vocab
-from llm_perf_opt.records.stage1 import DeviceInfo, ImageRecord, ModelInfo, RunSettings, Stage1Metrics
+from llm_perf_opt.records.folders import load_stage1_metrics
+from llm_perf_opt.records.stage1 import DeviceInfo, ImageRecord, ModelFamily, ModelInfo, RunSettings, Stage1Metrics
 from llm_perf_opt.records.vocabulary import E2E, TTFT
 from llm_perf_opt.report import gallery, markdown
-from llm_perf_opt.report.recommendations import key_findings, recommendations
+from llm_perf_opt.report.recommendations import RULES, Facts, key_findings, recommendations
+from llm_perf_opt.session.adapters.registry import make_adapter
 
 # ---- markdown ------------------------------------------------------------------------------------------------
 
@@ -478,3 +481,65 @@ def test_gallery_links_a_page_with_spaces_in_its_name(tmp_path: Path) -> None:
     assert (viz / unquote(source)).is_file()
     assert markdown.link_target("viz/my page (1).png") == "viz/my%20page%20%281%29.png"
     assert markdown.link("a b.png", "a b.png") == "[a b.png](a%20b.png)"
+
+
+@pytest.mark.parametrize(
+    ("family", "hint"),
+    [
+        (ModelFamily("hf"), ": fewer image tokens (a smaller input resolution in the processor) cut it in proportion."),
+        (
+            ModelFamily("deepseek_ocr2", tiled_views=True, tiling=True, tile_px=768),
+            "each 768-px tile adds a full SAM + encoder pass.",
+        ),
+        (
+            ModelFamily("deepseek_ocr2", tiled_views=True, tiling=False, tile_px=768),
+            "The pages ran as one global view each (no tiles)",
+        ),
+        (
+            ModelFamily("deepseek_ocr", tiled_views=True, has_modes=True, mode="large", encoder="CLIP"),
+            "A smaller mode than model.mode=large cuts it",
+        ),
+    ],
+)
+def test_vision_hint_follows_the_described_family_not_the_preprocessing_keys(
+    cpu_vision_bound, family: ModelFamily, hint: str
+) -> None:
+    """A folder whose adapter described its family: the hint reads those facts, whatever the preprocessing dict
+    holds (here v1's keys, which an older folder's probing would take for v1 Gundam with tiles)."""
+    v1_keys = {"mode": "gundam", "image_size": 640, "crop_mode": True}
+    model = attrs.evolve(cpu_vision_bound.model, preprocess=v1_keys, family=family)
+    records = [attrs.evolve(r, tiles=2) for r in cpu_vision_bound.records]
+    m = attrs.evolve(cpu_vision_bound, model=model, records=records)
+    vision = next(r for r in recommendations(m) if r.startswith("Vision is"))
+    assert hint in vision
+
+
+def test_an_older_folder_probes_its_family_from_the_preprocessing_keys() -> None:
+    v1 = ModelFamily.probed("deepseek_ocr", {"mode": "gundam", "image_size": 640, "crop_mode": True})
+    assert v1 == ModelFamily("deepseek_ocr", True, True, 640, True, "gundam", "CLIP")
+    v2 = ModelFamily.probed("deepseek_ocr2", {"tile_size": 768, "crop_to_patches": True})
+    assert v2 == ModelFamily("deepseek_ocr2", True, True, 768, False, None, "encoder")
+    assert ModelFamily.probed("hf", {"mode": "base"}) == ModelFamily("hf")
+
+
+@pytest.mark.parametrize("model", ["deepseek_ocr_tiny", "deepseek_ocr2_tiny", "deepseek_ocr", "deepseek_ocr2", "hf"])
+def test_adapters_describe_the_family_older_folders_are_probed_as(compose_model, model: str) -> None:
+    """A new run's family facts equal what the reports guessed from the same run's preprocessing keys (the
+    shipped configs), so a run re-rendered from an older folder says the same thing as a new one."""
+    adapter = make_adapter(compose_model(f"model={model}"))
+    described = adapter.model_family()
+    assert described == ModelFamily.probed(str(adapter.cfg.get("adapter")), adapter.preprocess_settings())
+
+
+def test_the_generic_advice_is_a_table_of_named_rules(gpu_decode_bound) -> None:
+    names = [rule.name for rule in RULES]
+    assert len(set(names)) == len(names)
+    facts = Facts.of(gpu_decode_bound)
+    fired = [rule.text(facts) for rule in RULES if rule.when(facts)]
+    assert recommendations(gpu_decode_bound) == fired
+
+
+def test_the_model_family_round_trips(cpu_vision_bound, tmp_path: Path) -> None:
+    family = ModelFamily("deepseek_ocr2", tiled_views=True, tiling=True, tile_px=768)
+    m = attrs.evolve(cpu_vision_bound, model=attrs.evolve(cpu_vision_bound.model, family=family))
+    assert load_stage1_metrics(io.save(m, tmp_path / "metrics.json")).model.family == family

@@ -103,6 +103,13 @@ def test_metrics_schema(tiny_run: tuple[Path, Path, subprocess.CompletedProcess[
     assert m["config_digest"].startswith("sha256:")
     assert m["model"]["weights"] == "random"
     assert m["model"]["parameters"] > 1_000_000
+    family = m["model"]["family"]  # as the adapter describes it (deepseek_ocr2_tiny: tiles of 768 px)
+    assert (family["name"], family["tiled_views"], family["tiling"], family["tile_px"]) == (
+        "deepseek_ocr2",
+        True,
+        True,
+        768,
+    )
     assert m["device"]["type"] == "cpu"
     assert m["settings"]["repeats"] == 2 and m["settings"]["warmup"] == 1
     assert m["settings"]["sources"]["run.repeats"] == "config/override"

@@ -607,6 +607,7 @@ class Stage1Run:
                 attn_implementation=described["attn_implementation"],
                 experts_implementation=described["experts_implementation"],
                 architecture=described.get("architecture") or {},
+                family=described.get("family"),
                 weights=session.loaded.weights,
                 weights_detail=session.loaded.weights_detail,
                 config_source=session.loaded.config_source,

@@ -7,6 +7,8 @@ import attrs
 # The version of every record file the toolkit writes; a reader accepts any minor version of its major.
 # 1.2: run_status.json records the process writing the folder (pid, host); a what-if rung may be `interrupted`;
 #      RunSettings.fill_batches, Verdict.judged, the comparisons' config_differences (all with defaults).
+#      Also in 1.2 (a default only, so the version stays): ModelInfo.family, the model family as its adapter
+#      describes it (None in older folders, whose family the reports probe from the preprocessing keys).
 SCHEMA_VERSION = "1.2"
 SCHEMA_MAJOR = SCHEMA_VERSION.split(".", 1)[0]
 

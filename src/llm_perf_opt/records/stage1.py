@@ -14,6 +14,36 @@ BYTES_SOURCE = "analytic model (llm_perf_opt.analytic): weights read + activatio
 
 
 @attrs.frozen
+class ModelFamily:
+    """What the reports' advice needs to know of a model family, as its adapter describes it (`describe()`)."""
+
+    name: str  # the family: "deepseek_ocr" (v1), "deepseek_ocr2", "hf", ...
+    tiled_views: bool = False  # an image becomes a global view plus local tiles, each another vision pass
+    tiling: bool = False  # this run's settings let it cut tiles (v1 crop_mode, v2 crop_to_patches)
+    tile_px: int | None = None  # a tile's side
+    has_modes: bool = False  # the family has named modes (v1: tiny, small, base, large, gundam)
+    mode: str | None = None  # the mode this run used
+    encoder: str = "encoder"  # how the advice names the vision encoder beside SAM
+
+    @classmethod
+    def probed(cls, adapter: str, preprocess: Mapping[str, Any]) -> ModelFamily:
+        """The family of a folder written before adapters described it, guessed from the adapter's name and the
+        recorded preprocessing keys exactly as the reports guessed it then; the one place that guesses."""
+        if not adapter.startswith("deepseek"):
+            return cls(name=adapter)
+        v1 = "mode" in preprocess  # only v1 records a mode
+        return cls(
+            name="deepseek_ocr" if v1 else "deepseek_ocr2",
+            tiled_views=True,
+            tiling=bool(preprocess.get("crop_mode", True)),
+            tile_px=preprocess.get("image_size" if v1 else "tile_size"),
+            has_modes=v1,
+            mode=preprocess.get("mode"),
+            encoder="CLIP" if v1 else "encoder",
+        )
+
+
+@attrs.frozen
 class ModelInfo:
     name: str
     adapter: str
@@ -29,6 +59,12 @@ class ModelInfo:
     # The model's shape as its config gives it (model_type, layers, hidden size, heads, vocabulary, input kind,
     # vision stages); empty for adapters that do not describe it.
     architecture: Mapping[str, Any] = attrs.field(factory=dict)
+    # The family as the adapter describes it; None in folders written before it was recorded (`family_facts`).
+    family: ModelFamily | None = None
+
+    def family_facts(self) -> ModelFamily:
+        """The family as described, or as probed from the preprocessing keys for an older folder."""
+        return self.family if self.family is not None else ModelFamily.probed(self.adapter, self.preprocess or {})
 
 
 @attrs.frozen

@@ -6,8 +6,12 @@ best rung, which levers did not help) and drops the generic advice whose every l
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import attrs
+
 from llm_perf_opt.records import vocabulary as vocab
-from llm_perf_opt.records.stage1 import Stage1Metrics
+from llm_perf_opt.records.stage1 import ModelFamily, Stage1Metrics, StageEfficiency
 from llm_perf_opt.records.whatif import BASELINE, MEASURED, WhatIfRecord
 from llm_perf_opt.report.batches import batch_run
 from llm_perf_opt.report.markdown import pct
@@ -182,114 +186,181 @@ def measured_lever_lines(w: WhatIfRecord, device: str, model: str) -> list[str]:
     return lines
 
 
-def _generic(m: Stage1Metrics) -> list[tuple[str, frozenset[str]]]:
-    """Each rule triggered by a measured figure, with the override keys it advises (empty: none)."""
-    recs: list[tuple[str, frozenset[str]]] = []
-    e2e = _mean(m, vocab.E2E) or 0.0
-    decode = _mean(m, vocab.DECODE) or 0.0
-    prefill = _mean(m, vocab.PREFILL) or 0.0
-    pre = _mean(m, vocab.PREPROCESS) or 0.0
-    step = _p50(m, vocab.DECODE_STEP)
-    dec_mfu = _mfu(m, vocab.DECODE)
-    if m.device.type == "cpu":
-        recs.append(
-            (
-                "This is a CPU run: its figures show the pipeline's shape, not GPU behaviour. Run on a GPU "
-                "(device=cuda) for kernel-level timings, MFU against a datasheet peak, and Stage 2.",
-                frozenset(),
-            )
+@attrs.frozen
+class Facts:
+    """The measured figures the generic rules read, computed once from a run's metrics."""
+
+    device: str  # "cuda" | "cpu"
+    e2e: float  # mean ms per pass (0.0 when not measured), likewise the three stages
+    decode: float
+    prefill: float
+    preprocess: float
+    step: float | None  # median ms per decode step
+    decode_mfu: float | None
+    prefill_mfu: float | None
+    decode_efficiency: StageEfficiency | None
+    vision: float  # the vision sub-stages' mean ms, summed
+    sam: float
+    batch: int
+    inputs: str  # what a batch holds: "pages" or "prompts"
+    experts: str | None  # the MoE experts implementation; None for a dense model
+    dtype: str
+    family: ModelFamily
+    tiled: bool  # some input was cut into tiles
+    noisy: tuple[str, ...]  # stages whose within-input variation is above NOISY_CV
+
+    @property
+    def ttft(self) -> float:
+        """Mean time to first token: preprocess + prefill."""
+        return self.preprocess + self.prefill
+
+    @classmethod
+    def of(cls, m: Stage1Metrics) -> Facts:
+        return cls(
+            device=m.device.type,
+            e2e=_mean(m, vocab.E2E) or 0.0,
+            decode=_mean(m, vocab.DECODE) or 0.0,
+            prefill=_mean(m, vocab.PREFILL) or 0.0,
+            preprocess=_mean(m, vocab.PREPROCESS) or 0.0,
+            step=_p50(m, vocab.DECODE_STEP),
+            decode_mfu=_mfu(m, vocab.DECODE),
+            prefill_mfu=_mfu(m, vocab.PREFILL),
+            decode_efficiency=next((e for e in m.efficiency if e.stage == vocab.DECODE), None),
+            vision=sum(_mean(m, s) or 0.0 for s in _vision_stages(m)),
+            sam=_mean(m, vocab.VISION_SAM) or 0.0,
+            batch=batch_run(m),
+            inputs="prompts" if m.settings.input_kind == "text" else "pages",
+            experts=m.model.experts_implementation,
+            dtype=m.model.dtype,
+            family=m.model.family_facts(),
+            tiled=any(r.tiles for r in m.records),
+            noisy=tuple(v.stage for v in m.variation if (v.within_image_cv_median or 0.0) > NOISY_CV),
         )
-    if e2e and decode / e2e > DECODE_DOMINANT:
-        inputs = "prompts" if m.settings.input_kind == "text" else "pages"
-        experts = m.model.experts_implementation is not None  # a MoE model: its per-expert work can be fused
-        msg = f"Decode is {decode / e2e:.0%} of end-to-end time"
-        if step:
-            msg += f" at {step:,.2f} ms/token"
-        dec_eff = next((e for e in m.efficiency if e.stage == vocab.DECODE), None)
-        if m.device.type == "cuda" and dec_eff is not None and dec_eff.gap is not None and dec_eff.gap > FAR_FROM_SOL:
-            msg += (
-                f", {dec_eff.gap:,.0f}× its speed of light with {pct(dec_eff.mbu)} MBU: the weights and KV cache "
-                "it reads would take a fraction of the step, so the step is bound by kernel launches and Python, not "
-                "by memory bandwidth. Capture it in a CUDA graph or compile it (static KV cache), "
-                + ("fuse the per-expert work, " if experts else "")
-                + f"and batch {inputs}; Stage 2 shows the GPU-busy fraction per step"
-            )
-        elif m.device.type == "cuda" and dec_mfu is not None and dec_mfu < LOW_DECODE_MFU:
-            msg += (
-                f" and only {dec_mfu:.2%} MFU: batch-{batch_run(m)} decode is bound by weight reads or, "
-                "when a step takes far longer than its bytes need, by kernel-launch/CPU overhead. Try CUDA graphs or "
-                f"torch.compile (static KV cache), and batch several {inputs} per step; Stage 2 shows the GPU-busy "
-                "fraction per step"
-            )
-        else:
-            msg += f": fewer generated tokens or batching several {inputs} per decode step pay off most"
-        recs.append((msg + ".", DECODE_LEVERS | (EXPERTS_LEVERS if experts else frozenset())))
-    vision = sum(_mean(m, s) or 0.0 for s in _vision_stages(m))
-    if prefill and vision / prefill > VISION_DOMINANT:
-        sam = _mean(m, vocab.VISION_SAM) or 0.0
-        msg = f"Vision is {vision / prefill:.0%} of prefill"
-        if sam and sam / vision > 0.5:
-            bias_mb = SAM_BIAS_MB_PER_BYTE * (vocab.dtype_bytes(m.model.dtype) or 2)
-            msg += (
-                f", mostly SAM ({sam / vision:.0%} of vision): each global-attention block materialises a "
-                f"relative-position bias of heads × N² elements (about {bias_mb:,.0f} MB in {m.model.dtype} for a "
-                "1024-px view), so SAM moves far more bytes than its FLOPs need"
-            )
-        if m.model.adapter.startswith("deepseek"):  # tiled preprocessing: each tile is another vision pass
-            msg += _fewer_views_hint(m)
-        else:
-            msg += ": fewer image tokens (a smaller input resolution in the processor) cut it in proportion"
-        recs.append((msg + ".", frozenset()))
-    pf_mfu = _mfu(m, vocab.PREFILL)
-    if m.device.type == "cuda" and pf_mfu is not None and pf_mfu < LOW_PREFILL_MFU:
-        recs.append(
-            (
-                f"Prefill reaches {pf_mfu:.1%} MFU (< {LOW_PREFILL_MFU:.0%}): the operator table shows which "
-                "kernels hold it back (attention backend, small GEMMs, elementwise work); Stage 2 gives their "
-                "roofline.",
-                frozenset(),
-            )
-        )
-    ttft = pre + prefill
-    if ttft and pre / ttft > PREPROCESS_NOTABLE:
-        recs.append(
-            (
-                f"Preprocessing is {pre / ttft:.0%} of time to first token ({pre:,.1f} ms on the CPU): overlap it "
-                "with GPU work (a data-loader worker) or preprocess ahead of time.",
-                frozenset(),
-            )
-        )
-    if m.device.type == "cuda" and m.model.experts_implementation == "eager":
-        recs.append(
-            (
-                "The MoE experts run the eager per-expert loop: try model.experts_implementation=grouped_mm.",
-                EXPERTS_LEVERS,
-            )
-        )
-    noisy = [v.stage for v in m.variation if (v.within_image_cv_median or 0.0) > NOISY_CV]
-    if noisy:
-        recs.append(
-            (
-                f"Run-to-run variation is high in {', '.join(noisy)}: add warm-up passes (run.warmup), more "
-                "repeats, and keep other work off the device.",
-                frozenset(),
-            )
-        )
-    return recs
 
 
-def _fewer_views_hint(m: Stage1Metrics) -> str:
-    """How to cut DeepSeek-OCR's vision work: fewer tiles, or (v1, a single-view mode) a smaller mode."""
-    pre = m.model.preprocess or {}
-    v1 = "mode" in pre
-    tiled = any(r.tiles for r in m.records)
-    if pre.get("crop_mode", True) and tiled:
-        tile = pre.get("image_size" if v1 else "tile_size")
+def _no_levers(f: Facts) -> frozenset[str]:
+    return frozenset()
+
+
+@attrs.frozen
+class Rule:
+    """One piece of generic advice: when it applies, what it says, and the override keys it advises (a what-if
+    record that measured all of them replaces it)."""
+
+    name: str
+    when: Callable[[Facts], bool]
+    text: Callable[[Facts], str]
+    levers: Callable[[Facts], frozenset[str]] = _no_levers
+
+
+def _decode_text(f: Facts) -> str:
+    msg = f"Decode is {f.decode / f.e2e:.0%} of end-to-end time"
+    if f.step:
+        msg += f" at {f.step:,.2f} ms/token"
+    eff = f.decode_efficiency
+    if f.device == "cuda" and eff is not None and eff.gap is not None and eff.gap > FAR_FROM_SOL:
+        msg += (
+            f", {eff.gap:,.0f}× its speed of light with {pct(eff.mbu)} MBU: the weights and KV cache "
+            "it reads would take a fraction of the step, so the step is bound by kernel launches and Python, not "
+            "by memory bandwidth. Capture it in a CUDA graph or compile it (static KV cache), "
+            + ("fuse the per-expert work, " if f.experts is not None else "")
+            + f"and batch {f.inputs}; Stage 2 shows the GPU-busy fraction per step"
+        )
+    elif f.device == "cuda" and f.decode_mfu is not None and f.decode_mfu < LOW_DECODE_MFU:
+        msg += (
+            f" and only {f.decode_mfu:.2%} MFU: batch-{f.batch} decode is bound by weight reads or, "
+            "when a step takes far longer than its bytes need, by kernel-launch/CPU overhead. Try CUDA graphs or "
+            f"torch.compile (static KV cache), and batch several {f.inputs} per step; Stage 2 shows the GPU-busy "
+            "fraction per step"
+        )
+    else:
+        msg += f": fewer generated tokens or batching several {f.inputs} per decode step pay off most"
+    return msg + "."
+
+
+def _vision_text(f: Facts) -> str:
+    msg = f"Vision is {f.vision / f.prefill:.0%} of prefill"
+    if f.sam and f.sam / f.vision > 0.5:
+        bias_mb = SAM_BIAS_MB_PER_BYTE * (vocab.dtype_bytes(f.dtype) or 2)
+        msg += (
+            f", mostly SAM ({f.sam / f.vision:.0%} of vision): each global-attention block materialises a "
+            f"relative-position bias of heads × N² elements (about {bias_mb:,.0f} MB in {f.dtype} for a "
+            "1024-px view), so SAM moves far more bytes than its FLOPs need"
+        )
+    if f.family.tiled_views:  # tiled preprocessing: each tile is another vision pass
+        msg += _fewer_views_hint(f.family, f.tiled)
+    else:
+        msg += ": fewer image tokens (a smaller input resolution in the processor) cut it in proportion"
+    return msg + "."
+
+
+def _fewer_views_hint(family: ModelFamily, tiled: bool) -> str:
+    """How to cut a tiled family's vision work: fewer tiles, or (a family with modes, one view) a smaller mode."""
+    if family.tiling and tiled:
+        tile = family.tile_px
         return (
             f". Fewer tiles (model.preprocess.max_tiles) cut it in proportion: each {f'{tile}-px ' if tile else ''}"
-            f"tile adds a full SAM + {'CLIP' if v1 else 'encoder'} pass"
-            + ("; model.mode=base runs the global view alone" if v1 else "")
+            f"tile adds a full SAM + {family.encoder} pass"
+            + ("; model.mode=base runs the global view alone" if family.has_modes else "")
         )
-    if v1 and pre.get("mode") not in (None, "tiny"):
-        return f". A smaller mode than model.mode={pre['mode']} cuts it: SAM's work grows with the view's area"
+    if family.has_modes and family.mode not in (None, "tiny"):
+        return f". A smaller mode than model.mode={family.mode} cuts it: SAM's work grows with the view's area"
     return ". The pages ran as one global view each (no tiles), so only a smaller view would cut it further"
+
+
+# The generic advice, in the order "What to try" lists it: each rule whose condition the measured facts meet.
+RULES: tuple[Rule, ...] = (
+    Rule(
+        "cpu run",
+        lambda f: f.device == "cpu",
+        lambda f: (
+            "This is a CPU run: its figures show the pipeline's shape, not GPU behaviour. Run on a GPU "
+            "(device=cuda) for kernel-level timings, MFU against a datasheet peak, and Stage 2."
+        ),
+    ),
+    Rule(
+        "decode dominates",
+        lambda f: bool(f.e2e) and f.decode / f.e2e > DECODE_DOMINANT,
+        _decode_text,
+        lambda f: DECODE_LEVERS | (EXPERTS_LEVERS if f.experts is not None else frozenset()),
+    ),
+    Rule(
+        "vision dominates prefill", lambda f: bool(f.prefill) and f.vision / f.prefill > VISION_DOMINANT, _vision_text
+    ),
+    Rule(
+        "low prefill MFU",
+        lambda f: f.device == "cuda" and f.prefill_mfu is not None and f.prefill_mfu < LOW_PREFILL_MFU,
+        lambda f: (
+            f"Prefill reaches {f.prefill_mfu:.1%} MFU (< {LOW_PREFILL_MFU:.0%}): the operator table shows which "
+            "kernels hold it back (attention backend, small GEMMs, elementwise work); Stage 2 gives their roofline."
+        ),
+    ),
+    Rule(
+        "preprocess notable",
+        lambda f: bool(f.ttft) and f.preprocess / f.ttft > PREPROCESS_NOTABLE,
+        lambda f: (
+            f"Preprocessing is {f.preprocess / f.ttft:.0%} of time to first token ({f.preprocess:,.1f} ms on the "
+            "CPU): overlap it with GPU work (a data-loader worker) or preprocess ahead of time."
+        ),
+    ),
+    Rule(
+        "eager MoE experts",
+        lambda f: f.device == "cuda" and f.experts == "eager",
+        lambda f: "The MoE experts run the eager per-expert loop: try model.experts_implementation=grouped_mm.",
+        lambda f: EXPERTS_LEVERS,
+    ),
+    Rule(
+        "noisy",
+        lambda f: bool(f.noisy),
+        lambda f: (
+            f"Run-to-run variation is high in {', '.join(f.noisy)}: add warm-up passes (run.warmup), more "
+            "repeats, and keep other work off the device."
+        ),
+    ),
+)
+
+
+def _generic(m: Stage1Metrics) -> list[tuple[str, frozenset[str]]]:
+    """Each rule (`RULES`) the run's measured facts trigger, with the override keys it advises (empty: none)."""
+    facts = Facts.of(m)
+    return [(rule.text(facts), rule.levers(facts)) for rule in RULES if rule.when(facts)]

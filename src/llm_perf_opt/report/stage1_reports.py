@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+
+import attrs
 
 from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.data.prompts import read_prompt
@@ -14,6 +16,7 @@ from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.common import Summary
 from llm_perf_opt.records.stage1 import (
     CompileSummary,
+    ImageRecord,
     InputsManifest,
     OperatorRow,
     OperatorTable,
@@ -22,6 +25,7 @@ from llm_perf_opt.records.stage1 import (
     Prediction,
     ProfilerSettings,
     Stage1Metrics,
+    StageEfficiency,
     StageStat,
 )
 from llm_perf_opt.records.whatif import WhatIfRecord
@@ -392,18 +396,36 @@ def _fates_section(doc: Doc, inputs: InputsManifest | None) -> None:
     )
 
 
-def report_md(
-    m: Stage1Metrics,
-    operators: OperatorTable | None,
-    files: Sequence[str],
-    plots: Mapping[str, str] | None = None,
-    inputs: InputsManifest | None = None,
-    whatif: WhatIfRecord | None = None,
-    unfinished: str | None = None,
-) -> str:
-    """The main report: three things first (where time goes, how efficient, what to try), details after.
-    `unfinished`: why the folder's status does not say how the run ended (it still reads `running`)."""
-    doc = Doc(f"Stage 1 report: {m.model.name} on {m.device.name}")
+@attrs.frozen
+class _Report:
+    """What every section of report.md reads: the records, and the lookups built once before the sections run."""
+
+    m: Stage1Metrics
+    operators: OperatorTable | None
+    files: Sequence[str]
+    plots: Mapping[str, str]
+    inputs: InputsManifest | None
+    whatif: WhatIfRecord | None
+    unfinished: str | None
+    records_of: Mapping[str, Sequence[ImageRecord]]  # an input's timed passes, by its name
+
+    def plot(self, doc: Doc, name: str, title: str) -> None:
+        """The plot `name` as an image, when it was written."""
+        if name in self.plots:
+            doc.image(title, self.plots[name])
+
+
+def records_by_image(m: Stage1Metrics) -> dict[str, list[ImageRecord]]:
+    """Each input's timed passes, in the record's order."""
+    out: dict[str, list[ImageRecord]] = {}
+    for r in m.records:
+        out.setdefault(r.image, []).append(r)
+    return out
+
+
+def _header_section(doc: Doc, r: _Report) -> None:
+    """One line of what ran, and a warning when the folder does not say how the run ended."""
+    m = r.m
     profile = m.settings.workload_profile
     doc.para(
         f"Run `{m.run_id}` · "
@@ -413,21 +435,29 @@ def report_md(
         + " · "
         f"{m.settings.max_new_tokens} new tokens per pass · times in ms ({m.device.timing_method})."
     )
-    if unfinished:
-        doc.para(f"**Not marked finished:** {unfinished}. The figures are those it wrote before.")
+    if r.unfinished:
+        doc.para(f"**Not marked finished:** {r.unfinished}. The figures are those it wrote before.")
+
+
+def _glance_section(doc: Doc, r: _Report) -> None:
+    """The three things first: where the time goes and how efficient (findings), what to try, warnings."""
     doc.h2("At a glance")
-    doc.bullets(key_findings(m))
+    doc.bullets(key_findings(r.m))
     doc.h2("What to try")
-    doc.bullets(recommendations(m, whatif))
-    if m.warnings:
+    doc.bullets(recommendations(r.m, r.whatif))
+    if r.m.warnings:
         doc.h2("Warnings")
-        doc.bullets(m.warnings)
+        doc.bullets(r.m.warnings)
 
-    per = "per prompt" if _is_text(m) else "per image"
-    for name, title in (("stage_breakdown", f"Where the time goes, {per}"), ("roofline", "Stages on the roofline")):
-        if plots and name in plots:
-            doc.image(title, plots[name])
 
+def _lead_plots_section(doc: Doc, r: _Report) -> None:
+    per = "per prompt" if _is_text(r.m) else "per image"
+    r.plot(doc, "stage_breakdown", f"Where the time goes, {per}")
+    r.plot(doc, "roofline", "Stages on the roofline")
+
+
+def _stage_times_section(doc: Doc, r: _Report) -> None:
+    m = r.m
     doc.h2("Stage times over all timed passes (ms)")
     doc.para(
         ("Vision sub-stages (↳) run inside prefill and decode/step" if _has_vision(m.stages) else "Decode/step runs")
@@ -443,7 +473,28 @@ def report_md(
         + _within_image_text(m)
     )
 
-    image_cols = not _is_text(m)  # tiles and image tokens mean nothing for a text prompt
+
+def _per_image_row(image: str, stats: Sequence[StageStat], recs: Sequence[ImageRecord], image_cols: bool) -> list[str]:
+    """One input's medians; `recs`: its timed passes (tokens from the first, peak memory the highest)."""
+    rec = recs[0]
+    p50 = {s.stage: s.summary.p50 for s in stats}
+    mem = max((r.peak_memory_bytes or 0) for r in recs)
+    return [
+        image,
+        *([str(rec.tiles), str(rec.image_tokens)] if image_cols else []),
+        str(rec.prompt_tokens),
+        ms(p50.get(vocab.PREPROCESS)),
+        ms(p50.get(vocab.PREFILL)),
+        ms(p50.get(vocab.TTFT)),
+        ms(p50.get(vocab.DECODE)),
+        ms(p50.get(vocab.DECODE_STEP), 2),
+        ms(p50.get(vocab.E2E)),
+        num_bytes(mem) if mem else "n/a (CPU)",
+    ]
+
+
+def _per_image_section(doc: Doc, r: _Report) -> None:
+    image_cols = not _is_text(r.m)  # tiles and image tokens mean nothing for a text prompt
     doc.h2("Per image (medians, ms)" if image_cols else "Per prompt (medians, ms)")
     header = [
         "image" if image_cols else "prompt",
@@ -457,35 +508,19 @@ def report_md(
         "e2e",
         "peak GPU memory",
     ]
-    rows = []
-    for image, stats in m.per_image.items():
-        rec = next(r for r in m.records if r.image == image)
-        p50 = {s.stage: s.summary.p50 for s in stats}
-        mem = max((r.peak_memory_bytes or 0) for r in m.records if r.image == image)
-        rows.append(
-            [
-                image,
-                *([str(rec.tiles), str(rec.image_tokens)] if image_cols else []),
-                str(rec.prompt_tokens),
-                ms(p50.get(vocab.PREPROCESS)),
-                ms(p50.get(vocab.PREFILL)),
-                ms(p50.get(vocab.TTFT)),
-                ms(p50.get(vocab.DECODE)),
-                ms(p50.get(vocab.DECODE_STEP), 2),
-                ms(p50.get(vocab.E2E)),
-                num_bytes(mem) if mem else "n/a (CPU)",
-            ]
-        )
+    rows = [_per_image_row(image, stats, r.records_of[image], image_cols) for image, stats in r.m.per_image.items()]
     doc.table(header, rows)
+    r.plot(doc, "decode_latency", "Decode step latency against context length")
 
-    if plots and "decode_latency" in plots:
-        doc.image("Decode step latency against context length", plots["decode_latency"])
 
-    _runtime_section(doc, m)
-    if plots and "routing_hits" in plots:
-        doc.image("Experts hit per MoE layer over the timed decode steps", plots["routing_hits"])
-    batches.batches_section(doc, m)
+def _runtime_and_batches_section(doc: Doc, r: _Report) -> None:
+    _runtime_section(doc, r.m)
+    r.plot(doc, "routing_hits", "Experts hit per MoE layer over the timed decode steps")
+    batches.batches_section(doc, r.m)
 
+
+def _throughput_section(doc: Doc, r: _Report) -> None:
+    m = r.m
     doc.h2("Throughput (medians over passes)")
     t = m.throughput
     batch = "batch 1" if batches.batch_run(m) == 1 else f"per input, batch {batches.batch_run(m)}"
@@ -504,8 +539,11 @@ def report_md(
         ]
     )
 
+
+def _mfu_section(doc: Doc, r: _Report) -> None:
+    m = r.m
     doc.h2("Model FLOPs utilisation (MFU)")
-    peak = next((r.peak for r in m.mfu if r.peak), None)
+    peak = next((x.peak for x in m.mfu if x.peak), None)
     denominator = (
         f"Denominator: {peak.value / 1e12:,.1f} TFLOP/s dense {peak.dtype_key} peak of {peak.device_name} — "
         f"{peak.source}."
@@ -522,71 +560,115 @@ def report_md(
         _mfu_rows(m),
     )
 
-    if m.efficiency:
-        doc.h2("Speed of light per stage")
-        bw = m.bandwidth_peak
-        doc.para(
-            "FLOPs as counted above; bytes from the analytic model (weights read + activations + KV cache). "
-            "MBU = bytes / (time × peak bandwidth"
-            + (
-                f" {bw.value / 1e9:,.0f} GB/s, {bw.source})"
-                if bw
-                else "; none known: set hardware.peak_bandwidth_gbps)"
-            )
-            + ". A stage whose FLOP/byte is above the ridge point is compute-bound. Speed of light = max(FLOPs / "
-            "peak FLOP/s, bytes / peak bandwidth); the gap is measured time / speed of light."
-        )
-        doc.table(
-            [
-                "stage",
-                "time (all passes, ms)",
-                "FLOPs",
-                "bytes",
-                "FLOP/byte",
-                "ridge",
-                "bound",
-                "MFU",
-                "MBU",
-                "speed of light (ms)",
-                "measured / SoL",
-            ],
-            [
-                [
-                    stage_label(e.stage, _has_vision(m.stages)),
-                    ms(e.time_ms),
-                    flops(e.flops),
-                    num_bytes(e.bytes),
-                    f"{e.arithmetic_intensity:,.1f}" if e.arithmetic_intensity is not None else "n/a",
-                    f"{e.ridge_point:,.0f}" if e.ridge_point is not None else "n/a",
-                    e.bound or "n/a",
-                    pct(e.mfu, 2),
-                    pct(e.mbu, 2),
-                    ms(e.speed_of_light_ms, 2),
-                    f"{e.gap:,.1f}×" if e.gap is not None else "n/a",
-                ]
-                for e in m.efficiency
-            ],
-        )
 
-    _measured_peaks_section(doc, m)
+_SOL_HEADER = [
+    "stage",
+    "time (all passes, ms)",
+    "FLOPs",
+    "bytes",
+    "FLOP/byte",
+    "ridge",
+    "bound",
+    "MFU",
+    "MBU",
+    "speed of light (ms)",
+    "measured / SoL",
+]
 
-    if operators is not None:
-        doc.h2("Top operators of the profiled pass")
-        doc.para(
-            f"One untimed pass under torch.profiler: prefill + {operators.decode_steps} decode steps, "
-            f"{operators.events:,} events, sorted by {operators.sort_key.replace('_', ' ')}. "
-            "Full tables per stage: [operators.md](operators.md)."
-        )
-        doc.table(_operator_header(operators.sort_key), _operator_rows(operators.overall, operators.sort_key, 10))
-        if (activity := activity_text(m)) is not None:
-            act = m.profiler.activity if m.profiler else None
-            doc.para(activity + (f" Method: {act.method}" if act else ""))
-        if plots and "operator_shares" in plots:
-            doc.image("Operator time shares", plots["operator_shares"])
 
-    _fates_section(doc, inputs)
+def _sol_row(e: StageEfficiency, vision: bool) -> list[str]:
+    return [
+        stage_label(e.stage, vision),
+        ms(e.time_ms),
+        flops(e.flops),
+        num_bytes(e.bytes),
+        f"{e.arithmetic_intensity:,.1f}" if e.arithmetic_intensity is not None else "n/a",
+        f"{e.ridge_point:,.0f}" if e.ridge_point is not None else "n/a",
+        e.bound or "n/a",
+        pct(e.mfu, 2),
+        pct(e.mbu, 2),
+        ms(e.speed_of_light_ms, 2),
+        f"{e.gap:,.1f}×" if e.gap is not None else "n/a",
+    ]
+
+
+def _speed_of_light_section(doc: Doc, r: _Report) -> None:
+    m = r.m
+    if not m.efficiency:
+        return
+    doc.h2("Speed of light per stage")
+    bw = m.bandwidth_peak
+    doc.para(
+        "FLOPs as counted above; bytes from the analytic model (weights read + activations + KV cache). "
+        "MBU = bytes / (time × peak bandwidth"
+        + (f" {bw.value / 1e9:,.0f} GB/s, {bw.source})" if bw else "; none known: set hardware.peak_bandwidth_gbps)")
+        + ". A stage whose FLOP/byte is above the ridge point is compute-bound. Speed of light = max(FLOPs / "
+        "peak FLOP/s, bytes / peak bandwidth); the gap is measured time / speed of light."
+    )
+    vision = _has_vision(m.stages)
+    doc.table(_SOL_HEADER, [_sol_row(e, vision) for e in m.efficiency])
+
+
+def _measured_peaks_of_run(doc: Doc, r: _Report) -> None:
+    _measured_peaks_section(doc, r.m)
+
+
+def _top_operators_section(doc: Doc, r: _Report) -> None:
+    m, operators = r.m, r.operators
+    if operators is None:
+        return
+    doc.h2("Top operators of the profiled pass")
+    doc.para(
+        f"One untimed pass under torch.profiler: prefill + {operators.decode_steps} decode steps, "
+        f"{operators.events:,} events, sorted by {operators.sort_key.replace('_', ' ')}. "
+        "Full tables per stage: [operators.md](operators.md)."
+    )
+    doc.table(_operator_header(operators.sort_key), _operator_rows(operators.overall, operators.sort_key, 10))
+    if (activity := activity_text(m)) is not None:
+        act = m.profiler.activity if m.profiler else None
+        doc.para(activity + (f" Method: {act.method}" if act else ""))
+    r.plot(doc, "operator_shares", "Operator time shares")
+
+
+def _files_section(doc: Doc, r: _Report) -> None:
+    _fates_section(doc, r.inputs)
     doc.h2("Files")
-    doc.bullets([link(f, f) for f in sorted(set(files)) if not f.startswith(".")])
+    doc.bullets([link(f, f) for f in sorted(set(r.files)) if not f.startswith(".")])
+
+
+# report.md, in order: each section reads the records (and the lookups `_Report` builds once) and adds its Markdown.
+REPORT_SECTIONS: tuple[Callable[[Doc, _Report], None], ...] = (
+    _header_section,
+    _glance_section,
+    _lead_plots_section,
+    _stage_times_section,
+    _per_image_section,
+    _runtime_and_batches_section,
+    _throughput_section,
+    _mfu_section,
+    _speed_of_light_section,
+    _measured_peaks_of_run,
+    _top_operators_section,
+    _files_section,
+)
+
+
+def report_md(
+    m: Stage1Metrics,
+    operators: OperatorTable | None,
+    files: Sequence[str],
+    plots: Mapping[str, str] | None = None,
+    inputs: InputsManifest | None = None,
+    whatif: WhatIfRecord | None = None,
+    unfinished: str | None = None,
+) -> str:
+    """The main report: three things first (where time goes, how efficient, what to try), details after; one
+    function per section (`REPORT_SECTIONS`). `unfinished`: why the folder's status does not say how the run ended
+    (it still reads `running`)."""
+    report = _Report(m, operators, files, plots or {}, inputs, whatif, unfinished, records_by_image(m))
+    doc = Doc(f"Stage 1 report: {m.model.name} on {m.device.name}")
+    for section in REPORT_SECTIONS:
+        section(doc, report)
     return doc.text()
 
 
@@ -756,10 +838,11 @@ def write_gallery(
             f"The first {len(shown)} of {len(predictions)} inputs (pipeline.torch_profiler.output.extra.deepseek_ocr."
             "visualization.max_images); every output is in predictions/predictions.jsonl."
         )
+    records_of = records_by_image(m)
     for pred in shown:
         name = pred.image
         doc.h2(name)
-        recs = [r for r in m.records if r.image == name]
+        recs = records_of.get(name, [])
         if m.settings.input_kind == "text":  # a prompt file: show its start, no thumbnail
             prompt = read_prompt(Path(pred.path))
             excerpt = prompt[:PROMPT_EXCERPT] + (" …" if len(prompt) > PROMPT_EXCERPT else "")

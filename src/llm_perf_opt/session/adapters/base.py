@@ -15,6 +15,7 @@ from torch import nn
 from llm_perf_opt.config_data import plain
 from llm_perf_opt.data.images import open_upright
 from llm_perf_opt.errors import UserError
+from llm_perf_opt.records.stage1 import ModelFamily
 
 
 @attrs.frozen
@@ -203,7 +204,13 @@ class ModelAdapter(ABC):
             "parameters": sum(p.numel() for p in model.parameters()),
             "attn_implementation": getattr(config, "_attn_implementation", None),
             "experts_implementation": getattr(config, "_experts_implementation", None),
+            "family": self.model_family(),
         }
+
+    def model_family(self) -> ModelFamily:
+        """The family facts the reports' advice reads (how an image becomes vision views); by default a family
+        named after its adapter, without tiles or modes."""
+        return ModelFamily(name=str(self.cfg.get("adapter")))
 
 
 def load_tokenizer(folder: Path) -> Any | None:

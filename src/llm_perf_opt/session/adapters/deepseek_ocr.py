@@ -26,6 +26,7 @@ from llm_perf_opt.models.deepseek_ocr.configuration import DeepseekOcrConfig
 from llm_perf_opt.models.deepseek_ocr.modeling import DeepseekOcrForConditionalGeneration
 from llm_perf_opt.models.deepseek_ocr.preprocess import Mode, image_token_count, mode_from_config, preprocess
 from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records.stage1 import ModelFamily
 from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, PreparedInputs, load_tokenizer
 
 
@@ -231,6 +232,19 @@ class DeepseekOcrAdapter(ModelAdapter):
     def stage_modules(self, model: nn.Module) -> dict[str, nn.Module]:
         prefix = "inner." if isinstance(model, VendorModel) else ""
         return {stage: model.get_submodule(prefix + path) for stage, path in self.vision_stage_modules.items()}
+
+    def model_family(self) -> ModelFamily:
+        """v1: a global view plus `image_size`-px tiles in crop mode, each through SAM and CLIP; named modes."""
+        mode = self.mode
+        return ModelFamily(
+            name="deepseek_ocr",
+            tiled_views=True,
+            tiling=mode.crop_mode,
+            tile_px=mode.image_size,
+            has_modes=True,
+            mode=mode.name,
+            encoder="CLIP",
+        )
 
     def preprocess_settings(self) -> dict[str, Any]:
         mode = self.mode

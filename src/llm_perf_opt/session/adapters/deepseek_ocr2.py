@@ -15,6 +15,7 @@ from transformers.models.deepseek_ocr2.image_processing_pil_deepseek_ocr2 import
 from llm_perf_opt.config_data import plain
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records.stage1 import ModelFamily
 from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, PreparedInputs, load_tokenizer
 
 # The model class hard-codes two learned query banks (DeepseekOcr2VisionModel): 144 queries for views whose
@@ -76,6 +77,17 @@ class DeepseekOcr2Adapter(ModelAdapter):
             weights="checkpoint",
             weights_detail=f"checkpoint weights from {folder.resolve()}",
             config_source=f"{folder.resolve() / 'config.json'}",
+        )
+
+    def model_family(self) -> ModelFamily:
+        """v2: a global view plus `tile_size`-px tiles when it crops to patches, each through SAM and the encoder."""
+        pre = self.cfg["preprocess"]
+        return ModelFamily(
+            name="deepseek_ocr2",
+            tiled_views=True,
+            tiling=bool(pre["crop_to_patches"]),
+            tile_px=int(pre["tile_size"]),
+            encoder="encoder",
         )
 
     def image_processor(self) -> DeepseekOcr2ImageProcessorPil:

@@ -53,10 +53,8 @@ from llm_perf_opt.records.folders import (
 )
 from llm_perf_opt.records.io import dumps_lines
 from llm_perf_opt.records.stage1 import (
-    BatchRecord,
     DeviceInfo,
     ImageInput,
-    ImageRecord,
     InputFate,
     InputsManifest,
     ModelInfo,
@@ -75,7 +73,6 @@ from llm_perf_opt.session.adapters.registry import make_adapter
 from llm_perf_opt.session.process_state import start_clean
 from llm_perf_opt.session.runtime import RuntimeSettings
 from llm_perf_opt.session.session import (
-    BatchMeasurement,
     ImageMeasurement,
     InferenceSession,
     batches,
@@ -86,48 +83,6 @@ from llm_perf_opt.session.session import (
 )
 
 log = logging.getLogger("llm_perf_opt.stage1")
-
-
-def _record(
-    image: str, repeat: int, m: ImageMeasurement, vision_stages: tuple[str, ...], crop_grid: tuple[int, int] | None
-) -> ImageRecord:
-    return ImageRecord(
-        image=image,
-        repeat=repeat,
-        preprocess_ms=m.preprocess_ms,
-        prefill_ms=m.prefill_ms,
-        vision_ms={s: m.stage_ms.get(s, 0.0) for s in vision_stages},
-        ttft_ms=m.ttft_ms,
-        decode_ms=m.decode_ms,
-        decode_step_ms=m.decode_step_ms,
-        e2e_ms=m.preprocess_ms + m.prefill_ms + m.decode_ms,
-        new_tokens=len(m.token_ids),
-        prompt_tokens=m.prompt_tokens,
-        image_tokens=m.image_tokens,
-        tiles=m.tiles,
-        peak_memory_bytes=m.peak_memory_bytes,
-        crop_grid=crop_grid,
-        output_check=m.output_check,
-    )
-
-
-def _batch_record(index: int, repeat: int, keys: tuple[str, ...], m: BatchMeasurement) -> BatchRecord:
-    return BatchRecord(
-        batch=index,
-        repeat=repeat,
-        images=keys,
-        preprocess_ms=m.preprocess_ms,
-        prefill_ms=m.prefill_ms,
-        vision_ms={s: ms for s, ms in m.stage_ms.items() if vocab.is_vision(s)},
-        decode_ms=m.decode_ms,
-        decode_step_ms=m.decode_step_ms,
-        new_tokens=m.new_tokens,
-        padded_prompt_tokens=m.padded_prompt_tokens,
-        peak_memory_bytes=m.peak_memory_bytes,
-        aggregate_decode_tokens_per_s=m.aggregate_decode_tokens_per_s,
-        pages_per_s=m.pages_per_s,
-        experts_hit_per_step=None if m.routing is None else mean_unique_experts([m.routing]),
-    )
 
 
 class Stage1Run:
@@ -310,7 +265,7 @@ class Stage1Run:
             for repeat in range(settings.repeats):
                 measured = session.run_image(entry.path, settings.max_new_tokens)
                 self.state.timed_compiles.extend(measured.compile_events)
-                self.state.records.append(_record(name, repeat, measured, vision, grid))
+                self.state.records.append(measured.record(name, repeat, vision, grid))
                 if measured.routing is not None:
                     self.state.routing.append(measured.routing)
                 self._keep_outputs(name, measured)
@@ -384,12 +339,12 @@ class Stage1Run:
                     if name in recorded:  # a copy filling the batch: one record per input and pass
                         continue
                     recorded.add(name)
-                    self.state.records.append(_record(name, repeat, page, vision, grids[name]))
+                    self.state.records.append(page.record(name, repeat, vision, grids[name]))
                     self._keep_outputs(name, page)
                 if measured.routing is not None:
                     self.state.routing.append(measured.routing)
                     traces.append(measured.routing)
-                self.state.batches.append(_batch_record(index, repeat, keys, measured))
+                self.state.batches.append(measured.record(index, repeat, keys))
                 self._price_batch(session, key, prepared, traces)
                 bar.advance()
                 log.info(

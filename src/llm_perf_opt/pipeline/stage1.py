@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from llm_perf_opt import artifacts, interrupts
 from llm_perf_opt.analytic.workload import RunWorkload
 from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.config_data import plain
-from llm_perf_opt.data.dataset import DatasetSelection, ImageEntry, TextEntry
+from llm_perf_opt.data.dataset import DatasetSelection
 from llm_perf_opt.data.inputs import InputChoice, select_inputs
 from llm_perf_opt.env_info import collect_env
 from llm_perf_opt.errors import UserError, require_whole
@@ -29,10 +28,18 @@ from llm_perf_opt.measure.flops import count_stage_flops
 from llm_perf_opt.measure.outputs import save_prefill_logits
 from llm_perf_opt.measure.routing import RoutingTrace, find_routers, mean_unique_experts
 from llm_perf_opt.measure.stage1_analysis import Stage1Analysis, Stage1Measurements, Stage1Setup
-from llm_perf_opt.measure.timing import timing_method
 from llm_perf_opt.measure.torch_profiler import profile_image
 from llm_perf_opt.output_settings import output_settings
 from llm_perf_opt.pipeline.analytic import check_workload_model, write_analytic_report_for_run
+from llm_perf_opt.pipeline.stage1_records import (
+    device_info,
+    host_peak_rss_bytes,
+    input_key,
+    inputs_manifest,
+    model_info,
+    no_inputs,
+    run_predictions,
+)
 from llm_perf_opt.pipeline.stage1_settings import (
     ResolvedSettings,
     config_digest,
@@ -53,17 +60,10 @@ from llm_perf_opt.records.folders import (
 )
 from llm_perf_opt.records.io import dumps_lines
 from llm_perf_opt.records.stage1 import (
-    DeviceInfo,
-    ImageInput,
-    InputFate,
-    InputsManifest,
-    ModelInfo,
-    Prediction,
     RunSettings,
     RuntimeRecord,
     SkippedInput,
     Stage1Metrics,
-    TextInput,
     batch_key,
 )
 from llm_perf_opt.records.whatif import WhatIfRecord
@@ -76,7 +76,6 @@ from llm_perf_opt.session.session import (
     ImageMeasurement,
     InferenceSession,
     batches,
-    device_name,
     filled,
     resolve_device,
     resolve_dtype,
@@ -181,7 +180,7 @@ class Stage1Run:
         self.selection = self.inputs.selection
         for skipped in self.selection.skipped:
             log.warning("skipping %s: %s", skipped.path, skipped.reason)
-        self.art.write_yaml(INPUTS_FILE, self._inputs_manifest())
+        self.art.write_yaml(INPUTS_FILE, inputs_manifest(self.inputs))
         self.art.write_json("env.json", collect_env(device))
 
         self._measure_peaks(device)
@@ -383,52 +382,15 @@ class Stage1Run:
             )
 
     # ---- outputs -----------------------------------------------------------------------------------
-    def _inputs_manifest(self) -> InputsManifest:
-        sel = self.selection
-        assert sel is not None
-        return InputsManifest(
-            dataset_root=str(sel.root),
-            subset_filelist=str(sel.subset_filelist) if sel.subset_filelist else None,
-            discovered=sel.discovered,
-            sampling=sel.sampling,
-            seed=sel.seed,
-            max_images=sel.max_images,
-            count=len(sel.images),
-            kind=self.inputs.kind if self.inputs else "image",
-            chosen_because=self.inputs.note if self.inputs else None,
-            images=tuple(_input_record(e) for e in sel.images),
-            skipped=tuple(SkippedInput(path=str(s.path), reason=s.reason) for s in sel.skipped),
-            fates=tuple(InputFate(path=str(f.path), fate=f.fate, reason=f.reason) for f in sel.fates),
-        )
-
     def _setup(self, partial: bool) -> Stage1Setup:
         """The run as the analysis needs it: the records that describe it and the settings its figures use."""
         session, settings, cfg = self.session, self.settings, self.cfg
         assert session is not None and settings is not None
-        described = session.adapter.describe(session.model)
         return Stage1Setup(
             run_id=self.run_id,
-            model=ModelInfo(
-                name=str(cfg.model.name),
-                adapter=str(cfg.model.adapter),
-                class_name=described["class"],
-                parameters=int(described["parameters"]),
-                dtype=str(session.dtype).removeprefix("torch."),
-                attn_implementation=described["attn_implementation"],
-                experts_implementation=described["experts_implementation"],
-                architecture=described.get("architecture") or {},
-                weights=session.loaded.weights,
-                weights_detail=session.loaded.weights_detail,
-                config_source=session.loaded.config_source,
-                preprocess=session.adapter.preprocess_settings(),
-            ),
+            model=model_info(cfg, session),
             model_class=session.model.__class__.__name__,
-            device=DeviceInfo(
-                type=session.device.type,
-                name=device_name(session.device),
-                index=session.device.index,
-                timing_method=timing_method(session.device),
-            ),
+            device=device_info(session),
             settings=self._run_settings(partial),
             vision_stages=session.vision_stages,
             config_digest=config_digest(cfg),
@@ -473,25 +435,6 @@ class Stage1Run:
         """run.fill_batches: every batch filled to run.batch_size with copies of its own inputs."""
         return bool(self.cfg.run.get("fill_batches", False)) and self.runtime.batch_size > 1
 
-    def _predictions(self, strip_special_tokens: bool) -> tuple[Prediction, ...]:
-        """The tokens generated for each input (first timed pass), decoded where the model has a tokenizer."""
-        assert self.session is not None and self.selection is not None
-        tokenizer = self.session.loaded.tokenizer
-        paths = {input_key(self.selection, e.path): e.path for e in self.selection.images}
-        return tuple(
-            Prediction(
-                image=name,
-                path=str(paths.get(name, name)),
-                token_ids=tuple(ids),
-                tokens=len(ids),
-                text=None
-                if tokenizer is None
-                else str(tokenizer.decode(list(ids), skip_special_tokens=strip_special_tokens)),
-                weights=self.session.loaded.weights,
-            )
-            for name, ids in self.state.predictions.items()
-        )
-
     def _write_outputs(self, partial: bool) -> Stage1Metrics:
         assert self.session is not None and self.selection is not None
         metrics = Stage1Analysis(self.state, self._setup(partial)).metrics()
@@ -506,14 +449,16 @@ class Stage1Run:
             save_prefill_logits(self.art.path(PREFILL_LOGITS_FILE), self.state.prefill_logits)
             self.art.record(PREFILL_LOGITS_FILE)
         outputs = metrics.settings.outputs
-        predictions = self._predictions(outputs.extra.deepseek_ocr.strip_special_tokens)
+        predictions = run_predictions(
+            self.session, self.selection, self.state.predictions, outputs.extra.deepseek_ocr.strip_special_tokens
+        )
         if outputs.prediction.enable:
             target = self.art.resolve_save_dir(outputs.prediction.save_dir) / "predictions.jsonl"
             self.art.write_anywhere(target, dumps_lines(predictions))
         stage1_reports.write_all(
             self.art,
             metrics,
-            inputs=self._inputs_manifest(),
+            inputs=inputs_manifest(self.inputs),
             operators=self.state.operators,
             predictions=predictions,
             whatif=self.whatif,
@@ -531,57 +476,10 @@ def render(run_dir: Path, whatif: Path | str | None = None) -> Path:
     stage1_reports.write_all(
         art,
         folder.metrics,
-        inputs=folder.inputs or _no_inputs(folder.metrics),
+        inputs=folder.inputs or no_inputs(folder.metrics),
         operators=folder.operators,
         predictions=folder.predictions,
         whatif=evidence,
         unfinished=unfinished_text(folder.status),
     )
     return art.run_dir
-
-
-def _no_inputs(m: Stage1Metrics) -> InputsManifest:
-    """An inputs manifest for a folder written without inputs.yaml: only the timed inputs are known."""
-    return InputsManifest(
-        dataset_root="(not recorded)",
-        subset_filelist=None,
-        discovered=len(m.images),
-        sampling="(not recorded)",
-        seed=0,
-        max_images=m.settings.max_images,
-        count=len(m.images),
-        kind=m.settings.input_kind,
-        chosen_because=None,
-        images=(),
-        skipped=(),
-    )
-
-
-def host_peak_rss_bytes() -> int | None:
-    """The process's peak resident set size so far (Linux reports KiB, macOS bytes); None where unknown."""
-    try:
-        import resource
-    except ImportError:  # not on POSIX
-        return None
-    peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
-    return peak if sys.platform == "darwin" else peak * 1024
-
-
-def input_key(selection: DatasetSelection, path: Path) -> str:
-    """An input's key in every per-image record: its path relative to the dataset root (its name when outside)."""
-    try:
-        return path.relative_to(selection.root).as_posix()
-    except ValueError:
-        return path.name
-
-
-def _input_record(entry: ImageEntry | TextEntry) -> ImageInput | TextInput:
-    if isinstance(entry, ImageEntry):
-        return ImageInput(
-            path=str(entry.path),
-            width=entry.width,
-            height=entry.height,
-            bytes=entry.bytes,
-            orientation=entry.orientation,
-        )
-    return TextInput(path=str(entry.path), characters=entry.characters, bytes=entry.bytes)

@@ -13,7 +13,6 @@ from omegaconf import DictConfig, OmegaConf
 from llm_perf_opt import artifacts, interrupts
 from llm_perf_opt.analytic.workload import RunWorkload
 from llm_perf_opt.artifacts import ArtifactsManager
-from llm_perf_opt.config_data import plain
 from llm_perf_opt.data.dataset import DatasetSelection
 from llm_perf_opt.data.inputs import InputChoice, select_inputs
 from llm_perf_opt.env_info import collect_env
@@ -29,7 +28,6 @@ from llm_perf_opt.measure.outputs import save_prefill_logits
 from llm_perf_opt.measure.routing import RoutingTrace, find_routers, mean_unique_experts
 from llm_perf_opt.measure.stage1_analysis import Stage1Analysis, Stage1Measurements, Stage1Setup
 from llm_perf_opt.measure.torch_profiler import profile_image
-from llm_perf_opt.output_settings import output_settings
 from llm_perf_opt.pipeline.analytic import check_workload_model, write_analytic_report_for_run
 from llm_perf_opt.pipeline.stage1_records import (
     device_info,
@@ -43,8 +41,8 @@ from llm_perf_opt.pipeline.stage1_records import (
 from llm_perf_opt.pipeline.stage1_settings import (
     ResolvedSettings,
     config_digest,
-    profiler_settings,
     resolve_settings,
+    run_settings,
     with_runtime_warmup,
 )
 from llm_perf_opt.progress import Feedback, StepHandle
@@ -60,8 +58,6 @@ from llm_perf_opt.records.folders import (
 )
 from llm_perf_opt.records.io import dumps_lines
 from llm_perf_opt.records.stage1 import (
-    RunSettings,
-    RuntimeRecord,
     SkippedInput,
     Stage1Metrics,
     batch_key,
@@ -391,7 +387,9 @@ class Stage1Run:
             model=model_info(cfg, session),
             model_class=session.model.__class__.__name__,
             device=device_info(session),
-            settings=self._run_settings(partial),
+            settings=run_settings(
+                cfg, settings, self.runtime, self.inputs, measured_passes=len(self.state.records), partial=partial
+            ),
             vision_stages=session.vision_stages,
             config_digest=config_digest(cfg),
             inputs=len(self.selection.images) if self.selection else 0,
@@ -406,28 +404,6 @@ class Stage1Run:
             top_k=int(cfg.pipeline.torch_profiler.top_k),
             compile=None if session.runtime.compile == "none" else session.compile_summary(),
             host_peak_rss_bytes=host_peak_rss_bytes(),
-        )
-
-    def _run_settings(self, partial: bool) -> RunSettings:
-        settings, cfg = self.settings, self.cfg
-        assert settings is not None
-        return RunSettings(
-            repeats=settings.repeats,
-            warmup=settings.warmup,
-            max_new_tokens=settings.max_new_tokens,
-            max_images=settings.max_images,
-            sources=dict(settings.sources),
-            batch_size=self.runtime.batch_size,
-            workload_profile=plain(cfg.workload_profile) if cfg.get("workload_profile") else None,
-            partial=partial,
-            input_kind=self.inputs.kind if self.inputs else "image",
-            inputs_note=self.inputs.note if self.inputs else None,
-            profiler=profiler_settings(cfg),
-            measured_passes=len(self.state.records),
-            asked_passes=len(self.selection.images) * settings.repeats if self.selection else None,
-            outputs=output_settings(cfg),
-            runtime=RuntimeRecord(**self.runtime.as_dict(), label=self.runtime.label),
-            fill_batches=bool(cfg.run.get("fill_batches", False)),
         )
 
     @property

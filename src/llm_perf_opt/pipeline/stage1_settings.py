@@ -1,5 +1,6 @@
 """Stage 1's settings, parsed from the config once at the edge: the effective run settings after device defaults
-(and where each came from), the warm-up a compiled runtime needs, the profiler settings and the config's digest."""
+(and where each came from), the warm-up a compiled runtime needs, the profiler settings, the settings recorded in
+`metrics.json` and the config's digest."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ import attrs
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from llm_perf_opt.config_data import plain
+from llm_perf_opt.data.inputs import InputChoice
 from llm_perf_opt.errors import require_whole
-from llm_perf_opt.records.stage1 import ProfilerSettings
+from llm_perf_opt.output_settings import output_settings
+from llm_perf_opt.records.stage1 import ProfilerSettings, RunSettings, RuntimeRecord
 from llm_perf_opt.session.runtime import RuntimeSettings
 
 
@@ -93,4 +97,34 @@ def profiler_settings(cfg: DictConfig) -> ProfilerSettings:
         with_flops=bool(prof.with_flops),
         chrome_trace=bool(prof.chrome_trace),
         top_k=int(prof.top_k),
+    )
+
+
+def run_settings(
+    cfg: DictConfig,
+    settings: ResolvedSettings,
+    runtime: RuntimeSettings,
+    inputs: InputChoice | None,
+    *,
+    measured_passes: int,
+    partial: bool,
+) -> RunSettings:
+    """The run's effective settings as recorded in `metrics.json` (`measured_passes`: timed passes measured)."""
+    return RunSettings(
+        repeats=settings.repeats,
+        warmup=settings.warmup,
+        max_new_tokens=settings.max_new_tokens,
+        max_images=settings.max_images,
+        sources=dict(settings.sources),
+        batch_size=runtime.batch_size,
+        workload_profile=plain(cfg.workload_profile) if cfg.get("workload_profile") else None,
+        partial=partial,
+        input_kind=inputs.kind if inputs else "image",
+        inputs_note=inputs.note if inputs else None,
+        profiler=profiler_settings(cfg),
+        measured_passes=measured_passes,
+        asked_passes=len(inputs.selection.images) * settings.repeats if inputs else None,
+        outputs=output_settings(cfg),
+        runtime=RuntimeRecord(**runtime.as_dict(), label=runtime.label),
+        fill_batches=bool(cfg.run.get("fill_batches", False)),
     )

@@ -26,21 +26,18 @@ from llm_perf_opt.hardware.measured import (
 from llm_perf_opt.measure.flops import count_stage_flops
 from llm_perf_opt.measure.outputs import save_prefill_logits
 from llm_perf_opt.measure.routing import RoutingTrace, find_routers, mean_unique_experts
-from llm_perf_opt.measure.stage1_analysis import Stage1Analysis, Stage1Measurements, Stage1Setup
+from llm_perf_opt.measure.stage1_analysis import Stage1Analysis, Stage1Measurements
 from llm_perf_opt.measure.torch_profiler import profile_image
 from llm_perf_opt.pipeline.analytic import check_workload_model, write_analytic_report_for_run
 from llm_perf_opt.pipeline.stage1_records import (
-    device_info,
-    host_peak_rss_bytes,
+    analysis_setup,
     input_key,
     inputs_manifest,
-    model_info,
     no_inputs,
     run_predictions,
 )
 from llm_perf_opt.pipeline.stage1_settings import (
     ResolvedSettings,
-    config_digest,
     resolve_settings,
     run_settings,
     with_runtime_warmup,
@@ -58,7 +55,6 @@ from llm_perf_opt.records.folders import (
 )
 from llm_perf_opt.records.io import dumps_lines
 from llm_perf_opt.records.stage1 import (
-    SkippedInput,
     Stage1Metrics,
     batch_key,
 )
@@ -378,42 +374,18 @@ class Stage1Run:
             )
 
     # ---- outputs -----------------------------------------------------------------------------------
-    def _setup(self, partial: bool) -> Stage1Setup:
-        """The run as the analysis needs it: the records that describe it and the settings its figures use."""
-        session, settings, cfg = self.session, self.settings, self.cfg
-        assert session is not None and settings is not None
-        return Stage1Setup(
-            run_id=self.run_id,
-            model=model_info(cfg, session),
-            model_class=session.model.__class__.__name__,
-            device=device_info(session),
-            settings=run_settings(
-                cfg, settings, self.runtime, self.inputs, measured_passes=len(self.state.records), partial=partial
-            ),
-            vision_stages=session.vision_stages,
-            config_digest=config_digest(cfg),
-            inputs=len(self.selection.images) if self.selection else 0,
-            skipped=tuple(SkippedInput(path=str(s.path), reason=s.reason) for s in self.selection.skipped)
-            if self.selection
-            else (),
-            peak_tflops=cfg.hardware.peak_tflops,
-            peak_bandwidth_gbps=cfg.hardware.peak_bandwidth_gbps,
-            tf32_matmul=bool(torch.backends.cuda.matmul.allow_tf32),
-            measured_peaks_asked=cfg.hardware.peaks == MEASURED,
-            cv_warn=float(cfg.run.cv_warn),
-            top_k=int(cfg.pipeline.torch_profiler.top_k),
-            compile=None if session.runtime.compile == "none" else session.compile_summary(),
-            host_peak_rss_bytes=host_peak_rss_bytes(),
-        )
-
     @property
     def fills_batches(self) -> bool:
         """run.fill_batches: every batch filled to run.batch_size with copies of its own inputs."""
         return bool(self.cfg.run.get("fill_batches", False)) and self.runtime.batch_size > 1
 
     def _write_outputs(self, partial: bool) -> Stage1Metrics:
-        assert self.session is not None and self.selection is not None
-        metrics = Stage1Analysis(self.state, self._setup(partial)).metrics()
+        assert self.session is not None and self.selection is not None and self.settings is not None
+        recorded = run_settings(
+            self.cfg, self.settings, self.runtime, self.inputs, measured_passes=len(self.state.records), partial=partial
+        )
+        setup = analysis_setup(self.cfg, self.session, self.run_id, recorded, self.inputs)
+        metrics = Stage1Analysis(self.state, setup).metrics()
         self.art.write_json(METRICS_FILE, metrics)
         if self.session.adapter.has_analytic_model and metrics.records:  # priced as measured: tiles, tokens, dtype
             write_analytic_report_for_run(

@@ -1,5 +1,5 @@
 """Stage 1's records of what a run ran, built from the objects that ran it: the inputs (`inputs.yaml`), the
-predictions, the model and the device, and the host's peak memory."""
+predictions, the model and the device, the host's peak memory, and the run as `Stage1Analysis` sees it."""
 
 from __future__ import annotations
 
@@ -7,11 +7,15 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig
 
 from llm_perf_opt.data.dataset import DatasetSelection, ImageEntry, TextEntry
 from llm_perf_opt.data.inputs import InputChoice
+from llm_perf_opt.hardware.measured import MEASURED
+from llm_perf_opt.measure.stage1_analysis import Stage1Setup
 from llm_perf_opt.measure.timing import timing_method
+from llm_perf_opt.pipeline.stage1_settings import config_digest
 from llm_perf_opt.records.stage1 import (
     DeviceInfo,
     ImageInput,
@@ -19,6 +23,7 @@ from llm_perf_opt.records.stage1 import (
     InputsManifest,
     ModelInfo,
     Prediction,
+    RunSettings,
     SkippedInput,
     Stage1Metrics,
     TextInput,
@@ -145,3 +150,30 @@ def host_peak_rss_bytes() -> int | None:
         return None
     peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
     return peak if sys.platform == "darwin" else peak * 1024
+
+
+def analysis_setup(
+    cfg: DictConfig, session: InferenceSession, run_id: str, settings: RunSettings, inputs: InputChoice | None
+) -> Stage1Setup:
+    """The run as `Stage1Analysis` needs it: the records that describe it and the settings its figures use."""
+    return Stage1Setup(
+        run_id=run_id,
+        model=model_info(cfg, session),
+        model_class=session.model.__class__.__name__,
+        device=device_info(session),
+        settings=settings,
+        vision_stages=session.vision_stages,
+        config_digest=config_digest(cfg),
+        inputs=len(inputs.selection.images) if inputs else 0,
+        skipped=tuple(SkippedInput(path=str(s.path), reason=s.reason) for s in inputs.selection.skipped)
+        if inputs
+        else (),
+        peak_tflops=cfg.hardware.peak_tflops,
+        peak_bandwidth_gbps=cfg.hardware.peak_bandwidth_gbps,
+        tf32_matmul=bool(torch.backends.cuda.matmul.allow_tf32),
+        measured_peaks_asked=cfg.hardware.peaks == MEASURED,
+        cv_warn=float(cfg.run.cv_warn),
+        top_k=int(cfg.pipeline.torch_profiler.top_k),
+        compile=None if session.runtime.compile == "none" else session.compile_summary(),
+        host_peak_rss_bytes=host_peak_rss_bytes(),
+    )

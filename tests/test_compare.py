@@ -73,8 +73,8 @@ def failed_copy(tmp_path: Path, source: Path, state: str) -> Path:
 
 
 def test_schema_major_matches_writers() -> None:
+    from llm_perf_opt.measure.stage1_analysis import SCHEMA_VERSION as STAGE1_VERSION
     from llm_perf_opt.nsight.stage2_analysis import SCHEMA_VERSION as STAGE2_VERSION
-    from llm_perf_opt.pipeline.stage1 import SCHEMA_VERSION as STAGE1_VERSION
 
     assert STAGE1_VERSION.split(".")[0] == STAGE2_VERSION.split(".")[0] == SCHEMA_MAJOR
 

@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import sys
 import time
-from collections.abc import Mapping
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import attrs
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from llm_perf_opt import artifacts, interrupts
 from llm_perf_opt.analytic.workload import RunWorkload
 from llm_perf_opt.artifacts import ArtifactsManager
-from llm_perf_opt.config_data import plain
-from llm_perf_opt.data.dataset import DatasetSelection, ImageEntry, TextEntry
+from llm_perf_opt.data.dataset import DatasetSelection
 from llm_perf_opt.data.inputs import InputChoice, select_inputs
 from llm_perf_opt.env_info import collect_env
 from llm_perf_opt.errors import UserError, require_whole
@@ -29,21 +23,27 @@ from llm_perf_opt.hardware.measured import (
     measured_peak_bandwidth,
     measured_peak_compute,
 )
-from llm_perf_opt.hardware.table import peak_bandwidth, peak_compute
-from llm_perf_opt.measure.aggregate import batch_summary, stage_stats, throughput
-from llm_perf_opt.measure.efficiency import efficiency_by_stage
-from llm_perf_opt.measure.flops import FLOP_SOURCE, GROUPED_MM_FALLBACK_OP, StageFlops, count_stage_flops
-from llm_perf_opt.measure.mfu import mfu_by_stage
+from llm_perf_opt.measure.flops import count_stage_flops
 from llm_perf_opt.measure.outputs import save_prefill_logits
-from llm_perf_opt.measure.routing import RoutingTrace, find_routers, mean_unique_experts, summarize_routing
-from llm_perf_opt.measure.timing import timing_method
-from llm_perf_opt.measure.torch_profiler import OperatorTable, profile_image
-from llm_perf_opt.measure.variation import high_variation, stage_variation
-from llm_perf_opt.output_settings import output_settings
+from llm_perf_opt.measure.routing import RoutingTrace, find_routers, mean_unique_experts
+from llm_perf_opt.measure.stage1_analysis import Stage1Analysis, Stage1Measurements
+from llm_perf_opt.measure.torch_profiler import profile_image
 from llm_perf_opt.pipeline.analytic import check_workload_model, write_analytic_report_for_run
+from llm_perf_opt.pipeline.stage1_records import (
+    analysis_setup,
+    input_key,
+    inputs_manifest,
+    no_inputs,
+    run_predictions,
+)
+from llm_perf_opt.pipeline.stage1_settings import (
+    ResolvedSettings,
+    resolve_settings,
+    run_settings,
+    with_runtime_warmup,
+)
 from llm_perf_opt.progress import Feedback, StepHandle
 from llm_perf_opt.records import vocabulary as vocab
-from llm_perf_opt.records.common import SCHEMA_VERSION, PeakFigure
 from llm_perf_opt.records.folders import (
     INPUTS_FILE,
     METRICS_FILE,
@@ -55,25 +55,7 @@ from llm_perf_opt.records.folders import (
 )
 from llm_perf_opt.records.io import dumps_lines
 from llm_perf_opt.records.stage1 import (
-    BatchRecord,
-    CompileEvent,
-    CompileSummary,
-    DeviceInfo,
-    ImageInput,
-    ImageRecord,
-    InputFate,
-    InputsManifest,
-    MeasuredPeaks,
-    ModelInfo,
-    Prediction,
-    ProfilerInfo,
-    ProfilerSettings,
-    RunSettings,
-    RuntimeRecord,
-    SkippedInput,
     Stage1Metrics,
-    StageVariation,
-    TextInput,
     batch_key,
 )
 from llm_perf_opt.records.whatif import WhatIfRecord
@@ -83,146 +65,15 @@ from llm_perf_opt.session.adapters.registry import make_adapter
 from llm_perf_opt.session.process_state import start_clean
 from llm_perf_opt.session.runtime import RuntimeSettings
 from llm_perf_opt.session.session import (
-    BatchMeasurement,
     ImageMeasurement,
     InferenceSession,
     batches,
-    device_name,
     filled,
     resolve_device,
     resolve_dtype,
 )
 
 log = logging.getLogger("llm_perf_opt.stage1")
-
-
-@attrs.frozen
-class ResolvedSettings:
-    """The effective run settings after device defaults (and where each came from)."""
-
-    repeats: int
-    warmup: int
-    max_new_tokens: int
-    max_images: int | None
-    sampling: str
-    sources: Mapping[str, str]  # key -> "override/config" or "device default (cpu)"
-
-
-ALL = "all"  # dataset.max_images=all: every image, on every device
-
-
-def resolve_settings(cfg: DictConfig, device: torch.device) -> ResolvedSettings:
-    """Explicit values win; unset (null) keys take the device default. Bad values raise UserError."""
-    defaults = cfg.run.device_defaults["cuda" if device.type == "cuda" else "cpu"]
-    chosen: dict[str, Any] = {}
-    sources: dict[str, str] = {}
-    for key, value in (
-        ("run.repeats", cfg.run.repeats),
-        ("run.warmup", cfg.run.warmup),
-        ("infer.max_new_tokens", cfg.infer.max_new_tokens),
-        ("dataset.max_images", cfg.dataset.max_images),
-        ("dataset.sampling", cfg.dataset.sampling),
-    ):
-        short = key.split(".")[1]
-        if value is None:
-            chosen[short] = defaults[short]
-            sources[key] = f"device default ({device.type})"
-        else:
-            chosen[short] = value
-            sources[key] = "config/override"
-    return ResolvedSettings(
-        repeats=require_whole("run.repeats", chosen["repeats"], 1),
-        warmup=require_whole("run.warmup", chosen["warmup"], 0),
-        max_new_tokens=require_whole("infer.max_new_tokens", chosen["max_new_tokens"], 1),
-        max_images=None  # "all" (or a device default of null): every image
-        if chosen["max_images"] in (None, ALL)
-        else require_whole("dataset.max_images", chosen["max_images"], 1),
-        sampling=str(chosen["sampling"]),
-        sources=sources,
-    )
-
-
-def with_runtime_warmup(settings: ResolvedSettings, runtime: RuntimeSettings) -> ResolvedSettings:
-    """`settings` with at least the warm-up passes `runtime` needs (a compiled step compiles in the first pass of
-    each shape): fewer are raised, and the source of run.warmup says from what and why."""
-    needed = runtime.warmup_needed
-    if settings.warmup >= needed:
-        return settings
-    why = (
-        f"raised from {settings.warmup} ({settings.sources['run.warmup']}): runtime.compile={runtime.compile} "
-        f"(compile_mode {runtime.compile_mode}) needs {needed} warm-up pass(es) per input, or the timed passes "
-        "would include compilation"
-    )
-    return attrs.evolve(settings, warmup=needed, sources={**settings.sources, "run.warmup": why})
-
-
-def config_digest(cfg: DictConfig) -> str:
-    """sha256 of the resolved config (hydra section excluded)."""
-    text = OmegaConf.to_yaml(cfg, resolve=True, sort_keys=True)
-    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
-
-
-def _record(
-    image: str, repeat: int, m: ImageMeasurement, vision_stages: tuple[str, ...], crop_grid: tuple[int, int] | None
-) -> ImageRecord:
-    return ImageRecord(
-        image=image,
-        repeat=repeat,
-        preprocess_ms=m.preprocess_ms,
-        prefill_ms=m.prefill_ms,
-        vision_ms={s: m.stage_ms.get(s, 0.0) for s in vision_stages},
-        ttft_ms=m.ttft_ms,
-        decode_ms=m.decode_ms,
-        decode_step_ms=m.decode_step_ms,
-        e2e_ms=m.preprocess_ms + m.prefill_ms + m.decode_ms,
-        new_tokens=len(m.token_ids),
-        prompt_tokens=m.prompt_tokens,
-        image_tokens=m.image_tokens,
-        tiles=m.tiles,
-        peak_memory_bytes=m.peak_memory_bytes,
-        crop_grid=crop_grid,
-        output_check=m.output_check,
-    )
-
-
-def _batch_record(index: int, repeat: int, keys: tuple[str, ...], m: BatchMeasurement) -> BatchRecord:
-    return BatchRecord(
-        batch=index,
-        repeat=repeat,
-        images=keys,
-        preprocess_ms=m.preprocess_ms,
-        prefill_ms=m.prefill_ms,
-        vision_ms={s: ms for s, ms in m.stage_ms.items() if vocab.is_vision(s)},
-        decode_ms=m.decode_ms,
-        decode_step_ms=m.decode_step_ms,
-        new_tokens=m.new_tokens,
-        padded_prompt_tokens=m.padded_prompt_tokens,
-        peak_memory_bytes=m.peak_memory_bytes,
-        aggregate_decode_tokens_per_s=m.aggregate_decode_tokens_per_s,
-        pages_per_s=m.pages_per_s,
-        experts_hit_per_step=None if m.routing is None else mean_unique_experts([m.routing]),
-    )
-
-
-@attrs.define
-class _RunState:
-    """What has been gathered so far (written out on success, failure after measuring, or Ctrl-C)."""
-
-    records: list[ImageRecord] = attrs.Factory(list)
-    flops: dict[str, StageFlops] = attrs.Factory(dict)
-    analytic: dict[str, Mapping[str, Any]] = attrs.Factory(dict)  # image -> stage -> analytic cost
-    predictions: dict[str, tuple[int, ...]] = attrs.Factory(dict)
-    operators: OperatorTable | None = None
-    measured_peaks: tuple[PeakFigure | None, PeakFigure | None] | None = None  # hardware.peaks=measured
-    routing: list[RoutingTrace] = attrs.Factory(list)  # MoE decoders: experts hit per decode step, timed passes
-    prefill_logits: dict[str, torch.Tensor] = attrs.Factory(dict)  # run.save_prefill_logits: first timed pass
-    # run.batch_size > 1: the batch passes, and each batch's counted FLOPs and analytic costs (by batch key)
-    batches: list[BatchRecord] = attrs.Factory(list)
-    batch_flops: dict[str, StageFlops] = attrs.Factory(dict)
-    batch_analytic: dict[str, Mapping[str, Any]] = attrs.Factory(dict)
-    decode_experts: str | None = None  # which routed-expert count the batch decode bytes used
-    reused_process: bool = False  # an earlier job ran in this process (a reused launcher worker)
-    timed_compiles: list[CompileEvent] = attrs.Factory(list)  # compiling calls that fell in timed passes
 
 
 class Stage1Run:
@@ -233,7 +84,7 @@ class Stage1Run:
         self.feedback = feedback or Feedback()
         self.run_id = run_id
         self.art = ArtifactsManager(run_dir, stage="stage1")
-        self.state = _RunState()
+        self.state = Stage1Measurements()
         self.session: InferenceSession | None = None
         self.selection: DatasetSelection | None = None
         self.inputs: InputChoice | None = None
@@ -321,7 +172,7 @@ class Stage1Run:
         self.selection = self.inputs.selection
         for skipped in self.selection.skipped:
             log.warning("skipping %s: %s", skipped.path, skipped.reason)
-        self.art.write_yaml(INPUTS_FILE, self._inputs_manifest())
+        self.art.write_yaml(INPUTS_FILE, inputs_manifest(self.inputs))
         self.art.write_json("env.json", collect_env(device))
 
         self._measure_peaks(device)
@@ -405,7 +256,7 @@ class Stage1Run:
             for repeat in range(settings.repeats):
                 measured = session.run_image(entry.path, settings.max_new_tokens)
                 self.state.timed_compiles.extend(measured.compile_events)
-                self.state.records.append(_record(name, repeat, measured, vision, grid))
+                self.state.records.append(measured.record(name, repeat, vision, grid))
                 if measured.routing is not None:
                     self.state.routing.append(measured.routing)
                 self._keep_outputs(name, measured)
@@ -479,12 +330,12 @@ class Stage1Run:
                     if name in recorded:  # a copy filling the batch: one record per input and pass
                         continue
                     recorded.add(name)
-                    self.state.records.append(_record(name, repeat, page, vision, grids[name]))
+                    self.state.records.append(page.record(name, repeat, vision, grids[name]))
                     self._keep_outputs(name, page)
                 if measured.routing is not None:
                     self.state.routing.append(measured.routing)
                     traces.append(measured.routing)
-                self.state.batches.append(_batch_record(index, repeat, keys, measured))
+                self.state.batches.append(measured.record(index, repeat, keys))
                 self._price_batch(session, key, prepared, traces)
                 bar.advance()
                 log.info(
@@ -523,265 +374,18 @@ class Stage1Run:
             )
 
     # ---- outputs -----------------------------------------------------------------------------------
-    def _inputs_manifest(self) -> InputsManifest:
-        sel = self.selection
-        assert sel is not None
-        return InputsManifest(
-            dataset_root=str(sel.root),
-            subset_filelist=str(sel.subset_filelist) if sel.subset_filelist else None,
-            discovered=sel.discovered,
-            sampling=sel.sampling,
-            seed=sel.seed,
-            max_images=sel.max_images,
-            count=len(sel.images),
-            kind=self.inputs.kind if self.inputs else "image",
-            chosen_because=self.inputs.note if self.inputs else None,
-            images=tuple(_input_record(e) for e in sel.images),
-            skipped=tuple(SkippedInput(path=str(s.path), reason=s.reason) for s in sel.skipped),
-            fates=tuple(InputFate(path=str(f.path), fate=f.fate, reason=f.reason) for f in sel.fates),
-        )
-
-    def _metrics(self, partial: bool) -> Stage1Metrics:
-        session, settings, cfg = self.session, self.settings, self.cfg
-        assert session is not None and settings is not None
-        records = self.state.records
-        vision = session.vision_stages
-        described = session.adapter.describe(session.model)
-        dtype_name = str(session.dtype).removeprefix("torch.")
-        dev_name = device_name(session.device)
-        hardware_name = dev_name if session.device.type == "cuda" else "cpu"  # the table has no CPU rows
-        bandwidth = peak_bandwidth(hardware_name, override_gbps=cfg.hardware.peak_bandwidth_gbps)
-        peak = peak_compute(
-            hardware_name,
-            dtype_name,
-            tf32_matmul=bool(torch.backends.cuda.matmul.allow_tf32),
-            override_tflops=cfg.hardware.peak_tflops,
-        )
-        per_image = {
-            image: stage_stats([r for r in records if r.image == image], vision)
-            for image in dict.fromkeys(r.image for r in records)
-        }
-        mfu_stages = (vocab.PREFILL, *vision, vocab.DECODE)
-
-        def per_stage(counted: Mapping[str, StageFlops]) -> dict[str, dict[str, float]]:
-            return {
-                key: {s: v for s in mfu_stages if (v := f.stage_total(s, settings.max_new_tokens)) is not None}
-                for key, f in counted.items()
-            }
-
-        flops_per_image = per_stage(self.state.flops)
-        flops_per_batch = per_stage(self.state.batch_flops)
-        # MFU, MBU and the speed of light per pass of the decoder: an input's (batch 1) or a batch's (its FLOPs and
-        # bytes over its time; per-input FLOPs over the batch's time would count the batch's time once per input)
-        passes: list[Any] = list(self.state.batches) if self.state.batches else list(records)
-        pass_flops = self.state.batch_flops if self.state.batches else self.state.flops
-        pass_flops_per_stage = flops_per_batch if self.state.batches else flops_per_image
-        pass_costs = self.state.batch_analytic if self.state.batches else self.state.analytic
-        variation = stage_variation(records, vision)
-        warnings = self._warnings(variation, partial, peak is None)
-        ops = self.state.operators
-        measured = self.state.measured_peaks
-        measured_peaks = (
-            None
-            if measured is None
-            else MeasuredPeaks(
-                compute=measured[0],
-                bandwidth=measured[1],
-                mfu=mfu_by_stage(passes, pass_flops, mfu_stages, measured[0]),
-                efficiency=efficiency_by_stage(
-                    passes, pass_flops_per_stage, pass_costs, mfu_stages, measured[0], measured[1], FLOP_SOURCE
-                ),
-            )
-        )
-        return Stage1Metrics(
-            schema_version=SCHEMA_VERSION,
-            run_id=self.run_id,
-            stage="stage1",
-            created=datetime.now(UTC).isoformat(timespec="seconds"),
-            model=ModelInfo(
-                name=str(cfg.model.name),
-                adapter=str(cfg.model.adapter),
-                class_name=described["class"],
-                parameters=int(described["parameters"]),
-                dtype=dtype_name,
-                attn_implementation=described["attn_implementation"],
-                experts_implementation=described["experts_implementation"],
-                architecture=described.get("architecture") or {},
-                family=described.get("family"),
-                weights=session.loaded.weights,
-                weights_detail=session.loaded.weights_detail,
-                config_source=session.loaded.config_source,
-                preprocess=session.adapter.preprocess_settings(),
-            ),
-            device=DeviceInfo(
-                type=session.device.type,
-                name=dev_name,
-                index=session.device.index,
-                timing_method=timing_method(session.device),
-            ),
-            settings=RunSettings(
-                repeats=settings.repeats,
-                warmup=settings.warmup,
-                max_new_tokens=settings.max_new_tokens,
-                max_images=settings.max_images,
-                sources=dict(settings.sources),
-                batch_size=self.runtime.batch_size,
-                workload_profile=plain(cfg.workload_profile) if cfg.get("workload_profile") else None,
-                partial=partial,
-                input_kind=self.inputs.kind if self.inputs else "image",
-                inputs_note=self.inputs.note if self.inputs else None,
-                profiler=profiler_settings(cfg),
-                measured_passes=len(records),
-                asked_passes=len(self.selection.images) * settings.repeats if self.selection else None,
-                outputs=output_settings(cfg),
-                runtime=RuntimeRecord(**self.runtime.as_dict(), label=self.runtime.label),
-                fill_batches=bool(cfg.run.get("fill_batches", False)),
-            ),
-            records=tuple(records),
-            stages=stage_stats(records, vision),
-            per_image=per_image,
-            throughput=throughput(records),
-            mfu=mfu_by_stage(passes, pass_flops, mfu_stages, peak),
-            efficiency=efficiency_by_stage(
-                passes, pass_flops_per_stage, pass_costs, mfu_stages, peak, bandwidth, FLOP_SOURCE
-            ),
-            bandwidth_peak=bandwidth,
-            flops_per_image=flops_per_image,
-            top_operators=ops.overall[: int(cfg.pipeline.torch_profiler.top_k)] if ops else (),
-            operator_sort_key=ops.sort_key if ops else None,
-            profiler=None
-            if ops is None
-            else ProfilerInfo(
-                events=ops.events,
-                decode_steps=ops.decode_steps,
-                postprocess_s=ops.postprocess_s,
-                trace=ops.trace_path,
-                activity=ops.activity,
-            ),
-            warnings=warnings,
-            config_digest=config_digest(cfg),
-            variation=variation,
-            measured_peaks=measured_peaks,
-            routing=summarize_routing(_largest_batches(self.state.routing)),
-            compile=_compile_record(session, self.state.timed_compiles),
-            host_peak_rss_bytes=None if self.state.reused_process else host_peak_rss_bytes(),
-            batches=tuple(self.state.batches),
-            batch_summary=batch_summary(self.state.batches, self.runtime.batch_size, self.state.decode_experts),
-            flops_per_batch=flops_per_batch,
-        )
-
-    def _warnings(self, variation: tuple[StageVariation, ...], partial: bool, no_peak: bool) -> tuple[str, ...]:
-        assert self.selection is not None and self.session is not None and self.settings is not None
-        out = []
-        if partial:
-            out.append("The run did not finish: these figures cover only the passes measured before it stopped.")
-        if not self.state.analytic:
-            out.append(
-                f"No analytic model for {self.session.model.__class__.__name__}: bytes, MBU, the roofline and the "
-                "speed of light are absent; FLOPs and MFU are counted on the real modules."
-            )
-        if self.cfg.hardware.peaks == MEASURED and self.state.measured_peaks is None:
-            out.append("hardware.peaks=measured needs a CUDA device: MFU and MBU use the datasheet peaks only.")
-        if any(GROUPED_MM_FALLBACK_OP in f.by_operator for f in self.state.flops.values()):
-            out.append(
-                "The MoE experts ran through transformers' grouped-matmul fallback (a loop over experts), not torch's "
-                "grouped_mm kernel: their FLOPs are counted alike, their time is the fallback's."
-            )
-        if self.state.reused_process:
-            out.append(
-                "This process ran another job before this one (a reused launcher worker): torch.compile's caches and "
-                "the CUDA allocator's cache and peak counters were reset first; the host peak memory is left out (it "
-                "would include the earlier job's)."
-            )
-        out.extend(self._warmup_warnings())
-        if self.session.loaded.weights == "random":
-            out.append("Random weights: timings, FLOPs and bytes are real; the generated tokens are not text.")
-        for s in self.selection.skipped:
-            out.append(f"Skipped input {s.path.name}: {s.reason}.")
-        if no_peak:
-            out.append(
-                "MFU is n/a: no dense peak is known for this device and dtype. Set hardware.peak_tflops=<dense "
-                "TFLOP/s> to get one."
-            )
-        if self.fills_batches:
-            out.append(
-                f"Every batch was filled to run.batch_size={self.runtime.batch_size} with copies of its own inputs "
-                f"(run.fill_batches=true; {len(self.selection.images)} distinct input(s)): per-input figures count "
-                "each input once per pass, batch figures count every copy."
-            )
-        short = self._short_last_batch()
-        if short is not None and short == len(self.selection.images):
-            out.append(
-                f"All {short} input(s) fit in one batch, fewer than run.batch_size={self.runtime.batch_size}: it ran "
-                f"as a batch of {short}."
-            )
-        elif short is not None:
-            out.append(
-                f"The last batch holds {short} input(s), fewer than run.batch_size={self.runtime.batch_size}: it ran "
-                "as a smaller batch; the batch summary and the routing figures cover the full batches only."
-            )
-        if self.settings.repeats < 3:
-            out.append(f"Only {self.settings.repeats} timed pass(es) per image: dispersion figures are weak.")
-        threshold = float(self.cfg.run.cv_warn)
-        for v in high_variation(variation, threshold):
-            worst = f"; worst {v.worst_image} {v.within_image_cv_max:.1%}" if v.images_judged > 1 else ""
-            out.append(
-                f"High run-to-run variation in {v.stage}: CV {v.within_image_cv_median:.1%} over one image's passes "
-                f"(median over {v.images_judged} image(s){worst}; > {threshold:.0%})."
-            )
-        return tuple(out)
-
-    def _warmup_warnings(self) -> list[str]:
-        """A warm-up raised for a compiled runtime, and compilations that still fell in timed passes."""
-        assert self.settings is not None
-        out = []
-        source = self.settings.sources["run.warmup"]
-        if source.startswith("raised"):
-            out.append(f"run.warmup is {self.settings.warmup}, {source}.")
-        timed = self.state.timed_compiles
-        if timed:
-            seconds = sum(e.host_ms for e in timed) / 1e3
-            out.append(
-                f"{len(timed)} compiling call(s) fell in the timed passes ({seconds:,.1f} s of host time, recompiles "
-                "included): those passes include compilation, so their times are not steady state; raise run.warmup "
-                "or fix the recompiles (see the Runtime section)."
-            )
-        return out
-
     @property
     def fills_batches(self) -> bool:
         """run.fill_batches: every batch filled to run.batch_size with copies of its own inputs."""
         return bool(self.cfg.run.get("fill_batches", False)) and self.runtime.batch_size > 1
 
-    def _short_last_batch(self) -> int | None:
-        """Inputs in a last batch smaller than run.batch_size, or None."""
-        if self.runtime.batch_size == 1 or self.selection is None or not self.selection.images or self.fills_batches:
-            return None
-        left = len(self.selection.images) % self.runtime.batch_size
-        return left or None
-
-    def _predictions(self, strip_special_tokens: bool) -> tuple[Prediction, ...]:
-        """The tokens generated for each input (first timed pass), decoded where the model has a tokenizer."""
-        assert self.session is not None and self.selection is not None
-        tokenizer = self.session.loaded.tokenizer
-        paths = {input_key(self.selection, e.path): e.path for e in self.selection.images}
-        return tuple(
-            Prediction(
-                image=name,
-                path=str(paths.get(name, name)),
-                token_ids=tuple(ids),
-                tokens=len(ids),
-                text=None
-                if tokenizer is None
-                else str(tokenizer.decode(list(ids), skip_special_tokens=strip_special_tokens)),
-                weights=self.session.loaded.weights,
-            )
-            for name, ids in self.state.predictions.items()
-        )
-
     def _write_outputs(self, partial: bool) -> Stage1Metrics:
-        assert self.session is not None and self.selection is not None
-        metrics = self._metrics(partial)
+        assert self.session is not None and self.selection is not None and self.settings is not None
+        recorded = run_settings(
+            self.cfg, self.settings, self.runtime, self.inputs, measured_passes=len(self.state.records), partial=partial
+        )
+        setup = analysis_setup(self.cfg, self.session, self.run_id, recorded, self.inputs)
+        metrics = Stage1Analysis(self.state, setup).metrics()
         self.art.write_json(METRICS_FILE, metrics)
         if self.session.adapter.has_analytic_model and metrics.records:  # priced as measured: tiles, tokens, dtype
             write_analytic_report_for_run(
@@ -793,14 +397,16 @@ class Stage1Run:
             save_prefill_logits(self.art.path(PREFILL_LOGITS_FILE), self.state.prefill_logits)
             self.art.record(PREFILL_LOGITS_FILE)
         outputs = metrics.settings.outputs
-        predictions = self._predictions(outputs.extra.deepseek_ocr.strip_special_tokens)
+        predictions = run_predictions(
+            self.session, self.selection, self.state.predictions, outputs.extra.deepseek_ocr.strip_special_tokens
+        )
         if outputs.prediction.enable:
             target = self.art.resolve_save_dir(outputs.prediction.save_dir) / "predictions.jsonl"
             self.art.write_anywhere(target, dumps_lines(predictions))
         stage1_reports.write_all(
             self.art,
             metrics,
-            inputs=self._inputs_manifest(),
+            inputs=inputs_manifest(self.inputs),
             operators=self.state.operators,
             predictions=predictions,
             whatif=self.whatif,
@@ -818,85 +424,10 @@ def render(run_dir: Path, whatif: Path | str | None = None) -> Path:
     stage1_reports.write_all(
         art,
         folder.metrics,
-        inputs=folder.inputs or _no_inputs(folder.metrics),
+        inputs=folder.inputs or no_inputs(folder.metrics),
         operators=folder.operators,
         predictions=folder.predictions,
         whatif=evidence,
         unfinished=unfinished_text(folder.status),
     )
     return art.run_dir
-
-
-def _no_inputs(m: Stage1Metrics) -> InputsManifest:
-    """An inputs manifest for a folder written without inputs.yaml: only the timed inputs are known."""
-    return InputsManifest(
-        dataset_root="(not recorded)",
-        subset_filelist=None,
-        discovered=len(m.images),
-        sampling="(not recorded)",
-        seed=0,
-        max_images=m.settings.max_images,
-        count=len(m.images),
-        kind=m.settings.input_kind,
-        chosen_because=None,
-        images=(),
-        skipped=(),
-    )
-
-
-def host_peak_rss_bytes() -> int | None:
-    """The process's peak resident set size so far (Linux reports KiB, macOS bytes); None where unknown."""
-    try:
-        import resource
-    except ImportError:  # not on POSIX
-        return None
-    peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
-    return peak if sys.platform == "darwin" else peak * 1024
-
-
-def _largest_batches(traces: list[RoutingTrace]) -> list[RoutingTrace]:
-    """The routing traces of the full batches (the most tokens per step): a smaller last batch is not pooled."""
-    most = max((t.tokens_per_step for t in traces if t.steps), default=0)
-    return [t for t in traces if t.tokens_per_step == most]
-
-
-def _compile_record(session: InferenceSession, timed: list[CompileEvent]) -> CompileSummary | None:
-    """Every compilation of the run (warm-up passes included) and those of them in timed passes, or None when
-    nothing is compiled."""
-    if session.runtime.compile == "none":
-        return None
-    return attrs.evolve(session.compile_summary(), in_timed_passes=tuple(timed))
-
-
-def input_key(selection: DatasetSelection, path: Path) -> str:
-    """An input's key in every per-image record: its path relative to the dataset root (its name when outside)."""
-    try:
-        return path.relative_to(selection.root).as_posix()
-    except ValueError:
-        return path.name
-
-
-def _input_record(entry: ImageEntry | TextEntry) -> ImageInput | TextInput:
-    if isinstance(entry, ImageEntry):
-        return ImageInput(
-            path=str(entry.path),
-            width=entry.width,
-            height=entry.height,
-            bytes=entry.bytes,
-            orientation=entry.orientation,
-        )
-    return TextInput(path=str(entry.path), characters=entry.characters, bytes=entry.bytes)
-
-
-def profiler_settings(cfg: DictConfig) -> ProfilerSettings:
-    prof = cfg.pipeline.torch_profiler
-    return ProfilerSettings(
-        enable=bool(prof.enable),
-        decode_steps=int(prof.decode_steps),
-        record_shapes=bool(prof.record_shapes),
-        profile_memory=bool(prof.profile_memory),
-        with_stack=bool(prof.with_stack),
-        with_flops=bool(prof.with_flops),
-        chrome_trace=bool(prof.chrome_trace),
-        top_k=int(prof.top_k),
-    )

@@ -9,16 +9,16 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import attrs
 import torch
 
 from llm_perf_opt.errors import UserError
-from llm_perf_opt.measure.routing import RoutingRecorder, RoutingTrace
+from llm_perf_opt.measure.routing import RoutingRecorder, RoutingTrace, mean_unique_experts
 from llm_perf_opt.measure.timing import NullRecorder, StageRecorder
 from llm_perf_opt.records import vocabulary as vocab
-from llm_perf_opt.records.stage1 import CompileSummary
+from llm_perf_opt.records.stage1 import BatchRecord, CompileSummary, ImageRecord
 from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, PreparedInputs
 from llm_perf_opt.session.adapters.deepseek_ocr import DeepseekOcrAdapter
 from llm_perf_opt.session.adapters.deepseek_ocr2 import DeepseekOcr2Adapter
@@ -87,8 +87,37 @@ def device_name(device: torch.device) -> str:
     return cpu_model()
 
 
+class PassTimes:
+    """The times (ms) of one timed pass derived from its preprocessing and stage times, for one input's pass and one
+    batch's alike: prefill (vision included), decode, time to first token and end to end."""
+
+    if TYPE_CHECKING:
+
+        @property
+        def preprocess_ms(self) -> float: ...
+        @property
+        def stage_ms(self) -> Mapping[str, float]: ...
+
+    @property
+    def prefill_ms(self) -> float:
+        return self.stage_ms[vocab.PREFILL]
+
+    @property
+    def decode_ms(self) -> float:
+        return self.stage_ms.get(vocab.DECODE, 0.0)
+
+    @property
+    def ttft_ms(self) -> float:
+        """Time to first token: preprocess + prefill (the first token comes out of the prefill forward)."""
+        return self.preprocess_ms + self.prefill_ms
+
+    @property
+    def e2e_ms(self) -> float:
+        return self.preprocess_ms + self.prefill_ms + self.decode_ms
+
+
 @attrs.frozen
-class ImageMeasurement:
+class ImageMeasurement(PassTimes):
     """One pass over one image: stage times (ms), tokens and memory."""
 
     preprocess_ms: float
@@ -106,18 +135,28 @@ class ImageMeasurement:
     # (vocab,) float32 logits at the last prompt position, when the session keeps them (`keep_prefill_logits`)
     prefill_logits: torch.Tensor | None = attrs.field(default=None, eq=False, repr=False)
 
-    @property
-    def prefill_ms(self) -> float:
-        return self.stage_ms[vocab.PREFILL]
-
-    @property
-    def decode_ms(self) -> float:
-        return self.stage_ms.get(vocab.DECODE, 0.0)
-
-    @property
-    def ttft_ms(self) -> float:
-        """Time to first token: preprocess + prefill (the first token comes out of the prefill forward)."""
-        return self.preprocess_ms + self.prefill_ms
+    def record(
+        self, image: str, repeat: int, vision_stages: tuple[str, ...], crop_grid: tuple[int, int] | None
+    ) -> ImageRecord:
+        """This pass as the `ImageRecord` of input `image` (its key) and timed pass `repeat`."""
+        return ImageRecord(
+            image=image,
+            repeat=repeat,
+            preprocess_ms=self.preprocess_ms,
+            prefill_ms=self.prefill_ms,
+            vision_ms={s: self.stage_ms.get(s, 0.0) for s in vision_stages},
+            ttft_ms=self.ttft_ms,
+            decode_ms=self.decode_ms,
+            decode_step_ms=self.decode_step_ms,
+            e2e_ms=self.e2e_ms,
+            new_tokens=len(self.token_ids),
+            prompt_tokens=self.prompt_tokens,
+            image_tokens=self.image_tokens,
+            tiles=self.tiles,
+            peak_memory_bytes=self.peak_memory_bytes,
+            crop_grid=crop_grid,
+            output_check=self.output_check,
+        )
 
 
 @attrs.frozen
@@ -137,7 +176,7 @@ class PageResult:
 
 
 @attrs.frozen
-class BatchMeasurement:
+class BatchMeasurement(PassTimes):
     """One pass over a batch: per-input results and the batch's stage times (ms), tokens and memory.
 
     Every input of the batch gets its first token when the batched prefill ends and its last when the last decode
@@ -166,23 +205,6 @@ class BatchMeasurement:
     def preprocess_ms(self) -> float:
         """All inputs' preprocessing (one after the other, before the batch's prefill)."""
         return sum(p.preprocess_ms for p in self.pages)
-
-    @property
-    def prefill_ms(self) -> float:
-        return self.stage_ms[vocab.PREFILL]
-
-    @property
-    def decode_ms(self) -> float:
-        return self.stage_ms.get(vocab.DECODE, 0.0)
-
-    @property
-    def ttft_ms(self) -> float:
-        """Time to first token of every input: the batch's preprocessing + prefill."""
-        return self.preprocess_ms + self.prefill_ms
-
-    @property
-    def e2e_ms(self) -> float:
-        return self.preprocess_ms + self.prefill_ms + self.decode_ms
 
     @property
     def decode_tokens_per_s(self) -> float | None:
@@ -223,6 +245,25 @@ class BatchMeasurement:
                 prefill_logits=page.prefill_logits,
             )
             for page in self.pages
+        )
+
+    def record(self, index: int, repeat: int, keys: tuple[str, ...]) -> BatchRecord:
+        """This pass as the `BatchRecord` of batch `index` (its inputs' keys `keys`) and timed pass `repeat`."""
+        return BatchRecord(
+            batch=index,
+            repeat=repeat,
+            images=keys,
+            preprocess_ms=self.preprocess_ms,
+            prefill_ms=self.prefill_ms,
+            vision_ms={s: ms for s, ms in self.stage_ms.items() if vocab.is_vision(s)},
+            decode_ms=self.decode_ms,
+            decode_step_ms=self.decode_step_ms,
+            new_tokens=self.new_tokens,
+            padded_prompt_tokens=self.padded_prompt_tokens,
+            peak_memory_bytes=self.peak_memory_bytes,
+            aggregate_decode_tokens_per_s=self.aggregate_decode_tokens_per_s,
+            pages_per_s=self.pages_per_s,
+            experts_hit_per_step=None if self.routing is None else mean_unique_experts([self.routing]),
         )
 
 
@@ -285,9 +326,7 @@ class InferenceSession:
         self.keep_prefill_logits = False
 
     @classmethod
-    def load(
-        cls, model_cfg: Mapping[str, Any], device: torch.device, runtime: RuntimeSettings | None = None
-    ) -> Self:
+    def load(cls, model_cfg: Mapping[str, Any], device: torch.device, runtime: RuntimeSettings | None = None) -> Self:
         """Build (random weights) or load (the adapter's checkpoint folder) the model `model_cfg` names on `device`,
         to run under `runtime` (default: the eager reference)."""
         adapter = make_adapter(model_cfg)
@@ -506,9 +545,7 @@ class InferenceSession:
             self.routing.begin_pass()
         self._input_recorders = inputs if len(paths) > 1 else None
         try:
-            out = self._run_loop(
-                batch, max_new_tokens, recorder, None, reference=False, keep_logits=self._keeps_logits
-            )
+            out = self._run_loop(batch, max_new_tokens, recorder, None, reference=False, keep_logits=self._keeps_logits)
         finally:
             self._input_recorders = None
         spans = recorder.spans_ms()
@@ -598,8 +635,6 @@ class InferenceSession:
             output_check=self.check_outputs(str(image_path), prepared, out),  # after the timed pass
             prefill_logits=None if out.prefill_logits is None else out.prefill_logits[0],
         )
-
-
 
 
 class DeepSeekOCRSession(InferenceSession):

@@ -1,0 +1,359 @@
+"""Stage 1's analysis: the timed passes, counted FLOPs, analytic costs and peaks of one `stage1-run`.
+
+`pipeline/stage1.py` gathers a :class:`Stage1Measurements` as it runs and describes the run in a
+:class:`Stage1Setup`; one :class:`Stage1Analysis` over both answers one question per method (in the manner of
+`nsight.stage2_analysis.Stage2Analysis`), and :meth:`Stage1Analysis.metrics` hands the answers over as one
+`Stage1Metrics` record, which the reports render. A new figure of the run (module attribution, memory, energy) is a
+new method here and a new field of the record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+from llm_perf_opt.hardware.table import peak_bandwidth, peak_compute
+from llm_perf_opt.measure.aggregate import batch_summary, stage_stats, throughput
+from llm_perf_opt.measure.efficiency import efficiency_by_stage
+from llm_perf_opt.measure.flops import FLOP_SOURCE, GROUPED_MM_FALLBACK_OP, StageFlops
+from llm_perf_opt.measure.mfu import TimedPass, mfu_by_stage
+from llm_perf_opt.measure.routing import RoutingTrace, summarize_routing
+from llm_perf_opt.measure.torch_profiler import OperatorTable
+from llm_perf_opt.measure.variation import high_variation, stage_variation
+from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records.common import SCHEMA_VERSION, PeakFigure
+from llm_perf_opt.records.stage1 import (
+    BatchRecord,
+    CompileEvent,
+    CompileSummary,
+    DeviceInfo,
+    ImageRecord,
+    MeasuredPeaks,
+    MfuRecord,
+    ModelInfo,
+    ProfilerInfo,
+    RoutingSummary,
+    RunSettings,
+    SkippedInput,
+    Stage1Metrics,
+    StageEfficiency,
+    StageStat,
+    StageVariation,
+)
+
+
+@attrs.define
+class Stage1Measurements:
+    """What one run has measured so far (written out on success, on failure after measuring, or on Ctrl-C)."""
+
+    records: list[ImageRecord] = attrs.Factory(list)
+    flops: dict[str, StageFlops] = attrs.Factory(dict)
+    analytic: dict[str, Mapping[str, Any]] = attrs.Factory(dict)  # image -> stage -> analytic cost
+    predictions: dict[str, tuple[int, ...]] = attrs.Factory(dict)
+    operators: OperatorTable | None = None
+    measured_peaks: tuple[PeakFigure | None, PeakFigure | None] | None = None  # hardware.peaks=measured
+    routing: list[RoutingTrace] = attrs.Factory(list)  # MoE decoders: experts hit per decode step, timed passes
+    prefill_logits: dict[str, torch.Tensor] = attrs.Factory(dict)  # run.save_prefill_logits: first timed pass
+    # run.batch_size > 1: the batch passes, and each batch's counted FLOPs and analytic costs (by batch key)
+    batches: list[BatchRecord] = attrs.Factory(list)
+    batch_flops: dict[str, StageFlops] = attrs.Factory(dict)
+    batch_analytic: dict[str, Mapping[str, Any]] = attrs.Factory(dict)
+    decode_experts: str | None = None  # which routed-expert count the batch decode bytes used
+    reused_process: bool = False  # an earlier job ran in this process (a reused launcher worker)
+    timed_compiles: list[CompileEvent] = attrs.Factory(list)  # compiling calls that fell in timed passes
+
+
+@attrs.frozen
+class Forwards:
+    """The timed forwards of the decoder and what they are priced with (all keyed by the passes' `cost_key`): an
+    input's (batch 1) or a batch's (its FLOPs and bytes over its time; per-input FLOPs over the batch's time would
+    count the batch's time once per input)."""
+
+    passes: Sequence[TimedPass]
+    flops: Mapping[str, StageFlops]
+    flops_per_stage: Mapping[str, Mapping[str, float]]
+    costs: Mapping[str, Mapping[str, Any]]
+
+
+@attrs.frozen
+class Stage1Setup:
+    """What the analysis knows of a run besides its measurements: the records that describe it, and the settings
+    its figures and warnings depend on (parsed from the config by the pipeline)."""
+
+    run_id: str
+    model: ModelInfo
+    model_class: str  # the built model's class name
+    device: DeviceInfo
+    settings: RunSettings
+    vision_stages: tuple[str, ...]
+    config_digest: str
+    inputs: int  # inputs selected to run
+    skipped: tuple[SkippedInput, ...] = ()
+    peak_tflops: float | None = None  # hardware.peak_tflops
+    peak_bandwidth_gbps: float | None = None  # hardware.peak_bandwidth_gbps
+    tf32_matmul: bool = False
+    measured_peaks_asked: bool = False  # hardware.peaks=measured
+    cv_warn: float = 0.1  # run.cv_warn
+    top_k: int = 0  # pipeline.torch_profiler.top_k
+    compile: CompileSummary | None = None  # every compilation of the run (runtime.compile != none)
+    host_peak_rss_bytes: int | None = None
+
+
+class Stage1Analysis:
+    """The questions Stage 1's reports ask of one run's measurements."""
+
+    def __init__(self, measured: Stage1Measurements, setup: Stage1Setup) -> None:
+        self.measured = measured
+        self.setup = setup
+
+    # ---- peaks -------------------------------------------------------------------------------------------------
+    def _hardware_name(self) -> str:
+        device = self.setup.device
+        return device.name if device.type == "cuda" else "cpu"  # the table has no CPU rows
+
+    def compute_peak(self) -> PeakFigure | None:
+        """The dense compute peak of MFU: hardware.peak_tflops, else the datasheet's; None where none is known."""
+        return peak_compute(
+            self._hardware_name(),
+            self.setup.model.dtype,
+            tf32_matmul=self.setup.tf32_matmul,
+            override_tflops=self.setup.peak_tflops,
+        )
+
+    def bandwidth_peak(self) -> PeakFigure | None:
+        """The peak bandwidth of MBU: hardware.peak_bandwidth_gbps, else the datasheet's."""
+        return peak_bandwidth(self._hardware_name(), override_gbps=self.setup.peak_bandwidth_gbps)
+
+    # ---- what was timed ----------------------------------------------------------------------------------------
+    def stages(self) -> tuple[str, ...]:
+        """The stages MFU, MBU and the speed of light are given for: prefill, the vision sub-stages, decode."""
+        return (vocab.PREFILL, *self.setup.vision_stages, vocab.DECODE)
+
+    def flops_per_stage(self, counted: Mapping[str, StageFlops]) -> dict[str, dict[str, float]]:
+        """Counted FLOPs per key (input or batch), stage and pass at the run's max_new_tokens."""
+        tokens = self.setup.settings.max_new_tokens
+        return {
+            key: {s: v for s in self.stages() if (v := f.stage_total(s, tokens)) is not None}
+            for key, f in counted.items()
+        }
+
+    def forwards(self) -> Forwards:
+        """The batch passes when the run batched, else the per-input passes (the rule of
+        `Stage1Metrics.forwards`), with their FLOPs and analytic costs."""
+        m = self.measured
+        if m.batches:
+            return Forwards(m.batches, m.batch_flops, self.flops_per_stage(m.batch_flops), m.batch_analytic)
+        return Forwards(m.records, m.flops, self.flops_per_stage(m.flops), m.analytic)
+
+    def per_input(self) -> dict[str, tuple[StageStat, ...]]:
+        """Stage statistics of each input over its own timed passes, in run order."""
+        records = self.measured.records
+        return {
+            image: stage_stats([r for r in records if r.image == image], self.setup.vision_stages)
+            for image in dict.fromkeys(r.image for r in records)
+        }
+
+    def variation(self) -> tuple[StageVariation, ...]:
+        return stage_variation(self.measured.records, self.setup.vision_stages)
+
+    # ---- utilization -------------------------------------------------------------------------------------------
+    def mfu(self, peak: PeakFigure | None) -> tuple[MfuRecord, ...]:
+        """MFU per stage over the timed forwards, against `peak`."""
+        forwards = self.forwards()
+        return mfu_by_stage(forwards.passes, forwards.flops, self.stages(), peak)
+
+    def efficiency(self, compute: PeakFigure | None, bandwidth: PeakFigure | None) -> tuple[StageEfficiency, ...]:
+        """MBU, the roofline and the speed of light per stage over the timed forwards, against these peaks."""
+        forwards = self.forwards()
+        return efficiency_by_stage(
+            forwards.passes, forwards.flops_per_stage, forwards.costs, self.stages(), compute, bandwidth, FLOP_SOURCE
+        )
+
+    def measured_peaks(self) -> MeasuredPeaks | None:
+        """hardware.peaks=measured: MFU and efficiency against this GPU's measured achievable peaks."""
+        measured = self.measured.measured_peaks
+        if measured is None:
+            return None
+        return MeasuredPeaks(
+            compute=measured[0],
+            bandwidth=measured[1],
+            mfu=self.mfu(measured[0]),
+            efficiency=self.efficiency(measured[0], measured[1]),
+        )
+
+    # ---- batches and routing -----------------------------------------------------------------------------------
+    def fills_batches(self) -> bool:
+        """run.fill_batches: every batch filled to run.batch_size with copies of its own inputs."""
+        return self.setup.settings.fill_batches and self.setup.settings.batch_size > 1
+
+    def short_last_batch(self) -> int | None:
+        """Inputs in a last batch smaller than run.batch_size, or None."""
+        size = self.setup.settings.batch_size
+        if size == 1 or not self.setup.inputs or self.fills_batches():
+            return None
+        return self.setup.inputs % size or None
+
+    def routing(self) -> RoutingSummary | None:
+        """Experts hit per decode step over the full batches' passes (a smaller last batch is not pooled)."""
+        traces = self.measured.routing
+        most = max((t.tokens_per_step for t in traces if t.steps), default=0)
+        return summarize_routing([t for t in traces if t.tokens_per_step == most])
+
+    def compile(self) -> CompileSummary | None:
+        """Every compilation of the run and those of them in timed passes; None when nothing is compiled."""
+        if self.setup.compile is None:
+            return None
+        return attrs.evolve(self.setup.compile, in_timed_passes=tuple(self.measured.timed_compiles))
+
+    # ---- warnings ----------------------------------------------------------------------------------------------
+    def warnings(self, variation: tuple[StageVariation, ...], no_peak: bool) -> tuple[str, ...]:
+        """What the reader must know before trusting the figures, most general first."""
+        out = [*self._setup_warnings(), *self._warmup_warnings()]
+        if self.setup.model.weights == "random":
+            out.append("Random weights: timings, FLOPs and bytes are real; the generated tokens are not text.")
+        for s in self.setup.skipped:
+            out.append(f"Skipped input {Path(s.path).name}: {s.reason}.")
+        if no_peak:
+            out.append(
+                "MFU is n/a: no dense peak is known for this device and dtype. Set hardware.peak_tflops=<dense "
+                "TFLOP/s> to get one."
+            )
+        out.extend(self._batch_warnings())
+        out.extend(self._dispersion_warnings(variation))
+        return tuple(out)
+
+    def _setup_warnings(self) -> list[str]:
+        """A partial run, no analytic model, no measured peaks, the grouped-matmul fallback, a reused process."""
+        out = []
+        if self.setup.settings.partial:
+            out.append("The run did not finish: these figures cover only the passes measured before it stopped.")
+        if not self.measured.analytic:
+            out.append(
+                f"No analytic model for {self.setup.model_class}: bytes, MBU, the roofline and the "
+                "speed of light are absent; FLOPs and MFU are counted on the real modules."
+            )
+        if self.setup.measured_peaks_asked and self.measured.measured_peaks is None:
+            out.append("hardware.peaks=measured needs a CUDA device: MFU and MBU use the datasheet peaks only.")
+        if any(GROUPED_MM_FALLBACK_OP in f.by_operator for f in self.measured.flops.values()):
+            out.append(
+                "The MoE experts ran through transformers' grouped-matmul fallback (a loop over experts), not torch's "
+                "grouped_mm kernel: their FLOPs are counted alike, their time is the fallback's."
+            )
+        if self.measured.reused_process:
+            out.append(
+                "This process ran another job before this one (a reused launcher worker): torch.compile's caches and "
+                "the CUDA allocator's cache and peak counters were reset first; the host peak memory is left out (it "
+                "would include the earlier job's)."
+            )
+        return out
+
+    def _warmup_warnings(self) -> list[str]:
+        """A warm-up raised for a compiled runtime, and compilations that still fell in timed passes."""
+        settings = self.setup.settings
+        out = []
+        source = settings.sources["run.warmup"]
+        if source.startswith("raised"):
+            out.append(f"run.warmup is {settings.warmup}, {source}.")
+        timed = self.measured.timed_compiles
+        if timed:
+            seconds = sum(e.host_ms for e in timed) / 1e3
+            out.append(
+                f"{len(timed)} compiling call(s) fell in the timed passes ({seconds:,.1f} s of host time, recompiles "
+                "included): those passes include compilation, so their times are not steady state; raise run.warmup "
+                "or fix the recompiles (see the Runtime section)."
+            )
+        return out
+
+    def _batch_warnings(self) -> list[str]:
+        """Batches filled with copies, and a last batch smaller than run.batch_size."""
+        size = self.setup.settings.batch_size
+        out = []
+        if self.fills_batches():
+            out.append(
+                f"Every batch was filled to run.batch_size={size} with copies of its own inputs "
+                f"(run.fill_batches=true; {self.setup.inputs} distinct input(s)): per-input figures count "
+                "each input once per pass, batch figures count every copy."
+            )
+        short = self.short_last_batch()
+        if short is not None and short == self.setup.inputs:
+            out.append(
+                f"All {short} input(s) fit in one batch, fewer than run.batch_size={size}: it ran "
+                f"as a batch of {short}."
+            )
+        elif short is not None:
+            out.append(
+                f"The last batch holds {short} input(s), fewer than run.batch_size={size}: it ran "
+                "as a smaller batch; the batch summary and the routing figures cover the full batches only."
+            )
+        return out
+
+    def _dispersion_warnings(self, variation: tuple[StageVariation, ...]) -> list[str]:
+        """Too few timed passes, and stages whose run-to-run variation passes run.cv_warn."""
+        repeats = self.setup.settings.repeats
+        out = []
+        if repeats < 3:
+            out.append(f"Only {repeats} timed pass(es) per image: dispersion figures are weak.")
+        threshold = self.setup.cv_warn
+        for v in high_variation(variation, threshold):
+            worst = f"; worst {v.worst_image} {v.within_image_cv_max:.1%}" if v.images_judged > 1 else ""
+            out.append(
+                f"High run-to-run variation in {v.stage}: CV {v.within_image_cv_median:.1%} over one image's passes "
+                f"(median over {v.images_judged} image(s){worst}; > {threshold:.0%})."
+            )
+        return out
+
+    # ---- everything --------------------------------------------------------------------------------------------
+    def profiler(self) -> ProfilerInfo | None:
+        """The profiled pass in brief, None when it did not run."""
+        ops = self.measured.operators
+        if ops is None:
+            return None
+        return ProfilerInfo(
+            events=ops.events,
+            decode_steps=ops.decode_steps,
+            postprocess_s=ops.postprocess_s,
+            trace=ops.trace_path,
+            activity=ops.activity,
+        )
+
+    def metrics(self) -> Stage1Metrics:
+        """Everything the Stage 1 reports show (`metrics.json`)."""
+        m, setup = self.measured, self.setup
+        records, ops = m.records, m.operators
+        peak, bandwidth = self.compute_peak(), self.bandwidth_peak()
+        variation = self.variation()
+        return Stage1Metrics(
+            schema_version=SCHEMA_VERSION,
+            run_id=setup.run_id,
+            stage="stage1",
+            created=datetime.now(UTC).isoformat(timespec="seconds"),
+            model=setup.model,
+            device=setup.device,
+            settings=setup.settings,
+            records=tuple(records),
+            stages=stage_stats(records, setup.vision_stages),
+            per_image=self.per_input(),
+            throughput=throughput(records),
+            mfu=self.mfu(peak),
+            efficiency=self.efficiency(peak, bandwidth),
+            bandwidth_peak=bandwidth,
+            flops_per_image=self.flops_per_stage(m.flops),
+            top_operators=ops.overall[: setup.top_k] if ops else (),
+            operator_sort_key=ops.sort_key if ops else None,
+            profiler=self.profiler(),
+            warnings=self.warnings(variation, peak is None),
+            config_digest=setup.config_digest,
+            variation=variation,
+            measured_peaks=self.measured_peaks(),
+            routing=self.routing(),
+            compile=self.compile(),
+            host_peak_rss_bytes=None if m.reused_process else setup.host_peak_rss_bytes,
+            batches=tuple(m.batches),
+            batch_summary=batch_summary(m.batches, setup.settings.batch_size, m.decode_experts),
+            flops_per_batch=self.flops_per_stage(m.batch_flops),
+        )

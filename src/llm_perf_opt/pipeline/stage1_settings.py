@@ -1,0 +1,130 @@
+"""Stage 1's settings, parsed from the config once at the edge: the effective run settings after device defaults
+(and where each came from), the warm-up a compiled runtime needs, the profiler settings, the settings recorded in
+`metrics.json` and the config's digest."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from llm_perf_opt.config_data import plain
+from llm_perf_opt.data.inputs import InputChoice
+from llm_perf_opt.errors import require_whole
+from llm_perf_opt.output_settings import output_settings
+from llm_perf_opt.records.stage1 import ProfilerSettings, RunSettings, RuntimeRecord
+from llm_perf_opt.session.runtime import RuntimeSettings
+
+
+@attrs.frozen
+class ResolvedSettings:
+    """The effective run settings after device defaults (and where each came from)."""
+
+    repeats: int
+    warmup: int
+    max_new_tokens: int
+    max_images: int | None
+    sampling: str
+    sources: Mapping[str, str]  # key -> "override/config" or "device default (cpu)"
+
+
+ALL = "all"  # dataset.max_images=all: every image, on every device
+
+
+def resolve_settings(cfg: DictConfig, device: torch.device) -> ResolvedSettings:
+    """Explicit values win; unset (null) keys take the device default. Bad values raise UserError."""
+    defaults = cfg.run.device_defaults["cuda" if device.type == "cuda" else "cpu"]
+    chosen: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for key, value in (
+        ("run.repeats", cfg.run.repeats),
+        ("run.warmup", cfg.run.warmup),
+        ("infer.max_new_tokens", cfg.infer.max_new_tokens),
+        ("dataset.max_images", cfg.dataset.max_images),
+        ("dataset.sampling", cfg.dataset.sampling),
+    ):
+        short = key.split(".")[1]
+        if value is None:
+            chosen[short] = defaults[short]
+            sources[key] = f"device default ({device.type})"
+        else:
+            chosen[short] = value
+            sources[key] = "config/override"
+    return ResolvedSettings(
+        repeats=require_whole("run.repeats", chosen["repeats"], 1),
+        warmup=require_whole("run.warmup", chosen["warmup"], 0),
+        max_new_tokens=require_whole("infer.max_new_tokens", chosen["max_new_tokens"], 1),
+        max_images=None  # "all" (or a device default of null): every image
+        if chosen["max_images"] in (None, ALL)
+        else require_whole("dataset.max_images", chosen["max_images"], 1),
+        sampling=str(chosen["sampling"]),
+        sources=sources,
+    )
+
+
+def with_runtime_warmup(settings: ResolvedSettings, runtime: RuntimeSettings) -> ResolvedSettings:
+    """`settings` with at least the warm-up passes `runtime` needs (a compiled step compiles in the first pass of
+    each shape): fewer are raised, and the source of run.warmup says from what and why."""
+    needed = runtime.warmup_needed
+    if settings.warmup >= needed:
+        return settings
+    why = (
+        f"raised from {settings.warmup} ({settings.sources['run.warmup']}): runtime.compile={runtime.compile} "
+        f"(compile_mode {runtime.compile_mode}) needs {needed} warm-up pass(es) per input, or the timed passes "
+        "would include compilation"
+    )
+    return attrs.evolve(settings, warmup=needed, sources={**settings.sources, "run.warmup": why})
+
+
+def config_digest(cfg: DictConfig) -> str:
+    """sha256 of the resolved config (hydra section excluded)."""
+    text = OmegaConf.to_yaml(cfg, resolve=True, sort_keys=True)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def profiler_settings(cfg: DictConfig) -> ProfilerSettings:
+    prof = cfg.pipeline.torch_profiler
+    return ProfilerSettings(
+        enable=bool(prof.enable),
+        decode_steps=int(prof.decode_steps),
+        record_shapes=bool(prof.record_shapes),
+        profile_memory=bool(prof.profile_memory),
+        with_stack=bool(prof.with_stack),
+        with_flops=bool(prof.with_flops),
+        chrome_trace=bool(prof.chrome_trace),
+        top_k=int(prof.top_k),
+    )
+
+
+def run_settings(
+    cfg: DictConfig,
+    settings: ResolvedSettings,
+    runtime: RuntimeSettings,
+    inputs: InputChoice | None,
+    *,
+    measured_passes: int,
+    partial: bool,
+) -> RunSettings:
+    """The run's effective settings as recorded in `metrics.json` (`measured_passes`: timed passes measured)."""
+    return RunSettings(
+        repeats=settings.repeats,
+        warmup=settings.warmup,
+        max_new_tokens=settings.max_new_tokens,
+        max_images=settings.max_images,
+        sources=dict(settings.sources),
+        batch_size=runtime.batch_size,
+        workload_profile=plain(cfg.workload_profile) if cfg.get("workload_profile") else None,
+        partial=partial,
+        input_kind=inputs.kind if inputs else "image",
+        inputs_note=inputs.note if inputs else None,
+        profiler=profiler_settings(cfg),
+        measured_passes=measured_passes,
+        asked_passes=len(inputs.selection.images) * settings.repeats if inputs else None,
+        outputs=output_settings(cfg),
+        runtime=RuntimeRecord(**runtime.as_dict(), label=runtime.label),
+        fill_batches=bool(cfg.run.get("fill_batches", False)),
+    )

@@ -158,19 +158,7 @@ def select_inputs(
     on_error: str = "skip",
 ) -> DatasetSelection:
     """The files of `kind` to run from ``root``, chosen by the rules of :func:`select_images`."""
-    if sampling not in SAMPLINGS:
-        raise UserError(
-            f"dataset.sampling={sampling!r} is not supported",
-            "set dataset.sampling to 'sorted', 'random' or 'smallest'",
-        )
-    if on_error not in ON_ERRORS:
-        raise UserError(f"dataset.on_error={on_error!r} is not supported", "set dataset.on_error to 'skip' or 'fail'")
-    if max_images is not None and max_images < 1:
-        raise UserError(
-            f"dataset.max_images={max_images} must be at least 1",
-            "set it to a positive number or leave it unset",
-        )
-
+    _check_selection_settings(max_images, sampling, on_error)
     root_path = _check_root(root, kind.root_fix)
     discovered = _discover(root_path, kind)
     list_path: Path | None = None
@@ -181,31 +169,10 @@ def select_inputs(
         list_path = _find_filelist(subset_filelist, root_path)
         candidates, repeats = _read_filelist(list_path, root_path)
 
-    if sampling == "random":
-        candidates = list(candidates)
-        random.Random(seed).shuffle(candidates)
-    elif sampling == "smallest":
-        candidates = sorted(candidates, key=kind.size)
-
-    entries: list[ImageEntry | TextEntry] = []
-    skipped: list[SkippedFile] = []
-    fates: list[InputFate] = []
-    for path in candidates:
-        if max_images is not None and len(entries) >= max_images:
-            fates.append(InputFate(path, NOT_SELECTED, _cut_reason(max_images, sampling, seed)))
-            continue
-        entry = _broken_link(path) or kind.probe(path)
-        if not isinstance(entry, str):
-            entries.append(entry)
-            fates.append(InputFate(path, RUN))
-        elif on_error == "fail":
-            raise UserError(
-                f"{path} is not a usable {kind.noun} ({entry})",
-                "replace or remove the file, or set dataset.on_error=skip to skip such files",
-            )
-        else:
-            skipped.append(SkippedFile(path=path, reason=entry))
-            fates.append(InputFate(path, SKIPPED, entry))
+    candidates = _ordered(candidates, kind, sampling, seed)
+    entries, skipped, fates = _probe_in_order(
+        candidates, kind, max_images, on_error, _cut_reason(max_images, sampling, seed)
+    )
     fates.extend(repeats)
     if list_path is not None:
         listed = set(candidates)
@@ -233,7 +200,61 @@ def select_inputs(
     )
 
 
-def _cut_reason(max_images: int, sampling: str, seed: int) -> str:
+def _check_selection_settings(max_images: int | None, sampling: str, on_error: str) -> None:
+    """UserError for a sampling, error policy or image count the selection does not take."""
+    if sampling not in SAMPLINGS:
+        raise UserError(
+            f"dataset.sampling={sampling!r} is not supported",
+            "set dataset.sampling to 'sorted', 'random' or 'smallest'",
+        )
+    if on_error not in ON_ERRORS:
+        raise UserError(f"dataset.on_error={on_error!r} is not supported", "set dataset.on_error to 'skip' or 'fail'")
+    if max_images is not None and max_images < 1:
+        raise UserError(
+            f"dataset.max_images={max_images} must be at least 1",
+            "set it to a positive number or leave it unset",
+        )
+
+
+def _ordered(candidates: list[Path], kind: InputKind, sampling: str, seed: int) -> list[Path]:
+    """The candidates in the order the sampling takes them."""
+    if sampling == "random":
+        shuffled = list(candidates)
+        random.Random(seed).shuffle(shuffled)
+        return shuffled
+    if sampling == "smallest":
+        return sorted(candidates, key=kind.size)
+    return candidates
+
+
+def _probe_in_order(
+    candidates: list[Path], kind: InputKind, max_images: int | None, on_error: str, cut_reason: str
+) -> tuple[list[ImageEntry | TextEntry], list[SkippedFile], list[InputFate]]:
+    """Probe the candidates in order until `max_images` are usable: the usable entries, the skipped files and every
+    candidate's fate (run, skipped, or not selected once enough were found)."""
+    entries: list[ImageEntry | TextEntry] = []
+    skipped: list[SkippedFile] = []
+    fates: list[InputFate] = []
+    for path in candidates:
+        if max_images is not None and len(entries) >= max_images:
+            fates.append(InputFate(path, NOT_SELECTED, cut_reason))
+            continue
+        entry = _broken_link(path) or kind.probe(path)
+        if not isinstance(entry, str):
+            entries.append(entry)
+            fates.append(InputFate(path, RUN))
+        elif on_error == "fail":
+            raise UserError(
+                f"{path} is not a usable {kind.noun} ({entry})",
+                "replace or remove the file, or set dataset.on_error=skip to skip such files",
+            )
+        else:
+            skipped.append(SkippedFile(path=path, reason=entry))
+            fates.append(InputFate(path, SKIPPED, entry))
+    return entries, skipped, fates
+
+
+def _cut_reason(max_images: int | None, sampling: str, seed: int) -> str:
     order = {"sorted": "in order", "random": f"after shuffling with seed {seed}", "smallest": "smallest first"}
     return f"dataset.max_images={max_images} reached (dataset.sampling={sampling}: {order[sampling]})"
 

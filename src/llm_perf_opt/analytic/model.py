@@ -259,8 +259,9 @@ def _mlp(
 
 
 def _sam(spec: ModelSpec, side_px: int, batch: int, db: int) -> list[ModuleCost]:
+    """SAM ViT-B over a `side_px` view (`batch` views at once): patch embedding, the blocks, the neck."""
     sam = spec.sam
-    h, hd = sam.hidden, sam.head_dim
+    h = sam.hidden
     g = spec.sam_grid(side_px)
     n = batch * g * g  # positions over the batch
     out: list[ModuleCost] = [
@@ -270,81 +271,102 @@ def _sam(spec: ModelSpec, side_px: int, batch: int, db: int) -> list[ModuleCost]
         pos_grid = sam.image_size // sam.patch
         out.append(_abs_pos("sam.pos_embed", n * h, g * g if g != pos_grid else 0, pos_grid * pos_grid, h, db))
     for i in range(sam.layers):
-        p = f"sam.layers.{i}."
-        padded = g
-        if sam.is_global(i):
-            side, windows, table = g, batch, sam.image_size // sam.patch
-        else:
-            side = table = sam.window
-            padded = spec.windowed_grid(side_px)
-            windows = batch * (padded // sam.window) ** 2
-        seq = side * side
-        tokens = windows * seq  # positions attention runs over (the padded grid for windowed blocks)
-        scores = float(windows * sam.heads * seq * seq)
-        windowed = not sam.is_global(i)
-        padded_grid = windowed and padded > g
-        split = windows > 1  # more than one attention batch: q/k/v and the output are laid out by copies
-        # the residual stream keeps the strides of patch_embed's permuted NCHW output, so layer_norm copies it
-        out.append(_move(p + "layer_norm1.contiguous", n * h, db))
-        out.append(_norm(p + "layer_norm1", n * h, h, db, bias=True))
-        if windowed:
-            # F.pad: a zero-filled padded grid and the copy of the g x g positions into it (a clone when unpadded)
-            fill = tokens if padded_grid else 0
-            out.append(ModuleCost(p + "window_pad", "other", activation_bytes=(2.0 * n + fill) * h * db))
-            out.append(_move(p + "window_partition", tokens * h, db))
-        out.append(_linear(p + "attn.qkv", tokens, h, 3 * h, db, bias=sam.qkv_bias))
-        if split:
-            # .reshape(b, N, 3, heads, d).permute(2, 0, 3, 1, 4).reshape(3, b·heads, N, d) cannot be a view
-            out.append(_move(p + "attn.qkv_split", 3.0 * tokens * h, db))
-        bias_read = 0.0
-        if sam.use_rel_pos:
-            # rel_h = einsum("bhwc,hkc->bhwk"), rel_w likewise: windows·heads·side³·head_dim MACs each
-            rel = float(windows * sam.heads * side**3)
-            # einsum lays the query out for its bmm: one copy (rel_h) after the split, two on the strided view
-            out.append(_move(p + "attn.rel_pos.query_copy", (1.0 if split else 2.0) * tokens * h, db))
-            out.append(
-                ModuleCost(
-                    p + "attn.rel_pos",
-                    "attention",
-                    flops=2.0 * 2.0 * rel * hd,
-                    # the stored tables (interpolated to 2·side − 1 rows when a global grid is not the
-                    # pretraining one)
-                    weight_bytes=2.0 * (2 * table - 1) * hd * db,
-                    activation_bytes=(tokens * h + 2.0 * rel) * db,
-                )
+        out += _sam_block(spec, i, side_px, batch, db)
+    return out + _sam_neck(spec, side_px, batch, db)
+
+
+def _sam_block(spec: ModelSpec, i: int, side_px: int, batch: int, db: int) -> list[ModuleCost]:
+    """SAM block `i` over a `side_px` view: windowed or global attention with the relative-position bias, the MLP,
+    and the layout copies the implementation makes."""
+    sam = spec.sam
+    h, hd = sam.hidden, sam.head_dim
+    g = spec.sam_grid(side_px)
+    n = batch * g * g  # positions over the batch
+    out: list[ModuleCost] = []
+    p = f"sam.layers.{i}."
+    padded = g
+    if sam.is_global(i):
+        side, windows, table = g, batch, sam.image_size // sam.patch
+    else:
+        side = table = sam.window
+        padded = spec.windowed_grid(side_px)
+        windows = batch * (padded // sam.window) ** 2
+    seq = side * side
+    tokens = windows * seq  # positions attention runs over (the padded grid for windowed blocks)
+    scores = float(windows * sam.heads * seq * seq)
+    windowed = not sam.is_global(i)
+    padded_grid = windowed and padded > g
+    split = windows > 1  # more than one attention batch: q/k/v and the output are laid out by copies
+    # the residual stream keeps the strides of patch_embed's permuted NCHW output, so layer_norm copies it
+    out.append(_move(p + "layer_norm1.contiguous", n * h, db))
+    out.append(_norm(p + "layer_norm1", n * h, h, db, bias=True))
+    if windowed:
+        # F.pad: a zero-filled padded grid and the copy of the g x g positions into it (a clone when unpadded)
+        fill = tokens if padded_grid else 0
+        out.append(ModuleCost(p + "window_pad", "other", activation_bytes=(2.0 * n + fill) * h * db))
+        out.append(_move(p + "window_partition", tokens * h, db))
+    out.append(_linear(p + "attn.qkv", tokens, h, 3 * h, db, bias=sam.qkv_bias))
+    if split:
+        # .reshape(b, N, 3, heads, d).permute(2, 0, 3, 1, 4).reshape(3, b·heads, N, d) cannot be a view
+        out.append(_move(p + "attn.qkv_split", 3.0 * tokens * h, db))
+    bias_read = 0.0
+    if sam.use_rel_pos:
+        # rel_h = einsum("bhwc,hkc->bhwk"), rel_w likewise: windows·heads·side³·head_dim MACs each
+        rel = float(windows * sam.heads * side**3)
+        # einsum lays the query out for its bmm: one copy (rel_h) after the split, two on the strided view
+        out.append(_move(p + "attn.rel_pos.query_copy", (1.0 if split else 2.0) * tokens * h, db))
+        out.append(
+            ModuleCost(
+                p + "attn.rel_pos",
+                "attention",
+                flops=2.0 * 2.0 * rel * hd,
+                # the stored tables (interpolated to 2·side − 1 rows when a global grid is not the
+                # pretraining one)
+                weight_bytes=2.0 * (2 * table - 1) * hd * db,
+                activation_bytes=(tokens * h + 2.0 * rel) * db,
             )
-            # rel_h[..., None] + rel_w[..., None, :]: the (windows, heads, seq, seq) bias SDPA takes as attn_mask
-            out.append(
-                ModuleCost(
-                    p + "attn.rel_pos_bias",
-                    "elementwise",
-                    flops=float(ADD_FLOPS) * scores,
-                    activation_bytes=(2.0 * rel + scores) * db,
-                )
+        )
+        # rel_h[..., None] + rel_w[..., None, :]: the (windows, heads, seq, seq) bias SDPA takes as attn_mask
+        out.append(
+            ModuleCost(
+                p + "attn.rel_pos_bias",
+                "elementwise",
+                flops=float(ADD_FLOPS) * scores,
+                activation_bytes=(2.0 * rel + scores) * db,
             )
-            # the sum keeps the einsum outputs' permuted strides, so .reshape(b, heads, N, N) copies all of it
-            out.append(_move(p + "attn.rel_pos_bias.reshape", scores, db))
-            bias_read = scores
-        out.append(_sdpa(p + "attn.sdpa", scores, hd, (4.0 * tokens * h + bias_read) * db))
-        out.append(ModuleCost(p + "attn.softmax", "elementwise", flops=float(SOFTMAX_FLOPS) * scores))
-        if split:
-            # the (b, heads, N, d) output .permute(0, 2, 3, 1, 4).reshape(b, h, w, heads·d) for proj
-            out.append(_move(p + "attn.merge_heads", tokens * h, db))
-        out.append(_linear(p + "attn.proj", tokens, h, h, db, bias=True))
-        if windowed:
-            out.append(_move(p + "window_unpartition", tokens * h, db))
-            if padded_grid:
-                out.append(_move(p + "window_crop", n * h, db))  # [:, :g, :g].contiguous()
-        out.append(_eltwise(p + "residual1", n * h, ADD_FLOPS, db, reads=2))
-        out.append(_move(p + "layer_norm2.contiguous", n * h, db))
-        out.append(_norm(p + "layer_norm2", n * h, h, db, bias=True))
-        out += _mlp(p + "mlp.", n, h, sam.mlp_dim, GELU_FLOPS, db, ("lin1", "lin2"))
-        out.append(_eltwise(p + "residual2", n * h, ADD_FLOPS, db, reads=2))
+        )
+        # the sum keeps the einsum outputs' permuted strides, so .reshape(b, heads, N, N) copies all of it
+        out.append(_move(p + "attn.rel_pos_bias.reshape", scores, db))
+        bias_read = scores
+    out.append(_sdpa(p + "attn.sdpa", scores, hd, (4.0 * tokens * h + bias_read) * db))
+    out.append(ModuleCost(p + "attn.softmax", "elementwise", flops=float(SOFTMAX_FLOPS) * scores))
+    if split:
+        # the (b, heads, N, d) output .permute(0, 2, 3, 1, 4).reshape(b, h, w, heads·d) for proj
+        out.append(_move(p + "attn.merge_heads", tokens * h, db))
+    out.append(_linear(p + "attn.proj", tokens, h, h, db, bias=True))
+    if windowed:
+        out.append(_move(p + "window_unpartition", tokens * h, db))
+        if padded_grid:
+            out.append(_move(p + "window_crop", n * h, db))  # [:, :g, :g].contiguous()
+    out.append(_eltwise(p + "residual1", n * h, ADD_FLOPS, db, reads=2))
+    out.append(_move(p + "layer_norm2.contiguous", n * h, db))
+    out.append(_norm(p + "layer_norm2", n * h, h, db, bias=True))
+    out += _mlp(p + "mlp.", n, h, sam.mlp_dim, GELU_FLOPS, db, ("lin1", "lin2"))
+    out.append(_eltwise(p + "residual2", n * h, ADD_FLOPS, db, reads=2))
+    return out
+
+
+def _sam_neck(spec: ModelSpec, side_px: int, batch: int, db: int) -> list[ModuleCost]:
+    """SAM's neck and its two downsampling convolutions."""
+    sam = spec.sam
+    h = sam.hidden
+    g = spec.sam_grid(side_px)
+    n = batch * g * g
     c = sam.out_channels
     g2 = (g - 1) // 2 + 1
     g3 = (g2 - 1) // 2 + 1
     d0, d1 = sam.downsample_channels
-    out += [
+    return [
         _conv("sam.neck.conv1", batch, g, h, c, 1, g, db, bias=False),
         _norm("sam.neck.layer_norm1", n * c, c, db, bias=True),
         _conv("sam.neck.conv2", batch, g, c, c, 3, g, db, bias=False),
@@ -352,7 +374,6 @@ def _sam(spec: ModelSpec, side_px: int, batch: int, db: int) -> list[ModuleCost]
         _conv("sam.net_2", batch, g2, c, d0, 3, g, db, bias=False),
         _conv("sam.net_3", batch, g3, d0, d1, 3, g2, db, bias=False),
     ]
-    return out
 
 
 def _qwen2_encoder(spec: ModelSpec, enc: EncoderSpec, side_px: int, batch: int, db: int) -> list[ModuleCost]:

@@ -286,9 +286,6 @@ def profile_image(
 ) -> OperatorTable:
     """Run one input (or, for a batched run, its first batch: `paths`) under the profiler (prefill + `decode_steps`
     decode steps) and build its operator table."""
-    activities = [ProfilerActivity.CPU]
-    if session.device.type == "cuda":
-        activities.append(ProfilerActivity.CUDA)
     batch = [session.prepare(path) for path in paths]
 
     def forward(recorder: StageRecorder) -> None:
@@ -301,6 +298,57 @@ def profile_image(
         # The profiled pass decodes fewer tokens than the timed passes, so a static cache of another length: its
         # compilation and CUDA-graph capture happen here, untimed and unprofiled, so the profile shows steady state.
         forward(NullRecorder(session.device))
+    prof, everything, started = _profiled_pass(
+        session.device,
+        forward,
+        record_shapes=record_shapes,
+        profile_memory=profile_memory,
+        with_stack=with_stack,
+        with_flops=with_flops,
+    )
+    events = _operator_events(everything)
+    on_cuda = session.device.type == "cuda"
+    sort_key = "self_device_ms" if on_cuda else "self_cpu_ms"
+    by_stage_events: dict[str, list[Any]] = {}
+    for ev in events:
+        by_stage_events.setdefault(_stage_of(ev) or "other", []).append(ev)
+
+    def details() -> _Details | None:  # a fresh accumulator per table
+        if not (record_shapes or profile_memory or with_stack):
+            return None
+        return _Details(shapes=record_shapes, memory=profile_memory, device=on_cuda, stacks=with_stack)
+
+    table_overall = _aggregate(events, sort_key, details=details())
+    by_stage = {stage: _aggregate(evs, sort_key, details=details()) for stage, evs in by_stage_events.items()}
+    written = _write_trace(prof, trace_path) if trace_path is not None else None
+    return OperatorTable(
+        sort_key=sort_key,
+        overall=table_overall,
+        kernels=_aggregate(_kernel_events(everything), "self_device_ms", short_kernel_name),
+        by_stage=by_stage,
+        events=len(events),
+        decode_steps=decode_steps,
+        postprocess_s=time.perf_counter() - started,
+        trace_path=written,
+        activity=kernel_activity(everything) if on_cuda else None,
+    )
+
+
+def _profiled_pass(
+    device: torch.device,
+    forward: Callable[[StageRecorder], None],
+    *,
+    record_shapes: bool,
+    profile_memory: bool,
+    with_stack: bool,
+    with_flops: bool,
+) -> tuple[Any, Any, float]:
+    """Profile one `forward` pass: the profiler, its events and when reading them started (the post-processing
+    clock). torch's Python tracer (with_stack) now and then garbles one frame name, mostly on a process's first
+    profile; the events cannot be read then, so the pass is profiled again, up to PROFILE_ATTEMPTS times."""
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
     for attempt in range(1, PROFILE_ATTEMPTS + 1):
         with profile(
             activities=activities,
@@ -309,65 +357,44 @@ def profile_image(
             with_stack=with_stack,
             with_flops=with_flops,
         ) as prof:
-            forward(_ProfilerLabels(session.device))
-            if session.device.type == "cuda":
-                torch.cuda.synchronize(session.device)
+            forward(_ProfilerLabels(device))
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
         started = time.perf_counter()
         try:
-            everything = prof.events()
-            break
+            return prof, prof.events(), started
         except UnicodeDecodeError as err:
-            # torch's Python tracer (with_stack) now and then garbles one frame name, mostly on a process's first
-            # profile; the events cannot be read then, so the pass is profiled again.
             if attempt == PROFILE_ATTEMPTS:
                 raise UserError(
                     f"torch.profiler returned an unreadable event name in {PROFILE_ATTEMPTS} profiled passes ({err})",
                     "set pipeline.torch_profiler.with_stack=false (the Python frame names are what it garbles)",
                 ) from err
             log.warning("profiled pass %d: torch.profiler garbled an event name (%s); profiling it again", attempt, err)
-    # Host-side operators only: a kernel also appears as its own device event, and counting both would add
-    # its time twice. The kernels get their own table.
-    events = [
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _operator_events(everything: Any) -> list[Any]:
+    """Host-side operators only: a kernel also appears as its own device event, and counting both would add its
+    time twice (the kernels get their own table); stage labels and Python frames (with_stack) are no operators."""
+    return [
         ev
         for ev in everything
         if ev.device_type == DeviceType.CPU
         and not ev.name.startswith(STAGE_LABEL_PREFIX)
-        and not getattr(ev, "is_python_function", False)  # with_stack: Python frames are call sites, not operators
+        and not getattr(ev, "is_python_function", False)
     ]
-    # Device-side copies of the stage labels are annotations, not kernels.
-    kernel_events = [
-        ev for ev in everything if ev.device_type == DeviceType.CUDA and not ev.name.startswith(STAGE_LABEL_PREFIX)
-    ]
-    sort_key = "self_device_ms" if session.device.type == "cuda" else "self_cpu_ms"
-    by_stage_events: dict[str, list[Any]] = {}
-    for ev in events:
-        by_stage_events.setdefault(_stage_of(ev) or "other", []).append(ev)
 
-    def details() -> _Details | None:
-        if not (record_shapes or profile_memory or with_stack):
-            return None
-        return _Details(
-            shapes=record_shapes, memory=profile_memory, device=session.device.type == "cuda", stacks=with_stack
-        )
 
-    table_overall = _aggregate(events, sort_key, details=details())
-    by_stage = {stage: _aggregate(evs, sort_key, details=details()) for stage, evs in by_stage_events.items()}
-    written: str | None = None
-    if trace_path is not None:
-        raw = trace_path.with_suffix("")  # foo.json.gz -> foo.json
-        prof.export_chrome_trace(str(raw))
-        with raw.open("rb") as src, gzip.open(trace_path, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        raw.unlink()
-        written = str(trace_path)
-    return OperatorTable(
-        sort_key=sort_key,
-        overall=table_overall,
-        kernels=_aggregate(kernel_events, "self_device_ms", short_kernel_name),
-        by_stage=by_stage,
-        events=len(events),
-        decode_steps=decode_steps,
-        postprocess_s=time.perf_counter() - started,
-        trace_path=written,
-        activity=kernel_activity(everything) if session.device.type == "cuda" else None,
-    )
+def _kernel_events(everything: Any) -> list[Any]:
+    """Device-side events, less the device copies of the stage labels (annotations, not kernels)."""
+    return [ev for ev in everything if ev.device_type == DeviceType.CUDA and not ev.name.startswith(STAGE_LABEL_PREFIX)]
+
+
+def _write_trace(prof: Any, trace_path: Path) -> str:
+    """The profiled pass as a gzipped Chrome trace at `trace_path` (foo.json.gz)."""
+    raw = trace_path.with_suffix("")  # foo.json.gz -> foo.json
+    prof.export_chrome_trace(str(raw))
+    with raw.open("rb") as src, gzip.open(trace_path, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    raw.unlink()
+    return str(trace_path)

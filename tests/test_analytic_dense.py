@@ -37,10 +37,6 @@ def _prompt(tmp_path: Path, words: int) -> Any:
     return path
 
 
-def _rope_table_flops(session: InferenceSession, tokens: int) -> int:
-    return rope_table_flops(session.model, tokens)
-
-
 @pytest.mark.parametrize("words", [1, 37, 300])
 def test_flops_equal_the_counter_exactly(session: InferenceSession, tmp_path: Path, words: int) -> None:
     prepared = session.prepare(_prompt(tmp_path, words))
@@ -49,12 +45,12 @@ def test_flops_equal_the_counter_exactly(session: InferenceSession, tmp_path: Pa
     spec = DenseSpec.from_config(session.model.config)
     assert spec is not None
     p = prepared.prompt_tokens
-    assert prefill(spec, p, 4).matmul_flops + _rope_table_flops(session, p) == counted.prefill
+    assert prefill(spec, p, 4).matmul_flops + rope_table_flops(session.model, p) == counted.prefill
     # the counter's affine decode model (fitted on steps 1 and 2) against the analytic steps
     ctx = p + 1
     per_ctx = decode_step(spec, ctx + 1, 4).matmul_flops - decode_step(spec, ctx, 4).matmul_flops
     assert per_ctx == counted.decode_step_per_ctx == 4 * spec.heads * spec.head_dim * spec.layers
-    rope_step = _rope_table_flops(session, 1)
+    rope_step = rope_table_flops(session.model, 1)
     assert decode_step(spec, ctx, 4).matmul_flops - per_ctx * ctx + rope_step == counted.decode_step_base
     steps = NEW_TOKENS - 1  # the first new token comes from prefill
     assert decode(spec, p, NEW_TOKENS, 4).matmul_flops + steps * rope_step == counted.decode_total(NEW_TOKENS)
@@ -81,7 +77,8 @@ def test_decode_step_matches_an_independent_count(session: InferenceSession, cac
             use_cache=True,
             logits_to_keep=1,
         )
-    assert decode_step(spec, cached + 1, 4).matmul_flops + _rope_table_flops(session, 1) == counter.get_total_flops()
+    rope = rope_table_flops(session.model, 1)
+    assert decode_step(spec, cached + 1, 4).matmul_flops + rope == counter.get_total_flops()
 
 
 def test_bytes_match_the_built_model(session: InferenceSession) -> None:

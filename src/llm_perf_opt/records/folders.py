@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -125,19 +125,19 @@ def unfinished_text(status: RunStatus) -> str | None:
 
 def read_env(run_dir: Path) -> dict[str, Any]:
     """`env.json` (machine and software versions) as data; empty when the folder has none."""
-    path = Path(run_dir) / ENV_FILE
-    if not path.is_file():
-        return {}
-    data = read_json(path)
-    return dict(data) if isinstance(data, dict) else {}
+    return _read_mapping(Path(run_dir) / ENV_FILE, read_json)
 
 
 def read_config(run_dir: Path) -> dict[str, Any]:
     """`config.yaml` (the resolved configuration) as data; empty when the folder has none."""
-    path = Path(run_dir) / CONFIG_FILE
+    return _read_mapping(Path(run_dir) / CONFIG_FILE, read_yaml)
+
+
+def _read_mapping(path: Path, read: Callable[[Path], Any]) -> dict[str, Any]:
+    """The mapping a file holds, read by `read`; empty when the file is missing or holds no mapping."""
     if not path.is_file():
         return {}
-    data = read_yaml(path)
+    data = read(path)
     return dict(data) if isinstance(data, dict) else {}
 
 

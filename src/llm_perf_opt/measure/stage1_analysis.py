@@ -22,11 +22,13 @@ from llm_perf_opt.measure.aggregate import batch_summary, stage_stats, throughpu
 from llm_perf_opt.measure.efficiency import efficiency_by_stage
 from llm_perf_opt.measure.flops import FLOP_SOURCE, GROUPED_MM_FALLBACK_OP, StageFlops
 from llm_perf_opt.measure.mfu import TimedPass, mfu_by_stage
+from llm_perf_opt.measure.module_floors import module_attribution
 from llm_perf_opt.measure.routing import RoutingTrace, summarize_routing
 from llm_perf_opt.measure.torch_profiler import OperatorTable
 from llm_perf_opt.measure.variation import high_variation, stage_variation
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.common import SCHEMA_VERSION, PeakFigure
+from llm_perf_opt.records.modules import ModuleAttribution
 from llm_perf_opt.records.stage1 import (
     BatchRecord,
     CompileEvent,
@@ -321,6 +323,30 @@ class Stage1Analysis:
             activity=ops.activity,
         )
 
+    def modules(self, compute: PeakFigure | None, bandwidth: PeakFigure | None) -> ModuleAttribution | None:
+        """The profiled pass's kernel time by module, beside each module's analytic floor (priced for the profiled
+        input or batch, the first run; a decode step as the mean step of its timed decode)."""
+        ops = self.measured.operators
+        if ops is None or ops.modules is None:
+            return None
+        forwards = self.forwards()
+        first = forwards.passes[0] if forwards.passes else None
+        costs = forwards.costs.get(first.cost_key) if first is not None else None
+        note = None
+        if compute is not None and bandwidth is not None:
+            note = (
+                f"max(FLOPs / {compute.value / 1e12:.0f} TFLOP/s, bytes / {bandwidth.value / 1e9:.0f} GB/s) per "
+                f"priced op ({compute.source}; {bandwidth.source})"
+            )
+        return module_attribution(
+            ops.modules,
+            costs,
+            decode_steps=max(first.new_tokens - 1, 1) if first is not None else 1,
+            peak_flops=compute.value if compute else None,
+            bandwidth=bandwidth.value if bandwidth else None,
+            peaks_note=note,
+        )
+
     def metrics(self) -> Stage1Metrics:
         """Everything the Stage 1 reports show (`metrics.json`)."""
         m, setup = self.measured, self.setup
@@ -356,4 +382,5 @@ class Stage1Analysis:
             batches=tuple(m.batches),
             batch_summary=batch_summary(m.batches, setup.settings.batch_size, m.decode_experts),
             flops_per_batch=self.flops_per_stage(m.batch_flops),
+            modules=self.modules(peak, bandwidth),
         )

@@ -25,13 +25,16 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.kernel_names import short_kernel_name
 from llm_perf_opt.measure.kernel_activity import PREFILL_STEP, KernelSpan, decode_activity
+from llm_perf_opt.measure.module_attribution import CompiledResolver, module_times
+from llm_perf_opt.measure.module_ranges import module_ranges, module_types
+from llm_perf_opt.measure.profiler_labels import LABEL_PREFIXES, STAGE_LABEL_PREFIX
 from llm_perf_opt.measure.timing import NullRecorder, StageRecorder
 from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records.modules import ModuleTimes
 from llm_perf_opt.records.stage1 import CallSite, DecodeActivity, OperatorRow, OperatorTable, ShapeGroup
 
 log = logging.getLogger(__name__)
 
-STAGE_LABEL_PREFIX = "stage:"
 PROFILE_ATTEMPTS = 3  # profiled passes tried when torch cannot read back its own events
 SHAPE_GROUPS = 3  # input-shape groups kept per operator
 CALL_SITES = 2  # call sites kept per operator
@@ -216,11 +219,8 @@ def _is_kernel(ev: Any) -> bool:
     kind = getattr(ev, "activity_type", None)
     if kind:
         return bool(kind == "kernel")
-    return (
-        ev.device_type == DeviceType.CUDA
-        and not ev.name.startswith(STAGE_LABEL_PREFIX)
-        and not _NOT_KERNEL.match(ev.name)
-    )
+    on_gpu = ev.device_type == DeviceType.CUDA
+    return on_gpu and not ev.name.startswith(LABEL_PREFIXES) and not _NOT_KERNEL.match(ev.name)
 
 
 def _is_launch(ev: Any) -> bool:
@@ -283,9 +283,13 @@ def profile_image(
     with_stack: bool,
     with_flops: bool,
     trace_path: Path | None,
+    modules: bool = False,
+    compiled: CompiledResolver | None = None,
+    compiled_method: str = "",
 ) -> OperatorTable:
     """Run one input (or, for a batched run, its first batch: `paths`) under the profiler (prefill + `decode_steps`
-    decode steps) and build its operator table."""
+    decode steps) and build its operator table; with `modules`, the kernel time by module too (module ranges
+    around every forward; kernels outside them, e.g. CUDA-graph replays, to `compiled` when given)."""
     batch = [session.prepare(path) for path in paths]
 
     def forward(recorder: StageRecorder) -> None:
@@ -298,9 +302,16 @@ def profile_image(
         # The profiled pass decodes fewer tokens than the timed passes, so a static cache of another length: its
         # compilation and CUDA-graph capture happen here, untimed and unprofiled, so the profile shows steady state.
         forward(NullRecorder(session.device))
+
+    def forward_in_ranges(recorder: StageRecorder) -> None:
+        with module_ranges(session.model) as ranges:
+            forward(recorder)
+        refused.extend(ranges.refused)
+
+    refused: list[str] = []
     prof, everything, started = _profiled_pass(
         session.device,
-        forward,
+        forward_in_ranges if modules else forward,
         record_shapes=record_shapes,
         profile_memory=profile_memory,
         with_stack=with_stack,
@@ -331,6 +342,30 @@ def profile_image(
         postprocess_s=time.perf_counter() - started,
         trace_path=written,
         activity=kernel_activity(everything) if on_cuda else None,
+        modules=_module_times(session, everything, on_cuda, compiled, compiled_method, refused) if modules else None,
+    )
+
+
+def _module_times(
+    session: Any,
+    everything: Any,
+    on_cuda: bool,
+    compiled: CompiledResolver | None,
+    compiled_method: str,
+    refused: Sequence[str],
+) -> ModuleTimes:
+    notes = (
+        [f"{len(refused)} modules took no hooks (their kernels go to their parent): {refused[0]}"] if refused else []
+    )
+    return module_times(
+        everything,
+        on_cuda=on_cuda,
+        is_kernel=_is_kernel,
+        types=module_types(session.model),
+        roots=session.adapter.analytic_module_roots(session.model),
+        compiled=compiled,
+        compiled_method=compiled_method,
+        notes=notes,
     )
 
 
@@ -380,14 +415,14 @@ def _operator_events(everything: Any) -> list[Any]:
         ev
         for ev in everything
         if ev.device_type == DeviceType.CPU
-        and not ev.name.startswith(STAGE_LABEL_PREFIX)
+        and not ev.name.startswith(LABEL_PREFIXES)
         and not getattr(ev, "is_python_function", False)
     ]
 
 
 def _kernel_events(everything: Any) -> list[Any]:
-    """Device-side events, less the device copies of the stage labels (annotations, not kernels)."""
-    return [ev for ev in everything if ev.device_type == DeviceType.CUDA and not ev.name.startswith(STAGE_LABEL_PREFIX)]
+    """Device-side events, less the device copies of the stage and module labels (annotations, not kernels)."""
+    return [ev for ev in everything if ev.device_type == DeviceType.CUDA and not ev.name.startswith(LABEL_PREFIXES)]
 
 
 def _write_trace(prof: Any, trace_path: Path) -> str:

@@ -214,6 +214,7 @@ class Stage1Run:
                     with_stack=bool(prof.with_stack),
                     with_flops=bool(prof.with_flops),
                     trace_path=trace,
+                    modules=bool(prof.get("modules", False)),
                 )
             if trace is not None:
                 self.art.record("torch_profiler/trace.json.gz")

@@ -97,6 +97,7 @@ def profiler_settings(cfg: DictConfig) -> ProfilerSettings:
         with_flops=bool(prof.with_flops),
         chrome_trace=bool(prof.chrome_trace),
         top_k=int(prof.top_k),
+        modules=bool(prof.get("modules", False)),
     )
 
 

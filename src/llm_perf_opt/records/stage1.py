@@ -9,6 +9,7 @@ from typing import Any
 import attrs
 
 from llm_perf_opt.records.common import PeakFigure, Summary
+from llm_perf_opt.records.modules import ModuleAttribution, ModuleTimes
 
 BYTES_SOURCE = "analytic model (llm_perf_opt.analytic): weights read + activations + KV cache"
 
@@ -313,6 +314,7 @@ class OperatorTable:
     postprocess_s: float
     trace_path: str | None
     activity: DecodeActivity | None = None  # CUDA runs: kernels and GPU busy time per decode step
+    modules: ModuleTimes | None = None  # pipeline.torch_profiler.modules: kernel time by module and stage
 
 
 @attrs.frozen
@@ -338,6 +340,7 @@ class ProfilerSettings:
     with_flops: bool = False
     chrome_trace: bool = False
     top_k: int = 0
+    modules: bool = False  # kernel time by module (module ranges in the profiled pass)
 
 
 @attrs.frozen
@@ -552,6 +555,7 @@ class Stage1Metrics:
     batches: tuple[BatchRecord, ...] = ()
     batch_summary: BatchSummary | None = None
     flops_per_batch: Mapping[str, Mapping[str, float]] = attrs.field(factory=dict)  # batch key -> stage -> FLOPs
+    modules: ModuleAttribution | None = None  # the profiled pass's kernel time by module, beside each module's floor
 
     @property
     def vision_stages(self) -> tuple[str, ...]:

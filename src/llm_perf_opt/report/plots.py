@@ -395,6 +395,9 @@ def write_plots(plots: Mapping[str, Callable[[Any, Path], Path | None]], source:
     return out
 
 
-def write_stage1_plots(m: Metrics, folder: Path) -> dict[str, Path]:
-    """Every Stage 1 plot that applies, as `folder/plots/<name>.png`; returns name -> path."""
-    return write_plots(PLOTS, m, folder)
+def write_stage1_plots(
+    m: Metrics, folder: Path, extra: Mapping[str, Callable[[Any, Path], Path | None]] | None = None
+) -> dict[str, Path]:
+    """Every Stage 1 plot that applies (`PLOTS`, then `extra`), as `folder/plots/<name>.png`; returns name ->
+    path."""
+    return write_plots({**PLOTS, **(extra or {})}, m, folder)

@@ -31,6 +31,7 @@ from llm_perf_opt.records.stage1 import (
 from llm_perf_opt.records.whatif import WhatIfRecord
 from llm_perf_opt.report import batches, gallery
 from llm_perf_opt.report.markdown import Doc, flops, link, ms, num_bytes, pct
+from llm_perf_opt.report.modules_report import modules_md, modules_plot, modules_section
 from llm_perf_opt.report.plots import write_stage1_plots
 from llm_perf_opt.report.recommendations import key_findings, recommendations
 
@@ -630,6 +631,15 @@ def _top_operators_section(doc: Doc, r: _Report) -> None:
     r.plot(doc, "operator_shares", "Operator time shares")
 
 
+def _modules_section(doc: Doc, r: _Report) -> None:
+    if r.m.modules is not None:
+        modules_section(doc, r.m.modules, r.plots.get("modules"))
+
+
+def _modules_plot(m: Stage1Metrics, path: Path) -> Path | None:
+    return modules_plot(m.modules, path) if m.modules is not None else None
+
+
 def _files_section(doc: Doc, r: _Report) -> None:
     _fates_section(doc, r.inputs)
     doc.h2("Files")
@@ -648,6 +658,7 @@ REPORT_SECTIONS: tuple[Callable[[Doc, _Report], None], ...] = (
     _mfu_section,
     _speed_of_light_section,
     _measured_peaks_of_run,
+    _modules_section,
     _top_operators_section,
     _files_section,
 )
@@ -796,7 +807,8 @@ def assumptions_md(m: Stage1Metrics, inputs: InputsManifest) -> str:
         [
             f"Torch profiler: {'on' if prof.enable else 'off'}; decode steps profiled: {prof.decode_steps}; "
             f"record_shapes={prof.record_shapes}, profile_memory={prof.profile_memory}, with_stack={prof.with_stack}, "
-            f"with_flops={prof.with_flops}, chrome_trace={prof.chrome_trace}",
+            f"with_flops={prof.with_flops}, chrome_trace={prof.chrome_trace}"
+            + (", modules=True" if prof.modules else ""),
             "NVTX ranges (domain llm_perf_opt): preprocess, prefill, "
             + "".join(f"{st.stage}, " for st in m.stages if vocab.is_vision(st.stage))
             + "decode, decode/step",
@@ -889,7 +901,9 @@ def write_all(
     art.write_text("stakeholder_summary.md", stakeholder_md(m, whatif))
     art.write_text("assumptions.md", assumptions_md(m, inputs))
     write_gallery(art, m, inputs, predictions, m.settings.outputs)
-    written = write_stage1_plots(m, art.run_dir)
+    if m.modules is not None:
+        art.write_text("modules.md", modules_md(m.modules, f"{m.model.name} on {m.device.name}"))
+    written = write_stage1_plots(m, art.run_dir, {"modules": _modules_plot})
     for path in written.values():
         art.record(str(path.relative_to(art.run_dir)))
     plots = {name: str(path.relative_to(art.run_dir)) for name, path in written.items()}

@@ -58,6 +58,12 @@ class LoadedModel:
     config_source: str  # where the architecture came from
 
 
+def present_roots(model: nn.Module, roots: Mapping[str, str]) -> dict[str, str]:
+    """The entries of `roots` whose module path exists in `model` ("" is the model itself)."""
+    paths = {name for name, _ in model.named_modules()}
+    return {prefix: path for prefix, path in roots.items() if path in paths}
+
+
 class ModelAdapter(ABC):
     """One model family. Subclasses are registered in :mod:`llm_perf_opt.session.adapters.registry`."""
 
@@ -66,6 +72,9 @@ class ModelAdapter(ABC):
 
     #: Vision sub-stage name -> dotted path of the submodule that runs it (forward hooks time it).
     vision_stage_modules: ClassVar[Mapping[str, str]] = {}
+
+    #: The analytic model's name prefixes -> module paths in the built model (see :meth:`analytic_module_roots`).
+    ANALYTIC_MODULE_ROOTS: ClassVar[Mapping[str, str]] = {}
 
     def __init__(self, model_cfg: Mapping[str, Any]) -> None:
         self.cfg = model_cfg
@@ -155,6 +164,12 @@ class ModelAdapter(ABC):
     ) -> Mapping[str, Any] | None:
         """Analytic cost per stage name (objects with `.flops` and `.bytes`), or None without an analytic model."""
         return None
+
+    def analytic_module_roots(self, model: nn.Module) -> Mapping[str, str]:
+        """Where the analytic model's names live in `model`: analytic prefix ("sam", "decoder", "sam.net_2") ->
+        module path, those present in `model` only (empty without an analytic model). `measure.module_floors`
+        places each priced op on a module with it."""
+        return present_roots(model, self.ANALYTIC_MODULE_ROOTS)
 
     def analytic_batch_costs(
         self,

@@ -89,6 +89,16 @@ class DeepseekOcrAdapter(ModelAdapter):
     """Stages: vision/sam, vision/clip, vision/projector; then the DeepSeek-V2 MoE decoder."""
 
     has_analytic_model: ClassVar[bool] = True
+    ANALYTIC_MODULE_ROOTS: ClassVar[Mapping[str, str]] = {
+        "sam": "model.sam_model",
+        "sam.net_2": "model.sam_model.proj.conv1",
+        "sam.net_3": "model.sam_model.proj.conv2",
+        "clip": "model.vision_model",
+        "projector": "model.projector",
+        "image_features": "model",
+        "decoder": "model.language_model",
+        "lm_head": "lm_head",
+    }
     vision_stage_modules: ClassVar[Mapping[str, str]] = {
         vocab.VISION_SAM: "model.sam_model",
         vocab.VISION_CLIP: "model.vision_model",

@@ -36,6 +36,17 @@ class DeepseekOcr2Adapter(ModelAdapter):
     """Stages: vision/sam, vision/encoder (Qwen2-style), vision/projector; then the DeepSeek-V2 MoE decoder."""
 
     has_analytic_model: ClassVar[bool] = True
+    ANALYTIC_MODULE_ROOTS: ClassVar[Mapping[str, str]] = {
+        "sam": "model.vision_tower.sam_encoder",
+        "sam.net_2": "model.vision_tower.sam_encoder.proj.conv1",
+        "sam.net_3": "model.vision_tower.sam_encoder.proj.conv2",
+        "encoder": "model.vision_tower.vision_encoder",
+        "encoder.concat_queries": "model.vision_tower",
+        "projector": "model.multi_modal_projector",
+        "image_features": "model",
+        "decoder": "model.language_model",
+        "lm_head": "lm_head",
+    }
     vision_stage_modules: ClassVar[Mapping[str, str]] = {
         vocab.VISION_SAM: "model.vision_tower.sam_encoder",
         vocab.VISION_ENCODER: "model.vision_tower.vision_encoder",

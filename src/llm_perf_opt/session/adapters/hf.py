@@ -21,7 +21,13 @@ from llm_perf_opt.data.images import open_upright
 from llm_perf_opt.data.prompts import read_prompt
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.records import vocabulary as vocab
-from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, PreparedInputs, load_tokenizer
+from llm_perf_opt.session.adapters.base import (
+    LoadedModel,
+    ModelAdapter,
+    PreparedInputs,
+    load_tokenizer,
+    present_roots,
+)
 from llm_perf_opt.session.adapters.hf_arch import IMAGE, TEXT, HfArchitecture, classify
 from llm_perf_opt.session.adapters.hf_inputs import (
     STAND_IN_TOKENIZATION,
@@ -261,6 +267,18 @@ class HfAdapter(ModelAdapter):
 
         spec = DenseSpec.from_config(model.config) if self.input_kind == TEXT else None
         return None if spec is None else stage_costs(spec, prepared.prompt_tokens, new_tokens, dtype_bytes)
+
+    def analytic_module_roots(self, model: nn.Module) -> Mapping[str, str]:
+        """The dense analytic model's names ("layers.0.mlp.down_proj", "lm_head") live under the text model: the
+        shallowest module holding `embed_tokens`."""
+        if self.input_kind != TEXT:
+            return {}
+        paths = [name for name, _ in model.named_modules()]
+        owners = sorted(
+            (p.removesuffix("embed_tokens").rstrip(".") for p in paths if p.split(".")[-1] == "embed_tokens"), key=len
+        )
+        roots = {"": owners[0]} if owners else {}
+        return {**roots, **present_roots(model, {"lm_head": "lm_head"})}
 
     def analytic_batch_costs(
         self,

@@ -1,0 +1,240 @@
+"""Kernel time by module: each kernel of the profiled pass given to the module whose forward launched it.
+
+A kernel's launch (its CUDA runtime call, found by correlation id) happened on the host inside nested ranges: the
+stage (`stage:…`), the modules (`module:…`, from `measure.module_ranges`) and the operator that launched it. The
+kernel goes to the innermost of each. Its GPU time is never compared with the host ranges (launches are
+asynchronous). Kernels launched where no module range is open — a CUDA-graph replay, inductor-compiled code, the
+decode loop's own operations — are handed, in launch order, to a resolver for compiled code when there is one
+(`measure.compiled_modules`); what is left is reported as unattributed, with the reason, never spread over modules.
+
+On the CPU the "kernels" are the operators themselves, each with its self time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+from torch.autograd import DeviceType
+
+from llm_perf_opt.kernel_names import short_kernel_name
+from llm_perf_opt.measure.profiler_labels import LABEL_PREFIXES, MODULE_LABEL_PREFIX, STAGE_LABEL_PREFIX
+from llm_perf_opt.records.modules import KernelSource, ModuleTime, ModuleTimes, StageModuleTimes
+
+TOP_KERNELS = 3  # kernels kept per module row
+MODULE_RANGES = "module ranges"  # the method: forward hooks open a profiler range per module call
+GPU_TIME = "GPU kernel time"
+CPU_TIME = "CPU operator self time"
+OUTSIDE = (
+    "launched where no module's forward was running (the decode loop's own operations, a CUDA-graph replay or "
+    "compiled code no provenance could place)"
+)
+
+#: Resolves kernels launched outside any module range (one stage forward's, in launch order) to module paths.
+CompiledResolver = Callable[[Sequence[str]], Sequence[str | None]]
+
+
+@attrs.frozen
+class Interval:
+    start: float
+    end: float
+    label: str
+
+
+@attrs.frozen
+class Launch:
+    """One kernel (or, on the CPU, one operator) and where it was launched from."""
+
+    kernel: str
+    at: float  # host time of the launch, µs
+    ms: float
+    operator: str = ""
+
+
+def innermost(intervals: Sequence[Interval], points: Sequence[float]) -> list[Interval | None]:
+    """For each point, the innermost of `intervals` (properly nested, as ranges of one thread are) containing it."""
+    order = sorted(intervals, key=lambda iv: (iv.start, -iv.end))
+    found: list[Interval | None] = [None] * len(points)
+    stack: list[Interval] = []
+    i = 0
+    for index in sorted(range(len(points)), key=points.__getitem__):
+        t = points[index]
+        while i < len(order) and order[i].start <= t:
+            while stack and stack[-1].end < order[i].start:
+                stack.pop()
+            stack.append(order[i])
+            i += 1
+        while stack and stack[-1].end < t:
+            stack.pop()
+        found[index] = stack[-1] if stack else None
+    return found
+
+
+def _labelled(host: Sequence[Any], prefix: str) -> list[Interval]:
+    return [
+        Interval(ev.time_range.start, ev.time_range.end, ev.name[len(prefix) :])
+        for ev in host
+        if ev.name.startswith(prefix)
+    ]
+
+
+def _is_operator(ev: Any) -> bool:
+    return (
+        not ev.name.startswith(LABEL_PREFIXES)
+        and not getattr(ev, "is_python_function", False)
+        and getattr(ev, "activity_type", "cpu_op") == "cpu_op"
+        and not ev.name.startswith(("cuda", "cu"))
+    )
+
+
+def gpu_launches(events: Sequence[Any], host: Sequence[Any], is_kernel: Callable[[Any], bool]) -> list[Launch]:
+    """GPU kernels with the host time of their launch (correlation id) and the operator around it."""
+    launch_at = {ev.id: ev.time_range.start for ev in host if not _is_operator(ev) and ev.name.startswith("cu")}
+    op_at = {ev.id: ev.time_range.start for ev in host if _is_operator(ev)}
+    kernels = []
+    for k in events:
+        if k.device_type != DeviceType.CUDA or not is_kernel(k):
+            continue
+        at = launch_at.get(k.id)
+        if at is None:
+            at = op_at.get(getattr(k, "linked_correlation_id", 0) or -1)
+        if at is not None:
+            ms = (k.time_range.end - k.time_range.start) / 1e3
+            kernels.append(Launch(short_kernel_name(k.name), at, ms))
+    ops = [Interval(ev.time_range.start, ev.time_range.end, ev.name) for ev in host if _is_operator(ev)]
+    around = innermost(ops, [k.at for k in kernels])
+    return [attrs.evolve(k, operator=op.label if op else "") for k, op in zip(kernels, around, strict=True)]
+
+
+def cpu_launches(host: Sequence[Any]) -> list[Launch]:
+    """On the CPU, every operator with its self time."""
+    return [
+        Launch(ev.name, ev.time_range.start, float(ev.self_cpu_time_total) / 1e3, ev.name)
+        for ev in host
+        if _is_operator(ev)
+    ]
+
+
+@attrs.define
+class _Acc:
+    kernels: int = 0
+    ms: float = 0.0
+    sources: dict[tuple[str, str], list[float]] = attrs.Factory(dict)
+
+    def add(self, launch: Launch) -> None:
+        self.kernels += 1
+        self.ms += launch.ms
+        source = self.sources.setdefault((launch.kernel, launch.operator), [0, 0.0])
+        source[0] += 1
+        source[1] += launch.ms
+
+    def top(self) -> tuple[KernelSource, ...]:
+        ranked = sorted(self.sources.items(), key=lambda kv: -kv[1][1])[:TOP_KERNELS]
+        return tuple(KernelSource(kernel=k, operator=op, calls=int(v[0]), ms=v[1]) for (k, op), v in ranked)
+
+
+def _stage_table(
+    stage: str,
+    forwards: int,
+    placed: Sequence[tuple[Launch, str | None, str]],
+    calls: Mapping[str, int],
+    compiled_used: bool,
+) -> StageModuleTimes:
+    rows: dict[str, _Acc] = {}
+    rest = _Acc()
+    for launch, module, _method in placed:
+        (rows.setdefault(module, _Acc()) if module is not None else rest).add(launch)
+    methods = tuple(sorted({method for _, module, method in placed if module is not None}))
+    table = tuple(
+        ModuleTime(module=m, calls=calls.get(m, 0), kernels=a.kernels, ms=a.ms, top=a.top())
+        for m, a in sorted(rows.items(), key=lambda kv: -kv[1].ms)
+    )
+    reason = None
+    if rest.kernels:
+        reason = OUTSIDE if not compiled_used else OUTSIDE + "; inductor's provenance matched none of these"
+    return StageModuleTimes(
+        stage=stage,
+        forwards=forwards,
+        total_ms=sum(a.ms for a in rows.values()) + rest.ms,
+        rows=table,
+        unattributed_ms=rest.ms,
+        unattributed_kernels=rest.kernels,
+        unattributed_reason=reason,
+        methods=methods,
+    )
+
+
+def attribute(
+    launches: Sequence[Launch],
+    host: Sequence[Any],
+    *,
+    compiled: CompiledResolver | None = None,
+    compiled_method: str = "",
+) -> list[StageModuleTimes]:
+    """Per stage (innermost stage range around each launch), the launches by innermost module range; the launches
+    of one stage forward outside every module range go to `compiled` (in launch order) when given."""
+    stages = _labelled(host, STAGE_LABEL_PREFIX)
+    modules = _labelled(host, MODULE_LABEL_PREFIX)
+    launches = sorted(launches, key=lambda k: k.at)
+    at = [k.at for k in launches]
+    stage_of = innermost(stages, at)
+    module_of = innermost(modules, at)
+    placed: dict[Interval, list[tuple[Launch, str | None, str]]] = {}
+    for launch, stage, module in zip(launches, stage_of, module_of, strict=True):
+        if stage is not None:
+            placed.setdefault(stage, []).append((launch, module.label if module else None, MODULE_RANGES))
+    if compiled is not None:
+        for items in placed.values():
+            _resolve_compiled(items, compiled, compiled_method)
+    module_stage = innermost(stages, [m.start for m in modules])
+    by_name: dict[str, list[Interval]] = {}
+    for forward in placed:
+        by_name.setdefault(forward.label, []).append(forward)
+    out = []
+    for name in sorted(by_name, key=lambda n: min(f.start for f in by_name[n])):
+        calls: dict[str, int] = {}
+        for module, stage in zip(modules, module_stage, strict=True):
+            if stage is not None and stage.label == name:
+                calls[module.label] = calls.get(module.label, 0) + 1
+        items = [item for forward in by_name[name] for item in placed[forward]]
+        forwards = len([s for s in stages if s.label == name])
+        out.append(_stage_table(name, forwards, items, calls, compiled is not None))
+    return out
+
+
+def _resolve_compiled(items: list[tuple[Launch, str | None, str]], compiled: CompiledResolver, method: str) -> None:
+    """Give the launches of one stage forward that no module range holds to `compiled`, in launch order."""
+    outside = [i for i, (_, module, _m) in enumerate(items) if module is None]
+    if not outside:
+        return
+    resolved = compiled([items[i][0].kernel for i in outside])
+    for i, module in zip(outside, resolved, strict=True):
+        if module is not None:
+            items[i] = (items[i][0], module, method)
+
+
+def module_times(
+    events: Sequence[Any],
+    *,
+    on_cuda: bool,
+    is_kernel: Callable[[Any], bool],
+    types: Mapping[str, str],
+    roots: Mapping[str, str],
+    compiled: CompiledResolver | None = None,
+    compiled_method: str = "",
+    notes: Sequence[str] = (),
+) -> ModuleTimes:
+    """The profiled pass's kernel time by stage and module (see the module docstring)."""
+    cpu = [ev for ev in events if ev.device_type == DeviceType.CPU]
+    labelled_threads = {ev.thread for ev in cpu if ev.name.startswith(STAGE_LABEL_PREFIX)}
+    host = [ev for ev in cpu if ev.thread in labelled_threads] if labelled_threads else cpu
+    launches = gpu_launches(events, host, is_kernel) if on_cuda else cpu_launches(host)
+    stages = attribute(launches, host, compiled=compiled, compiled_method=compiled_method)
+    return ModuleTimes(
+        time_kind=GPU_TIME if on_cuda else CPU_TIME,
+        stages=tuple(stages),
+        module_types=dict(types),
+        analytic_roots=dict(roots),
+        method_notes=tuple(notes),
+    )

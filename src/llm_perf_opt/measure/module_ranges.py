@@ -1,0 +1,70 @@
+"""Module ranges for the profiled pass: a `record_function("module:<path>")` around every submodule's forward.
+
+Installed only around the profiled pass (the hooks cost host time, so never in a timed pass) and removed after it.
+Each kernel is later given to the innermost module range around its launch (`measure.module_attribution`). Code
+that torch.compile compiled runs no hooks (Dynamo does not guard on hooks added after compiling, so adding them
+causes no recompilation): its kernels are given modules by inductor's provenance instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+from torch import nn
+from torch.profiler import record_function
+
+from llm_perf_opt.measure.profiler_labels import MODULE_LABEL_PREFIX
+
+
+@attrs.define
+class ModuleRanges:
+    """What was installed: the hooked modules, and any the hooks could not be put on (with the reason)."""
+
+    hooked: int = 0
+    refused: list[str] = attrs.Factory(list)  # "path: reason"
+
+
+def module_types(root: nn.Module) -> dict[str, str]:
+    """Every module of `root`: path -> class name (the root's path is "")."""
+    return {name: type(module).__name__ for name, module in root.named_modules()}
+
+
+@contextlib.contextmanager
+def module_ranges(root: nn.Module) -> Iterator[ModuleRanges]:
+    """Open a profiler range `module:<path>` for each forward call of `root` and every submodule, while inside (the
+    root's path is "")."""
+    ranges = ModuleRanges()
+    handles: list[Any] = []
+    open_ranges: dict[int, list[Any]] = {}
+
+    def enter(label: str) -> Any:
+        def pre_hook(module: nn.Module, args: Any) -> None:
+            rf = record_function(label)
+            rf.__enter__()
+            open_ranges.setdefault(id(module), []).append(rf)
+
+        return pre_hook
+
+    def leave(module: nn.Module, args: Any, output: Any) -> None:
+        stack = open_ranges.get(id(module))
+        if stack:
+            stack.pop().__exit__(None, None, None)
+
+    for name, module in root.named_modules():
+        try:
+            handles.append(module.register_forward_pre_hook(enter(MODULE_LABEL_PREFIX + name)))
+            handles.append(module.register_forward_hook(leave, always_call=True))
+            ranges.hooked += 1
+        except (RuntimeError, TypeError, AttributeError) as err:  # e.g. a TorchScript module takes no hooks
+            ranges.refused.append(f"{name}: {type(err).__name__}: {err}")
+    try:
+        yield ranges
+    finally:
+        for handle in handles:
+            handle.remove()
+        for stack in open_ranges.values():  # ranges an exception left open
+            while stack:
+                stack.pop().__exit__(None, None, None)

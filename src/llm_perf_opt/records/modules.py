@@ -1,0 +1,115 @@
+"""Module attribution: which module of the model owns each millisecond of a stage's kernel time.
+
+`ModuleTimes` is what the profiled pass measured (per stage, per innermost module: calls, kernels, summed kernel
+time, the kernels and the operators that launched them); it lives in `operators.json`. `ModuleAttribution` is the
+same time beside each module's analytic floor, folded by type across layers, as Stage 1's analysis hands it to the
+reports (`metrics.json`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+
+#: The row of the time no module could be given, in every table.
+UNATTRIBUTED = "(unattributed)"
+
+
+@attrs.frozen
+class KernelSource:
+    """One kernel (short name) inside a module, with the operator that launched it."""
+
+    kernel: str
+    operator: str  # the innermost host operator around its launch; "" where none (a CUDA-graph replay)
+    calls: int
+    ms: float  # summed kernel time (GPU) or operator self time (CPU), over the profiled forwards of the stage
+
+
+@attrs.frozen
+class ModuleTime:
+    """The kernels one module launched itself (not those of its children) in one stage of the profiled pass."""
+
+    module: str  # the module's path in the model (`named_modules()`), e.g. "model.layers.3.mlp.experts"
+    calls: int  # forward calls of the module (0 where only compiled code ran it: no hook fires there)
+    kernels: int
+    ms: float
+    top: tuple[KernelSource, ...] = ()  # its largest kernels
+
+
+@attrs.frozen
+class StageModuleTimes:
+    """The kernel time of one stage (innermost stage range: vision sub-stages apart from prefill) by module."""
+
+    stage: str
+    forwards: int  # profiled forwards of the stage (decode steps for "decode/step"; 1 otherwise)
+    total_ms: float  # every kernel of the stage, attributed or not
+    rows: tuple[ModuleTime, ...]
+    unattributed_ms: float
+    unattributed_kernels: int
+    unattributed_reason: str | None  # why the rest could not be given a module; None when nothing is left
+    methods: tuple[str, ...]  # how its kernels were given modules: "module ranges", "inductor provenance", ...
+
+
+@attrs.frozen
+class ModuleTimes:
+    """Kernel time by module and stage, as the profiled pass measured it (`operators.json`)."""
+
+    time_kind: str  # "GPU kernel time" or "CPU operator self time"
+    stages: tuple[StageModuleTimes, ...]
+    module_types: Mapping[str, str]  # module path -> class name, every module of the model
+    analytic_roots: Mapping[str, str]  # analytic module prefix ("sam", "decoder") -> the model's module path
+    method_notes: tuple[str, ...] = ()  # the methods in words, and what could not be done
+
+
+@attrs.frozen
+class ModuleFloorRow:
+    """One module (or a group folded across layers) of one stage: its time beside its floor, per forward."""
+
+    module: str  # path, or a folded pattern such as "model.layers.*.mlp.experts"
+    module_type: str
+    members: int  # modules folded into the row
+    calls: int
+    kernels: int
+    ms: float  # per forward of the stage
+    share: float  # of the stage's kernel time
+    flops: float | None  # analytic, per forward; None where the analytic model prices nothing here
+    bytes: float | None
+    floor_ms: float | None  # speed of light: Σ max(FLOPs / peak, bytes / bandwidth) of its analytic parts
+    top_kernel: str | None  # its largest kernel, "name (operator)"
+
+    @property
+    def above_floor_ms(self) -> float | None:
+        return None if self.floor_ms is None else max(self.ms - self.floor_ms, 0.0)
+
+    @property
+    def ratio(self) -> float | None:
+        return None if not self.floor_ms else self.ms / self.floor_ms
+
+
+@attrs.frozen
+class StageModules:
+    """A stage's modules folded by type across layers, sorted by time above the floor."""
+
+    stage: str
+    forwards: int
+    total_ms: float  # per forward
+    floor_ms: float | None  # per forward, the modules' floors summed
+    rows: tuple[ModuleFloorRow, ...]
+    unattributed_ms: float  # per forward
+    unattributed_reason: str | None
+    methods: tuple[str, ...]
+
+    @property
+    def attributed_share(self) -> float:
+        return 1.0 - self.unattributed_ms / self.total_ms if self.total_ms > 0 else 0.0
+
+
+@attrs.frozen
+class ModuleAttribution:
+    """Module attribution of the profiled pass beside the analytic floors (`metrics.json`)."""
+
+    time_kind: str
+    stages: tuple[StageModules, ...]
+    floors: str | None  # the peaks the floors use, in words; None without an analytic model or peaks
+    method_notes: tuple[str, ...] = ()

@@ -1,0 +1,160 @@
+"""Module attribution in Markdown and a plot: each stage's modules, their time beside their floor.
+
+Renders `records.modules.ModuleAttribution` (computed by `measure.module_floors`): report.md gets the largest
+distances to the floor per stage, `modules.md` every folded module, and `plots/modules.png` the bars.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+
+from llm_perf_opt.records.modules import ModuleAttribution, ModuleFloorRow, StageModules
+from llm_perf_opt.report.markdown import Doc, flops, num_bytes
+from llm_perf_opt.report.plots import save_figure
+
+REPORT_ROWS = 8  # folded modules per stage in report.md
+PLOT_ROWS = 10  # bars per stage in the plot
+
+_HEADER = [
+    "module (folded across layers)",
+    "type",
+    "modules",
+    "kernels / fwd",
+    "time / fwd (ms)",
+    "share",
+    "floor (ms)",
+    "× floor",
+    "above floor (ms)",
+    "TFLOP/s",
+    "GB/s",
+    "largest kernel (launched by)",
+]
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "—" if value is None else format(value, fmt)
+
+
+def _rate(amount: float | None, row: ModuleFloorRow, scale: float) -> str:
+    if amount is None or row.ms <= 0:
+        return "—"
+    return f"{amount / (row.ms / 1e3) / scale:,.1f}"
+
+
+def module_row(row: ModuleFloorRow) -> list[str]:
+    return [
+        f"`{row.module}`",
+        row.module_type,
+        str(row.members),
+        f"{row.kernels:,}",
+        f"{row.ms:,.3f}",
+        f"{row.share:.1%}",
+        _num(row.floor_ms, ",.3f"),
+        _num(row.ratio, ",.1f") + ("×" if row.ratio is not None else ""),
+        _num(row.above_floor_ms, ",.3f"),
+        _rate(row.flops, row, 1e12),
+        _rate(row.bytes, row, 1e9),
+        f"`{row.top_kernel}`" if row.top_kernel else "—",
+    ]
+
+
+def stage_summary(stage: StageModules, time_kind: str) -> str:
+    """One sentence: the stage's time, floor, attributed share and method."""
+    per = "per decode step" if stage.forwards > 1 else "in the profiled forward"
+    floor = f", floor {stage.floor_ms:,.3f} ms ({stage.total_ms / stage.floor_ms:,.1f}×)" if stage.floor_ms else ""
+    text = (
+        f"{time_kind} {stage.total_ms:,.3f} ms {per}{floor}; {stage.attributed_share:.1%} given to a module"
+        f" ({', '.join(stage.methods) or 'no method applied'})"
+    )
+    if stage.unattributed_ms > 0:
+        text += f"; {stage.unattributed_ms:,.3f} ms unattributed: {stage.unattributed_reason}"
+    return text + "."
+
+
+def _method_para(a: ModuleAttribution) -> str:
+    floors = (
+        f"Floor = {a.floors}, of the analytic ops placed on the module."
+        if a.floors
+        else "No floors: no analytic model for this model or no peak known for this device."
+    )
+    return (
+        f"Each kernel of the profiled pass is given to the innermost module whose forward launched it "
+        f"({a.time_kind}; module ranges opened by forward hooks in the profiled pass only, never in a timed pass). "
+        f"Rows fold the same module across layers (`layers.*`); sorted by time above the floor. {floors} "
+        + " ".join(a.method_notes)
+    )
+
+
+def modules_section(doc: Doc, a: ModuleAttribution, plot: str | None) -> None:
+    """report.md: per stage, the modules furthest above their floor."""
+    doc.h2("Where each stage's time goes, by module")
+    doc.para(_method_para(a) + " Every module: [modules.md](modules.md).")
+    for stage in a.stages:
+        if not stage.rows:
+            continue
+        doc.h3(stage.stage)
+        doc.para(stage_summary(stage, a.time_kind))
+        doc.table(_HEADER, [module_row(r) for r in stage.rows[:REPORT_ROWS]])
+    if plot:
+        doc.image("Module time against module floor, per stage", plot)
+
+
+def modules_md(a: ModuleAttribution, title: str) -> str:
+    """modules.md: every folded module of every stage."""
+    doc = Doc(f"Modules: {title}")
+    doc.para(_method_para(a))
+    for stage in a.stages:
+        doc.h2(stage.stage)
+        doc.para(stage_summary(stage, a.time_kind))
+        priced = [r for r in stage.rows if r.flops is not None]
+        if priced:
+            doc.para(
+                f"Analytic work placed on these modules: {flops(sum(r.flops or 0 for r in priced))} FLOPs, "
+                f"{num_bytes(sum(r.bytes or 0 for r in priced))} per forward."
+            )
+        doc.table(_HEADER, [module_row(r) for r in stage.rows])
+    return doc.text()
+
+
+def _short(module: str, width: int = 48) -> str:
+    return module if len(module) <= width else "…" + module[-(width - 1) :]
+
+
+def modules_plot(a: ModuleAttribution, path: Path) -> Path | None:
+    """Horizontal bars per stage: each module's time per forward, its floor drawn over it."""
+    stages: Sequence[StageModules] = [s for s in a.stages if s.rows and s.total_ms > 0]
+    if not stages:
+        return None
+    heights = [min(len(s.rows), PLOT_ROWS) for s in stages]
+    fig, axes = plt.subplots(
+        len(stages),
+        1,
+        figsize=(10, 1.0 + sum(0.32 * h + 1.1 for h in heights)),
+        squeeze=False,
+        gridspec_kw={"height_ratios": [h + 2 for h in heights]},
+        layout="constrained",
+    )
+    for ax, stage in zip(axes[:, 0], stages, strict=True):
+        rows = list(stage.rows[:PLOT_ROWS])
+        names = [_short(r.module) for r in rows]
+        ax.barh(names, [r.ms for r in rows], color="#4e79a7", label="measured")
+        floors = [r.floor_ms or 0.0 for r in rows]
+        if any(floors):
+            ax.barh(names, floors, color="none", edgecolor="#e15759", hatch="///", label="floor (speed of light)")
+        for y, row in enumerate(rows):
+            ratio = f"  {row.ratio:,.1f}×" if row.ratio else ""
+            ax.text(row.ms, y, f" {row.ms:,.2f} ms{ratio}", va="center", fontsize=7)
+        ax.invert_yaxis()
+        ax.tick_params(axis="y", labelsize=7)
+        ax.set_xlim(0, max(max(r.ms for r in rows), max(floors)) * 1.35)
+        per = "per decode step" if stage.forwards > 1 else "per forward"
+        order = "time above floor" if any(floors) else "time"
+        ax.set_title(f"{stage.stage}: {a.time_kind} by module, {per} (sorted by {order})", fontsize=9)
+        ax.set_xlabel("ms", fontsize=8)
+        ax.grid(axis="x", alpha=0.3)
+        ax.set_axisbelow(True)
+        ax.legend(fontsize=7, loc="lower right")
+    return save_figure(fig, path)

@@ -1,4 +1,5 @@
-"""`perf-compare <run_a> <run_b> [...]`: compare run folders side by side, the first one as baseline."""
+"""`perf-compare <run_a> <run_b> [...]`: compare run folders side by side, the first one as baseline; with
+`--fail-on`, a regression gate (exit 1 when a rule regressed beyond its threshold and beyond noise)."""
 
 from __future__ import annotations
 
@@ -7,23 +8,29 @@ import sys
 from pathlib import Path
 
 from llm_perf_opt.cli.common import run_guarded
-from llm_perf_opt.pipeline.compare import Comparison, output_files, write_comparison
+from llm_perf_opt.pipeline.compare import GateOptions, gate_failed, output_files, write_comparison
+from llm_perf_opt.pipeline.gate_rules import parse_rules
+from llm_perf_opt.records.comparison import Comparison, WhatIfComparison
+
+GATE_FAILED_EXIT = 1
 
 
-def _run(folders: list[Path], out: str) -> Comparison:
-    result = write_comparison(folders, out)
-    for skipped in result.skipped:
-        print(f"skipped {skipped.path}: {skipped.reason}", file=sys.stderr)
+def _run(folders: list[Path], out: str, options: GateOptions) -> Comparison | WhatIfComparison:
+    result = write_comparison(folders, out, options)
+    skipped = result.skipped if isinstance(result, Comparison) else ()
+    for folder in skipped:
+        print(f"skipped {folder.path}: {folder.reason}", file=sys.stderr)
     print(f"\ncomparison: {output_files(out)[0]}")
+    if options.rules:
+        print(f"gate: {'fail' if gate_failed(result) else 'pass'}")
     return result
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Console script entry point."""
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="perf-compare",
         description="Compare stage1-run or stage2-profile folders in Markdown (and the same figures as JSON next to "
-        "it); the first folder is the baseline.",
+        "it); the first folder is the baseline. Two perf-whatif folders are compared rung by rung.",
     )
     parser.add_argument("folders", type=Path, nargs="+", metavar="run", help="run folders (at least two)")
     parser.add_argument(
@@ -32,8 +39,37 @@ def main(argv: list[str] | None = None) -> None:
         help="Markdown to write, the record next to it as .json; a folder (existing, or ending in /) gets "
         "compare.md and compare.json inside it. Files of a run folder are never overwritten (default: %(default)s)",
     )
-    args = parser.parse_args(argv)
-    run_guarded(lambda: _run(args.folders, args.out))
+    parser.add_argument(
+        "--fail-on",
+        action="append",
+        default=[],
+        metavar="RULES",
+        help="comma-separated rules FIGURE:+N%% or FIGURE:+N<ms|s|B|KiB|MiB|GiB> (repeatable), e.g. "
+        "decode_ms_per_token:+5%%,peak_gpu_memory:+1GiB: exit 1 when a figure grew by more than that, beyond noise",
+    )
+    parser.add_argument(
+        "--fail-on-unjudged",
+        action="store_true",
+        help="also fail when a rule's change exceeds its threshold but cannot be judged (fewer than 3 passes)",
+    )
+    parser.add_argument(
+        "--allow-different",
+        action="store_true",
+        help="judge the rules even when the runs differ in workload or device (listed in the gate section)",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console script entry point."""
+    args = _parser().parse_args(argv)
+
+    def job() -> Comparison | WhatIfComparison:
+        options = GateOptions(parse_rules(args.fail_on), args.fail_on_unjudged, args.allow_different)
+        return _run(args.folders, args.out, options)
+
+    if gate_failed(run_guarded(job)):
+        sys.exit(GATE_FAILED_EXIT)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ Each folder is read as typed records (`records.folders`), so this needs neither 
 cannot be compared (missing, unfinished, damaged, another schema) are skipped with the reason; runs are compared
 only with runs of the same kind (Stage 1 with Stage 1, Stage 2 with Stage 2). The figures come from
 `measure.comparison`, the Markdown from `report.comparison`; `compare.json` next to `compare.md` holds the record.
+`--fail-on` rules (`gate_rules`) are judged by `measure.gate` into the record's `gate`; two `perf-whatif` folders
+are compared rung by rung (`pair_rungs`).
 """
 
 from __future__ import annotations
@@ -15,20 +17,37 @@ from pathlib import Path
 import attrs
 
 from llm_perf_opt.errors import UserError
-from llm_perf_opt.measure.comparison import Run, build_comparison
-from llm_perf_opt.records.common import COMPLETE
-from llm_perf_opt.records.comparison import KINDS, Comparison, Skipped
+from llm_perf_opt.measure.comparison import Run, build_comparison, union
+from llm_perf_opt.measure.gate import figures_for, gate, workload_differences
+from llm_perf_opt.pipeline.gate_rules import resolve
+from llm_perf_opt.records.common import COMPLETE, SCHEMA_VERSION
+from llm_perf_opt.records.comparison import (
+    GATE_FAILED,
+    GATE_PASSED,
+    KINDS,
+    WHATIF_COMPARE,
+    Comparison,
+    Gate,
+    GateRule,
+    RungPair,
+    Skipped,
+    WhatIfComparison,
+)
 from llm_perf_opt.records.folders import (
     METRICS_FILE,
     STATUS_FILE,
+    WHATIF_FILE,
+    Stage1Folder,
     enclosing_run_folder,
     load,
+    load_whatif,
     read_status,
     skip_reason,
     status_detail,
 )
 from llm_perf_opt.records.io import RecordError, save
-from llm_perf_opt.report.comparison import comparison_markdown
+from llm_perf_opt.records.whatif import MEASURED, WhatIfRecord
+from llm_perf_opt.report.comparison import comparison_markdown, whatif_comparison_markdown
 
 
 def load_run(path: Path) -> Run | Skipped:
@@ -76,13 +95,62 @@ def load_runs(paths: Sequence[Path]) -> tuple[list[Run], list[Skipped]]:
     return runs, skipped
 
 
-def compare(paths: Sequence[Path]) -> Comparison:
-    """The comparison of the run folders in `paths` (the first usable one of each kind is the baseline).
+@attrs.frozen
+class GateOptions:
+    """What `--fail-on`, `--fail-on-unjudged` and `--allow-different` asked for."""
+
+    rules: tuple[GateRule, ...] = ()
+    fail_on_unjudged: bool = False
+    allow_different: bool = False
+
+
+def _comparable(runs: Sequence[Run]) -> bool:
+    return any(sum(r.kind == kind for r in runs) >= 2 for kind in KINDS)
+
+
+def judge(runs: Sequence[Run], options: GateOptions) -> Gate:
+    """The rules judged on every kind with two runs or more (each against its own baseline); UserError for an
+    unknown figure, or for runs of different workloads or devices unless `allow_different`."""
+    stages = union([s.stage for s in r.folder.metrics.stages] for r in runs if isinstance(r.folder, Stage1Folder))
+    figures = figures_for(stages)
+    rules = resolve(options.rules, figures)
+    groups = [[(r.label, r.folder) for r in runs if r.kind == kind] for kind in KINDS]
+    gates = []
+    for group in (g for g in groups if len(g) >= 2):
+        differences = workload_differences(group)
+        if differences and not options.allow_different:
+            raise UserError(
+                "--fail-on judges runs of one workload on one device, and these differ in " + "; ".join(differences),
+                "Compare runs of the same workload and device, or pass --allow-different to judge them anyway "
+                "(the gate then lists the differences)",
+            )
+        gates.append(gate(rules, figures, group, fail_on_unjudged=options.fail_on_unjudged, differences=differences))
+    checks = tuple(c for g in gates for c in g.checks)
+    return Gate(
+        rules=rules,
+        checks=checks,
+        fail_on_unjudged=options.fail_on_unjudged,
+        result=GATE_FAILED if any(g.failed for g in gates) else GATE_PASSED,
+        differences=tuple(d for g in gates for d in g.differences),
+    )
+
+
+def compared(runs: Sequence[Run], skipped: Sequence[Skipped], options: GateOptions | None = None) -> Comparison:
+    """The comparison of usable `runs`, with the gate when `options` give rules."""
+    result = build_comparison(runs, skipped)
+    if options is not None and options.rules:
+        result = attrs.evolve(result, gate=judge(runs, options))
+    return result
+
+
+def compare(paths: Sequence[Path], options: GateOptions | None = None) -> Comparison:
+    """The comparison of the run folders in `paths` (the first usable one of each kind is the baseline), judged by
+    the `--fail-on` rules of `options` when it gives some.
 
     Raises UserError when no kind has two usable runs.
     """
     runs, skipped = load_runs(paths)
-    if all(sum(r.kind == kind for r in runs) < 2 for kind in KINDS):
+    if not _comparable(runs):
         found = "; ".join(f"{r.path} ({KINDS[r.kind]})" for r in runs) or "none"
         reasons = "; ".join(f"{s.path}: {s.reason}" for s in skipped)
         problem = f"fewer than two usable run folders of one kind to compare (usable: {found}"
@@ -92,7 +160,7 @@ def compare(paths: Sequence[Path]) -> Comparison:
             "pass at least two completed folders written by stage1-run, or two by stage2-profile "
             "(e.g. `perf-compare runs/a runs/b`); rerun failed or interrupted runs first",
         )
-    return build_comparison(runs, skipped)
+    return compared(runs, skipped, options)
 
 
 # The files a folder given as --out gets.
@@ -134,13 +202,85 @@ def refuse_overwrites(files: Sequence[Path], out: Path | str) -> None:
         )
 
 
-def write_comparison(paths: Sequence[Path], out: Path | str) -> Comparison:
-    """Compare `paths`; write the Markdown and the record where `--out` names them (`output_files`; parent
-    folders created), never over a file of a run folder."""
+# --------------------------------------------------------------------------------------------- what-if folders
+
+
+def is_whatif(path: Path) -> bool:
+    """Whether `path` is a `perf-whatif` folder (it holds whatif.json)."""
+    return (Path(path) / WHATIF_FILE).is_file()
+
+
+def _rung_folder(root: Path, record: WhatIfRecord, name: str) -> tuple[Path | None, str | None]:
+    """The stage1-run folder of rung `name` in the what-if folder `root`, or why there is none to compare."""
+    rung = record.rung(name)
+    if rung is None:
+        return None, f"no rung {name} in {root}"
+    if rung.reused is not None:
+        return None, f"reuses the measurements of rung {rung.reused} (compared there)"
+    if rung.folder is None or rung.state != MEASURED:
+        why = f": {rung.reason}" if rung.reason else ""
+        return None, f"rung {name} in {root} is {rung.state}, not measured{why}"
+    return root / rung.folder, None
+
+
+def _labels(base: Path, new: Path) -> tuple[str, str]:
+    """The two what-if folders' names as run labels (`#2` on the second when they are the same)."""
+    a, b = base.resolve().name or str(base), new.resolve().name or str(new)
+    return a, b if b != a else f"{b}#2"
+
+
+def pair_rungs(base: Path, new: Path, options: GateOptions | None = None) -> WhatIfComparison:
+    """Two what-if folders compared rung by rung (rungs paired by name, the first folder's order, then the rungs
+    only the second has); each pair is a `Comparison` judged by the rules of `options`."""
+    records = load_whatif(base), load_whatif(new)
+    names = union([[r.name for r in records[0].rungs], [r.name for r in records[1].rungs]])
+    pairs = []
+    for name in names:
+        (folder_a, why_a), (folder_b, why_b) = _rung_folder(base, records[0], name), _rung_folder(new, records[1], name)
+        if folder_a is None or folder_b is None:
+            pairs.append(RungPair(name, folder_a, folder_b, None, why_a or why_b))
+            continue
+        runs, skipped = load_runs([folder_a, folder_b])
+        if not _comparable(runs):
+            pairs.append(RungPair(name, folder_a, folder_b, None, "; ".join(s.reason for s in skipped)))
+            continue
+        runs = [attrs.evolve(r, label=label) for r, label in zip(runs, _labels(base, new), strict=True)]
+        pairs.append(RungPair(name, folder_a, folder_b, compared(runs, skipped, options)))
+    gated = [p.comparison.gate for p in pairs if p.comparison is not None and p.comparison.gate is not None]
+    result = None if not (options and options.rules) else GATE_FAILED if any(g.failed for g in gated) else GATE_PASSED
+    return WhatIfComparison(SCHEMA_VERSION, WHATIF_COMPARE, base, new, tuple(pairs), result)
+
+
+def _compare_any(paths: Sequence[Path], options: GateOptions | None) -> Comparison | WhatIfComparison:
+    """Run folders compared side by side, or two what-if folders rung by rung."""
+    whatifs = [p for p in paths if is_whatif(p)]
+    if not whatifs:
+        return compare(paths, options)
+    if len(whatifs) != 2 or len(paths) != 2:
+        raise UserError(
+            f"perf-compare got {len(whatifs)} perf-whatif folder(s) among {len(paths)} folders",
+            "Compare exactly two perf-whatif folders (rung by rung), or run folders only",
+        )
+    return pair_rungs(Path(paths[0]), Path(paths[1]), options)
+
+
+def write_comparison(
+    paths: Sequence[Path], out: Path | str, options: GateOptions | None = None
+) -> Comparison | WhatIfComparison:
+    """Compare `paths` (run folders, or two what-if folders); write the Markdown and the record where `--out`
+    names them (`output_files`; parent folders created), never over a file of a run folder."""
     markdown, record = output_files(out)
     refuse_overwrites([markdown, record], out)
-    result = compare(paths)
+    result = _compare_any(paths, options)
     markdown.parent.mkdir(parents=True, exist_ok=True)
-    markdown.write_text(comparison_markdown(result), encoding="utf-8")
+    text = comparison_markdown(result) if isinstance(result, Comparison) else whatif_comparison_markdown(result)
+    markdown.write_text(text, encoding="utf-8")
     save(result, record)
     return result
+
+
+def gate_failed(result: Comparison | WhatIfComparison) -> bool:
+    """Whether the `--fail-on` gate of a comparison failed (exit code 1)."""
+    if isinstance(result, WhatIfComparison):
+        return result.gate_failed
+    return result.gate is not None and result.gate.failed

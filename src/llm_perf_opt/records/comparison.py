@@ -148,6 +148,63 @@ class Stage2Comparison:
     config_differences: tuple[FieldDifference, ...] = ()  # other config.yaml keys that differ
 
 
+# --------------------------------------------------------------------------------------------- the gate
+
+PASS = "pass"
+REGRESSED = "regressed"
+IMPROVED = "improved"
+NOT_JUDGED = "not judged"
+GATE_PASSED = "pass"
+GATE_FAILED = "fail"
+
+
+@attrs.frozen
+class GateRule:
+    """One `--fail-on` rule: a figure and the increase over the baseline it may show."""
+
+    text: str  # as given, e.g. "decode_ms_per_token:+5%"
+    figure: str
+    percent: float | None  # allowed increase in % of the baseline's value
+    amount: float | None  # or an allowed absolute increase, in the figure's unit (ms or B)
+    unit: str  # the figure's unit
+
+
+@attrs.frozen
+class GateCheck:
+    """One rule judged on one run against the baseline. Values are means over timed passes, in `unit`."""
+
+    rule: str  # GateRule.text
+    figure: str
+    run: str  # the compared run's label
+    unit: str
+    base_value: float | None
+    new_value: float | None
+    change: float | None  # new - base
+    change_pct: float | None  # change / base, in %
+    threshold: float | None  # the allowed increase, in `unit`
+    noise_low: float | None  # 95% interval of new - base (None: too few passes for one)
+    noise_high: float | None
+    noise_basis: str | None  # how the interval was built ("per input (2 inputs)", "over all passes")
+    verdict: str  # PASS | REGRESSED | IMPROVED | NOT_JUDGED
+    reason: str
+
+
+@attrs.frozen
+class Gate:
+    """Every rule judged on every run after the baseline, and the result: fail when a rule regressed (or, with
+    `fail_on_unjudged`, could not be judged)."""
+
+    rules: tuple[GateRule, ...]
+    checks: tuple[GateCheck, ...]
+    fail_on_unjudged: bool
+    result: str  # GATE_PASSED | GATE_FAILED
+    differences: tuple[str, ...] = ()  # workload or device differences allowed by --allow-different
+
+    @property
+    def failed(self) -> bool:
+        return self.result == GATE_FAILED
+
+
 # --------------------------------------------------------------------------------------------- the whole
 
 
@@ -161,12 +218,48 @@ class Comparison:
     stage1: Stage1Comparison | None
     stage2: Stage2Comparison | None
     top_movers: int  # the most movers a table lists
+    gate: Gate | None = None  # --fail-on: the rules judged (None: no rules given, and older records)
 
     def runs_of(self, kind: str) -> tuple[ComparedRun, ...]:
         """The runs of one kind, baseline first."""
         return tuple(r for r in self.runs if r.kind == kind)
 
 
+@attrs.frozen
+class RungPair:
+    """One rung of two `perf-whatif` folders: both rungs compared (`comparison`), or why they were not."""
+
+    rung: str
+    base_folder: Path | None
+    new_folder: Path | None
+    comparison: Comparison | None
+    reason: str | None = None  # why the rung was not compared
+
+
+@attrs.frozen
+class WhatIfComparison:
+    """`compare.json` of two `perf-whatif` folders: their rungs paired by name, each pair a `Comparison`."""
+
+    schema_version: str
+    stage: str  # WHATIF_COMPARE, which tells this record from a `Comparison`
+    base: Path
+    new: Path
+    pairs: tuple[RungPair, ...]
+    gate_result: str | None  # GATE_FAILED when any pair's gate failed; None: no rules given
+
+    @property
+    def gate_failed(self) -> bool:
+        return self.gate_result == GATE_FAILED
+
+
+WHATIF_COMPARE = "whatif-compare"
+
+
 def load_comparison(path: Path) -> Comparison:
     """A `compare.json` read back (RecordError when missing, damaged or of another schema version)."""
     return load_file(path, Comparison)
+
+
+def load_whatif_comparison(path: Path) -> WhatIfComparison:
+    """The `compare.json` of two what-if folders read back (RecordError as `load_comparison`)."""
+    return load_file(path, WhatIfComparison)

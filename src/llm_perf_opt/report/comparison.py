@@ -7,16 +7,21 @@ from typing import Any
 
 from llm_perf_opt.records.comparison import (
     KINDS,
+    NOT_JUDGED,
+    PASS,
     STAGE1,
     STAGE2,
     ComparedRun,
     Comparison,
     FieldDifference,
+    Gate,
+    GateCheck,
     MoverTable,
     Stage1Comparison,
     Stage2Comparison,
+    WhatIfComparison,
 )
-from llm_perf_opt.report.markdown import Doc, ms, pct
+from llm_perf_opt.report.markdown import Doc, ms, num_bytes, pct
 
 NA = "n/a"
 
@@ -197,6 +202,75 @@ def _stage2(doc: Doc, runs: Sequence[ComparedRun], section: Stage2Comparison, to
     _differences(doc, runs, section.differences, section.config_differences)
 
 
+# --------------------------------------------------------------------------------------------- the gate
+
+
+def _amount(value: float | None, unit: str, signed: bool = False) -> str:
+    """A value in a gate figure's unit (ms or bytes), signed for changes."""
+    if value is None:
+        return NA
+    if unit == "B":
+        text = num_bytes(abs(value) if signed else value)
+    else:
+        text = f"{abs(value) if signed else value:,.2f} {unit}"
+    return (("−" if value < 0 else "+") + text) if signed else text
+
+
+def _change(c: GateCheck) -> str:
+    tail = "" if c.change_pct is None else f" ({c.change_pct:+.1f}%)".replace("-", "−")
+    return NA if c.change is None else _amount(c.change, c.unit, signed=True) + tail
+
+
+def _interval(c: GateCheck) -> str:
+    if c.noise_low is None or c.noise_high is None:
+        return NA
+    low, high = _amount(c.noise_low, c.unit, signed=True), _amount(c.noise_high, c.unit, signed=True)
+    return f"{low} to {high}, {c.noise_basis}"
+
+
+def _gate(doc: Doc, gate: Gate, heading: Callable[[str], None] | None = None) -> None:
+    """`## Gate` (or the `heading` given): the result, then one row per rule and compared run."""
+    (heading or doc.h2)("Gate")
+    failing = [c for c in gate.checks if c.verdict != PASS and c.verdict != "improved"]
+    counts = ", ".join(
+        f"{sum(c.verdict == v for c in gate.checks)} {v}" for v in dict.fromkeys(c.verdict for c in gate.checks)
+    )
+    doc.para(
+        f"**{gate.result.upper()}** ({counts or 'no checks'}); rules: "
+        + ", ".join(f"`{r.text}`" for r in gate.rules)
+        + "."
+    )
+    if gate.differences:
+        doc.para("Judged although the runs differ (--allow-different): " + "; ".join(gate.differences) + ".")
+    doc.raw("\n")
+    doc.table(
+        ["Rule", "Run", "Baseline", "New", "Change", "Allowed", "95% interval of the change", "Verdict"],
+        [
+            [
+                c.rule,
+                c.run,
+                _amount(c.base_value, c.unit),
+                _amount(c.new_value, c.unit),
+                _change(c),
+                _amount(c.threshold, c.unit, signed=True),
+                _interval(c),
+                c.verdict,
+            ]
+            for c in gate.checks
+        ],
+    )
+    doc.bullets([f"`{c.rule}` on **{c.run}**: {c.reason}" for c in failing])
+    unjudged = "fail the gate (--fail-on-unjudged)" if gate.fail_on_unjudged else "do not fail the gate"
+    doc.para(
+        "Values are means over the timed passes. A rule regresses only when the change exceeds the allowed increase "
+        "and the 95% interval of the change (Welch t over the passes, per input when both runs timed the same "
+        f"inputs) lies above 0. {NOT_JUDGED.capitalize()}: a change beyond the allowed increase without an interval "
+        f"(fewer than 3 passes on a side, or a Stage 2 capture) or a figure a run did not measure; such rules "
+        f"{unjudged}."
+    )
+    doc.raw("\n")
+
+
 # --------------------------------------------------------------------------------------------- entry
 
 
@@ -213,8 +287,17 @@ def _scope(comparison: Comparison) -> list[str]:
 
 
 def comparison_markdown(comparison: Comparison) -> str:
-    """`compare.md`: the scope, the skipped folders, then a section per kind with two runs or more."""
+    """`compare.md`: the gate (with --fail-on), the scope, the skipped folders, then a section per kind with two
+    runs or more."""
     doc = Doc("Run comparison")
+    if comparison.gate is not None:
+        _gate(doc, comparison.gate)
+        doc.h2("Runs")
+    _body(doc, comparison)
+    return doc.text()
+
+
+def _body(doc: Doc, comparison: Comparison) -> None:
     doc.para("The first usable folder of each kind is the baseline; every other run of that kind is compared with it.")
     doc.bullets(_scope(comparison))
     if comparison.skipped:
@@ -224,4 +307,32 @@ def comparison_markdown(comparison: Comparison) -> str:
         _stage1(doc, comparison.runs_of(STAGE1), comparison.stage1, comparison.top_movers)
     if comparison.stage2 is not None:
         _stage2(doc, comparison.runs_of(STAGE2), comparison.stage2, comparison.top_movers)
+
+
+def whatif_comparison_markdown(result: WhatIfComparison) -> str:
+    """`compare.md` of two what-if folders: every rung pair's gate and stage times, then each pair's comparison."""
+    doc = Doc("What-if comparison, rung by rung")
+    doc.para(f"Baseline: `{result.base}`; compared: `{result.new}`. Rungs are paired by name.")
+    if result.gate_result is not None:
+        doc.para(f"Gate over every rung: **{result.gate_result.upper()}**.")
+    doc.raw("\n")
+    doc.table(
+        ["Rung", "Gate", "Compared"],
+        [
+            [
+                p.rung,
+                NA if p.comparison is None or p.comparison.gate is None else p.comparison.gate.result,
+                "yes" if p.comparison is not None else f"no: {p.reason}",
+            ]
+            for p in result.pairs
+        ],
+    )
+    for pair in result.pairs:
+        if pair.comparison is None:
+            continue
+        doc.h2(f"Rung {pair.rung}")
+        doc.para(f"`{pair.base_folder}` vs `{pair.new_folder}`.")
+        if pair.comparison.gate is not None:
+            _gate(doc, pair.comparison.gate, doc.h3)
+        _body(doc, pair.comparison)
     return doc.text()

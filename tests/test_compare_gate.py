@@ -1,0 +1,314 @@
+"""`perf-compare --fail-on`: the rule parser, the gate's verdicts and exit codes against noise intervals, the gate
+in compare.json, and two perf-whatif folders compared rung by rung. Run folders are copies of the shipped
+fixtures with their pass summaries edited."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llm_perf_opt.cli.compare import main
+from llm_perf_opt.errors import UserError
+from llm_perf_opt.measure.gate import FIGURES, Sample, check, figures_for, welch_interval
+from llm_perf_opt.pipeline import compare as cmp
+from llm_perf_opt.pipeline.gate_rules import parse_rule, parse_rules, resolve
+from llm_perf_opt.records.common import Summary
+from llm_perf_opt.records.comparison import (
+    IMPROVED,
+    NOT_JUDGED,
+    PASS,
+    REGRESSED,
+    Comparison,
+    load_comparison,
+    load_whatif_comparison,
+)
+from llm_perf_opt.records.io import converter, to_plain
+from llm_perf_opt.report.comparison import comparison_markdown, whatif_comparison_markdown
+
+ROOT = Path(__file__).resolve().parents[1]
+H100_A = ROOT / "tests" / "fixtures" / "compare" / "h100_s1final"
+H100_B = ROOT / "tests" / "fixtures" / "compare" / "h100_s1sol"
+CPU_TINY = ROOT / "tests" / "fixtures" / "compare" / "cpu_tiny"
+WHATIF = ROOT / "examples" / "whatif-h100-decode"
+GIB = 2**30
+
+
+# ---- the rule parser ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "figure", "percent", "amount", "unit"),
+    [
+        ("decode_ms_per_token:+5%", "decode_ms_per_token", 5.0, None, "%"),
+        ("ttft_ms:10%", "ttft_ms", 10.0, None, "%"),
+        (" prefill_ms : +3ms ", "prefill_ms", None, 3.0, "ms"),
+        ("e2e_ms:+0.5s", "e2e_ms", None, 500.0, "ms"),
+        ("peak_gpu_memory:+1GiB", "peak_gpu_memory", None, float(GIB), "B"),
+        ("peak_gpu_memory:+512MiB", "peak_gpu_memory", None, 512.0 * 2**20, "B"),
+        ("peak_gpu_memory:+64KiB", "peak_gpu_memory", None, 64.0 * 1024, "B"),
+        ("peak_gpu_memory:+100B", "peak_gpu_memory", None, 100.0, "B"),
+        ("vision/sam_ms:+.5%", "vision/sam_ms", 0.5, None, "%"),
+    ],
+)
+def test_valid_rules(text: str, figure: str, percent: float | None, amount: float | None, unit: str) -> None:
+    rule = parse_rule(text)
+    assert (rule.figure, rule.percent, rule.amount, rule.unit) == (figure, percent, amount, unit)
+    assert rule.text == text.strip()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("decode_ms_per_token", "names no figure"),
+        (":+5%", "names no figure"),
+        ("ttft_ms:-5%", "decreases are improvements"),
+        ("ttft_ms:+5", "not an allowed increase"),
+        ("ttft_ms:+5min", "not an allowed increase"),
+        ("peak_gpu_memory:+1GB", "not an allowed increase"),
+        ("ttft_ms:+x%", "not an allowed increase"),
+        ("ttft_ms:", "not an allowed increase"),
+    ],
+)
+def test_malformed_rules(text: str, message: str) -> None:
+    with pytest.raises(UserError, match=message) as raised:
+        parse_rule(text)
+    assert "FIGURE:+N%" in str(raised.value)
+
+
+def test_rules_split_on_commas_and_repeat() -> None:
+    rules = parse_rules(["decode_ms_per_token:+5%,ttft_ms:+10%", "peak_gpu_memory:+1GiB,"])
+    assert [r.figure for r in rules] == ["decode_ms_per_token", "ttft_ms", "peak_gpu_memory"]
+    assert parse_rules([]) == ()
+    with pytest.raises(UserError, match="without a rule"):
+        parse_rules([" , "])
+
+
+def test_resolve_checks_names_and_units() -> None:
+    figures = figures_for(["preprocess", "prefill", "vision/sam", "decode", "decode/step"])
+    assert "vision/sam_ms" in figures and "decode/step_ms" not in figures  # decode/step is decode_ms_per_token
+    [rule] = resolve(parse_rules(["prefill_ms:+5%"]), figures)
+    assert rule.unit == "ms"
+    with pytest.raises(UserError, match="another unit than ttft_ms's"):
+        resolve(parse_rules(["ttft_ms:+1GiB"]), figures)
+    with pytest.raises(UserError, match=r"Did you mean decode_ms_per_token") as raised:
+        resolve(parse_rules(["decode_ms_per_tok:+5%"]), figures)
+    assert "Name one of: preprocess_ms, prefill_ms, ttft_ms, decode_ms, decode_ms_per_token" in str(raised.value)
+
+
+# ---- the verdicts -------------------------------------------------------------------------------------------------
+
+
+def summary(mean: float, std: float, n: int = 5) -> Summary:
+    ci = (mean - std, mean + std) if n >= 3 else (None, None)
+    return Summary(n, mean, std, mean, mean, mean, mean, None, *ci, "ms")
+
+
+@pytest.mark.parametrize(
+    ("new", "verdict", "why"),
+    [
+        (summary(108.0, 0.5), REGRESSED, "beyond the allowed increase and beyond noise"),
+        (summary(108.0, 20.0), PASS, "beyond the allowed increase but within noise"),
+        (summary(103.0, 0.5), PASS, "within the allowed increase"),
+        (summary(90.0, 0.5), IMPROVED, "lower beyond noise"),
+        (summary(108.0, 0.5, n=2), NOT_JUDGED, "not judged: too few passes (2; an interval needs ≥ 3 on each"),
+        (summary(101.0, 0.5, n=2), PASS, "no interval: too few passes (2"),
+    ],
+)
+def test_check_needs_threshold_and_noise(new: Summary, verdict: str, why: str) -> None:
+    [rule] = resolve(parse_rules(["prefill_ms:+5%"]), FIGURES)
+    result = check(rule, "new", Sample(summary(100.0, 0.5)), Sample(new))
+    assert result.verdict == verdict and why in result.reason
+    assert result.threshold == pytest.approx(5.0) and result.change == pytest.approx(new.mean - 100.0)
+    assert result.change_pct == pytest.approx(new.mean - 100.0)
+
+
+def test_interval_per_input_leaves_the_image_mix_out() -> None:
+    """Two inputs of very different times: over all passes the mix hides a 3% change, per input it is clear."""
+    small, large = [summary(10.0, 0.1), summary(10.3, 0.1)], [summary(100.0, 1.0), summary(103.0, 1.0)]
+    base = Sample(summary(55.0, 47.0, n=10), {"a": small[0], "b": large[0]})
+    new = Sample(summary(56.65, 48.0, n=10), {"a": small[1], "b": large[1]})
+    interval = cmp_interval(base, new)
+    assert interval[2] == "per input (2 inputs)" and interval[0] > 0
+    over_all = welch_interval([(base.overall, new.overall)])
+    assert over_all is not None and over_all[0] < 0 < over_all[1]
+
+
+def cmp_interval(base: Sample, new: Sample) -> tuple[float, float, str]:
+    from llm_perf_opt.measure.gate import difference_interval
+
+    interval = difference_interval(base, new)
+    assert interval is not None
+    return interval
+
+
+# ---- exit codes on edited copies of a real run ------------------------------------------------------------------
+
+
+def _edit(folder: Path, change: Callable[[dict[str, Any]], None]) -> Path:
+    metrics = json.loads((folder / "metrics.json").read_text())
+    change(metrics)
+    (folder / "metrics.json").write_text(json.dumps(metrics))
+    return folder
+
+
+def shifted(tmp_path: Path, factor: float, std: float | None = None, n: int | None = None) -> Path:
+    """A copy of H100_A whose prefill passes (mean, spread, count) are edited."""
+
+    def change(metrics: dict[str, Any]) -> None:
+        stat = next(s["summary"] for s in metrics["stages"] if s["stage"] == "prefill")
+        stat["mean"] *= factor
+        stat["std"] = stat["std"] if std is None else std
+        if n is not None:
+            stat.update(n=n, ci95_low=None, ci95_high=None, ci_method=None)
+
+    return _edit(shutil.copytree(H100_A, tmp_path / f"new_{factor}_{std}_{n}"), change)
+
+
+def _exit(*argv: str) -> int:
+    try:
+        main(list(argv))
+    except SystemExit as ended:
+        return int(ended.code or 0)
+    return 0
+
+
+RULE = "prefill_ms:+5%"
+
+
+def test_regression_within_noise_passes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    new = shifted(tmp_path, 1.10, std=40.0)  # +10% but 25 passes scattered by ±40 ms
+    assert _exit(str(H100_A), str(new), "--out", f"{tmp_path}/out/", "--fail-on", RULE) == 0
+    assert "gate: pass" in capsys.readouterr().out
+    gate = load_comparison(tmp_path / "out" / "compare.json").gate
+    assert gate is not None and [c.verdict for c in gate.checks] == [PASS]
+    assert "beyond the allowed increase but within noise" in gate.checks[0].reason
+
+
+def test_regression_beyond_threshold_and_noise_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    new = shifted(tmp_path, 1.30)  # +30%, far beyond the 95% interval of ±14 ms of 25 passes
+    out = tmp_path / "out.md"
+    assert _exit(str(H100_A), str(new), "--out", str(out), "--fail-on", f"{RULE},ttft_ms:+10%") == 1
+    assert "gate: fail" in capsys.readouterr().out
+    md = out.read_text()
+    assert md.index("## Gate") < md.index("## Stage 1") and "**FAIL** (1 regressed, 1 pass)" in md
+    row = next(line for line in md.splitlines() if line.startswith(f"|{RULE}|"))
+    assert row.split("|")[5].endswith(" ms (+30.0%)") and row.endswith("|regressed|")
+    # a 35% allowance is not exceeded: the same change passes
+    assert _exit(str(H100_A), str(new), "--out", str(out), "--fail-on", "prefill_ms:+35%") == 0
+
+
+def test_too_few_passes_not_judged_unless_asked(tmp_path: Path) -> None:
+    few = shifted(tmp_path, 1.2, n=2)
+    out = str(tmp_path / "c.md")
+    assert _exit(str(H100_A), str(few), "--out", out, "--fail-on", RULE) == 0
+    gate = load_comparison(tmp_path / "c.json").gate
+    assert gate is not None and gate.checks[0].verdict == NOT_JUDGED and gate.checks[0].noise_low is None
+    assert "too few passes (2" in gate.checks[0].reason
+    assert _exit(str(H100_A), str(few), "--out", out, "--fail-on", RULE, "--fail-on-unjudged") == 1
+
+
+def test_pooled_decode_steps_of_older_runs_are_not_judged(tmp_path: Path) -> None:
+    """The H100 fixtures' decode/step pools 775 single steps of 25 passes: no interval from those."""
+
+    def slower(metrics: dict[str, Any]) -> None:
+        next(s for s in metrics["stages"] if s["stage"] == "decode/step")["summary"]["mean"] *= 1.2
+
+    new = _edit(shutil.copytree(H100_A, tmp_path / "new"), slower)
+    options = cmp.GateOptions(parse_rules(["decode_ms_per_token:+5%"]))
+    gate = cmp.compare([H100_A, new], options).gate
+    assert gate is not None and gate.checks[0].verdict == NOT_JUDGED and not gate.failed
+    assert "pooled 775 single decode steps (an older release)" in gate.checks[0].reason
+
+
+def test_unknown_figure_exits_2_with_one_paragraph(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "c.md"
+    assert _exit(str(H100_A), str(H100_B), "--out", str(out), "--fail-on", "decode_ms_per_tokn:+5%") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("\nerror: --fail-on rule 'decode_ms_per_tokn:+5%' names the unknown figure")
+    assert err.count("\n") == 2 and "Traceback" not in err  # one paragraph
+    assert "Did you mean decode_ms_per_token" in err and "vision/sam_ms" in err and not out.exists()
+    assert _exit(str(H100_A), str(H100_B), "--out", str(out), "--fail-on", "ttft_ms:+5") == 2
+    assert "not an allowed increase" in capsys.readouterr().err
+
+
+def test_different_workloads_refused_unless_allowed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "c.md"
+    assert _exit(str(H100_A), str(CPU_TINY), "--out", str(out), "--fail-on", RULE) == 2
+    err = capsys.readouterr().err
+    assert "device: NVIDIA H100 80GB HBM3 (h100_s1final) vs AMD EPYC (cpu_tiny)" in err and "--allow-different" in err
+    assert not out.exists()
+    allowed = ["--fail-on", RULE, "--allow-different"]
+    assert _exit(str(H100_A), str(CPU_TINY), "--out", str(out), *allowed) == 0  # 2 CPU passes: not judged
+    assert "Judged although the runs differ (--allow-different): model: deepseek_ocr2" in out.read_text()
+    assert _exit(str(H100_A), str(CPU_TINY), "--out", str(out), *allowed, "--fail-on-unjudged") == 1
+    assert _exit(str(H100_A), str(CPU_TINY), "--out", str(out)) == 0  # without rules: compared as before
+
+
+def test_compare_json_round_trips_with_the_gate(tmp_path: Path) -> None:
+    options = cmp.GateOptions(parse_rules([f"{RULE},peak_gpu_memory:+1GiB,vision/sam_ms:+3ms"]))
+    out = tmp_path / "runs.md"
+    written = cmp.write_comparison([H100_A, shifted(tmp_path, 1.3)], out, options)
+    loaded = load_comparison(tmp_path / "runs.json")
+    assert isinstance(written, Comparison) and loaded == written and loaded.gate is not None
+    assert comparison_markdown(loaded) == out.read_text()
+    assert [(c.figure, c.verdict) for c in loaded.gate.checks] == [
+        ("prefill_ms", REGRESSED),
+        ("peak_gpu_memory", NOT_JUDGED),  # trimmed records: no per-pass peaks
+        ("vision/sam_ms", PASS),
+    ]
+    assert loaded.gate.rules[1].amount == GIB and loaded.gate.result == "fail"
+    # a compare.json written before the gate existed still loads
+    old = to_plain(written)
+    del old["gate"]
+    assert converter.structure(old, Comparison).gate is None
+
+
+# ---- two what-if folders, rung by rung -------------------------------------------------------------------------
+
+
+def _scale_stage(metrics: dict[str, Any], stage: str, factor: float) -> None:
+    """Every pass of `stage` `factor` times slower (its summaries, overall and per input)."""
+    stats = [s for s in metrics["stages"] if s["stage"] == stage]
+    stats += [s for per in metrics["per_image"].values() for s in per if s["stage"] == stage]
+    for stat in stats:
+        for key in ("mean", "std", "min", "p50", "p90", "max", "ci95_low", "ci95_high"):
+            stat["summary"][key] *= factor
+
+
+def test_two_whatif_folders_compared_rung_by_rung(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    before, after = shutil.copytree(WHATIF, tmp_path / "before"), shutil.copytree(WHATIF, tmp_path / "after")
+    _edit(after / "rungs" / "02-cuda_graphs", lambda m: _scale_stage(m, "decode/step", 1.5))
+    out = tmp_path / "cmp"
+    rules = "decode_ms_per_token:+5%,peak_gpu_memory:+1GiB"
+    assert _exit(str(before), str(after), "--out", f"{out}/", "--fail-on", rules) == 1
+    assert "gate: fail" in capsys.readouterr().out
+
+    result = load_whatif_comparison(out / "compare.json")
+    pairs = {p.rung: p for p in result.pairs}
+    assert list(pairs)[:2] == ["baseline", "static_cache"] and result.gate_failed
+    assert pairs["ladder-1-cuda_graphs"].comparison is None
+    assert "reuses the measurements of rung cuda_graphs" in str(pairs["ladder-1-cuda_graphs"].reason)
+    verdicts = {
+        name: [c.verdict for c in p.comparison.gate.checks]
+        for name, p in pairs.items()
+        if p.comparison is not None and p.comparison.gate is not None
+    }
+    assert verdicts.pop("cuda_graphs") == [REGRESSED, PASS]
+    assert len(verdicts) == 6 and all(v == [PASS, PASS] for v in verdicts.values())
+    regressed = pairs["cuda_graphs"].comparison
+    assert regressed is not None and [r.label for r in regressed.runs] == ["before", "after"]
+    md = (out / "compare.md").read_text()
+    assert md == whatif_comparison_markdown(result) and "|cuda_graphs|fail|yes|" in md
+
+    # unchanged: every rung passes
+    assert _exit(str(before), str(before), "--out", f"{out}/", "--fail-on", rules) == 0
+
+
+def test_whatif_folder_with_a_run_folder_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _exit(str(WHATIF), str(H100_A), "--out", str(tmp_path / "c.md")) == 2
+    assert "Compare exactly two perf-whatif folders" in capsys.readouterr().err

@@ -528,3 +528,17 @@ def match_best(graphs: Sequence[CompiledGraph], observed: Sequence[str]) -> tupl
         why = "no compiled graph with parsed launches was recorded"
         return None, KernelMatch(modules=empty, launch=empty, matched=0, anchors=0, note=why)
     return best
+
+
+def compiled_resolver(provenance: InductorProvenance) -> Callable[[Sequence[str]], Sequence[str | None]]:
+    """A resolver for `measure.module_attribution`: the kernels of one stage forward that no module range held, in
+    launch order, aligned with the recorded graph that fits them best — or with every recorded graph's launches
+    in compile order, for a forward that runs several graphs (graph breaks, partitions)."""
+
+    def resolve(observed: Sequence[str]) -> Sequence[str | None]:
+        graphs = list(provenance.graphs)
+        every = tuple(launch for graph in graphs for launch in graph.launches)
+        candidates = [*graphs, CompiledGraph(index=-1, node_modules={}, launches=every)] if len(graphs) > 1 else graphs
+        return match_best(candidates, observed)[1].modules
+
+    return resolve

@@ -1,9 +1,10 @@
 """Module ranges for the profiled pass: a `record_function("module:<path>")` around every submodule's forward.
 
 Installed only around the profiled pass (the hooks cost host time, so never in a timed pass) and removed after it.
-Each kernel is later given to the innermost module range around its launch (`measure.module_attribution`). Code
-that torch.compile compiled runs no hooks (Dynamo does not guard on hooks added after compiling, so adding them
-causes no recompilation): its kernels are given modules by inductor's provenance instead.
+Each kernel is later given to the innermost module range around its launch (`measure.module_attribution`). Inside
+code that torch.compile compiles the hooks do nothing (Dynamo traces them as no-ops, so the compiled code is the
+same; adding hooks does make Dynamo compile the step again, which the profiled pass does before profiling): those
+kernels are given modules by inductor's provenance instead (`measure.compiled_modules`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import attrs
+import torch
 from torch import nn
 from torch.profiler import record_function
 
@@ -42,6 +44,8 @@ def module_ranges(root: nn.Module) -> Iterator[ModuleRanges]:
 
     def enter(label: str) -> Any:
         def pre_hook(module: nn.Module, args: Any) -> None:
+            if torch.compiler.is_compiling():  # traced by Dynamo: no range inside compiled code
+                return
             rf = record_function(label)
             rf.__enter__()
             open_ranges.setdefault(id(module), []).append(rf)
@@ -49,6 +53,8 @@ def module_ranges(root: nn.Module) -> Iterator[ModuleRanges]:
         return pre_hook
 
     def leave(module: nn.Module, args: Any, output: Any) -> None:
+        if torch.compiler.is_compiling():
+            return
         stack = open_ranges.get(id(module))
         if stack:
             stack.pop().__exit__(None, None, None)

@@ -8,13 +8,14 @@ Each operator is attributed to the innermost stage span (`record_function` label
 from __future__ import annotations
 
 import bisect
+import contextlib
 import gzip
 import logging
 import re
 import shutil
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,10 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.kernel_names import short_kernel_name
+from llm_perf_opt.measure.compiled_modules import InductorProvenance, compiled_resolver
 from llm_perf_opt.measure.kernel_activity import PREFILL_STEP, KernelSpan, decode_activity
-from llm_perf_opt.measure.module_attribution import CompiledResolver, module_times
-from llm_perf_opt.measure.module_ranges import module_ranges, module_types
+from llm_perf_opt.measure.module_attribution import PROVENANCE_METHOD_NAME, module_times
+from llm_perf_opt.measure.module_ranges import ModuleRanges, module_ranges, module_types
 from llm_perf_opt.measure.profiler_labels import LABEL_PREFIXES, STAGE_LABEL_PREFIX
 from llm_perf_opt.measure.timing import NullRecorder, StageRecorder
 from llm_perf_opt.records import vocabulary as vocab
@@ -223,6 +225,14 @@ def _is_kernel(ev: Any) -> bool:
     return on_gpu and not ev.name.startswith(LABEL_PREFIXES) and not _NOT_KERNEL.match(ev.name)
 
 
+def kernel_filter(everything: Sequence[Any]) -> Callable[[Any], bool]:
+    """`_is_kernel`, less the device-side copies of host annotations: torch builds without
+    `FunctionEvent.activity_type` list a `record_function` range (e.g. inductor's "## Call CompiledFxGraph … ##") on
+    the GPU too, under the host range's name, which no kernel has."""
+    host_names = {ev.name for ev in everything if ev.device_type == DeviceType.CPU}
+    return lambda ev: _is_kernel(ev) and ev.name not in host_names
+
+
 def _is_launch(ev: Any) -> bool:
     kind = getattr(ev, "activity_type", None)
     if kind:
@@ -247,7 +257,8 @@ def _step_spans(events: Sequence[Any]) -> dict[int, tuple[float, float]]:
 
 def kernel_activity(events: Sequence[Any]) -> DecodeActivity | None:
     """Kernels per decode step and per prefill, with busy and wall time, from the profiler's events (CUDA runs)."""
-    kernels = [ev for ev in events if ev.device_type == DeviceType.CUDA and _is_kernel(ev)]
+    is_kernel = kernel_filter(events)
+    kernels = [ev for ev in events if ev.device_type == DeviceType.CUDA and is_kernel(ev)]
     spans = _step_spans(events)
     if not kernels or not spans:
         return None
@@ -284,12 +295,10 @@ def profile_image(
     with_flops: bool,
     trace_path: Path | None,
     modules: bool = False,
-    compiled: CompiledResolver | None = None,
-    compiled_method: str = "",
 ) -> OperatorTable:
     """Run one input (or, for a batched run, its first batch: `paths`) under the profiler (prefill + `decode_steps`
     decode steps) and build its operator table; with `modules`, the kernel time by module too (module ranges
-    around every forward; kernels outside them, e.g. CUDA-graph replays, to `compiled` when given)."""
+    around every forward; compiled code's kernels, CUDA-graph replays included, by inductor's provenance)."""
     batch = [session.prepare(path) for path in paths]
 
     def forward(recorder: StageRecorder) -> None:
@@ -298,25 +307,20 @@ def profile_image(
         else:  # a batched run profiles its first batch
             session.generate_batch(batch, decode_steps + 1, recorder)
 
-    if session.runtime.compile != "none":
-        # The profiled pass decodes fewer tokens than the timed passes, so a static cache of another length: its
-        # compilation and CUDA-graph capture happen here, untimed and unprofiled, so the profile shows steady state.
-        forward(NullRecorder(session.device))
-
-    def forward_in_ranges(recorder: StageRecorder) -> None:
-        with module_ranges(session.model) as ranges:
-            forward(recorder)
-        refused.extend(ranges.refused)
-
-    refused: list[str] = []
-    prof, everything, started = _profiled_pass(
-        session.device,
-        forward_in_ranges if modules else forward,
-        record_shapes=record_shapes,
-        profile_memory=profile_memory,
-        with_stack=with_stack,
-        with_flops=with_flops,
-    )
+    with _attribution(session, modules) as attribution:
+        if session.runtime.compile != "none":
+            # The profiled pass decodes fewer tokens than the timed passes, so a static cache of another length (and
+            # the module ranges' hooks are new to Dynamo): its compilation and CUDA-graph capture happen here,
+            # untimed and unprofiled, so the profile shows steady state.
+            forward(NullRecorder(session.device))
+        prof, everything, started = _profiled_pass(
+            session.device,
+            forward,
+            record_shapes=record_shapes,
+            profile_memory=profile_memory,
+            with_stack=with_stack,
+            with_flops=with_flops,
+        )
     events = _operator_events(everything)
     on_cuda = session.device.type == "cuda"
     sort_key = "self_device_ms" if on_cuda else "self_cpu_ms"
@@ -342,31 +346,50 @@ def profile_image(
         postprocess_s=time.perf_counter() - started,
         trace_path=written,
         activity=kernel_activity(everything) if on_cuda else None,
-        modules=_module_times(session, everything, on_cuda, compiled, compiled_method, refused) if modules else None,
+        modules=attribution.times(everything, on_cuda) if attribution is not None else None,
     )
 
 
-def _module_times(
-    session: Any,
-    everything: Any,
-    on_cuda: bool,
-    compiled: CompiledResolver | None,
-    compiled_method: str,
-    refused: Sequence[str],
-) -> ModuleTimes:
-    notes = (
-        [f"{len(refused)} modules took no hooks (their kernels go to their parent): {refused[0]}"] if refused else []
-    )
-    return module_times(
-        everything,
-        on_cuda=on_cuda,
-        is_kernel=_is_kernel,
-        types=module_types(session.model),
-        roots=session.adapter.analytic_module_roots(session.model),
-        compiled=compiled,
-        compiled_method=compiled_method,
-        notes=notes,
-    )
+class _Attribution:
+    """Module attribution of the profiled pass: the module ranges, and inductor's provenance for compiled code."""
+
+    def __init__(self, session: Any, ranges: ModuleRanges, provenance: InductorProvenance | None, why: str | None):
+        self.session, self.ranges, self.provenance = session, ranges, provenance
+        self.notes = [why] if why else []
+
+    def times(self, everything: Any, on_cuda: bool) -> ModuleTimes:
+        notes = list(self.notes)
+        if refused := self.ranges.refused:
+            notes.append(f"{len(refused)} modules took no hooks (their kernels go to their parent): {refused[0]}")
+        if self.provenance is not None:
+            notes += self.provenance.notes
+        return module_times(
+            everything,
+            on_cuda=on_cuda,
+            is_kernel=kernel_filter(everything),
+            types=module_types(self.session.model),
+            roots=self.session.adapter.analytic_module_roots(self.session.model),
+            compiled=compiled_resolver(self.provenance) if self.provenance is not None else None,
+            compiled_method=PROVENANCE_METHOD_NAME,
+            notes=notes,
+        )
+
+
+@contextlib.contextmanager
+def _attribution(session: Any, modules: bool) -> Iterator[_Attribution | None]:
+    """Module ranges around every forward (and, for a compiled runtime, inductor's provenance recorder) while
+    inside; None when module attribution is off."""
+    if not modules:
+        yield None
+        return
+    provenance = InductorProvenance(session.model) if session.runtime.compile != "none" else None
+    why = provenance.install() if provenance is not None else None
+    try:
+        with module_ranges(session.model) as ranges:
+            yield _Attribution(session, ranges, provenance, why)
+    finally:
+        if provenance is not None:
+            provenance.uninstall()
 
 
 def _profiled_pass(
@@ -421,8 +444,15 @@ def _operator_events(everything: Any) -> list[Any]:
 
 
 def _kernel_events(everything: Any) -> list[Any]:
-    """Device-side events, less the device copies of the stage and module labels (annotations, not kernels)."""
-    return [ev for ev in everything if ev.device_type == DeviceType.CUDA and not ev.name.startswith(LABEL_PREFIXES)]
+    """Device-side events, less the device copies of host annotations (the stage and module labels, inductor's)."""
+    is_kernel = kernel_filter(everything)
+    return [
+        ev
+        for ev in everything
+        if ev.device_type == DeviceType.CUDA
+        and not ev.name.startswith(LABEL_PREFIXES)
+        and (is_kernel(ev) or _NOT_KERNEL.match(ev.name))
+    ]
 
 
 def _write_trace(prof: Any, trace_path: Path) -> str:

@@ -10,6 +10,7 @@ The counter moves about every 100 ms and one read costs a few ms, so each window
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -26,6 +27,7 @@ from llm_perf_opt.records.memory import EnergyPass, EnergyWindow
 if TYPE_CHECKING:
     from llm_perf_opt.session.session import InferenceSession
 
+log = logging.getLogger("llm_perf_opt.energy")
 COUNTER_PERIOD_S = 0.1  # the energy counter's update period (about)
 MIN_WINDOW_S = 10 * COUNTER_PERIOD_S
 METHOD = (
@@ -97,16 +99,24 @@ class NvmlCounter:
 
 
 def _handle(nvml: Any, device: torch.device) -> Any:
-    """NVML's handle of torch's `device` (CUDA_VISIBLE_DEVICES renumbers torch's devices, not NVML's)."""
+    """NVML's handle of torch's `device` (CUDA_VISIBLE_DEVICES renumbers torch's devices, not NVML's): by UUID,
+    else by PCI bus id, else by index (only where nothing renumbers). Strings go to pynvml as bytes, which every
+    nvidia-ml-py release takes."""
+    error = getattr(nvml, "NVMLError", RuntimeError)
     props = torch.cuda.get_device_properties(device)
     uuid = getattr(props, "uuid", None)
     if uuid is not None:
         text = str(uuid)
-        return nvml.nvmlDeviceGetHandleByUUID(text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}")
+        try:
+            return nvml.nvmlDeviceGetHandleByUUID(
+                (text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}").encode()
+            )
+        except error as exc:  # a MIG slice or an older driver: the PCI bus id below
+            log.info("NVML does not know %s (%s): finding the GPU by its PCI bus id", text, exc)
     bus = getattr(props, "pci_bus_id", None)
     if bus is not None:
         domain, dev = getattr(props, "pci_domain_id", 0), getattr(props, "pci_device_id", 0)
-        return nvml.nvmlDeviceGetHandleByPciBusId(f"{domain:08X}:{bus:02X}:{dev:02X}.0")
+        return nvml.nvmlDeviceGetHandleByPciBusId(f"{domain:08X}:{bus:02X}:{dev:02X}.0".encode())
     if os.environ.get("CUDA_VISIBLE_DEVICES"):
         raise EnergyUnavailable("cannot tell torch's GPU among NVML's (no UUID or PCI id; CUDA_VISIBLE_DEVICES set)")
     return nvml.nvmlDeviceGetHandleByIndex(device.index or 0)

@@ -20,7 +20,9 @@ import torch
 from llm_perf_opt.hardware.table import peak_bandwidth, peak_compute
 from llm_perf_opt.measure.aggregate import batch_summary, stage_stats, throughput
 from llm_perf_opt.measure.efficiency import efficiency_by_stage
+from llm_perf_opt.measure.energy import METHOD as ENERGY_METHOD
 from llm_perf_opt.measure.flops import FLOP_SOURCE, GROUPED_MM_FALLBACK_OP, StageFlops
+from llm_perf_opt.measure.memory import breakdown, fit_prediction, resident_other
 from llm_perf_opt.measure.mfu import TimedPass, mfu_by_stage
 from llm_perf_opt.measure.module_floors import module_attribution
 from llm_perf_opt.measure.routing import RoutingTrace, summarize_routing
@@ -28,6 +30,14 @@ from llm_perf_opt.measure.torch_profiler import OperatorTable
 from llm_perf_opt.measure.variation import high_variation, stage_variation
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.common import SCHEMA_VERSION, PeakFigure
+from llm_perf_opt.records.memory import (
+    AnalyticMemory,
+    EnergyPass,
+    EnergyReport,
+    MemoryPass,
+    MemoryReport,
+    StageEnergy,
+)
 from llm_perf_opt.records.modules import ModuleAttribution
 from llm_perf_opt.records.stage1 import (
     BatchRecord,
@@ -68,6 +78,11 @@ class Stage1Measurements:
     decode_experts: str | None = None  # which routed-expert count the batch decode bytes used
     reused_process: bool = False  # an earlier job ran in this process (a reused launcher worker)
     timed_compiles: list[CompileEvent] = attrs.Factory(list)  # compiling calls that fell in timed passes
+    # The memory and energy passes, or why they did not run (None and None: not asked, e.g. a partial run)
+    memory: MemoryPass | None = None
+    memory_reason: str | None = None
+    energy: EnergyPass | None = None
+    energy_reason: str | None = None
 
 
 @attrs.frozen
@@ -309,6 +324,105 @@ class Stage1Analysis:
             )
         return out
 
+    # ---- memory and energy -------------------------------------------------------------------------------------
+    def memory(self) -> MemoryReport | None:
+        """The memory pass: each stage's peak in parts, the analytic expectation, and what fits on this GPU."""
+        m = self.measured
+        if m.memory is None:
+            return None if m.memory_reason is None else MemoryReport(available=False, reason=m.memory_reason)
+        measured = m.memory
+        other = resident_other(measured)
+        parts = tuple(
+            breakdown(p, measured.weights_bytes, other, measured.preexisting_kv_bytes) for p in measured.peaks
+        )
+        whole = next((b for b in parts if b.stage == vocab.E2E), None)
+        fit = None
+        if whole is not None and measured.total_memory_bytes:
+            fit = fit_prediction(
+                measured.total_memory_bytes,
+                measured.outside_allocator_bytes,
+                whole,
+                measured.batch_size,
+                measured.kv_bytes_per_token,
+            )
+        return MemoryReport(
+            available=True,
+            measured=measured,
+            breakdown=parts,
+            analytic=self.analytic_memory(measured, whole.peak_allocated_bytes if whole else 0),
+            fit=fit,
+        )
+
+    def analytic_memory(self, measured: MemoryPass, peak: int) -> AnalyticMemory:
+        """Expected peak = weights + KV per token × context × batch + the analytic model's largest activation (the
+        largest activation bytes of one module of the input's stages: its inputs and outputs, live together)."""
+        kv = None
+        if measured.kv_bytes_per_token is not None:
+            kv = measured.kv_bytes_per_token * measured.context_tokens * measured.batch_size
+        costs = self.forwards().costs.get(measured.input) or {}
+        largest = max(
+            (float(mod.activation_bytes) for cost in costs.values() for mod in getattr(cost, "modules", ())),
+            default=None,
+        )
+        expected = measured.weights_bytes + (kv or 0.0) + (largest or 0.0)
+        method = "weights (parameters + buffers) + KV cache (bytes per token × context × batch)" + (
+            " + the analytic model's largest module activation (inputs + outputs of one module)"
+            if largest is not None
+            else "; no analytic model, so no activation term"
+        )
+        return AnalyticMemory(
+            weights_bytes=measured.weights_bytes,
+            kv_bytes=kv,
+            largest_activation_bytes=largest,
+            expected_bytes=expected,
+            measured_bytes=peak,
+            ratio=peak / expected if expected > 0 else None,
+            method=method,
+        )
+
+    def energy(self) -> EnergyReport | None:
+        """The energy pass: J per pass, W and FLOP/J per stage, J per page and per decode token, tokens per J."""
+        m = self.measured
+        if m.energy is None:
+            return None if m.energy_reason is None else EnergyReport(available=False, reason=m.energy_reason)
+        e = m.energy
+        idle_w = e.idle.watts
+        flops = self.flops_per_stage(m.batch_flops if m.batches else m.flops).get(e.input, {})
+        whole = _stage_energy(
+            "pass",
+            e.whole.millijoules / 1e3 / e.whole.iterations,
+            e.whole.seconds / e.whole.iterations,
+            idle_w,
+            _sum_or_none(flops.get(vocab.PREFILL), flops.get(vocab.DECODE)),
+        )
+        stages = [whole]
+        decode_tokens = (e.new_tokens - 1) * e.pages
+        per_token = None
+        if e.prefill is not None:
+            pre = _stage_energy(
+                "prefill",
+                e.prefill.millijoules / 1e3 / e.prefill.iterations,
+                e.prefill.seconds / e.prefill.iterations,
+                idle_w,
+                flops.get(vocab.PREFILL),
+            )
+            stages.insert(0, pre)
+            decode = _difference(whole, pre, idle_w, flops.get(vocab.DECODE))
+            stages.insert(1, decode)
+            if decode.joules is not None and decode_tokens > 0:
+                per_token = decode.joules / decode_tokens
+        assert whole.joules is not None
+        return EnergyReport(
+            available=True,
+            measured=e,
+            idle_watts=idle_w,
+            stages=tuple(stages),
+            joules_per_page=whole.joules / e.pages,
+            joules_per_decode_token=per_token,
+            tokens_per_joule=e.new_tokens * e.pages / whole.joules if whole.joules > 0 else None,
+            method=ENERGY_METHOD,
+        )
+
     # ---- everything --------------------------------------------------------------------------------------------
     def profiler(self) -> ProfilerInfo | None:
         """The profiled pass in brief, None when it did not run."""
@@ -383,4 +497,46 @@ class Stage1Analysis:
             batch_summary=batch_summary(m.batches, setup.settings.batch_size, m.decode_experts),
             flops_per_batch=self.flops_per_stage(m.batch_flops),
             modules=self.modules(peak, bandwidth),
+            memory=self.memory(),
+            energy=self.energy(),
         )
+
+
+def _sum_or_none(prefill: float | None, decode: float | None) -> float | None:
+    """Prefill FLOPs + decode FLOPs per pass (both counted at the run's max_new_tokens, which the energy pass
+    runs), None when either is unknown."""
+    if prefill is None or decode is None:
+        return None
+    return prefill + decode
+
+
+def _stage_energy(stage: str, joules: float, seconds: float, idle_w: float, flops: float | None) -> StageEnergy:
+    """One stage's energy per pass from its joules and seconds per pass."""
+    return StageEnergy(
+        stage=stage,
+        joules=joules,
+        seconds=seconds,
+        watts=joules / seconds if seconds > 0 else None,
+        above_idle_joules=joules - idle_w * seconds,
+        flops=flops,
+        flop_per_joule=flops / joules if flops is not None and joules > 0 else None,
+    )
+
+
+def _difference(whole: StageEnergy, prefill: StageEnergy, idle_w: float, flops: float | None) -> StageEnergy:
+    """Decode per pass = the whole pass − the prefill-only pass; not available when it is not positive."""
+    assert whole.joules is not None and whole.seconds is not None
+    assert prefill.joules is not None and prefill.seconds is not None
+    joules, seconds = whole.joules - prefill.joules, whole.seconds - prefill.seconds
+    if joules <= 0 or seconds <= 0:
+        return StageEnergy(
+            stage=vocab.DECODE,
+            joules=None,
+            seconds=None,
+            watts=None,
+            above_idle_joules=None,
+            flops=flops,
+            flop_per_joule=None,
+            note=f"not available: whole pass − prefill = {joules:,.3f} J over {seconds:,.3f} s (within noise)",
+        )
+    return attrs.evolve(_stage_energy(vocab.DECODE, joules, seconds, idle_w, flops), note="whole pass − prefill")

@@ -14,7 +14,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from llm_perf_opt.config_data import plain
 from llm_perf_opt.data.inputs import InputChoice
-from llm_perf_opt.errors import require_whole
+from llm_perf_opt.errors import UserError, require_whole
+from llm_perf_opt.measure.energy import EnergySettings
+from llm_perf_opt.measure.memory import MemorySettings
 from llm_perf_opt.output_settings import output_settings
 from llm_perf_opt.records.stage1 import ProfilerSettings, RunSettings, RuntimeRecord
 from llm_perf_opt.session.runtime import RuntimeSettings
@@ -128,4 +130,35 @@ def run_settings(
         outputs=output_settings(cfg),
         runtime=RuntimeRecord(**runtime.as_dict(), label=runtime.label),
         fill_batches=bool(cfg.run.get("fill_batches", False)),
+    )
+
+
+def _number(key: str, value: Any, low: float, unit: str) -> float:
+    """`value` as a number ≥ `low`, or a UserError naming `key`."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = float("nan")
+    if not number >= low:  # NaN fails too
+        raise UserError(f"{key}={value} is out of range", f"Set {key} to a number of {unit} ≥ {low:g}")
+    return number
+
+
+def memory_settings(cfg: DictConfig) -> MemorySettings:
+    """`pipeline.memory` (defaults where the config has none, e.g. a composed config of an older layout)."""
+    mem = cfg.get("pipeline", {}).get("memory") or {}
+    return MemorySettings(
+        enable=bool(mem.get("enable", True)),
+        max_entries=require_whole("pipeline.memory.max_entries", mem.get("max_entries", 100_000), 1),
+        snapshot_max_mib=_number("pipeline.memory.snapshot_max_mib", mem.get("snapshot_max_mib", 256), 0.0, "MiB"),
+    )
+
+
+def energy_settings(cfg: DictConfig) -> EnergySettings:
+    """`pipeline.energy`."""
+    energy = cfg.get("pipeline", {}).get("energy") or {}
+    return EnergySettings(
+        enable=bool(energy.get("enable", True)),
+        loop_seconds=_number("pipeline.energy.loop_seconds", energy.get("loop_seconds", 1.0), 0.0, "seconds"),
+        idle_seconds=_number("pipeline.energy.idle_seconds", energy.get("idle_seconds", 1.0), 0.0, "seconds"),
     )

@@ -106,6 +106,8 @@ def workload_argv(
     argv = [sys.executable, "-m", "llm_perf_opt.cli.stage1", *user_overrides]
     defaults = {  # the user's value wins
         "pipeline.torch_profiler.enable": "false",  # the torch profiler and Nsight both use CUPTI
+        "pipeline.memory.enable": "false",  # Stage 1's extra passes: nothing Nsight analyses
+        "pipeline.energy.enable": "false",
         "run.repeats": cfg.stage2.workload.repeats,
         "run.warmup": cfg.stage2.workload.warmup,
     }

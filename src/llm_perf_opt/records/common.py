@@ -9,7 +9,8 @@ import attrs
 #      RunSettings.fill_batches, Verdict.judged, the comparisons' config_differences (all with defaults).
 #      Also in 1.2 (a default only, so the version stays): ModelInfo.family, the model family as its adapter
 #      describes it (None in older folders, whose family the reports probe from the preprocessing keys).
-SCHEMA_VERSION = "1.2"
+# 1.3: Stage1Metrics.memory and .energy (the memory and energy passes; None in older folders).
+SCHEMA_VERSION = "1.3"
 SCHEMA_MAJOR = SCHEMA_VERSION.split(".", 1)[0]
 
 # Run states (`run_status.json`): `running` from the start, then exactly one of the other three.

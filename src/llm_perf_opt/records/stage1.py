@@ -9,6 +9,7 @@ from typing import Any
 import attrs
 
 from llm_perf_opt.records.common import PeakFigure, Summary
+from llm_perf_opt.records.memory import EnergyReport, MemoryReport
 from llm_perf_opt.records.modules import ModuleAttribution, ModuleTimes
 
 BYTES_SOURCE = "analytic model (llm_perf_opt.analytic): weights read + activations + KV cache"
@@ -556,6 +557,9 @@ class Stage1Metrics:
     batch_summary: BatchSummary | None = None
     flops_per_batch: Mapping[str, Mapping[str, float]] = attrs.field(factory=dict)  # batch key -> stage -> FLOPs
     modules: ModuleAttribution | None = None  # the profiled pass's kernel time by module, beside each module's floor
+    # The memory and energy passes (schema 1.3; None in older folders, whose reports say they were not recorded)
+    memory: MemoryReport | None = None
+    energy: EnergyReport | None = None
 
     @property
     def vision_stages(self) -> tuple[str, ...]:

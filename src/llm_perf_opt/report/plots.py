@@ -385,6 +385,42 @@ PLOTS = {
 }
 
 
+MEMORY_TIMELINE = "memory/memory_timeline.png"
+_BAND_COLOURS = {PREPROCESS: "#9e9e9e", vocab.PREFILL: "#f28e2b", DECODE: "#59a14f"}
+
+
+def memory_timeline(m: Metrics, path: Path) -> Path | None:
+    """Allocated and reserved GPU memory over the memory pass (samples at every stage boundary, so every decode
+    step), with a band per top-level stage; None without a memory pass."""
+    measured = m.memory.measured if m.memory is not None else None
+    if measured is None or not measured.samples:
+        return None
+    samples = measured.samples
+    t = [s.t_ms for s in samples]
+    gib = 2.0**30
+    fig, ax = plt.subplots(figsize=(9.0, 4.2), layout="constrained")
+    for stage, colour in _BAND_COLOURS.items():
+        begins = [s.t_ms for s in samples if s.stage == stage and s.event == "begin"]
+        ends = [s.t_ms for s in samples if s.stage == stage and s.event == "end"]
+        for k, (lo, hi) in enumerate(zip(begins, ends, strict=False)):
+            ax.axvspan(lo, hi, color=colour, alpha=0.15, linewidth=0, label=stage if k == 0 else None)
+    ax.step(t, [s.reserved_bytes / gib for s in samples], where="post", color="#4e79a7", label="reserved")
+    ax.step(t, [s.allocated_bytes / gib for s in samples], where="post", color="#e15759", label="allocated")
+    ax.step(t, [s.kv_bytes / gib for s in samples], where="post", color="#76b7b2", linestyle="--", label="KV cache")
+    ax.axhline(measured.weights_bytes / gib, color="#555555", linestyle=":", linewidth=1, label="weights")
+    ax.set_xlabel("host time since the pass began (ms)")
+    ax.set_ylabel("GPU memory (GiB)")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    fig.legend(loc="outside right upper", fontsize=8, frameon=False)
+    ax.set_title(
+        f"Memory pass: {measured.input} (batch {measured.batch_size}, {measured.new_tokens} new tokens; "
+        f"{m.device.name}; sampled at stage boundaries)",
+        fontsize=9.5,
+    )
+    return save_figure(fig, path)
+
+
 def write_plots(plots: Mapping[str, Callable[[Any, Path], Path | None]], source: Any, folder: Path) -> dict[str, Path]:
     """Every plot of `plots` that applies to `source`, as `folder/plots/<name>.png`; returns name -> path."""
     out: dict[str, Path] = {}
@@ -398,6 +434,10 @@ def write_plots(plots: Mapping[str, Callable[[Any, Path], Path | None]], source:
 def write_stage1_plots(
     m: Metrics, folder: Path, extra: Mapping[str, Callable[[Any, Path], Path | None]] | None = None
 ) -> dict[str, Path]:
-    """Every Stage 1 plot that applies (`PLOTS`, then `extra`), as `folder/plots/<name>.png`; returns name ->
-    path."""
-    return write_plots({**PLOTS, **(extra or {})}, m, folder)
+    """Every Stage 1 plot that applies (`PLOTS`, then `extra`), as `folder/plots/<name>.png` (the memory timeline
+    as `folder/memory/memory_timeline.png`); returns name -> path."""
+    out = write_plots({**PLOTS, **(extra or {})}, m, folder)
+    timeline = memory_timeline(m, folder / MEMORY_TIMELINE)
+    if timeline is not None:
+        out["memory_timeline"] = timeline
+    return out

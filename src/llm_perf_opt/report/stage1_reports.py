@@ -31,6 +31,7 @@ from llm_perf_opt.records.stage1 import (
 from llm_perf_opt.records.whatif import WhatIfRecord
 from llm_perf_opt.report import batches, gallery
 from llm_perf_opt.report.markdown import Doc, flops, link, ms, num_bytes, pct
+from llm_perf_opt.report.memory_energy import energy_section, memory_section
 from llm_perf_opt.report.modules_report import modules_md, modules_plot, modules_section
 from llm_perf_opt.report.plots import write_stage1_plots
 from llm_perf_opt.report.recommendations import key_findings, recommendations
@@ -614,6 +615,14 @@ def _measured_peaks_of_run(doc: Doc, r: _Report) -> None:
     _measured_peaks_section(doc, r.m)
 
 
+def _memory_by_stage_section(doc: Doc, r: _Report) -> None:
+    memory_section(doc, r.m.memory, r.plots.get("memory_timeline"))
+
+
+def _energy_section(doc: Doc, r: _Report) -> None:
+    energy_section(doc, r.m.energy)
+
+
 def _top_operators_section(doc: Doc, r: _Report) -> None:
     m, operators = r.m, r.operators
     if operators is None:
@@ -659,6 +668,8 @@ REPORT_SECTIONS: tuple[Callable[[Doc, _Report], None], ...] = (
     _speed_of_light_section,
     _measured_peaks_of_run,
     _modules_section,
+    _memory_by_stage_section,
+    _energy_section,
     _top_operators_section,
     _files_section,
 )

@@ -89,6 +89,9 @@ class DecodeLoop:
         self.decode_step: Callable[..., torch.Tensor] = self._decode
         self.prefill_step: Callable[..., tuple[torch.Tensor, Any]] = self._prefill
         self.compiled: list[CompiledStep] = []
+        # Called with the pass's KV cache when it is made (None: the prefill makes it) and again after the prefill
+        # (the memory pass measures the cache's tensors through it).
+        self.cache_observer: Callable[[Any], None] | None = None
         if runtime.compiles_decode:
             decode = CompiledStep("decode", self._decode, runtime.compile_mode, runtime.compile)
             self.decode_step = decode
@@ -141,6 +144,8 @@ class DecodeLoop:
         with recorder.span(vocab.PREFILL), around(0):
             plan = self._plan(batch, embed)
             kv = self.caches.for_batch(size, plan.length, max_new_tokens)
+            if self.cache_observer is not None:
+                self.cache_observer(kv.cache)
             shape = (size, plan.length, kv.static_length or plan.length)
             if plan.key_valid is not None:
                 plan.prefill["attention_mask"] = self._prefill_mask(plan.key_valid, shape[2])
@@ -150,6 +155,8 @@ class DecodeLoop:
                 logits = logits.clone()  # a CUDA-graph output is overwritten by the next replay
             else:
                 logits, cache = self.prefill_step(plan.prefill, kv.cache)
+            if self.cache_observer is not None:
+                self.cache_observer(cache)
             first = logits.argmax(-1)
         kept = logits.to(torch.float32, copy=True) if keep_logits else None  # to the host after the pass
         tokens = torch.empty((size, max_new_tokens), dtype=torch.long, device=first.device)

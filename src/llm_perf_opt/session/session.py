@@ -6,8 +6,8 @@ image-text-to-text models); `DeepSeekOCRSession` is the same session for the Dee
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
@@ -413,6 +413,15 @@ class InferenceSession:
     @property
     def vision_stages(self) -> tuple[str, ...]:
         return tuple(self._stage_modules)
+
+    @contextmanager
+    def observe_cache(self, observer: Callable[[Any], None]) -> Iterator[None]:
+        """Within the block, `observer` sees each pass's KV cache when it is made and after the prefill."""
+        self._loop.cache_observer = observer
+        try:
+            yield
+        finally:
+            self._loop.cache_observer = None
 
     # ---- running -----------------------------------------------------------------------------------
     def prepare(self, input_path: Path) -> PreparedInputs:

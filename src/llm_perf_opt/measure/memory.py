@@ -1,0 +1,376 @@
+"""The memory pass: one untimed pass after the timed ones with the allocator's peaks recorded per stage, the KV
+cache measured at each stage boundary, and (CUDA) the allocator's history kept for PyTorch's memory viewer.
+
+`MemoryRecorder` is a `StageRecorder` that, at every span boundary, reads the allocator (allocated, reserved and
+the peaks since the previous boundary), folds the peak into every open span and resets the peak counters, so each
+span's peak is exact however spans nest. The pure functions below (`breakdown`, `fit_prediction`,
+`kv_bytes_per_token`) turn what it saw into the report's figures.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import attrs
+import torch
+
+from llm_perf_opt.measure.timing import StageRecorder
+from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records.memory import (
+    FitPrediction,
+    GraphPools,
+    MemoryBreakdown,
+    MemoryPass,
+    MemorySample,
+    StagePeak,
+)
+
+if TYPE_CHECKING:
+    from llm_perf_opt.session.session import InferenceSession
+
+MIB = 2**20
+SNAPSHOT_FILE = "memory/snapshot.pickle"
+
+
+@attrs.frozen
+class MemorySettings:
+    """`pipeline.memory`: the memory pass (CUDA only)."""
+
+    enable: bool = True
+    max_entries: int = 100_000  # allocator events the history keeps (torch.cuda.memory._record_memory_history)
+    snapshot_max_mib: float = 256.0  # a larger snapshot is not saved (0: never saved)
+
+
+class AllocatorState(Protocol):
+    """What the recorder reads of an allocator (the CUDA caching allocator, or a fake in tests)."""
+
+    def read(self) -> tuple[int, int, int, int]:
+        """(allocated, reserved, peak allocated, peak reserved) since the last reset, in bytes."""
+        ...
+
+    def reset(self) -> None:
+        """Reset the peaks to the current values."""
+        ...
+
+
+@attrs.frozen
+class CudaAllocator:
+    """The CUDA caching allocator of one device."""
+
+    device: torch.device
+
+    def read(self) -> tuple[int, int, int, int]:
+        d = self.device
+        return (
+            torch.cuda.memory_allocated(d),
+            torch.cuda.memory_reserved(d),
+            torch.cuda.max_memory_allocated(d),
+            torch.cuda.max_memory_reserved(d),
+        )
+
+    def reset(self) -> None:
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+
+@attrs.define
+class _Open:
+    stage: str
+    peak: int
+    reserved: int
+    kv: int
+
+
+@attrs.define
+class _Stage:
+    spans: int = 0
+    peak: int = 0
+    reserved: int = 0
+    kv: int = 0
+
+
+class MemoryRecorder(StageRecorder):
+    """A stage recorder that samples the allocator and the KV cache at every span boundary (no NVTX)."""
+
+    def __init__(self, device: torch.device, allocator: AllocatorState, kv_bytes: Callable[[], int]) -> None:
+        super().__init__(device, nvtx=False)
+        self.allocator = allocator
+        self.kv_bytes = kv_bytes
+        self.samples: list[MemorySample] = []
+        self._stack: list[_Open] = []
+        self._stages: dict[str, _Stage] = {}
+        self._t0 = time.perf_counter()
+
+    def _boundary(self, event: str, stage: str) -> MemorySample:
+        allocated, reserved, peak, peak_reserved = self.allocator.read()
+        kv = self.kv_bytes()
+        for span in self._stack:  # the interval since the last boundary lies in every open span
+            if peak > span.peak:
+                span.peak, span.kv = peak, kv
+            elif peak == span.peak:
+                span.kv = max(span.kv, kv)
+            span.reserved = max(span.reserved, peak_reserved)
+        t_ms = (time.perf_counter() - self._t0) * 1e3
+        self.samples.append(MemorySample(t_ms, event, stage, allocated, reserved, kv))
+        self.allocator.reset()
+        return self.samples[-1]
+
+    def begin(self, name: str) -> None:
+        sample = self._boundary("begin", name)
+        super().begin(name)
+        self._stack.append(_Open(name, sample.allocated_bytes, sample.reserved_bytes, sample.kv_bytes))
+
+    def end(self, name: str) -> None:
+        super().end(name)
+        self._boundary("end", name)
+        index = max(i for i, span in enumerate(self._stack) if span.stage == name)
+        span = self._stack.pop(index)
+        stage = self._stages.setdefault(name, _Stage())
+        stage.spans += 1
+        if span.peak >= stage.peak:
+            stage.peak, stage.kv = span.peak, span.kv
+        stage.reserved = max(stage.reserved, span.reserved)
+
+    def peaks(self) -> tuple[StagePeak, ...]:
+        """Each stage's largest peak over its spans, in first-seen order."""
+        return tuple(StagePeak(name, s.spans, s.peak, s.reserved, s.kv) for name, s in self._stages.items())
+
+
+def _tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
+    """The tensors of a KV cache: transformers' `Cache` (`layers[i].keys/values`, or `key_cache/value_cache`) or a
+    legacy tuple of (key, value) per layer."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+        return
+    if obj is None or depth > 4:
+        return
+    if isinstance(obj, list | tuple):
+        for item in obj:
+            yield from _tensors(item, depth + 1)
+        return
+    layers = getattr(obj, "layers", None)
+    if isinstance(layers, list | tuple):
+        for layer in layers:
+            for name in ("keys", "values"):
+                yield from _tensors(getattr(layer, name, None), depth + 1)
+        return
+    for name in ("key_cache", "value_cache"):
+        yield from _tensors(getattr(obj, name, None), depth + 1)
+
+
+def cache_bytes(cache: Any) -> int:
+    """Bytes of a KV cache's tensors (each storage once)."""
+    seen: set[int] = set()
+    total = 0
+    for t in _tensors(cache):
+        if t.numel() == 0:
+            continue
+        key = t.data_ptr()
+        if key in seen:
+            continue
+        seen.add(key)
+        total += t.numel() * t.element_size()
+    return total
+
+
+@attrs.define
+class CacheWatch:
+    """Follows the pass's KV cache (`InferenceSession.observe_cache`): its bytes now, and those it held when first
+    seen (a reused static cache is allocated before the pass)."""
+
+    cache: Any = None
+    preexisting: int | None = None
+
+    def __call__(self, cache: Any) -> None:
+        if self.preexisting is None:
+            self.preexisting = cache_bytes(cache)
+        if cache is not None:
+            self.cache = cache
+
+    def bytes(self) -> int:
+        return cache_bytes(self.cache) if self.cache is not None else 0
+
+
+def model_bytes(model: torch.nn.Module) -> int:
+    """Parameter and buffer bytes of `model` (each storage once: tied weights count once)."""
+    seen: set[int] = set()
+    total = 0
+    for t in (*model.parameters(), *model.buffers()):
+        if t.device.type == "meta" or t.data_ptr() in seen:
+            continue
+        seen.add(t.data_ptr())
+        total += t.numel() * t.element_size()
+    return total
+
+
+def kv_bytes_per_token(config: Any, dtype_bytes: int) -> int | None:
+    """KV-cache bytes per token of one sequence from a decoder config: 2 (K, V) × layers × KV heads × head dim ×
+    dtype bytes (`analytic.spec.TextSpec.kv_bytes_per_token`'s rule); None when the config lacks a field."""
+    try:
+        layers = int(config.num_hidden_layers)
+        heads = int(config.num_attention_heads)
+        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(config, "head_dim", None) or int(config.hidden_size) // heads)
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return 2 * layers * kv_heads * head_dim * dtype_bytes
+
+
+def breakdown(peak: StagePeak, weights: int, resident_other: int, preexisting_kv: int) -> MemoryBreakdown:
+    """A stage's peak allocated memory as weights + KV cache + other resident + activations/workspace (the
+    remainder, so the parts sum to the peak exactly), and the allocator slack (reserved − allocated) above it."""
+    kv = max(peak.kv_bytes, preexisting_kv)  # a reused static cache is resident all along
+    return MemoryBreakdown(
+        stage=peak.stage,
+        peak_allocated_bytes=peak.peak_allocated_bytes,
+        weights_bytes=weights,
+        kv_cache_bytes=kv,
+        resident_other_bytes=resident_other,
+        activations_bytes=peak.peak_allocated_bytes - weights - kv - resident_other,
+        reserved_bytes=peak.peak_reserved_bytes,
+        allocator_slack_bytes=max(0, peak.peak_reserved_bytes - peak.peak_allocated_bytes),
+    )
+
+
+def resident_other(measured: MemoryPass) -> int:
+    """Allocated before the pass besides the weights and the pass's own (reused) KV cache: kept static caches of
+    other shapes, CUDA-graph pools, leftovers of earlier passes."""
+    return max(0, measured.baseline_allocated_bytes - measured.weights_bytes - measured.preexisting_kv_bytes)
+
+
+def fit_prediction(
+    total: int, outside: int, peak: MemoryBreakdown, batch: int, kv_per_token: float | None
+) -> FitPrediction:
+    """The largest batch and the longest context that fit in `total` bytes: fixed = outside the allocator + weights
+    + other resident + allocator slack; activations and KV grow with the batch; at the measured batch, the context
+    grows the KV cache by `kv_per_token` (one sequence) × batch per position."""
+    fixed = outside + peak.weights_bytes + peak.resident_other_bytes + peak.allocator_slack_bytes
+    room = total - fixed
+    per_page = (peak.activations_bytes + peak.kv_cache_bytes) / max(batch, 1)
+    max_batch = None if per_page <= 0 else max(0, math.floor(room / per_page))
+    per_position = kv_per_token * batch if kv_per_token else None
+    max_context = None
+    if per_position:
+        max_context = max(0, math.floor((room - peak.activations_bytes) / per_position))
+    return FitPrediction(
+        total_bytes=total,
+        fixed_bytes=fixed,
+        per_page_bytes=per_page,
+        max_batch=max_batch,
+        kv_bytes_per_token=per_position,
+        max_context_tokens=max_context,
+    )
+
+
+def graph_pools(snapshot: Mapping[str, Any]) -> tuple[GraphPools | None, str]:
+    """Memory in CUDA-graph private pools, from the snapshot's segments (`segment_pool_id` other than (0, 0))."""
+    segments = snapshot.get("segments") or []
+    if segments and not all("segment_pool_id" in s for s in segments):
+        return None, "this torch's snapshot names no segment pools: CUDA-graph pools are included in reserved"
+    private = [s for s in segments if tuple(s.get("segment_pool_id") or (0, 0)) != (0, 0)]
+    pools = GraphPools(
+        segments=len(private),
+        reserved_bytes=sum(int(s.get("total_size", 0)) for s in private),
+        allocated_bytes=sum(int(s.get("allocated_size", 0)) for s in private),
+    )
+    expandable = sum(1 for s in segments if s.get("is_expandable"))
+    note = "segments with segment_pool_id ≠ (0, 0) in the allocator snapshot" + (
+        f"; {expandable} expandable segment(s)" if expandable else ""
+    )
+    return pools, note
+
+
+def snapshot_bytes(snapshot: Any, max_mib: float) -> tuple[bytes | None, str]:
+    """The pickled snapshot when it is at most `max_mib` MiB, and a note either way."""
+    if max_mib <= 0:
+        return None, "not saved (pipeline.memory.snapshot_max_mib=0)"
+    data = pickle.dumps(snapshot)
+    size = len(data) / MIB
+    if size > max_mib:
+        return None, f"not saved: {size:,.1f} MiB > pipeline.memory.snapshot_max_mib={max_mib:g} MiB"
+    return data, f"{size:,.1f} MiB; open it at https://pytorch.org/memory_viz"
+
+
+@attrs.frozen
+class MemoryOutcome:
+    measured: MemoryPass
+    snapshot: bytes | None
+
+
+def memory_pass(
+    session: InferenceSession, paths: Sequence[Path], key: str, new_tokens: int, settings: MemorySettings
+) -> MemoryOutcome:
+    """One untimed pass of `paths` (one input or a batch) under a `MemoryRecorder`, with the allocator's history
+    recorded for the snapshot. CUDA only."""
+    device = session.device
+    torch.cuda.synchronize(device)
+    watch = CacheWatch()
+    recorder = MemoryRecorder(device, CudaAllocator(device), watch.bytes)
+    if session.routing is not None:
+        session.routing.begin_pass()
+    torch.cuda.memory._record_memory_history(max_entries=settings.max_entries, stacks="python")
+    try:
+        baseline = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        with session.observe_cache(watch), recorder.span(vocab.E2E):
+            with recorder.span(vocab.PREPROCESS):
+                prepared = [session.prepare(path) for path in paths]
+            session.generate_batch(prepared, new_tokens, recorder)
+        torch.cuda.synchronize(device)
+        snapshot = torch.cuda.memory._snapshot(device)
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+        if session.routing is not None:
+            session.routing.begin_pass()
+    free, total = torch.cuda.mem_get_info(device)
+    measured = _pass_record(session, prepared, key, new_tokens, recorder, watch, baseline)
+    pools, pools_note = graph_pools(snapshot)
+    data, note = snapshot_bytes(snapshot, settings.snapshot_max_mib)
+    measured = attrs.evolve(
+        measured,
+        total_memory_bytes=int(torch.cuda.get_device_properties(device).total_memory),
+        outside_allocator_bytes=max(0, int(total) - int(free) - torch.cuda.memory_reserved(device)),
+        graph_pools=pools,
+        graph_pools_note=pools_note,
+        snapshot=SNAPSHOT_FILE if data is not None else None,
+        snapshot_note=note,
+    )
+    return MemoryOutcome(measured, data)
+
+
+def _pass_record(
+    session: InferenceSession,
+    prepared: Sequence[Any],
+    key: str,
+    new_tokens: int,
+    recorder: MemoryRecorder,
+    watch: CacheWatch,
+    baseline: int,
+) -> MemoryPass:
+    """What `memory_pass` measured, before the device-wide figures are added."""
+    context = max(p.prompt_tokens for p in prepared) + new_tokens - 1
+    per_token = kv_bytes_per_token(session.adapter.decoder_config(session.model), session.dtype.itemsize)
+    kv_end = watch.bytes()
+    source = "model config: 2 (K, V) × layers × KV heads × head dim × dtype bytes"
+    if per_token is None and kv_end:
+        per_token = None if not context else round(kv_end / context / len(prepared))
+        source = "measured: KV-cache bytes at the end of the pass / positions written / batch"
+    return MemoryPass(
+        input=key,
+        batch_size=len(prepared),
+        new_tokens=new_tokens,
+        context_tokens=context,
+        weights_bytes=model_bytes(session.model),
+        baseline_allocated_bytes=baseline,
+        preexisting_kv_bytes=watch.preexisting or 0,
+        total_memory_bytes=0,
+        outside_allocator_bytes=0,
+        kv_bytes_per_token=per_token,
+        kv_per_token_source=source if per_token is not None else "unknown: no decoder config and no cache seen",
+        peaks=recorder.peaks(),
+        samples=tuple(recorder.samples),
+    )

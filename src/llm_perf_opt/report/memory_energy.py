@@ -1,0 +1,203 @@
+"""report.md's "Memory by stage" and "Energy" sections, from `Stage1Metrics.memory` and `.energy`."""
+
+from __future__ import annotations
+
+from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records.memory import (
+    EnergyReport,
+    FitPrediction,
+    MemoryBreakdown,
+    MemoryPass,
+    MemoryReport,
+    StageEnergy,
+)
+from llm_perf_opt.report.markdown import Doc, flops, link, num_bytes
+
+_ORDER = (vocab.E2E, vocab.PREPROCESS, vocab.PREFILL, vocab.DECODE, vocab.DECODE_STEP)
+
+
+def _label(stage: str) -> str:
+    if stage == vocab.E2E:
+        return "whole pass"
+    if vocab.is_vision(stage) or stage == vocab.DECODE_STEP:
+        return f"↳ {stage}" + (" (largest step)" if stage == vocab.DECODE_STEP else "")
+    return stage
+
+
+def _ordered(parts: tuple[MemoryBreakdown, ...]) -> list[MemoryBreakdown]:
+    """The whole pass first, then the stages in pass order (vision under prefill)."""
+
+    def rank(b: MemoryBreakdown) -> tuple[int, int]:
+        if vocab.is_vision(b.stage):
+            return (_ORDER.index(vocab.PREFILL), 1)
+        return (_ORDER.index(b.stage) if b.stage in _ORDER else len(_ORDER), 0 if b.stage != vocab.DECODE_STEP else 2)
+
+    return sorted(parts, key=rank)
+
+
+def _row(b: MemoryBreakdown) -> list[str]:
+    return [
+        _label(b.stage),
+        num_bytes(b.peak_allocated_bytes),
+        num_bytes(b.weights_bytes),
+        num_bytes(b.kv_cache_bytes),
+        num_bytes(b.resident_other_bytes),
+        ("−" + num_bytes(-b.activations_bytes)) if b.activations_bytes < 0 else num_bytes(b.activations_bytes),
+        num_bytes(b.reserved_bytes),
+        num_bytes(b.allocator_slack_bytes),
+    ]
+
+
+_HEADER = [
+    "stage",
+    "peak allocated",
+    "weights",
+    "KV cache",
+    "other resident",
+    "activations / workspace",
+    "reserved (peak)",
+    "allocator slack",
+]
+
+
+def memory_section(doc: Doc, memory: MemoryReport | None, timeline: str | None) -> None:
+    """The memory pass: peaks per stage in parts, the analytic expectation, graph pools, snapshot, what fits. A
+    folder written before the memory pass existed (`memory` None) gets no section, so its report rebuilds as it
+    was."""
+    if memory is None:
+        return
+    doc.h2("Memory by stage")
+    if not memory.available or memory.measured is None:
+        doc.para(f"Not available: {memory.reason}.")
+        return
+    p = memory.measured
+    doc.para(
+        f"One untimed pass over {p.input} after the timed passes (batch {p.batch_size}, {p.new_tokens} new tokens, "
+        f"{p.context_tokens} KV positions per sequence at the end). Peak allocated = torch.cuda.max_memory_allocated "
+        "between stage boundaries (the peak counters are reset at each boundary and folded into every open stage). "
+        "Parts sum to the peak: weights (parameters + buffers) + KV cache (the cache's tensors at the boundary after "
+        "the peak) + other resident (allocated before the pass besides both) + activations / workspace (the rest). "
+        "Allocator slack = reserved − allocated at the peak, on top of it."
+    )
+    doc.table(_HEADER, [_row(b) for b in _ordered(memory.breakdown)])
+    doc.bullets(_memory_notes(memory, p))
+    if timeline:
+        doc.image("Allocated and reserved memory over the memory pass", timeline)
+    if memory.fit is not None:
+        doc.h3("Fits on this GPU")
+        doc.bullets(fit_lines(memory.fit, p))
+
+
+def _memory_notes(memory: MemoryReport, p: MemoryPass) -> list[str]:
+    """The analytic expectation, the CUDA-graph pools and the snapshot."""
+    out = []
+    a = memory.analytic
+    if a is not None:
+        kv = "n/a" if a.kv_bytes is None else num_bytes(a.kv_bytes)
+        act = "n/a" if a.largest_activation_bytes is None else num_bytes(a.largest_activation_bytes)
+        ratio = "n/a" if a.ratio is None else f"{a.ratio:,.2f}×"
+        out.append(
+            f"Analytic expectation: {num_bytes(a.weights_bytes)} weights + {kv} KV cache + {act} largest activation "
+            f"= {num_bytes(a.expected_bytes)}; measured peak {num_bytes(a.measured_bytes)} = {ratio} of it "
+            f"({a.method})."
+        )
+    out.append(f"KV cache per token (one sequence): {_per_token(p)} — {p.kv_per_token_source}.")
+    if p.graph_pools is not None and p.graph_pools.segments:
+        g = p.graph_pools
+        out.append(
+            f"CUDA-graph private pools: {g.segments} segment(s), {num_bytes(g.reserved_bytes)} reserved, "
+            f"{num_bytes(g.allocated_bytes)} allocated ({p.graph_pools_note}); counted in reserved and, where "
+            "allocated before the pass, in other resident."
+        )
+    elif p.graph_pools is not None:
+        out.append("CUDA-graph private pools: none in the allocator snapshot.")
+    else:
+        out.append(f"CUDA-graph private pools: {p.graph_pools_note or 'not identified; included in reserved'}.")
+    if p.snapshot is not None:
+        out.append(f"Allocator snapshot: {link(p.snapshot, p.snapshot)} ({p.snapshot_note}).")
+    else:
+        out.append(f"Allocator snapshot: {p.snapshot_note or 'not saved'}.")
+    return out
+
+
+def _per_token(p: MemoryPass) -> str:
+    return "n/a" if p.kv_bytes_per_token is None else num_bytes(p.kv_bytes_per_token)
+
+
+def fit_lines(f: FitPrediction, p: MemoryPass) -> list[str]:
+    """The fit prediction with its arithmetic."""
+    room = f.total_bytes - f.fixed_bytes
+    out = [
+        f"GPU memory {num_bytes(f.total_bytes)}; fixed {num_bytes(f.fixed_bytes)} (outside PyTorch's allocator "
+        f"{num_bytes(p.outside_allocator_bytes)} + weights + other resident + allocator slack); room "
+        f"{num_bytes(room)}.",
+    ]
+    if f.max_batch is None:
+        out.append("Largest batch: n/a (no activations or KV cache above the weights were measured).")
+    else:
+        out.append(
+            f"Largest batch of pages: ⌊{num_bytes(room)} / {num_bytes(f.per_page_bytes)} per page⌋ = {f.max_batch} "
+            f"(activations + KV cache at the peak / batch {p.batch_size}, which grow with the batch; the weights "
+            "do not)."
+        )
+    if f.max_context_tokens is None or f.kv_bytes_per_token is None:
+        out.append("Longest context: n/a (no KV bytes per token).")
+    else:
+        out.append(
+            f"Longest context at batch {p.batch_size}: ⌊({num_bytes(room)} − activations) / "
+            f"{num_bytes(f.kv_bytes_per_token)} per position⌋ = {f.max_context_tokens:,} tokens (the measured "
+            "activations kept, the KV cache grown; a longer prompt's prefill activations would grow too)."
+        )
+    return out
+
+
+def _joules(value: float | None, digits: int = 3) -> str:
+    return "n/a" if value is None else f"{value:,.{digits}f}"
+
+
+def _energy_row(s: StageEnergy) -> list[str]:
+    return [
+        s.stage,
+        _joules(s.joules),
+        _joules(None if s.seconds is None else s.seconds * 1e3, 1),
+        _joules(s.watts, 1),
+        _joules(s.above_idle_joules),
+        flops(s.flops),
+        "n/a" if s.flop_per_joule is None else f"{s.flop_per_joule / 1e9:,.1f}",
+        s.note,
+    ]
+
+
+def energy_section(doc: Doc, energy: EnergyReport | None) -> None:
+    """Energy per stage, page and token from the NVML counter, or why it is not available (no section for a folder
+    written before the energy pass existed)."""
+    if energy is None:
+        return
+    doc.h2("Energy")
+    if not energy.available or energy.measured is None:
+        doc.para(f"Not available: {energy.reason}.")
+        return
+    e = energy.measured
+    doc.para(
+        f"{energy.method}. Input {e.input} ({e.pages} page(s) per pass, {e.new_tokens} new tokens each); "
+        f"idle {_joules(energy.idle_watts, 1)} W over {e.idle.seconds:,.2f} s. Whole pass: {e.whole.iterations} "
+        f"passes in {e.whole.seconds:,.2f} s"
+        + (
+            f"; prefill: {e.prefill.iterations} prefill-only passes in {e.prefill.seconds:,.2f} s"
+            if e.prefill is not None
+            else f"; no prefill-only loop: {e.prefill_note}"
+        )
+        + ". GPU energy only (preprocessing runs on the host before the loops)."
+    )
+    doc.table(
+        ["stage", "J per pass", "ms per pass", "mean W", "J above idle", "FLOPs per pass", "GFLOP/J", "note"],
+        [_energy_row(s) for s in energy.stages],
+    )
+    doc.bullets(
+        [
+            f"Energy per page: {_joules(energy.joules_per_page)} J",
+            f"Energy per decode token: {_joules(energy.joules_per_decode_token, 4)} J",
+            f"Tokens per joule: {_joules(energy.tokens_per_joule, 2)} tokens/J (new tokens, the first included, "
+            "over the whole pass's energy)",
+        ]
+    )

@@ -1,0 +1,79 @@
+"""GPU tests of the memory and energy passes on the tiny model (`pytest -m gpu`); they skip without CUDA, and the
+energy test skips without nvidia-ml-py's pynvml."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from llm_perf_opt.config_compose import compose_config
+from llm_perf_opt.data.dataset import bundled_samples_dir
+from llm_perf_opt.measure.energy import EnergySettings, energy_pass
+from llm_perf_opt.measure.memory import MemorySettings, breakdown, fit_prediction, memory_pass, resident_other
+from llm_perf_opt.pipeline.stage1 import Stage1Run
+from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.session.session import InferenceSession
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+PAGE = bundled_samples_dir() / "slide_square.png"
+
+
+@pytest.fixture(scope="module")
+def tiny() -> InferenceSession:
+    cfg = compose_config("stage1", "model=deepseek_ocr2_tiny")
+    session = InferenceSession.load(cfg.model, torch.device("cuda", 0))
+    session.run_image(PAGE, 4, nvtx=False)  # warm
+    return session
+
+
+def test_the_memory_breakdown_sums_to_the_measured_peak(tiny: InferenceSession) -> None:
+    outcome = memory_pass(tiny, (PAGE,), "slide_square.png", 4, MemorySettings(snapshot_max_mib=512))
+    measured = outcome.measured
+    assert outcome.snapshot is not None and measured.snapshot == "memory/snapshot.pickle"
+    peaks = {p.stage: p for p in measured.peaks}
+    assert {vocab.E2E, vocab.PREFILL, vocab.DECODE, vocab.DECODE_STEP} <= set(peaks)
+    whole = peaks[vocab.E2E]
+    assert whole.peak_allocated_bytes >= max(p.peak_allocated_bytes for p in measured.peaks)
+    assert whole.kv_bytes > 0 and measured.weights_bytes > 0
+    assert measured.total_memory_bytes == torch.cuda.get_device_properties(0).total_memory
+    other = resident_other(measured)
+    parts = [breakdown(p, measured.weights_bytes, other, measured.preexisting_kv_bytes) for p in measured.peaks]
+    for part in parts:
+        assert abs(part.parts_sum - part.peak_allocated_bytes) <= 0.02 * part.peak_allocated_bytes
+        assert part.activations_bytes >= 0, part
+    top = next(b for b in parts if b.stage == vocab.E2E)
+    fit = fit_prediction(
+        measured.total_memory_bytes, measured.outside_allocator_bytes, top, 1, measured.kv_bytes_per_token
+    )
+    assert fit.max_batch is not None and fit.max_batch >= 1
+    assert fit.max_context_tokens is not None and fit.max_context_tokens > measured.context_tokens
+
+
+@pytest.mark.skipif(importlib.util.find_spec("pynvml") is None, reason="needs nvidia-ml-py (pynvml)")
+def test_energy_figures_are_positive(tiny: InferenceSession) -> None:
+    measured = energy_pass(tiny, (PAGE,), "slide_square.png", 4, EnergySettings(loop_seconds=1.0, idle_seconds=1.0))
+    assert measured.idle.millijoules > 0 and measured.whole.millijoules > 0
+    assert measured.prefill is not None and measured.prefill.millijoules > 0
+    assert measured.whole.seconds >= 1.0 and measured.whole.iterations >= 1
+
+
+def test_a_gpu_stage1_run_writes_both_sections(tmp_path: Path) -> None:
+    cfg = compose_config(
+        "stage1", "model=deepseek_ocr2_tiny", "run.repeats=2", "run.warmup=1", "infer.max_new_tokens=4",
+        "dataset.max_images=1", "pipeline.torch_profiler.enable=false",
+    )  # fmt: skip
+    Stage1Run(cfg, tmp_path / "run", run_id="gpu").execute()
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["memory"]["available"] is True, metrics["memory"]["reason"]
+    assert (tmp_path / "run" / "memory" / "memory_timeline.png").is_file()
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "## Memory by stage" in report and "## Energy" in report
+    if importlib.util.find_spec("pynvml") is not None and metrics["energy"]["available"]:
+        assert metrics["energy"]["joules_per_page"] > 0

@@ -1,0 +1,340 @@
+"""The memory and energy passes on the CPU: breakdown and fit arithmetic, the recorder's peaks, the NVML guards,
+the records' round trip, the report sections, and a CPU stage1-run saying why neither was measured."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import torch
+
+from llm_perf_opt.config_compose import compose_config
+from llm_perf_opt.data.dataset import bundled_samples_dir
+from llm_perf_opt.measure import energy as energy_mod
+from llm_perf_opt.measure.energy import EnergyUnavailable, NvmlCounter, idle_window, load_nvml, window
+from llm_perf_opt.measure.memory import (
+    CacheWatch,
+    MemoryRecorder,
+    breakdown,
+    fit_prediction,
+    graph_pools,
+    kv_bytes_per_token,
+    snapshot_bytes,
+)
+from llm_perf_opt.measure.stage1_analysis import Stage1Analysis
+from llm_perf_opt.pipeline.stage1 import Stage1Run
+from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records.folders import load_stage1_metrics
+from llm_perf_opt.records.io import converter, to_plain
+from llm_perf_opt.records.memory import (
+    EnergyPass,
+    EnergyReport,
+    EnergyWindow,
+    MemoryPass,
+    MemoryReport,
+    MemorySample,
+    StagePeak,
+)
+from llm_perf_opt.records.stage1 import Stage1Metrics
+from llm_perf_opt.report.markdown import Doc
+from llm_perf_opt.report.memory_energy import energy_section, memory_section
+from llm_perf_opt.report.plots import memory_timeline
+from llm_perf_opt.session.session import InferenceSession
+
+FIXTURE = Path(__file__).parent / "fixtures" / "metrics" / "cpu_tiny_stage1.json"
+MIB = 2**20
+
+
+# ---- memory arithmetic --------------------------------------------------------------------------------------------
+def test_the_breakdown_sums_to_the_peak() -> None:
+    peak = StagePeak(vocab.PREFILL, 1, 900 * MIB, 1000 * MIB, 50 * MIB)
+    b = breakdown(peak, weights=600 * MIB, resident_other=30 * MIB, preexisting_kv=0)
+    assert b.parts_sum == b.peak_allocated_bytes == 900 * MIB
+    assert (b.kv_cache_bytes, b.activations_bytes, b.allocator_slack_bytes) == (50 * MIB, 220 * MIB, 100 * MIB)
+    reused = breakdown(attrs.evolve(peak, kv_bytes=0), weights=600 * MIB, resident_other=0, preexisting_kv=80 * MIB)
+    assert reused.kv_cache_bytes == 80 * MIB and reused.parts_sum == 900 * MIB  # a reused static cache is resident
+
+
+def test_fit_prediction_arithmetic() -> None:
+    peak = breakdown(StagePeak(vocab.E2E, 1, 10_000, 10_400, 1_000), 6_000, 500, 0)  # activations 2 500
+    fit = fit_prediction(total=40_000, outside=1_100, peak=peak, batch=2, kv_per_token=10.0)
+    assert fit.fixed_bytes == 1_100 + 6_000 + 500 + 400
+    assert fit.per_page_bytes == (2_500 + 1_000) / 2
+    assert fit.max_batch == (40_000 - 8_000) // 1_750  # 18
+    assert fit.kv_bytes_per_token == 20.0
+    assert fit.max_context_tokens == (40_000 - 8_000 - 2_500) // 20  # 1 475
+    none = fit_prediction(40_000, 0, breakdown(StagePeak(vocab.E2E, 1, 6_000, 6_000, 0), 6_000, 0, 0), 1, None)
+    assert none.max_batch is None and none.max_context_tokens is None
+
+
+@attrs.define
+class FakeAllocator:
+    """Allocated and reserved now, and the peaks since the last reset."""
+
+    allocated: int = 100
+    reserved: int = 200
+    peak: int = 100
+    peak_reserved: int = 200
+
+    def set(self, allocated: int, peak: int | None = None) -> None:
+        self.allocated = allocated
+        self.peak = max(self.peak, peak or allocated)
+        self.reserved = max(self.reserved, self.peak + 50)
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+
+    def read(self) -> tuple[int, int, int, int]:
+        return self.allocated, self.reserved, self.peak, self.peak_reserved
+
+    def reset(self) -> None:
+        self.peak, self.peak_reserved = self.allocated, self.reserved
+
+
+def test_the_recorder_folds_each_peak_into_every_open_stage() -> None:
+    alloc = FakeAllocator()
+    kv = {"bytes": 0}
+    rec = MemoryRecorder(torch.device("cpu"), alloc, lambda: kv["bytes"])
+    rec.begin(vocab.E2E)
+    rec.begin(vocab.PREFILL)
+    alloc.set(150, peak=400)  # a transient inside prefill
+    kv["bytes"] = 20
+    rec.end(vocab.PREFILL)
+    rec.begin(vocab.DECODE)
+    for _ in range(2):
+        rec.begin(vocab.DECODE_STEP)
+        alloc.set(alloc.allocated + 10, peak=alloc.allocated + 60)
+        kv["bytes"] += 5
+        rec.end(vocab.DECODE_STEP)
+    rec.end(vocab.DECODE)
+    rec.end(vocab.E2E)
+    peaks = {p.stage: p for p in rec.peaks()}
+    assert peaks[vocab.PREFILL].peak_allocated_bytes == 400 and peaks[vocab.PREFILL].kv_bytes == 20
+    assert peaks[vocab.E2E].peak_allocated_bytes == 400  # the nested peak reached the enclosing stage
+    assert peaks[vocab.DECODE_STEP].spans == 2 and peaks[vocab.DECODE_STEP].peak_allocated_bytes == 220
+    assert peaks[vocab.DECODE].kv_bytes == 30
+    assert len(rec.samples) == 10 and [s.event for s in rec.samples[:2]] == ["begin", "begin"]
+
+
+def test_kv_per_token_from_the_config_matches_the_cache_of_a_real_pass() -> None:
+    cfg = compose_config("stage1", "model=deepseek_ocr2_tiny", "device=cpu")
+    session = InferenceSession.load(cfg.model, torch.device("cpu"))
+    prepared = session.prepare(bundled_samples_dir() / "slide_square.png")
+    watch = CacheWatch()
+    with session.observe_cache(watch):
+        session.generate(prepared, 3, MemoryRecorder(torch.device("cpu"), FakeAllocator(), watch.bytes))
+    per_token = kv_bytes_per_token(session.adapter.decoder_config(session.model), session.dtype.itemsize)
+    assert watch.preexisting == 0 and per_token
+    assert watch.bytes() == per_token * (prepared.prompt_tokens + 3 - 1)  # the last token is never fed back
+
+
+def test_graph_pools_and_snapshot_limit() -> None:
+    snapshot = {
+        "segments": [
+            {"segment_pool_id": (0, 0), "total_size": 100, "allocated_size": 50},
+            {"segment_pool_id": (1, 3), "total_size": 40, "allocated_size": 30, "is_expandable": False},
+        ]
+    }
+    pools, _ = graph_pools(snapshot)
+    assert pools is not None and (pools.segments, pools.reserved_bytes, pools.allocated_bytes) == (1, 40, 30)
+    assert graph_pools({"segments": [{"total_size": 1}]})[0] is None
+    data, note = snapshot_bytes(snapshot, 1.0)
+    assert data is not None and "memory_viz" in note
+    assert snapshot_bytes({"x": b"0" * (2 * MIB)}, 1.0)[0] is None
+    assert "snapshot_max_mib=0" in snapshot_bytes(snapshot, 0)[1]
+
+
+# ---- energy guards ------------------------------------------------------------------------------------------------
+class FakeCounter:
+    def __init__(self, readings: list[int]) -> None:
+        self.readings = iter(readings)
+
+    def read_mj(self) -> int:
+        return next(self.readings)
+
+
+class FakeClock:
+    def __init__(self, step: float) -> None:
+        self.now, self.step = 0.0, step
+
+    def __call__(self) -> float:
+        return self.now
+
+    def work(self) -> None:
+        self.now += self.step
+
+
+def test_a_window_repeats_the_work_until_long_enough() -> None:
+    clock = FakeClock(0.3)
+    w = window(FakeCounter([1_000, 301_000]), "pass", clock.work, 1.0, clock=clock)
+    assert (w.iterations, w.seconds, w.millijoules) == (4, pytest.approx(1.2), 300_000)
+    assert w.watts == pytest.approx(250.0)
+
+
+@pytest.mark.parametrize(
+    ("readings", "seconds", "why"),
+    [
+        ([1_000, 2_000], 0.2, "shorter than 1.0 s"),
+        ([1_000, 1_000], 1.0, "did not move"),
+        ([5_000, 1_000], 1.0, "went backwards"),
+    ],
+)
+def test_a_window_that_cannot_measure_says_why(readings: list[int], seconds: float, why: str) -> None:
+    clock = FakeClock(0.1)
+    with pytest.raises(EnergyUnavailable, match=why):
+        window(FakeCounter(readings), "pass", clock.work, seconds, clock=clock)
+
+
+def test_idle_window_sleeps() -> None:
+    clock = FakeClock(0.1)
+    w = idle_window(FakeCounter([0, 70_000]), 1.0, sleep=lambda _s: clock.work(), clock=clock)
+    assert w.what == "idle" and w.millijoules == 70_000 and w.seconds >= 1.0
+    assert w.watts == pytest.approx(70.0 / w.seconds)
+
+
+def test_without_pynvml_energy_is_not_available(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails
+    with pytest.raises(EnergyUnavailable, match="pynvml is not installed"):
+        load_nvml()
+
+
+def test_nvml_refusing_is_not_available(monkeypatch: pytest.MonkeyPatch) -> None:
+    class NVMLError(Exception):
+        pass
+
+    def refuse(*_args: Any) -> None:
+        raise NVMLError("Not Supported")
+
+    fake = types.SimpleNamespace(NVMLError=NVMLError, nvmlInit=refuse)
+    with pytest.raises(EnergyUnavailable, match="NVML refused: Not Supported"):
+        NvmlCounter.open(fake, torch.device("cuda", 0))
+    monkeypatch.setattr(energy_mod, "_handle", lambda _nvml, _device: "handle")
+    fake = types.SimpleNamespace(NVMLError=NVMLError, nvmlInit=lambda: None, nvmlDeviceGetTotalEnergyConsumption=refuse)
+    with pytest.raises(EnergyUnavailable, match="Not Supported"):
+        NvmlCounter.open(fake, torch.device("cuda", 0))
+
+
+# ---- records, analysis, reports -----------------------------------------------------------------------------------
+def _memory_pass() -> MemoryPass:
+    samples = tuple(
+        MemorySample(t, ev, st, a, r, kv)
+        for t, ev, st, a, r, kv in [
+            (0.0, "begin", vocab.E2E, 700 * MIB, 800 * MIB, 0),
+            (1.0, "begin", vocab.PREFILL, 700 * MIB, 800 * MIB, 0),
+            (5.0, "end", vocab.PREFILL, 760 * MIB, 1000 * MIB, 40 * MIB),
+            (5.0, "begin", vocab.DECODE, 760 * MIB, 1000 * MIB, 40 * MIB),
+            (9.0, "end", vocab.DECODE, 770 * MIB, 1000 * MIB, 41 * MIB),
+            (9.5, "end", vocab.E2E, 770 * MIB, 1000 * MIB, 41 * MIB),
+        ]
+    )
+    return MemoryPass(
+        input="page.png",
+        batch_size=1,
+        new_tokens=8,
+        context_tokens=300,
+        weights_bytes=680 * MIB,
+        baseline_allocated_bytes=700 * MIB,
+        preexisting_kv_bytes=0,
+        total_memory_bytes=80 * 2**30,
+        outside_allocator_bytes=500 * MIB,
+        kv_bytes_per_token=140 * 1024.0,
+        kv_per_token_source="model config",
+        peaks=(
+            StagePeak(vocab.E2E, 1, 950 * MIB, 1000 * MIB, 40 * MIB),
+            StagePeak(vocab.PREFILL, 1, 950 * MIB, 1000 * MIB, 40 * MIB),
+            StagePeak(vocab.DECODE, 1, 780 * MIB, 1000 * MIB, 41 * MIB),
+        ),
+        samples=samples,
+        snapshot_note="not saved (pipeline.memory.snapshot_max_mib=0)",
+    )
+
+
+def _energy_pass() -> EnergyPass:
+    return EnergyPass(
+        input="page.png",
+        pages=1,
+        new_tokens=8,
+        idle=EnergyWindow("idle", 10, 1.0, 70_000),
+        prefill=EnergyWindow("prefill", 20, 1.0, 300_000),  # 15 J per prefill, 50 ms
+        whole=EnergyWindow("pass", 5, 1.0, 250_000),  # 50 J per pass, 200 ms
+    )
+
+
+def _analysed(tmp_metrics: Stage1Metrics, **measured: Any) -> Stage1Analysis:
+    from llm_perf_opt.measure.stage1_analysis import Stage1Measurements, Stage1Setup
+
+    m = tmp_metrics
+    setup = Stage1Setup(
+        run_id="x", model=m.model, model_class="X", device=m.device, settings=m.settings, vision_stages=(),
+        config_digest="", inputs=1,
+    )  # fmt: skip
+    state = Stage1Measurements(**measured)
+    state.flops["page.png"] = types.SimpleNamespace(  # type: ignore[assignment]
+        stage_total=lambda s, _t: {vocab.PREFILL: 3e12, vocab.DECODE: 7e11}.get(s)
+    )
+    return Stage1Analysis(state, setup)
+
+
+def test_the_analysis_derives_memory_and_energy_figures() -> None:
+    base = load_stage1_metrics(FIXTURE)
+    base = attrs.evolve(base, settings=attrs.evolve(base.settings, max_new_tokens=8))
+    analysis = _analysed(base, memory=_memory_pass(), energy=_energy_pass())
+    memory = analysis.memory()
+    assert memory is not None and memory.available and memory.fit is not None
+    assert all(b.parts_sum == b.peak_allocated_bytes for b in memory.breakdown)
+    assert memory.analytic is not None and memory.analytic.kv_bytes == 140 * 1024 * 300
+    energy = analysis.energy()
+    assert energy is not None and energy.available
+    stages = {s.stage: s for s in energy.stages}
+    assert stages["prefill"].joules == pytest.approx(15.0) and stages["prefill"].watts == pytest.approx(300.0)
+    assert stages[vocab.DECODE].joules == pytest.approx(35.0)
+    assert stages[vocab.DECODE].flop_per_joule == pytest.approx(7e11 / 35.0)
+    assert energy.joules_per_decode_token == pytest.approx(5.0)
+    assert energy.tokens_per_joule == pytest.approx(8 / 50.0)
+    assert stages["pass"].above_idle_joules == pytest.approx(50.0 - 70.0 * 0.2)
+
+
+def test_the_records_round_trip_and_both_cases_render(tmp_path: Path) -> None:
+    base = load_stage1_metrics(FIXTURE)
+    analysis = _analysed(base, memory=_memory_pass(), energy=_energy_pass())
+    full = attrs.evolve(base, memory=analysis.memory(), energy=analysis.energy())
+    assert converter.structure(json.loads(json.dumps(to_plain(full))), Stage1Metrics) == full
+    doc = Doc("t")
+    timeline = memory_timeline(full, tmp_path / "memory" / "memory_timeline.png")
+    assert timeline is not None and timeline.stat().st_size > 0
+    memory_section(doc, full.memory, "memory/memory_timeline.png")
+    energy_section(doc, full.energy)
+    text = doc.text()
+    for needle in ("## Memory by stage", "Fits on this GPU", "Largest batch of pages", "## Energy", "J per pass"):
+        assert needle in text, needle
+    assert "Energy per decode token: 5.0000 J" in text
+    off = Doc("t")
+    memory_section(off, MemoryReport(available=False, reason="disabled (pipeline.memory.enable=false)"), None)
+    energy_section(off, EnergyReport(available=False, reason="pynvml is not installed"))
+    assert "Not available: disabled (pipeline.memory.enable=false)." in off.text()
+    assert "Not available: pynvml is not installed." in off.text()
+    old = Doc("t")
+    memory_section(old, None, None)
+    energy_section(old, None)
+    assert "Memory" not in old.text() and "Energy" not in old.text()  # an older folder renders as it did
+
+
+def test_a_cpu_stage1_run_says_why_neither_was_measured(tmp_path: Path) -> None:
+    cfg = compose_config(
+        "stage1", "model=deepseek_ocr2_tiny", "device=cpu", "infer.max_new_tokens=2", "pipeline/torch_profiler=min"
+    )
+    Stage1Run(cfg, tmp_path / "run", run_id="cpu").execute()
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["memory"] == {**metrics["memory"], "available": False}
+    assert "needs a CUDA GPU" in metrics["memory"]["reason"]
+    assert "NVML" in metrics["energy"]["reason"] and metrics["energy"]["available"] is False
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "## Memory by stage" in report and "## Energy" in report
+    assert report.count("Not available: not measured on cpu") == 2
+    off = compose_config("stage1", "pipeline.memory.enable=false", "pipeline.energy.loop_seconds=0.5")
+    from llm_perf_opt.pipeline.stage1_settings import energy_settings, memory_settings
+
+    assert not memory_settings(off).enable and energy_settings(off).loop_seconds == 0.5

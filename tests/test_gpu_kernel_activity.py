@@ -51,3 +51,35 @@ def test_profiled_pass_counts_kernels_per_decode_step(tmp_path: Path, runtime: t
     assert "busy" in (out / "stakeholder_summary.md").read_text()
     if runtime:  # compiled decode: a CUDA graph replay per step, still counted kernel by kernel
         assert metrics["compile"] is not None
+
+
+@pytest.mark.parametrize(
+    "runtime",
+    [(), ("runtime.kv_cache=static", "runtime.compile=decode")],
+    ids=["eager", "cuda-graph-decode"],
+)
+def test_kernel_time_is_given_to_modules_eager_and_inside_cuda_graphs(tmp_path: Path, runtime: tuple[str, ...]) -> None:
+    out = tmp_path / "run"
+    done = run_cli(
+        "llm_perf_opt.cli.stage1",
+        "model=deepseek_ocr_tiny",
+        "device=cuda",
+        *runtime,
+        "run.repeats=3",
+        "infer.max_new_tokens=8",
+        "dataset.max_images=1",
+        "pipeline.torch_profiler.decode_steps=4",
+        f"hydra.run.dir={out}",
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    modules = json.loads((out / "metrics.json").read_text())["modules"]
+    stages = {s["stage"]: s for s in modules["stages"]}
+    step = stages["decode/step"]
+    attributed = 1 - step["unattributed_ms"] / step["total_ms"]
+    assert attributed >= 0.95, step
+    expected = "inductor provenance" if runtime else "module ranges"
+    assert expected in step["methods"]
+    assert 1 - stages["prefill"]["unattributed_ms"] / stages["prefill"]["total_ms"] >= 0.95
+    assert "by module" in (out / "report.md").read_text()
+    assert (out / "plots" / "modules.png").is_file() and (out / "modules.md").is_file()

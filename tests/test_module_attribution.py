@@ -1,0 +1,214 @@
+"""Module attribution: innermost ranges, folding across layers, analytic names placed on modules, kernels given to
+modules (eager ranges and a compiled-code resolver), the unattributed share, the record's round trip and the report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import torch
+from torch.autograd import DeviceType
+
+from llm_perf_opt.measure import torch_profiler as tp
+from llm_perf_opt.measure.module_attribution import (
+    MODULE_RANGES,
+    PROVENANCE_METHOD_NAME,
+    Interval,
+    attribute,
+    cpu_launches,
+    innermost,
+)
+from llm_perf_opt.measure.module_floors import ModuleResolver, fold, module_attribution
+from llm_perf_opt.measure.module_ranges import module_ranges
+from llm_perf_opt.records.io import converter, to_plain
+from llm_perf_opt.records.modules import ModuleAttribution, ModuleTimes
+from llm_perf_opt.report.modules_report import modules_md, modules_plot
+
+
+@attrs.frozen
+class _Range:
+    start: float
+    end: float
+
+
+@attrs.frozen
+class _Event:
+    """The parts of a torch.profiler FunctionEvent the attribution reads."""
+
+    name: str
+    start: float
+    end: float
+    self_ms: float = 0.0
+    device_type: Any = DeviceType.CPU
+    thread: int = 1
+    id: int = 0
+
+    @property
+    def time_range(self) -> _Range:
+        return _Range(self.start, self.end)
+
+    @property
+    def self_cpu_time_total(self) -> float:
+        return self.self_ms * 1e3
+
+
+def test_innermost_picks_the_deepest_enclosing_range() -> None:
+    outer, inner, later = Interval(0, 100, "a"), Interval(10, 20, "a.b"), Interval(50, 60, "a.c")
+    found = innermost([later, outer, inner], [15, 5, 55, 120, 20])
+    assert [f.label if f else None for f in found] == ["a.b", "a", "a.c", None, "a.b"]
+
+
+def test_fold_replaces_every_layer_index() -> None:
+    assert fold("model.layers.3.mlp.experts") == "model.layers.*.mlp.experts"
+    assert fold("vision.blocks.11.attn.qkv2") == "vision.blocks.*.attn.qkv2"
+    assert fold("0.weight") == "*.weight"
+
+
+def _host() -> list[_Event]:
+    return [
+        _Event("stage:prefill", 0, 100),
+        _Event("module:", 1, 99),
+        _Event("module:layers.0", 10, 50),
+        _Event("module:layers.0.mlp", 20, 30),
+        _Event("aten::mm", 22, 24, self_ms=5.0),
+        _Event("aten::add", 40, 41, self_ms=3.0),
+        _Event("module:layers.1", 52, 90),
+        _Event("aten::mm", 53, 54, self_ms=4.0),
+        _Event("aten::cat", 99.5, 99.8, self_ms=2.0),  # the loop's own op: outside every module
+    ]
+
+
+def test_cpu_operators_go_to_the_innermost_module_and_the_rest_is_unattributed() -> None:
+    host = _host()
+    (stage,) = attribute(cpu_launches(host), host)
+    rows = {r.module: r for r in stage.rows}
+    assert rows["layers.0.mlp"].ms == 5.0 and rows["layers.0"].ms == 3.0 and rows["layers.1"].ms == 4.0
+    assert stage.unattributed_ms == 2.0 and stage.unattributed_kernels == 1
+    assert stage.unattributed_reason is not None and "no module" in stage.unattributed_reason
+    assert stage.total_ms == pytest.approx(sum(r.ms for r in stage.rows) + stage.unattributed_ms)
+    assert stage.methods == (MODULE_RANGES,)
+    assert rows["layers.0"].calls == 1 and rows["layers.0"].top[0].kernel == "aten::add"
+
+
+def test_launches_outside_module_ranges_go_to_the_compiled_resolver_in_launch_order() -> None:
+    host = _host()
+    seen: list[list[str]] = []
+
+    def resolver(names: Any) -> list[str | None]:
+        seen.append(list(names))
+        return ["layers.1"]
+
+    (stage,) = attribute(cpu_launches(host), host, compiled=resolver, compiled_method=PROVENANCE_METHOD_NAME)
+    assert seen == [["aten::cat"]]
+    assert stage.unattributed_ms == 0.0 and stage.unattributed_reason is None
+    assert set(stage.methods) == {MODULE_RANGES, PROVENANCE_METHOD_NAME}
+    assert {r.module: r.ms for r in stage.rows}["layers.1"] == 6.0
+
+
+def test_analytic_names_are_placed_on_the_innermost_real_module() -> None:
+    modules = [
+        "",
+        "model",
+        "model.sam_model",
+        "model.sam_model.layers.0",
+        "model.sam_model.layers.0.attn",
+        "model.sam_model.proj.conv1",
+        "model.vision_model.encoder.layers.0.mlp.fc1",
+        "model.vision_model.embeddings",
+        "model.language_model.layers.0.mlp.experts",
+        "model.language_model.layers.0.self_attn",
+        "lm_head",
+    ]
+    roots = {
+        "sam": "model.sam_model",
+        "sam.net_2": "model.sam_model.proj.conv1",
+        "clip": "model.vision_model",
+        "decoder": "model.language_model",
+        "lm_head": "lm_head",
+    }
+    resolve = ModuleResolver(modules, roots).resolve
+    assert resolve("global/sam.layers.0.attn.rel_pos_bias") == "model.sam_model.layers.0.attn"
+    assert resolve("tiles/sam.layers.0.residual1") == "model.sam_model.layers.0"
+    assert resolve("global/sam.net_2") == "model.sam_model.proj.conv1"
+    assert resolve("global/sam.pos_embed") == "model.sam_model"
+    assert resolve("global/clip.layers.0.mlp.fc1") == "model.vision_model.encoder.layers.0.mlp.fc1"
+    assert resolve("global/clip.embeddings.class_token") == "model.vision_model.embeddings"
+    assert resolve("decoder.layers.0.mlp.experts.gate_up_proj") == "model.language_model.layers.0.mlp.experts"
+    assert resolve("decoder.layers.0.self_attn.kv_write") == "model.language_model.layers.0.self_attn"
+    assert resolve("lm_head") == "lm_head"
+    assert resolve("projector") is None  # no root for it: no floor rather than a wrong one
+
+
+@pytest.fixture(scope="module")
+def profiled_tiny(tiny_session: Any, page_images: dict[str, Path]) -> Any:
+    flags = {"record_shapes": False, "profile_memory": False, "with_stack": False, "with_flops": False}
+    return tp.profile_image(
+        tiny_session, [page_images["small"]], decode_steps=2, trace_path=None, modules=True, **flags
+    )
+
+
+def test_a_real_profiled_pass_gives_each_stage_time_to_real_modules(profiled_tiny: Any, tiny_session: Any) -> None:
+    times = profiled_tiny.modules
+    assert times is not None and times.time_kind == "CPU operator self time"
+    names = {name for name, _ in tiny_session.model.named_modules()}
+    stages = {s.stage: s for s in times.stages}
+    assert {"prefill", "vision/sam", "decode/step"} <= set(stages)
+    assert stages["decode/step"].forwards == 2
+    for stage in times.stages:
+        assert stage.total_ms == pytest.approx(sum(r.ms for r in stage.rows) + stage.unattributed_ms)
+        assert all(r.module in names for r in stage.rows)
+        assert stage.unattributed_ms <= 0.2 * stage.total_ms
+    # the operator tables do not list the module ranges as operators
+    assert not any(r.name.startswith("module:") for r in profiled_tiny.overall)
+    assert times.analytic_roots["decoder"] == "model.language_model"
+
+
+def test_floors_fold_across_layers_and_the_records_round_trip(
+    profiled_tiny: Any, tiny_session: Any, page_images: dict[str, Path], tmp_path: Path
+) -> None:
+    prepared = tiny_session.prepare(page_images["small"])
+    costs = tiny_session.adapter.analytic_costs(tiny_session.model, prepared, 3, 4)
+    times: ModuleTimes = profiled_tiny.modules
+    attribution = module_attribution(
+        times, costs, decode_steps=2, peak_flops=1e12, bandwidth=1e11, peaks_note="test peaks"
+    )
+    decode = next(s for s in attribution.stages if s.stage == "decode/step")
+    folded = {r.module: r for r in decode.rows}
+    experts = folded["model.language_model.layers.*.mlp.experts"]
+    assert experts.members == 2 and experts.floor_ms is not None and experts.floor_ms > 0
+    assert decode.floor_ms is not None and decode.floor_ms >= sum(r.floor_ms or 0 for r in decode.rows) - 1e-9
+    above = [r.above_floor_ms if r.above_floor_ms is not None else r.ms for r in decode.rows]
+    assert above == sorted(above, reverse=True)
+    assert converter.structure(to_plain(times), ModuleTimes) == times
+    assert converter.structure(to_plain(attribution), ModuleAttribution) == attribution
+    text = modules_md(attribution, "tiny")
+    assert "model.language_model.layers.*.mlp.experts" in text and "× floor" in text
+    assert "given to a module" in text
+    assert modules_plot(attribution, tmp_path / "modules.png") is not None
+
+
+def test_without_an_analytic_model_there_are_no_floors(profiled_tiny: Any) -> None:
+    attribution = module_attribution(
+        profiled_tiny.modules, None, decode_steps=2, peak_flops=None, bandwidth=None, peaks_note=None
+    )
+    assert attribution.floors is None
+    assert all(r.floor_ms is None and r.flops is None for s in attribution.stages for r in s.rows)
+    assert "No floors" in modules_md(attribution, "tiny")
+
+
+def test_a_model_with_no_submodules_gives_everything_to_the_root() -> None:
+    model = torch.nn.Linear(4, 4)
+
+    cpu = [torch.profiler.ProfilerActivity.CPU]
+    with (
+        torch.profiler.profile(activities=cpu) as prof,
+        torch.profiler.record_function("stage:prefill"),
+        module_ranges(model) as ranges,
+    ):
+        model(torch.ones(2, 4))
+    assert ranges.hooked == 1 and not ranges.refused
+    host = [ev for ev in prof.events() if ev.device_type == DeviceType.CPU]
+    (stage,) = attribute(cpu_launches(host), host)
+    assert [r.module for r in stage.rows] == [""]  # the root, shown as "(model)"

@@ -41,7 +41,8 @@ def test_the_memory_breakdown_sums_to_the_measured_peak(tiny: InferenceSession) 
     assert {vocab.E2E, vocab.PREFILL, vocab.DECODE, vocab.DECODE_STEP} <= set(peaks)
     whole = peaks[vocab.E2E]
     assert whole.peak_allocated_bytes >= max(p.peak_allocated_bytes for p in measured.peaks)
-    assert whole.kv_bytes > 0 and measured.weights_bytes > 0
+    # the whole pass peaks in prefill, before the cache holds much; the decode's peak holds the cache
+    assert peaks[vocab.DECODE].kv_bytes > 0 and measured.weights_bytes > 0
     assert measured.total_memory_bytes == torch.cuda.get_device_properties(0).total_memory
     other = resident_other(measured)
     parts = [breakdown(p, measured.weights_bytes, other, measured.preexisting_kv_bytes) for p in measured.peaks]

@@ -48,6 +48,20 @@ class PreparedInputs:
 
 
 @attrs.frozen
+class ModelDescription:
+    """Facts about the built model for the reports (what `ModelInfo` records of it): its class, size, kernel
+    implementations, family and, where the adapter states it, its shape."""
+
+    class_name: str
+    parameters: int
+    attn_implementation: str | None
+    experts_implementation: str | None
+    family: ModelFamily
+    # model_type, layers, hidden size, heads, vocabulary, input kind, vision stages; empty when not described
+    architecture: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
 class LoadedModel:
     """A model ready to run, with what it was built from."""
 
@@ -196,16 +210,16 @@ class ModelAdapter(ABC):
         batches of several inputs and a compiled prefill are not available."""
         return None
 
-    def describe(self, model: nn.Module) -> dict[str, Any]:
+    def describe(self, model: nn.Module) -> ModelDescription:
         """Facts about the built model for the reports (implementations, sizes)."""
         config = getattr(model, "config", None)
-        return {
-            "class": type(model).__name__,
-            "parameters": sum(p.numel() for p in model.parameters()),
-            "attn_implementation": getattr(config, "_attn_implementation", None),
-            "experts_implementation": getattr(config, "_experts_implementation", None),
-            "family": self.model_family(),
-        }
+        return ModelDescription(
+            class_name=type(model).__name__,
+            parameters=sum(p.numel() for p in model.parameters()),
+            attn_implementation=getattr(config, "_attn_implementation", None),
+            experts_implementation=getattr(config, "_experts_implementation", None),
+            family=self.model_family(),
+        )
 
     def model_family(self) -> ModelFamily:
         """The family facts the reports' advice reads (how an image becomes vision views); by default a family

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+import attrs
 import torch
 from PIL import Image
 from torch import nn
@@ -21,7 +22,13 @@ from llm_perf_opt.data.images import open_upright
 from llm_perf_opt.data.prompts import read_prompt
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.records import vocabulary as vocab
-from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, PreparedInputs, load_tokenizer
+from llm_perf_opt.session.adapters.base import (
+    LoadedModel,
+    ModelAdapter,
+    ModelDescription,
+    PreparedInputs,
+    load_tokenizer,
+)
 from llm_perf_opt.session.adapters.hf_arch import IMAGE, TEXT, HfArchitecture, classify
 from llm_perf_opt.session.adapters.hf_inputs import (
     STAND_IN_TOKENIZATION,
@@ -277,20 +284,24 @@ class HfAdapter(ModelAdapter):
         lengths = [prepared.prompt_tokens for prepared in batch]
         return None if spec is None else batch_stage_costs(spec, lengths, new_tokens, dtype_bytes)
 
-    def describe(self, model: nn.Module) -> dict[str, Any]:
-        out = super().describe(model)
+    def describe(self, model: nn.Module) -> ModelDescription:
         config = self.source.config
         text = config.get_text_config()
-        if not any(getattr(text, key, None) for key in _EXPERT_KEYS):
-            out["experts_implementation"] = None  # transformers sets a default even on dense models
         facts = {key: getattr(text, key, None) for key in _ARCH_KEYS}
         if facts["head_dim"] is None and facts["hidden_size"] and facts["num_attention_heads"]:
             facts["head_dim"] = facts["hidden_size"] // facts["num_attention_heads"]  # what the attention uses
-        out["architecture"] = {
-            "model_type": config.model_type,
-            "input": self.input_kind,
-            **({"text_model_type": text.model_type} if text is not config else {}),
-            **facts,
-            "vision_stages": self.vision_stage_paths(model),
-        }
-        return out
+        described = super().describe(model)
+        return attrs.evolve(
+            described,
+            # transformers sets an experts default even on dense models
+            experts_implementation=described.experts_implementation
+            if any(getattr(text, key, None) for key in _EXPERT_KEYS)
+            else None,
+            architecture={
+                "model_type": config.model_type,
+                "input": self.input_kind,
+                **({"text_model_type": text.model_type} if text is not config else {}),
+                **facts,
+                "vision_stages": self.vision_stage_paths(model),
+            },
+        )

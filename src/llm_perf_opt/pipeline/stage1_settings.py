@@ -16,7 +16,7 @@ from llm_perf_opt.config_data import plain
 from llm_perf_opt.data.inputs import InputChoice
 from llm_perf_opt.errors import require_whole
 from llm_perf_opt.output_settings import output_settings
-from llm_perf_opt.records.stage1 import ProfilerSettings, RunSettings, RuntimeRecord
+from llm_perf_opt.records.stage1 import ProfilerSettings, RunSettings
 from llm_perf_opt.session.runtime import RuntimeSettings
 
 
@@ -125,6 +125,6 @@ def run_settings(
         measured_passes=measured_passes,
         asked_passes=len(inputs.selection.images) * settings.repeats if inputs else None,
         outputs=output_settings(cfg),
-        runtime=RuntimeRecord(**runtime.as_dict(), label=runtime.label),
+        runtime=runtime.record(),
         fill_batches=bool(cfg.run.get("fill_batches", False)),
     )

@@ -133,7 +133,7 @@ def test_compiled_prefill_needs_inputs_embedded_apart(tiny_session, page_images)
         def embed_prompt(self, model: Any, prepared: Any) -> None:
             return None
 
-    adapter = NoEmbedding(tiny_session.adapter.cfg)
+    adapter = NoEmbedding(tiny_session.adapter.settings)
     session = DeepSeekOCRSession(adapter, tiny_session.loaded, tiny_session.device, tiny_session.dtype, PREFILL_DECODE)
     try:
         with pytest.raises(UserError, match=r"merges its vision features inside its own forward") as info:

@@ -46,9 +46,9 @@ def tiles_flops(tiny_session, page_images) -> StageFlops:
 @pytest.mark.slow
 def test_flops_do_not_depend_on_the_kernel_implementation(tiny_session, eager_session, page_images, small_flops):
     info = eager_session.adapter.describe(eager_session.model)
-    assert (info["attn_implementation"], info["experts_implementation"]) == ("eager", "eager")
+    assert (info.attn_implementation, info.experts_implementation) == ("eager", "eager")
     default = tiny_session.adapter.describe(tiny_session.model)
-    assert (default["attn_implementation"], default["experts_implementation"]) == ("sdpa", "grouped_mm")
+    assert (default.attn_implementation, default.experts_implementation) == ("sdpa", "grouped_mm")
     # Same seed, same weights: the same routing, so the same active expert rows.
     eager = count_stage_flops(eager_session, eager_session.prepare(page_images["small"]))
     assert eager.prompt_tokens == small_flops.prompt_tokens

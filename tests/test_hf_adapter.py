@@ -170,8 +170,8 @@ def test_explicit_loop_matches_generate_on_the_tiny_presets(preset: str) -> None
     assert list(measured.token_ids) == hf_greedy(session, prepared, 4)
     assert measured.prompt_tokens == prepared.prompt_tokens and measured.stage_calls["decode/step"] == 3
     info = session.adapter.describe(session.model)
-    assert info["architecture"]["model_type"] == preset.split("_")[0] and info["architecture"]["input"] == "text"
-    assert info["experts_implementation"] is None  # dense: no MoE backend to report
+    assert info.architecture["model_type"] == preset.split("_")[0] and info.architecture["input"] == "text"
+    assert info.experts_implementation is None  # dense: no MoE backend to report
 
 
 def test_checkpoint_folder_loads_with_its_tokenizer(qwen_dir: Path, tmp_path: Path) -> None:
@@ -250,7 +250,7 @@ def test_tiny_llava_runs_with_its_processor_and_vision_stages(llava_dir: Path) -
     flops = count_stage_flops(session, prepared)
     assert 0 < flops.vision["vision/projector"] < flops.vision["vision/encoder"] < flops.prefill
     assert session.adapter.analytic_costs(session.model, prepared, 3, 4) is None  # no formula for a VLM
-    assert session.adapter.describe(session.model)["architecture"]["text_model_type"] == "llama"
+    assert session.adapter.describe(session.model).architecture["text_model_type"] == "llama"
 
 
 def test_configured_vision_stages_are_checked(llava_dir: Path) -> None:

@@ -79,7 +79,8 @@ def test_each_legacy_key_is_read_with_one_info_line(
         s = settings(f"{legacy}={value}")
     assert _value(s, new) == expected
     lines = [r for r in caplog.records if r.levelno == logging.INFO]
-    assert [r.getMessage() for r in lines] == [f"{legacy} is a legacy key (read for one release): use {new}={value}"]
+    said = f"{legacy} is a legacy key (read until its removal on 2027-03-01): use {new}={value}"
+    assert [r.getMessage() for r in lines] == [said]
 
 
 def test_a_legacy_key_wins_over_its_new_key() -> None:

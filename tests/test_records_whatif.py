@@ -12,7 +12,7 @@ from llm_perf_opt.records import io
 from llm_perf_opt.records.folders import WHATIF_FILE, enclosing_whatif, load_whatif, whatif_for
 from llm_perf_opt.records.io import RecordError, converter, to_plain
 from llm_perf_opt.records.whatif import FAILED, SKIPPED, WhatIfRecord
-from whatif_fixtures import minimal, realistic
+from whatif_fixtures import minimal, realistic, whatif_tree
 
 
 @pytest.mark.parametrize("make", [realistic, minimal], ids=["realistic", "minimal"])
@@ -67,7 +67,7 @@ def test_a_folder_without_whatif_json_says_so(tmp_path: Path) -> None:
 
 
 def test_a_run_folder_inside_a_whatif_folder_finds_it(tmp_path: Path) -> None:
-    io.save(realistic(), tmp_path / "wi" / WHATIF_FILE)
+    whatif_tree(tmp_path / "wi", realistic(), rungs=())
     child, grandchild, outside = tmp_path / "wi" / "run", tmp_path / "wi" / "rungs" / "00", tmp_path / "other"
     for folder in (child, grandchild, outside):
         folder.mkdir(parents=True)

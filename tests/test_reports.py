@@ -528,7 +528,7 @@ def test_adapters_describe_the_family_older_folders_are_probed_as(compose_model,
     shipped configs), so a run re-rendered from an older folder says the same thing as a new one."""
     adapter = make_adapter(compose_model(f"model={model}"))
     described = adapter.model_family()
-    assert described == ModelFamily.probed(str(adapter.cfg.get("adapter")), adapter.preprocess_settings())
+    assert described == ModelFamily.probed(adapter.settings.adapter, adapter.preprocess_settings())
 
 
 def test_the_generic_advice_is_a_table_of_named_rules(gpu_decode_bound) -> None:

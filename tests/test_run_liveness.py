@@ -30,9 +30,9 @@ from llm_perf_opt.records.folders import (
     writer_note,
     writer_state,
 )
+from whatif_fixtures import realistic, whatif_tree
 
 FIXTURES = Path(__file__).parent / "fixtures"
-WHATIF_EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "whatif-h100-decode"
 HOST = socket.gethostname()
 
 
@@ -144,9 +144,7 @@ def test_a_sweep_job_whose_process_is_gone(tmp_path: Path, dead_pid: int) -> Non
 def test_citing_a_what_if_run_whose_process_is_gone_warns(
     tmp_path: Path, dead_pid: int, caplog: pytest.LogCaptureFixture
 ) -> None:
-    whatif = tmp_path / "whatif"
-    shutil.copytree(FIXTURES / "runs" / "cpu_tiny_v1_stage1", whatif / "rungs" / "00-baseline")
-    shutil.copy(WHATIF_EXAMPLE / "whatif.json", whatif / "whatif.json")
+    whatif = whatif_tree(tmp_path / "whatif", realistic())
     ArtifactsManager(whatif, stage="whatif").start("whatif")
     mark_running(whatif, dead_pid)
     assert whatif_for(whatif / "rungs" / "00-baseline") is not None

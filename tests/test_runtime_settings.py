@@ -3,6 +3,7 @@ UserError naming the key and the fix."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import torch
 
@@ -32,7 +33,9 @@ def test_static_compiled_batched_settings() -> None:
     assert s.uses_cuda_graphs
     assert not s.is_reference and s.checks_outputs
     assert s.label == "static KV cache of 2048 positions, compiled decode (reduce-overhead), batch 4"
-    assert s.as_dict()["batch_size"] == 4
+    record = s.record()  # what metrics.json saves: the same fields, and the label
+    assert (record.batch_size, record.static_cache_len, record.label) == (4, 2048, s.label)
+    assert attrs.asdict(record) == {**attrs.asdict(s), "label": s.label}
     both = settings("runtime.kv_cache=static", "runtime.compile=prefill_decode", "runtime.compile_mode=default")
     assert both.compiles_prefill and both.compiles_decode and not both.uses_cuda_graphs
 

@@ -45,9 +45,9 @@ def test_tiny_session_is_fp32_cpu_with_the_default_backends(tiny_session) -> Non
     assert tiny_session.loaded.weights == "random"
     assert tiny_session.loaded.tokenizer is None
     info = tiny_session.adapter.describe(tiny_session.model)
-    assert info["attn_implementation"] == "sdpa"
-    assert info["experts_implementation"] == "grouped_mm"
-    assert info["parameters"] == sum(p.numel() for p in tiny_session.model.parameters())
+    assert info.attn_implementation == "sdpa"
+    assert info.experts_implementation == "grouped_mm"
+    assert info.parameters == sum(p.numel() for p in tiny_session.model.parameters())
     assert tiny_session.vision_stages == VISION
 
 

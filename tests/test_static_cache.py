@@ -111,7 +111,7 @@ def test_model_without_static_cache_support_is_a_user_error(tiny_session) -> Non
         def decoder_module(self, model: nn.Module) -> nn.Module:
             return _NoStaticCache()
 
-    adapter: ModelAdapter = Adapter(tiny_session.adapter.cfg)
+    adapter: ModelAdapter = Adapter(tiny_session.adapter.settings)
     assert "_can_compile_fullgraph is False" in (adapter.static_cache_blocker(tiny_session.model) or "")
     with pytest.raises(UserError, match=r"runtime\.kv_cache=static is not supported by this model") as info:
         InferenceSession(adapter, tiny_session.loaded, CPU, tiny_session.dtype, STATIC)

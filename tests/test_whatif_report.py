@@ -15,17 +15,24 @@ from PIL import Image
 from helpers import FIXTURES, run_cli
 from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.pipeline.stage1 import render
-from llm_perf_opt.records import io
 from llm_perf_opt.records.folders import WHATIF_FILE, load_stage1_metrics
 from llm_perf_opt.records.stage1 import Stage1Metrics
 from llm_perf_opt.records.whatif import ALONE, FAILED, MEASURED, Rung, RungFigures, WhatIfRecord
 from llm_perf_opt.report.recommendations import DECODE_LEVERS, recommendations
 from llm_perf_opt.report.whatif_plots import waterfall_steps, write_whatif_plots
 from llm_perf_opt.report.whatif_report import ranked_rungs, whatif_md, write_all
-from whatif_fixtures import BATCH, figures, identical, minimal, realistic, speedup
+from whatif_fixtures import (
+    BATCH,
+    copy_stage1_run,
+    figures,
+    identical,
+    minimal,
+    realistic,
+    speedup,
+    whatif_tree,
+)
 
 H100_METRICS = FIXTURES / "metrics" / "h100_full_stage1.json"
-RUN = FIXTURES / "runs" / "cpu_tiny_v1_stage1"
 
 
 def _rows(text: str, first_cell: str) -> list[list[str]]:
@@ -249,27 +256,14 @@ def test_a_whatif_run_where_nothing_helped_is_cited_as_such() -> None:
 # --------------------------------------------------------------------------------------------- wiring
 
 
-RECORDED_SAMPLES = "/work/main/src/llm_perf_opt/data/samples"
-
-
-def _copy_run(target: Path) -> Path:
-    from llm_perf_opt.data.dataset import bundled_samples_dir
-
-    shutil.copytree(RUN, target)
-    for name in ("inputs.yaml", "predictions/predictions.jsonl"):
-        text = (target / name).read_text()
-        (target / name).write_text(text.replace(RECORDED_SAMPLES, str(bundled_samples_dir())))
-    return target
-
-
 def _what_to_try(folder: Path) -> str:
     return _section((folder / "report.md").read_text(), "What to try")
 
 
 @pytest.mark.slow
 def test_stage1_report_cites_the_whatif_folder_given(tmp_path: Path) -> None:
-    folder = _copy_run(tmp_path / "run")
-    io.save(realistic(), tmp_path / "wi" / WHATIF_FILE)
+    folder = copy_stage1_run(tmp_path / "run")
+    whatif_tree(tmp_path / "wi", realistic(), rungs=())
     done = run_cli("llm_perf_opt.cli.stage1_report", str(folder), "--whatif", str(tmp_path / "wi"))
     assert done.returncode == 0, done.stderr
     cited = _what_to_try(folder)
@@ -281,10 +275,10 @@ def test_stage1_report_cites_the_whatif_folder_given(tmp_path: Path) -> None:
 
 
 def test_a_stage1_folder_inside_a_whatif_folder_cites_it(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    folder = _copy_run(tmp_path / "wi" / "rungs" / "00-baseline")
+    folder = whatif_tree(tmp_path / "wi") / "rungs" / "00-baseline"
     render(folder)
     assert "what-if run" not in _what_to_try(folder)  # no whatif.json yet: a rung cites nothing
-    io.save(realistic(), tmp_path / "wi" / WHATIF_FILE)
+    whatif_tree(tmp_path / "wi", realistic(), rungs=())  # the record arrives
     render(folder)
     assert "cut decode ms/token (p50) from 24.80 to 1.57 ms/token" in _what_to_try(folder)
     (tmp_path / "wi" / WHATIF_FILE).write_text("{damaged")
@@ -336,7 +330,7 @@ def test_stage2_report_takes_whatif_and_stage2_keeps_it_from_the_workload(tmp_pa
     assert forwarded_overrides(["model=deepseek_ocr", "report.whatif_dir=/w"]) == ["model=deepseek_ocr"]
     copy = tmp_path / "example"
     shutil.copytree(EXAMPLE_STAGE2, copy)
-    io.save(realistic(), tmp_path / "wi" / WHATIF_FILE)
+    whatif_tree(tmp_path / "wi", realistic(), rungs=())
     done = run_cli("llm_perf_opt.cli.stage2_report", str(copy), "--whatif", str(tmp_path / "wi"), timeout=180)
     assert done.returncode == 0, done.stderr
     assert "by what-if run `20250101-120000-abcdef`" in (copy / "stakeholder_summary.md").read_text()
@@ -429,7 +423,7 @@ def test_rung_reports_cite_the_whatif_run_as_it_ended(tmp_path: Path, monkeypatc
     ) -> dict[str, RungOutcome]:
         outcomes = {}
         for job in jobs:
-            render(_copy_run(job.folder))  # the rung's own reports, citing whatif.json as it is now
+            render(copy_stage1_run(job.folder))  # the rung's own reports, citing whatif.json as it is now
             outcomes[job.name] = RungOutcome(job.name, "complete", None, 1.0)
             done(outcomes[job.name])
         return outcomes

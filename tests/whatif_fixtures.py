@@ -1,10 +1,18 @@
 """`WhatIfRecord`s built by hand for the report tests (importable as `whatif_fixtures`): a realistic H100 decode
-ladder and a minimal CPU run."""
+ladder and a minimal CPU run; and the one builder of what-if folders on disk (`whatif_tree`), whose rungs are copies
+of the fixture Stage 1 run (`copy_stage1_run`)."""
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+from llm_perf_opt.data.dataset import bundled_samples_dir
 from llm_perf_opt.measure.stats import summarize
+from llm_perf_opt.records import io
 from llm_perf_opt.records.common import SCHEMA_VERSION
+from llm_perf_opt.records.folders import WHATIF_FILE
 from llm_perf_opt.records.whatif import (
     ALONE,
     BASELINE,
@@ -301,3 +309,26 @@ def minimal() -> WhatIfRecord:
         best=None,
         verdicts=(Verdict("static_cache", False, "static_cache: 0.99× (within noise)"),),
     )
+
+
+STAGE1_RUN = Path(__file__).parent / "fixtures" / "runs" / "cpu_tiny_v1_stage1"
+RECORDED_SAMPLES = "/work/main/src/llm_perf_opt/data/samples"  # where the fixture run read its samples
+
+
+def copy_stage1_run(target: Path) -> Path:
+    """The fixture Stage 1 run copied to `target`, its input paths pointed at this installation's bundled samples."""
+    shutil.copytree(STAGE1_RUN, target)
+    for name in ("inputs.yaml", "predictions/predictions.jsonl"):
+        text = (target / name).read_text()
+        (target / name).write_text(text.replace(RECORDED_SAMPLES, str(bundled_samples_dir())))
+    return target
+
+
+def whatif_tree(root: Path, record: WhatIfRecord | None = None, rungs: Sequence[str] = ("00-baseline",)) -> Path:
+    """A what-if folder as the runner leaves it: each of `rungs` a copy of the fixture Stage 1 run under
+    `rungs/`, and `record` saved as whatif.json (None: not written yet). Returns `root`."""
+    for name in rungs:
+        copy_stage1_run(root / "rungs" / name)
+    if record is not None:
+        io.save(record, root / WHATIF_FILE)
+    return root

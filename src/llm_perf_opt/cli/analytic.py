@@ -15,9 +15,11 @@ from llm_perf_opt.cli.common import launch, run_guarded
 def _main(cfg: DictConfig) -> None:
     from llm_perf_opt import artifacts
     from llm_perf_opt.artifacts import ArtifactsManager
+    from llm_perf_opt.config_data import plain
     from llm_perf_opt.errors import UserError
     from llm_perf_opt.pipeline.analytic import check_workload_model, write_analytic_report
     from llm_perf_opt.session.adapters.registry import make_adapter
+    from llm_perf_opt.session.model_settings import ModelSettings
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
 
@@ -26,7 +28,7 @@ def _main(cfg: DictConfig) -> None:
         art.start(run_dir.name)
         try:
             check_workload_model(cfg)  # a named workload with another model: one paragraph, before anything else
-            if not make_adapter(cfg.model).has_analytic_model:
+            if not make_adapter(ModelSettings.from_config(plain(cfg.model))).has_analytic_model:
                 raise UserError(
                     f"analytic-report has no static model of {cfg.model.name} (adapter {cfg.model.adapter}): it prices "
                     "the DeepSeek-OCR models",

@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from llm_perf_opt import artifacts, interrupts
 from llm_perf_opt.analytic.workload import RunWorkload
 from llm_perf_opt.artifacts import ArtifactsManager
+from llm_perf_opt.config_data import plain
 from llm_perf_opt.data.dataset import DatasetSelection
 from llm_perf_opt.data.inputs import InputChoice, select_inputs
 from llm_perf_opt.env_info import collect_env
@@ -66,6 +67,7 @@ from llm_perf_opt.records.whatif import WhatIfRecord
 from llm_perf_opt.report import stage1_reports
 from llm_perf_opt.report.markdown import pct
 from llm_perf_opt.session.adapters.registry import make_adapter
+from llm_perf_opt.session.model_settings import ModelSettings
 from llm_perf_opt.session.process_state import start_clean
 from llm_perf_opt.session.runtime import RuntimeSettings
 from llm_perf_opt.session.session import (
@@ -166,11 +168,12 @@ class Stage1Run:
         self.runtime.check_device(device)
         self.settings = settings = with_runtime_warmup(resolve_settings(cfg, device), self.runtime)
         self.memory_settings, self.energy_settings = memory_settings(cfg), energy_settings(cfg)
-        adapter = make_adapter(cfg.model)  # knows what the model takes (images or text) before it is built
+        model = ModelSettings.from_config(plain(cfg.model))  # the `model:` node, read once
+        adapter = make_adapter(model)  # knows what the model takes (images or text) before it is built
         self.inputs = select_inputs(
             cfg.dataset,
             adapter.input_kind,
-            model_name=str(cfg.model.name),
+            model_name=model.name,
             max_images=settings.max_images,
             sampling=settings.sampling,
         )
@@ -182,11 +185,11 @@ class Stage1Run:
         self.art.write_yaml(INPUTS_FILE, inputs_manifest(self.inputs))
         self.art.write_json("env.json", collect_env(device))
 
-        self._measure_peaks(device)
-        log.info("building %s on %s …", cfg.model.name, device)
+        self._measure_peaks(device, model.dtype)
+        log.info("building %s on %s …", model.name, device)
         started = time.perf_counter()
-        with self.feedback.step(f"building {cfg.model.name} on {device}"):
-            self.session = session = InferenceSession.load(cfg.model, device, self.runtime)
+        with self.feedback.step(f"building {model.name} on {device}"):
+            self.session = session = InferenceSession.load(model, device, self.runtime)
         session.keep_prefill_logits = bool(cfg.run.get("save_prefill_logits", False))
         log.info("model ready in %.1f s: %s", time.perf_counter() - started, session.loaded.weights_detail)
 
@@ -268,14 +271,14 @@ class Stage1Run:
             self.art.path(SNAPSHOT_FILE).write_bytes(outcome.snapshot)
             self.art.record(SNAPSHOT_FILE)
 
-    def _measure_peaks(self, device: torch.device) -> None:
+    def _measure_peaks(self, device: torch.device, dtype_setting: str | None) -> None:
         """hardware.peaks=measured: this GPU's achievable GEMM and copy rates (cached per device), measured before
         the model takes the memory."""
         if check_peaks_setting(self.cfg.hardware.peaks) != MEASURED:
             return
         if device.type != "cuda":
             return  # said in the run's warnings
-        dtype = str(resolve_dtype(self.cfg.model.dtype, device)).removeprefix("torch.")
+        dtype = str(resolve_dtype(dtype_setting, device)).removeprefix("torch.")
         with self.feedback.step("measuring this GPU's achievable peaks (cached after the first run)"):
             self.state.measured_peaks = (
                 measured_peak_compute(device, dtype, tf32_matmul=bool(torch.backends.cuda.matmul.allow_tf32)),

@@ -113,19 +113,19 @@ def run_predictions(
     )
 
 
-def model_info(cfg: DictConfig, session: InferenceSession) -> ModelInfo:
+def model_info(session: InferenceSession) -> ModelInfo:
     """The model as built: its class, size, dtype, implementations, shape, weights and preprocessing."""
     described = session.adapter.describe(session.model)
     return ModelInfo(
-        name=str(cfg.model.name),
-        adapter=str(cfg.model.adapter),
-        class_name=described["class"],
-        parameters=int(described["parameters"]),
+        name=session.adapter.settings.name,
+        adapter=session.adapter.settings.adapter,
+        class_name=described.class_name,
+        parameters=described.parameters,
         dtype=str(session.dtype).removeprefix("torch."),
-        attn_implementation=described["attn_implementation"],
-        experts_implementation=described["experts_implementation"],
-        architecture=described.get("architecture") or {},
-        family=described.get("family"),
+        attn_implementation=described.attn_implementation,
+        experts_implementation=described.experts_implementation,
+        architecture=described.architecture,
+        family=described.family,
         weights=session.loaded.weights,
         weights_detail=session.loaded.weights_detail,
         config_source=session.loaded.config_source,
@@ -159,7 +159,7 @@ def analysis_setup(
     """The run as `Stage1Analysis` needs it: the records that describe it and the settings its figures use."""
     return Stage1Setup(
         run_id=run_id,
-        model=model_info(cfg, session),
+        model=model_info(session),
         model_class=session.model.__class__.__name__,
         device=device_info(session),
         settings=settings,

@@ -18,7 +18,7 @@ from llm_perf_opt.errors import UserError, require_whole
 from llm_perf_opt.measure.energy import EnergySettings
 from llm_perf_opt.measure.memory import MemorySettings
 from llm_perf_opt.output_settings import output_settings
-from llm_perf_opt.records.stage1 import ProfilerSettings, RunSettings, RuntimeRecord
+from llm_perf_opt.records.stage1 import ProfilerSettings, RunSettings
 from llm_perf_opt.session.runtime import RuntimeSettings
 
 
@@ -128,7 +128,7 @@ def run_settings(
         measured_passes=measured_passes,
         asked_passes=len(inputs.selection.images) * settings.repeats if inputs else None,
         outputs=output_settings(cfg),
-        runtime=RuntimeRecord(**runtime.as_dict(), label=runtime.label),
+        runtime=runtime.record(),
         fill_batches=bool(cfg.run.get("fill_batches", False)),
     )
 

@@ -398,8 +398,9 @@ def runtime_label(kv_cache: str, compile: str, compile_mode: str, static_cache_l
 
 
 @attrs.frozen
-class RuntimeRecord:
-    """How the decoder ran (`runtime.*`, `run.batch_size`)."""
+class DecoderRuntime:
+    """The decoder's runtime (`runtime.*`, `run.batch_size`): the fields `session.runtime.RuntimeSettings` checks
+    and `RuntimeRecord` saves, defined once here."""
 
     kv_cache: str = "dynamic"  # dynamic | static
     compile: str = "none"  # none | decode | prefill_decode
@@ -408,11 +409,17 @@ class RuntimeRecord:
     batch_size: int = 1
     record_routing: bool = True
     output_check: str = "auto"
-    label: str = "dynamic KV cache, eager, batch 1"
 
     def described(self, batch: str) -> str:
         """The label with `batch` (e.g. "batch 1 (run.batch_size=2, 1 input)") in place of the configured size."""
         return runtime_label(self.kv_cache, self.compile, self.compile_mode, self.static_cache_len, batch)
+
+
+@attrs.frozen
+class RuntimeRecord(DecoderRuntime):
+    """How the decoder ran: its runtime settings as they were, and their one-line label."""
+
+    label: str = "dynamic KV cache, eager, batch 1"
 
 
 @attrs.frozen

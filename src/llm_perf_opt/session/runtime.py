@@ -10,7 +10,7 @@ import attrs
 import torch
 
 from llm_perf_opt.errors import UserError, require_whole
-from llm_perf_opt.records.stage1 import runtime_label
+from llm_perf_opt.records.stage1 import DecoderRuntime, RuntimeRecord
 
 KV_CACHES: Final = ("dynamic", "static")
 COMPILE_TARGETS: Final = ("none", "decode", "prefill_decode")
@@ -29,16 +29,9 @@ def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> str:
 
 
 @attrs.frozen
-class RuntimeSettings:
-    """The decoder's runtime; the defaults are the eager reference (dynamic cache, no compile, batch 1)."""
-
-    kv_cache: str = "dynamic"
-    compile: str = "none"
-    compile_mode: str = "reduce-overhead"
-    static_cache_len: int | None = None  # None: each batch's prompt + new tokens
-    batch_size: int = 1
-    record_routing: bool = True
-    output_check: str = "auto"
+class RuntimeSettings(DecoderRuntime):
+    """The decoder's runtime, checked (its fields: `DecoderRuntime`; `static_cache_len` None: each batch's prompt +
+    new tokens); the defaults are the eager reference (dynamic cache, no compile, batch 1)."""
 
     @classmethod
     def from_config(cls, cfg: Any) -> RuntimeSettings:
@@ -129,13 +122,11 @@ class RuntimeSettings:
     @property
     def label(self) -> str:
         """One line for reports, e.g. "static KV cache, compiled decode (reduce-overhead), batch 4"."""
-        return runtime_label(
-            self.kv_cache, self.compile, self.compile_mode, self.static_cache_len, f"batch {self.batch_size}"
-        )
+        return self.described(f"batch {self.batch_size}")
 
-    def as_dict(self) -> dict[str, Any]:
-        """The settings as plain data (metrics.json, config records)."""
-        return attrs.asdict(self)
+    def record(self) -> RuntimeRecord:
+        """The settings as metrics.json saves them, with their label."""
+        return RuntimeRecord(**attrs.asdict(self), label=self.label)
 
 
 def _flag(key: str, value: Any) -> bool:

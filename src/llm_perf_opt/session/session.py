@@ -26,6 +26,7 @@ from llm_perf_opt.session.adapters.registry import make_adapter
 from llm_perf_opt.session.compiled import CompileEvent, cudagraph_skips
 from llm_perf_opt.session.decode import AroundStep, DecodeLoop, LoopOutput
 from llm_perf_opt.session.kv_cache import KvCaches, static_cache_error
+from llm_perf_opt.session.model_settings import ModelSettings
 from llm_perf_opt.session.output_check import OutputCheck, ReferenceOutput, ReferenceOutputs, compare_outputs
 from llm_perf_opt.session.runtime import EAGER_REFERENCE, RuntimeSettings
 
@@ -326,12 +327,14 @@ class InferenceSession:
         self.keep_prefill_logits = False
 
     @classmethod
-    def load(cls, model_cfg: Mapping[str, Any], device: torch.device, runtime: RuntimeSettings | None = None) -> Self:
-        """Build (random weights) or load (the adapter's checkpoint folder) the model `model_cfg` names on `device`,
-        to run under `runtime` (default: the eager reference)."""
-        adapter = make_adapter(model_cfg)
+    def load(
+        cls, model: ModelSettings | Mapping[str, Any], device: torch.device, runtime: RuntimeSettings | None = None
+    ) -> Self:
+        """Build (random weights) or load (the adapter's checkpoint folder) the model the settings name (or a
+        `model` node gives) on `device`, to run under `runtime` (default: the eager reference)."""
+        adapter = make_adapter(model)
         cls.check_adapter(adapter)
-        dtype = resolve_dtype(model_cfg.get("dtype"), device)
+        dtype = resolve_dtype(adapter.settings.dtype, device)
         if runtime is not None:
             runtime.check_device(device)  # before minutes of building
         path = adapter.checkpoint_path()

@@ -12,10 +12,10 @@ import torch
 from PIL import Image
 from torch import nn
 
-from llm_perf_opt.config_data import plain
 from llm_perf_opt.data.images import open_upright
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.records.stage1 import ModelFamily
+from llm_perf_opt.session.model_settings import ModelSettings
 
 
 @attrs.frozen
@@ -48,6 +48,37 @@ class PreparedInputs:
 
 
 @attrs.frozen
+class PromptIds:
+    """The ids a DeepSeek-OCR prompt starts with: BOS, then the image placeholder once per image token."""
+
+    bos: int
+    image: int
+
+    @classmethod
+    def of(cls, architecture: Mapping[str, Any]) -> PromptIds:
+        """From the family's `architecture` table (its text config's BOS, its image token)."""
+        return cls(bos=int(architecture["text_config"]["bos_token_id"]), image=int(architecture["image_token_id"]))
+
+    def prompt(self, image_tokens: int, text_ids: Sequence[int]) -> list[int]:
+        """BOS, `image_tokens` placeholders, then the text."""
+        return [self.bos] + [self.image] * image_tokens + list(text_ids)
+
+
+@attrs.frozen
+class ModelDescription:
+    """Facts about the built model for the reports (what `ModelInfo` records of it): its class, size, kernel
+    implementations, family and, where the adapter states it, its shape."""
+
+    class_name: str
+    parameters: int
+    attn_implementation: str | None
+    experts_implementation: str | None
+    family: ModelFamily
+    # model_type, layers, hidden size, heads, vocabulary, input kind, vision stages; empty when not described
+    architecture: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
 class LoadedModel:
     """A model ready to run, with what it was built from."""
 
@@ -76,8 +107,8 @@ class ModelAdapter(ABC):
     #: The analytic model's name prefixes -> module paths in the built model (see :meth:`analytic_module_roots`).
     ANALYTIC_MODULE_ROOTS: ClassVar[Mapping[str, str]] = {}
 
-    def __init__(self, model_cfg: Mapping[str, Any]) -> None:
-        self.cfg = model_cfg
+    def __init__(self, settings: ModelSettings) -> None:
+        self.settings = settings
 
     @property
     def input_kind(self) -> str:
@@ -87,7 +118,7 @@ class ModelAdapter(ABC):
     def checkpoint_path(self) -> str | None:
         """The local checkpoint folder to load (`model.path`), or None to build the architecture with random
         weights. A `model.path` that is not an existing folder is a UserError saying so."""
-        path = self.cfg.get("path")
+        path = self.settings.path
         if not path:
             return None
         folder = Path(str(path)).expanduser()
@@ -121,7 +152,7 @@ class ModelAdapter(ABC):
 
     def seed_random_weights(self) -> int:
         """Seed torch with `model.seed` before a random-weight build (reproducible FLOPs, routing, timings)."""
-        seed = int(self.cfg.get("seed", 0))
+        seed = self.settings.seed
         torch.manual_seed(seed)
         return seed
 
@@ -134,26 +165,26 @@ class ModelAdapter(ABC):
             tokenizer=tokenizer,
             weights="random",
             weights_detail=(
-                f"random weights (seed {self.cfg.get('seed', 0)}), no checkpoint: timings, FLOPs and bytes are real, "
+                f"random weights (seed {self.settings.seed}), no checkpoint: timings, FLOPs and bytes are real, "
                 f"generated text is not{f'; {note}' if note else ''}"
             ),
-            config_source=config_source or f"shipped config conf/model/{self.cfg['name']}.yaml (architecture)",
+            config_source=config_source or f"shipped config conf/model/{self.settings.name}.yaml (architecture)",
         )
 
     def implementation_kwargs(self) -> dict[str, Any]:
         """`attn_implementation` / `experts_implementation` from the model config, for transformers loaders."""
-        return {key: self.cfg[key] for key in ("attn_implementation", "experts_implementation") if self.cfg.get(key)}
+        return self.settings.implementation_kwargs()
 
     def prompt_ids(self, tokenizer: Any | None) -> list[int]:
         """The prompt text after the image, tokenized; without a tokenizer, `prompt.text_tokens` stand-in ids."""
-        prompt = self.cfg["prompt"]
+        prompt = self.settings.prompt
         if tokenizer is not None:
-            return list(tokenizer.encode(str(prompt["text"]), add_special_tokens=False))
-        return [1000 + i for i in range(int(prompt["text_tokens"]))]
+            return list(tokenizer.encode(prompt.text, add_special_tokens=False))
+        return [1000 + i for i in range(prompt.text_tokens or 0)]
 
     def preprocess_settings(self) -> dict[str, Any]:
         """The preprocessing settings the reports record."""
-        return plain(self.cfg.get("preprocess") or {})
+        return dict(self.settings.preprocess)
 
     def stage_modules(self, model: nn.Module) -> dict[str, nn.Module]:
         """Vision sub-stage name -> submodule of `model`."""
@@ -211,21 +242,21 @@ class ModelAdapter(ABC):
         batches of several inputs and a compiled prefill are not available."""
         return None
 
-    def describe(self, model: nn.Module) -> dict[str, Any]:
+    def describe(self, model: nn.Module) -> ModelDescription:
         """Facts about the built model for the reports (implementations, sizes)."""
         config = getattr(model, "config", None)
-        return {
-            "class": type(model).__name__,
-            "parameters": sum(p.numel() for p in model.parameters()),
-            "attn_implementation": getattr(config, "_attn_implementation", None),
-            "experts_implementation": getattr(config, "_experts_implementation", None),
-            "family": self.model_family(),
-        }
+        return ModelDescription(
+            class_name=type(model).__name__,
+            parameters=sum(p.numel() for p in model.parameters()),
+            attn_implementation=getattr(config, "_attn_implementation", None),
+            experts_implementation=getattr(config, "_experts_implementation", None),
+            family=self.model_family(),
+        )
 
     def model_family(self) -> ModelFamily:
         """The family facts the reports' advice reads (how an image becomes vision views); by default a family
         named after its adapter, without tiles or modes."""
-        return ModelFamily(name=str(self.cfg.get("adapter")))
+        return ModelFamily(name=self.settings.adapter)
 
 
 def load_tokenizer(folder: Path) -> Any | None:

@@ -3,17 +3,18 @@ the vendor's own code from the checkpoint folder with ``model.trust_remote_code=
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
 
+import attrs
 import torch
 from PIL import Image
 from torch import nn
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from llm_perf_opt.config_data import plain
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.models.cache_argument import (
     CACHE_FIELD,
@@ -27,7 +28,8 @@ from llm_perf_opt.models.deepseek_ocr.modeling import DeepseekOcrForConditionalG
 from llm_perf_opt.models.deepseek_ocr.preprocess import Mode, image_token_count, mode_from_config, preprocess
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.stage1 import ModelFamily
-from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, PreparedInputs, load_tokenizer
+from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, PreparedInputs, PromptIds, load_tokenizer
+from llm_perf_opt.session.model_settings import ModelSettings
 
 
 @contextmanager
@@ -85,6 +87,18 @@ class VendorModel(nn.Module):
         return causal_lm_output(logits, output_cache(out))
 
 
+@attrs.frozen
+class TileRange:
+    """`model.preprocess` of v1: how many tiles a Gundam crop grid may have."""
+
+    min_tiles: int
+    max_tiles: int
+
+    @classmethod
+    def from_table(cls, table: Mapping[str, Any]) -> TileRange:
+        return cls(min_tiles=int(table["min_tiles"]), max_tiles=int(table["max_tiles"]))
+
+
 class DeepseekOcrAdapter(ModelAdapter):
     """Stages: vision/sam, vision/clip, vision/projector; then the DeepSeek-V2 MoE decoder."""
 
@@ -105,15 +119,17 @@ class DeepseekOcrAdapter(ModelAdapter):
         vocab.VISION_PROJECTOR: "model.projector",
     }
 
-    def __init__(self, model_cfg: Mapping[str, Any]) -> None:
-        super().__init__(model_cfg)
-        self.mode: Mode = mode_from_config(str(model_cfg["mode"]), model_cfg["modes"])  # an unknown mode fails here
+    def __init__(self, settings: ModelSettings) -> None:
+        super().__init__(settings)
+        self.mode: Mode = mode_from_config(str(settings.mode), settings.modes)  # an unknown mode fails here
+        self.tiles = TileRange.from_table(settings.preprocess)
+        self.ids = PromptIds.of(settings.architecture)
 
     def _config(self) -> DeepseekOcrConfig:
         return DeepseekOcrConfig.from_architecture(
-            plain(self.cfg["architecture"]),
-            attn_implementation=self.cfg.get("attn_implementation"),
-            experts_implementation=self.cfg.get("experts_implementation"),
+            copy.deepcopy(dict(self.settings.architecture)),
+            attn_implementation=self.settings.attn_implementation,
+            experts_implementation=self.settings.experts_implementation,
         )
 
     def build_random(self, *, device: torch.device, dtype: torch.dtype) -> LoadedModel:
@@ -132,7 +148,7 @@ class DeepseekOcrAdapter(ModelAdapter):
                 "files, as published as deepseek-ai/DeepSeek-OCR), e.g. a link under extern/, or leave model.path "
                 "unset to build the published architecture with random weights",
             )
-        if self.cfg.get("trust_remote_code"):
+        if self.settings.trust_remote_code:
             model: nn.Module = self._load_vendor_code(folder, device=device, dtype=dtype)
             detail = f"checkpoint weights from {folder.resolve()}, run by the vendor's own code (trust_remote_code)"
         else:
@@ -142,8 +158,8 @@ class DeepseekOcrAdapter(ModelAdapter):
                 folder,
                 device=device,
                 dtype=dtype,
-                attn_implementation=self.cfg.get("attn_implementation"),
-                experts_implementation=self.cfg.get("experts_implementation"),
+                attn_implementation=self.settings.attn_implementation,
+                experts_implementation=self.settings.experts_implementation,
             )
             detail = f"checkpoint weights from {folder.resolve()} (official tensor names mapped onto this model)"
         return LoadedModel(
@@ -159,8 +175,8 @@ class DeepseekOcrAdapter(ModelAdapter):
         from transformers import AutoModel
 
         kwargs = {}
-        if self.cfg.get("attn_implementation"):
-            kwargs["attn_implementation"] = self.cfg["attn_implementation"]
+        if self.settings.attn_implementation:
+            kwargs["attn_implementation"] = self.settings.attn_implementation
         try:
             inner = AutoModel.from_pretrained(
                 folder, trust_remote_code=True, local_files_only=True, use_safetensors=True, dtype=dtype, **kwargs
@@ -173,7 +189,7 @@ class DeepseekOcrAdapter(ModelAdapter):
                 "version, or set model.trust_remote_code=false to load the same checkpoint into this project's "
                 "implementation (no remote code, any transformers 5.x)",
             ) from exc
-        return VendorModel(inner.to(device=device), int(self.cfg["architecture"]["image_token_id"]))
+        return VendorModel(inner.to(device=device), self.ids.image)
 
     def decoder_config(self, model: nn.Module) -> Any:
         if isinstance(model, VendorModel):
@@ -263,17 +279,14 @@ class DeepseekOcrAdapter(ModelAdapter):
             "base_size": mode.base_size,
             "image_size": mode.image_size,
             "crop_mode": mode.crop_mode,
-            **plain(self.cfg["preprocess"]),
+            **self.settings.preprocess,
         }
 
     def prepare(self, image: Image.Image, tokenizer: Any | None) -> PreparedInputs:
-        pre = self.cfg["preprocess"]
         mode = self.mode
-        views = preprocess(image, mode, min_tiles=int(pre["min_tiles"]), max_tiles=int(pre["max_tiles"]))
+        views = preprocess(image, mode, min_tiles=self.tiles.min_tiles, max_tiles=self.tiles.max_tiles)
         image_tokens = image_token_count(mode, views.grid)
-        arch = self.cfg["architecture"]
-        ids = [int(arch["text_config"]["bos_token_id"])] + [int(arch["image_token_id"])] * image_tokens
-        ids += self.prompt_ids(tokenizer)
+        ids = self.ids.prompt(image_tokens, self.prompt_ids(tokenizer))
         input_ids = torch.tensor([ids], dtype=torch.long)
         inputs: dict[str, Any] = {
             "input_ids": input_ids,

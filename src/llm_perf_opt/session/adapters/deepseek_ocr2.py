@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+import attrs
 import torch
 from PIL import Image
 from transformers import DeepseekOcr2Config, DeepseekOcr2ForConditionalGeneration
 from transformers.models.deepseek_ocr2.image_processing_pil_deepseek_ocr2 import DeepseekOcr2ImageProcessorPil
 
-from llm_perf_opt.config_data import plain
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.stage1 import ModelFamily
-from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, PreparedInputs, load_tokenizer
+from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, PreparedInputs, PromptIds, load_tokenizer
+from llm_perf_opt.session.model_settings import ModelSettings
 
 # The model class hard-codes two learned query banks (DeepseekOcr2VisionModel): 144 queries for views whose
 # SAM output has at most 144 positions (768-px tiles), 256 otherwise (the 1024-px global view). A view
@@ -30,6 +32,27 @@ def view_tokens(side_px: int) -> int:
     """Vision tokens one square view of `side_px` pixels yields in DeepSeek-OCR-2."""
     positions = math.ceil(side_px / _SAM_TOTAL_STRIDE) ** 2
     return _SMALL_BANK if positions <= _SMALL_BANK else _LARGE_BANK
+
+
+@attrs.frozen
+class Ocr2Preprocess:
+    """`model.preprocess` of DeepSeek-OCR-2: the global view's side, the tiles' side and how many tiles."""
+
+    global_size: int
+    tile_size: int
+    crop_to_patches: bool
+    min_tiles: int
+    max_tiles: int
+
+    @classmethod
+    def from_table(cls, table: Mapping[str, Any]) -> Ocr2Preprocess:
+        return cls(
+            global_size=int(table["global_size"]),
+            tile_size=int(table["tile_size"]),
+            crop_to_patches=bool(table["crop_to_patches"]),
+            min_tiles=int(table["min_tiles"]),
+            max_tiles=int(table["max_tiles"]),
+        )
 
 
 class DeepseekOcr2Adapter(ModelAdapter):
@@ -53,8 +76,13 @@ class DeepseekOcr2Adapter(ModelAdapter):
         vocab.VISION_PROJECTOR: "model.multi_modal_projector",
     }
 
+    def __init__(self, settings: ModelSettings) -> None:
+        super().__init__(settings)
+        self.preprocess = Ocr2Preprocess.from_table(settings.preprocess)
+        self.ids = PromptIds.of(settings.architecture)
+
     def build_random(self, *, device: torch.device, dtype: torch.dtype) -> LoadedModel:
-        config = DeepseekOcr2Config(**plain(self.cfg["architecture"]))
+        config = DeepseekOcr2Config(**copy.deepcopy(dict(self.settings.architecture)))
         self.seed_random_weights()
         with torch.device(device):
             model = DeepseekOcr2ForConditionalGeneration._from_config(
@@ -92,23 +120,23 @@ class DeepseekOcr2Adapter(ModelAdapter):
 
     def model_family(self) -> ModelFamily:
         """v2: a global view plus `tile_size`-px tiles when it crops to patches, each through SAM and the encoder."""
-        pre = self.cfg["preprocess"]
+        pre = self.preprocess
         return ModelFamily(
             name="deepseek_ocr2",
             tiled_views=True,
-            tiling=bool(pre["crop_to_patches"]),
-            tile_px=int(pre["tile_size"]),
+            tiling=pre.crop_to_patches,
+            tile_px=pre.tile_size,
             encoder="encoder",
         )
 
     def image_processor(self) -> DeepseekOcr2ImageProcessorPil:
-        pre = self.cfg["preprocess"]
+        pre = self.preprocess
         return DeepseekOcr2ImageProcessorPil(
-            size={"height": int(pre["global_size"]), "width": int(pre["global_size"])},
-            tile_size=int(pre["tile_size"]),
-            crop_to_patches=bool(pre["crop_to_patches"]),
-            min_patches=int(pre["min_tiles"]),
-            max_patches=int(pre["max_tiles"]),
+            size={"height": pre.global_size, "width": pre.global_size},
+            tile_size=pre.tile_size,
+            crop_to_patches=pre.crop_to_patches,
+            min_patches=pre.min_tiles,
+            max_patches=pre.max_tiles,
         )
 
     def prepare(self, image: Image.Image, tokenizer: Any | None) -> PreparedInputs:
@@ -119,9 +147,7 @@ class DeepseekOcr2Adapter(ModelAdapter):
         views = [("global", int(pixel_values.shape[-2]), int(pixel_values.shape[-1]))]
         views += [("tile", int(local.shape[-2]), int(local.shape[-1]))] * tiles if local is not None else []
         image_tokens = sum(view_tokens(h) for _, h, _ in views) + 1  # + the view separator
-        arch = self.cfg["architecture"]
-        text_ids = self.prompt_ids(tokenizer)
-        ids = [int(arch["text_config"]["bos_token_id"])] + [int(arch["image_token_id"])] * image_tokens + text_ids
+        ids = self.ids.prompt(image_tokens, self.prompt_ids(tokenizer))
         input_ids = torch.tensor([ids], dtype=torch.long)
         inputs: dict[str, Any] = {
             "input_ids": input_ids,
@@ -181,7 +207,7 @@ class DeepseekOcr2Adapter(ModelAdapter):
         sides = {kind: h for kind, h, _ in prepared.views}
         return Workload(
             global_size=sides["global"],
-            tile_size=sides.get("tile", int(self.cfg["preprocess"]["tile_size"])),
+            tile_size=sides.get("tile", self.preprocess.tile_size),
             tiles=prepared.tiles,
             text_tokens=prepared.prompt_tokens - 1 - prepared.image_tokens,
             new_tokens=new_tokens,

@@ -12,11 +12,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+import attrs
 import torch
 from PIL import Image
 from torch import nn
 
-from llm_perf_opt.config_data import plain
 from llm_perf_opt.data.images import open_upright
 from llm_perf_opt.data.prompts import read_prompt
 from llm_perf_opt.errors import UserError
@@ -24,6 +24,7 @@ from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.session.adapters.base import (
     LoadedModel,
     ModelAdapter,
+    ModelDescription,
     PreparedInputs,
     load_tokenizer,
     present_roots,
@@ -37,6 +38,7 @@ from llm_perf_opt.session.adapters.hf_inputs import (
     text_inputs,
 )
 from llm_perf_opt.session.adapters.hf_source import HfSource, resolve_source
+from llm_perf_opt.session.model_settings import ModelSettings
 
 #: Submodule names of vision towers and of the projectors that feed their output to the language model.
 VISION_TOWER_NAMES = ("vision_tower", "visual", "vision_model", "vision_encoder", "image_encoder")
@@ -75,6 +77,19 @@ def detect_vision_stages(model: nn.Module) -> dict[str, str]:
     return {stage: path for stage, path in stages.items() if path is not None}
 
 
+@attrs.frozen
+class HfPreprocess:
+    """`model.preprocess` of model=hf."""
+
+    chat_template: bool = False  # wrap the prompt in the tokenizer's / processor's chat template
+    max_prompt_tokens: int | None = None  # keep at most this many (the first) tokens of a text prompt
+
+    @classmethod
+    def from_table(cls, table: Mapping[str, Any]) -> HfPreprocess:
+        limit = table.get("max_prompt_tokens")
+        return cls(chat_template=bool(table.get("chat_template")), max_prompt_tokens=int(limit) if limit else None)
+
+
 class HfAdapter(ModelAdapter):
     """Stages: prefill and decode; for image-text-to-text models also the vision tower and projector."""
 
@@ -82,8 +97,9 @@ class HfAdapter(ModelAdapter):
     # analytic bytes (and MBU) through :meth:`analytic_costs`.
     has_analytic_model: ClassVar[bool] = False
 
-    def __init__(self, model_cfg: Mapping[str, Any]) -> None:
-        super().__init__(model_cfg)
+    def __init__(self, settings: ModelSettings) -> None:
+        super().__init__(settings)
+        self.preprocess = HfPreprocess.from_table(settings.preprocess)
         self._source: HfSource | None = None
         self._arch: HfArchitecture | None = None
 
@@ -91,7 +107,7 @@ class HfAdapter(ModelAdapter):
     def source(self) -> HfSource:
         """Where the model comes from (resolved on first use; every problem is a UserError)."""
         if self._source is None:
-            self._source = resolve_source(self.cfg)
+            self._source = resolve_source(self.settings)
         return self._source
 
     @property
@@ -107,7 +123,7 @@ class HfAdapter(ModelAdapter):
 
     @property
     def name(self) -> str:
-        return str(self.cfg.get("name") or "hf")
+        return self.settings.name or "hf"
 
     def checkpoint_path(self) -> str | None:
         folder = self.source.weights_folder
@@ -183,14 +199,14 @@ class HfAdapter(ModelAdapter):
             with open_upright(path)[0] as image:
                 return self.prepare(image, tokenizer)
         text = read_prompt(path)
-        pre = self.cfg.get("preprocess") or {}
+        pre = self.preprocess
         config = self.source.config.get_text_config()
         if tokenizer is None:
             ids = stand_in_ids(text, int(config.vocab_size), getattr(config, "bos_token_id", None))
         else:
-            ids = text_ids(text, tokenizer, chat_template=bool(pre.get("chat_template")))
-        if pre.get("max_prompt_tokens"):
-            ids = ids[: int(pre["max_prompt_tokens"])]
+            ids = text_ids(text, tokenizer, chat_template=pre.chat_template)
+        if pre.max_prompt_tokens:
+            ids = ids[: pre.max_prompt_tokens]
         limit = getattr(config, "max_position_embeddings", None)
         if limit and len(ids) > int(limit):
             raise UserError(
@@ -215,15 +231,15 @@ class HfAdapter(ModelAdapter):
         return image_inputs(
             image,
             tokenizer,
-            str(self.cfg["prompt"]["text"]),
-            chat_template=bool((self.cfg.get("preprocess") or {}).get("chat_template")),
+            self.settings.prompt.text,
+            chat_template=self.preprocess.chat_template,
             image_token_id=getattr(config, "image_token_id", None) or getattr(config, "image_token_index", None),
         )
 
     # ---- stages and reports --------------------------------------------------------------------------------
     def vision_stage_paths(self, model: nn.Module) -> dict[str, str]:
         """Vision sub-stage -> dotted submodule path: configured, or detected for image-text-to-text models."""
-        configured = self.cfg.get("vision_stage_modules")
+        configured = self.settings.vision_stage_modules
         if configured and self.input_kind == TEXT:
             raise UserError(
                 f"model.vision_stage_modules is set, but model {self.name} is a text-only model without a vision side",
@@ -231,9 +247,7 @@ class HfAdapter(ModelAdapter):
             )
         if not configured:
             return detect_vision_stages(model) if self.input_kind == IMAGE else {}
-        return {
-            (s if vocab.is_vision(s) else f"{vocab.VISION_PREFIX}{s}"): str(p) for s, p in plain(configured).items()
-        }
+        return {(s if vocab.is_vision(s) else f"{vocab.VISION_PREFIX}{s}"): p for s, p in configured.items()}
 
     def stage_modules(self, model: nn.Module) -> dict[str, nn.Module]:
         out = {}
@@ -295,20 +309,24 @@ class HfAdapter(ModelAdapter):
         lengths = [prepared.prompt_tokens for prepared in batch]
         return None if spec is None else batch_stage_costs(spec, lengths, new_tokens, dtype_bytes)
 
-    def describe(self, model: nn.Module) -> dict[str, Any]:
-        out = super().describe(model)
+    def describe(self, model: nn.Module) -> ModelDescription:
         config = self.source.config
         text = config.get_text_config()
-        if not any(getattr(text, key, None) for key in _EXPERT_KEYS):
-            out["experts_implementation"] = None  # transformers sets a default even on dense models
         facts = {key: getattr(text, key, None) for key in _ARCH_KEYS}
         if facts["head_dim"] is None and facts["hidden_size"] and facts["num_attention_heads"]:
             facts["head_dim"] = facts["hidden_size"] // facts["num_attention_heads"]  # what the attention uses
-        out["architecture"] = {
-            "model_type": config.model_type,
-            "input": self.input_kind,
-            **({"text_model_type": text.model_type} if text is not config else {}),
-            **facts,
-            "vision_stages": self.vision_stage_paths(model),
-        }
-        return out
+        described = super().describe(model)
+        return attrs.evolve(
+            described,
+            # transformers sets an experts default even on dense models
+            experts_implementation=described.experts_implementation
+            if any(getattr(text, key, None) for key in _EXPERT_KEYS)
+            else None,
+            architecture={
+                "model_type": config.model_type,
+                "input": self.input_kind,
+                **({"text_model_type": text.model_type} if text is not config else {}),
+                **facts,
+                "vision_stages": self.vision_stage_paths(model),
+            },
+        )

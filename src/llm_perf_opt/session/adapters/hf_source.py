@@ -8,7 +8,6 @@ processor files come from the checkpoint folder, the config's folder, or `model.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ import attrs
 
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.resources import package_folder
+from llm_perf_opt.session.model_settings import ModelSettings
 
 PRESET_SUFFIX = ".json"
 
@@ -51,9 +51,9 @@ def hf_label(name_or_path: Any, config: Any) -> str:
     return path.name or str(given)
 
 
-def resolve_source(cfg: Mapping[str, Any]) -> HfSource:
-    """The model `cfg` (model=hf) names; every problem is a UserError raised before anything is built."""
-    name_or_path, config = cfg.get("name_or_path"), cfg.get("config")
+def resolve_source(settings: ModelSettings) -> HfSource:
+    """The model the settings (model=hf) name; every problem is a UserError raised before anything is built."""
+    name_or_path, config = settings.name_or_path, settings.config
     if name_or_path and config:
         raise UserError(
             f"model.name_or_path={name_or_path} and model.config={config} are both set",
@@ -65,7 +65,7 @@ def resolve_source(cfg: Mapping[str, Any]) -> HfSource:
             f"Pass model.name_or_path=<local checkpoint folder>, or model.config=<preset or config.json> for random "
             f"weights (presets: {', '.join(preset_names())})",
         )
-    tokenizer = _tokenizer_folder(cfg.get("tokenizer"))
+    tokenizer = _tokenizer_folder(settings.tokenizer)
     if name_or_path:
         folder = _checkpoint_folder(str(name_or_path))
         return HfSource(

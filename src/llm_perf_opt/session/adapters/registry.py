@@ -10,6 +10,7 @@ from llm_perf_opt.session.adapters.base import ModelAdapter
 from llm_perf_opt.session.adapters.deepseek_ocr import DeepseekOcrAdapter
 from llm_perf_opt.session.adapters.deepseek_ocr2 import DeepseekOcr2Adapter
 from llm_perf_opt.session.adapters.hf import HfAdapter
+from llm_perf_opt.session.model_settings import ModelSettings
 
 ADAPTERS: dict[str, type[ModelAdapter]] = {
     "deepseek_ocr": DeepseekOcrAdapter,
@@ -18,11 +19,12 @@ ADAPTERS: dict[str, type[ModelAdapter]] = {
 }
 
 
-def make_adapter(model_cfg: Mapping[str, Any]) -> ModelAdapter:
-    """The adapter that `model_cfg['adapter']` names."""
-    name = str(model_cfg.get("adapter"))
+def make_adapter(model: ModelSettings | Mapping[str, Any]) -> ModelAdapter:
+    """The adapter that the model settings name (`model.adapter`); a `model` node is read into settings first."""
+    settings = ModelSettings.of(model)
+    name = settings.adapter
     try:
-        return ADAPTERS[name](model_cfg)
+        return ADAPTERS[name](settings)
     except KeyError:
         raise UserError(
             f"model.adapter={name} is not a known model adapter (known: {', '.join(sorted(ADAPTERS))})",

@@ -24,14 +24,15 @@ from llm_perf_opt.hardware.measured import (
     measured_peak_bandwidth,
     measured_peak_compute,
 )
-from llm_perf_opt.measure.energy import EnergySettings, EnergyUnavailable, energy_pass
+from llm_perf_opt.measure.energy import EnergySettings
 from llm_perf_opt.measure.flops import count_stage_flops
-from llm_perf_opt.measure.memory import SNAPSHOT_FILE, MemorySettings, memory_pass
+from llm_perf_opt.measure.memory import MemorySettings
 from llm_perf_opt.measure.outputs import save_prefill_logits
 from llm_perf_opt.measure.routing import RoutingTrace, find_routers, mean_unique_experts
 from llm_perf_opt.measure.stage1_analysis import Stage1Analysis, Stage1Measurements
 from llm_perf_opt.measure.torch_profiler import profile_image
 from llm_perf_opt.pipeline.analytic import check_workload_model, write_analytic_report_for_run
+from llm_perf_opt.pipeline.stage1_memory_energy import measure_memory_and_energy
 from llm_perf_opt.pipeline.stage1_records import (
     analysis_setup,
     input_key,
@@ -96,8 +97,7 @@ class Stage1Run:
         self.inputs: InputChoice | None = None
         self.settings: ResolvedSettings | None = None
         self.runtime = RuntimeSettings()
-        self.memory_settings = MemorySettings()
-        self.energy_settings = EnergySettings()
+        self.extra_passes = (MemorySettings(), EnergySettings())  # the memory and energy passes' settings
         self.whatif: WhatIfRecord | None = None  # the what-if run the reports cite (report.whatif_dir)
 
     # ---- driver ------------------------------------------------------------------------------------
@@ -167,7 +167,7 @@ class Stage1Run:
         self.runtime = RuntimeSettings.from_config(cfg)  # run.batch_size ≤ 0 is refused here, before any build
         self.runtime.check_device(device)
         self.settings = settings = with_runtime_warmup(resolve_settings(cfg, device), self.runtime)
-        self.memory_settings, self.energy_settings = memory_settings(cfg), energy_settings(cfg)
+        self.extra_passes = (memory_settings(cfg), energy_settings(cfg))
         model = ModelSettings.from_config(plain(cfg.model))  # the `model:` node, read once
         adapter = make_adapter(model)  # knows what the model takes (images or text) before it is built
         self.inputs = select_inputs(
@@ -209,7 +209,10 @@ class Stage1Run:
                 self._run_batches(session, settings, vision, groups, bar)
             profiled = groups[0]
 
-        self._memory_and_energy(session, settings, profiled)
+        assert self.selection is not None
+        key = input_key(self.selection, profiled[0]) if size == 1 else batch_key(0)
+        work = (profiled, key, settings.max_new_tokens)
+        measure_memory_and_energy(self.state, session, work, self.extra_passes, self.feedback, self.art)
         prof = cfg.pipeline.torch_profiler
         if prof.enable:
             what = profiled[0].name if len(profiled) == 1 else f"the first batch ({len(profiled)} inputs)"
@@ -229,47 +232,6 @@ class Stage1Run:
                 )
             if trace is not None:
                 self.art.record("torch_profiler/trace.json.gz")
-
-    def _memory_and_energy(
-        self, session: InferenceSession, settings: ResolvedSettings, paths: tuple[Path, ...]
-    ) -> None:
-        """The memory pass and the energy pass over `paths` (the first input or batch), after the timed passes
-        (never timed); where one cannot run, the reason is recorded instead."""
-        assert self.selection is not None
-        key = input_key(self.selection, paths[0]) if self.runtime.batch_size == 1 else batch_key(0)
-        cuda = session.device.type == "cuda"
-        if not self.memory_settings.enable:
-            self.state.memory_reason = "disabled (pipeline.memory.enable=false)"
-        elif not cuda:
-            self.state.memory_reason = f"not measured on {session.device.type}: the memory pass needs a CUDA GPU"
-        else:
-            self._memory_pass(session, paths, key, settings.max_new_tokens)
-        if not self.energy_settings.enable:
-            self.state.energy_reason = "disabled (pipeline.energy.enable=false)"
-        elif not cuda:
-            self.state.energy_reason = f"not measured on {session.device.type}: NVML measures NVIDIA GPUs only"
-        else:
-            try:
-                with self.feedback.step("energy pass (NVML energy counter: idle, prefill, whole pass)"):
-                    self.state.energy = energy_pass(session, paths, key, settings.max_new_tokens, self.energy_settings)
-            except EnergyUnavailable as exc:
-                log.warning("energy not available: %s", exc.reason)
-                self.state.energy_reason = exc.reason
-
-    def _memory_pass(self, session: InferenceSession, paths: tuple[Path, ...], key: str, new_tokens: int) -> None:
-        """The memory pass; its snapshot saved as memory/snapshot.pickle. A pass that fails (out of memory, an
-        allocator refusing the history) is recorded as not available, after the timed passes it cannot spoil."""
-        try:
-            with self.feedback.step("memory pass (allocator peaks per stage, snapshot)"):
-                outcome = memory_pass(session, paths, key, new_tokens, self.memory_settings)
-        except (RuntimeError, torch.OutOfMemoryError) as exc:
-            log.warning("memory pass failed: %s: %s", type(exc).__name__, exc)
-            self.state.memory_reason = f"the memory pass failed: {type(exc).__name__}: {exc}"
-            return
-        self.state.memory = outcome.measured
-        if outcome.snapshot is not None:
-            self.art.path(SNAPSHOT_FILE).write_bytes(outcome.snapshot)
-            self.art.record(SNAPSHOT_FILE)
 
     def _measure_peaks(self, device: torch.device, dtype_setting: str | None) -> None:
         """hardware.peaks=measured: this GPU's achievable GEMM and copy rates (cached per device), measured before

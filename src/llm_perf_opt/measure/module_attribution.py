@@ -20,6 +20,7 @@ from torch.autograd import DeviceType
 
 from llm_perf_opt.kernel_names import short_kernel_name
 from llm_perf_opt.measure.profiler_labels import LABEL_PREFIXES, MODULE_LABEL_PREFIX, STAGE_LABEL_PREFIX
+from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.modules import KernelSource, ModuleTime, ModuleTimes, StageModuleTimes
 
 TOP_KERNELS = 3  # kernels kept per module row
@@ -199,7 +200,8 @@ def attribute(
             if stage is not None and stage.label == name:
                 calls[module.label] = calls.get(module.label, 0) + 1
         items = [item for forward in by_name[name] for item in placed[forward]]
-        forwards = len([s for s in stages if s.label == name])
+        # per decode step; any other stage once per profiled pass (a vision stage may run once per view)
+        forwards = len([s for s in stages if s.label == name]) if name == vocab.DECODE_STEP else 1
         out.append(_stage_table(name, forwards, items, calls, compiled is not None))
     return out
 

@@ -42,7 +42,7 @@ class StageModuleTimes:
     """The kernel time of one stage (innermost stage range: vision sub-stages apart from prefill) by module."""
 
     stage: str
-    forwards: int  # profiled forwards of the stage (decode steps for "decode/step"; 1 otherwise)
+    forwards: int  # decode steps profiled for "decode/step"; 1 for any other stage (once per profiled pass)
     total_ms: float  # every kernel of the stage, attributed or not
     rows: tuple[ModuleTime, ...]
     unattributed_ms: float

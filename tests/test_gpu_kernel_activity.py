@@ -17,12 +17,8 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize(
-    "runtime",
-    [(), ("runtime.kv_cache=static", "runtime.compile=decode")],
-    ids=["eager", "compiled-decode"],
-)
-def test_profiled_pass_counts_kernels_per_decode_step(tmp_path: Path, runtime: tuple[str, ...]) -> None:
+def _tiny_run(tmp_path: Path, runtime: tuple[str, ...]) -> Path:
+    """A tiny-model stage1-run on the GPU with a profiled pass of 4 decode steps; its folder."""
     out = tmp_path / "run"
     done = run_cli(
         "llm_perf_opt.cli.stage1",
@@ -37,6 +33,16 @@ def test_profiled_pass_counts_kernels_per_decode_step(tmp_path: Path, runtime: t
         timeout=900,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+@pytest.mark.parametrize(
+    "runtime",
+    [(), ("runtime.kv_cache=static", "runtime.compile=decode")],
+    ids=["eager", "compiled-decode"],
+)
+def test_profiled_pass_counts_kernels_per_decode_step(tmp_path: Path, runtime: tuple[str, ...]) -> None:
+    out = _tiny_run(tmp_path, runtime)
     metrics = json.loads((out / "metrics.json").read_text())
     act = metrics["profiler"]["activity"]
     assert act is not None, "no kernels tied to the profiled decode steps"
@@ -59,20 +65,7 @@ def test_profiled_pass_counts_kernels_per_decode_step(tmp_path: Path, runtime: t
     ids=["eager", "cuda-graph-decode"],
 )
 def test_kernel_time_is_given_to_modules_eager_and_inside_cuda_graphs(tmp_path: Path, runtime: tuple[str, ...]) -> None:
-    out = tmp_path / "run"
-    done = run_cli(
-        "llm_perf_opt.cli.stage1",
-        "model=deepseek_ocr_tiny",
-        "device=cuda",
-        *runtime,
-        "run.repeats=3",
-        "infer.max_new_tokens=8",
-        "dataset.max_images=1",
-        "pipeline.torch_profiler.decode_steps=4",
-        f"hydra.run.dir={out}",
-        timeout=900,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    out = _tiny_run(tmp_path, runtime)
     modules = json.loads((out / "metrics.json").read_text())["modules"]
     stages = {s["stage"]: s for s in modules["stages"]}
     step = stages["decode/step"]

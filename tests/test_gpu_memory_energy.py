@@ -16,6 +16,7 @@ from llm_perf_opt.measure.energy import EnergySettings, energy_pass
 from llm_perf_opt.measure.memory import MemorySettings, breakdown, fit_prediction, memory_pass, resident_other
 from llm_perf_opt.pipeline.stage1 import Stage1Run
 from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records.memory import MemoryBreakdown, MemoryPass
 from llm_perf_opt.session.session import InferenceSession
 
 pytestmark = [
@@ -78,3 +79,24 @@ def test_a_gpu_stage1_run_writes_both_sections(tmp_path: Path) -> None:
     assert "## Memory by stage" in report and "## Energy" in report
     if importlib.util.find_spec("pynvml") is not None and metrics["energy"]["available"]:
         assert metrics["energy"]["joules_per_page"] > 0
+
+
+def _e2e(session: InferenceSession, pages: int) -> tuple[MemoryBreakdown, MemoryPass]:
+    """The whole pass's breakdown of a memory pass over `pages` copies of PAGE, and the pass's record."""
+    measured = memory_pass(session, (PAGE,) * pages, f"x{pages}", 4, MemorySettings(snapshot_max_mib=0)).measured
+    other = resident_other(measured)
+    peak = next(p for p in measured.peaks if p.stage == vocab.E2E)
+    return breakdown(peak, measured.weights_bytes, other, measured.preexisting_kv_bytes), measured
+
+
+def test_the_fit_prediction_holds_when_the_batch_is_run(tiny: InferenceSession) -> None:
+    """The prediction's model — fixed memory plus a per-page part that grows with the batch — is checked by running a
+    batch of 4: its measured peak is the batch-1 prediction within one page."""
+    one, measured = _e2e(tiny, 1)
+    fit = fit_prediction(
+        measured.total_memory_bytes, measured.outside_allocator_bytes, one, 1, measured.kv_bytes_per_token
+    )
+    assert fit.per_page_bytes > 0 and fit.max_batch is not None
+    four, _ = _e2e(tiny, 4)
+    predicted = one.weights_bytes + one.resident_other_bytes + 4 * fit.per_page_bytes
+    assert abs(four.peak_allocated_bytes - predicted) <= fit.per_page_bytes, (four, predicted)

@@ -20,11 +20,12 @@ from llm_perf_opt.measure.module_attribution import (
     cpu_launches,
     innermost,
 )
+from llm_perf_opt.measure.module_changes import module_changes
 from llm_perf_opt.measure.module_floors import ModuleResolver, fold, module_attribution
 from llm_perf_opt.measure.module_ranges import module_ranges
 from llm_perf_opt.records.io import converter, to_plain
-from llm_perf_opt.records.modules import ModuleAttribution, ModuleTimes
-from llm_perf_opt.report.modules_report import modules_md, modules_plot
+from llm_perf_opt.records.modules import ModuleAttribution, ModuleFloorRow, ModuleTimes, StageModules
+from llm_perf_opt.report.modules_report import changes_waterfall, modules_md, modules_plot
 
 
 @attrs.frozen
@@ -212,3 +213,41 @@ def test_a_model_with_no_submodules_gives_everything_to_the_root() -> None:
     host = [ev for ev in prof.events() if ev.device_type == DeviceType.CPU]
     (stage,) = attribute(cpu_launches(host), host)
     assert [r.module for r in stage.rows] == [""]  # the root, shown as "(model)"
+
+
+def _stage(stage: str, total: float, rows: dict[str, float]) -> StageModules:
+    return StageModules(
+        stage=stage,
+        forwards=1,
+        total_ms=total,
+        floor_ms=None,
+        rows=tuple(
+            ModuleFloorRow(
+                module=m,
+                module_type="Linear",
+                members=1,
+                calls=1,
+                kernels=1,
+                ms=ms,
+                share=ms / total,
+                flops=None,
+                bytes=None,
+                floor_ms=None,
+                top_kernel=None,
+            )
+            for m, ms in rows.items()
+        ),
+        unattributed_ms=total - sum(rows.values()),
+        unattributed_reason=None,
+        methods=(MODULE_RANGES,),
+    )
+
+
+def test_module_changes_add_up_to_the_stage_change_and_draw_a_waterfall(tmp_path: Path) -> None:
+    base = ModuleAttribution("GPU kernel time", (_stage("decode/step", 2.5, {"a": 1.0, "b": 0.8, "c": 0.4}),), None)
+    rung = ModuleAttribution("GPU kernel time", (_stage("decode/step", 1.4, {"a": 0.3, "b": 0.9, "d": 0.1}),), None)
+    (change,) = module_changes(base, rung, top=2)
+    assert [c.module for c in change.changes] == ["a", "c"]  # the largest moves: −0.7, −0.4
+    assert change.changes[1].other_ms == 0.0  # gone from the rung: 0 ms there
+    assert change.base_ms + sum(c.delta_ms for c in change.changes) + change.rest_delta_ms == pytest.approx(1.4)
+    assert changes_waterfall(change, "decode step", tmp_path / "w.png") is not None

@@ -113,3 +113,24 @@ class ModuleAttribution:
     stages: tuple[StageModules, ...]
     floors: str | None  # the peaks the floors use, in words; None without an analytic model or peaks
     method_notes: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class ModuleChange:
+    """How one folded module's time per forward moved from a baseline run to another (a what-if rung)."""
+
+    module: str
+    base_ms: float  # 0 where the module had no kernels in the baseline
+    other_ms: float
+    delta_ms: float
+
+
+@attrs.frozen
+class StageModuleChanges:
+    """A stage's time per forward from a baseline to another run by module: the largest moves, the rest summed."""
+
+    stage: str
+    base_ms: float
+    other_ms: float
+    changes: tuple[ModuleChange, ...]  # the largest |delta| first
+    rest_delta_ms: float  # the modules not listed, and the change of the unattributed time

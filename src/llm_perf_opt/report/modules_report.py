@@ -11,7 +11,8 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from llm_perf_opt.records.modules import ModuleAttribution, ModuleFloorRow, StageModules
+from llm_perf_opt.measure.module_attribution import PROVENANCE_METHOD_NAME
+from llm_perf_opt.records.modules import ModuleAttribution, ModuleFloorRow, StageModuleChanges, StageModules
 from llm_perf_opt.records.vocabulary import DECODE_STEP
 from llm_perf_opt.report.markdown import Doc, flops, num_bytes
 from llm_perf_opt.report.plots import save_figure
@@ -81,10 +82,16 @@ def _method_para(a: ModuleAttribution) -> str:
         if a.floors
         else "No floors: no analytic model for this model or no peak known for this device."
     )
+    fused = (
+        " In compiled code a kernel fused from several modules' operations goes to their closest common ancestor "
+        "(e.g. `layers` for one that fuses the end of a layer with the start of the next)."
+        if any(PROVENANCE_METHOD_NAME in s.methods for s in a.stages)
+        else ""
+    )
     return (
         f"Each kernel of the profiled pass is given to the innermost module whose forward launched it "
         f"({a.time_kind}; module ranges opened by forward hooks in the profiled pass only, never in a timed pass). "
-        f"Rows fold the same module across layers (`layers.*`); sorted by time above the floor. {floors} "
+        f"Rows fold the same module across layers (`layers.*`); sorted by time above the floor. {floors}{fused} "
         + " ".join(a.method_notes)
     )
 
@@ -158,4 +165,45 @@ def modules_plot(a: ModuleAttribution, path: Path) -> Path | None:
         ax.grid(axis="x", alpha=0.3)
         ax.set_axisbelow(True)
         ax.legend(fontsize=7, loc="lower right")
+    return save_figure(fig, path)
+
+
+def changes_table(doc: Doc, changes: StageModuleChanges) -> None:
+    """A stage's change by module: the largest moves, then the rest, adding up to the stage's change."""
+    per = "per decode step" if changes.stage == DECODE_STEP else "per pass"
+    doc.para(
+        f"{changes.stage}: {changes.base_ms:,.3f} → {changes.other_ms:,.3f} ms {per} "
+        f"({changes.other_ms - changes.base_ms:+,.3f} ms)."
+    )
+    rows = [
+        [f"`{c.module}`", f"{c.base_ms:,.3f}", f"{c.other_ms:,.3f}", f"{c.delta_ms:+,.3f}"] for c in changes.changes
+    ]
+    rows.append(["the rest (other modules, unattributed)", "", "", f"{changes.rest_delta_ms:+,.3f}"])
+    doc.table(["module", "baseline (ms)", "this rung (ms)", "change (ms)"], rows)
+
+
+def changes_waterfall(changes: StageModuleChanges, title: str, path: Path) -> Path | None:
+    """A waterfall from the baseline's stage time to the other run's, one bar per moved module."""
+    steps = [(_short(c.module, 40), c.delta_ms) for c in changes.changes]
+    steps.append(("the rest", changes.rest_delta_ms))
+    if changes.base_ms <= 0:
+        return None
+    fig, ax = plt.subplots(figsize=(10, 1.6 + 0.34 * (len(steps) + 2)), layout="constrained")
+    labels = ["baseline", *[name for name, _ in steps], "this rung"]
+    level = changes.base_ms
+    ax.barh(0, level, color="#4e79a7")
+    for y, (_, delta) in enumerate(steps, 1):
+        ax.barh(y, delta, left=level, color="#e15759" if delta > 0 else "#59a14f")
+        ax.text(max(level, level + delta), y, f" {delta:+,.3f} ms", va="center", fontsize=7)
+        level += delta
+    ax.barh(len(steps) + 1, changes.other_ms, color="#4e79a7")
+    ax.text(changes.base_ms, 0, f" {changes.base_ms:,.3f} ms", va="center", fontsize=7)
+    ax.text(changes.other_ms, len(steps) + 1, f" {changes.other_ms:,.3f} ms", va="center", fontsize=7)
+    ax.set_yticks(range(len(labels)))
+    ax.set_yticklabels(labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms")
+    ax.set_title(title, fontsize=9)
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_axisbelow(True)
     return save_figure(fig, path)

@@ -1,0 +1,48 @@
+"""Which modules a change moved: two runs' module attribution (a baseline and a what-if rung) compared per stage.
+
+Both sides are the folded rows of `ModuleAttribution` (time per forward: per decode step, or per pass); a module
+present on one side only counts 0 ms on the other. The listed moves and the rest add up to the stage's change
+exactly, so a waterfall from the baseline's total to the rung's closes.
+"""
+
+from __future__ import annotations
+
+from llm_perf_opt.records.modules import ModuleAttribution, ModuleChange, StageModuleChanges, StageModules
+
+TOP_MOVES = 8  # modules listed per stage; the rest summed
+
+
+def _times(stage: StageModules) -> dict[str, float]:
+    return {row.module: row.ms for row in stage.rows}
+
+
+def stage_changes(base: StageModules, other: StageModules, top: int = TOP_MOVES) -> StageModuleChanges:
+    """One stage's change by module, the `top` largest moves first."""
+    before, after = _times(base), _times(other)
+    moves = [
+        ModuleChange(
+            module=m,
+            base_ms=before.get(m, 0.0),
+            other_ms=after.get(m, 0.0),
+            delta_ms=after.get(m, 0.0) - before.get(m, 0.0),
+        )
+        for m in dict.fromkeys([*before, *after])
+    ]
+    moves.sort(key=lambda c: -abs(c.delta_ms))
+    listed = tuple(moves[:top])
+    total = other.total_ms - base.total_ms
+    return StageModuleChanges(
+        stage=base.stage,
+        base_ms=base.total_ms,
+        other_ms=other.total_ms,
+        changes=listed,
+        rest_delta_ms=total - sum(c.delta_ms for c in listed),
+    )
+
+
+def module_changes(
+    base: ModuleAttribution, other: ModuleAttribution, top: int = TOP_MOVES
+) -> tuple[StageModuleChanges, ...]:
+    """Per stage both runs attributed, the change by module (stages in the baseline's order)."""
+    others = {s.stage: s for s in other.stages}
+    return tuple(stage_changes(s, others[s.stage], top) for s in base.stages if s.stage in others)

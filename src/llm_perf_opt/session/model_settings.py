@@ -46,6 +46,7 @@ class ModelSettings:
     dtype: str | None = None  # None: bfloat16 on CUDA, float32 on CPU
     attn_implementation: str | None = None
     experts_implementation: str | None = None
+    sam_attention: str = "sdpa"  # "flex": SAM's relative-position bias inside FlexAttention (models.sam_flex_attention)
     prompt: PromptSettings = PromptSettings()
     preprocess: Mapping[str, Any] = attrs.field(factory=dict)  # the family's preprocessing table, as configured
     architecture: Mapping[str, Any] = attrs.field(factory=dict)  # the family's published shape (DeepSeek-OCR)
@@ -72,6 +73,7 @@ class ModelSettings:
             dtype=_text(data.get("dtype")),
             attn_implementation=_text(data.get("attn_implementation")),
             experts_implementation=_text(data.get("experts_implementation")),
+            sam_attention=str(data.get("sam_attention") or "sdpa"),
             prompt=PromptSettings(str(prompt.get("text", "")), None if tokens is None else int(tokens)),
             preprocess=data.get("preprocess") or {},
             architecture=data.get("architecture") or {},

@@ -17,6 +17,7 @@ import torch
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure.routing import RoutingRecorder, RoutingTrace, mean_unique_experts
 from llm_perf_opt.measure.timing import NullRecorder, StageRecorder
+from llm_perf_opt.models.sam_flex_attention import apply_sam_attention
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.stage1 import BatchRecord, CompileSummary, ImageRecord
 from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, PreparedInputs
@@ -342,6 +343,7 @@ class InferenceSession:
             loaded = adapter.load_checkpoint(path, device=device, dtype=dtype)
         else:
             loaded = adapter.build_random(device=device, dtype=dtype)
+        apply_sam_attention(adapter.settings.sam_attention, loaded.model)
         return cls(adapter, loaded, device, dtype, runtime)
 
     @classmethod

@@ -1,0 +1,59 @@
+"""model.sam_attention=flex: SAM's relative-position bias added inside FlexAttention gives the SDPA path's output
+(global and windowed blocks), every SAM attention module is swapped, and bad choices are one clear error."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+
+from llm_perf_opt.errors import UserError
+from llm_perf_opt.models.sam_flex_attention import apply_sam_attention, use_flex_sam_attention
+from llm_perf_opt.session.session import DeepSeekOCRSession
+
+
+def _sam_attention_modules(model: torch.nn.Module) -> list[Any]:
+    return [m for name, m in model.named_modules() if name.endswith(".attn") and hasattr(m, "rel_pos_h")]
+
+
+@pytest.mark.parametrize("side", [16, 7], ids=["global-grid", "window"])
+def test_flex_attention_matches_the_sdpa_path(tiny_session: Any, side: int) -> None:
+    reference = _sam_attention_modules(tiny_session.model)[0]
+    flex = copy.deepcopy(reference)
+    with torch.no_grad():
+        for p in (flex.rel_pos_h, flex.rel_pos_w):
+            p.normal_(0, 0.5)  # random weights start at zero: give the bias something to add
+        reference = copy.deepcopy(flex)
+        assert use_flex_sam_attention(torch.nn.Sequential(flex)) == 1
+        hidden = torch.randn(2, side, side, reference.qkv.in_features)
+        expected, _ = reference(hidden)
+        got, weights = flex(hidden)
+    assert weights is None
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_every_sam_attention_module_is_swapped_once(tiny_session: Any) -> None:
+    model = copy.deepcopy(tiny_session.model)
+    count = len(_sam_attention_modules(model))
+    assert count > 0 and use_flex_sam_attention(model) == count
+    assert use_flex_sam_attention(model) == 0  # already flex: nothing left to change
+    assert all(type(m).__name__.endswith("FlexAttention") for m in _sam_attention_modules(model))
+
+
+def test_bad_choices_are_one_clear_error() -> None:
+    with pytest.raises(UserError, match="not a SAM attention choice"):
+        apply_sam_attention("fused", torch.nn.Linear(2, 2))
+    with pytest.raises(UserError, match="no SAM attention module"):
+        apply_sam_attention("flex", torch.nn.Linear(2, 2))
+    apply_sam_attention("sdpa", torch.nn.Linear(2, 2))  # as built: nothing to do, no error
+
+
+def test_a_session_built_with_flex_runs(compose_model: Any, page_images: dict[str, Any]) -> None:
+    session = DeepSeekOCRSession.load(
+        compose_model("model=deepseek_ocr2_tiny", "model.sam_attention=flex"), torch.device("cpu")
+    )
+    assert all(type(m).__name__.endswith("FlexAttention") for m in _sam_attention_modules(session.model))
+    measured = session.run_image(page_images["small"], 2, nvtx=False)
+    assert len(measured.token_ids) == 2

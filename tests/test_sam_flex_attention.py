@@ -57,3 +57,20 @@ def test_a_session_built_with_flex_runs(compose_model: Any, page_images: dict[st
     assert all(type(m).__name__.endswith("FlexAttention") for m in _sam_attention_modules(session.model))
     measured = session.run_image(page_images["small"], 2, nvtx=False)
     assert len(measured.token_ids) == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("side", [64, 14], ids=["global-1024px", "window"])
+def test_compiled_flex_attention_matches_sdpa_on_the_gpu(tiny_session: Any, side: int) -> None:
+    """bf16 on the GPU, FlexAttention compiled: the full-size SAM grid (64 × 64 at 1024 px) and a 14 × 14 window."""
+    reference = copy.deepcopy(_sam_attention_modules(tiny_session.model)[0]).to("cuda", torch.bfloat16)
+    with torch.no_grad():
+        for p in (reference.rel_pos_h, reference.rel_pos_w):
+            p.normal_(0, 0.5)
+        flex = copy.deepcopy(reference)
+        use_flex_sam_attention(torch.nn.Sequential(flex))
+        hidden = torch.randn(1, side, side, reference.qkv.in_features, device="cuda", dtype=torch.bfloat16)
+        expected, _ = reference(hidden)
+        got, _ = flex(hidden)
+    torch.testing.assert_close(got.float(), expected.float(), atol=3e-2, rtol=3e-2)

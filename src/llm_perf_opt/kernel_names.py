@@ -10,17 +10,56 @@ MAX_SHORT_NAME = 90
 def short_kernel_name(name: str) -> str:
     """The kernel's function name without return type, template arguments and parameters.
 
-    `void at::native::elementwise_kernel<128, 4, ...>(int, ...)` -> `at::native::elementwise_kernel`.
+    `void at::native::elementwise_kernel<128, 4, ...>(int, ...)` -> `at::native::elementwise_kernel`. A mangled name
+    (`_ZN7cutlass13device_kernel…`) is read back to its qualified name, and a generic entry point such as cutlass's
+    `device_kernel` gets the kind of work its template arguments name: `cutlass::device_kernel (grouped GEMM)`.
     """
-    text = name.strip().replace("(anonymous namespace)::", "").replace("<unnamed>::", "")
+    full = name.strip()
+    text = full.replace("(anonymous namespace)::", "").replace("<unnamed>::", "")
+    text = _demangled_prefix(text) or text
     if text.startswith("void "):
         text = text[len("void ") :]
     for index, char in enumerate(text):
         if char in "<(":
             text = text[:index]
             break
-    text = text.strip() or name.strip()
+    text = text.strip() or full
+    if text.rsplit("::", 1)[-1] in _GENERIC_ENTRY and (kind := _work_kind(full)):
+        text = f"{text} ({kind})"
     return text if len(text) <= MAX_SHORT_NAME else text[: MAX_SHORT_NAME - 1] + "…"
+
+
+_LENGTH = re.compile(r"(\d+)")
+_GENERIC_ENTRY = {"device_kernel", "Kernel", "Kernel2"}  # cutlass's entry points: the work is in the template
+# (what the template arguments say, lower case) -> the kind of work; the first match wins
+_WORK_KINDS = (
+    (("groupedgemm", "grouped_gemm", "moeproblemshape", "groupproblemshape"), "grouped GEMM"),
+    (("fmha", "flash", "attention"), "attention"),
+    (("conv",), "convolution"),
+    (("gemm", "mma"), "GEMM"),
+)
+
+
+def _demangled_prefix(text: str) -> str | None:
+    """The qualified name at the head of an Itanium-mangled name (`_ZN7cutlass13device_kernelI…` ->
+    `cutlass::device_kernel`); None when `text` is not mangled."""
+    if not text.startswith("_Z"):
+        return None
+    i = 3 if text.startswith("_ZN") else 2
+    while i < len(text) and text[i] in "KVr":  # cv-qualifiers of a nested name
+        i += 1
+    parts = []
+    while (match := _LENGTH.match(text, i)) is not None:
+        size = int(match.group(1))
+        start = match.end()
+        parts.append(text[start : start + size])
+        i = start + size
+    return "::".join(parts) or None
+
+
+def _work_kind(full: str) -> str | None:
+    lowered = full.lower()
+    return next((kind for words, kind in _WORK_KINDS if any(w in lowered for w in words)), None)
 
 
 _FUNCTOR = re.compile(r"\b([A-Za-z_]\w*(?:Functor\w*|_kernel_cuda|_kernel_impl\w*|Op))\b")

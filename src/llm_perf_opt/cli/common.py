@@ -147,10 +147,12 @@ def rebuild_reports(
     argv: list[str] | None,
     *,
     cites_whatif: bool = False,
+    names_modules: bool = False,
 ) -> None:
     """`<prog> <folder>`: rebuild a run folder's reports with `render(folder)` of `render_module` (imported late,
     so `--help` stays fast); the folder must have been written by `writer`. `cites_whatif`: also take
-    `--whatif <folder>`, a perf-whatif folder whose measured levers the recommendations cite."""
+    `--whatif <folder>`, a perf-whatif folder whose measured levers the recommendations cite; `names_modules`:
+    also take `--stage1 <folder>`, a Stage 1 folder whose profiled pass names the kernels by module."""
     import argparse
     import importlib
 
@@ -165,9 +167,20 @@ def rebuild_reports(
             help="a perf-whatif folder (holding whatif.json) whose measured gains 'What to try' cites; default: the "
             "what-if folder the run folder lies in, if any",
         )
+    if names_modules:
+        parser.add_argument(
+            "--stage1",
+            type=Path,
+            default=None,
+            metavar="FOLDER",
+            help="a Stage 1 folder of the same workload whose profiled pass (module attribution) names the kernels "
+            "by the operator and module that launched them; default: the workload's own, when it ran the profiler",
+        )
     args = parser.parse_args(argv)
     render = importlib.import_module(render_module).render
+    extra: dict[str, Any] = {}
     if cites_whatif:
-        print_report_path(run_guarded(lambda: render(args.folder, whatif=args.whatif)))
-    else:
-        print_report_path(run_guarded(lambda: render(args.folder)))
+        extra["whatif"] = args.whatif
+    if names_modules:
+        extra["stage1"] = args.stage1
+    print_report_path(run_guarded(lambda: render(args.folder, **extra)))

@@ -18,12 +18,22 @@ from typing import Any
 import attrs
 from torch.autograd import DeviceType
 
-from llm_perf_opt.kernel_names import short_kernel_name
+from llm_perf_opt.kernel_names import kernel_label, short_kernel_name
+from llm_perf_opt.measure.module_floors import display_name, fold
 from llm_perf_opt.measure.profiler_labels import LABEL_PREFIXES, MODULE_LABEL_PREFIX, STAGE_LABEL_PREFIX
 from llm_perf_opt.records import vocabulary as vocab
-from llm_perf_opt.records.modules import KernelSource, ModuleTime, ModuleTimes, StageModuleTimes
+from llm_perf_opt.records.modules import (
+    UNATTRIBUTED,
+    KernelSource,
+    KernelSources,
+    Launcher,
+    ModuleTime,
+    ModuleTimes,
+    StageModuleTimes,
+)
 
 TOP_KERNELS = 3  # kernels kept per module row
+TOP_LAUNCHERS = 4  # (operator, module) pairs kept per kernel label
 MODULE_RANGES = "module ranges"  # the method: forward hooks open a profiler range per module call
 PROVENANCE_METHOD_NAME = "inductor provenance"  # compiled code: measure.compiled_modules
 GPU_TIME = "GPU kernel time"
@@ -48,10 +58,11 @@ class Interval:
 class Launch:
     """One kernel (or, on the CPU, one operator) and where it was launched from."""
 
-    kernel: str
+    kernel: str  # short name (`kernel_names.short_kernel_name`)
     at: float  # host time of the launch, µs
     ms: float
     operator: str = ""
+    label: str = ""  # the short name plus the functor a generic kernel applies (`kernel_names.kernel_label`)
 
 
 def innermost(intervals: Sequence[Interval], points: Sequence[float]) -> list[Interval | None]:
@@ -103,7 +114,8 @@ def gpu_launches(events: Sequence[Any], host: Sequence[Any], is_kernel: Callable
             at = op_at.get(getattr(k, "linked_correlation_id", 0) or -1)
         if at is not None:
             ms = (k.time_range.end - k.time_range.start) / 1e3
-            kernels.append(Launch(short_kernel_name(k.name), at, ms))
+            short = short_kernel_name(k.name)
+            kernels.append(Launch(short, at, ms, label=kernel_label(short, k.name)))
     ops = [Interval(ev.time_range.start, ev.time_range.end, ev.name) for ev in host if _is_operator(ev)]
     around = innermost(ops, [k.at for k in kernels])
     return [attrs.evolve(k, operator=op.label if op else "") for k, op in zip(kernels, around, strict=True)]
@@ -167,28 +179,45 @@ def _stage_table(
     )
 
 
-def attribute(
+Placed = tuple[Launch, str | None, str]  # a launch, its module path (None: unattributed) and the method that placed it
+
+
+@attrs.frozen
+class Placement:
+    """Every staged launch of the profiled pass with its module, per stage forward (one stage range)."""
+
+    forwards: Mapping[Interval, list[Placed]]
+    stages: Sequence[Interval]
+    modules: Sequence[Interval]
+    compiled_used: bool
+
+
+def place(
     launches: Sequence[Launch],
     host: Sequence[Any],
     *,
     compiled: CompiledResolver | None = None,
     compiled_method: str = "",
-) -> list[StageModuleTimes]:
-    """Per stage (innermost stage range around each launch), the launches by innermost module range; the launches
-    of one stage forward outside every module range go to `compiled` (in launch order) when given."""
+) -> Placement:
+    """Each launch inside a stage range given the innermost module range around it; the launches of one stage
+    forward outside every module range go to `compiled` (in launch order) when given."""
     stages = _labelled(host, STAGE_LABEL_PREFIX)
     modules = _labelled(host, MODULE_LABEL_PREFIX)
     launches = sorted(launches, key=lambda k: k.at)
     at = [k.at for k in launches]
-    stage_of = innermost(stages, at)
-    module_of = innermost(modules, at)
-    placed: dict[Interval, list[tuple[Launch, str | None, str]]] = {}
-    for launch, stage, module in zip(launches, stage_of, module_of, strict=True):
+    placed: dict[Interval, list[Placed]] = {}
+    for launch, stage, module in zip(launches, innermost(stages, at), innermost(modules, at), strict=True):
         if stage is not None:
             placed.setdefault(stage, []).append((launch, module.label if module else None, MODULE_RANGES))
     if compiled is not None:
         for items in placed.values():
             _resolve_compiled(items, compiled, compiled_method)
+    return Placement(placed, stages, modules, compiled is not None)
+
+
+def stage_tables(placement: Placement) -> list[StageModuleTimes]:
+    """Per stage (innermost stage range around each launch), the launches by module, in the order stages ran."""
+    stages, modules, placed = placement.stages, placement.modules, placement.forwards
     module_stage = innermost(stages, [m.start for m in modules])
     by_name: dict[str, list[Interval]] = {}
     for forward in placed:
@@ -202,7 +231,44 @@ def attribute(
         items = [item for forward in by_name[name] for item in placed[forward]]
         # per decode step; any other stage once per profiled pass (a vision stage may run once per view)
         forwards = len([s for s in stages if s.label == name]) if name == vocab.DECODE_STEP else 1
-        out.append(_stage_table(name, forwards, items, calls, compiled is not None))
+        out.append(_stage_table(name, forwards, items, calls, placement.compiled_used))
+    return out
+
+
+def attribute(
+    launches: Sequence[Launch],
+    host: Sequence[Any],
+    *,
+    compiled: CompiledResolver | None = None,
+    compiled_method: str = "",
+) -> list[StageModuleTimes]:
+    """Per stage, the launches by innermost module range (`place`, then `stage_tables`)."""
+    return stage_tables(place(launches, host, compiled=compiled, compiled_method=compiled_method))
+
+
+def kernel_sources(placement: Placement) -> dict[str, KernelSources]:
+    """Per kernel label, its largest launchers: (operator, module folded across layers), over every stage."""
+    acc: dict[str, dict[tuple[str, str], list[float]]] = {}
+    short: dict[str, str] = {}
+    for items in placement.forwards.values():
+        for launch, module, _method in items:
+            label = launch.label or launch.kernel
+            short.setdefault(label, launch.kernel)
+            where = display_name(fold(module)) if module is not None else UNATTRIBUTED
+            total = acc.setdefault(label, {}).setdefault((launch.operator, where), [0, 0.0])
+            total[0] += 1
+            total[1] += launch.ms
+    out = {}
+    for label, by_source in acc.items():
+        ranked = sorted(by_source.items(), key=lambda kv: -kv[1][1])
+        out[label] = KernelSources(
+            kernel=short[label],
+            calls=int(sum(v[0] for v in by_source.values())),
+            ms=sum(v[1] for v in by_source.values()),
+            launchers=tuple(
+                Launcher(operator=op, module=m, calls=int(v[0]), ms=v[1]) for (op, m), v in ranked[:TOP_LAUNCHERS]
+            ),
+        )
     return out
 
 
@@ -233,11 +299,12 @@ def module_times(
     labelled_threads = {ev.thread for ev in cpu if ev.name.startswith(STAGE_LABEL_PREFIX)}
     host = [ev for ev in cpu if ev.thread in labelled_threads] if labelled_threads else cpu
     launches = gpu_launches(events, host, is_kernel) if on_cuda else cpu_launches(host)
-    stages = attribute(launches, host, compiled=compiled, compiled_method=compiled_method)
+    placement = place(launches, host, compiled=compiled, compiled_method=compiled_method)
     return ModuleTimes(
         time_kind=GPU_TIME if on_cuda else CPU_TIME,
-        stages=tuple(stages),
+        stages=tuple(stage_tables(placement)),
         module_types=dict(types),
         analytic_roots=dict(roots),
         method_notes=tuple(notes),
+        kernel_sources=kernel_sources(placement),
     )

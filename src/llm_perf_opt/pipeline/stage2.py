@@ -25,6 +25,7 @@ from llm_perf_opt.config_data import plain
 from llm_perf_opt.env_info import collect_env
 from llm_perf_opt.errors import UserError, require_whole
 from llm_perf_opt.nsight import commands
+from llm_perf_opt.nsight.kernel_modules import kernel_modules
 from llm_perf_opt.nsight.measured_bytes import REPRICED_ADAPTERS, WorkloadModel
 from llm_perf_opt.nsight.ncu_report import read_ncu_raw_csv
 from llm_perf_opt.nsight.ncu_windows import (
@@ -155,6 +156,7 @@ class Stage2Run:
         self.art = ArtifactsManager(run_dir, stage="stage2")
         self.capture = Capture(run_id=run_id, mode=str(cfg.stage2.mode))
         self.whatif_dir = cfg.get("report", {}).get("whatif_dir")
+        self.stage1_dir = cfg.get("report", {}).get("stage1_dir")
 
     @functools.cached_property
     def runtime(self) -> RuntimeSettings:
@@ -167,7 +169,7 @@ class Stage2Run:
         try:
             with self.feedback.session():
                 self._capture()
-            render(self.art.run_dir, art=self.art, whatif=self.whatif_dir)
+            render(self.art.run_dir, art=self.art, whatif=self.whatif_dir, stage1=self.stage1_dir)
         except KeyboardInterrupt as stop:
             self._save_capture()
             self.art.finish(artifacts.INTERRUPTED, f"{interrupts.cause(stop)}; exports so far were kept")
@@ -197,6 +199,12 @@ class Stage2Run:
         self.art.write_text("config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
         if self.whatif_dir:
             folders.whatif_for(self.art.run_dir, self.whatif_dir)  # a folder that cannot be read fails before nsys
+        if self.stage1_dir and not Path(str(self.stage1_dir)).expanduser().is_dir():
+            raise UserError(
+                f"report.stage1_dir={self.stage1_dir} is not a folder",
+                "Name a Stage 1 run folder of the same workload (its profiled pass names the kernels by module), "
+                "or leave report.stage1_dir out",
+            )
         _ = self.runtime  # parsed here: bad runtime.* or run.batch_size values fail before nsys, not in its child
         require_gpu()
         import torch
@@ -480,10 +488,17 @@ def _workload_model(path: Path) -> WorkloadModel | None:
         return WorkloadModel(problem=str(exc))
 
 
-def render(run_dir: Path, *, art: ArtifactsManager | None = None, whatif: Path | str | None = None) -> Path:
+def render(
+    run_dir: Path,
+    *,
+    art: ArtifactsManager | None = None,
+    whatif: Path | str | None = None,
+    stage1: Path | str | None = None,
+) -> Path:
     """Build metrics.json, kernel_roofline.png, kernels.md, report.md and stakeholder_summary.md from a Stage 2
     folder's exports and records; `whatif`: a perf-whatif folder whose measured levers the recommendations cite
-    (default: the one the folder lies in, if any)."""
+    (default: the one the folder lies in, if any); `stage1`: a Stage 1 folder of the same workload whose profiled
+    pass names the kernels by module (default: the workload's own, when it ran the profiler)."""
     run_dir = Path(run_dir).resolve()
     evidence = folders.whatif_for(run_dir, whatif)
     export = next((run_dir / p for p in (NSYS_SQLITE, NSYS_SQLITE_GZ) if (run_dir / p).is_file()), None)
@@ -506,6 +521,7 @@ def render(run_dir: Path, *, art: ArtifactsManager | None = None, whatif: Path |
             run_dir, trace, capture, targets=targets, workload=workload, driver=driver, models=models
         )
         metrics = analysis.metrics()
+    metrics = attrs.evolve(metrics, kernel_modules=kernel_modules(metrics, run_dir, stage1))
     manager.write_json(METRICS_FILE, metrics)
     plots = stage2_plots.write_stage2_plots(metrics, run_dir)
     for relative in plots.values():

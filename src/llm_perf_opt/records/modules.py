@@ -8,12 +8,14 @@ reports (`metrics.json`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import attrs
 
 #: The row of the time no module could be given, in every table.
 UNATTRIBUTED = "(unattributed)"
+#: What a kernel table says where no Stage 1 profiled pass with module attribution was at hand (Stage 2).
+NOT_KNOWN = "Launched by — module: not known (no Stage 1 profiled pass with module attribution)"
 
 
 @attrs.frozen
@@ -52,6 +54,51 @@ class StageModuleTimes:
 
 
 @attrs.frozen
+class Launcher:
+    """One (operator, module) pair that launched a kernel, over the profiled pass's stages."""
+
+    operator: str  # "" where no operator was around the launch (a CUDA-graph replay, compiled code)
+    module: str  # folded across layers ("model.layers.*.mlp"); UNATTRIBUTED where no module could be given
+    calls: int
+    ms: float
+
+
+@attrs.frozen
+class KernelSources:
+    """What launched one kernel (by label: short name plus the functor a generic kernel applies)."""
+
+    kernel: str  # the short name, as in operators.json's kernel table (`kernel_names.short_kernel_name`)
+    calls: int
+    ms: float  # all its launches inside the stages of the profiled pass
+    launchers: tuple[Launcher, ...]  # the largest first (at most a few)
+
+    def shares(self) -> list[tuple[Launcher, float]]:
+        """Each launcher with its share of the kernel's time."""
+        return [(s, s.ms / self.ms if self.ms > 0 else 0.0) for s in self.launchers]
+
+
+def merged_sources(entries: Iterable[KernelSources], kernel: str, top: int = 4) -> KernelSources | None:
+    """Several labels' sources as one kernel's (`kernel`: the name to give it): launchers summed by (operator,
+    module), the largest `top` kept; None when there is none."""
+    entries = list(entries)
+    if not entries:
+        return None
+    by: dict[tuple[str, str], list[float]] = {}
+    for entry in entries:
+        for s in entry.launchers:
+            total = by.setdefault((s.operator, s.module), [0, 0.0])
+            total[0] += s.calls
+            total[1] += s.ms
+    ranked = sorted(by.items(), key=lambda kv: -kv[1][1])[:top]
+    return KernelSources(
+        kernel=kernel,
+        calls=sum(e.calls for e in entries),
+        ms=sum(e.ms for e in entries),
+        launchers=tuple(Launcher(operator=op, module=m, calls=int(v[0]), ms=v[1]) for (op, m), v in ranked),
+    )
+
+
+@attrs.frozen
 class ModuleTimes:
     """Kernel time by module and stage, as the profiled pass measured it (`operators.json`)."""
 
@@ -60,6 +107,12 @@ class ModuleTimes:
     module_types: Mapping[str, str]  # module path -> class name, every module of the model
     analytic_roots: Mapping[str, str]  # analytic module prefix ("sam", "decoder") -> the model's module path
     method_notes: tuple[str, ...] = ()  # the methods in words, and what could not be done
+    # kernel label (`kernel_names.kernel_label`) -> its largest launchers; empty in records written before it
+    kernel_sources: Mapping[str, KernelSources] = attrs.field(factory=dict)
+
+    def sources_of_kernel(self, short_name: str) -> KernelSources | None:
+        """Every label of one short name (`elementwise_kernel [add]`, `… [copy]`) merged."""
+        return merged_sources((e for e in self.kernel_sources.values() if e.kernel == short_name), short_name)
 
 
 @attrs.frozen

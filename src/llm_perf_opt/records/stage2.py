@@ -14,6 +14,7 @@ from collections.abc import Mapping
 import attrs
 
 from llm_perf_opt.records.common import PeakFigure
+from llm_perf_opt.records.modules import KernelSources
 from llm_perf_opt.records.stage1 import ModelInfo, RunSettings
 
 # ---- what the Nsight parsers measure --------------------------------------------------------------------------
@@ -294,6 +295,16 @@ class ToolRunResult:
     returncode: int | None
 
 
+@attrs.frozen
+class KernelModules:
+    """Stage 2's kernels named by what launched them: a Stage 1 profiled pass's kernel sources (operator and module
+    per kernel, `ModuleTimes.kernel_sources`) joined to this run's kernels by name (nsys and ncu carry neither)."""
+
+    stage1: str | None  # the Stage 1 folder whose profiled pass named them; None when none was at hand
+    note: str  # where the sources came from, or why there are none
+    kernels: Mapping[str, KernelSources] = attrs.field(factory=dict)  # kernel as kernels.md names it -> launchers
+
+
 @attrs.frozen(kw_only=True)
 class Stage2Metrics:
     """`metrics.json` of a Stage 2 run. Fields with defaults are absent from trimmed copies (read as empty)."""
@@ -322,6 +333,7 @@ class Stage2Metrics:
     ncu_kernels: tuple[NcuKernelRow, ...] = ()
     warnings: tuple[str, ...] = ()
     measured_bytes: MeasuredBytes | None = None  # None: no bytes pass (not asked for, or an older folder)
+    kernel_modules: KernelModules | None = None  # None: an older folder (before kernels were named by module)
 
     def stage_row(self, name: str) -> StageRow | None:
         return next((s for s in self.stages if s.stage == name), None)

@@ -12,7 +12,15 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from llm_perf_opt.measure.module_attribution import PROVENANCE_METHOD_NAME
-from llm_perf_opt.records.modules import ModuleAttribution, ModuleFloorRow, StageModuleChanges, StageModules
+from llm_perf_opt.records.modules import (
+    UNATTRIBUTED,
+    KernelSources,
+    Launcher,
+    ModuleAttribution,
+    ModuleFloorRow,
+    StageModuleChanges,
+    StageModules,
+)
 from llm_perf_opt.records.vocabulary import DECODE_STEP
 from llm_perf_opt.report.markdown import Doc, flops, num_bytes
 from llm_perf_opt.report.plots import save_figure
@@ -94,6 +102,23 @@ def _method_para(a: ModuleAttribution) -> str:
         f"Rows fold the same module across layers (`layers.*`); sorted by time above the floor. {floors}{fused} "
         + " ".join(a.method_notes)
     )
+
+
+def _launcher_text(s: Launcher, share: float) -> str:
+    operator = s.operator or "no operator (graph replay or compiled code)"
+    where = "outside every module" if s.module == UNATTRIBUTED else f"`{s.module}`"
+    return f"{operator} in {where} ({share:.0%})"
+
+
+def launched_by(sources: KernelSources | None, shown: int = 2) -> str:
+    """ "aten::copy_ in `model.layers.*.attn` (64%), aten::add in `…` (20%)": the operators and (folded) modules
+    that launched a kernel, with their share of its time in the profiled pass; `NOT_KNOWN`-like text without one."""
+    if sources is None or not sources.launchers:
+        return "not in the profiled pass's stages"
+    pairs = sources.shares()
+    text = ", ".join(_launcher_text(s, share) for s, share in pairs[:shown])
+    rest = 1.0 - sum(share for _, share in pairs[:shown])
+    return text + (f", others {rest:.0%}" if rest >= 0.005 else "")
 
 
 def modules_section(doc: Doc, a: ModuleAttribution, plot: str | None) -> None:

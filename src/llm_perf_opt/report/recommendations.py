@@ -11,6 +11,7 @@ from collections.abc import Callable
 import attrs
 
 from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records.modules import ModuleAttribution
 from llm_perf_opt.records.stage1 import ModelFamily, Stage1Metrics, StageEfficiency
 from llm_perf_opt.records.whatif import BASELINE, MEASURED, WhatIfRecord
 from llm_perf_opt.report.batches import batch_run
@@ -108,6 +109,8 @@ def key_findings(m: Stage1Metrics) -> list[str]:
 # The overrides each generic rule advises: a what-if record that measured all of them replaces the rule.
 DECODE_LEVERS = frozenset({"runtime.kv_cache", "runtime.compile", "run.batch_size"})
 EXPERTS_LEVERS = frozenset({"model.experts_implementation"})
+ATTENTION_LEVERS = frozenset({"model.attn_implementation"})
+COMPILE_LEVERS = frozenset({"runtime.compile"})
 
 
 def recommendations(m: Stage1Metrics, whatif: WhatIfRecord | None = None) -> list[str]:
@@ -186,6 +189,89 @@ def measured_lever_lines(w: WhatIfRecord, device: str, model: str) -> list[str]:
     return lines
 
 
+# Module attribution (Stage1Metrics.modules): a module row that a module rule may cite.
+MODULE_FAR = 3.0  # measured / floor above which a module is far from its speed of light
+MODULE_NOTABLE = 0.05  # its time above the floor, as a share of its stage's time, for a rule to name it
+MODULE_FACTS = 3  # rows per stage (largest time above floor first)
+EXPERTS_WORDS = ("experts", "moe")
+ATTENTION_WORDS = ("attn", "attention")
+COPY_WORDS = ("copy", "contiguous", "aten::cat", "clone", "transpose", "permute", "constant_pad")  # in the top kernel
+ELEMENTWISE_WORDS = (
+    "elementwise",
+    "functor",
+    "reduce",
+    "norm",
+    "softmax",
+    "gelu",
+    "silu",
+    "sigmoid",
+    "aten::add",
+    "aten::mul",
+    "aten::sub",
+    "aten::div",
+    "triton_poi",  # inductor's pointwise kernels
+)
+
+
+@attrs.frozen
+class ModuleFact:
+    """One module (folded across layers) far above its floor, from the profiled pass's module attribution."""
+
+    stage: str
+    module: str
+    module_type: str
+    ms: float  # per forward of the stage
+    floor_ms: float
+    stage_ms: float  # the stage's kernel time per forward
+    top_kernel: str | None  # "kernel (operator)"
+
+    @property
+    def ratio(self) -> float:
+        return self.ms / self.floor_ms if self.floor_ms > 0 else float("inf")
+
+    @property
+    def above_ms(self) -> float:
+        return max(self.ms - self.floor_ms, 0.0)
+
+    @property
+    def kind(self) -> str:
+        """Which lever fits: "experts", "attention", "copies", "elementwise" or "other" (the first that matches)."""
+        where, top = f"{self.module} {self.module_type}".lower(), (self.top_kernel or "").lower()
+        if any(w in where for w in EXPERTS_WORDS):
+            return "experts"
+        if any(w in where for w in ATTENTION_WORDS):
+            return "attention"
+        if any(w in top for w in COPY_WORDS):
+            return "copies"
+        return "elementwise" if any(w in top for w in ELEMENTWISE_WORDS) else "other"
+
+    def cite(self) -> str:
+        """`module` (stage): X ms per forward, R× its floor of F ms (A ms above it, S% of the stage), top kernel."""
+        per = "step" if self.stage == vocab.DECODE_STEP else "pass"
+        text = (
+            f"`{self.module}` ({self.stage}) takes {self.ms:,.3f} ms per {per}, {self.ratio:,.1f}× its floor of "
+            f"{self.floor_ms:,.3f} ms ({self.above_ms:,.3f} ms above it, {self.above_ms / self.stage_ms:.0%} of the "
+            "stage)"
+        )
+        return text + (f", mostly `{self.top_kernel}`" if self.top_kernel else "")
+
+
+def module_facts(a: ModuleAttribution | None) -> tuple[ModuleFact, ...]:
+    """Per stage, the modules furthest above their floor (at most MODULE_FACTS each) that are MODULE_FAR× above it
+    and whose distance to it is at least MODULE_NOTABLE of the stage; largest distance first."""
+    out = []
+    for stage in a.stages if a is not None else ():
+        rows = [r for r in stage.rows if r.floor_ms is not None and r.above_floor_ms is not None]
+        rows.sort(key=lambda r: -(r.above_floor_ms or 0.0))
+        for r in rows[:MODULE_FACTS]:
+            fact = ModuleFact(
+                stage.stage, r.module, r.module_type, r.ms, r.floor_ms or 0.0, stage.total_ms, r.top_kernel
+            )
+            if stage.total_ms > 0 and fact.ratio >= MODULE_FAR and fact.above_ms / stage.total_ms >= MODULE_NOTABLE:
+                out.append(fact)
+    return tuple(sorted(out, key=lambda f: -f.above_ms / f.stage_ms))
+
+
 @attrs.frozen
 class Facts:
     """The measured figures the generic rules read, computed once from a run's metrics."""
@@ -208,6 +294,11 @@ class Facts:
     family: ModelFamily
     tiled: bool  # some input was cut into tiles
     noisy: tuple[str, ...]  # stages whose within-input variation is above NOISY_CV
+    modules: tuple[ModuleFact, ...] = ()  # modules far above their floor (module_facts), largest share first
+
+    def modules_of(self, kind: str) -> tuple[ModuleFact, ...]:
+        """The far-above-floor modules whose lever is `kind` (ModuleFact.kind)."""
+        return tuple(f for f in self.modules if f.kind == kind)
 
     @property
     def ttft(self) -> float:
@@ -235,6 +326,7 @@ class Facts:
             family=m.model.family_facts(),
             tiled=any(r.tiles for r in m.records),
             noisy=tuple(v.stage for v in m.variation if (v.within_image_cv_median or 0.0) > NOISY_CV),
+            modules=module_facts(m.modules),
         )
 
 
@@ -308,6 +400,67 @@ def _fewer_views_hint(family: ModelFamily, tiled: bool) -> str:
     return ". The pages ran as one global view each (no tiles), so only a smaller view would cut it further"
 
 
+def _cited(facts: tuple[ModuleFact, ...]) -> str:
+    """The first module in full, a second one briefly."""
+    text = facts[0].cite()
+    if len(facts) > 1:
+        f = facts[1]
+        text += f"; also `{f.module}` ({f.stage}, {f.ratio:,.1f}× its floor, {f.above_ms:,.3f} ms above it)"
+    return text
+
+
+def _compile_levers(f: Facts, kind: str) -> frozenset[str]:
+    """runtime.compile where a cited module is the decoder's (what-if's compile levers leave vision eager), else
+    none: a what-if run cannot have measured fusing a vision module."""
+    return COMPILE_LEVERS if any(not vocab.is_vision(x.stage) for x in f.modules_of(kind)) else frozenset()
+
+
+def _elementwise_text(f: Facts) -> str:
+    return (
+        f"Many small elementwise kernels: {_cited(f.modules_of('elementwise'))}. Each reads and writes its whole "
+        "tensor for one operation, so the module moves its bytes several times: fuse them — torch.compile of that "
+        "part (runtime.compile: decode or prefill_decode for the decoder; a fused kernel or a compiled region for "
+        "an encoder block), or a fused op (fused norm / activation) in its forward."
+    )
+
+
+def _attention_text(f: Facts) -> str:
+    facts = f.modules_of("attention")
+    sam = any("sam" in x.module.lower() for x in facts)
+    return (
+        f"Attention far above its floor: {_cited(facts)}. An attention backend that fuses the softmax and the "
+        "matmuls (model.attn_implementation=sdpa with the flash or cuDNN backend, or flash_attention_2 where the "
+        "model takes it) avoids materialising the scores"
+        + (
+            "; SAM's relative-position bias is built and added outside the kernel (heads × N² elements per global "
+            "block): fusing it (an additive mask inside SDPA, or computing it once per view) removes those bytes"
+            if sam
+            else ""
+        )
+        + "."
+    )
+
+
+def _experts_text(f: Facts) -> str:
+    facts = f.modules_of("experts")
+    impl = f"model.experts_implementation={f.experts}" if f.experts else "the experts' implementation"
+    return (
+        f"MoE experts far above their byte floor at batch {f.batch}: {_cited(facts)}. With {impl} each routed "
+        "expert runs its own small GEMMs; a grouped GEMM backend (model.experts_implementation=grouped_mm or "
+        f"batched_mm) runs them in one launch, and batching several {f.inputs} (run.batch_size) gives each "
+        "expert more rows per weight read."
+    )
+
+
+def _copies_text(f: Facts) -> str:
+    return (
+        f"Copies far above the floor: {_cited(f.modules_of('copies'))}. Layout copies (copy_, contiguous, cat, "
+        "transpose) move bytes the analytic floor does not need: keep tensors in the layout the next kernel reads "
+        "(no .contiguous() after a transpose, preallocate instead of cat, fuse the split/merge of heads into the "
+        "projection), or let torch.compile fuse the copy into its consumer."
+    )
+
+
 # The generic advice, in the order "What to try" lists it: each rule whose condition the measured facts meet.
 RULES: tuple[Rule, ...] = (
     Rule(
@@ -348,6 +501,30 @@ RULES: tuple[Rule, ...] = (
         lambda f: f.device == "cuda" and f.experts == "eager",
         lambda f: "The MoE experts run the eager per-expert loop: try model.experts_implementation=grouped_mm.",
         lambda f: EXPERTS_LEVERS,
+    ),
+    Rule(
+        "module: MoE experts far above floor",
+        lambda f: bool(f.modules_of("experts")),
+        _experts_text,
+        lambda f: EXPERTS_LEVERS | frozenset({"run.batch_size"}),
+    ),
+    Rule(
+        "module: attention far above floor",
+        lambda f: bool(f.modules_of("attention")),
+        _attention_text,
+        lambda f: ATTENTION_LEVERS,
+    ),
+    Rule(
+        "module: copies far above floor",
+        lambda f: bool(f.modules_of("copies")),
+        _copies_text,
+        lambda f: _compile_levers(f, "copies"),
+    ),
+    Rule(
+        "module: elementwise kernels far above floor",
+        lambda f: bool(f.modules_of("elementwise")),
+        _elementwise_text,
+        lambda f: _compile_levers(f, "elementwise"),
     ),
     Rule(
         "noisy",

@@ -32,7 +32,7 @@ from llm_perf_opt.records.whatif import WhatIfRecord
 from llm_perf_opt.report import batches, gallery
 from llm_perf_opt.report.markdown import Doc, flops, link, ms, num_bytes, pct
 from llm_perf_opt.report.memory_energy import energy_section, memory_section
-from llm_perf_opt.report.modules_report import modules_md, modules_plot, modules_section
+from llm_perf_opt.report.modules_report import launched_by, modules_md, modules_plot, modules_section
 from llm_perf_opt.report.plots import write_stage1_plots
 from llm_perf_opt.report.recommendations import key_findings, recommendations
 
@@ -712,20 +712,37 @@ def operators_md(m: Stage1Metrics, operators: OperatorTable, top_k: int) -> str:
     doc.table(_operator_header(operators.sort_key), _operator_rows(operators.overall, operators.sort_key, top_k))
     _details_section(doc, operators, top_k)
     if operators.kernels:
-        doc.h2(f"GPU kernels (top {top_k}, by device time)")
-        doc.para("Kernels by short name (template arguments and parameters dropped), summed over their launches.")
-        total = sum(k.self_device_ms for k in operators.kernels) or 1.0
-        doc.table(
-            ["#", "kernel", "launches", "device ms", "share of kernel time"],
-            [
-                [str(i), f"`{k.name}`", str(k.calls), ms(k.self_device_ms, 3), pct(k.self_device_ms / total)]
-                for i, k in enumerate(operators.kernels[:top_k], 1)
-            ],
-        )
+        _kernels_section(doc, operators, top_k)
     for stage, rows in operators.by_stage.items():
         doc.h2(f"Stage {stage} (top {min(top_k, 10)})")
         doc.table(_operator_header(operators.sort_key), _operator_rows(rows, operators.sort_key, min(top_k, 10)))
     return doc.text()
+
+
+def _kernels_section(doc: Doc, operators: OperatorTable, top_k: int) -> None:
+    """operators.md's kernel table, each kernel with the operators and modules that launched it."""
+    doc.h2(f"GPU kernels (top {top_k}, by device time)")
+    times = operators.modules
+    known = times is not None and bool(times.kernel_sources)
+    doc.para(
+        "Kernels by short name (template arguments and parameters dropped), summed over their launches. "
+        + (
+            "Launched by: the operators around each kernel's launch and the modules (folded across layers) whose "
+            "forward ran them, with their share of the kernel's time in the profiled pass's stages."
+            if known
+            else "Launched by: not recorded (the profiled pass ran without module attribution, "
+            "`pipeline.torch_profiler.modules=false`, or wrote its record before it kept kernel sources)."
+        )
+    )
+    total = sum(k.self_device_ms for k in operators.kernels) or 1.0
+    header = ["#", "kernel", "launches", "device ms", "share of kernel time"]
+    rows = []
+    for i, k in enumerate(operators.kernels[:top_k], 1):
+        row = [str(i), f"`{k.name}`", str(k.calls), ms(k.self_device_ms, 3), pct(k.self_device_ms / total)]
+        if times is not None and known:
+            row.append(launched_by(times.sources_of_kernel(k.name)))
+        rows.append(row)
+    doc.table(header + (["launched by (operator in module, share)"] if known else []), rows)
 
 
 def _cost_centre_rows(stats: Sequence[StageStat]) -> list[list[str]]:

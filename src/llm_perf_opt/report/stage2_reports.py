@@ -6,10 +6,12 @@ from collections.abc import Mapping, Sequence
 
 from llm_perf_opt.kernel_names import kernel_label
 from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records.modules import NOT_KNOWN
 from llm_perf_opt.records.stage2 import KernelStat, MeasuredBytes, MeasuredBytesRow, Stage2Metrics
 from llm_perf_opt.records.whatif import WhatIfRecord
 from llm_perf_opt.report import stage2_plots
 from llm_perf_opt.report.markdown import Doc, link, ms, num_bytes, pct
+from llm_perf_opt.report.modules_report import launched_by
 from llm_perf_opt.report.recommendations import DECODE_LEVERS, measured_lever_lines, measured_override_keys
 
 LOW_BUSY = 0.5  # GPU-busy fraction under which a stage is launch/CPU bound rather than GPU bound
@@ -75,6 +77,47 @@ def _kernel_roofline_section(doc: Doc, m: Stage2Metrics, plots: Mapping[str, str
         doc.para(f"No kernel roofline chart: {stage2_plots.missing_reason(m)}.")
 
 
+#: The column naming what launched each kernel, where a Stage 1 profiled pass was joined.
+LAUNCHED_BY = "launched by (operator in module, share; Stage 1)"
+
+
+def _named(m: Stage2Metrics) -> bool:
+    return m.kernel_modules is not None and m.kernel_modules.stage1 is not None and bool(m.kernel_modules.kernels)
+
+
+def _launched_by(m: Stage2Metrics, label: str) -> list[str]:
+    """The "launched by" cell of one kernel (by its kernels.md label); no cell when no Stage 1 pass was joined."""
+    if m.kernel_modules is None or not _named(m):
+        return []
+    found = m.kernel_modules.kernels.get(label)
+    return [launched_by(found) if found is not None else "not in the Stage 1 profiled pass"]
+
+
+def _launchers_note(m: Stage2Metrics) -> str:
+    km = m.kernel_modules
+    if km is None:
+        return f"{NOT_KNOWN}: a folder rendered before kernels were named by module."
+    return km.note + "."
+
+
+def _ncu_launchers_section(doc: Doc, m: Stage2Metrics) -> None:
+    """The kernels Nsight Compute targeted, named by what launched them."""
+    if not m.ncu_kernels:
+        return
+    doc.h2("Kernels Nsight Compute profiled, by what launched them")
+    if not _named(m):
+        doc.para(f"{NOT_KNOWN}: see the note at the top.")
+        return
+    doc.table(
+        ["stage", "kernel", "launches (ncu)", "bound", LAUNCHED_BY],
+        [
+            [r.stage, f"`{label}`", str(r.launches), r.bound, *_launched_by(m, label)]
+            for r in m.ncu_kernels
+            for label in [kernel_label(r.name, r.full_name)]
+        ],
+    )
+
+
 def _stage_kernel_rows(m: Stage2Metrics, stage: str, kernels: Sequence[KernelStat]) -> list[list[str]]:
     """One row per kernel of `stage`; the bound of a function name that several of them share is marked †."""
     names = [k.name for k in kernels]
@@ -92,7 +135,7 @@ def _stage_kernel_rows(m: Stage2Metrics, stage: str, kernels: Sequence[KernelSta
         ]
         if names.count(k.name) > 1 and row[-1]:
             row[-1] += " †"
-        rows.append(row)
+        rows.append(row + _launched_by(m, kernel_label(k.name, k.demangled)))
     return rows
 
 
@@ -105,20 +148,30 @@ def kernels_md(m: Stage2Metrics, plots: Mapping[str, str] | None = None) -> str:
         f"Compute on the targeted launches (clock control: {m.ncu_clock_control}; ncu flushes caches "
         "between replays, so its durations are not the run's durations). Kernel names are nsys short names; "
         "ncu selects kernels by function name, so where several instantiations share a name (marked †) its "
-        "figures cover all of them."
+        "figures cover all of them. " + _launchers_note(m)
     )
     _kernel_roofline_section(doc, m, plots or {})
+    extra = [LAUNCHED_BY] if _named(m) else []
     for stage, kernels in m.top_kernels_by_stage.items():
         doc.h2(f"{stage}")
-        doc.table(_KERNEL_HEADER, _stage_kernel_rows(m, stage, kernels))
+        doc.table(_KERNEL_HEADER + extra, _stage_kernel_rows(m, stage, kernels))
     doc.h2("All timed passes (kernels inside preprocess, prefill and decode)")
     doc.table(
-        ["#", "kernel", "calls", "total ms", "mean ms", "% of timed-pass kernel time"],
+        ["#", "kernel", "calls", "total ms", "mean ms", "% of timed-pass kernel time", *extra],
         [
-            [str(i), _label(k), str(k.calls), ms(k.total_ms, 3), ms(k.mean_ms, 4), pct(k.share)]
+            [
+                str(i),
+                _label(k),
+                str(k.calls),
+                ms(k.total_ms, 3),
+                ms(k.mean_ms, 4),
+                pct(k.share),
+                *_launched_by(m, kernel_label(k.name, k.demangled)),
+            ]
             for i, k in enumerate(m.top_kernels, 1)
         ],
     )
+    _ncu_launchers_section(doc, m)
     return doc.text()
 
 

@@ -77,12 +77,12 @@ def test_the_ranked_table_orders_baseline_ladder_levers_then_the_rungs_that_did_
     text = _section(whatif_md(record), "Rungs, ranked")
     (base,) = _rows(text, "baseline")
     assert base[3:8] == ["180.0", "24.80", "1.03", "1.00× (reference)", "reference"]
-    assert base[8:] == ["912", "38%", "reference", "7.10 GiB", "no compilation; 2 warm-up passes", "95 s"]
+    assert base[8:] == ["912", "38%", "reference", "7.10 GiB", "no compilation; 2 warm-up passes", "95 s", "—"]
     (best,) = _rows(text, "**ladder 2: static_cache + cuda_graphs**")
     assert best[4] == "1.57" and best[6] == "15.80× (95% CI 15.32–16.27×)" and best[7] == "beyond noise"
     assert best[8:10] == ["6", "97%"] and best[12] == "compile 41.0 s; 2 warm-up passes"
     (reused,) = _rows(text, "ladder 1: static_cache")
-    assert reused[-1] == "not rerun (= static_cache)"
+    assert reused[-2] == "not rerun (= static_cache)"
     (workload,) = _rows(text, "mode_base")
     assert "**changes the workload**" in workload[2] and workload[10] == "depart at token 3 of 32 (1 input)"
     (grouped,) = _rows(text, "grouped_mm")
@@ -358,7 +358,7 @@ def test_single_pass_rungs_name_no_best_and_no_helped_lever(tmp_path: Path) -> N
     from whatif_fixtures import GROUPED, STATIC
 
     goal = w.objective("decode_ms_per_token")
-    run = WhatIfRun(compose_config("whatif"), tmp_path, "wi", workload=())
+    run = WhatIfRun(compose_config("whatif", "whatif.objective=decode_ms_per_token"), tmp_path, "wi", workload=())
     run.levers = (STATIC, GROUPED)
     base = _single_pass(32.0)
     run.rungs = {"baseline": Rung("baseline", BASELINE, (), (), False, MEASURED, figures=base)}

@@ -22,6 +22,10 @@ from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.folders import Stage1Folder
 from llm_perf_opt.records.stage1 import BatchRecord, DecodeActivity, ImageRecord, Stage1Metrics
 from llm_perf_opt.records.whatif import (
+    FIRST_TOKEN,
+    MEMORY,
+    PAGE_LATENCY,
+    THROUGHPUT,
     Attribution,
     Lever,
     Objective,
@@ -33,41 +37,92 @@ from llm_perf_opt.records.whatif import (
 
 CI_LOG_RATIO = "Welch t on log values (ratio of geometric means)"
 
+GIB = 2**30
+PAGE_LATENCY_MS = "page_latency_ms"
+PEAK_MEMORY_GIB = "peak_memory_gib"
+
 OBJECTIVES: Mapping[str, Objective] = {
     o.name: o
     for o in (
+        Objective(PAGE_LATENCY_MS, "whole-page latency (p50)", "ms", higher_is_better=False),
         Objective("decode_ms_per_token", "decode ms/token (p50)", "ms", higher_is_better=False),
         Objective("ttft_ms", "time to first token (p50)", "ms", higher_is_better=False),
         Objective(
             "aggregate_decode_tokens_per_s", "aggregate decode tokens/s (p50)", "tokens/s", higher_is_better=True
         ),
         Objective("pages_per_s", "pages/s end to end (p50)", "pages/s", higher_is_better=True),
+        Objective(PEAK_MEMORY_GIB, "peak GPU memory (p50 over passes)", "GiB", higher_is_better=False),
     )
 }
+# The goals `whatif.objective` takes by name (besides the figures above): the figure each one ranks by.
+GOAL_FIGURES: Mapping[str, str] = {
+    PAGE_LATENCY: PAGE_LATENCY_MS,
+    FIRST_TOKEN: "ttft_ms",
+    THROUGHPUT: "pages_per_s",
+    MEMORY: PEAK_MEMORY_GIB,
+}
+DEFAULT_OBJECTIVE = PAGE_LATENCY
 
 
-def objective(name: str) -> Objective:
-    """The objective called `name` (KeyError for an unknown one; the caller turns it into a UserError)."""
-    return OBJECTIVES[name]
+def objective_names() -> list[str]:
+    """Every name `whatif.objective` takes: the goals, then the figures."""
+    return [*GOAL_FIGURES, *OBJECTIVES]
+
+
+def objective(name: str, decode_tokens: int | None = None) -> Objective:
+    """The objective called `name`, a goal (`page_latency`, …) or a figure (`decode_ms_per_token`, …); whole-page
+    latency is labelled with its decode length. KeyError for an unknown name (the caller turns it into a UserError)."""
+    found = OBJECTIVES[GOAL_FIGURES.get(name, name)]
+    if found.name != PAGE_LATENCY_MS:
+        return found
+    length = "the measured decode length" if decode_tokens is None else f"{decode_tokens} decode tokens"
+    return attrs.evolve(found, label=f"whole-page latency at {length} (p50)")
 
 
 # --------------------------------------------------------------------------------------------- per-pass values
 
 
-def pass_values(metrics: Stage1Metrics, name: str) -> list[float]:
+def pass_values(metrics: Stage1Metrics, name: str, decode_tokens: int | None = None) -> list[float]:
     """One value of objective `name` per timed pass: per batch pass when the run batched inputs, else per input
-    pass (decode ms/token: the pass's mean step time; aggregate tokens/s: every input's decode tokens)."""
+    pass (decode ms/token: the pass's mean step time; aggregate tokens/s: every input's decode tokens; whole-page
+    latency: TTFT + (N − 1) × the pass's mean step, N = `decode_tokens` or the pass's own new tokens)."""
     if metrics.batches:
-        return [v for b in metrics.batches if (v := _batch_value(b, name)) is not None]
-    return [v for r in metrics.records if (v := _record_value(r, name)) is not None]
+        return [v for b in metrics.batches if (v := _batch_value(b, name, decode_tokens)) is not None]
+    return [v for r in metrics.records if (v := _record_value(r, name, decode_tokens)) is not None]
 
 
-def _record_value(rec: ImageRecord, name: str) -> float | None:
-    steps = rec.decode_step_ms
+def _page_latency(ttft: float, steps: Sequence[float], tokens: int) -> float | None:
+    """TTFT + (tokens − 1) × the mean decode step (the first token comes from prefill)."""
+    if tokens <= 1:
+        return ttft
+    return ttft + (tokens - 1) * statistics.fmean(steps) if steps else None
+
+
+def _shared_value(
+    forward: ImageRecord | BatchRecord, name: str, decode_tokens: int | None
+) -> tuple[bool, float | None]:
+    """The figures an input pass and a batch pass compute alike: (known, value)."""
+    steps = forward.decode_step_ms
     if name == "decode_ms_per_token":
-        return statistics.fmean(steps) if steps else None
+        return True, statistics.fmean(steps) if steps else None
     if name == "ttft_ms":
-        return rec.ttft_ms
+        return True, forward.ttft_ms
+    if name == "prefill_ms":
+        return True, forward.prefill_ms
+    if name == "vision_ms":
+        return True, sum(forward.vision_ms.values()) if forward.vision_ms else None
+    if name == PAGE_LATENCY_MS:
+        return True, _page_latency(forward.ttft_ms, steps, decode_tokens or forward.new_tokens)
+    if name == PEAK_MEMORY_GIB:
+        return True, None if forward.peak_memory_bytes is None else forward.peak_memory_bytes / GIB
+    return False, None
+
+
+def _record_value(rec: ImageRecord, name: str, decode_tokens: int | None = None) -> float | None:
+    known, value = _shared_value(rec, name, decode_tokens)
+    if known:
+        return value
+    steps = rec.decode_step_ms
     if name == "aggregate_decode_tokens_per_s":
         return 1e3 / statistics.fmean(steps) if steps else None
     if name == "pages_per_s":
@@ -75,12 +130,10 @@ def _record_value(rec: ImageRecord, name: str) -> float | None:
     raise KeyError(name)
 
 
-def _batch_value(batch: BatchRecord, name: str) -> float | None:
-    steps = batch.decode_step_ms
-    if name == "decode_ms_per_token":
-        return statistics.fmean(steps) if steps else None
-    if name == "ttft_ms":
-        return batch.ttft_ms
+def _batch_value(batch: BatchRecord, name: str, decode_tokens: int | None = None) -> float | None:
+    known, value = _shared_value(batch, name, decode_tokens)
+    if known:
+        return value
     if name == "aggregate_decode_tokens_per_s":
         return batch.aggregate_decode_tokens_per_s
     if name == "pages_per_s":
@@ -181,10 +234,10 @@ def _activity(metrics: Stage1Metrics) -> DecodeActivity | None:
     return None if metrics.profiler is None else metrics.profiler.activity
 
 
-def rung_figures(folder: Stage1Folder, goal: Objective) -> RungFigures:
+def rung_figures(folder: Stage1Folder, goal: Objective, decode_tokens: int | None = None) -> RungFigures:
     """What one rung's folder measured, brought to per-page / per-step figures."""
     m = folder.metrics
-    values = pass_values(m, goal.name)
+    values = pass_values(m, goal.name, decode_tokens)
     if not values:
         raise ValueError(f"{folder.path}: no timed pass has a {goal.label}")
     steps = _decode_steps(m)

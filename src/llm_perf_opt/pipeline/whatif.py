@@ -22,7 +22,7 @@ from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure import whatif as figures
 from llm_perf_opt.measure.stats import MIN_VALUES_FOR_CI
-from llm_perf_opt.pipeline import whatif_hydra
+from llm_perf_opt.pipeline import whatif_hydra, whatif_judge
 from llm_perf_opt.pipeline.whatif_rungs import RungJob, RungOutcome, run_rungs, stopped_outcome
 from llm_perf_opt.progress import Feedback
 from llm_perf_opt.records import common
@@ -182,6 +182,8 @@ class WhatIfRun:
         self.workload = tuple(workload)
         self.feedback = feedback or Feedback()
         self.art = ArtifactsManager(run_dir, stage="whatif")
+        self.decode_tokens, self.decode_source = whatif_judge.workload_decode_tokens(cfg)
+        self.budget_gib = whatif_judge.memory_budget(cfg.whatif.get("memory_budget_gib"))
         self.goal = self._objective()
         self.rungs: dict[str, Rung] = {}
         self.folders: dict[str, Stage1Folder] = {}
@@ -226,12 +228,16 @@ class WhatIfRun:
         return name, overrides
 
     def _objective(self) -> Objective:
-        name = str(self.cfg.whatif.get("objective") or "decode_ms_per_token")
+        """`whatif.objective`: the goal (or figure) the levers are ranked by and the headline verdict names."""
+        name = str(self.cfg.whatif.get("objective") or figures.DEFAULT_OBJECTIVE)
         try:
-            return figures.objective(name)
+            return figures.objective(name, self.decode_tokens)
         except KeyError:
             raise UserError(
-                f"whatif.objective={name} is not known", f"Use one of {', '.join(figures.OBJECTIVES)}"
+                f"whatif.objective={name} is not known: the headline verdict and the ladder rank the rungs by it",
+                f"Use one of the goals {', '.join(figures.GOAL_FIGURES)} (default {figures.DEFAULT_OBJECTIVE}: "
+                f"whole-page latency at the workload's decode length) or one of the figures "
+                f"{', '.join(figures.OBJECTIVES)}",
             ) from None
 
     # ---- driver ------------------------------------------------------------------------------------
@@ -408,14 +414,17 @@ class WhatIfRun:
             self.rungs[job.name], folder=figures.relative(job.folder, self.art.run_dir), wall_s=outcome.wall_s
         )
         if outcome.state == common.INTERRUPTED:
-            self.rungs[job.name] = _interrupted(rung, job.folder, self.goal)
+            self.rungs[job.name] = _interrupted(rung, job.folder, self.goal, self.decode_tokens)
             return
         if outcome.state != common.COMPLETE:
             self.rungs[job.name] = attrs.evolve(rung, state=FAILED, reason=outcome.message or outcome.state)
             return
         try:
             folder = load_stage1(job.folder)
-            measured = figures.rung_figures(folder, self.goal)
+            if job.name == BASELINE_NAME and self.decode_tokens is None:  # whole pages at the measured length
+                self.decode_tokens, self.decode_source = folder.metrics.settings.max_new_tokens, "measured"
+                self.goal = figures.objective(self.goal.name, self.decode_tokens)
+            measured = figures.rung_figures(folder, self.goal, self.decode_tokens)
         except (RecordError, ValueError) as exc:
             self.rungs[job.name] = attrs.evolve(rung, state=FAILED, reason=str(exc))
             return
@@ -429,7 +438,9 @@ class WhatIfRun:
         base = self.rungs[BASELINE_NAME]
         if base_folder is None or base.figures is None:
             return
-        base_values = figures.pass_values(base_folder.metrics, self.goal.name)
+        tokens = self.decode_tokens
+        base_values = figures.pass_values(base_folder.metrics, self.goal.name, tokens)
+        self.rungs[BASELINE_NAME] = whatif_judge.judged_baseline(base, self.budget_gib)
         for name, rung in list(self.rungs.items()):
             folder = self.folders.get(name)
             if name == BASELINE_NAME or folder is None or rung.figures is None or rung.speedup is not None:
@@ -437,12 +448,15 @@ class WhatIfRun:
             against = reference if rung.phase != LADDER else self._below(rung)
             ref_rung = self.rungs[against]
             assert ref_rung.figures is not None
-            self.rungs[name] = attrs.evolve(
+            judged = attrs.evolve(
                 rung,
-                speedup=figures.speedup(self.goal, base_values, figures.pass_values(folder.metrics, self.goal.name)),
+                speedup=figures.speedup(
+                    self.goal, base_values, figures.pass_values(folder.metrics, self.goal.name, tokens)
+                ),
                 outputs=figures.outputs_against(base_folder, folder),
                 attribution=figures.attribute(name, rung.figures, against, ref_rung.figures),
             )
+            self.rungs[name] = whatif_judge.judged_rung(judged, base_folder, folder, tokens, self.budget_gib)
 
     def _below(self, rung: Rung) -> str:
         """The rung a ladder rung stands on: the ladder rung with one lever fewer (the best lever alone first)."""
@@ -491,7 +505,7 @@ class WhatIfRun:
     def _record(self) -> WhatIfRecord:
         base = self.folders.get(BASELINE_NAME)
         rungs = tuple(self.rungs.values())
-        return WhatIfRecord(
+        record = WhatIfRecord(
             schema_version=SCHEMA_VERSION,
             run_id=self.run_id,
             stage="whatif",
@@ -518,7 +532,11 @@ class WhatIfRun:
                 "max_new_tokens": base.metrics.settings.max_new_tokens,
                 "inputs": len(base.metrics.images),
             },
+            decode_tokens=self.decode_tokens,
+            decode_tokens_source=self.decode_source,
+            memory_budget_gib=self.budget_gib,
         )
+        return whatif_judge.with_goals(record)
 
     @staticmethod
     def _best(rungs: Sequence[Rung]) -> str | None:
@@ -618,11 +636,11 @@ class WhatIfRun:
                 )
 
 
-def _interrupted(rung: Rung, folder: Path, goal: Objective) -> Rung:
+def _interrupted(rung: Rung, folder: Path, goal: Objective, decode_tokens: int | None) -> Rung:
     """A rung stopped with the what-if run: the figures of the passes it measured, not judged against the baseline."""
     try:
         stage1 = load_stage1(folder)
-        measured = figures.rung_figures(stage1, goal)
+        measured = figures.rung_figures(stage1, goal, decode_tokens)
     except (RecordError, ValueError):
         return attrs.evolve(rung, state=INTERRUPTED, reason="stopped with the what-if run before its first timed pass")
     s = stage1.metrics.settings
@@ -656,7 +674,7 @@ def _verdict_line(rung: Rung, base_passes: int | None) -> str:
         )
     if rung.changes_workload:
         parts.append("changes the workload")
-    return ", ".join(parts)
+    return whatif_judge.with_tradeoffs(", ".join(parts), rung)
 
 
 def _passes_text(base_passes: int | None, rung: Rung) -> str:

@@ -28,6 +28,19 @@ PENDING = "pending"  # planned, not run yet (only in a record written while the 
 # Stopped with the what-if run (Ctrl-C, SIGTERM): its figures cover the passes it measured; it is not judged.
 INTERRUPTED = "interrupted"
 
+# How one objective of a rung compares with the baseline's (`Judgement.verdict`).
+BETTER = "better"
+WORSE = "worse"
+SAME = "within noise"
+NOT_JUDGED = "not judged"
+
+# The goals a what-if run names a best rung for (`whatif.objective` picks the headline one).
+PAGE_LATENCY = "page_latency"
+FIRST_TOKEN = "first_token"
+THROUGHPUT = "throughput"
+MEMORY = "memory"
+GOALS = (PAGE_LATENCY, FIRST_TOKEN, THROUGHPUT, MEMORY)
+
 # How the rungs ran: each its own `stage1-run` process started by perf-whatif, or one Hydra multirun per phase.
 LOCAL_LAUNCHER = "local"
 HYDRA_LAUNCHER = "hydra"
@@ -133,6 +146,34 @@ class Attribution:
 
 
 @attrs.frozen
+class Judgement:
+    """One objective of a rung against the baseline's: both values, the change and the verdict (with why)."""
+
+    objective: str  # the figure's key, e.g. "ttft_ms" (measure.whatif.FIGURES)
+    label: str  # plain words, e.g. "time to first token"
+    unit: str  # of `base` and `value`, e.g. "ms"
+    base: float | None  # the baseline's p50 (or its one value)
+    value: float | None  # the rung's p50 (or its one value)
+    verdict: str  # BETTER | WORSE | SAME | NOT_JUDGED
+    change: float | None = None  # value / base − 1 (+1.30: 130% more); None where there is no ratio
+    ci95_low: float | None = None  # 95% interval of value / base (ratio of geometric means over passes)
+    ci95_high: float | None = None
+    why: str | None = None  # why it is not judged, or how it was judged (a threshold, an extrapolation)
+
+
+@attrs.frozen
+class GoalChoice:
+    """The best rung for one goal (whole-page latency, first token, throughput, memory)."""
+
+    goal: str  # PAGE_LATENCY | FIRST_TOKEN | THROUGHPUT | MEMORY
+    label: str  # e.g. "whole-page latency at 256 decode tokens"
+    rung: str | None  # None: no rung could be judged on this goal
+    value: float | None = None
+    unit: str = ""
+    why: str = ""  # e.g. "no rung beat the baseline beyond noise"
+
+
+@attrs.frozen
 class Rung:
     """One configuration of the what-if run and what became of it."""
 
@@ -150,6 +191,14 @@ class Rung:
     outputs: OutputAgreement | None = None  # against the baseline
     attribution: Attribution | None = None  # against the baseline (alone) or the previous rung (ladder)
     reused: str | None = None  # a ladder rung identical to an earlier rung: that rung's name (not run again)
+    # Every objective against the baseline (empty in records written before per-objective verdicts)
+    judgements: tuple[Judgement, ...] = ()
+    # Plain-words flags: a gain on one objective with a loss on another beyond noise, memory over the budget or far
+    # above the baseline's, e.g. "decode −91%, but time to first token +130% and prefill +56%"
+    tradeoffs: tuple[str, ...] = ()
+
+    def judgement(self, objective: str) -> Judgement | None:
+        return next((j for j in self.judgements if j.objective == objective), None)
 
 
 @attrs.frozen
@@ -188,6 +237,12 @@ class WhatIfRecord:
     # How the rungs ran (whatif_run.launcher): LOCAL_LAUNCHER or HYDRA_LAUNCHER; None: not recorded (older runs)
     launcher: str | None = None
     launcher_overrides: tuple[str, ...] = ()  # HYDRA_LAUNCHER: whatif_run.hydra_launcher, e.g. hydra/launcher=joblib
+    # The decode length whole-page latency is judged at, and where it comes from ("workload ocr1-a4-page", "measured")
+    decode_tokens: int | None = None
+    decode_tokens_source: str | None = None
+    memory_budget_gib: float | None = None  # whatif.memory_budget_gib (None: no budget)
+    best_per_goal: tuple[GoalChoice, ...] = ()  # one per goal (empty in older records)
+    frontier: tuple[str, ...] = ()  # rungs no other rung beats on every goal (the trade-off frontier)
 
     def rung(self, name: str) -> Rung | None:
         return next((r for r in self.rungs if r.name == name), None)

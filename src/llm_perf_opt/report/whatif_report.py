@@ -5,6 +5,7 @@ Every figure comes from the record; this module ranks rungs for display and form
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 
 from llm_perf_opt.artifacts import ArtifactsManager
@@ -16,7 +17,9 @@ from llm_perf_opt.records.whatif import (
     LADDER,
     LOCAL_LAUNCHER,
     MEASURED,
+    NOT_JUDGED,
     WORKLOAD,
+    Judgement,
     Objective,
     OutputAgreement,
     Rung,
@@ -36,8 +39,38 @@ CHANGES_WORKLOAD = "changes the workload"
 
 Row = list[str]
 
+# A machine's own absolute paths, kept out of whatif.md: the bundled samples folder becomes the resolver that names
+# it, any other absolute path its last two parts.
+SAMPLES_PATH = re.compile(r"/[^\s,'\"=\[\]]*/llm_perf_opt/data/samples(?=/|\b|$)")
+ABSOLUTE_PATH = re.compile(r"(?<![\w.$}~])/(?:[^\s/,'\"\[\]]+/)+[^\s/,'\"\[\]]+")
+# The objectives of the per-objective table, in order (keys of `Judgement.objective`).
+OBJECTIVE_COLUMNS = (
+    "page_latency_ms",
+    "ttft_ms",
+    "vision_ms",
+    "prefill_ms",
+    "decode_ms_per_token",
+    "pages_per_s",
+    "peak_memory_gib",
+    "compile_s",
+    "memory_pass_peak_gib",
+    "joules_per_decode_token",
+    "outputs",
+)
+
 
 # --------------------------------------------------------------------------------------------- cells
+
+
+def clean_paths(text: str) -> str:
+    """`text` without machine-specific absolute paths: `${llo_samples_dir:}` for the bundled samples folder, e.g.
+    `${llo_samples_dir:}/lists/a4_page.txt`; `…/lists/a4_page.txt` (the last two parts) for any other."""
+    text = SAMPLES_PATH.sub("${llo_samples_dir:}", text)
+
+    def tail(match: re.Match[str]) -> str:
+        return "…/" + "/".join(match.group(0).rsplit("/", 2)[-2:])
+
+    return ABSOLUTE_PATH.sub(tail, text)
 
 
 def _signed(value: float | None, fmt: Callable[[float], str]) -> str:
@@ -99,7 +132,24 @@ def _wall_text(rung: Rung) -> str:
 
 
 def _state_line(rung: Rung) -> str:
-    return f"{rung.state}: {rung.reason or 'no reason recorded'}"
+    return clean_paths(f"{rung.state}: {rung.reason or 'no reason recorded'}")
+
+
+def judgement_text(j: Judgement | None) -> str:
+    """One objective's cell: "−91% better", "+130% worse", "+1% within noise", "not judged", n/a."""
+    if j is None:
+        return NA
+    if j.verdict == NOT_JUDGED:
+        return "not judged"
+    if j.objective == "outputs":
+        return f"{j.verdict}: {j.why}" if j.why else j.verdict
+    if j.objective == "compile_s" and j.base is not None and j.value is not None:
+        change = _signed(j.value - j.base, lambda v: f"{v:,.1f} s")
+    elif j.change is not None:
+        change = _signed(j.change, lambda v: pct(v, 0))
+    else:
+        change = NA
+    return f"{change} {j.verdict}"
 
 
 # --------------------------------------------------------------------------------------------- order
@@ -165,6 +215,8 @@ def verdict_paragraph(record: WhatIfRecord) -> str:
         text += (
             f"This rung {CHANGES_WORKLOAD}: its time is for different work, so check its outputs before adopting it. "
         )
+    if best.tradeoffs:
+        text += f"**Trade-off**: {'; '.join(best.tradeoffs)}. "
     return text + where
 
 
@@ -181,12 +233,16 @@ def single_pass_text(record: WhatIfRecord, levers: Sequence[str]) -> str:
 
 def _header(doc: Doc, record: WhatIfRecord) -> None:
     o = record.objective
-    overrides = ", ".join(f"`{w}`" for w in record.workload_overrides) or "none (the defaults)"
+    overrides = ", ".join(f"`{clean_paths(w)}`" for w in record.workload_overrides) or "none (the defaults)"
+    pages = ""
+    if record.decode_tokens is not None:
+        pages = f" · whole pages judged at {record.decode_tokens} decode tokens ({record.decode_tokens_source or '?'})"
+    budget = "" if record.memory_budget_gib is None else f" · memory budget {record.memory_budget_gib:g} GiB"
     doc.para(
         f"Run `{record.run_id}` · {record.model} ({record.weights or 'weights not recorded'} weights) · "
         f"{record.device or 'device not recorded'} · preset `{record.preset}` · objective: {o.label} "
-        f"({'higher' if o.higher_is_better else 'lower'} is better) · workload overrides: {overrides} · "
-        f"created {record.created}."
+        f"({'higher' if o.higher_is_better else 'lower'} is better){pages}{budget} · workload overrides: "
+        f"{overrides} · created {record.created}."
     )
 
 
@@ -233,6 +289,7 @@ def _ranked_table(doc: Doc, record: WhatIfRecord) -> None:
         "peak memory",
         "compile / warm-up",
         "rung wall time",
+        "trade-offs",
     ]
     rows: list[Row] = []
     for rung in ranked_rungs(record):
@@ -259,6 +316,7 @@ def _ranked_table(doc: Doc, record: WhatIfRecord) -> None:
                 num_bytes(f.peak_memory_bytes),
                 _warmup_text(f),
                 _wall_text(rung),
+                "; ".join(rung.tradeoffs) or "—",
             ]
         )
     doc.table(header, rows)
@@ -267,8 +325,68 @@ def _ranked_table(doc: Doc, record: WhatIfRecord) -> None:
         f"then each lever alone by speed-up, then the rungs that did not run. Speed-up: the baseline's "
         f"{record.objective.label} over the rung's (above 1 is better), with the 95% interval of the ratio over the "
         "timed passes; noise verdict: whether the two runs' 95% intervals are apart. Kernels/step and GPU busy come "
-        "from one profiled pass; peak memory is the largest over the timed passes."
+        "from one profiled pass; peak memory is the largest over the timed passes. Trade-offs: a gain with a loss "
+        "beyond noise on another objective, or a peak memory over the budget or far above the baseline's."
     )
+
+
+def _goal_value(value: float | None, unit: str) -> str:
+    if value is None:
+        return NA
+    return f"{value:,.2f} {unit}" if unit != "ms" else f"{value:,.1f} ms"
+
+
+def goals_lines(record: WhatIfRecord) -> list[str]:
+    """One line per goal: its best rung and value, or why there is none."""
+    lines = []
+    for choice in record.best_per_goal:
+        if choice.rung is None:
+            lines.append(f"{choice.label}: none ({choice.why})")
+            continue
+        lines.append(f"{choice.label}: **{choice.rung}**, {_goal_value(choice.value, choice.unit)} ({choice.why})")
+    return lines
+
+
+def _goals(doc: Doc, record: WhatIfRecord) -> None:
+    """The best rung per goal and the trade-off frontier (records written before them: nothing)."""
+    if not record.best_per_goal:
+        return
+    doc.h3("Best rung per goal")
+    doc.bullets(goals_lines(record))
+    if record.frontier:
+        doc.para(
+            f"Trade-off frontier: {', '.join(record.frontier)} — no other rung is as good or better on every goal "
+            "(whole-page latency, first token, pages/s, peak memory) and better on one; a figure within noise of "
+            "the baseline counts as the baseline's. Workload-changing rungs are left out of both."
+        )
+
+
+def _objectives_table(doc: Doc, record: WhatIfRecord) -> None:
+    """Every objective of every rung against the baseline: the change and its verdict."""
+    doc.h2("Every objective against the baseline")
+    judged = [r for r in ranked_rungs(record) if r.judgements and r.state == MEASURED]
+    if not judged:
+        doc.para(
+            "Not judged per objective: this record holds no per-objective verdicts (written before them, or no "
+            "rung was measured besides the baseline). `python -m llm_perf_opt.pipeline.whatif_judge <folder>` "
+            "judges a what-if folder's rungs from their run folders."
+        )
+        return
+    labels = {j.objective: j.label for r in judged for j in r.judgements}
+    columns = [c for c in OBJECTIVE_COLUMNS if c in labels]
+    rows = [[r.name, *(judgement_text(r.judgement(c)) for c in columns)] for r in judged]
+    doc.table(["rung", *(labels[c] for c in columns)], rows)
+    reasons = sorted({f"{j.label}: {j.why}" for r in judged for j in r.judgements if j.verdict == NOT_JUDGED and j.why})
+    how = sorted({f"{j.label}: {j.why}" for r in judged for j in r.judgements if j.verdict != NOT_JUDGED and j.why})
+    doc.para(
+        "Change of the rung's p50 against the baseline's (one value per rung for peak memory, compile time, the "
+        "memory pass and energy), better or worse only beyond the noise: the two runs' 95% intervals apart over "
+        "their timed passes, or beyond the stated threshold for one-value figures."
+    )
+    notes = [clean_paths(line) for line in how if not line.startswith("outputs:")]
+    notes += [clean_paths(f"not judged — {line}") for line in reasons]
+    if notes:
+        doc.bullets(notes)
 
 
 def _attribution_table(doc: Doc, record: WhatIfRecord) -> None:
@@ -440,10 +558,12 @@ def whatif_md(record: WhatIfRecord, plots: dict[str, str] | None = None, files: 
         doc.para(how)
     doc.h2("Verdict")
     doc.para(verdict_paragraph(record))
+    _goals(doc, record)
     if "waterfall" in plots:
         doc.image("Decode ms/token from the baseline to the best rung", plots["waterfall"])
     doc.h2("Rungs, ranked")
     _ranked_table(doc, record)
+    _objectives_table(doc, record)
     _attribution_table(doc, record)
     _floor_table(doc, record)
     if "floor" in plots:
@@ -452,7 +572,7 @@ def whatif_md(record: WhatIfRecord, plots: dict[str, str] | None = None, files: 
     _levers(doc, record)
     if record.notes:
         doc.h2("Notes")
-        doc.bullets(list(record.notes))
+        doc.bullets([clean_paths(note) for note in record.notes])
     folders = [f"{r.name}: " + link(r.folder, f"{r.folder}/report.md") for r in record.rungs if r.folder]
     if folders:
         doc.h2("Rung folders")

@@ -1,0 +1,364 @@
+"""Every objective of a what-if rung judged against the baseline: time to first token, vision, prefill, decode,
+whole-page latency at the workload's decode length, pages/s, peak memory, warm-up/compile, outputs and (when the run
+measured them) the memory pass's peak and joules per decode token; the trade-offs those verdicts reveal, the best
+rung for each goal and the rungs on the trade-off (Pareto) frontier.
+
+Timed figures are judged on their passes with the noise rule every reader uses (`measure.noise`: 95% intervals
+apart); figures with one value per rung (peak memory, compile time, energy) against a named threshold.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+
+import attrs
+
+from llm_perf_opt.measure.noise import BEYOND, WITHIN, noise_verdict
+from llm_perf_opt.measure.stats import MIN_VALUES_FOR_CI, summarize
+from llm_perf_opt.measure.whatif import GIB, GOAL_FIGURES, PAGE_LATENCY_MS, PEAK_MEMORY_GIB, pass_values
+from llm_perf_opt.measure.whatif import ratio_interval_95 as _ratio_interval
+from llm_perf_opt.records.memory import EnergyReport, MemoryReport
+from llm_perf_opt.records.stage1 import Stage1Metrics
+from llm_perf_opt.records.whatif import (
+    BASELINE,
+    BETTER,
+    FIRST_TOKEN,
+    MEASURED,
+    MEMORY,
+    NOT_JUDGED,
+    PAGE_LATENCY,
+    SAME,
+    THROUGHPUT,
+    WORSE,
+    GoalChoice,
+    Judgement,
+    OutputAgreement,
+    Rung,
+)
+
+# Figures with one value per rung: a difference under these counts as the same (they stand in for noise).
+MEMORY_TOLERANCE = 0.02  # peak memory within 2% of the baseline's (allocator block rounding)
+COMPILE_NOTICE_S = 5.0  # warm-up/compile time within 5 s of the baseline's
+ENERGY_TOLERANCE = 0.05  # joules per decode token within 5% (one NVML energy pass per rung)
+# A peak memory above this multiple of the baseline's is flagged, whatever the budget.
+FAR_ABOVE_BASELINE = 1.5
+# Gains quoted in a trade-off flag (the largest first); every loss is quoted.
+GAINS_QUOTED = 2
+# A gain left unquoted when another says it: pages/s when whole-page latency gained too.
+SAID_BY = {"pages_per_s": PAGE_LATENCY_MS}
+
+
+@attrs.frozen
+class Figure:
+    """One objective judged per rung: its key, its plain-words name, its unit and its direction."""
+
+    name: str
+    label: str
+    unit: str
+    higher_is_better: bool = False
+
+
+PASS_FIGURES = (
+    Figure(PAGE_LATENCY_MS, "whole-page latency", "ms"),
+    Figure("ttft_ms", "time to first token", "ms"),
+    Figure("vision_ms", "vision", "ms"),
+    Figure("prefill_ms", "prefill", "ms"),
+    Figure("decode_ms_per_token", "decode", "ms/token"),
+    Figure("pages_per_s", "pages/s", "pages/s", higher_is_better=True),
+)
+PEAK_MEMORY = Figure(PEAK_MEMORY_GIB, "peak memory", "GiB")
+COMPILE = Figure("compile_s", "warm-up/compile", "s")
+MEMORY_PASS = Figure("memory_pass_peak_gib", "memory-pass peak", "GiB")
+ENERGY = Figure("joules_per_decode_token", "energy per decode token", "J/token")
+OUTPUTS = Figure("outputs", "outputs", "")
+FIGURES = (*PASS_FIGURES, PEAK_MEMORY, COMPILE, MEMORY_PASS, ENERGY, OUTPUTS)
+
+GOAL_LABELS = {
+    PAGE_LATENCY: "whole-page latency",
+    FIRST_TOKEN: "first token",
+    THROUGHPUT: "throughput (pages/s)",
+    MEMORY: "peak GPU memory",
+}
+
+
+# --------------------------------------------------------------------------------------------- verdicts
+
+
+def _improved(figure: Figure, base: float, value: float) -> bool:
+    return value > base if figure.higher_is_better else value < base
+
+
+def _change(base: float | None, value: float | None) -> float | None:
+    return None if base is None or value is None or base <= 0 else value / base - 1
+
+
+def _not_judged(figure: Figure, base: float | None, value: float | None, why: str) -> Judgement:
+    return Judgement(figure.name, figure.label, figure.unit, base, value, NOT_JUDGED, _change(base, value), why=why)
+
+
+def judge_passes(figure: Figure, base: Sequence[float], other: Sequence[float], note: str | None = None) -> Judgement:
+    """A timed figure on its passes: better or worse when the two 95% intervals are apart, within noise when they
+    overlap, not judged below 3 passes a side or when one side did not measure it."""
+    if not base or not other:
+        side = "the baseline" if not base else "this rung"
+        b, v = (statistics.median(base) if base else None), (statistics.median(other) if other else None)
+        return _not_judged(figure, b, v, f"not measured by {side}")
+    b, v = statistics.median(base), statistics.median(other)
+    verdict = noise_verdict(summarize(other, figure.unit), summarize(base, figure.unit))
+    if verdict not in (BEYOND, WITHIN):
+        why = f"{len(base)} vs {len(other)} timed passes; an interval needs ≥ {MIN_VALUES_FOR_CI} per side"
+        return _not_judged(figure, b, v, why)
+    judged = SAME if verdict == WITHIN else BETTER if _improved(figure, b, v) else WORSE
+    interval = _ratio_interval(base, other)
+    low, high = interval if interval is not None else (None, None)
+    return Judgement(figure.name, figure.label, figure.unit, b, v, judged, _change(b, v), low, high, note)
+
+
+def judge_value(
+    figure: Figure, base: float | None, value: float | None, *, same: Callable[[float, float], bool], how: str
+) -> Judgement:
+    """A figure with one value per rung: the same when `same(base, value)`, else better or worse; `how` says the
+    threshold that stands in for noise."""
+    if base is None or value is None:
+        side = "the baseline" if base is None else "this rung"
+        return _not_judged(figure, base, value, f"not measured by {side}")
+    verdict = SAME if same(base, value) else BETTER if _improved(figure, base, value) else WORSE
+    return Judgement(figure.name, figure.label, figure.unit, base, value, verdict, _change(base, value), why=how)
+
+
+def _relative(tolerance: float) -> Callable[[float, float], bool]:
+    return lambda base, value: abs(value - base) <= tolerance * max(abs(base), 1e-12)
+
+
+def _peak_gib(metrics: Stage1Metrics) -> float | None:
+    peaks = [f.peak_memory_bytes for f in metrics.forwards if f.peak_memory_bytes is not None]
+    return max(peaks) / GIB if peaks else None
+
+
+def _compile_s(metrics: Stage1Metrics) -> float:
+    return 0.0 if metrics.compile is None else metrics.compile.compile_ms / 1e3
+
+
+def _memory_pass(report: MemoryReport | None) -> tuple[float | None, str]:
+    """The memory pass's largest stage peak (GiB) and its parts, or None and why there is none."""
+    if report is None:
+        return None, "the run recorded no memory pass"
+    if not report.available or not report.breakdown:
+        return None, f"memory pass not available: {report.reason or 'no breakdown'}"
+    top = max(report.breakdown, key=lambda b: b.peak_allocated_bytes)
+    parts = (
+        f"{top.stage}: weights {top.weights_bytes / GIB:.2f}, KV cache {top.kv_cache_bytes / GIB:.2f}, "
+        f"activations {top.activations_bytes / GIB:.2f} GiB"
+    )
+    return top.peak_allocated_bytes / GIB, parts
+
+
+def _energy(report: EnergyReport | None) -> tuple[float | None, str]:
+    if report is None:
+        return None, "the run recorded no energy pass"
+    if not report.available or report.joules_per_decode_token is None:
+        return None, f"energy not available: {report.reason or 'no decode tokens measured'}"
+    return report.joules_per_decode_token, ""
+
+
+def _optional(figure: Figure, base: tuple[float | None, str], own: tuple[float | None, str], how: str) -> Judgement:
+    """A memory-pass or energy figure: not judged (with the first reason) where either run lacks it."""
+    if base[0] is None or own[0] is None:
+        why = f"baseline: {base[1]}" if base[0] is None else f"this rung: {own[1]}"
+        return _not_judged(figure, base[0], own[0], why)
+    detail = f"; baseline {base[1]} → this rung {own[1]}" if base[1] and own[1] else ""
+    tolerance = MEMORY_TOLERANCE if figure is MEMORY_PASS else ENERGY_TOLERANCE
+    return judge_value(figure, base[0], own[0], same=_relative(tolerance), how=how + detail)
+
+
+def judge_outputs(outputs: OutputAgreement | None) -> Judgement:
+    """Outputs against the baseline's: identical is the same, a departing token is worse, none compared: not judged."""
+    if outputs is None:
+        return _not_judged(OUTPUTS, None, None, "outputs were not compared with the baseline")
+    if outputs.identical:
+        why = f"identical for {outputs.compared_tokens} tokens"
+        return Judgement(OUTPUTS.name, OUTPUTS.label, "", None, None, SAME, why=why)
+    why = f"depart at token {outputs.first_departure} of {outputs.compared_tokens}"
+    return Judgement(OUTPUTS.name, OUTPUTS.label, "", None, None, WORSE, why=why)
+
+
+def judge(
+    base: Stage1Metrics, rung: Stage1Metrics, outputs: OutputAgreement | None, decode_tokens: int | None
+) -> tuple[Judgement, ...]:
+    """Every objective of `rung` against `base` (whole-page latency at `decode_tokens`, or each pass's own)."""
+    out = []
+    for figure in PASS_FIGURES:
+        note = None
+        if figure.name == PAGE_LATENCY_MS:
+            note = _extrapolation(rung, decode_tokens)
+        b, v = pass_values(base, figure.name, decode_tokens), pass_values(rung, figure.name, decode_tokens)
+        out.append(judge_passes(figure, b, v, note))
+    memory_how = f"one peak per rung; within {MEMORY_TOLERANCE:.0%} of the baseline's counts as the same"
+    out.append(
+        judge_value(PEAK_MEMORY, _peak_gib(base), _peak_gib(rung), same=_relative(MEMORY_TOLERANCE), how=memory_how)
+    )
+    compile_how = f"one value per rung; within {COMPILE_NOTICE_S:g} s of the baseline's counts as the same"
+    out.append(
+        judge_value(
+            COMPILE,
+            _compile_s(base),
+            _compile_s(rung),
+            same=lambda b, v: abs(v - b) <= COMPILE_NOTICE_S,
+            how=compile_how,
+        )
+    )
+    out.append(_optional(MEMORY_PASS, _memory_pass(base.memory), _memory_pass(rung.memory), memory_how))
+    energy_how = f"one NVML energy pass per rung; within {ENERGY_TOLERANCE:.0%} counts as the same"
+    out.append(_optional(ENERGY, _energy(base.energy), _energy(rung.energy), energy_how))
+    out.append(judge_outputs(outputs))
+    return tuple(out)
+
+
+def _extrapolation(metrics: Stage1Metrics, decode_tokens: int | None) -> str:
+    measured = metrics.settings.max_new_tokens
+    if decode_tokens is None or decode_tokens == measured:
+        return f"TTFT + (N − 1) × decode ms/token per pass at the measured N = {measured} tokens"
+    return (
+        f"TTFT + (N − 1) × decode ms/token per pass at the workload's N = {decode_tokens} tokens, extrapolated from "
+        f"{measured} measured (decode step time taken as constant over the context)"
+    )
+
+
+# --------------------------------------------------------------------------------------------- trade-offs
+
+
+def change_text(j: Judgement) -> str:
+    """One judged change in plain words: "decode −91%", "warm-up/compile +45.4 s", "outputs depart at token 18 …"."""
+    if j.objective == OUTPUTS.name:
+        return f"outputs {j.why}" if j.why else "outputs"
+    if j.change is None or j.objective == COMPILE.name:
+        if j.base is None or j.value is None:
+            return j.label
+        delta = j.value - j.base
+        return f"{j.label} {'+' if delta >= 0 else '−'}{abs(delta):,.1f} {j.unit}"
+    sign = "+" if j.change >= 0 else "−"
+    return f"{j.label} {sign}{abs(j.change):.0%}"
+
+
+def _and(items: Sequence[str]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+def tradeoffs(
+    judgements: Sequence[Judgement], budget_gib: float | None, peak_gib: float | None = None
+) -> tuple[str, ...]:
+    """Plain-words flags: a gain beyond noise on one objective with a loss on another ("decode −91%, but time to
+    first token +130% and prefill +56%"), a peak over the budget, a peak far above the baseline's."""
+    flags = []
+    better = {j.objective for j in judgements if j.verdict == BETTER}
+    gains = sorted(
+        (
+            j
+            for j in judgements
+            if j.verdict == BETTER and not (j.objective in SAID_BY and SAID_BY[j.objective] in better)
+        ),
+        key=lambda j: -abs(j.change or 0.0),
+    )
+    losses = [j for j in judgements if j.verdict == WORSE]
+    if gains and losses:
+        gained = _and([change_text(j) for j in gains[:GAINS_QUOTED]])
+        flags.append(f"{gained}, but {_and([change_text(j) for j in losses])}")
+    memory = next((j for j in judgements if j.objective == PEAK_MEMORY.name), None)
+    peak = peak_gib if peak_gib is not None else None if memory is None else memory.value
+    if budget_gib is not None and peak is not None and peak > budget_gib:
+        flags.append(f"peak memory {peak:.1f} GiB is over the {budget_gib:g} GiB budget (whatif.memory_budget_gib)")
+    base = None if memory is None else memory.base
+    if peak is not None and base and peak > FAR_ABOVE_BASELINE * base:
+        flags.append(
+            f"peak memory {peak:.1f} GiB is {peak / base:.1f}× the baseline's {base:.1f} GiB "
+            f"(flagged above {FAR_ABOVE_BASELINE:g}×)"
+        )
+    return tuple(flags)
+
+
+# --------------------------------------------------------------------------------------------- goals
+
+
+def _candidates(rungs: Sequence[Rung]) -> list[Rung]:
+    """Rungs a goal may name: measured, judged, run on their own (not a reused ladder rung), same workload."""
+    return [
+        r
+        for r in rungs
+        if r.state == MEASURED and r.phase != BASELINE and r.reused is None and not r.changes_workload and r.judgements
+    ]
+
+
+def goal_label(goal: str, decode_tokens: int | None) -> str:
+    if goal == PAGE_LATENCY and decode_tokens is not None:
+        return f"whole-page latency at {decode_tokens} decode tokens"
+    return GOAL_LABELS[goal]
+
+
+def best_per_goal(rungs: Sequence[Rung], decode_tokens: int | None) -> tuple[GoalChoice, ...]:
+    """The best rung for each goal: the best value among the rungs better than the baseline beyond noise (or the
+    threshold); the baseline when none is; none when no rung could be judged on the goal."""
+    base = next((r for r in rungs if r.phase == BASELINE and r.state == MEASURED), None)
+    candidates = _candidates(rungs)
+    out = []
+    for goal, name in GOAL_FIGURES.items():
+        figure = next(f for f in FIGURES if f.name == name)
+        label = goal_label(goal, decode_tokens)
+        judged = [(r, j) for r in candidates if (j := r.judgement(name)) is not None and j.verdict != NOT_JUDGED]
+        better = [(r, j) for r, j in judged if j.verdict == BETTER and j.value is not None]
+        if better:
+            pick = max if figure.higher_is_better else min
+            rung, j = pick(better, key=lambda pair: pair[1].value or 0.0)
+            out.append(GoalChoice(goal, label, rung.name, j.value, figure.unit, "better than the baseline"))
+        elif judged and base is not None:
+            why = "no rung beat the baseline"
+            out.append(GoalChoice(goal, label, base.name, judged[0][1].base, figure.unit, why))
+        else:
+            out.append(GoalChoice(goal, label, None, None, figure.unit, "no rung could be judged on it"))
+    return tuple(out)
+
+
+def _point(rung: Rung) -> dict[str, float]:
+    """A rung's value per goal, lower is better; a figure within noise of the baseline counts as the baseline's
+    (the runs cannot tell them apart), a figure not judged is left out."""
+    point = {}
+    for goal, name in GOAL_FIGURES.items():
+        j = rung.judgement(name)
+        if j is None or j.verdict == NOT_JUDGED:
+            continue
+        value = j.base if j.verdict == SAME else j.value
+        if value is None:
+            continue
+        higher = next(f for f in FIGURES if f.name == name).higher_is_better
+        point[goal] = -value if higher else value
+    return point
+
+
+def _base_point(rungs: Sequence[Rung]) -> dict[str, float]:
+    point: dict[str, float] = {}
+    for rung in _candidates(rungs):
+        for goal, name in GOAL_FIGURES.items():
+            j = rung.judgement(name)
+            if j is not None and j.base is not None and goal not in point:
+                higher = next(f for f in FIGURES if f.name == name).higher_is_better
+                point[goal] = -j.base if higher else j.base
+    return point
+
+
+def _dominates(a: dict[str, float], b: dict[str, float]) -> bool:
+    shared = set(a) & set(b)
+    return bool(shared) and all(a[g] <= b[g] for g in shared) and any(a[g] < b[g] for g in shared)
+
+
+def frontier(rungs: Sequence[Rung]) -> tuple[str, ...]:
+    """The rungs (the baseline among them) that no other rung beats on every goal: better or as good on each of
+    whole-page latency, first token, throughput and memory, and better on one."""
+    base = next((r for r in rungs if r.phase == BASELINE and r.state == MEASURED), None)
+    points = {r.name: _point(r) for r in _candidates(rungs)}
+    if base is not None and (base_point := _base_point(rungs)):
+        points = {base.name: base_point, **points}
+    return tuple(
+        name
+        for name, point in points.items()
+        if point and not any(_dominates(other, point) for o, other in points.items() if o != name)
+    )

@@ -1,0 +1,163 @@
+"""Every objective of a what-if run's rungs judged against the baseline (`measure.whatif_objectives`), their
+trade-offs flagged, the best rung per goal and the trade-off frontier, for a run as it ends or for a what-if folder
+written before (`rejudge`: from its rung folders; `python -m llm_perf_opt.pipeline.whatif_judge <folder>`)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from llm_perf_opt.artifacts import ArtifactsManager
+from llm_perf_opt.errors import UserError
+from llm_perf_opt.measure import whatif_objectives as objectives
+from llm_perf_opt.records.folders import Stage1Folder, load_stage1, load_whatif
+from llm_perf_opt.records.io import RecordError
+from llm_perf_opt.records.whatif import BASELINE, MEASURED, Rung, WhatIfRecord
+
+log = logging.getLogger("llm_perf_opt.whatif")
+
+WHATIF_FILE = "whatif.json"
+TRADE_OFF = "; trade-off: "
+
+
+def workload_decode_tokens(cfg: Mapping[str, Any]) -> tuple[int | None, str | None]:
+    """The decode length a named workload states (`workload=ocr1-a4-page`: its `analytic.new_tokens`, 256) and
+    where it comes from; (None, None) without a named workload (each rung's measured length is used)."""
+    profile = cfg.get("workload_profile")
+    analytic = cfg.get("analytic") or {}
+    tokens = analytic.get("new_tokens") if profile else None
+    if not profile or tokens is None:
+        return None, None
+    return int(tokens), f"workload {profile.get('name')} (analytic.new_tokens)"
+
+
+def memory_budget(raw: Any) -> float | None:
+    """`whatif.memory_budget_gib`: a positive number of GiB, or None for no budget."""
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        value = 0.0
+    if value <= 0:
+        raise UserError(
+            f"whatif.memory_budget_gib={raw} is not a positive number of GiB",
+            "Set e.g. whatif.memory_budget_gib=40, or null for no budget",
+        )
+    return value
+
+
+def judged_rung(
+    rung: Rung, base: Stage1Folder, folder: Stage1Folder, decode_tokens: int | None, budget_gib: float | None
+) -> Rung:
+    """`rung` with every objective judged against the baseline's folder and its trade-offs flagged."""
+    judgements = objectives.judge(base.metrics, folder.metrics, rung.outputs, decode_tokens)
+    return attrs.evolve(rung, judgements=judgements, tradeoffs=objectives.tradeoffs(judgements, budget_gib))
+
+
+def judged_baseline(rung: Rung, budget_gib: float | None) -> Rung:
+    """The baseline's own flag: its peak memory over the budget."""
+    figures = rung.figures
+    peak = None if figures is None or figures.peak_memory_bytes is None else figures.peak_memory_bytes / objectives.GIB
+    return attrs.evolve(rung, tradeoffs=objectives.tradeoffs((), budget_gib, peak))
+
+
+def with_tradeoffs(line: str, rung: Rung) -> str:
+    """A lever's verdict line with its trade-off flags, e.g. "…; trade-off: decode −91%, but time to first token
+    +130%"."""
+    if not rung.tradeoffs or TRADE_OFF in line:
+        return line
+    return f"{line}{TRADE_OFF}{'; '.join(rung.tradeoffs)}"
+
+
+def with_goals(record: WhatIfRecord) -> WhatIfRecord:
+    """The record with the best rung per goal and the trade-off frontier."""
+    return attrs.evolve(
+        record,
+        best_per_goal=objectives.best_per_goal(record.rungs, record.decode_tokens),
+        frontier=objectives.frontier(record.rungs),
+    )
+
+
+def rejudge(
+    run_dir: Path, decode_tokens: int | None = None, source: str | None = None, budget_gib: float | None = None
+) -> WhatIfRecord:
+    """Judge every objective of a what-if folder's rungs from their folders (a record written before per-objective
+    verdicts), at `decode_tokens` (None: the baseline's measured length), and rewrite `whatif.json`, `whatif.md` and
+    the plots."""
+    from llm_perf_opt.report import whatif_report
+
+    record = load_whatif(run_dir)
+    base_rung = record.baseline
+    if base_rung is None or base_rung.state != MEASURED or base_rung.folder is None:
+        raise UserError(f"{run_dir}: the baseline was not measured, so no rung can be judged", "Run perf-whatif again")
+    base = load_stage1(run_dir / base_rung.folder)
+    if decode_tokens is None:
+        decode_tokens, source = base.metrics.settings.max_new_tokens, "measured"
+    rungs = {}
+    for rung in record.rungs:
+        rungs[rung.name] = _rejudged(run_dir, rung, base, decode_tokens, budget_gib)
+    for name, rung in rungs.items():  # a reused ladder rung carries the verdicts of the rung it reuses
+        if rung.reused is not None and rung.reused in rungs:
+            earlier = rungs[rung.reused]
+            rungs[name] = attrs.evolve(rung, judgements=earlier.judgements, tradeoffs=earlier.tradeoffs)
+    verdicts = tuple(
+        attrs.evolve(v, line=with_tradeoffs(v.line, rungs[v.lever])) if v.lever in rungs else v for v in record.verdicts
+    )
+    record = with_goals(
+        attrs.evolve(
+            record,
+            rungs=tuple(rungs.values()),
+            verdicts=verdicts,
+            decode_tokens=decode_tokens,
+            decode_tokens_source=source,
+            memory_budget_gib=budget_gib,
+        )
+    )
+    art = ArtifactsManager(run_dir, stage="whatif")
+    art.write_json(WHATIF_FILE, record)
+    whatif_report.write_all(art, record)
+    return record
+
+
+def _rejudged(
+    run_dir: Path, rung: Rung, base: Stage1Folder, decode_tokens: int | None, budget_gib: float | None
+) -> Rung:
+    if rung.phase == BASELINE:
+        return judged_baseline(rung, budget_gib)
+    if rung.state != MEASURED or rung.reused is not None or rung.folder is None:
+        return rung
+    try:
+        folder = load_stage1(run_dir / rung.folder)
+    except RecordError as exc:
+        log.warning("rung %s not judged per objective: %s", rung.name, exc)
+        return rung
+    return judged_rung(rung, base, folder, decode_tokens, budget_gib)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Judge a what-if folder's rungs on every objective and rewrite its record and report."""
+    parser = argparse.ArgumentParser(prog="python -m llm_perf_opt.pipeline.whatif_judge", description=main.__doc__)
+    parser.add_argument("folder", type=Path, help="a perf-whatif folder (holding whatif.json and rungs/)")
+    parser.add_argument(
+        "--decode-tokens", type=int, default=None, help="decode length of a whole page (default: measured)"
+    )
+    parser.add_argument("--memory-budget-gib", type=float, default=None, help="flag peaks above this many GiB")
+    args = parser.parse_args(argv)
+    source = None if args.decode_tokens is None else "--decode-tokens"
+    try:
+        record = rejudge(args.folder, args.decode_tokens, source, memory_budget(args.memory_budget_gib))
+    except (UserError, RecordError) as exc:
+        print(exc, file=sys.stderr)
+        raise SystemExit(2) from None
+    print(f"judged {sum(1 for r in record.rungs if r.judgements)} rung(s): {args.folder / 'whatif.md'}")
+
+
+if __name__ == "__main__":
+    main()

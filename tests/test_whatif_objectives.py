@@ -1,0 +1,254 @@
+"""Every objective of a what-if rung judged against the baseline, the trade-offs flagged, the best rung per goal and
+the frontier, the `whatif.objective` setting, paths kept out of whatif.md, and records written before all of it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import attrs
+import pytest
+
+from llm_perf_opt.config_compose import compose_config
+from llm_perf_opt.errors import UserError
+from llm_perf_opt.measure import whatif as w
+from llm_perf_opt.measure import whatif_objectives as o
+from llm_perf_opt.pipeline.whatif import WhatIfRun
+from llm_perf_opt.pipeline.whatif_judge import memory_budget, workload_decode_tokens
+from llm_perf_opt.records import io
+from llm_perf_opt.records.folders import load_stage1, load_whatif
+from llm_perf_opt.records.memory import EnergyReport, MemoryReport
+from llm_perf_opt.records.whatif import (
+    ALONE,
+    BASELINE,
+    BETTER,
+    MEASURED,
+    NOT_JUDGED,
+    SAME,
+    WORSE,
+    Judgement,
+    Rung,
+    WhatIfRecord,
+)
+from llm_perf_opt.report.whatif_report import clean_paths, whatif_md
+from whatif_fixtures import realistic
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "whatif-h100-decode"
+DECODE = o.PASS_FIGURES[4]
+
+
+def _j(objective: str, verdict: str, change: float | None, base: float = 100.0) -> Judgement:
+    figure = next(f for f in o.FIGURES if f.name == objective)
+    value = None if change is None else base * (1 + change)
+    return Judgement(objective, figure.label, figure.unit, base, value, verdict, change)
+
+
+# --------------------------------------------------------------------------------------------- verdicts
+
+
+def test_a_timed_figure_is_better_worse_within_noise_or_not_judged() -> None:
+    base = [20.0, 20.2, 19.8, 20.1, 19.9]
+    assert o.judge_passes(DECODE, base, [2.0, 2.1, 1.9]).verdict == BETTER
+    worse = o.judge_passes(DECODE, base, [30.0, 30.3, 29.7])
+    assert worse.verdict == WORSE and worse.change == pytest.approx(0.5)
+    assert worse.ci95_low is not None and worse.ci95_low > 1  # the interval of the ratio rung / baseline
+    assert o.judge_passes(DECODE, base, [20.0, 19.0, 21.0]).verdict == SAME
+    few = o.judge_passes(DECODE, base, [2.0])
+    assert few.verdict == NOT_JUDGED and "1 timed passes; an interval needs ≥ 3" in (few.why or "")
+    assert o.judge_passes(DECODE, [], [2.0]).why == "not measured by the baseline"
+    pages = o.PASS_FIGURES[5]  # higher is better
+    assert o.judge_passes(pages, [1.0, 1.01, 0.99], [4.0, 4.1, 3.9]).verdict == BETTER
+
+
+def test_one_value_figures_are_judged_against_their_threshold() -> None:
+    same = o._relative(o.MEMORY_TOLERANCE)
+    assert o.judge_value(o.PEAK_MEMORY, 7.10, 7.15, same=same, how="").verdict == SAME
+    assert o.judge_value(o.PEAK_MEMORY, 7.10, 41.6, same=same, how="").verdict == WORSE
+    assert o.judge_value(o.PEAK_MEMORY, None, 41.6, same=same, how="").verdict == NOT_JUDGED
+
+
+def test_the_example_rungs_are_judged_on_every_objective() -> None:
+    base = load_stage1(EXAMPLE / "rungs" / "00-baseline").metrics
+    graphs = load_stage1(EXAMPLE / "rungs" / "02-cuda_graphs").metrics
+    judged = {j.objective: j for j in o.judge(base, graphs, None, decode_tokens=256)}
+    assert [j for j in judged] == [f.name for f in o.FIGURES]
+    assert judged["decode_ms_per_token"].verdict == BETTER
+    assert judged["page_latency_ms"].verdict == BETTER
+    assert "extrapolated from 32 measured" in (judged["page_latency_ms"].why or "")
+    # TTFT + 255 × decode per pass: 246.7 + 255 × 22.9 ms at baseline
+    assert judged["page_latency_ms"].base == pytest.approx(6090, rel=0.05)
+    assert judged["compile_s"].verdict == WORSE and judged["compile_s"].value == pytest.approx(45.4, abs=0.1)
+    assert judged["memory_pass_peak_gib"].why == "baseline: the run recorded no memory pass"
+    assert judged["outputs"].verdict == NOT_JUDGED  # none given
+    flags = o.tradeoffs(tuple(judged.values()), None)
+    assert flags == ("decode −93% and whole-page latency −90%, but warm-up/compile +45.4 s",)
+
+
+def test_memory_and_energy_passes_are_judged_when_recorded_and_say_why_when_not() -> None:
+    base = load_stage1(EXAMPLE / "rungs" / "00-baseline").metrics
+    rung = load_stage1(EXAMPLE / "rungs" / "01-static_cache").metrics
+    energy = EnergyReport(available=True, joules_per_decode_token=2.0)
+    base = attrs.evolve(base, energy=energy, memory=MemoryReport(available=False, reason="CPU run"))
+    rung = attrs.evolve(rung, energy=attrs.evolve(energy, joules_per_decode_token=1.0))
+    judged = {j.objective: j for j in o.judge(base, rung, None, None)}
+    assert judged["joules_per_decode_token"].verdict == BETTER
+    assert judged["memory_pass_peak_gib"].why == "baseline: memory pass not available: CPU run"
+
+
+# --------------------------------------------------------------------------------------------- trade-offs
+
+
+def test_a_gain_with_a_loss_beyond_noise_is_flagged_in_plain_words() -> None:
+    judged = (
+        _j("decode_ms_per_token", BETTER, -0.91),
+        _j("ttft_ms", WORSE, 1.30),
+        _j("prefill_ms", WORSE, 0.56),
+        _j("vision_ms", SAME, 0.02),
+    )
+    assert o.tradeoffs(judged, None) == ("decode −91%, but time to first token +130% and prefill +56%",)
+    assert o.tradeoffs(judged[:1], None) == ()  # a gain alone is no trade-off
+    assert o.tradeoffs(judged[1:], None) == ()  # nor a loss alone
+
+
+def test_memory_over_the_budget_or_far_above_the_baseline_is_flagged() -> None:
+    memory = _j("peak_memory_gib", WORSE, 41.6 / 7.1 - 1, base=7.1)
+    flags = o.tradeoffs((memory,), 40.0)
+    assert flags == (
+        "peak memory 41.6 GiB is over the 40 GiB budget (whatif.memory_budget_gib)",
+        "peak memory 41.6 GiB is 5.9× the baseline's 7.1 GiB (flagged above 1.5×)",
+    )
+    assert o.tradeoffs((_j("peak_memory_gib", WORSE, 0.2, base=7.1),), None) == ()
+    assert o.tradeoffs((), 5.0, peak_gib=7.1) == (
+        "peak memory 7.1 GiB is over the 5 GiB budget (whatif.memory_budget_gib)",
+    )
+
+
+def test_a_bad_memory_budget_is_one_paragraph() -> None:
+    assert memory_budget(None) is None and memory_budget("40") == 40.0
+    with pytest.raises(UserError, match=r"memory_budget_gib=-1 is not a positive number of GiB"):
+        memory_budget(-1)
+
+
+# --------------------------------------------------------------------------------------------- goals
+
+
+def _rung(name: str, *judged: Judgement, workload: bool = False) -> Rung:
+    return Rung(name, ALONE, (name,), (), workload, MEASURED, judgements=judged)
+
+
+def _goals_rungs() -> list[Rung]:
+    base = Rung("baseline", BASELINE, (), (), False, MEASURED)
+    graphs = _rung(
+        "cuda_graphs",
+        _j("page_latency_ms", BETTER, -0.8),
+        _j("ttft_ms", WORSE, 1.3),
+        _j("pages_per_s", BETTER, 4.0, base=1.0),
+        _j("peak_memory_gib", SAME, 0.01, base=7.0),
+    )
+    vision = _rung(
+        "fast_vision",
+        _j("page_latency_ms", BETTER, -0.1),
+        _j("ttft_ms", BETTER, -0.5),
+        _j("pages_per_s", BETTER, 0.1, base=1.0),
+        _j("peak_memory_gib", SAME, 0.0, base=7.0),
+    )
+    slow = _rung(
+        "slow",
+        _j("page_latency_ms", WORSE, 0.2),
+        _j("ttft_ms", SAME, 0.1),
+        _j("pages_per_s", WORSE, -0.2, base=1.0),
+        _j("peak_memory_gib", SAME, 0.0, base=7.0),
+    )
+    tiles = _rung("fewer_tiles", _j("page_latency_ms", BETTER, -0.95), workload=True)
+    return [base, graphs, vision, slow, tiles]
+
+
+def test_the_best_rung_per_goal_and_the_frontier() -> None:
+    rungs = _goals_rungs()
+    best = {c.goal: c for c in o.best_per_goal(rungs, 256)}
+    assert best["page_latency"].rung == "cuda_graphs" and best["page_latency"].value == pytest.approx(20.0)
+    assert best["page_latency"].label == "whole-page latency at 256 decode tokens"
+    assert best["first_token"].rung == "fast_vision"
+    assert best["throughput"].rung == "cuda_graphs"
+    assert best["memory"].rung == "baseline" and best["memory"].why == "no rung beat the baseline"
+    # slow is beaten by the baseline; the baseline by fast_vision; the workload-changing rung is left out
+    assert o.frontier(rungs) == ("cuda_graphs", "fast_vision")
+
+
+def test_a_goal_no_rung_could_be_judged_on_says_so() -> None:
+    rungs = [Rung("baseline", BASELINE, (), (), False, MEASURED), _rung("x", _j("ttft_ms", NOT_JUDGED, None))]
+    best = {c.goal: c for c in o.best_per_goal(rungs, None)}
+    assert best["first_token"].rung is None and best["first_token"].why == "no rung could be judged on it"
+    assert best["page_latency"].label == "whole-page latency"
+
+
+# --------------------------------------------------------------------------------------------- the setting
+
+
+def test_the_objective_setting_picks_the_headline_goal(tmp_path: Path) -> None:
+    assert WhatIfRun(compose_config("whatif"), tmp_path / "a", "a", workload=()).goal.name == "page_latency_ms"
+    first = WhatIfRun(compose_config("whatif", "whatif.objective=first_token"), tmp_path / "b", "b", workload=())
+    assert first.goal.name == "ttft_ms"
+    named = WhatIfRun(compose_config("whatif", "workload=ocr1-a4-page"), tmp_path / "c", "c", workload=())
+    assert named.goal.label == "whole-page latency at 256 decode tokens (p50)"
+    assert workload_decode_tokens(compose_config("whatif")) == (None, None)
+    with pytest.raises(UserError) as bad:
+        WhatIfRun(compose_config("whatif", "whatif.objective=speed"), tmp_path / "d", "d", workload=())
+    text = str(bad.value)
+    assert "whatif.objective=speed is not known" in text
+    assert all(name in text for name in (*w.GOAL_FIGURES, "decode_ms_per_token"))
+
+
+def test_an_unknown_objective_ends_perf_whatif_with_exit_2(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "llm_perf_opt.cli.whatif", "whatif.objective=speed", f"hydra.run.dir={tmp_path / 'w'}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 2, run.stderr
+    assert "whatif.objective=speed is not known" in run.stderr and "page_latency" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+# --------------------------------------------------------------------------------------------- whatif.md
+
+
+def test_whatif_md_shows_no_machine_specific_path() -> None:
+    resolved = "dataset.subset_filelist=/work/main/src/llm_perf_opt/data/samples/lists/a4_page.txt"
+    assert clean_paths(resolved) == "dataset.subset_filelist=${llo_samples_dir:}/lists/a4_page.txt"
+    assert clean_paths("dataset.subset_filelist=${llo_samples_dir:}/lists/a4_page.txt").endswith("}/lists/a4_page.txt")
+    assert clean_paths("model.path=/home/me/ckpt/deepseek-ocr") == "model.path=…/ckpt/deepseek-ocr"
+    assert clean_paths("run.repeats=3") == "run.repeats=3"
+    record = attrs.evolve(realistic(), workload_overrides=(resolved, "hydra.run.dir=/tmp/x/y"))
+    md = whatif_md(record)
+    assert "/work/main" not in md and "/tmp/x" not in md and "${llo_samples_dir:}/lists/a4_page.txt" in md
+    assert "/work/" not in (EXAMPLE / "whatif.md").read_text()
+
+
+def test_the_example_report_flags_its_trade_offs() -> None:
+    md = (EXAMPLE / "whatif.md").read_text()
+    assert "**Trade-off**: decode −93% and whole-page latency −73%, but warm-up/compile +45.4 s" in md
+    assert "peak memory 41.6 GiB is 5.9× the baseline's 7.1 GiB" in md
+    assert "## Every objective against the baseline" in md and "### Best rung per goal" in md
+    record = load_whatif(EXAMPLE)
+    assert record.frontier == ("cuda_graphs",) and record.decode_tokens == 32
+    batched = record.rung("experts_batched_mm")
+    assert batched is not None and (ttft := batched.judgement("ttft_ms")) is not None and ttft.verdict == WORSE
+
+
+def test_a_record_written_before_per_objective_verdicts_loads_and_renders(tmp_path: Path) -> None:
+    data = json.loads(io.dumps(realistic()))
+    for key in ("decode_tokens", "decode_tokens_source", "memory_budget_gib", "best_per_goal", "frontier"):
+        data.pop(key)
+    for rung in data["rungs"]:
+        rung.pop("judgements")
+        rung.pop("tradeoffs")
+    (tmp_path / "whatif.json").write_text(json.dumps(data))
+    old = load_whatif(tmp_path)
+    assert isinstance(old, WhatIfRecord) and old.best_per_goal == () and all(not r.judgements for r in old.rungs)
+    md = whatif_md(old)
+    assert "Not judged per objective: this record holds no per-objective verdicts" in md
+    assert "### Best rung per goal" not in md and "## Rungs, ranked" in md

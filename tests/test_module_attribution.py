@@ -251,3 +251,22 @@ def test_module_changes_add_up_to_the_stage_change_and_draw_a_waterfall(tmp_path
     assert change.changes[1].other_ms == 0.0  # gone from the rung: 0 ms there
     assert change.base_ms + sum(c.delta_ms for c in change.changes) + change.rest_delta_ms == pytest.approx(1.4)
     assert changes_waterfall(change, "decode step", tmp_path / "w.png") is not None
+
+
+def test_whatif_report_shows_which_modules_each_lever_moved(tmp_path: Path) -> None:
+    import attrs as _attrs
+
+    from llm_perf_opt.report.whatif_plots import module_waterfall
+    from llm_perf_opt.report.whatif_report import whatif_md
+    from whatif_fixtures import realistic
+
+    record = realistic()
+    base = ModuleAttribution("GPU kernel time", (_stage("decode/step", 2.5, {"experts": 1.0, "attn": 0.8}),), None)
+    best = ModuleAttribution("GPU kernel time", (_stage("decode/step", 1.4, {"experts": 0.3, "attn": 0.9}),), None)
+    moved = module_changes(base, best)
+    rungs = tuple(_attrs.evolve(r, modules=moved) if r.name == record.best else r for r in record.rungs)
+    record = _attrs.evolve(record, rungs=rungs)
+    text = whatif_md(record, {"module_waterfall": "plots/module_waterfall.png"})
+    assert "## Which modules each lever moved" in text and "`experts`|1.000|0.300|-0.700" in text
+    assert "plots/module_waterfall.png" in text
+    assert module_waterfall(record, tmp_path / "w.png") is not None

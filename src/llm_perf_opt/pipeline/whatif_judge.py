@@ -16,6 +16,7 @@ import attrs
 from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure import whatif_objectives as objectives
+from llm_perf_opt.measure.module_changes import module_changes
 from llm_perf_opt.records.folders import Stage1Folder, load_stage1, load_whatif
 from llm_perf_opt.records.io import RecordError
 from llm_perf_opt.records.whatif import BASELINE, MEASURED, Rung, WhatIfRecord
@@ -58,7 +59,10 @@ def judged_rung(
 ) -> Rung:
     """`rung` with every objective judged against the baseline's folder and its trade-offs flagged."""
     judgements = objectives.judge(base.metrics, folder.metrics, rung.outputs, decode_tokens)
-    return attrs.evolve(rung, judgements=judgements, tradeoffs=objectives.tradeoffs(judgements, budget_gib))
+    before, after = base.metrics.modules, folder.metrics.modules
+    moved = module_changes(before, after) if before is not None and after is not None else ()
+    tradeoffs = objectives.tradeoffs(judgements, budget_gib)
+    return attrs.evolve(rung, judgements=judgements, tradeoffs=tradeoffs, modules=moved)
 
 
 def judged_baseline(rung: Rung, budget_gib: float | None) -> Rung:

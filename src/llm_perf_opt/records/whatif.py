@@ -9,6 +9,7 @@ from typing import Any
 import attrs
 
 from llm_perf_opt.records.common import Summary
+from llm_perf_opt.records.modules import StageModuleChanges
 
 # What a lever may change: only the time of the same work, or the work itself (mode, tiles, dtype, …).
 LATENCY = "latency"
@@ -196,6 +197,8 @@ class Rung:
     # Plain-words flags: a gain on one objective with a loss on another beyond noise, memory over the budget or far
     # above the baseline's, e.g. "decode −91%, but time to first token +130% and prefill +56%"
     tradeoffs: tuple[str, ...] = ()
+    # Which modules the rung moved against the baseline, per stage (both runs with module attribution; else empty)
+    modules: tuple[StageModuleChanges, ...] = ()
 
     def judgement(self, objective: str) -> Judgement | None:
         return next((j for j in self.judgements if j.objective == objective), None)

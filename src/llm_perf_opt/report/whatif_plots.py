@@ -16,7 +16,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
+from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.whatif import BASELINE, LADDER, MEASURED, Rung, StepFloor, WhatIfRecord
+from llm_perf_opt.report.modules_report import changes_waterfall
 from llm_perf_opt.report.plots import save_figure, write_plots
 
 TOTAL_COLOUR = "#4e79a7"
@@ -192,7 +194,16 @@ def floor(record: WhatIfRecord, path: Path) -> Path | None:
     return save_figure(fig, path)
 
 
-PLOTS = {"waterfall": waterfall, "floor": floor}
+def module_waterfall(record: WhatIfRecord, path: Path) -> Path | None:
+    """The best rung's decode step against the baseline's, module by module (both runs attributed by module)."""
+    best = record.best_rung
+    step = next((s for s in best.modules if s.stage == vocab.DECODE_STEP), None) if best is not None else None
+    if best is None or step is None:
+        return None
+    return changes_waterfall(step, f"Decode step by module: baseline → {best.name}", path)
+
+
+PLOTS = {"waterfall": waterfall, "floor": floor, "module_waterfall": module_waterfall}
 
 
 def write_whatif_plots(record: WhatIfRecord, folder: Path) -> dict[str, Path]:

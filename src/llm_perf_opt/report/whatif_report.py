@@ -8,7 +8,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 
+import attrs
+
 from llm_perf_opt.artifacts import ArtifactsManager
+from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.whatif import (
     ALONE,
     BASELINE,
@@ -31,6 +34,7 @@ from llm_perf_opt.records.whatif import (
 )
 from llm_perf_opt.report.comparison import ratio_text
 from llm_perf_opt.report.markdown import Doc, flops, link, ms, num_bytes, pct
+from llm_perf_opt.report.modules_report import changes_table
 from llm_perf_opt.report.whatif_plots import write_whatif_plots
 
 NA = "n/a"
@@ -549,6 +553,37 @@ def _levers(doc: Doc, record: WhatIfRecord) -> None:
     )
 
 
+MODULE_MOVES = 5  # modules listed per rung and stage in "Which modules each lever moved"
+
+
+def _module_moves(doc: Doc, record: WhatIfRecord, plot: str | None) -> None:
+    """Per measured rung, the decode step's and prefill's change by module against the baseline."""
+    rungs = [r for r in ranked_rungs(record) if r.modules and r.state == MEASURED and r.reused is None]
+    if not rungs:
+        return
+    doc.h2("Which modules each lever moved")
+    doc.para(
+        "Against the baseline, from both runs' module attribution (the profiled pass's kernel time by module): the "
+        f"{MODULE_MOVES} largest moves per stage, the rest summed; negative is saved. In compiled code a kernel fused "
+        "across modules goes to their common ancestor, so a lever that fuses shows time leaving the leaves and some "
+        "arriving at a parent."
+    )
+    for rung in rungs:
+        doc.h3(rung.name)
+        for stage in rung.modules:
+            if stage.stage in (vocab.DECODE_STEP, vocab.PREFILL):
+                changes_table(
+                    doc,
+                    attrs.evolve(
+                        stage,
+                        changes=stage.changes[:MODULE_MOVES],
+                        rest_delta_ms=stage.rest_delta_ms + sum(c.delta_ms for c in stage.changes[MODULE_MOVES:]),
+                    ),
+                )
+    if plot:
+        doc.image("The best rung's decode step against the baseline's, by module", plot)
+
+
 def whatif_md(record: WhatIfRecord, plots: dict[str, str] | None = None, files: Sequence[str] = ()) -> str:
     """`whatif.md`: verdict first, then the ranked rungs, the attribution, the floor, the verdicts and notes."""
     plots = plots or {}
@@ -565,6 +600,7 @@ def whatif_md(record: WhatIfRecord, plots: dict[str, str] | None = None, files: 
     _ranked_table(doc, record)
     _objectives_table(doc, record)
     _attribution_table(doc, record)
+    _module_moves(doc, record, plots.get("module_waterfall"))
     _floor_table(doc, record)
     if "floor" in plots:
         doc.image("Distance to the floor, baseline vs best rung", plots["floor"])

@@ -187,7 +187,8 @@ def test_validation_refuses_what_stage1_would_refuse() -> None:
     [
         (("model=hf", "model.config=qwen2_tiny"), "decode", set()),
         (("model=deepseek_ocr2_tiny",), "decode", set()),
-        (("model=deepseek_ocr2_tiny",), "vision", {"base_mode"}),  # OCR-2 has no v1 modes
+        # OCR-2 has no v1 modes and no v1 preprocessing device
+        (("model=deepseek_ocr2_tiny",), "vision", {"base_mode", "gpu_preprocess"}),
         (("model=deepseek_ocr_tiny",), "vision", set()),
     ],
 )
@@ -197,8 +198,9 @@ def test_presets_validate_per_model_family(workload: tuple[str, ...], preset: st
     levers = read_levers(compose_config("whatif", f"whatif={preset}").whatif.levers, [])
     reasons = {lever.name: validate([*workload, *lever.overrides]) for lever in levers}
     assert {name for name, why in reasons.items() if why is not None} == refused
+    keys = {"base_mode": "model.mode", "gpu_preprocess": "model.preprocess.device"}
     for name in refused:
-        assert "model.mode" in (reasons[name] or "")
+        assert keys[name] in (reasons[name] or "")
 
 
 def test_per_step_figures_of_a_batched_rung_count_each_batch_step_once(tmp_path) -> None:

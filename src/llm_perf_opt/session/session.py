@@ -313,6 +313,7 @@ class InferenceSession:
         self.dtype = dtype
         self.runtime = runtime = runtime or RuntimeSettings()
         runtime.check_device(device)
+        adapter.bind_device(device, dtype)
         if runtime.kv_cache == "static" and (blocker := adapter.static_cache_blocker(self.model)):
             raise static_cache_error(blocker)
         self._recorder: StageRecorder | None = None
@@ -338,6 +339,7 @@ class InferenceSession:
         dtype = resolve_dtype(adapter.settings.dtype, device)
         if runtime is not None:
             runtime.check_device(device)  # before minutes of building
+        adapter.bind_device(device, dtype)
         path = adapter.checkpoint_path()
         if path:
             loaded = adapter.load_checkpoint(path, device=device, dtype=dtype)

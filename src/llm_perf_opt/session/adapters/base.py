@@ -35,7 +35,8 @@ class PreparedInputs:
         return ids
 
     def to(self, device: torch.device, float_dtype: torch.dtype) -> PreparedInputs:
-        """Tensors moved to `device`; floating-point tensors cast to `float_dtype`."""
+        """Tensors moved to `device`; floating-point tensors cast to `float_dtype`. A tensor already there in that
+        dtype (views made on the device) is kept as is, not copied."""
 
         def move(value: Any) -> Any:
             if isinstance(value, torch.Tensor):
@@ -131,6 +132,11 @@ class ModelAdapter(ABC):
                 "model.path unset to build the published architecture with random weights",
             )
         return str(path)
+
+    def bind_device(self, device: torch.device, dtype: torch.dtype) -> None:
+        """The device and dtype the session runs the model in, before any input is prepared; an adapter that
+        preprocesses there keeps them (a UserError for a preprocessing setting that device cannot run)."""
+        del device, dtype  # by default inputs are made on the host and moved by PreparedInputs.to
 
     def prepare_file(self, path: Path, tokenizer: Any | None) -> PreparedInputs:
         """Preprocess one input file: by default an image (upright, as the model's loader reads it), through

@@ -24,8 +24,9 @@ from llm_perf_opt.models.cache_argument import (
     output_cache,
 )
 from llm_perf_opt.models.deepseek_ocr.configuration import DeepseekOcrConfig
+from llm_perf_opt.models.deepseek_ocr.device_preprocess import preprocess_on_device
 from llm_perf_opt.models.deepseek_ocr.modeling import DeepseekOcrForConditionalGeneration
-from llm_perf_opt.models.deepseek_ocr.preprocess import Mode, image_token_count, mode_from_config, preprocess
+from llm_perf_opt.models.deepseek_ocr.preprocess import Mode, Views, image_token_count, mode_from_config, preprocess
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.stage1 import ModelFamily
 from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, PreparedInputs, PromptIds, load_tokenizer
@@ -87,16 +88,29 @@ class VendorModel(nn.Module):
         return causal_lm_output(logits, output_cache(out))
 
 
+PREPROCESS_DEVICES = ("cpu", "cuda")
+
+
 @attrs.frozen
-class TileRange:
-    """`model.preprocess` of v1: how many tiles a Gundam crop grid may have."""
+class V1Preprocess:
+    """`model.preprocess` of v1: how many tiles a Gundam crop grid may have, and where the pixels are processed
+    (`cpu`: PIL, the vendor's way; `cuda`: decoded by PIL, then resized, padded, tiled and normalised with torch
+    ops on the model's GPU, within the stated pixel tolerance of PIL's views)."""
 
     min_tiles: int
     max_tiles: int
+    device: str = "cpu"
 
     @classmethod
-    def from_table(cls, table: Mapping[str, Any]) -> TileRange:
-        return cls(min_tiles=int(table["min_tiles"]), max_tiles=int(table["max_tiles"]))
+    def from_table(cls, table: Mapping[str, Any]) -> V1Preprocess:
+        device = str(table.get("device") or "cpu").strip().lower()
+        if device not in PREPROCESS_DEVICES:
+            raise UserError(
+                f"model.preprocess.device={table.get('device')} is not a place to preprocess pages",
+                "Use model.preprocess.device=cpu (PIL on the host, the default) or cuda (resize, pad, tile and "
+                "normalise on the model's GPU)",
+            )
+        return cls(min_tiles=int(table["min_tiles"]), max_tiles=int(table["max_tiles"]), device=device)
 
 
 class DeepseekOcrAdapter(ModelAdapter):
@@ -122,8 +136,22 @@ class DeepseekOcrAdapter(ModelAdapter):
     def __init__(self, settings: ModelSettings) -> None:
         super().__init__(settings)
         self.mode: Mode = mode_from_config(str(settings.mode), settings.modes)  # an unknown mode fails here
-        self.tiles = TileRange.from_table(settings.preprocess)
+        self.preprocess = V1Preprocess.from_table(settings.preprocess)
         self.ids = PromptIds.of(settings.architecture)
+        # Where `prepare` makes the views (device, dtype) with model.preprocess.device=cuda; None: PIL on the host.
+        self.preprocess_target: tuple[torch.device, torch.dtype] | None = None
+
+    def bind_device(self, device: torch.device, dtype: torch.dtype) -> None:
+        if self.preprocess.device == "cpu":
+            self.preprocess_target = None
+            return
+        if device.type != "cuda":
+            raise UserError(
+                f"model.preprocess.device=cuda preprocesses pages on the model's GPU, but this run's device is "
+                f"{device}",
+                "Run on a GPU (device=cuda), or leave model.preprocess.device=cpu",
+            )
+        self.preprocess_target = (device, dtype)
 
     def _config(self) -> DeepseekOcrConfig:
         return DeepseekOcrConfig.from_architecture(
@@ -282,9 +310,19 @@ class DeepseekOcrAdapter(ModelAdapter):
             **self.settings.preprocess,
         }
 
+    def views(self, image: Image.Image) -> Views:
+        """The page's views: PIL on the host, or torch ops on the bound device (`model.preprocess.device`)."""
+        table = self.preprocess
+        if self.preprocess_target is None:
+            return preprocess(image, self.mode, min_tiles=table.min_tiles, max_tiles=table.max_tiles)
+        device, dtype = self.preprocess_target
+        return preprocess_on_device(
+            image, self.mode, device=device, dtype=dtype, min_tiles=table.min_tiles, max_tiles=table.max_tiles
+        )
+
     def prepare(self, image: Image.Image, tokenizer: Any | None) -> PreparedInputs:
         mode = self.mode
-        views = preprocess(image, mode, min_tiles=self.tiles.min_tiles, max_tiles=self.tiles.max_tiles)
+        views = self.views(image)
         image_tokens = image_token_count(mode, views.grid)
         ids = self.ids.prompt(image_tokens, self.prompt_ids(tokenizer))
         input_ids = torch.tensor([ids], dtype=torch.long)

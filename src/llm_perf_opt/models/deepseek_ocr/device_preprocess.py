@@ -1,0 +1,178 @@
+"""DeepSeek-OCR v1 preprocessing with torch ops on the model's device (``model.preprocess.device=cuda``).
+
+The page is decoded by PIL on the host and copied once, as uint8, to the device; there the views are made as
+:func:`~llm_perf_opt.models.deepseek_ocr.preprocess.preprocess` makes them with PIL: bicubic resizes with
+antialias (PIL's filter, a = -0.5, done as PIL does it: two separable passes, each rounded and clamped to 8 bit,
+in PIL's order), the grey padding centred as ``ImageOps.pad`` places it, the tiles cut as one
+reshape of the resized page, and the normalisation (mean = std = 0.5) straight to the model's dtype.
+
+The pixels match PIL's within :data:`PIXEL_TOLERANCE` (PIL resamples with fixed-point weights, torch in float):
+:func:`compare_views` measures the difference in uint8 levels. The same code runs on the CPU (tests).
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from PIL import __version__ as pillow_version
+
+from llm_perf_opt.models.deepseek_ocr.preprocess import NO_TILES, PAD_COLOUR, Mode, Views, crop_grid
+
+LEVEL = 2 / 255  # one uint8 level after the normalisation
+# Pillow 13 runs the vertical pass first when the height shrinks by more than twice the width's shrink (in pixels);
+# earlier versions always run the horizontal pass first (libImaging/Resample.c, ImagingResampleInner).
+VERTICAL_FIRST_RULE = int(pillow_version.split(".")[0]) >= 13
+
+
+@attrs.frozen
+class PixelTolerance:
+    """How far the device path's views may be from PIL's, in uint8 levels."""
+
+    max_levels: int  # largest |difference| of any value
+    beyond_one_level: float  # largest share of values more than one level apart
+
+
+#: Measured on the four bundled pages in every mode (CPU, torch 2.13, Pillow 13): at most 2 levels apart, at most
+#: 6.1e-7 of the values beyond 1 level (a handful per page). The margin covers the GPU's other summation order.
+PIXEL_TOLERANCE = PixelTolerance(max_levels=3, beyond_one_level=0.001)
+
+
+@attrs.frozen
+class ViewDifference:
+    """The device path's views against the PIL path's, in uint8 levels over every value of every view."""
+
+    max_levels: int
+    beyond_one_level: float  # share of values more than one level apart
+    values: int
+
+    def within(self, tolerance: PixelTolerance = PIXEL_TOLERANCE) -> bool:
+        return self.max_levels <= tolerance.max_levels and self.beyond_one_level <= tolerance.beyond_one_level
+
+
+def page_tensor(image: Image.Image, device: torch.device) -> torch.Tensor:
+    """The page's RGB pixels as a (3, H, W) float32 tensor of uint8 levels on `device`, copied there as uint8
+    (through pinned memory to a GPU)."""
+    rgb = image if image.mode == "RGB" else image.convert("RGB")
+    array = np.asarray(rgb)  # (H, W, 3) uint8, read-only: copied once below
+    if device.type == "cuda":
+        host = torch.empty(array.shape, dtype=torch.uint8, pin_memory=True)
+        host.numpy()[...] = array
+        pixels = host.to(device, non_blocking=True)
+    else:
+        pixels = torch.from_numpy(array.copy())
+    return pixels.permute(2, 0, 1).to(torch.float32, memory_format=torch.contiguous_format)
+
+
+def _resample(pixels: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """One antialiased bicubic pass, rounded half up and clamped to uint8 levels (PIL's ``clip8``)."""
+    out = F.interpolate(pixels[None], size=(height, width), mode="bicubic", antialias=True, align_corners=False)[0]
+    return out.add_(0.5).floor_().clamp_(0, 255)
+
+
+def vertical_first(in_width: int, in_height: int, width: int, height: int) -> bool:
+    """Whether the installed Pillow resamples the rows before the columns for this resize."""
+    shrink = in_height - height
+    return VERTICAL_FIRST_RULE and shrink > 0 and shrink > (in_width - width) * 2
+
+
+def resize(pixels: torch.Tensor, width: int, height: int) -> torch.Tensor:
+    """(3, H, W) levels resized as PIL's ``Image.resize((width, height), BICUBIC)``: one 8-bit pass per axis
+    that changes, in PIL's order."""
+    in_height, in_width = (int(n) for n in pixels.shape[-2:])
+    if (width, height) == (in_width, in_height):
+        return pixels
+    steps = [(in_height, width), (height, width)]
+    if vertical_first(in_width, in_height, width, height):
+        steps = [(height, in_width), (height, width)]
+    for step in steps:
+        if tuple(pixels.shape[-2:]) != step:
+            pixels = _resample(pixels, *step)
+    return pixels
+
+
+def normalise(pixels: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Levels to [-1, 1] as the PIL path computes it in float32 (mean = std = 0.5), then in `dtype`."""
+    return ((pixels / 255.0 - 0.5) / 0.5).to(dtype)
+
+
+def contain_size(width: int, height: int, side: int) -> tuple[int, int]:
+    """``ImageOps.contain``'s size for a page fitted into side x side (aspect ratio kept, Python's rounding)."""
+    ratio = width / height
+    if ratio > 1:
+        return side, round(height / width * side)
+    if ratio < 1:
+        return round(width / height * side), side
+    return side, side
+
+
+def padded_view(pixels: torch.Tensor, side: int) -> torch.Tensor:
+    """``ImageOps.pad(page, (side, side), color=PAD_COLOUR)``: fitted, then centred on grey (levels)."""
+    height, width = pixels.shape[-2:]
+    fit_width, fit_height = contain_size(width, height, side)
+    if (fit_width, fit_height) == (side, side):
+        return resize(pixels, side, side)
+    colour = torch.tensor(PAD_COLOUR, dtype=pixels.dtype, device=pixels.device)
+    canvas = colour[:, None, None].expand(3, side, side).clone()
+    if min(fit_width, fit_height) == 0:
+        return canvas  # PIL pastes an empty image
+    left, top = round((side - fit_width) * 0.5), round((side - fit_height) * 0.5)
+    canvas[:, top : top + fit_height, left : left + fit_width] = resize(pixels, fit_width, fit_height)
+    return canvas
+
+
+def tile_views(pixels: torch.Tensor, grid: tuple[int, int], tile: int, dtype: torch.dtype) -> torch.Tensor:
+    """The page resized to the grid and cut into (n_w * n_h, 3, T, T) tiles, row by row: one reshape."""
+    across, down = grid
+    page = normalise(resize(pixels, across * tile, down * tile), dtype)
+    return page.view(3, down, tile, across, tile).permute(1, 3, 0, 2, 4).reshape(down * across, 3, tile, tile)
+
+
+def preprocess_on_device(
+    image: Image.Image,
+    mode: Mode,
+    *,
+    device: torch.device,
+    dtype: torch.dtype = torch.float32,
+    min_tiles: int = 2,
+    max_tiles: int = 9,
+) -> Views:
+    """:func:`~llm_perf_opt.models.deepseek_ocr.preprocess.preprocess` with the pixel work on `device`: the same
+    views (shapes, grid), as `dtype` tensors there."""
+    pixels = page_tensor(image, device)
+    if not mode.crop_mode:
+        side = mode.image_size
+        view = resize(pixels, side, side) if side <= 640 else padded_view(pixels, side)  # Tiny/Small stretch
+        return Views(mode=mode, global_view=normalise(view, dtype)[None], tiles=None, grid=NO_TILES)
+    grid = crop_grid(image.width, image.height, tile=mode.image_size, min_tiles=min_tiles, max_tiles=max_tiles)
+    tiles = None if grid == NO_TILES else tile_views(pixels, grid, mode.image_size, dtype)
+    global_view = normalise(padded_view(pixels, mode.base_size), dtype)[None]
+    return Views(mode=mode, global_view=global_view, tiles=tiles, grid=grid)
+
+
+def _levels(values: torch.Tensor) -> torch.Tensor:
+    """Normalised values back to integer uint8 levels (exact from float32 and bfloat16 alike)."""
+    return torch.round((values.detach().to("cpu", torch.float32) + 1) * 127.5).to(torch.int16)
+
+
+def compare_views(reference: Views, candidate: Views) -> ViewDifference:
+    """`candidate` (the device path's views) against `reference` (PIL's) in uint8 levels: the largest difference
+    and the share of values more than one level apart. Views of other shapes or grids raise ValueError."""
+    pairs = [(reference.global_view, candidate.global_view)]
+    if reference.tiles is not None or candidate.tiles is not None:
+        if reference.tiles is None or candidate.tiles is None:
+            raise ValueError("one side has tiles and the other has none")
+        pairs.append((reference.tiles, candidate.tiles))
+    if reference.grid != candidate.grid:
+        raise ValueError(f"crop grids differ: {reference.grid} vs {candidate.grid}")
+    largest, beyond, values = 0, 0, 0
+    for ref, cand in pairs:
+        if ref.shape != cand.shape:
+            raise ValueError(f"view shapes differ: {tuple(ref.shape)} vs {tuple(cand.shape)}")
+        diff = (_levels(ref) - _levels(cand)).abs()
+        largest = max(largest, int(diff.max()))
+        beyond += int((diff > 1).sum())
+        values += diff.numel()
+    return ViewDifference(max_levels=largest, beyond_one_level=beyond / values, values=values)

@@ -74,3 +74,17 @@ def test_compiled_flex_attention_matches_sdpa_on_the_gpu(tiny_session: Any, side
         expected, _ = reference(hidden)
         got, _ = flex(hidden)
     torch.testing.assert_close(got.float(), expected.float(), atol=3e-2, rtol=3e-2)
+
+
+def test_flops_are_counted_on_the_reference_path(compose_model: Any, page_images: dict[str, Any]) -> None:
+    """FlexAttention has no FLOP-counter rule: under the counter the reference path runs, with the same FLOPs."""
+    from llm_perf_opt.measure.flops import count_stage_flops
+
+    counts = []
+    for choice in ("sdpa", "flex"):
+        node = compose_model("model=deepseek_ocr2_tiny", f"model.sam_attention={choice}")
+        session = DeepSeekOCRSession.load(node, torch.device("cpu"))
+        counts.append(count_stage_flops(session, session.prepare(page_images["small"])))
+    sdpa, flex = counts
+    reference = sdpa.stage_total("vision/sam", 3)
+    assert reference and flex.stage_total("vision/sam", 3) == reference

@@ -18,6 +18,7 @@ from typing import Any, cast
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from llm_perf_opt.errors import UserError
 
@@ -42,7 +43,12 @@ def _sam_attention_base() -> Any:
 
 
 def flex_forward(self: Any, hidden_states: torch.Tensor, output_attentions: bool | None = None) -> tuple[Any, None]:
-    """SAM attention over (batch, height, width, channels) with the relative-position term in `score_mod`."""
+    """SAM attention over (batch, height, width, channels) with the relative-position term in `score_mod`. Under a
+    dispatch mode (the FLOP counter: FlexAttention's operator has no rule for it) the reference path runs instead:
+    the same arithmetic, so the same FLOPs."""
+    if _get_current_dispatch_mode() is not None:
+        out, _ = _sam_attention_base().forward(self, hidden_states)
+        return out, None
     batch, height, width, _ = hidden_states.shape
     heads, n = self.num_attention_heads, height * width
     qkv = self.qkv(hidden_states).reshape(batch, n, 3, heads, -1).permute(2, 0, 3, 1, 4)

@@ -4,8 +4,10 @@
 # child processes building the model and compiling from scratch ("before": stage2.reuse_model=false;
 # whatif_run.reuse_model=false whatif_run.inductor_cache=null with a fresh TORCHINDUCTOR_CACHE_DIR) and with the
 # saved model and the shared inductor cache ("after", the defaults). Results: docs/benchmarks.md.
-#   bash bench/build_once.sh /tmp/build-once            # all four runs
+#   bash bench/build_once.sh /tmp/build-once            # before and after, both commands (four runs)
 #   bash bench/build_once.sh /tmp/build-once after      # only the defaults
+#   bash bench/build_once.sh /tmp/build-once warm       # the defaults, then perf-whatif again on a warm inductor cache
+# "after" starts from an empty user cache (XDG_CACHE_HOME under the output folder), as on a fresh machine.
 # On the project's GPU machines (no console scripts installed) run it after `source .gpu/setup.sh`.
 # Targets (issue 25, H100): stage2-profile light <= 120 s (from 458 s), perf-whatif whatif=decode <= 180 s (from 330 s).
 set -euo pipefail
@@ -24,7 +26,7 @@ timed() {  # timed <label> <command...>: run it, print its end-to-end seconds
   echo "$label: $elapsed s end to end ($(date -u +%F), ${device:-no GPU})" | tee -a "$out/times.txt"
 }
 
-if [ "$which" != after ]; then
+if [ "$which" = both ] || [ "$which" = before ]; then
   timed stage2-before python3 -m llm_perf_opt.cli.stage2 "$page" stage2.reuse_model=false \
     "hydra.run.dir=$out/stage2-before"
   TORCHINDUCTOR_CACHE_DIR="$out/inductor-before" timed whatif-before python3 -m llm_perf_opt.cli.whatif \
@@ -32,8 +34,12 @@ if [ "$which" != after ]; then
     "hydra.run.dir=$out/whatif-before"
 fi
 if [ "$which" != before ]; then
+  export XDG_CACHE_HOME="$out/xdg-cache"  # whatif_run.inductor_cache=user: empty at the start
   timed stage2-after python3 -m llm_perf_opt.cli.stage2 "$page" "hydra.run.dir=$out/stage2-after"
   timed whatif-after python3 -m llm_perf_opt.cli.whatif whatif=decode "$page" "hydra.run.dir=$out/whatif-after"
+  if [ "$which" = warm ]; then
+    timed whatif-warm python3 -m llm_perf_opt.cli.whatif whatif=decode "$page" "hydra.run.dir=$out/whatif-warm"
+  fi
 fi
 # Same figures before and after (kernel tables within noise): compare the folders.
 for pair in stage2 whatif; do
@@ -42,5 +48,6 @@ for pair in stage2 whatif; do
       || echo "perf-compare $pair: exit $? (see $out/compare-$pair.log)"
   fi
 done
-grep -h "saved model\|model ready" "$out"/stage2-after/workload/*/*.log 2>/dev/null | head -20 || true
+# Which child built and saved the model and which loaded it (one line each):
+grep -rh --include=*.log "saved model\|saved the model\|model ready" "$out/stage2-after" 2>/dev/null | cut -c1-200 || true
 cat "$out/times.txt"

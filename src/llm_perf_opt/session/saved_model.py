@@ -24,7 +24,7 @@ import inspect
 import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import attrs
@@ -172,10 +172,7 @@ def assign_tensors(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
     """Put `tensors` (by saved name) in place of `model`'s meta-device parameters and buffers, tied places sharing
     one tensor; SavedModelMismatch when a name is missing or extra, or a shape or dtype differs."""
     slots = tensor_slots(model)
-    if missing := sorted(set(slots) - set(tensors)):
-        raise SavedModelMismatch(f"{len(missing)} tensor(s) of the model are not in the file, e.g. {missing[0]}")
-    if extra := sorted(set(tensors) - set(slots)):
-        raise SavedModelMismatch(f"the file holds {len(extra)} tensor(s) the model has not, e.g. {extra[0]}")
+    check_names(slots, tensors)
     for name, places in slots.items():
         module, leaf, is_param = places[0]
         old = module._parameters[leaf] if is_param else module._buffers[leaf]
@@ -208,17 +205,36 @@ def slot_lock(folder: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def read_tensors(path: Path, model: nn.Module, device: torch.device) -> dict[str, torch.Tensor]:
+    """The saved tensors of `model`, read onto `device` in the model's own order (parameters, then buffers, as
+    building allocates them); SavedModelMismatch when the file lacks one or holds one the model has not."""
+    from safetensors import safe_open
+
+    wanted = list(tensor_slots(model))
+    with safe_open(str(path), framework="pt", device=str(device)) as saved:
+        check_names(wanted, saved.keys())
+        return {name: saved.get_tensor(name) for name in wanted}
+
+
+def check_names(wanted: Iterable[str], saved: Iterable[str]) -> None:
+    """SavedModelMismatch unless the saved names are the model's tensor names."""
+    want, have = set(wanted), set(saved)
+    if missing := sorted(want - have):
+        raise SavedModelMismatch(f"{len(missing)} tensor(s) of the model are not in the file, e.g. {missing[0]}")
+    if extra := sorted(have - want):
+        raise SavedModelMismatch(f"the file holds {len(extra)} tensor(s) the model has not, e.g. {extra[0]}")
+
+
 def load_saved(folder: Path, key: SavedModelKey, skeleton: LoadedModel, device: torch.device) -> LoadedModel | str:
     """`skeleton` (the model on the meta device) with the slot's tensors loaded onto `device`, or why it cannot
     be (a manifest of another key, a truncated or unreadable file, tensors that do not fit)."""
     from safetensors import SafetensorError
-    from safetensors.torch import load_file
 
     manifest, why = read_manifest(folder, key)
     if manifest is None:
         return why
     try:
-        tensors = load_file(str(folder / WEIGHTS_FILE), device=str(device))
+        tensors = read_tensors(folder / WEIGHTS_FILE, skeleton.model, device)
         assign_tensors(skeleton.model, tensors)
     except (SafetensorError, OSError, RuntimeError, SavedModelMismatch) as exc:
         return f"{WEIGHTS_FILE} cannot be loaded ({type(exc).__name__}: {exc})"

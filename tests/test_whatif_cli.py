@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from helpers import preset_dir, run_whatif, wait_for_log
-from llm_perf_opt.records.folders import read_status
+from llm_perf_opt.records.folders import load_stage1, read_status
 from llm_perf_opt.records.io import load_file
 from llm_perf_opt.records.whatif import (
     ALONE,
@@ -105,6 +105,24 @@ def test_every_rung_ends_as_it_should(ladder: tuple[Path, subprocess.CompletedPr
             assert rung.folder is not None and read_status(out / rung.folder).state == "complete"
             assert (out / rung.folder / "prefill_logits.pt").is_file()
     assert (out / "whatif.md").is_file()
+
+
+def test_the_rungs_build_the_model_once(ladder: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    """The baseline builds and saves the random-weights model; every later rung loads it (issue 25); the run's
+    saved model is gone once it ends."""
+    out, done = ladder
+    assert done.returncode == 0, done.stderr[-3000:]
+    logs = sorted((out / "logs").glob("*.log"))
+    said = {log.name: log.read_text(errors="replace") for log in logs}
+    assert "saved the model to" in said[logs[0].name]
+    loaded = [name for name, text in said.items() if "model loaded from the saved model cache" in text]
+    assert len(loaded) >= 2 and logs[0].name not in loaded
+    assert not any("saved the model to" in text for name, text in said.items() if name != logs[0].name)
+    assert not (out / "model_cache").exists()
+    record = load_file(out / "whatif.json", WhatIfRecord)
+    measured = [r for r in record.rungs if r.state == MEASURED and r.reused is None and r.folder]
+    details = [load_stage1(out / str(r.folder)).metrics.model.weights_detail for r in measured]
+    assert sum("loaded from the run's saved model cache" in d for d in details) == len(details) - 1
 
 
 def test_a_failing_baseline_stops_the_run(config_dir: Path, tmp_path: Path) -> None:

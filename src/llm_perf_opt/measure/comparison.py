@@ -136,12 +136,16 @@ def flat_config(config: Mapping[str, object], prefix: str = "") -> dict[str, obj
     return leaves
 
 
+# Config keys that change nothing a run measures: never listed as a difference (where a run kept its saved model).
+UNCOMPARED_CONFIG_KEYS = frozenset({"model.cache_dir"})
+
+
 def config_differences(configs: Sequence[Mapping[str, object]], shown: Iterable[str]) -> tuple[FieldDifference, ...]:
     """Every key of the runs' `config.yaml` whose value differs, except the keys `shown` among the settings rows
     (a key one run lacks reads "(absent)"); none unless every run has its `config.yaml`."""
     if len(configs) < 2 or not all(configs):
         return ()
-    skip = set(shown)
+    skip = set(shown) | UNCOMPARED_CONFIG_KEYS
     flat = [flat_config(c) for c in configs]
     rows = []
     for key in union(flat):

@@ -4,13 +4,14 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from llm_perf_opt.config_data import plain
 from llm_perf_opt.data.inputs import InputChoice
@@ -83,7 +84,12 @@ def with_runtime_warmup(settings: ResolvedSettings, runtime: RuntimeSettings) ->
 
 
 def config_digest(cfg: DictConfig) -> str:
-    """sha256 of the resolved config (hydra section excluded)."""
+    """sha256 of the resolved config (hydra section excluded; `model.cache_dir` too: where a run keeps its saved
+    model changes nothing it measures)."""
+    if "model" in cfg and "cache_dir" in cfg.model:
+        cfg = copy.deepcopy(cfg)
+        with open_dict(cfg):
+            del cfg.model["cache_dir"]
     text = OmegaConf.to_yaml(cfg, resolve=True, sort_keys=True)
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -63,6 +64,7 @@ MAX_NCU_ROUNDS = 3  # per stage: all targets, then the rarest missing ones, twic
 
 NSYS_SQLITE = "nsys/report.sqlite"
 NSYS_SQLITE_GZ = f"{NSYS_SQLITE}.gz"  # a gzipped copy, read as it is (a shipped example folder keeps one)
+MODEL_CACHE_DIR = "model_cache"  # the workloads' saved random-weights model (`model.cache_dir`), removed at the end
 
 __all__ = ["CAPTURE_FILE", "NSYS_SQLITE", "TARGETS_FILE", "Stage2Run", "forwarded_overrides", "render", "workload_argv"]
 
@@ -101,9 +103,11 @@ def workload_argv(
     name: str,
     ncu: bool = False,
     batch_size: int = 1,
+    model_cache: Path | None = None,
 ) -> list[str]:
     """`python -m llm_perf_opt.cli.stage1` with every user override plus Stage 2's own settings; an ncu workload
-    runs one forward: one input, or one whole batch of `batch_size` (`run.batch_size`)."""
+    runs one forward: one input, or one whole batch of `batch_size` (`run.batch_size`). `model_cache`: the
+    `model.cache_dir` the workloads share (the first saves the random-weights model, the others load it)."""
     argv = [sys.executable, "-m", "llm_perf_opt.cli.stage1", *user_overrides]
     defaults = {  # the user's value wins
         "pipeline.torch_profiler.enable": "false",  # the torch profiler and Nsight both use CUPTI
@@ -111,6 +115,7 @@ def workload_argv(
         "pipeline.energy.enable": "false",
         "run.repeats": cfg.stage2.workload.repeats,
         "run.warmup": cfg.stage2.workload.warmup,
+        "model.cache_dir": model_cache,
     }
     forced: dict[str, Any] = {}  # after the user's overrides, so these win
     if ncu:
@@ -126,6 +131,28 @@ def workload_argv(
     argv += [f"{key}={value}" for key, value in forced.items() if value is not None]
     argv.append(f"hydra.run.dir={run_dir / 'workload' / name}")
     return argv
+
+
+def run_model_cache(cfg: DictConfig, user_overrides: Sequence[str], run_dir: Path) -> Path | None:
+    """The run's own `model.cache_dir` for its workloads (`<run>/model_cache`, removed when the run ends): None
+    with `stage2.reuse_model=false`, checkpoint weights (`model.path`, `model.name_or_path`) or a `model.cache_dir`
+    the user chose (that folder is forwarded as set, and kept)."""
+    model = cfg.get("model") or {}
+    if not bool(cfg.stage2.get("reuse_model", True)) or _has_key(user_overrides, "model.cache_dir"):
+        return None
+    if model.get("cache_dir") or model.get("path") or model.get("name_or_path"):
+        return None
+    return run_dir / MODEL_CACHE_DIR
+
+
+def remove_model_cache(folder: Path | None) -> None:
+    """Delete a run's own saved model (gigabytes the finished run no longer needs); a failure is logged."""
+    if folder is None or not folder.exists():
+        return
+    try:
+        shutil.rmtree(folder)
+    except OSError as exc:
+        log.warning("could not remove the run's saved model %s: %s", folder, exc)
 
 
 def _mode(cfg: DictConfig) -> DictConfig:
@@ -157,6 +184,7 @@ class Stage2Run:
         self.capture = Capture(run_id=run_id, mode=str(cfg.stage2.mode))
         self.whatif_dir = cfg.get("report", {}).get("whatif_dir")
         self.stage1_dir = cfg.get("report", {}).get("stage1_dir")
+        self.model_cache = run_model_cache(cfg, self.user_overrides, run_dir)
 
     @functools.cached_property
     def runtime(self) -> RuntimeSettings:
@@ -182,6 +210,8 @@ class Stage2Run:
             self._save_capture()
             self.art.finish(artifacts.FAILED, f"{type(exc).__name__}: {exc}")
             raise
+        finally:
+            remove_model_cache(self.model_cache)
         self.art.finish(artifacts.COMPLETE)
         return self.art.run_dir
 
@@ -263,7 +293,7 @@ class Stage2Run:
         argv = commands.nsys_profile_argv(
             nsys.path,
             base,
-            workload_argv(cfg, self.user_overrides, run_dir, name="nsys"),
+            workload_argv(cfg, self.user_overrides, run_dir, name="nsys", model_cache=self.model_cache),
             trace=list(ncfg.trace),
             sample=str(ncfg.sample),
             cpuctxsw=str(ncfg.cpuctxsw),
@@ -389,6 +419,7 @@ class Stage2Run:
                     name=f"ncu-{Path(folder).name}",
                     ncu=True,
                     batch_size=self.runtime.batch_size,
+                    model_cache=self.model_cache,
                 ),
                 kernel_regex=regex,
                 launch_skip=skip,
@@ -441,6 +472,7 @@ class Stage2Run:
                 name=f"ncu-{name}",
                 ncu=True,
                 batch_size=self.runtime.batch_size,
+                model_cache=self.model_cache,
             ),
             stage=stage,
             launch_skip=skip,

@@ -23,7 +23,7 @@ from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure import whatif as figures
 from llm_perf_opt.measure.stats import MIN_VALUES_FOR_CI
 from llm_perf_opt.pipeline import whatif_hydra, whatif_judge
-from llm_perf_opt.pipeline.whatif_rungs import RungJob, RungOutcome, run_rungs, stopped_outcome
+from llm_perf_opt.pipeline.whatif_rungs import RungJob, RungOutcome, run_rungs, shared_caches, stopped_outcome
 from llm_perf_opt.progress import Feedback
 from llm_perf_opt.records import common
 from llm_perf_opt.records.common import SCHEMA_VERSION
@@ -191,6 +191,8 @@ class WhatIfRun:
         self.left_out: tuple[tuple[str, str], ...] = ()  # levers the ladder did not stack, with the reason
         self.index = 0
         self.launcher, self.launcher_overrides = self._launcher()
+        # build once, reuse: the saved model and inductor's cache the rungs share
+        self.caches = shared_caches(cfg.whatif_run, cfg.get("model") or {}, self.art.run_dir)
 
     def _launcher(self) -> tuple[str, tuple[str, ...]]:
         """whatif_run.launcher (local | hydra) and, for hydra, the overrides that choose Hydra's launcher."""
@@ -257,6 +259,8 @@ class WhatIfRun:
         except Exception as exc:
             self.art.finish(artifacts.FAILED, f"{type(exc).__name__}: {exc}")
             raise
+        finally:
+            self.caches.remove()
         base = record.baseline
         if base is None or base.state != MEASURED:
             reason = base.reason if base is not None else "not run"
@@ -356,6 +360,8 @@ class WhatIfRun:
             levers=overrides,
             folder=self.art.run_dir / RUNGS_DIR / folder_name,
             log=self._phase_log(phase) if self.launcher == HYDRA_LAUNCHER else own_log,
+            shared=self.caches.overrides,
+            env=self.caches.env,
         )
         return _Plan(rung, job)
 

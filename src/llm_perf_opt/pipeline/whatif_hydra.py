@@ -133,6 +133,7 @@ def phase_command(jobs: Sequence[RungJob], launcher: Sequence[str], configs: Pat
         "--config-dir",
         str(configs),
         *workload,
+        *jobs[0].shared,
         *device,
         f"+{RUNG_GROUP}={','.join(job.folder.name for job in jobs)}",
         f"hydra.sweep.dir={sweep_dir}",
@@ -162,7 +163,8 @@ def run_phase(
         (configs / RUNG_GROUP / f"{job.folder.name}.yaml").write_text(text, encoding="utf-8")
     limit = None if timeout_s is None else timeout_s * len(jobs)
     try:
-        returncode = run_process(phase_command(jobs, launcher, configs, sweep_dir), log, limit, own_group=True)
+        command = phase_command(jobs, launcher, configs, sweep_dir)
+        returncode = run_process(command, log, limit, own_group=True, env=jobs[0].env)
     except KeyboardInterrupt:
         for job in jobs:
             artifacts.mark_failed(job.folder, "stopped with the what-if run (Ctrl-C or SIGTERM)")

@@ -5,17 +5,20 @@ isolated), one rung per device at a time, its output kept in a log file; what be
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -24,23 +27,96 @@ from llm_perf_opt.records import common
 from llm_perf_opt.records.folders import STATUS_FILE, read_status, writer_note
 from llm_perf_opt.records.io import RecordError
 
+log = logging.getLogger("llm_perf_opt.whatif")
+
 LOG_TAIL_LINES = 3
+MODEL_CACHE_DIR = "model_cache"  # the rungs' saved random-weights model (`model.cache_dir`), removed at the end
+INDUCTOR_CACHE_DIR = "inductor_cache"  # inductor's cache the rungs share (whatif_run.inductor_cache=run)
+INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+RUN_FOLDER = "run"  # whatif_run.inductor_cache: a folder in the what-if run folder, removed at the end
+USER_FOLDER = "user"  # whatif_run.inductor_cache: <user cache>/llm_perf_opt/inductor, kept between runs
+
+
+@attrs.frozen
+class SharedCaches:
+    """What the rungs of one what-if run share: the folder where the first rung saves the random-weights model
+    and the others load it (`model.cache_dir`), and inductor's cache (compiled kernels, FX graphs, autotuning);
+    `owned`: those in the run folder, removed when the run ends."""
+
+    model_cache: Path | None = None
+    inductor_cache: Path | None = None
+    owned: tuple[Path, ...] = ()
+
+    @property
+    def overrides(self) -> tuple[str, ...]:
+        """The `stage1-run` overrides every rung gets."""
+        return () if self.model_cache is None else (f"model.cache_dir={self.model_cache}",)
+
+    @property
+    def env(self) -> tuple[tuple[str, str], ...]:
+        """The environment variables every rung's process gets."""
+        return () if self.inductor_cache is None else ((INDUCTOR_CACHE_ENV, str(self.inductor_cache)),)
+
+    def remove(self) -> None:
+        """Delete the run's own caches (a failure is logged: the run's results stand)."""
+        for folder in self.owned:
+            if folder.exists():
+                try:
+                    shutil.rmtree(folder)
+                except OSError as exc:
+                    log.warning("could not remove %s: %s", folder, exc)
+
+
+def shared_caches(run_cfg: Mapping[str, Any], model: Mapping[str, Any], run_dir: Path) -> SharedCaches:
+    """The caches the rungs of the what-if run in `run_dir` share: `whatif_run.reuse_model` (a saved model in
+    `<run>/model_cache`, unless the model has checkpoint weights or `model.cache_dir` is set: that one is used
+    and kept) and `whatif_run.inductor_cache` (user: `~/.cache/llm_perf_opt/inductor`, kept; run:
+    `<run>/inductor_cache`, removed; a folder, kept; null: the environment's `TORCHINDUCTOR_CACHE_DIR` or
+    inductor's default)."""
+    owned: list[Path] = []
+    model_cache = None
+    own_weights = model.get("cache_dir") or model.get("path") or model.get("name_or_path")
+    if bool(run_cfg.get("reuse_model", True)) and not own_weights:
+        model_cache = run_dir / MODEL_CACHE_DIR
+        owned.append(model_cache)
+    chosen = run_cfg.get("inductor_cache", USER_FOLDER)
+    inductor = None
+    if chosen == RUN_FOLDER:
+        inductor = run_dir / INDUCTOR_CACHE_DIR
+        owned.append(inductor)
+    elif chosen == USER_FOLDER:
+        from llm_perf_opt.hardware.measured import default_cache_dir  # (imports torch)
+
+        inductor = default_cache_dir() / "inductor"
+    elif chosen:
+        inductor = Path(str(chosen)).expanduser().resolve()
+    return SharedCaches(model_cache, inductor, tuple(owned))
 
 
 @attrs.frozen
 class RungJob:
-    """A rung to run: its name, the workload's and the levers' `stage1-run` overrides, its folder and its log."""
+    """A rung to run: its name, the workload's and the levers' `stage1-run` overrides, its folder and its log;
+    `shared`: overrides the what-if run gives every rung (the saved model's `model.cache_dir`); `env`: environment
+    variables set for its process (inductor's shared cache, `TORCHINDUCTOR_CACHE_DIR`)."""
 
     name: str
     workload: tuple[str, ...]
     levers: tuple[str, ...]
     folder: Path
     log: Path
+    shared: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
 
     @property
     def overrides(self) -> tuple[str, ...]:
-        """The child's overrides: the workload first, then the levers' (which win on a key both set)."""
-        return (*self.workload, *self.levers)
+        """The child's overrides: the workload and the shared ones first, then the levers' (which win on a key
+        both set)."""
+        return (*self.workload, *self.shared, *self.levers)
+
+
+def child_env(env: Sequence[tuple[str, str]]) -> dict[str, str] | None:
+    """This process's environment with `env` set (None: none to set, the child inherits it as it is)."""
+    return {**os.environ, **dict(env)} if env else None
 
 
 @attrs.frozen
@@ -67,12 +143,22 @@ def stage1_command(job: RungJob, device: str | None) -> list[str]:
     ]
 
 
-def run_process(command: Sequence[str], log: Path, timeout_s: float | None, *, own_group: bool = False) -> int | None:
+def run_process(
+    command: Sequence[str],
+    log: Path,
+    timeout_s: float | None,
+    *,
+    own_group: bool = False,
+    env: Sequence[tuple[str, str]] = (),
+) -> int | None:
     """Run `command` with its output in `log` to its end (its exit status) or its time limit (None: stopped).
-    `own_group`: in a process group of its own, stopped as a whole (a launcher and the workers it starts)."""
+    `own_group`: in a process group of its own, stopped as a whole (a launcher and the workers it starts); `env`:
+    environment variables set for it."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=own_group)
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, start_new_session=own_group, env=child_env(env)
+        )
         with _LOCK:
             _LIVE[process] = own_group
         try:
@@ -94,7 +180,7 @@ def run_process(command: Sequence[str], log: Path, timeout_s: float | None, *, o
 def run_rung(job: RungJob, device: str | None, timeout_s: float | None) -> RungOutcome:
     """Run one rung to its end (or its time limit) and read what became of it."""
     started = time.perf_counter()
-    returncode = run_process(stage1_command(job, device), job.log, timeout_s)
+    returncode = run_process(stage1_command(job, device), job.log, timeout_s, env=job.env)
     wall = time.perf_counter() - started
     if returncode is None:
         message = f"ran past whatif_run.rung_timeout_s={timeout_s:g} s and was stopped"

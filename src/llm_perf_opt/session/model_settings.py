@@ -43,6 +43,7 @@ class ModelSettings:
     adapter: str
     path: str | None = None  # a local checkpoint folder (DeepSeek-OCR adapters); None: random weights
     seed: int = 0  # for random weights
+    cache_dir: str | None = None  # random weights: saved here once, loaded by later processes (session.saved_model)
     dtype: str | None = None  # None: bfloat16 on CUDA, float32 on CPU
     attn_implementation: str | None = None
     experts_implementation: str | None = None
@@ -70,6 +71,7 @@ class ModelSettings:
             adapter=str(data.get("adapter")),
             path=_text(data.get("path")),
             seed=int(data.get("seed", 0)),
+            cache_dir=_text(data.get("cache_dir")),
             dtype=_text(data.get("dtype")),
             attn_implementation=_text(data.get("attn_implementation")),
             experts_implementation=_text(data.get("experts_implementation")),

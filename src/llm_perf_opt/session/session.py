@@ -20,6 +20,7 @@ from llm_perf_opt.measure.timing import NullRecorder, StageRecorder
 from llm_perf_opt.models.sam_flex_attention import apply_sam_attention
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.stage1 import BatchRecord, CompileSummary, ImageRecord
+from llm_perf_opt.session import saved_model
 from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, PreparedInputs
 from llm_perf_opt.session.adapters.deepseek_ocr import DeepseekOcrAdapter
 from llm_perf_opt.session.adapters.deepseek_ocr2 import DeepseekOcr2Adapter
@@ -343,6 +344,9 @@ class InferenceSession:
         path = adapter.checkpoint_path()
         if path:
             loaded = adapter.load_checkpoint(path, device=device, dtype=dtype)
+        elif adapter.settings.cache_dir:  # build once, reuse: a saved random-weights model (session.saved_model)
+            cache_dir = Path(adapter.settings.cache_dir)
+            loaded = saved_model.load_or_build(adapter, device=device, dtype=dtype, cache_dir=cache_dir)
         else:
             loaded = adapter.build_random(device=device, dtype=dtype)
         apply_sam_attention(adapter.settings.sam_attention, loaded.model)

@@ -1,0 +1,269 @@
+"""Build once, reuse: a random-weights model saved as a local safetensors file by the first process of a run that
+builds it, and loaded by the later ones (`model.cache_dir`; stage2-profile's and perf-whatif's child processes).
+
+A slot `<cache_dir>/<model name>-<dtype>-seed<N>-<device type>-<config digest>/` holds `model.safetensors` (every
+parameter and buffer, tied ones once) and `manifest.json` (:class:`SavedModelKey`: what the weights were built
+from, plus the file's size and the parameter count). A process that finds a slot whose manifest matches its own
+key builds the model on the meta device (no memory, no initialisation) and assigns the saved tensors to it, loaded
+straight onto its device: the same parameters and buffers, bit for bit, as building it. Anything else (no slot
+yet, another config digest, dtype, seed, torch or transformers version, a truncated or unreadable file, a tensor
+missing or of another shape) is one log line saying why, then the model is built as usual and saved over the
+slot. A lock file per slot keeps processes that start together from building it twice.
+
+Random initialisation depends on where it ran (CPU and CUDA generators differ; a CUDA kernel's grid, and so the
+values it draws, may depend on the GPU's SM count), so the device type names the slot and the GPU's name is part of
+the key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import inspect
+import json
+import logging
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import attrs
+import torch
+from torch import nn
+
+import llm_perf_opt
+from llm_perf_opt.records.io import RecordError, load_file
+from llm_perf_opt.records.io import save as save_record
+from llm_perf_opt.records.saved_model import Manifest, SavedModelKey
+from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter
+
+log = logging.getLogger("llm_perf_opt.saved_model")
+
+WEIGHTS_FILE = "model.safetensors"
+MANIFEST_FILE = "manifest.json"
+LOCK_FILE = ".lock"
+LOADED_NOTE = "loaded from the run's saved model cache"
+
+
+def _digest(text: str) -> str:
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def config_digest(model: nn.Module) -> str:
+    """sha256 of the model's config as a sorted JSON text (its `to_dict()`; the class name without a config)."""
+    config = getattr(model, "config", None)
+    data = config.to_dict() if config is not None and hasattr(config, "to_dict") else {}
+    return _digest(json.dumps(data, sort_keys=True, default=str))
+
+
+def source_digest(model: nn.Module) -> str:
+    """sha256 of the file that defines the model's class ("" when it cannot be read)."""
+    try:
+        path = inspect.getsourcefile(type(model))
+        return _digest(Path(path).read_text(encoding="utf-8")) if path else ""
+    except (OSError, TypeError):
+        return ""
+
+
+def model_key(adapter: ModelAdapter, skeleton: nn.Module, dtype: torch.dtype, device: torch.device) -> SavedModelKey:
+    """The key of the model `adapter` builds (`skeleton`: the same model on the meta device) on `device`."""
+    import transformers
+
+    cls = type(skeleton)
+    return SavedModelKey(
+        model=adapter.settings.name,
+        adapter=adapter.settings.adapter,
+        model_class=f"{cls.__module__}.{cls.__qualname__}",
+        config_digest=config_digest(skeleton),
+        source_digest=source_digest(skeleton),
+        dtype=str(dtype).removeprefix("torch."),
+        seed=adapter.settings.seed,
+        init_device=init_device(device),
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+        llm_perf_opt=llm_perf_opt.__version__,
+    )
+
+
+def init_device(device: torch.device) -> str:
+    """`cpu`, or `cuda:<GPU name>` (the values a CUDA generator draws may depend on the GPU)."""
+    if device.type != "cuda":
+        return device.type
+    return f"cuda:{torch.cuda.get_device_name(device)}"
+
+
+def slot_folder(cache_dir: Path, key: SavedModelKey) -> Path:
+    """Where the model of `key` is saved under `cache_dir` (one folder per model, dtype, seed, device type and
+    config: rungs whose levers change the model's config do not overwrite each other's)."""
+    name = "".join(c if c.isalnum() or c in "._-" else "_" for c in key.model) or "model"
+    config = key.config_digest.removeprefix("sha256:")[:12]
+    device = key.init_device.split(":", 1)[0]
+    return cache_dir / f"{name}-{key.dtype}-seed{key.seed}-{device}-{config}"
+
+
+def tensor_slots(model: nn.Module) -> dict[str, list[tuple[nn.Module, str, bool]]]:
+    """Every parameter and buffer of `model` by the name it is saved under (the first of its tied names): where
+    it sits (module, attribute, is a parameter), each place a tied tensor occupies."""
+    owners = {name: module for name, module in model.named_modules(remove_duplicate=False)}
+    slots: dict[str, list[tuple[nn.Module, str, bool]]] = {}
+    canonical: dict[int, str] = {}
+    named: list[tuple[str, torch.Tensor, bool]] = [
+        (n, t, True) for n, t in model.named_parameters(remove_duplicate=False)
+    ]
+    named += [(n, t, False) for n, t in model.named_buffers(remove_duplicate=False)]
+    for name, tensor, is_param in named:
+        owner, _, leaf = name.rpartition(".")
+        first = canonical.setdefault(id(tensor), name)
+        slots.setdefault(first, []).append((owners[owner], leaf, is_param))
+    return slots
+
+
+def state_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors to save: every parameter and buffer once, under its first name, contiguous."""
+    slots = tensor_slots(model)
+    flat = {**dict(model.named_parameters(remove_duplicate=False)), **dict(model.named_buffers(remove_duplicate=False))}
+    return {name: flat[name].detach().contiguous() for name in slots}
+
+
+def save(folder: Path, model: nn.Module, key: SavedModelKey) -> Manifest:
+    """Write `model`'s tensors and manifest into `folder` (each file written aside, then renamed into place)."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = state_tensors(model)
+    weights, manifest_path = folder / WEIGHTS_FILE, folder / MANIFEST_FILE
+    manifest_path.unlink(missing_ok=True)  # no manifest while the weights change
+    partial = folder / f"{WEIGHTS_FILE}.partial-{os.getpid()}"
+    save_file(tensors, str(partial), metadata={"key": json.dumps(attrs.asdict(key), sort_keys=True)})
+    os.replace(partial, weights)
+    manifest = Manifest(
+        key=key,
+        parameters=sum(p.numel() for p in model.parameters()),
+        tensors=len(tensors),
+        file_bytes=weights.stat().st_size,
+    )
+    save_record(manifest, manifest_path)  # written aside, then renamed
+    return manifest
+
+
+def read_manifest(folder: Path, key: SavedModelKey) -> tuple[Manifest | None, str]:
+    """The slot's manifest when it matches `key` and its weights file is whole, else None and why not."""
+    weights, manifest_path = folder / WEIGHTS_FILE, folder / MANIFEST_FILE
+    if not manifest_path.is_file():
+        return None, "no saved model yet" if not weights.exists() else "its manifest.json is missing"
+    try:
+        manifest = load_file(manifest_path, Manifest, versioned=False)
+    except RecordError as exc:
+        return None, f"its {MANIFEST_FILE} cannot be read ({exc.problem.split(': ', 1)[-1]})"
+    if (difference := key.describe_difference(attrs.asdict(manifest.key))) is not None:
+        return None, f"it was saved for another model: {difference}"
+    size = weights.stat().st_size if weights.is_file() else None
+    if size != manifest.file_bytes:
+        found = "missing" if size is None else f"{size} bytes"
+        return None, f"{WEIGHTS_FILE} is {found}, its manifest says {manifest.file_bytes} bytes (truncated or replaced)"
+    return manifest, ""
+
+
+class SavedModelMismatch(ValueError):
+    """The saved tensors do not fit the model built now (the message says which)."""
+
+
+def assign_tensors(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Put `tensors` (by saved name) in place of `model`'s meta-device parameters and buffers, tied places sharing
+    one tensor; SavedModelMismatch when a name is missing or extra, or a shape or dtype differs."""
+    slots = tensor_slots(model)
+    check_names(slots, tensors)
+    for name, places in slots.items():
+        module, leaf, is_param = places[0]
+        old = module._parameters[leaf] if is_param else module._buffers[leaf]
+        new = tensors[name]
+        assert old is not None
+        if old.shape != new.shape or old.dtype != new.dtype:
+            raise SavedModelMismatch(
+                f"{name} is {tuple(new.shape)} {new.dtype} in the file, {tuple(old.shape)} {old.dtype} in the model"
+            )
+        value: torch.Tensor = nn.Parameter(new, requires_grad=old.requires_grad) if is_param else new
+        for module, leaf, param in places:
+            if param:
+                module._parameters[leaf] = value  # type: ignore[assignment]
+            else:
+                module._buffers[leaf] = value
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left:
+        raise SavedModelMismatch(f"{len(left)} tensor(s) stayed on the meta device, e.g. {left[0]}")
+
+
+@contextlib.contextmanager
+def slot_lock(folder: Path) -> Iterator[None]:
+    """Hold the slot's lock file (processes of one run that start together build and save it once)."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with (folder.parent / f"{folder.name}{LOCK_FILE}").open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def read_tensors(path: Path, model: nn.Module, device: torch.device) -> dict[str, torch.Tensor]:
+    """The saved tensors of `model`, read onto `device` in the model's own order (parameters, then buffers, as
+    building allocates them); SavedModelMismatch when the file lacks one or holds one the model has not."""
+    from safetensors import safe_open
+
+    wanted = list(tensor_slots(model))
+    with safe_open(str(path), framework="pt", device=str(device)) as saved:
+        check_names(wanted, saved.keys())
+        return {name: saved.get_tensor(name) for name in wanted}
+
+
+def check_names(wanted: Iterable[str], saved: Iterable[str]) -> None:
+    """SavedModelMismatch unless the saved names are the model's tensor names."""
+    want, have = set(wanted), set(saved)
+    if missing := sorted(want - have):
+        raise SavedModelMismatch(f"{len(missing)} tensor(s) of the model are not in the file, e.g. {missing[0]}")
+    if extra := sorted(have - want):
+        raise SavedModelMismatch(f"the file holds {len(extra)} tensor(s) the model has not, e.g. {extra[0]}")
+
+
+def load_saved(folder: Path, key: SavedModelKey, skeleton: LoadedModel, device: torch.device) -> LoadedModel | str:
+    """`skeleton` (the model on the meta device) with the slot's tensors loaded onto `device`, or why it cannot
+    be (a manifest of another key, a truncated or unreadable file, tensors that do not fit)."""
+    from safetensors import SafetensorError
+
+    manifest, why = read_manifest(folder, key)
+    if manifest is None:
+        return why
+    try:
+        tensors = read_tensors(folder / WEIGHTS_FILE, skeleton.model, device)
+        assign_tensors(skeleton.model, tensors)
+    except (SafetensorError, OSError, RuntimeError, SavedModelMismatch) as exc:
+        return f"{WEIGHTS_FILE} cannot be loaded ({type(exc).__name__}: {exc})"
+    parameters = sum(p.numel() for p in skeleton.model.parameters())
+    if parameters != manifest.parameters:
+        return f"it holds {manifest.parameters} parameters, the model has {parameters}"
+    return attrs.evolve(
+        skeleton, model=skeleton.model.eval(), weights_detail=f"{skeleton.weights_detail}; {LOADED_NOTE} {folder}"
+    )
+
+
+def load_or_build(adapter: ModelAdapter, *, device: torch.device, dtype: torch.dtype, cache_dir: Path) -> LoadedModel:
+    """The random-weights model `adapter` builds, loaded from its slot under `cache_dir` when one matches, else
+    built (one log line says why) and saved there for the next process."""
+    try:
+        skeleton = adapter.build_random(device=torch.device("meta"), dtype=dtype)
+    except (RuntimeError, NotImplementedError, TypeError, ValueError, AttributeError) as exc:
+        log.info("model cache not used: the model cannot be built on the meta device (%s: %s)", type(exc).__name__, exc)
+        return adapter.build_random(device=device, dtype=dtype)
+    key = model_key(adapter, skeleton.model, dtype, device)
+    folder = slot_folder(Path(cache_dir).expanduser(), key)
+    with slot_lock(folder):
+        loaded = load_saved(folder, key, skeleton, device)
+        if isinstance(loaded, LoadedModel):
+            log.info("model loaded from the saved model cache %s (not built)", folder)
+            return loaded
+        log.info("saved model in %s not used: %s; building it and saving it there", folder, loaded)
+        del skeleton
+        built = adapter.build_random(device=device, dtype=dtype)
+        manifest = save(folder, built.model, key)
+    log.info("saved the model to %s (%.2f GB) for the run's next processes", folder, manifest.file_bytes / 1e9)
+    return attrs.evolve(built, weights_detail=f"{built.weights_detail}; saved to the run's model cache {folder}")

@@ -3,14 +3,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
 from llm_perf_opt.records.common import PeakFigure, Summary
 from llm_perf_opt.records.memory import EnergyReport, MemoryReport
 from llm_perf_opt.records.modules import ModuleAttribution, ModuleTimes
+
+PerInput = TypeVar("PerInput")
+PerBatch = TypeVar("PerBatch")
 
 BYTES_SOURCE = "analytic model (llm_perf_opt.analytic): weights read + activations + KV cache"
 
@@ -191,6 +194,14 @@ class BatchRecord(PassTimes):
     def cost_key(self) -> str:
         """The key of this pass's FLOPs and analytic bytes: its batch."""
         return batch_key(self.batch)
+
+
+def per_forward(batches: Sequence[BatchRecord], per_input: PerInput, per_batch: PerBatch) -> PerInput | PerBatch:
+    """Which timed passes a run's figures (MFU, MBU, the speed of light, Stage 2's measured bytes) are over, the one
+    rule: its batch passes when it batched (a batch's inputs share its prefill and decode steps; per-input FLOPs over
+    the batch's time would count that time once per input), else its per-input passes. `per_input`, `per_batch`:
+    what goes with each (the passes, or the passes with their counted FLOPs and analytic costs)."""
+    return per_batch if batches else per_input
 
 
 @attrs.frozen
@@ -626,9 +637,9 @@ class Stage1Metrics:
 
     @property
     def forwards(self) -> tuple[ImageRecord, ...] | tuple[BatchRecord, ...]:
-        """The timed forwards, one per pass over one forward: the batch records when the run batched (its inputs
-        share a batch's prefill and decode steps), else the per-input records."""
-        return self.batches or self.records
+        """The timed forwards, one per pass over one forward (`per_forward`): the batch records when the run
+        batched, else the per-input records."""
+        return per_forward(self.batches, self.records, self.batches)
 
     def flops_of(self, forward: ImageRecord | BatchRecord) -> Mapping[str, float]:
         """Counted FLOPs per stage of one timed forward (a batch's, or an input's)."""

@@ -12,6 +12,7 @@ from llm_perf_opt.analytic.settings import AnalyticSettings, PricedModel, Worklo
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.pipeline.analytic import analytic_settings, build_report
+from llm_perf_opt.session.model_settings import ModelSettings
 
 
 def test_v1_settings_hold_the_mode_the_crop_grid_and_the_sweep_modes() -> None:
@@ -49,7 +50,13 @@ def test_a_workload_profile_checks_its_model_and_keeps_no_batch_size() -> None:
     with pytest.raises(UserError, match="workload=w is written for model=a or model=a_tiny"):
         profile.check_model("b")
     assert WorkloadProfile.from_config(None) is None
-    model = PricedModel.from_config({"name": "b", "architecture": {}, "preprocess": {"global_size": 1, "tile_size": 1}})
+    node = {
+        "name": "b",
+        "adapter": "deepseek_ocr2",
+        "architecture": {"layers": 1},
+        "preprocess": {"global_size": 1, "tile_size": 1},
+    }
+    model = PricedModel.from_settings(ModelSettings.from_config(node))
     with pytest.raises(UserError, match="this command runs model=b"):
         AnalyticSettings.from_config({}, model, profile)
 

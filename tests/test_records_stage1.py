@@ -4,7 +4,6 @@ round-trips exactly, and re-renders its reports byte for byte; bad files fail wi
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -16,11 +15,13 @@ from llm_perf_opt.records import io
 from llm_perf_opt.records.folders import Stage1Folder, load, load_stage1_metrics
 from llm_perf_opt.records.io import RecordError, converter, to_plain
 from llm_perf_opt.records.stage1 import Stage1Metrics
+from whatif_fixtures import RECORDED_SAMPLES, copy_stage1_run
 
 FIXTURES = Path(__file__).parent / "fixtures"
 METRICS = [
     FIXTURES / "metrics" / "h100_full_stage1.json",
     FIXTURES / "metrics" / "cpu_tiny_stage1.json",
+    FIXTURES / "metrics" / "cpu_tiny_batch2_stage1.json",
     *(FIXTURES / "compare" / name / "metrics.json" for name in ("h100_s1final", "h100_s1sol", "cpu_tiny")),
     FIXTURES / "runs" / "cpu_tiny_v1_stage1" / "metrics.json",
 ]
@@ -48,26 +49,13 @@ def test_the_real_h100_run_reads_as_typed_records() -> None:
     assert m.profiler is not None and m.profiler.decode_steps == 4
 
 
-RECORDED_SAMPLES = "/work/main/src/llm_perf_opt/data/samples"  # where the fixture run read its samples
-
-
-def _copy_run(tmp_path: Path) -> Path:
-    """The fixture folder with its input paths pointed at this installation's bundled samples."""
-    folder = tmp_path / "run"
-    shutil.copytree(RUN, folder)
-    for name in ("inputs.yaml", "predictions/predictions.jsonl"):
-        text = (folder / name).read_text()
-        (folder / name).write_text(text.replace(RECORDED_SAMPLES, str(bundled_samples_dir())))
-    return folder
-
-
 def _as_recorded(text: str) -> str:
     """Rendered Markdown with the samples folder named as the fixture run named it."""
     return text.replace(str(bundled_samples_dir()), RECORDED_SAMPLES)
 
 
 def test_a_whole_run_folder_loads_and_round_trips(tmp_path: Path) -> None:
-    folder = load(_copy_run(tmp_path))
+    folder = load(copy_stage1_run(tmp_path / "run"))
     assert isinstance(folder, Stage1Folder) and folder.status.state == "complete"
     assert folder.inputs is not None and folder.inputs.count == 1 and folder.operators is not None
     assert [p.image for p in folder.predictions] == list(folder.metrics.images)
@@ -77,7 +65,7 @@ def test_a_whole_run_folder_loads_and_round_trips(tmp_path: Path) -> None:
 
 
 def test_reports_rendered_from_the_records_are_byte_identical(tmp_path: Path) -> None:
-    folder = _copy_run(tmp_path)
+    folder = copy_stage1_run(tmp_path / "run")
     before = {name: (folder / name).read_text() for name in REPORTS}
     render(folder)
     for name in REPORTS:
@@ -111,7 +99,7 @@ def test_a_folder_without_metrics_says_what_it_is(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_stage1_report_rebuilds_a_copied_folder(tmp_path: Path) -> None:
-    folder = _copy_run(tmp_path)
+    folder = copy_stage1_run(tmp_path / "run")
     (folder / "report.md").unlink()
     done = run_cli("llm_perf_opt.cli.stage1_report", str(folder))
     assert done.returncode == 0, done.stderr

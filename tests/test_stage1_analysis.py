@@ -82,7 +82,9 @@ def test_a_batched_run_is_priced_per_batch() -> None:
 
 def test_warnings_say_what_the_figures_lack() -> None:
     m = load_stage1_metrics(METRICS / "cpu_tiny_stage1.json")
-    partial = attrs.evolve(m, settings=attrs.evolve(m.settings, partial=True, batch_size=2))
+    partial = attrs.evolve(
+        m, settings=attrs.evolve(m.settings, partial=True, runtime=attrs.evolve(m.settings.runtime, batch_size=2))
+    )
     skipped = (SkippedInput(path="/data/x.png", reason="unreadable"),)
     warnings = _analysis(partial, inputs=3, skipped=skipped).warnings((), no_peak=True)
     assert warnings[0].startswith("The run did not finish")

@@ -218,8 +218,7 @@ def _batch(index: int, size: int, decode_ms: float) -> BatchRecord:
     return BatchRecord(
         batch=index, repeat=0, images=tuple(f"p{index}_{i}" for i in range(size)), preprocess_ms=1.0, prefill_ms=2.0,
         vision_ms={}, decode_ms=decode_ms, decode_step_ms=(decode_ms / 2, decode_ms / 2), new_tokens=3,
-        padded_prompt_tokens=10, peak_memory_bytes=None, aggregate_decode_tokens_per_s=size * 2 / decode_ms * 1e3,
-        pages_per_s=size / (3.0 + decode_ms) * 1e3,
+        padded_prompt_tokens=10, peak_memory_bytes=None,
     )  # fmt: skip
 
 

@@ -6,20 +6,24 @@
 - :class:`WorkloadProfile`: a named workload (`workload_profile`, set by `conf/workload/*.yaml`);
 - :class:`AnalyticSettings`: the `analytic.*` node (the page a config report prices, the GPUs, the view what-if).
 
-The `from_config` constructors take plain data (a pipeline converts its config nodes first); every bad value is a
+The `from_config` constructors take plain data (a pipeline converts its config nodes first; the model node comes
+parsed, as `ModelSettings`); every bad value is a
 UserError naming the setting. Nothing else below `pipeline/` reads a config.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from llm_perf_opt.errors import UserError, require_whole
 from llm_perf_opt.models.deepseek_ocr.preprocess import Mode, mode_from_config
 from llm_perf_opt.records.vocabulary import SUPPORTED_DTYPES_TEXT, dtype_bytes
+
+if TYPE_CHECKING:  # read by attribute only: no import of session/ at run time
+    from llm_perf_opt.session.model_settings import ModelSettings
 
 
 def crop_grid_from(value: Any, name: str = "analytic.crop_grid") -> tuple[int, int]:
@@ -47,19 +51,20 @@ class PricedModel:
     tile_size: int | None = None
 
     @classmethod
-    def from_config(cls, model: Mapping[str, Any]) -> PricedModel:
-        """From the `model` node as plain data; an unknown `model.mode` raises UserError."""
-        modes = model.get("modes")
-        prompt = model.get("prompt") or {}
-        common = {
-            "name": str(model["name"]),
-            "adapter": None if model.get("adapter") is None else str(model["adapter"]),
-            "architecture": model["architecture"],
-            "prompt_text_tokens": prompt.get("text_tokens"),
+    def from_settings(cls, model: ModelSettings) -> PricedModel:
+        """From the `model:` node as the pipeline read it once (`session.model_settings.ModelSettings`, at its edge
+        or from a saved config.yaml); an unknown `model.mode` raises UserError."""
+        if not model.architecture:  # a DeepSeek-OCR node always has one; the key is what a saved config lacks
+            raise KeyError("architecture")
+        common: dict[str, Any] = {
+            "name": model.name,
+            "adapter": model.adapter,
+            "architecture": model.architecture,
+            "prompt_text_tokens": model.prompt.text_tokens,
         }
-        if modes is not None:
-            return cls(**common, modes=modes, mode=mode_from_config(str(model["mode"]), modes))
-        pre = model["preprocess"]
+        if model.modes:
+            return cls(**common, modes=model.modes, mode=mode_from_config(str(model.mode), model.modes))
+        pre = model.preprocess
         return cls(**common, global_size=int(pre["global_size"]), tile_size=int(pre["tile_size"]))
 
     @property

@@ -28,14 +28,15 @@ def _main(cfg: DictConfig) -> None:
         art.start(run_dir.name)
         try:
             check_workload_model(cfg)  # a named workload with another model: one paragraph, before anything else
-            if not make_adapter(ModelSettings.from_config(plain(cfg.model))).has_analytic_model:
+            model = ModelSettings.from_config(plain(cfg.model))  # the `model:` node, read once
+            if not make_adapter(model).has_analytic_model:
                 raise UserError(
                     f"analytic-report has no static model of {cfg.model.name} (adapter {cfg.model.adapter}): it prices "
                     "the DeepSeek-OCR models",
                     "Run stage1-run with the same model: dense decoder-only models (Llama, Qwen2, Mistral) get "
                     "analytic FLOPs and bytes per stage in its report",
                 )
-            report = write_analytic_report(art, cfg)
+            report = write_analytic_report(art, cfg, model)
         except UserError as exc:
             art.finish(artifacts.FAILED, str(exc))
             raise

@@ -56,6 +56,7 @@ from llm_perf_opt.records.stage1 import (
     StageEfficiency,
     StageStat,
     StageVariation,
+    per_forward,
 )
 
 
@@ -160,12 +161,13 @@ class Stage1Analysis:
         }
 
     def forwards(self) -> Forwards:
-        """The batch passes when the run batched, else the per-input passes (the rule of
-        `Stage1Metrics.forwards`), with their FLOPs and analytic costs."""
+        """The batch passes when the run batched, else the per-input passes (`records.stage1.per_forward`, the rule
+        of `Stage1Metrics.forwards`), with their FLOPs and analytic costs."""
         m = self.measured
-        if m.batches:
-            return Forwards(m.batches, m.batch_flops, self.flops_per_stage(m.batch_flops), m.batch_analytic)
-        return Forwards(m.records, m.flops, self.flops_per_stage(m.flops), m.analytic)
+        passes, flops, costs = per_forward(
+            m.batches, (m.records, m.flops, m.analytic), (m.batches, m.batch_flops, m.batch_analytic)
+        )
+        return Forwards(passes, flops, self.flops_per_stage(flops), costs)
 
     def per_input(self) -> dict[str, tuple[StageStat, ...]]:
         """Stage statistics of each input over its own timed passes, in run order."""
@@ -387,7 +389,7 @@ class Stage1Analysis:
             return None if m.energy_reason is None else EnergyReport(available=False, reason=m.energy_reason)
         e = m.energy
         idle_w = e.idle.watts
-        flops = self.flops_per_stage(m.batch_flops if m.batches else m.flops).get(e.input, {})
+        flops = self.forwards().flops_per_stage.get(e.input, {})
         whole = _stage_energy(
             "pass",
             e.whole.millijoules / 1e3 / e.whole.iterations,

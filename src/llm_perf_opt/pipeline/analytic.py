@@ -26,6 +26,7 @@ from llm_perf_opt.records.common import SCHEMA_VERSION
 from llm_perf_opt.records.io import dumps
 from llm_perf_opt.records.vocabulary import DECODE, PREFILL
 from llm_perf_opt.report.analytic_report import analytic_report_md
+from llm_perf_opt.session.model_settings import ModelSettings
 
 CONFIG_WEIGHTS = "none: priced from the config alone"
 RUN_WEIGHTS = "none: priced from the config and the inputs the run measured"
@@ -43,10 +44,11 @@ def check_workload_model(cfg: DictConfig) -> None:
         profile.check_model(str(cfg.model.name))
 
 
-def analytic_settings(cfg: DictConfig) -> AnalyticSettings:
-    """The analytic settings of the composed config (`model`, `analytic`, `workload_profile`), checked once."""
-    model = PricedModel.from_config(plain(cfg.model))
-    return AnalyticSettings.from_config(plain(cfg.analytic), model, workload_profile(cfg))
+def analytic_settings(cfg: DictConfig, model: ModelSettings | None = None) -> AnalyticSettings:
+    """The analytic settings of the composed config (`analytic`, `workload_profile`) and of its `model:` node,
+    checked once; `model`: that node as the caller already parsed it (else parsed here)."""
+    parsed = model if model is not None else ModelSettings.from_config(plain(cfg.model))
+    return AnalyticSettings.from_config(plain(cfg.analytic), PricedModel.from_settings(parsed), workload_profile(cfg))
 
 
 def report_gpus(settings: AnalyticSettings) -> tuple[list[GpuSpec], GpuSpec]:
@@ -94,9 +96,9 @@ def _assemble(
     )
 
 
-def build_report(cfg: DictConfig) -> AnalyticReport:
-    """The analytic report of the page the config describes."""
-    settings = analytic_settings(cfg)
+def build_report(cfg: DictConfig, model: ModelSettings | None = None) -> AnalyticReport:
+    """The analytic report of the page the config describes (`model`: its `model:` node, parsed)."""
+    settings = analytic_settings(cfg, model)
     spec = ModelSpec.from_architecture(settings.model.architecture)
     workload = configured_workload(settings)
     gpus, reference = report_gpus(settings)
@@ -104,9 +106,9 @@ def build_report(cfg: DictConfig) -> AnalyticReport:
     return _assemble(settings, spec, workload, costs, settings.dtype, gpus, reference, CONFIG_WEIGHTS)
 
 
-def build_run_report(cfg: DictConfig, priced: RunWorkload) -> AnalyticReport:
+def build_run_report(cfg: DictConfig, priced: RunWorkload, model: ModelSettings | None = None) -> AnalyticReport:
     """The analytic report of the inputs a Stage 1 run measured: each input priced as it ran, the tables summed."""
-    settings = analytic_settings(cfg)
+    settings = analytic_settings(cfg, model)
     gpus, reference = report_gpus(settings)
     spec = ModelSpec.from_architecture(settings.model.architecture)
     inputs = run_workloads(settings.model, spec, priced)
@@ -133,11 +135,14 @@ def _write(art: ArtifactsManager, report: AnalyticReport) -> Path:
     return art.write_text(f"{ANALYTIC_DIR}/report.md", analytic_report_md(report))
 
 
-def write_analytic_report(art: ArtifactsManager, cfg: DictConfig) -> Path:
+def write_analytic_report(art: ArtifactsManager, cfg: DictConfig, model: ModelSettings | None = None) -> Path:
     """Write report.json and report.md of the configured page under `static_analysis/analytic_model/`."""
-    return _write(art, build_report(cfg))
+    return _write(art, build_report(cfg, model))
 
 
-def write_analytic_report_for_run(art: ArtifactsManager, cfg: DictConfig, priced: RunWorkload) -> Path:
-    """Write report.json and report.md of the inputs a Stage 1 run measured under `static_analysis/analytic_model/`."""
-    return _write(art, build_run_report(cfg, priced))
+def write_analytic_report_for_run(
+    art: ArtifactsManager, cfg: DictConfig, priced: RunWorkload, model: ModelSettings | None = None
+) -> Path:
+    """Write report.json and report.md of the inputs a Stage 1 run measured under `static_analysis/analytic_model/`
+    (`model`: the run's `model:` node as it parsed it)."""
+    return _write(art, build_run_report(cfg, priced, model))

@@ -403,9 +403,8 @@ class Stage1Run:
         metrics = Stage1Analysis(self.state, setup).metrics()
         self.art.write_json(METRICS_FILE, metrics)
         if self.session.adapter.has_analytic_model and metrics.records:  # priced as measured: tiles, tokens, dtype
-            write_analytic_report_for_run(
-                self.art, self.cfg, RunWorkload.from_records(metrics.records, metrics.model.dtype)
-            )
+            priced = RunWorkload.from_records(metrics.records, metrics.model.dtype)
+            write_analytic_report_for_run(self.art, self.cfg, priced, self.session.adapter.settings)
         if self.state.operators is not None:
             self.art.write_json(OPERATORS_FILE, self.state.operators)
         if self.state.prefill_logits:

@@ -125,7 +125,6 @@ def run_settings(
         max_new_tokens=settings.max_new_tokens,
         max_images=settings.max_images,
         sources=dict(settings.sources),
-        batch_size=runtime.batch_size,
         workload_profile=plain(cfg.workload_profile) if cfg.get("workload_profile") else None,
         partial=partial,
         input_kind=inputs.kind if inputs else "image",

@@ -56,6 +56,7 @@ from llm_perf_opt.records.stage2 import (
     ToolInfo,
 )
 from llm_perf_opt.report import stage2_plots, stage2_reports
+from llm_perf_opt.session.model_settings import ModelSettings
 from llm_perf_opt.session.runtime import RuntimeSettings
 
 log = logging.getLogger("llm_perf_opt.stage2")
@@ -515,7 +516,7 @@ def _workload_model(path: Path) -> WorkloadModel | None:
             raise ValueError("not a mapping")
         if str(config.model.get("adapter")) not in REPRICED_ADAPTERS:
             return None
-        return WorkloadModel(model=PricedModel.from_config(plain(config.model)))
+        return WorkloadModel(model=PricedModel.from_settings(ModelSettings.from_config(plain(config.model))))
     except (ValueError, KeyError, AttributeError, TypeError, ConfigKeyError) as exc:
         return WorkloadModel(problem=str(exc))
 

@@ -15,8 +15,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+import attrs
 import cattrs
 import yaml
+from cattrs.gen import make_dict_unstructure_fn
 
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.records.common import SCHEMA_MAJOR, SCHEMA_VERSION
@@ -26,6 +28,17 @@ T = TypeVar("T")
 converter = cattrs.Converter()
 converter.register_unstructure_hook(Path, str)
 converter.register_structure_hook(Path, lambda value, _: Path(value))
+
+
+def _has_derived(cls: Any) -> bool:
+    return attrs.has(cls) and any(not a.init for a in attrs.fields(cls))
+
+
+# A derived field (attrs `init=False`, computed from the others: e.g. `ImageRecord.ttft_ms`) is written in its place
+# among the fields, for the file's readers, and never read back: a loaded record derives it again.
+converter.register_unstructure_hook_factory(
+    _has_derived, lambda cls: make_dict_unstructure_fn(cls, converter, _cattrs_include_init_false=True)
+)
 
 
 class RecordError(UserError):

@@ -3,14 +3,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
 from llm_perf_opt.records.common import PeakFigure, Summary
 from llm_perf_opt.records.memory import EnergyReport, MemoryReport
 from llm_perf_opt.records.modules import ModuleAttribution, ModuleTimes
+
+PerInput = TypeVar("PerInput")
+PerBatch = TypeVar("PerBatch")
 
 BYTES_SOURCE = "analytic model (llm_perf_opt.analytic): weights read + activations + KV cache"
 
@@ -77,8 +80,56 @@ class DeviceInfo:
     timing_method: str
 
 
+def ttft_of(timed: PassTimes) -> float:
+    """Time to first token of one timed pass (ms): preprocess + prefill (the first token comes out of the prefill
+    forward; each input of a batch waits for the whole batch's preprocessing and prefill)."""
+    return timed.preprocess_ms + timed.prefill_ms
+
+
+def e2e_of(timed: PassTimes) -> float:
+    """End to end (ms): preprocess + prefill + decode."""
+    return ttft_of(timed) + timed.decode_ms
+
+
+def aggregate_decode_rate(new_tokens: int, decode_ms: float, size: int) -> float | None:
+    """Decode tokens per second of a whole batch of `size` inputs: every input's tokens after the first (which comes
+    out of the prefill) over the decode time; None when nothing was decoded."""
+    return None if not decode_ms else (new_tokens - 1) / decode_ms * 1e3 * size
+
+
+def pages_rate(size: int, e2e_ms: float) -> float:
+    """Inputs finished per second by a batch of `size` inputs, end to end (preprocessing included)."""
+    return size / e2e_ms * 1e3
+
+
+class PassTimes:
+    """The shape of one timed pass, over one input or over one batch alike, measured (`session.ImageMeasurement`,
+    `session.BatchMeasurement`) or recorded (`ImageRecord`, `BatchRecord`): its preprocessing, prefill (vision
+    included) and decode times (ms), and the times derived from them here, in one place. A record that saves a
+    derived time in its file holds it as a derived field (`attrs.field(init=False)`): written, never read back."""
+
+    __slots__ = ()
+
+    if TYPE_CHECKING:
+
+        @property
+        def preprocess_ms(self) -> float: ...
+        @property
+        def prefill_ms(self) -> float: ...
+        @property
+        def decode_ms(self) -> float: ...
+
+    @property
+    def ttft_ms(self) -> float:
+        return ttft_of(self)
+
+    @property
+    def e2e_ms(self) -> float:
+        return e2e_of(self)
+
+
 @attrs.frozen
-class ImageRecord:
+class ImageRecord(PassTimes):
     """One timed pass over one input (times in ms). `image` is its path relative to the dataset root."""
 
     image: str
@@ -86,10 +137,11 @@ class ImageRecord:
     preprocess_ms: float
     prefill_ms: float  # vision included
     vision_ms: Mapping[str, float]  # nested inside prefill
-    ttft_ms: float
+    # derived (`ttft_of`, `e2e_of`) and saved in the file for its readers
+    ttft_ms: float = attrs.field(init=False, default=attrs.Factory(ttft_of, takes_self=True))
     decode_ms: float
     decode_step_ms: tuple[float, ...]
-    e2e_ms: float  # preprocess + prefill + decode
+    e2e_ms: float = attrs.field(init=False, default=attrs.Factory(e2e_of, takes_self=True))
     new_tokens: int
     prompt_tokens: int
     image_tokens: int
@@ -110,7 +162,7 @@ def batch_key(index: int) -> str:
 
 
 @attrs.frozen
-class BatchRecord:
+class BatchRecord(PassTimes):
     """One timed pass over one batch of inputs (`run.batch_size` > 1; times in ms, rates per second).
 
     The inputs are preprocessed and run through vision one after the other, then the decoder prefills and decodes
@@ -127,8 +179,11 @@ class BatchRecord:
     new_tokens: int  # per input (the first from prefill)
     padded_prompt_tokens: int  # prompt positions after left padding (the longest prompt)
     peak_memory_bytes: int | None
-    aggregate_decode_tokens_per_s: float | None  # decode tokens of every input / decode time
-    pages_per_s: float  # inputs finished per second, end to end
+    # derived: decode tokens of every input / decode time, and inputs finished per second, end to end
+    aggregate_decode_tokens_per_s: float | None = attrs.field(
+        init=False, default=attrs.Factory(lambda b: aggregate_decode_rate(b.new_tokens, b.decode_ms, b.size), True)
+    )
+    pages_per_s: float = attrs.field(init=False, default=attrs.Factory(lambda b: pages_rate(b.size, b.e2e_ms), True))
     experts_hit_per_step: float | None = None  # MoE: distinct experts per decode step and layer (routing record)
 
     @property
@@ -136,18 +191,17 @@ class BatchRecord:
         return len(self.images)
 
     @property
-    def ttft_ms(self) -> float:
-        """Every input's time to first token: the batch's preprocessing and prefill (each input waits for them)."""
-        return self.preprocess_ms + self.prefill_ms
-
-    @property
-    def e2e_ms(self) -> float:
-        return self.ttft_ms + self.decode_ms
-
-    @property
     def cost_key(self) -> str:
         """The key of this pass's FLOPs and analytic bytes: its batch."""
         return batch_key(self.batch)
+
+
+def per_forward(batches: Sequence[BatchRecord], per_input: PerInput, per_batch: PerBatch) -> PerInput | PerBatch:
+    """Which timed passes a run's figures (MFU, MBU, the speed of light, Stage 2's measured bytes) are over, the one
+    rule: its batch passes when it batched (a batch's inputs share its prefill and decode steps; per-input FLOPs over
+    the batch's time would count that time once per input), else its per-input passes. `per_input`, `per_batch`:
+    what goes with each (the passes, or the passes with their counted FLOPs and analytic costs)."""
+    return per_batch if batches else per_input
 
 
 @attrs.frozen
@@ -432,7 +486,7 @@ class RunSettings:
     max_new_tokens: int
     max_images: int | None
     sources: Mapping[str, str]
-    batch_size: int = 1
+    batch_size: int = attrs.field(init=False)  # run.batch_size: the runtime's (`runtime.batch_size`), saved here too
     decoding: str = "greedy, fixed length (EOS ignored), first token from prefill"
     partial: bool = False
     workload_profile: Mapping[str, Any] | None = None
@@ -444,6 +498,9 @@ class RunSettings:
     outputs: OutputSettings = attrs.field(factory=OutputSettings)
     runtime: RuntimeRecord = attrs.field(factory=RuntimeRecord)
     fill_batches: bool = False  # run.fill_batches: batches filled to run.batch_size with copies of their inputs
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "batch_size", self.runtime.batch_size)  # derived after `runtime`, set before it
 
 
 @attrs.frozen
@@ -580,9 +637,9 @@ class Stage1Metrics:
 
     @property
     def forwards(self) -> tuple[ImageRecord, ...] | tuple[BatchRecord, ...]:
-        """The timed forwards, one per pass over one forward: the batch records when the run batched (its inputs
-        share a batch's prefill and decode steps), else the per-input records."""
-        return self.batches or self.records
+        """The timed forwards, one per pass over one forward (`per_forward`): the batch records when the run
+        batched, else the per-input records."""
+        return per_forward(self.batches, self.records, self.batches)
 
     def flops_of(self, forward: ImageRecord | BatchRecord) -> Mapping[str, float]:
         """Counted FLOPs per stage of one timed forward (a batch's, or an input's)."""

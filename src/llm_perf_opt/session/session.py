@@ -19,7 +19,14 @@ from llm_perf_opt.measure.routing import RoutingRecorder, RoutingTrace, mean_uni
 from llm_perf_opt.measure.timing import NullRecorder, StageRecorder
 from llm_perf_opt.models.sam_flex_attention import apply_sam_attention
 from llm_perf_opt.records import vocabulary as vocab
-from llm_perf_opt.records.stage1 import BatchRecord, CompileSummary, ImageRecord
+from llm_perf_opt.records.stage1 import (
+    BatchRecord,
+    CompileSummary,
+    ImageRecord,
+    PassTimes,
+    aggregate_decode_rate,
+    pages_rate,
+)
 from llm_perf_opt.session import saved_model
 from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, PreparedInputs
 from llm_perf_opt.session.adapters.deepseek_ocr import DeepseekOcrAdapter
@@ -90,14 +97,14 @@ def device_name(device: torch.device) -> str:
     return cpu_model()
 
 
-class PassTimes:
-    """The times (ms) of one timed pass derived from its preprocessing and stage times, for one input's pass and one
-    batch's alike: prefill (vision included), decode, time to first token and end to end."""
+class StagePassTimes(PassTimes):
+    """A measured pass's prefill (vision included) and decode times (ms), from its stage times; the times derived
+    from them are `records.stage1.PassTimes`'s, the same for an input's pass and a batch's, measured or recorded."""
+
+    __slots__ = ()
 
     if TYPE_CHECKING:
 
-        @property
-        def preprocess_ms(self) -> float: ...
         @property
         def stage_ms(self) -> Mapping[str, float]: ...
 
@@ -109,18 +116,9 @@ class PassTimes:
     def decode_ms(self) -> float:
         return self.stage_ms.get(vocab.DECODE, 0.0)
 
-    @property
-    def ttft_ms(self) -> float:
-        """Time to first token: preprocess + prefill (the first token comes out of the prefill forward)."""
-        return self.preprocess_ms + self.prefill_ms
-
-    @property
-    def e2e_ms(self) -> float:
-        return self.preprocess_ms + self.prefill_ms + self.decode_ms
-
 
 @attrs.frozen
-class ImageMeasurement(PassTimes):
+class ImageMeasurement(StagePassTimes):
     """One pass over one image: stage times (ms), tokens and memory."""
 
     preprocess_ms: float
@@ -148,10 +146,8 @@ class ImageMeasurement(PassTimes):
             preprocess_ms=self.preprocess_ms,
             prefill_ms=self.prefill_ms,
             vision_ms={s: self.stage_ms.get(s, 0.0) for s in vision_stages},
-            ttft_ms=self.ttft_ms,
             decode_ms=self.decode_ms,
             decode_step_ms=self.decode_step_ms,
-            e2e_ms=self.e2e_ms,
             new_tokens=len(self.token_ids),
             prompt_tokens=self.prompt_tokens,
             image_tokens=self.image_tokens,
@@ -179,7 +175,7 @@ class PageResult:
 
 
 @attrs.frozen
-class BatchMeasurement(PassTimes):
+class BatchMeasurement(StagePassTimes):
     """One pass over a batch: per-input results and the batch's stage times (ms), tokens and memory.
 
     Every input of the batch gets its first token when the batched prefill ends and its last when the last decode
@@ -212,20 +208,17 @@ class BatchMeasurement(PassTimes):
     @property
     def decode_tokens_per_s(self) -> float | None:
         """Decode tokens per second of one input (tokens after the first, over the decode time)."""
-        if not self.decode_ms:
-            return None
-        return (self.new_tokens - 1) / self.decode_ms * 1e3
+        return aggregate_decode_rate(self.new_tokens, self.decode_ms, 1)
 
     @property
     def aggregate_decode_tokens_per_s(self) -> float | None:
-        """Decode tokens per second of the whole batch."""
-        per_input = self.decode_tokens_per_s
-        return None if per_input is None else per_input * self.batch_size
+        """Decode tokens per second of the whole batch (as its `BatchRecord` saves it)."""
+        return aggregate_decode_rate(self.new_tokens, self.decode_ms, self.batch_size)
 
     @property
     def pages_per_s(self) -> float:
-        """Inputs finished per second, end to end (preprocessing included)."""
-        return self.batch_size / self.e2e_ms * 1e3
+        """Inputs finished per second, end to end (as its `BatchRecord` saves it)."""
+        return pages_rate(self.batch_size, self.e2e_ms)
 
     def page_measurements(self) -> tuple[ImageMeasurement, ...]:
         """Each input as an :class:`ImageMeasurement`: its own vision sub-stages and tokens; the batch's
@@ -264,8 +257,6 @@ class BatchMeasurement(PassTimes):
             new_tokens=self.new_tokens,
             padded_prompt_tokens=self.padded_prompt_tokens,
             peak_memory_bytes=self.peak_memory_bytes,
-            aggregate_decode_tokens_per_s=self.aggregate_decode_tokens_per_s,
-            pages_per_s=self.pages_per_s,
             experts_hit_per_step=None if self.routing is None else mean_unique_experts([self.routing]),
         )
 

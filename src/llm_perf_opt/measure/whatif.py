@@ -86,9 +86,11 @@ def pass_values(metrics: Stage1Metrics, name: str, decode_tokens: int | None = N
     """One value of objective `name` per timed pass: per batch pass when the run batched inputs, else per input
     pass (decode ms/token: the pass's mean step time; aggregate tokens/s: every input's decode tokens; whole-page
     latency: TTFT + (N − 1) × the pass's mean step, N = `decode_tokens` or the pass's own new tokens)."""
-    if metrics.batches:
-        return [v for b in metrics.batches if (v := _batch_value(b, name, decode_tokens)) is not None]
-    return [v for r in metrics.records if (v := _record_value(r, name, decode_tokens)) is not None]
+    values = (
+        _batch_value(f, name, decode_tokens) if isinstance(f, BatchRecord) else _record_value(f, name, decode_tokens)
+        for f in metrics.forwards
+    )
+    return [v for v in values if v is not None]
 
 
 def _page_latency(ttft: float, steps: Sequence[float], tokens: int) -> float | None:

@@ -37,7 +37,7 @@ def main() -> None:
                 reference = preprocess(image, mode)
                 for dtype in (torch.bfloat16, torch.float32):
                     diff = compare_views(reference, preprocess_on_device(image, mode, device=device, dtype=dtype))
-                    print(f"  {name:20s} {mode_name:7s} {str(dtype):15s} {diff}")
+                    print(f"  {name:20s} {mode_name:7s} {dtype!s:15s} {diff}")
 
 
 if __name__ == "__main__":

@@ -98,6 +98,8 @@ def test_tiles_are_cut_row_by_row_by_one_reshape() -> None:
         image.paste(colour, ((i % 3) * 8, (i // 3) * 8, (i % 3 + 1) * 8, (i // 3 + 1) * 8))
     tiles = tile_views(levels(image), (3, 2), 8, torch.float32)
     assert tiles.shape == (6, 3, 8, 8) and tiles.is_contiguous()
+    column = tile_views(torch.zeros(3, 24, 8), (1, 3), 8, torch.float32)
+    assert column.shape == (3, 3, 8, 8) and column.is_contiguous()  # one column of tiles: a view, made contiguous
     for i, colour in enumerate(colours):
         expected = (torch.tensor(colour, dtype=torch.float32) / 255.0 - 0.5) / 0.5
         assert torch.equal(tiles[i], expected[:, None, None].expand(3, 8, 8))

@@ -127,7 +127,8 @@ def tile_views(pixels: torch.Tensor, grid: tuple[int, int], tile: int, dtype: to
     """The page resized to the grid and cut into (n_w * n_h, 3, T, T) tiles, row by row: one reshape."""
     across, down = grid
     page = normalise(resize(pixels, across * tile, down * tile), dtype)
-    return page.view(3, down, tile, across, tile).permute(1, 3, 0, 2, 4).reshape(down * across, 3, tile, tile)
+    tiles = page.view(3, down, tile, across, tile).permute(1, 3, 0, 2, 4).reshape(down * across, 3, tile, tile)
+    return tiles.contiguous()  # one column of tiles reshapes to a view: the model gets contiguous tiles either way
 
 
 def preprocess_on_device(

@@ -159,17 +159,18 @@ def test_where_the_model_is_saved_changes_no_config_digest() -> None:
 
 
 def test_stage2_child_commands_carry_the_run_model_cache(tmp_path: Path) -> None:
-    cfg = compose_stage2("model=deepseek_ocr_tiny")
+    cfg = compose_stage2("model=deepseek_ocr_tiny", "stage2.reuse_model=true")
     run = Stage2Run(cfg, tmp_path, run_id="x", task_overrides=["model=deepseek_ocr_tiny"])
     assert run.model_cache == tmp_path / MODEL_CACHE_DIR
     for ncu in (False, True):
         argv = workload_argv(cfg, run.user_overrides, tmp_path, name="w", ncu=ncu, model_cache=run.model_cache)
         assert f"model.cache_dir={tmp_path / MODEL_CACHE_DIR}" in argv
-    mine = ["model=deepseek_ocr_tiny", "model.cache_dir=/keep"]  # the user's folder is forwarded as set
+    mine = ["model=deepseek_ocr_tiny", "model.cache_dir=/keep", "stage2.reuse_model=true"]  # the user's folder, as set
     assert Stage2Run(compose_stage2(*mine), tmp_path, run_id="x", task_overrides=mine).model_cache is None
     off = compose_stage2("stage2.reuse_model=false")
     assert Stage2Run(off, tmp_path, run_id="x", task_overrides=[]).model_cache is None
-    checkpoint = compose_stage2(f"model.path={tmp_path}")
+    assert Stage2Run(compose_stage2(), tmp_path, run_id="x", task_overrides=[]).model_cache is None  # off by default
+    checkpoint = compose_stage2(f"model.path={tmp_path}", "stage2.reuse_model=true")
     assert Stage2Run(checkpoint, tmp_path, run_id="x", task_overrides=[]).model_cache is None
     argv = workload_argv(cfg, [], tmp_path, name="w", model_cache=None)
     assert not any(a.startswith("model.cache_dir=") for a in argv)
@@ -181,7 +182,7 @@ def _whatif_caches(tmp_path: Path, *overrides: str) -> Any:
 
 
 def test_whatif_rung_commands_carry_the_model_cache_and_inductor_env(tmp_path: Path) -> None:
-    caches = _whatif_caches(tmp_path, "whatif_run.inductor_cache=run")
+    caches = _whatif_caches(tmp_path, "whatif_run.inductor_cache=run", "whatif_run.reuse_model=true")
     assert caches.owned == (tmp_path / "model_cache", tmp_path / INDUCTOR_CACHE_DIR)
     job = RungJob(
         "baseline",
@@ -208,7 +209,7 @@ def test_whatif_rung_commands_carry_the_model_cache_and_inductor_env(tmp_path: P
 
 def test_whatif_caches_follow_their_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    default = _whatif_caches(tmp_path)  # a stable per-user folder, kept between runs
+    default = _whatif_caches(tmp_path, "whatif_run.reuse_model=true")  # inductor: a per-user folder, kept
     assert default.env == ((INDUCTOR_CACHE_ENV, str(tmp_path / "xdg" / "llm_perf_opt" / "inductor")),)
     assert default.owned == (tmp_path / "model_cache",)
     off = _whatif_caches(tmp_path, "whatif_run.reuse_model=false", "whatif_run.inductor_cache=null")

@@ -67,7 +67,7 @@ def config_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def ladder(config_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     out = tmp_path_factory.mktemp("whatif") / "run"
-    done = whatif(config_dir, "whatif=tiny_test", *WORKLOAD, f"hydra.run.dir={out}")
+    done = whatif(config_dir, "whatif=tiny_test", *WORKLOAD, "whatif_run.reuse_model=true", f"hydra.run.dir={out}")
     return out, done
 
 

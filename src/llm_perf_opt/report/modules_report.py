@@ -73,7 +73,7 @@ def module_row(row: ModuleFloorRow) -> list[str]:
 
 def stage_summary(stage: StageModules, time_kind: str) -> str:
     """One sentence: the stage's time, floor, attributed share and method."""
-    per = "per decode step" if stage.stage == DECODE_STEP else "per pass"
+    per = "per decode step" if stage.stage.startswith(DECODE_STEP) else "per pass"
     floor = f", floor {stage.floor_ms:,.3f} ms ({stage.total_ms / stage.floor_ms:,.1f}×)" if stage.floor_ms else ""
     text = (
         f"{time_kind} {stage.total_ms:,.3f} ms {per}{floor}; {stage.attributed_share:.1%} given to a module"
@@ -183,7 +183,7 @@ def modules_plot(a: ModuleAttribution, path: Path) -> Path | None:
         ax.invert_yaxis()
         ax.tick_params(axis="y", labelsize=7)
         ax.set_xlim(0, max(max(r.ms for r in rows), max(floors)) * 1.35)
-        per = "per decode step" if stage.stage == DECODE_STEP else "per pass"
+        per = "per decode step" if stage.stage.startswith(DECODE_STEP) else "per pass"
         order = "time above floor" if any(floors) else "time"
         ax.set_title(f"{stage.stage}: {a.time_kind} by module, {per} (sorted by {order})", fontsize=9)
         ax.set_xlabel("ms", fontsize=8)

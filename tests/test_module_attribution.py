@@ -270,3 +270,24 @@ def test_whatif_report_shows_which_modules_each_lever_moved(tmp_path: Path) -> N
     assert "## Which modules each lever moved" in text and "`experts`|1.000|0.300|-0.700" in text
     assert "plots/module_waterfall.png" in text
     assert module_waterfall(record, tmp_path / "w.png") is not None
+
+
+def test_a_generic_hf_model_places_the_dense_analytic_names_on_its_modules(compose_model: Any) -> None:
+    from llm_perf_opt.session.session import InferenceSession
+
+    session = InferenceSession.load(compose_model("model=hf", "model.config=qwen2_tiny"), torch.device("cpu"))
+    roots = session.adapter.analytic_module_roots(session.model)
+    assert roots == {"": "model", "lm_head": "lm_head"}
+    resolve = ModuleResolver([name for name, _ in session.model.named_modules()], roots).resolve
+    assert resolve("layers.0.self_attn.q_proj") == "model.layers.0.self_attn.q_proj"
+    assert resolve("layers.1.self_attn.kv_write") == "model.layers.1.self_attn"
+    assert resolve("embed_tokens") == "model.embed_tokens" and resolve("lm_head") == "lm_head"
+
+
+def test_module_ranges_leave_no_hook_behind_even_on_an_error() -> None:
+    """The timed passes never run with the ranges: every hook is removed when the profiled pass ends, however."""
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    with pytest.raises(RuntimeError), module_ranges(model) as ranges:
+        assert ranges.hooked == 3
+        model(torch.ones(1, 3))  # wrong width: raises inside the first Linear's forward
+    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())

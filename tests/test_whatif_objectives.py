@@ -252,3 +252,15 @@ def test_a_record_written_before_per_objective_verdicts_loads_and_renders(tmp_pa
     md = whatif_md(old)
     assert "Not judged per objective: this record holds no per-objective verdicts" in md
     assert "### Best rung per goal" not in md and "## Rungs, ranked" in md
+
+
+def test_levers_whose_outputs_depart_stay_off_the_ladder_with_the_reason() -> None:
+    from llm_perf_opt.measure.whatif import outputs_departure
+    from llm_perf_opt.records.whatif import OutputAgreement
+
+    same = OutputAgreement(inputs=1, first_departure=None, compared_tokens=32, prefill_logits_max_abs_diff=0.02)
+    departed = OutputAgreement(inputs=1, first_departure=7, compared_tokens=32, prefill_logits_max_abs_diff=0.02)
+    assert outputs_departure(same, None) is None
+    assert "token 7 of 32" in (outputs_departure(departed, None) or "")
+    assert "0.02" in (outputs_departure(same, 0.01) or "") and outputs_departure(same, 0.05) is None
+    assert "not compared" in (outputs_departure(None, None) or "")

@@ -409,6 +409,22 @@ def plan_ladder(ranked: Sequence[Lever]) -> LadderPlan:
     return LadderPlan(steps=tuple(steps), left_out=tuple(left_out))
 
 
+def outputs_departure(outputs: OutputAgreement | None, max_logit_diff: float | None) -> str | None:
+    """Why a rung's outputs are beyond the ladder's tolerance against the baseline's (any generated token differing;
+    with `max_logit_diff`, the last prompt position's logits further apart than it), or None when they are within."""
+    if outputs is None:
+        return "its outputs were not compared with the baseline's"
+    if not outputs.identical:
+        return (
+            f"its generated tokens depart from the baseline's at token {outputs.first_departure} of "
+            f"{outputs.compared_tokens} (the ladder stacks only levers whose outputs are identical)"
+        )
+    diff = outputs.prefill_logits_max_abs_diff
+    if max_logit_diff is not None and diff is not None and diff > max_logit_diff:
+        return f"its prefill logits differ from the baseline's by up to {diff:.3g} (tolerance {max_logit_diff:g})"
+    return None
+
+
 def rank(levers: Sequence[Lever], gains: Mapping[str, Speedup | None]) -> list[Lever]:
     """The levers that helped, best measured speed-up first (ties in preset order)."""
     scored = [(lever, gain) for lever in levers if (gain := gains.get(lever.name)) is not None and helped(gain)]

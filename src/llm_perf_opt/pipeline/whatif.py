@@ -479,9 +479,11 @@ class WhatIfRun:
             for lever in levers
             if self.rungs[lever.name].state == MEASURED and (lever.changes == LATENCY or not latency_only)
         ]
+        departed = [(lever.name, why) for lever in candidates if (why := self._departure(lever.name)) is not None]
+        candidates = [lever for lever in candidates if lever.name not in dict(departed)]
         ranked = figures.rank(candidates, {lever.name: self.rungs[lever.name].speedup for lever in candidates})
         plan = figures.plan_ladder(ranked)
-        self.left_out = plan.left_out
+        self.left_out = (*departed, *plan.left_out)
         if not plan.steps:
             return
         first = plan.steps[0]
@@ -503,6 +505,14 @@ class WhatIfRun:
             with self.feedback.step(f"the ladder: {len(plans)} more rung(s)", total=len(plans)) as bar:
                 self._execute(LADDER, plans, devices, bar.advance)
         self._judge(BASELINE_NAME)
+
+    def _departure(self, name: str) -> str | None:
+        """Why a measured lever's outputs keep it off the ladder (whatif_run.ladder_identical_outputs), or None."""
+        run = self.cfg.whatif_run
+        if not bool(run.get("ladder_identical_outputs", True)):
+            return None
+        limit = run.get("ladder_max_logit_diff")
+        return figures.outputs_departure(self.rungs[name].outputs, None if limit is None else float(limit))
 
     def _lever(self, name: str) -> Lever:
         return next(lever for lever in self.levers if lever.name == name)

@@ -60,17 +60,24 @@ _HEADER = [
 ]
 
 
+def _opened(doc: Doc, title: str, available: bool, reason: str | None) -> bool:
+    """The section's heading; when its pass gave nothing, the reason under it and False."""
+    doc.h2(title)
+    if not available:
+        doc.para(f"Not available: {reason}.")
+    return available
+
+
 def memory_section(doc: Doc, memory: MemoryReport | None, timeline: str | None) -> None:
     """The memory pass: peaks per stage in parts, the analytic expectation, graph pools, snapshot, what fits. A
     folder written before the memory pass existed (`memory` None) gets no section, so its report rebuilds as it
     was."""
-    if memory is None:
-        return
-    doc.h2("Memory by stage")
-    if not memory.available or memory.measured is None:
-        doc.para(f"Not available: {memory.reason}.")
+    if memory is None or not _opened(
+        doc, "Memory by stage", memory.available and memory.measured is not None, memory.reason
+    ):
         return
     p = memory.measured
+    assert p is not None
     doc.para(
         f"One untimed pass over {p.input} after the timed passes (batch {p.batch_size}, {p.new_tokens} new tokens, "
         f"{p.context_tokens} KV positions per sequence at the end). Peak allocated = torch.cuda.max_memory_allocated "
@@ -171,13 +178,10 @@ def _energy_row(s: StageEnergy) -> list[str]:
 def energy_section(doc: Doc, energy: EnergyReport | None) -> None:
     """Energy per stage, page and token from the NVML counter, or why it is not available (no section for a folder
     written before the energy pass existed)."""
-    if energy is None:
-        return
-    doc.h2("Energy")
-    if not energy.available or energy.measured is None:
-        doc.para(f"Not available: {energy.reason}.")
+    if energy is None or not _opened(doc, "Energy", energy.available and energy.measured is not None, energy.reason):
         return
     e = energy.measured
+    assert e is not None
     doc.para(
         f"{energy.method}. Input {e.input} ({e.pages} page(s) per pass, {e.new_tokens} new tokens each); "
         f"idle {_joules(energy.idle_watts, 1)} W over {e.idle.seconds:,.2f} s. Whole pass: {e.whole.iterations} "

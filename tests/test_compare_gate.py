@@ -312,3 +312,26 @@ def test_two_whatif_folders_compared_rung_by_rung(tmp_path: Path, capsys: pytest
 def test_whatif_folder_with_a_run_folder_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert _exit(str(WHATIF), str(H100_A), "--out", str(tmp_path / "c.md")) == 2
     assert "Compare exactly two perf-whatif folders" in capsys.readouterr().err
+
+
+def test_memory_and_energy_are_compared_against_a_stated_tolerance() -> None:
+    import attrs as _attrs
+
+    from llm_perf_opt.measure.comparison import resource_change, resources
+    from llm_perf_opt.records.folders import load_stage1
+    from llm_perf_opt.records.memory import EnergyReport
+
+    folder = load_stage1(Path(__file__).parent / "fixtures" / "runs" / "cpu_tiny_v1_stage1")
+
+    def with_energy(per_token: float | None) -> Any:
+        energy = None if per_token is None else EnergyReport(available=True, joules_per_decode_token=per_token)
+        return _attrs.evolve(folder, metrics=_attrs.evolve(folder.metrics, energy=energy))
+
+    rows = resources(
+        [("a", with_energy(3.4)), ("b", with_energy(3.5)), ("c", with_energy(4.1)), ("d", with_energy(None))]
+    )
+    (row,) = rows  # only the figure some run measured
+    assert row.figure == "J per decode token" and row.values == (3.4, 3.5, 4.1, None)
+    assert row.changes == ("same within 5%", "higher (+20.6%)", "n/a")
+    assert resource_change(1.0, None, 0.02) == "n/a" and resource_change(0.9, 1.0, 0.02) == "lower (-10.0%)"
+    assert resources([("a", with_energy(None)), ("b", with_energy(None))]) == ()

@@ -16,6 +16,7 @@ import attrs
 
 from llm_perf_opt.kernel_names import kernel_label, short_kernel_name
 from llm_perf_opt.measure.noise import noise_verdict
+from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.common import SCHEMA_VERSION
 from llm_perf_opt.records.comparison import (
     STAGE1,
@@ -28,6 +29,7 @@ from llm_perf_opt.records.comparison import (
     FieldDifference,
     Mover,
     MoverTable,
+    ResourceRow,
     RunTotals,
     Skipped,
     Stage1Comparison,
@@ -36,7 +38,7 @@ from llm_perf_opt.records.comparison import (
     StageTimeRow,
 )
 from llm_perf_opt.records.folders import Stage1Folder, Stage2Folder
-from llm_perf_opt.records.stage1 import ModelInfo, OperatorRow, RunSettings, RuntimeRecord
+from llm_perf_opt.records.stage1 import ModelInfo, OperatorRow, RunSettings, RuntimeRecord, Stage1Metrics
 from llm_perf_opt.records.stage2 import KernelStat
 
 TOP_MOVERS = 10
@@ -329,8 +331,54 @@ def operator_movers(base: Labelled[Stage1Folder], other: Labelled[Stage1Folder])
     )
 
 
+MEMORY_TOLERANCE = 0.02  # one peak per run: within 2% counts as the same (allocator block rounding)
+ENERGY_TOLERANCE = 0.05  # one NVML energy pass per run: within 5% counts as the same
+_GIB = float(1 << 30)
+
+
+def _peak(metrics: Stage1Metrics, part: str) -> float | None:
+    memory = metrics.memory
+    if memory is None or memory.measured is None:
+        return None
+    whole = next((p for p in memory.measured.peaks if p.stage == vocab.E2E), None)
+    if whole is None:
+        return None
+    return (whole.peak_allocated_bytes if part == "allocated" else whole.peak_reserved_bytes) / _GIB
+
+
+RESOURCE_FIGURES: tuple[tuple[str, Callable[[Stage1Metrics], float | None], float], ...] = (
+    ("peak allocated (GiB)", lambda m: _peak(m, "allocated"), MEMORY_TOLERANCE),
+    ("peak reserved (GiB)", lambda m: _peak(m, "reserved"), MEMORY_TOLERANCE),
+    ("J per page", lambda m: None if m.energy is None else m.energy.joules_per_page, ENERGY_TOLERANCE),
+    ("J per decode token", lambda m: None if m.energy is None else m.energy.joules_per_decode_token, ENERGY_TOLERANCE),
+)
+
+
+def resource_change(value: float | None, base: float | None, tolerance: float) -> str:
+    """ "higher" / "lower" / "same within N%" against the baseline's single value, or "n/a"."""
+    if value is None or base is None or base <= 0:
+        return "n/a"
+    change = value / base - 1.0
+    if abs(change) <= tolerance:
+        return f"same within {tolerance:.0%}"
+    return f"higher ({change:+.1%})" if change > 0 else f"lower ({change:+.1%})"
+
+
+def resources(runs: Sequence[Labelled[Stage1Folder]]) -> tuple[ResourceRow, ...]:
+    """Peak memory and energy of every run beside the baseline's (empty when no run measured them)."""
+    rows = []
+    for figure, read, tolerance in RESOURCE_FIGURES:
+        values = tuple(read(f.metrics) for _, f in runs)
+        if all(v is None for v in values):
+            continue
+        changes = tuple(resource_change(v, values[0], tolerance) for v in values[1:])
+        rows.append(ResourceRow(figure=figure, values=values, changes=changes, tolerance=tolerance))
+    return tuple(rows)
+
+
 def stage1_comparison(runs: Sequence[Labelled[Stage1Folder]]) -> Stage1Comparison:
     return Stage1Comparison(
+        resources=resources(runs),
         stage_times=stage_times(runs),
         efficiency=efficiency(runs),
         operators=tuple(operator_movers(runs[0], other) for other in runs[1:]),

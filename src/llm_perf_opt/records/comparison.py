@@ -101,12 +101,24 @@ class EfficiencyRow:
 
 
 @attrs.frozen
+class ResourceRow:
+    """One memory or energy figure per run (the memory and energy passes: one value per run, so a change is judged
+    against a stated tolerance, not an interval)."""
+
+    figure: str  # e.g. "peak allocated (GiB)", "J per decode token"
+    values: tuple[float | None, ...]  # per run, the baseline first; None: not measured there
+    changes: tuple[str, ...]  # per run after the baseline: "higher", "lower", "same within 2%", "n/a"
+    tolerance: float  # relative
+
+
+@attrs.frozen
 class Stage1Comparison:
     stage_times: tuple[StageTimeRow, ...]
     efficiency: tuple[EfficiencyRow, ...]
     operators: tuple[MoverTable, ...]  # one per run after the baseline
     differences: tuple[FieldDifference, ...]
     config_differences: tuple[FieldDifference, ...] = ()  # other config.yaml keys that differ
+    resources: tuple[ResourceRow, ...] = ()  # memory and energy passes (empty when no run has them)
 
 
 # --------------------------------------------------------------------------------------------- Stage 2

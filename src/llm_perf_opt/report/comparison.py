@@ -45,6 +45,10 @@ def _delta(value: float | None) -> str:
     return NA if value is None else f"{value:+,.2f}"
 
 
+def _number(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:,.3f}"
+
+
 def _lead(doc: Doc, text: str) -> None:
     """A paragraph that introduces a table (a blank line between them)."""
     doc.para(text)
@@ -134,6 +138,16 @@ def _stage1(doc: Doc, runs: Sequence[ComparedRun], section: Stage1Comparison, to
         ],
     )
     doc.para("n/a: not computed in that run (no FLOP count, no known peak, or an older run without MBU).")
+    if section.resources:
+        doc.h3("Memory and energy")
+        doc.table(
+            ["Figure", *(r.label for r in runs), *(f"{r.label} vs {base.label}" for r in runs[1:])],
+            [[row.figure, *(_number(v) for v in row.values), *row.changes] for row in section.resources],
+        )
+        doc.para(
+            "From each run's memory and energy passes: one value per run, so a change is judged against a stated "
+            "tolerance (peak memory 2%, energy 5%), not an interval. n/a: not measured in that run."
+        )
 
     doc.h3("Top operators that moved most")
     for table in section.operators:

@@ -49,8 +49,9 @@ def _version(module: str) -> str | None:
         return None
 
 
-def collect_env(device: torch.device) -> dict[str, Any]:
-    """A JSON-ready description of the machine and software stack."""
+def collect_env(device: torch.device, gpu_state: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A JSON-ready description of the machine and software stack (`gpu_state`: the GPU's clocks and power state,
+    read by the pipeline through `measure.gpu_state`)."""
     gpu: dict[str, Any] | None = None
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
@@ -62,6 +63,7 @@ def collect_env(device: torch.device) -> dict[str, Any]:
             "compute_capability": f"{props.major}.{props.minor}",
             "driver": _nvidia_driver(),
             "visible_devices": torch.cuda.device_count(),
+            "clocks": gpu_state,
         }
     return {
         "python": sys.version.split()[0],

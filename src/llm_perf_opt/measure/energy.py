@@ -76,7 +76,7 @@ class NvmlCounter:
         error = getattr(nvml, "NVMLError", RuntimeError)
         try:
             nvml.nvmlInit()
-            counter = cls(nvml, _handle(nvml, device))
+            counter = cls(nvml, gpu_handle(nvml, device))
             counter.read_mj()
         except error as exc:
             raise EnergyUnavailable(f"NVML refused: {exc}") from None
@@ -98,7 +98,7 @@ class NvmlCounter:
             raise EnergyUnavailable(f"NVML shutdown failed: {exc}") from None
 
 
-def _handle(nvml: Any, device: torch.device) -> Any:
+def gpu_handle(nvml: Any, device: torch.device) -> Any:
     """NVML's handle of torch's `device` (CUDA_VISIBLE_DEVICES renumbers torch's devices, not NVML's): by UUID,
     else by PCI bus id, else by index (only where nothing renumbers). Strings go to pynvml as bytes, which every
     nvidia-ml-py release takes."""

@@ -26,6 +26,7 @@ from llm_perf_opt.hardware.measured import (
 )
 from llm_perf_opt.measure.energy import EnergySettings
 from llm_perf_opt.measure.flops import count_stage_flops
+from llm_perf_opt.measure.gpu_state import clock_state
 from llm_perf_opt.measure.memory import MemorySettings
 from llm_perf_opt.measure.outputs import save_prefill_logits
 from llm_perf_opt.measure.routing import RoutingTrace, find_routers, mean_unique_experts
@@ -183,7 +184,7 @@ class Stage1Run:
         for skipped in self.selection.skipped:
             log.warning("skipping %s: %s", skipped.path, skipped.reason)
         self.art.write_yaml(INPUTS_FILE, inputs_manifest(self.inputs))
-        self.art.write_json("env.json", collect_env(device))
+        self.art.write_json("env.json", collect_env(device, clock_state(device)))
 
         self._measure_peaks(device, model.dtype)
         log.info("building %s on %s …", model.name, device)

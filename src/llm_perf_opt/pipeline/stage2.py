@@ -25,6 +25,7 @@ from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.config_data import plain
 from llm_perf_opt.env_info import collect_env
 from llm_perf_opt.errors import UserError, require_whole
+from llm_perf_opt.measure.gpu_state import clock_state
 from llm_perf_opt.nsight import commands
 from llm_perf_opt.nsight.kernel_modules import kernel_modules
 from llm_perf_opt.nsight.measured_bytes import REPRICED_ADAPTERS, WorkloadModel
@@ -240,7 +241,8 @@ class Stage2Run:
         require_gpu()
         import torch
 
-        self.art.write_json("env.json", collect_env(torch.device("cuda", torch.cuda.current_device())))
+        gpu = torch.device("cuda", torch.cuda.current_device())
+        self.art.write_json("env.json", collect_env(gpu, clock_state(gpu)))
         self._note(
             ncu_clock_control=str(cfg.pipeline.ncu.clock_control), forwarded_overrides=tuple(self.user_overrides)
         )

@@ -211,7 +211,7 @@ def test_nvml_refusing_is_not_available(monkeypatch: pytest.MonkeyPatch) -> None
     fake = types.SimpleNamespace(NVMLError=NVMLError, nvmlInit=refuse)
     with pytest.raises(EnergyUnavailable, match="NVML refused: Not Supported"):
         NvmlCounter.open(fake, torch.device("cuda", 0))
-    monkeypatch.setattr(energy_mod, "_handle", lambda _nvml, _device: "handle")
+    monkeypatch.setattr(energy_mod, "gpu_handle", lambda _nvml, _device: "handle")
     fake = types.SimpleNamespace(NVMLError=NVMLError, nvmlInit=lambda: None, nvmlDeviceGetTotalEnergyConsumption=refuse)
     with pytest.raises(EnergyUnavailable, match="Not Supported"):
         NvmlCounter.open(fake, torch.device("cuda", 0))
@@ -299,7 +299,7 @@ def test_the_analysis_derives_memory_and_energy_figures() -> None:
 
 def test_the_records_round_trip_and_both_cases_render(tmp_path: Path) -> None:
     base = load_stage1_metrics(FIXTURE)
-    analysis = _analysed(base, memory=_memory_pass(), energy=_energy_pass())
+    analysis = _analysed(base, memory=attrs.evolve(_memory_pass(), max_positions=8192), energy=_energy_pass())
     full = attrs.evolve(base, memory=analysis.memory(), energy=analysis.energy())
     assert converter.structure(json.loads(json.dumps(to_plain(full))), Stage1Metrics) == full
     doc = Doc("t")
@@ -311,6 +311,7 @@ def test_the_records_round_trip_and_both_cases_render(tmp_path: Path) -> None:
     for needle in ("## Memory by stage", "Fits on this GPU", "Largest batch of pages", "## Energy", "J per pass"):
         assert needle in text, needle
     assert "Energy per decode token: 5.0000 J" in text
+    assert "at most 8,192 positions (max_position_embeddings)" in text
     off = Doc("t")
     memory_section(off, MemoryReport(available=False, reason="disabled (pipeline.memory.enable=false)"), None)
     energy_section(off, EnergyReport(available=False, reason="pynvml is not installed"))

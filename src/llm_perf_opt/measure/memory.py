@@ -353,7 +353,9 @@ def _pass_record(
 ) -> MemoryPass:
     """What `memory_pass` measured, before the device-wide figures are added."""
     context = max(p.prompt_tokens for p in prepared) + new_tokens - 1
-    per_token = kv_bytes_per_token(session.adapter.decoder_config(session.model), session.dtype.itemsize)
+    config = session.adapter.decoder_config(session.model)
+    per_token = kv_bytes_per_token(config, session.dtype.itemsize)
+    positions = getattr(config, "max_position_embeddings", None)
     kv_end = watch.bytes()
     source = "model config: 2 (K, V) × layers × KV heads × head dim × dtype bytes"
     if per_token is None and kv_end:
@@ -373,4 +375,5 @@ def _pass_record(
         kv_per_token_source=source if per_token is not None else "unknown: no decoder config and no cache seen",
         peaks=recorder.peaks(),
         samples=tuple(recorder.samples),
+        max_positions=int(positions) if isinstance(positions, int) else None,
     )

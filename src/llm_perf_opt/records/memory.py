@@ -61,6 +61,7 @@ class MemoryPass:
     graph_pools_note: str = ""
     snapshot: str | None = None  # the run-folder path of the allocator snapshot (memory/snapshot.pickle)
     snapshot_note: str | None = None  # why no snapshot was saved, or what it holds
+    max_positions: int | None = None  # the decoder config's max_position_embeddings (None: not stated)
 
 
 @attrs.frozen

@@ -153,7 +153,12 @@ def fit_lines(f: FitPrediction, p: MemoryPass) -> list[str]:
         out.append(
             f"Longest context at batch {p.batch_size}: ⌊({num_bytes(room)} − activations) / "
             f"{num_bytes(f.kv_bytes_per_token)} per position⌋ = {f.max_context_tokens:,} tokens (the measured "
-            "activations kept, the KV cache grown; a longer prompt's prefill activations would grow too)."
+            "activations kept, the KV cache grown; a longer prompt's prefill activations would grow too)"
+            + (
+                f"; the model itself takes at most {p.max_positions:,} positions (max_position_embeddings)."
+                if p.max_positions is not None
+                else "."
+            )
         )
     return out
 

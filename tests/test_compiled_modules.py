@@ -254,3 +254,14 @@ def test_a_cpu_compile_maps_its_profiled_kernels_to_modules() -> None:
     externs = [m for e, m in zip(inside, match.modules, strict=True) if e.name == "aten::addmm"]
     assert externs == ["layers.0.fc", "layers.1.fc", "head"]
     assert match.anchors == sum(la.kernel is not None for la in graph.launches) >= 1
+
+
+def test_an_execution_no_inductor_kernel_ties_to_the_graph_is_left_unplaced() -> None:
+    """Without one anchor the externs' common module (often the whole model) would be a guess: nothing is placed."""
+    launches = (
+        KernelLaunch(kernel="triton_poi_fused_add_0", op="add", module="model.layers.0.mlp"),
+        KernelLaunch(kernel=None, op="extern_kernels.mm", module="model.layers.0.self_attn.q_proj"),
+        KernelLaunch(kernel=None, op="extern_kernels.mm", module="model.lm_head"),
+    )
+    match = match_kernels(launches, ["nvjet_tst_64x8", "some_other_kernel", "nvjet_tst_64x8"])
+    assert match.modules == (None, None, None) and match.anchors == 0 and "no anchor" in match.note

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import types
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,7 @@ from llm_perf_opt.records.memory import (
 )
 from llm_perf_opt.records.stage1 import Stage1Metrics
 from llm_perf_opt.report.markdown import Doc
-from llm_perf_opt.report.memory_energy import energy_section, memory_section
+from llm_perf_opt.report.memory_energy import energy_section, fit_lines, memory_section, vision_peak_caveat
 from llm_perf_opt.report.plots import memory_timeline
 from llm_perf_opt.session.session import InferenceSession
 
@@ -149,11 +150,14 @@ def test_graph_pools_and_snapshot_limit() -> None:
 
 # ---- energy guards ------------------------------------------------------------------------------------------------
 class FakeCounter:
-    def __init__(self, readings: list[int]) -> None:
-        self.readings = iter(readings)
+    """Readings in turn, the last one repeating (a counter that stopped moving); a read costs 4 ms of `clock`."""
+
+    def __init__(self, readings: list[int], clock: FakeClock) -> None:
+        self.readings, self.clock = list(readings), clock
 
     def read_mj(self) -> int:
-        return next(self.readings)
+        self.clock.now += 0.004
+        return self.readings.pop(0) if len(self.readings) > 1 else self.readings[0]
 
 
 class FakeClock:
@@ -167,31 +171,66 @@ class FakeClock:
         self.now += self.step
 
 
+class TickingCounter:
+    """NVML's counter as it behaves: energy at `watts(t)` integrated, published every `period` s; a read costs
+    `read_s` of the clock."""
+
+    def __init__(self, clock: FakeClock, watts: Callable[[float], float], period: float = 0.1) -> None:
+        self.clock, self.watts, self.period, self.read_s = clock, watts, period, 0.004
+
+    def read_mj(self) -> int:
+        self.clock.now += self.read_s
+        published = int(self.clock.now / self.period) * self.period
+        steps = int(published / 0.001)
+        return round(sum(self.watts(i * 0.001) for i in range(steps)))  # mJ: W x 1 ms per step
+
+
 def test_a_window_repeats_the_work_until_long_enough() -> None:
     clock = FakeClock(0.3)
-    w = window(FakeCounter([1_000, 301_000]), "pass", clock.work, 1.0, clock=clock)
-    assert (w.iterations, w.seconds, w.millijoules) == (4, pytest.approx(1.2), 300_000)
-    assert w.watts == pytest.approx(250.0)
+    w = window(FakeCounter([1_000, 1_001, 301_001], clock), "pass", clock.work, 1.0, clock=clock)
+    assert (w.iterations, w.millijoules) == (4, 300_000)
+    assert w.seconds >= 1.2 and w.watts == pytest.approx(300.0 / w.seconds)
+
+
+def test_a_window_opens_and_closes_on_the_counters_updates() -> None:
+    """Work at 300 W in a 60 W idle: an aligned window measures the work's energy to a few percent, where reads a
+    period away from the updates would miss up to two periods of it."""
+    clock = FakeClock(0.37)
+    busy: list[tuple[float, float]] = []
+
+    def work() -> None:
+        busy.append((clock.now, clock.now + clock.step))
+        clock.work()
+
+    def watts(t: float) -> float:
+        return 300.0 if any(a <= t < b for a, b in busy) else 60.0
+
+    clock.now = 0.05  # half a period after an update
+    w = window(TickingCounter(clock, watts), "pass", work, 1.0, clock=clock)
+    joules, seconds = w.per_iteration(60.0)
+    assert w.iterations == 3 and 0 < w.tail_seconds <= 0.1 + 0.004
+    assert seconds == pytest.approx(0.37, abs=0.005)
+    assert joules == pytest.approx(300.0 * 0.37, rel=0.03)
 
 
 @pytest.mark.parametrize(
     ("readings", "seconds", "why"),
     [
-        ([1_000, 2_000], 0.2, "shorter than 1.0 s"),
+        ([1_000, 2_000, 3_000], 0.2, "shorter than 1.0 s"),
         ([1_000, 1_000], 1.0, "did not move"),
-        ([5_000, 1_000], 1.0, "went backwards"),
+        ([5_000, 6_000, 1_000], 1.0, "went backwards"),
     ],
 )
 def test_a_window_that_cannot_measure_says_why(readings: list[int], seconds: float, why: str) -> None:
     clock = FakeClock(0.1)
     with pytest.raises(EnergyUnavailable, match=why):
-        window(FakeCounter(readings), "pass", clock.work, seconds, clock=clock)
+        window(FakeCounter(readings, clock), "pass", clock.work, seconds, clock=clock)
 
 
 def test_idle_window_sleeps() -> None:
     clock = FakeClock(0.1)
-    w = idle_window(FakeCounter([0, 70_000]), 1.0, sleep=lambda _s: clock.work(), clock=clock)
-    assert w.what == "idle" and w.millijoules == 70_000 and w.seconds >= 1.0
+    w = idle_window(FakeCounter([0, 10, 70_010], clock), 1.0, sleep=lambda _s: clock.work(), clock=clock)
+    assert w.what == "idle" and w.millijoules == 70_000 and w.seconds >= 1.0 and w.tail_seconds == 0.0
     assert w.watts == pytest.approx(70.0 / w.seconds)
 
 
@@ -252,6 +291,16 @@ def _memory_pass() -> MemoryPass:
     )
 
 
+def test_a_peak_inside_a_vision_stage_makes_the_batch_bound_conservative() -> None:
+    plain = _memory_pass()
+    assert vision_peak_caveat(plain) == ""
+    sam = StagePeak("vision/sam", 1, 950 * MIB, 1000 * MIB, 40 * MIB)
+    at_vision = attrs.evolve(plain, peaks=(*plain.peaks, sam))
+    assert "The peak is in vision/sam" in vision_peak_caveat(at_vision)
+    peak = breakdown(at_vision.peaks[0], at_vision.weights_bytes, 0, 0)
+    assert "conservative" in "\n".join(fit_lines(fit_prediction(80 * 2**30, 0, peak, 1, None), at_vision))
+
+
 def _energy_pass() -> EnergyPass:
     return EnergyPass(
         input="page.png",
@@ -293,6 +342,8 @@ def test_the_analysis_derives_memory_and_energy_figures() -> None:
     assert stages[vocab.DECODE].joules == pytest.approx(35.0)
     assert stages[vocab.DECODE].flop_per_joule == pytest.approx(7e11 / 35.0)
     assert energy.joules_per_decode_token == pytest.approx(5.0)
+    # above idle: decode's 35 J over 150 ms less 70 W x 150 ms, over 7 tokens
+    assert energy.joules_per_decode_token_above_idle == pytest.approx((35.0 - 70.0 * 0.15) / 7)
     assert energy.tokens_per_joule == pytest.approx(8 / 50.0)
     assert stages["pass"].above_idle_joules == pytest.approx(50.0 - 70.0 * 0.2)
 
@@ -310,7 +361,7 @@ def test_the_records_round_trip_and_both_cases_render(tmp_path: Path) -> None:
     text = doc.text()
     for needle in ("## Memory by stage", "Fits on this GPU", "Largest batch of pages", "## Energy", "J per pass"):
         assert needle in text, needle
-    assert "Energy per decode token: 5.0000 J" in text
+    assert "Energy per decode token: 5.0000 J, of which 3.5000 J above idle" in text
     assert "at most 8,192 positions (max_position_embeddings)" in text
     off = Doc("t")
     memory_section(off, MemoryReport(available=False, reason="disabled (pipeline.memory.enable=false)"), None)

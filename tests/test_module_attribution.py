@@ -93,19 +93,55 @@ def test_cpu_operators_go_to_the_innermost_module_and_the_rest_is_unattributed()
     assert rows["layers.0"].calls == 1 and rows["layers.0"].top[0].kernel == "aten::add"
 
 
-def test_launches_outside_module_ranges_go_to_the_compiled_resolver_in_launch_order() -> None:
-    host = _host()
+def test_launches_of_compiled_code_outside_module_ranges_go_to_the_resolver_in_launch_order() -> None:
+    host = [*_host()[:-1], _Event("## Call CompiledFxGraph g ##", 99.4, 99.9), _host()[-1]]
     seen: list[list[str]] = []
 
     def resolver(names: Any) -> list[str | None]:
         seen.append(list(names))
-        return ["layers.1"]
+        return [None, "layers.1"]
 
     (stage,) = attribute(cpu_launches(host), host, compiled=resolver, compiled_method=PROVENANCE_METHOD_NAME)
-    assert seen == [["aten::cat"]]
-    assert stage.unattributed_ms == 0.0 and stage.unattributed_reason is None
+    assert seen == [["## Call CompiledFxGraph g ##", "aten::cat"]]
+    assert stage.unattributed_ms == 0.0  # only the (CPU-side, 0 ms) call itself stays unplaced
     assert set(stage.methods) == {MODULE_RANGES, PROVENANCE_METHOD_NAME}
     assert {r.module: r.ms for r in stage.rows}["layers.1"] == 6.0
+
+
+def test_eager_launches_outside_module_ranges_never_go_to_the_resolver() -> None:
+    """The decode loop's own operations are not compiled code: unattributed, not aligned with a compiled graph."""
+    host = _host()
+
+    def resolver(names: Any) -> list[str | None]:
+        raise AssertionError(f"no compiled code here, yet the resolver got {names}")
+
+    (stage,) = attribute(cpu_launches(host), host, compiled=resolver, compiled_method=PROVENANCE_METHOD_NAME)
+    assert stage.unattributed_ms == 2.0 and stage.methods == (MODULE_RANGES,)
+
+
+def test_launches_of_compiled_code_inside_a_module_range_go_to_the_resolver_too() -> None:
+    """torch.compile without CUDA graphs: the whole model's range is open around the compiled call (hooks do not
+    run inside it), so its launches go to the resolver; one it cannot place keeps the enclosing module."""
+    host = [
+        _Event("stage:decode/step", 0, 100),
+        _Event("module:", 1, 99),
+        _Event("## Call CompiledFxGraph abc ##", 5, 60),
+        _Event("triton_poi_fused_add_0", 10, 11, self_ms=2.0),
+        _Event("triton_red_fused_mean_1", 20, 21, self_ms=1.0),
+        _Event("aten::cat", 70, 71, self_ms=0.5),  # eager, after the compiled call: stays with the range
+    ]
+    seen: list[list[str]] = []
+
+    def resolver(names: Any) -> list[str | None]:
+        seen.append(list(names))
+        return [None, "layers.0.mlp", None]
+
+    (stage,) = attribute(cpu_launches(host), host, compiled=resolver, compiled_method=PROVENANCE_METHOD_NAME)
+    assert seen == [["## Call CompiledFxGraph abc ##", "triton_poi_fused_add_0", "triton_red_fused_mean_1"]]
+    rows = {r.module: r.ms for r in stage.rows}
+    assert rows["layers.0.mlp"] == 2.0  # placed by provenance, below the open range
+    assert rows[""] == pytest.approx(0.5)  # the eager op keeps the whole model's range
+    assert stage.unattributed_ms == pytest.approx(1.0)  # an unplaced compiled launch is not given to the root
 
 
 def test_analytic_names_are_placed_on_the_innermost_real_module() -> None:

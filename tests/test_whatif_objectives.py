@@ -264,3 +264,24 @@ def test_levers_whose_outputs_depart_stay_off_the_ladder_with_the_reason() -> No
     assert "token 7 of 32" in (outputs_departure(departed, None) or "")
     assert "0.02" in (outputs_departure(same, 0.01) or "") and outputs_departure(same, 0.05) is None
     assert "not compared" in (outputs_departure(None, None) or "")
+
+
+def test_the_rung_table_shows_joules_per_decode_token_and_notes_name_their_rungs() -> None:
+    record = realistic()
+    energy = _j("joules_per_decode_token", BETTER, -0.5, base=2.0)
+    memory = attrs.evolve(_j("memory_pass_peak_gib", SAME, 0.0, base=7.0), why="one peak; this rung at decode")
+    other = attrs.evolve(memory, why="one peak; this rung at prefill")
+    measured = [r for r in record.rungs if r.phase != BASELINE and r.state == MEASURED]
+    assert len(measured) >= 2
+    rungs = {
+        measured[0].name: attrs.evolve(measured[0], judgements=(energy, memory)),
+        measured[1].name: attrs.evolve(measured[1], judgements=(other,)),
+    }
+    record = attrs.evolve(record, rungs=tuple(rungs.get(r.name, r) for r in record.rungs))
+    md = whatif_md(record)
+    header = next(line for line in md.splitlines() if line.startswith("|rung|phase|"))
+    assert "|J per decode token|" in header
+    baseline_row = next(line for line in md.splitlines() if line.startswith("|baseline|"))
+    assert "|2.000|" in baseline_row
+    assert f"memory-pass peak ({measured[0].name}): one peak; this rung at decode" in md
+    assert f"memory-pass peak ({measured[1].name}): one peak; this rung at prefill" in md

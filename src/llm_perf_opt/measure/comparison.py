@@ -351,6 +351,11 @@ RESOURCE_FIGURES: tuple[tuple[str, Callable[[Stage1Metrics], float | None], floa
     ("peak reserved (GiB)", lambda m: _peak(m, "reserved"), MEMORY_TOLERANCE),
     ("J per page", lambda m: None if m.energy is None else m.energy.joules_per_page, ENERGY_TOLERANCE),
     ("J per decode token", lambda m: None if m.energy is None else m.energy.joules_per_decode_token, ENERGY_TOLERANCE),
+    (
+        "J per decode token above idle",
+        lambda m: None if m.energy is None else m.energy.joules_per_decode_token_above_idle,
+        ENERGY_TOLERANCE,
+    ),
 )
 
 

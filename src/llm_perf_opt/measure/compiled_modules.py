@@ -30,6 +30,7 @@ string, never an exception.
 from __future__ import annotations
 
 import itertools
+import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -39,6 +40,7 @@ from typing import Any
 import attrs
 import torch
 
+log = logging.getLogger("llm_perf_opt.compiled_modules")
 PROVENANCE_METHOD = (
     "inductor provenance: each compiled graph's Dynamo FX nodes are tied to their nn.Module (nn_module_stack); "
     "inductor's generated wrapper code lists the kernel launches in order with the source nodes of each; the "
@@ -502,6 +504,9 @@ def match_kernels(launches: Sequence[KernelLaunch], observed: Sequence[str]) -> 
         why = "no launches were parsed for this graph" if not launches else "no kernels were profiled"
         return KernelMatch(modules=tuple(modules), launch=tuple(at), matched=0, anchors=0, note=why)
     pairs = _anchors(launches, observed)
+    if not pairs:  # nothing ties this execution to the graph: the externs' common module would be a guess
+        why = "no profiled kernel matched an inductor kernel of this graph (no anchor)"
+        return KernelMatch(modules=tuple(modules), launch=tuple(at), matched=0, anchors=0, note=why)
     bounds = [(-1, -1), *pairs, (len(observed), len(launches))]
     for (i0, j0), (i1, j1) in itertools.pairwise(bounds):
         for i, module, j in _between(launches, range(i0 + 1, i1), range(j0 + 1, j1)):
@@ -539,6 +544,13 @@ def compiled_resolver(provenance: InductorProvenance) -> Callable[[Sequence[str]
         graphs = list(provenance.graphs)
         every = tuple(launch for graph in graphs for launch in graph.launches)
         candidates = [*graphs, CompiledGraph(index=-1, node_modules={}, launches=every)] if len(graphs) > 1 else graphs
-        return match_best(candidates, observed)[1].modules
+        index, match = match_best(candidates, observed)
+        log.info(
+            "inductor provenance: %d kernels against %d recorded graph(s) (%s launches); graph %s: %d anchors, "
+            "%d placed%s",
+            len(observed), len(graphs), ", ".join(str(len(g.launches)) for g in graphs) or "no", index,
+            match.anchors, match.matched, f" ({match.note})" if match.note else "",
+        )  # fmt: skip
+        return match.modules
 
     return resolve

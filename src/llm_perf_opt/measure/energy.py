@@ -31,8 +31,9 @@ log = logging.getLogger("llm_perf_opt.energy")
 COUNTER_PERIOD_S = 0.1  # the energy counter's update period (about)
 MIN_WINDOW_S = 10 * COUNTER_PERIOD_S
 METHOD = (
-    "NVML total energy counter (nvmlDeviceGetTotalEnergyConsumption, mJ) read before and after each loop, after a "
-    "device synchronisation; idle power from the counter over a sleep before the loops"
+    "NVML total energy counter (nvmlDeviceGetTotalEnergyConsumption, mJ); each loop opens and closes on an update "
+    "of the counter (the wait after the loop's last device synchronisation taken off at idle power); idle power "
+    "from the counter over a sleep before the loops"
 )
 
 
@@ -49,7 +50,7 @@ class EnergySettings:
     """`pipeline.energy`: the energy pass (CUDA and pynvml only)."""
 
     enable: bool = True
-    loop_seconds: float = 1.0  # each loop repeats its work at least this long
+    loop_seconds: float = 2.0  # each loop repeats its work at least this long
     idle_seconds: float = 1.0  # the idle window before the loops
 
 
@@ -122,6 +123,18 @@ def gpu_handle(nvml: Any, device: torch.device) -> Any:
     return nvml.nvmlDeviceGetHandleByIndex(device.index or 0)
 
 
+def next_update(counter: Any, clock: Callable[[], float], limit_s: float = 2 * COUNTER_PERIOD_S) -> tuple[int, float]:
+    """Read the counter until it moves (at most `limit_s`): its new value and the time it was read, so that a window
+    opens and closes on the counter's own updates instead of up to a period away from them. A counter that does not
+    move within the limit gives its last value (the window's checks then say why)."""
+    first = counter.read_mj()
+    deadline = clock() + limit_s
+    value = first
+    while value == first and clock() < deadline:
+        value = counter.read_mj()
+    return value, clock()
+
+
 def window(
     counter: Any,
     what: str,
@@ -129,24 +142,28 @@ def window(
     min_seconds: float,
     *,
     clock: Callable[[], float] = time.perf_counter,
+    idle: bool = False,
 ) -> EnergyWindow:
-    """Repeat `work` (which ends synchronised with the device) until `min_seconds` have passed; the energy between
-    the counter reads around the repetitions. EnergyUnavailable for a window shorter than MIN_WINDOW_S, a counter
-    that did not move (stalled or unsupported) or went backwards (wrapped or reset)."""
-    start_mj = counter.read_mj()
-    start = clock()
+    """Repeat `work` (which ends synchronised with the device) until `min_seconds` have passed, between two updates
+    of the counter: the window opens on an update, and after the work it waits for the next one (that wait,
+    `tail_seconds`, is idle time the analysis takes off at idle power; none for an `idle` window). EnergyUnavailable
+    for a window shorter than MIN_WINDOW_S, a counter that did not move (stalled or unsupported) or went backwards
+    (wrapped or reset)."""
+    start_mj, start = next_update(counter, clock)
     iterations = 0
     while True:
         work()
         iterations += 1
         if clock() - start >= min_seconds:
             break
-    seconds = clock() - start
-    delta = counter.read_mj() - start_mj
-    if seconds < MIN_WINDOW_S:
+    work_end = clock()
+    end_mj, end = next_update(counter, clock)
+    seconds = end - start
+    delta = end_mj - start_mj
+    if work_end - start < MIN_WINDOW_S:
         raise EnergyUnavailable(
-            f"the {what} window lasted {seconds:.3f} s, shorter than {MIN_WINDOW_S:.1f} s (10 updates of the ~"
-            f"{COUNTER_PERIOD_S * 1e3:.0f} ms counter): raise pipeline.energy.loop_seconds"
+            f"the {what} window lasted {work_end - start:.3f} s, shorter than {MIN_WINDOW_S:.1f} s (10 updates of "
+            f"the ~{COUNTER_PERIOD_S * 1e3:.0f} ms counter): raise pipeline.energy.loop_seconds"
         )
     if delta < 0:
         raise EnergyUnavailable(
@@ -156,14 +173,15 @@ def window(
         raise EnergyUnavailable(
             f"the energy counter did not move over {seconds:.2f} s of {what} (stalled or unsupported)"
         )
-    return EnergyWindow(what=what, iterations=iterations, seconds=seconds, millijoules=delta)
+    tail = 0.0 if idle else end - work_end
+    return EnergyWindow(what=what, iterations=iterations, seconds=seconds, millijoules=delta, tail_seconds=tail)
 
 
 def idle_window(
     counter: Any, seconds: float, *, sleep: Callable[[float], None] = time.sleep, **kw: Any
 ) -> EnergyWindow:
     """The counter over `seconds` of sleep (the device idle)."""
-    return window(counter, "idle", lambda: sleep(COUNTER_PERIOD_S), seconds, **kw)
+    return window(counter, "idle", lambda: sleep(COUNTER_PERIOD_S), seconds, idle=True, **kw)
 
 
 def energy_pass(

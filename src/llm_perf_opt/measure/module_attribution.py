@@ -43,6 +43,7 @@ OUTSIDE = (
     "compiled code no provenance could place)"
 )
 
+COMPILED_CALL_PREFIX = "## Call CompiledFxGraph"  # the host range inductor's compiled code runs in (torch >= 2.5)
 #: Resolves kernels launched outside any module range (one stage forward's, in launch order) to module paths.
 CompiledResolver = Callable[[Sequence[str]], Sequence[str | None]]
 
@@ -205,13 +206,18 @@ def place(
     modules = _labelled(host, MODULE_LABEL_PREFIX)
     launches = sorted(launches, key=lambda k: k.at)
     at = [k.at for k in launches]
+    in_compiled = innermost(_labelled(host, COMPILED_CALL_PREFIX), at)
     placed: dict[Interval, list[Placed]] = {}
-    for launch, stage, module in zip(launches, innermost(stages, at), innermost(modules, at), strict=True):
+    compiled_code: dict[Interval, list[bool]] = {}
+    for launch, stage, module, call in zip(
+        launches, innermost(stages, at), innermost(modules, at), in_compiled, strict=True
+    ):
         if stage is not None:
             placed.setdefault(stage, []).append((launch, module.label if module else None, MODULE_RANGES))
+            compiled_code.setdefault(stage, []).append(call is not None)
     if compiled is not None:
-        for items in placed.values():
-            _resolve_compiled(items, compiled, compiled_method)
+        for stage, items in placed.items():
+            _resolve_compiled(items, compiled_code[stage], compiled, compiled_method)
     return Placement(placed, stages, modules, compiled is not None)
 
 
@@ -272,15 +278,23 @@ def kernel_sources(placement: Placement) -> dict[str, KernelSources]:
     return out
 
 
-def _resolve_compiled(items: list[tuple[Launch, str | None, str]], compiled: CompiledResolver, method: str) -> None:
-    """Give the launches of one stage forward that no module range holds to `compiled`, in launch order."""
-    outside = [i for i, (_, module, _m) in enumerate(items) if module is None]
-    if not outside:
+def _resolve_compiled(
+    items: list[Placed], in_compiled_code: Sequence[bool], compiled: CompiledResolver, method: str
+) -> None:
+    """Give `compiled`, in launch order, the launches of one stage forward that compiled code made (inside
+    inductor's `## Call CompiledFxGraph` range, CUDA-graph replays included). Module hooks do not run inside
+    compiled code, so the range around such a launch is only an ancestor: a launch the resolver cannot place keeps
+    it, unless that is the whole model's (then it is unattributed, never a silent 100% to the root)."""
+    code = [i for i, inside in enumerate(in_compiled_code) if inside]
+    if not code:
         return
-    resolved = compiled([items[i][0].kernel for i in outside])
-    for i, module in zip(outside, resolved, strict=True):
+    resolved = compiled([items[i][0].kernel for i in code])
+    for i, module in zip(code, resolved, strict=True):
+        launch, around, _method = items[i]
         if module is not None:
-            items[i] = (items[i][0], module, method)
+            items[i] = (launch, module, method)
+        elif around == "":
+            items[i] = (launch, None, MODULE_RANGES)
 
 
 def module_times(

@@ -392,27 +392,26 @@ class Stage1Analysis:
         flops = self.forwards().flops_per_stage.get(e.input, {})
         whole = _stage_energy(
             "pass",
-            e.whole.millijoules / 1e3 / e.whole.iterations,
-            e.whole.seconds / e.whole.iterations,
+            *e.whole.per_iteration(idle_w),
             idle_w,
             _sum_or_none(flops.get(vocab.PREFILL), flops.get(vocab.DECODE)),
         )
         stages = [whole]
         decode_tokens = (e.new_tokens - 1) * e.pages
-        per_token = None
+        per_token = per_token_above_idle = None
         if e.prefill is not None:
             pre = _stage_energy(
                 "prefill",
-                e.prefill.millijoules / 1e3 / e.prefill.iterations,
-                e.prefill.seconds / e.prefill.iterations,
+                *e.prefill.per_iteration(idle_w),
                 idle_w,
                 flops.get(vocab.PREFILL),
             )
             stages.insert(0, pre)
             decode = _difference(whole, pre, idle_w, flops.get(vocab.DECODE))
             stages.insert(1, decode)
-            if decode.joules is not None and decode_tokens > 0:
+            if decode.joules is not None and decode.above_idle_joules is not None and decode_tokens > 0:
                 per_token = decode.joules / decode_tokens
+                per_token_above_idle = decode.above_idle_joules / decode_tokens
         assert whole.joules is not None
         return EnergyReport(
             available=True,
@@ -421,6 +420,7 @@ class Stage1Analysis:
             stages=tuple(stages),
             joules_per_page=whole.joules / e.pages,
             joules_per_decode_token=per_token,
+            joules_per_decode_token_above_idle=per_token_above_idle,
             tokens_per_joule=e.new_tokens * e.pages / whole.joules if whole.joules > 0 else None,
             method=ENERGY_METHOD,
         )

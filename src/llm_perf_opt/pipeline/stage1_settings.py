@@ -162,8 +162,13 @@ def memory_settings(cfg: DictConfig) -> MemorySettings:
 def energy_settings(cfg: DictConfig) -> EnergySettings:
     """`pipeline.energy`."""
     energy = cfg.get("pipeline", {}).get("energy") or {}
+    default = EnergySettings()
     return EnergySettings(
-        enable=bool(energy.get("enable", True)),
-        loop_seconds=_number("pipeline.energy.loop_seconds", energy.get("loop_seconds", 1.0), 0.0, "seconds"),
-        idle_seconds=_number("pipeline.energy.idle_seconds", energy.get("idle_seconds", 1.0), 0.0, "seconds"),
+        enable=bool(energy.get("enable", default.enable)),
+        loop_seconds=_number(
+            "pipeline.energy.loop_seconds", energy.get("loop_seconds", default.loop_seconds), 0.0, "seconds"
+        ),
+        idle_seconds=_number(
+            "pipeline.energy.idle_seconds", energy.get("idle_seconds", default.idle_seconds), 0.0, "seconds"
+        ),
     )

@@ -127,12 +127,18 @@ class EnergyWindow:
 
     what: str  # "idle" | "prefill" | "pass"
     iterations: int
-    seconds: float
+    seconds: float  # between the two counter updates that open and close the window
     millijoules: int
+    tail_seconds: float = 0.0  # idle wait after the work for the closing update (0 for the idle window)
 
     @property
     def watts(self) -> float:
         return self.millijoules / 1e3 / self.seconds if self.seconds > 0 else 0.0
+
+    def per_iteration(self, idle_watts: float) -> tuple[float, float]:
+        """Joules and seconds of one repetition of the work: the window less its idle tail (at `idle_watts`)."""
+        joules = self.millijoules / 1e3 - idle_watts * self.tail_seconds
+        return joules / self.iterations, (self.seconds - self.tail_seconds) / self.iterations
 
 
 @attrs.frozen
@@ -173,5 +179,8 @@ class EnergyReport:
     stages: tuple[StageEnergy, ...] = ()
     joules_per_page: float | None = None
     joules_per_decode_token: float | None = None
+    # The decode token's energy above the idle power: the GPU's own work, steady where an eager, launch-bound step's
+    # total (idle power x a host-paced step time) moves with the host
+    joules_per_decode_token_above_idle: float | None = None
     tokens_per_joule: float | None = None
     method: str = ""

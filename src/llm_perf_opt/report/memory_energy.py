@@ -131,6 +131,20 @@ def _per_token(p: MemoryPass) -> str:
     return "n/a" if p.kv_bytes_per_token is None else num_bytes(p.kv_bytes_per_token)
 
 
+def vision_peak_caveat(p: MemoryPass) -> str:
+    """Where the whole pass peaks inside a vision stage: the vision encoder runs one image at a time, so that peak
+    does not grow with the batch and the per-page figure (hence the bound) is conservative."""
+    whole = next((s for s in p.peaks if s.stage == vocab.E2E), None)
+    vision = [s for s in p.peaks if vocab.is_vision(s.stage)]
+    at = next((s for s in vision if whole is not None and s.peak_allocated_bytes == whole.peak_allocated_bytes), None)
+    if at is None:
+        return ""
+    return (
+        f" The peak is in {at.stage}, which encodes one image at a time and does not grow with the batch: this "
+        "bound is conservative (a batch holds more pages, up to the decoder's own per-page growth)."
+    )
+
+
 def fit_lines(f: FitPrediction, p: MemoryPass) -> list[str]:
     """The fit prediction with its arithmetic."""
     room = f.total_bytes - f.fixed_bytes
@@ -145,7 +159,7 @@ def fit_lines(f: FitPrediction, p: MemoryPass) -> list[str]:
         out.append(
             f"Largest batch of pages: ⌊{num_bytes(room)} / {num_bytes(f.per_page_bytes)} per page⌋ = {f.max_batch} "
             f"(activations + KV cache at the peak / batch {p.batch_size}, which grow with the batch; the weights "
-            "do not)."
+            "do not)." + vision_peak_caveat(p)
         )
     if f.max_context_tokens is None or f.kv_bytes_per_token is None:
         out.append("Longest context: n/a (no KV bytes per token).")
@@ -205,7 +219,9 @@ def energy_section(doc: Doc, energy: EnergyReport | None) -> None:
     doc.bullets(
         [
             f"Energy per page: {_joules(energy.joules_per_page)} J",
-            f"Energy per decode token: {_joules(energy.joules_per_decode_token, 4)} J",
+            f"Energy per decode token: {_joules(energy.joules_per_decode_token, 4)} J, of which "
+            f"{_joules(energy.joules_per_decode_token_above_idle, 4)} J above idle (the GPU's work; the rest is idle "
+            "power over the step's time, which moves with the host on a launch-bound step)",
             f"Tokens per joule: {_joules(energy.tokens_per_joule, 2)} tokens/J (new tokens, the first included, "
             "over the whole pass's energy)",
         ]

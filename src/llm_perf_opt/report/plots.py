@@ -408,6 +408,27 @@ def memory_timeline(m: Metrics, path: Path) -> Path | None:
     ax.step(t, [s.allocated_bytes / gib for s in samples], where="post", color="#e15759", label="allocated")
     ax.step(t, [s.kv_bytes / gib for s in samples], where="post", color="#76b7b2", linestyle="--", label="KV cache")
     ax.axhline(measured.weights_bytes / gib, color="#555555", linestyle=":", linewidth=1, label="weights")
+    # The boundaries miss what happens inside a stage: each stage's own peak (allocator counter) across its span.
+    # A peak is named once, by its innermost stage (a vision stage's peak is also its prefill's).
+    vision_peaks = {p.peak_allocated_bytes for p in measured.peaks if vocab.is_vision(p.stage)}
+    first = True
+    for peak in measured.peaks:
+        if peak.stage in (vocab.E2E, vocab.DECODE_STEP):
+            continue
+        begins = [s.t_ms for s in samples if s.stage == peak.stage and s.event == "begin"]
+        ends = [s.t_ms for s in samples if s.stage == peak.stage and s.event == "end"]
+        if not begins or not ends:
+            continue
+        y = peak.peak_allocated_bytes / gib
+        ax.hlines(y, min(begins), max(ends), color="#e15759", linewidth=3, alpha=0.45,
+                  label="peak allocated in the stage" if first else "_nolegend_")  # fmt: skip
+        first = False
+        nested_peak = not vocab.is_vision(peak.stage) and peak.peak_allocated_bytes in vision_peaks
+        minor_vision = vocab.is_vision(peak.stage) and peak.peak_allocated_bytes != max(vision_peaks)
+        if minor_vision or nested_peak:
+            continue
+        ax.annotate(f"{peak.stage}: {y:.2f} GiB", (min(begins), y), textcoords="offset points", xytext=(2, 5),
+                    fontsize=7.5)  # fmt: skip
     ax.set_xlabel("host time since the pass began (ms)")
     ax.set_ylabel("GPU memory (GiB)")
     ax.set_ylim(bottom=0)
@@ -415,7 +436,7 @@ def memory_timeline(m: Metrics, path: Path) -> Path | None:
     fig.legend(loc="outside right upper", fontsize=8, frameon=False)
     ax.set_title(
         f"Memory pass: {measured.input} (batch {measured.batch_size}, {measured.new_tokens} new tokens; "
-        f"{m.device.name}; sampled at stage boundaries)",
+        f"{m.device.name})\nlines: at stage boundaries; bars: each stage's own peak",
         fontsize=9.5,
     )
     return save_figure(fig, path)

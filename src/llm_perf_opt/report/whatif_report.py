@@ -47,6 +47,7 @@ Row = list[str]
 # it, any other absolute path its last two parts.
 SAMPLES_PATH = re.compile(r"/[^\s,'\"=\[\]]*/llm_perf_opt/data/samples(?=/|\b|$)")
 ABSOLUTE_PATH = re.compile(r"(?<![\w.$}~])/(?:[^\s/,'\"\[\]]+/)+[^\s/,'\"\[\]]+")
+ENERGY_OBJECTIVE = "joules_per_decode_token"
 # The objectives of the per-objective table, in order (keys of `Judgement.objective`).
 OBJECTIVE_COLUMNS = (
     "page_latency_ms",
@@ -58,7 +59,7 @@ OBJECTIVE_COLUMNS = (
     "peak_memory_gib",
     "compile_s",
     "memory_pass_peak_gib",
-    "joules_per_decode_token",
+    ENERGY_OBJECTIVE,
     "outputs",
 )
 
@@ -277,6 +278,7 @@ def launcher_text(record: WhatIfRecord) -> str | None:
 
 def _ranked_table(doc: Doc, record: WhatIfRecord) -> None:
     batched = _batched(record)
+    energy = _joules_per_token(record)
     header = [
         "rung",
         "phase",
@@ -291,6 +293,7 @@ def _ranked_table(doc: Doc, record: WhatIfRecord) -> None:
         "GPU busy (decode)",
         "outputs vs baseline",
         "peak memory",
+        *(["J per decode token"] if energy else []),
         "compile / warm-up",
         "rung wall time",
         "trade-offs",
@@ -318,6 +321,7 @@ def _ranked_table(doc: Doc, record: WhatIfRecord) -> None:
                 pct(f.gpu_busy_fraction, 0),
                 "reference" if base else outputs_text(rung.outputs),
                 num_bytes(f.peak_memory_bytes),
+                *([ms(energy.get(rung.name), 3)] if energy else []),
                 _warmup_text(f),
                 _wall_text(rung),
                 "; ".join(rung.tradeoffs) or "—",
@@ -332,6 +336,20 @@ def _ranked_table(doc: Doc, record: WhatIfRecord) -> None:
         "from one profiled pass; peak memory is the largest over the timed passes. Trade-offs: a gain with a loss "
         "beyond noise on another objective, or a peak memory over the budget or far above the baseline's."
     )
+
+
+def _joules_per_token(record: WhatIfRecord) -> dict[str, float]:
+    """Each rung's joules per decode token (the energy pass), from the per-objective verdicts; {} when no rung's
+    energy was measured."""
+    baseline = next((r.name for r in record.rungs if r.phase == BASELINE), BASELINE)
+    out: dict[str, float] = {}
+    for rung in record.rungs:
+        j = rung.judgement(ENERGY_OBJECTIVE)
+        if j is not None and j.value is not None:
+            out[rung.name] = j.value
+        if j is not None and j.base is not None:
+            out.setdefault(baseline, j.base)
+    return out
 
 
 def _goal_value(value: float | None, unit: str) -> str:
@@ -365,6 +383,22 @@ def _goals(doc: Doc, record: WhatIfRecord) -> None:
         )
 
 
+def _objective_notes(rungs: Sequence[Rung], keep: Callable[[Judgement], bool]) -> list[str]:
+    """ "figure: why" once where every rung gives the same reason, else once per rung ("figure (rung): why")."""
+    by_label: dict[str, dict[str, list[str]]] = {}
+    for rung in rungs:
+        for j in rung.judgements:
+            if keep(j) and j.why:
+                by_label.setdefault(j.label, {}).setdefault(j.why, []).append(rung.name)
+    lines = []
+    for label, whys in by_label.items():
+        if len(whys) == 1:
+            lines.append(f"{label}: {next(iter(whys))}")
+        else:
+            lines += [f"{label} ({', '.join(names)}): {why}" for why, names in whys.items()]
+    return sorted(lines)
+
+
 def _objectives_table(doc: Doc, record: WhatIfRecord) -> None:
     """Every objective of every rung against the baseline: the change and its verdict."""
     doc.h2("Every objective against the baseline")
@@ -380,8 +414,8 @@ def _objectives_table(doc: Doc, record: WhatIfRecord) -> None:
     columns = [c for c in OBJECTIVE_COLUMNS if c in labels]
     rows = [[r.name, *(judgement_text(r.judgement(c)) for c in columns)] for r in judged]
     doc.table(["rung", *(labels[c] for c in columns)], rows)
-    reasons = sorted({f"{j.label}: {j.why}" for r in judged for j in r.judgements if j.verdict == NOT_JUDGED and j.why})
-    how = sorted({f"{j.label}: {j.why}" for r in judged for j in r.judgements if j.verdict != NOT_JUDGED and j.why})
+    reasons = _objective_notes(judged, lambda j: j.verdict == NOT_JUDGED)
+    how = _objective_notes(judged, lambda j: j.verdict != NOT_JUDGED)
     doc.para(
         "Change of the rung's p50 against the baseline's (one value per rung for peak memory, compile time, the "
         "memory pass and energy), better or worse only beyond the noise: the two runs' 95% intervals apart over "

@@ -106,3 +106,25 @@ def test_profiler_events_tie_kernels_to_steps_by_their_launch_not_their_gpu_time
 
 def test_no_kernels_no_record() -> None:
     assert kernel_activity([_ev("stage:decode/step", 0, 1, activity_type="user_annotation")]) is None
+
+
+def test_a_kernel_named_like_a_host_range_is_kept_when_a_launch_made_it() -> None:
+    """torch 2.11 events carry no activity type. Inductor wraps each triton kernel's launch in a host range of the
+    kernel's own name: that kernel stays; a GPU copy of a host range that no launch made (e.g. inductor's
+    "## Call CompiledFxGraph … ##") is dropped."""
+    from llm_perf_opt.measure.torch_profiler import kernel_filter
+
+    def event(name: str, device: DeviceType, id: int) -> SimpleNamespace:
+        return SimpleNamespace(name=name, device_type=device, id=id, time_range=SimpleNamespace(start=0, end=1))
+
+    triton = "triton_poi_fused_add_0"
+    call = "## Call CompiledFxGraph abc ##"
+    events = [
+        event(call, DeviceType.CPU, 1),
+        event(triton, DeviceType.CPU, 2),  # inductor's range around the launch
+        event("cuLaunchKernel", DeviceType.CPU, 3),
+        event(triton, DeviceType.CUDA, 3),  # the kernel, correlated with its launch
+        event(call, DeviceType.CUDA, 1),  # the range's device-side copy
+    ]
+    is_kernel = kernel_filter(events)
+    assert [ev.name for ev in events if ev.device_type == DeviceType.CUDA and is_kernel(ev)] == [triton]

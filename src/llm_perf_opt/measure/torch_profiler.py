@@ -228,9 +228,13 @@ def _is_kernel(ev: Any) -> bool:
 def kernel_filter(everything: Sequence[Any]) -> Callable[[Any], bool]:
     """`_is_kernel`, less the device-side copies of host annotations: torch builds without
     `FunctionEvent.activity_type` list a `record_function` range (e.g. inductor's "## Call CompiledFxGraph … ##") on
-    the GPU too, under the host range's name, which no kernel has."""
-    host_names = {ev.name for ev in everything if ev.device_type == DeviceType.CPU}
-    return lambda ev: _is_kernel(ev) and ev.name not in host_names
+    the GPU too, under the host range's name. A GPU event under a host event's name is still a kernel when a launch
+    call (correlation id) launched it: inductor wraps each triton kernel's launch in a host range of the kernel's own
+    name, so compiled code without CUDA graphs would otherwise lose every triton kernel."""
+    host = [ev for ev in everything if ev.device_type == DeviceType.CPU]
+    host_names = {ev.name for ev in host}
+    launched = {ev.id for ev in host if _is_launch(ev)}
+    return lambda ev: _is_kernel(ev) and (ev.name not in host_names or ev.id in launched)
 
 
 def _is_launch(ev: Any) -> bool:

@@ -48,6 +48,7 @@ Row = list[str]
 SAMPLES_PATH = re.compile(r"/[^\s,'\"=\[\]]*/llm_perf_opt/data/samples(?=/|\b|$)")
 ABSOLUTE_PATH = re.compile(r"(?<![\w.$}~])/(?:[^\s/,'\"\[\]]+/)+[^\s/,'\"\[\]]+")
 ENERGY_OBJECTIVE = "joules_per_decode_token"
+OUTPUTS_OBJECTIVE = "outputs"  # its verdict and reason are in the table's own column
 # The objectives of the per-objective table, in order (keys of `Judgement.objective`).
 OBJECTIVE_COLUMNS = (
     "page_latency_ms",
@@ -60,7 +61,7 @@ OBJECTIVE_COLUMNS = (
     "compile_s",
     "memory_pass_peak_gib",
     ENERGY_OBJECTIVE,
-    "outputs",
+    OUTPUTS_OBJECTIVE,
 )
 
 
@@ -415,13 +416,13 @@ def _objectives_table(doc: Doc, record: WhatIfRecord) -> None:
     rows = [[r.name, *(judgement_text(r.judgement(c)) for c in columns)] for r in judged]
     doc.table(["rung", *(labels[c] for c in columns)], rows)
     reasons = _objective_notes(judged, lambda j: j.verdict == NOT_JUDGED)
-    how = _objective_notes(judged, lambda j: j.verdict != NOT_JUDGED)
+    how = _objective_notes(judged, lambda j: j.verdict != NOT_JUDGED and j.objective != OUTPUTS_OBJECTIVE)
     doc.para(
         "Change of the rung's p50 against the baseline's (one value per rung for peak memory, compile time, the "
         "memory pass and energy), better or worse only beyond the noise: the two runs' 95% intervals apart over "
         "their timed passes, or beyond the stated threshold for one-value figures."
     )
-    notes = [clean_paths(line) for line in how if not line.startswith("outputs:")]
+    notes = [clean_paths(line) for line in how]
     notes += [clean_paths(f"not judged — {line}") for line in reasons]
     if notes:
         doc.bullets(notes)

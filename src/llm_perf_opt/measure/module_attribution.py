@@ -3,9 +3,11 @@
 A kernel's launch (its CUDA runtime call, found by correlation id) happened on the host inside nested ranges: the
 stage (`stage:…`), the modules (`module:…`, from `measure.module_ranges`) and the operator that launched it. The
 kernel goes to the innermost of each. Its GPU time is never compared with the host ranges (launches are
-asynchronous). Kernels launched where no module range is open — a CUDA-graph replay, inductor-compiled code, the
-decode loop's own operations — are handed, in launch order, to a resolver for compiled code when there is one
-(`measure.compiled_modules`); what is left is reported as unattributed, with the reason, never spread over modules.
+asynchronous). Module hooks do not run inside compiled code, so the kernels launched inside inductor's
+`## Call CompiledFxGraph` range (CUDA-graph replays included) are handed, in launch order, to a resolver for compiled
+code when there is one (`measure.compiled_modules`). Kernels launched where no module range is open and no compiled
+code ran (the decode loop's own operations), and compiled kernels nothing could place, are reported as
+unattributed, with the reason, never spread over modules or given to the whole model.
 
 On the CPU the "kernels" are the operators themselves, each with its self time.
 """
@@ -44,7 +46,7 @@ OUTSIDE = (
 )
 
 COMPILED_CALL_PREFIX = "## Call CompiledFxGraph"  # the host range inductor's compiled code runs in (torch >= 2.5)
-#: Resolves kernels launched outside any module range (one stage forward's, in launch order) to module paths.
+#: Resolves the kernels compiled code launched (one stage forward's, in launch order) to module paths.
 CompiledResolver = Callable[[Sequence[str]], Sequence[str | None]]
 
 
@@ -200,8 +202,8 @@ def place(
     compiled: CompiledResolver | None = None,
     compiled_method: str = "",
 ) -> Placement:
-    """Each launch inside a stage range given the innermost module range around it; the launches of one stage
-    forward outside every module range go to `compiled` (in launch order) when given."""
+    """Each launch inside a stage range given the innermost module range around it; the launches compiled code made
+    in one stage forward go to `compiled` (in launch order) when given (`_resolve_compiled`)."""
     stages = _labelled(host, STAGE_LABEL_PREFIX)
     modules = _labelled(host, MODULE_LABEL_PREFIX)
     launches = sorted(launches, key=lambda k: k.at)

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 import attrs
 
 from llm_perf_opt.artifacts import ArtifactsManager
+from llm_perf_opt.measure.whatif_objectives import ENERGY, OUTPUTS
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.whatif import (
     ALONE,
@@ -47,8 +48,8 @@ Row = list[str]
 # it, any other absolute path its last two parts.
 SAMPLES_PATH = re.compile(r"/[^\s,'\"=\[\]]*/llm_perf_opt/data/samples(?=/|\b|$)")
 ABSOLUTE_PATH = re.compile(r"(?<![\w.$}~])/(?:[^\s/,'\"\[\]]+/)+[^\s/,'\"\[\]]+")
-ENERGY_OBJECTIVE = "joules_per_decode_token"
-OUTPUTS_OBJECTIVE = "outputs"  # its verdict and reason are in the table's own column
+ENERGY_OBJECTIVE = ENERGY.name
+OUTPUTS_OBJECTIVE = OUTPUTS.name  # its verdict and reason are in the table's own column
 # The objectives of the per-objective table, in order (keys of `Judgement.objective`).
 OBJECTIVE_COLUMNS = (
     "page_latency_ms",

@@ -17,7 +17,15 @@ import torch
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.data.dataset import bundled_samples_dir
 from llm_perf_opt.measure import energy as energy_mod
-from llm_perf_opt.measure.energy import EnergyUnavailable, NvmlCounter, idle_window, load_nvml, window
+from llm_perf_opt.measure.energy import (
+    EnergyMeter,
+    EnergySettings,
+    EnergyUnavailable,
+    NvmlCounter,
+    idle_window,
+    load_nvml,
+    window,
+)
 from llm_perf_opt.measure.memory import (
     CacheWatch,
     MemoryRecorder,
@@ -33,6 +41,7 @@ from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.folders import load_stage1_metrics
 from llm_perf_opt.records.io import converter, to_plain
 from llm_perf_opt.records.memory import (
+    IDLE_SLEEP,
     EnergyPass,
     EnergyReport,
     EnergyWindow,
@@ -184,6 +193,9 @@ class TickingCounter:
         steps = int(published / 0.001)
         return round(sum(self.watts(i * 0.001) for i in range(steps)))  # mJ: W x 1 ms per step
 
+    def close(self) -> None:
+        self.closed = True
+
 
 def test_a_window_repeats_the_work_until_long_enough() -> None:
     clock = FakeClock(0.3)
@@ -216,7 +228,6 @@ def test_a_window_opens_and_closes_on_the_counters_updates() -> None:
 @pytest.mark.parametrize(
     ("readings", "seconds", "why"),
     [
-        ([1_000, 2_000, 3_000], 0.2, "shorter than 1.0 s"),
         ([1_000, 1_000], 1.0, "did not move"),
         ([5_000, 6_000, 1_000], 1.0, "went backwards"),
     ],
@@ -225,6 +236,76 @@ def test_a_window_that_cannot_measure_says_why(readings: list[int], seconds: flo
     clock = FakeClock(0.1)
     with pytest.raises(EnergyUnavailable, match=why):
         window(FakeCounter(readings, clock), "pass", clock.work, seconds, clock=clock)
+
+
+def test_a_window_ends_at_the_repetition_nearest_its_length_and_never_below_a_second() -> None:
+    clock = FakeClock(0.6)
+    w = window(TickingCounter(clock, lambda _t: 100.0), "pass", clock.work, 2.0, clock=clock)
+    assert w.iterations == 3  # 1.8 s is nearer 2 s than 2.4 s
+    clock = FakeClock(0.6)
+    w = window(TickingCounter(clock, lambda _t: 100.0), "prefill", clock.work, 1.0, clock=clock)
+    assert w.iterations == 2 and w.seconds >= 1.0  # 0.6 s would be nearer, but is below MIN_WINDOW_S
+
+
+class RefusingOnce(TickingCounter):
+    """A counter whose first `refusals` reads fail as NVML does (permission lost for a moment)."""
+
+    def __init__(self, clock: FakeClock, refusals: int) -> None:
+        super().__init__(clock, lambda _t: 60.0)
+        self.refusals = refusals
+
+    def read_mj(self) -> int:
+        if self.refusals > 0:
+            self.refusals -= 1
+            raise EnergyUnavailable("NVML refused the energy counter: Insufficient Permissions")
+        return super().read_mj()
+
+
+def _meter(counter: Any, clock: FakeClock, idle_seconds: float = 1.0) -> EnergyMeter:
+    def sleep(seconds: float) -> None:
+        clock.now += seconds
+
+    meter = EnergyMeter(counter, EnergySettings(idle_seconds=idle_seconds), clock=clock, sleep=sleep)
+    meter.whole = EnergyWindow(what="pass", iterations=3, seconds=1.8, millijoules=300_000)
+    return meter
+
+
+def test_idle_power_is_measured_over_the_runs_own_cpu_work() -> None:
+    """Two seconds of host-only work at a 60 W idle: the idle window covers it, costing no sleep of its own."""
+    clock = FakeClock(0.0)
+    meter = _meter(TickingCounter(clock, lambda _t: 60.0), clock)
+    with meter.idle_during("the profiler's post-processing"):
+        clock.now += 2.0
+    measured = meter.finish("page.png", 1, 32)
+    assert measured.idle_source == "the profiler's post-processing"
+    assert 2.0 <= measured.idle.seconds <= 2.1 + 0.01
+    assert measured.idle.watts == pytest.approx(60.0, rel=0.01)
+
+
+def test_short_cpu_work_is_padded_to_the_idle_length() -> None:
+    clock = FakeClock(0.0)
+    meter = _meter(TickingCounter(clock, lambda _t: 60.0), clock, idle_seconds=1.5)
+    with meter.idle_during("post-processing"):
+        clock.now += 0.3
+    assert meter.idle is not None and meter.idle.seconds >= 1.5
+    clock = FakeClock(0.0)
+    meter = _meter(TickingCounter(clock, lambda _t: 60.0), clock, idle_seconds=0.5)
+    with meter.idle_during("post-processing"):
+        clock.now += 0.3
+    assert meter.idle is None and "shorter than 1.0 s" in str(meter.idle_refused)
+    assert "pipeline.energy.idle_seconds" in str(meter.idle_refused)
+
+
+def test_a_counter_refusing_during_the_cpu_work_never_stops_it_and_a_sleep_measures_idle() -> None:
+    clock = FakeClock(0.0)
+    meter = _meter(RefusingOnce(clock, refusals=1), clock)
+    ran = []
+    with meter.idle_during("post-processing"):
+        ran.append(True)
+    assert ran and meter.idle is None and "Insufficient Permissions" in str(meter.idle_refused)
+    measured = meter.finish("page.png", 1, 32)
+    assert measured.idle_source == IDLE_SLEEP and measured.idle.watts == pytest.approx(60.0, rel=0.02)
+    assert meter.counter is None  # NVML released
 
 
 def test_idle_window_sleeps() -> None:

@@ -3,7 +3,9 @@ the default preset shows none of it; the GPU-activity line of report.md and the 
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +168,22 @@ def test_an_unreadable_profile_is_profiled_again(monkeypatch: pytest.MonkeyPatch
     mm = next(r for r in table.overall if r.name == "aten::mm")
     assert mm.calls == 3 and mm.shapes[0].shapes == "[[8, 8], [8, 8]]"
     assert table.activity is None  # a CPU run: no kernels
+
+
+def test_the_post_processing_runs_inside_the_gpu_idle_window() -> None:
+    """The energy pass measures idle power around the post-processing: entered after the profiled pass, left once
+    the tables are built."""
+    seen: list[str] = []
+
+    @contextlib.contextmanager
+    def idle() -> Iterator[None]:
+        seen.append("enter")
+        yield
+        seen.append("exit")
+
+    flags = {"record_shapes": False, "profile_memory": False, "with_stack": False, "with_flops": False}
+    table = tp.profile_image(_FakeSession(), [Path("x.png")], decode_steps=1, trace_path=None, gpu_idle=idle(), **flags)
+    assert seen == ["enter", "exit"] and any(r.name == "aten::mm" for r in table.overall)
 
 
 def test_a_profile_that_stays_unreadable_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:

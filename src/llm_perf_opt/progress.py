@@ -4,7 +4,9 @@ The bars go to stderr, the summary to stdout with the logs, so `stage1-run | tai
 
 from __future__ import annotations
 
+import logging
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import IO
@@ -12,6 +14,8 @@ from typing import IO
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+log = logging.getLogger("llm_perf_opt.progress")
 
 
 class Feedback:
@@ -52,12 +56,15 @@ class Feedback:
 
     @contextmanager
     def step(self, description: str, total: int | None = None) -> Iterator[StepHandle]:
-        """A unit of work (model build, images x passes, a profiler pass, an Nsight tool)."""
+        """A unit of work (model build, images x passes, a profiler pass, an Nsight tool); its wall time goes to the
+        log (where a run's time went, without a terminal)."""
         handle = StepHandle(self._progress, description, total)
+        started = time.perf_counter()
         try:
             yield handle
         finally:
             handle.done()
+            log.info("step done in %.1f s: %s", time.perf_counter() - started, description)
 
     def summary(self, title: str, rows: Sequence[tuple[str, str]], report: str) -> None:
         """Key figures and where the report is (the last line): a table on a terminal, plain lines otherwise."""

@@ -1,10 +1,12 @@
 """The energy pass: the GPU's cumulative energy counter (NVML `nvmlDeviceGetTotalEnergyConsumption`, mJ) read
-around work repeated long enough to measure, and around an idle sleep before it.
+around work repeated long enough to measure, and around time the GPU sits idle.
 
-The counter moves about every 100 ms and one read costs a few ms, so each window repeats its work for at least
-`EnergySettings.loop_seconds` and is refused below `MIN_WINDOW_S` (10 counter updates). Whatever stops a figure
-(no `pynvml`, no GPU, NVML refusing, a counter that does not move or goes backwards, a window too short) raises
-`EnergyUnavailable` with the reason; the pipeline records it as "not available: <reason>".
+The counter moves about every 100 ms and one read costs a few ms, so each window repeats its work for about
+`EnergySettings.loop_seconds` and is refused below `MIN_WINDOW_S` (10 counter updates). Idle power costs no time of
+its own where the run has CPU-only work to do anyway (`EnergyMeter.idle_during`: the profiler's post-processing);
+otherwise it is a sleep. Whatever stops a figure (no `pynvml`, no GPU, NVML refusing, a counter that does not move
+or goes backwards, a window too short) raises `EnergyUnavailable` with the reason; the pipeline records it as "not
+available: <reason>".
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import importlib
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -22,7 +25,7 @@ import attrs
 import torch
 
 from llm_perf_opt.measure.timing import NullRecorder
-from llm_perf_opt.records.memory import EnergyPass, EnergyWindow
+from llm_perf_opt.records.memory import IDLE_SLEEP, EnergyPass, EnergyWindow
 
 if TYPE_CHECKING:
     from llm_perf_opt.session.session import InferenceSession
@@ -33,8 +36,9 @@ MIN_WINDOW_S = 10 * COUNTER_PERIOD_S
 METHOD = (
     "NVML total energy counter (nvmlDeviceGetTotalEnergyConsumption, mJ); each loop opens and closes on an update "
     "of the counter (the wait after the loop's last device synchronisation taken off at idle power); idle power "
-    "from the counter over a sleep before the loops"
+    "from the counter while the GPU idles (the run's CPU-only post-processing of the profiled pass, else a sleep)"
 )
+WINDOW_SETTING = {"idle": "idle_seconds", "prefill": "prefill_seconds", "pass": "loop_seconds"}  # what sizes each
 
 
 class EnergyUnavailable(Exception):
@@ -50,8 +54,9 @@ class EnergySettings:
     """`pipeline.energy`: the energy pass (CUDA and pynvml only)."""
 
     enable: bool = True
-    loop_seconds: float = 2.0  # each loop repeats its work at least this long
-    idle_seconds: float = 1.0  # the idle window before the loops
+    loop_seconds: float = 2.0  # the whole-pass loop lasts about this long (never below MIN_WINDOW_S)
+    prefill_seconds: float = 1.0  # the prefill-only loop (J per decode token subtracts it: 1/tokens of its error)
+    idle_seconds: float = 1.0  # the idle window lasts at least this long
 
 
 def load_nvml() -> ModuleType:
@@ -144,26 +149,43 @@ def window(
     clock: Callable[[], float] = time.perf_counter,
     idle: bool = False,
 ) -> EnergyWindow:
-    """Repeat `work` (which ends synchronised with the device) until `min_seconds` have passed, between two updates
-    of the counter: the window opens on an update, and after the work it waits for the next one (that wait,
-    `tail_seconds`, is idle time the analysis takes off at idle power; none for an `idle` window). EnergyUnavailable
-    for a window shorter than MIN_WINDOW_S, a counter that did not move (stalled or unsupported) or went backwards
-    (wrapped or reset)."""
+    """Repeat `work` (which ends synchronised with the device) for about `min_seconds` (it stops at the repetition
+    that ends nearest to it, once MIN_WINDOW_S have passed), between two updates of the counter: the window opens on
+    an update, and after the work it waits for the next one (that wait, `tail_seconds`, is idle time the analysis
+    takes off at idle power; none for an `idle` window). EnergyUnavailable for a window shorter than MIN_WINDOW_S, a
+    counter that did not move (stalled or unsupported) or went backwards (wrapped or reset)."""
     start_mj, start = next_update(counter, clock)
     iterations = 0
     while True:
         work()
         iterations += 1
-        if clock() - start >= min_seconds:
+        elapsed = clock() - start
+        if elapsed >= MIN_WINDOW_S and elapsed + elapsed / iterations / 2 >= min_seconds:
             break
     work_end = clock()
+    return _closed(counter, what, (start_mj, start), work_end, iterations, clock, idle=idle)
+
+
+def _closed(
+    counter: Any,
+    what: str,
+    opened: tuple[int, float],
+    work_end: float,
+    iterations: int,
+    clock: Callable[[], float],
+    *,
+    idle: bool,
+) -> EnergyWindow:
+    """Close the window `opened` = (counter, time) on the counter's next update after `work_end`, checked."""
+    start_mj, start = opened
     end_mj, end = next_update(counter, clock)
     seconds = end - start
     delta = end_mj - start_mj
     if work_end - start < MIN_WINDOW_S:
+        setting = WINDOW_SETTING.get(what, "loop_seconds")
         raise EnergyUnavailable(
             f"the {what} window lasted {work_end - start:.3f} s, shorter than {MIN_WINDOW_S:.1f} s (10 updates of "
-            f"the ~{COUNTER_PERIOD_S * 1e3:.0f} ms counter): raise pipeline.energy.loop_seconds"
+            f"the ~{COUNTER_PERIOD_S * 1e3:.0f} ms counter): raise pipeline.energy.{setting}"
         )
     if delta < 0:
         raise EnergyUnavailable(
@@ -184,14 +206,34 @@ def idle_window(
     return window(counter, "idle", lambda: sleep(COUNTER_PERIOD_S), seconds, idle=True, **kw)
 
 
-def energy_pass(
-    session: InferenceSession, paths: Sequence[Path], key: str, new_tokens: int, settings: EnergySettings
-) -> EnergyPass:
-    """Idle, then a prefill-only loop (unless it would compile a new shape) and a whole-pass loop over `paths`
-    (one input or a batch), after each repetition a device synchronisation. CUDA only; EnergyUnavailable when NVML
-    cannot measure."""
-    counter = NvmlCounter.open(load_nvml(), session.device)
-    try:
+class EnergyMeter:
+    """The energy pass in parts: `loops` over the model's work, then idle power over CPU-only work the run does
+    anyway (`idle_during`), else over a sleep (`finish`). Owns the NVML counter until `finish` or `close`."""
+
+    def __init__(
+        self,
+        counter: Any,
+        settings: EnergySettings,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.counter, self.settings, self.clock, self.sleep = counter, settings, clock, sleep
+        self.prefill: EnergyWindow | None = None
+        self.prefill_note: str | None = None
+        self.whole: EnergyWindow | None = None
+        self.idle: EnergyWindow | None = None
+        self.idle_source = IDLE_SLEEP
+        self.idle_refused: str | None = None  # why the idle window over CPU work could not be used
+
+    @classmethod
+    def open(cls, device: torch.device, settings: EnergySettings) -> EnergyMeter:
+        """The meter of `device`'s counter; EnergyUnavailable when NVML cannot measure."""
+        return cls(NvmlCounter.open(load_nvml(), device), settings)
+
+    def loops(self, session: InferenceSession, paths: Sequence[Path], new_tokens: int) -> None:
+        """A prefill-only loop (unless it would compile a new shape) and a whole-pass loop over `paths` (one input
+        or a batch), after each repetition a device synchronisation."""
         prepared = [session.prepare(path) for path in paths]
         device = session.device
 
@@ -203,24 +245,83 @@ def energy_pass(
             return once
 
         torch.cuda.synchronize(device)
-        idle = idle_window(counter, settings.idle_seconds)
-        prefill, note = None, prefill_blocker(session)
-        if note is None:
-            prefill = window(counter, "prefill", run(1), settings.loop_seconds)
-        whole = window(counter, "pass", run(new_tokens), settings.loop_seconds)
-    finally:
-        if session.routing is not None:
-            session.routing.begin_pass()  # forget the loops' routing
-        counter.close()
-    return EnergyPass(
-        input=key,
-        pages=len(paths),
-        new_tokens=new_tokens,
-        idle=idle,
-        whole=whole,
-        prefill=prefill,
-        prefill_note=note,
-    )
+        try:
+            self.prefill_note = prefill_blocker(session)
+            if self.prefill_note is None:
+                self.prefill = self._window("prefill", run(1), self.settings.prefill_seconds)
+            self.whole = self._window("pass", run(new_tokens), self.settings.loop_seconds)
+        finally:
+            if session.routing is not None:
+                session.routing.begin_pass()  # forget the loops' routing
+
+    def _window(self, what: str, work: Callable[[], None], seconds: float) -> EnergyWindow:
+        return window(self.counter, what, work, seconds, clock=self.clock)
+
+    @contextmanager
+    def idle_during(self, what: str) -> Iterator[None]:
+        """Idle power over the block, which must leave the GPU idle (CPU-only work), padded with a sleep to
+        `idle_seconds`. A counter that refuses here is kept as the reason (`finish` then sleeps); it never
+        interrupts the block."""
+        try:
+            opened = next_update(self.counter, self.clock)
+        except EnergyUnavailable as exc:
+            self.idle_refused = exc.reason
+            yield
+            return
+        yield
+        rest = opened[1] + self.settings.idle_seconds - self.clock()
+        if rest > 0:
+            self.sleep(rest)
+        try:
+            self.idle = _closed(self.counter, "idle", opened, self.clock(), 1, self.clock, idle=True)
+            self.idle_source = what
+        except EnergyUnavailable as exc:
+            log.info("idle power over %s not measured (%s): a sleep instead", what, exc.reason)
+            self.idle_refused = exc.reason
+
+    def finish(self, key: str, pages: int, new_tokens: int) -> EnergyPass:
+        """The pass's record (a sleep measures idle power where `idle_during` did not); closes the counter."""
+        try:
+            if self.whole is None:
+                raise EnergyUnavailable("the energy loops did not run")
+            if self.idle is None:
+                self.idle = idle_window(self.counter, self.settings.idle_seconds, sleep=self.sleep, clock=self.clock)
+        finally:
+            self.close()
+        return EnergyPass(
+            input=key,
+            pages=pages,
+            new_tokens=new_tokens,
+            idle=self.idle,
+            whole=self.whole,
+            prefill=self.prefill,
+            prefill_note=self.prefill_note,
+            idle_source=self.idle_source,
+        )
+
+    def close(self) -> None:
+        """Shut NVML down (once); a failure is logged, never raised over the run's figures."""
+        counter, self.counter = self.counter, None
+        if counter is None:
+            return
+        try:
+            counter.close()
+        except EnergyUnavailable as exc:
+            log.warning("%s", exc.reason)
+
+
+def energy_pass(
+    session: InferenceSession, paths: Sequence[Path], key: str, new_tokens: int, settings: EnergySettings
+) -> EnergyPass:
+    """The loops, then idle power over a sleep, in one call (CUDA only; EnergyUnavailable when NVML cannot
+    measure)."""
+    meter = EnergyMeter.open(session.device, settings)
+    try:
+        meter.loops(session, paths, new_tokens)
+    except BaseException:
+        meter.close()
+        raise
+    return meter.finish(key, len(paths), new_tokens)
 
 
 def prefill_blocker(session: InferenceSession) -> str | None:

@@ -16,6 +16,7 @@ import shutil
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -299,10 +300,13 @@ def profile_image(
     with_flops: bool,
     trace_path: Path | None,
     modules: bool = False,
+    gpu_idle: AbstractContextManager[None] | None = None,
 ) -> OperatorTable:
     """Run one input (or, for a batched run, its first batch: `paths`) under the profiler (prefill + `decode_steps`
     decode steps) and build its operator table; with `modules`, the kernel time by module too (module ranges
-    around every forward; compiled code's kernels, CUDA-graph replays included, by inductor's provenance)."""
+    around every forward; compiled code's kernels, CUDA-graph replays included, by inductor's provenance).
+    `gpu_idle` is entered around the post-processing, which runs on the host only (the energy pass's idle
+    window)."""
     batch = [session.prepare(path) for path in paths]
 
     def forward(recorder: StageRecorder) -> None:
@@ -325,6 +329,23 @@ def profile_image(
             with_stack=with_stack,
             with_flops=with_flops,
         )
+    with gpu_idle or contextlib.nullcontext():
+        flags = (record_shapes, profile_memory, with_stack)
+        return _operator_table(session, prof, everything, started, attribution, decode_steps, trace_path, flags)
+
+
+def _operator_table(
+    session: Any,
+    prof: Any,
+    everything: Any,
+    started: float,
+    attribution: _Attribution | None,
+    decode_steps: int,
+    trace_path: Path | None,
+    flags: tuple[bool, bool, bool],
+) -> OperatorTable:
+    """The profiled pass's tables, kernel activity and module times (host-side work only)."""
+    record_shapes, profile_memory, with_stack = flags
     events = _operator_events(everything)
     on_cuda = session.device.type == "cuda"
     sort_key = "self_device_ms" if on_cuda else "self_cpu_ms"

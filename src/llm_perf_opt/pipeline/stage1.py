@@ -33,7 +33,7 @@ from llm_perf_opt.measure.routing import RoutingTrace, find_routers, mean_unique
 from llm_perf_opt.measure.stage1_analysis import Stage1Analysis, Stage1Measurements
 from llm_perf_opt.measure.torch_profiler import profile_image
 from llm_perf_opt.pipeline.analytic import check_workload_model, write_analytic_report_for_run
-from llm_perf_opt.pipeline.stage1_memory_energy import measure_memory_and_energy
+from llm_perf_opt.pipeline.stage1_memory_energy import MemoryAndEnergy
 from llm_perf_opt.pipeline.stage1_records import (
     analysis_setup,
     input_key,
@@ -213,26 +213,38 @@ class Stage1Run:
         assert self.selection is not None
         key = input_key(self.selection, profiled[0]) if size == 1 else batch_key(0)
         work = (profiled, key, settings.max_new_tokens)
-        measure_memory_and_energy(self.state, session, work, self.extra_passes, self.feedback, self.art)
-        prof = cfg.pipeline.torch_profiler
-        if prof.enable:
-            what = profiled[0].name if len(profiled) == 1 else f"the first batch ({len(profiled)} inputs)"
-            log.info("profiled pass on %s (prefill + %d decode steps)", what, int(prof.decode_steps))
-            trace = self.art.path("torch_profiler/trace.json.gz") if prof.chrome_trace else None
-            with self.feedback.step(f"profiled pass (prefill + {int(prof.decode_steps)} decode steps)"):
-                self.state.operators = profile_image(
-                    session,
-                    profiled,
-                    decode_steps=require_whole("pipeline.torch_profiler.decode_steps", prof.decode_steps, 0),
-                    record_shapes=bool(prof.record_shapes),
-                    profile_memory=bool(prof.profile_memory),
-                    with_stack=bool(prof.with_stack),
-                    with_flops=bool(prof.with_flops),
-                    trace_path=trace,
-                    modules=bool(prof.get("modules", False)),
-                )
-            if trace is not None:
-                self.art.record("torch_profiler/trace.json.gz")
+        extra = MemoryAndEnergy(self.state, session, work, self.extra_passes, self.feedback)
+        try:
+            extra.measure(self.art)
+            self._profiled_pass(session, profiled, extra)
+            extra.finish()
+        finally:
+            extra.close()
+
+    def _profiled_pass(self, session: InferenceSession, profiled: tuple[Path, ...], extra: MemoryAndEnergy) -> None:
+        """The torch-profiler pass (`pipeline.torch_profiler`); its CPU-only post-processing is the energy pass's
+        idle window."""
+        prof = self.cfg.pipeline.torch_profiler
+        if not prof.enable:
+            return
+        what = profiled[0].name if len(profiled) == 1 else f"the first batch ({len(profiled)} inputs)"
+        log.info("profiled pass on %s (prefill + %d decode steps)", what, int(prof.decode_steps))
+        trace = self.art.path("torch_profiler/trace.json.gz") if prof.chrome_trace else None
+        with self.feedback.step(f"profiled pass (prefill + {int(prof.decode_steps)} decode steps)"):
+            self.state.operators = profile_image(
+                session,
+                profiled,
+                decode_steps=require_whole("pipeline.torch_profiler.decode_steps", prof.decode_steps, 0),
+                record_shapes=bool(prof.record_shapes),
+                profile_memory=bool(prof.profile_memory),
+                with_stack=bool(prof.with_stack),
+                with_flops=bool(prof.with_flops),
+                trace_path=trace,
+                modules=bool(prof.get("modules", False)),
+                gpu_idle=extra.idle_during("the profiler's post-processing"),
+            )
+        if trace is not None:
+            self.art.record("torch_profiler/trace.json.gz")
 
     def _measure_peaks(self, device: torch.device, dtype_setting: str | None) -> None:
         """hardware.peaks=measured: this GPU's achievable GEMM and copy rates (cached per device), measured before

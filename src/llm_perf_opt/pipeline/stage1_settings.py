@@ -163,12 +163,8 @@ def energy_settings(cfg: DictConfig) -> EnergySettings:
     """`pipeline.energy`."""
     energy = cfg.get("pipeline", {}).get("energy") or {}
     default = EnergySettings()
-    return EnergySettings(
-        enable=bool(energy.get("enable", default.enable)),
-        loop_seconds=_number(
-            "pipeline.energy.loop_seconds", energy.get("loop_seconds", default.loop_seconds), 0.0, "seconds"
-        ),
-        idle_seconds=_number(
-            "pipeline.energy.idle_seconds", energy.get("idle_seconds", default.idle_seconds), 0.0, "seconds"
-        ),
-    )
+    seconds = {
+        name: _number(f"pipeline.energy.{name}", energy.get(name, getattr(default, name)), 0.0, "seconds")
+        for name in ("loop_seconds", "prefill_seconds", "idle_seconds")
+    }
+    return EnergySettings(enable=bool(energy.get("enable", default.enable)), **seconds)

@@ -121,6 +121,9 @@ class MemoryReport:
     fit: FitPrediction | None = None
 
 
+IDLE_SLEEP = "sleep"  # EnergyPass.idle_source of an idle window that was a sleep of its own
+
+
 @attrs.frozen
 class EnergyWindow:
     """One NVML energy-counter window: repeated work (or idle) between two reads of the counter."""
@@ -152,6 +155,7 @@ class EnergyPass:
     whole: EnergyWindow
     prefill: EnergyWindow | None = None
     prefill_note: str | None = None  # why the prefill-only loop did not run
+    idle_source: str = IDLE_SLEEP  # what the idle window ran over: a sleep, or CPU-only work the run did anyway
 
 
 @attrs.frozen

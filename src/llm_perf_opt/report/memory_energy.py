@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.memory import (
+    IDLE_SLEEP,
     EnergyReport,
     FitPrediction,
     MemoryBreakdown,
@@ -194,6 +195,10 @@ def _energy_row(s: StageEnergy) -> list[str]:
     ]
 
 
+def _idle_source(source: str) -> str:
+    return "a sleep" if source == IDLE_SLEEP else f"during {source}, the GPU idle"
+
+
 def energy_section(doc: Doc, energy: EnergyReport | None) -> None:
     """Energy per stage, page and token from the NVML counter, or why it is not available (no section for a folder
     written before the energy pass existed)."""
@@ -203,8 +208,8 @@ def energy_section(doc: Doc, energy: EnergyReport | None) -> None:
     assert e is not None
     doc.para(
         f"{energy.method}. Input {e.input} ({e.pages} page(s) per pass, {e.new_tokens} new tokens each); "
-        f"idle {_joules(energy.idle_watts, 1)} W over {e.idle.seconds:,.2f} s. Whole pass: {e.whole.iterations} "
-        f"passes in {e.whole.seconds:,.2f} s"
+        f"idle {_joules(energy.idle_watts, 1)} W over {e.idle.seconds:,.2f} s ({_idle_source(e.idle_source)}). "
+        f"Whole pass: {e.whole.iterations} passes in {e.whole.seconds:,.2f} s"
         + (
             f"; prefill: {e.prefill.iterations} prefill-only passes in {e.prefill.seconds:,.2f} s"
             if e.prefill is not None

@@ -26,6 +26,7 @@ from llm_perf_opt.measure.energy import (
     load_nvml,
     window,
 )
+from llm_perf_opt.measure.energy_figures import energy_report
 from llm_perf_opt.measure.memory import (
     CacheWatch,
     MemoryRecorder,
@@ -427,6 +428,26 @@ def test_the_analysis_derives_memory_and_energy_figures() -> None:
     assert energy.joules_per_decode_token_above_idle == pytest.approx((35.0 - 70.0 * 0.15) / 7)
     assert energy.tokens_per_joule == pytest.approx(8 / 50.0)
     assert stages["pass"].above_idle_joules == pytest.approx(50.0 - 70.0 * 0.2)
+
+
+def test_energy_is_each_loops_power_at_the_timed_speed() -> None:
+    """A host-paced decode loop that ran 25% slower than the timed passes (150 ms of decode per pass in the loop,
+    120 ms timed): decode energy is its mean power over the timed 120 ms, and the note says how far the loop was."""
+    timed = {vocab.PREFILL: 0.05, vocab.DECODE: 0.12}
+    report = energy_report(_energy_pass(), {vocab.PREFILL: 3e12, vocab.DECODE: 7e11}, timed, "method")
+    stages = {s.stage: s for s in report.stages}
+    decode_w = 35.0 / 0.15  # the loop: 35 J over 150 ms per pass
+    assert stages[vocab.DECODE].joules == pytest.approx(decode_w * 0.12)
+    assert stages[vocab.DECODE].seconds == pytest.approx(0.12) and "+25%" in stages[vocab.DECODE].note
+    assert stages[vocab.PREFILL].joules == pytest.approx(15.0) and "+" not in stages[vocab.PREFILL].note
+    assert report.joules_per_decode_token == pytest.approx(decode_w * 0.12 / 7)
+    assert report.joules_per_decode_token_above_idle == pytest.approx((decode_w - 70.0) * 0.12 / 7)
+    assert stages["pass"].joules == pytest.approx(15.0 + decode_w * 0.12) and report.joules_per_page == pytest.approx(
+        stages["pass"].joules
+    )
+    alone = energy_report(attrs.evolve(_energy_pass(), prefill=None, prefill_note="compiles"), {}, timed, "m")
+    assert [s.stage for s in alone.stages] == ["pass"] and alone.joules_per_decode_token is None
+    assert alone.stages[0].joules == pytest.approx(50.0 / 0.2 * 0.17)  # the whole loop: 250 W, over 170 ms
 
 
 def test_the_records_round_trip_and_both_cases_render(tmp_path: Path) -> None:

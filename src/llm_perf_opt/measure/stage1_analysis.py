@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 import attrs
@@ -21,6 +22,7 @@ from llm_perf_opt.hardware.table import peak_bandwidth, peak_compute
 from llm_perf_opt.measure.aggregate import batch_summary, stage_stats, throughput
 from llm_perf_opt.measure.efficiency import efficiency_by_stage
 from llm_perf_opt.measure.energy import METHOD as ENERGY_METHOD
+from llm_perf_opt.measure.energy_figures import energy_report
 from llm_perf_opt.measure.flops import FLOP_SOURCE, GROUPED_MM_FALLBACK_OP, StageFlops
 from llm_perf_opt.measure.memory import breakdown, fit_prediction, resident_other
 from llm_perf_opt.measure.mfu import TimedPass, mfu_by_stage
@@ -36,7 +38,6 @@ from llm_perf_opt.records.memory import (
     EnergyReport,
     MemoryPass,
     MemoryReport,
-    StageEnergy,
 )
 from llm_perf_opt.records.modules import ModuleAttribution
 from llm_perf_opt.records.stage1 import (
@@ -383,47 +384,22 @@ class Stage1Analysis:
         )
 
     def energy(self) -> EnergyReport | None:
-        """The energy pass: J per pass, W and FLOP/J per stage, J per page and per decode token, tokens per J."""
+        """The energy pass's figures (`measure.energy_figures`): each stage's loop power at its timed median."""
         m = self.measured
         if m.energy is None:
             return None if m.energy_reason is None else EnergyReport(available=False, reason=m.energy_reason)
         e = m.energy
-        idle_w = e.idle.watts
+        timed = [p for p in self.forwards().passes if p.cost_key == e.input]
+        medians = (
+            {
+                vocab.PREFILL: median(p.prefill_ms for p in timed) / 1e3,
+                vocab.DECODE: median(p.decode_ms for p in timed) / 1e3,
+            }
+            if timed
+            else {}
+        )
         flops = self.forwards().flops_per_stage.get(e.input, {})
-        whole = _stage_energy(
-            "pass",
-            *e.whole.per_iteration(idle_w),
-            idle_w,
-            _sum_or_none(flops.get(vocab.PREFILL), flops.get(vocab.DECODE)),
-        )
-        stages = [whole]
-        decode_tokens = (e.new_tokens - 1) * e.pages
-        per_token = per_token_above_idle = None
-        if e.prefill is not None:
-            pre = _stage_energy(
-                "prefill",
-                *e.prefill.per_iteration(idle_w),
-                idle_w,
-                flops.get(vocab.PREFILL),
-            )
-            stages.insert(0, pre)
-            decode = _difference(whole, pre, idle_w, flops.get(vocab.DECODE))
-            stages.insert(1, decode)
-            if decode.joules is not None and decode.above_idle_joules is not None and decode_tokens > 0:
-                per_token = decode.joules / decode_tokens
-                per_token_above_idle = decode.above_idle_joules / decode_tokens
-        assert whole.joules is not None
-        return EnergyReport(
-            available=True,
-            measured=e,
-            idle_watts=idle_w,
-            stages=tuple(stages),
-            joules_per_page=whole.joules / e.pages,
-            joules_per_decode_token=per_token,
-            joules_per_decode_token_above_idle=per_token_above_idle,
-            tokens_per_joule=e.new_tokens * e.pages / whole.joules if whole.joules > 0 else None,
-            method=ENERGY_METHOD,
-        )
+        return energy_report(e, flops, medians, ENERGY_METHOD)
 
     # ---- everything --------------------------------------------------------------------------------------------
     def profiler(self) -> ProfilerInfo | None:
@@ -502,43 +478,3 @@ class Stage1Analysis:
             memory=self.memory(),
             energy=self.energy(),
         )
-
-
-def _sum_or_none(prefill: float | None, decode: float | None) -> float | None:
-    """Prefill FLOPs + decode FLOPs per pass (both counted at the run's max_new_tokens, which the energy pass
-    runs), None when either is unknown."""
-    if prefill is None or decode is None:
-        return None
-    return prefill + decode
-
-
-def _stage_energy(stage: str, joules: float, seconds: float, idle_w: float, flops: float | None) -> StageEnergy:
-    """One stage's energy per pass from its joules and seconds per pass."""
-    return StageEnergy(
-        stage=stage,
-        joules=joules,
-        seconds=seconds,
-        watts=joules / seconds if seconds > 0 else None,
-        above_idle_joules=joules - idle_w * seconds,
-        flops=flops,
-        flop_per_joule=flops / joules if flops is not None and joules > 0 else None,
-    )
-
-
-def _difference(whole: StageEnergy, prefill: StageEnergy, idle_w: float, flops: float | None) -> StageEnergy:
-    """Decode per pass = the whole pass − the prefill-only pass; not available when it is not positive."""
-    assert whole.joules is not None and whole.seconds is not None
-    assert prefill.joules is not None and prefill.seconds is not None
-    joules, seconds = whole.joules - prefill.joules, whole.seconds - prefill.seconds
-    if joules <= 0 or seconds <= 0:
-        return StageEnergy(
-            stage=vocab.DECODE,
-            joules=None,
-            seconds=None,
-            watts=None,
-            above_idle_joules=None,
-            flops=flops,
-            flop_per_joule=None,
-            note=f"not available: whole pass − prefill = {joules:,.3f} J over {seconds:,.3f} s (within noise)",
-        )
-    return attrs.evolve(_stage_energy(vocab.DECODE, joules, seconds, idle_w, flops), note="whole pass − prefill")

@@ -36,9 +36,7 @@ MIN_WINDOW_S = 10 * COUNTER_PERIOD_S
 METHOD = (
     "NVML total energy counter (nvmlDeviceGetTotalEnergyConsumption, mJ); each loop opens and closes on an update "
     "of the counter (the wait after the loop's last device synchronisation taken off at idle power); idle power "
-    "from the counter while the GPU idles (the run's CPU-only post-processing of the profiled pass, else a sleep); "
-    "each stage's energy is its loop's mean power × the stage's median time over the timed passes (host-paced loops "
-    "run at their own speed)"
+    "from the counter while the GPU idles (the run's CPU-only post-processing of the profiled pass, else a sleep)"
 )
 WINDOW_SETTING = {"idle": "idle_seconds", "prefill": "prefill_seconds", "pass": "loop_seconds"}  # what sizes each
 

@@ -195,6 +195,17 @@ def _energy_row(s: StageEnergy) -> list[str]:
     ]
 
 
+def _decode_power(energy: EnergyReport) -> str:
+    """The decode loop's mean power: the steady figure where J per token follows a host-paced step's time."""
+    decode = next((s for s in energy.stages if s.stage == vocab.DECODE and s.watts is not None), None)
+    if decode is None or decode.watts is None:
+        return ""
+    return (
+        f"; mean power while decoding {decode.watts:,.1f} W (steadier between runs than J per token when the "
+        "host sets the step's pace: compare J per token at equal step times)"
+    )
+
+
 def _idle_source(source: str) -> str:
     return "a sleep" if source == IDLE_SLEEP else f"during {source}, the GPU idle"
 
@@ -226,7 +237,8 @@ def energy_section(doc: Doc, energy: EnergyReport | None) -> None:
             f"Energy per page: {_joules(energy.joules_per_page)} J",
             f"Energy per decode token: {_joules(energy.joules_per_decode_token, 4)} J, of which "
             f"{_joules(energy.joules_per_decode_token_above_idle, 4)} J above idle (the GPU's work; the rest is idle "
-            "power over the step's time, which moves with the host on a launch-bound step)",
+            "power over the step's time, which moves with the host on a launch-bound step)"
+            + _decode_power(energy),
             f"Tokens per joule: {_joules(energy.tokens_per_joule, 2)} tokens/J (new tokens, the first included, "
             "over the whole pass's energy)",
         ]

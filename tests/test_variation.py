@@ -9,10 +9,10 @@ import pytest
 
 from helpers import FIXTURES
 from llm_perf_opt.measure.aggregate import stage_stats
-from llm_perf_opt.measure.variation import StageVariation, high_variation, stage_variation
+from llm_perf_opt.measure.variation import StageVariation, high_variation, noise_side, stage_variation
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.io import converter
-from llm_perf_opt.records.stage1 import ImageRecord
+from llm_perf_opt.records.stage1 import DecodeActivity, ImageRecord, StepActivity
 
 VISION = ("vision/sam",)
 
@@ -106,3 +106,28 @@ def test_zero_time_stage_has_no_cv() -> None:
     records = [attrs.evolve(_record("a.png", i, 100.0, tiles=0), vision_ms={}) for i in range(3)]
     sam = _by_stage(stage_variation(records, VISION))["vision/sam"]
     assert sam.per_image[0].cv is None and sam.images_judged == 0
+
+
+def _activity(decode_busy_ms: float, prefill_busy_ms: float) -> DecodeActivity:
+    prefill = StepActivity(kernels=900, kernel_ms=60.0, busy_ms=prefill_busy_ms, wall_ms=200.0)  # profiler-slowed wall
+    return DecodeActivity(
+        steps=4, kernels_mean=900, kernels_min=900, kernels_max=900, kernel_ms_mean=decode_busy_ms,
+        busy_ms_mean=decode_busy_ms, wall_ms_mean=40.0, busy_fraction=decode_busy_ms / 40.0, prefill=prefill,
+        unattributed_kernels=0, method="profiler",
+    )  # fmt: skip
+
+
+def test_the_noise_side_follows_how_busy_the_gpu_is_over_the_timed_stage() -> None:
+    """A launch-bound eager decode step (1.1 ms of kernels in a 15 ms timed step) varies on the host's side; a
+    prefill whose kernels fill 62 of its 65 timed ms on the GPU's (the profiler's slower wall is not the measure);
+    preprocessing always on the host's; without a profiled pass or a timed figure nothing is claimed."""
+    timed = {vocab.DECODE_STEP: 15.0, vocab.PREFILL: 65.0}
+    activity = _activity(1.1, 62.0)
+    decode = noise_side(vocab.DECODE_STEP, activity, timed)
+    assert decode is not None and decode.startswith("host-side") and "7% of a decode step (1.1 of 15.0 ms)" in decode
+    prefill = noise_side(vocab.PREFILL, activity, timed)
+    assert prefill is not None and prefill.startswith("GPU-side") and "95% of the prefill" in prefill
+    assert str(noise_side(vocab.DECODE, _activity(12.0, 62.0), timed)).startswith("host and GPU")
+    assert str(noise_side(vocab.PREPROCESS, None, {})).startswith("host-side")
+    assert noise_side(vocab.DECODE_STEP, None, timed) is None and noise_side(vocab.TTFT, activity, timed) is None
+    assert noise_side(vocab.DECODE_STEP, activity, {}) is None

@@ -29,7 +29,7 @@ from llm_perf_opt.measure.mfu import TimedPass, mfu_by_stage
 from llm_perf_opt.measure.module_floors import module_attribution
 from llm_perf_opt.measure.routing import RoutingTrace, summarize_routing
 from llm_perf_opt.measure.torch_profiler import OperatorTable
-from llm_perf_opt.measure.variation import high_variation, stage_variation
+from llm_perf_opt.measure.variation import high_variation, noise_side, stage_variation
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.common import SCHEMA_VERSION, PeakFigure
 from llm_perf_opt.records.memory import (
@@ -319,11 +319,14 @@ class Stage1Analysis:
         if repeats < 3:
             out.append(f"Only {repeats} timed pass(es) per image: dispersion figures are weak.")
         threshold = self.setup.cv_warn
+        activity = self.measured.operators.activity if self.measured.operators is not None else None
+        timed = {s.stage: s.summary.p50 for s in stage_stats(self.measured.records, self.setup.vision_stages)}
         for v in high_variation(variation, threshold):
             worst = f"; worst {v.worst_image} {v.within_image_cv_max:.1%}" if v.images_judged > 1 else ""
+            side = noise_side(v.stage, activity, timed)
             out.append(
                 f"High run-to-run variation in {v.stage}: CV {v.within_image_cv_median:.1%} over one image's passes "
-                f"(median over {v.images_judged} image(s){worst}; > {threshold:.0%})."
+                f"(median over {v.images_judged} image(s){worst}; > {threshold:.0%})" + (f"; {side}." if side else ".")
             )
         return out
 

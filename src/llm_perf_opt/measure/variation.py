@@ -9,11 +9,12 @@ figure: what a typical image shows) and its maximum (with the image that shows i
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from llm_perf_opt.measure.aggregate import stage_values
 from llm_perf_opt.measure.stats import MIN_VALUES_FOR_CI
-from llm_perf_opt.records.stage1 import ImageRecord, ImageSpread, StageVariation
+from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records.stage1 import DecodeActivity, ImageRecord, ImageSpread, StageVariation
 
 
 def _cv(values: Sequence[float]) -> float | None:
@@ -53,3 +54,32 @@ def stage_variation(records: Sequence[ImageRecord], vision_stages: Sequence[str]
 def high_variation(variations: Sequence[StageVariation], threshold: float) -> tuple[StageVariation, ...]:
     """The stages whose median within-image CV exceeds `threshold` (a fraction): the run-to-run noise warning."""
     return tuple(v for v in variations if v.within_image_cv_median is not None and v.within_image_cv_median > threshold)
+
+
+HOST_PACED_BELOW = 0.7  # GPU busy under this fraction of a stage's time: the host sets its pace
+GPU_PACED_FROM = 0.9  # busy at least this fraction: the GPU does
+
+
+def noise_side(stage: str, activity: DecodeActivity | None, timed_ms: Mapping[str, float]) -> str | None:
+    """Which side a stage's run-to-run variation is on, in words: the GPU's busy time in the profiled pass (the
+    union of its kernels, which the profiler does not slow) over the stage's median timed time (`timed_ms`, by
+    stage): host-side (launch-paced), GPU-side, or both; None where nothing tells."""
+    if stage == vocab.PREPROCESS:
+        return "host-side: preprocessing runs on the CPU"
+    if activity is None:
+        return None
+    if stage in (vocab.DECODE, vocab.DECODE_STEP):
+        busy_ms, timed, what = activity.busy_ms_mean, timed_ms.get(vocab.DECODE_STEP), "a decode step"
+    elif stage == vocab.PREFILL and activity.prefill is not None:
+        busy_ms, timed, what = activity.prefill.busy_ms, timed_ms.get(vocab.PREFILL), "the prefill"
+    else:
+        return None
+    if not timed or timed <= 0:
+        return None
+    busy = min(busy_ms / timed, 1.0)
+    seen = f"the GPU is busy {busy:.0%} of {what} ({busy_ms:,.1f} of {timed:,.1f} ms)"
+    if busy < HOST_PACED_BELOW:
+        return f"host-side: {seen}, so the host's launch pace sets its time and its spread"
+    if busy >= GPU_PACED_FROM:
+        return f"GPU-side: {seen}, so the spread is the GPU's own (clocks, power, other work on it)"
+    return f"host and GPU: {seen}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import types
 from pathlib import Path
 
 import attrs
@@ -10,10 +11,10 @@ import pytest
 from llm_perf_opt.measure.aggregate import stage_stats, throughput
 from llm_perf_opt.measure.flops import StageFlops
 from llm_perf_opt.measure.stage1_analysis import Stage1Analysis, Stage1Measurements, Stage1Setup
-from llm_perf_opt.measure.variation import stage_variation
+from llm_perf_opt.measure.variation import HOST_SIDE, stage_variation
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.folders import load_stage1_metrics
-from llm_perf_opt.records.stage1 import SkippedInput, Stage1Metrics
+from llm_perf_opt.records.stage1 import DecodeActivity, SkippedInput, Stage1Metrics, StepActivity
 
 METRICS = Path(__file__).resolve().parent / "fixtures" / "metrics"
 
@@ -58,7 +59,8 @@ def test_the_record_figures_are_those_of_the_records() -> None:
     assert out.records == m.records
     assert out.stages == stage_stats(m.records, m.vision_stages)
     assert out.throughput == throughput(m.records)
-    assert out.variation == stage_variation(m.records, m.vision_stages)
+    assert tuple(attrs.evolve(v, noise_side=None) for v in out.variation) == stage_variation(m.records, m.vision_stages)
+    assert {v.stage: v.noise_side for v in out.variation}[vocab.PREPROCESS] == HOST_SIDE  # no profiled pass: only it
     assert set(out.per_image) == set(m.images)
 
 
@@ -92,3 +94,21 @@ def test_warnings_say_what_the_figures_lack() -> None:
     assert "Skipped input x.png: unreadable." in warnings
     assert any(w.startswith("MFU is n/a") for w in warnings)
     assert any(w.startswith("The last batch holds 1 input(s)") for w in warnings)
+
+
+def test_variation_and_its_warnings_name_the_side_of_the_noise() -> None:
+    """With a profiled pass whose decode step keeps the GPU busy a tiny share of the timed step, the decode step's
+    variation is host-side in the record and in its warning; preprocessing is host-side always."""
+    m = load_stage1_metrics(METRICS / "cpu_tiny_stage1.json")
+    analysis = _analysis(m, cv_warn=0.0)
+    step = StepActivity(kernels=10, kernel_ms=1e-4, busy_ms=1e-4, wall_ms=1.0)
+    activity = DecodeActivity(
+        steps=2, kernels_mean=10, kernels_min=10, kernels_max=10, kernel_ms_mean=1e-4, busy_ms_mean=1e-4,
+        wall_ms_mean=1.0, busy_fraction=1e-4, prefill=step, unattributed_kernels=0, method="test",
+    )  # fmt: skip
+    analysis.measured.operators = types.SimpleNamespace(activity=activity)  # type: ignore[assignment]
+    sides = {v.stage: v.noise_side for v in analysis.variation()}
+    assert sides[vocab.DECODE_STEP] == HOST_SIDE and sides[vocab.PREPROCESS] == HOST_SIDE
+    assert sides.get(vocab.TTFT) is None
+    warned = [w for w in analysis.warnings(analysis.variation(), no_peak=False) if vocab.DECODE_STEP in w]
+    assert all("host-side: the GPU is busy 0% of a decode step" in w for w in warned)

@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 import json
+import types
+from typing import Any
+from unittest.mock import ANY
 
 import attrs
 import pytest
 
 from helpers import FIXTURES
 from llm_perf_opt.measure.aggregate import stage_stats
-from llm_perf_opt.measure.variation import StageVariation, high_variation, noise_side, stage_variation
+from llm_perf_opt.measure.comparison import verdict_side
+from llm_perf_opt.measure.variation import (
+    BOTH_SIDES,
+    GPU_SIDE,
+    HOST_SIDE,
+    StageVariation,
+    high_variation,
+    noise_side,
+    stage_variation,
+)
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.io import converter
 from llm_perf_opt.records.stage1 import DecodeActivity, ImageRecord, StepActivity
@@ -124,10 +136,21 @@ def test_the_noise_side_follows_how_busy_the_gpu_is_over_the_timed_stage() -> No
     timed = {vocab.DECODE_STEP: 15.0, vocab.PREFILL: 65.0}
     activity = _activity(1.1, 62.0)
     decode = noise_side(vocab.DECODE_STEP, activity, timed)
-    assert decode is not None and decode.startswith("host-side") and "7% of a decode step (1.1 of 15.0 ms)" in decode
+    assert decode is not None and decode[0] == HOST_SIDE and "7% of a decode step (1.1 of 15.0 ms)" in decode[1]
     prefill = noise_side(vocab.PREFILL, activity, timed)
-    assert prefill is not None and prefill.startswith("GPU-side") and "95% of the prefill" in prefill
-    assert str(noise_side(vocab.DECODE, _activity(12.0, 62.0), timed)).startswith("host and GPU")
-    assert str(noise_side(vocab.PREPROCESS, None, {})).startswith("host-side")
+    assert prefill is not None and prefill[0] == GPU_SIDE and "95% of the prefill" in prefill[1]
+    assert noise_side(vocab.DECODE, _activity(12.0, 62.0), timed) == (BOTH_SIDES, ANY)
+    assert noise_side(vocab.PREPROCESS, None, {}) == (HOST_SIDE, "preprocessing runs on the CPU")
     assert noise_side(vocab.DECODE_STEP, None, timed) is None and noise_side(vocab.TTFT, activity, timed) is None
     assert noise_side(vocab.DECODE_STEP, activity, {}) is None
+
+
+def test_a_compare_verdict_names_the_side_of_both_runs_noise() -> None:
+    def metrics(side: str | None) -> Any:
+        return types.SimpleNamespace(variation=[types.SimpleNamespace(stage=vocab.DECODE_STEP, noise_side=side)])
+
+    assert verdict_side(metrics(HOST_SIDE), metrics(HOST_SIDE), vocab.DECODE_STEP) == HOST_SIDE
+    assert verdict_side(metrics(HOST_SIDE), metrics(GPU_SIDE), vocab.DECODE_STEP) == BOTH_SIDES
+    assert verdict_side(metrics(None), metrics(GPU_SIDE), vocab.DECODE_STEP) == GPU_SIDE
+    assert verdict_side(metrics(None), metrics(None), vocab.DECODE_STEP) is None
+    assert verdict_side(metrics(HOST_SIDE), metrics(HOST_SIDE), vocab.PREFILL) is None

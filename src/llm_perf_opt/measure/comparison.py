@@ -16,6 +16,7 @@ import attrs
 
 from llm_perf_opt.kernel_names import kernel_label, short_kernel_name
 from llm_perf_opt.measure.noise import noise_verdict
+from llm_perf_opt.measure.variation import BOTH_SIDES
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.common import SCHEMA_VERSION
 from llm_perf_opt.records.comparison import (
@@ -285,9 +286,21 @@ def stage_times(runs: Sequence[Labelled[Stage1Folder]]) -> tuple[StageTimeRow, .
             o = folder.metrics.stage_stat(stage)
             p50 = None if o is None else o.summary.p50
             verdict = noise_verdict(None if o is None else o.summary, None if b is None else b.summary)
-            changes.append(StageChange(p50_ms=p50, ratio=ratio(p50, base_p50), beyond_noise=verdict))
+            side = verdict_side(base.metrics, folder.metrics, stage)
+            changes.append(StageChange(p50_ms=p50, ratio=ratio(p50, base_p50), beyond_noise=verdict, noise_side=side))
         rows.append(StageTimeRow(stage=stage, nested_in=nested_in, base_p50_ms=base_p50, others=tuple(changes)))
     return tuple(rows)
+
+
+def verdict_side(base: Stage1Metrics, other: Stage1Metrics, stage: str) -> str | None:
+    """The side of the noise a stage's verdict rests on: the runs' own (StageVariation.noise_side), "host and GPU"
+    where they differ, None where neither run can tell."""
+    sides = {
+        v.noise_side for m in (base, other) for v in m.variation if v.stage == stage and v.noise_side is not None
+    }
+    if not sides:
+        return None
+    return sides.pop() if len(sides) == 1 else BOTH_SIDES
 
 
 def efficiency(runs: Sequence[Labelled[Stage1Folder]]) -> tuple[EfficiencyRow, ...]:

@@ -179,7 +179,24 @@ class Stage1Analysis:
         }
 
     def variation(self) -> tuple[StageVariation, ...]:
-        return stage_variation(self.measured.records, self.setup.vision_stages)
+        """Within-image and image-mix dispersion per stage, with the side its noise is on."""
+        sides = self.noise_sides()
+        return tuple(
+            attrs.evolve(v, noise_side=sides[v.stage][0]) if v.stage in sides else v
+            for v in stage_variation(self.measured.records, self.setup.vision_stages)
+        )
+
+    def noise_sides(self) -> dict[str, tuple[str, str]]:
+        """Per stage, which side its run-to-run noise is on and why (`measure.variation.noise_side`)."""
+        ops = self.measured.operators
+        activity = ops.activity if ops is not None else None
+        timed = {s.stage: s.summary.p50 for s in stage_stats(self.measured.records, self.setup.vision_stages)}
+        out = {}
+        for stage in timed:
+            side = noise_side(stage, activity, timed)
+            if side is not None:
+                out[stage] = side
+        return out
 
     # ---- utilization -------------------------------------------------------------------------------------------
     def mfu(self, peak: PeakFigure | None) -> tuple[MfuRecord, ...]:
@@ -319,14 +336,14 @@ class Stage1Analysis:
         if repeats < 3:
             out.append(f"Only {repeats} timed pass(es) per image: dispersion figures are weak.")
         threshold = self.setup.cv_warn
-        activity = self.measured.operators.activity if self.measured.operators is not None else None
-        timed = {s.stage: s.summary.p50 for s in stage_stats(self.measured.records, self.setup.vision_stages)}
+        sides = self.noise_sides()
         for v in high_variation(variation, threshold):
             worst = f"; worst {v.worst_image} {v.within_image_cv_max:.1%}" if v.images_judged > 1 else ""
-            side = noise_side(v.stage, activity, timed)
+            side = sides.get(v.stage)
             out.append(
                 f"High run-to-run variation in {v.stage}: CV {v.within_image_cv_median:.1%} over one image's passes "
-                f"(median over {v.images_judged} image(s){worst}; > {threshold:.0%})" + (f"; {side}." if side else ".")
+                f"(median over {v.images_judged} image(s){worst}; > {threshold:.0%})"
+                + (f"; {side[0]}: {side[1]}." if side else ".")
             )
         return out
 

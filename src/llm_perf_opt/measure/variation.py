@@ -58,14 +58,15 @@ def high_variation(variations: Sequence[StageVariation], threshold: float) -> tu
 
 HOST_PACED_BELOW = 0.7  # GPU busy under this fraction of a stage's time: the host sets its pace
 GPU_PACED_FROM = 0.9  # busy at least this fraction: the GPU does
+HOST_SIDE, GPU_SIDE, BOTH_SIDES = "host-side", "GPU-side", "host and GPU"
 
 
-def noise_side(stage: str, activity: DecodeActivity | None, timed_ms: Mapping[str, float]) -> str | None:
-    """Which side a stage's run-to-run variation is on, in words: the GPU's busy time in the profiled pass (the
-    union of its kernels, which the profiler does not slow) over the stage's median timed time (`timed_ms`, by
-    stage): host-side (launch-paced), GPU-side, or both; None where nothing tells."""
+def noise_side(stage: str, activity: DecodeActivity | None, timed_ms: Mapping[str, float]) -> tuple[str, str] | None:
+    """Which side a stage's run-to-run variation is on: (HOST_SIDE, GPU_SIDE or BOTH_SIDES, why in words), from the
+    GPU's busy time in the profiled pass (the union of its kernels, which the profiler does not slow) over the
+    stage's median timed time (`timed_ms`, by stage); None where nothing tells."""
     if stage == vocab.PREPROCESS:
-        return "host-side: preprocessing runs on the CPU"
+        return HOST_SIDE, "preprocessing runs on the CPU"
     if activity is None:
         return None
     if stage in (vocab.DECODE, vocab.DECODE_STEP):
@@ -79,7 +80,7 @@ def noise_side(stage: str, activity: DecodeActivity | None, timed_ms: Mapping[st
     busy = min(busy_ms / timed, 1.0)
     seen = f"the GPU is busy {busy:.0%} of {what} ({busy_ms:,.1f} of {timed:,.1f} ms)"
     if busy < HOST_PACED_BELOW:
-        return f"host-side: {seen}, so the host's launch pace sets its time and its spread"
+        return HOST_SIDE, f"{seen}, so the host's launch pace sets its time and its spread"
     if busy >= GPU_PACED_FROM:
-        return f"GPU-side: {seen}, so the spread is the GPU's own (clocks, power, other work on it)"
-    return f"host and GPU: {seen}"
+        return GPU_SIDE, f"{seen}, so the spread is the GPU's own (clocks, power, other work on it)"
+    return BOTH_SIDES, seen

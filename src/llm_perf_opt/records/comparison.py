@@ -80,6 +80,7 @@ class StageChange:
     p50_ms: float | None
     ratio: float | None  # run p50 / baseline p50
     beyond_noise: str  # measure.noise.noise_verdict
+    noise_side: str | None = None  # the side of the two runs' noise the verdict rests on (StageVariation.noise_side)
 
 
 @attrs.frozen

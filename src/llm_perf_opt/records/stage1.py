@@ -249,6 +249,9 @@ class StageVariation:
     within_image_cv_max: float | None
     worst_image: str | None  # the image with the largest within-image CV
     image_mix_cv: float | None  # CV pooled over every pass of every image; None for a single image (no mix)
+    # Which side the run-to-run noise is on (measure.variation.noise_side): "host-side", "GPU-side", "host and GPU";
+    # None where the profiled pass cannot tell
+    noise_side: str | None = None
 
 
 @attrs.frozen

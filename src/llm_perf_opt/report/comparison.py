@@ -115,13 +115,16 @@ def _stage1(doc: Doc, runs: Sequence[ComparedRun], section: Stage1Comparison, to
     for s in section.stage_times:
         row = [f"{s.stage} (in {s.nested_in})" if s.nested_in else s.stage, ms(s.base_p50_ms, 2)]
         for c in s.others:
-            row += [ms(c.p50_ms, 2), ratio_text(c.ratio), c.beyond_noise]
+            side = f" ({c.noise_side})" if c.noise_side else ""
+            row += [ms(c.p50_ms, 2), ratio_text(c.ratio), c.beyond_noise + side]
         rows.append(row)
     doc.table(["Stage", *header], rows)
     doc.para(
         f'Ratio: run p50 / baseline p50 ({base.label}); above 1 is slower. Beyond noise: "yes" when the 95% '
         "confidence intervals of the two means do not overlap (recorded run-to-run dispersion), otherwise "
-        '"within noise". n/a: the stage was not measured in that run.'
+        '"within noise". n/a: the stage was not measured in that run. In brackets, the side the runs\' noise is on '
+        "(host-side: the GPU was busy under 70% of the stage in the profiled pass, so the host's pace sets the "
+        "spread; GPU-side: from 90%)."
     )
 
     doc.h3("MFU and MBU per stage")

@@ -128,8 +128,12 @@ def _within_image_text(m: Stage1Metrics) -> str:
     if not judged:
         return "it needs at least 3 passes of one input."
     return (
-        ", ".join(f"{v.stage} {pct(v.within_image_cv_median)}" for v in judged)
-        + " (median CV over one input's passes)."
+        ", ".join(
+            f"{v.stage} {pct(v.within_image_cv_median)}" + (f" ({v.noise_side})" if v.noise_side else "")
+            for v in judged
+        )
+        + " (median CV over one input's passes; in brackets the side the noise comes from, by how busy the "
+        "profiled pass kept the GPU over the stage's timed median)."
     )
 
 

@@ -69,6 +69,7 @@ from llm_perf_opt.records.whatif import WhatIfRecord
 from llm_perf_opt.report import stage1_reports
 from llm_perf_opt.report.markdown import pct
 from llm_perf_opt.session.adapters.registry import make_adapter
+from llm_perf_opt.session.cpu_affinity import AUTO, CpuPin, pin
 from llm_perf_opt.session.model_settings import ModelSettings
 from llm_perf_opt.session.process_state import start_clean
 from llm_perf_opt.session.runtime import RuntimeSettings
@@ -100,6 +101,7 @@ class Stage1Run:
         self.runtime = RuntimeSettings()
         self.extra_passes = (MemorySettings(), EnergySettings())  # the memory and energy passes' settings
         self.whatif: WhatIfRecord | None = None  # the what-if run the reports cite (report.whatif_dir)
+        self.cpu_pin: CpuPin | None = None  # run.cpu_affinity as applied
 
     # ---- driver ------------------------------------------------------------------------------------
     def execute(self) -> Path:
@@ -165,6 +167,7 @@ class Stage1Run:
         self.whatif = whatif_for(self.art.run_dir, cfg.get("report", {}).get("whatif_dir"))
         device = resolve_device(cfg.device)
         self.state.reused_process = start_clean(device)
+        self.cpu_pin = pin(str(cfg.run.get("cpu_affinity", AUTO)), device)
         self.runtime = RuntimeSettings.from_config(cfg)  # run.batch_size ≤ 0 is refused here, before any build
         self.runtime.check_device(device)
         self.settings = settings = with_runtime_warmup(resolve_settings(cfg, device), self.runtime)
@@ -410,7 +413,13 @@ class Stage1Run:
     def _write_outputs(self, partial: bool) -> Stage1Metrics:
         assert self.session is not None and self.selection is not None and self.settings is not None
         recorded = run_settings(
-            self.cfg, self.settings, self.runtime, self.inputs, measured_passes=len(self.state.records), partial=partial
+            self.cfg,
+            self.settings,
+            self.runtime,
+            self.inputs,
+            measured_passes=len(self.state.records),
+            partial=partial,
+            cpu_affinity=self.cpu_pin.describe() if self.cpu_pin is not None else None,
         )
         setup = analysis_setup(self.cfg, self.session, self.run_id, recorded, self.inputs)
         metrics = Stage1Analysis(self.state, setup).metrics()

@@ -117,6 +117,7 @@ def run_settings(
     *,
     measured_passes: int,
     partial: bool,
+    cpu_affinity: str | None = None,
 ) -> RunSettings:
     """The run's effective settings as recorded in `metrics.json` (`measured_passes`: timed passes measured)."""
     return RunSettings(
@@ -135,6 +136,7 @@ def run_settings(
         outputs=output_settings(cfg),
         runtime=runtime.record(),
         fill_batches=bool(cfg.run.get("fill_batches", False)),
+        cpu_affinity=cpu_affinity,
     )
 
 

@@ -501,6 +501,7 @@ class RunSettings:
     outputs: OutputSettings = attrs.field(factory=OutputSettings)
     runtime: RuntimeRecord = attrs.field(factory=RuntimeRecord)
     fill_batches: bool = False  # run.fill_batches: batches filled to run.batch_size with copies of their inputs
+    cpu_affinity: str | None = None  # run.cpu_affinity as applied (session.cpu_affinity.CpuPin.describe)
 
     def __attrs_post_init__(self) -> None:
         object.__setattr__(self, "batch_size", self.runtime.batch_size)  # derived after `runtime`, set before it

@@ -830,6 +830,7 @@ def assumptions_md(m: Stage1Metrics, inputs: InputsManifest) -> str:
             f"Timed passes per image (run.repeats): {s.repeats} ({s.sources['run.repeats']})",
             f"Warm-up passes per image (run.warmup): {s.warmup} ({s.sources['run.warmup']})",
             f"Decoding: {s.decoding}; {s.max_new_tokens} new tokens ({s.sources['infer.max_new_tokens']})",
+            f"CPU affinity (run.cpu_affinity): {s.cpu_affinity or 'not recorded'}",
         ]
     )
     doc.h2("Preprocessing")

@@ -1,0 +1,127 @@
+"""Pin the measuring process to a few CPU cores (`run.cpu_affinity`), for steadier host-paced timings.
+
+An eager decode step and most of a prefill are paced by the host launching kernels, so the host's own jitter is most
+of their run-to-run variation. On the H100 machines (2026-11-26) pinning a run to four cores cut the within-image CV
+of the eager decode step from 4.5–8.6% to 2.2–3.8% (docs/benchmarks.md). `auto` pins a CUDA run to `AUTO_CORES`
+cores local to the GPU (its NUMA node's list, the first core left to the system, later GPUs of the host further
+along the list); a CPU run is never pinned automatically (its compute wants every core). torch's intra-op threads
+follow the pinned cores.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import attrs
+import torch
+
+from llm_perf_opt.errors import UserError
+
+log = logging.getLogger(__name__)
+
+AUTO = "auto"
+OFF = "none"
+AUTO_CORES = 4  # cores an automatic pin takes
+MIN_CPUS_FOR_AUTO = 2 * AUTO_CORES  # fewer visible CPUs: not pinned (nothing left to the rest of the machine)
+
+
+@attrs.frozen
+class CpuPin:
+    """What `run.cpu_affinity` did: the cores (None: not pinned) and why, in words."""
+
+    cores: tuple[int, ...] | None
+    how: str
+
+    def describe(self) -> str:
+        if self.cores is None:
+            return f"not pinned ({self.how})"
+        return f"cores {format_cores(self.cores)}, {len(self.cores)} torch threads ({self.how})"
+
+
+def parse_cores(text: str) -> tuple[int, ...]:
+    """`"2-5,8"` → (2, 3, 4, 5, 8); UserError on anything else."""
+    cores: list[int] = []
+    try:
+        for part in text.split(","):
+            low, _, high = part.strip().partition("-")
+            first, last = int(low), int(high or low)
+            if first < 0 or last < first:
+                raise ValueError(part)
+            cores.extend(range(first, last + 1))
+    except ValueError:
+        raise UserError(
+            f"run.cpu_affinity={text!r} is not a list of CPU cores",
+            "Use run.cpu_affinity=auto, run.cpu_affinity=none, or cores such as run.cpu_affinity='2-5' or '2,3,8'",
+        ) from None
+    return tuple(sorted(set(cores)))
+
+
+def format_cores(cores: Sequence[int]) -> str:
+    """(2, 3, 4, 5, 8) → "2-5,8"."""
+    runs: list[str] = []
+    ordered = sorted(cores)
+    start = prev = ordered[0]
+    for core in [*ordered[1:], None]:
+        if core is not None and core == prev + 1:
+            prev = core
+            continue
+        runs.append(str(start) if start == prev else f"{start}-{prev}")
+        if core is not None:
+            start = prev = core
+    return ",".join(runs)
+
+
+def choose(setting: str, device: torch.device, visible: Sequence[int], local: Sequence[int] | None) -> CpuPin:
+    """The cores `setting` asks for among the `visible` ones (`local`: the GPU's NUMA-local cores, when known)."""
+    setting = str(setting).strip()
+    if setting.lower() in (OFF, "null", "false", ""):
+        return CpuPin(None, "run.cpu_affinity=none")
+    if setting.lower() != AUTO:
+        cores = parse_cores(setting)
+        missing = sorted(set(cores) - set(visible))
+        if missing:
+            raise UserError(
+                f"run.cpu_affinity={setting} names cores this process cannot use: {format_cores(missing)}",
+                f"Choose among cores {format_cores(visible)}, or use run.cpu_affinity=auto",
+            )
+        return CpuPin(cores, "run.cpu_affinity")
+    if device.type != "cuda":
+        return CpuPin(None, "auto: a CPU run computes on every core")
+    pool = [c for c in (local or visible) if c in set(visible)]
+    if len(pool) < MIN_CPUS_FOR_AUTO:
+        return CpuPin(None, f"auto: only {len(pool)} CPU cores near the GPU, fewer than {MIN_CPUS_FOR_AUTO}")
+    start = 1 + (device.index or 0) * AUTO_CORES  # the first core left to the system; later GPUs further along
+    if start + AUTO_CORES > len(pool):
+        start = 1
+    where = "near the GPU" if local else "of the visible ones"
+    return CpuPin(tuple(pool[start : start + AUTO_CORES]), f"auto: {AUTO_CORES} cores {where}")
+
+
+def gpu_local_cpus(device: torch.device) -> list[int] | None:
+    """The CPU cores of `device`'s NUMA node, from sysfs (None where it cannot be read)."""
+    try:
+        props = torch.cuda.get_device_properties(device)
+        domain, bus_no, dev = (getattr(props, k) for k in ("pci_domain_id", "pci_bus_id", "pci_device_id"))
+        bus = f"{domain:04x}:{bus_no:02x}:{dev:02x}.0"
+        text = Path(f"/sys/bus/pci/devices/{bus}/local_cpulist").read_text().strip()
+    except (OSError, AttributeError, RuntimeError) as exc:
+        log.info("the GPU's local CPU cores are unknown (%s): choosing among the visible ones", exc)
+        return None
+    return list(parse_cores(text)) if text else None
+
+
+def pin(setting: str, device: torch.device) -> CpuPin:
+    """Apply `run.cpu_affinity` to this process (and torch's intra-op threads); what was done."""
+    if not hasattr(os, "sched_setaffinity"):
+        return CpuPin(None, "this platform cannot pin threads")
+    visible = sorted(os.sched_getaffinity(0))
+    local = gpu_local_cpus(device) if device.type == "cuda" and str(setting).lower() == AUTO else None
+    chosen = choose(setting, device, visible, local)
+    if chosen.cores is not None:
+        os.sched_setaffinity(0, chosen.cores)
+        torch.set_num_threads(len(chosen.cores))
+    log.info("CPU affinity: %s", chosen.describe())
+    return chosen

@@ -69,7 +69,7 @@ from llm_perf_opt.records.whatif import WhatIfRecord
 from llm_perf_opt.report import stage1_reports
 from llm_perf_opt.report.markdown import pct
 from llm_perf_opt.session.adapters.registry import make_adapter
-from llm_perf_opt.session.cpu_affinity import AUTO, CpuPin, pin
+from llm_perf_opt.session.cpu_affinity import OFF, CpuPin, pin
 from llm_perf_opt.session.model_settings import ModelSettings
 from llm_perf_opt.session.process_state import start_clean
 from llm_perf_opt.session.runtime import RuntimeSettings
@@ -167,7 +167,7 @@ class Stage1Run:
         self.whatif = whatif_for(self.art.run_dir, cfg.get("report", {}).get("whatif_dir"))
         device = resolve_device(cfg.device)
         self.state.reused_process = start_clean(device)
-        self.cpu_pin = pin(str(cfg.run.get("cpu_affinity", AUTO)), device)
+        self.cpu_pin = pin(str(cfg.run.get("cpu_affinity", OFF)), device)
         self.runtime = RuntimeSettings.from_config(cfg)  # run.batch_size ≤ 0 is refused here, before any build
         self.runtime.check_device(device)
         self.settings = settings = with_runtime_warmup(resolve_settings(cfg, device), self.runtime)

@@ -132,8 +132,13 @@ def _within_image_text(m: Stage1Metrics) -> str:
             f"{v.stage} {pct(v.within_image_cv_median)}" + (f" ({v.noise_side})" if v.noise_side else "")
             for v in judged
         )
-        + " (median CV over one input's passes; in brackets the side the noise comes from, by how busy the "
-        "profiled pass kept the GPU over the stage's timed median)."
+        + " (median CV over one input's passes"
+        + (
+            "; in brackets the side the noise comes from, by how busy the profiled pass kept the GPU over the stage's "
+            "timed median)."
+            if any(v.noise_side for v in judged)
+            else ")."
+        )
     )
 
 
@@ -830,7 +835,7 @@ def assumptions_md(m: Stage1Metrics, inputs: InputsManifest) -> str:
             f"Timed passes per image (run.repeats): {s.repeats} ({s.sources['run.repeats']})",
             f"Warm-up passes per image (run.warmup): {s.warmup} ({s.sources['run.warmup']})",
             f"Decoding: {s.decoding}; {s.max_new_tokens} new tokens ({s.sources['infer.max_new_tokens']})",
-            f"CPU affinity (run.cpu_affinity): {s.cpu_affinity or 'not recorded'}",
+            *([f"CPU affinity (run.cpu_affinity): {s.cpu_affinity}"] if s.cpu_affinity else []),
         ]
     )
     doc.h2("Preprocessing")

@@ -12,11 +12,11 @@ import torch
 
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.data.dataset import bundled_samples_dir
-from llm_perf_opt.measure.energy import EnergySettings, energy_pass
+from llm_perf_opt.measure.energy import EnergyMeter, EnergySettings
 from llm_perf_opt.measure.memory import MemorySettings, breakdown, fit_prediction, memory_pass, resident_other
 from llm_perf_opt.pipeline.stage1 import Stage1Run
 from llm_perf_opt.records import vocabulary as vocab
-from llm_perf_opt.records.memory import MemoryBreakdown, MemoryPass
+from llm_perf_opt.records.memory import IDLE_SLEEP, MemoryBreakdown, MemoryPass
 from llm_perf_opt.report.memory_energy import vision_peak_caveat
 from llm_perf_opt.session.session import InferenceSession
 
@@ -63,7 +63,13 @@ def test_the_memory_breakdown_sums_to_the_measured_peak(tiny: InferenceSession) 
 
 @pytest.mark.skipif(importlib.util.find_spec("pynvml") is None, reason="needs nvidia-ml-py (pynvml)")
 def test_energy_figures_are_positive(tiny: InferenceSession) -> None:
-    measured = energy_pass(tiny, (PAGE,), "slide_square.png", 4, EnergySettings(loop_seconds=1.0, idle_seconds=1.0))
+    meter = EnergyMeter.open(tiny.device, EnergySettings(loop_seconds=1.0, idle_seconds=1.0))
+    try:
+        meter.loops(tiny, (PAGE,), 4)
+        measured = meter.finish("slide_square.png", 1, 4)  # idle power over a sleep
+    finally:
+        meter.close()
+    assert measured.idle_source == IDLE_SLEEP
     assert measured.idle.millijoules > 0 and measured.whole.millijoules > 0
     assert measured.prefill is not None and measured.prefill.millijoules > 0
     assert measured.whole.seconds >= 1.0 and measured.whole.iterations >= 1

@@ -310,20 +310,6 @@ class EnergyMeter:
             log.warning("%s", exc.reason)
 
 
-def energy_pass(
-    session: InferenceSession, paths: Sequence[Path], key: str, new_tokens: int, settings: EnergySettings
-) -> EnergyPass:
-    """The loops, then idle power over a sleep, in one call (CUDA only; EnergyUnavailable when NVML cannot
-    measure)."""
-    meter = EnergyMeter.open(session.device, settings)
-    try:
-        meter.loops(session, paths, new_tokens)
-    except BaseException:
-        meter.close()
-        raise
-    return meter.finish(key, len(paths), new_tokens)
-
-
 def prefill_blocker(session: InferenceSession) -> str | None:
     """Why a prefill-only loop (one new token) would not measure the timed prefill, or None: a compiled prefill on a
     static cache sized per pass would compile (and capture) a new shape."""

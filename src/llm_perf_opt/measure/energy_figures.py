@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import attrs
-
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.memory import EnergyPass, EnergyReport, StageEnergy
 
@@ -38,8 +36,10 @@ def energy_report(
         if dec_j <= 0 or dec_s <= 0:
             stages.insert(1, _not_available(dec_j, dec_s, flops.get(vocab.DECODE)))
         else:
-            decode = _stage(vocab.DECODE, dec_j, dec_s, timed_s.get(vocab.DECODE), idle_w, flops.get(vocab.DECODE))
-            decode = _with_note(decode, "whole pass − prefill")
+            decode = _stage(
+                vocab.DECODE, dec_j, dec_s, timed_s.get(vocab.DECODE), idle_w, flops.get(vocab.DECODE),
+                how="whole pass − prefill",
+            )  # fmt: skip
             stages.insert(1, decode)
             tokens = (measured.new_tokens - 1) * measured.pages
             if tokens > 0 and decode.above_idle_joules is not None:
@@ -58,12 +58,23 @@ def energy_report(
 
 
 def _stage(
-    stage: str, joules: float, seconds: float, timed: float | None, idle_w: float, stage_flops: float | None
+    stage: str,
+    joules: float,
+    seconds: float,
+    timed: float | None,
+    idle_w: float,
+    stage_flops: float | None,
+    *,
+    how: str = "",
 ) -> StageEnergy:
-    """One stage's energy per pass from its loop's joules and seconds per repetition."""
-    note = ""
+    """One stage's energy per pass from its loop's joules and seconds per repetition; its note says `how` it was
+    derived and whether the loop ran off the timed pace."""
+    notes = [how] if how else []
     if timed is not None and timed > 0 and abs(seconds / timed - 1) > SPEED_NOTE_AT:
-        note = f"its loop ran at {seconds * 1e3:,.1f} ms per pass ({seconds / timed - 1:+.0%} of the timed median)"
+        notes.append(
+            f"its loop ran at {seconds * 1e3:,.1f} ms per pass ({seconds / timed - 1:+.0%} of the timed median)"
+        )
+    note = "; ".join(notes)
     return StageEnergy(
         stage=stage,
         joules=joules,
@@ -74,10 +85,6 @@ def _stage(
         flop_per_joule=stage_flops / joules if stage_flops is not None and joules > 0 else None,
         note=note,
     )
-
-
-def _with_note(stage: StageEnergy, first: str) -> StageEnergy:
-    return attrs.evolve(stage, note="; ".join(n for n in (first, stage.note) if n))
 
 
 def _not_available(joules: float, seconds: float, flops: float | None) -> StageEnergy:

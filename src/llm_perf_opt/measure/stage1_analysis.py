@@ -9,6 +9,7 @@ new method here and a new field of the record.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -180,14 +181,16 @@ class Stage1Analysis:
 
     def variation(self) -> tuple[StageVariation, ...]:
         """Within-image and image-mix dispersion per stage, with the side its noise is on."""
-        sides = self.noise_sides()
+        sides = self.noise_sides
         return tuple(
             attrs.evolve(v, noise_side=sides[v.stage][0]) if v.stage in sides else v
             for v in stage_variation(self.measured.records, self.setup.vision_stages)
         )
 
+    @functools.cached_property
     def noise_sides(self) -> dict[str, tuple[str, str]]:
-        """Per stage, which side its run-to-run noise is on and why (`measure.variation.noise_side`)."""
+        """Per stage, which side its run-to-run noise is on and why (`measure.variation.noise_side`); worked out
+        once, for the variation records and their warnings."""
         ops = self.measured.operators
         activity = ops.activity if ops is not None else None
         timed = {s.stage: s.summary.p50 for s in stage_stats(self.measured.records, self.setup.vision_stages)}
@@ -336,7 +339,7 @@ class Stage1Analysis:
         if repeats < 3:
             out.append(f"Only {repeats} timed pass(es) per image: dispersion figures are weak.")
         threshold = self.setup.cv_warn
-        sides = self.noise_sides()
+        sides = self.noise_sides
         for v in high_variation(variation, threshold):
             worst = f"; worst {v.worst_image} {v.within_image_cv_max:.1%}" if v.images_judged > 1 else ""
             side = sides.get(v.stage)
@@ -404,12 +407,14 @@ class Stage1Analysis:
         )
 
     def energy(self) -> EnergyReport | None:
-        """The energy pass's figures (`measure.energy_figures`): each stage's loop power at its timed median."""
+        """The energy pass's figures (`measure.energy_figures`), each stage's beside its median over the timed
+        passes of the same input."""
         m = self.measured
         if m.energy is None:
             return None if m.energy_reason is None else EnergyReport(available=False, reason=m.energy_reason)
         e = m.energy
-        timed = [p for p in self.forwards().passes if p.cost_key == e.input]
+        forwards = self.forwards()
+        timed = [p for p in forwards.passes if p.cost_key == e.input]
         medians = (
             {
                 vocab.PREFILL: median(p.prefill_ms for p in timed) / 1e3,
@@ -418,7 +423,7 @@ class Stage1Analysis:
             if timed
             else {}
         )
-        flops = self.forwards().flops_per_stage.get(e.input, {})
+        flops = forwards.flops_per_stage.get(e.input, {})
         return energy_report(e, flops, medians, ENERGY_METHOD)
 
     # ---- everything --------------------------------------------------------------------------------------------

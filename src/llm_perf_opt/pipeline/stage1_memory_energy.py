@@ -1,6 +1,6 @@
 """Stage 1's memory pass and energy pass, after the timed passes (never timed): each measured, or the reason it
 was not, into the run's measurements. The energy pass runs in two parts: its loops before the profiled pass, its
-idle window over the profiler's CPU-only post-processing (`EnergyPasses.idle_during`), so idle power costs no time
+idle window over the profiler's CPU-only post-processing (`MemoryAndEnergy.idle_during`), so idle power costs no time
 of its own."""
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from llm_perf_opt.measure.variation import GPU_PACED_FROM, HOST_PACED_BELOW
 from llm_perf_opt.records.comparison import (
     KINDS,
     NOT_JUDGED,
@@ -123,8 +124,8 @@ def _stage1(doc: Doc, runs: Sequence[ComparedRun], section: Stage1Comparison, to
         f'Ratio: run p50 / baseline p50 ({base.label}); above 1 is slower. Beyond noise: "yes" when the 95% '
         "confidence intervals of the two means do not overlap (recorded run-to-run dispersion), otherwise "
         '"within noise". n/a: the stage was not measured in that run. In brackets, the side the runs\' noise is on '
-        "(host-side: the GPU was busy under 70% of the stage in the profiled pass, so the host's pace sets the "
-        "spread; GPU-side: from 90%)."
+        f"(host-side: the GPU was busy under {HOST_PACED_BELOW:.0%} of the stage in the profiled pass, so the host's "
+        f"pace sets the spread; GPU-side: from {GPU_PACED_FROM:.0%})."
     )
 
     doc.h3("MFU and MBU per stage")

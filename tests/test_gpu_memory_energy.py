@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,10 +15,12 @@ from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.data.dataset import bundled_samples_dir
 from llm_perf_opt.measure.energy import EnergyMeter, EnergySettings
 from llm_perf_opt.measure.memory import MemorySettings, breakdown, fit_prediction, memory_pass, resident_other
+from llm_perf_opt.measure.timing import NullRecorder
 from llm_perf_opt.pipeline.stage1 import Stage1Run
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.memory import IDLE_SLEEP, MemoryBreakdown, MemoryPass
 from llm_perf_opt.report.memory_energy import vision_peak_caveat
+from llm_perf_opt.session.runtime import RuntimeSettings
 from llm_perf_opt.session.session import InferenceSession
 
 MIB = 2**20
@@ -69,10 +72,33 @@ def test_energy_figures_are_positive(tiny: InferenceSession) -> None:
         measured = meter.finish("slide_square.png", 1, 4)  # idle power over a sleep
     finally:
         meter.close()
-    assert measured.idle_source == IDLE_SLEEP
-    assert measured.idle.millijoules > 0 and measured.whole.millijoules > 0
+    assert measured.idle_source == IDLE_SLEEP and measured.whole is None  # both stages looped alone
+    assert measured.idle.millijoules > 0
     assert measured.prefill is not None and measured.prefill.millijoules > 0
-    assert measured.whole.seconds >= 1.0 and measured.whole.iterations >= 1
+    assert measured.decode is not None and measured.decode.millijoules > 0
+    assert measured.decode.seconds >= 1.0 and measured.decode.iterations >= 1
+
+
+def test_decode_repeated_under_cuda_graphs_gives_the_same_tokens(tiny: InferenceSession) -> None:
+    """The decode-only loop's repeats replay the captured decode step with the static cache rewound in place."""
+    graphs = tiny.with_runtime(RuntimeSettings(kv_cache="static", compile="decode", compile_mode="reduce-overhead"))
+    try:
+        prepared = [graphs.prepare(PAGE)]
+        plain = graphs.generate_batch(prepared, 6, NullRecorder(graphs.device))
+        repeats: list[int] = []
+
+        def repeater(again: Callable[[], None]) -> None:
+            for _ in range(3):
+                again()
+                repeats.append(1)
+
+        with graphs.repeat_decode(repeater):
+            repeated = graphs.generate_batch(prepared, 6, NullRecorder(graphs.device))
+        events = graphs.compile_summary().events
+    finally:
+        graphs.close()
+    assert len(repeats) == 3 and repeated == plain
+    assert not any(e.recompile for e in events)  # the repeats replay the step the pass compiled
 
 
 def test_a_gpu_stage1_run_writes_both_sections(tmp_path: Path) -> None:

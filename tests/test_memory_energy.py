@@ -446,6 +446,33 @@ def test_energy_is_the_loops_own_and_a_loop_off_the_timed_pace_is_noted() -> Non
     assert alone.joules_per_page == pytest.approx(50.0) and "+18%" in alone.stages[0].note  # 200 ms vs 170 ms
 
 
+def test_decode_from_its_own_loop_and_the_pass_as_the_sum_of_the_two() -> None:
+    """Prefill and decode looped alone (no whole-pass loop): J per decode token is the decode loop's own (no
+    difference of two loops); the pass is their sum. Where the prefill loop cannot run, prefill is the whole-pass
+    loop less the decode loop."""
+    looped = attrs.evolve(
+        _energy_pass(), whole=None, decode=EnergyWindow("decode", 10, 1.4, 350_000)
+    )  # 35 J per decode section of 7 steps, 140 ms
+    report = energy_report(looped, {vocab.PREFILL: 3e12, vocab.DECODE: 7e11}, {}, "m")
+    stages = {s.stage: s for s in report.stages}
+    assert stages[vocab.DECODE].note == "" and stages[vocab.DECODE].joules == pytest.approx(35.0)
+    assert report.joules_per_decode_token == pytest.approx(5.0)
+    assert stages["pass"].joules == pytest.approx(50.0) and stages["pass"].seconds == pytest.approx(0.19)
+    assert stages["pass"].note == "prefill loop + decode loop" and report.joules_per_page == pytest.approx(50.0)
+    assert report.tokens_per_joule == pytest.approx(8 / 50.0)
+    blocked = attrs.evolve(looped, prefill=None, prefill_note="compiles", whole=EnergyWindow("pass", 5, 1.0, 250_000))
+    stages = {s.stage: s for s in energy_report(blocked, {}, {}, "m").stages}
+    assert stages[vocab.PREFILL].joules == pytest.approx(15.0) and stages[vocab.PREFILL].note == "whole pass − decode"
+    assert stages[vocab.DECODE].note == "" and stages["pass"].note == ""
+    noisy = attrs.evolve(blocked, whole=EnergyWindow("pass", 10, 1.0, 300_000))  # 30 J per pass < 35 J of decode
+    stages = {s.stage: s for s in energy_report(noisy, {}, {}, "m").stages}
+    assert stages[vocab.PREFILL].joules is None and "not available: whole pass − decode" in stages[vocab.PREFILL].note
+    doc = Doc("t")
+    energy_section(doc, report)
+    looped_text = "the pass's decode steps 10 times over in 1.40 s (the KV cache rewound to the prompt each time)"
+    assert looped_text in doc.text()
+
+
 def test_the_records_round_trip_and_both_cases_render(tmp_path: Path) -> None:
     base = load_stage1_metrics(FIXTURE)
     analysis = _analysed(base, memory=attrs.evolve(_memory_pass(), max_positions=8192), energy=_energy_pass())

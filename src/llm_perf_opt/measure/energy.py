@@ -26,6 +26,7 @@ import torch
 
 from llm_perf_opt.measure.timing import NullRecorder
 from llm_perf_opt.records.memory import IDLE_SLEEP, EnergyPass, EnergyWindow
+from llm_perf_opt.session.decode import DecodeNotRepeatable
 
 if TYPE_CHECKING:
     from llm_perf_opt.session.session import InferenceSession
@@ -38,7 +39,12 @@ METHOD = (
     "of the counter (the wait after the loop's last device synchronisation taken off at idle power); idle power "
     "from the counter while the GPU idles (the run's CPU-only post-processing of the profiled pass, else a sleep)"
 )
-WINDOW_SETTING = {"idle": "idle_seconds", "prefill": "prefill_seconds", "pass": "loop_seconds"}  # what sizes each
+WINDOW_SETTING = {  # the setting that sizes each window
+    "idle": "idle_seconds",
+    "prefill": "prefill_seconds",
+    "decode": "loop_seconds",
+    "pass": "loop_seconds",
+}
 
 
 class EnergyUnavailable(Exception):
@@ -54,8 +60,8 @@ class EnergySettings:
     """`pipeline.energy`: the energy pass (CUDA and pynvml only)."""
 
     enable: bool = True
-    loop_seconds: float = 2.0  # the whole-pass loop lasts about this long (never below MIN_WINDOW_S)
-    prefill_seconds: float = 1.0  # the prefill-only loop (J per decode token subtracts it: 1/tokens of its error)
+    loop_seconds: float = 2.0  # the decode-only loop (or whole-pass loop) lasts about this long (>= MIN_WINDOW_S)
+    prefill_seconds: float = 1.0  # the prefill-only loop
     idle_seconds: float = 1.0  # the idle window lasts at least this long
 
 
@@ -222,6 +228,8 @@ class EnergyMeter:
         self.prefill: EnergyWindow | None = None
         self.prefill_note: str | None = None
         self.whole: EnergyWindow | None = None
+        self.decode: EnergyWindow | None = None
+        self.decode_note: str | None = None  # why the decode-only loop did not run
         self.idle: EnergyWindow | None = None
         self.idle_source = IDLE_SLEEP
         self.idle_refused: str | None = None  # why the idle window over CPU work could not be used
@@ -232,8 +240,9 @@ class EnergyMeter:
         return cls(NvmlCounter.open(load_nvml(), device), settings)
 
     def loops(self, session: InferenceSession, paths: Sequence[Path], new_tokens: int) -> None:
-        """A prefill-only loop (unless it would compile a new shape) and a whole-pass loop over `paths` (one input
-        or a batch), after each repetition a device synchronisation."""
+        """A prefill-only loop (unless it would compile a new shape) and a decode-only loop (the decode steps of one
+        pass over `paths`, one input or a batch, repeated with the KV cache rewound to the prompt); a whole-pass loop
+        where either cannot run. Each repetition ends with a device synchronisation."""
         prepared = [session.prepare(path) for path in paths]
         device = session.device
 
@@ -244,12 +253,29 @@ class EnergyMeter:
 
             return once
 
+        def decode_loop(section: Callable[[], None]) -> None:
+            def once() -> None:
+                section()
+                torch.cuda.synchronize(device)
+
+            torch.cuda.synchronize(device)
+            self.decode = self._window("decode", once, self.settings.loop_seconds)
+
         torch.cuda.synchronize(device)
         try:
             self.prefill_note = prefill_blocker(session)
             if self.prefill_note is None:
                 self.prefill = self._window("prefill", run(1), self.settings.prefill_seconds)
-            self.whole = self._window("pass", run(new_tokens), self.settings.loop_seconds)
+            if new_tokens < 2:
+                self.decode_note = "one new token per pass: no decode step"
+            else:
+                try:
+                    with session.repeat_decode(decode_loop):
+                        run(new_tokens)()
+                except DecodeNotRepeatable as exc:
+                    self.decode_note = f"the decode steps cannot be repeated alone: {exc.reason}"
+            if self.prefill is None or (self.decode is None and new_tokens > 1):
+                self.whole = self._window("pass", run(new_tokens), self.settings.loop_seconds)
         finally:
             if session.routing is not None:
                 session.routing.begin_pass()  # forget the loops' routing
@@ -282,7 +308,7 @@ class EnergyMeter:
     def finish(self, key: str, pages: int, new_tokens: int) -> EnergyPass:
         """The pass's record (a sleep measures idle power where `idle_during` did not); closes the counter."""
         try:
-            if self.whole is None:
+            if self.whole is None and (self.prefill is None or self.decode is None) and new_tokens > 1:
                 raise EnergyUnavailable("the energy loops did not run")
             if self.idle is None:
                 self.idle = idle_window(self.counter, self.settings.idle_seconds, sleep=self.sleep, clock=self.clock)
@@ -297,6 +323,8 @@ class EnergyMeter:
             prefill=self.prefill,
             prefill_note=self.prefill_note,
             idle_source=self.idle_source,
+            decode=self.decode,
+            decode_note=self.decode_note,
         )
 
     def close(self) -> None:

@@ -1,6 +1,7 @@
 """Energy figures from the energy pass: J per pass, W and FLOP/J per stage, J per page and per decode token.
 
-Each figure is the loop's own: its joules over its repetitions. A loop runs at whatever pace the host sets (an eager
+Each figure is a loop's own: its joules over its repetitions (the decode figure from the decode steps looped alone,
+so J per decode token is no difference of two loops). A loop runs at whatever pace the host sets (an eager
 decode step is host-bound), so where a stage's loop ran more than `SPEED_NOTE_AT` away from the stage's median time
 over the timed passes, the stage's note says so: a host-paced step's energy is mostly idle power × its time, and it
 moves with the host's pace while its mean power stays steady.
@@ -20,36 +21,48 @@ def energy_report(
     measured: EnergyPass, flops: Mapping[str, float], timed_s: Mapping[str, float], method: str
 ) -> EnergyReport:
     """The energy pass's figures. `flops` and `timed_s` (median seconds per pass over the timed passes) are keyed by
-    stage (prefill, decode) for the pass's input; `timed_s` only annotates."""
+    stage (prefill, decode) for the pass's input; `timed_s` only annotates. Each stage is its own loop's figure where
+    that loop ran, else the whole-pass loop less the other stage's loop; the pass is the whole-pass loop, else the
+    sum of the two."""
     idle_w = measured.idle.watts
-    whole_j, whole_s = measured.whole.per_iteration(idle_w)
-    pass_flops = _both(flops.get(vocab.PREFILL), flops.get(vocab.DECODE))
-    timed_pass = _both(timed_s.get(vocab.PREFILL), timed_s.get(vocab.DECODE))
-    stages = [_stage("pass", whole_j, whole_s, timed_pass, idle_w, pass_flops)]
-    per_token = above = None
-    if measured.prefill is not None:
-        pre_j, pre_s = measured.prefill.per_iteration(idle_w)
-        stages.insert(
-            0, _stage(vocab.PREFILL, pre_j, pre_s, timed_s.get(vocab.PREFILL), idle_w, flops.get(vocab.PREFILL))
-        )
-        dec_j, dec_s = whole_j - pre_j, whole_s - pre_s
-        if dec_j <= 0 or dec_s <= 0:
-            stages.insert(1, _not_available(dec_j, dec_s, flops.get(vocab.DECODE)))
+    windows = {vocab.PREFILL: measured.prefill, vocab.DECODE: measured.decode, "pass": measured.whole}
+    own = {stage: window.per_iteration(idle_w) for stage, window in windows.items() if window is not None}
+    how = {stage: "" for stage in own}
+    whole = own.get("pass")
+    for stage, other in ((vocab.PREFILL, vocab.DECODE), (vocab.DECODE, vocab.PREFILL)):
+        if stage not in own and whole is not None and other in own:
+            own[stage] = (whole[0] - own[other][0], whole[1] - own[other][1])
+            how[stage] = f"whole pass − {other}"
+    if whole is None:
+        parts = [own[s] for s in (vocab.PREFILL, vocab.DECODE) if s in own]
+        whole = (sum(j for j, _ in parts), sum(t for _, t in parts))
+        how["pass"] = " + ".join(f"{s} loop" for s in (vocab.PREFILL, vocab.DECODE) if s in own)
+    own["pass"] = whole
+    stage_flops = {**flops, "pass": _both(flops.get(vocab.PREFILL), flops.get(vocab.DECODE))}
+    stage_timed = {**timed_s, "pass": _both(timed_s.get(vocab.PREFILL), timed_s.get(vocab.DECODE))}
+    stages = []
+    for stage in (vocab.PREFILL, vocab.DECODE, "pass"):
+        if stage not in own:
+            continue
+        joules, seconds = own[stage]
+        if joules <= 0 or seconds <= 0:
+            stages.append(_not_available(stage, how[stage], joules, seconds, stage_flops.get(stage)))
         else:
-            decode = _stage(
-                vocab.DECODE, dec_j, dec_s, timed_s.get(vocab.DECODE), idle_w, flops.get(vocab.DECODE),
-                how="whole pass − prefill",
-            )  # fmt: skip
-            stages.insert(1, decode)
-            tokens = (measured.new_tokens - 1) * measured.pages
-            if tokens > 0 and decode.above_idle_joules is not None:
-                per_token, above = dec_j / tokens, decode.above_idle_joules / tokens
+            stages.append(
+                _stage(stage, joules, seconds, stage_timed.get(stage), idle_w, stage_flops.get(stage), how=how[stage])
+            )
+    per_token = above = None
+    decode = next((s for s in stages if s.stage == vocab.DECODE and s.joules is not None), None)
+    tokens = (measured.new_tokens - 1) * measured.pages
+    if decode is not None and decode.joules is not None and decode.above_idle_joules is not None and tokens > 0:
+        per_token, above = decode.joules / tokens, decode.above_idle_joules / tokens
+    whole_j = whole[0]
     return EnergyReport(
         available=True,
         measured=measured,
         idle_watts=idle_w,
         stages=tuple(stages),
-        joules_per_page=whole_j / measured.pages,
+        joules_per_page=whole_j / measured.pages if whole_j > 0 else None,
         joules_per_decode_token=per_token,
         joules_per_decode_token_above_idle=above,
         tokens_per_joule=measured.new_tokens * measured.pages / whole_j if whole_j > 0 else None,
@@ -87,16 +100,16 @@ def _stage(
     )
 
 
-def _not_available(joules: float, seconds: float, flops: float | None) -> StageEnergy:
+def _not_available(stage: str, how: str, joules: float, seconds: float, flops: float | None) -> StageEnergy:
     return StageEnergy(
-        stage=vocab.DECODE,
+        stage=stage,
         joules=None,
         seconds=None,
         watts=None,
         above_idle_joules=None,
         flops=flops,
         flop_per_joule=None,
-        note=f"not available: whole pass − prefill = {joules:,.3f} J over {seconds:,.3f} s (within noise)",
+        note=f"not available: {how} = {joules:,.3f} J over {seconds:,.3f} s (within noise)",
     )
 
 

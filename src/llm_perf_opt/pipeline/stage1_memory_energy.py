@@ -56,7 +56,7 @@ class MemoryAndEnergy:
         else:
             paths, _, new_tokens = self.work
             try:
-                with self.feedback.step("energy pass (NVML energy counter: prefill loop, whole-pass loop)"):
+                with self.feedback.step("energy pass (NVML energy counter: prefill-only loop, decode-only loop)"):
                     self.meter = EnergyMeter.open(self.session.device, self.energy)
                     self.meter.loops(self.session, paths, new_tokens)
             except EnergyUnavailable as exc:

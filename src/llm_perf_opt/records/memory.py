@@ -128,7 +128,7 @@ IDLE_SLEEP = "sleep"  # EnergyPass.idle_source of an idle window that was a slee
 class EnergyWindow:
     """One NVML energy-counter window: repeated work (or idle) between two reads of the counter."""
 
-    what: str  # "idle" | "prefill" | "pass"
+    what: str  # "idle" | "prefill" | "decode" | "pass"
     iterations: int
     seconds: float  # between the two counter updates that open and close the window
     millijoules: int
@@ -146,16 +146,19 @@ class EnergyWindow:
 
 @attrs.frozen
 class EnergyPass:
-    """What the energy pass measured: idle, a prefill-only loop (when it can run) and a whole-pass loop."""
+    """What the energy pass measured: idle, a prefill-only loop and a decode-only loop (the decode steps of one
+    pass repeated over the same prompt), each when it can run; a whole-pass loop where either cannot."""
 
     input: str
     pages: int  # inputs per pass (the batch)
     new_tokens: int  # per input, the first from prefill
     idle: EnergyWindow
-    whole: EnergyWindow
+    whole: EnergyWindow | None = None
     prefill: EnergyWindow | None = None
     prefill_note: str | None = None  # why the prefill-only loop did not run
     idle_source: str = IDLE_SLEEP  # what the idle window ran over: a sleep, or CPU-only work the run did anyway
+    decode: EnergyWindow | None = None  # one repetition = the pass's decode steps (new_tokens - 1 per input)
+    decode_note: str | None = None  # why the decode-only loop did not run
 
 
 @attrs.frozen

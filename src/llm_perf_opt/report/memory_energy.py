@@ -5,6 +5,7 @@ from __future__ import annotations
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.memory import (
     IDLE_SLEEP,
+    EnergyPass,
     EnergyReport,
     FitPrediction,
     MemoryBreakdown,
@@ -210,6 +211,25 @@ def _idle_source(source: str) -> str:
     return "a sleep" if source == IDLE_SLEEP else f"during {source}, the GPU idle"
 
 
+def _loops(e: EnergyPass) -> str:
+    """What each energy loop repeated, or why it did not run."""
+    parts = []
+    if e.prefill is not None:
+        parts.append(f"{e.prefill.iterations} prefill-only passes in {e.prefill.seconds:,.2f} s")
+    elif e.prefill_note:
+        parts.append(f"no prefill-only loop ({e.prefill_note})")
+    if e.decode is not None:
+        parts.append(
+            f"the pass's decode steps {e.decode.iterations} times over in {e.decode.seconds:,.2f} s (the KV cache "
+            "rewound to the prompt each time)"
+        )
+    elif e.decode_note:
+        parts.append(f"no decode-only loop ({e.decode_note})")
+    if e.whole is not None:
+        parts.append(f"{e.whole.iterations} whole passes in {e.whole.seconds:,.2f} s")
+    return "; ".join(parts)
+
+
 def energy_section(doc: Doc, energy: EnergyReport | None) -> None:
     """Energy per stage, page and token from the NVML counter, or why it is not available (no section for a folder
     written before the energy pass existed)."""
@@ -220,13 +240,7 @@ def energy_section(doc: Doc, energy: EnergyReport | None) -> None:
     doc.para(
         f"{energy.method}. Input {e.input} ({e.pages} page(s) per pass, {e.new_tokens} new tokens each); "
         f"idle {_joules(energy.idle_watts, 1)} W over {e.idle.seconds:,.2f} s ({_idle_source(e.idle_source)}). "
-        f"Whole pass: {e.whole.iterations} passes in {e.whole.seconds:,.2f} s"
-        + (
-            f"; prefill: {e.prefill.iterations} prefill-only passes in {e.prefill.seconds:,.2f} s"
-            if e.prefill is not None
-            else f"; no prefill-only loop: {e.prefill_note}"
-        )
-        + ". GPU energy only (preprocessing runs on the host before the loops)."
+        f"Loops: {_loops(e)}. GPU energy only (preprocessing runs on the host before the loops)."
     )
     doc.table(
         ["stage", "J per pass", "ms per pass", "mean W", "J above idle", "FLOPs per pass", "GFLOP/J", "note"],
@@ -237,8 +251,7 @@ def energy_section(doc: Doc, energy: EnergyReport | None) -> None:
             f"Energy per page: {_joules(energy.joules_per_page)} J",
             f"Energy per decode token: {_joules(energy.joules_per_decode_token, 4)} J, of which "
             f"{_joules(energy.joules_per_decode_token_above_idle, 4)} J above idle (the GPU's work; the rest is idle "
-            "power over the step's time, which moves with the host on a launch-bound step)"
-            + _decode_power(energy),
+            "power over the step's time, which moves with the host on a launch-bound step)" + _decode_power(energy),
             f"Tokens per joule: {_joules(energy.tokens_per_joule, 2)} tokens/J (new tokens, the first included, "
             "over the whole pass's energy)",
         ]

@@ -27,7 +27,7 @@ from llm_perf_opt.models.cache_argument import CACHE_FIELD, forward_cache_argume
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.session.adapters.base import PreparedInputs
 from llm_perf_opt.session.compiled import CompiledStep
-from llm_perf_opt.session.kv_cache import KvCaches
+from llm_perf_opt.session.kv_cache import KvCaches, rewind, rewind_blocker
 from llm_perf_opt.session.runtime import RuntimeSettings
 
 #: Attention implementations that take the loop's ready 4-D mask (padded batches).
@@ -35,6 +35,14 @@ MASKED_ATTENTION = ("sdpa", "eager")
 AroundStep = Callable[[int], AbstractContextManager[Any]]
 #: Embeds input i of a batch (vision included): (index, prepared) -> (1, tokens, hidden).
 EmbedInput = Callable[[int, PreparedInputs], torch.Tensor]
+
+
+class DecodeNotRepeatable(Exception):
+    """The decode section cannot run again over the same prompt; `reason` says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 @attrs.frozen
@@ -92,6 +100,9 @@ class DecodeLoop:
         # Called with the pass's KV cache when it is made (None: the prefill makes it) and again after the prefill
         # (the memory pass measures the cache's tensors through it).
         self.cache_observer: Callable[[Any], None] | None = None
+        # Called after a pass's decode section with a function that runs the section again over the same prompt
+        # (the energy pass loops the decode steps alone through it).
+        self.decode_repeater: Callable[[Callable[[], None]], None] | None = None
         if runtime.compiles_decode:
             decode = CompiledStep("decode", self._decode, runtime.compile_mode, runtime.compile)
             self.decode_step = decode
@@ -163,10 +174,11 @@ class DecodeLoop:
         tokens[:, 0] = first
         if max_new_tokens > 1:
             steps = _StepInputs.build(plan, kv.static_length, max_new_tokens, self.attn_implementation, self._dtype())
-            if routing is not None:
-                routing.recording = True
-            try:
-                with recorder.span(vocab.DECODE):
+
+            def decode_section() -> None:
+                if routing is not None:
+                    routing.recording = True
+                try:
                     for step in range(1, max_new_tokens):
                         with recorder.span(vocab.DECODE_STEP), around(step):
                             args = (tokens[:, step - 1 : step], cache, *steps.at(step))
@@ -178,14 +190,39 @@ class DecodeLoop:
                             tokens[:, step] = next_token  # a copy: a CUDA-graph output is overwritten next replay
                             if routing is not None:
                                 routing.end_step()
-            finally:
-                if routing is not None:
-                    routing.recording = False
+                finally:
+                    if routing is not None:
+                        routing.recording = False
+
+            with recorder.span(vocab.DECODE):
+                decode_section()
+            if self.decode_repeater is not None:
+                self._repeat_decode(cache, plan.length, decode_section, routing)
         ids = tokens.tolist()  # the one host synchronisation of the pass
         return LoopOutput(
             tokens=tuple(tuple(int(t) for t in row) for row in ids),
             prefill_logits=None if kept is None else kept.cpu(),
         )
+
+    def _repeat_decode(
+        self, cache: Any, prompt_length: int, section: Callable[[], None], routing: RoutingRecorder | None
+    ) -> None:
+        """Hand `decode_repeater` the pass's decode section to run again over the same prompt (the cache rewound to
+        it before each run); DecodeNotRepeatable when the cache cannot rewind. The repeats record routing as the
+        pass does (a compiled step's guards see the same state), and the recorder then forgets it all: a pass whose
+        decode is repeated leaves no routing record."""
+        assert self.decode_repeater is not None
+        blocker = rewind_blocker(cache)
+        if blocker is not None:
+            raise DecodeNotRepeatable(blocker)
+
+        def again() -> None:
+            rewind(cache, prompt_length)
+            section()
+            if routing is not None:
+                routing.begin_pass()
+
+        self.decode_repeater(again)
 
     def _dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype

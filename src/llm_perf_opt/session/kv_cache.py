@@ -98,3 +98,34 @@ def static_cache_error(blocker: str) -> UserError:
         f"runtime.kv_cache=static is not supported by this model: {blocker}",
         "Set runtime.kv_cache=dynamic and runtime.compile=none for this model",
     )
+
+
+def rewind_blocker(cache: Any) -> str | None:
+    """Why :func:`rewind` cannot take `cache` back to an earlier length, or None. Only plain full-attention layers
+    rewind: transformers' ``DynamicLayer`` (its tensors grow) and ``StaticLayer`` (a write position)."""
+    from transformers.cache_utils import DynamicLayer, StaticLayer
+
+    layers = getattr(cache, "layers", None)
+    if not layers:
+        return f"the model keeps its KV cache in a {type(cache).__name__}, not transformers' cache layers"
+    kinds = {type(layer) for layer in layers}
+    other = sorted(k.__name__ for k in kinds if k not in (DynamicLayer, StaticLayer))
+    if other:
+        return f"its KV cache has {', '.join(other)} layers (only full-attention dynamic and static layers rewind)"
+    return None
+
+
+def rewind(cache: Any, length: int) -> None:
+    """Take `cache` back to its first `length` positions, so that the positions after them are written again (a
+    decode section repeated over the same prompt). A static layer keeps its tensors, and so their addresses (CUDA
+    graphs stay valid): only its write position moves, in place. Check :func:`rewind_blocker` first."""
+    from transformers.cache_utils import StaticLayer
+
+    for layer in cache.layers:
+        if not getattr(layer, "is_initialized", False):
+            continue
+        if isinstance(layer, StaticLayer):
+            layer.cumulative_length.fill_(length)
+        else:
+            layer.keys = layer.keys[..., :length, :]
+            layer.values = layer.values[..., :length, :]

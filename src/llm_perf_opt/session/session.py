@@ -425,6 +425,17 @@ class InferenceSession:
         finally:
             self._loop.cache_observer = None
 
+    @contextmanager
+    def repeat_decode(self, repeater: Callable[[Callable[[], None]], None]) -> Iterator[None]:
+        """Within the block, after each pass's decode section `repeater` gets a function that runs that section
+        again over the same prompt (the KV cache rewound first); a pass whose cache cannot rewind raises
+        :class:`DecodeNotRepeatable`."""
+        self._loop.decode_repeater = repeater
+        try:
+            yield
+        finally:
+            self._loop.decode_repeater = None
+
     # ---- running -----------------------------------------------------------------------------------
     def prepare(self, input_path: Path) -> PreparedInputs:
         """Preprocess one input file (an image, or a text prompt for text models) and move it to the device."""

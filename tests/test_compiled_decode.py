@@ -30,7 +30,7 @@ PREFILL_DECODE = RuntimeSettings(kv_cache="static", compile="prefill_decode", co
 def traced_by_dynamo(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """torch.compile with the "eager" backend: TorchDynamo traces and guards as for inductor, no code generation."""
     torch._dynamo.reset()
-    monkeypatch.setattr(compiled, "compile_function", lambda fn, mode: torch.compile(fn, backend="eager"))
+    monkeypatch.setattr(compiled, "compile_function", lambda fn, mode, options=(): torch.compile(fn, backend="eager"))
     yield
     torch._dynamo.reset()
 
@@ -117,7 +117,9 @@ def test_compile_failure_is_a_user_error(tiny_session, page_images, monkeypatch)
     def no_compiler(_gm: Any, _inputs: Any) -> Any:
         raise RuntimeError("no C++ compiler found")
 
-    monkeypatch.setattr(compiled, "compile_function", lambda fn, mode: torch.compile(fn, backend=no_compiler))
+    monkeypatch.setattr(
+        compiled, "compile_function", lambda fn, mode, options=(): torch.compile(fn, backend=no_compiler)
+    )
     session = tiny_session.with_runtime(DECODE)
     try:
         with pytest.raises(UserError, match=r"runtime\.compile=decode: torch\.compile \(mode default") as info:
@@ -155,6 +157,9 @@ def test_cuda_graph_steps_are_marked(monkeypatch) -> None:
     plain = CompiledStep("decode", lambda x: x * 2, "default", "decode")
     plain((1, 1, 8), torch.tensor(1))
     assert len(marks) == 2 and not plain.cuda_graphs
+    tuned = CompiledStep("decode", lambda x: x - 1, "max-autotune", "decode")
+    tuned((1, 1, 8), torch.tensor(1))
+    assert len(marks) == 3 and tuned.cuda_graphs
 
 
 def test_compiled_prefill_finds_its_static_cache_allocated(tiny_session, page_images, monkeypatch) -> None:

@@ -90,6 +90,19 @@ def test_cuda_graphs_need_a_cuda_device() -> None:
     RuntimeSettings().check_device(torch.device("cpu"))  # nothing compiled: nothing to check
 
 
+def test_max_autotune_replays_cuda_graphs_too() -> None:
+    """runtime.compile_mode=max-autotune (the max_autotune_graphs lever) captures CUDA graphs like reduce-overhead:
+    two warm-up passes, a CUDA device required; max-autotune-no-cudagraphs does not."""
+    tuned = settings("runtime.kv_cache=static", "runtime.compile=decode", "runtime.compile_mode=max-autotune")
+    assert tuned.uses_cuda_graphs and tuned.warmup_needed == 2
+    assert tuned.record().uses_cuda_graphs  # the saved record says the same
+    assert "compiled decode (max-autotune)" in tuned.label
+    with pytest.raises(UserError, match=r"max-autotune captures CUDA graphs"):
+        tuned.check_device(torch.device("cpu"))
+    plain = attrs.evolve(tuned, compile_mode="max-autotune-no-cudagraphs")
+    assert not plain.uses_cuda_graphs and plain.warmup_needed == 1
+
+
 def test_compile_unsupported_by_torch_is_a_user_error(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch._dynamo
 
@@ -98,3 +111,35 @@ def test_compile_unsupported_by_torch_is_a_user_error(monkeypatch: pytest.Monkey
     with pytest.raises(UserError, match=r"torch\.compile is not supported") as info:
         s.check_device(torch.device("cpu"))
     assert "runtime.compile=none" in info.value.fix
+
+
+def test_compile_options_are_checked_labelled_and_set_on_top_of_the_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """runtime.compile_options: inductor options by name (the coordinate_descent_graphs lever), checked against this
+    torch's inductor config, in the label and the record; compiled with the mode's own options under them."""
+    from llm_perf_opt.records.io import converter, to_plain
+    from llm_perf_opt.records.stage1 import RuntimeRecord
+    from llm_perf_opt.session import compiled
+
+    tuned = settings(
+        "runtime.kv_cache=static", "runtime.compile=decode", "+runtime.compile_options.coordinate_descent_tuning=true"
+    )
+    assert tuned.compile_options == (("coordinate_descent_tuning", True),)
+    assert "compiled decode (reduce-overhead, coordinate_descent_tuning=True)" in tuned.label
+    record = tuned.record()
+    assert converter.structure(to_plain(record), RuntimeRecord) == record
+    for override, message in (
+        ("+runtime.compile_options.no_such_option=1", "is not an option of torch"),
+        ("runtime.compile_options=3", "is not a mapping"),
+    ):
+        with pytest.raises(UserError, match=message):
+            settings("runtime.kv_cache=static", "runtime.compile=decode", override)
+    with pytest.raises(UserError, match="nothing is compiled"):
+        settings("+runtime.compile_options.coordinate_descent_tuning=true")
+    seen: list[dict[str, object]] = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.append(kw) or fn)
+    compiled.compile_function(abs, "reduce-overhead", tuned.compile_options)
+    compiled.compile_function(abs, "reduce-overhead")
+    assert seen == [
+        {"options": {"triton.cudagraphs": True, "coordinate_descent_tuning": True}},
+        {"mode": "reduce-overhead"},
+    ]

@@ -143,7 +143,12 @@ def test_workload_overrides_leave_out_perf_whatifs_own_keys() -> None:
 
 
 def test_presets_compose_with_their_levers() -> None:
-    for preset, expected in (("decode", "cuda_graphs"), ("vision", "base_mode"), ("batch", "batch_8")):
+    for preset, expected in (
+        ("decode", "cuda_graphs"),
+        ("tuning", "max_autotune_graphs"),
+        ("vision", "base_mode"),
+        ("batch", "batch_8"),
+    ):
         cfg = compose_config("whatif", f"whatif={preset}")
         levers = read_levers(cfg.whatif.levers, [])
         assert expected in [lever.name for lever in levers]
@@ -151,6 +156,11 @@ def test_presets_compose_with_their_levers() -> None:
     everything = read_levers(compose_config("whatif", "whatif=all").whatif.levers, [])
     assert {"static_cache", "fewer_tiles", "batch_16"} <= {lever.name for lever in everything}
     assert next(lever for lever in everything if lever.name == "base_mode").changes == WORKLOAD
+    assert "max_autotune_graphs" not in {lever.name for lever in everything}  # minutes of compiling: its own preset
+    tuning = read_levers(compose_config("whatif", "whatif=tuning").whatif.levers, [])
+    tuned = next(lever for lever in tuning if lever.name == "max_autotune_graphs")
+    assert tuned.needs == "cuda" and "runtime.compile_mode=max-autotune" in tuned.overrides
+    assert validate(tuned.overrides) is None  # the overrides compose
 
 
 def test_bad_lever_definitions_are_one_paragraph_each() -> None:

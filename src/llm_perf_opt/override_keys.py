@@ -28,7 +28,7 @@ from llm_perf_opt.errors import UserError
 _UNKNOWN = re.compile(r"Could not override '([^']+)'")
 _MAX_COMBINATIONS = 32  # group combinations composed at most (each takes a fraction of a second)
 # Config nodes whose entries are the user's to name, so `+` may add one (each is validated where it is read).
-OPEN_MAPS = ("whatif.levers",)
+OPEN_MAPS = ("whatif.levers", "runtime.compile_options")
 
 
 def check_override_keys(config_name: str, argv: Sequence[str], *, command: str) -> None:

@@ -79,7 +79,7 @@ def read_levers(node: Any, exclude: Sequence[str]) -> tuple[Lever, ...]:
     levers = OmegaConf.to_container(node, resolve=True) if node is not None else {}
     if not isinstance(levers, Mapping) or not levers:
         raise UserError(
-            "the what-if preset has no levers (whatif.levers is empty)", "Pick whatif=decode|vision|batch|all"
+            "the what-if preset has no levers (whatif.levers is empty)", "Pick whatif=decode|tuning|vision|batch|all"
         )
     unknown = sorted(set(exclude) - set(levers))
     if unknown:

@@ -22,12 +22,14 @@ from cattrs.gen import make_dict_unstructure_fn
 
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.records.common import SCHEMA_MAJOR, SCHEMA_VERSION
+from llm_perf_opt.records.stage1 import OptionValue
 
 T = TypeVar("T")
 
 converter = cattrs.Converter()
 converter.register_unstructure_hook(Path, str)
 converter.register_structure_hook(Path, lambda value, _: Path(value))
+converter.register_structure_hook(OptionValue, lambda value, _: value)  # JSON keeps bool, int, float and str apart
 
 
 def _has_derived(cls: Any) -> bool:

@@ -442,16 +442,34 @@ class OutputSettings:
     extra: OutputExtra = attrs.field(factory=OutputExtra)
 
 
-def runtime_label(kv_cache: str, compile: str, compile_mode: str, static_cache_len: int | None, batch: str) -> str:
+#: The value of an inductor option (`runtime.compile_options`), saved as it is.
+OptionValue = bool | int | float | str
+#: An inductor option set on top of the compile mode's (`runtime.compile_options`): (name, value).
+CompileOption = tuple[str, OptionValue]
+
+
+def runtime_label(
+    kv_cache: str,
+    compile: str,
+    compile_mode: str,
+    static_cache_len: int | None,
+    batch: str,
+    options: tuple[CompileOption, ...] = (),
+) -> str:
     """One line for reports, e.g. "static KV cache, compiled decode (reduce-overhead), batch 4"."""
     parts = [f"{kv_cache} KV cache" + (f" of {static_cache_len} positions" if static_cache_len is not None else "")]
     if compile != "none":
         what = "decode" if compile == "decode" else "prefill and decode"
-        parts.append(f"compiled {what} ({compile_mode})")
+        tuned = "".join(f", {name}={value}" for name, value in options)
+        parts.append(f"compiled {what} ({compile_mode}{tuned})")
     else:
         parts.append("eager")
     parts.append(batch)
     return ", ".join(parts)
+
+
+#: torch.compile modes that capture the compiled step in CUDA graphs (inductor's `triton.cudagraphs`).
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
 @attrs.frozen
@@ -466,10 +484,18 @@ class DecoderRuntime:
     batch_size: int = 1
     record_routing: bool = True
     output_check: str = "auto"
+    compile_options: tuple[CompileOption, ...] = ()  # inductor options on top of compile_mode's, sorted by name
 
     def described(self, batch: str) -> str:
         """The label with `batch` (e.g. "batch 1 (run.batch_size=2, 1 input)") in place of the configured size."""
-        return runtime_label(self.kv_cache, self.compile, self.compile_mode, self.static_cache_len, batch)
+        return runtime_label(
+            self.kv_cache, self.compile, self.compile_mode, self.static_cache_len, batch, self.compile_options
+        )
+
+    @property
+    def uses_cuda_graphs(self) -> bool:
+        """Whether a compiled step is replayed from CUDA graphs."""
+        return self.compile != "none" and self.compile_mode in CUDA_GRAPH_MODES
 
 
 @attrs.frozen

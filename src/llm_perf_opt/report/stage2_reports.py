@@ -345,7 +345,7 @@ def findings(m: Stage2Metrics) -> list[str]:
         )
         if _decode_launch_bound(m):
             runtime = m.workload_settings.runtime if m.workload_settings is not None else None
-            if runtime is not None and runtime.compile != "none" and runtime.compile_mode == "reduce-overhead":
+            if runtime is not None and runtime.uses_cuda_graphs:
                 msg += (
                     " The step already replays a CUDA graph, so the GPU waits on the host work around it (Python, "
                     "the next step's inputs, the graph launch): more pages per forward (`run.batch_size`) spread that "

@@ -16,12 +16,18 @@ from typing import Any
 import torch
 
 from llm_perf_opt.errors import UserError
-from llm_perf_opt.records.stage1 import CompileEvent
+from llm_perf_opt.records.stage1 import CUDA_GRAPH_MODES, CompileEvent, CompileOption
 
 
-def compile_function(fn: Callable[..., Any], mode: str) -> Callable[..., Any]:
-    """`torch.compile(fn, mode=mode)` (tests replace this to trace with a cheap backend)."""
-    return torch.compile(fn, mode=mode)
+def compile_function(fn: Callable[..., Any], mode: str, options: tuple[CompileOption, ...] = ()) -> Callable[..., Any]:
+    """`torch.compile(fn, mode=mode)`; with `options`, the mode's own inductor options with these set on top
+    (torch.compile takes a mode or options, not both). Tests replace this to trace with a cheap backend."""
+    if not options:
+        return torch.compile(fn, mode=mode)
+    from torch._inductor import list_mode_options
+
+    chosen: dict[str, Any] = {**list_mode_options(mode), **dict(options)}
+    return torch.compile(fn, options=chosen)
 
 
 def _dynamo_counts() -> tuple[int, int, int]:
@@ -34,12 +40,14 @@ def _dynamo_counts() -> tuple[int, int, int]:
 class CompiledStep:
     """A step function compiled with `mode`; calls it, marks CUDA-graph steps, records compile events."""
 
-    def __init__(self, name: str, fn: Callable[..., Any], mode: str, setting: str) -> None:
+    def __init__(
+        self, name: str, fn: Callable[..., Any], mode: str, setting: str, options: tuple[CompileOption, ...] = ()
+    ) -> None:
         self.name = name
         self.mode = mode
         self.setting = setting  # the runtime.compile value, for error messages
-        self.cuda_graphs = mode == "reduce-overhead"
-        self._fn = compile_function(fn, mode)
+        self.cuda_graphs = mode in CUDA_GRAPH_MODES
+        self._fn = compile_function(fn, mode, options)
         self._calls = 0
         self._compiled_before = False
         self.events: list[CompileEvent] = []

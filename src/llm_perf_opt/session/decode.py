@@ -104,11 +104,15 @@ class DecodeLoop:
         # (the energy pass loops the decode steps alone through it).
         self.decode_repeater: Callable[[Callable[[], None]], None] | None = None
         if runtime.compiles_decode:
-            decode = CompiledStep("decode", self._decode, runtime.compile_mode, runtime.compile)
+            decode = CompiledStep(
+                "decode", self._decode, runtime.compile_mode, runtime.compile, runtime.compile_options
+            )
             self.decode_step = decode
             self.compiled.append(decode)
         if runtime.compiles_prefill:
-            prefill = CompiledStep("prefill", self._prefill, runtime.compile_mode, runtime.compile)
+            prefill = CompiledStep(
+                "prefill", self._prefill, runtime.compile_mode, runtime.compile, runtime.compile_options
+            )
             self.prefill_step = prefill
             self.compiled.append(prefill)
 

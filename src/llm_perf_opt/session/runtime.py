@@ -10,11 +10,11 @@ import attrs
 import torch
 
 from llm_perf_opt.errors import UserError, require_whole
-from llm_perf_opt.records.stage1 import DecoderRuntime, RuntimeRecord
+from llm_perf_opt.records.stage1 import CompileOption, DecoderRuntime, RuntimeRecord
 
 KV_CACHES: Final = ("dynamic", "static")
 COMPILE_TARGETS: Final = ("none", "decode", "prefill_decode")
-COMPILE_MODES: Final = ("reduce-overhead", "max-autotune-no-cudagraphs", "default")
+COMPILE_MODES: Final = ("reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs", "default")
 OUTPUT_CHECKS: Final = ("auto", "always", "never")
 
 
@@ -49,6 +49,7 @@ class RuntimeSettings(DecoderRuntime):
             batch_size=batch_size,
             record_routing=_flag("runtime.record_routing", node.get("record_routing", True)),
             output_check=_choice("runtime.output_check", node.get("output_check", "auto"), OUTPUT_CHECKS),
+            compile_options=compile_options(node.get("compile_options")),
         )
         settings.check_consistent()
         return settings
@@ -60,6 +61,12 @@ class RuntimeSettings(DecoderRuntime):
                 f"runtime.compile={self.compile} needs a static KV cache, but runtime.kv_cache={self.kv_cache}: a "
                 "dynamic cache changes shape every step, so the compiled step would recompile at every token",
                 "Set runtime.kv_cache=static (or runtime.compile=none)",
+            )
+        if self.compile_options and self.compile == "none":
+            raise UserError(
+                f"runtime.compile_options ({', '.join(name for name, _ in self.compile_options)}) are set but nothing "
+                "is compiled (runtime.compile=none)",
+                "Set runtime.compile=decode or prefill_decode, or leave runtime.compile_options empty",
             )
         if self.static_cache_len is not None and self.kv_cache != "static":
             raise UserError(
@@ -81,7 +88,7 @@ class RuntimeSettings(DecoderRuntime):
             )
         if self.uses_cuda_graphs and device.type != "cuda":
             raise UserError(
-                f"runtime.compile_mode=reduce-overhead captures CUDA graphs, which need a CUDA device (device is "
+                f"runtime.compile_mode={self.compile_mode} captures CUDA graphs, which need a CUDA device (device is "
                 f"{device.type})",
                 "Use runtime.compile_mode=default or max-autotune-no-cudagraphs off the GPU, or run on a GPU",
             )
@@ -93,10 +100,6 @@ class RuntimeSettings(DecoderRuntime):
     @property
     def compiles_prefill(self) -> bool:
         return self.compile == "prefill_decode"
-
-    @property
-    def uses_cuda_graphs(self) -> bool:
-        return self.compile != "none" and self.compile_mode == "reduce-overhead"
 
     @property
     def warmup_needed(self) -> int:
@@ -126,7 +129,37 @@ class RuntimeSettings(DecoderRuntime):
 
     def record(self) -> RuntimeRecord:
         """The settings as metrics.json saves them, with their label."""
-        return RuntimeRecord(**attrs.asdict(self), label=self.label)
+        return RuntimeRecord(**attrs.asdict(self, recurse=False), label=self.label)
+
+
+def compile_options(node: Any) -> tuple[CompileOption, ...]:
+    """`runtime.compile_options` (a mapping of inductor config names to values, set on top of the compile mode's
+    own), checked against this torch's inductor config, sorted by name."""
+    if node is None:
+        return ()
+    if not isinstance(node, Mapping):
+        raise UserError(
+            f"runtime.compile_options={node} is not a mapping",
+            "Give inductor options by name, e.g. +runtime.compile_options.coordinate_descent_tuning=true",
+        )
+    import torch._inductor.config as inductor_config
+
+    known = inductor_config.get_config_copy()
+    out: list[CompileOption] = []
+    for name, value in sorted(node.items()):
+        if name not in known:
+            raise UserError(
+                f"runtime.compile_options.{name} is not an option of torch {torch.__version__}'s inductor",
+                "Use a name from torch._inductor.config (e.g. coordinate_descent_tuning, max_autotune, "
+                "max_autotune_gemm_backends), or remove it",
+            )
+        if not isinstance(value, bool | int | float | str):
+            raise UserError(
+                f"runtime.compile_options.{name}={value} is not a plain value",
+                f"Give runtime.compile_options.{name} a boolean, number or string",
+            )
+        out.append((str(name), value))
+    return tuple(out)
 
 
 def _flag(key: str, value: Any) -> bool:

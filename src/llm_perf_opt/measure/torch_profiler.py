@@ -260,9 +260,10 @@ def _step_spans(events: Sequence[Any]) -> dict[int, tuple[float, float]]:
     return spans
 
 
-def kernel_activity(events: Sequence[Any]) -> DecodeActivity | None:
-    """Kernels per decode step and per prefill, with busy and wall time, from the profiler's events (CUDA runs)."""
-    is_kernel = kernel_filter(events)
+def kernel_activity(events: Sequence[Any], is_kernel: Callable[[Any], bool] | None = None) -> DecodeActivity | None:
+    """Kernels per decode step and per prefill, with busy and wall time, from the profiler's events (CUDA runs);
+    `is_kernel`: the pass's :func:`kernel_filter`, when the caller has built it already."""
+    is_kernel = is_kernel or kernel_filter(events)
     kernels = [ev for ev in events if ev.device_type == DeviceType.CUDA and is_kernel(ev)]
     spans = _step_spans(events)
     if not kernels or not spans:
@@ -358,20 +359,21 @@ def _operator_table(
             return None
         return _Details(shapes=record_shapes, memory=profile_memory, device=on_cuda, stacks=with_stack)
 
+    is_kernel = kernel_filter(everything)  # built once: it reads every event of the pass
     table_overall = _aggregate(events, sort_key, details=details())
     by_stage = {stage: _aggregate(evs, sort_key, details=details()) for stage, evs in by_stage_events.items()}
     written = _write_trace(prof, trace_path) if trace_path is not None else None
     return OperatorTable(
         sort_key=sort_key,
         overall=table_overall,
-        kernels=_aggregate(_kernel_events(everything), "self_device_ms", short_kernel_name),
+        kernels=_aggregate(_kernel_events(everything, is_kernel), "self_device_ms", short_kernel_name),
         by_stage=by_stage,
         events=len(events),
         decode_steps=decode_steps,
         postprocess_s=time.perf_counter() - started,
         trace_path=written,
-        activity=kernel_activity(everything) if on_cuda else None,
-        modules=attribution.times(everything, on_cuda) if attribution is not None else None,
+        activity=kernel_activity(everything, is_kernel) if on_cuda else None,
+        modules=attribution.times(everything, on_cuda, is_kernel) if attribution is not None else None,
     )
 
 
@@ -382,7 +384,7 @@ class _Attribution:
         self.session, self.ranges, self.provenance = session, ranges, provenance
         self.notes = [why] if why else []
 
-    def times(self, everything: Any, on_cuda: bool) -> ModuleTimes:
+    def times(self, everything: Any, on_cuda: bool, is_kernel: Callable[[Any], bool]) -> ModuleTimes:
         notes = list(self.notes)
         if refused := self.ranges.refused:
             notes.append(f"{len(refused)} modules took no hooks (their kernels go to their parent): {refused[0]}")
@@ -391,7 +393,7 @@ class _Attribution:
         return module_times(
             everything,
             on_cuda=on_cuda,
-            is_kernel=kernel_filter(everything),
+            is_kernel=is_kernel,
             types=module_types(self.session.model),
             roots=self.session.adapter.analytic_module_roots(self.session.model),
             compiled=compiled_resolver(self.provenance) if self.provenance is not None else None,
@@ -468,9 +470,9 @@ def _operator_events(everything: Any) -> list[Any]:
     ]
 
 
-def _kernel_events(everything: Any) -> list[Any]:
-    """Device-side events, less the device copies of host annotations (the stage and module labels, inductor's)."""
-    is_kernel = kernel_filter(everything)
+def _kernel_events(everything: Any, is_kernel: Callable[[Any], bool]) -> list[Any]:
+    """Device-side events, less the device copies of host annotations (the stage and module labels, inductor's);
+    `is_kernel`: the pass's :func:`kernel_filter`."""
     return [
         ev
         for ev in everything

@@ -71,9 +71,14 @@ def module_row(row: ModuleFloorRow) -> list[str]:
     ]
 
 
+def _per(stage: str) -> str:
+    """What a stage's module times are per: a decode step (its rows are per step), else a pass."""
+    return "per decode step" if stage.startswith(DECODE_STEP) else "per pass"
+
+
 def stage_summary(stage: StageModules, time_kind: str) -> str:
     """One sentence: the stage's time, floor, attributed share and method."""
-    per = "per decode step" if stage.stage.startswith(DECODE_STEP) else "per pass"
+    per = _per(stage.stage)
     floor = f", floor {stage.floor_ms:,.3f} ms ({stage.total_ms / stage.floor_ms:,.1f}×)" if stage.floor_ms else ""
     text = (
         f"{time_kind} {stage.total_ms:,.3f} ms {per}{floor}; {stage.attributed_share:.1%} given to a module"
@@ -183,7 +188,7 @@ def modules_plot(a: ModuleAttribution, path: Path) -> Path | None:
         ax.invert_yaxis()
         ax.tick_params(axis="y", labelsize=7)
         ax.set_xlim(0, max(max(r.ms for r in rows), max(floors)) * 1.35)
-        per = "per decode step" if stage.stage.startswith(DECODE_STEP) else "per pass"
+        per = _per(stage.stage)
         order = "time above floor" if any(floors) else "time"
         ax.set_title(f"{stage.stage}: {a.time_kind} by module, {per} (sorted by {order})", fontsize=9)
         ax.set_xlabel("ms", fontsize=8)
@@ -195,7 +200,7 @@ def modules_plot(a: ModuleAttribution, path: Path) -> Path | None:
 
 def changes_table(doc: Doc, changes: StageModuleChanges) -> None:
     """A stage's change by module: the largest moves, then the rest, adding up to the stage's change."""
-    per = "per decode step" if changes.stage == DECODE_STEP else "per pass"
+    per = _per(changes.stage)
     doc.para(
         f"{changes.stage}: {changes.base_ms:,.3f} → {changes.other_ms:,.3f} ms {per} "
         f"({changes.other_ms - changes.base_ms:+,.3f} ms)."

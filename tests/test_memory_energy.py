@@ -3,10 +3,11 @@ the records' round trip, the report sections, and a CPU stage1-run saying why ne
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,7 @@ from llm_perf_opt.records.stage1 import Stage1Metrics
 from llm_perf_opt.report.markdown import Doc
 from llm_perf_opt.report.memory_energy import energy_section, fit_lines, memory_section, vision_peak_caveat
 from llm_perf_opt.report.plots import memory_timeline
+from llm_perf_opt.session.decode import DecodeNotRepeatable
 from llm_perf_opt.session.session import InferenceSession
 
 FIXTURE = Path(__file__).parent / "fixtures" / "metrics" / "cpu_tiny_stage1.json"
@@ -180,6 +182,9 @@ class FakeClock:
     def work(self) -> None:
         self.now += self.step
 
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
 
 class TickingCounter:
     """NVML's counter as it behaves: energy at `watts(t)` integrated, published every `period` s; a read costs
@@ -246,6 +251,58 @@ def test_a_window_ends_at_the_repetition_nearest_its_length_and_never_below_a_se
     clock = FakeClock(0.6)
     w = window(TickingCounter(clock, lambda _t: 100.0), "prefill", clock.work, 1.0, clock=clock)
     assert w.iterations == 2 and w.seconds >= 1.0  # 0.6 s would be nearer, but is below MIN_WINDOW_S
+
+
+class LoopingSession:
+    """What `EnergyMeter.loops` drives: a pass advances the fake clock by 0.1 s for its prefill and 0.05 s per decode
+    step; its decode steps repeat through `repeat_decode` unless the cache cannot rewind (`rewinds=False`)."""
+
+    def __init__(self, clock: FakeClock, rewinds: bool) -> None:
+        self.clock, self.rewinds = clock, rewinds
+        self.device = torch.device("cpu")
+        self.runtime = types.SimpleNamespace(compiles_prefill=False, static_cache_len=None)
+        self.routing = None
+        self.repeater: Callable[[Callable[[], None]], None] | None = None
+
+    def prepare(self, path: Path) -> Path:
+        return path
+
+    def generate_batch(self, batch: Any, tokens: int, recorder: Any) -> None:
+        self.clock.now += 0.1
+        self.clock.now += 0.05 * (tokens - 1)
+        if self.repeater is not None and tokens > 1:
+            if not self.rewinds:
+                raise DecodeNotRepeatable("its KV cache has SlidingLayer layers")
+            self.repeater(lambda: setattr(self.clock, "now", self.clock.now + 0.05 * (tokens - 1)))
+
+    @contextlib.contextmanager
+    def repeat_decode(self, repeater: Callable[[Callable[[], None]], None]) -> Iterator[None]:
+        self.repeater = repeater
+        try:
+            yield
+        finally:
+            self.repeater = None
+
+
+@pytest.mark.parametrize("rewinds", [True, False])
+def test_the_loops_time_decode_alone_or_fall_back_to_whole_passes(
+    rewinds: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Prefill-only and decode-only loops; where the decode steps cannot repeat alone, a whole-pass loop instead and
+    the reason kept. 8 tokens: 7 decode steps of 50 ms, so a decode repetition lasts 0.35 s and a pass 0.45 s."""
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda _device=None: None)
+    clock = FakeClock(0.0)
+    meter = EnergyMeter(TickingCounter(clock, lambda _t: 100.0), EnergySettings(), clock=clock, sleep=clock.advance)
+    meter.loops(LoopingSession(clock, rewinds), (Path("page.png"),), 8)  # type: ignore[arg-type]
+    measured = meter.finish("page.png", 1, 8)
+    assert measured.prefill is not None and measured.prefill.seconds >= 1.0  # the prefill-only loop, about 1 s
+    assert measured.prefill.per_iteration(measured.idle.watts)[1] == pytest.approx(0.1, abs=0.01)
+    if rewinds:
+        assert measured.decode is not None and measured.whole is None and measured.decode_note is None
+        assert measured.decode.per_iteration(measured.idle.watts)[1] == pytest.approx(0.35, abs=0.01)
+    else:
+        assert measured.decode is None and "SlidingLayer" in str(measured.decode_note)
+        assert measured.whole is not None and measured.whole.per_iteration(0.0)[1] == pytest.approx(0.45, abs=0.01)
 
 
 class RefusingOnce(TickingCounter):

@@ -5,11 +5,14 @@ addresses, so compiled decode steps and their CUDA graphs are reused instead of 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 
 from llm_perf_opt.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
 
 #: Static caches kept for reuse (the least recently used beyond this is dropped).
 _KEPT_STATIC_CACHES = 8
@@ -125,7 +128,8 @@ def rewind(cache: Any, length: int) -> None:
         if not getattr(layer, "is_initialized", False):
             continue
         if isinstance(layer, StaticLayer):
-            layer.cumulative_length.fill_(length)
+            # a tensor from its first update on (some transformers releases annotate it as an int)
+            cast("torch.Tensor", layer.cumulative_length).fill_(length)
         else:
             layer.keys = layer.keys[..., :length, :]
             layer.values = layer.values[..., :length, :]

@@ -274,11 +274,16 @@ class EnergyMeter:
                         run(new_tokens)()
                 except DecodeNotRepeatable as exc:
                     self.decode_note = f"the decode steps cannot be repeated alone: {exc.reason}"
-            if self.prefill is None or (self.decode is None and new_tokens > 1):
+            if self._needs_whole(new_tokens):
                 self.whole = self._window("pass", run(new_tokens), self.settings.loop_seconds)
         finally:
             if session.routing is not None:
                 session.routing.begin_pass()  # forget the loops' routing
+
+    def _needs_whole(self, new_tokens: int) -> bool:
+        """Whether the pass's figures need a whole-pass loop: the prefill-only loop did not run, or the decode-only
+        loop did not where the pass decodes."""
+        return self.prefill is None or (self.decode is None and new_tokens > 1)
 
     def _window(self, what: str, work: Callable[[], None], seconds: float) -> EnergyWindow:
         return window(self.counter, what, work, seconds, clock=self.clock)
@@ -308,7 +313,7 @@ class EnergyMeter:
     def finish(self, key: str, pages: int, new_tokens: int) -> EnergyPass:
         """The pass's record (a sleep measures idle power where `idle_during` did not); closes the counter."""
         try:
-            if self.whole is None and (self.prefill is None or self.decode is None) and new_tokens > 1:
+            if self.whole is None and self._needs_whole(new_tokens):
                 raise EnergyUnavailable("the energy loops did not run")
             if self.idle is None:
                 self.idle = idle_window(self.counter, self.settings.idle_seconds, sleep=self.sleep, clock=self.clock)

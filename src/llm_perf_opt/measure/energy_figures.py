@@ -52,7 +52,7 @@ def energy_report(
                 _stage(stage, joules, seconds, stage_timed.get(stage), idle_w, stage_flops.get(stage), how=how[stage])
             )
     per_token = above = None
-    decode = next((s for s in stages if s.stage == vocab.DECODE and s.joules is not None), None)
+    decode = next((s for s in stages if s.stage == vocab.DECODE), None)
     tokens = (measured.new_tokens - 1) * measured.pages
     if decode is not None and decode.joules is not None and decode.above_idle_joules is not None and tokens > 0:
         per_token, above = decode.joules / tokens, decode.above_idle_joules / tokens

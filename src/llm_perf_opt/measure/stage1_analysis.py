@@ -188,12 +188,17 @@ class Stage1Analysis:
         )
 
     @functools.cached_property
+    def stage_stats(self) -> tuple[StageStat, ...]:
+        """Each stage's statistics over every timed pass (for the record and the noise sides), worked out once."""
+        return stage_stats(self.measured.records, self.setup.vision_stages)
+
+    @functools.cached_property
     def noise_sides(self) -> dict[str, tuple[str, str]]:
         """Per stage, which side its run-to-run noise is on and why (`measure.variation.noise_side`); worked out
         once, for the variation records and their warnings."""
         ops = self.measured.operators
         activity = ops.activity if ops is not None else None
-        timed = {s.stage: s.summary.p50 for s in stage_stats(self.measured.records, self.setup.vision_stages)}
+        timed = {s.stage: s.summary.p50 for s in self.stage_stats}
         out = {}
         for stage in timed:
             side = noise_side(stage, activity, timed)
@@ -479,7 +484,7 @@ class Stage1Analysis:
             device=setup.device,
             settings=setup.settings,
             records=tuple(records),
-            stages=stage_stats(records, setup.vision_stages),
+            stages=self.stage_stats,
             per_image=self.per_input(),
             throughput=throughput(records),
             mfu=self.mfu(peak),

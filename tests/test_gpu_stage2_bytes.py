@@ -38,7 +38,7 @@ def test_stage2_light_measures_bytes_per_stage_instance(tmp_path: Path) -> None:
     )
     keep = os.environ.get("LLO_GPU_TEST_OUT")
     if keep:
-        for name in ("report.md", METRICS_FILE, NCU_TARGETS_FILE, "ncu/bytes-prefill/cmd.txt"):
+        for name in ("report.md", METRICS_FILE, NCU_TARGETS_FILE, "ncu/bytes/cmd.txt"):
             if (out / name).is_file():
                 Path(keep).mkdir(parents=True, exist_ok=True)
                 shutil.copy(out / name, Path(keep) / name.replace("/", "_"))
@@ -48,7 +48,8 @@ def test_stage2_light_measures_bytes_per_stage_instance(tmp_path: Path) -> None:
     assert targets is not None
     passes = {p.stage: p for p in targets.bytes_passes}
     assert set(passes) == {"prefill", "decode"} and all(p.note is None for p in passes.values())
-    assert passes["decode"].instance == "decode step 2 of 3" and passes["decode"].launch_skip > 0
+    assert passes["decode"].instance == "decode step 2 of 3" and all(p.profiler_window for p in passes.values())
+    assert {p.folder for p in passes.values()} == {"ncu/bytes"}  # one process for both stage instances
 
     metrics = load_stage2_metrics(out / METRICS_FILE)
     measured = metrics.measured_bytes
@@ -66,8 +67,12 @@ def test_stage2_light_measures_bytes_per_stage_instance(tmp_path: Path) -> None:
     # the tiny model has an analytic model: every row has its analytic figure and a ratio
     for row in rows.values():
         assert row.analytic_bytes is not None and row.analytic_bytes > 0 and row.ratio is not None and row.ratio > 0
-        assert row.analytic_source is not None and "workload/ncu-bytes-" in row.analytic_source
+        assert row.analytic_source is not None and "workload/ncu-bytes" in row.analytic_source
     assert not [w for w in metrics.warnings if "bytes pass" in w or "measured bytes" in w.lower()], metrics.warnings
+    # the targeted kernels: one process for every stage, each stage's rows inside its own range
+    rounds = [r for t in targets.stages.values() for r in t.rounds]
+    assert {r.folder for r in rounds} == {"ncu/targets"} and all(r.note is None for r in rounds)
+    assert {r.stage for r in metrics.ncu_kernels} == {"prefill", "decode"}
     report = (out / "report.md").read_text()
     assert "## Measured DRAM bytes per stage instance (Nsight Compute)" in report
     assert "|decode/step|decode step 2 of 3|" in report

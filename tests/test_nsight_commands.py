@@ -81,6 +81,9 @@ def test_nsys_stats_export_help_argv() -> None:
     ]
     with pytest.raises(ValueError):
         commands.nsys_stats_argv(NSYS, rep, [], base)
+    # from the SQLite export, read as it is (nothing exported again: it runs beside other readers of the file)
+    from_export = commands.nsys_stats_argv(NSYS, Path("/r/report.sqlite"), ["nvtx_sum"], base)
+    assert "--force-export=true" not in from_export and from_export[-1] == "/r/report.sqlite"
     assert commands.nsys_export_sqlite_argv(NSYS, rep, Path("/r/report.sqlite")) == [
         "/opt/nsys/bin/nsys",
         "export",
@@ -263,10 +266,8 @@ def test_shell_line_quotes_for_copy_paste() -> None:
     assert "'regex:^(a|b)$'" in line
 
 
-def test_ncu_bytes_argv_profiles_every_kernel_of_the_stage_without_flushing_caches() -> None:
-    argv = commands.ncu_bytes_argv(
-        NCU, Path("/run/ncu/bytes-decode/report"), WORKLOAD, stage="decode", launch_skip=217, launch_count=217
-    )
+def test_ncu_bytes_argv_profiles_every_kernel_of_the_profiler_window_without_flushing_caches() -> None:
+    argv = commands.ncu_bytes_argv(NCU, Path("/run/ncu/bytes/report"), WORKLOAD)
     assert argv == [
         "/opt/ncu/ncu",
         "--target-processes",
@@ -275,39 +276,44 @@ def test_ncu_bytes_argv_profiles_every_kernel_of_the_stage_without_flushing_cach
         "none",
         "--cache-control",
         "none",
-        "--launch-skip",
-        "217",
-        "--launch-count",
-        "217",
+        "--profile-from-start",
+        "off",
         "--nvtx",
-        "--nvtx-include",
-        "llm_perf_opt@decode/",
         "--metrics",
         "gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum",
         "--replay-mode",
         "kernel",
         "-f",
         "-o",
-        "/run/ncu/bytes-decode/report",
+        "/run/ncu/bytes/report",
         *WORKLOAD,
     ]
-    assert "-k" not in argv and "--section" not in argv  # every kernel, no section (one counter pass)
+    # every kernel of the window (no filter, no count), no section (one counter pass), NVTX kept to tell stages apart
+    assert "-k" not in argv and "--section" not in argv and "--launch-count" not in argv
 
 
 def test_ncu_bytes_argv_passes_its_settings_on() -> None:
     argv = commands.ncu_bytes_argv(
+        NCU, Path("o"), ["w"], clock_control="base", target_processes="application-only", cache_control="all"
+    )
+    assert argv[1:7] == ["--target-processes", "application-only", "--clock-control", "base", "--cache-control", "all"]
+
+
+def test_a_targets_round_takes_each_launch_configuration_in_the_window() -> None:
+    argv = commands.ncu_argv(
         NCU,
         Path("o"),
         ["w"],
-        stage="prefill",
+        kernel_regex="^(a|b)$",
         launch_skip=0,
-        launch_count=1366,
-        clock_control="base",
-        target_processes="application-only",
-        cache_control="all",
+        launch_count=1,
+        filter_mode="per-launch-config",
+        nvtx=True,
+        profile_from_start=False,
+        sections=["SpeedOfLight"],
     )
-    assert argv[1:7] == ["--target-processes", "application-only", "--clock-control", "base", "--cache-control", "all"]
-    assert argv[argv.index("--nvtx-include") + 1] == "llm_perf_opt@prefill/"
-    assert argv[argv.index("--launch-count") + 1] == "1366"
+    line = " ".join(argv)
+    assert "--profile-from-start off" in line and "--filter-mode per-launch-config" in line
+    assert "--launch-skip 0 --launch-count 1 --nvtx --section SpeedOfLight" in line and "--nvtx-include" not in line
     with pytest.raises(ValueError, match="launch_count"):
-        commands.ncu_bytes_argv(NCU, Path("o"), ["w"], stage="prefill", launch_skip=0, launch_count=0)
+        commands.ncu_argv(NCU, Path("o"), ["w"], kernel_regex=None, launch_skip=0, launch_count=0)

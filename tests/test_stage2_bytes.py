@@ -13,6 +13,8 @@ import pytest
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.config_data import plain
 from llm_perf_opt.nsight import tools
+from llm_perf_opt.nsight.ncu_bytes import BYTES_METRICS
+from llm_perf_opt.nsight.ncu_report import DRAM_READ, DRAM_WRITE, DURATION, read_table
 from llm_perf_opt.nsight.ncu_windows import BytesWindow
 from llm_perf_opt.nsight.nsys_trace import NsysTrace
 from llm_perf_opt.pipeline import stage2
@@ -39,12 +41,41 @@ ANALYTIC = {
 }
 
 
+def window_export() -> str:
+    """One export of the whole profiler window: the synthetic prefill and decode exports in one table (ncu scales
+    each export's units apart, so the values are written in base units: bytes and seconds)."""
+    lines = ["\n".join(_table_rows(FIXTURES / "ncu" / RAW[name], header=i == 0)) for i, name in enumerate(RAW)]
+    return "\n".join(lines) + "\n"
+
+
+def _table_rows(path: Path, *, header: bool) -> list[str]:
+    table, rows = read_table(path.read_text(), str(path))
+    out = (
+        [
+            ",".join(f'"{c}"' for c in table.header),
+            ",".join(
+                '"second"' if c == DURATION else '"byte"' if c in (DRAM_READ, DRAM_WRITE) else '""'
+                for c in table.header
+            ),
+        ]
+        if header
+        else []
+    )
+    for row in rows:
+        cells = [repr(table.value(row, c)) if c in BYTES_METRICS else row[table.index[c]] for c in table.header]
+        out.append(",".join('"' + cell.replace('"', '""') + '"' for cell in cells))
+    return out
+
+
 def stand_in_ncu(exit_code: int = 0):  # type: ignore[no-untyped-def]
-    """A run_tool that acts as ncu: the profile run writes a report, the import run the synthetic export."""
+    """A run_tool that acts as ncu: the profile run writes a report, the import run the synthetic export (the
+    bytes pass: both stages in one)."""
 
     def run(argv: list[str], *, timeout_s: float, log_path: Path) -> tools.ToolRun:
         folder = log_path.parent.name
-        if "--import" in argv:
+        if "--import" in argv and folder == "bytes":
+            log_path.write_text(window_export())
+        elif "--import" in argv:
             shutil.copy(FIXTURES / "ncu" / RAW.get(folder, "h100_tiny_decode_raw.csv"), log_path)
         else:
             log_path.write_text("ncu log\n")
@@ -121,17 +152,16 @@ def test_nsys_counts_the_kernels_of_each_instance() -> None:
         assert trace.instance_kernels("no such range") == []
 
 
-def test_bytes_windows_cover_the_first_prefill_and_the_middle_decode_step(tmp_path: Path) -> None:
+def test_bytes_windows_name_the_first_prefill_and_the_middle_decode_step(tmp_path: Path) -> None:
     folder = _stage2_folder(tmp_path)
     run = stage2.Stage2Run(compose_stage2(), folder, run_id="x", task_overrides=[])
-    # one prefill in the ncu workload: room for twice the largest, the first image's 683 expected
-    assert run._bytes_window("prefill") == BytesWindow("the prefill of the first image", 0, 1366, 683)
-    # 4 new tokens: 3 steps, the middle one is the second: skip the first step's 217 launches
-    assert run._bytes_window("decode") == BytesWindow("decode step 2 of 3", 217, 217, 217)
+    assert run._bytes_window("prefill") == BytesWindow("the prefill of the first image", 683)
+    # 4 new tokens: 3 steps, the middle one is the second
+    assert run._bytes_window("decode") == BytesWindow("decode step 2 of 3", 217)
     longer = stage2.Stage2Run(compose_stage2("stage2.ncu_workload.max_new_tokens=21"), folder, "x", [])
-    assert longer._bytes_window("decode") == BytesWindow("decode step 10 of 20", 9 * 217, 217, 217)  # the mean
+    assert longer._bytes_window("decode") == BytesWindow("decode step 10 of 20", 217)  # the mean
     none = stage2.Stage2Run(compose_stage2("stage2.ncu_workload.max_new_tokens=1"), folder, "x", [])
-    assert none._bytes_window("decode").count == 0
+    assert none._bytes_window("decode").expected == 0
 
 
 def test_ncu_workloads_run_one_timed_pass(tmp_path: Path) -> None:
@@ -140,6 +170,7 @@ def test_ncu_workloads_run_one_timed_pass(tmp_path: Path) -> None:
     assert argv.index("run.repeats=1") > argv.index("run.repeats=5")  # the ncu workload's own value wins
     assert "run.warmup=0" in argv and "run.warmup=1" not in argv
     assert "dataset.max_images=1" in argv and "infer.max_new_tokens=4" in argv
+    assert "run.profiler_window=true" in argv  # ncu --profile-from-start off: the workload opens the window
     nsys = stage2.workload_argv(cfg, ["run.repeats=5"], tmp_path, name="nsys")
     assert "run.repeats=5" in nsys and "run.repeats=1" not in nsys
 
@@ -147,7 +178,7 @@ def test_ncu_workloads_run_one_timed_pass(tmp_path: Path) -> None:
 # ---- the capture ---------------------------------------------------------------------------------------------
 
 
-def test_bytes_passes_with_a_stand_in_ncu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bytes_pass_with_a_stand_in_ncu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(stage2, "run_tool", stand_in_ncu())
     folder = _stage2_folder(tmp_path)
     (folder / TARGETS_FILE).unlink()
@@ -156,20 +187,43 @@ def test_bytes_passes_with_a_stand_in_ncu(tmp_path: Path, monkeypatch: pytest.Mo
     run._run_ncu(NCU, cfg.stage2.modes.light)
     targets = load_ncu_targets(folder)
     assert targets is not None
-    prefill, decode = targets.bytes_passes
-    assert (prefill.stage, prefill.folder) == ("prefill", "ncu/bytes-prefill")
-    assert prefill.workload == "workload/ncu-bytes-prefill"
-    assert (prefill.launch_skip, prefill.launch_count, prefill.expected_kernels) == (0, 1366, 683)
-    assert (decode.instance, decode.launch_skip, decode.launch_count) == ("decode step 2 of 3", 217, 217)
+    prefill, decode = targets.bytes_passes  # one process, one export, a record per stage
+    assert (prefill.stage, prefill.folder, decode.folder) == ("prefill", "ncu/bytes", "ncu/bytes")
+    assert prefill.workload == decode.workload == "workload/ncu-bytes"
+    assert (prefill.instance, prefill.expected_kernels) == ("the prefill of the first image", 683)
+    assert (decode.instance, decode.expected_kernels) == ("decode step 2 of 3", 217)
+    assert prefill.profiler_window and decode.profiler_window and (prefill.launch_skip, prefill.launch_count) == (0, 0)
     assert prefill.cache_control == "none" and prefill.note is None and decode.note is None
-    exported = (folder / "ncu" / "bytes-prefill" / "raw.csv").read_text()
-    assert exported == (FIXTURES / "ncu" / RAW["bytes-prefill"]).read_text()
-    cmd = (folder / "ncu" / "bytes-decode" / "cmd.txt").read_text()
-    assert "--cache-control none" in cmd and "--launch-skip 217 --launch-count 217" in cmd and " -k " not in cmd
-    assert "--nvtx-include llm_perf_opt@decode/" in cmd and "--section" not in cmd
-    assert "model=deepseek_ocr2_tiny" in cmd and "run.repeats=1" in cmd
-    assert f"hydra.run.dir={folder / 'workload' / 'ncu-bytes-decode'}" in cmd
-    assert list(run.capture.runs)[-2:] == ["ncu_bytes_prefill", "ncu_bytes_decode"]
+    assert (folder / "ncu" / "bytes" / "raw.csv").read_text() == window_export()
+    cmd = (folder / "ncu" / "bytes" / "cmd.txt").read_text()
+    assert "--cache-control none --profile-from-start off" in cmd and " -k " not in cmd and "--launch-" not in cmd
+    assert "--nvtx --metrics" in cmd and "--nvtx-include" not in cmd and "--section" not in cmd
+    assert "model=deepseek_ocr2_tiny" in cmd and "run.repeats=1" in cmd and "run.profiler_window=true" in cmd
+    assert f"hydra.run.dir={folder / 'workload' / 'ncu-bytes'}" in cmd
+    assert list(run.capture.runs) == ["ncu_targets", "ncu_bytes"]  # two Nsight Compute processes in all
+
+
+def test_the_window_export_gives_the_rows_of_one_export_per_stage(tmp_path: Path) -> None:
+    """Folders before 2026-11-26 hold one bytes export per stage; the profiler window one for both: same rows."""
+    apart = stage2_metrics(render(bytes_folder(tmp_path / "apart"))).measured_bytes
+    together = bytes_folder(tmp_path / "together")
+    (together / "ncu" / "bytes").mkdir()
+    (together / "ncu" / "bytes" / "raw.csv").write_text(window_export())
+    targets = load_ncu_targets(together)
+    assert targets is not None
+    passes = tuple(
+        attrs.evolve(p, folder="ncu/bytes", profiler_window=True, launch_skip=0, launch_count=0)
+        for p in targets.bytes_passes
+    )
+    save(attrs.evolve(targets, bytes_passes=passes), together / TARGETS_FILE)
+    shutil.rmtree(together / "ncu" / "bytes-prefill")
+    shutil.rmtree(together / "ncu" / "bytes-decode")
+    joined = stage2_metrics(render(together)).measured_bytes
+    assert apart is not None and joined is not None and len(apart.rows) == 5
+    for old, new in zip(apart.rows, joined.rows, strict=True):
+        assert (new.stage, new.kernels, new.top_kernels) == (old.stage, old.kernels, old.top_kernels)
+        assert new.measured_bytes == pytest.approx(old.measured_bytes)
+        assert new.kernel_ms == pytest.approx(old.kernel_ms)
 
 
 def test_a_failed_bytes_pass_is_recorded_and_the_capture_goes_on(
@@ -178,12 +232,12 @@ def test_a_failed_bytes_pass_is_recorded_and_the_capture_goes_on(
     monkeypatch.setattr(stage2, "run_tool", stand_in_ncu(exit_code=1))
     folder = _stage2_folder(tmp_path)
     run = stage2.Stage2Run(compose_stage2(), folder, run_id="fixture", task_overrides=[])
-    done = run._ncu_bytes_pass(NCU, "prefill")
-    assert done.note == "ncu exited with code 1 (see ncu/bytes-prefill/profile.log)"
-    assert run.capture.runs["ncu_bytes_prefill"].returncode == 1
+    done = run._ncu_bytes_pass(NCU, ["prefill", "decode"])
+    assert [p.note for p in done] == ["ncu exited with code 1 (see ncu/bytes/profile.log)"] * 2
+    assert run.capture.runs["ncu_bytes"].returncode == 1
     targets = load_ncu_targets(folder)
     assert targets is not None
-    save(attrs.evolve(targets, bytes_passes=(done,)), folder / TARGETS_FILE)
+    save(attrs.evolve(targets, bytes_passes=done), folder / TARGETS_FILE)
     metrics = stage2_metrics(render(folder))
     assert metrics.measured_bytes is not None and metrics.measured_bytes.rows == ()
     assert "No measured bytes for the prefill of the first image: ncu exited with code 1" in " ".join(metrics.warnings)

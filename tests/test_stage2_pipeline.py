@@ -247,18 +247,17 @@ def test_render_adds_mfu_and_mbu_from_the_workload_metrics(tmp_path: Path) -> No
     assert "MBU on busy time" in (folder / "report.md").read_text()
 
 
-def test_ncu_rounds_are_recorded_in_the_targets_and_the_capture(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Stage 2's Nsight Compute step with a stand-in ncu: prefill's filters match nothing (no report), decode's
-    export (the H100 decode round) holds 2 of its 5 targets, so two more rounds go after the 3 missing ones."""
+def test_one_ncu_process_takes_the_targets_of_every_stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stage 2's targeted kernels with a stand-in ncu: one process over the profiler window for both stages, its
+    export (the H100 decode round: launches inside decode/step) holding 2 of decode's 5 targets and none of
+    prefill's, each stage's rows told apart by their NVTX ranges."""
     from llm_perf_opt.nsight import tools
     from llm_perf_opt.pipeline import stage2
 
     def fake_ncu(argv: list[str], *, timeout_s: float, log_path: Path) -> tools.ToolRun:
         if "--import" in argv:
             shutil.copy(FIXTURES / "ncu" / "h100_tiny_decode_raw.csv", log_path)
-        elif "prefill" not in log_path.parent.name:
+        else:
             (log_path.parent / "report.ncu-rep").write_bytes(b"ncu report")
         return tools.ToolRun(argv=tuple(argv), returncode=0, seconds=0.1, log_path=log_path, timed_out=False)
 
@@ -271,17 +270,25 @@ def test_ncu_rounds_are_recorded_in_the_targets_and_the_capture(
     targets = load_ncu_targets(folder)
     assert targets is not None and list(targets.stages) == ["prefill", "decode"]
     (prefill,) = targets.stages["prefill"].rounds
-    assert prefill.folder == "ncu/prefill" and prefill.note is not None and "matched nothing" in prefill.note
     decode = targets.stages["decode"]
     assert decode.instances == 6 and len(decode.kernels) == 5  # one instance is a decode step
-    assert [r.folder for r in decode.rounds] == ["ncu/decode", "ncu/decode-round2", "ncu/decode-round3"]
-    assert decode.rounds[0].kernels == decode.kernels
-    missed = set(decode.kernels) - {"reduce_kernel", "unrolled_elementwise_kernel"}
-    assert all(r.kernels and set(r.kernels) <= missed for r in decode.rounds[1:])
-    assert list(run.capture.runs) == ["ncu_prefill", "ncu_decode", "ncu_decode_round2", "ncu_decode_round3"]
+    (round_,) = decode.rounds
+    assert prefill.folder == round_.folder == "ncu/targets" and prefill.regex == round_.regex
+    assert round_.profiler_window and round_.kernels == decode.kernels and round_.note is None
+    wanted = set(targets.stages["prefill"].kernels) | set(decode.kernels)
+    assert all(name in round_.regex for name in wanted)  # one regex for every stage's targets
+    assert list(run.capture.runs) == ["ncu_targets"]
+    cmd = (folder / "ncu" / "targets" / "cmd.txt").read_text()
+    assert (
+        "--profile-from-start off" in cmd and "--filter-mode per-launch-config --launch-skip 0 --launch-count 1" in cmd
+    )
+    assert "--nvtx-include" not in cmd and "run.profiler_window=true" in cmd
     run._save_capture()
-    warnings = stage2_metrics(render(folder)).warnings
-    assert any(w.startswith("prefill: ncu profiled no kernel") for w in warnings)
+    metrics = stage2_metrics(render(folder))
+    assert {r.stage for r in metrics.ncu_kernels} == {"decode"}
+    assert {r.name for r in metrics.ncu_kernels} == {"reduce_kernel", "unrolled_elementwise_kernel"}
+    warnings = metrics.warnings
+    assert any(w.startswith("Nsight Compute profiled no kernel in prefill") for w in warnings)
     assert any(w.startswith("Nsight Compute did not reach 3 of the 5 targeted kernels in decode") for w in warnings)
 
 

@@ -17,6 +17,7 @@ import attrs
 import torch
 
 from llm_perf_opt.measure import nvtx_ranges
+from llm_perf_opt.measure.profiler_window import ProfilerWindow
 
 
 def timing_method(device: torch.device) -> str:
@@ -32,12 +33,14 @@ class _Span:
 
 
 class StageRecorder:
-    """Records named, possibly nested spans; each span is also an NVTX range."""
+    """Records named, possibly nested spans; each span is also an NVTX range. `window`: the CUDA profiler window
+    the spans open and close (Stage 2's Nsight Compute workloads), if any."""
 
-    def __init__(self, device: torch.device, *, nvtx: bool = True) -> None:
+    def __init__(self, device: torch.device, *, nvtx: bool = True, window: ProfilerWindow | None = None) -> None:
         self.device = device
         self.uses_cuda_events = device.type == "cuda"
         self.nvtx = nvtx
+        self.window = window
         self._spans: list[_Span] = []
         self._open: dict[str, list[_Span]] = {}
 
@@ -57,6 +60,8 @@ class StageRecorder:
         """Open a span named `name` (spans of one name may not overlap themselves)."""
         if self.nvtx:
             nvtx_ranges.push(name)
+        if self.window is not None:
+            self.window.begin(name)
         span = _Span(name, self._mark())
         self._spans.append(span)
         self._open.setdefault(name, []).append(span)
@@ -67,6 +72,8 @@ class StageRecorder:
         if not stack:
             raise RuntimeError(f"StageRecorder.end({name!r}) without a matching begin")
         stack.pop().end = self._mark()
+        if self.window is not None:
+            self.window.end(name)
         if self.nvtx:
             nvtx_ranges.pop()
 

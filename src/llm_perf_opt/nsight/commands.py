@@ -51,9 +51,11 @@ def nsys_profile_argv(
 
 
 def nsys_stats_argv(nsys: Path, report_path: Path, reports: Sequence[str], output_base: Path) -> list[str]:
-    """`nsys stats` writing one `<output_base>_<report>.csv` per report."""
+    """`nsys stats` writing one `<output_base>_<report>.csv` per report. `report_path`: a `.nsys-rep` (exported to
+    SQLite again first) or its SQLite export, read as it is (so the stats can run beside other readers of it)."""
     if not reports:
         raise ValueError("nsys stats needs at least one report name")
+    export = [] if Path(report_path).suffix == ".sqlite" else ["--force-export=true"]
     return [
         str(nsys),
         "stats",
@@ -63,7 +65,7 @@ def nsys_stats_argv(nsys: Path, report_path: Path, reports: Sequence[str], outpu
         "csv",
         "--output",
         str(output_base),
-        "--force-export=true",
+        *export,
         "--force-overwrite=true",
         str(report_path),
     ]
@@ -111,8 +113,11 @@ def ncu_argv(
     *,
     kernel_regex: str | None,
     launch_skip: int,
-    launch_count: int,
+    launch_count: int | None,
     nvtx_include: Sequence[str] = (),
+    nvtx: bool = False,
+    profile_from_start: bool = True,
+    filter_mode: str | None = None,
     sections: Sequence[str] = (),
     metrics: Sequence[str] = (),
     clock_control: str = "none",
@@ -126,19 +131,29 @@ def ncu_argv(
 
     `kernel_regex` is matched against the name form `kernel_name_base` selects: "function" (ncu's default, the bare
     function name such as `elementwise_kernel`) or "demangled" (ncu's demangled name, which differs in detail from
-    nsys's). Launch skip/count apply to launches that pass the kernel and NVTX filters.
+    nsys's). Launch skip/count apply to launches that pass the kernel and NVTX filters (`filter_mode`
+    "per-launch-config": to each launch configuration's launches apart); `launch_count` None profiles every one,
+    for a window the workload bounds itself. `nvtx` records the NVTX ranges of each launch without filtering on
+    them; `profile_from_start` False profiles only between the workload's cudaProfilerStart and Stop.
     """
     if launch_skip < 0:
         raise ValueError(f"launch_skip must be >= 0, got {launch_skip}")
-    if launch_count < 1:
+    if launch_count is not None and launch_count < 1:
         raise ValueError(f"launch_count must be >= 1 (bound the replayed work), got {launch_count}")
     argv = [str(ncu), "--target-processes", target_processes, "--clock-control", clock_control]
     if cache_control:
         argv += ["--cache-control", cache_control]
+    if not profile_from_start:
+        argv += ["--profile-from-start", "off"]
     if kernel_regex:
         argv += ["--kernel-name-base", kernel_name_base, "-k", f"regex:{kernel_regex}"]
-    argv += ["--launch-skip", str(launch_skip), "--launch-count", str(launch_count)]
-    if nvtx_include:
+    if filter_mode:
+        argv += ["--filter-mode", filter_mode]
+    if launch_skip or launch_count is not None:
+        argv += ["--launch-skip", str(launch_skip)]
+    if launch_count is not None:
+        argv += ["--launch-count", str(launch_count)]
+    if nvtx or nvtx_include:
         argv.append("--nvtx")
         for name in nvtx_include:
             argv += ["--nvtx-include", nvtx_include_spec(name, domain)]
@@ -156,16 +171,13 @@ def ncu_bytes_argv(
     output_base: Path,
     workload: Sequence[str],
     *,
-    stage: str,
-    launch_skip: int,
-    launch_count: int,
     clock_control: str = "none",
     target_processes: str = "all",
     cache_control: str = "none",
-    domain: str = NVTX_DOMAIN,
 ) -> list[str]:
-    """The bytes pass: EVERY kernel launched inside the NVTX range `stage` (no kernel filter), `launch_count` of
-    them after `launch_skip`, with only duration and DRAM read/write bytes (one counter pass, no sections).
+    """The bytes pass: EVERY kernel inside the workload's CUDA profiler window (`run.profiler_window`: its first
+    prefill and middle decode step; no kernel filter, no launch count), with only duration and DRAM read/write bytes
+    (one counter pass, no sections) and each launch's NVTX ranges, which tell the stages apart.
 
     `cache_control` "none" leaves L1/L2 as the previous kernel left them, so a kernel's DRAM bytes are those of the
     real kernel sequence; ncu's default "all" flushes the caches before each kernel, which sends every input to
@@ -176,14 +188,14 @@ def ncu_bytes_argv(
         output_base,
         workload,
         kernel_regex=None,
-        launch_skip=launch_skip,
-        launch_count=launch_count,
-        nvtx_include=[stage],
+        launch_skip=0,
+        launch_count=None,
+        nvtx=True,
+        profile_from_start=False,
         metrics=BYTES_METRICS,
         clock_control=clock_control,
         target_processes=target_processes,
         cache_control=cache_control,
-        domain=domain,
         extra=("--replay-mode", "kernel"),
     )
 

@@ -100,9 +100,7 @@ def repriced_bytes(workload: Stage1Metrics, model: PricedModel) -> dict[str, flo
     inputs = run_workloads(model, spec, RunWorkload.from_records(workload.records, workload.model.dtype))
     per_image = {image: stage_costs(spec, priced) for image, priced in inputs}
     return {
-        row.stage: sum(
-            per_image[r.image][row.stage].bytes for r in workload.records if row.stage in per_image[r.image]
-        )
+        row.stage: sum(per_image[r.image][row.stage].bytes for r in workload.records if row.stage in per_image[r.image])
         for row in workload.efficiency
     }
 
@@ -223,7 +221,7 @@ def window_warnings(bytes_pass: NcuBytesPass, launches: Sequence[LaunchBytes]) -
     out = []
     n = len(launches)
     what = f"The bytes pass over {bytes_pass.instance}"
-    if bytes_pass.stage != vocab.DECODE and n >= bytes_pass.launch_count:
+    if not bytes_pass.profiler_window and bytes_pass.stage != vocab.DECODE and n >= bytes_pass.launch_count:
         out.append(f"{what} filled its window of {n} launches: the instance may have more kernels than it measured.")
     elif n < bytes_pass.expected_kernels:
         out.append(

@@ -36,6 +36,7 @@ import attrs
 
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.records.stage2 import NcuKernel
+from llm_perf_opt.records.vocabulary import NVTX_DOMAIN
 
 BOUND_PCT = 60.0
 LATENCY_PCT = 40.0
@@ -239,6 +240,7 @@ class _Launch:
     flops: float | None
     sm_pct: float | None
     mem_pct: float | None
+    ranges: tuple[str, ...] = ()  # the toolkit's NVTX ranges open around the launch, outermost first
 
 
 def _csv_rows(text: str, source: str) -> list[list[str]]:
@@ -397,12 +399,25 @@ def _launch(table: Table, row: list[str], number: int, source: str) -> _Launch:
         flops=_launch_flops(table, row, duration),
         sm_pct=table.first(row, SM_THROUGHPUT),
         mem_pct=table.first(row, MEMORY_THROUGHPUT),
+        ranges=nvtx_stack(table, row, NVTX_DOMAIN),
     )
 
 
 def _mean(values: Sequence[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return sum(present) / len(present) if present else None
+
+
+def _time_weighted(launches: Sequence[_Launch], pct: str) -> float | None:
+    """A throughput (% of peak) over launches, each weighted by its duration: the share of the kernel's time the
+    unit was busy, when launches of several shapes (launch configurations) differ in length."""
+    present = [(getattr(x, pct), x.duration_s) for x in launches if getattr(x, pct) is not None]
+    total = sum(d for _, d in present)
+    if not present:
+        return None
+    if total <= 0:
+        return _mean([v for v, _ in present])
+    return sum(v * d for v, d in present) / total
 
 
 def classify_bound(sm_pct: float | None, mem_pct: float | None) -> str:
@@ -426,7 +441,7 @@ def _kernel(launches: list[_Launch]) -> NcuKernel:
     duration = sum(x.duration_s for x in launches) / n
     dram = sum(x.dram_bytes for x in launches) / n
     flops = _mean([x.flops for x in launches])
-    sm_pct, mem_pct = _mean([x.sm_pct for x in launches]), _mean([x.mem_pct for x in launches])
+    sm_pct, mem_pct = _time_weighted(launches, "sm_pct"), _time_weighted(launches, "mem_pct")
     longest = max(launches, key=lambda x: x.duration_s)
     return NcuKernel(
         name=longest.name,
@@ -446,8 +461,9 @@ def _kernel(launches: list[_Launch]) -> NcuKernel:
     )
 
 
-def parse_ncu_raw_csv(text: str, source: str = "ncu raw CSV") -> list[NcuKernel]:
-    """Kernels from the text of an ncu raw-page CSV, by total time (duration x launches) descending.
+def parse_ncu_raw_csv(text: str, source: str = "ncu raw CSV", *, within: str | None = None) -> list[NcuKernel]:
+    """Kernels from the text of an ncu raw-page CSV, by total time (duration x launches) descending; `within`: only
+    launches inside that NVTX range of the toolkit's domain (one stage of an export that holds several).
 
     No profiled launch (an empty export, or a header without rows) gives [].
     """
@@ -455,12 +471,14 @@ def parse_ncu_raw_csv(text: str, source: str = "ncu raw CSV") -> list[NcuKernel]
     groups: dict[tuple[str, str | None], list[_Launch]] = {}
     for number, row in enumerate(rows, start=1):
         launch = _launch(table, row, number, source)
+        if within is not None and within not in launch.ranges:
+            continue
         groups.setdefault((launch.name, launch.nvtx_range), []).append(launch)
     kernels = [_kernel(launches) for launches in groups.values()]
     return sorted(kernels, key=lambda k: (-k.duration_s * k.launches, k.name))
 
 
-def read_ncu_raw_csv(path: Path) -> list[NcuKernel]:
+def read_ncu_raw_csv(path: Path, *, within: str | None = None) -> list[NcuKernel]:
     """Kernels from `ncu --import <rep> --csv --page raw` output saved at `path` (see :func:`parse_ncu_raw_csv`)."""
     path = Path(path)
-    return parse_ncu_raw_csv(path.read_text(encoding="utf-8", errors="replace"), source=str(path))
+    return parse_ncu_raw_csv(path.read_text(encoding="utf-8", errors="replace"), source=str(path), within=within)

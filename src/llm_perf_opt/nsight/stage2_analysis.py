@@ -25,7 +25,7 @@ from llm_perf_opt.nsight.measured_bytes import (
     window_warnings,
 )
 from llm_perf_opt.nsight.ncu_bytes import bytes_by_range, read_launch_bytes
-from llm_perf_opt.nsight.ncu_report import read_ncu_raw_csv
+from llm_perf_opt.nsight.ncu_report import function_name, read_ncu_raw_csv
 from llm_perf_opt.nsight.nsys_trace import NsysTrace
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.common import SCHEMA_VERSION, PeakFigure
@@ -209,13 +209,15 @@ class Stage2Analysis:
         time."""
         times = self.stage_kernel_time(stage)
         found: dict[str, NcuKernelRow] = {}
+        wanted = {function_name(n) for n in target.kernels}
         for rnd in target.rounds:
             raw = self.run_dir / rnd.folder / "raw.csv"
             if not raw.is_file():
                 continue
             tensor = counts_tensor_ops(raw)
-            for kernel in read_ncu_raw_csv(raw):
-                if kernel.name in found:
+            # A profiler-window round holds every stage's targets: this stage's are its rows inside its range.
+            for kernel in read_ncu_raw_csv(raw, within=stage if rnd.profiler_window else None):
+                if kernel.name in found or (rnd.profiler_window and kernel.name not in wanted):
                     continue
                 time = times.get(kernel.name)
                 found[kernel.name] = NcuKernelRow(
@@ -246,7 +248,7 @@ class Stage2Analysis:
             elif missed:
                 warnings.append(
                     f"Nsight Compute did not reach {len(missed)} of the {len(target.kernels)} targeted kernels in "
-                    f"{stage} within its launch windows: {', '.join(missed[:5])}."
+                    f"{stage}: {', '.join(missed[:5])}."
                 )
         return tuple(rows), warnings
 
@@ -336,6 +338,8 @@ class Stage2Analysis:
                 warnings.append(f"No measured bytes for {bytes_pass.instance}: {why}.")
                 continue
             launches = read_launch_bytes(raw)
+            if bytes_pass.profiler_window:  # one export for every stage: this pass's launches are inside its range
+                launches = [x for x in launches if bytes_pass.stage in x.ranges]
             if not launches:
                 warnings.append(f"No measured bytes for {bytes_pass.instance}: ncu profiled no kernel.")
                 continue

@@ -29,6 +29,7 @@ from llm_perf_opt.measure.flops import count_stage_flops
 from llm_perf_opt.measure.gpu_state import clock_state
 from llm_perf_opt.measure.memory import MemorySettings
 from llm_perf_opt.measure.outputs import save_prefill_logits
+from llm_perf_opt.measure.profiler_window import ProfilerWindow
 from llm_perf_opt.measure.routing import RoutingTrace, find_routers, mean_unique_experts
 from llm_perf_opt.measure.stage1_analysis import Stage1Analysis, Stage1Measurements
 from llm_perf_opt.measure.torch_profiler import profile_image
@@ -195,6 +196,13 @@ class Stage1Run:
         with self.feedback.step(f"building {model.name} on {device}"):
             self.session = session = InferenceSession.load(model, device, self.runtime)
         session.keep_prefill_logits = bool(cfg.run.get("save_prefill_logits", False))
+        if cfg.run.get("profiler_window", False):
+            if device.type != "cuda":
+                raise UserError(
+                    f"run.profiler_window=true opens a window for Nsight Compute and needs a CUDA device, not {device}",
+                    "Run on a GPU (device=cuda), or leave run.profiler_window=false",
+                )
+            session.profiler_window = ProfilerWindow(settings.max_new_tokens - 1)
         log.info("model ready in %.1f s: %s", time.perf_counter() - started, session.loaded.weights_detail)
 
         vision = session.vision_stages

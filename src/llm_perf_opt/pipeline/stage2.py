@@ -10,8 +10,11 @@ import functools
 import logging
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +32,10 @@ from llm_perf_opt.measure.gpu_state import clock_state
 from llm_perf_opt.nsight import commands
 from llm_perf_opt.nsight.kernel_modules import kernel_modules
 from llm_perf_opt.nsight.measured_bytes import REPRICED_ADAPTERS, WorkloadModel
-from llm_perf_opt.nsight.ncu_report import read_ncu_raw_csv
 from llm_perf_opt.nsight.ncu_windows import (
     BytesWindow,
     decode_bytes_window,
-    launch_window,
     prefill_bytes_window,
-    rarest_fitting,
 )
 from llm_perf_opt.nsight.nsys_stats import REPORT_ALTERNATIVES, available_reports, pick_reports
 from llm_perf_opt.nsight.nsys_trace import NsysTrace
@@ -61,8 +61,6 @@ from llm_perf_opt.session.model_settings import ModelSettings
 from llm_perf_opt.session.runtime import RuntimeSettings
 
 log = logging.getLogger("llm_perf_opt.stage2")
-
-MAX_NCU_ROUNDS = 3  # per stage: all targets, then the rarest missing ones, twice
 
 NSYS_SQLITE = "nsys/report.sqlite"
 NSYS_SQLITE_GZ = f"{NSYS_SQLITE}.gz"  # a gzipped copy, read as it is (a shipped example folder keeps one)
@@ -126,6 +124,7 @@ def workload_argv(
             "dataset.max_images": max(int(ncu_cfg.max_images), batch_size),
             "infer.max_new_tokens": ncu_cfg.max_new_tokens,
             "run.repeats": ncu_cfg.get("repeats"),
+            "run.profiler_window": "true",  # ncu --profile-from-start off: the first prefill and a middle decode step
         }
     for key, value in defaults.items():
         if value is not None and not _has_key(user_overrides, key) and forced.get(key) is None:
@@ -187,6 +186,8 @@ class Stage2Run:
         self.whatif_dir = cfg.get("report", {}).get("whatif_dir")
         self.stage1_dir = cfg.get("report", {}).get("stage1_dir")
         self.model_cache = run_model_cache(cfg, self.user_overrides, run_dir)
+        self._notes = threading.Lock()  # the capture's record is noted from the background thread too
+        self._stats: Future[ToolRun] | None = None  # `nsys stats`, running beside Nsight Compute
 
     @functools.cached_property
     def runtime(self) -> RuntimeSettings:
@@ -221,8 +222,9 @@ class Stage2Run:
         self.art.write_json(CAPTURE_FILE, self.capture)
 
     def _note(self, **changes: Any) -> None:
-        """Add `changes` to the capture's record."""
-        self.capture = attrs.evolve(self.capture, **changes)
+        """Add `changes` to the capture's record (from the background thread too)."""
+        with self._notes:
+            self.capture = attrs.evolve(self.capture, **changes)
 
     # ---- capture -----------------------------------------------------------------------------------
     def _capture(self) -> None:
@@ -253,9 +255,12 @@ class Stage2Run:
             )
         nsys = self._find_tool("nsys", cfg.pipeline.nsys.binary)
         ncu = self._find_tool("ncu", cfg.pipeline.ncu.binary) if cfg.pipeline.ncu.enable else None
-        self._run_nsys(nsys)
-        if ncu is not None:
-            self._run_ncu(ncu, mode)
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="stage2-background") as background:
+            self._run_nsys(nsys, background)
+            if ncu is not None:
+                self._run_ncu(ncu, mode)
+        if self._stats is not None:
+            self._stats.result()  # a failed `nsys stats` fails the capture, as before
         self._save_capture()
 
     def _find_tool(self, name: str, binary: str | None) -> Tool:
@@ -270,12 +275,22 @@ class Stage2Run:
         self.art.write_text(cmd_rel, earlier + commands.shell_line(argv) + "\n")
 
     def _timed_tool(
-        self, key: str, argv: list[str], log_rel: str, timeout_s: float, what: str, *, check: bool = True
+        self,
+        key: str,
+        argv: list[str],
+        log_rel: str,
+        timeout_s: float,
+        what: str,
+        *,
+        check: bool = True,
+        background: bool = False,
     ) -> ToolRun:
+        """Run a tool, its command in its folder's cmd.txt and its run in the capture; `background`: from the
+        background thread (no progress bar: the foreground step has it)."""
         self._note_command(str(Path(log_rel).with_name("cmd.txt")), argv)
         log.info("%s: %s", what, commands.shell_line(argv)[:200])
         started = time.perf_counter()
-        with self.feedback.step(what):
+        with nullcontext() if background else self.feedback.step(what):
             run = run_tool(argv, timeout_s=timeout_s, log_path=self.art.path(log_rel))
         self.art.record(log_rel)
         done = CapturedToolRun(
@@ -289,7 +304,7 @@ class Stage2Run:
             check_run(run, what)
         return run
 
-    def _run_nsys(self, nsys: Tool) -> None:
+    def _run_nsys(self, nsys: Tool, background: ThreadPoolExecutor) -> None:
         cfg, run_dir = self.cfg, self.art.run_dir
         ncfg = cfg.pipeline.nsys
         base = self.art.path("nsys/report")
@@ -321,15 +336,6 @@ class Stage2Run:
                 names=tuple(picked), missing=tuple(picked.missing), substituted=dict(picked.substituted)
             )
         )
-        names = list(picked)
-        if names:
-            self._timed_tool(
-                "nsys_stats",
-                commands.nsys_stats_argv(nsys.path, report, names, self.art.path("nsys/stats/report")),
-                "nsys/stats/stats.log",
-                timeout,
-                "nsys stats",
-            )
         sqlite_path = self.art.path(NSYS_SQLITE)
         self._timed_tool(
             "nsys_export",
@@ -338,13 +344,24 @@ class Stage2Run:
             timeout,
             "nsys export (sqlite)",
         )
+        names = list(picked)
+        if names:  # CPU work on the export, beside Nsight Compute's runs: `_capture` waits for it
+            self._stats = background.submit(
+                self._timed_tool,
+                "nsys_stats",
+                commands.nsys_stats_argv(nsys.path, sqlite_path, names, self.art.path("nsys/stats/report")),
+                "nsys/stats/stats.log",
+                timeout,
+                "nsys stats",
+                background=True,
+            )
         workload_dir = run_dir / "workload" / "nsys"
         for name in ("inputs.yaml",):
             if (workload_dir / name).is_file():
                 self.art.write_text(name, (workload_dir / name).read_text())
 
     def _ncu_targets(self, mode: DictConfig) -> NcuTargets:
-        """Each analysed stage's top kernels by nsys GPU time, with the counts that size their launch windows."""
+        """Each analysed stage's top kernels by nsys GPU time, with their calls and the stage's instances."""
         stages: dict[str, NcuStageTarget] = {}
         with NsysTrace(self.art.run_dir / NSYS_SQLITE) as trace:
             instances = {st.stage: st.instances for st in trace.stage_times()}
@@ -362,19 +379,15 @@ class Stage2Run:
         return NcuTargets(mode=str(self.cfg.stage2.mode), stages=stages)
 
     def _run_ncu(self, ncu: Tool, mode: DictConfig) -> None:
-        """Nsight Compute on each analysed stage's top kernels: a first round on all of them, then up to two rounds
-        on the rarest of those the earlier windows did not reach."""
+        """Nsight Compute in one process per measure, each over the workload's CUDA profiler window (its first
+        prefill and middle decode step): the targeted kernels of every analysed stage, then the bytes pass."""
         targets = self._ncu_targets(mode)
         self.art.write_json(TARGETS_FILE, targets)
-        for stage, target in targets.stages.items():
-            done = self._ncu_rounds(ncu, mode, stage, target)
-            targets = attrs.evolve(targets, stages={**targets.stages, stage: done})
-            self.art.write_json(TARGETS_FILE, targets)
+        targets = self._ncu_targets_pass(ncu, mode, targets)
+        self.art.write_json(TARGETS_FILE, targets)
         if self.cfg.pipeline.ncu.get("bytes_pass", False):
-            for stage in map(str, mode.stages):
-                done_pass = self._ncu_bytes_pass(ncu, stage)
-                targets = attrs.evolve(targets, bytes_passes=(*targets.bytes_passes, done_pass))
-                self.art.write_json(TARGETS_FILE, targets)
+            targets = attrs.evolve(targets, bytes_passes=self._ncu_bytes_pass(ncu, [str(s) for s in mode.stages]))
+            self.art.write_json(TARGETS_FILE, targets)
 
     def _ncu_profile(self, ncu: Tool, key: str, folder: str, argv: list[str], what: str, *, check: bool = True) -> str:
         """Run ncu (`argv`, writing `<folder>/report.ncu-rep`) and export its raw page to `<folder>/raw.csv`.
@@ -398,97 +411,103 @@ class Stage2Run:
         check_run(raw, f"ncu --import ({what})")
         return ""
 
-    def _ncu_rounds(self, ncu: Tool, mode: DictConfig, stage: str, target: NcuStageTarget) -> NcuStageTarget:
-        """Up to MAX_NCU_ROUNDS ncu runs over `stage` until every target kernel was reached; `target` with them."""
-        cfg, run_dir = self.cfg, self.art.run_dir
-        per_kernel = int(mode.launches_per_kernel)
-        new_tokens = int(cfg.stage2.ncu_workload.max_new_tokens)
-        missing = list(target.kernels)
-        for round_no in range(1, MAX_NCU_ROUNDS + 1):
-            if not missing:
-                break
-            wanted = missing if round_no == 1 else rarest_fitting(missing, target, per_kernel)
-            folder = f"ncu/{stage.replace('/', '_')}" + ("" if round_no == 1 else f"-round{round_no}")
-            skip, count = launch_window(stage, wanted, target, per_kernel, new_tokens)
-            regex = commands.kernel_regex_for(wanted)
-            rnd = NcuRound(folder=folder, kernels=tuple(wanted), launch_skip=skip, launch_count=count, regex=regex)
-            argv = commands.ncu_argv(
-                ncu.path,
-                self.art.path(f"{folder}/report"),
-                workload_argv(
-                    cfg,
-                    self.user_overrides,
-                    run_dir,
-                    name=f"ncu-{Path(folder).name}",
-                    ncu=True,
-                    batch_size=self.runtime.batch_size,
-                    model_cache=self.model_cache,
-                ),
-                kernel_regex=regex,
-                launch_skip=skip,
-                launch_count=count,
-                nvtx_include=[stage],
-                sections=list(mode.sections),
-                metrics=list(cfg.pipeline.ncu.metrics),
-                clock_control=str(cfg.pipeline.ncu.clock_control),
-                target_processes=str(cfg.pipeline.ncu.target_processes),
-            )
-            key = f"ncu_{stage}" + ("" if round_no == 1 else f"_round{round_no}")
-            target = attrs.evolve(target, rounds=(*target.rounds, rnd))
-            note = self._ncu_profile(ncu, key, folder, argv, f"Nsight Compute ({stage}, round {round_no})")
-            if note:
-                return attrs.evolve(target, rounds=(*target.rounds[:-1], attrs.evolve(rnd, note=note)))
-            found = {k.name for k in read_ncu_raw_csv(self.art.path(f"{folder}/raw.csv"))}
-            missing = [n for n in missing if n not in found]
-        return target
+    def _ncu_workload(self, name: str) -> list[str]:
+        """The Stage 1 command Nsight Compute runs: one timed pass of one forward, its profiler window open."""
+        return workload_argv(
+            self.cfg,
+            self.user_overrides,
+            self.art.run_dir,
+            name=name,
+            ncu=True,
+            batch_size=self.runtime.batch_size,
+            model_cache=self.model_cache,
+        )
 
-    def _ncu_bytes_pass(self, ncu: Tool, stage: str) -> NcuBytesPass:
-        """The bytes pass over one instance of `stage` (prefill: the whole prefill of the ncu workload's image,
-        vision sub-stages included; decode: its middle step): every kernel's duration and DRAM bytes.
+    def _ncu_targets_pass(self, ncu: Tool, mode: DictConfig, targets: NcuTargets) -> NcuTargets:
+        """One ncu process over the targeted kernels of every stage: `launches_per_kernel` launches of each launch
+        configuration inside the profiler window (so a rare kernel is never crowded out by a frequent one), its
+        rows told apart by stage through their NVTX ranges; `targets` with the round of each stage."""
+        cfg = self.cfg
+        names = list(dict.fromkeys(n for target in targets.stages.values() for n in target.kernels))
+        if not names:
+            return targets
+        per_kernel = int(mode.launches_per_kernel)
+        folder, regex = "ncu/targets", commands.kernel_regex_for(names)
+        argv = commands.ncu_argv(
+            ncu.path,
+            self.art.path(f"{folder}/report"),
+            self._ncu_workload("ncu-targets"),
+            kernel_regex=regex,
+            launch_skip=0,
+            launch_count=per_kernel,
+            filter_mode="per-launch-config",
+            nvtx=True,
+            profile_from_start=False,
+            sections=list(mode.sections),
+            metrics=list(cfg.pipeline.ncu.metrics),
+            clock_control=str(cfg.pipeline.ncu.clock_control),
+            target_processes=str(cfg.pipeline.ncu.target_processes),
+        )
+        note = self._ncu_profile(ncu, "ncu_targets", folder, argv, "Nsight Compute (targeted kernels)")
+        stages = {
+            stage: attrs.evolve(
+                target,
+                rounds=(
+                    NcuRound(
+                        folder=folder,
+                        kernels=target.kernels,
+                        launch_skip=0,
+                        launch_count=per_kernel,
+                        regex=regex,
+                        note=note or None,
+                        profiler_window=True,
+                    ),
+                ),
+            )
+            for stage, target in targets.stages.items()
+        }
+        return attrs.evolve(targets, stages=stages)
+
+    def _ncu_bytes_pass(self, ncu: Tool, stages: Sequence[str]) -> tuple[NcuBytesPass, ...]:
+        """The bytes pass: one ncu process over every kernel of the profiler window (the ncu workload's prefill,
+        vision sub-stages included, and its middle decode step), duration and DRAM bytes only; one record per
+        stage, each pointing at the shared export.
 
         A failed or empty pass is recorded with its reason and the capture goes on (the other figures stand).
         """
-        cfg, name = self.cfg, f"bytes-{stage.replace('/', '_')}"
-        folder, workload = f"ncu/{name}", f"workload/ncu-{name}"
-        window = self._bytes_window(stage)
-        instance, skip, count = window.instance, window.skip, window.count
+        cfg = self.cfg
+        folder, workload = "ncu/bytes", "workload/ncu-bytes"
         cache_control = str(cfg.pipeline.ncu.get("bytes_cache_control") or "none")
-        done = NcuBytesPass(
-            stage=stage,
-            instance=instance,
-            folder=folder,
-            workload=workload,
-            launch_skip=skip,
-            launch_count=max(count, 1),
-            expected_kernels=window.expected,
-            cache_control=cache_control,
-        )
-        if count < 1:
-            return attrs.evolve(done, note=f"the nsys trace has no kernel in {instance}")
         argv = commands.ncu_bytes_argv(
             ncu.path,
             self.art.path(f"{folder}/report"),
-            workload_argv(
-                cfg,
-                self.user_overrides,
-                self.art.run_dir,
-                name=f"ncu-{name}",
-                ncu=True,
-                batch_size=self.runtime.batch_size,
-                model_cache=self.model_cache,
-            ),
-            stage=stage,
-            launch_skip=skip,
-            launch_count=count,
+            self._ncu_workload("ncu-bytes"),
             clock_control=str(cfg.pipeline.ncu.clock_control),
             target_processes=str(cfg.pipeline.ncu.target_processes),
             cache_control=cache_control,
         )
-        key = f"ncu_bytes_{stage.replace('/', '_')}"
-        note = self._ncu_profile(ncu, key, folder, argv, f"Nsight Compute bytes pass ({stage})", check=False)
+        note = self._ncu_profile(ncu, "ncu_bytes", folder, argv, "Nsight Compute bytes pass", check=False)
         if note:
-            log.warning("the bytes pass over %s gave nothing: %s", stage, note)
-        return attrs.evolve(done, note=note or None)
+            log.warning("the bytes pass gave nothing: %s", note)
+        passes = []
+        for stage in stages:
+            window = self._bytes_window(stage)
+            empty = f"the nsys trace has no kernel in {window.instance}" if window.expected < 1 else None
+            passes.append(
+                NcuBytesPass(
+                    stage=stage,
+                    instance=window.instance,
+                    folder=folder,
+                    workload=workload,
+                    launch_skip=0,
+                    launch_count=0,
+                    expected_kernels=window.expected,
+                    cache_control=cache_control,
+                    note=empty or note or None,
+                    profiler_window=True,
+                )
+            )
+        return tuple(passes)
 
     def _bytes_window(self, stage: str) -> BytesWindow:
         """The launches the bytes pass over `stage` profiles, from the nsys trace's kernels per instance."""

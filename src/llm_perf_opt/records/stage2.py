@@ -180,11 +180,16 @@ class NcuRound:
     launch_count: int
     regex: str
     note: str | None = None  # why the round gave nothing, when it did not
+    # True: the workload's CUDA profiler window (its first prefill and middle decode step, `run.profiler_window`),
+    # `launch_count` launches of each launch configuration (`--filter-mode per-launch-config`), every stage in one
+    # process whose rows are told apart by their NVTX ranges; False (folders before 2026-11-26): `launch_skip` and
+    # `launch_count` over the launches inside the stage's NVTX range.
+    profiler_window: bool = False
 
 
 @attrs.frozen
 class NcuStageTarget:
-    """The kernels of one stage sent to Nsight Compute, with the nsys counts that size its launch windows."""
+    """The kernels of one stage sent to Nsight Compute, with their nsys counts (calls and stage instances)."""
 
     kernels: tuple[str, ...]  # the stage's top kernels by nsys GPU time (short names)
     calls: Mapping[str, int]  # short name -> launches in the stage over the nsys workload
@@ -209,6 +214,9 @@ class NcuBytesPass:
     expected_kernels: int  # launches of that instance, per the nsys trace
     cache_control: str  # ncu --cache-control: "none" keeps L2 contents between kernels as in the real run
     note: str | None = None  # why the pass gave nothing, when it did not
+    # True: every kernel of the workload's CUDA profiler window (`run.profiler_window`), one process for every stage
+    # (its export holds them all; this pass's launches are those inside `stage`); skip and count are unused (0).
+    profiler_window: bool = False
 
 
 @attrs.frozen

@@ -15,6 +15,7 @@ import attrs
 import torch
 
 from llm_perf_opt.errors import UserError
+from llm_perf_opt.measure.profiler_window import ProfilerWindow
 from llm_perf_opt.measure.routing import RoutingRecorder, RoutingTrace, mean_unique_experts
 from llm_perf_opt.measure.timing import NullRecorder, StageRecorder
 from llm_perf_opt.models.sam_flex_attention import apply_sam_attention
@@ -319,6 +320,8 @@ class InferenceSession:
         self.references = ReferenceOutputs()
         # Keep each pass's prefill logits (last prompt position) in its measurement (`run.save_prefill_logits`).
         self.keep_prefill_logits = False
+        # The CUDA profiler window the timed passes open (`run.profiler_window`: Stage 2's ncu workloads), if any.
+        self.profiler_window: ProfilerWindow | None = None
 
     @classmethod
     def load(
@@ -552,7 +555,7 @@ class InferenceSession:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
-        recorder = StageRecorder(self.device, nvtx=nvtx)
+        recorder = StageRecorder(self.device, nvtx=nvtx, window=self.profiler_window if nvtx else None)
         inputs = [StageRecorder(self.device, nvtx=nvtx) for _ in paths]
         if nvtx:
             from llm_perf_opt.measure import nvtx_ranges
@@ -619,7 +622,7 @@ class InferenceSession:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
-        recorder = StageRecorder(self.device, nvtx=nvtx)
+        recorder = StageRecorder(self.device, nvtx=nvtx, window=self.profiler_window if nvtx else None)
         if nvtx:
             from llm_perf_opt.measure import nvtx_ranges
 

@@ -1,0 +1,33 @@
+#!/bin/bash
+# Benchmark (issue 25): `stage2-profile` light on the default DeepSeek-OCR v1 (random weights) and the bundled A4
+# page, end to end, with where its time went (capture.json: each tool run's seconds). With a second argument, the
+# same command runs first from another source tree (e.g. the code before a change, `git archive <rev> src`), on the
+# same machine, one after the other. Results: docs/benchmarks.md.
+#   bash bench/stage2_speed.sh /tmp/s2speed                      # this checkout
+#   bash bench/stage2_speed.sh /tmp/s2speed /tmp/old/src         # that tree first ("before"), then this checkout
+# On the project's GPU machines (no console scripts installed) run it after `source .gpu/setup.sh`.
+set -euo pipefail
+out="${1:-tmp/stage2-speed}"
+before_src="${2:-}"
+page='dataset.subset_filelist=${llo_samples_dir:}/lists/a4_page.txt'
+device=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
+mkdir -p "$out"
+
+run() {  # run <label> [PYTHONPATH prefix]
+  local label="$1" prefix="${2:-}" start elapsed
+  start=$(date +%s.%N)
+  PYTHONPATH="${prefix:+$prefix:}${PYTHONPATH:-}" python3 -m llm_perf_opt.cli.stage2 "$page" \
+    "hydra.run.dir=$out/$label" >"$out/$label.log" 2>&1 || echo "$label: exit $? (see $out/$label.log)"
+  elapsed=$(python3 -c "print(f'{$(date +%s.%N) - $start:.1f}')")
+  echo "$label: $elapsed s end to end ($(date -u +%F), ${device:-no GPU})" | tee -a "$out/times.txt"
+  python3 - "$out/$label/capture.json" <<'PY' | tee -a "$out/times.txt"
+import json, sys
+runs = json.load(open(sys.argv[1]))["runs"]
+print("  " + ", ".join(f"{k} {v['seconds']:.1f} s" for k, v in runs.items()))
+PY
+}
+
+if [ -n "$before_src" ]; then
+  run before "$before_src"
+fi
+run after

@@ -290,6 +290,18 @@ def test_one_ncu_process_takes_the_targets_of_every_stage(tmp_path: Path, monkey
     warnings = metrics.warnings
     assert any(w.startswith("Nsight Compute profiled no kernel in prefill") for w in warnings)
     assert any(w.startswith("Nsight Compute did not reach 3 of the 5 targeted kernels in decode") for w in warnings)
+    # a target whose launches in its stage all repeat a launch configuration profiled in another stage: that
+    # launch stands in, saying where it ran
+    stage = targets.stages["prefill"]
+    shared = attrs.evolve(stage, kernels=("reduce_kernel", *stage.kernels))
+    save(attrs.evolve(targets, stages={**targets.stages, "prefill": shared}), folder / TARGETS_FILE)
+    again = stage2_metrics(render(folder))
+    (stand_in,) = [r for r in again.ncu_kernels if r.stage == "prefill"]
+    assert stand_in.name == "reduce_kernel" and stand_in.nvtx_range == "decode/step"
+    assert any(
+        w.startswith("prefill: reduce_kernel (profiled in decode/step): Nsight Compute takes each launch configuration")
+        for w in again.warnings
+    ), again.warnings
 
 
 def test_every_command_run_in_a_folder_stays_in_its_cmd_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -204,11 +204,17 @@ class Stage2Analysis:
         return out
 
     # ---- Nsight Compute -----------------------------------------------------------------------------------------
-    def stage_ncu_rows(self, stage: str, target: NcuStageTarget) -> list[NcuKernelRow]:
+    def stage_ncu_rows(self, stage: str, target: NcuStageTarget) -> tuple[list[NcuKernelRow], list[str]]:
         """One row per kernel name that ncu profiled in `stage` (first round that reached it), with its nsys GPU
-        time."""
+        time; and the targets whose row comes from another stage's launch (see below).
+
+        A profiler-window round takes each launch configuration once for the whole window, so a target of decode
+        whose every decode launch repeats a configuration the prefill already launched was profiled in the prefill
+        only: that launch (same kernel, same grid and block) stands in for it, its NVTX range saying where it ran.
+        """
         times = self.stage_kernel_time(stage)
         found: dict[str, NcuKernelRow] = {}
+        borrowed: list[str] = []
         wanted = {function_name(n) for n in target.kernels}
         for rnd in target.rounds:
             raw = self.run_dir / rnd.folder / "raw.csv"
@@ -216,7 +222,12 @@ class Stage2Analysis:
                 continue
             tensor = counts_tensor_ops(raw)
             # A profiler-window round holds every stage's targets: this stage's are its rows inside its range.
-            for kernel in read_ncu_raw_csv(raw, within=stage if rnd.profiler_window else None):
+            kernels = read_ncu_raw_csv(raw, within=stage if rnd.profiler_window else None)
+            if rnd.profiler_window:
+                elsewhere = [k for k in read_ncu_raw_csv(raw) if k.name in wanted - {x.name for x in kernels}]
+                borrowed.extend(dict.fromkeys(k.name for k in elsewhere if k.name not in found))
+                kernels = [*kernels, *elsewhere]
+            for kernel in kernels:
                 if kernel.name in found or (rnd.profiler_window and kernel.name not in wanted):
                     continue
                 time = times.get(kernel.name)
@@ -229,15 +240,22 @@ class Stage2Analysis:
                     stage_share=None if time is None else time.share,
                     stage_instantiations=0 if time is None else time.instantiations,
                 )
-        return list(found.values())
+        return list(found.values()), borrowed
 
     def ncu_rows(self) -> tuple[tuple[NcuKernelRow, ...], list[str]]:
         """The ncu rows of every targeted stage, and warnings on the rounds and kernels ncu missed."""
         rows: list[NcuKernelRow] = []
         warnings: list[str] = []
         for stage, target in (self.targets.stages if self.targets else {}).items():
-            found = self.stage_ncu_rows(stage, target)
+            found, borrowed = self.stage_ncu_rows(stage, target)
             rows.extend(found)
+            if borrowed:
+                where = {r.name: r.nvtx_range or "another stage" for r in found}
+                warnings.append(
+                    f"{stage}: {', '.join(f'{n} (profiled in {where[n]})' for n in borrowed)}: Nsight Compute "
+                    f"takes each launch configuration once, and {stage}'s launches of these repeat configurations "
+                    "launched earlier; those launches stand in."
+                )
             warnings.extend(f"{stage}: {rnd.note}." for rnd in target.rounds if rnd.note)
             names = {r.name for r in found}
             missed = [n for n in target.kernels if n not in names]

@@ -78,14 +78,15 @@ def main() -> None:
         workload(args.prefill, args.step)
         return
     me = [sys.executable, __file__, "--workload", "--prefill", str(args.prefill), "--step", str(args.step)]
-    common = [args.ncu, "--target-processes", "all", "--clock-control", "none", "--cache-control", "none"]
-    window = ["--profile-from-start", "off"]
+    common = [args.ncu, "--target-processes", "all", "--clock-control", "none"]
+    window = ["--profile-from-start", "off", "--cache-control", "none"]
     variants = {
         "none (regex matching nothing)": ["-k", "regex:^nothing$", *window],
-        "bytes, nvtx prefill/ (today)": ["--nvtx", "--nvtx-include", "llm_perf_opt@prefill/", "--metrics", BYTES],
+        "bytes, nvtx prefill/ (before 2026-11-26)": [
+            *["--cache-control", "none", "--nvtx", "--nvtx-include", "llm_perf_opt@prefill/", "--metrics", BYTES]
+        ],
         "bytes, profiler window (prefill + step 2)": [*window, "--metrics", BYTES],
-        "bytes, window, no --cache-control": [*window, "--metrics", BYTES, "--cache-control", "all"],
-        "SpeedOfLight + bytes, window, all kernels": [*window, "--section", "SpeedOfLight", "--metrics", BYTES],
+        "bytes, window, caches flushed": ["--profile-from-start", "off", "--metrics", BYTES, "--cache-control", "all"],
         "SpeedOfLight, window, 3 kernels, per-launch-config x1": [
             *window,
             "-k",
@@ -97,6 +98,8 @@ def main() -> None:
             "--section",
             "SpeedOfLight",
         ],
+        # last: on the H100 this one ran past 300 s for 1,950 kernels (> 150 ms of ncu per kernel)
+        "SpeedOfLight + bytes, window, all kernels": [*window, "--section", "SpeedOfLight", "--metrics", BYTES],
     }
     print(f"workload: prefill {args.prefill} kernels, middle step {args.step}")
     print("| variant | wall s | results | s per result |")

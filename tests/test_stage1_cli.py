@@ -181,6 +181,7 @@ def test_inputs_report_and_predictions(tiny_run: tuple[Path, Path, subprocess.Co
         (["model.path=__EMPTY__"], "config.json"),
         (["model.path=/nonexistent/checkpoint"], "model.path=/nonexistent/checkpoint does not exist"),
         (["dataset.subset_filelist=__MISSING_LIST__"], "not_there.png"),
+        (["run.profiler_window=true"], "run.profiler_window=true opens a window for Nsight Compute"),
     ],
 )
 def test_bad_input_fails_cleanly(overrides: list[str], needle: str, tmp_path: Path, pages: Path) -> None:

@@ -31,17 +31,24 @@ def nsys_profile_argv(
     cpuctxsw: str = "none",
     cuda_graph_trace: str | None = "node",
     capture_range: str | None = None,
+    gpu_metrics_hz: int | None = None,
+    gpu_metrics_devices: str = "all",
     domain: str = NVTX_DOMAIN,
     extra: Sequence[str] = (),
 ) -> list[str]:
     """`nsys profile ... -o <output_base> <workload>`; nsys adds `.nsys-rep` to `output_base`.
 
     `capture_range` names an NVTX push/pop range (e.g. "decode"): collection starts when it opens and stops when it
-    closes. nsys spells the trigger `range@domain` (the reverse of ncu's `domain@range`).
+    closes. nsys spells the trigger `range@domain` (the reverse of ncu's `domain@range`). `gpu_metrics_hz`: sample
+    the GPU metrics (DRAM throughput among them) of `gpu_metrics_devices` that often (nsys takes 10 to 200,000).
     """
+    if gpu_metrics_hz is not None and not 10 <= gpu_metrics_hz <= 200_000:
+        raise ValueError(f"gpu_metrics_hz must be within 10 and 200000 (nsys's range), got {gpu_metrics_hz}")
     argv = [str(nsys), "profile", f"--trace={','.join(trace)}", f"--sample={sample}", f"--cpuctxsw={cpuctxsw}"]
     if cuda_graph_trace:
         argv.append(f"--cuda-graph-trace={cuda_graph_trace}")
+    if gpu_metrics_hz is not None:
+        argv += [f"--gpu-metrics-devices={gpu_metrics_devices}", f"--gpu-metrics-frequency={gpu_metrics_hz}"]
     if capture_range:
         trigger = capture_range if "@" in capture_range else f"{capture_range}@{domain}"
         argv += ["--capture-range=nvtx", f"--nvtx-capture={trigger}", "--capture-range-end=stop"]

@@ -33,6 +33,7 @@ from types import TracebackType
 from typing import Any, Literal, Self
 
 from llm_perf_opt.errors import UserError
+from llm_perf_opt.nsight.gpu_metrics import READ_METRIC, WRITE_METRIC, SampledRate
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.stage2 import DecodeStepStats, KernelStat, StageGpuTime, TraceGpu
 
@@ -43,6 +44,8 @@ RUNTIME_TABLE = "CUPTI_ACTIVITY_KIND_RUNTIME"
 NVTX_TABLE = "NVTX_EVENTS"
 STRINGS_TABLE = "StringIds"
 GPU_TABLE = "TARGET_INFO_GPU"
+GPU_METRICS_TABLE = "GPU_METRICS"  # nsys --gpu-metrics-devices: one row per (metric, sample)
+GPU_METRICS_INFO_TABLE = "TARGET_INFO_GPU_METRICS"  # the sampled metrics' names and ids
 REQUIRED_TABLES = (STRINGS_TABLE, KERNEL_TABLE, RUNTIME_TABLE)
 
 # ENUM_NSYS_EVENT_TYPE ids.
@@ -374,6 +377,45 @@ class NsysTrace:
                  LEFT JOIN temp.nvtx_range_stats AS s ON s.rid = g.rid
                  WHERE g.name = :name ORDER BY g.start, g.rid"""
         return [int(n) for (n,) in self._conn.execute(sql, {"name": stage})]
+
+    def instance_intervals(self, stage: str) -> list[list[tuple[int, int]]]:
+        """The GPU intervals ([start, end) in ns) of the kernels launched inside each instance of range `stage`, in
+        the order the instances start."""
+        self._build("ranges")
+        sql = """SELECT m.rid, m.kstart, m.kstop FROM temp.nvtx_members AS m
+                 JOIN temp.nvtx_ranges AS g ON g.rid = m.rid
+                 WHERE g.name = :name ORDER BY g.start, g.rid, m.kstart"""
+        instances: dict[int, list[tuple[int, int]]] = {}
+        for rid, start, stop in self._conn.execute(sql, {"name": stage}):
+            instances.setdefault(int(rid), []).append((int(start), int(stop)))
+        return list(instances.values())
+
+    def dram_samples(self) -> tuple[SampledRate, SampledRate] | None:
+        """Nsight Systems' sampled DRAM read and write throughput of the first GPU sampled (`--gpu-metrics-devices`),
+        or None when the trace has no such samples."""
+        if not {GPU_METRICS_TABLE, GPU_METRICS_INFO_TABLE} <= self._tables:
+            return None
+        names = (READ_METRIC, WRITE_METRIC)
+        ids = self._conn.execute(
+            f"""SELECT metricName, metricId, typeId FROM {GPU_METRICS_INFO_TABLE}
+                WHERE metricName IN (?, ?) ORDER BY typeId""",
+            names,
+        ).fetchall()
+        first: dict[str, tuple[int, int]] = {}
+        for name, metric, gpu in ids:
+            first.setdefault(name, (int(metric), int(gpu)))
+        if len(first) < len(names):
+            return None
+        rates = []
+        for name in names:
+            metric, gpu = first[name]
+            rows = self._conn.execute(
+                f"""SELECT timestamp, value FROM {GPU_METRICS_TABLE}
+                    WHERE metricId = ? AND typeId = ? ORDER BY timestamp""",
+                (metric, gpu),
+            ).fetchall()
+            rates.append(SampledRate.from_samples([r[0] for r in rows], [float(r[1]) for r in rows]))
+        return rates[0], rates[1]
 
     def kernel_count(self) -> int:
         """Kernel launches in the whole trace."""

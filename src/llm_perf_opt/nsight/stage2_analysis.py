@@ -6,7 +6,7 @@ One :class:`Stage2Analysis` per Stage 2 folder, one method per question (in the 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -15,6 +15,7 @@ import attrs
 from llm_perf_opt.hardware import peak_bandwidth, peak_compute
 from llm_perf_opt.measure.aggregate import stage_totals_ms
 from llm_perf_opt.measure.mfu import utilization
+from llm_perf_opt.nsight.gpu_metrics import merge_intervals
 from llm_perf_opt.nsight.measured_bytes import (
     InstanceCost,
     WorkloadModel,
@@ -41,6 +42,8 @@ from llm_perf_opt.records.stage2 import (
     NcuKernelRow,
     NcuStageTarget,
     NcuTargets,
+    SampledDram,
+    SampledDramRow,
     Stage2Metrics,
     StageGpuTime,
     StageRow,
@@ -397,6 +400,7 @@ class Stage2Analysis:
         device = attrs.evolve(self.trace.device(), driver=self.driver)
         compute_roofs, bandwidth_roof = self.roofs(device.name or "")
         measured, bytes_warnings = self.measured_bytes(bandwidth_roof, device.l2_cache_bytes)
+        sampled, sampled_warnings = self.sampled_dram(rows, bandwidth_roof, measured)
         workload = self.workload
         return Stage2Metrics(
             schema_version=SCHEMA_VERSION,
@@ -421,6 +425,42 @@ class Stage2Analysis:
             top_kernels_by_stage=self.top_kernels_by_stage(tuple(r.stage for r in rows)),
             analysed_stages=self.analysed_stages(rows),
             ncu_kernels=ncu_rows,
-            warnings=(*warnings, *ncu_warnings, *bytes_warnings),
+            warnings=(*warnings, *ncu_warnings, *bytes_warnings, *sampled_warnings),
             measured_bytes=measured,
+            sampled_dram=sampled,
         )
+
+    def sampled_dram(
+        self, rows: Sequence[StageRow], bandwidth: PeakFigure | None, measured: MeasuredBytes | None
+    ) -> tuple[SampledDram | None, list[str]]:
+        """DRAM bytes per instance of each stage with kernels (the whole decode aside: its steps stand for it) from
+        the trace's sampled GPU metrics, beside the bytes pass's figure of the same stage; None without samples."""
+        samples = self.trace.dram_samples()
+        if samples is None:
+            return None, []
+        if bandwidth is None:
+            return None, ["nsys sampled DRAM throughput, but this GPU has no bandwidth peak to scale it by."]
+        read, write = samples
+        ncu = {r.stage: r.measured_bytes for r in (measured.rows if measured else ())}
+        out = []
+        for row in rows:
+            if row.stage == vocab.DECODE or not row.kernels:
+                continue
+            instances = [i for i in self.trace.instance_intervals(row.stage) if i]
+            if not instances:
+                continue
+            n = len(instances)
+            seconds = [read.integral(i) for i in instances], [write.integral(i) for i in instances]
+            busy = sum(e - s for i in instances for s, e in merge_intervals(i)) / n
+            out.append(
+                SampledDramRow(
+                    stage=row.stage,
+                    instances=n,
+                    busy_ms=busy / 1e6,
+                    dram_read_bytes=sum(seconds[0]) / n * bandwidth.value,
+                    dram_write_bytes=sum(seconds[1]) / n * bandwidth.value,
+                    ncu_bytes=ncu.get(row.stage),
+                )
+            )
+        period = read.period_ns
+        return SampledDram(rows=tuple(out), period_us=None if period is None else period / 1e3, scale=bandwidth), []

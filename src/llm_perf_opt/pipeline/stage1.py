@@ -169,6 +169,12 @@ class Stage1Run:
         device = resolve_device(cfg.device)
         self.state.reused_process = start_clean(device)
         self.cpu_pin = pin(str(cfg.run.get("cpu_affinity", OFF)), device)
+        profiler_window = bool(cfg.run.get("profiler_window", False))
+        if profiler_window and device.type != "cuda":
+            raise UserError(
+                f"run.profiler_window=true opens a window for Nsight Compute and needs a CUDA device, not {device}",
+                "Run on a GPU (device=cuda), or leave run.profiler_window=false",
+            )
         self.runtime = RuntimeSettings.from_config(cfg)  # run.batch_size ≤ 0 is refused here, before any build
         self.runtime.check_device(device)
         self.settings = settings = with_runtime_warmup(resolve_settings(cfg, device), self.runtime)
@@ -196,12 +202,7 @@ class Stage1Run:
         with self.feedback.step(f"building {model.name} on {device}"):
             self.session = session = InferenceSession.load(model, device, self.runtime)
         session.keep_prefill_logits = bool(cfg.run.get("save_prefill_logits", False))
-        if cfg.run.get("profiler_window", False):
-            if device.type != "cuda":
-                raise UserError(
-                    f"run.profiler_window=true opens a window for Nsight Compute and needs a CUDA device, not {device}",
-                    "Run on a GPU (device=cuda), or leave run.profiler_window=false",
-                )
+        if profiler_window:
             session.profiler_window = ProfilerWindow(settings.max_new_tokens - 1)
         log.info("model ready in %.1f s: %s", time.perf_counter() - started, session.loaded.weights_detail)
 

@@ -190,6 +190,19 @@ class Stage2Run:
         self._stats: Future[ToolRun] | None = None  # `nsys stats`, running beside Nsight Compute
 
     @functools.cached_property
+    def gpu_metrics_hz(self) -> int | None:
+        """`pipeline.nsys.gpu_metrics_hz`: how often nsys samples the GPU's metrics (DRAM bytes per stage), or None."""
+        hz = self.cfg.pipeline.nsys.get("gpu_metrics_hz")
+        if hz is None:
+            return None
+        if isinstance(hz, bool) or not isinstance(hz, int) or not 10 <= hz <= 200_000:
+            raise UserError(
+                f"pipeline.nsys.gpu_metrics_hz={hz} is not a sampling rate nsys takes",
+                "Set a whole number of Hz from 10 to 200000 (e.g. 100000: a sample every 10 µs), or null for none",
+            )
+        return hz
+
+    @functools.cached_property
     def runtime(self) -> RuntimeSettings:
         """The profiled workload's runtime settings (`runtime.*`, `run.batch_size`), parsed once."""
         return RuntimeSettings.from_config(self.cfg)
@@ -240,6 +253,7 @@ class Stage2Run:
                 "or leave report.stage1_dir out",
             )
         _ = self.runtime  # parsed here: bad runtime.* or run.batch_size values fail before nsys, not in its child
+        _ = self.gpu_metrics_hz
         require_gpu()
         import torch
 
@@ -317,6 +331,8 @@ class Stage2Run:
             cpuctxsw=str(ncfg.cpuctxsw),
             cuda_graph_trace=ncfg.cuda_graph_trace,
             capture_range=ncfg.capture_range,
+            gpu_metrics_hz=self.gpu_metrics_hz,
+            gpu_metrics_devices=str(ncfg.get("gpu_metrics_devices") or "all"),
         )
         timeout = float(require_whole("pipeline.nsys.timeout_s", ncfg.timeout_s, 1))
         self._timed_tool("nsys_profile", argv, "nsys/profile.log", timeout, "Nsight Systems profile")

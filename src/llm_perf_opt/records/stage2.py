@@ -295,6 +295,31 @@ class MeasuredBytes:
     l2_cache_bytes: int | None = None
 
 
+@attrs.frozen(kw_only=True)
+class SampledDramRow:
+    """One stage's DRAM bytes per instance from Nsight Systems' sampled GPU metrics, over all timed passes."""
+
+    stage: str
+    instances: int
+    busy_ms: float  # per instance: the union of its kernels' GPU intervals, where the samples are integrated
+    dram_read_bytes: float  # per instance (mean)
+    dram_write_bytes: float
+    ncu_bytes: float | None = None  # the bytes pass's measured bytes of its one instance of this stage, if any
+
+    @property
+    def dram_bytes(self) -> float:
+        return self.dram_read_bytes + self.dram_write_bytes
+
+
+@attrs.frozen(kw_only=True)
+class SampledDram:
+    """DRAM bytes per stage instance from `nsys profile --gpu-metrics-devices` (no per-kernel profiling)."""
+
+    rows: tuple[SampledDramRow, ...]
+    period_us: float | None  # the median time between samples
+    scale: PeakFigure  # the DRAM bandwidth 100% of a sample stands for
+
+
 @attrs.frozen
 class ToolRunResult:
     """How long a tool run took and how it exited."""
@@ -341,6 +366,7 @@ class Stage2Metrics:
     ncu_kernels: tuple[NcuKernelRow, ...] = ()
     warnings: tuple[str, ...] = ()
     measured_bytes: MeasuredBytes | None = None  # None: no bytes pass (not asked for, or an older folder)
+    sampled_dram: SampledDram | None = None  # None: nsys sampled no GPU metrics (pipeline.nsys.gpu_metrics_hz)
     kernel_modules: KernelModules | None = None  # None: an older folder (before kernels were named by module)
 
     def stage_row(self, name: str) -> StageRow | None:

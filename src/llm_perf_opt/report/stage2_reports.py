@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from llm_perf_opt.kernel_names import kernel_label
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.modules import NOT_KNOWN
-from llm_perf_opt.records.stage2 import KernelStat, MeasuredBytes, MeasuredBytesRow, Stage2Metrics
+from llm_perf_opt.records.stage2 import KernelStat, MeasuredBytes, MeasuredBytesRow, SampledDram, Stage2Metrics
 from llm_perf_opt.records.whatif import WhatIfRecord
 from llm_perf_opt.report import stage2_plots
 from llm_perf_opt.report.markdown import Doc, link, ms, num_bytes, pct
@@ -281,7 +281,8 @@ def _measured_bytes_section(doc: Doc, mb: MeasuredBytes | None) -> None:
     bandwidth = mb.bandwidth_peak
     peak = "" if bandwidth is None else f" MBU divides by {bandwidth.value / 1e9:,.0f} GB/s ({bandwidth.source})."
     doc.para(
-        "Nsight Compute profiled every kernel of one instance of each stage (NVTX-filtered, collecting only "
+        "Nsight Compute profiled every kernel of one instance of each stage (the table's instances; each "
+        "kernel's NVTX ranges give its stages), collecting only "
         "`dram__bytes_read.sum`, `dram__bytes_write.sum` and `gpu__time_duration.sum`) "
         + _cache_text(mb.cache_control)
         + ". Profiling still serialises the kernels, and a dirty L2 line counts as written when it is evicted, "
@@ -317,6 +318,34 @@ def _measured_bytes_section(doc: Doc, mb: MeasuredBytes | None) -> None:
             if r.top_kernels and r.measured_bytes > 0
         ]
     )
+
+
+def _sampled_dram_section(doc: Doc, sampled: SampledDram | None) -> None:
+    """DRAM bytes per stage instance from nsys's sampled GPU metrics, beside the bytes pass's where both exist."""
+    if sampled is None:
+        return
+    doc.h2("DRAM bytes per stage instance from sampled GPU metrics (Nsight Systems)")
+    period = "" if sampled.period_us is None else f" every {sampled.period_us:,.1f} µs"
+    doc.para(
+        f"nsys sampled the GPU's DRAM read and write throughput{period} during its run (`--gpu-metrics-devices`, "
+        "`pipeline.nsys.gpu_metrics_hz`). Each sample is the traffic since the previous one, in % of the DRAM peak, "
+        f"taken here as {sampled.scale.value / 1e9:,.0f} GB/s ({sampled.scale.source}); an instance's bytes are the "
+        "samples integrated over its kernels' busy intervals (host gaps left out; a sample shared by a kernel and a "
+        "gap still blurs by its length), averaged over every instance of the timed passes. No kernel is profiled: "
+        "the figures come with the trace, and a kernel's own bytes are the bytes pass's."
+    )
+    header = ["stage", "instances", "busy ms per instance", "DRAM read", "DRAM write", "bytes per instance"]
+    with_ncu = any(r.ncu_bytes is not None for r in sampled.rows)
+    header += ["bytes pass (ncu)", "sampled / ncu"] if with_ncu else []
+    rows = []
+    for r in sampled.rows:
+        cells = [r.stage, str(r.instances), ms(r.busy_ms, 2)]
+        cells += [num_bytes(r.dram_read_bytes), num_bytes(r.dram_write_bytes), num_bytes(r.dram_bytes)]
+        if with_ncu:
+            ratio = f"{r.dram_bytes / r.ncu_bytes:.2f}×" if r.ncu_bytes else "n/a"
+            cells += [num_bytes(r.ncu_bytes) if r.ncu_bytes is not None else "n/a", ratio]
+        rows.append(cells)
+    doc.table(header, rows)
 
 
 def _decode_launch_bound(m: Stage2Metrics) -> bool:
@@ -425,6 +454,7 @@ def report_md(m: Stage2Metrics, files: Sequence[str]) -> str:
     header, rows = _stage_table(m)
     doc.table(header, rows)
     _measured_bytes_section(doc, m.measured_bytes)
+    _sampled_dram_section(doc, m.sampled_dram)
     doc.h2("Top kernels")
     doc.para(
         "Per stage with Nsight Compute's roofline figures, and the profiled kernels on the roofline chart: "
@@ -439,10 +469,7 @@ def report_md(m: Stage2Metrics, files: Sequence[str]) -> str:
     )
     doc.h2("Tools")
     doc.bullets([f"{k}: {v.seconds:.1f} s (exit {v.returncode})" for k, v in m.tool_runs.items() if v.seconds])
-    commands = "`nsys/cmd.txt` and `ncu/<stage>/cmd.txt`"
-    if m.measured_bytes is not None:
-        commands = "`nsys/cmd.txt`, `ncu/<stage>/cmd.txt` and the bytes passes' `ncu/bytes-<stage>/cmd.txt`"
-    doc.para(f"Commands: {commands}; raw reports and exports under `nsys/` and `ncu/`.")
+    doc.para("Commands: each tool folder's `cmd.txt` (listed below); raw reports and exports under `nsys/` and `ncu/`.")
     doc.h2("Files")
     doc.bullets([link(f, f) for f in sorted(set(files)) if f.endswith((".md", ".json", ".yaml", ".txt", ".png"))])
     return doc.text()

@@ -1,0 +1,99 @@
+"""DRAM bytes from Nsight Systems' sampled GPU metrics (nsight/gpu_metrics.py): the integral of a piecewise-constant
+rate over kernels' busy intervals, the trace's samples, and the Stage 2 rows and report section built from them."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from llm_perf_opt.nsight import commands
+from llm_perf_opt.nsight.gpu_metrics import READ_METRIC, WRITE_METRIC, SampledRate, merge_intervals
+from llm_perf_opt.nsight.nsys_trace import NsysTrace
+from llm_perf_opt.pipeline import stage2
+from llm_perf_opt.pipeline.stage2 import render
+from test_stage2_pipeline import _stage2_folder, compose_stage2, stage2_metrics
+
+PEAK = 3.35e12  # the H100's DRAM peak in gpus.yaml: 100% of a sample
+
+
+def test_the_integral_is_exact_for_a_piecewise_constant_rate() -> None:
+    # samples every 10 ns: 50% over (0, 10], 100% over (10, 20], 0% over (20, 30]
+    rate = SampledRate.from_samples([0, 10, 20, 30], [7.0, 50.0, 100.0, 0.0])
+    assert rate.period_ns == 10
+    assert rate.integral([(0, 30)]) == pytest.approx((5 + 10) * 1e-9)
+    assert rate.integral([(5, 15)]) == pytest.approx((2.5 + 5) * 1e-9)  # half of each sample
+    # overlapping kernels count their union once; gaps between them count nothing
+    assert rate.integral([(0, 10), (5, 10), (20, 30)]) == pytest.approx(5e-9)
+    assert rate.integral([(40, 50)]) == 0.0 and rate.integral([]) == 0.0
+    assert SampledRate.from_samples([], []).integral([(0, 10)]) == 0.0
+
+
+def test_merge_intervals_gives_the_union() -> None:
+    assert merge_intervals([(5, 8), (0, 3), (2, 4), (8, 9), (10, 10)]) == [(0, 4), (5, 9)]
+
+
+def _with_samples(sqlite: Path, read_pct: float, write_pct: float, period_ns: int = 10_000) -> None:
+    """Add nsys's GPU-metrics tables to an export: constant read and write throughput over the whole trace."""
+    with sqlite3.connect(sqlite) as conn:
+        start, end = conn.execute('SELECT MIN(start), MAX("end") FROM CUPTI_ACTIVITY_KIND_KERNEL').fetchone()
+        conn.execute(
+            "CREATE TABLE TARGET_INFO_GPU_METRICS (typeId INTEGER, sourceId INTEGER, typeName TEXT, "
+            "metricId INTEGER, metricName TEXT)"
+        )
+        conn.execute(
+            "CREATE TABLE GPU_METRICS (rawTimestamp INTEGER, timestamp INTEGER, typeId INTEGER, "
+            "metricId INTEGER, value INTEGER)"
+        )
+        names = [(1, 0, "GH100", 18, READ_METRIC), (1, 0, "GH100", 19, WRITE_METRIC), (1, 0, "GH100", 3, "SMs Active")]
+        conn.executemany("INSERT INTO TARGET_INFO_GPU_METRICS VALUES (?, ?, ?, ?, ?)", names)
+        times = range(start - period_ns, end + 2 * period_ns, period_ns)
+        rows = [(t, t, 1, metric, value) for t in times for metric, value in ((18, read_pct), (19, write_pct))]
+        conn.executemany("INSERT INTO GPU_METRICS VALUES (?, ?, ?, ?, ?)", rows)
+
+
+def test_stage2_reports_the_sampled_bytes_of_each_stage_instance(tmp_path: Path) -> None:
+    folder = _stage2_folder(tmp_path)
+    sqlite = folder / "nsys" / "report.sqlite"
+    assert stage2_metrics(render(folder)).sampled_dram is None  # a trace without samples: no section
+    assert "sampled GPU metrics" not in (folder / "report.md").read_text()
+    _with_samples(sqlite, read_pct=10, write_pct=4)
+    with NsysTrace(sqlite) as trace:
+        busy = {
+            stage: [sum(e - s for s, e in merge_intervals(i)) for i in trace.instance_intervals(stage)]
+            for stage in ("prefill", "decode/step")
+        }
+    metrics = stage2_metrics(render(folder))
+    sampled = metrics.sampled_dram
+    assert sampled is not None and sampled.period_us == pytest.approx(10.0) and sampled.scale.value == PEAK
+    rows = {r.stage: r for r in sampled.rows}
+    assert "decode" not in rows  # its steps stand for it
+    for stage, per_instance in busy.items():
+        row = rows[stage]
+        mean_s = sum(per_instance) / len(per_instance) * 1e-9
+        assert row.instances == len(per_instance) and row.busy_ms == pytest.approx(mean_s * 1e3)
+        assert row.dram_read_bytes == pytest.approx(0.10 * mean_s * PEAK, rel=1e-6)
+        assert row.dram_write_bytes == pytest.approx(0.04 * mean_s * PEAK, rel=1e-6)
+    assert set(rows) >= {"prefill", "vision/sam", "decode/step"}
+    report = (folder / "report.md").read_text()
+    assert "## DRAM bytes per stage instance from sampled GPU metrics (Nsight Systems)" in report
+    assert "every 10.0 µs" in report and "3,350 GB/s" in report
+
+
+def test_gpu_metrics_sampling_on_the_nsys_command_line() -> None:
+    argv = commands.nsys_profile_argv(Path("nsys"), Path("out"), ["w"], gpu_metrics_hz=100_000)
+    assert "--gpu-metrics-devices=all" in argv and "--gpu-metrics-frequency=100000" in argv
+    assert not any(a.startswith("--gpu-metrics") for a in commands.nsys_profile_argv(Path("nsys"), Path("o"), ["w"]))
+    with pytest.raises(ValueError, match="gpu_metrics_hz"):
+        commands.nsys_profile_argv(Path("nsys"), Path("out"), ["w"], gpu_metrics_hz=5)
+
+
+@pytest.mark.parametrize("value", ["5", "true", "'fast'", "300000"])
+def test_a_bad_sampling_rate_is_refused_before_nsys(value: str, tmp_path: Path) -> None:
+    from llm_perf_opt.errors import UserError
+
+    run = stage2.Stage2Run(compose_stage2(f"pipeline.nsys.gpu_metrics_hz={value}"), tmp_path, "x", [])
+    with pytest.raises(UserError, match=r"pipeline\.nsys\.gpu_metrics_hz"):
+        _ = run.gpu_metrics_hz
+    assert stage2.Stage2Run(compose_stage2("pipeline.nsys.gpu_metrics_hz=100000"), tmp_path, "x", []).gpu_metrics_hz

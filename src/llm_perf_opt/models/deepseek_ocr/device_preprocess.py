@@ -12,6 +12,8 @@ The pixels match PIL's within :data:`PIXEL_TOLERANCE` (PIL resamples with fixed-
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import attrs
 import numpy as np
 import torch
@@ -161,15 +163,20 @@ def _levels(values: torch.Tensor) -> torch.Tensor:
 def compare_views(reference: Views, candidate: Views) -> ViewDifference:
     """`candidate` (the device path's views) against `reference` (PIL's) in uint8 levels: the largest difference
     and the share of values more than one level apart. Views of other shapes or grids raise ValueError."""
-    pairs = [(reference.global_view, candidate.global_view)]
-    if reference.tiles is not None or candidate.tiles is not None:
-        if reference.tiles is None or candidate.tiles is None:
-            raise ValueError("one side has tiles and the other has none")
-        pairs.append((reference.tiles, candidate.tiles))
     if reference.grid != candidate.grid:
         raise ValueError(f"crop grids differ: {reference.grid} vs {candidate.grid}")
+    return view_difference([(reference.global_view, candidate.global_view), (reference.tiles, candidate.tiles)])
+
+
+def view_difference(pairs: Sequence[tuple[torch.Tensor | None, torch.Tensor | None]]) -> ViewDifference:
+    """(reference, candidate) view tensors (normalised, mean = std = 0.5) compared in uint8 levels; a pair of two
+    Nones is skipped, one None or other shapes raise ValueError."""
     largest, beyond, values = 0, 0, 0
     for ref, cand in pairs:
+        if ref is None and cand is None:
+            continue
+        if ref is None or cand is None:
+            raise ValueError("one side has tiles and the other has none")
         if ref.shape != cand.shape:
             raise ValueError(f"view shapes differ: {tuple(ref.shape)} vs {tuple(cand.shape)}")
         diff = (_levels(ref) - _levels(cand)).abs()

@@ -30,6 +30,7 @@ from llm_perf_opt.models.deepseek_ocr.preprocess import Mode, Views, image_token
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.stage1 import ModelFamily
 from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, PreparedInputs, PromptIds, load_tokenizer
+from llm_perf_opt.session.adapters.preprocess_device import preprocess_device, preprocess_target
 from llm_perf_opt.session.model_settings import ModelSettings
 
 
@@ -88,9 +89,6 @@ class VendorModel(nn.Module):
         return causal_lm_output(logits, output_cache(out))
 
 
-PREPROCESS_DEVICES = ("cpu", "cuda")
-
-
 @attrs.frozen
 class V1Preprocess:
     """`model.preprocess` of v1: how many tiles a Gundam crop grid may have, and where the pixels are processed
@@ -103,14 +101,9 @@ class V1Preprocess:
 
     @classmethod
     def from_table(cls, table: Mapping[str, Any]) -> V1Preprocess:
-        device = str(table.get("device") or "cpu").strip().lower()
-        if device not in PREPROCESS_DEVICES:
-            raise UserError(
-                f"model.preprocess.device={table.get('device')} is not a place to preprocess pages",
-                "Use model.preprocess.device=cpu (PIL on the host, the default) or cuda (resize, pad, tile and "
-                "normalise on the model's GPU)",
-            )
-        return cls(min_tiles=int(table["min_tiles"]), max_tiles=int(table["max_tiles"]), device=device)
+        return cls(
+            min_tiles=int(table["min_tiles"]), max_tiles=int(table["max_tiles"]), device=preprocess_device(table)
+        )
 
 
 class DeepseekOcrAdapter(ModelAdapter):
@@ -142,16 +135,7 @@ class DeepseekOcrAdapter(ModelAdapter):
         self.preprocess_target: tuple[torch.device, torch.dtype] | None = None
 
     def bind_device(self, device: torch.device, dtype: torch.dtype) -> None:
-        if self.preprocess.device == "cpu":
-            self.preprocess_target = None
-            return
-        if device.type != "cuda":
-            raise UserError(
-                f"model.preprocess.device=cuda preprocesses pages on the model's GPU, but this run's device is "
-                f"{device}",
-                "Run on a GPU (device=cuda), or leave model.preprocess.device=cpu",
-            )
-        self.preprocess_target = (device, dtype)
+        self.preprocess_target = preprocess_target(self.preprocess.device, device, dtype)
 
     def _config(self) -> DeepseekOcrConfig:
         return DeepseekOcrConfig.from_architecture(

@@ -15,9 +15,11 @@ from transformers import DeepseekOcr2Config, DeepseekOcr2ForConditionalGeneratio
 from transformers.models.deepseek_ocr2.image_processing_pil_deepseek_ocr2 import DeepseekOcr2ImageProcessorPil
 
 from llm_perf_opt.errors import UserError
+from llm_perf_opt.models.deepseek_ocr2_views import ocr2_views
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.stage1 import ModelFamily
 from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, PreparedInputs, PromptIds, load_tokenizer
+from llm_perf_opt.session.adapters.preprocess_device import Target, preprocess_device, preprocess_target
 from llm_perf_opt.session.model_settings import ModelSettings
 
 # The model class hard-codes two learned query banks (DeepseekOcr2VisionModel): 144 queries for views whose
@@ -36,13 +38,16 @@ def view_tokens(side_px: int) -> int:
 
 @attrs.frozen
 class Ocr2Preprocess:
-    """`model.preprocess` of DeepSeek-OCR-2: the global view's side, the tiles' side and how many tiles."""
+    """`model.preprocess` of DeepSeek-OCR-2: the global view's side, the tiles' side, how many tiles, and where the
+    pixels are processed (`cpu`: transformers' PIL image processor; `cuda`: the same views with torch ops on the
+    model's GPU, within the stated pixel tolerance: models/deepseek_ocr2_views.py)."""
 
     global_size: int
     tile_size: int
     crop_to_patches: bool
     min_tiles: int
     max_tiles: int
+    device: str = "cpu"
 
     @classmethod
     def from_table(cls, table: Mapping[str, Any]) -> Ocr2Preprocess:
@@ -52,6 +57,7 @@ class Ocr2Preprocess:
             crop_to_patches=bool(table["crop_to_patches"]),
             min_tiles=int(table["min_tiles"]),
             max_tiles=int(table["max_tiles"]),
+            device=preprocess_device(table),
         )
 
 
@@ -80,6 +86,11 @@ class DeepseekOcr2Adapter(ModelAdapter):
         super().__init__(settings)
         self.preprocess = Ocr2Preprocess.from_table(settings.preprocess)
         self.ids = PromptIds.of(settings.architecture)
+        # Where `prepare` makes the views with model.preprocess.device=cuda; None: the PIL processor on the host.
+        self.preprocess_target: Target | None = None
+
+    def bind_device(self, device: torch.device, dtype: torch.dtype) -> None:
+        self.preprocess_target = preprocess_target(self.preprocess.device, device, dtype)
 
     def build_random(self, *, device: torch.device, dtype: torch.dtype) -> LoadedModel:
         config = DeepseekOcr2Config(**copy.deepcopy(dict(self.settings.architecture)))
@@ -139,11 +150,30 @@ class DeepseekOcr2Adapter(ModelAdapter):
             max_patches=pre.max_tiles,
         )
 
+    def views(self, image: Image.Image) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The page's global view and tiles (or None): transformers' PIL processor on the host, or torch ops on the
+        bound device (`model.preprocess.device`)."""
+        rgb = image.convert("RGB")
+        if self.preprocess_target is None:
+            processed = self.image_processor()(rgb, return_tensors="pt")
+            return processed["pixel_values"], processed.get("pixel_values_local")
+        device, dtype = self.preprocess_target
+        pre = self.preprocess
+        made = ocr2_views(
+            rgb,
+            global_size=pre.global_size,
+            tile_size=pre.tile_size,
+            crop_to_patches=pre.crop_to_patches,
+            min_tiles=pre.min_tiles,
+            max_tiles=pre.max_tiles,
+            device=device,
+            dtype=dtype,
+        )
+        return made.global_view, made.tiles
+
     def prepare(self, image: Image.Image, tokenizer: Any | None) -> PreparedInputs:
-        processed = self.image_processor()(image.convert("RGB"), return_tensors="pt")
-        pixel_values: torch.Tensor = processed["pixel_values"]
-        local: torch.Tensor | None = processed.get("pixel_values_local")
-        tiles = int(processed["num_local_patches"][0])
+        pixel_values, local = self.views(image)
+        tiles = 0 if local is None else int(local.shape[0])
         views = [("global", int(pixel_values.shape[-2]), int(pixel_values.shape[-1]))]
         views += [("tile", int(local.shape[-2]), int(local.shape[-1]))] * tiles if local is not None else []
         image_tokens = sum(view_tokens(h) for _, h, _ in views) + 1  # + the view separator

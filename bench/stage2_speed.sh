@@ -5,10 +5,13 @@
 # same machine, one after the other. Results: docs/benchmarks.md.
 #   bash bench/stage2_speed.sh /tmp/s2speed                      # this checkout
 #   bash bench/stage2_speed.sh /tmp/s2speed /tmp/old/src         # that tree first ("before"), then this checkout
+#   bash bench/stage2_speed.sh /tmp/s2speed "" pipeline.nsys.gpu_metrics_hz=100000   # more overrides, both runs
 # On the project's GPU machines (no console scripts installed) run it after `source .gpu/setup.sh`.
 set -euo pipefail
 out="${1:-tmp/stage2-speed}"
 before_src="${2:-}"
+shift $(( $# < 2 ? $# : 2 ))
+extra=("$@")
 page='dataset.subset_filelist=${llo_samples_dir:}/lists/a4_page.txt'
 device=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
 mkdir -p "$out"
@@ -16,7 +19,7 @@ mkdir -p "$out"
 run() {  # run <label> [PYTHONPATH prefix]
   local label="$1" prefix="${2:-}" start elapsed
   start=$(date +%s.%N)
-  PYTHONPATH="${prefix:+$prefix:}${PYTHONPATH:-}" python3 -m llm_perf_opt.cli.stage2 "$page" \
+  PYTHONPATH="${prefix:+$prefix:}${PYTHONPATH:-}" python3 -m llm_perf_opt.cli.stage2 "$page" "${extra[@]}" \
     "hydra.run.dir=$out/$label" >"$out/$label.log" 2>&1 || echo "$label: exit $? (see $out/$label.log)"
   elapsed=$(python3 -c "print(f'{$(date +%s.%N) - $start:.1f}')")
   echo "$label: $elapsed s end to end ($(date -u +%F), ${device:-no GPU})" | tee -a "$out/times.txt"

@@ -197,8 +197,8 @@ def test_validation_refuses_what_stage1_would_refuse() -> None:
     [
         (("model=hf", "model.config=qwen2_tiny"), "decode", set()),
         (("model=deepseek_ocr2_tiny",), "decode", set()),
-        # OCR-2 has no v1 modes and no v1 preprocessing device
-        (("model=deepseek_ocr2_tiny",), "vision", {"base_mode", "gpu_preprocess"}),
+        # OCR-2 has no v1 modes; it preprocesses on the GPU too (models/deepseek_ocr2_views.py)
+        (("model=deepseek_ocr2_tiny",), "vision", {"base_mode"}),
         (("model=deepseek_ocr_tiny",), "vision", set()),
     ],
 )

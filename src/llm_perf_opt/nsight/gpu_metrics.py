@@ -46,7 +46,7 @@ class SampledRate:
         return float(np.median(np.diff(self.times_ns))) if self.times_ns.size > 1 else None
 
     def integral(self, intervals: Sequence[tuple[int, int]]) -> float:
-        """Seconds at 100% over the union of `intervals` ([start, end) in ns, sorted by start, may overlap)."""
+        """Seconds at 100% over the union of `intervals` ([start, end) in ns, in any order, may overlap)."""
         if self.times_ns.size < 2:
             return 0.0
         merged = merge_intervals(intervals)

@@ -446,12 +446,12 @@ class Stage2Analysis:
         for row in rows:
             if row.stage == vocab.DECODE or not row.kernels:
                 continue
-            instances = [i for i in self.trace.instance_intervals(row.stage) if i]
-            if not instances:
+            busy_intervals = [merge_intervals(i) for i in self.trace.instance_intervals(row.stage) if i]
+            if not busy_intervals:
                 continue
-            n = len(instances)
-            seconds = [read.integral(i) for i in instances], [write.integral(i) for i in instances]
-            busy = sum(e - s for i in instances for s, e in merge_intervals(i)) / n
+            n = len(busy_intervals)
+            seconds = [read.integral(b) for b in busy_intervals], [write.integral(b) for b in busy_intervals]
+            busy = sum(e - s for b in busy_intervals for s, e in b) / n
             out.append(
                 SampledDramRow(
                     stage=row.stage,

@@ -20,8 +20,7 @@ import torch
 from PIL import Image
 from transformers.models.deepseek_ocr2.image_processing_pil_deepseek_ocr2 import get_optimal_tiled_canvas
 
-from llm_perf_opt.models.deepseek_ocr.device_preprocess import normalise, page_tensor, resize, tile_views
-from llm_perf_opt.models.deepseek_ocr.preprocess import PAD_COLOUR
+from llm_perf_opt.models.deepseek_ocr.device_preprocess import normalise, on_grey, page_tensor, resize, tile_views
 
 
 @attrs.frozen
@@ -57,14 +56,7 @@ def ocr2_views(
     side = global_size if crop_to_patches else tile_size
     scale = side / max(width, height)
     fit_width, fit_height = round(width * scale), round(height * scale)
-    fitted = resize(pixels, fit_width, fit_height)
     square = max(fit_width, fit_height)
-    colour = torch.tensor(PAD_COLOUR, dtype=pixels.dtype, device=pixels.device)
-    canvas = colour[:, None, None].expand(3, square, square).clone()
-    if fit_width > fit_height:
-        top = (square - fit_height) // 2
-        canvas[:, top : top + fit_height, :] = fitted
-    else:
-        left = (square - fit_width) // 2
-        canvas[:, :, left : left + fit_width] = fitted
+    left, top = (0, (square - fit_height) // 2) if fit_width > fit_height else ((square - fit_width) // 2, 0)
+    canvas = on_grey(resize(pixels, fit_width, fit_height), square, left, top)
     return Ocr2Views(global_view=normalise(canvas, dtype)[None], tiles=tiles)

@@ -116,12 +116,18 @@ def padded_view(pixels: torch.Tensor, side: int) -> torch.Tensor:
     fit_width, fit_height = contain_size(width, height, side)
     if (fit_width, fit_height) == (side, side):
         return resize(pixels, side, side)
+    if min(fit_width, fit_height) == 0:
+        return on_grey(pixels[:, :0, :0], side, 0, 0)  # PIL pastes an empty image
+    left, top = round((side - fit_width) * 0.5), round((side - fit_height) * 0.5)
+    return on_grey(resize(pixels, fit_width, fit_height), side, left, top)
+
+
+def on_grey(pixels: torch.Tensor, side: int, left: int, top: int) -> torch.Tensor:
+    """(3, h, w) levels pasted at (left, top) on a side x side square of the padding grey (levels)."""
     colour = torch.tensor(PAD_COLOUR, dtype=pixels.dtype, device=pixels.device)
     canvas = colour[:, None, None].expand(3, side, side).clone()
-    if min(fit_width, fit_height) == 0:
-        return canvas  # PIL pastes an empty image
-    left, top = round((side - fit_width) * 0.5), round((side - fit_height) * 0.5)
-    canvas[:, top : top + fit_height, left : left + fit_width] = resize(pixels, fit_width, fit_height)
+    height, width = pixels.shape[-2:]
+    canvas[:, top : top + height, left : left + width] = pixels
     return canvas
 
 

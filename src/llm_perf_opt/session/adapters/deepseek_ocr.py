@@ -30,7 +30,7 @@ from llm_perf_opt.models.deepseek_ocr.preprocess import Mode, Views, image_token
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.stage1 import ModelFamily
 from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, PreparedInputs, PromptIds, load_tokenizer
-from llm_perf_opt.session.adapters.preprocess_device import preprocess_device, preprocess_target
+from llm_perf_opt.session.adapters.preprocess_device import Target, preprocess_device, preprocess_target
 from llm_perf_opt.session.model_settings import ModelSettings
 
 
@@ -132,7 +132,7 @@ class DeepseekOcrAdapter(ModelAdapter):
         self.preprocess = V1Preprocess.from_table(settings.preprocess)
         self.ids = PromptIds.of(settings.architecture)
         # Where `prepare` makes the views (device, dtype) with model.preprocess.device=cuda; None: PIL on the host.
-        self.preprocess_target: tuple[torch.device, torch.dtype] | None = None
+        self.preprocess_target: Target | None = None
 
     def bind_device(self, device: torch.device, dtype: torch.dtype) -> None:
         self.preprocess_target = preprocess_target(self.preprocess.device, device, dtype)

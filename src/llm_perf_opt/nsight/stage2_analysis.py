@@ -25,7 +25,7 @@ from llm_perf_opt.nsight.measured_bytes import (
     reprices,
     window_warnings,
 )
-from llm_perf_opt.nsight.ncu_bytes import bytes_by_range, read_launch_bytes
+from llm_perf_opt.nsight.ncu_bytes import LaunchBytes, bytes_by_range, read_launch_bytes
 from llm_perf_opt.nsight.ncu_report import function_name, read_ncu_raw_csv
 from llm_perf_opt.nsight.nsys_trace import NsysTrace
 from llm_perf_opt.records import vocabulary as vocab
@@ -352,13 +352,16 @@ class Stage2Analysis:
         ridge = compute.value / bandwidth.value if compute and bandwidth else None
         rows: list[MeasuredBytesRow] = []
         warnings: list[str] = []
+        exports: dict[Path, list[LaunchBytes]] = {}  # the profiler window's one export serves every pass: read once
         for bytes_pass in passes:
             raw = self.run_dir / bytes_pass.folder / "raw.csv"
             if bytes_pass.note or not raw.is_file():
                 why = bytes_pass.note or f"{bytes_pass.folder}/raw.csv is missing"
                 warnings.append(f"No measured bytes for {bytes_pass.instance}: {why}.")
                 continue
-            launches = read_launch_bytes(raw)
+            if raw not in exports:
+                exports[raw] = read_launch_bytes(raw)
+            launches = exports[raw]
             if bytes_pass.profiler_window:  # one export for every stage: this pass's launches are inside its range
                 launches = [x for x in launches if bytes_pass.stage in x.ranges]
             if not launches:

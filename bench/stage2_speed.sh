@@ -6,6 +6,7 @@
 #   bash bench/stage2_speed.sh /tmp/s2speed                      # this checkout
 #   bash bench/stage2_speed.sh /tmp/s2speed /tmp/old/src         # that tree first ("before"), then this checkout
 #   bash bench/stage2_speed.sh /tmp/s2speed "" pipeline.nsys.gpu_metrics_hz=100000   # more overrides, both runs
+#   RUNS=before bash bench/stage2_speed.sh /tmp/s2speed /tmp/old/src   # one of the two (each may take minutes)
 # On the project's GPU machines (no console scripts installed) run it after `source .gpu/setup.sh`.
 set -euo pipefail
 out="${1:-tmp/stage2-speed}"
@@ -30,7 +31,10 @@ print("  " + ", ".join(f"{k} {v['seconds']:.1f} s" for k, v in runs.items()))
 PY
 }
 
-if [ -n "$before_src" ]; then
+runs="${RUNS:-before after}"
+if [ -n "$before_src" ] && [[ " $runs " == *" before "* ]]; then
   run before "$before_src"
 fi
-run after
+if [[ " $runs " == *" after "* ]]; then
+  run after
+fi

@@ -30,12 +30,27 @@ def test_the_integral_is_exact_for_a_piecewise_constant_rate() -> None:
     assert SampledRate.from_samples([], []).integral([(0, 10)]) == 0.0
 
 
+def test_an_interval_over_dropped_samples_is_not_covered() -> None:
+    # every 10 ns up to 30, then nothing until 100 (samples dropped), then every 10 ns again
+    rate = SampledRate.from_samples([0, 10, 20, 30, 100, 110, 120], [0.0] + [50.0] * 6)
+    assert rate.period_ns == 10 and rate.dropped_ns == 70 and rate.span_ns == 120
+    assert rate.covers([(1, 30)]) and rate.covers([(101, 120)]) and rate.covers([(5, 8), (102, 108)])
+    assert not rate.covers([(25, 35)])  # runs into the gap
+    assert not rate.covers([(5, 8), (40, 50)])  # one of its kernels lies in the gap
+    assert not rate.covers([(115, 130)]) and not rate.covers([(-5, 5)])  # outside the sampled span
+    assert not SampledRate.from_samples([0], [1.0]).covers([(0, 0)])
+    assert SampledRate.from_samples([0, 10, 20], [1.0, 1.0, 1.0]).dropped_ns == 0
+
+
 def test_merge_intervals_gives_the_union() -> None:
     assert merge_intervals([(5, 8), (0, 3), (2, 4), (8, 9), (10, 10)]) == [(0, 4), (5, 9)]
 
 
-def _with_samples(sqlite: Path, read_pct: float, write_pct: float, period_ns: int = 10_000) -> None:
-    """Add nsys's GPU-metrics tables to an export: constant read and write throughput over the whole trace."""
+def _with_samples(
+    sqlite: Path, read_pct: float, write_pct: float, period_ns: int = 10_000, drop: tuple[int, int] | None = None
+) -> None:
+    """Add nsys's GPU-metrics tables to an export: constant read and write throughput over the whole trace, with
+    no sample inside `drop` ([start, end) in ns), where nsys lost them."""
     with sqlite3.connect(sqlite) as conn:
         start, end = conn.execute('SELECT MIN(start), MAX("end") FROM CUPTI_ACTIVITY_KIND_KERNEL').fetchone()
         conn.execute(
@@ -48,7 +63,11 @@ def _with_samples(sqlite: Path, read_pct: float, write_pct: float, period_ns: in
         )
         names = [(1, 0, "GH100", 18, READ_METRIC), (1, 0, "GH100", 19, WRITE_METRIC), (1, 0, "GH100", 3, "SMs Active")]
         conn.executemany("INSERT INTO TARGET_INFO_GPU_METRICS VALUES (?, ?, ?, ?, ?)", names)
-        times = range(start - period_ns, end + 2 * period_ns, period_ns)
+        times = [
+            t
+            for t in range(start - period_ns, end + 2 * period_ns, period_ns)
+            if not drop or not drop[0] <= t < drop[1]
+        ]
         rows = [(t, t, 1, metric, value) for t in times for metric, value in ((18, read_pct), (19, write_pct))]
         conn.executemany("INSERT INTO GPU_METRICS VALUES (?, ?, ?, ?, ?)", rows)
 
@@ -97,3 +116,22 @@ def test_a_bad_sampling_rate_is_refused_before_nsys(value: str, tmp_path: Path) 
     with pytest.raises(UserError, match=r"pipeline\.nsys\.gpu_metrics_hz"):
         _ = run.gpu_metrics_hz
     assert stage2.Stage2Run(compose_stage2("pipeline.nsys.gpu_metrics_hz=100000"), tmp_path, "x", []).gpu_metrics_hz
+
+
+def test_instances_under_dropped_samples_are_left_out(tmp_path: Path) -> None:
+    folder = _stage2_folder(tmp_path)
+    sqlite = folder / "nsys" / "report.sqlite"
+    with NsysTrace(sqlite) as trace:
+        steps = trace.instance_intervals("decode/step")
+        prefills = trace.instance_intervals("prefill")
+    first_step = merge_intervals(steps[0])
+    _with_samples(sqlite, read_pct=10, write_pct=4, drop=(first_step[0][0] - 5_000, first_step[-1][1] + 5_000))
+    metrics = stage2_metrics(render(folder))
+    assert metrics.sampled_dram is not None
+    rows = {r.stage: r for r in metrics.sampled_dram.rows}
+    assert rows["decode/step"].left_out == 1 and rows["decode/step"].instances == len(steps) - 1
+    assert rows["prefill"].left_out == 0 and rows["prefill"].instances == len(prefills)
+    assert metrics.sampled_dram.dropped_s is not None and metrics.sampled_dram.dropped_s > 0
+    report = (folder / "report.md").read_text()
+    assert f"|decode/step|{len(steps) - 1} of {len(steps)}|" in report
+    assert "an instance whose kernels touch a gap is left out" in report

@@ -324,6 +324,21 @@ def test_recommendations_gpu_decode_bound(gpu_decode_bound) -> None:
     assert "Run-to-run variation" not in text  # identical repeats
 
 
+@pytest.mark.parametrize(
+    ("device", "expected"),
+    [
+        (None, "(20.0 ms on the CPU): overlap it"),  # an adapter with no choice of where to preprocess
+        ("cpu", "(20.0 ms on the CPU): model.preprocess.device=cuda makes the views on the GPU; else overlap it"),
+        ("cuda", "(20.0 ms on the GPU): overlap it"),
+    ],
+)
+def test_preprocess_advice_names_where_the_views_were_made(gpu_decode_bound, device, expected) -> None:
+    preprocess = {} if device is None else {"device": device}
+    metrics = attrs.evolve(gpu_decode_bound, model=attrs.evolve(gpu_decode_bound.model, preprocess=preprocess))
+    advice = next(r for r in recommendations(metrics) if r.startswith("Preprocessing is 17% of time to first token"))
+    assert expected in advice
+
+
 def test_recommendations_eager_experts_and_noise() -> None:
     prefill = (100.0, 140.0, 70.0)
     records = [_record(20.0, (30.0, 9.0, 1.0), p, [20.0] * 31, repeat=r) for r, p in enumerate(prefill)]

@@ -182,7 +182,7 @@ def test_bytes_pass_with_a_stand_in_ncu(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setattr(stage2, "run_tool", stand_in_ncu())
     folder = _stage2_folder(tmp_path)
     (folder / TARGETS_FILE).unlink()
-    cfg = compose_stage2()
+    cfg = compose_stage2("pipeline.ncu.bytes_pass=true")  # light mode runs none of its own
     run = stage2.Stage2Run(cfg, folder, run_id="fixture", task_overrides=["model=deepseek_ocr2_tiny"])
     run._run_ncu(NCU, cfg.stage2.modes.light)
     targets = load_ncu_targets(folder)
@@ -244,10 +244,31 @@ def test_a_failed_bytes_pass_is_recorded_and_the_capture_goes_on(
     assert "The bytes pass gave no figures" in (folder / "report.md").read_text()
 
 
-def test_bytes_pass_off_runs_no_bytes_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ((), False),  # light: nsys and the targeted kernels only
+        (("stage2.mode=deep",), True),
+        (("pipeline.ncu.bytes_pass=true",), True),
+        (("stage2.mode=deep", "pipeline.ncu.bytes_pass=false"), False),
+    ],
+)
+def test_the_mode_chooses_the_bytes_pass_unless_set(overrides: tuple[str, ...], expected: bool, tmp_path: Path) -> None:
+    assert stage2.Stage2Run(compose_stage2(*overrides), tmp_path, "x", []).bytes_pass is expected
+
+
+def test_a_bad_bytes_pass_setting_is_refused(tmp_path: Path) -> None:
+    from llm_perf_opt.errors import UserError
+
+    run = stage2.Stage2Run(compose_stage2("pipeline.ncu.bytes_pass=sometimes"), tmp_path, "x", [])
+    with pytest.raises(UserError, match=r"pipeline\.ncu\.bytes_pass=sometimes is not true or false"):
+        _ = run.bytes_pass
+
+
+def test_light_mode_runs_no_bytes_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(stage2, "run_tool", stand_in_ncu())
     folder = _stage2_folder(tmp_path)
-    cfg = compose_stage2("pipeline.ncu.bytes_pass=false")
+    cfg = compose_stage2()
     run = stage2.Stage2Run(cfg, folder, run_id="fixture", task_overrides=[])
     run._run_ncu(NCU, cfg.stage2.modes.light)
     targets = load_ncu_targets(folder)

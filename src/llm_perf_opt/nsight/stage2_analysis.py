@@ -403,7 +403,7 @@ class Stage2Analysis:
         device = attrs.evolve(self.trace.device(), driver=self.driver)
         compute_roofs, bandwidth_roof = self.roofs(device.name or "")
         measured, bytes_warnings = self.measured_bytes(bandwidth_roof, device.l2_cache_bytes)
-        sampled, sampled_warnings = self.sampled_dram(rows, bandwidth_roof, measured)
+        sampled, sampled_warnings = self.sampled_dram(rows, device.name or "", measured)
         workload = self.workload
         return Stage2Metrics(
             schema_version=SCHEMA_VERSION,
@@ -434,27 +434,39 @@ class Stage2Analysis:
         )
 
     def sampled_dram(
-        self, rows: Sequence[StageRow], bandwidth: PeakFigure | None, measured: MeasuredBytes | None
+        self, rows: Sequence[StageRow], device_name: str, measured: MeasuredBytes | None
     ) -> tuple[SampledDram | None, list[str]]:
         """DRAM bytes per instance of each stage with kernels (the whole decode aside: its steps stand for it) from
-        the trace's sampled GPU metrics, beside the bytes pass's figure of the same stage; None without samples."""
+        the trace's sampled GPU metrics, beside the bytes pass's figure of the same stage; None without samples.
+        Only instances with no dropped sample under their kernels count. The samples are % of the GPU's datasheet
+        DRAM peak (checked against kernels of known traffic, bench/nsys_dram_scale.py), whatever MBU divides by."""
         samples = self.trace.dram_samples()
         if samples is None:
             return None, []
+        bandwidth = peak_bandwidth(device_name)
         if bandwidth is None:
-            return None, ["nsys sampled DRAM throughput, but this GPU has no bandwidth peak to scale it by."]
+            return None, [
+                f"nsys sampled DRAM throughput, but {device_name or 'this GPU'} has no datasheet DRAM peak "
+                "to scale it by."
+            ]
         read, write = samples
         ncu = {r.stage: r.measured_bytes for r in (measured.rows if measured else ())}
-        out = []
+        out, warnings = [], []
         for row in rows:
             if row.stage == vocab.DECODE or not row.kernels:
                 continue
-            busy_intervals = [merge_intervals(i) for i in self.trace.instance_intervals(row.stage) if i]
-            if not busy_intervals:
+            instances = [merge_intervals(i) for i in self.trace.instance_intervals(row.stage) if i]
+            covered = [b for b in instances if read.covers(b) and write.covers(b)]
+            if not covered:
+                if instances:
+                    warnings.append(
+                        f"nsys dropped the DRAM samples under every instance of {row.stage} "
+                        f"({len(instances)}): no sampled bytes for it."
+                    )
                 continue
-            n = len(busy_intervals)
-            seconds = [read.integral(b) for b in busy_intervals], [write.integral(b) for b in busy_intervals]
-            busy = sum(e - s for b in busy_intervals for s, e in b) / n
+            n = len(covered)
+            seconds = [read.integral(b) for b in covered], [write.integral(b) for b in covered]
+            busy = sum(e - s for b in covered for s, e in b) / n
             out.append(
                 SampledDramRow(
                     stage=row.stage,
@@ -463,7 +475,15 @@ class Stage2Analysis:
                     dram_read_bytes=sum(seconds[0]) / n * bandwidth.value,
                     dram_write_bytes=sum(seconds[1]) / n * bandwidth.value,
                     ncu_bytes=ncu.get(row.stage),
+                    left_out=len(instances) - n,
                 )
             )
         period = read.period_ns
-        return SampledDram(rows=tuple(out), period_us=None if period is None else period / 1e3, scale=bandwidth), []
+        sampled = SampledDram(
+            rows=tuple(out),
+            period_us=None if period is None else period / 1e3,
+            scale=bandwidth,
+            span_s=read.span_ns / 1e9,
+            dropped_s=read.dropped_ns / 1e9,
+        )
+        return sampled, warnings

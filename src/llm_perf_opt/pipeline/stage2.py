@@ -203,6 +203,22 @@ class Stage2Run:
         return hz
 
     @functools.cached_property
+    def bytes_pass(self) -> bool:
+        """Whether Nsight Compute's bytes pass runs: `pipeline.ncu.bytes_pass`, or when null the mode's `bytes_pass`
+        (deep: yes, light: no)."""
+        setting = self.cfg.pipeline.ncu.get("bytes_pass")
+        key = "pipeline.ncu.bytes_pass"
+        if setting is None:
+            setting, key = _mode(self.cfg).get("bytes_pass", False), f"stage2.modes.{self.cfg.stage2.mode}.bytes_pass"
+        if not isinstance(setting, bool):
+            raise UserError(
+                f"{key}={setting} is not true or false",
+                "Set pipeline.ncu.bytes_pass=true (measure every kernel's DRAM bytes), false, or null (the mode's "
+                "choice: deep measures them, light does not)",
+            )
+        return setting
+
+    @functools.cached_property
     def runtime(self) -> RuntimeSettings:
         """The profiled workload's runtime settings (`runtime.*`, `run.batch_size`), parsed once."""
         return RuntimeSettings.from_config(self.cfg)
@@ -254,6 +270,7 @@ class Stage2Run:
             )
         _ = self.runtime  # parsed here: bad runtime.* or run.batch_size values fail before nsys, not in its child
         _ = self.gpu_metrics_hz
+        _ = self.bytes_pass
         require_gpu()
         import torch
 
@@ -401,7 +418,7 @@ class Stage2Run:
         self.art.write_json(TARGETS_FILE, targets)
         targets = self._ncu_targets_pass(ncu, mode, targets)
         self.art.write_json(TARGETS_FILE, targets)
-        if self.cfg.pipeline.ncu.get("bytes_pass", False):
+        if self.bytes_pass:
             targets = attrs.evolve(targets, bytes_passes=self._ncu_bytes_pass(ncu, [str(s) for s in mode.stages]))
             self.art.write_json(TARGETS_FILE, targets)
 

@@ -300,11 +300,12 @@ class SampledDramRow:
     """One stage's DRAM bytes per instance from Nsight Systems' sampled GPU metrics, over all timed passes."""
 
     stage: str
-    instances: int
+    instances: int  # the instances measured: those whose kernels lie where no sample went missing
     busy_ms: float  # per instance: the union of its kernels' GPU intervals, where the samples are integrated
     dram_read_bytes: float  # per instance (mean)
     dram_write_bytes: float
     ncu_bytes: float | None = None  # the bytes pass's measured bytes of its one instance of this stage, if any
+    left_out: int = 0  # instances whose kernels touched a gap in the samples (or lay outside them): not measured
 
     @property
     def dram_bytes(self) -> float:
@@ -318,6 +319,8 @@ class SampledDram:
     rows: tuple[SampledDramRow, ...]
     period_us: float | None  # the median time between samples
     scale: PeakFigure  # the DRAM bandwidth 100% of a sample stands for
+    span_s: float | None = None  # from the first sample to the last (None: folders written before it was kept)
+    dropped_s: float | None = None  # of which inside gaps where samples went missing
 
 
 @attrs.frozen

@@ -294,6 +294,8 @@ class Facts:
     family: ModelFamily
     tiled: bool  # some input was cut into tiles
     noisy: tuple[str, ...]  # stages whose within-input variation is above NOISY_CV
+    # where the views were made (model.preprocess.device); None: the adapter offers no choice (or did not record it)
+    preprocess_device: str | None = None
     modules: tuple[ModuleFact, ...] = ()  # modules far above their floor (module_facts), largest share first
 
     def modules_of(self, kind: str) -> tuple[ModuleFact, ...]:
@@ -326,6 +328,7 @@ class Facts:
             family=m.model.family_facts(),
             tiled=any(r.tiles for r in m.records),
             noisy=tuple(v.stage for v in m.variation if (v.within_image_cv_median or 0.0) > NOISY_CV),
+            preprocess_device=(m.model.preprocess or {}).get("device"),
             modules=module_facts(m.modules),
         )
 
@@ -452,6 +455,14 @@ def _experts_text(f: Facts) -> str:
     )
 
 
+def _preprocess_text(f: Facts) -> str:
+    share = f"Preprocessing is {f.preprocess / f.ttft:.0%} of time to first token ({f.preprocess:,.1f} ms"
+    device = f.preprocess_device or "cpu"
+    where = {"cpu": "the CPU", "cuda": "the GPU"}.get(device, device)
+    gpu = " model.preprocess.device=cuda makes the views on the GPU; else" if f.preprocess_device == "cpu" else ""
+    return f"{share} on {where}):{gpu} overlap it with GPU work (a data-loader worker) or preprocess ahead of time."
+
+
 def _copies_text(f: Facts) -> str:
     return (
         f"Copies far above the floor: {_cited(f.modules_of('copies'))}. Layout copies (copy_, contiguous, cat, "
@@ -491,10 +502,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "preprocess notable",
         lambda f: bool(f.ttft) and f.preprocess / f.ttft > PREPROCESS_NOTABLE,
-        lambda f: (
-            f"Preprocessing is {f.preprocess / f.ttft:.0%} of time to first token ({f.preprocess:,.1f} ms on the "
-            "CPU): overlap it with GPU work (a data-loader worker) or preprocess ahead of time."
-        ),
+        _preprocess_text,
     ),
     Rule(
         "eager MoE experts",

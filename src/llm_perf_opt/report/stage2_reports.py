@@ -271,9 +271,10 @@ def _measured_bytes_section(doc: Doc, mb: MeasuredBytes | None) -> None:
     doc.h2("Measured DRAM bytes per stage instance (Nsight Compute)")
     if mb is None:
         doc.para(
-            "Not collected: this run had no Nsight Compute bytes pass (`pipeline.ncu.bytes_pass=true`, the "
-            "default, adds it; folders written before it existed have none). Bytes and MBU above are the analytic "
-            "model's."
+            "Not collected: this run had no Nsight Compute bytes pass, one more process that profiles every kernel "
+            "of one prefill and one decode step (`stage2.mode=deep` runs it, light mode does not; "
+            "`pipeline.ncu.bytes_pass=true` adds it to either; folders written before it existed have none). Bytes "
+            "and MBU above are the analytic model's."
         )
         return
     sources = list(dict.fromkeys(r.analytic_source for r in mb.rows if r.analytic_source))
@@ -326,26 +327,38 @@ def _sampled_dram_section(doc: Doc, sampled: SampledDram | None) -> None:
         return
     doc.h2("DRAM bytes per stage instance from sampled GPU metrics (Nsight Systems)")
     period = "" if sampled.period_us is None else f" every {sampled.period_us:,.1f} µs"
+    dropped = ""
+    if sampled.dropped_s and sampled.span_s:
+        dropped = (
+            f" nsys dropped the samples of {sampled.dropped_s:,.1f} s of its {sampled.span_s:,.1f}-s span (gaps "
+            "longer than three sample periods); an instance whose kernels touch a gap is left out, so the instances "
+            "column counts those measured."
+        )
     doc.para(
         f"nsys sampled the GPU's DRAM read and write throughput{period} during its run (`--gpu-metrics-devices`, "
         "`pipeline.nsys.gpu_metrics_hz`). Each sample is the traffic since the previous one, in % of the DRAM peak, "
         f"taken here as {sampled.scale.value / 1e9:,.0f} GB/s ({sampled.scale.source}); an instance's bytes are the "
         "samples integrated over its kernels' busy intervals (host gaps left out; a sample shared by a kernel and a "
-        "gap still blurs by its length), averaged over every instance of the timed passes. No kernel is profiled: "
-        "the figures come with the trace, and a kernel's own bytes are the bytes pass's."
+        "gap still blurs by its length, so rates below 100 kHz undercount launch-bound stages), averaged over the "
+        "instances of the timed passes. No kernel is profiled: the figures come with the trace, and a kernel's own "
+        "bytes are the bytes pass's." + dropped
     )
     header = ["stage", "instances", "busy ms per instance", "DRAM read", "DRAM write", "bytes per instance"]
     with_ncu = any(r.ncu_bytes is not None for r in sampled.rows)
     header += ["bytes pass (ncu)", "sampled / ncu"] if with_ncu else []
     rows = []
     for r in sampled.rows:
-        cells = [r.stage, str(r.instances), ms(r.busy_ms, 2)]
+        count = f"{r.instances} of {r.instances + r.left_out}" if r.left_out else str(r.instances)
+        cells = [r.stage, count, ms(r.busy_ms, 2)]
         cells += [num_bytes(r.dram_read_bytes), num_bytes(r.dram_write_bytes), num_bytes(r.dram_bytes)]
         if with_ncu:
             ratio = f"{r.dram_bytes / r.ncu_bytes:.2f}×" if r.ncu_bytes else "n/a"
             cells += [num_bytes(r.ncu_bytes) if r.ncu_bytes is not None else "n/a", ratio]
         rows.append(cells)
-    doc.table(header, rows)
+    if rows:
+        doc.table(header, rows)
+    else:
+        doc.para("No stage instance lay where the samples were whole: see Warnings.")
 
 
 def _decode_launch_bound(m: Stage2Metrics) -> bool:

@@ -137,6 +137,9 @@ class _FakeSession:
     def prepare(self, path: Path) -> None:
         return None
 
+    def caches_sized_for(self, new_tokens: int) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
     def generate(self, prepared: None, new_tokens: int, recorder: StageRecorder) -> None:
         a = torch.ones(8, 8)
         with recorder.span(vocab.PREFILL):

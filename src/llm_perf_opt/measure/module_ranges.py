@@ -2,9 +2,10 @@
 
 Installed only around the profiled pass (the hooks cost host time, so never in a timed pass) and removed after it.
 Each kernel is later given to the innermost module range around its launch (`measure.module_attribution`). Inside
-code that torch.compile compiles the hooks do nothing (Dynamo traces them as no-ops, so the compiled code is the
-same; adding hooks does make Dynamo compile the step again, which the profiled pass does before profiling): those
-kernels are given modules by inductor's provenance instead (`measure.compiled_modules`).
+code that torch.compile compiles the hooks do nothing: those kernels are given modules by inductor's provenance
+instead (`measure.compiled_modules`). Dynamo does not guard on the hooks of a module that had none when it compiled,
+but it does on the number of hooks of one that had some (the routing recorder's MoE gates): the modules in `skip`
+get no range (their eager kernels go to their parent), so the compiled graphs are reused, not compiled again.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class ModuleRanges:
 
     hooked: int = 0
     refused: list[str] = attrs.Factory(list)  # "path: reason"
+    kept: list[str] = attrs.Factory(list)  # paths of modules left with their own hooks only (`skip`)
 
 
 def module_types(root: nn.Module) -> dict[str, str]:
@@ -35,9 +37,10 @@ def module_types(root: nn.Module) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def module_ranges(root: nn.Module) -> Iterator[ModuleRanges]:
+def module_ranges(root: nn.Module, *, skip: frozenset[str] = frozenset()) -> Iterator[ModuleRanges]:
     """Open a profiler range `module:<path>` for each forward call of `root` and every submodule, while inside (the
-    root's path is "")."""
+    root's path is ""), except the modules at the paths in `skip` (hooked modules a compiled graph traced: it guards
+    on how many hooks they have)."""
     ranges = ModuleRanges()
     handles: list[Any] = []
     open_ranges: dict[int, list[Any]] = {}
@@ -60,6 +63,9 @@ def module_ranges(root: nn.Module) -> Iterator[ModuleRanges]:
             stack.pop().__exit__(None, None, None)
 
     for name, module in root.named_modules():
+        if name in skip:
+            ranges.kept.append(name)
+            continue
         try:
             handles.append(module.register_forward_pre_hook(enter(MODULE_LABEL_PREFIX + name)))
             handles.append(module.register_forward_hook(leave, always_call=True))

@@ -302,12 +302,14 @@ def profile_image(
     trace_path: Path | None,
     modules: bool = False,
     gpu_idle: AbstractContextManager[None] | None = None,
+    cache_tokens: int = 0,
 ) -> OperatorTable:
     """Run one input (or, for a batched run, its first batch: `paths`) under the profiler (prefill + `decode_steps`
     decode steps) and build its operator table; with `modules`, the kernel time by module too (module ranges
     around every forward; compiled code's kernels, CUDA-graph replays included, by inductor's provenance).
     `gpu_idle` is entered around the post-processing, which runs on the host only (the energy pass's idle
-    window)."""
+    window). `cache_tokens`: the new tokens the timed passes' static caches hold, so this shorter pass reuses their
+    cache and compiled graphs instead of compiling its own."""
     batch = [session.prepare(path) for path in paths]
 
     def forward(recorder: StageRecorder) -> None:
@@ -316,11 +318,11 @@ def profile_image(
         else:  # a batched run profiles its first batch
             session.generate_batch(batch, decode_steps + 1, recorder)
 
-    with _attribution(session, modules) as attribution:
+    with _attribution(session, modules) as attribution, session.caches_sized_for(cache_tokens):
         if session.runtime.compile != "none":
-            # The profiled pass decodes fewer tokens than the timed passes, so a static cache of another length (and
-            # the module ranges' hooks are new to Dynamo): its compilation and CUDA-graph capture happen here,
-            # untimed and unprofiled, so the profile shows steady state.
+            # One pass untimed and unprofiled first, so the profile shows steady state: with the timed passes' cache
+            # length and inductor's provenance recorded since their compile (`compiled_provenance`), nothing compiles
+            # here (module hooks added after a compile are not guarded on); otherwise its compilation happens here.
             forward(NullRecorder(session.device))
         prof, everything, started = _profiled_pass(
             session.device,
@@ -388,6 +390,11 @@ class _Attribution:
         notes = list(self.notes)
         if refused := self.ranges.refused:
             notes.append(f"{len(refused)} modules took no hooks (their kernels go to their parent): {refused[0]}")
+        if kept := self.ranges.kept:
+            notes.append(
+                f"{len(kept)} modules with hooks of their own (e.g. {kept[0]}) got no range, so the compiled graphs "
+                "that traced those hooks are not compiled again: their eager kernels go to their parent module"
+            )
         if self.provenance is not None:
             notes += self.provenance.notes
         return module_times(
@@ -404,18 +411,23 @@ class _Attribution:
 
 @contextlib.contextmanager
 def _attribution(session: Any, modules: bool) -> Iterator[_Attribution | None]:
-    """Module ranges around every forward (and, for a compiled runtime, inductor's provenance recorder) while
+    """Module ranges around every forward (and, for a compiled runtime, inductor's provenance: the session's, recorded
+    since before its first compile, else a recorder installed here for the graphs compiled while inside) while
     inside; None when module attribution is off."""
     if not modules:
         yield None
         return
-    provenance = InductorProvenance(session.model) if session.runtime.compile != "none" else None
-    why = provenance.install() if provenance is not None else None
+    provenance = getattr(session, "compiled_provenance", None)
+    own = provenance is None and session.runtime.compile != "none"
+    if own:
+        provenance = InductorProvenance(session.model)
+    why = provenance.install() if own and provenance is not None else None
     try:
-        with module_ranges(session.model) as ranges:
+        skip = session.traced_hooked_modules() if hasattr(session, "traced_hooked_modules") else frozenset()
+        with module_ranges(session.model, skip=skip) as ranges:
             yield _Attribution(session, ranges, provenance, why)
     finally:
-        if provenance is not None:
+        if own and provenance is not None:
             provenance.uninstall()
 
 

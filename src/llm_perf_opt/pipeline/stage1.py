@@ -24,6 +24,7 @@ from llm_perf_opt.hardware.measured import (
     measured_peak_bandwidth,
     measured_peak_compute,
 )
+from llm_perf_opt.measure.compiled_modules import InductorProvenance
 from llm_perf_opt.measure.energy import EnergySettings
 from llm_perf_opt.measure.flops import count_stage_flops
 from llm_perf_opt.measure.gpu_state import clock_state
@@ -205,7 +206,27 @@ class Stage1Run:
         if profiler_window:
             session.profiler_window = ProfilerWindow(settings.max_new_tokens - 1)
         log.info("model ready in %.1f s: %s", time.perf_counter() - started, session.loaded.weights_detail)
+        provenance = self._record_provenance(session)
+        try:
+            self._measure_session(session, settings)
+        finally:
+            if provenance is not None:
+                provenance.uninstall()
 
+    def _record_provenance(self, session: InferenceSession) -> InductorProvenance | None:
+        """With compiled code and module attribution in the profiled pass: inductor's provenance recorded from the
+        first compile on, so the profiled pass attributes the timed passes' graphs instead of compiling its own."""
+        prof = self.cfg.pipeline.torch_profiler
+        if session.runtime.compile == "none" or not prof.enable or not prof.get("modules", False):
+            return None
+        provenance = InductorProvenance(session.model)
+        provenance.install()  # a failure is kept in its notes, which the module table shows
+        session.compiled_provenance = provenance
+        return provenance
+
+    def _measure_session(self, session: InferenceSession, settings: ResolvedSettings) -> None:
+        """The passes on the built model: FLOP count, warm-up and timed passes, memory and energy, profiled pass."""
+        assert self.selection is not None
         vision = session.vision_stages
         size = self.runtime.batch_size
         profiled: tuple[Path, ...] = (self.selection.images[0].path,)  # the profiled pass: the first input or batch
@@ -254,6 +275,7 @@ class Stage1Run:
                 trace_path=trace,
                 modules=bool(prof.get("modules", False)),
                 gpu_idle=extra.idle_during("the profiler's post-processing"),
+                cache_tokens=self.settings.max_new_tokens if self.settings else 0,
             )
         if trace is not None:
             self.art.record("torch_profiler/trace.json.gz")

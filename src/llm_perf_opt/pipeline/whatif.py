@@ -23,6 +23,7 @@ from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure import whatif as figures
 from llm_perf_opt.measure.stats import MIN_VALUES_FOR_CI
 from llm_perf_opt.pipeline import whatif_hydra, whatif_judge
+from llm_perf_opt.pipeline.rung_forks import ForkServer
 from llm_perf_opt.pipeline.whatif_rungs import RungJob, RungOutcome, run_rungs, shared_caches, stopped_outcome
 from llm_perf_opt.progress import Feedback
 from llm_perf_opt.records import common
@@ -193,6 +194,19 @@ class WhatIfRun:
         self.launcher, self.launcher_overrides = self._launcher()
         # build once, reuse: the saved model and inductor's cache the rungs share
         self.caches = shared_caches(cfg.whatif_run, cfg.get("model") or {}, self.art.run_dir)
+        self.fork_rungs = self._fork_rungs()
+        self.forks: ForkServer | None = None  # the preloaded server the rungs are forked from, once started
+
+    def _fork_rungs(self) -> bool:
+        """`whatif_run.fork_rungs`: the local launcher forks each rung from a preloaded server."""
+        value = self.cfg.whatif_run.get("fork_rungs", False)
+        if not isinstance(value, bool):
+            raise UserError(
+                f"whatif_run.fork_rungs={value} is not true or false",
+                "Set whatif_run.fork_rungs=true (each rung forked from a process that has imported torch and "
+                "transformers once) or false (each rung a fresh interpreter)",
+            )
+        return value and self.launcher == LOCAL_LAUNCHER
 
     def _launcher(self) -> tuple[str, tuple[str, ...]]:
         """whatif_run.launcher (local | hydra) and, for hydra, the overrides that choose Hydra's launcher."""
@@ -260,6 +274,8 @@ class WhatIfRun:
             self.art.finish(artifacts.FAILED, f"{type(exc).__name__}: {exc}")
             raise
         finally:
+            if self.forks is not None:
+                self.forks.close()
             self.caches.remove()
         base = record.baseline
         if base is None or base.state != MEASURED:
@@ -296,6 +312,9 @@ class WhatIfRun:
             )
             for lever in levers
         ]
+        if self.fork_rungs and base.job is not None:
+            with self.feedback.step("preloading torch and transformers once for every rung (whatif_run.fork_rungs)"):
+                self.forks = ForkServer.start()
         with self.feedback.step("the baseline", total=1) as bar:
             self._execute(BASELINE, [base], devices, bar.advance)
         self._write_progress()
@@ -397,7 +416,7 @@ class WhatIfRun:
             if self.launcher == HYDRA_LAUNCHER:
                 outcomes = whatif_hydra.run_phase(jobs, self.launcher_overrides, self._phase_log(phase), limit, done)
             else:
-                outcomes = run_rungs(jobs, devices, limit, done)
+                outcomes = run_rungs(jobs, devices, limit, done, self.forks)
         except KeyboardInterrupt:  # the rungs were stopped: what each one left in its folder is what it measured
             self._take_stopped(jobs)
             raise

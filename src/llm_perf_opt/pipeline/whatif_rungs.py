@@ -23,6 +23,8 @@ from typing import Any
 import attrs
 
 from llm_perf_opt import artifacts
+from llm_perf_opt.pipeline.rung_forks import ENTRY_MODULE as STAGE1_MODULE
+from llm_perf_opt.pipeline.rung_forks import ForkedRung, ForkServer
 from llm_perf_opt.records import common
 from llm_perf_opt.records.folders import STATUS_FILE, read_status, writer_note
 from llm_perf_opt.records.io import RecordError
@@ -135,7 +137,7 @@ def stage1_command(job: RungJob, device: str | None) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "llm_perf_opt.cli.stage1",
+        STAGE1_MODULE,
         *job.overrides,
         *extra,
         "run.save_prefill_logits=true",
@@ -150,37 +152,44 @@ def run_process(
     *,
     own_group: bool = False,
     env: Sequence[tuple[str, str]] = (),
+    forks: ForkServer | None = None,
 ) -> int | None:
     """Run `command` with its output in `log` to its end (its exit status) or its time limit (None: stopped).
     `own_group`: in a process group of its own, stopped as a whole (a launcher and the workers it starts); `env`:
-    environment variables set for it."""
+    environment variables set for it; `forks`: a `stage1-run` command is forked from this preloaded server instead
+    of starting a fresh interpreter (its own session, stopped as a group)."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("w") as out:
-        process = subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, start_new_session=own_group, env=child_env(env)
-        )
+    process: RungProcess
+    if forks is not None and list(command[:3]) == [sys.executable, "-m", STAGE1_MODULE]:
+        process = forks.spawn(command[3:], log, dict(env))
+        own_group = True
+    else:
+        with log.open("w") as out:
+            process = subprocess.Popen(
+                command, stdout=out, stderr=subprocess.STDOUT, start_new_session=own_group, env=child_env(env)
+            )
+    with _LOCK:
+        _LIVE[process] = own_group
+    try:
+        returncode = process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _stop(process, own_group)
+        return None
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM while waiting here: the process must not outlive the run
+        _stop(process, own_group)
+        raise
+    finally:
         with _LOCK:
-            _LIVE[process] = own_group
-        try:
-            returncode = process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            _stop(process, own_group)
-            return None
-        except KeyboardInterrupt:  # Ctrl-C or SIGTERM while waiting here: the process must not outlive the run
-            _stop(process, own_group)
-            raise
-        finally:
-            with _LOCK:
-                _LIVE.pop(process, None)
+            _LIVE.pop(process, None)
     if own_group:  # workers it left behind (a launcher's idle pool) must not hold a GPU into the next phase
         _signal(process, signal.SIGKILL, group=True)
     return returncode
 
 
-def run_rung(job: RungJob, device: str | None, timeout_s: float | None) -> RungOutcome:
+def run_rung(job: RungJob, device: str | None, timeout_s: float | None, forks: ForkServer | None = None) -> RungOutcome:
     """Run one rung to its end (or its time limit) and read what became of it."""
     started = time.perf_counter()
-    returncode = run_process(stage1_command(job, device), job.log, timeout_s, env=job.env)
+    returncode = run_process(stage1_command(job, device), job.log, timeout_s, env=job.env, forks=forks)
     wall = time.perf_counter() - started
     if returncode is None:
         message = f"ran past whatif_run.rung_timeout_s={timeout_s:g} s and was stopped"
@@ -257,12 +266,13 @@ def log_tail(log: Path) -> str:
     return " / ".join(lines[-LOG_TAIL_LINES:]) or "(no output)"
 
 
-_LIVE: dict[subprocess.Popen[bytes], bool] = {}  # rung processes running now -> whether each leads its own group
+RungProcess = subprocess.Popen[bytes] | ForkedRung  # a rung's process, started fresh or forked
+_LIVE: dict[RungProcess, bool] = {}  # rung processes running now -> whether each leads its own group
 _LOCK = threading.Lock()
 STOP_GRACE_S = 20.0  # seconds a rung gets to write what it measured after SIGTERM
 
 
-def _signal(process: subprocess.Popen[bytes], signum: int, group: bool) -> None:
+def _signal(process: RungProcess, signum: int, group: bool) -> None:
     with contextlib.suppress(ProcessLookupError):  # already gone
         if group:
             os.killpg(process.pid, signum)
@@ -270,7 +280,7 @@ def _signal(process: subprocess.Popen[bytes], signum: int, group: bool) -> None:
             process.send_signal(signum)
 
 
-def _stop(process: subprocess.Popen[bytes], group: bool = False) -> None:
+def _stop(process: RungProcess, group: bool = False) -> None:
     """SIGTERM, then SIGKILL after the grace period (to its whole process group when `group`)."""
     _signal(process, signal.SIGTERM, group)
     try:
@@ -295,9 +305,10 @@ def run_rungs(
     devices: Sequence[str | None],
     timeout_s: float | None,
     on_done: Callable[[RungOutcome], None] | None = None,
+    forks: ForkServer | None = None,
 ) -> dict[str, RungOutcome]:
     """Run `jobs`, at most one per device at a time (`devices` = [None]: the rungs' own `device` setting, one after
-    the other); outcomes by rung name."""
+    the other), each a fresh process or, with `forks`, forked from that preloaded server; outcomes by rung name."""
     free: queue.Queue[str | None] = queue.Queue()
     for device in devices:
         free.put(device)
@@ -305,7 +316,7 @@ def run_rungs(
     def one(job: RungJob) -> RungOutcome:
         device = free.get()
         try:
-            outcome = run_rung(job, device, timeout_s)
+            outcome = run_rung(job, device, timeout_s, forks)
         finally:
             free.put(device)
         if on_done is not None:

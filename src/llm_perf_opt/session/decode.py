@@ -174,10 +174,13 @@ class DecodeLoop:
                 self.cache_observer(cache)
             first = logits.argmax(-1)
         kept = logits.to(torch.float32, copy=True) if keep_logits else None  # to the host after the pass
-        tokens = torch.empty((size, max_new_tokens), dtype=torch.long, device=first.device)
+        # Buffers as wide as the caches are sized for (`KvCaches.sized_for`): a shorter pass then hands the compiled
+        # steps views with the timed passes' strides, which their guards check.
+        width = max(max_new_tokens, self.caches.sized_new_tokens)
+        tokens = torch.empty((size, width), dtype=torch.long, device=first.device)
         tokens[:, 0] = first
         if max_new_tokens > 1:
-            steps = _StepInputs.build(plan, kv.static_length, max_new_tokens, self.attn_implementation, self._dtype())
+            steps = _StepInputs.build(plan, kv.static_length, width, self.attn_implementation, self._dtype())
 
             def decode_section() -> None:
                 if routing is not None:
@@ -202,7 +205,7 @@ class DecodeLoop:
                 decode_section()
             if self.decode_repeater is not None:
                 self._repeat_decode(cache, plan.length, decode_section, routing)
-        ids = tokens.tolist()  # the one host synchronisation of the pass
+        ids = tokens[:, :max_new_tokens].tolist()  # the one host synchronisation of the pass
         return LoopOutput(
             tokens=tuple(tuple(int(t) for t in row) for row in ids),
             prefill_logits=None if kept is None else kept.cpu(),

@@ -4,7 +4,9 @@ addresses, so compiled decode steps and their CUDA graphs are reused instead of 
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 import attrs
@@ -33,7 +35,18 @@ class KvCaches:
         self.kind = kind
         self.decoder_config = decoder_config
         self.fixed_length = fixed_length
+        self.sized_new_tokens = 0  # static caches hold at least this many new tokens (`sized_for`)
         self._static: OrderedDict[tuple[int, int], Any] = OrderedDict()
+
+    @contextlib.contextmanager
+    def sized_for(self, new_tokens: int) -> Iterator[None]:
+        """While inside, a static cache is sized for at least `new_tokens` new tokens: a shorter pass (the profiled
+        one) then gets the cache, and so the compiled graphs, of the timed passes instead of compiling its own."""
+        before, self.sized_new_tokens = self.sized_new_tokens, new_tokens
+        try:
+            yield
+        finally:
+            self.sized_new_tokens = before
 
     def length_for(self, prompt_tokens: int, new_tokens: int) -> int:
         """Positions a static cache holds for a prompt of `prompt_tokens` (padded) and `new_tokens` generated.
@@ -41,7 +54,7 @@ class KvCaches:
         The last generated token is never fed back, so prompt + new - 1 positions are written."""
         needed = prompt_tokens + new_tokens - 1
         if self.fixed_length is None:
-            return prompt_tokens + new_tokens
+            return prompt_tokens + max(new_tokens, self.sized_new_tokens)
         if needed > self.fixed_length:
             raise UserError(
                 f"runtime.static_cache_len={self.fixed_length} is too small: a prompt of {prompt_tokens} tokens and "

@@ -40,6 +40,9 @@ from llm_perf_opt.session.model_settings import ModelSettings
 from llm_perf_opt.session.output_check import OutputCheck, ReferenceOutput, ReferenceOutputs, compare_outputs
 from llm_perf_opt.session.runtime import EAGER_REFERENCE, RuntimeSettings
 
+if TYPE_CHECKING:
+    from llm_perf_opt.measure.compiled_modules import InductorProvenance
+
 _TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -322,6 +325,27 @@ class InferenceSession:
         self.keep_prefill_logits = False
         # The CUDA profiler window the timed passes open (`run.profiler_window`: Stage 2's ncu workloads), if any.
         self.profiler_window: ProfilerWindow | None = None
+        # Inductor's provenance recorder, installed before the first compile when the profiled pass attributes
+        # compiled kernels to modules (the profiled pass then reuses the timed passes' graphs instead of compiling).
+        self.compiled_provenance: InductorProvenance | None = None
+
+    def traced_hooked_modules(self) -> frozenset[str]:
+        """Paths of the modules with forward hooks of their own inside the compiled decoder (the routing recorder's
+        MoE gates; the vision stages' hooked modules are never compiled): a compiled step that traced their hooks
+        guards on how many they have, so more hooks there would compile it again. Empty for an eager runtime."""
+        if self.runtime.compile == "none":
+            return frozenset()
+        stages = {id(m) for m in self._stage_modules.values()}
+        return frozenset(
+            name
+            for name, module in self.model.named_modules()
+            if (module._forward_hooks or module._forward_pre_hooks) and id(module) not in stages
+        )
+
+    def caches_sized_for(self, new_tokens: int) -> AbstractContextManager[None]:
+        """While inside, static caches hold at least `new_tokens` new tokens (a shorter pass reuses the timed
+        passes' cache and compiled graphs)."""
+        return self._loop.caches.sized_for(new_tokens)
 
     @classmethod
     def load(

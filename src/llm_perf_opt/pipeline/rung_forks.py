@@ -1,0 +1,240 @@
+"""Rung processes forked from a preloaded server: each what-if rung is still its own `stage1-run` process (compiled
+state, CUDA context and allocator isolated), but it starts as a fork of a process that has already imported torch,
+transformers and the pipeline, so it skips the ~13 s of imports a fresh interpreter spends on the project's H100
+machines (2026-11-26: `import llm_perf_opt.pipeline.stage1` 13.7 s, of which transformers ~9 s).
+
+The server (`python -m llm_perf_opt.pipeline.rung_forks`) imports, checks that no CUDA context exists (a CUDA
+context does not survive a fork), then reads one JSON request per line on stdin and answers on stdout: `{"pid": n}`
+when it forked a rung, `{"exit": [pid, status]}` when one ended. It is single-threaded, so forking is safe. Each
+child starts a session of its own (stopped as a group, like a process started with `start_new_session`), writes to
+its log, sets its environment and calls the `stage1-run` entry point (`main()`) with the rung's arguments.
+
+`ForkServer` is the what-if side: `spawn()` gives a `ForkedRung` with the part of `subprocess.Popen`'s interface
+the rung runner uses (pid, wait with a timeout, send_signal).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+log = logging.getLogger("llm_perf_opt.whatif")
+
+PRELOAD = ("torch", "transformers", "llm_perf_opt.pipeline.stage1", "llm_perf_opt.cli.stage1")
+READY = "ready"
+ENTRY_MODULE = "llm_perf_opt.cli.stage1"
+
+
+# ---- the server (its own process) ---------------------------------------------------------------------------------
+def _serve() -> None:
+    """Preload, then fork a rung per request until stdin closes; report each fork and each exit on stdout."""
+    import importlib
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    import torch
+
+    if torch.cuda.is_initialized():
+        _say({"error": "a CUDA context exists after the imports: rungs cannot be forked from this process"})
+        return
+    _say({READY: os.getpid()})
+    children: set[int] = set()
+    stdin = sys.stdin.buffer
+    pending = b""
+    open_input = True
+    while open_input or children:
+        readable = select.select([stdin] if open_input else [], [], [], 0.2)[0]  # also the wait between polls
+        if readable:
+            chunk = os.read(stdin.fileno(), 65536)
+            open_input = bool(chunk)
+            pending += chunk
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                if line.strip():
+                    children.add(_fork(json.loads(line)))
+        for pid in list(children):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                children.discard(pid)
+                _say({"exit": [pid, os.waitstatus_to_exitcode(status)]})
+
+
+def _say(message: Mapping[str, Any]) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def _fork(request: Mapping[str, Any]) -> int:
+    """Fork one rung; the parent returns its pid (also said on stdout), the child never returns."""
+    pid = os.fork()
+    if pid:
+        _say({"pid": pid})
+        return pid
+    status = 1
+    try:
+        os.setsid()
+        log_fd = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        os.close(log_fd)
+        os.close(null)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_DFL)  # the entry point installs its own handlers
+        os.environ.update(request.get("env", {}))
+        module = str(request.get("module") or ENTRY_MODULE)
+        sys.argv = [module, *request["argv"]]
+        import importlib
+
+        importlib.import_module(module).main()  # the console script's entry point
+        status = 0
+    except SystemExit as stop:
+        status = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    except BaseException:  # noqa: BLE001 - the child reports any failure through its log and exit status
+        import traceback
+
+        traceback.print_exc()
+        status = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(status)
+    raise AssertionError("unreachable: the child exits above")
+
+
+# ---- the what-if side -------------------------------------------------------------------------------------------
+class ForkedRung:
+    """A rung forked by the server: what `subprocess.Popen` offers the rung runner (pid, wait, send_signal)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._ended = threading.Event()
+
+    def _end(self, status: int) -> None:
+        self.returncode = status
+        self._ended.set()
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._ended.wait(timeout):
+            raise subprocess.TimeoutExpired(f"rung pid {self.pid}", timeout or 0.0)
+        assert self.returncode is not None
+        return self.returncode
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if not self._ended.is_set():
+            os.kill(self.pid, signum)
+
+
+class ForkServer:
+    """The preloaded server of one what-if run: start it once (`start`, None when it cannot serve: the rungs then
+    start as fresh interpreters), `spawn` a rung per call, `close` at the end."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        self._process = process
+        self._lock = threading.Lock()
+        self._spawned = threading.Condition(self._lock)
+        self._next_pid: list[int] = []
+        self._children: dict[int, ForkedRung] = {}
+        self._early: dict[int, int] = {}  # exits read before their rung was registered
+        self._reader = threading.Thread(target=self._read, name="rung-fork-server", daemon=True)
+        self._reader.start()
+
+    @classmethod
+    def start(cls, timeout_s: float = 120.0) -> ForkServer | None:
+        """Start the server and wait until it has preloaded; None (with a log line) when it fails."""
+        process = subprocess.Popen(
+            [sys.executable, "-m", __name__],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, "PYTORCH_NVML_BASED_CUDA_CHECK": "1"},  # is_available() must not touch the driver
+        )
+        assert process.stdout is not None
+        first = _read_line(process.stdout, timeout_s)
+        message = json.loads(first) if first else {}
+        if READY not in message:
+            why = message.get("error") or first or "no answer"
+            log.warning("rungs start as fresh processes: the preloaded fork server did not start (%s)", why)
+            process.kill()
+            process.wait()
+            return None
+        return cls(process)
+
+    def spawn(
+        self, argv: Sequence[str], log_path: Path, env: Mapping[str, str], module: str = ENTRY_MODULE
+    ) -> ForkedRung:
+        """Fork a process that calls `<module>.main()` with `argv` as its arguments (a rung: `stage1-run`'s), its
+        output in `log_path`, with `env` set."""
+        assert self._process.stdin is not None
+        request = {"module": module, "argv": list(argv), "log": str(log_path), "env": dict(env)}
+        with self._lock:
+            self._process.stdin.write((json.dumps(request) + "\n").encode())
+            self._process.stdin.flush()
+            while not self._next_pid:
+                if self._process.poll() is not None:
+                    raise RuntimeError(f"the rung fork server ended (exit {self._process.returncode})")
+                self._spawned.wait(1.0)
+            pid = self._next_pid.pop(0)
+            rung = ForkedRung(pid)
+            self._children[pid] = rung
+            if pid in self._early:
+                rung._end(self._early.pop(pid))
+        return rung
+
+    def _read(self) -> None:
+        out = self._process.stdout
+        assert out is not None
+        for line in out:
+            message = json.loads(line)
+            with self._lock:
+                if "pid" in message:
+                    self._next_pid.append(int(message["pid"]))
+                    self._spawned.notify_all()
+                elif "exit" in message:
+                    pid, status = (int(x) for x in message["exit"])
+                    rung = self._children.pop(pid, None)
+                    if rung is None:
+                        self._early[pid] = status
+                    else:
+                        rung._end(status)
+        with self._lock:  # the server is gone: whatever it had not reported cannot be waited for
+            for rung in self._children.values():
+                rung._end(-signal.SIGKILL)
+            self._children.clear()
+            self._spawned.notify_all()
+
+    def close(self) -> None:
+        """End the server once its rungs have ended (stdin closed: it exits when its children have)."""
+        if self._process.stdin is not None and not self._process.stdin.closed:
+            self._process.stdin.close()
+        try:
+            self._process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+
+
+def _read_line(stream: IO[bytes], timeout_s: float) -> str:
+    """One line of `stream` within `timeout_s` ("" when none came)."""
+    ready = select.select([stream], [], [], timeout_s)[0]
+    return stream.readline().decode().strip() if ready else ""
+
+
+if __name__ == "__main__":
+    _serve()

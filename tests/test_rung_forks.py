@@ -1,0 +1,81 @@
+"""The preloaded fork server what-if rungs start from (pipeline/rung_forks.py): exit statuses, environment, logs,
+a session of their own, stopping, and the fallback when it cannot start."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from llm_perf_opt.pipeline.rung_forks import ForkServer
+
+TESTS = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ForkServer]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+        started = ForkServer.start()
+    assert started is not None, "the fork server did not start"
+    yield started
+    started.close()
+
+
+def test_a_forked_process_reports_its_exit_status(server: ForkServer, tmp_path: Path) -> None:
+    assert server.spawn(["exit", "3"], tmp_path / "a.log", {}, module="fork_target").wait(timeout=30) == 3
+    assert server.spawn(["exit", "0"], tmp_path / "b.log", {}, module="fork_target").wait(timeout=30) == 0
+    failed = server.spawn(["raise", "boom"], tmp_path / "c.log", {}, module="fork_target")
+    assert failed.wait(timeout=30) == 1
+    assert "RuntimeError: boom" in (tmp_path / "c.log").read_text()  # the traceback is in its log
+
+
+def test_a_forked_process_gets_its_environment_log_and_session(server: ForkServer, tmp_path: Path) -> None:
+    log = tmp_path / "env.log"
+    rung = server.spawn(["env", "LLO_FORK_TEST"], log, {"LLO_FORK_TEST": "yes"}, module="fork_target")
+    assert rung.wait(timeout=30) == 0
+    assert f"LLO_FORK_TEST=yes pgid={rung.pid} pid={rung.pid}" in log.read_text()  # it leads its own group
+    assert os.environ.get("LLO_FORK_TEST") is None  # set in the child only
+
+
+def test_a_forked_process_is_waited_for_and_stopped_like_a_popen(server: ForkServer, tmp_path: Path) -> None:
+    rung = server.spawn(["sleep", "60"], tmp_path / "sleep.log", {}, module="fork_target")
+    with pytest.raises(subprocess.TimeoutExpired):
+        rung.wait(timeout=0.5)
+    assert rung.poll() is None
+    os.killpg(rung.pid, signal.SIGTERM)  # how the rung runner stops a group
+    assert rung.wait(timeout=30) == -signal.SIGTERM
+    rung.send_signal(signal.SIGTERM)  # an ended rung: nothing to signal, no error
+
+
+def test_rungs_start_fresh_when_the_server_does_not_answer(caplog: pytest.LogCaptureFixture) -> None:
+    assert ForkServer.start(timeout_s=0.01) is None  # it cannot have imported torch in 10 ms
+    assert "rungs start as fresh processes" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ((), True),  # the default
+        (("whatif_run.fork_rungs=false",), False),
+        (("whatif_run.launcher=hydra",), False),  # Hydra's launcher starts the rungs itself
+    ],
+)
+def test_the_what_if_forks_its_rungs_when_asked(overrides: tuple[str, ...], expected: bool, tmp_path: Path) -> None:
+    from llm_perf_opt.config_compose import compose_config
+    from llm_perf_opt.pipeline.whatif import WhatIfRun
+
+    assert WhatIfRun(compose_config("whatif", *overrides), tmp_path, "w", workload=()).fork_rungs is expected
+
+
+def test_a_bad_fork_rungs_setting_is_refused(tmp_path: Path) -> None:
+    from llm_perf_opt.config_compose import compose_config
+    from llm_perf_opt.errors import UserError
+    from llm_perf_opt.pipeline.whatif import WhatIfRun
+
+    with pytest.raises(UserError, match=r"whatif_run.fork_rungs=often is not true or false"):
+        WhatIfRun(compose_config("whatif", "whatif_run.fork_rungs=often"), tmp_path, "w", workload=())

@@ -19,6 +19,13 @@ class UserError(Exception):
         super().__init__(f"{self.problem}. {self.fix}.")
 
 
+def require_bool(name: str, value: object, fix: str | None = None) -> bool:
+    """`value` when it is a boolean, else a UserError naming the setting `name` (and `fix`, when given)."""
+    if isinstance(value, bool):
+        return value
+    raise UserError(f"{name}={value} is not true or false", fix or f"Set {name}=true or {name}=false")
+
+
 def require_whole(name: str, value: object, minimum: int) -> int:
     """`value` as an int of at least `minimum`, or a UserError naming the setting `name`."""
     fix = f"Set {name} to a whole number ≥ {minimum}"

@@ -12,7 +12,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from llm_perf_opt.errors import UserError, require_whole
+from llm_perf_opt.errors import UserError, require_bool, require_whole
 from llm_perf_opt.records.stage1 import (
     DeepSeekOCROutput,
     OutputExtra,
@@ -39,11 +39,6 @@ LEGACY_KEYS: dict[str, str] = {
     "outputs.visualization.thumbnail_width": f"{_EXTRA}.visualization.thumbnail_width",
 }
 
-
-def _flag(key: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise UserError(f"{key}={value} is not true or false", f"Set {key}=true or {key}=false")
-    return value
 
 
 def _save_dir(key: str, value: Any) -> str:
@@ -72,7 +67,7 @@ def output_settings(cfg: DictConfig) -> OutputSettings:
             given[new] = (legacy, value)
 
     def flag(new: str) -> bool:
-        return _flag(*given[f"{OUTPUT}.{new}"])
+        return require_bool(*given[f"{OUTPUT}.{new}"])
 
     def whole(new: str, minimum: int) -> int:
         return require_whole(*given[f"{OUTPUT}.{new}"], minimum)

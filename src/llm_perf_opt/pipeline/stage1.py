@@ -17,7 +17,7 @@ from llm_perf_opt.config_data import plain
 from llm_perf_opt.data.dataset import DatasetSelection
 from llm_perf_opt.data.inputs import InputChoice, select_inputs
 from llm_perf_opt.env_info import collect_env
-from llm_perf_opt.errors import UserError, require_whole
+from llm_perf_opt.errors import UserError, require_bool, require_whole
 from llm_perf_opt.hardware.measured import (
     MEASURED,
     check_peaks_setting,
@@ -104,6 +104,7 @@ class Stage1Run:
         self.extra_passes = (MemorySettings(), EnergySettings())  # the memory and energy passes' settings
         self.whatif: WhatIfRecord | None = None  # the what-if run the reports cite (report.whatif_dir)
         self.cpu_pin: CpuPin | None = None  # run.cpu_affinity as applied
+        self.render_reports = True  # report.render: Markdown and plots beside the records
 
     # ---- driver ------------------------------------------------------------------------------------
     def execute(self) -> Path:
@@ -167,6 +168,7 @@ class Stage1Run:
         self.art.write_text("config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
         check_workload_model(cfg)
         self.whatif = whatif_for(self.art.run_dir, cfg.get("report", {}).get("whatif_dir"))
+        self.render_reports = require_bool("report.render", cfg.get("report", {}).get("render", True))
         device = resolve_device(cfg.device)
         self.state.reused_process = start_clean(device)
         self.cpu_pin = pin(str(cfg.run.get("cpu_affinity", OFF)), device)
@@ -470,14 +472,15 @@ class Stage1Run:
         if outputs.prediction.enable:
             target = self.art.resolve_save_dir(outputs.prediction.save_dir) / "predictions.jsonl"
             self.art.write_anywhere(target, dumps_lines(predictions))
-        stage1_reports.write_all(
-            self.art,
-            metrics,
-            inputs=inputs_manifest(self.inputs),
-            operators=self.state.operators,
-            predictions=predictions,
-            whatif=self.whatif,
-        )
+        if self.render_reports:
+            stage1_reports.write_all(
+                self.art,
+                metrics,
+                inputs=inputs_manifest(self.inputs),
+                operators=self.state.operators,
+                predictions=predictions,
+                whatif=self.whatif,
+            )
         return metrics
 
 

@@ -27,7 +27,7 @@ from llm_perf_opt.analytic.settings import PricedModel
 from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.config_data import plain
 from llm_perf_opt.env_info import collect_env
-from llm_perf_opt.errors import UserError, require_whole
+from llm_perf_opt.errors import UserError, require_bool, require_whole
 from llm_perf_opt.measure.gpu_state import clock_state
 from llm_perf_opt.nsight import commands
 from llm_perf_opt.nsight.kernel_modules import kernel_modules
@@ -210,13 +210,12 @@ class Stage2Run:
         key = "pipeline.ncu.bytes_pass"
         if setting is None:
             setting, key = _mode(self.cfg).get("bytes_pass", False), f"stage2.modes.{self.cfg.stage2.mode}.bytes_pass"
-        if not isinstance(setting, bool):
-            raise UserError(
-                f"{key}={setting} is not true or false",
-                "Set pipeline.ncu.bytes_pass=true (measure every kernel's DRAM bytes), false, or null (the mode's "
-                "choice: deep measures them, light does not)",
-            )
-        return setting
+        return require_bool(
+            key,
+            setting,
+            "Set pipeline.ncu.bytes_pass=true (measure every kernel's DRAM bytes), false, or null (the mode's choice: "
+            "deep measures them, light does not)",
+        )
 
     @functools.cached_property
     def runtime(self) -> RuntimeSettings:

@@ -19,7 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from llm_perf_opt import artifacts, interrupts
 from llm_perf_opt.artifacts import ArtifactsManager
-from llm_perf_opt.errors import UserError
+from llm_perf_opt.errors import UserError, require_bool
 from llm_perf_opt.measure import whatif as figures
 from llm_perf_opt.measure.stats import MIN_VALUES_FOR_CI
 from llm_perf_opt.pipeline import whatif_hydra, whatif_judge
@@ -52,6 +52,8 @@ from llm_perf_opt.records.whatif import (
 )
 
 log = logging.getLogger("llm_perf_opt.whatif")
+
+RENDER_MODULE = "llm_perf_opt.cli.stage1_report"  # a rung's reports, rendered in a forked process
 
 WHATIF_FILE = "whatif.json"
 RUNGS_DIR = "rungs"
@@ -199,13 +201,12 @@ class WhatIfRun:
 
     def _fork_rungs(self) -> bool:
         """`whatif_run.fork_rungs`: the local launcher forks each rung from a preloaded server."""
-        value = self.cfg.whatif_run.get("fork_rungs", False)
-        if not isinstance(value, bool):
-            raise UserError(
-                f"whatif_run.fork_rungs={value} is not true or false",
-                "Set whatif_run.fork_rungs=true (each rung forked from a process that has imported torch and "
-                "transformers once) or false (each rung a fresh interpreter)",
-            )
+        value = require_bool(
+            "whatif_run.fork_rungs",
+            self.cfg.whatif_run.get("fork_rungs", False),
+            "Set whatif_run.fork_rungs=true (each rung forked from a process that has imported torch and transformers "
+            "once) or false (each rung a fresh interpreter)",
+        )
         return value and self.launcher == LOCAL_LAUNCHER
 
     def _launcher(self) -> tuple[str, tuple[str, ...]]:
@@ -655,20 +656,47 @@ class WhatIfRun:
         self._render_rungs()
 
     def _render_rungs(self) -> None:
-        """Rebuild the reports of every rung folder from its records, so that their "What to try" cites the
-        what-if record as it ends (each rung wrote its reports while later rungs were still pending)."""
-        from llm_perf_opt.pipeline.stage1 import render
+        """Render the reports of every rung folder from its records (rungs write records only: `report.render=false`,
+        so their "What to try" cites the what-if record as it ends): in parallel, each forked from the preloaded
+        server when there is one, else one after the other here."""
+        run_dir = self.art.run_dir
+        folders = {
+            name: run_dir / rung.folder
+            for name, rung in self.rungs.items()
+            if rung.folder is not None and rung.reused is None and (run_dir / rung.folder / METRICS_FILE).is_file()
+        }  # not a ladder rung reusing another's folder, nor a rung that wrote no records
+        if not folders:
+            return
+        with self.feedback.step(f"rendering the reports of {len(folders)} rung(s)"):
+            left = self._render_forked(folders) if self.forks is not None else folders
+            for name, folder in left.items():
+                _render_rung(name, folder)
 
-        for rung in self.rungs.values():
-            folder = None if rung.folder is None or rung.reused is not None else self.art.run_dir / rung.folder
-            if folder is None or not (folder / METRICS_FILE).is_file():
-                continue  # a ladder rung reusing another's folder, or a rung that wrote no records
-            try:
-                render(folder)
-            except (RecordError, OSError) as exc:
-                log.warning(
-                    "the reports of rung %s were not rebuilt (they cite the what-if run as it was): %s", rung.name, exc
-                )
+    def _render_forked(self, folders: dict[str, Path]) -> dict[str, Path]:
+        """Render each folder in a process forked from the preloaded server, all at once; the folders whose render
+        failed there (to be rendered here)."""
+        assert self.forks is not None
+        logs = self.art.run_dir / "logs"
+        started = {
+            name: self.forks.spawn([str(folder)], logs / f"render-{folder.name}.log", {}, module=RENDER_MODULE)
+            for name, folder in folders.items()
+        }
+        failed = {}
+        for name, process in started.items():
+            if process.wait() != 0:
+                log.warning("rendering rung %s in a forked process failed (see %s); rendering it here", name, logs)
+                failed[name] = folders[name]
+        return failed
+
+
+def _render_rung(name: str, folder: Path) -> None:
+    """Rebuild one rung folder's reports here (a failure is logged: the records stand)."""
+    from llm_perf_opt.pipeline.stage1 import render
+
+    try:
+        render(folder)
+    except (RecordError, OSError) as exc:
+        log.warning("the reports of rung %s were not rebuilt (they cite the what-if run as it was): %s", name, exc)
 
 
 def _interrupted(rung: Rung, folder: Path, goal: Objective, decode_tokens: int | None) -> Rung:

@@ -141,6 +141,7 @@ def stage1_command(job: RungJob, device: str | None) -> list[str]:
         *job.overrides,
         *extra,
         "run.save_prefill_logits=true",
+        "report.render=false",  # the what-if renders every rung's reports once, when it ends
         f"hydra.run.dir={job.folder}",
     ]
 

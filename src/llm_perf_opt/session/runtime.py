@@ -9,7 +9,7 @@ from typing import Any, Final
 import attrs
 import torch
 
-from llm_perf_opt.errors import UserError, require_whole
+from llm_perf_opt.errors import UserError, require_bool, require_whole
 from llm_perf_opt.records.stage1 import CompileOption, DecoderRuntime, RuntimeRecord
 
 KV_CACHES: Final = ("dynamic", "static")
@@ -47,7 +47,7 @@ class RuntimeSettings(DecoderRuntime):
             compile_mode=_choice("runtime.compile_mode", node.get("compile_mode", "reduce-overhead"), COMPILE_MODES),
             static_cache_len=None if length is None else require_whole("runtime.static_cache_len", length, 2),
             batch_size=batch_size,
-            record_routing=_flag("runtime.record_routing", node.get("record_routing", True)),
+            record_routing=require_bool("runtime.record_routing", node.get("record_routing", True)),
             output_check=_choice("runtime.output_check", node.get("output_check", "auto"), OUTPUT_CHECKS),
             compile_options=compile_options(node.get("compile_options")),
         )
@@ -161,11 +161,6 @@ def compile_options(node: Any) -> tuple[CompileOption, ...]:
         out.append((str(name), value))
     return tuple(out)
 
-
-def _flag(key: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    raise UserError(f"{key}={value} is not true or false", f"Set {key}=true or {key}=false")
 
 
 #: The eager reference every other runtime is compared with.

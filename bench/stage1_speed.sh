@@ -10,16 +10,12 @@ set -euo pipefail
 out="${1:-tmp/stage1-speed}"
 before_src="${2:-}"
 rounds="${ROUNDS:-2}"
-page='dataset.subset_filelist=${llo_samples_dir:}/lists/a4_page.txt'
-device=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
+source "$(dirname "$0")/lib.sh"
 mkdir -p "$out"
 
 run() {  # run <label> [PYTHONPATH prefix]
-  local label="$1" prefix="${2:-}" start elapsed
-  start=$(date +%s.%N)
-  PYTHONPATH="${prefix:+$prefix:}${PYTHONPATH:-}" python3 -m llm_perf_opt.cli.stage1 "$page" \
-    "hydra.run.dir=$out/$label" >"$out/$label.log" 2>&1 || echo "$label: exit $? (see $out/$label.log)"
-  elapsed=$(python3 -c "print(f'{$(date +%s.%N) - $start:.1f}')")
+  local label="$1" prefix="${2:-}" cv
+  timed_module "$out" "$label" "$prefix" llm_perf_opt.cli.stage1
   cv=$(python3 - "$out/$label/metrics.json" <<'PY'
 import json, sys
 m = json.load(open(sys.argv[1]))

@@ -13,16 +13,12 @@ out="${1:-tmp/stage2-speed}"
 before_src="${2:-}"
 shift $(( $# < 2 ? $# : 2 ))
 extra=("$@")
-page='dataset.subset_filelist=${llo_samples_dir:}/lists/a4_page.txt'
-device=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
+source "$(dirname "$0")/lib.sh"
 mkdir -p "$out"
 
 run() {  # run <label> [PYTHONPATH prefix]
-  local label="$1" prefix="${2:-}" start elapsed
-  start=$(date +%s.%N)
-  PYTHONPATH="${prefix:+$prefix:}${PYTHONPATH:-}" python3 -m llm_perf_opt.cli.stage2 "$page" "${extra[@]}" \
-    "hydra.run.dir=$out/$label" >"$out/$label.log" 2>&1 || echo "$label: exit $? (see $out/$label.log)"
-  elapsed=$(python3 -c "print(f'{$(date +%s.%N) - $start:.1f}')")
+  local label="$1" prefix="${2:-}"
+  timed_module "$out" "$label" "$prefix" llm_perf_opt.cli.stage2 "${extra[@]}"
   echo "$label: $elapsed s end to end ($(date -u +%F), ${device:-no GPU})" | tee -a "$out/times.txt"
   python3 - "$out/$label/capture.json" <<'PY' | tee -a "$out/times.txt"
 import json, sys

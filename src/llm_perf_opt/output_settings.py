@@ -40,7 +40,6 @@ LEGACY_KEYS: dict[str, str] = {
 }
 
 
-
 def _save_dir(key: str, value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise UserError(f"{key}={value} is not a folder", f"Set {key} to a folder name, relative or absolute")

@@ -52,6 +52,15 @@ def test_a_forked_process_is_waited_for_and_stopped_like_a_popen(server: ForkSer
     rung.send_signal(signal.SIGTERM)  # an ended rung: nothing to signal, no error
 
 
+def test_the_server_outlives_a_terminal_ctrl_c(server: ForkServer, tmp_path: Path) -> None:
+    """Ctrl-C reaches the whole foreground group; the what-if run stops the rungs, the server must stay to report."""
+    rung = server.spawn(["sleep", "0.5"], tmp_path / "sleep.log", {}, module="fork_target")
+    os.kill(server._process.pid, signal.SIGINT)
+    os.kill(server._process.pid, signal.SIGTERM)
+    assert rung.wait(timeout=30) == 0  # the rung is in a session of its own: untouched
+    assert server.spawn(["exit", "4"], tmp_path / "after.log", {}, module="fork_target").wait(timeout=30) == 4
+
+
 def test_rungs_start_fresh_when_the_server_does_not_answer(caplog: pytest.LogCaptureFixture) -> None:
     assert ForkServer.start(timeout_s=0.01) is None  # it cannot have imported torch in 10 ms
     assert "rungs start as fresh processes" in caplog.text

@@ -39,8 +39,16 @@ def _serve() -> None:
     """Preload, then fork a rung per request until stdin closes; report each fork and each exit on stdout."""
     import importlib
 
-    for name in PRELOAD:
-        importlib.import_module(name)
+    # Ctrl-C in a terminal reaches the whole foreground group: the what-if run stops the rungs itself, and the
+    # server must outlive them to report how they ended (it exits when its stdin closes).
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+    try:
+        for name in PRELOAD:
+            importlib.import_module(name)
+    except Exception as exc:  # noqa: BLE001 - reported to the what-if run, which starts fresh processes instead
+        _say({"error": f"importing {name} failed: {type(exc).__name__}: {exc}"})
+        return
     import torch
 
     if torch.cuda.is_initialized():

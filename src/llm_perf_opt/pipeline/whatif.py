@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -207,7 +208,7 @@ class WhatIfRun:
             "Set whatif_run.fork_rungs=true (each rung forked from a process that has imported torch and transformers "
             "once) or false (each rung a fresh interpreter)",
         )
-        return value and self.launcher == LOCAL_LAUNCHER
+        return value and self.launcher == LOCAL_LAUNCHER and hasattr(os, "fork")  # no fork on Windows
 
     def _launcher(self) -> tuple[str, tuple[str, ...]]:
         """whatif_run.launcher (local | hydra) and, for hydra, the overrides that choose Hydra's launcher."""

@@ -104,6 +104,9 @@ def test_every_rung_ends_as_it_should(ladder: tuple[Path, subprocess.CompletedPr
         if rung.state == MEASURED and rung.reused is None:
             assert rung.folder is not None and read_status(out / rung.folder).state == "complete"
             assert (out / rung.folder / "prefill_logits.pt").is_file()
+            # rungs write records only; the what-if renders each once at its end, in a forked process
+            assert (out / rung.folder / "report.md").is_file()
+            assert (out / "logs" / f"render-{Path(rung.folder).name}.log").is_file()
     assert (out / "whatif.md").is_file()
 
 

@@ -118,7 +118,14 @@ def test_the_phase_command_sweeps_the_rung_configs_into_the_rung_folders(tmp_pat
 
 
 def test_a_phase_past_its_limit_is_stopped_and_its_rungs_failed(tmp_path: Path) -> None:
-    jobs = [_job(tmp_path, "00-baseline"), _job(tmp_path, "01-static_cache", levers=("runtime.kv_cache=static",))]
+    # Rungs long enough that neither can end within the stop's grace period: on a loaded machine the SIGTERM can reach
+    # the multirun before its jobs run and be lost (the first CI run of 2026-11-26 saw both rungs complete); then
+    # SIGKILL ends it after the grace period, and the rungs still count as failed.
+    slow = tuple("run.repeats=400" if o == "run.repeats=1" else o for o in WORKLOAD)
+    jobs = [
+        _job(tmp_path, "00-baseline", workload=slow),
+        _job(tmp_path, "01-static_cache", workload=slow, levers=("runtime.kv_cache=static",)),
+    ]
     started = time.monotonic()
     outcomes = run_phase(jobs, [], tmp_path / "logs" / "phase-alone.log", timeout_s=1.0)
     assert time.monotonic() - started < 60

@@ -419,7 +419,11 @@ def test_rung_reports_cite_the_whatif_run_as_it_ended(tmp_path: Path, monkeypatc
     from llm_perf_opt.pipeline.whatif_rungs import RungJob, RungOutcome
 
     def copied_rungs(
-        jobs: list[RungJob], _devices: object, _limit: object, done: Callable[[RungOutcome], None]
+        jobs: list[RungJob],
+        _devices: object,
+        _limit: object,
+        done: Callable[[RungOutcome], None],
+        _forks: object = None,
     ) -> dict[str, RungOutcome]:
         outcomes = {}
         for job in jobs:

@@ -417,18 +417,15 @@ def _attribution(session: Any, modules: bool) -> Iterator[_Attribution | None]:
     if not modules:
         yield None
         return
-    provenance = getattr(session, "compiled_provenance", None)
-    own = provenance is None and session.runtime.compile != "none"
-    if own:
-        provenance = InductorProvenance(session.model)
-    why = provenance.install() if own and provenance is not None else None
+    provenance = session.compiled_provenance
+    own = InductorProvenance(session.model) if provenance is None and session.runtime.compile != "none" else None
+    why = own.install() if own is not None else None
     try:
-        skip = session.traced_hooked_modules() if hasattr(session, "traced_hooked_modules") else frozenset()
-        with module_ranges(session.model, skip=skip) as ranges:
-            yield _Attribution(session, ranges, provenance, why)
+        with module_ranges(session.model, skip=session.traced_hooked_modules()) as ranges:
+            yield _Attribution(session, ranges, provenance or own, why)
     finally:
-        if own and provenance is not None:
-            provenance.uninstall()
+        if own is not None:
+            own.uninstall()
 
 
 def _profiled_pass(

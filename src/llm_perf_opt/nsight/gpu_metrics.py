@@ -21,8 +21,8 @@ import attrs
 import numpy as np
 
 READ_METRIC = "DRAM Read Bandwidth [Throughput %]"
-GAP_PERIODS = 3.0  # a step longer than this many median sample periods means samples were dropped there
 WRITE_METRIC = "DRAM Write Bandwidth [Throughput %]"
+GAP_PERIODS = 3.0  # a step longer than this many median sample periods means samples were dropped there
 
 
 @attrs.frozen

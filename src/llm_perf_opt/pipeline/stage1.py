@@ -215,11 +215,16 @@ class Stage1Run:
             if provenance is not None:
                 provenance.uninstall()
 
+    @property
+    def _profiles_modules(self) -> bool:
+        """The profiled pass runs and attributes kernel time to modules (`pipeline.torch_profiler`)."""
+        prof = self.cfg.pipeline.torch_profiler
+        return bool(prof.enable) and bool(prof.get("modules", False))
+
     def _record_provenance(self, session: InferenceSession) -> InductorProvenance | None:
         """With compiled code and module attribution in the profiled pass: inductor's provenance recorded from the
         first compile on, so the profiled pass attributes the timed passes' graphs instead of compiling its own."""
-        prof = self.cfg.pipeline.torch_profiler
-        if session.runtime.compile == "none" or not prof.enable or not prof.get("modules", False):
+        if session.runtime.compile == "none" or not self._profiles_modules:
             return None
         provenance = InductorProvenance(session.model)
         provenance.install()  # a failure is kept in its notes, which the module table shows
@@ -275,7 +280,7 @@ class Stage1Run:
                 with_stack=bool(prof.with_stack),
                 with_flops=bool(prof.with_flops),
                 trace_path=trace,
-                modules=bool(prof.get("modules", False)),
+                modules=self._profiles_modules,
                 gpu_idle=extra.idle_during("the profiler's post-processing"),
                 cache_tokens=self.settings.max_new_tokens if self.settings else 0,
             )

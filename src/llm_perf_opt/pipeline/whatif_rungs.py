@@ -131,19 +131,21 @@ class RungOutcome:
     wall_s: float | None  # None: not known (a rung of a Hydra multirun whose folder recorded no end)
 
 
-def stage1_command(job: RungJob, device: str | None) -> list[str]:
-    """The child command of one rung (the same interpreter as this one)."""
+def stage1_arguments(job: RungJob, device: str | None) -> list[str]:
+    """The `stage1-run` arguments of one rung."""
     extra = [] if device is None else [f"device={device}"]
     return [
-        sys.executable,
-        "-m",
-        STAGE1_MODULE,
         *job.overrides,
         *extra,
         "run.save_prefill_logits=true",
         "report.render=false",  # the what-if renders every rung's reports once, when it ends
         f"hydra.run.dir={job.folder}",
     ]
+
+
+def stage1_command(job: RungJob, device: str | None) -> list[str]:
+    """The child command of one rung (the same interpreter as this one)."""
+    return [sys.executable, "-m", STAGE1_MODULE, *stage1_arguments(job, device)]
 
 
 def run_process(
@@ -153,22 +155,20 @@ def run_process(
     *,
     own_group: bool = False,
     env: Sequence[tuple[str, str]] = (),
-    forks: ForkServer | None = None,
 ) -> int | None:
     """Run `command` with its output in `log` to its end (its exit status) or its time limit (None: stopped).
     `own_group`: in a process group of its own, stopped as a whole (a launcher and the workers it starts); `env`:
-    environment variables set for it; `forks`: a `stage1-run` command is forked from this preloaded server instead
-    of starting a fresh interpreter (its own session, stopped as a group)."""
+    environment variables set for it."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    process: RungProcess
-    if forks is not None and list(command[:3]) == [sys.executable, "-m", STAGE1_MODULE]:
-        process = forks.spawn(command[3:], log, dict(env))
-        own_group = True
-    else:
-        with log.open("w") as out:
-            process = subprocess.Popen(
-                command, stdout=out, stderr=subprocess.STDOUT, start_new_session=own_group, env=child_env(env)
-            )
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, start_new_session=own_group, env=child_env(env)
+        )
+    return _waited(process, timeout_s, own_group)
+
+
+def _waited(process: RungProcess, timeout_s: float | None, own_group: bool) -> int | None:
+    """A started process's exit status at its end, or None when it ran past `timeout_s` and was stopped."""
     with _LOCK:
         _LIVE[process] = own_group
     try:
@@ -188,9 +188,15 @@ def run_process(
 
 
 def run_rung(job: RungJob, device: str | None, timeout_s: float | None, forks: ForkServer | None = None) -> RungOutcome:
-    """Run one rung to its end (or its time limit) and read what became of it."""
+    """Run one rung to its end (or its time limit) and read what became of it: a fresh interpreter, or forked from
+    the preloaded server `forks` (a session of its own, stopped as a group)."""
     started = time.perf_counter()
-    returncode = run_process(stage1_command(job, device), job.log, timeout_s, env=job.env, forks=forks)
+    if forks is None:
+        returncode = run_process(stage1_command(job, device), job.log, timeout_s, env=job.env)
+    else:
+        job.log.parent.mkdir(parents=True, exist_ok=True)
+        forked = forks.spawn(stage1_arguments(job, device), job.log, dict(job.env))
+        returncode = _waited(forked, timeout_s, own_group=True)
     wall = time.perf_counter() - started
     if returncode is None:
         message = f"ran past whatif_run.rung_timeout_s={timeout_s:g} s and was stopped"

@@ -78,3 +78,29 @@ def test_kernel_time_is_given_to_modules_eager_and_inside_cuda_graphs(tmp_path: 
     assert 1 - stages["prefill"]["unattributed_ms"] / stages["prefill"]["total_ms"] >= 0.85
     assert "by module" in (out / "report.md").read_text()
     assert (out / "plots" / "modules.png").is_file() and (out / "modules.md").is_file()
+
+
+def test_device_times_equal_torchs_on_a_real_profile() -> None:
+    """The profiled pass's tables read device times through `DeviceTimes` (each event's computed once): on a real
+    CUDA profile of nested modules, the same values as torch's `FunctionEvent` properties, event by event."""
+    from llm_perf_opt.measure.torch_profiler import DeviceTimes
+
+    layers = torch.nn.Sequential(
+        torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Sequential(torch.nn.Linear(512, 256), torch.nn.ReLU())
+    ).cuda()
+    x = torch.randn(64, 256, device="cuda")
+    layers(x)
+    torch.cuda.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof, torch.profiler.record_function("outer"):
+        for _ in range(3):
+            layers(x)
+        torch.cuda.synchronize()
+    events = list(prof.events())
+    times = DeviceTimes()
+    with_kernels = 0
+    for ev in reversed(events):  # parents before children: the cache must fill in any order
+        assert times.total(ev) == pytest.approx(ev.device_time_total, abs=1e-9)
+        assert times.own(ev) == pytest.approx(ev.self_device_time_total, abs=1e-9)
+        with_kernels += times.total(ev) > 0
+    assert with_kernels > 3  # kernels were recorded and summed up the tree

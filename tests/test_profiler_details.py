@@ -194,3 +194,35 @@ def test_a_profile_that_stays_unreadable_is_one_clear_error(monkeypatch: pytest.
     flags = {"record_shapes": False, "profile_memory": False, "with_stack": True, "with_flops": False}
     with pytest.raises(UserError, match="with_stack=false"):
         tp.profile_image(_FakeSession(), [Path("x.png")], decode_steps=1, trace_path=None, **flags)
+
+
+def _event(ident: int, name: str, start: int, end: int, **kwargs: Any) -> Any:
+    from torch.autograd.profiler_util import FunctionEvent
+
+    return FunctionEvent(ident, name, thread=0, start_us=start, end_us=end, **kwargs)
+
+
+def test_device_times_are_torchs_computed_once() -> None:
+    """The profiled pass's tables read each event's device times through `DeviceTimes`: the same numbers as torch's
+    `FunctionEvent` properties (which re-sum the subtree on every read), for nested host operators with kernels of
+    their own, an async one, a host event without a device, and a device-side event."""
+    from torch.autograd import DeviceType
+
+    root = _event(1, "aten::linear", 0, 100, use_device="cuda")
+    mid = _event(2, "aten::addmm", 10, 90, use_device="cuda")
+    leaf = _event(3, "aten::copy_", 20, 30, use_device="cuda")
+    root.append_kernel("k_root", 0, 5)
+    mid.append_kernel("gemm", 0, 40)
+    mid.append_kernel("gemm_tail", 0, 3)
+    leaf.append_kernel("copy", 0, 7)
+    root.append_cpu_child(mid)
+    mid.append_cpu_child(leaf)
+    async_ev = _event(4, "async", 0, 10, use_device="cuda", is_async=True)
+    async_ev.append_kernel("k", 0, 9)
+    host_only = _event(5, "aten::add", 0, 10)  # a CPU run: no device
+    on_gpu = _event(6, "gemm", 40, 75, use_device="cuda", device_type=DeviceType.CUDA)
+    times = tp.DeviceTimes()
+    for ev in (leaf, root, mid, async_ev, host_only, on_gpu):  # a parent read before and after its children
+        assert times.total(ev) == ev.device_time_total
+        assert times.own(ev) == ev.self_device_time_total
+    assert (times.total(root), times.own(root), times.own(mid)) == (55.0, 5.0, 43.0)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from llm_perf_opt.pipeline.rung_forks import ForkServer
+from llm_perf_opt.pipeline.rung_forks import ForkServer, StartingServer
 
 TESTS = Path(__file__).parent
 
@@ -64,6 +64,19 @@ def test_the_server_outlives_a_terminal_ctrl_c(server: ForkServer, tmp_path: Pat
 def test_rungs_start_fresh_when_the_server_does_not_answer(caplog: pytest.LogCaptureFixture) -> None:
     assert ForkServer.start(timeout_s=0.01) is None  # it cannot have imported torch in 10 ms
     assert "rungs start as fresh processes" in caplog.text
+
+
+def test_a_launched_server_imports_in_the_background_and_can_be_cancelled() -> None:
+    """The what-if run launches the server first and waits for it only when its first rung is due; a run that ends
+    before (a refused baseline, bad input) cancels it, leaving no process behind."""
+    starting = StartingServer.launch()
+    assert starting._process.poll() is None  # launching does not wait for the imports
+    starting.cancel()
+    assert starting._process.returncode is not None
+    later = StartingServer.launch().ready()
+    assert later is not None, "the fork server did not start"
+    later.close()
+    assert later._process.returncode == 0
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,8 @@ child starts a session of its own (stopped as a group, like a process started wi
 its log, sets its environment and calls the `stage1-run` entry point (`main()`) with the rung's arguments.
 
 `ForkServer` is the what-if side: `spawn()` gives a `ForkedRung` with the part of `subprocess.Popen`'s interface
-the rung runner uses (pid, wait with a timeout, send_signal).
+the rung runner uses (pid, wait with a timeout, send_signal). The what-if run launches the server first thing
+(`StartingServer`), so that its imports overlap the run's own start, and waits for it when the first rung is due.
 """
 
 from __future__ import annotations
@@ -166,23 +167,7 @@ class ForkServer:
     @classmethod
     def start(cls, timeout_s: float = 120.0) -> ForkServer | None:
         """Start the server and wait until it has preloaded; None (with a log line) when it fails."""
-        process = subprocess.Popen(
-            [sys.executable, "-m", __name__],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            env={**os.environ, "PYTORCH_NVML_BASED_CUDA_CHECK": "1"},  # is_available() must not touch the driver
-        )
-        assert process.stdout is not None
-        first = _read_line(process.stdout, timeout_s)
-        message = json.loads(first) if first else {}
-        if READY not in message:
-            why = message.get("error") or first or "no answer"
-            log.warning("rungs start as fresh processes: the preloaded fork server did not start (%s)", why)
-            process.kill()
-            process.wait()
-            return None
-        return cls(process)
+        return StartingServer.launch().ready(timeout_s)
 
     def spawn(
         self, argv: Sequence[str], log_path: Path, env: Mapping[str, str], module: str = ENTRY_MODULE
@@ -236,6 +221,45 @@ class ForkServer:
         except subprocess.TimeoutExpired:
             self._process.kill()
             self._process.wait()
+
+
+class StartingServer:
+    """A fork server launched and still importing: the what-if run launches it first thing, so that its imports
+    overlap the run's own start (composing and checking every rung's config), and waits for it (`ready`) only when
+    the first rung is due; `cancel` when no rung will be forked."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        self._process = process
+
+    @classmethod
+    def launch(cls) -> StartingServer:
+        """Start the server process; it imports in the background."""
+        process = subprocess.Popen(
+            [sys.executable, "-m", __name__],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, "PYTORCH_NVML_BASED_CUDA_CHECK": "1"},  # is_available() must not touch the driver
+        )
+        return cls(process)
+
+    def ready(self, timeout_s: float = 120.0) -> ForkServer | None:
+        """The server once it has preloaded; None (with a log line) when it failed or did not answer in time."""
+        assert self._process.stdout is not None
+        first = _read_line(self._process.stdout, timeout_s)
+        message = json.loads(first) if first else {}
+        if READY not in message:
+            why = message.get("error") or first or f"no answer within {timeout_s:g} s"
+            log.warning("rungs start as fresh processes: the preloaded fork server did not start (%s)", why)
+            self.cancel()
+            return None
+        return ForkServer(self._process)
+
+    def cancel(self) -> None:
+        """Stop the server before it served (nothing was forked from it)."""
+        if self._process.poll() is None:
+            self._process.kill()
+        self._process.wait()
 
 
 def _read_line(stream: IO[bytes], timeout_s: float) -> str:

@@ -24,8 +24,15 @@ from llm_perf_opt.errors import UserError, require_bool
 from llm_perf_opt.measure import whatif as figures
 from llm_perf_opt.measure.stats import MIN_VALUES_FOR_CI
 from llm_perf_opt.pipeline import whatif_hydra, whatif_judge
-from llm_perf_opt.pipeline.rung_forks import ForkServer
-from llm_perf_opt.pipeline.whatif_rungs import RungJob, RungOutcome, run_rungs, shared_caches, stopped_outcome
+from llm_perf_opt.pipeline.rung_forks import ForkServer, StartingServer
+from llm_perf_opt.pipeline.whatif_rungs import (
+    RungJob,
+    RungOutcome,
+    SharedCaches,
+    run_rungs,
+    shared_caches,
+    stopped_outcome,
+)
 from llm_perf_opt.progress import Feedback
 from llm_perf_opt.records import common
 from llm_perf_opt.records.common import SCHEMA_VERSION
@@ -195,10 +202,10 @@ class WhatIfRun:
         self.left_out: tuple[tuple[str, str], ...] = ()  # levers the ladder did not stack, with the reason
         self.index = 0
         self.launcher, self.launcher_overrides = self._launcher()
-        # build once, reuse: the saved model and inductor's cache the rungs share
-        self.caches = shared_caches(cfg.whatif_run, cfg.get("model") or {}, self.art.run_dir)
         self.fork_rungs = self._fork_rungs()
-        self.forks: ForkServer | None = None  # the preloaded server the rungs are forked from, once started
+        self.forks: ForkServer | None = None  # the preloaded server the rungs are forked from, once it has imported
+        self.starting: StartingServer | None = None  # that server while it imports (launched when the run starts)
+        self.caches = SharedCaches()  # build once, reuse: what the rungs share, found when the run starts
 
     def _fork_rungs(self) -> bool:
         """`whatif_run.fork_rungs`: the local launcher forks each rung from a preloaded server."""
@@ -262,6 +269,10 @@ class WhatIfRun:
     def execute(self) -> WhatIfRecord:
         self.art.start(self.run_id)
         try:
+            # The fork server first: its imports overlap this process's own (torch) and the checks of every rung's
+            # config; it is waited for when the first rung is due, and cancelled if none is.
+            self.starting = StartingServer.launch() if self.fork_rungs else None
+            self.caches = shared_caches(self.cfg.whatif_run, self.cfg.get("model") or {}, self.art.run_dir)
             record = self._run()
         except KeyboardInterrupt as stop:
             why = interrupts.cause(stop)
@@ -276,6 +287,8 @@ class WhatIfRun:
             self.art.finish(artifacts.FAILED, f"{type(exc).__name__}: {exc}")
             raise
         finally:
+            if self.starting is not None:  # launched, never waited for (the run stopped before its first rung)
+                self.starting.cancel()
             if self.forks is not None:
                 self.forks.close()
             self.caches.remove()
@@ -314,9 +327,7 @@ class WhatIfRun:
             )
             for lever in levers
         ]
-        if self.fork_rungs and base.job is not None:
-            with self.feedback.step("preloading torch and transformers once for every rung (whatif_run.fork_rungs)"):
-                self.forks = ForkServer.start()
+        self._await_forks(needed=base.job is not None)
         with self.feedback.step("the baseline", total=1) as bar:
             self._execute(BASELINE, [base], devices, bar.advance)
         self._write_progress()
@@ -335,6 +346,17 @@ class WhatIfRun:
         self._write_record(record)
         self._render_rungs()
         return record
+
+    def _await_forks(self, *, needed: bool) -> None:
+        """The preloaded server, once it has imported (`needed`: a rung will be forked; otherwise it is stopped)."""
+        starting, self.starting = self.starting, None
+        if starting is None:
+            return
+        if not needed:
+            starting.cancel()
+            return
+        with self.feedback.step("preloading torch and transformers once for every rung (whatif_run.fork_rungs)"):
+            self.forks = starting.ready()
 
     def _devices(self) -> list[str | None]:
         chosen = self.cfg.whatif_run.devices

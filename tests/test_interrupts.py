@@ -21,6 +21,7 @@ from llm_perf_opt.records.folders import load_stage1, read_status
 def restored(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """This process's SIGINT and SIGTERM handlers (and the stop state) put back after the test."""
     monkeypatch.setattr(interrupts, "_stopping", [])
+    monkeypatch.setattr(interrupts, "_taken", [])
     previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
@@ -55,6 +56,52 @@ def test_a_sigterm_after_ctrl_c_is_ignored(installed: None) -> None:
         time.sleep(5)
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(0.05)  # reached: the SIGTERM raised nothing
+
+
+def test_a_stop_swallowed_on_its_way_is_stopped_again(installed: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A KeyboardInterrupt that code on its way swallows (a library's import catching every exception) leaves the run
+    going with no handler having taken the stop: a SIGTERM soon after is still ignored (a scheduler's group signal
+    followed by perf-whatif's own), one after RESTOP_AFTER_S stops again; once a handler took the stop, never."""
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+    except KeyboardInterrupt:
+        pass  # swallowed: no handler asked interrupts.cause()
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.05)  # reached: within RESTOP_AFTER_S the second SIGTERM is ignored
+    monkeypatch.setattr(interrupts, "RESTOP_AFTER_S", 0.0)
+    with pytest.raises(KeyboardInterrupt) as again:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+    assert interrupts.cause(again.value) == "stopped by SIGTERM"  # taken: from now on SIGTERM is ignored
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.05)  # reached
+
+
+def test_the_what_if_stopper_repeats_sigterm_for_a_rung_that_lost_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """perf-whatif stops a rung with SIGTERM and, if it still runs after RESEND_AFTER_S, SIGTERM again before the
+    SIGKILL at the end of the grace period: a rung whose first stop was swallowed ends on the second."""
+    from llm_perf_opt.pipeline import whatif_rungs
+
+    monkeypatch.setattr(whatif_rungs, "RESEND_AFTER_S", 0.5)
+    swallow_once = (
+        "import signal, sys, time\n"
+        "seen = []\n"
+        "def on_term(signum, frame):\n"
+        "    seen.append(signum)\n"
+        "    if len(seen) > 1:\n"
+        "        sys.exit(3)\n"
+        "signal.signal(signal.SIGTERM, on_term)\n"
+        "print('ready', flush=True)\n"
+        "while True:\n"
+        "    time.sleep(0.05)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", swallow_once], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+    started = time.monotonic()
+    whatif_rungs._stop(child)
+    assert child.returncode == 3  # ended by the second SIGTERM, not killed
+    assert time.monotonic() - started < whatif_rungs.STOP_GRACE_S
 
 
 def test_a_signal_started_ignored_stays_ignored(restored: None) -> None:

@@ -4,13 +4,17 @@ Ctrl-C, a KeyboardInterrupt in the main thread, so the run writes what it measur
 
 Once a run is stopping, a further SIGTERM is ignored, so writing what was measured is not cut short by a second
 stop (a scheduler signalling the whole process group, then perf-whatif forwarding its own); a second Ctrl-C still
-interrupts, as the user's explicit choice.
+interrupts, as the user's explicit choice. One exception: a stop that no run has taken (`cause` not called) for
+`RESTOP_AFTER_S` was lost on its way (code that catches every exception swallowed the KeyboardInterrupt, as an
+import inside a library's lazy attribute lookup can), so a SIGTERM after that stops again; perf-whatif repeats its
+SIGTERM for that reason.
 """
 
 from __future__ import annotations
 
 import logging
 import signal
+import time
 from types import FrameType
 
 log = logging.getLogger("llm_perf_opt")
@@ -18,7 +22,10 @@ log = logging.getLogger("llm_perf_opt")
 CTRL_C = "Ctrl-C"
 SIGTERM = "SIGTERM"
 
-_stopping: list[str] = []  # the signal that started the stop, once one did (this process stops only once)
+RESTOP_AFTER_S = 3.0  # a stop no handler took within this long was lost: a further SIGTERM stops again
+
+_stopping: list[tuple[str, float]] = []  # the signal that started the stop and when, once one did
+_taken: list[str] = []  # the stops a run's handler took (`cause`): from then on a further SIGTERM is ignored
 
 
 def install() -> None:
@@ -32,12 +39,23 @@ def install() -> None:
 def _interrupt(signum: int, _frame: FrameType | None) -> None:
     name = SIGTERM if signum == signal.SIGTERM else CTRL_C
     if _stopping and signum == signal.SIGTERM:
-        log.warning("%s ignored: already stopping (%s), writing what was measured", name, _stopping[0])
-        return
-    _stopping.append(name)
+        first, since = _stopping[0]
+        waited = time.monotonic() - since
+        if _taken or waited < RESTOP_AFTER_S:
+            log.warning("%s ignored: already stopping (%s), writing what was measured", name, first)
+            return
+        log.warning(
+            "%s: the stop by %s %.1f s ago reached no handler (it was swallowed): stopping again", name, first, waited
+        )
+        _stopping[0] = (name, time.monotonic())
+        raise KeyboardInterrupt(name)
+    _stopping.append((name, time.monotonic()))
     raise KeyboardInterrupt(name)
 
 
 def cause(exc: BaseException) -> str:
-    """Who stopped a run, for its status message: "stopped by SIGTERM" or "interrupted by the user (Ctrl-C)"."""
-    return f"stopped by {SIGTERM}" if exc.args[:1] == (SIGTERM,) else f"interrupted by the user ({CTRL_C})"
+    """Who stopped a run, for its status message: "stopped by SIGTERM" or "interrupted by the user (Ctrl-C)". The
+    handler that asks has taken the stop: a further SIGTERM is ignored from then on."""
+    who = f"stopped by {SIGTERM}" if exc.args[:1] == (SIGTERM,) else f"interrupted by the user ({CTRL_C})"
+    _taken.append(who)
+    return who

@@ -277,6 +277,9 @@ RungProcess = subprocess.Popen[bytes] | ForkedRung  # a rung's process, started 
 _LIVE: dict[RungProcess, bool] = {}  # rung processes running now -> whether each leads its own group
 _LOCK = threading.Lock()
 STOP_GRACE_S = 20.0  # seconds a rung gets to write what it measured after SIGTERM
+# SIGTERM again after this long if the rung still runs: a first stop can be swallowed on its way (interrupts.py), and
+# a rung that took it ignores the second (longer than interrupts.RESTOP_AFTER_S)
+RESEND_AFTER_S = 5.0
 
 
 def _signal(process: RungProcess, signum: int, group: bool) -> None:
@@ -288,13 +291,18 @@ def _signal(process: RungProcess, signum: int, group: bool) -> None:
 
 
 def _stop(process: RungProcess, group: bool = False) -> None:
-    """SIGTERM, then SIGKILL after the grace period (to its whole process group when `group`)."""
+    """SIGTERM, once more after RESEND_AFTER_S, then SIGKILL after the grace period (to its whole process group when
+    `group`)."""
     _signal(process, signal.SIGTERM, group)
     try:
-        process.wait(timeout=STOP_GRACE_S)
+        process.wait(timeout=RESEND_AFTER_S)
     except subprocess.TimeoutExpired:
-        _signal(process, signal.SIGKILL, group)
-        process.wait()
+        _signal(process, signal.SIGTERM, group)  # ignored by a rung writing what it measured; stops one that lost it
+        try:
+            process.wait(timeout=max(STOP_GRACE_S - RESEND_AFTER_S, 0.0))
+        except subprocess.TimeoutExpired:
+            _signal(process, signal.SIGKILL, group)
+            process.wait()
     if group:  # workers the launcher left behind
         _signal(process, signal.SIGKILL, group)
 

@@ -177,6 +177,51 @@ def test_the_best_rung_per_goal_and_the_frontier() -> None:
     assert o.frontier(rungs) == ("cuda_graphs", "fast_vision")
 
 
+def test_a_rung_that_ran_as_the_baseline_did_says_so_and_is_never_a_best_choice() -> None:
+    """`model.experts_implementation=grouped_mm` where transformers already picks grouped_mm (the H100 decode preset,
+    2026-11-26: 901 kernels per step either way, yet 0.75x "within noise"): the rung is named a no-op, its verdict
+    says so, and no goal or frontier names it; a lever that took effect, or sets an unrecorded key, is not."""
+    from llm_perf_opt.pipeline.whatif_judge import with_flags
+
+    base = load_stage1(Path(__file__).parent / "fixtures" / "runs" / "cpu_tiny_v1_stage1").metrics
+    assert base.model.experts_implementation == "grouped_mm"
+    same = w.no_effective_change(("model.experts_implementation=grouped_mm",), base, base)
+    assert same is not None and "the baseline already ran experts grouped_mm" in same and "noise" in same
+    runtime = w.no_effective_change(("runtime.kv_cache=dynamic",), base, base)
+    assert runtime is not None and base.settings.runtime.label in runtime
+    batched = attrs.evolve(base, model=attrs.evolve(base.model, experts_implementation="batched_mm"))
+    assert w.no_effective_change(("model.experts_implementation=batched_mm",), base, batched) is None
+    static = attrs.evolve(
+        base, settings=attrs.evolve(base.settings, runtime=attrs.evolve(base.settings.runtime, kv_cache="static"))
+    )
+    assert w.no_effective_change(("runtime.kv_cache=static",), base, static) is None
+    assert w.no_effective_change(("model.mode=tiny",), base, base) is None  # not recorded as built: unknown
+    assert w.no_effective_change((), base, base) is None
+
+    noop = attrs.evolve(_rung("experts_grouped_mm", _j("page_latency_ms", BETTER, -0.5)), no_change=same)
+    rungs = [*_goals_rungs(), noop]
+    assert all(c.rung != "experts_grouped_mm" for c in o.best_per_goal(rungs, 256))
+    assert "experts_grouped_mm" not in o.frontier(rungs)
+    line = with_flags("experts_grouped_mm: 1.33× (within noise)", noop)
+    assert line == f"experts_grouped_mm: 1.33× (within noise); no change: {same}"
+    assert with_flags(line, noop) == line  # flagged once
+
+
+def test_a_no_op_rung_whose_outputs_depart_shows_the_baseline_does_not_repeat() -> None:
+    """The H100 example: experts_grouped_mm ran as the baseline did and still departed at token 18, as every lever
+    did: the notes say a departure from token 18 on is the baseline's own run-to-run spread."""
+    from llm_perf_opt.pipeline.whatif_judge import unrepeatable_outputs
+    from llm_perf_opt.records.whatif import OutputAgreement
+
+    departs = OutputAgreement(inputs=1, first_departure=18, compared_tokens=32, prefill_logits_max_abs_diff=0.0)
+    same = attrs.evolve(_rung("experts_grouped_mm"), outputs=departs, no_change="the baseline already ran it")
+    lever = attrs.evolve(_rung("static_cache"), outputs=departs)
+    (note,) = unrepeatable_outputs([lever, same])
+    assert note.startswith("experts_grouped_mm ran as the baseline did, yet its outputs depart at generated token 18")
+    assert "at or after token 18 says nothing about a lever" in note
+    assert unrepeatable_outputs([lever]) == []  # no rung ran as the baseline did: nothing to say
+
+
 def test_a_goal_no_rung_could_be_judged_on_says_so() -> None:
     rungs = [Rung("baseline", BASELINE, (), (), False, MEASURED), _rung("x", _j("ttft_ms", NOT_JUDGED, None))]
     best = {c.goal: c for c in o.best_per_goal(rungs, None)}

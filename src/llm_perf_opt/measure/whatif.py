@@ -384,6 +384,41 @@ def _key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
+# Lever settings whose effect a rung's folder records as built: the model's implementations (`ModelInfo`, read from
+# the built model) and the decoder's runtime (`RunSettings.runtime`).
+_RECORDED_MODEL_KEYS: Mapping[str, str] = {
+    "model.attn_implementation": "attn_implementation",
+    "model.experts_implementation": "experts_implementation",
+}
+_RUNTIME_KEYS = "runtime."
+
+
+def no_effective_change(overrides: Sequence[str], base: Stage1Metrics, rung: Stage1Metrics) -> str | None:
+    """Why a rung ran as the baseline did, or None: its overrides set only recorded settings (the model's attention
+    and experts implementations, the decoder's runtime) and its folder recorded the baseline's values for every one,
+    e.g. `model.experts_implementation=grouped_mm` where transformers already picks grouped_mm."""
+    keys = [_key(o) for o in overrides]
+    if not keys or any(k not in _RECORDED_MODEL_KEYS and not k.startswith(_RUNTIME_KEYS) for k in keys):
+        return None
+    if rung.settings.runtime != base.settings.runtime:
+        return None
+    same = []
+    for key in dict.fromkeys(keys):
+        field = _RECORDED_MODEL_KEYS.get(key)
+        if field is None:
+            continue
+        value = getattr(rung.model, field)
+        if value is None or value != getattr(base.model, field):
+            return None
+        same.append(f"{field.replace('_implementation', '')} {value}")
+    if any(k.startswith(_RUNTIME_KEYS) for k in keys):
+        same.append(f"its runtime ({base.settings.runtime.label})")
+    return (
+        f"the baseline already ran {' and '.join(same)}, so this rung changed nothing and its differences from the "
+        "baseline are run-to-run noise"
+    )
+
+
 def plan_ladder(ranked: Sequence[Lever]) -> LadderPlan:
     """Stack `ranked` levers (best first) one at a time; a lever whose overrides are already on adds nothing and
     one that sets a key to another value than an earlier lever conflicts: both are left out with the reason."""

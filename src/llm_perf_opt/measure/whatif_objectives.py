@@ -281,11 +281,17 @@ def tradeoffs(
 
 
 def _candidates(rungs: Sequence[Rung]) -> list[Rung]:
-    """Rungs a goal may name: measured, judged, run on their own (not a reused ladder rung), same workload."""
+    """Rungs a goal may name: measured, judged, run on their own (not a reused ladder rung), same workload, and
+    changed something (a rung that ran as the baseline did differs from it by noise only)."""
     return [
         r
         for r in rungs
-        if r.state == MEASURED and r.phase != BASELINE and r.reused is None and not r.changes_workload and r.judgements
+        if r.state == MEASURED
+        and r.phase != BASELINE
+        and r.reused is None
+        and not r.changes_workload
+        and r.no_change is None
+        and r.judgements
     ]
 
 

@@ -599,11 +599,16 @@ class WhatIfRun:
 
     @staticmethod
     def _best(rungs: Sequence[Rung]) -> str | None:
-        """The fastest latency-only rung that beat the baseline (a reused ladder rung counts as its lever)."""
+        """The fastest latency-only rung that beat the baseline and changed something (a reused ladder rung counts as
+        its lever)."""
         scored = [
             r
             for r in rungs
-            if r.state == MEASURED and r.reused is None and not r.changes_workload and figures.helped(r.speedup)
+            if r.state == MEASURED
+            and r.reused is None
+            and not r.changes_workload
+            and r.no_change is None  # ran as the baseline did: a gain there is noise
+            and figures.helped(r.speedup)
         ]
         if not scored:
             return None
@@ -630,6 +635,7 @@ class WhatIfRun:
     def _notes(self) -> tuple[str, ...]:
         notes = [f"{name} is not stacked on the ladder: {why}." for name, why in self.left_out]
         notes += self._pass_notes()
+        notes += whatif_judge.unrepeatable_outputs(self.rungs.values())
         if bool(self.cfg.whatif_run.ladder_latency_only):
             workload = [r.name for r in self.rungs.values() if r.phase == ALONE and r.changes_workload]
             if workload:
@@ -760,7 +766,7 @@ def _verdict_line(rung: Rung, base_passes: int | None) -> str:
         )
     if rung.changes_workload:
         parts.append("changes the workload")
-    return whatif_judge.with_tradeoffs(", ".join(parts), rung)
+    return whatif_judge.with_flags(", ".join(parts), rung)
 
 
 def _passes_text(base_passes: int | None, rung: Rung) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure import whatif_objectives as objectives
 from llm_perf_opt.measure.module_changes import module_changes
+from llm_perf_opt.measure.whatif import no_effective_change
 from llm_perf_opt.records.folders import Stage1Folder, load_stage1, load_whatif
 from llm_perf_opt.records.io import RecordError
 from llm_perf_opt.records.whatif import BASELINE, MEASURED, Rung, WhatIfRecord
@@ -25,6 +26,7 @@ log = logging.getLogger("llm_perf_opt.whatif")
 
 WHATIF_FILE = "whatif.json"
 TRADE_OFF = "; trade-off: "
+NO_CHANGE = "; no change: "
 
 
 def workload_decode_tokens(cfg: Mapping[str, Any]) -> tuple[int | None, str | None]:
@@ -62,7 +64,8 @@ def judged_rung(
     before, after = base.metrics.modules, folder.metrics.modules
     moved = module_changes(before, after) if before is not None and after is not None else ()
     tradeoffs = objectives.tradeoffs(judgements, budget_gib)
-    return attrs.evolve(rung, judgements=judgements, tradeoffs=tradeoffs, modules=moved)
+    same = no_effective_change(rung.overrides, base.metrics, folder.metrics)
+    return attrs.evolve(rung, judgements=judgements, tradeoffs=tradeoffs, modules=moved, no_change=same)
 
 
 def judged_baseline(rung: Rung, budget_gib: float | None) -> Rung:
@@ -72,12 +75,33 @@ def judged_baseline(rung: Rung, budget_gib: float | None) -> Rung:
     return attrs.evolve(rung, tradeoffs=objectives.tradeoffs((), budget_gib, peak))
 
 
-def with_tradeoffs(line: str, rung: Rung) -> str:
-    """A lever's verdict line with its trade-off flags, e.g. "…; trade-off: decode −91%, but time to first token
-    +130%"."""
-    if not rung.tradeoffs or TRADE_OFF in line:
-        return line
-    return f"{line}{TRADE_OFF}{'; '.join(rung.tradeoffs)}"
+def with_flags(line: str, rung: Rung) -> str:
+    """A lever's verdict line with its flags: no effective change ("…; no change: the baseline already ran …") and
+    trade-offs ("…; trade-off: decode −91%, but time to first token +130%")."""
+    if rung.no_change and NO_CHANGE not in line:
+        line = f"{line}{NO_CHANGE}{rung.no_change}"
+    if rung.tradeoffs and TRADE_OFF not in line:
+        line = f"{line}{TRADE_OFF}{'; '.join(rung.tradeoffs)}"
+    return line
+
+
+def unrepeatable_outputs(rungs: Iterable[Rung]) -> list[str]:
+    """The note for a rung that ran as the baseline did, yet generated other tokens: the baseline's own outputs do
+    not repeat from run to run, so a departure at or after that token says nothing about a lever."""
+    departed = [
+        (r.name, r.outputs.first_departure)
+        for r in rungs
+        if r.no_change is not None and r.outputs is not None and r.outputs.first_departure is not None
+    ]
+    if not departed:
+        return []
+    name, token = min(departed, key=lambda pair: pair[1] or 0)
+    return [
+        f"{name} ran as the baseline did, yet its outputs depart at generated token {token}: the baseline's own "
+        f"outputs do not repeat from run to run (near-tied logits, as random weights give), so an output departure "
+        f"at or after token {token} says nothing about a lever (whatif_run.ladder_identical_outputs leaves such "
+        "levers off the ladder all the same)."
+    ]
 
 
 def with_goals(record: WhatIfRecord) -> WhatIfRecord:
@@ -110,15 +134,19 @@ def rejudge(
     for name, rung in rungs.items():  # a reused ladder rung carries the verdicts of the rung it reuses
         if rung.reused is not None and rung.reused in rungs:
             earlier = rungs[rung.reused]
-            rungs[name] = attrs.evolve(rung, judgements=earlier.judgements, tradeoffs=earlier.tradeoffs)
+            rungs[name] = attrs.evolve(
+                rung, judgements=earlier.judgements, tradeoffs=earlier.tradeoffs, no_change=earlier.no_change
+            )
     verdicts = tuple(
-        attrs.evolve(v, line=with_tradeoffs(v.line, rungs[v.lever])) if v.lever in rungs else v for v in record.verdicts
+        attrs.evolve(v, line=with_flags(v.line, rungs[v.lever])) if v.lever in rungs else v for v in record.verdicts
     )
+    notes = record.notes + tuple(n for n in unrepeatable_outputs(rungs.values()) if n not in record.notes)
     record = with_goals(
         attrs.evolve(
             record,
             rungs=tuple(rungs.values()),
             verdicts=verdicts,
+            notes=notes,
             decode_tokens=decode_tokens,
             decode_tokens_source=source,
             memory_budget_gib=budget_gib,

@@ -199,6 +199,9 @@ class Rung:
     tradeoffs: tuple[str, ...] = ()
     # Which modules the rung moved against the baseline, per stage (both runs with module attribution; else empty)
     modules: tuple[StageModuleChanges, ...] = ()
+    # Set when the rung ran with the baseline's effective settings (its levers set what the baseline already ran,
+    # e.g. experts grouped_mm where that is transformers' default): why, in plain words; its differences are noise
+    no_change: str | None = None
 
     def judgement(self, objective: str) -> Judgement | None:
         return next((j for j in self.judgements if j.objective == objective), None)

@@ -326,7 +326,7 @@ def _ranked_table(doc: Doc, record: WhatIfRecord) -> None:
                 *([ms(energy.get(rung.name), 3)] if energy else []),
                 _warmup_text(f),
                 _wall_text(rung),
-                "; ".join(rung.tradeoffs) or "—",
+                "; ".join(([f"no change: {rung.no_change}"] if rung.no_change else []) + list(rung.tradeoffs)) or "—",
             ]
         )
     doc.table(header, rows)

@@ -309,6 +309,63 @@ def test_levers_whose_outputs_depart_stay_off_the_ladder_with_the_reason() -> No
     assert "token 7 of 32" in (outputs_departure(departed, None) or "")
     assert "0.02" in (outputs_departure(same, 0.01) or "") and outputs_departure(same, 0.05) is None
     assert "not compared" in (outputs_departure(None, None) or "")
+    # Where the baseline's own outputs stop repeating (a rung that changed nothing departed at token 7), a later
+    # or equal departure is within the baseline's run-to-run spread; an earlier one is not.
+    assert outputs_departure(departed, None, repeats_until=7) is None
+    assert outputs_departure(departed, None, repeats_until=9) is not None
+    assert "up to token 9, where the baseline's stop repeating" in (outputs_departure(departed, None, 9) or "")
+    assert "0.02" in (outputs_departure(departed, 0.01, repeats_until=7) or "")  # the logit tolerance still holds
+
+
+def test_the_ladder_compares_outputs_up_to_where_the_baseline_stops_repeating(tmp_path: Path) -> None:
+    """The H100 decode preset with random weights: every lever departed at token 18, and so did experts_grouped_mm,
+    which changed nothing; the ladder then takes the levers that departed at or after 18, not those before."""
+    from llm_perf_opt.records.whatif import OutputAgreement
+
+    def outputs(token: int | None) -> OutputAgreement:
+        return OutputAgreement(inputs=1, first_departure=token, compared_tokens=32, prefill_logits_max_abs_diff=0.0)
+
+    run = WhatIfRun(compose_config("whatif"), tmp_path, "w", workload=())
+    noop = attrs.evolve(_rung("experts_grouped_mm"), outputs=outputs(18), no_change="the baseline already ran it")
+    graphs = attrs.evolve(_rung("cuda_graphs"), outputs=outputs(18))
+    early = attrs.evolve(_rung("attn_eager"), outputs=outputs(5))
+    run.rungs = {r.name: r for r in (noop, graphs, early)}
+    assert run._departure("cuda_graphs") is None
+    assert "token 5 of 32" in (run._departure("attn_eager") or "")
+    run.rungs = {r.name: r for r in (graphs, early)}  # without a rung that changed nothing: identical or nothing
+    assert "token 18 of 32" in (run._departure("cuda_graphs") or "")
+
+
+def test_a_lever_that_changed_nothing_is_never_stacked_and_its_gain_is_called_host_drift(tmp_path: Path) -> None:
+    """The H100 run of 2026-11-26: experts_grouped_mm ran as the baseline did yet measured 1.34x "beyond noise" (the
+    host slowed between the two processes), and the ladder stacked it on cuda_graphs. Now it stays off the ladder
+    with the reason, is not called helped, and the notes name the drift."""
+    from llm_perf_opt.measure.noise import BEYOND
+    from llm_perf_opt.pipeline.whatif_judge import host_drift
+    from llm_perf_opt.records.whatif import Lever, OutputAgreement, Speedup
+
+    faster = Speedup(value=1.34, ci95_low=1.18, ci95_high=1.5, ci_method="t", verdict=BEYOND)
+    graphs_gain = Speedup(value=3.6, ci95_low=3.16, ci95_high=4.7, ci_method="t", verdict=BEYOND)
+    departs = OutputAgreement(inputs=1, first_departure=18, compared_tokens=32, prefill_logits_max_abs_diff=0.0)
+    run = WhatIfRun(compose_config("whatif"), tmp_path, "w", workload=())
+    run.levers = (
+        Lever("cuda_graphs", ("runtime.kv_cache=static", "runtime.compile=decode")),
+        Lever("experts_grouped_mm", ("model.experts_implementation=grouped_mm",)),
+    )
+    graphs = attrs.evolve(_rung("cuda_graphs"), speedup=graphs_gain, outputs=departs)
+    noop = attrs.evolve(
+        _rung("experts_grouped_mm"), speedup=faster, outputs=departs, no_change="the baseline already ran it"
+    )
+    base = Rung("baseline", BASELINE, (), (), False, MEASURED)
+    run.rungs = {"baseline": base, "cuda_graphs": graphs, noop.name: noop}
+    run._ladder(run.levers, [None], latency_only=True)
+    assert [name for name in run.rungs if name.startswith("ladder-")] == ["ladder-1-cuda_graphs"]
+    assert dict(run.left_out)["experts_grouped_mm"].startswith("it changed nothing here")
+    verdicts = {v.lever: v for v in run._verdicts()}
+    assert verdicts["cuda_graphs"].helped and not verdicts["experts_grouped_mm"].helped
+    (note,) = host_drift(run.rungs.values())
+    assert note.startswith("experts_grouped_mm ran as the baseline did, yet measured 1.34× the baseline (beyond noise)")
+    assert host_drift([graphs]) == []
 
 
 def test_the_rung_table_shows_joules_per_decode_token_and_notes_name_their_rungs() -> None:

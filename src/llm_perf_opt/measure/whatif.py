@@ -444,15 +444,20 @@ def plan_ladder(ranked: Sequence[Lever]) -> LadderPlan:
     return LadderPlan(steps=tuple(steps), left_out=tuple(left_out))
 
 
-def outputs_departure(outputs: OutputAgreement | None, max_logit_diff: float | None) -> str | None:
-    """Why a rung's outputs are beyond the ladder's tolerance against the baseline's (any generated token differing;
-    with `max_logit_diff`, the last prompt position's logits further apart than it), or None when they are within."""
+def outputs_departure(
+    outputs: OutputAgreement | None, max_logit_diff: float | None, repeats_until: int | None = None
+) -> str | None:
+    """Why a rung's outputs are beyond the ladder's tolerance against the baseline's (a generated token differing
+    before `repeats_until`, the token from which the baseline's own outputs do not repeat run to run, if known; with
+    `max_logit_diff`, the last prompt position's logits further apart than it), or None when they are within."""
     if outputs is None:
         return "its outputs were not compared with the baseline's"
-    if not outputs.identical:
+    departs = outputs.first_departure
+    if departs is not None and (repeats_until is None or departs < repeats_until):
+        where = "" if repeats_until is None else f" up to token {repeats_until}, where the baseline's stop repeating"
         return (
-            f"its generated tokens depart from the baseline's at token {outputs.first_departure} of "
-            f"{outputs.compared_tokens} (the ladder stacks only levers whose outputs are identical)"
+            f"its generated tokens depart from the baseline's at token {departs} of {outputs.compared_tokens} (the "
+            f"ladder stacks only levers whose outputs are identical{where})"
         )
     diff = outputs.prefill_logits_max_abs_diff
     if max_logit_diff is not None and diff is not None and diff > max_logit_diff:

@@ -522,11 +522,18 @@ class WhatIfRun:
             for lever in levers
             if self.rungs[lever.name].state == MEASURED and (lever.changes == LATENCY or not latency_only)
         ]
+        unchanged = [
+            (lever.name, f"it changed nothing here ({no_change})")
+            for lever in candidates
+            if (no_change := self.rungs[lever.name].no_change) is not None
+        ]
         departed = [(lever.name, why) for lever in candidates if (why := self._departure(lever.name)) is not None]
-        candidates = [lever for lever in candidates if lever.name not in dict(departed)]
+        departed = [(name, why) for name, why in departed if name not in dict(unchanged)]
+        skipped = dict(unchanged) | dict(departed)
+        candidates = [lever for lever in candidates if lever.name not in skipped]
         ranked = figures.rank(candidates, {lever.name: self.rungs[lever.name].speedup for lever in candidates})
         plan = figures.plan_ladder(ranked)
-        self.left_out = (*departed, *plan.left_out)
+        self.left_out = (*unchanged, *departed, *plan.left_out)
         if not plan.steps:
             return
         first = plan.steps[0]
@@ -555,7 +562,10 @@ class WhatIfRun:
         if not bool(run.get("ladder_identical_outputs", True)):
             return None
         limit = run.get("ladder_max_logit_diff")
-        return figures.outputs_departure(self.rungs[name].outputs, None if limit is None else float(limit))
+        found = whatif_judge.repeats_until(self.rungs.values())  # where the baseline's own outputs stop repeating
+        return figures.outputs_departure(
+            self.rungs[name].outputs, None if limit is None else float(limit), None if found is None else found[1]
+        )
 
     def _lever(self, name: str) -> Lever:
         return next(lever for lever in self.levers if lever.name == name)
@@ -625,7 +635,7 @@ class WhatIfRun:
             out.append(
                 Verdict(
                     lever=lever.name,
-                    helped=figures.helped(rung.speedup),
+                    helped=figures.helped(rung.speedup) and rung.no_change is None,  # a no-op's gain is noise
                     line=_verdict_line(rung, base_passes),
                     judged=rung.state == MEASURED and figures.judged(rung.speedup),
                 )
@@ -635,6 +645,7 @@ class WhatIfRun:
     def _notes(self) -> tuple[str, ...]:
         notes = [f"{name} is not stacked on the ladder: {why}." for name, why in self.left_out]
         notes += self._pass_notes()
+        notes += whatif_judge.host_drift(self.rungs.values())
         notes += whatif_judge.unrepeatable_outputs(self.rungs.values())
         if bool(self.cfg.whatif_run.ladder_latency_only):
             workload = [r.name for r in self.rungs.values() if r.phase == ALONE and r.changes_workload]

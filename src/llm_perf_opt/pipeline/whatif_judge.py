@@ -17,6 +17,7 @@ from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure import whatif_objectives as objectives
 from llm_perf_opt.measure.module_changes import module_changes
+from llm_perf_opt.measure.noise import BEYOND
 from llm_perf_opt.measure.whatif import no_effective_change
 from llm_perf_opt.records.folders import Stage1Folder, load_stage1, load_whatif
 from llm_perf_opt.records.io import RecordError
@@ -85,22 +86,46 @@ def with_flags(line: str, rung: Rung) -> str:
     return line
 
 
-def unrepeatable_outputs(rungs: Iterable[Rung]) -> list[str]:
-    """The note for a rung that ran as the baseline did, yet generated other tokens: the baseline's own outputs do
-    not repeat from run to run, so a departure at or after that token says nothing about a lever."""
+def repeats_until(rungs: Iterable[Rung]) -> tuple[str, int] | None:
+    """The earliest generated token where a rung that ran as the baseline did (`Rung.no_change`) departs from the
+    baseline's outputs, and that rung: from there on the baseline's own outputs do not repeat from run to run (near-
+    tied logits, as random weights give). None when no such rung departed."""
     departed = [
         (r.name, r.outputs.first_departure)
         for r in rungs
         if r.no_change is not None and r.outputs is not None and r.outputs.first_departure is not None
     ]
-    if not departed:
+    return min(departed, key=lambda pair: pair[1] or 0) if departed else None
+
+
+def host_drift(rungs: Iterable[Rung]) -> list[str]:
+    """The note for a rung that ran as the baseline did, yet measured faster or slower beyond noise: the host's pace
+    drifted between the two processes by that much, which no interval over one process's passes can see."""
+    notes = []
+    for r in rungs:
+        s = r.speedup
+        if r.no_change is None or s is None or s.verdict != BEYOND:
+            continue
+        notes.append(
+            f"{r.name} ran as the baseline did, yet measured {s.value:.2f}× the baseline ({s.verdict}): the host's "
+            "pace drifted between the two rungs' processes by that much, so a lever's gain or loss of that size is "
+            "not to be trusted from this run alone; run it again, or pin the host (run.cpu_affinity)."
+        )
+    return notes
+
+
+def unrepeatable_outputs(rungs: Iterable[Rung]) -> list[str]:
+    """The note for a rung that ran as the baseline did, yet generated other tokens: the baseline's own outputs do
+    not repeat from run to run, so a departure at or after that token says nothing about a lever."""
+    found = repeats_until(rungs)
+    if found is None:
         return []
-    name, token = min(departed, key=lambda pair: pair[1] or 0)
+    name, token = found
     return [
         f"{name} ran as the baseline did, yet its outputs depart at generated token {token}: the baseline's own "
         f"outputs do not repeat from run to run (near-tied logits, as random weights give), so an output departure "
-        f"at or after token {token} says nothing about a lever (whatif_run.ladder_identical_outputs leaves such "
-        "levers off the ladder all the same)."
+        f"at or after token {token} says nothing about a lever, and the ladder compares the tokens before it "
+        "(whatif_run.ladder_identical_outputs)."
     ]
 
 
@@ -138,9 +163,13 @@ def rejudge(
                 rung, judgements=earlier.judgements, tradeoffs=earlier.tradeoffs, no_change=earlier.no_change
             )
     verdicts = tuple(
-        attrs.evolve(v, line=with_flags(v.line, rungs[v.lever])) if v.lever in rungs else v for v in record.verdicts
+        attrs.evolve(v, line=with_flags(v.line, rungs[v.lever]), helped=v.helped and rungs[v.lever].no_change is None)
+        if v.lever in rungs
+        else v
+        for v in record.verdicts
     )
-    notes = record.notes + tuple(n for n in unrepeatable_outputs(rungs.values()) if n not in record.notes)
+    found = [*host_drift(rungs.values()), *unrepeatable_outputs(rungs.values())]
+    notes = record.notes + tuple(n for n in found if n not in record.notes)
     record = with_goals(
         attrs.evolve(
             record,

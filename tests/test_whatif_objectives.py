@@ -360,12 +360,37 @@ def test_a_lever_that_changed_nothing_is_never_stacked_and_its_gain_is_called_ho
     run.rungs = {"baseline": base, "cuda_graphs": graphs, noop.name: noop}
     run._ladder(run.levers, [None], latency_only=True)
     assert [name for name in run.rungs if name.startswith("ladder-")] == ["ladder-1-cuda_graphs"]
-    assert dict(run.left_out)["experts_grouped_mm"].startswith("it changed nothing here")
+    assert dict(run.left_out)["experts_grouped_mm"] == "the baseline already ran it"
     verdicts = {v.lever: v for v in run._verdicts()}
     assert verdicts["cuda_graphs"].helped and not verdicts["experts_grouped_mm"].helped
     (note,) = host_drift(run.rungs.values())
     assert note.startswith("experts_grouped_mm ran as the baseline did, yet measured 1.34× the baseline (beyond noise)")
     assert host_drift([graphs]) == []
+
+
+def test_outputs_are_judged_up_to_where_the_baseline_stops_repeating() -> None:
+    """With a rung that changed nothing departing at token 18, a lever departing at 18 is judged the same on outputs
+    (and flags no output loss), one departing at 5 stays worse; without such a rung nothing changes."""
+    from llm_perf_opt.pipeline.whatif_judge import with_repeat_floor
+    from llm_perf_opt.records.whatif import OutputAgreement
+
+    def departing(name: str, token: int, **kwargs: object) -> Rung:
+        outputs = OutputAgreement(inputs=1, first_departure=token, compared_tokens=32, prefill_logits_max_abs_diff=0.0)
+        judged = (_j("decode_ms_per_token", BETTER, -0.9), o.judge_outputs(outputs))
+        rung = attrs.evolve(_rung(name, *judged), outputs=outputs, **kwargs)
+        return attrs.evolve(rung, tradeoffs=o.tradeoffs(rung.judgements, None))
+
+    graphs, early = departing("cuda_graphs", 18), departing("attn_eager", 5)
+    assert graphs.tradeoffs == ("decode −90%, but outputs depart at token 18 of 32",)
+    noop = departing("experts_grouped_mm", 18, no_change="the baseline already ran it")
+    floored = with_repeat_floor({r.name: r for r in (graphs, early, noop)}, None)
+    outputs = floored["cuda_graphs"].judgement("outputs")
+    assert outputs is not None and outputs.verdict == SAME
+    assert outputs.why == "depart at token 18 of 32, where the baseline's own outputs no longer repeat (from token 18)"
+    assert floored["cuda_graphs"].tradeoffs == ()
+    early_outputs = floored["attn_eager"].judgement("outputs")
+    assert early_outputs is not None and early_outputs.verdict == WORSE
+    assert with_repeat_floor({r.name: r for r in (graphs, early)}, None) == {"cuda_graphs": graphs, "attn_eager": early}
 
 
 def test_the_rung_table_shows_joules_per_decode_token_and_notes_name_their_rungs() -> None:

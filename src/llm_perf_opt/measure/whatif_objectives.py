@@ -172,14 +172,20 @@ def _optional(figure: Figure, base: tuple[float | None, str], own: tuple[float |
     return judge_value(figure, base[0], own[0], same=_relative(tolerance), how=how + detail)
 
 
-def judge_outputs(outputs: OutputAgreement | None) -> Judgement:
-    """Outputs against the baseline's: identical is the same, a departing token is worse, none compared: not judged."""
+def judge_outputs(outputs: OutputAgreement | None, repeats_until: int | None = None) -> Judgement:
+    """Outputs against the baseline's: identical is the same, a departing token is worse (unless at or after
+    `repeats_until`, the token from which the baseline's own outputs do not repeat run to run: the same), none
+    compared: not judged."""
     if outputs is None:
         return _not_judged(OUTPUTS, None, None, "outputs were not compared with the baseline")
     if outputs.identical:
         why = f"identical for {outputs.compared_tokens} tokens"
         return Judgement(OUTPUTS.name, OUTPUTS.label, "", None, None, SAME, why=why)
-    why = f"depart at token {outputs.first_departure} of {outputs.compared_tokens}"
+    departs = outputs.first_departure
+    why = f"depart at token {departs} of {outputs.compared_tokens}"
+    if repeats_until is not None and departs is not None and departs >= repeats_until:
+        why += f", where the baseline's own outputs no longer repeat (from token {repeats_until})"
+        return Judgement(OUTPUTS.name, OUTPUTS.label, "", None, None, SAME, why=why)
     return Judgement(OUTPUTS.name, OUTPUTS.label, "", None, None, WORSE, why=why)
 
 

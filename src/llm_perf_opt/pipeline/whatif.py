@@ -506,6 +506,7 @@ class WhatIfRun:
                 attribution=figures.attribute(name, rung.figures, against, ref_rung.figures),
             )
             self.rungs[name] = whatif_judge.judged_rung(judged, base_folder, folder, tokens, self.budget_gib)
+        self.rungs = whatif_judge.with_repeat_floor(self.rungs, self.budget_gib)
 
     def _below(self, rung: Rung) -> str:
         """The rung a ladder rung stands on: the ladder rung with one lever fewer (the best lever alone first)."""
@@ -522,11 +523,7 @@ class WhatIfRun:
             for lever in levers
             if self.rungs[lever.name].state == MEASURED and (lever.changes == LATENCY or not latency_only)
         ]
-        unchanged = [
-            (lever.name, f"it changed nothing here ({no_change})")
-            for lever in candidates
-            if (no_change := self.rungs[lever.name].no_change) is not None
-        ]
+        unchanged = [(lever.name, why) for lever in candidates if (why := self.rungs[lever.name].no_change) is not None]
         departed = [(lever.name, why) for lever in candidates if (why := self._departure(lever.name)) is not None]
         departed = [(name, why) for name, why in departed if name not in dict(unchanged)]
         skipped = dict(unchanged) | dict(departed)

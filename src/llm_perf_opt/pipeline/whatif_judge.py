@@ -98,6 +98,25 @@ def repeats_until(rungs: Iterable[Rung]) -> tuple[str, int] | None:
     return min(departed, key=lambda pair: pair[1] or 0) if departed else None
 
 
+def with_repeat_floor(rungs: Mapping[str, Rung], budget_gib: float | None) -> dict[str, Rung]:
+    """The rungs with their outputs judged only up to where the baseline's own outputs stop repeating (shown by a
+    rung that changed nothing, `repeats_until`), and their trade-offs flagged again; as they are without one."""
+    found = repeats_until(rungs.values())
+    if found is None:
+        return dict(rungs)
+    out = {}
+    for name, rung in rungs.items():
+        if rung.phase == BASELINE or not rung.judgements:
+            out[name] = rung
+            continue
+        judgements = tuple(
+            objectives.judge_outputs(rung.outputs, found[1]) if j.objective == objectives.OUTPUTS.name else j
+            for j in rung.judgements
+        )
+        out[name] = attrs.evolve(rung, judgements=judgements, tradeoffs=objectives.tradeoffs(judgements, budget_gib))
+    return out
+
+
 def host_drift(rungs: Iterable[Rung]) -> list[str]:
     """The note for a rung that ran as the baseline did, yet measured faster or slower beyond noise: the host's pace
     drifted between the two processes by that much, which no interval over one process's passes can see."""
@@ -162,6 +181,7 @@ def rejudge(
             rungs[name] = attrs.evolve(
                 rung, judgements=earlier.judgements, tradeoffs=earlier.tradeoffs, no_change=earlier.no_change
             )
+    rungs = with_repeat_floor(rungs, budget_gib)
     verdicts = tuple(
         attrs.evolve(v, line=with_flags(v.line, rungs[v.lever]), helped=v.helped and rungs[v.lever].no_change is None)
         if v.lever in rungs

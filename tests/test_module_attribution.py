@@ -20,7 +20,7 @@ from llm_perf_opt.measure.module_attribution import (
     cpu_launches,
     innermost,
 )
-from llm_perf_opt.measure.module_changes import module_changes
+from llm_perf_opt.measure.module_changes import held_by, module_changes
 from llm_perf_opt.measure.module_floors import ModuleResolver, fold, module_attribution
 from llm_perf_opt.measure.module_ranges import module_ranges
 from llm_perf_opt.records.io import converter, to_plain
@@ -327,3 +327,33 @@ def test_module_ranges_leave_no_hook_behind_even_on_an_error() -> None:
         assert ranges.hooked == 3
         model(torch.ones(1, 3))  # wrong width: raises inside the first Linear's forward
     assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())
+
+
+def test_what_holds_the_best_rung_keeps_its_decode_step_and_prefill_modules_furthest_above_the_floor() -> None:
+    import attrs as _attrs
+
+    from llm_perf_opt.records.whatif import WhatIfRecord
+    from llm_perf_opt.report.whatif_report import whatif_md
+    from whatif_fixtures import realistic
+
+    stages = (
+        _stage("decode/step", 1.4, {"experts": 0.3, "attn": 0.2, "gate": 0.1}),
+        _stage("prefill", 40.0, {"sam": 14.0, "clip": 9.0}),
+        _stage("vision/sam", 14.0, {"sam": 14.0}),
+    )
+    held = held_by(ModuleAttribution("GPU kernel time", stages, "H100 bf16 dense peaks", ("a note",)), rows=2)
+    assert held is not None
+    assert [s.stage for s in held.stages] == ["decode/step", "prefill"]  # the stages the what-if targets
+    assert [r.module for r in held.stages[0].rows] == ["experts", "attn"]  # the rows' own order, cut to 2
+    assert held.stages[0].total_ms == 1.4 and held.method_notes == ()  # totals kept, notes dropped
+    assert held_by(None) is None
+    assert held_by(ModuleAttribution("GPU kernel time", (stages[2],), None)) is None
+
+    record: WhatIfRecord = realistic()
+    rungs = tuple(_attrs.evolve(r, held=held) if r.name == record.best else r for r in record.rungs)
+    text = whatif_md(_attrs.evolve(record, rungs=rungs))
+    assert f"## What holds the rest: {record.best}, by module" in text
+    assert "(H100 bf16 dense peaks)" in text and "|`experts`|Linear|" in text and "### prefill" in text
+    assert "|`gate`|" not in text  # beyond the kept rows
+    plain = whatif_md(record)  # no attribution recorded: no section
+    assert "What holds the rest" not in plain

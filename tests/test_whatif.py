@@ -129,6 +129,11 @@ def test_attribution_names_launch_overhead_and_bytes() -> None:
     fewer_bytes = _figures(15.0, busy=1.2, kernels=900, flops=1e9, moved=0.5e9)
     b = w.attribute("routing", fewer_bytes, "baseline", _figures(15.5, busy=1.9, kernels=900, flops=1e9, moved=1e9))
     assert b is not None and b.cause.startswith("bytes moved: 0.50×")
+    # the same kernels and busy time, only idle moved (seen on the H100: a vision lever "saving" 9 ms per decode step)
+    drifted, base = _figures(18.3, 2.47, 901, 1e9, 1e9), _figures(27.4, 2.47, 901, 1e9, 1e9)
+    paced = w.attribute("sam_flex", drifted, "baseline", base)
+    assert paced is not None and paced.cause.startswith("host time alone: the same 901 kernels/step")
+    assert "host's pace drifting" in paced.cause
 
 
 def test_attribution_without_a_kernel_timeline_says_so() -> None:
@@ -161,6 +166,13 @@ def test_presets_compose_with_their_levers() -> None:
     tuned = next(lever for lever in tuning if lever.name == "max_autotune_graphs")
     assert tuned.needs == "cuda" and "runtime.compile_mode=max-autotune" in tuned.overrides
     assert validate(tuned.overrides) is None  # the overrides compose
+    # autotuned compiles stay in tuning: the vision preset's compiled prefill is the default mode, and the autotuned
+    # one keeps ATen out of the matmul choices (torch 2.11 trips a device-side assert autotuning grouped_mm)
+    prefill = next(lever for lever in everything if lever.name == "compiled_prefill")
+    assert "runtime.compile_mode=default" in prefill.overrides
+    autotuned = next(lever for lever in tuning if lever.name == "prefill_max_autotune")
+    assert "+runtime.compile_options.max_autotune_gemm_backends=TRITON" in autotuned.overrides
+    assert validate(autotuned.overrides) is None and "prefill_max_autotune" not in {lever.name for lever in everything}
 
 
 def test_bad_lever_definitions_are_one_paragraph_each() -> None:

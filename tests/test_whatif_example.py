@@ -1,6 +1,6 @@
-"""The shipped H100 what-if example (examples/whatif-h100-decode): its record loads, its figures are the ones the
-perf-whatif guide and docs/benchmarks.md quote, its report re-renders from the record alone, and the baseline's report
-cites it."""
+"""The shipped H100 what-if examples (examples/whatif-h100-decode, examples/whatif-h100-all): their records load,
+their figures are the ones the README, the perf-whatif guide and docs/benchmarks.md quote, their reports re-render from
+the record alone, and the baseline's report cites the decode one."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ from llm_perf_opt.records.folders import load_whatif
 from llm_perf_opt.records.whatif import MEASURED
 from llm_perf_opt.report import whatif_report
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "whatif-h100-decode"
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLE = EXAMPLES / "whatif-h100-decode"
+ALL = EXAMPLES / "whatif-h100-all"
 
 
 def test_the_example_record_holds_the_quoted_ladder() -> None:
@@ -45,6 +47,35 @@ def test_the_example_report_rerenders_from_its_record(tmp_path: Path) -> None:
     whatif_report.write_all(art, load_whatif(copy))
     assert (copy / "whatif.md").read_text() == (EXAMPLE / "whatif.md").read_text()
     render(copy / "rungs" / "00-baseline")  # inside the what-if folder: "What to try" cites it
-    assert "cuda_graphs cut decode ms/token (p50) from 22.88 to 1.55 ms" in (
-        copy / "rungs" / "00-baseline" / "report.md"
-    ).read_text()
+    assert (
+        "cuda_graphs cut decode ms/token (p50) from 22.88 to 1.55 ms"
+        in (copy / "rungs" / "00-baseline" / "report.md").read_text()
+    )
+
+
+def test_the_all_example_judges_every_objective_and_flags_the_trade_offs() -> None:
+    record = load_whatif(ALL)
+    assert record.device == "NVIDIA H100 80GB HBM3" and record.weights == "random" and record.preset == "all"
+    assert record.decode_tokens == 256 and len(record.levers) == 16
+    assert all(r.state == MEASURED for r in record.rungs)
+    best = record.rung("batch_16")
+    assert record.best == "batch_16" and best is not None and best.speedup is not None
+    assert best.speedup.value == pytest.approx(5.32, abs=0.01)
+    assert any("time to first token +761%" in t for t in best.tradeoffs)  # the throughput gain's price, flagged
+    goals = {g.goal: g.rung for g in record.best_per_goal}
+    assert set(goals.values()) == {"cuda_graphs", "gpu_preprocess", "batch_16", "sam_flex_attention"}
+    combined = record.rung("ladder-3-gpu_preprocess")  # the ladder's top: the combined rung
+    assert combined is not None and combined.levers == ("batch_4", "sam_flex_attention", "gpu_preprocess")
+    assert combined.outputs is not None and combined.outputs.identical
+    assert best.held is not None and [s.stage for s in best.held.stages] == ["prefill", "decode/step"]
+    assert any("changed nothing" in (r.no_change or "") for r in record.rungs)  # experts_grouped_mm
+
+
+@pytest.mark.parametrize("example", [EXAMPLE, ALL], ids=["decode", "all"])
+def test_each_example_report_rerenders_from_its_record_alone(tmp_path: Path, example: Path) -> None:
+    copy = tmp_path / "example"
+    shutil.copytree(example, copy)
+    art = ArtifactsManager(copy, stage="whatif")
+    art.written.append("whatif.json")
+    whatif_report.write_all(art, load_whatif(copy))
+    assert (copy / "whatif.md").read_text() == (example / "whatif.md").read_text()

@@ -7,9 +7,14 @@ exactly, so a waterfall from the baseline's total to the rung's closes.
 
 from __future__ import annotations
 
+import attrs
+
+from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.modules import ModuleAttribution, ModuleChange, StageModuleChanges, StageModules
 
 TOP_MOVES = 8  # modules listed per stage; the rest summed
+HELD_ROWS = 5  # modules kept per stage in `held_by`
+HELD_STAGES = (vocab.DECODE_STEP, vocab.PREFILL)
 
 
 def _times(stage: StageModules) -> dict[str, float]:
@@ -46,3 +51,14 @@ def module_changes(
     """Per stage both runs attributed, the change by module (stages in the baseline's order)."""
     others = {s.stage: s for s in other.stages}
     return tuple(stage_changes(s, others[s.stage], top) for s in base.stages if s.stage in others)
+
+
+def held_by(attribution: ModuleAttribution | None, rows: int = HELD_ROWS) -> ModuleAttribution | None:
+    """What holds a run's decode step and prefill: their `rows` modules furthest above their floor (the rows' own
+    order), every stage total, floor and unattributed time kept; None without module attribution."""
+    if attribution is None:
+        return None
+    stages = tuple(attrs.evolve(s, rows=s.rows[:rows]) for s in attribution.stages if s.stage in HELD_STAGES)
+    if not stages:
+        return None
+    return attrs.evolve(attribution, stages=stages, method_notes=())

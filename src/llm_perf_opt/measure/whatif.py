@@ -345,9 +345,14 @@ def _cause(f: RungFigures, ref: RungFigures, wall: float, idle: float | None, bu
     if idle is None or busy is None:
         return f"{direction} {abs(wall):.3g} ms/step; not split (no kernel timeline: CPU, or no profiled pass)"
     if abs(idle) >= abs(busy):
-        launches = ""
-        if f.kernels_per_step is not None and ref.kernels_per_step is not None:
-            launches = f" ({ref.kernels_per_step:.0f} → {f.kernels_per_step:.0f} kernels/step)"
+        if f.kernels_per_step is None or ref.kernels_per_step is None:
+            return f"launch and host overhead: GPU idle {idle:+.3g} ms/step"
+        if round(f.kernels_per_step) == round(ref.kernels_per_step) and not _moved(_busy(f), _busy(ref)):
+            return (
+                f"host time alone: the same {f.kernels_per_step:.0f} kernels/step and GPU-busy time, GPU idle "
+                f"{idle:+.3g} ms/step (the lever's host-side work, or the host's pace drifting between the processes)"
+            )
+        launches = f" ({ref.kernels_per_step:.0f} → {f.kernels_per_step:.0f} kernels/step)"
         return f"launch and host overhead: GPU idle {idle:+.3g} ms/step{launches}"
     if _moved(f.bytes_per_step, ref.bytes_per_step) and f.bound == "memory":
         return (

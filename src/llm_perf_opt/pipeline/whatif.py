@@ -489,7 +489,7 @@ class WhatIfRun:
             return
         tokens = self.decode_tokens
         base_values = figures.pass_values(base_folder.metrics, self.goal.name, tokens)
-        self.rungs[BASELINE_NAME] = whatif_judge.judged_baseline(base, self.budget_gib)
+        self.rungs[BASELINE_NAME] = whatif_judge.judged_baseline(base, self.budget_gib, base_folder)
         for name, rung in list(self.rungs.items()):
             folder = self.folders.get(name)
             if name == BASELINE_NAME or folder is None or rung.figures is None or rung.speedup is not None:

@@ -16,7 +16,7 @@ import attrs
 from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure import whatif_objectives as objectives
-from llm_perf_opt.measure.module_changes import module_changes
+from llm_perf_opt.measure.module_changes import held_by, module_changes
 from llm_perf_opt.measure.noise import BEYOND
 from llm_perf_opt.measure.whatif import no_effective_change
 from llm_perf_opt.records.folders import Stage1Folder, load_stage1, load_whatif
@@ -66,14 +66,17 @@ def judged_rung(
     moved = module_changes(before, after) if before is not None and after is not None else ()
     tradeoffs = objectives.tradeoffs(judgements, budget_gib)
     same = no_effective_change(rung.overrides, base.metrics, folder.metrics)
-    return attrs.evolve(rung, judgements=judgements, tradeoffs=tradeoffs, modules=moved, no_change=same)
+    return attrs.evolve(
+        rung, judgements=judgements, tradeoffs=tradeoffs, modules=moved, no_change=same, held=held_by(after)
+    )
 
 
-def judged_baseline(rung: Rung, budget_gib: float | None) -> Rung:
-    """The baseline's own flag: its peak memory over the budget."""
+def judged_baseline(rung: Rung, budget_gib: float | None, folder: Stage1Folder | None = None) -> Rung:
+    """The baseline's own flag (its peak memory over the budget) and what holds it by module (from its folder)."""
     figures = rung.figures
     peak = None if figures is None or figures.peak_memory_bytes is None else figures.peak_memory_bytes / objectives.GIB
-    return attrs.evolve(rung, tradeoffs=objectives.tradeoffs((), budget_gib, peak))
+    held = held_by(folder.metrics.modules) if folder is not None else rung.held
+    return attrs.evolve(rung, tradeoffs=objectives.tradeoffs((), budget_gib, peak), held=held)
 
 
 def with_flags(line: str, rung: Rung) -> str:
@@ -179,7 +182,11 @@ def rejudge(
         if rung.reused is not None and rung.reused in rungs:
             earlier = rungs[rung.reused]
             rungs[name] = attrs.evolve(
-                rung, judgements=earlier.judgements, tradeoffs=earlier.tradeoffs, no_change=earlier.no_change
+                rung,
+                judgements=earlier.judgements,
+                tradeoffs=earlier.tradeoffs,
+                no_change=earlier.no_change,
+                held=earlier.held,
             )
     rungs = with_repeat_floor(rungs, budget_gib)
     verdicts = tuple(
@@ -211,7 +218,7 @@ def _rejudged(
     run_dir: Path, rung: Rung, base: Stage1Folder, decode_tokens: int | None, budget_gib: float | None
 ) -> Rung:
     if rung.phase == BASELINE:
-        return judged_baseline(rung, budget_gib)
+        return judged_baseline(rung, budget_gib, base)
     if rung.state != MEASURED or rung.reused is not None or rung.folder is None:
         return rung
     try:

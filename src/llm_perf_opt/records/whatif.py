@@ -9,7 +9,7 @@ from typing import Any
 import attrs
 
 from llm_perf_opt.records.common import Summary
-from llm_perf_opt.records.modules import StageModuleChanges
+from llm_perf_opt.records.modules import ModuleAttribution, StageModuleChanges
 
 # What a lever may change: only the time of the same work, or the work itself (mode, tiles, dtype, …).
 LATENCY = "latency"
@@ -202,6 +202,9 @@ class Rung:
     # Set when the rung ran with the baseline's effective settings (its levers set what the baseline already ran,
     # e.g. experts grouped_mm where that is transformers' default): why, in plain words; its differences are noise
     no_change: str | None = None
+    # What holds the rung's own decode step and prefill: the modules furthest above their floor (a few per stage,
+    # `measure.module_changes.held_by`); None without module attribution
+    held: ModuleAttribution | None = None
 
     def judgement(self, objective: str) -> Judgement | None:
         return next((j for j in self.judgements if j.objective == objective), None)

@@ -126,6 +126,11 @@ def launched_by(sources: KernelSources | None, shown: int = 2) -> str:
     return text + (f", others {rest:.0%}" if rest >= 0.005 else "")
 
 
+def module_table(doc: Doc, rows: Sequence[ModuleFloorRow]) -> None:
+    """The folded modules' table: time beside floor, rates and the largest kernel."""
+    doc.table(_HEADER, [module_row(r) for r in rows])
+
+
 def modules_section(doc: Doc, a: ModuleAttribution, plot: str | None) -> None:
     """report.md: per stage, the modules furthest above their floor."""
     doc.h2("Where each stage's time goes, by module")
@@ -135,7 +140,7 @@ def modules_section(doc: Doc, a: ModuleAttribution, plot: str | None) -> None:
             continue
         doc.h3(stage.stage)
         doc.para(stage_summary(stage, a.time_kind))
-        doc.table(_HEADER, [module_row(r) for r in stage.rows[:REPORT_ROWS]])
+        module_table(doc, stage.rows[:REPORT_ROWS])
     if plot:
         doc.image("Module time against module floor, per stage", plot)
 
@@ -153,7 +158,7 @@ def modules_md(a: ModuleAttribution, title: str) -> str:
                 f"Analytic work placed on these modules: {flops(sum(r.flops or 0 for r in priced))} FLOPs, "
                 f"{num_bytes(sum(r.bytes or 0 for r in priced))} per forward."
             )
-        doc.table(_HEADER, [module_row(r) for r in stage.rows])
+        module_table(doc, stage.rows)
     return doc.text()
 
 

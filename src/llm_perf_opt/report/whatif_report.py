@@ -35,7 +35,7 @@ from llm_perf_opt.records.whatif import (
 )
 from llm_perf_opt.report.comparison import ratio_text
 from llm_perf_opt.report.markdown import Doc, flops, link, ms, num_bytes, pct
-from llm_perf_opt.report.modules_report import changes_table
+from llm_perf_opt.report.modules_report import changes_table, module_table, stage_summary
 from llm_perf_opt.report.whatif_plots import write_whatif_plots
 
 NA = "n/a"
@@ -552,6 +552,29 @@ def _floor_table(doc: Doc, record: WhatIfRecord) -> None:
     )
 
 
+def _held(doc: Doc, record: WhatIfRecord) -> None:
+    """What holds the best rung (else the baseline) by module: per stage, the modules furthest above their floor."""
+    shown = record.rung(record.best) if record.best is not None else record.baseline
+    if shown is None or shown.held is None:
+        return
+    held = shown.held
+    doc.h2(f"What holds the rest: {shown.name}, by module")
+    doc.para(
+        f"The {shown.name} rung's own time by module ({held.time_kind} in its profiled pass), beside each module's "
+        "floor"
+        + (f" ({held.floors})" if held.floors else "")
+        + ": per stage the modules furthest above their floor, where faster kernels or fewer of them could still "
+        "win; every module is in the rung's `modules.md`"
+        + (f" ({link(shown.folder, f'{shown.folder}/modules.md')})" if shown.folder else "")
+        + "."
+    )
+    for stage in held.stages:
+        doc.h3(stage.stage)
+        doc.para(stage_summary(stage, held.time_kind))
+        if stage.rows:
+            module_table(doc, stage.rows)
+
+
 def _verdicts(doc: Doc, record: WhatIfRecord) -> None:
     doc.h2("Verdicts")
     helped = [v.line for v in record.verdicts if v.helped]
@@ -640,6 +663,7 @@ def whatif_md(record: WhatIfRecord, plots: dict[str, str] | None = None, files: 
     _floor_table(doc, record)
     if "floor" in plots:
         doc.image("Distance to the floor, baseline vs best rung", plots["floor"])
+    _held(doc, record)
     _verdicts(doc, record)
     _levers(doc, record)
     if record.notes:

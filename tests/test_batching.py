@@ -192,7 +192,7 @@ def test_padded_decode_steps_get_4d_masks_and_read_nothing_on_the_host(tiny_sess
 @pytest.mark.slow
 def test_compiled_decode_of_a_padded_batch(tiny_session, v2_pages, v2_alone, monkeypatch) -> None:
     torch._dynamo.reset()
-    monkeypatch.setattr(compiled, "compile_function", lambda fn, mode, options=(): torch.compile(fn, backend="eager"))
+    monkeypatch.setattr(compiled, "compile_function", lambda fn, *_: torch.compile(fn, backend="eager"))
     runtime = RuntimeSettings(kv_cache="static", compile="decode", compile_mode="default", batch_size=3)
     try:
         m = batched(tiny_session, v2_pages, runtime)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import attrs
 import pytest
 import torch
 
@@ -30,7 +31,7 @@ PREFILL_DECODE = RuntimeSettings(kv_cache="static", compile="prefill_decode", co
 def traced_by_dynamo(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """torch.compile with the "eager" backend: TorchDynamo traces and guards as for inductor, no code generation."""
     torch._dynamo.reset()
-    monkeypatch.setattr(compiled, "compile_function", lambda fn, mode, options=(): torch.compile(fn, backend="eager"))
+    monkeypatch.setattr(compiled, "compile_function", lambda fn, *_: torch.compile(fn, backend="eager"))
     yield
     torch._dynamo.reset()
 
@@ -117,9 +118,7 @@ def test_compile_failure_is_a_user_error(tiny_session, page_images, monkeypatch)
     def no_compiler(_gm: Any, _inputs: Any) -> Any:
         raise RuntimeError("no C++ compiler found")
 
-    monkeypatch.setattr(
-        compiled, "compile_function", lambda fn, mode, options=(): torch.compile(fn, backend=no_compiler)
-    )
+    monkeypatch.setattr(compiled, "compile_function", lambda fn, *_: torch.compile(fn, backend=no_compiler))
     session = tiny_session.with_runtime(DECODE)
     try:
         with pytest.raises(UserError, match=r"runtime\.compile=decode: torch\.compile \(mode default") as info:
@@ -264,3 +263,45 @@ def test_the_report_says_when_compilation_fell_in_timed_passes() -> None:
     older = _compile_placement(0, CompileSummary(events=(event,), cudagraph_skips=0))  # recorded no placement
     assert older == "with no warm-up pass, the first timed pass of each input includes compilation."
     assert "absorb" not in timed + older
+
+
+VISION = RuntimeSettings(compile_vision="default")
+
+
+def test_compiled_vision_keeps_its_stage_timing_and_the_eager_tokens(tiny_session, page_images, eager_tokens) -> None:
+    from llm_perf_opt.measure.flops import count_stage_flops
+
+    eager_flops = count_stage_flops(tiny_session, tiny_session.prepare(page_images["two_tiles"]))
+    session = tiny_session.with_runtime(VISION)
+    stages = session.vision_stages
+    sam = session.adapter.stage_modules(session.model)["vision/sam"]
+    try:
+        assert isinstance(sam.forward, compiled.CompiledForward)  # in place: the stage hooks stay outside
+        first = session.run_image(page_images["two_tiles"], NEW_TOKENS, nvtx=False)
+        steady = session.run_image(page_images["two_tiles"], NEW_TOKENS, nvtx=False)
+        flops = count_stage_flops(session, session.prepare(page_images["two_tiles"]))  # eager under the counter
+        summary = session.compile_summary()
+    finally:
+        session.close()
+    assert sam.forward.__func__ is type(sam).forward  # close() gave the module its own forward back
+    assert first.token_ids == steady.token_ids == eager_tokens["two_tiles"].token_ids
+    assert steady.output_check is not None and steady.output_check.first_departure is None  # against eager vision
+    # each vision module compiled once per view shape (tiles, global view) in the first pass, none in the second
+    assert {e.function for e in first.compile_events} == set(stages) and steady.compile_events == ()
+    assert summary.events == first.compile_events
+    for m in (first, steady):
+        assert m.stage_calls["vision/sam"] == 2 and m.stage_ms["vision/sam"] > 0  # tiles and global view, timed
+    # the same FLOPs: the counter ran the eager forwards (a matmul may count as mm or bmm: no_grad vs inference_mode)
+    assert attrs.evolve(flops, by_operator={}) == attrs.evolve(eager_flops, by_operator={})
+    assert sum(flops.by_operator.values()) == sum(eager_flops.by_operator.values())
+
+
+def test_compiled_vision_is_labelled_raises_the_warm_up_and_needs_a_gpu_for_graphs() -> None:
+    assert VISION.label == "dynamic KV cache, eager, compiled vision (default), batch 1"
+    assert not VISION.is_reference and VISION.checks_outputs and VISION.warmup_needed == 1
+    graphs = RuntimeSettings(compile_vision="reduce-overhead")
+    assert graphs.warmup_needed == 2
+    with pytest.raises(UserError, match=r"runtime\.compile_vision=reduce-overhead captures CUDA graphs"):
+        graphs.check_device(torch.device("cpu"))
+    with pytest.raises(UserError, match=r"runtime\.compile_vision=fast is not a known value"):
+        RuntimeSettings.from_config({"runtime": {"compile_vision": "fast"}})

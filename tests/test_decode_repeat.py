@@ -69,7 +69,7 @@ def test_repeats_of_a_compiled_decode_step_compile_nothing_new(
     """The repeats reach the compiled step in the state the pass left its guards (routing recorded as in the pass):
     one compilation in all, not one more for the repeats (on the H100 a recompile cost 10.7 s of the 2-s loop)."""
     torch._dynamo.reset()
-    monkeypatch.setattr(compiled, "compile_function", lambda fn, mode, options=(): torch.compile(fn, backend="eager"))
+    monkeypatch.setattr(compiled, "compile_function", lambda fn, *_: torch.compile(fn, backend="eager"))
     session = tiny_session.with_runtime(RuntimeSettings(kv_cache="static", compile="decode", compile_mode="default"))
     try:
         prepared = [session.prepare(page_images["small"])]

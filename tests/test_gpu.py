@@ -119,7 +119,6 @@ def test_stage2_light_on_the_tiny_model(tmp_path: Path, model: str) -> None:
     assert json.loads((out / "run_status.json").read_text())["state"] == "complete"
 
 
-
 def test_stage2_traces_compiled_decode_node_by_node(tmp_path: Path) -> None:
     """CUDA-graph decode under nsys (`--cuda-graph-trace=node`): the kernels a graph replays land in their decode
     step, so kernels per step and the GPU-busy fraction exist for compiled decode (and are fewer per step than a
@@ -171,6 +170,7 @@ def test_stage2_profiles_a_batch(tmp_path: Path) -> None:
     ratio = stages["prefill"]["stage1_cuda_event_ms"] / stages["prefill"]["wall_ms"]
     assert 0.5 < ratio < 2  # the batch's own prefill, not the sum of its inputs' copies of it
     assert "the first batch (2 inputs)" in (out / "report.md").read_text()
+
 
 # ---- issue 11: runtimes ------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
@@ -271,6 +271,23 @@ def test_compiled_prefill_and_decode_on_gpu(tiny_cuda_bf16: DeepSeekOCRSession, 
     assert runs[-1].compile_events == ()
     assert runs[-1].stage_calls["vision/sam"] == 2  # vision eager, timed by its hooks
     assert runs[-1].output_check is not None
+
+
+def test_vision_compiled_with_cuda_graphs_on_gpu(tiny_cuda_bf16: DeepSeekOCRSession, fresh_dynamo: Any) -> None:
+    from llm_perf_opt.session.runtime import RuntimeSettings
+
+    session = tiny_cuda_bf16.with_runtime(RuntimeSettings(compile_vision="reduce-overhead"))
+    image = bundled_samples_dir() / "page_portrait.png"
+    try:
+        runs = [session.run_image(image, 6, nvtx=False) for _ in range(4)]
+    finally:
+        session.close()
+    assert {e.function for e in runs[0].compile_events} == set(session.vision_stages)
+    assert runs[-1].compile_events == ()
+    last = runs[-1]
+    assert last.stage_calls["vision/sam"] == 2 and last.stage_ms["vision/sam"] > 0  # tiles and global view, timed
+    assert last.output_check is not None and last.output_check.prefill_logits_max_abs_diff < 0.1  # bf16 rounding
+    assert all(len(r.token_ids) == 6 for r in runs)
 
 
 def test_batch_of_pages_on_gpu(tiny_cuda_fp32: DeepSeekOCRSession) -> None:

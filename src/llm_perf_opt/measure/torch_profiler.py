@@ -360,7 +360,7 @@ def profile_image(
             session.generate_batch(batch, decode_steps + 1, recorder)
 
     with _attribution(session, modules) as attribution, session.caches_sized_for(cache_tokens):
-        if session.runtime.compile != "none":
+        if session.runtime.compiles:
             # One pass untimed and unprofiled first, so the profile shows steady state: with the timed passes' cache
             # length and inductor's provenance recorded since their compile (`compiled_provenance`), nothing compiles
             # here (module hooks added after a compile are not guarded on); otherwise its compilation happens here.
@@ -461,7 +461,7 @@ def _attribution(session: Any, modules: bool) -> Iterator[_Attribution | None]:
         yield None
         return
     provenance = session.compiled_provenance
-    own = InductorProvenance(session.model) if provenance is None and session.runtime.compile != "none" else None
+    own = InductorProvenance(session.model) if provenance is None and session.runtime.compiles else None
     why = own.install() if own is not None else None
     try:
         with module_ranges(session.model, skip=session.traced_hooked_modules()) as ranges:

@@ -224,7 +224,7 @@ class Stage1Run:
     def _record_provenance(self, session: InferenceSession) -> InductorProvenance | None:
         """With compiled code and module attribution in the profiled pass: inductor's provenance recorded from the
         first compile on, so the profiled pass attributes the timed passes' graphs instead of compiling its own."""
-        if session.runtime.compile == "none" or not self._profiles_modules:
+        if not session.runtime.compiles or not self._profiles_modules:
             return None
         provenance = InductorProvenance(session.model)
         provenance.install()  # a failure is kept in its notes, which the module table shows

@@ -175,6 +175,6 @@ def analysis_setup(
         measured_peaks_asked=cfg.hardware.peaks == MEASURED,
         cv_warn=float(cfg.run.cv_warn),
         top_k=int(cfg.pipeline.torch_profiler.top_k),
-        compile=None if session.runtime.compile == "none" else session.compile_summary(),
+        compile=session.compile_summary() if session.runtime.compiles else None,
         host_peak_rss_bytes=host_peak_rss_bytes(),
     )

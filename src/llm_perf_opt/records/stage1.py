@@ -455,6 +455,7 @@ def runtime_label(
     static_cache_len: int | None,
     batch: str,
     options: tuple[CompileOption, ...] = (),
+    compile_vision: str = "none",
 ) -> str:
     """One line for reports, e.g. "static KV cache, compiled decode (reduce-overhead), batch 4"."""
     parts = [f"{kv_cache} KV cache" + (f" of {static_cache_len} positions" if static_cache_len is not None else "")]
@@ -464,6 +465,8 @@ def runtime_label(
         parts.append(f"compiled {what} ({compile_mode}{tuned})")
     else:
         parts.append("eager")
+    if compile_vision != "none":
+        parts.append(f"compiled vision ({compile_vision})")
     parts.append(batch)
     return ", ".join(parts)
 
@@ -485,17 +488,35 @@ class DecoderRuntime:
     record_routing: bool = True
     output_check: str = "auto"
     compile_options: tuple[CompileOption, ...] = ()  # inductor options on top of compile_mode's, sorted by name
+    # none, or the torch.compile mode of the vision stage modules' forwards (SAM, CLIP, ...; their stage timing stays)
+    compile_vision: str = "none"
 
     def described(self, batch: str) -> str:
         """The label with `batch` (e.g. "batch 1 (run.batch_size=2, 1 input)") in place of the configured size."""
         return runtime_label(
-            self.kv_cache, self.compile, self.compile_mode, self.static_cache_len, batch, self.compile_options
+            self.kv_cache,
+            self.compile,
+            self.compile_mode,
+            self.static_cache_len,
+            batch,
+            self.compile_options,
+            self.compile_vision,
         )
 
     @property
     def uses_cuda_graphs(self) -> bool:
         """Whether a compiled step is replayed from CUDA graphs."""
         return self.compile != "none" and self.compile_mode in CUDA_GRAPH_MODES
+
+    @property
+    def compiles(self) -> bool:
+        """Whether anything is compiled: the decoder's steps or the vision modules."""
+        return self.compile != "none" or self.compile_vision != "none"
+
+    @property
+    def vision_uses_cuda_graphs(self) -> bool:
+        """Whether the compiled vision modules are replayed from CUDA graphs."""
+        return self.compile_vision in CUDA_GRAPH_MODES
 
 
 @attrs.frozen

@@ -1,4 +1,5 @@
-"""torch.compile of the decoder's step functions, with the compilation cost measured apart from the steps.
+"""torch.compile of the decoder's step functions and of the vision modules' forwards, with the compilation cost
+measured apart from the steps.
 
 Each call of a :class:`CompiledStep` is timed on the host; a call during which TorchDynamo compiled frames is a
 compile event (the first call of a shape, or a recompile after a guard failure), recorded with its host time,
@@ -10,24 +11,31 @@ and records any compile event that still falls in a timed pass. Graph skips are 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
+from torch import nn
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+from torch.utils._pytree import tree_map_only
 
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.records.stage1 import CUDA_GRAPH_MODES, CompileEvent, CompileOption
 
 
-def compile_function(fn: Callable[..., Any], mode: str, options: tuple[CompileOption, ...] = ()) -> Callable[..., Any]:
-    """`torch.compile(fn, mode=mode)`; with `options`, the mode's own inductor options with these set on top
-    (torch.compile takes a mode or options, not both). Tests replace this to trace with a cheap backend."""
+def compile_function(
+    fn: Callable[..., Any], mode: str, options: tuple[CompileOption, ...] = (), dynamic: bool | None = None
+) -> Callable[..., Any]:
+    """`torch.compile(fn, mode=mode, dynamic=dynamic)`; with `options`, the mode's own inductor options with these
+    set on top (torch.compile takes a mode or options, not both). Tests replace this to trace with a cheap backend."""
+    shapes: dict[str, Any] = {} if dynamic is None else {"dynamic": dynamic}
     if not options:
-        return torch.compile(fn, mode=mode)
+        return torch.compile(fn, mode=mode, **shapes)
     from torch._inductor import list_mode_options
 
     chosen: dict[str, Any] = {**list_mode_options(mode), **dict(options)}
-    return torch.compile(fn, options=chosen)
+    return torch.compile(fn, options=chosen, **shapes)
 
 
 def _dynamo_counts() -> tuple[int, int, int]:
@@ -41,13 +49,21 @@ class CompiledStep:
     """A step function compiled with `mode`; calls it, marks CUDA-graph steps, records compile events."""
 
     def __init__(
-        self, name: str, fn: Callable[..., Any], mode: str, setting: str, options: tuple[CompileOption, ...] = ()
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        mode: str,
+        setting: str,
+        options: tuple[CompileOption, ...] = (),
+        key: str = "runtime.compile",
+        dynamic: bool | None = None,
     ) -> None:
         self.name = name
         self.mode = mode
-        self.setting = setting  # the runtime.compile value, for error messages
+        self.setting = setting  # the value of `key`, for error messages
+        self.key = key
         self.cuda_graphs = mode in CUDA_GRAPH_MODES
-        self._fn = compile_function(fn, mode, options)
+        self._fn = compile_function(fn, mode, options, dynamic)
         self._calls = 0
         self._compiled_before = False
         self.events: list[CompileEvent] = []
@@ -82,12 +98,63 @@ class CompiledStep:
         cause = getattr(exc, "inner_exception", None) or exc  # a backend's own error, when it raised one
         lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
         text = " ".join(lines)[:400]
+        mode_key = "runtime.compile_mode" if self.key == "runtime.compile" else self.key
         return UserError(
-            f"runtime.compile={self.setting}: torch.compile (mode {self.mode}, torch {torch.__version__}) failed on "
+            f"{self.key}={self.setting}: torch.compile (mode {self.mode}, torch {torch.__version__}) failed on "
             f"the {self.name} step: {type(cause).__name__}: {text}",
-            "Set runtime.compile=none to run eagerly, or try another runtime.compile_mode "
-            "(default, max-autotune-no-cudagraphs)",
+            f"Set {self.key}=none to run eagerly, or try another {mode_key} (default, max-autotune-no-cudagraphs)",
         )
+
+
+class CompiledForward:
+    """A module's forward replaced by its compiled form (`runtime.compile_vision`): the module's own hooks, such as
+    its stage timing, stay outside the compiled code. It runs the eager forward under a dispatch mode (the FLOP
+    counter: compiled code would hide its operators) or while `eager` is set (the eager reference outputs), and
+    with CUDA graphs hands back copies (a later replay may overwrite a graph's outputs)."""
+
+    def __init__(self, module: nn.Module, stage: str, mode: str) -> None:
+        self.module = module
+        self.original = module.forward
+        # one static graph per view shape (a page has two: tiles and the global view); a dynamic-shape recompile of
+        # SAM took minutes on the H100
+        self.step = CompiledStep(stage, self.original, mode, setting=mode, key="runtime.compile_vision", dynamic=False)
+        self.eager = False
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.eager or _get_current_dispatch_mode() is not None:
+            return self.original(*args, **kwargs)
+        first = args[0] if args else None
+        shape = tuple(first.shape) if isinstance(first, torch.Tensor) else ()
+        out = self.step(shape, *args, **kwargs)
+        return tree_map_only(torch.Tensor, torch.Tensor.clone, out) if self.step.cuda_graphs else out
+
+
+def compile_forwards(modules: Mapping[str, nn.Module], mode: str) -> tuple[CompiledForward, ...]:
+    """Each module's forward compiled in `mode` (stage name -> module), in place; `restore_forwards` undoes it."""
+    out = []
+    for stage, module in modules.items():
+        forward = CompiledForward(module, stage, mode)
+        module.forward = forward
+        out.append(forward)
+    return tuple(out)
+
+
+def restore_forwards(forwards: Sequence[CompiledForward]) -> None:
+    """The modules' own forwards back."""
+    for forward in forwards:
+        forward.module.forward = forward.original
+
+
+@contextmanager
+def eager_forwards(forwards: Sequence[CompiledForward]) -> Iterator[None]:
+    """Within the block, the compiled forwards run their eager originals."""
+    for forward in forwards:
+        forward.eager = True
+    try:
+        yield
+    finally:
+        for forward in forwards:
+            forward.eager = False
 
 
 def cudagraph_skips() -> int:

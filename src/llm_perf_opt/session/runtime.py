@@ -50,6 +50,9 @@ class RuntimeSettings(DecoderRuntime):
             record_routing=require_bool("runtime.record_routing", node.get("record_routing", True)),
             output_check=_choice("runtime.output_check", node.get("output_check", "auto"), OUTPUT_CHECKS),
             compile_options=compile_options(node.get("compile_options")),
+            compile_vision=_choice(
+                "runtime.compile_vision", node.get("compile_vision", "none"), ("none", *COMPILE_MODES)
+            ),
         )
         settings.check_consistent()
         return settings
@@ -76,22 +79,32 @@ class RuntimeSettings(DecoderRuntime):
 
     def check_device(self, device: torch.device) -> None:
         """Compilation this device and torch can do (a UserError naming the setting otherwise)."""
-        if self.compile == "none":
+        compiled = [
+            (key, value)
+            for key, value in (("runtime.compile", self.compile), ("runtime.compile_vision", self.compile_vision))
+            if value != "none"
+        ]
+        if not compiled:
             return
         import torch._dynamo
 
         if not torch._dynamo.is_dynamo_supported():
+            key, value = compiled[0]
             raise UserError(
-                f"runtime.compile={self.compile}: torch.compile is not supported by torch {torch.__version__} "
-                "on this Python/platform",
-                "Set runtime.compile=none, or use a torch build whose torch.compile supports this Python version",
+                f"{key}={value}: torch.compile is not supported by torch {torch.__version__} on this Python/platform",
+                f"Set {key}=none, or use a torch build whose torch.compile supports this Python version",
             )
-        if self.uses_cuda_graphs and device.type != "cuda":
-            raise UserError(
-                f"runtime.compile_mode={self.compile_mode} captures CUDA graphs, which need a CUDA device (device is "
-                f"{device.type})",
-                "Use runtime.compile_mode=default or max-autotune-no-cudagraphs off the GPU, or run on a GPU",
-            )
+        if device.type == "cuda":
+            return
+        for key, graphs, mode in (
+            ("runtime.compile_mode", self.uses_cuda_graphs, self.compile_mode),
+            ("runtime.compile_vision", self.vision_uses_cuda_graphs, self.compile_vision),
+        ):
+            if graphs:
+                raise UserError(
+                    f"{key}={mode} captures CUDA graphs, which need a CUDA device (device is {device.type})",
+                    f"Use {key}=default or max-autotune-no-cudagraphs off the GPU, or run on a GPU",
+                )
 
     @property
     def compiles_decode(self) -> bool:
@@ -106,14 +119,19 @@ class RuntimeSettings(DecoderRuntime):
         """Warm-up passes per input a timed pass needs to be steady state: none eagerly; one when a step is compiled
         (the first pass of each shape compiles it); two with CUDA graphs (a step called once per pass, such as a
         compiled prefill, is recorded as a graph in its second call and replayed from the third)."""
-        if self.compile == "none":
-            return 0
-        return 2 if self.uses_cuda_graphs else 1
+        decoder = 0 if self.compile == "none" else 2 if self.uses_cuda_graphs else 1
+        vision = 0 if self.compile_vision == "none" else 2 if self.vision_uses_cuda_graphs else 1
+        return max(decoder, vision)
 
     @property
     def is_reference(self) -> bool:
         """True for the eager reference: dynamic cache, nothing compiled, batch 1."""
-        return self.kv_cache == "dynamic" and self.compile == "none" and self.batch_size == 1
+        return (
+            self.kv_cache == "dynamic"
+            and self.compile == "none"
+            and self.compile_vision == "none"
+            and self.batch_size == 1
+        )
 
     @property
     def checks_outputs(self) -> bool:
@@ -160,7 +178,6 @@ def compile_options(node: Any) -> tuple[CompileOption, ...]:
             )
         out.append((str(name), value))
     return tuple(out)
-
 
 
 #: The eager reference every other runtime is compared with.

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
@@ -33,7 +33,14 @@ from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, Prepar
 from llm_perf_opt.session.adapters.deepseek_ocr import DeepseekOcrAdapter
 from llm_perf_opt.session.adapters.deepseek_ocr2 import DeepseekOcr2Adapter
 from llm_perf_opt.session.adapters.registry import make_adapter
-from llm_perf_opt.session.compiled import CompileEvent, cudagraph_skips
+from llm_perf_opt.session.compiled import (
+    CompiledForward,
+    CompileEvent,
+    compile_forwards,
+    cudagraph_skips,
+    eager_forwards,
+    restore_forwards,
+)
 from llm_perf_opt.session.decode import AroundStep, DecodeLoop, LoopOutput
 from llm_perf_opt.session.kv_cache import KvCaches, static_cache_error
 from llm_perf_opt.session.model_settings import ModelSettings
@@ -316,6 +323,10 @@ class InferenceSession:
         self._input_recorders: list[StageRecorder] | None = None  # per input of a batch (its vision sub-stages)
         self._stage_modules = adapter.stage_modules(self.model)
         self._hooks = self._install_stage_hooks()
+        # runtime.compile_vision: each vision stage module's forward compiled apart (its stage hooks stay outside)
+        self._vision: tuple[CompiledForward, ...] = (
+            compile_forwards(self._stage_modules, runtime.compile_vision) if runtime.compile_vision != "none" else ()
+        )
         self.routing = RoutingRecorder.install(self.model) if runtime.record_routing else None
         self._loop = self._make_loop(runtime, self.routing)
         self._cudagraph_skips_before = cudagraph_skips()
@@ -380,8 +391,11 @@ class InferenceSession:
         return type(self)(self.adapter, self.loaded, self.device, self.dtype, runtime)
 
     def close(self) -> None:
-        """Detach this session's hooks from the model (stage timing and routing)."""
+        """Detach this session's hooks from the model (stage timing and routing) and give its vision modules their
+        own forwards back."""
         self.remove_stage_hooks()
+        restore_forwards(self._vision)
+        self._vision = ()
         if self.routing is not None:
             self.routing.remove()
             self.routing = None
@@ -407,8 +421,9 @@ class InferenceSession:
     def compile_summary(self) -> CompileSummary:
         """Every compilation of this session's steps so far, and the CUDA-graph captures inductor skipped since the
         session was made."""
-        events = tuple(e for step in self._loop.compiled for e in step.events)
-        skips = cudagraph_skips() - self._cudagraph_skips_before if self._loop.compiled else 0
+        steps = [*self._loop.compiled, *(forward.step for forward in self._vision)]
+        events = tuple(e for step in steps for e in step.events)
+        skips = cudagraph_skips() - self._cudagraph_skips_before if steps else 0
         return CompileSummary(events=events, cudagraph_skips=skips)
 
     # ---- stage hooks -------------------------------------------------------------------------------
@@ -499,10 +514,11 @@ class InferenceSession:
         loop = self.reference_loop if reference else self._loop
         # Compiled steps run under no_grad, as transformers' own compiled generate does: CUDA-graph trees and
         # inference tensors (a KV cache made under inference_mode) do not mix well.
-        grad_off = torch.no_grad() if loop.compiled else torch.inference_mode()
+        grad_off = torch.no_grad() if loop.compiled or self._vision else torch.inference_mode()
+        eager_vision = eager_forwards(self._vision) if reference else nullcontext()
         self._recorder = recorder
         try:
-            with grad_off:
+            with grad_off, eager_vision:
                 return loop.run(
                     batch, max_new_tokens, recorder, embed=self._embed, around_step=around_step, keep_logits=keep_logits
                 )

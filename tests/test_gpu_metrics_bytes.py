@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from llm_perf_opt.nsight import commands
-from llm_perf_opt.nsight.gpu_metrics import READ_METRIC, WRITE_METRIC, SampledRate, merge_intervals
+from llm_perf_opt.nsight.gpu_metrics import GAP_PERIODS, READ_METRIC, WRITE_METRIC, SampledRate, merge_intervals
 from llm_perf_opt.nsight.nsys_trace import NsysTrace
 from llm_perf_opt.pipeline import stage2
 from llm_perf_opt.pipeline.stage2 import render
@@ -135,3 +135,6 @@ def test_instances_under_dropped_samples_are_left_out(tmp_path: Path) -> None:
     report = (folder / "report.md").read_text()
     assert f"|decode/step|{len(steps) - 1} of {len(steps)}|" in report
     assert "an instance whose kernels touch a gap is left out" in report
+    # the gap threshold the analysis used, from the record (reports do not import nsight)
+    assert metrics.sampled_dram.gap_periods == GAP_PERIODS
+    assert f"(gaps longer than {GAP_PERIODS:g} sample periods)" in report

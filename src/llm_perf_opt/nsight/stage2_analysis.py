@@ -15,7 +15,7 @@ import attrs
 from llm_perf_opt.hardware import peak_bandwidth, peak_compute
 from llm_perf_opt.measure.aggregate import stage_totals_ms
 from llm_perf_opt.measure.mfu import utilization
-from llm_perf_opt.nsight.gpu_metrics import merge_intervals
+from llm_perf_opt.nsight.gpu_metrics import GAP_PERIODS, merge_intervals
 from llm_perf_opt.nsight.measured_bytes import (
     InstanceCost,
     WorkloadModel,
@@ -485,5 +485,6 @@ class Stage2Analysis:
             scale=bandwidth,
             span_s=read.span_ns / 1e9,
             dropped_s=read.dropped_ns / 1e9,
+            gap_periods=GAP_PERIODS,
         )
         return sampled, warnings

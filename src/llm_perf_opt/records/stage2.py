@@ -321,6 +321,7 @@ class SampledDram:
     scale: PeakFigure  # the DRAM bandwidth 100% of a sample stands for
     span_s: float | None = None  # from the first sample to the last (None: folders written before it was kept)
     dropped_s: float | None = None  # of which inside gaps where samples went missing
+    gap_periods: float | None = None  # a step longer than this many median periods is a gap (None: older folders)
 
 
 @attrs.frozen

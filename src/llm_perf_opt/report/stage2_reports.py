@@ -329,10 +329,10 @@ def _sampled_dram_section(doc: Doc, sampled: SampledDram | None) -> None:
     period = "" if sampled.period_us is None else f" every {sampled.period_us:,.1f} µs"
     dropped = ""
     if sampled.dropped_s and sampled.span_s:
+        gaps = "" if sampled.gap_periods is None else f" (gaps longer than {sampled.gap_periods:g} sample periods)"
         dropped = (
-            f" nsys dropped the samples of {sampled.dropped_s:,.1f} s of its {sampled.span_s:,.1f}-s span (gaps "
-            "longer than three sample periods); an instance whose kernels touch a gap is left out, so the instances "
-            "column counts those measured."
+            f" nsys dropped the samples of {sampled.dropped_s:,.1f} s of its {sampled.span_s:,.1f}-s span{gaps}; an "
+            "instance whose kernels touch a gap is left out, so the instances column counts those measured."
         )
     doc.para(
         f"nsys sampled the GPU's DRAM read and write throughput{period} during its run (`--gpu-metrics-devices`, "

@@ -75,16 +75,9 @@ def with_runtime_warmup(settings: ResolvedSettings, runtime: RuntimeSettings) ->
     needed = runtime.warmup_needed
     if settings.warmup >= needed:
         return settings
-    compiled = [
-        text
-        for text, on in (
-            (f"runtime.compile={runtime.compile} (compile_mode {runtime.compile_mode})", runtime.compile != "none"),
-            (f"runtime.compile_vision={runtime.compile_vision}", runtime.compile_vision != "none"),
-        )
-        if on
-    ]
+    compiled = " and ".join(part.text for part in runtime.compiled_parts)
     why = (
-        f"raised from {settings.warmup} ({settings.sources['run.warmup']}): {' and '.join(compiled)} needs "
+        f"raised from {settings.warmup} ({settings.sources['run.warmup']}): {compiled} needs "
         f"{needed} warm-up pass(es) per input, or the timed passes would include compilation"
     )
     return attrs.evolve(settings, warmup=needed, sources={**settings.sources, "run.warmup": why})

@@ -474,6 +474,38 @@ def runtime_label(
 #: torch.compile modes that capture the compiled step in CUDA graphs (inductor's `triton.cudagraphs`).
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
+#: What a runtime can compile (the setting's key) -> the key of the mode it compiles with.
+MODE_KEYS = {"runtime.compile": "runtime.compile_mode", "runtime.compile_vision": "runtime.compile_vision"}
+
+
+@attrs.frozen
+class CompiledPart:
+    """One thing a runtime compiles: the setting that asks for it (`key=value`) and the mode it compiles with."""
+
+    key: str  # a key of MODE_KEYS
+    value: str
+    mode: str
+
+    @property
+    def mode_key(self) -> str:
+        return MODE_KEYS[self.key]
+
+    @property
+    def cuda_graphs(self) -> bool:
+        return self.mode in CUDA_GRAPH_MODES
+
+    @property
+    def warmup_needed(self) -> int:
+        """One pass compiles each shape; with CUDA graphs a function called once per pass is recorded as a graph in
+        its second call and replayed from the third."""
+        return 2 if self.cuda_graphs else 1
+
+    @property
+    def text(self) -> str:
+        """e.g. "runtime.compile=decode (compile_mode reduce-overhead)", "runtime.compile_vision=default"."""
+        setting = f"{self.key}={self.value}"
+        return setting if self.mode_key == self.key else f"{setting} ({self.mode_key.split('.')[-1]} {self.mode})"
+
 
 @attrs.frozen
 class DecoderRuntime:
@@ -509,14 +541,18 @@ class DecoderRuntime:
         return self.compile != "none" and self.compile_mode in CUDA_GRAPH_MODES
 
     @property
-    def compiles(self) -> bool:
-        """Whether anything is compiled: the decoder's steps or the vision modules."""
-        return self.compile != "none" or self.compile_vision != "none"
+    def compiled_parts(self) -> tuple[CompiledPart, ...]:
+        """What is compiled: the decoder's steps (`runtime.compile`), the vision modules (`runtime.compile_vision`)."""
+        parts = (
+            CompiledPart("runtime.compile", self.compile, self.compile_mode),
+            CompiledPart("runtime.compile_vision", self.compile_vision, self.compile_vision),
+        )
+        return tuple(part for part in parts if part.value != "none")
 
     @property
-    def vision_uses_cuda_graphs(self) -> bool:
-        """Whether the compiled vision modules are replayed from CUDA graphs."""
-        return self.compile_vision in CUDA_GRAPH_MODES
+    def compiles(self) -> bool:
+        """Whether anything is compiled: the decoder's steps or the vision modules."""
+        return bool(self.compiled_parts)
 
 
 @attrs.frozen

@@ -21,7 +21,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from torch.utils._pytree import tree_map_only
 
 from llm_perf_opt.errors import UserError
-from llm_perf_opt.records.stage1 import CUDA_GRAPH_MODES, CompileEvent, CompileOption
+from llm_perf_opt.records.stage1 import CUDA_GRAPH_MODES, MODE_KEYS, CompileEvent, CompileOption
 
 
 def compile_function(
@@ -98,7 +98,7 @@ class CompiledStep:
         cause = getattr(exc, "inner_exception", None) or exc  # a backend's own error, when it raised one
         lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
         text = " ".join(lines)[:400]
-        mode_key = "runtime.compile_mode" if self.key == "runtime.compile" else self.key
+        mode_key = MODE_KEYS[self.key]
         return UserError(
             f"{self.key}={self.setting}: torch.compile (mode {self.mode}, torch {torch.__version__}) failed on "
             f"the {self.name} step: {type(cause).__name__}: {text}",

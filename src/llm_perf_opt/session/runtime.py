@@ -79,31 +79,26 @@ class RuntimeSettings(DecoderRuntime):
 
     def check_device(self, device: torch.device) -> None:
         """Compilation this device and torch can do (a UserError naming the setting otherwise)."""
-        compiled = [
-            (key, value)
-            for key, value in (("runtime.compile", self.compile), ("runtime.compile_vision", self.compile_vision))
-            if value != "none"
-        ]
-        if not compiled:
+        parts = self.compiled_parts
+        if not parts:
             return
         import torch._dynamo
 
         if not torch._dynamo.is_dynamo_supported():
-            key, value = compiled[0]
+            first = parts[0]
             raise UserError(
-                f"{key}={value}: torch.compile is not supported by torch {torch.__version__} on this Python/platform",
-                f"Set {key}=none, or use a torch build whose torch.compile supports this Python version",
+                f"{first.key}={first.value}: torch.compile is not supported by torch {torch.__version__} on this "
+                "Python/platform",
+                f"Set {first.key}=none, or use a torch build whose torch.compile supports this Python version",
             )
         if device.type == "cuda":
             return
-        for key, graphs, mode in (
-            ("runtime.compile_mode", self.uses_cuda_graphs, self.compile_mode),
-            ("runtime.compile_vision", self.vision_uses_cuda_graphs, self.compile_vision),
-        ):
-            if graphs:
+        for part in parts:
+            if part.cuda_graphs:
                 raise UserError(
-                    f"{key}={mode} captures CUDA graphs, which need a CUDA device (device is {device.type})",
-                    f"Use {key}=default or max-autotune-no-cudagraphs off the GPU, or run on a GPU",
+                    f"{part.mode_key}={part.mode} captures CUDA graphs, which need a CUDA device (device is "
+                    f"{device.type})",
+                    f"Use {part.mode_key}=default or max-autotune-no-cudagraphs off the GPU, or run on a GPU",
                 )
 
     @property
@@ -119,19 +114,12 @@ class RuntimeSettings(DecoderRuntime):
         """Warm-up passes per input a timed pass needs to be steady state: none eagerly; one when a step is compiled
         (the first pass of each shape compiles it); two with CUDA graphs (a step called once per pass, such as a
         compiled prefill, is recorded as a graph in its second call and replayed from the third)."""
-        decoder = 0 if self.compile == "none" else 2 if self.uses_cuda_graphs else 1
-        vision = 0 if self.compile_vision == "none" else 2 if self.vision_uses_cuda_graphs else 1
-        return max(decoder, vision)
+        return max((part.warmup_needed for part in self.compiled_parts), default=0)
 
     @property
     def is_reference(self) -> bool:
         """True for the eager reference: dynamic cache, nothing compiled, batch 1."""
-        return (
-            self.kv_cache == "dynamic"
-            and self.compile == "none"
-            and self.compile_vision == "none"
-            and self.batch_size == 1
-        )
+        return self.kv_cache == "dynamic" and not self.compiles and self.batch_size == 1
 
     @property
     def checks_outputs(self) -> bool:

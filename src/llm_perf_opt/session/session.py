@@ -395,7 +395,6 @@ class InferenceSession:
         own forwards back."""
         self.remove_stage_hooks()
         restore_forwards(self._vision)
-        self._vision = ()
         if self.routing is not None:
             self.routing.remove()
             self.routing = None

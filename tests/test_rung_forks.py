@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,6 +51,28 @@ def test_a_forked_process_is_waited_for_and_stopped_like_a_popen(server: ForkSer
     os.killpg(rung.pid, signal.SIGTERM)  # how the rung runner stops a group
     assert rung.wait(timeout=30) == -signal.SIGTERM
     rung.send_signal(signal.SIGTERM)  # an ended rung: nothing to signal, no error
+
+
+def test_rungs_spawned_at_once_from_several_threads_each_get_their_own_process(
+    server: ForkServer, tmp_path: Path
+) -> None:
+    """Rungs on several devices are spawned from one thread each: every handle must be its own rung's process (the
+    H100 run of 2026-11-27 handed one rung another's pid, and judged it by the other's end)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def spawn(i: int) -> tuple[int, int]:
+        rung = server.spawn(["env", f"RUNG_{i}"], tmp_path / f"{i}.log", {f"RUNG_{i}": str(i)}, module="fork_target")
+        return i, rung.pid
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        spawned = list(pool.map(spawn, range(16)))
+    for i, pid in spawned:
+        log = tmp_path / f"{i}.log"
+        for _ in range(300):  # the handle's wait is not what is tested: the log names the process that wrote it
+            if log.is_file() and "pid=" in log.read_text():
+                break
+            time.sleep(0.1)
+        assert f"RUNG_{i}={i} pgid={pid} pid={pid}" in log.read_text()
 
 
 def test_the_server_outlives_a_terminal_ctrl_c(server: ForkServer, tmp_path: Path) -> None:

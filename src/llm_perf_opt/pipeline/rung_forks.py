@@ -86,7 +86,7 @@ def _fork(request: Mapping[str, Any]) -> int:
     """Fork one rung; the parent returns its pid (also said on stdout), the child never returns."""
     pid = os.fork()
     if pid:
-        _say({"pid": pid})
+        _say({"pid": pid, "request": request.get("request")})
         return pid
     status = 1
     try:
@@ -158,7 +158,8 @@ class ForkServer:
         self._process = process
         self._lock = threading.Lock()
         self._spawned = threading.Condition(self._lock)
-        self._next_pid: list[int] = []
+        self._forked: dict[int, int] = {}  # request number -> the pid the server forked for it
+        self._requests = 0
         self._children: dict[int, ForkedRung] = {}
         self._early: dict[int, int] = {}  # exits read before their rung was registered
         self._reader = threading.Thread(target=self._read, name="rung-fork-server", daemon=True)
@@ -175,15 +176,19 @@ class ForkServer:
         """Fork a process that calls `<module>.main()` with `argv` as its arguments (a rung: `stage1-run`'s), its
         output in `log_path`, with `env` set."""
         assert self._process.stdin is not None
-        request = {"module": module, "argv": list(argv), "log": str(log_path), "env": dict(env)}
         with self._lock:
+            self._requests += 1
+            number = self._requests
+            request = {"module": module, "argv": list(argv), "log": str(log_path), "env": dict(env), "request": number}
             self._process.stdin.write((json.dumps(request) + "\n").encode())
             self._process.stdin.flush()
-            while not self._next_pid:
+            # Rungs on several devices are spawned from several threads, each waiting here with the lock released:
+            # each takes the pid forked for its own request, never the first one reported.
+            while number not in self._forked:
                 if self._process.poll() is not None:
                     raise RuntimeError(f"the rung fork server ended (exit {self._process.returncode})")
                 self._spawned.wait(1.0)
-            pid = self._next_pid.pop(0)
+            pid = self._forked.pop(number)
             rung = ForkedRung(pid)
             self._children[pid] = rung
             if pid in self._early:
@@ -197,7 +202,7 @@ class ForkServer:
             message = json.loads(line)
             with self._lock:
                 if "pid" in message:
-                    self._next_pid.append(int(message["pid"]))
+                    self._forked[int(message["request"])] = int(message["pid"])
                     self._spawned.notify_all()
                 elif "exit" in message:
                     pid, status = (int(x) for x in message["exit"])

@@ -208,6 +208,15 @@ def test_decode_steps_do_not_synchronise_on_gpu(tiny_cuda_bf16: DeepSeekOCRSessi
     assert len(tokens) == 6
 
 
+def test_top_two_pass_on_gpu(tiny_cuda_bf16: DeepSeekOCRSession) -> None:
+    """bf16 on the GPU: the top-two pass's tokens are the eager loop's, each the first of its two candidates."""
+    prepared = tiny_cuda_bf16.prepare(bundled_samples_dir() / "page_portrait.png")
+    top2 = tiny_cuda_bf16.top_two(prepared, 6)
+    tokens = tiny_cuda_bf16.generate(prepared, 6, StageRecorder(tiny_cuda_bf16.device), reference=True)
+    assert list(top2.tokens) == tokens and [first for first, _ in top2.ids] == tokens
+    assert all(high >= low for high, low in top2.logits)
+
+
 CUDA_GRAPHS_DECODE = {"kv_cache": "static", "compile": "decode", "compile_mode": "reduce-overhead"}
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from helpers import preset_dir, run_whatif, wait_for_log
+from llm_perf_opt.measure.outputs import load_top_two
 from llm_perf_opt.records.folders import load_stage1, read_status
 from llm_perf_opt.records.io import load_file
 from llm_perf_opt.records.whatif import (
@@ -108,6 +109,12 @@ def test_every_rung_ends_as_it_should(ladder: tuple[Path, subprocess.CompletedPr
             assert (out / rung.folder / "report.md").is_file()
             assert (out / "logs" / f"render-{Path(rung.folder).name}.log").is_file()
     assert (out / "whatif.md").is_file()
+    # the baseline alone keeps the top two logits behind its tokens, by which departures are judged near-ties or not
+    assert record.near_tie_tolerance == 0.01
+    top2 = load_top_two(out / str(rungs["baseline"].folder))
+    assert len(top2) == 1 and all(len(t.ids) == 3 for t in top2.values())
+    assert not (out / str(rungs["static_cache"].folder) / "top2_logits.json").exists()
+    assert "its top logit and the rung took the other one (a near-tie" in (out / "whatif.md").read_text()
 
 
 def test_the_rungs_build_the_model_once(ladder: tuple[Path, subprocess.CompletedProcess[str]]) -> None:

@@ -255,7 +255,11 @@ def test_the_report_says_how_the_rungs_ran() -> None:
     )
     text = launcher_text(joblib) or ""
     assert "joblib launcher" in text and "`hydra.launcher.n_jobs=2`" in text and "reuses its worker" in text
-    assert "perf-whatif" in (launcher_text(attrs.evolve(old, launcher="local")) or "")
+    local = launcher_text(attrs.evolve(old, launcher="local")) or ""
+    assert "perf-whatif" in local and "at a time" not in local
+    spread = launcher_text(attrs.evolve(old, launcher="local", devices=("cuda:0", "cuda:1"))) or ""
+    assert "up to 2 at a time, one per device (cuda:0, cuda:1" in spread
+    assert "shared this host's CPU cores" in spread and "`whatif_run.devices=null`" in spread
 
 
 def test_the_joblib_launcher_runs_the_levers_at_once(config_dir: Path, tmp_path: Path) -> None:

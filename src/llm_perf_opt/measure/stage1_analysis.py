@@ -58,6 +58,7 @@ from llm_perf_opt.records.stage1 import (
     StageEfficiency,
     StageStat,
     StageVariation,
+    TopTwoLogits,
     per_forward,
 )
 
@@ -74,6 +75,7 @@ class Stage1Measurements:
     measured_peaks: tuple[PeakFigure | None, PeakFigure | None] | None = None  # hardware.peaks=measured
     routing: list[RoutingTrace] = attrs.Factory(list)  # MoE decoders: experts hit per decode step, timed passes
     prefill_logits: dict[str, torch.Tensor] = attrs.Factory(dict)  # run.save_prefill_logits: first timed pass
+    top2: dict[str, TopTwoLogits] = attrs.Factory(dict)  # run.save_top2_logits: each input's top-two pass
     # run.batch_size > 1: the batch passes, and each batch's counted FLOPs and analytic costs (by batch key)
     batches: list[BatchRecord] = attrs.Factory(list)
     batch_flops: dict[str, StageFlops] = attrs.Factory(dict)

@@ -16,7 +16,7 @@ from pathlib import Path
 import attrs
 
 from llm_perf_opt.measure.noise import BEYOND, WITHIN, noise_verdict
-from llm_perf_opt.measure.outputs import first_departure, load_prefill_logits
+from llm_perf_opt.measure.outputs import first_departure, load_prefill_logits, load_top_two, near_tie, near_tie_text
 from llm_perf_opt.measure.stats import MIN_VALUES_FOR_CI, summarize, t_critical_95
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.folders import Stage1Folder
@@ -195,15 +195,19 @@ def helped(s: Speedup | None) -> bool:
     return judged(s) and s is not None and s.value > 1.0 and s.verdict == BEYOND
 
 
-def outputs_against(base: Stage1Folder, other: Stage1Folder) -> OutputAgreement | None:
-    """Tokens (first timed pass of each input) and prefill logits of `other` against `base`, over shared inputs."""
+def outputs_against(
+    base: Stage1Folder, other: Stage1Folder, near_tie_tolerance: float | None = None
+) -> OutputAgreement | None:
+    """Tokens (first timed pass of each input) and prefill logits of `other` against `base`, over shared inputs;
+    where tokens depart, whether at a near-tie of the baseline's own top two logits (its top-two pass, judged
+    against `near_tie_tolerance`, a fraction of the top logit)."""
     base_tokens = {p.image: p.token_ids for p in base.predictions}
     other_tokens = {p.image: p.token_ids for p in other.predictions}
     shared = [k for k in base_tokens if k in other_tokens]
     if not shared:
         return None
-    departures = [first_departure(other_tokens[k], base_tokens[k]) for k in shared]
-    found = [d for d in departures if d is not None]
+    departures = {k: first_departure(other_tokens[k], base_tokens[k]) for k in shared}
+    found = [d for d in departures.values() if d is not None]
     compared = min(min(len(other_tokens[k]), len(base_tokens[k])) for k in shared)
     base_logits, other_logits = load_prefill_logits(base.path), load_prefill_logits(other.path)
     diffs = [
@@ -211,11 +215,20 @@ def outputs_against(base: Stage1Folder, other: Stage1Folder) -> OutputAgreement 
         for k in shared
         if k in base_logits and k in other_logits and base_logits[k].shape == other_logits[k].shape
     ]
+    top2 = load_top_two(base.path)
+    ties = [
+        near_tie(other_tokens[k], base_tokens[k], top2.get(k), near_tie_tolerance)
+        for k, at in departures.items()
+        if at is not None
+    ]
+    known = [t for t in ties if t is not None]
+    widest = max(known, key=lambda t: t.relative_gap) if known else None
     return OutputAgreement(
         inputs=len(shared),
         first_departure=min(found) if found else None,
         compared_tokens=compared,
         prefill_logits_max_abs_diff=max(diffs) if diffs else None,
+        near_tie=widest if known and len(known) == len(ties) else None,
     )
 
 
@@ -458,11 +471,13 @@ def outputs_departure(
     if outputs is None:
         return "its outputs were not compared with the baseline's"
     departs = outputs.first_departure
-    if departs is not None and (repeats_until is None or departs < repeats_until):
+    if departs is not None and not outputs.within_tolerance and (repeats_until is None or departs < repeats_until):
         where = "" if repeats_until is None else f" up to token {repeats_until}, where the baseline's stop repeating"
+        tie = "" if outputs.near_tie is None else f", {near_tie_text(outputs.near_tie)}"
         return (
-            f"its generated tokens depart from the baseline's at token {departs} of {outputs.compared_tokens} (the "
-            f"ladder stacks only levers whose outputs are identical{where})"
+            f"its generated tokens depart from the baseline's at token {departs} of {outputs.compared_tokens}{tie} "
+            f"(the ladder stacks only levers whose outputs are identical{where}, or depart only at a near-tie "
+            "within whatif_run.near_tie_tolerance)"
         )
     diff = outputs.prefill_logits_max_abs_diff
     if max_logit_diff is not None and diff is not None and diff > max_logit_diff:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 import attrs
 
 from llm_perf_opt.measure.noise import BEYOND, WITHIN, noise_verdict
+from llm_perf_opt.measure.outputs import near_tie_text
 from llm_perf_opt.measure.stats import MIN_VALUES_FOR_CI, summarize
 from llm_perf_opt.measure.whatif import GIB, GOAL_FIGURES, PAGE_LATENCY_MS, PEAK_MEMORY_GIB, pass_values
 from llm_perf_opt.measure.whatif import ratio_interval_95 as _ratio_interval
@@ -183,6 +184,10 @@ def judge_outputs(outputs: OutputAgreement | None, repeats_until: int | None = N
         return Judgement(OUTPUTS.name, OUTPUTS.label, "", None, None, SAME, why=why)
     departs = outputs.first_departure
     why = f"depart at token {departs} of {outputs.compared_tokens}"
+    if outputs.near_tie is not None:
+        why += f" at {near_tie_text(outputs.near_tie)}"
+        if outputs.within_tolerance:
+            return Judgement(OUTPUTS.name, OUTPUTS.label, "", None, None, SAME, why=why)
     if repeats_until is not None and departs is not None and departs >= repeats_until:
         why += f", where the baseline's own outputs no longer repeat (from token {repeats_until})"
         return Judgement(OUTPUTS.name, OUTPUTS.label, "", None, None, SAME, why=why)

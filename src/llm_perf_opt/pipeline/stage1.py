@@ -29,7 +29,7 @@ from llm_perf_opt.measure.energy import EnergySettings
 from llm_perf_opt.measure.flops import count_stage_flops
 from llm_perf_opt.measure.gpu_state import clock_state
 from llm_perf_opt.measure.memory import MemorySettings
-from llm_perf_opt.measure.outputs import save_prefill_logits
+from llm_perf_opt.measure.outputs import save_prefill_logits, save_top_two
 from llm_perf_opt.measure.profiler_window import ProfilerWindow
 from llm_perf_opt.measure.routing import RoutingTrace, find_routers, mean_unique_experts
 from llm_perf_opt.measure.stage1_analysis import Stage1Analysis, Stage1Measurements
@@ -58,6 +58,7 @@ from llm_perf_opt.records.folders import (
     METRICS_FILE,
     OPERATORS_FILE,
     PREFILL_LOGITS_FILE,
+    TOP2_LOGITS_FILE,
     load_stage1,
     unfinished_text,
     whatif_for,
@@ -250,6 +251,8 @@ class Stage1Run:
                 self._run_batches(session, settings, vision, groups, bar)
             profiled = groups[0]
 
+        if bool(self.cfg.run.get("save_top2_logits", False)):
+            self._top_two_passes(session, settings)
         assert self.selection is not None
         key = input_key(self.selection, profiled[0]) if size == 1 else batch_key(0)
         work = (profiled, key, settings.max_new_tokens)
@@ -260,6 +263,18 @@ class Stage1Run:
             extra.finish()
         finally:
             extra.close()
+
+    def _top_two_passes(self, session: InferenceSession, settings: ResolvedSettings) -> None:
+        """`run.save_top2_logits`: one untimed eager pass per input keeping the top two logits behind each token."""
+        assert self.selection is not None
+        images = self.selection.images
+        with self.feedback.step("top two logits per token (untimed eager passes)", total=len(images)) as bar:
+            for entry in images:
+                prepared = session.prepare(entry.path)
+                self.state.top2[input_key(self.selection, entry.path)] = session.top_two(
+                    prepared, settings.max_new_tokens
+                )
+                bar.advance()
 
     def _profiled_pass(self, session: InferenceSession, profiled: tuple[Path, ...], extra: MemoryAndEnergy) -> None:
         """The torch-profiler pass (`pipeline.torch_profiler`); its CPU-only post-processing is the energy pass's
@@ -470,6 +485,9 @@ class Stage1Run:
         if self.state.prefill_logits:
             save_prefill_logits(self.art.path(PREFILL_LOGITS_FILE), self.state.prefill_logits)
             self.art.record(PREFILL_LOGITS_FILE)
+        if self.state.top2:
+            save_top_two(self.art.path(TOP2_LOGITS_FILE), self.state.top2)
+            self.art.record(TOP2_LOGITS_FILE)
         outputs = metrics.settings.outputs
         predictions = run_predictions(
             self.session, self.selection, self.state.predictions, outputs.extra.deepseek_ocr.strip_special_tokens

@@ -67,6 +67,9 @@ WHATIF_FILE = "whatif.json"
 RUNGS_DIR = "rungs"
 LOGS_DIR = "logs"
 BASELINE_NAME = "baseline"
+# The baseline also keeps the top two logits behind each token (one untimed eager pass per input), by which an
+# output departure of another rung is judged a near-tie or not (whatif_run.near_tie_tolerance).
+BASELINE_EXTRA = ("run.save_top2_logits=true",)
 IN_PROGRESS = "The run was still going when this was written: later rungs are missing."
 # A lever's name becomes a rung's folder and log name (rungs/NN-name, logs/NN-name.log).
 LEVER_NAME = re.compile(r"[A-Za-z0-9_-]+")
@@ -195,6 +198,7 @@ class WhatIfRun:
         self.art = ArtifactsManager(run_dir, stage="whatif")
         self.decode_tokens, self.decode_source = whatif_judge.workload_decode_tokens(cfg)
         self.budget_gib = whatif_judge.memory_budget(cfg.whatif.get("memory_budget_gib"))
+        self.tie_tolerance = whatif_judge.near_tie_tolerance(cfg.whatif_run.get("near_tie_tolerance"))
         self.goal = self._objective()
         self.rungs: dict[str, Rung] = {}
         self.folders: dict[str, Stage1Folder] = {}
@@ -400,7 +404,7 @@ class WhatIfRun:
         job = RungJob(
             name=name,
             workload=self.workload,
-            levers=overrides,
+            levers=(*overrides, *BASELINE_EXTRA) if phase == BASELINE else overrides,
             folder=self.art.run_dir / RUNGS_DIR / folder_name,
             log=self._phase_log(phase) if self.launcher == HYDRA_LAUNCHER else own_log,
             shared=self.caches.overrides,
@@ -502,7 +506,7 @@ class WhatIfRun:
                 speedup=figures.speedup(
                     self.goal, base_values, figures.pass_values(folder.metrics, self.goal.name, tokens)
                 ),
-                outputs=figures.outputs_against(base_folder, folder),
+                outputs=figures.outputs_against(base_folder, folder, self.tie_tolerance),
                 attribution=figures.attribute(name, rung.figures, against, ref_rung.figures),
             )
             self.rungs[name] = whatif_judge.judged_rung(judged, base_folder, folder, tokens, self.budget_gib)
@@ -584,6 +588,7 @@ class WhatIfRun:
             device_type=None if base is None else base.metrics.device.type,
             launcher=self.launcher,
             launcher_overrides=self.launcher_overrides,
+            devices=tuple(d for d in self._devices() if d is not None) if self.launcher == LOCAL_LAUNCHER else (),
             workload_overrides=self.workload,
             levers=self.levers,
             rungs=rungs,
@@ -601,6 +606,7 @@ class WhatIfRun:
             decode_tokens=self.decode_tokens,
             decode_tokens_source=self.decode_source,
             memory_budget_gib=self.budget_gib,
+            near_tie_tolerance=self.tie_tolerance,
         )
         return whatif_judge.with_goals(record)
 
@@ -767,11 +773,14 @@ def _verdict_line(rung: Rung, base_passes: int | None) -> str:
         ]
     o = rung.outputs
     if o is not None:
-        parts.append(
-            f"outputs identical for {o.compared_tokens} tokens"
-            if o.identical
-            else f"outputs depart at generated token {o.first_departure}"
-        )
+        if o.identical:
+            parts.append(f"outputs identical for {o.compared_tokens} tokens")
+        elif o.within_tolerance:
+            parts.append(
+                f"outputs identical up to a near-tie at generated token {o.first_departure} (within tolerance)"
+            )
+        else:
+            parts.append(f"outputs depart at generated token {o.first_departure}")
     if rung.changes_workload:
         parts.append("changes the workload")
     return whatif_judge.with_flags(", ".join(parts), rung)

@@ -57,6 +57,24 @@ def memory_budget(raw: Any) -> float | None:
     return value
 
 
+def near_tie_tolerance(raw: Any) -> float | None:
+    """`whatif_run.near_tie_tolerance`: the largest gap between the baseline's top two logits, as a fraction of the
+    top one, at which a rung's other token still counts as the same output (a number in [0, 1)), or None for none."""
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        value = -1.0
+    if isinstance(raw, bool) or not 0 <= value < 1:
+        raise UserError(
+            f"whatif_run.near_tie_tolerance={raw} is not a fraction of the top logit in [0, 1)",
+            "Set e.g. whatif_run.near_tie_tolerance=0.01 (a departure between the baseline's top two tokens counts "
+            "as the same output when their logits are within 1% of the top one), or null to count every departure",
+        )
+    return value
+
+
 def judged_rung(
     rung: Rung, base: Stage1Folder, folder: Stage1Folder, decode_tokens: int | None, budget_gib: float | None
 ) -> Rung:

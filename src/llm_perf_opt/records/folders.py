@@ -34,13 +34,13 @@ log = logging.getLogger("llm_perf_opt.records")
 
 STATUS_FILE = "run_status.json"
 METRICS_FILE = "metrics.json"
-CONFIG_FILE = "config.yaml"  # the composed config a run writes (resolved)
 ENV_FILE = "env.json"
 CONFIG_FILE = "config.yaml"  # the resolved configuration the command ran with (Hydra's section left out)
 INPUTS_FILE = "inputs.yaml"
 OPERATORS_FILE = "operators.json"
 PREDICTIONS_FILE = "predictions/predictions.jsonl"
 PREFILL_LOGITS_FILE = "prefill_logits.pt"  # run.save_prefill_logits: last-prompt-position logits per input
+TOP2_LOGITS_FILE = "top2_logits.json"  # run.save_top2_logits: the top two logits behind each token, per input
 # Stage 2 folders: the capture's record, Nsight Compute's targets, the Stage 1 metrics of the workload nsys profiled.
 CAPTURE_FILE = "capture.json"
 NCU_TARGETS_FILE = "ncu/targets.json"

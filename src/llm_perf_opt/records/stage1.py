@@ -604,6 +604,25 @@ class OutputCheck:
 
 
 @attrs.frozen
+class TopTwoLogits:
+    """One input's eager greedy pass (dynamic cache, untimed) with the two highest logits behind each generated
+    token: the candidates each greedy choice was made between and how far apart they were (`run.save_top2_logits`;
+    perf-whatif judges an output departure at a near-tie by them)."""
+
+    tokens: tuple[int, ...]  # the pass's generated ids
+    ids: tuple[tuple[int, int], ...]  # per generated token: the highest and the second-highest token id
+    logits: tuple[tuple[float, float], ...]  # their logits
+
+
+@attrs.frozen
+class TopTwoRecord:
+    """`top2_logits.json`: each input's :class:`TopTwoLogits`, by input key."""
+
+    schema_version: str
+    inputs: Mapping[str, TopTwoLogits]
+
+
+@attrs.frozen
 class CompileEvent:
     """One call of a compiled step during which TorchDynamo compiled (first call of a shape, or a recompile)."""
 

@@ -3,6 +3,7 @@ cumulative ladder), what each changed and why, and the recommendations they back
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -86,6 +87,30 @@ class Speedup:
 
 
 @attrs.frozen
+class NearTie:
+    """Where a rung's tokens depart from the baseline's, when the two tokens there were the baseline's own top two
+    candidates (its top-two pass, `run.save_top2_logits`, on the same tokens before): how far apart their logits
+    were, against the what-if's tolerance."""
+
+    token: int  # the generated index of the departure
+    gap: float  # the baseline's top logit there minus its second
+    top_logit: float
+    tolerance: float | None  # the largest gap counted as a tie, as a fraction of |top logit|; None: none counts
+
+    @property
+    def relative_gap(self) -> float:
+        """The gap as a fraction of |top logit| (0 for an exact tie)."""
+        if self.gap <= 0:
+            return 0.0
+        return self.gap / abs(self.top_logit) if self.top_logit else math.inf
+
+    @property
+    def within(self) -> bool:
+        """The two candidates were tied within the tolerance: either choice is greedy decoding's own rounding."""
+        return self.tolerance is not None and self.relative_gap <= self.tolerance
+
+
+@attrs.frozen
 class OutputAgreement:
     """A rung's outputs against the baseline's, over the inputs both ran."""
 
@@ -93,10 +118,18 @@ class OutputAgreement:
     first_departure: int | None  # smallest generated index where any input's tokens differ; None: all identical
     compared_tokens: int  # generated tokens compared per input (the shorter of the two)
     prefill_logits_max_abs_diff: float | None  # largest |Δ logit| at the last prompt position; None: not recorded
+    # Set when every input that departs does so between the baseline's top two candidates (the widest gap of them);
+    # None: identical, no top-two pass recorded, or some input departs to another token
+    near_tie: NearTie | None = None
 
     @property
     def identical(self) -> bool:
         return self.first_departure is None
+
+    @property
+    def within_tolerance(self) -> bool:
+        """Identical, or departing only at near-ties within the what-if's tolerance."""
+        return self.identical or (self.near_tie is not None and self.near_tie.within)
 
 
 @attrs.frozen
@@ -246,10 +279,16 @@ class WhatIfRecord:
     # How the rungs ran (whatif_run.launcher): LOCAL_LAUNCHER or HYDRA_LAUNCHER; None: not recorded (older runs)
     launcher: str | None = None
     launcher_overrides: tuple[str, ...] = ()  # HYDRA_LAUNCHER: whatif_run.hydra_launcher, e.g. hydra/launcher=joblib
+    # LOCAL_LAUNCHER with whatif_run.devices: the devices rungs ran on, one rung per device at a time (several: rungs
+    # ran at the same time on one host); empty: one rung after another on the `device` setting
+    devices: tuple[str, ...] = ()
     # The decode length whole-page latency is judged at, and where it comes from ("workload ocr1-a4-page", "measured")
     decode_tokens: int | None = None
     decode_tokens_source: str | None = None
     memory_budget_gib: float | None = None  # whatif.memory_budget_gib (None: no budget)
+    # whatif_run.near_tie_tolerance: a departure between the baseline's top two tokens within this fraction of its
+    # top logit counts as the same output (None: every departure counts; older records: not recorded)
+    near_tie_tolerance: float | None = None
     best_per_goal: tuple[GoalChoice, ...] = ()  # one per goal (empty in older records)
     frontier: tuple[str, ...] = ()  # rungs no other rung beats on every goal (the trade-off frontier)
 

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 import attrs
 
 from llm_perf_opt.artifacts import ArtifactsManager
+from llm_perf_opt.measure.outputs import near_tie_text, share_text
 from llm_perf_opt.measure.whatif_objectives import ENERGY, OUTPUTS
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.whatif import (
@@ -114,6 +115,8 @@ def outputs_text(o: OutputAgreement | None) -> str:
         text = f"identical for {o.compared_tokens} tokens ({inputs})"
     else:
         text = f"depart at token {o.first_departure} of {o.compared_tokens} ({inputs})"
+        if o.near_tie is not None:
+            text += f", at {near_tie_text(o.near_tie)}"
     if o.prefill_logits_max_abs_diff is not None:
         text += f"; logits max |Δ| {o.prefill_logits_max_abs_diff:.3g}"
     return text
@@ -256,9 +259,17 @@ def _header(doc: Doc, record: WhatIfRecord) -> None:
 def launcher_text(record: WhatIfRecord) -> str | None:
     """How the rungs ran (None for a record that does not say)."""
     if record.launcher == LOCAL_LAUNCHER:
-        return (
+        text = (
             "How the rungs ran: each its own `stage1-run` process, started by perf-whatif "
-            "(`whatif_run.launcher=local`)."
+            "(`whatif_run.launcher=local`)"
+        )
+        if len(record.devices) <= 1:
+            return text + "."
+        return (
+            f"{text}, up to {len(record.devices)} at a time, one per device ({', '.join(record.devices)}; "
+            "`whatif_run.devices`). Rungs that ran at the same time shared this host's CPU cores, so the figures the "
+            "host paces (preprocessing on the CPU, eager decode steps, compile time) carry that load; for figures "
+            "to quote, run the rungs one at a time (`whatif_run.devices=null`)."
         )
     if record.launcher != HYDRA_LAUNCHER:
         return None
@@ -421,12 +432,24 @@ def _objectives_table(doc: Doc, record: WhatIfRecord) -> None:
     doc.para(
         "Change of the rung's p50 against the baseline's (one value per rung for peak memory, compile time, the "
         "memory pass and energy), better or worse only beyond the noise: the two runs' 95% intervals apart over "
-        "their timed passes, or beyond the stated threshold for one-value figures."
+        "their timed passes, or beyond the stated threshold for one-value figures." + _outputs_rule(record)
     )
     notes = [clean_paths(line) for line in how]
     notes += [clean_paths(f"not judged — {line}") for line in reasons]
     if notes:
         doc.bullets(notes)
+
+
+def _outputs_rule(record: WhatIfRecord) -> str:
+    """How outputs were judged beside identical tokens: a departure at one of the baseline's near-ties ("" without a
+    tolerance, or in a record written before it)."""
+    if record.near_tie_tolerance is None:
+        return ""
+    return (
+        " Outputs are the same when every generated token is identical, or when they depart only where the baseline's "
+        f"own top two candidates were within {share_text(record.near_tie_tolerance)} of its top logit and the rung "
+        "took the other one (a near-tie, `whatif_run.near_tie_tolerance`; no token after a departure is compared)."
+    )
 
 
 def _attribution_table(doc: Doc, record: WhatIfRecord) -> None:

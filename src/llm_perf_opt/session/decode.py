@@ -25,6 +25,7 @@ from llm_perf_opt.measure.routing import RoutingRecorder
 from llm_perf_opt.measure.timing import StageRecorder
 from llm_perf_opt.models.cache_argument import CACHE_FIELD, forward_cache_argument, output_cache
 from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records.stage1 import TopTwoLogits
 from llm_perf_opt.session.adapters.base import PreparedInputs
 from llm_perf_opt.session.compiled import CompiledStep
 from llm_perf_opt.session.kv_cache import KvCaches, rewind, rewind_blocker
@@ -51,6 +52,33 @@ class LoopOutput:
 
     tokens: tuple[tuple[int, ...], ...]  # per input: the generated ids
     prefill_logits: torch.Tensor | None  # (batch, vocab) float32 on the CPU: last prompt position; when asked
+    top2: tuple[TopTwoLogits, ...] | None = None  # per input, when asked (`keep_top2`)
+
+
+class _TopTwoKept:
+    """The top two logits of every forward of a pass, kept on the device until the pass ends."""
+
+    def __init__(self) -> None:
+        self.values: list[torch.Tensor] = []  # per forward: (batch, 2) float32
+        self.ids: list[torch.Tensor] = []  # per forward: (batch, 2)
+
+    def keep(self, logits: torch.Tensor) -> None:
+        values, ids = logits.float().topk(2, dim=-1)
+        self.values.append(values)
+        self.ids.append(ids)
+
+    def per_input(self, tokens: Sequence[Sequence[int]]) -> tuple[TopTwoLogits, ...]:
+        """Each input's `tokens` with the top two logits behind each of them."""
+        values = torch.stack(self.values, dim=1).tolist()  # (batch, forwards, 2)
+        ids = torch.stack(self.ids, dim=1).tolist()
+        return tuple(
+            TopTwoLogits(
+                tokens=tuple(row_tokens),
+                ids=tuple((int(a), int(b)) for a, b in row_ids),
+                logits=tuple((float(a), float(b)) for a, b in row_values),
+            )
+            for row_tokens, row_ids, row_values in zip(tokens, ids, values, strict=True)
+        )
 
 
 @attrs.frozen
@@ -97,6 +125,8 @@ class DecodeLoop:
         self.decode_step: Callable[..., torch.Tensor] = self._decode
         self.prefill_step: Callable[..., tuple[torch.Tensor, Any]] = self._prefill
         self.compiled: list[CompiledStep] = []
+        # The top two logits of each forward, while a pass keeps them (`run(keep_top2=True)`, eager loops only).
+        self._top2: _TopTwoKept | None = None
         # Called with the pass's KV cache when it is made (None: the prefill makes it) and again after the prefill
         # (the memory pass measures the cache's tensors through it).
         self.cache_observer: Callable[[Any], None] | None = None
@@ -135,7 +165,13 @@ class DecodeLoop:
             extra["attention_mask"] = attention_mask
         extra[self.cache_argument] = cache
         out = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=1, **extra)
-        return out.logits[:, -1].argmax(-1)
+        return self._greedy(out.logits[:, -1])
+
+    def _greedy(self, logits: torch.Tensor) -> torch.Tensor:
+        """The next token of each row of (batch, vocab) `logits`; their top two kept while a pass asks for them."""
+        if self._top2 is not None:
+            self._top2.keep(logits)
+        return logits.argmax(-1)
 
     # ---- a pass ---------------------------------------------------------------------------------------------
     def run(
@@ -147,12 +183,32 @@ class DecodeLoop:
         embed: EmbedInput | None,
         around_step: AroundStep | None = None,
         keep_logits: bool = False,
+        keep_top2: bool = False,
     ) -> LoopOutput:
         """Greedy decoding of exactly `max_new_tokens` tokens per input.
 
         `embed` embeds one input (needed for a batch or a compiled prefill); `around_step(i)` wraps forward i
-        (0 = prefill, i >= 1 = decode step i), e.g. to count its FLOPs.
+        (0 = prefill, i >= 1 = decode step i), e.g. to count its FLOPs; `keep_logits`: the prefill's logits in the
+        output; `keep_top2`: the top two logits behind every generated token (an eager loop only: a compiled step
+        returns its token alone).
         """
+        if keep_top2 and self.compiled:
+            raise ValueError("keep_top2 needs an eager loop: a compiled step returns its token alone")
+        self._top2 = _TopTwoKept() if keep_top2 else None
+        try:
+            return self._run(batch, max_new_tokens, recorder, embed, around_step, keep_logits)
+        finally:
+            self._top2 = None
+
+    def _run(
+        self,
+        batch: Sequence[PreparedInputs],
+        max_new_tokens: int,
+        recorder: StageRecorder,
+        embed: EmbedInput | None,
+        around_step: AroundStep | None,
+        keep_logits: bool,
+    ) -> LoopOutput:
         around = around_step or (lambda _step: nullcontext())
         size = len(batch)
         routing = self.routing if self.runtime.record_routing else None
@@ -172,7 +228,7 @@ class DecodeLoop:
                 logits, cache = self.prefill_step(plan.prefill, kv.cache)
             if self.cache_observer is not None:
                 self.cache_observer(cache)
-            first = logits.argmax(-1)
+            first = self._greedy(logits)
         kept = logits.to(torch.float32, copy=True) if keep_logits else None  # to the host after the pass
         # Buffers as wide as the caches are sized for (`KvCaches.sized_for`): a shorter pass then hands the compiled
         # steps views with the timed passes' strides, which their guards check.
@@ -206,9 +262,11 @@ class DecodeLoop:
             if self.decode_repeater is not None:
                 self._repeat_decode(cache, plan.length, decode_section, routing)
         ids = tokens[:, :max_new_tokens].tolist()  # the one host synchronisation of the pass
+        generated = tuple(tuple(int(t) for t in row) for row in ids)
         return LoopOutput(
-            tokens=tuple(tuple(int(t) for t in row) for row in ids),
+            tokens=generated,
             prefill_logits=None if kept is None else kept.cpu(),
+            top2=None if self._top2 is None else self._top2.per_input(generated),
         )
 
     def _repeat_decode(

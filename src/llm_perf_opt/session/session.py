@@ -25,6 +25,7 @@ from llm_perf_opt.records.stage1 import (
     CompileSummary,
     ImageRecord,
     PassTimes,
+    TopTwoLogits,
     aggregate_decode_rate,
     pages_rate,
 )
@@ -509,6 +510,7 @@ class InferenceSession:
         *,
         reference: bool,
         keep_logits: bool = False,
+        keep_top2: bool = False,
     ) -> LoopOutput:
         loop = self.reference_loop if reference else self._loop
         # Compiled steps run under no_grad, as transformers' own compiled generate does: CUDA-graph trees and
@@ -519,7 +521,13 @@ class InferenceSession:
         try:
             with grad_off, eager_vision:
                 return loop.run(
-                    batch, max_new_tokens, recorder, embed=self._embed, around_step=around_step, keep_logits=keep_logits
+                    batch,
+                    max_new_tokens,
+                    recorder,
+                    embed=self._embed,
+                    around_step=around_step,
+                    keep_logits=keep_logits,
+                    keep_top2=keep_top2,
                 )
         finally:
             self._recorder = None
@@ -535,6 +543,15 @@ class InferenceSession:
             return ReferenceOutput(token_ids=out.tokens[0], prefill_logits=out.prefill_logits[0])
 
         return self.references.get((key, max_new_tokens), run)
+
+    def top_two(self, prepared: PreparedInputs, max_new_tokens: int) -> TopTwoLogits:
+        """An untimed eager dynamic-cache pass over one input: its tokens and the top two logits behind each (how
+        near a tie each greedy choice was; `run.save_top2_logits`)."""
+        out = self._run_loop(
+            [prepared], max_new_tokens, NullRecorder(self.device), None, reference=True, keep_top2=True
+        )
+        assert out.top2 is not None
+        return out.top2[0]
 
     def check_outputs(self, key: str, prepared: PreparedInputs, out: LoopOutput, index: int = 0) -> OutputCheck | None:
         """Output `index` of a pass against the reference of its input (None unless the runtime checks outputs)."""

@@ -297,13 +297,30 @@ def test_whatif_report_shows_which_modules_each_lever_moved(tmp_path: Path) -> N
     from whatif_fixtures import realistic
 
     record = realistic()
-    base = ModuleAttribution("GPU kernel time", (_stage("decode/step", 2.5, {"experts": 1.0, "attn": 0.8}),), None)
-    best = ModuleAttribution("GPU kernel time", (_stage("decode/step", 1.4, {"experts": 0.3, "attn": 0.9}),), None)
+    base = ModuleAttribution(
+        "GPU kernel time",
+        (
+            _stage("decode/step", 2.5, {"experts": 1.0, "attn": 0.8}),
+            _stage("vision/sam", 28.6, {"sam.blocks": 28.6}),
+            _stage("vision/clip", 3.35, {"clip.layers": 3.35}),
+        ),
+        None,
+    )
+    best = ModuleAttribution(
+        "GPU kernel time",
+        (
+            _stage("decode/step", 1.4, {"experts": 0.3, "attn": 0.9}),
+            _stage("vision/sam", 20.8, {"sam.blocks": 20.8}),  # moved 27%: listed
+            _stage("vision/clip", 3.30, {"clip.layers": 3.30}),  # moved 1.5%: not listed
+        ),
+        None,
+    )
     moved = module_changes(base, best)
     rungs = tuple(_attrs.evolve(r, modules=moved) if r.name == record.best else r for r in record.rungs)
     record = _attrs.evolve(record, rungs=rungs)
     text = whatif_md(record, {"module_waterfall": "plots/module_waterfall.png"})
     assert "## Which modules each lever moved" in text and "`experts`|1.000|0.300|-0.700" in text
+    assert "`sam.blocks`|28.600|20.800|-7.800" in text and "`clip.layers`" not in text
     assert "plots/module_waterfall.png" in text
     assert module_waterfall(record, tmp_path / "w.png") is not None
 
@@ -329,7 +346,7 @@ def test_module_ranges_leave_no_hook_behind_even_on_an_error() -> None:
     assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())
 
 
-def test_what_holds_the_best_rung_keeps_its_decode_step_and_prefill_modules_furthest_above_the_floor() -> None:
+def test_what_holds_the_best_rung_keeps_every_stages_modules_furthest_above_the_floor() -> None:
     import attrs as _attrs
 
     from llm_perf_opt.records.whatif import WhatIfRecord
@@ -343,11 +360,12 @@ def test_what_holds_the_best_rung_keeps_its_decode_step_and_prefill_modules_furt
     )
     held = held_by(ModuleAttribution("GPU kernel time", stages, "H100 bf16 dense peaks", ("a note",)), rows=2)
     assert held is not None
-    assert [s.stage for s in held.stages] == ["decode/step", "prefill"]  # the stages the what-if targets
+    # every stage, vision included: what holds a first token is mostly SAM and CLIP, apart from the prefill's decoder
+    assert [s.stage for s in held.stages] == ["decode/step", "prefill", "vision/sam"]
     assert [r.module for r in held.stages[0].rows] == ["experts", "attn"]  # the rows' own order, cut to 2
     assert held.stages[0].total_ms == 1.4 and held.method_notes == ()  # totals kept, notes dropped
     assert held_by(None) is None
-    assert held_by(ModuleAttribution("GPU kernel time", (stages[2],), None)) is None
+    assert held_by(ModuleAttribution("GPU kernel time", (), None)) is None
 
     record: WhatIfRecord = realistic()
     rungs = tuple(_attrs.evolve(r, held=held) if r.name == record.best else r for r in record.rungs)

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import attrs
 
-from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.modules import ModuleAttribution, ModuleChange, StageModuleChanges, StageModules
 
 TOP_MOVES = 8  # modules listed per stage; the rest summed
 HELD_ROWS = 5  # modules kept per stage in `held_by`
-HELD_STAGES = (vocab.DECODE_STEP, vocab.PREFILL)
 
 
 def _times(stage: StageModules) -> dict[str, float]:
@@ -54,11 +52,10 @@ def module_changes(
 
 
 def held_by(attribution: ModuleAttribution | None, rows: int = HELD_ROWS) -> ModuleAttribution | None:
-    """What holds a run's decode step and prefill: their `rows` modules furthest above their floor (the rows' own
-    order), every stage total, floor and unattributed time kept; None without module attribution."""
-    if attribution is None:
+    """What holds a run, stage by stage (prefill, each vision stage, the decode step: whatever it attributed): each
+    stage's `rows` modules furthest above their floor (the rows' own order), every stage total, floor and
+    unattributed time kept; None without module attribution."""
+    if attribution is None or not attribution.stages:
         return None
-    stages = tuple(attrs.evolve(s, rows=s.rows[:rows]) for s in attribution.stages if s.stage in HELD_STAGES)
-    if not stages:
-        return None
+    stages = tuple(attrs.evolve(s, rows=s.rows[:rows]) for s in attribution.stages)
     return attrs.evolve(attribution, stages=stages, method_notes=())

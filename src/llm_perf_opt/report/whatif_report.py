@@ -14,6 +14,7 @@ from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.measure.outputs import near_tie_text, share_text
 from llm_perf_opt.measure.whatif_objectives import ENERGY, OUTPUTS
 from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records.modules import StageModuleChanges
 from llm_perf_opt.records.whatif import (
     ALONE,
     BASELINE,
@@ -638,8 +639,29 @@ def _levers(doc: Doc, record: WhatIfRecord) -> None:
 MODULE_MOVES = 5  # modules listed per rung and stage in "Which modules each lever moved"
 
 
+# A vision stage's module moves are listed when the lever moved its kernel time by this share and this much or more.
+VISION_MOVE = 0.10
+VISION_MOVE_MS = 0.1
+
+
+def _shows_moves(stage: StageModuleChanges, same_pages: bool) -> bool:
+    """The decode step and prefill always; a vision stage when the lever moved its kernel time by ≥ VISION_MOVE of
+    it and ≥ VISION_MOVE_MS, per pass of as many pages as the baseline's (`same_pages`: a batch's vision runs once per
+    page, so its pass holds more vision work)."""
+    if stage.stage in (vocab.DECODE_STEP, vocab.PREFILL):
+        return True
+    moved = abs(stage.other_ms - stage.base_ms)
+    return same_pages and moved >= VISION_MOVE_MS and moved >= VISION_MOVE * stage.base_ms
+
+
+def _batch_size(record: WhatIfRecord, rung: Rung | None) -> int | None:
+    figures = None if rung is None else record.figures_of(rung)
+    return None if figures is None else figures.batch_size
+
+
 def _module_moves(doc: Doc, record: WhatIfRecord, plot: str | None) -> None:
-    """Per measured rung, the decode step's and prefill's change by module against the baseline."""
+    """Per measured rung, the decode step's and prefill's change by module against the baseline, and each vision
+    stage's where the lever moved it."""
     rungs = [r for r in ranked_rungs(record) if r.modules and r.state == MEASURED and r.reused is None]
     if not rungs:
         return
@@ -650,10 +672,12 @@ def _module_moves(doc: Doc, record: WhatIfRecord, plot: str | None) -> None:
         "across modules goes to their common ancestor, so a lever that fuses shows time leaving the leaves and some "
         "arriving at a parent."
     )
+    base_pages = _batch_size(record, record.baseline)
     for rung in rungs:
         doc.h3(rung.name)
+        same_pages = _batch_size(record, rung) == base_pages
         for stage in rung.modules:
-            if stage.stage in (vocab.DECODE_STEP, vocab.PREFILL):
+            if _shows_moves(stage, same_pages):
                 changes_table(
                     doc,
                     attrs.evolve(

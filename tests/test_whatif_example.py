@@ -97,6 +97,24 @@ def test_the_first_token_example_reaches_60_ms_and_judges_the_near_tie() -> None
     assert "up to 4 at a time, one per device" in text and "vision/sam: 28.578 → 13.166 ms per pass" in text
 
 
+def test_a_first_token_run_plots_that_time_split_by_stage_and_the_vision_stage_it_moved(tmp_path: Path) -> None:
+    from llm_perf_opt.report import whatif_plots as plots
+
+    record = load_whatif(FIRST_TOKEN)
+    assert plots.ranks_first_token(record) and not plots.ranks_first_token(load_whatif(EXAMPLE))
+    steps = plots.waterfall_steps(record)
+    assert [r.name for r in steps] == ["baseline", "ladder-1-gpu_preprocess", "ladder-2-vision_graphs"]
+    parts, note = plots._first_token_split(record, steps[2], steps[1])
+    split = {colour: delta for delta, colour in parts}
+    assert split[plots.VISION_COLOUR] == pytest.approx(-28.38, abs=0.01)  # compiled vision: SAM and CLIP
+    assert sum(split.values()) == pytest.approx(57.81 - 76.14, abs=0.01)  # the parts add up to the TTFT change
+    assert "vision −28.38" in note
+    stage = plots.module_waterfall_stage(record)
+    assert stage is not None and stage.stage == "vision/sam"
+    assert plots.waterfall(record, tmp_path / "w.png") is not None
+    assert plots.module_waterfall(record, tmp_path / "m.png") is not None
+
+
 @pytest.mark.parametrize("example", [EXAMPLE, ALL, FIRST_TOKEN], ids=["decode", "all", "first-token"])
 def test_each_example_report_rerenders_from_its_record_alone(tmp_path: Path, example: Path) -> None:
     copy = tmp_path / "example"

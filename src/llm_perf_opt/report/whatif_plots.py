@@ -1,5 +1,6 @@
-"""What-if plots from a `WhatIfRecord`: the decode waterfall from the baseline to the best rung, and the distance
-to the floor per stage (baseline vs best).
+"""What-if plots from a `WhatIfRecord`: the waterfall from the baseline to the best rung (decode ms/token, or time to
+first token for a run ranked by it), the distance to the floor per stage (baseline vs best) and the best rung's
+module moves.
 
 Each plot function takes the record and a target PNG path, writes the figure and returns the path, or returns None
 (writing nothing) when the data it needs is absent.
@@ -17,6 +18,7 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
 from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records.modules import StageModuleChanges
 from llm_perf_opt.records.whatif import BASELINE, LADDER, MEASURED, Rung, StepFloor, WhatIfRecord
 from llm_perf_opt.report.modules_report import changes_waterfall
 from llm_perf_opt.report.plots import save_figure, write_plots
@@ -29,22 +31,49 @@ LAYER_COLOURS = ("#59a14f", "#76b7b2", "#4e79a7", "#f28e2b")  # speed of light, 
 LAYERS = ("speed of light", "summed kernels", "GPU busy", "wall")
 
 
+FIRST_TOKEN_FIGURE = "ttft_ms"  # a run ranked by it gets the first-token waterfall
+PREPROCESS_COLOUR = "#f28e2b"  # time to first token outside the prefill: preprocessing
+VISION_COLOUR = "#59a14f"
+DECODER_COLOUR = "#76b7b2"  # the prefill's decoder part: prefill − vision
+Split = tuple[list[tuple[float, str]], str]  # a step's change in parts (delta, colour) and the note over its bar
+
+
 def _decode_p50(record: WhatIfRecord, rung: Rung) -> float | None:
     f = record.figures_of(rung)
     return None if f is None or f.decode_ms_per_token is None else f.decode_ms_per_token.p50
 
 
+def _ttft_p50(record: WhatIfRecord, rung: Rung) -> float | None:
+    f = record.figures_of(rung)
+    return None if f is None or f.ttft_ms is None else f.ttft_ms.p50
+
+
+def _stage_p50(record: WhatIfRecord, rung: Rung, figure: str) -> float | None:
+    """A rung's p50 of a judged figure (`vision_ms`, `prefill_ms`): its own judgement's value, or for the baseline
+    any judged rung's base."""
+    if rung.phase == BASELINE:
+        return next((j.base for r in record.rungs if (j := r.judgement(figure)) is not None), None)
+    judged = rung.judgement(figure)
+    return None if judged is None else judged.value
+
+
+def ranks_first_token(record: WhatIfRecord) -> bool:
+    """The run ranks by time to first token: its waterfall and module plot follow that time, not the decode step."""
+    return record.objective.name == FIRST_TOKEN_FIGURE
+
+
 def waterfall_steps(record: WhatIfRecord) -> list[Rung]:
     """The rungs from the baseline to the best: baseline, the ladder up to the best rung (or the best rung alone when
-    it is not on the ladder); every one with a decode time."""
+    it is not on the ladder); every one with the plotted figure (decode time, or time to first token)."""
+    value = _ttft_p50 if ranks_first_token(record) else _decode_p50
     base, best = record.baseline, record.best_rung
-    if base is None or best is None or _decode_p50(record, base) is None:
+    if base is None or best is None or value(record, base) is None:
         return []
     ladder = [r for r in record.rungs if r.phase == LADDER and r.state == MEASURED]
     names = [r.name for r in ladder]
     path = ladder[: names.index(best.name) + 1] if best.name in names else [best]
     steps = [base, *(r for r in path if r.phase != BASELINE)]
-    return [r for r in steps if _decode_p50(record, r) is not None]
+    return [r for r in steps if value(record, r) is not None]
 
 
 def _added(record: WhatIfRecord, rung: Rung, previous: Rung) -> str:
@@ -53,13 +82,45 @@ def _added(record: WhatIfRecord, rung: Rung, previous: Rung) -> str:
     return "+ " + " + ".join(new)
 
 
+def _decode_split(record: WhatIfRecord, rung: Rung, previous: Rung) -> Split:
+    """A decode-step change split into idle (launch/host) and busy (kernel work), where the attribution has them."""
+    a = rung.attribution
+    if a is None or a.idle_ms is None or a.busy_ms is None:
+        return [], ""
+    note = f"\nidle {_signed_ms(a.idle_ms)} ms, busy {_signed_ms(a.busy_ms)} ms"
+    return [(a.idle_ms, IDLE_COLOUR), (a.busy_ms, BUSY_COLOUR)], note
+
+
+def _first_token_split(record: WhatIfRecord, rung: Rung, previous: Rung) -> Split:
+    """A time-to-first-token change split into vision, the prefill's decoder part and the rest (preprocessing),
+    from the rungs' p50s (medians do not add exactly: what they leave is drawn apart)."""
+    figures = []
+    for r in (previous, rung):
+        ttft, vision = _ttft_p50(record, r), _stage_p50(record, r, "vision_ms")
+        prefill = _stage_p50(record, r, "prefill_ms")
+        if ttft is None or vision is None or prefill is None:
+            return [], ""
+        figures.append((ttft, vision, prefill))
+    (ttft0, vision0, prefill0), (ttft1, vision1, prefill1) = figures
+    d_vision = vision1 - vision0
+    d_decoder = (prefill1 - prefill0) - d_vision
+    d_rest = (ttft1 - ttft0) - (prefill1 - prefill0)
+    parts = [(d_rest, PREPROCESS_COLOUR), (d_vision, VISION_COLOUR), (d_decoder, DECODER_COLOUR)]
+    note = f"\npreprocess {_signed_ms(d_rest)}, vision {_signed_ms(d_vision)},\ndecoder {_signed_ms(d_decoder)} ms"
+    return parts, note
+
+
 def waterfall(record: WhatIfRecord, path: Path) -> Path | None:
-    """Decode ms/token from the baseline through each ladder rung to the best: a full bar at each end, a floating
-    bar for each drop, split into idle (launch/host) and busy (kernel work) where the attribution has them."""
+    """From the baseline through each ladder rung to the best: decode ms/token split into idle (launch/host) and busy
+    (kernel work), or, for a run ranked by time to first token, that time split into preprocessing, vision and the
+    prefill's decoder part. A full bar at each end, a floating bar for each change."""
     steps = waterfall_steps(record)
     if len(steps) < 2:
         return None
-    values = [_decode_p50(record, r) or 0.0 for r in steps]
+    first_token = ranks_first_token(record)
+    value = _ttft_p50 if first_token else _decode_p50
+    split = _first_token_split if first_token else _decode_split
+    values = [value(record, r) or 0.0 for r in steps]
     top = max(values)
     fig, ax = plt.subplots(figsize=(2.2 + 1.9 * (len(steps) + 1), 5.2), layout="constrained")
     labels = ["baseline"]
@@ -69,13 +130,8 @@ def waterfall(record: WhatIfRecord, path: Path) -> Path | None:
     for i in range(1, len(steps)):
         rung, before, after = steps[i], values[i - 1], values[i]
         labels.append(_added(record, rung, steps[i - 1]))
-        a = rung.attribution
+        parts, note = split(record, rung, steps[i - 1])
         level = before
-        parts: list[tuple[float, str]] = []
-        note = ""
-        if a is not None and a.idle_ms is not None and a.busy_ms is not None:
-            parts = [(a.idle_ms, IDLE_COLOUR), (a.busy_ms, BUSY_COLOUR)]
-            note = f"\nidle {_signed_ms(a.idle_ms)} ms, busy {_signed_ms(a.busy_ms)} ms"
         rest = (after - before) - sum(p for p, _ in parts)
         if abs(rest) > 0.005 * top or not parts:
             parts.append((rest, OTHER_COLOUR if parts else TOTAL_COLOUR))
@@ -97,31 +153,45 @@ def waterfall(record: WhatIfRecord, path: Path) -> Path | None:
     ax.bar(last, values[-1], color=TOTAL_COLOUR, width=0.6)
     ax.plot([last - 1 + 0.3, last - 0.3], [values[-1], values[-1]], color="grey", linewidth=0.8, linestyle=":")
     ratio = values[0] / values[-1] if values[-1] else None
+    faster = "faster" if first_token else "faster per step"
     ax.text(
         last,
         values[-1] + 0.01 * top,
-        f"{values[-1]:,.2f} ms" + (f"\n({ratio:,.1f}× faster per step)" if ratio else ""),
+        f"{values[-1]:,.2f} ms" + (f"\n({ratio:,.1f}× {faster})" if ratio else ""),
         ha="center",
         va="bottom",
         fontsize=9,
     )
     ax.set_xticks(range(len(labels)), [_wrap(label) for label in labels], fontsize=8)
     ax.set_ylim(0, top * 1.25)
-    ax.set_ylabel("decode time per token (ms, p50 over timed passes)")
+    what = "time to first token" if first_token else "decode time per token"
+    ax.set_ylabel(f"{what} (ms, p50 over timed passes)")
     ax.grid(axis="y", alpha=0.3)
     ax.set_axisbelow(True)
-    ranked_by = "" if record.objective.name == "decode_ms_per_token" else f"\nthe run ranks by {record.objective.label}"
+    shown = "Time to first token" if first_token else "Decode ms/token"
+    ranked = first_token or record.objective.name == "decode_ms_per_token"
+    ranked_by = "" if ranked else f"\nthe run ranks by {record.objective.label}"
     ax.set_title(
-        f"Decode ms/token from the baseline to the best rung ({record.device or 'device not recorded'}; "
+        f"{shown} from the baseline to the best rung ({record.device or 'device not recorded'}; "
         f"{record.model}){ranked_by}",
         fontsize=10,
     )
+    total = "time to first token" if first_token else "decode ms/token"
     legend = {
-        TOTAL_COLOUR: "decode ms/token"
-        + (" (or a change the profiled pass does not split)" if TOTAL_COLOUR in used else ""),
-        IDLE_COLOUR: "change in idle time (launch/host overhead)",
-        BUSY_COLOUR: "change in GPU-busy time (kernel work)",
-        OTHER_COLOUR: "change not split by the profiled pass",
+        TOTAL_COLOUR: total + (" (or a change the run does not split)" if TOTAL_COLOUR in used else ""),
+        **(
+            {
+                PREPROCESS_COLOUR: "change outside the prefill (preprocessing)",
+                VISION_COLOUR: "change in vision (SAM, CLIP, projector)",
+                DECODER_COLOUR: "change in the prefill's decoder part",
+            }
+            if first_token
+            else {
+                IDLE_COLOUR: "change in idle time (launch/host overhead)",
+                BUSY_COLOUR: "change in GPU-busy time (kernel work)",
+            }
+        ),
+        OTHER_COLOUR: "change the medians leave unsplit" if first_token else "change not split by the profiled pass",
     }
     handles = [Patch(color=c, label=label) for c, label in legend.items() if c == TOTAL_COLOUR or c in used]
     fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=8, frameon=False)
@@ -194,13 +264,25 @@ def floor(record: WhatIfRecord, path: Path) -> Path | None:
     return save_figure(fig, path)
 
 
-def module_waterfall(record: WhatIfRecord, path: Path) -> Path | None:
-    """The best rung's decode step against the baseline's, module by module (both runs attributed by module)."""
+def module_waterfall_stage(record: WhatIfRecord) -> StageModuleChanges | None:
+    """The stage the module plot shows: the best rung's decode step against the baseline's, or for a run ranked by
+    time to first token the prefill or vision stage it moved most (None without both runs attributed by module)."""
     best = record.best_rung
-    step = next((s for s in best.modules if s.stage == vocab.DECODE_STEP), None) if best is not None else None
-    if best is None or step is None:
+    if best is None:
         return None
-    return changes_waterfall(step, f"Decode step by module: baseline → {best.name}", path)
+    if ranks_first_token(record):
+        moved = [s for s in best.modules if s.stage != vocab.DECODE_STEP]
+        return max(moved, key=lambda s: abs(s.other_ms - s.base_ms), default=None)
+    return next((s for s in best.modules if s.stage == vocab.DECODE_STEP), None)
+
+
+def module_waterfall(record: WhatIfRecord, path: Path) -> Path | None:
+    """The best rung's `module_waterfall_stage` against the baseline's, module by module."""
+    stage, best = module_waterfall_stage(record), record.best_rung
+    if stage is None or best is None:
+        return None
+    name = "Decode step" if stage.stage == vocab.DECODE_STEP else stage.stage
+    return changes_waterfall(stage, f"{name} by module: baseline → {best.name}", path)
 
 
 PLOTS = {"waterfall": waterfall, "floor": floor, "module_waterfall": module_waterfall}

@@ -38,7 +38,7 @@ from llm_perf_opt.records.whatif import (
 from llm_perf_opt.report.comparison import ratio_text
 from llm_perf_opt.report.markdown import Doc, flops, link, ms, num_bytes, pct
 from llm_perf_opt.report.modules_report import changes_table, module_table, stage_summary
-from llm_perf_opt.report.whatif_plots import write_whatif_plots
+from llm_perf_opt.report.whatif_plots import module_waterfall_stage, ranks_first_token, write_whatif_plots
 
 NA = "n/a"
 WHATIF_REPORT = "whatif.md"
@@ -687,7 +687,9 @@ def _module_moves(doc: Doc, record: WhatIfRecord, plot: str | None) -> None:
                     ),
                 )
     if plot:
-        doc.image("The best rung's decode step against the baseline's, by module", plot)
+        plotted = module_waterfall_stage(record)
+        shown = "decode step" if plotted is None or plotted.stage == vocab.DECODE_STEP else plotted.stage
+        doc.image(f"The best rung's {shown} against the baseline's, by module", plot)
 
 
 def whatif_md(record: WhatIfRecord, plots: dict[str, str] | None = None, files: Sequence[str] = ()) -> str:
@@ -701,7 +703,8 @@ def whatif_md(record: WhatIfRecord, plots: dict[str, str] | None = None, files: 
     doc.para(verdict_paragraph(record))
     _goals(doc, record)
     if "waterfall" in plots:
-        doc.image("Decode ms/token from the baseline to the best rung", plots["waterfall"])
+        shown = "Time to first token" if ranks_first_token(record) else "Decode ms/token"
+        doc.image(f"{shown} from the baseline to the best rung", plots["waterfall"])
     doc.h2("Rungs, ranked")
     _ranked_table(doc, record)
     _objectives_table(doc, record)

@@ -305,3 +305,21 @@ def test_compiled_vision_is_labelled_raises_the_warm_up_and_needs_a_gpu_for_grap
         graphs.check_device(torch.device("cpu"))
     with pytest.raises(UserError, match=r"runtime\.compile_vision=fast is not a known value"):
         RuntimeSettings.from_config({"runtime": {"compile_vision": "fast"}})
+
+
+def test_restoring_compiled_forwards_gives_each_module_its_forward_back() -> None:
+    """A module that ran its class's forward finds it again (no instance attribute left behind); one whose instance
+    forward was patched before gets that patch back."""
+    from llm_perf_opt.session.compiled import CompiledForward, compile_forwards, restore_forwards
+
+    plain, patched = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+
+    def own(x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    patched.forward = own  # type: ignore[method-assign]
+    forwards = compile_forwards({"vision/a": plain, "vision/b": patched}, "default")
+    assert isinstance(vars(plain)["forward"], CompiledForward) and isinstance(patched.forward, CompiledForward)
+    restore_forwards(forwards)
+    assert "forward" not in vars(plain) and plain.forward.__func__ is torch.nn.Linear.forward  # type: ignore[attr-defined]
+    assert patched.forward is own

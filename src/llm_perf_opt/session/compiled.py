@@ -115,6 +115,9 @@ class CompiledForward:
     def __init__(self, module: nn.Module, stage: str, mode: str) -> None:
         self.module = module
         self.original = module.forward
+        # whether the instance had a forward of its own (patched before): else restoring removes the attribute, so
+        # the class's forward is found again as before
+        self.own_forward = "forward" in vars(module)
         # one static graph per view shape (a page has two: tiles and the global view); a dynamic-shape recompile of
         # SAM took minutes on the H100
         self.step = CompiledStep(stage, self.original, mode, setting=mode, key="runtime.compile_vision", dynamic=False)
@@ -142,7 +145,10 @@ def compile_forwards(modules: Mapping[str, nn.Module], mode: str) -> tuple[Compi
 def restore_forwards(forwards: Sequence[CompiledForward]) -> None:
     """The modules' own forwards back."""
     for forward in forwards:
-        forward.module.forward = forward.original
+        if forward.own_forward:
+            forward.module.forward = forward.original
+        else:
+            del forward.module.forward
 
 
 @contextmanager

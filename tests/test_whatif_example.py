@@ -70,6 +70,10 @@ def test_the_all_example_judges_every_objective_and_flags_the_trade_offs() -> No
     assert combined.outputs is not None and combined.outputs.identical
     assert best.held is not None and [s.stage for s in best.held.stages] == ["prefill", "decode/step"]
     assert any("changed nothing" in (r.no_change or "") for r in record.rungs)  # experts_grouped_mm
+    # the same 901 kernels per step and GPU-busy time: the host's pace between processes, not the lever
+    flex = record.rung("sam_flex_attention")
+    assert flex is not None and flex.attribution is not None
+    assert flex.attribution.cause.startswith("host time alone: the same 901 kernels/step and GPU-busy time")
 
 
 def test_the_first_token_example_reaches_60_ms_and_judges_the_near_tie() -> None:

@@ -18,7 +18,7 @@ from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure import whatif_objectives as objectives
 from llm_perf_opt.measure.module_changes import held_by, module_changes
 from llm_perf_opt.measure.noise import BEYOND
-from llm_perf_opt.measure.whatif import no_effective_change
+from llm_perf_opt.measure.whatif import attribute, no_effective_change
 from llm_perf_opt.records.folders import Stage1Folder, load_stage1, load_whatif
 from llm_perf_opt.records.io import RecordError
 from llm_perf_opt.records.whatif import BASELINE, MEASURED, Rung, WhatIfRecord
@@ -206,7 +206,7 @@ def rejudge(
                 no_change=earlier.no_change,
                 held=earlier.held,
             )
-    rungs = with_repeat_floor(rungs, budget_gib)
+    rungs = with_repeat_floor(with_attribution(rungs, record), budget_gib)
     verdicts = tuple(
         attrs.evolve(v, line=with_flags(v.line, rungs[v.lever]), helped=v.helped and rungs[v.lever].no_change is None)
         if v.lever in rungs
@@ -230,6 +230,21 @@ def rejudge(
     art.write_json(WHATIF_FILE, record)
     whatif_report.write_all(art, record)
     return record
+
+
+def with_attribution(rungs: Mapping[str, Rung], record: WhatIfRecord) -> dict[str, Rung]:
+    """Each rung's decode-step attribution worked out again against the rung it was attributed against (its cause
+    line in today's words), from both rungs' figures; as it was where either has none."""
+    out = dict(rungs)
+    for name, rung in rungs.items():
+        a = rung.attribution
+        reference = None if a is None else rungs.get(a.against)
+        if a is None or reference is None or rung.figures is None:
+            continue
+        ref_figures = record.figures_of(reference)
+        if ref_figures is not None:
+            out[name] = attrs.evolve(rung, attribution=attribute(name, rung.figures, a.against, ref_figures) or a)
+    return out
 
 
 def _rejudged(

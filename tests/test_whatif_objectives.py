@@ -220,6 +220,12 @@ def test_a_no_op_rung_whose_outputs_depart_shows_the_baseline_does_not_repeat() 
     assert note.startswith("experts_grouped_mm ran as the baseline did, yet its outputs depart at generated token 18")
     assert "at or after token 18 says nothing about a lever" in note
     assert unrepeatable_outputs([lever]) == []  # no rung ran as the baseline did: nothing to say
+    assert "(near-tied logits, as random weights give)" in note  # no top-two pass: the likely cause, said as such
+    from llm_perf_opt.records.whatif import NearTie
+
+    tied = attrs.evolve(departs, near_tie=NearTie(token=18, gap=0.015625, top_logit=3.17, tolerance=0.01))
+    (shown,) = unrepeatable_outputs([lever, attrs.evolve(same, outputs=tied)])
+    assert "(a near-tie: the baseline's top two logits there 0.0156 apart, 0.49% of the top logit" in shown
 
 
 def test_a_goal_no_rung_could_be_judged_on_says_so() -> None:

@@ -18,6 +18,7 @@ from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure import whatif_objectives as objectives
 from llm_perf_opt.measure.module_changes import held_by, module_changes
 from llm_perf_opt.measure.noise import BEYOND
+from llm_perf_opt.measure.outputs import near_tie_text
 from llm_perf_opt.measure.whatif import attribute, no_effective_change
 from llm_perf_opt.records.folders import Stage1Folder, load_stage1, load_whatif
 from llm_perf_opt.records.io import RecordError
@@ -157,15 +158,18 @@ def host_drift(rungs: Iterable[Rung]) -> list[str]:
 def unrepeatable_outputs(rungs: Iterable[Rung]) -> list[str]:
     """The note for a rung that ran as the baseline did, yet generated other tokens: the baseline's own outputs do
     not repeat from run to run, so a departure at or after that token says nothing about a lever."""
+    rungs = list(rungs)
     found = repeats_until(rungs)
     if found is None:
         return []
     name, token = found
+    outputs = next(r.outputs for r in rungs if r.name == name)
+    tie = outputs.near_tie if outputs is not None else None
+    why = "near-tied logits, as random weights give" if tie is None else near_tie_text(tie)
     return [
         f"{name} ran as the baseline did, yet its outputs depart at generated token {token}: the baseline's own "
-        f"outputs do not repeat from run to run (near-tied logits, as random weights give), so an output departure "
-        f"at or after token {token} says nothing about a lever, and the ladder compares the tokens before it "
-        "(whatif_run.ladder_identical_outputs)."
+        f"outputs do not repeat from run to run ({why}), so an output departure at or after token {token} says "
+        "nothing about a lever, and the ladder compares the tokens before it (whatif_run.ladder_identical_outputs)."
     ]
 
 

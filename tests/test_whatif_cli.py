@@ -117,6 +117,33 @@ def test_every_rung_ends_as_it_should(ladder: tuple[Path, subprocess.CompletedPr
     assert "its top logit and the rung took the other one (a near-tie" in (out / "whatif.md").read_text()
 
 
+def test_a_finished_folder_is_judged_again_from_its_rung_folders(
+    ladder: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path
+) -> None:
+    """`python -m llm_perf_opt.pipeline.whatif_judge <folder>`: every measured rung judged again, each attribution
+    worked out again (a reused ladder rung carries that of the rung it reuses), the report rewritten."""
+    import shutil
+
+    from llm_perf_opt.pipeline.whatif_judge import rejudge
+
+    out, done = ladder
+    assert done.returncode == 0, done.stderr[-3000:]
+    copy = tmp_path / "again"
+    shutil.copytree(out, copy)
+    before = load_file(out / "whatif.json", WhatIfRecord)
+    record = rejudge(copy, before.decode_tokens, before.decode_tokens_source)
+    for rung in record.rungs:
+        earlier = before.rung(rung.name)
+        assert earlier is not None and rung.outputs == earlier.outputs
+        if rung.state == MEASURED and rung.phase != BASELINE:
+            assert rung.judgements and rung.attribution is not None
+            assert rung.attribution.against == (earlier.attribution.against if earlier.attribution else None)
+        if rung.reused is not None:
+            source = record.rung(rung.reused)
+            assert source is not None and rung.attribution == source.attribution
+    assert load_file(copy / "whatif.json", WhatIfRecord) == record and (copy / "whatif.md").is_file()
+
+
 def test_the_rungs_build_the_model_once(ladder: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
     """The baseline builds and saves the random-weights model; every later rung loads it (issue 25); the run's
     saved model is gone once it ends."""

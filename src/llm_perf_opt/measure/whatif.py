@@ -218,8 +218,8 @@ def outputs_against(
     top2 = load_top_two(base.path)
     ties = [
         near_tie(other_tokens[k], base_tokens[k], top2.get(k), near_tie_tolerance)
-        for k, at in departures.items()
-        if at is not None
+        for k in shared
+        if departures[k] is not None
     ]
     known = [t for t in ties if t is not None]
     widest = max(known, key=lambda t: t.relative_gap) if known else None

@@ -200,6 +200,7 @@ def rejudge(
     rungs = {}
     for rung in record.rungs:
         rungs[rung.name] = _rejudged(run_dir, rung, base, decode_tokens, budget_gib)
+    rungs = with_attribution(rungs, record)
     for name, rung in rungs.items():  # a reused ladder rung carries the verdicts of the rung it reuses
         if rung.reused is not None and rung.reused in rungs:
             earlier = rungs[rung.reused]
@@ -209,8 +210,9 @@ def rejudge(
                 tradeoffs=earlier.tradeoffs,
                 no_change=earlier.no_change,
                 held=earlier.held,
+                attribution=earlier.attribution,
             )
-    rungs = with_repeat_floor(with_attribution(rungs, record), budget_gib)
+    rungs = with_repeat_floor(rungs, budget_gib)
     verdicts = tuple(
         attrs.evolve(v, line=with_flags(v.line, rungs[v.lever]), helped=v.helped and rungs[v.lever].no_change is None)
         if v.lever in rungs
@@ -237,8 +239,9 @@ def rejudge(
 
 
 def with_attribution(rungs: Mapping[str, Rung], record: WhatIfRecord) -> dict[str, Rung]:
-    """Each rung's decode-step attribution worked out again against the rung it was attributed against (its cause
-    line in today's words), from both rungs' figures; as it was where either has none."""
+    """Each measured rung's decode-step attribution worked out again against the rung it was attributed against (its
+    cause line in today's words), from both rungs' figures; as it was where either has none (a reused ladder rung
+    takes the one of the rung it reuses, as in a live run)."""
     out = dict(rungs)
     for name, rung in rungs.items():
         a = rung.attribution

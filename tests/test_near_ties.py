@@ -119,6 +119,12 @@ def test_top_two_logits_are_saved_and_read_back(tmp_path: Path) -> None:
     assert load_top_two(tmp_path / "elsewhere") == {}
 
 
+def test_a_damaged_top_two_file_is_said_and_read_as_none(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "top2_logits.json").write_text("{damaged")
+    assert load_top_two(tmp_path) == {}
+    assert "output departures are judged without the baseline's top two logits" in caplog.text
+
+
 def test_the_top_two_pass_gives_each_greedy_tokens_candidates(tiny_session: Any, page_images: dict[str, Path]) -> None:
     """On the tiny model: the pass's tokens are greedy decoding's own, each the first of its two candidates, whose
     logits equal the logits of the whole sequence recomputed without a KV cache."""

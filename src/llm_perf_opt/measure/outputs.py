@@ -4,6 +4,7 @@ the prefill logits (`run.save_prefill_logits`) and the top two logits behind eac
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -14,6 +15,8 @@ from llm_perf_opt.records.folders import PREFILL_LOGITS_FILE, TOP2_LOGITS_FILE
 from llm_perf_opt.records.io import RecordError, load_file, save
 from llm_perf_opt.records.stage1 import TopTwoLogits, TopTwoRecord
 from llm_perf_opt.records.whatif import NearTie
+
+log = logging.getLogger("llm_perf_opt.whatif")
 
 
 def first_departure(tokens: Sequence[int], reference: Sequence[int]) -> int | None:
@@ -50,7 +53,8 @@ def load_top_two(run_dir: Path) -> dict[str, TopTwoLogits]:
         return {}
     try:
         return dict(load_file(path, TopTwoRecord).inputs)
-    except RecordError:
+    except RecordError as exc:
+        log.warning("%s; output departures are judged without the baseline's top two logits (none is a near-tie)", exc)
         return {}
 
 

@@ -111,6 +111,20 @@ def test_mark_failed_leaves_final_and_missing_states_alone(tmp_path: Path) -> No
     assert read_status(tmp_path).state == "complete"
 
 
+def test_a_rung_past_its_limit_that_recorded_the_stop_as_interrupted_is_marked_failed(tmp_path: Path) -> None:
+    """The Hydra phase's time limit stops its rungs with SIGTERM; a rung that records the stop itself reads
+    `interrupted`, yet it ran past its limit: the what-if marks it failed (only where asked to replace that state)."""
+    from llm_perf_opt.pipeline.whatif_rungs import PAST_LIMIT_MARKED
+
+    art = ArtifactsManager(tmp_path, stage="stage1")
+    art.start("x")
+    art.finish(artifacts.INTERRUPTED)
+    assert mark_failed(tmp_path, "past its limit") is False  # by default only a folder still running
+    assert read_status(tmp_path).state == "interrupted"
+    assert mark_failed(tmp_path, "past its limit", replacing=PAST_LIMIT_MARKED) is True
+    assert read_status(tmp_path).state == "failed" and read_status(tmp_path).message == "past its limit"
+
+
 def test_read_status_names_a_damaged_file(tmp_path: Path) -> None:
     with pytest.raises(RecordError, match="does not exist"):
         read_status(tmp_path)

@@ -250,18 +250,21 @@ def _refusal(run_dir: Path, held: str) -> UserError:
     )
 
 
-def mark_failed(run_dir: Path, message: str, *, only_this_process: bool = False) -> bool:
+def mark_failed(
+    run_dir: Path, message: str, *, only_this_process: bool = False, replacing: tuple[str, ...] = (RUNNING,)
+) -> bool:
     """Mark a folder whose status still reads `running` as failed with `message`; True when it was marked.
 
     The entry points call this when a run ends with an error the run itself could not record (e.g. a second
     write failure while it wrote what it had), `only_this_process`: never a folder another process is writing.
-    A folder without a readable status, or already final, is left as is.
+    `replacing`: the states a folder may read to be marked (a rung stopped for its time limit that recorded the
+    stop as `interrupted` still failed). A folder without a readable status, or in another state, is left as is.
     """
     try:
         status = read_status(run_dir)
     except RecordError:
         return False
-    if status.state != RUNNING:
+    if status.state not in replacing:
         return False
     if only_this_process and (status.pid, status.host) != (os.getpid(), this_host()):
         return False

@@ -37,6 +37,9 @@ INDUCTOR_CACHE_DIR = "inductor_cache"  # inductor's cache the rungs share (whati
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 RUN_FOLDER = "run"  # whatif_run.inductor_cache: a folder in the what-if run folder, removed at the end
 USER_FOLDER = "user"  # whatif_run.inductor_cache: <user cache>/llm_perf_opt/inductor, kept between runs
+# The folder states a rung stopped for its time limit is marked failed from: still running, or `interrupted` where
+# it recorded the stop itself (it ran past its limit all the same).
+PAST_LIMIT_MARKED = (common.RUNNING, common.INTERRUPTED)
 
 
 @attrs.frozen
@@ -200,7 +203,7 @@ def run_rung(job: RungJob, device: str | None, timeout_s: float | None, forks: F
     wall = time.perf_counter() - started
     if returncode is None:
         message = f"ran past whatif_run.rung_timeout_s={timeout_s:g} s and was stopped"
-        artifacts.mark_failed(job.folder, message)
+        artifacts.mark_failed(job.folder, message, replacing=PAST_LIMIT_MARKED)
         return RungOutcome(job.name, common.FAILED, message, wall)
     return read_outcome(job, returncode, wall)
 

@@ -226,3 +226,34 @@ def test_device_times_are_torchs_computed_once() -> None:
         assert times.total(ev) == ev.device_time_total
         assert times.own(ev) == ev.self_device_time_total
     assert (times.total(root), times.own(root), times.own(mid)) == (55.0, 5.0, 43.0)
+
+
+def test_each_event_is_read_once_for_the_overall_and_the_stage_tables() -> None:
+    """The operator tables read each event's figures once (`_measured`) and find its stage through the ancestors
+    already looked at: an operator nested under a stage range goes to that stage (decode steps to `decode`), one
+    outside every range to none, and the rows carry torch's own host and device times."""
+    from llm_perf_opt.measure.profiler_labels import STAGE_LABEL_PREFIX
+
+    prefill = _event(1, STAGE_LABEL_PREFIX + vocab.PREFILL, 0, 100)
+    linear = _event(2, "aten::linear", 10, 60, use_device="cuda")
+    addmm = _event(3, "aten::addmm", 20, 50, use_device="cuda")
+    step = _event(4, STAGE_LABEL_PREFIX + vocab.DECODE_STEP, 200, 300)
+    add = _event(5, "aten::add", 210, 230, use_device="cuda")
+    outside = _event(6, "aten::add", 400, 410, use_device="cuda")
+    addmm.append_kernel("gemm", 0, 25)
+    add.append_kernel("add", 0, 4)
+    for parent, child in ((prefill, linear), (linear, addmm), (step, add)):
+        parent.append_cpu_child(child)
+        child.set_cpu_parent(parent)
+    known: dict[int, str | None] = {}
+    stages = [tp._stage_of(ev, known) for ev in (linear, addmm, add, outside)]
+    assert stages == [vocab.PREFILL, vocab.PREFILL, vocab.DECODE, None]
+    assert set(known) == {id(prefill), id(linear), id(step)}  # each ancestor looked at once
+    operators = [linear, addmm, add, outside]
+    measured = tp._measured(operators, tp.DeviceTimes(), tp.operator_name)
+    rows = {r.name: r for r in tp._aggregate(measured, "self_cpu_ms")}
+    assert rows["aten::add"].calls == 2
+    assert rows["aten::add"].self_cpu_ms == pytest.approx((add.self_cpu_time_total + outside.self_cpu_time_total) / 1e3)
+    assert rows["aten::linear"].self_cpu_ms == pytest.approx(linear.self_cpu_time_total / 1e3) == 0.02
+    assert rows["aten::linear"].total_device_ms == pytest.approx(0.025)
+    assert rows["aten::addmm"].self_device_ms == pytest.approx(0.025)

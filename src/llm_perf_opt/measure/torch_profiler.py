@@ -118,15 +118,20 @@ class DeviceTimes:
         return _device_time(ev, "self_device_time_total")
 
 
-def _stage_of(event: Any) -> str | None:
+def _stage_of(event: Any, known: dict[int, str | None]) -> str | None:
+    """The stage label innermost around `event` (decode steps count as `decode`); `known`: the answers so far, by
+    event id, so that each ancestor is looked at once over a whole pass."""
     parent = event.cpu_parent
-    while parent is not None:
+    if parent is None:
+        return None
+    key = id(parent)
+    if key not in known:
         if parent.name.startswith(STAGE_LABEL_PREFIX):
             stage = parent.name[len(STAGE_LABEL_PREFIX) :]
-            # Attribute decode steps to `decode` for the per-stage table.
-            return vocab.DECODE if stage == vocab.DECODE_STEP else stage
-        parent = parent.cpu_parent
-    return None
+            known[key] = vocab.DECODE if stage == vocab.DECODE_STEP else stage
+        else:
+            known[key] = _stage_of(parent, known)
+    return known[key]
 
 
 _ADDRESS = re.compile(r" (?:object )?at 0x[0-9a-fA-F]+")
@@ -167,19 +172,19 @@ def call_site(event: Any) -> tuple[str, ...]:
 class _Details:
     """Per-operator details the profiled pass recorded: input-shape groups, memory, call sites."""
 
-    def __init__(self, times: DeviceTimes, *, shapes: bool, memory: bool, device: bool, stacks: bool) -> None:
-        self.times = times
+    def __init__(self, *, shapes: bool, memory: bool, device: bool, stacks: bool) -> None:
         self.shapes, self.memory, self.device, self.stacks = shapes, memory, device, stacks
         self._shape_acc: dict[str, dict[str, list[float]]] = {}
         self._memory: dict[str, list[int]] = {}
         self._sites: dict[str, Counter[tuple[str, ...]]] = {}
 
-    def add(self, name: str, ev: Any) -> None:
+    def add(self, name: str, ev: Any, own_device: float, self_cpu: float) -> None:
+        """One event of operator `name`, with its own device time and self host time (µs) already read."""
         if self.shapes:
             group = self._shape_acc.setdefault(name, {}).setdefault(str(ev.input_shapes or []), [0, 0.0, 0.0])
             group[0] += 1
-            group[1] += self.times.own(ev)
-            group[2] += float(ev.self_cpu_time_total)
+            group[1] += own_device
+            group[2] += self_cpu
         if self.memory:
             mem = self._memory.setdefault(name, [0, 0])
             mem[0] += int(ev.self_cpu_memory_usage or 0)
@@ -207,25 +212,44 @@ class _Details:
         return out
 
 
-def _aggregate(
-    events: Iterable[Any],
-    sort_key: str,
-    times: DeviceTimes,
-    name_of: Callable[[str], str] = operator_name,
-    details: _Details | None = None,
-) -> tuple[OperatorRow, ...]:
+# An event's figures, read once per pass: own and total device time, self and total host time (µs), FLOPs.
+Figures = tuple[float, float, float, float, float]
+Measured = tuple[Any, str, Figures]  # an event, the name its table row takes, its figures
+
+
+def _measured(events: Iterable[Any], times: DeviceTimes, name_of: Callable[[str], str]) -> list[Measured]:
+    """Each event with its row name and figures, read once (torch's time properties re-walk the event's children on
+    every read, and an operator appears in the overall table and in its stage's)."""
+    return [
+        (
+            ev,
+            name_of(ev.name),
+            (
+                times.own(ev),
+                times.total(ev),
+                float(ev.self_cpu_time_total),
+                float(ev.cpu_time_total),
+                float(getattr(ev, "flops", 0) or 0),
+            ),
+        )
+        for ev in events
+    ]
+
+
+def _aggregate(measured: Iterable[Measured], sort_key: str, details: _Details | None = None) -> tuple[OperatorRow, ...]:
     acc: dict[str, list[float]] = {}
-    for ev in events:
-        name = name_of(ev.name)
-        row = acc.setdefault(name, [0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    for ev, name, (own_device, total_device, self_cpu, total_cpu, flops) in measured:
+        row = acc.get(name)
+        if row is None:
+            row = acc[name] = [0, 0.0, 0.0, 0.0, 0.0, 0.0]
         row[0] += 1
-        row[1] += times.own(ev)
-        row[2] += times.total(ev)
-        row[3] += float(ev.self_cpu_time_total)
-        row[4] += float(ev.cpu_time_total)
-        row[5] += float(getattr(ev, "flops", 0) or 0)
+        row[1] += own_device
+        row[2] += total_device
+        row[3] += self_cpu
+        row[4] += total_cpu
+        row[5] += flops
         if details is not None:
-            details.add(name, ev)
+            details.add(name, ev, own_device, self_cpu)
     rows = [
         OperatorRow(
             name=name,
@@ -393,25 +417,27 @@ def _operator_table(
     events = _operator_events(everything)
     on_cuda = session.device.type == "cuda"
     sort_key = "self_device_ms" if on_cuda else "self_cpu_ms"
-    by_stage_events: dict[str, list[Any]] = {}
-    for ev in events:
-        by_stage_events.setdefault(_stage_of(ev) or "other", []).append(ev)
-
     times = DeviceTimes()  # shared by every table: each event's device times computed once
+    measured = _measured(events, times, operator_name)
+    by_stage_events: dict[str, list[Measured]] = {}
+    stages: dict[int, str | None] = {}
+    for item in measured:
+        by_stage_events.setdefault(_stage_of(item[0], stages) or "other", []).append(item)
 
     def details() -> _Details | None:  # a fresh accumulator per table
         if not (record_shapes or profile_memory or with_stack):
             return None
-        return _Details(times, shapes=record_shapes, memory=profile_memory, device=on_cuda, stacks=with_stack)
+        return _Details(shapes=record_shapes, memory=profile_memory, device=on_cuda, stacks=with_stack)
 
     is_kernel = kernel_filter(everything)  # built once: it reads every event of the pass
-    table_overall = _aggregate(events, sort_key, times, details=details())
-    by_stage = {stage: _aggregate(evs, sort_key, times, details=details()) for stage, evs in by_stage_events.items()}
+    table_overall = _aggregate(measured, sort_key, details())
+    by_stage = {stage: _aggregate(items, sort_key, details()) for stage, items in by_stage_events.items()}
+    kernels = _measured(_kernel_events(everything, is_kernel), times, short_kernel_name)
     written = _write_trace(prof, trace_path) if trace_path is not None else None
     return OperatorTable(
         sort_key=sort_key,
         overall=table_overall,
-        kernels=_aggregate(_kernel_events(everything, is_kernel), "self_device_ms", times, short_kernel_name),
+        kernels=_aggregate(kernels, "self_device_ms"),
         by_stage=by_stage,
         events=len(events),
         decode_steps=decode_steps,

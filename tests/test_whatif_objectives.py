@@ -127,8 +127,9 @@ def test_memory_over_the_budget_or_far_above_the_baseline_is_flagged() -> None:
 
 def test_a_bad_memory_budget_is_one_paragraph() -> None:
     assert memory_budget(None) is None and memory_budget("40") == 40.0
-    with pytest.raises(UserError, match=r"memory_budget_gib=-1 is not a positive number of GiB"):
-        memory_budget(-1)
+    for bad in (-1, 0, "lots", True, "nan", "inf"):  # a boolean would otherwise read as a budget of 1 GiB
+        with pytest.raises(UserError, match=r"memory_budget_gib=.* is not a positive number of GiB"):
+            memory_budget(bad)
 
 
 # --------------------------------------------------------------------------------------------- goals

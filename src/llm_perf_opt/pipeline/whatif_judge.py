@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,38 +43,40 @@ def workload_decode_tokens(cfg: Mapping[str, Any]) -> tuple[int | None, str | No
     return int(tokens), f"workload {profile.get('name')} (analytic.new_tokens)"
 
 
-def memory_budget(raw: Any) -> float | None:
-    """`whatif.memory_budget_gib`: a positive number of GiB, or None for no budget."""
+def _optional_number(raw: Any, within: Callable[[float], bool], problem: str, fix: str) -> float | None:
+    """`raw` as a float where it is a finite number `within` accepts, None where it is null; anything else (a
+    boolean, text, a number out of range) is one paragraph: `problem`, then `fix`."""
     if raw is None:
         return None
     try:
         value = float(raw)
     except (TypeError, ValueError):
-        value = 0.0
-    if value <= 0:
-        raise UserError(
-            f"whatif.memory_budget_gib={raw} is not a positive number of GiB",
-            "Set e.g. whatif.memory_budget_gib=40, or null for no budget",
-        )
+        value = math.nan
+    if isinstance(raw, bool) or not math.isfinite(value) or not within(value):
+        raise UserError(problem, fix)
     return value
+
+
+def memory_budget(raw: Any) -> float | None:
+    """`whatif.memory_budget_gib`: a positive number of GiB, or None for no budget."""
+    return _optional_number(
+        raw,
+        lambda gib: gib > 0,
+        f"whatif.memory_budget_gib={raw} is not a positive number of GiB",
+        "Set e.g. whatif.memory_budget_gib=40, or null for no budget",
+    )
 
 
 def near_tie_tolerance(raw: Any) -> float | None:
     """`whatif_run.near_tie_tolerance`: the largest gap between the baseline's top two logits, as a fraction of the
     top one, at which a rung's other token still counts as the same output (a number in [0, 1)), or None for none."""
-    if raw is None:
-        return None
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        value = -1.0
-    if isinstance(raw, bool) or not 0 <= value < 1:
-        raise UserError(
-            f"whatif_run.near_tie_tolerance={raw} is not a fraction of the top logit in [0, 1)",
-            "Set e.g. whatif_run.near_tie_tolerance=0.01 (a departure between the baseline's top two tokens counts "
-            "as the same output when their logits are within 1% of the top one), or null to count every departure",
-        )
-    return value
+    return _optional_number(
+        raw,
+        lambda fraction: 0 <= fraction < 1,
+        f"whatif_run.near_tie_tolerance={raw} is not a fraction of the top logit in [0, 1)",
+        "Set e.g. whatif_run.near_tie_tolerance=0.01 (a departure between the baseline's top two tokens counts "
+        "as the same output when their logits are within 1% of the top one), or null to count every departure",
+    )
 
 
 def judged_rung(

@@ -165,3 +165,23 @@ def test_the_what_if_reader_names_a_rung_whose_process_is_gone(tmp_path: Path, d
         f"host {HOST}) is gone: it was killed before it could record its end)"
     )
     assert read_status(job.folder).state == "failed"  # no longer claims to run
+
+
+def test_a_rung_past_its_time_limit_is_failed_and_names_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rung process still running at `whatif_run.rung_timeout_s` is stopped: its outcome and its folder read
+    failed, and the message names the limit and what to do for a lever that compiles for minutes."""
+    from llm_perf_opt.pipeline import whatif_rungs
+
+    job = RungJob("vision_max_autotune", (), (), tmp_path / "rungs" / "02-vision_max_autotune", tmp_path / "02.log")
+    ArtifactsManager(job.folder, stage="stage1").start(job.folder.name)  # the rung had started its folder
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    monkeypatch.setattr(whatif_rungs, "stage1_command", lambda job, device: sleeper)
+    outcome = whatif_rungs.run_rung(job, None, timeout_s=1.0)
+    assert outcome.state == "failed" and outcome.wall_s is not None and outcome.wall_s < 30
+    assert outcome.message == (
+        "ran past whatif_run.rung_timeout_s=1 s and was stopped (a lever that compiles for minutes, such as "
+        "max-autotune, needs a higher limit or null)"
+    )
+    assert read_status(job.folder).state == "failed"

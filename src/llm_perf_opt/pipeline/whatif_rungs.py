@@ -202,7 +202,10 @@ def run_rung(job: RungJob, device: str | None, timeout_s: float | None, forks: F
         returncode = _waited(forked, timeout_s, own_group=True)
     wall = time.perf_counter() - started
     if returncode is None:
-        message = f"ran past whatif_run.rung_timeout_s={timeout_s:g} s and was stopped"
+        message = (
+            f"ran past whatif_run.rung_timeout_s={timeout_s:g} s and was stopped (a lever that compiles for minutes, "
+            "such as max-autotune, needs a higher limit or null)"
+        )
         artifacts.mark_failed(job.folder, message, replacing=PAST_LIMIT_MARKED)
         return RungOutcome(job.name, common.FAILED, message, wall)
     return read_outcome(job, returncode, wall)

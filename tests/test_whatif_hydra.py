@@ -17,7 +17,7 @@ import yaml
 from helpers import preset_dir, run_whatif
 from llm_perf_opt.pipeline import whatif_hydra
 from llm_perf_opt.pipeline.whatif_hydra import NotExpressible, phase_command, run_phase, rung_config
-from llm_perf_opt.pipeline.whatif_rungs import RungJob
+from llm_perf_opt.pipeline.whatif_rungs import PAST_LIMIT_FIX, RungJob
 from llm_perf_opt.records import common
 from llm_perf_opt.records.folders import load_stage1, read_status
 from llm_perf_opt.records.io import load_file
@@ -131,6 +131,7 @@ def test_a_phase_past_its_limit_is_stopped_and_its_rungs_failed(tmp_path: Path) 
     assert time.monotonic() - started < 60
     assert {o.state for o in outcomes.values()} == {common.FAILED}
     assert all("ran past its limit (2 s" in (o.message or "") for o in outcomes.values())
+    assert all(PAST_LIMIT_FIX in (o.message or "") for o in outcomes.values())  # and what to do about it
     for job in jobs:  # no rung folder is left claiming to run
         if (job.folder / "run_status.json").is_file():
             assert read_status(job.folder).state == common.FAILED

@@ -21,6 +21,7 @@ import yaml
 from llm_perf_opt import artifacts
 from llm_perf_opt.override_keys import is_group
 from llm_perf_opt.pipeline.whatif_rungs import (
+    PAST_LIMIT_FIX,
     PAST_LIMIT_MARKED,
     RungJob,
     RungOutcome,
@@ -184,7 +185,8 @@ def _phase_outcome(job: RungJob, returncode: int | None, limit: float | None) ->
     if returncode is None:  # the phase ran past its limit: rungs that completed keep their figures
         stopped = f"the phase ran past its limit ({limit:g} s: whatif_run.rung_timeout_s per rung) and was stopped"
         if not (job.folder / STATUS_FILE).is_file():
-            return RungOutcome(job.name, common.FAILED, f"{stopped} before this rung started", wall)
+            return RungOutcome(job.name, common.FAILED, f"{stopped} before this rung started ({PAST_LIMIT_FIX})", wall)
+        stopped += f" ({PAST_LIMIT_FIX})"
         if artifacts.mark_failed(job.folder, stopped, replacing=PAST_LIMIT_MARKED):
             return RungOutcome(job.name, common.FAILED, stopped, wall)
         returncode = 0

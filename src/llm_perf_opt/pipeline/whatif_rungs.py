@@ -40,6 +40,8 @@ USER_FOLDER = "user"  # whatif_run.inductor_cache: <user cache>/llm_perf_opt/ind
 # The folder states a rung stopped for its time limit is marked failed from: still running, or `interrupted` where
 # it recorded the stop itself (it ran past its limit all the same).
 PAST_LIMIT_MARKED = (common.RUNNING, common.INTERRUPTED)
+# What a rung or phase stopped for its time limit says to do about it.
+PAST_LIMIT_FIX = "a lever that compiles for minutes, such as max-autotune, needs a higher limit or null"
 
 
 @attrs.frozen
@@ -202,10 +204,7 @@ def run_rung(job: RungJob, device: str | None, timeout_s: float | None, forks: F
         returncode = _waited(forked, timeout_s, own_group=True)
     wall = time.perf_counter() - started
     if returncode is None:
-        message = (
-            f"ran past whatif_run.rung_timeout_s={timeout_s:g} s and was stopped (a lever that compiles for minutes, "
-            "such as max-autotune, needs a higher limit or null)"
-        )
+        message = f"ran past whatif_run.rung_timeout_s={timeout_s:g} s and was stopped ({PAST_LIMIT_FIX})"
         artifacts.mark_failed(job.folder, message, replacing=PAST_LIMIT_MARKED)
         return RungOutcome(job.name, common.FAILED, message, wall)
     return read_outcome(job, returncode, wall)

@@ -22,11 +22,14 @@ from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.folders import Stage1Folder
 from llm_perf_opt.records.stage1 import BatchRecord, DecodeActivity, ImageRecord, Stage1Metrics
 from llm_perf_opt.records.whatif import (
+    BETTER,
     FIRST_TOKEN,
     MEMORY,
     PAGE_LATENCY,
     THROUGHPUT,
+    WORSE,
     Attribution,
+    Judgement,
     Lever,
     Objective,
     OutputAgreement,
@@ -489,6 +492,40 @@ def rank(levers: Sequence[Lever], gains: Mapping[str, Speedup | None]) -> list[L
     """The levers that helped, best measured speed-up first (ties in preset order)."""
     scored = [(lever, gain) for lever in levers if (gain := gains.get(lever.name)) is not None and helped(gain)]
     return [lever for lever, _ in sorted(scored, key=lambda pair: -pair[1].value)]
+
+
+# An objective's figure and the timed figures that make it up: the first token is the page's preprocessing and its
+# prefill (vision inside), a whole page its first token and decode steps. A lever that shortens a part beyond noise
+# can leave the sum within noise when another part is noisy (preprocessing on the host, a host-paced decode).
+OBJECTIVE_PARTS: Mapping[str, tuple[str, ...]] = {
+    "ttft_ms": ("vision_ms", "prefill_ms"),
+    PAGE_LATENCY_MS: ("ttft_ms", "decode_ms_per_token"),
+}
+
+
+def helped_by_parts(objective: str, gain: Speedup | None, judgements: Sequence[Judgement]) -> tuple[Judgement, ...]:
+    """The parts of `objective` a lever shortened beyond noise while the objective itself moved only within noise
+    (either way: its noise is another part's) and no part got worse beyond noise; empty when it did not help so."""
+    parts = [j for j in judgements if j.objective in OBJECTIVE_PARTS.get(objective, ())]
+    if gain is None or gain.verdict != WITHIN or any(j.verdict == WORSE for j in parts):
+        return ()
+    return tuple(j for j in parts if j.verdict == BETTER)
+
+
+def rank_by_parts(
+    levers: Sequence[Lever],
+    objective: str,
+    gains: Mapping[str, Speedup | None],
+    judged: Mapping[str, Sequence[Judgement]],
+) -> list[tuple[Lever, tuple[Judgement, ...]]]:
+    """The levers that helped only through the objective's parts (`helped_by_parts`), best point speed-up of the
+    objective first, each with those parts: they go on the ladder after the levers that helped the objective itself."""
+    found = [
+        (lever, parts, gain)
+        for lever in levers
+        if (parts := helped_by_parts(objective, gain := gains.get(lever.name), judged.get(lever.name, ())))
+    ]
+    return [(lever, parts) for lever, parts, _ in sorted(found, key=lambda t: -(t[2].value if t[2] else 0.0))]
 
 
 def folder_name(index: int, name: str) -> str:

@@ -23,6 +23,7 @@ from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.errors import UserError, require_bool
 from llm_perf_opt.measure import whatif as figures
 from llm_perf_opt.measure.stats import MIN_VALUES_FOR_CI
+from llm_perf_opt.measure.whatif_objectives import change_text
 from llm_perf_opt.pipeline import whatif_hydra, whatif_judge
 from llm_perf_opt.pipeline.rung_forks import ForkServer, StartingServer
 from llm_perf_opt.pipeline.whatif_rungs import (
@@ -52,6 +53,7 @@ from llm_perf_opt.records.whatif import (
     PENDING,
     SKIPPED,
     WORKLOAD,
+    Judgement,
     Lever,
     Objective,
     Rung,
@@ -204,6 +206,8 @@ class WhatIfRun:
         self.folders: dict[str, Stage1Folder] = {}
         self.levers: tuple[Lever, ...] = ()  # the preset's, read when the run starts
         self.left_out: tuple[tuple[str, str], ...] = ()  # levers the ladder did not stack, with the reason
+        # levers stacked for the objective's parts they shortened (its own change within noise), with those parts
+        self.stacked_by_parts: tuple[tuple[str, str], ...] = ()
         self.index = 0
         self.launcher, self.launcher_overrides = self._launcher()
         self.fork_rungs = self._fork_rungs()
@@ -532,8 +536,18 @@ class WhatIfRun:
         departed = [(name, why) for name, why in departed if name not in dict(unchanged)]
         skipped = dict(unchanged) | dict(departed)
         candidates = [lever for lever in candidates if lever.name not in skipped]
-        ranked = figures.rank(candidates, {lever.name: self.rungs[lever.name].speedup for lever in candidates})
-        plan = figures.plan_ladder(ranked)
+        gains = {lever.name: self.rungs[lever.name].speedup for lever in candidates}
+        ranked = figures.rank(candidates, gains)
+        by_parts = figures.rank_by_parts(
+            [lever for lever in candidates if lever not in ranked],
+            self.goal.name,
+            gains,
+            {lever.name: self.rungs[lever.name].judgements for lever in candidates},
+        )
+        plan = figures.plan_ladder([*ranked, *(lever for lever, _ in by_parts)])
+        self.stacked_by_parts = tuple(
+            (lever.name, _parts_text(parts)) for lever, parts in by_parts if lever.name not in dict(plan.left_out)
+        )
         self.left_out = (*unchanged, *departed, *plan.left_out)
         if not plan.steps:
             return
@@ -647,6 +661,11 @@ class WhatIfRun:
 
     def _notes(self) -> tuple[str, ...]:
         notes = [f"{name} is not stacked on the ladder: {why}." for name, why in self.left_out]
+        notes += [
+            f"{name} is stacked on the ladder after the levers that helped: its {self.goal.label} moved only within "
+            f"noise, but its {parts} beyond noise, with no part worse."
+            for name, parts in self.stacked_by_parts
+        ]
         notes += self._pass_notes()
         notes += whatif_judge.host_drift(self.rungs.values())
         notes += whatif_judge.unrepeatable_outputs(self.rungs.values())
@@ -756,6 +775,12 @@ def _interrupted(rung: Rung, folder: Path, goal: Objective, decode_tokens: int |
         passes = f"all {len(stage1.metrics.records)}"
     reason = f"stopped with the what-if run after {passes} timed passes; not judged against the baseline"
     return attrs.evolve(rung, state=INTERRUPTED, reason=reason, figures=measured)
+
+
+def _parts_text(parts: Sequence[Judgement]) -> str:
+    """ "vision −64% and prefill −43%"."""
+    changes = [change_text(j) for j in parts]
+    return changes[0] if len(changes) == 1 else f"{', '.join(changes[:-1])} and {changes[-1]}"
 
 
 def _verdict_line(rung: Rung, base_passes: int | None) -> str:

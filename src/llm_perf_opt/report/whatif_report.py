@@ -343,7 +343,9 @@ def _ranked_table(doc: Doc, record: WhatIfRecord) -> None:
         )
     doc.table(header, rows)
     doc.para(
-        f"Ranked: baseline, then the ladder (the levers that helped, added one at a time in order of measured gain), "
+        f"Ranked: baseline, then the ladder (the levers that helped, added one at a time in order of measured gain, "
+        "then those whose objective moved within noise while a part of it, such as vision or prefill within the first "
+        "token, gained beyond noise), "
         f"then each lever alone by speed-up, then the rungs that did not run. Speed-up: the baseline's "
         f"{record.objective.label} over the rung's (above 1 is better), with the 95% interval of the ratio over the "
         "timed passes; noise verdict: whether the two runs' 95% intervals are apart. Kernels/step and GPU busy come "

@@ -242,3 +242,17 @@ def test_per_step_figures_of_a_batched_rung_count_each_batch_step_once(tmp_path)
     decode = metrics.efficiency_of(vocab.DECODE)
     assert decode is not None and figures.bytes_per_step == pytest.approx(decode.bytes / batch_steps)
     assert figures.flops_per_step == pytest.approx(decode.flops / batch_steps)
+
+
+def test_the_what_if_parent_reaches_its_fork_server_without_importing_torch() -> None:
+    """perf-whatif launches the fork server (which imports torch, transformers and the pipeline for every rung) when
+    the run starts; the parent's own imports up to there stay free of torch, so the server starts seconds earlier."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, llm_perf_opt.cli.whatif, llm_perf_opt.pipeline.whatif, llm_perf_opt.pipeline.rung_forks; "
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

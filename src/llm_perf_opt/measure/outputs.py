@@ -7,14 +7,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from llm_perf_opt.records.common import SCHEMA_VERSION
 from llm_perf_opt.records.folders import PREFILL_LOGITS_FILE, TOP2_LOGITS_FILE
 from llm_perf_opt.records.io import RecordError, load_file, save
 from llm_perf_opt.records.stage1 import TopTwoLogits, TopTwoRecord
 from llm_perf_opt.records.whatif import NearTie
+
+if TYPE_CHECKING:  # torch is imported where tensors are saved or loaded: perf-whatif's parent starts without it
+    import torch
 
 log = logging.getLogger("llm_perf_opt.whatif")
 
@@ -29,6 +31,8 @@ def first_departure(tokens: Sequence[int], reference: Sequence[int]) -> int | No
 
 def save_prefill_logits(path: Path, logits: Mapping[str, torch.Tensor]) -> None:
     """Input key -> (vocab,) float32 logits at the last prompt position, saved with torch.save."""
+    import torch
+
     torch.save({key: value.detach().float().cpu() for key, value in logits.items()}, path)
 
 
@@ -37,6 +41,8 @@ def load_prefill_logits(run_dir: Path) -> dict[str, torch.Tensor]:
     path = Path(run_dir) / PREFILL_LOGITS_FILE
     if not path.is_file():
         return {}
+    import torch
+
     loaded = torch.load(path, map_location="cpu", weights_only=True)
     return {str(k): v for k, v in loaded.items()} if isinstance(loaded, dict) else {}
 

@@ -257,3 +257,17 @@ def test_each_event_is_read_once_for_the_overall_and_the_stage_tables() -> None:
     assert rows["aten::linear"].self_cpu_ms == pytest.approx(linear.self_cpu_time_total / 1e3) == 0.02
     assert rows["aten::linear"].total_device_ms == pytest.approx(0.025)
     assert rows["aten::addmm"].self_device_ms == pytest.approx(0.025)
+
+
+def test_torchs_own_parsing_time_is_read_from_a_real_profile_and_absent_where_torch_keeps_none() -> None:
+    """operators.md says how much of the post-processing was torch's own parsing of the pass into its event tree:
+    read from the profiler's statistics after the first `events()` call; None for a profiler without them."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        torch.ones(64, 64) @ torch.ones(64, 64)
+    assert tp.torch_parse_s(prof) is None  # nothing parsed yet
+    assert len(prof.events()) > 0
+    parsed = tp.torch_parse_s(prof)
+    assert parsed is not None and 0 < parsed < 60
+    assert tp.torch_parse_s(object()) is None

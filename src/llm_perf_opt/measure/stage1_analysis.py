@@ -445,6 +445,7 @@ class Stage1Analysis:
             postprocess_s=ops.postprocess_s,
             trace=ops.trace_path,
             activity=ops.activity,
+            torch_parse_s=ops.torch_parse_s,
         )
 
     def modules(self, compute: PeakFigure | None, bandwidth: PeakFigure | None) -> ModuleAttribution | None:

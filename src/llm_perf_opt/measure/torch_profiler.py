@@ -445,7 +445,19 @@ def _operator_table(
         trace_path=written,
         activity=kernel_activity(everything, is_kernel) if on_cuda else None,
         modules=attribution.times(everything, on_cuda, is_kernel) if attribution is not None else None,
+        torch_parse_s=torch_parse_s(prof),
     )
+
+
+def torch_parse_s(prof: Any) -> float | None:
+    """How long torch took to parse the pass into its events and their tree (the first `events()` call), from the
+    profiler's own statistics; None where this torch does not keep them."""
+    stats = getattr(getattr(prof, "profiler", None), "_stats", None)
+    parse = getattr(stats, "parse_kineto_call_duration_us", None)
+    tree = getattr(stats, "function_events_build_tree_call_duration_us", None)
+    if not isinstance(parse, int) or not isinstance(tree, int) or parse + tree <= 0:
+        return None
+    return (parse + tree) / 1e6
 
 
 class _Attribution:

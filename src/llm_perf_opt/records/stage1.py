@@ -373,6 +373,8 @@ class OperatorTable:
     trace_path: str | None
     activity: DecodeActivity | None = None  # CUDA runs: kernels and GPU busy time per decode step
     modules: ModuleTimes | None = None  # pipeline.torch_profiler.modules: kernel time by module and stage
+    # Of postprocess_s: torch's own parsing of the pass into its event tree (None: this torch does not say)
+    torch_parse_s: float | None = None
 
 
 @attrs.frozen
@@ -384,6 +386,7 @@ class ProfilerInfo:
     postprocess_s: float
     trace: str | None
     activity: DecodeActivity | None = None  # CUDA runs: kernels and GPU busy time per decode step
+    torch_parse_s: float | None = None  # of postprocess_s: torch's own parsing of the pass into its event tree
 
 
 @attrs.frozen

@@ -703,11 +703,16 @@ def report_md(
     return doc.text()
 
 
+def _parse_text(parse_s: float | None) -> str:
+    return "" if parse_s is None else f", of which torch's own parsing of its events {parse_s:.2f} s"
+
+
 def operators_md(m: Stage1Metrics, operators: OperatorTable, top_k: int) -> str:
     doc = Doc(f"Operators: {m.model.name} on {m.device.name}")
     doc.para(
         f"Profiled pass (untimed, separate from the timed passes): prefill + {operators.decode_steps} decode steps "
-        f"of one image; {operators.events:,} profiler events; post-processing {operators.postprocess_s:.2f} s. "
+        f"of one image; {operators.events:,} profiler events; post-processing {operators.postprocess_s:.2f} s"
+        f"{_parse_text(operators.torch_parse_s)}. "
         f"Sorted by {operators.sort_key.replace('_', ' ')}. Self times exclude child operators and add up to the "
         "total; inclusive (incl.) times contain their children and must not be summed."
     )

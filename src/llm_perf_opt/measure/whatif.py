@@ -494,9 +494,9 @@ def rank(levers: Sequence[Lever], gains: Mapping[str, Speedup | None]) -> list[L
     return [lever for lever, _ in sorted(scored, key=lambda pair: -pair[1].value)]
 
 
-# An objective's figure and the timed figures that make it up: the first token is the page's preprocessing and its
-# prefill (vision inside), a whole page its first token and decode steps. A lever that shortens a part beyond noise
-# can leave the sum within noise when another part is noisy (preprocessing on the host, a host-paced decode).
+# An objective's figure and the judged figures inside it: the first token holds the prefill (vision inside) beside the
+# page's preprocessing, a whole page its first token and decode steps. A lever that shortens a part beyond noise can
+# leave the whole within noise when another part is noisy (preprocessing on the host, a host-paced decode).
 OBJECTIVE_PARTS: Mapping[str, tuple[str, ...]] = {
     "ttft_ms": ("vision_ms", "prefill_ms"),
     PAGE_LATENCY_MS: ("ttft_ms", "decode_ms_per_token"),

@@ -778,7 +778,7 @@ def _interrupted(rung: Rung, folder: Path, goal: Objective, decode_tokens: int |
 
 
 def _parts_text(parts: Sequence[Judgement]) -> str:
-    """ "vision −64% and prefill −43%"."""
+    """The parts' changes in words, e.g. "vision −64% and prefill −43%"."""
     changes = [change_text(j) for j in parts]
     return changes[0] if len(changes) == 1 else f"{', '.join(changes[:-1])} and {changes[-1]}"
 

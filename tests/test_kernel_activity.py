@@ -128,3 +128,32 @@ def test_a_kernel_named_like_a_host_range_is_kept_when_a_launch_made_it() -> Non
     ]
     is_kernel = kernel_filter(events)
     assert [ev.name for ev in events if ev.device_type == DeviceType.CUDA and is_kernel(ev)] == [triton]
+
+
+def test_a_host_ranges_gpu_copy_is_dropped_even_when_its_id_equals_a_launchs() -> None:
+    """The H100 rung of 2026-11-27 with SAM compiled by max-autotune without CUDA graphs: the GPU copy of inductor's
+    "## Call CompiledFxGraph … ##" range carried an id equal to some launch's correlation id (host ranges and launches
+    are numbered apart), so it was counted as a 12.4 ms kernel beside the kernels inside it, doubling SAM's kernel
+    time. A GPU event under a host range's name that spans a kernel of another name is that range's copy; a triton
+    kernel under its own wrapper's name, spanning nothing else, stays."""
+    from llm_perf_opt.measure.torch_profiler import kernel_filter
+
+    def event(name: str, device: DeviceType, id: int, start: float, end: float) -> SimpleNamespace:
+        return SimpleNamespace(name=name, device_type=device, id=id, time_range=SimpleNamespace(start=start, end=end))
+
+    call, triton, gemm = "## Call CompiledFxGraph abc ##", "triton_poi_fused_add_0", "nvjet_sm90_tst_128x72"
+    events = [
+        event(call, DeviceType.CPU, 7, 0, 50),
+        event(triton, DeviceType.CPU, 8, 1, 2),
+        event("cuLaunchKernel", DeviceType.CPU, 3, 1, 2),
+        event("cudaLaunchKernel", DeviceType.CPU, 4, 3, 4),
+        event("cudaLaunchKernel", DeviceType.CPU, 7, 5, 6),  # a launch whose correlation id equals the range's id
+        event(triton, DeviceType.CUDA, 3, 10, 20),
+        event(gemm, DeviceType.CUDA, 4, 20, 30),
+        event(call, DeviceType.CUDA, 7, 10, 30),  # the range's device-side copy, spanning both kernels
+    ]
+    is_kernel = kernel_filter(events)
+    assert [ev.name for ev in events if ev.device_type == DeviceType.CUDA and is_kernel(ev)] == [triton, gemm]
+    step = [event("stage:decode/step", DeviceType.CPU, 2, 0, 60)]
+    activity = kernel_activity([*step, *events], kernel_filter([*step, *events]))
+    assert activity is not None and activity.kernels_mean == 2  # the copy is not a third kernel of the step

@@ -294,13 +294,32 @@ def _is_kernel(ev: Any) -> bool:
 def kernel_filter(everything: Sequence[Any]) -> Callable[[Any], bool]:
     """`_is_kernel`, less the device-side copies of host annotations: torch builds without
     `FunctionEvent.activity_type` list a `record_function` range (e.g. inductor's "## Call CompiledFxGraph … ##") on
-    the GPU too, under the host range's name. A GPU event under a host event's name is still a kernel when a launch
-    call (correlation id) launched it: inductor wraps each triton kernel's launch in a host range of the kernel's own
-    name, so compiled code without CUDA graphs would otherwise lose every triton kernel."""
+    the GPU too, under the host range's name, spanning the kernels launched inside it. A GPU event under a host event's
+    name is still a kernel when a launch call (correlation id) launched it and it spans no kernel of another name:
+    inductor wraps each triton kernel's launch in a host range of the kernel's own name, so compiled code without CUDA
+    graphs would otherwise lose every triton kernel. The span test is needed because a host range's id and a launch's
+    correlation id are counted apart and can be equal (on the H100 a compiled SAM graph's copy, 12.4 ms, was counted
+    as a kernel beside its own kernels)."""
     host = [ev for ev in everything if ev.device_type == DeviceType.CPU]
     host_names = {ev.name for ev in host}
     launched = {ev.id for ev in host if _is_launch(ev)}
-    return lambda ev: _is_kernel(ev) and (ev.name not in host_names or ev.id in launched)
+    on_gpu = sorted((ev for ev in everything if _is_kernel(ev)), key=lambda ev: ev.time_range.start)
+    copies = {id(ev) for ev in on_gpu if ev.name in host_names and _spans_another(ev, on_gpu)}
+    return lambda ev: _is_kernel(ev) and (ev.name not in host_names or (ev.id in launched and id(ev) not in copies))
+
+
+def _spans_another(ev: Any, by_start: Sequence[Any]) -> bool:
+    """Whether a GPU event of another name runs inside `ev`'s interval, and not over exactly the same one (`by_start`:
+    GPU events by start)."""
+    start, end = ev.time_range.start, ev.time_range.end
+    first = bisect.bisect_left(by_start, start, key=lambda e: e.time_range.start)
+    for other in by_start[first:]:
+        if other.time_range.start >= end:
+            return False
+        inside = other.time_range.end <= end and (other.time_range.start, other.time_range.end) != (start, end)
+        if inside and other.name != ev.name:
+            return True
+    return False
 
 
 def _is_launch(ev: Any) -> bool:

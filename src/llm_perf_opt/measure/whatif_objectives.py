@@ -252,7 +252,9 @@ def change_text(j: Judgement) -> str:
     return f"{j.label} {sign}{abs(j.change):.0%}"
 
 
-def _and(items: Sequence[str]) -> str:
+def changes_text(judgements: Sequence[Judgement]) -> str:
+    """Judged changes in plain words, joined: "vision −64% and prefill −43%"."""
+    items = [change_text(j) for j in judgements]
     return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
 
 
@@ -273,8 +275,7 @@ def tradeoffs(
     )
     losses = [j for j in judgements if j.verdict == WORSE]
     if gains and losses:
-        gained = _and([change_text(j) for j in gains[:GAINS_QUOTED]])
-        flags.append(f"{gained}, but {_and([change_text(j) for j in losses])}")
+        flags.append(f"{changes_text(gains[:GAINS_QUOTED])}, but {changes_text(losses)}")
     memory = next((j for j in judgements if j.objective == PEAK_MEMORY.name), None)
     peak = peak_gib if peak_gib is not None else None if memory is None else memory.value
     if budget_gib is not None and peak is not None and peak > budget_gib:

@@ -23,7 +23,7 @@ from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.errors import UserError, require_bool
 from llm_perf_opt.measure import whatif as figures
 from llm_perf_opt.measure.stats import MIN_VALUES_FOR_CI
-from llm_perf_opt.measure.whatif_objectives import change_text
+from llm_perf_opt.measure.whatif_objectives import changes_text
 from llm_perf_opt.pipeline import whatif_hydra, whatif_judge
 from llm_perf_opt.pipeline.rung_forks import ForkServer, StartingServer
 from llm_perf_opt.pipeline.whatif_rungs import (
@@ -53,7 +53,6 @@ from llm_perf_opt.records.whatif import (
     PENDING,
     SKIPPED,
     WORKLOAD,
-    Judgement,
     Lever,
     Objective,
     Rung,
@@ -546,7 +545,7 @@ class WhatIfRun:
         )
         plan = figures.plan_ladder([*ranked, *(lever for lever, _ in by_parts)])
         self.stacked_by_parts = tuple(
-            (lever.name, _parts_text(parts)) for lever, parts in by_parts if lever.name not in dict(plan.left_out)
+            (lever.name, changes_text(parts)) for lever, parts in by_parts if lever.name not in dict(plan.left_out)
         )
         self.left_out = (*unchanged, *departed, *plan.left_out)
         if not plan.steps:
@@ -775,12 +774,6 @@ def _interrupted(rung: Rung, folder: Path, goal: Objective, decode_tokens: int |
         passes = f"all {len(stage1.metrics.records)}"
     reason = f"stopped with the what-if run after {passes} timed passes; not judged against the baseline"
     return attrs.evolve(rung, state=INTERRUPTED, reason=reason, figures=measured)
-
-
-def _parts_text(parts: Sequence[Judgement]) -> str:
-    """The parts' changes in words, e.g. "vision −64% and prefill −43%"."""
-    changes = [change_text(j) for j in parts]
-    return changes[0] if len(changes) == 1 else f"{', '.join(changes[:-1])} and {changes[-1]}"
 
 
 def _verdict_line(rung: Rung, base_passes: int | None) -> str:

@@ -375,6 +375,57 @@ def test_a_lever_that_changed_nothing_is_never_stacked_and_its_gain_is_called_ho
     assert host_drift([graphs]) == []
 
 
+def test_a_gain_no_larger_than_the_measured_host_drift_is_not_stacked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The H100 `whatif=decode` run of 2026-11-27 (13:35): the baseline's process ran slow (eager decode 31.7 ms/token
+    against 15–20 in the other runs), experts_grouped_mm, which changed nothing, measured 1.55× (95% CI 1.37–1.64),
+    and the ladder stacked experts_batched_mm (1.29×, CI 1.07–1.52) on cuda_graphs + attn_eager: a 33 s rung for a
+    gain the drift explains. Now a lever is stacked only when its gain's lower 95% bound is above the drift (the
+    parts' gain for a lever stacked through its parts); the others stay off with the reason."""
+    from llm_perf_opt.measure.noise import BEYOND, WITHIN
+    from llm_perf_opt.records.whatif import Lever, OutputAgreement, Speedup
+
+    def gain(value: float, low: float, high: float, verdict: str = BEYOND) -> Speedup:
+        return Speedup(value=value, ci95_low=low, ci95_high=high, ci_method="t", verdict=verdict)
+
+    same = OutputAgreement(inputs=1, first_departure=None, compared_tokens=32, prefill_logits_max_abs_diff=0.0)
+    run = WhatIfRun(compose_config("whatif"), tmp_path, "w", workload=())
+    run.levers = (
+        Lever("cuda_graphs", ("runtime.compile=decode",)),
+        Lever("experts_grouped_mm", ("model.experts_implementation=grouped_mm",)),
+        Lever("experts_batched_mm", ("model.experts_implementation=batched_mm",)),
+        Lever("attn_eager", ("model.attn_implementation=eager",)),
+        Lever("vision_graphs", ("runtime.compile_vision=reduce-overhead",)),
+    )
+    small_part = attrs.evolve(_j("decode_ms_per_token", BETTER, -0.3), ci95_low=0.6, ci95_high=0.8)
+    rungs = [
+        attrs.evolve(_rung("cuda_graphs"), speedup=gain(3.69, 3.13, 4.01)),
+        attrs.evolve(_rung("experts_grouped_mm"), speedup=gain(1.55, 1.37, 1.64), no_change="the baseline ran it"),
+        attrs.evolve(_rung("experts_batched_mm"), speedup=gain(1.29, 1.07, 1.52)),
+        attrs.evolve(_rung("attn_eager"), speedup=gain(1.90, 1.57, 2.02)),
+        attrs.evolve(_rung("vision_graphs", small_part), speedup=gain(1.1, 0.9, 1.3, WITHIN)),
+    ]
+    run.rungs = {"baseline": Rung("baseline", BASELINE, (), (), False, MEASURED)}
+    run.rungs |= {r.name: attrs.evolve(r, outputs=same) for r in rungs}
+    drift = w.host_drift(run.rungs.values())
+    assert drift == w.HostDrift("experts_grouped_mm", 1.55) and drift.factor == 1.55
+    assert w.host_drift([attrs.evolve(rungs[1], speedup=gain(0.5, 0.4, 0.6))]) == w.HostDrift("experts_grouped_mm", 0.5)
+    assert w.host_drift(rungs[:1]) is None
+    planned: list[tuple[str, ...]] = []
+    monkeypatch.setattr(run, "_execute", lambda phase, plans, *_: planned.extend(p.rung.levers for p in plans))
+    run._ladder(run.levers, [None], latency_only=True)
+    assert planned == [("cuda_graphs", "attn_eager")]
+    left = dict(run.left_out)
+    assert left["experts_batched_mm"] == (
+        "its gain, 1.07× at least by the 95% interval, is no larger than the host's drift between processes (1.55×, "
+        "measured by experts_grouped_mm, which ran as the baseline did)"
+    )
+    assert left["vision_graphs"].startswith("its parts' gain (decode −30%), 1.25× at least by the 95% interval")
+    assert run.stacked_by_parts == ()
+    assert o.within_drift(rungs[2].speedup, (), None) is None  # without a measured drift, a gain beyond noise stacks
+
+
 def test_outputs_are_judged_up_to_where_the_baseline_stops_repeating() -> None:
     """With a rung that changed nothing departing at token 18, a lever departing at 18 is judged the same on outputs
     (and flags no output loss), one departing at 5 stays worse; without such a rung nothing changes."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import attrs
@@ -33,6 +33,7 @@ from llm_perf_opt.records.whatif import (
     Lever,
     Objective,
     OutputAgreement,
+    Rung,
     RungFigures,
     Speedup,
     StepFloor,
@@ -526,6 +527,51 @@ def rank_by_parts(
         if (parts := helped_by_parts(objective, gain := gains.get(lever.name), judged.get(lever.name, ())))
     ]
     return [(lever, parts) for lever, parts, _ in sorted(found, key=lambda t: -(t[2].value if t[2] else 0.0))]
+
+
+@attrs.frozen
+class HostDrift:
+    """How far the host's pace drifted between two rungs' processes: a rung that ran as the baseline did (`rung`)
+    measured `speedup` × the baseline beyond noise, which no interval over one process's passes sees."""
+
+    rung: str
+    speedup: float  # the no-op rung's speed-up against the baseline (> 1: it ran faster)
+
+    @property
+    def factor(self) -> float:
+        """The drift as a ratio ≥ 1, either way."""
+        return max(self.speedup, 1.0 / self.speedup)
+
+
+def host_drifts(rungs: Iterable[Rung]) -> list[HostDrift]:
+    """The drift each rung that changed nothing measured beyond noise against the baseline."""
+    return [
+        HostDrift(r.name, s.value)
+        for r in rungs
+        if r.no_change is not None and (s := r.speedup) is not None and s.verdict == BEYOND and s.value > 0
+    ]
+
+
+def host_drift(rungs: Iterable[Rung]) -> HostDrift | None:
+    """The largest drift a rung that changed nothing measured beyond noise, or None (no such rung, or within noise)."""
+    return max(host_drifts(rungs), key=lambda d: d.factor, default=None)
+
+
+def least_gain(gain: Speedup | None, parts: Sequence[Judgement] = ()) -> float | None:
+    """The smallest gain the intervals allow, as a factor above 1 is better: of the best part a lever was stacked for
+    (`parts`, lower-is-better figures: 1 / the upper bound of value / base), else of its objective (the lower bound
+    of its speed-up); the point value where there is no interval."""
+    if parts:
+        bounds = [
+            1.0 / high
+            for j in parts
+            if (high := j.ci95_high if j.ci95_high is not None else (1 + j.change if j.change is not None else None))
+            and high > 0
+        ]
+        return max(bounds) if bounds else None
+    if gain is None:
+        return None
+    return gain.ci95_low if gain.ci95_low is not None else gain.value
 
 
 def folder_name(index: int, name: str) -> str:

@@ -17,7 +17,15 @@ import attrs
 from llm_perf_opt.measure.noise import BEYOND, WITHIN, noise_verdict
 from llm_perf_opt.measure.outputs import near_tie_text
 from llm_perf_opt.measure.stats import MIN_VALUES_FOR_CI, summarize
-from llm_perf_opt.measure.whatif import GIB, GOAL_FIGURES, PAGE_LATENCY_MS, PEAK_MEMORY_GIB, pass_values
+from llm_perf_opt.measure.whatif import (
+    GIB,
+    GOAL_FIGURES,
+    PAGE_LATENCY_MS,
+    PEAK_MEMORY_GIB,
+    HostDrift,
+    least_gain,
+    pass_values,
+)
 from llm_perf_opt.measure.whatif import ratio_interval_95 as _ratio_interval
 from llm_perf_opt.records.memory import EnergyReport, MemoryReport
 from llm_perf_opt.records.stage1 import Stage1Metrics
@@ -36,6 +44,7 @@ from llm_perf_opt.records.whatif import (
     Judgement,
     OutputAgreement,
     Rung,
+    Speedup,
 )
 
 # Figures with one value per rung: a difference under these counts as the same (they stand in for noise).
@@ -379,4 +388,17 @@ def frontier(rungs: Sequence[Rung]) -> tuple[str, ...]:
         name
         for name, point in points.items()
         if point and not any(_dominates(other, point) for o, other in points.items() if o != name)
+    )
+
+
+def within_drift(gain: Speedup | None, parts: Sequence[Judgement], drift: HostDrift | None) -> str | None:
+    """Why a lever that helped stays off the ladder when its gain (`least_gain`) is no larger than the host's
+    measured drift between processes, or None (no drift measured, or a gain beyond it)."""
+    least = least_gain(gain, parts)
+    if drift is None or least is None or least > drift.factor:
+        return None
+    what = f"its parts' gain ({changes_text(parts)})" if parts else "its gain"
+    return (
+        f"{what}, {least:.2f}× at least by the 95% interval, is no larger than the host's drift between processes "
+        f"({drift.factor:.2f}×, measured by {drift.rung}, which ran as the baseline did)"
     )

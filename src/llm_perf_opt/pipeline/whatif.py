@@ -23,7 +23,7 @@ from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.errors import UserError, require_bool
 from llm_perf_opt.measure import whatif as figures
 from llm_perf_opt.measure.stats import MIN_VALUES_FOR_CI
-from llm_perf_opt.measure.whatif_objectives import changes_text
+from llm_perf_opt.measure.whatif_objectives import changes_text, within_drift
 from llm_perf_opt.pipeline import whatif_hydra, whatif_judge
 from llm_perf_opt.pipeline.rung_forks import ForkServer, StartingServer
 from llm_perf_opt.pipeline.whatif_rungs import (
@@ -53,6 +53,7 @@ from llm_perf_opt.records.whatif import (
     PENDING,
     SKIPPED,
     WORKLOAD,
+    Judgement,
     Lever,
     Objective,
     Rung,
@@ -543,11 +544,20 @@ class WhatIfRun:
             gains,
             {lever.name: self.rungs[lever.name].judgements for lever in candidates},
         )
+        drift = figures.host_drift(self.rungs.values())  # a gain no larger than the host's own drift is not stacked
+        stacked_for: list[tuple[Lever, tuple[Judgement, ...]]] = [*((lever, ()) for lever in ranked), *by_parts]
+        drifted = {
+            lever.name: why
+            for lever, parts in stacked_for
+            if (why := within_drift(gains[lever.name], parts, drift)) is not None
+        }
+        ranked = [lever for lever in ranked if lever.name not in drifted]
+        by_parts = [(lever, parts) for lever, parts in by_parts if lever.name not in drifted]
         plan = figures.plan_ladder([*ranked, *(lever for lever, _ in by_parts)])
         self.stacked_by_parts = tuple(
             (lever.name, changes_text(parts)) for lever, parts in by_parts if lever.name not in dict(plan.left_out)
         )
-        self.left_out = (*unchanged, *departed, *plan.left_out)
+        self.left_out = (*unchanged, *departed, *drifted.items(), *plan.left_out)
         if not plan.steps:
             return
         first = plan.steps[0]

@@ -20,7 +20,7 @@ from llm_perf_opt.measure import whatif_objectives as objectives
 from llm_perf_opt.measure.module_changes import held_by, module_changes
 from llm_perf_opt.measure.noise import BEYOND
 from llm_perf_opt.measure.outputs import near_tie_text
-from llm_perf_opt.measure.whatif import attribute, no_effective_change
+from llm_perf_opt.measure.whatif import attribute, host_drifts, no_effective_change
 from llm_perf_opt.records.folders import Stage1Folder, load_stage1, load_whatif
 from llm_perf_opt.records.io import RecordError
 from llm_perf_opt.records.whatif import BASELINE, MEASURED, Rung, WhatIfRecord
@@ -145,17 +145,13 @@ def with_repeat_floor(rungs: Mapping[str, Rung], budget_gib: float | None) -> di
 def host_drift(rungs: Iterable[Rung]) -> list[str]:
     """The note for a rung that ran as the baseline did, yet measured faster or slower beyond noise: the host's pace
     drifted between the two processes by that much, which no interval over one process's passes can see."""
-    notes = []
-    for r in rungs:
-        s = r.speedup
-        if r.no_change is None or s is None or s.verdict != BEYOND:
-            continue
-        notes.append(
-            f"{r.name} ran as the baseline did, yet measured {s.value:.2f}× the baseline ({s.verdict}): the host's "
-            "pace drifted between the two rungs' processes by that much, so a lever's gain or loss of that size is "
-            "not to be trusted from this run alone; run it again, or pin the host (run.cpu_affinity)."
-        )
-    return notes
+    return [
+        f"{d.rung} ran as the baseline did, yet measured {d.speedup:.2f}× the baseline ({BEYOND}): the host's pace "
+        "drifted between the two rungs' processes by that much, so a lever's gain or loss of that size is not to be "
+        "trusted from this run alone, and the ladder stacks only levers whose gain goes beyond it; run it again, or "
+        "pin the host (run.cpu_affinity)."
+        for d in host_drifts(rungs)
+    ]
 
 
 def unrepeatable_outputs(rungs: Iterable[Rung]) -> list[str]:

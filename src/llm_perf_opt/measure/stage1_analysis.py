@@ -25,6 +25,7 @@ from llm_perf_opt.measure.efficiency import efficiency_by_stage
 from llm_perf_opt.measure.energy import METHOD as ENERGY_METHOD
 from llm_perf_opt.measure.energy_figures import energy_report
 from llm_perf_opt.measure.flops import FLOP_SOURCE, GROUPED_MM_FALLBACK_OP, StageFlops
+from llm_perf_opt.measure.host_usage import HostUsageMeter
 from llm_perf_opt.measure.memory import breakdown, fit_prediction, resident_other
 from llm_perf_opt.measure.mfu import TimedPass, mfu_by_stage
 from llm_perf_opt.measure.module_floors import module_attribution
@@ -88,6 +89,7 @@ class Stage1Measurements:
     memory_reason: str | None = None
     energy: EnergyPass | None = None
     energy_reason: str | None = None
+    host_usage: HostUsageMeter = attrs.Factory(HostUsageMeter)  # the host's usage over the timed passes
 
 
 @attrs.frozen
@@ -504,6 +506,7 @@ class Stage1Analysis:
             routing=self.routing(),
             compile=self.compile(),
             host_peak_rss_bytes=None if m.reused_process else setup.host_peak_rss_bytes,
+            host_usage=m.host_usage.total,
             batches=tuple(m.batches),
             batch_summary=batch_summary(m.batches, setup.settings.batch_size, m.decode_experts),
             flops_per_batch=self.flops_per_stage(m.batch_flops),

@@ -338,7 +338,8 @@ class Stage1Run:
                 session.run_image(entry.path, settings.max_new_tokens, nvtx=False)
                 bar.advance()
             for repeat in range(settings.repeats):
-                measured = session.run_image(entry.path, settings.max_new_tokens)
+                with self.state.host_usage.timed_pass():
+                    measured = session.run_image(entry.path, settings.max_new_tokens)
                 self.state.timed_compiles.extend(measured.compile_events)
                 self.state.records.append(measured.record(name, repeat, vision, grid))
                 if measured.routing is not None:
@@ -407,7 +408,8 @@ class Stage1Run:
                 bar.advance()
             traces: list[RoutingTrace] = []
             for repeat in range(settings.repeats):
-                measured = session.run_batch(paths, settings.max_new_tokens)
+                with self.state.host_usage.timed_pass():
+                    measured = session.run_batch(paths, settings.max_new_tokens)
                 self.state.timed_compiles.extend(measured.compile_events)
                 recorded: set[str] = set()
                 for name, page in zip(keys, measured.page_measurements(), strict=True):

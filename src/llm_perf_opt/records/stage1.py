@@ -662,6 +662,25 @@ class RoutingSummary:
 
 
 @attrs.frozen
+class HostUsage:
+    """What the host spent on the timed passes: this process and its threads, from `getrusage` around each timed
+    pass. A host-paced run that slows while its kernels do not shows why here: CPU time against wall time, page
+    faults, and involuntary context switches (the scheduler took the CPU away)."""
+
+    passes: int
+    wall_s: float
+    user_cpu_s: float
+    system_cpu_s: float
+    minor_faults: int
+    major_faults: int  # faults that read from disk
+    voluntary_switches: int  # the process waited (for the GPU, I/O or a lock)
+    involuntary_switches: int
+
+    def per_pass(self, value: float) -> float:
+        return value / self.passes if self.passes else 0.0
+
+
+@attrs.frozen
 class CompileSummary:
     """Compilation cost of a session so far (a run: warm-up passes included), per compiled call and in all."""
 
@@ -725,6 +744,7 @@ class Stage1Metrics:
     routing: RoutingSummary | None = None  # MoE decoders: experts hit per decode step (timed passes)
     compile: CompileSummary | None = None  # runtime.compile != none
     host_peak_rss_bytes: int | None = None  # the process's peak resident memory over the whole run (host side)
+    host_usage: HostUsage | None = None  # CPU time, page faults and context switches over the timed passes
     # run.batch_size > 1: every timed batch pass, their summary, and each batch's counted FLOPs per stage and pass
     batches: tuple[BatchRecord, ...] = ()
     batch_summary: BatchSummary | None = None

@@ -16,6 +16,7 @@ from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.common import Summary
 from llm_perf_opt.records.stage1 import (
     CompileSummary,
+    HostUsage,
     ImageRecord,
     InputsManifest,
     OperatorRow,
@@ -545,9 +546,23 @@ def _throughput_section(doc: Doc, r: _Report) -> None:
                 if m.host_peak_rss_bytes
                 else []
             ),
+            *([host_usage_line(m.host_usage)] if m.host_usage and m.host_usage.passes else []),
             f"End to end: {t.e2e_images_per_s:,.3f} {'prompts' if _is_text(m) else 'images'}/s, "
             f"{t.e2e_tokens_per_s:,.1f} new tokens/s",
         ]
+    )
+
+
+def host_usage_line(u: HostUsage) -> str:
+    """The host's usage over the timed passes, per pass, in one line."""
+    cpu = u.user_cpu_s + u.system_cpu_s
+    return (
+        f"Host over the {u.passes} timed pass{'es' * (u.passes != 1)}, per pass: {u.per_pass(cpu):.2f} s of CPU "
+        f"(user {u.per_pass(u.user_cpu_s):.2f}, system {u.per_pass(u.system_cpu_s):.2f} s) in "
+        f"{u.per_pass(u.wall_s):.2f} s of wall time, {u.per_pass(u.minor_faults):,.0f} minor and "
+        f"{u.per_pass(u.major_faults):,.0f} major page faults, {u.per_pass(u.involuntary_switches):,.0f} involuntary "
+        f"and {u.per_pass(u.voluntary_switches):,.0f} voluntary context switches (getrusage: this process and its "
+        "threads; more involuntary switches or system time at the same kernels means a busier host)"
     )
 
 

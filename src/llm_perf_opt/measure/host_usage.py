@@ -5,9 +5,11 @@ spent more time in the kernel."""
 
 from __future__ import annotations
 
+import operator
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import attrs
 
@@ -19,44 +21,26 @@ except ImportError:  # not on POSIX: nothing is recorded
     resource = None  # type: ignore[assignment]
 
 
-@attrs.frozen
-class _Snapshot:
-    wall_s: float
-    user_cpu_s: float
-    system_cpu_s: float
-    minor_faults: int
-    major_faults: int
-    voluntary_switches: int
-    involuntary_switches: int
-
-
-def _snapshot() -> _Snapshot | None:
+def _snapshot() -> HostUsage | None:
+    """The process's usage so far, as counters (`passes` 0; differences of two make one pass's usage)."""
     if resource is None:
         return None
     u = resource.getrusage(resource.RUSAGE_SELF)
-    return _Snapshot(time.perf_counter(), u.ru_utime, u.ru_stime, u.ru_minflt, u.ru_majflt, u.ru_nvcsw, u.ru_nivcsw)
+    return HostUsage(0, time.perf_counter(), u.ru_utime, u.ru_stime, u.ru_minflt, u.ru_majflt, u.ru_nvcsw, u.ru_nivcsw)
 
 
-def spent(before: _Snapshot, after: _Snapshot, passes: int = 1) -> HostUsage:
-    """The usage between two snapshots, over `passes` passes."""
-    return HostUsage(
-        passes=passes,
-        wall_s=after.wall_s - before.wall_s,
-        user_cpu_s=after.user_cpu_s - before.user_cpu_s,
-        system_cpu_s=after.system_cpu_s - before.system_cpu_s,
-        minor_faults=after.minor_faults - before.minor_faults,
-        major_faults=after.major_faults - before.major_faults,
-        voluntary_switches=after.voluntary_switches - before.voluntary_switches,
-        involuntary_switches=after.involuntary_switches - before.involuntary_switches,
-    )
+def _fieldwise(a: HostUsage, b: HostUsage, op: Callable[[Any, Any], Any]) -> HostUsage:
+    return HostUsage(**{f.name: op(getattr(a, f.name), getattr(b, f.name)) for f in attrs.fields(HostUsage)})
+
+
+def spent(before: HostUsage, after: HostUsage) -> HostUsage:
+    """One pass's usage: the counters of `after` less those of `before`."""
+    return attrs.evolve(_fieldwise(after, before, operator.sub), passes=1)
 
 
 def added(total: HostUsage | None, more: HostUsage) -> HostUsage:
     """`total` with `more` added (None: `more`)."""
-    if total is None:
-        return more
-    fields = attrs.fields(HostUsage)
-    return HostUsage(**{f.name: getattr(total, f.name) + getattr(more, f.name) for f in fields})
+    return more if total is None else _fieldwise(total, more, operator.add)
 
 
 class HostUsageMeter:

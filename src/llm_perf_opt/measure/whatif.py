@@ -562,16 +562,18 @@ def least_gain(gain: Speedup | None, parts: Sequence[Judgement] = ()) -> float |
     (`parts`, lower-is-better figures: 1 / the upper bound of value / base), else of its objective (the lower bound
     of its speed-up); the point value where there is no interval."""
     if parts:
-        bounds = [
-            1.0 / high
-            for j in parts
-            if (high := j.ci95_high if j.ci95_high is not None else (1 + j.change if j.change is not None else None))
-            and high > 0
-        ]
+        bounds = [1.0 / high for j in parts if (high := _highest_ratio(j)) is not None and high > 0]
         return max(bounds) if bounds else None
     if gain is None:
         return None
     return gain.ci95_low if gain.ci95_low is not None else gain.value
+
+
+def _highest_ratio(j: Judgement) -> float | None:
+    """The largest value / base the judgement allows: its interval's upper bound, else its point change."""
+    if j.ci95_high is not None:
+        return j.ci95_high
+    return None if j.change is None else 1 + j.change
 
 
 def folder_name(index: int, name: str) -> str:

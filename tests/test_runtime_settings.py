@@ -143,3 +143,17 @@ def test_compile_options_are_checked_labelled_and_set_on_top_of_the_mode(monkeyp
         {"options": {"triton.cudagraphs": True, "coordinate_descent_tuning": True}},
         {"mode": "reduce-overhead"},
     ]
+
+
+def test_inductor_compile_workers_are_started_before_the_function_is_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch starts its compile workers only when the first graph reaches inductor (compiling Triton kernels one by one
+    in the process until they are up); compile_function starts them when the compiled function is made."""
+    import torch._inductor.async_compile as async_compile
+
+    from llm_perf_opt.session import compiled
+
+    calls: list[str] = []
+    monkeypatch.setattr(async_compile, "maybe_warm_pool", lambda: calls.append("workers started"))
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: calls.append(f"compiled ({kw['mode']})") or fn)
+    assert compiled.compile_function(abs, "default") is abs
+    assert calls == ["workers started", "compiled (default)"]

@@ -10,6 +10,7 @@ and records any compile event that still falls in a timed pass. Graph skips are 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -23,12 +24,15 @@ from torch.utils._pytree import tree_map_only
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.records.stage1 import CUDA_GRAPH_MODES, MODE_KEYS, CompileEvent, CompileOption
 
+log = logging.getLogger("llm_perf_opt.compile")
+
 
 def compile_function(
     fn: Callable[..., Any], mode: str, options: tuple[CompileOption, ...] = (), dynamic: bool | None = None
 ) -> Callable[..., Any]:
     """`torch.compile(fn, mode=mode, dynamic=dynamic)`; with `options`, the mode's own inductor options with these
     set on top (torch.compile takes a mode or options, not both). Tests replace this to trace with a cheap backend."""
+    warm_compile_workers()
     shapes: dict[str, Any] = {} if dynamic is None else {"dynamic": dynamic}
     if not options:
         return torch.compile(fn, mode=mode, **shapes)
@@ -36,6 +40,18 @@ def compile_function(
 
     chosen: dict[str, Any] = {**list_mode_options(mode), **dict(options)}
     return torch.compile(fn, options=chosen, **shapes)
+
+
+def warm_compile_workers() -> None:
+    """Start inductor's compile workers now. torch starts them only when the first traced graph reaches inductor, and
+    until they are up it compiles that graph's Triton kernels one after the other in this process; started here, they
+    come up during the model build, the FLOP count and the first prefill instead (the untimed start of a run)."""
+    try:
+        from torch._inductor.async_compile import maybe_warm_pool
+    except ImportError as exc:
+        log.info("inductor's compile workers start with the first compile: %s", exc)
+        return
+    maybe_warm_pool()
 
 
 def _dynamo_counts() -> tuple[int, int, int]:

@@ -1,5 +1,6 @@
 """The host's side of the timed passes: CPU time, page faults and context switches of this process and its threads
-(`resource.getrusage`), added up over the passes a run times. Where a host-paced figure moves between two runs and
+(`resource.getrusage`), and the CPU time of the thread running them (`time.thread_time`), added up over the passes a
+run times. Where a host-paced figure moves between two runs and
 their kernels do not, these say whether the process got less CPU (involuntary switches), faulted more pages in, or
 spent more time in the kernel."""
 
@@ -26,11 +27,26 @@ def _snapshot() -> HostUsage | None:
     if resource is None:
         return None
     u = resource.getrusage(resource.RUSAGE_SELF)
-    return HostUsage(0, time.perf_counter(), u.ru_utime, u.ru_stime, u.ru_minflt, u.ru_majflt, u.ru_nvcsw, u.ru_nivcsw)
+    return HostUsage(
+        0,
+        time.perf_counter(),
+        u.ru_utime,
+        u.ru_stime,
+        u.ru_minflt,
+        u.ru_majflt,
+        u.ru_nvcsw,
+        u.ru_nivcsw,
+        pass_thread_cpu_s=time.thread_time(),
+    )
 
 
 def _fieldwise(a: HostUsage, b: HostUsage, op: Callable[[Any, Any], Any]) -> HostUsage:
-    return HostUsage(**{f.name: op(getattr(a, f.name), getattr(b, f.name)) for f in attrs.fields(HostUsage)})
+    """`op` on each field of `a` and `b`; a field either lacks (None) stays None."""
+    values: dict[str, Any] = {}
+    for f in attrs.fields(HostUsage):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        values[f.name] = None if x is None or y is None else op(x, y)
+    return HostUsage(**values)
 
 
 def spent(before: HostUsage, after: HostUsage) -> HostUsage:

@@ -675,6 +675,10 @@ class HostUsage:
     major_faults: int  # faults that read from disk
     voluntary_switches: int  # the process waited (for the GPU, I/O or a lock)
     involuntary_switches: int
+    # CPU time of the thread that ran the passes (time.thread_time), the rest being torch's, the driver's and other
+    # threads': the same passes on a slower CPU cost this thread more; a busier other thread shows as the rest.
+    # None: not recorded (older runs)
+    pass_thread_cpu_s: float | None = None
 
     def per_pass(self, value: float) -> float:
         return value / self.passes if self.passes else 0.0

@@ -556,13 +556,16 @@ def _throughput_section(doc: Doc, r: _Report) -> None:
 def host_usage_line(u: HostUsage) -> str:
     """The host's usage over the timed passes, per pass, in one line."""
     cpu = u.user_cpu_s + u.system_cpu_s
+    own = u.pass_thread_cpu_s
+    thread = "" if own is None else f", {u.per_pass(own):.2f} s of it the passes' thread"
     return (
         f"Host over the {u.passes} timed pass{'es' * (u.passes != 1)}, per pass: {u.per_pass(cpu):.2f} s of CPU "
-        f"(user {u.per_pass(u.user_cpu_s):.2f}, system {u.per_pass(u.system_cpu_s):.2f} s) in "
+        f"(user {u.per_pass(u.user_cpu_s):.2f}, system {u.per_pass(u.system_cpu_s):.2f} s{thread}) in "
         f"{u.per_pass(u.wall_s):.2f} s of wall time, {u.per_pass(u.minor_faults):,.0f} minor and "
         f"{u.per_pass(u.major_faults):,.0f} major page faults, {u.per_pass(u.involuntary_switches):,.0f} involuntary "
         f"and {u.per_pass(u.voluntary_switches):,.0f} voluntary context switches (getrusage: this process and its "
-        "threads; more involuntary switches or system time at the same kernels means a busier host)"
+        "threads, time.thread_time; more involuntary switches or system time at the same kernels means a busier "
+        "host, more CPU in the passes' thread for the same work a slower CPU)"
     )
 
 

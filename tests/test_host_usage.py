@@ -59,7 +59,8 @@ def test_a_run_records_the_host_usage_of_its_timed_passes_only(tmp_path: Path) -
     usage = metrics.host_usage
     assert usage is not None and usage.passes == len(metrics.records) == 3  # warm-up and FLOP count left out
     assert usage.wall_s > 0 and usage.user_cpu_s > 0
-    assert usage.pass_thread_cpu_s is not None and 0 < usage.pass_thread_cpu_s <= usage.user_cpu_s + usage.system_cpu_s
+    process_cpu_s = usage.user_cpu_s + usage.system_cpu_s
+    assert usage.pass_thread_cpu_s is not None and 0 < usage.pass_thread_cpu_s <= process_cpu_s * 1.01 + 0.01
     timed_s = sum(r.e2e_ms for r in metrics.records) / 1000
     assert usage.wall_s >= timed_s * 0.99  # it spans the passes it counts
     assert "Host over the 3 timed passes, per pass:" in (tmp_path / "run" / "report.md").read_text()

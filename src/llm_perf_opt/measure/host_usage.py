@@ -1,8 +1,8 @@
 """The host's side of the timed passes: CPU time, page faults and context switches of this process and its threads
-(`resource.getrusage`), and the CPU time of the thread running them (`time.thread_time`), added up over the passes a
-run times. Where a host-paced figure moves between two runs and
-their kernels do not, these say whether the process got less CPU (involuntary switches), faulted more pages in, or
-spent more time in the kernel."""
+(`resource.getrusage`) and the CPU time of the thread running the passes (`time.thread_time`), added up over the
+passes a run times. Where a host-paced figure moves between two runs and their kernels do not, these say whether the
+process got less CPU (involuntary switches), faulted more pages in, spent more time in the kernel, or needed more CPU
+for the same work (a slower CPU)."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ from llm_perf_opt.session.session import DeepSeekOCRSession
 pytestmark = pytest.mark.transformers_api
 
 VENDOR_CODE = textwrap.dedent(
-    '''
+    """
     import torch
     from transformers import PreTrainedConfig, PreTrainedModel
 
@@ -74,7 +74,7 @@ VENDOR_CODE = textwrap.dedent(
                                           past_key_values=out.past_key_values)
 
         calls = []
-    '''
+    """
 )
 
 

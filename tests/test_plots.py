@@ -32,9 +32,7 @@ def raw(run: str) -> dict[str, Any]:
 
 def without_peaks(m: Stage1Metrics) -> Stage1Metrics:
     """The run as if no peak were known (CPU without hardware.peak_* overrides)."""
-    return attrs.evolve(
-        m, bandwidth_peak=None, mfu=tuple(attrs.evolve(r, peak=None, mfu=None) for r in m.mfu)
-    )
+    return attrs.evolve(m, bandwidth_peak=None, mfu=tuple(attrs.evolve(r, peak=None, mfu=None) for r in m.mfu))
 
 
 def assert_real_png(path: Path) -> None:

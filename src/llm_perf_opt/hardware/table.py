@@ -56,8 +56,6 @@ class GpuSpec:
     note: str = ""
 
 
-
-
 def _positive(value: Any, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"gpus.yaml: {what} must be a number, got {value!r}")

@@ -295,9 +295,7 @@ def stage_times(runs: Sequence[Labelled[Stage1Folder]]) -> tuple[StageTimeRow, .
 def verdict_side(base: Stage1Metrics, other: Stage1Metrics, stage: str) -> str | None:
     """The side of the noise a stage's verdict rests on: the runs' own (StageVariation.noise_side), "host and GPU"
     where they differ, None where neither run can tell."""
-    sides = {
-        v.noise_side for m in (base, other) for v in m.variation if v.stage == stage and v.noise_side is not None
-    }
+    sides = {v.noise_side for m in (base, other) for v in m.variation if v.stage == stage and v.noise_side is not None}
     if not sides:
         return None
     return sides.pop() if len(sides) == 1 else BOTH_SIDES

@@ -261,8 +261,7 @@ def launcher_text(record: WhatIfRecord) -> str | None:
     """How the rungs ran (None for a record that does not say)."""
     if record.launcher == LOCAL_LAUNCHER:
         text = (
-            "How the rungs ran: each its own `stage1-run` process, started by perf-whatif "
-            "(`whatif_run.launcher=local`)"
+            "How the rungs ran: each its own `stage1-run` process, started by perf-whatif (`whatif_run.launcher=local`)"
         )
         if len(record.devices) <= 1:
             return text + "."

@@ -18,3 +18,5 @@ def main() -> None:
         time.sleep(float(arg))
     elif what == "raise":
         raise RuntimeError(arg)
+    elif what == "module":
+        print(f"{arg} {'loaded' if arg in sys.modules else 'not loaded'}")

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from llm_perf_opt.pipeline.rung_forks import ForkServer, StartingServer
+from llm_perf_opt.config_compose import compose_config
+from llm_perf_opt.pipeline.rung_forks import COMPILE_PRELOAD, ForkServer, StartingServer
+from llm_perf_opt.pipeline.whatif import rungs_compile
 
 TESTS = Path(__file__).parent
 
@@ -82,6 +84,41 @@ def test_the_server_outlives_a_terminal_ctrl_c(server: ForkServer, tmp_path: Pat
     os.kill(server._process.pid, signal.SIGTERM)
     assert rung.wait(timeout=30) == 0  # the rung is in a session of its own: untouched
     assert server.spawn(["exit", "4"], tmp_path / "after.log", {}, module="fork_target").wait(timeout=30) == 4
+
+
+def test_a_server_for_compiled_rungs_preloads_torch_compiles_modules(server: ForkServer, tmp_path: Path) -> None:
+    """torch.compile's first call imports inductor (~3-4 s of a compiled rung on the H100 machines): a server whose
+    rungs compile has imported it already, and still starts (no CUDA context after its imports); one whose rungs do
+    not compile has not."""
+    module = COMPILE_PRELOAD[0]
+    plain = server.spawn(["module", module], tmp_path / "plain.log", {}, module="fork_target")
+    assert plain.wait(timeout=30) == 0
+    assert f"{module} not loaded" in (tmp_path / "plain.log").read_text()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+        compiling = ForkServer.start(compiles=True)
+    assert compiling is not None, "the fork server with torch.compile's modules did not start"
+    try:
+        rung = compiling.spawn(["module", module], tmp_path / "compiling.log", {}, module="fork_target")
+        assert rung.wait(timeout=30) == 0
+        assert f"{module} loaded" in (tmp_path / "compiling.log").read_text()
+    finally:
+        compiling.close()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "compiles"),
+    [
+        (("whatif=decode",), True),  # cuda_graphs, compiled_decode
+        (("whatif=batch",), False),
+        (("whatif=batch", "runtime.kv_cache=static", "runtime.compile=decode"), True),  # the workload compiles
+        (("whatif=batch", "runtime.compile_vision=default"), True),
+        (("whatif=batch", "+whatif.levers.graphs={overrides: ['runtime.compile=decode']}"), True),
+        (("whatif=batch", "+whatif.levers.off={overrides: ['runtime.compile=none']}"), False),
+    ],
+)
+def test_the_what_if_knows_whether_a_rung_may_compile(overrides: tuple[str, ...], compiles: bool) -> None:
+    assert rungs_compile(compose_config("whatif", *overrides)) is compiles
 
 
 def test_rungs_start_fresh_when_the_server_does_not_answer(caplog: pytest.LogCaptureFixture) -> None:

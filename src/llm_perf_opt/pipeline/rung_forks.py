@@ -31,13 +31,18 @@ from typing import IO, Any
 log = logging.getLogger("llm_perf_opt.whatif")
 
 PRELOAD = ("torch", "transformers", "llm_perf_opt.pipeline.stage1", "llm_perf_opt.cli.stage1")
+# Also preloaded when a rung compiles (`--compiles`): what torch.compile imports on its first call, ~3-4 s of a
+# compiled rung's start on the project's H100 machines (2026-11-27); importing them starts no thread and no CUDA.
+COMPILE_PRELOAD = ("torch._inductor.compile_fx", "torch._inductor.async_compile", "torch._dynamo.backends.inductor")
+COMPILES_FLAG = "--compiles"
 READY = "ready"
 ENTRY_MODULE = "llm_perf_opt.cli.stage1"
 
 
 # ---- the server (its own process) ---------------------------------------------------------------------------------
-def _serve() -> None:
-    """Preload, then fork a rung per request until stdin closes; report each fork and each exit on stdout."""
+def _serve(argv: Sequence[str] = ()) -> None:
+    """Preload (`--compiles`: torch.compile's modules too), then fork a rung per request until stdin closes; report
+    each fork and each exit on stdout."""
     import importlib
 
     # Ctrl-C in a terminal reaches the whole foreground group: the what-if run stops the rungs itself, and the
@@ -45,7 +50,7 @@ def _serve() -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
     try:
-        for name in PRELOAD:
+        for name in (*PRELOAD, *(COMPILE_PRELOAD if COMPILES_FLAG in argv else ())):
             importlib.import_module(name)
     except Exception as exc:  # noqa: BLE001 - reported to the what-if run, which starts fresh processes instead
         _say({"error": f"importing {name} failed: {type(exc).__name__}: {exc}"})
@@ -166,9 +171,9 @@ class ForkServer:
         self._reader.start()
 
     @classmethod
-    def start(cls, timeout_s: float = 120.0) -> ForkServer | None:
+    def start(cls, timeout_s: float = 120.0, *, compiles: bool = False) -> ForkServer | None:
         """Start the server and wait until it has preloaded; None (with a log line) when it fails."""
-        return StartingServer.launch().ready(timeout_s)
+        return StartingServer.launch(compiles=compiles).ready(timeout_s)
 
     def spawn(
         self, argv: Sequence[str], log_path: Path, env: Mapping[str, str], module: str = ENTRY_MODULE
@@ -237,10 +242,11 @@ class StartingServer:
         self._process = process
 
     @classmethod
-    def launch(cls) -> StartingServer:
-        """Start the server process; it imports in the background."""
+    def launch(cls, *, compiles: bool = False) -> StartingServer:
+        """Start the server process; it imports in the background (`compiles`: a rung will compile, so torch.compile's
+        modules too)."""
         process = subprocess.Popen(
-            [sys.executable, "-m", __name__],
+            [sys.executable, "-m", __name__, *([COMPILES_FLAG] if compiles else [])],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -274,4 +280,4 @@ def _read_line(stream: IO[bytes], timeout_s: float) -> str:
 
 
 if __name__ == "__main__":
-    _serve()
+    _serve(sys.argv[1:])

@@ -111,6 +111,25 @@ def read_levers(node: Any, exclude: Sequence[str]) -> tuple[Lever, ...]:
     return tuple(out)
 
 
+COMPILE_SETTINGS = ("runtime.compile", "runtime.compile_vision")  # what makes a rung compile (none: it does not)
+
+
+def rungs_compile(cfg: Any) -> bool:
+    """Whether a rung of this what-if may compile: the workload's own runtime does, or a lever of the preset sets
+    runtime.compile or runtime.compile_vision to anything but none (read as given: the levers are checked later)."""
+    runtime = cfg.get("runtime") or {}
+    if any(str(runtime.get(key.split(".", 1)[1]) or "none") != "none" for key in COMPILE_SETTINGS):
+        return True
+    levers = cfg.get("whatif", {}).get("levers")
+    specs = OmegaConf.to_container(levers, resolve=True) if levers is not None else {}
+    for spec in specs.values() if isinstance(specs, Mapping) else ():
+        for override in (spec.get("overrides") or ()) if isinstance(spec, Mapping) else ():
+            key, _, value = str(override).lstrip("+").partition("=")
+            if key in COMPILE_SETTINGS and value.strip().lower() not in ("none", "null", ""):
+                return True
+    return False
+
+
 def _lever(name: str, spec: Any) -> Lever:
     if not LEVER_NAME.fullmatch(name):
         raise UserError(
@@ -279,7 +298,7 @@ class WhatIfRun:
         try:
             # The fork server first: its imports overlap this process's own (torch) and the checks of every rung's
             # config; it is waited for when the first rung is due, and cancelled if none is.
-            self.starting = StartingServer.launch() if self.fork_rungs else None
+            self.starting = StartingServer.launch(compiles=rungs_compile(self.cfg)) if self.fork_rungs else None
             self.caches = shared_caches(self.cfg.whatif_run, self.cfg.get("model") or {}, self.art.run_dir)
             record = self._run()
         except KeyboardInterrupt as stop:

@@ -24,6 +24,7 @@ from hydra.errors import ConfigCompositionException, HydraException, MissingConf
 from omegaconf import DictConfig, OmegaConf
 
 from llm_perf_opt.errors import UserError
+from llm_perf_opt.override_text import override_key
 
 _UNKNOWN = re.compile(r"Could not override '([^']+)'")
 _MAX_COMBINATIONS = 32  # group combinations composed at most (each takes a fraction of a second)
@@ -76,7 +77,7 @@ def _search_path(config_dir: str | None, overrides: Sequence[str]) -> tuple[str,
     command line sets hydra.searchpath itself, which is then left to Hydra."""
     if config_dir is None:
         return ()
-    if any(_key_of(o) == "hydra.searchpath" for o in overrides):
+    if any(override_key(o) == "hydra.searchpath" for o in overrides):
         return None
     return (f"hydra.searchpath=[file://{Path(config_dir).expanduser().resolve()}]",)
 
@@ -104,7 +105,7 @@ def _unknown_keys(setup: _Setup, overrides: Sequence[str]) -> tuple[list[tuple[s
     adds = [o for o in overrides if _adds_key(o, setup.config_dir)]
     unknown, keys = _missing_keys(setup, [o for o in overrides if o not in adds])
     if keys:
-        unknown += [(_key_of(o), o) for o in adds if _lands_in_a_section(_key_of(o), keys)]
+        unknown += [(override_key(o), o) for o in adds if _lands_in_a_section(override_key(o), keys)]
     return unknown, keys
 
 
@@ -125,10 +126,10 @@ def _missing_keys(setup: _Setup, overrides: Sequence[str]) -> tuple[list[tuple[s
             raise error from None
         except ConfigCompositionException as exc:
             match = _UNKNOWN.search(str(exc))
-            culprit = next((o for o in remaining if match and _key_of(o) == match.group(1)), None)
+            culprit = next((o for o in remaining if match and override_key(o) == match.group(1)), None)
             if culprit is None:
                 return unknown, []  # another composition error: Hydra reports it
-            unknown.append((_key_of(culprit), culprit))
+            unknown.append((override_key(culprit), culprit))
             remaining.remove(culprit)
             continue
         return unknown, _flat_keys(cfg)
@@ -137,7 +138,7 @@ def _missing_keys(setup: _Setup, overrides: Sequence[str]) -> tuple[list[tuple[s
 
 def _adds_key(override: str, config_dir: str | None) -> bool:
     """`+key=...` or `++key=...` of a config key (not a group, not Hydra's own settings)."""
-    key = _key_of(override)
+    key = override_key(override)
     hydras = key == "hydra" or key.startswith("hydra.")
     return override.startswith("+") and not hydras and not is_group(key, config_dir)
 
@@ -176,10 +177,6 @@ def _missing_option(exc: MissingConfigException, command: str) -> UserError | No
     )
 
 
-def _key_of(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~").split("@", 1)[0]
-
-
 def _flat_keys(cfg: DictConfig) -> list[str]:
     """Every dotted key path of `cfg` (containers and leaves; list items not descended)."""
     out: list[str] = []
@@ -212,7 +209,7 @@ def _nearest(key: str, keys: Sequence[str]) -> str | None:
 def _error(
     unknown: Sequence[tuple[str, str]], keys: Sequence[str], overrides: Sequence[str], command: str
 ) -> UserError:
-    groups = [o for o in overrides if is_group(_key_of(o)) and not o.startswith(("hydra", "+", "~"))]
+    groups = [o for o in overrides if is_group(override_key(o)) and not o.startswith(("hydra", "+", "~"))]
     where = f" with {' '.join(groups)}" if groups else ""
     names = " and ".join(key for key, _ in unknown)
     verb = "is not a setting" if len(unknown) == 1 else "are not settings"

@@ -18,6 +18,7 @@ import attrs
 from llm_perf_opt.measure.noise import BEYOND, WITHIN, noise_verdict
 from llm_perf_opt.measure.outputs import first_departure, load_prefill_logits, load_top_two, near_tie, near_tie_text
 from llm_perf_opt.measure.stats import MIN_VALUES_FOR_CI, summarize, t_critical_95
+from llm_perf_opt.override_text import override_key
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.folders import Stage1Folder
 from llm_perf_opt.records.stage1 import BatchRecord, DecodeActivity, ImageRecord, Stage1Metrics
@@ -402,10 +403,6 @@ class LadderPlan:
     left_out: tuple[tuple[str, str], ...]  # (lever, why it is not stacked)
 
 
-def _key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
-
-
 # Lever settings whose effect a rung's folder records as built: the model's implementations (`ModelInfo`, read from
 # the built model) and the decoder's runtime (`RunSettings.runtime`).
 _RECORDED_MODEL_KEYS: Mapping[str, str] = {
@@ -419,7 +416,7 @@ def no_effective_change(overrides: Sequence[str], base: Stage1Metrics, rung: Sta
     """Why a rung ran as the baseline did, or None: its overrides set only recorded settings (the model's attention
     and experts implementations, the decoder's runtime) and its folder recorded the baseline's values for every one,
     e.g. `model.experts_implementation=grouped_mm` where transformers already picks grouped_mm."""
-    keys = [_key(o) for o in overrides]
+    keys = [override_key(o) for o in overrides]
     if not keys or any(k not in _RECORDED_MODEL_KEYS and not k.startswith(_RUNTIME_KEYS) for k in keys):
         return None
     if rung.settings.runtime != base.settings.runtime:
@@ -450,7 +447,7 @@ def plan_ladder(ranked: Sequence[Lever]) -> LadderPlan:
     steps: list[LadderStep] = []
     left_out: list[tuple[str, str]] = []
     for lever in ranked:
-        wanted = {_key(o): o for o in lever.overrides}
+        wanted = {override_key(o): o for o in lever.overrides}
         clash = next((k for k, o in wanted.items() if k in merged and merged[k] != o), None)
         if clash is not None:
             left_out.append((lever.name, f"sets {clash} unlike {owner[clash]}, which is already on"))

@@ -41,6 +41,7 @@ from llm_perf_opt.nsight.nsys_stats import REPORT_ALTERNATIVES, available_report
 from llm_perf_opt.nsight.nsys_trace import NsysTrace
 from llm_perf_opt.nsight.stage2_analysis import Stage2Analysis
 from llm_perf_opt.nsight.tools import Tool, ToolRun, check_nsys_report, check_run, find_tool, require_gpu, run_tool
+from llm_perf_opt.override_text import override_key, sets_key
 from llm_perf_opt.progress import Feedback
 from llm_perf_opt.records import folders
 from llm_perf_opt.records import vocabulary as vocab
@@ -85,14 +86,9 @@ def forwarded_overrides(task_overrides: Sequence[str]) -> list[str]:
     """The user's overrides that configure the workload (all but Stage 2's own keys)."""
     out = []
     for override in task_overrides:
-        key = override.lstrip("+~").split("=", 1)[0]
-        if not key.startswith(_OWN_PREFIXES):
+        if not override_key(override).startswith(_OWN_PREFIXES):
             out.append(override)
     return out
-
-
-def _has_key(overrides: Sequence[str], key: str) -> bool:
-    return any(o.lstrip("+~").split("=", 1)[0] == key for o in overrides)
 
 
 def workload_argv(
@@ -127,7 +123,7 @@ def workload_argv(
             "run.profiler_window": "true",  # ncu --profile-from-start off: the first prefill and a middle decode step
         }
     for key, value in defaults.items():
-        if value is not None and not _has_key(user_overrides, key) and forced.get(key) is None:
+        if value is not None and not sets_key(user_overrides, key) and forced.get(key) is None:
             argv.append(f"{key}={value}")
     argv += [f"{key}={value}" for key, value in forced.items() if value is not None]
     argv.append(f"hydra.run.dir={run_dir / 'workload' / name}")
@@ -139,7 +135,7 @@ def run_model_cache(cfg: DictConfig, user_overrides: Sequence[str], run_dir: Pat
     with `stage2.reuse_model=false`, checkpoint weights (`model.path`, `model.name_or_path`) or a `model.cache_dir`
     the user chose (that folder is forwarded as set, and kept)."""
     model = cfg.get("model") or {}
-    if not bool(cfg.stage2.get("reuse_model", True)) or _has_key(user_overrides, "model.cache_dir"):
+    if not bool(cfg.stage2.get("reuse_model", True)) or sets_key(user_overrides, "model.cache_dir"):
         return None
     if model.get("cache_dir") or model.get("path") or model.get("name_or_path"):
         return None

@@ -20,6 +20,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from llm_perf_opt.measure.sweep import job_figures, summarize
+from llm_perf_opt.override_text import deletes, override_key, override_value
 from llm_perf_opt.records.common import COMPLETE, RUNNING
 from llm_perf_opt.records.folders import (
     METRICS_FILE,
@@ -43,12 +44,12 @@ SUMMARY_PNG = "sweep_summary.png"
 CURVE_PNG = "throughput_latency.png"  # a sweep over run.batch_size
 
 
-def _override_key(override: str) -> tuple[str, str]:
-    """`key=value` (with `+`, `++` or `~` prefixes) as (key, value)."""
-    key, sep, value = override.partition("=")
-    if key.startswith("~"):
-        return key[1:], f"(deleted){'=' + value if sep else ''}"
-    return key.lstrip("+"), value
+def _override_item(override: str) -> tuple[str, str]:
+    """`key=value` (with `+`, `++` or `~` prefixes) as (key, value as the summary shows it)."""
+    value = override_value(override)
+    if deletes(override):
+        return override_key(override), "(deleted)" if value is None else f"(deleted)={value}"
+    return override_key(override), value or ""
 
 
 def read_overrides(job_dir: Path) -> dict[str, str] | None:
@@ -59,7 +60,7 @@ def read_overrides(job_dir: Path) -> dict[str, str] | None:
         return None
     if not isinstance(items, list):
         return None
-    return dict(_override_key(str(item)) for item in items)
+    return dict(_override_item(str(item)) for item in items)
 
 
 def load_job(sweep_dir: Path, job_dir: Path) -> SweepJob:

@@ -24,6 +24,7 @@ from llm_perf_opt.errors import UserError, require_bool
 from llm_perf_opt.measure import whatif as figures
 from llm_perf_opt.measure.stats import MIN_VALUES_FOR_CI
 from llm_perf_opt.measure.whatif_objectives import changes_text, within_drift
+from llm_perf_opt.override_text import override_key, override_value
 from llm_perf_opt.pipeline import whatif_hydra, whatif_judge
 from llm_perf_opt.pipeline.rung_forks import ForkServer, StartingServer
 from llm_perf_opt.pipeline.whatif_rungs import (
@@ -84,8 +85,7 @@ def workload_overrides(task_overrides: Sequence[str]) -> tuple[str, ...]:
     """The command line's overrides that set the workload (every one but perf-whatif's own keys)."""
     kept = []
     for override in task_overrides:
-        key = override.split("=", 1)[0].lstrip("+~")
-        if key.split(".", 1)[0].split("/", 1)[0] not in OWN_KEYS:
+        if override_key(override).split(".", 1)[0].split("/", 1)[0] not in OWN_KEYS:
             kept.append(override)
     return tuple(kept)
 
@@ -111,21 +111,22 @@ def read_levers(node: Any, exclude: Sequence[str]) -> tuple[Lever, ...]:
     return tuple(out)
 
 
-COMPILE_SETTINGS = ("runtime.compile", "runtime.compile_vision")  # what makes a rung compile (none: it does not)
+COMPILE_FIELDS = ("compile", "compile_vision")  # the runtime settings that make a rung compile (none: it does not)
 
 
 def rungs_compile(cfg: Any) -> bool:
     """Whether a rung of this what-if may compile: the workload's own runtime does, or a lever of the preset sets
     runtime.compile or runtime.compile_vision to anything but none (read as given: the levers are checked later)."""
     runtime = cfg.get("runtime") or {}
-    if any(str(runtime.get(key.split(".", 1)[1]) or "none") != "none" for key in COMPILE_SETTINGS):
+    if any(str(runtime.get(field) or "none") != "none" for field in COMPILE_FIELDS):
         return True
+    keys = {f"runtime.{field}" for field in COMPILE_FIELDS}
     levers = cfg.get("whatif", {}).get("levers")
     specs = OmegaConf.to_container(levers, resolve=True) if levers is not None else {}
     for spec in specs.values() if isinstance(specs, Mapping) else ():
         for override in (spec.get("overrides") or ()) if isinstance(spec, Mapping) else ():
-            key, _, value = str(override).lstrip("+").partition("=")
-            if key in COMPILE_SETTINGS and value.strip().lower() not in ("none", "null", ""):
+            value = override_value(str(override))
+            if override_key(str(override)) in keys and (value or "none").strip().lower() not in ("none", "null", ""):
                 return True
     return False
 

@@ -20,6 +20,7 @@ import yaml
 
 from llm_perf_opt import artifacts
 from llm_perf_opt.override_keys import is_group
+from llm_perf_opt.override_text import override_key
 from llm_perf_opt.pipeline.whatif_rungs import (
     PAST_LIMIT_FIX,
     PAST_LIMIT_MARKED,
@@ -66,10 +67,6 @@ def runs_in_parallel(overrides: Sequence[str]) -> bool:
     return hydra_launcher_name(overrides).startswith("joblib")
 
 
-def _key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~").split("@", 1)[0]
-
-
 def rung_config(name: str, levers: Sequence[str], workload: Sequence[str] = ()) -> str:
     """The YAML of a rung's config (`whatif_rung/<name>.yaml`) holding its lever overrides; NotExpressible when
     one cannot be written as a config (a deletion, a package, a sweep) or the workload sets the same key (on the
@@ -83,7 +80,7 @@ def rung_config(name: str, levers: Sequence[str], workload: Sequence[str] = ()) 
         parsed = OverridesParser.create().parse_overrides(list(levers))
     except HydraException as exc:
         raise NotExpressible(f"{', '.join(levers)}: {exc}") from exc
-    workload_keys = {_key(o) for o in workload}
+    workload_keys = {override_key(o) for o in workload}
     defaults: list[Any] = []
     values: dict[str, Any] = {}
     for override in parsed:
@@ -125,7 +122,7 @@ def phase_command(jobs: Sequence[RungJob], launcher: Sequence[str], configs: Pat
     """The one `stage1-run -m` child of a phase: the workload, the rungs swept as configs, the launcher; with a
     launcher that runs jobs at once, `device=${llo_job_device:}` unless the workload or a lever sets the device."""
     workload = jobs[0].workload
-    sets_device = any(_key(o) == "device" for job in jobs for o in job.overrides)
+    sets_device = any(override_key(o) == "device" for job in jobs for o in job.overrides)
     device = [JOB_DEVICE] if runs_in_parallel(launcher) and not sets_device else []
     return [
         sys.executable,

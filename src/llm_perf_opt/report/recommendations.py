@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import attrs
 
+from llm_perf_opt.override_text import override_key
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.modules import ModuleAttribution
 from llm_perf_opt.records.stage1 import ModelFamily, Stage1Metrics, StageEfficiency
@@ -124,13 +125,9 @@ def recommendations(m: Stage1Metrics, whatif: WhatIfRecord | None = None) -> lis
     return [*measured, *generic]
 
 
-def _override_key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
-
-
 def measured_override_keys(w: WhatIfRecord) -> frozenset[str]:
     """The config keys the what-if run's measured rungs set."""
-    return frozenset(_override_key(o) for r in w.rungs if r.state == MEASURED for o in r.overrides)
+    return frozenset(override_key(o) for r in w.rungs if r.state == MEASURED for o in r.overrides)
 
 
 def measured_lever_lines(w: WhatIfRecord, device: str, model: str) -> list[str]:

@@ -10,6 +10,7 @@ and records any compile event that still falls in a timed pass. Graph skips are 
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -42,8 +43,9 @@ def compile_function(
     return torch.compile(fn, options=chosen, **shapes)
 
 
+@functools.cache
 def warm_compile_workers() -> None:
-    """Start inductor's compile workers now. torch starts them only when the first traced graph reaches inductor, and
+    """Start inductor's compile workers now (once per process). torch starts them only when the first traced graph reaches inductor, and
     until they are up it compiles that graph's Triton kernels one after the other in this process; started here, they
     come up during the model build, the FLOP count and the first prefill instead (the untimed start of a run)."""
     try:

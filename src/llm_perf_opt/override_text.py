@@ -1,0 +1,29 @@
+"""What one Hydra command-line override says (`key=value`, `+key=value`, `++key=value`, `~key`, `group@pkg=option`),
+read as text without composing a config: the one place the commands split an override into its key and value."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+ADD_PREFIXES = "+~"  # `+`/`++` add a key, `~` deletes one
+
+
+def override_key(override: str) -> str:
+    """The config key or group an override sets: prefixes and a group's package (`@pkg`) dropped."""
+    return override.split("=", 1)[0].lstrip(ADD_PREFIXES).split("@", 1)[0]
+
+
+def override_value(override: str) -> str | None:
+    """The value an override gives (as written); None for a deletion without one (`~key`)."""
+    _, sep, value = override.partition("=")
+    return value if sep else None
+
+
+def deletes(override: str) -> bool:
+    """Whether the override deletes its key (`~key` or `~key=value`)."""
+    return override.startswith("~")
+
+
+def sets_key(overrides: Iterable[str], key: str) -> bool:
+    """Whether one of the overrides sets (or adds, or deletes) `key`."""
+    return any(override_key(o) == key for o in overrides)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,7 @@ from llm_perf_opt.measure.routing import RoutingTrace, find_routers, mean_unique
 from llm_perf_opt.measure.stage1_analysis import Stage1Analysis, Stage1Measurements
 from llm_perf_opt.measure.torch_profiler import profile_image
 from llm_perf_opt.pipeline.analytic import check_workload_model, write_analytic_report_for_run
+from llm_perf_opt.pipeline.rung_handoff import GpuHandoff
 from llm_perf_opt.pipeline.stage1_memory_energy import MemoryAndEnergy
 from llm_perf_opt.pipeline.stage1_records import (
     analysis_setup,
@@ -106,6 +109,7 @@ class Stage1Run:
         self.whatif: WhatIfRecord | None = None  # the what-if run the reports cite (report.whatif_dir)
         self.cpu_pin: CpuPin | None = None  # run.cpu_affinity as applied
         self.render_reports = True  # report.render: Markdown and plots beside the records
+        self.handoff = GpuHandoff.from_environ()  # a what-if rung's device shared with its neighbours' ends
 
     # ---- driver ------------------------------------------------------------------------------------
     def execute(self) -> Path:
@@ -263,6 +267,7 @@ class Stage1Run:
             extra.finish()
         finally:
             extra.close()
+        self.handoff.release(session.device)  # (done already where the profiler's post-processing allowed)
 
     def _top_two_passes(self, session: InferenceSession, settings: ResolvedSettings) -> None:
         """`run.save_top2_logits`: one untimed eager pass per input keeping the top two logits behind each token."""
@@ -296,11 +301,22 @@ class Stage1Run:
                 with_flops=bool(prof.with_flops),
                 trace_path=trace,
                 modules=self._profiles_modules,
-                gpu_idle=extra.idle_during("the profiler's post-processing"),
+                gpu_idle=self._device_idle(extra, session.device),
                 cache_tokens=self.settings.max_new_tokens if self.settings else 0,
             )
         if trace is not None:
             self.art.record("torch_profiler/trace.json.gz")
+
+    @contextlib.contextmanager
+    def _device_idle(self, extra: MemoryAndEnergy, device: torch.device) -> Iterator[None]:
+        """Around the profiler's CPU-only post-processing, where the device idles: the energy pass's idle window
+        where it measures one, else the device handed to the next what-if rung."""
+        if extra.measures_idle:
+            with extra.idle_during("the profiler's post-processing"):
+                yield
+            return
+        self.handoff.release(device)
+        yield
 
     def _measure_peaks(self, device: torch.device, dtype_setting: str | None) -> None:
         """hardware.peaks=measured: this GPU's achievable GEMM and copy rates (cached per device), measured before
@@ -311,6 +327,7 @@ class Stage1Run:
             return  # said in the run's warnings
         dtype = str(resolve_dtype(dtype_setting, device)).removeprefix("torch.")
         with self.feedback.step("measuring this GPU's achievable peaks (cached after the first run)"):
+            self.handoff.wait()  # (the previous what-if rung's end: the calibration times the GPU)
             self.state.measured_peaks = (
                 measured_peak_compute(device, dtype, tf32_matmul=bool(torch.backends.cuda.matmul.allow_tf32)),
                 measured_peak_bandwidth(device),
@@ -334,6 +351,7 @@ class Stage1Run:
             )
             if costs is not None:
                 self.state.analytic[name] = costs
+            self.handoff.wait()  # compiling, warm-up and timed passes with the device to this rung alone
             for _ in range(settings.warmup):  # no NVTX: warm-up stays outside every stage Nsight analyses
                 session.run_image(entry.path, settings.max_new_tokens, nvtx=False)
                 bar.advance()
@@ -403,6 +421,7 @@ class Stage1Run:
                 log.info("%s (%s): counting FLOPs of the batch (untimed)", key, ", ".join(keys))
                 self.state.batch_flops[key] = count_stage_flops(session, prepared)
             bar.advance()
+            self.handoff.wait()  # compiling, warm-up and timed passes with the device to this rung alone
             for _ in range(settings.warmup):  # no NVTX: warm-up stays outside every stage Nsight analyses
                 session.run_batch(paths, settings.max_new_tokens, nvtx=False)
                 bar.advance()

@@ -62,6 +62,11 @@ class MemoryAndEnergy:
             except EnergyUnavailable as exc:
                 self._unavailable(exc)
 
+    @property
+    def measures_idle(self) -> bool:
+        """The energy pass ran its loops and still needs its idle window (`idle_during` or `finish`)."""
+        return self.meter is not None
+
     @contextlib.contextmanager
     def idle_during(self, what: str) -> Iterator[None]:
         """The energy pass's idle window over the block (CPU-only work), when the energy loops ran."""

@@ -231,6 +231,12 @@ class WhatIfRun:
         self.index = 0
         self.launcher, self.launcher_overrides = self._launcher()
         self.fork_rungs = self._fork_rungs()
+        self.overlap_rungs = self.launcher == LOCAL_LAUNCHER and require_bool(
+            "whatif_run.overlap_rungs",
+            self.cfg.whatif_run.get("overlap_rungs", False),
+            "Set whatif_run.overlap_rungs=true (a rung starts while the previous one post-processes; its warm-up and "
+            "timed passes wait for that one's end) or false (each rung starts when the previous one has exited)",
+        )
         self.forks: ForkServer | None = None  # the preloaded server the rungs are forked from, once it has imported
         self.starting: StartingServer | None = None  # that server while it imports (launched when the run starts)
         self.caches = SharedCaches()  # build once, reuse: what the rungs share, found when the run starts
@@ -468,7 +474,7 @@ class WhatIfRun:
             if self.launcher == HYDRA_LAUNCHER:
                 outcomes = whatif_hydra.run_phase(jobs, self.launcher_overrides, self._phase_log(phase), limit, done)
             else:
-                outcomes = run_rungs(jobs, devices, limit, done, self.forks)
+                outcomes = run_rungs(jobs, devices, limit, done, self.forks, overlap=self.overlap_rungs)
         except KeyboardInterrupt:  # the rungs were stopped: what each one left in its folder is what it measured
             self._take_stopped(jobs)
             raise

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -25,6 +26,7 @@ import attrs
 from llm_perf_opt import artifacts
 from llm_perf_opt.pipeline.rung_forks import ENTRY_MODULE as STAGE1_MODULE
 from llm_perf_opt.pipeline.rung_forks import ForkedRung, ForkServer
+from llm_perf_opt.pipeline.rung_handoff import RELEASED_ENV, WAIT_ENV
 from llm_perf_opt.records import common
 from llm_perf_opt.records.folders import STATUS_FILE, read_status, writer_note
 from llm_perf_opt.records.io import RecordError
@@ -32,6 +34,8 @@ from llm_perf_opt.records.io import RecordError
 log = logging.getLogger("llm_perf_opt.whatif")
 
 LOG_TAIL_LINES = 3
+HANDOFF_PREFIX = "llm-perf-opt-handoff-"  # the temporary folder of a phase's handoff files
+HANDOFF_POLL_S = 0.05  # how often a running rung's `released` file is looked for
 MODEL_CACHE_DIR = "model_cache"  # the rungs' saved random-weights model (`model.cache_dir`), removed at the end
 INDUCTOR_CACHE_DIR = "inductor_cache"  # inductor's cache the rungs share (whatif_run.inductor_cache=run)
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
@@ -164,20 +168,70 @@ def run_process(
     """Run `command` with its output in `log` to its end (its exit status) or its time limit (None: stopped).
     `own_group`: in a process group of its own, stopped as a whole (a launcher and the workers it starts); `env`:
     environment variables set for it."""
+    return _waited(_started(command, log, own_group=own_group, env=env), timeout_s, own_group)
+
+
+def _started(
+    command: Sequence[str], log: Path, *, own_group: bool = False, env: Sequence[tuple[str, str]] = ()
+) -> subprocess.Popen[bytes]:
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as out:
-        process = subprocess.Popen(
+        return subprocess.Popen(
             command, stdout=out, stderr=subprocess.STDOUT, start_new_session=own_group, env=child_env(env)
         )
-    return _waited(process, timeout_s, own_group)
 
 
-def _waited(process: RungProcess, timeout_s: float | None, own_group: bool) -> int | None:
-    """A started process's exit status at its end, or None when it ran past `timeout_s` and was stopped."""
+@attrs.frozen
+class Handoff:
+    """This run's side of a rung's device handoff (`rung_handoff`, `whatif_run.overlap_rungs`): the file the rung
+    creates once it no longer uses its device, the file this run creates once the rung's process has ended, and
+    that file of the rung before it on the same device (None: that one had ended when this one started)."""
+
+    released: Path
+    exited: Path
+    after: Path | None = None
+
+    @classmethod
+    def of(cls, folder: Path, job: RungJob, after: Path | None) -> Handoff:
+        """The handoff files of `job` in `folder` (a temporary folder of the phase)."""
+        name = job.folder.name
+        return cls(folder / f"{name}.released", folder / f"{name}.exited", after)
+
+    @property
+    def env(self) -> tuple[tuple[str, str], ...]:
+        """The environment variables that tell the rung's process about it."""
+        wait = () if self.after is None else ((WAIT_ENV, str(self.after)),)
+        return ((RELEASED_ENV, str(self.released)), *wait)
+
+
+def _waited(
+    process: RungProcess,
+    timeout_s: float | None,
+    own_group: bool,
+    released: Path | None = None,
+    on_release: Callable[[], None] | None = None,
+) -> int | None:
+    """A started process's exit status at its end, or None when it ran past `timeout_s` and was stopped;
+    `on_release` is called once `released` exists (the rung handed its device on), while the process still runs."""
     with _LOCK:
         _LIVE[process] = own_group
+        stopping = _STOPPING.is_set()
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
-        returncode = process.wait(timeout=timeout_s)
+        if stopping:  # the run was stopped while this rung was starting
+            _stop(process, own_group)
+        while True:
+            if on_release is not None and released is not None and released.exists():
+                on_release()
+                on_release = None
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            step = left if on_release is None else min(HANDOFF_POLL_S, HANDOFF_POLL_S if left is None else left)
+            try:
+                returncode = process.wait(timeout=step)
+                break
+            except subprocess.TimeoutExpired:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
     except subprocess.TimeoutExpired:
         _stop(process, own_group)
         return None
@@ -192,16 +246,27 @@ def _waited(process: RungProcess, timeout_s: float | None, own_group: bool) -> i
     return returncode
 
 
-def run_rung(job: RungJob, device: str | None, timeout_s: float | None, forks: ForkServer | None = None) -> RungOutcome:
+def run_rung(
+    job: RungJob,
+    device: str | None,
+    timeout_s: float | None,
+    forks: ForkServer | None = None,
+    handoff: Handoff | None = None,
+    on_release: Callable[[], None] | None = None,
+) -> RungOutcome:
     """Run one rung to its end (or its time limit) and read what became of it: a fresh interpreter, or forked from
-    the preloaded server `forks` (a session of its own, stopped as a group)."""
+    the preloaded server `forks` (a session of its own, stopped as a group). With `handoff`, `on_release` is called
+    when the rung hands its device on before it has ended."""
     started = time.perf_counter()
+    env = (*job.env, *(handoff.env if handoff is not None else ()))
+    released = None if handoff is None else handoff.released
+    process: RungProcess
     if forks is None:
-        returncode = run_process(stage1_command(job, device), job.log, timeout_s, env=job.env)
+        process = _started(stage1_command(job, device), job.log, env=env)
     else:
         job.log.parent.mkdir(parents=True, exist_ok=True)
-        forked = forks.spawn(stage1_arguments(job, device), job.log, dict(job.env))
-        returncode = _waited(forked, timeout_s, own_group=True)
+        process = forks.spawn(stage1_arguments(job, device), job.log, dict(env))
+    returncode = _waited(process, timeout_s, own_group=forks is not None, released=released, on_release=on_release)
     wall = time.perf_counter() - started
     if returncode is None:
         message = f"ran past whatif_run.rung_timeout_s={timeout_s:g} s and was stopped ({PAST_LIMIT_FIX})"
@@ -281,6 +346,7 @@ def log_tail(log: Path) -> str:
 RungProcess = subprocess.Popen[bytes] | ForkedRung  # a rung's process, started fresh or forked
 _LIVE: dict[RungProcess, bool] = {}  # rung processes running now -> whether each leads its own group
 _LOCK = threading.Lock()
+_STOPPING = threading.Event()  # stop_all was called: no rung starts any more (cleared when run_rungs starts)
 STOP_GRACE_S = 20.0  # seconds a rung gets to write what it measured after SIGTERM
 # SIGTERM again after this long if the rung still runs: a first stop can be swallowed on its way (interrupts.py), and
 # a rung that took it ignores the second (longer than interrupts.RESTOP_AFTER_S)
@@ -313,11 +379,21 @@ def _stop(process: RungProcess, group: bool = False) -> None:
 
 
 def stop_all() -> None:
-    """Stop every rung still running (the what-if run itself is being stopped)."""
+    """Stop every rung still running, and any that was about to start (the what-if run itself is being stopped)."""
     with _LOCK:
+        _STOPPING.set()
         running = list(_LIVE.items())
     for process, group in running:
         _stop(process, group)
+
+
+@attrs.frozen
+class Lane:
+    """A device the rungs take one at a time, and the `exited` file of the rung that handed it on while still
+    ending (None: the last one had ended)."""
+
+    device: str | None
+    after: Path | None = None
 
 
 def run_rungs(
@@ -326,26 +402,46 @@ def run_rungs(
     timeout_s: float | None,
     on_done: Callable[[RungOutcome], None] | None = None,
     forks: ForkServer | None = None,
+    overlap: bool = False,
 ) -> dict[str, RungOutcome]:
     """Run `jobs`, at most one per device at a time (`devices` = [None]: the rungs' own `device` setting, one after
-    the other), each a fresh process or, with `forks`, forked from that preloaded server; outcomes by rung name."""
-    free: queue.Queue[str | None] = queue.Queue()
+    the other), each a fresh process or, with `forks`, forked from that preloaded server; outcomes by rung name.
+    `overlap`: a rung that hands its device on before it has ended lets the next one start (`rung_handoff`)."""
+    _STOPPING.clear()
+    free: queue.Queue[Lane] = queue.Queue()
     for device in devices:
-        free.put(device)
+        free.put(Lane(device))
 
-    def one(job: RungJob) -> RungOutcome:
-        device = free.get()
+    def one(job: RungJob, folder: Path | None) -> RungOutcome:
+        lane = free.get()
+        if _STOPPING.is_set():  # the run was stopped while this rung waited for its device
+            free.put(lane)
+            raise KeyboardInterrupt(f"{job.name} not started: the what-if run was stopped")
+        handoff = None if folder is None else Handoff.of(folder, job, lane.after)
+        handed = threading.Event()
+
+        def hand_on() -> None:
+            assert handoff is not None
+            handed.set()
+            free.put(Lane(lane.device, handoff.exited))
+
         try:
-            outcome = run_rung(job, device, timeout_s, forks)
+            outcome = run_rung(job, lane.device, timeout_s, forks, handoff, hand_on)
         finally:
-            free.put(device)
+            if handoff is not None:
+                handoff.exited.touch()
+            if not handed.is_set():
+                free.put(Lane(lane.device))
         if on_done is not None:
             on_done(outcome)
         return outcome
 
-    with ThreadPoolExecutor(max_workers=max(1, len(devices))) as pool:
+    workers = max(1, len(devices)) * (2 if overlap else 1)  # a rung ending beside the next one on each device
+    with contextlib.ExitStack() as stack:
+        folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=HANDOFF_PREFIX))) if overlap else None
+        pool = stack.enter_context(ThreadPoolExecutor(max_workers=workers))
         try:
-            outcomes = list(pool.map(one, jobs))
+            outcomes = list(pool.map(lambda job: one(job, folder), jobs))
         except KeyboardInterrupt:  # the rungs must not outlive the run (the pool waits for them otherwise)
             stop_all()
             raise

@@ -45,9 +45,10 @@ def compile_function(
 
 @functools.cache
 def warm_compile_workers() -> None:
-    """Start inductor's compile workers now (once per process). torch starts them only when the first traced graph reaches inductor, and
-    until they are up it compiles that graph's Triton kernels one after the other in this process; started here, they
-    come up during the model build, the FLOP count and the first prefill instead (the untimed start of a run)."""
+    """Start inductor's compile workers now (once per process). torch starts them only when the first traced graph
+    reaches inductor, and until they are up it compiles that graph's Triton kernels one after the other in this
+    process; started here, they come up during the model build, the FLOP count and the first prefill instead (the
+    untimed start of a run)."""
     try:
         from torch._inductor.async_compile import maybe_warm_pool
     except ImportError as exc:

@@ -88,22 +88,34 @@ def test_the_server_outlives_a_terminal_ctrl_c(server: ForkServer, tmp_path: Pat
 
 def test_a_server_for_compiled_rungs_preloads_torch_compiles_modules(server: ForkServer, tmp_path: Path) -> None:
     """torch.compile's first call imports inductor (~3-4 s of a compiled rung on the H100 machines): a server whose
-    rungs compile has imported it already, and still starts (no CUDA context after its imports); one whose rungs do
-    not compile has not."""
+    rungs compile imports it right after forking the first rung (which waits for the file it then creates before
+    its warm-up passes), so the rungs forked after it have it already; the server still holds no CUDA context. One
+    whose rungs do not compile never imports it."""
     module = COMPILE_PRELOAD[0]
     plain = server.spawn(["module", module], tmp_path / "plain.log", {}, module="fork_target")
     assert plain.wait(timeout=30) == 0
     assert f"{module} not loaded" in (tmp_path / "plain.log").read_text()
+    assert server.compile_preloaded is None
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
         compiling = ForkServer.start(compiles=True)
     assert compiling is not None, "the fork server with torch.compile's modules did not start"
+    done = compiling.compile_preloaded
+    assert done is not None and not done.exists()  # not before the first rung
     try:
-        rung = compiling.spawn(["module", module], tmp_path / "compiling.log", {}, module="fork_target")
-        assert rung.wait(timeout=30) == 0
-        assert f"{module} loaded" in (tmp_path / "compiling.log").read_text()
+        first = compiling.spawn(["module", module], tmp_path / "first.log", {}, module="fork_target")
+        assert first.wait(timeout=30) == 0
+        assert f"{module} not loaded" in (tmp_path / "first.log").read_text()  # forked before the import
+        deadline = time.monotonic() + 120
+        while not done.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert done.exists(), "the server did not say it had imported torch.compile's modules"
+        later = compiling.spawn(["module", module], tmp_path / "later.log", {}, module="fork_target")
+        assert later.wait(timeout=30) == 0
+        assert f"{module} loaded" in (tmp_path / "later.log").read_text()
     finally:
         compiling.close()
+    assert not done.parent.exists()  # its folder is removed with the server
 
 
 @pytest.mark.parametrize(

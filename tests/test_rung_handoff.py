@@ -122,7 +122,9 @@ def test_without_overlap_each_rung_starts_after_the_previous_one_ended(
 
 def test_the_handoff_files_of_a_rung_are_named_after_its_folder(tmp_path: Path) -> None:
     job = RungJob("static_cache", (), (), tmp_path / "rungs" / "01-static_cache", tmp_path / "01.log")
-    first = Handoff.of(tmp_path, job, None)
+    first = Handoff.of(tmp_path, job, None, overlap=True)
     assert first.env == ((RELEASED_ENV, str(tmp_path / "01-static_cache.released")),)
-    second = Handoff.of(tmp_path, job, first.exited)
+    second = Handoff.of(tmp_path, job, first.exited, overlap=True)
     assert dict(second.env)[WAIT_ENV] == str(tmp_path / "01-static_cache.exited")
+    kept = Handoff.of(tmp_path, job, tmp_path / "compile_preloaded", overlap=False)  # waits, never hands on early
+    assert kept.env == ((WAIT_ENV, str(tmp_path / "compile_preloaded")),)

@@ -20,9 +20,11 @@ import json
 import logging
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -31,8 +33,10 @@ from typing import IO, Any
 log = logging.getLogger("llm_perf_opt.whatif")
 
 PRELOAD = ("torch", "transformers", "llm_perf_opt.pipeline.stage1", "llm_perf_opt.cli.stage1")
-# Also preloaded when a rung compiles (`--compiles`): what torch.compile imports on its first call, ~3-4 s of a
+# Also preloaded when a rung compiles (`--compiles <file>`): what torch.compile imports on its first call, ~3-4 s of a
 # compiled rung's start on the project's H100 machines (2026-11-27); importing them starts no thread and no CUDA.
+# The server imports them after forking the first rung (it said ready without them) and then creates <file>, which
+# that rung waits for before its warm-up passes (`rung_handoff`), so the import costs the run no time.
 COMPILE_PRELOAD = ("torch._inductor.compile_fx", "torch._inductor.async_compile", "torch._dynamo.backends.inductor")
 COMPILES_FLAG = "--compiles"
 READY = "ready"
@@ -41,16 +45,17 @@ ENTRY_MODULE = "llm_perf_opt.cli.stage1"
 
 # ---- the server (its own process) ---------------------------------------------------------------------------------
 def _serve(argv: Sequence[str] = ()) -> None:
-    """Preload (`--compiles`: torch.compile's modules too), then fork a rung per request until stdin closes; report
-    each fork and each exit on stdout."""
+    """Preload, then fork a rung per request until stdin closes; report each fork and each exit on stdout.
+    `--compiles <file>`: torch.compile's modules too, once the first rung is forked, then create <file>."""
     import importlib
 
     # Ctrl-C in a terminal reaches the whole foreground group: the what-if run stops the rungs itself, and the
     # server must outlive them to report how they ended (it exits when its stdin closes).
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
+    compile_preloaded = Path(argv[argv.index(COMPILES_FLAG) + 1]) if COMPILES_FLAG in argv else None
     try:
-        for name in (*PRELOAD, *(COMPILE_PRELOAD if COMPILES_FLAG in argv else ())):
+        for name in PRELOAD:
             importlib.import_module(name)
     except Exception as exc:  # noqa: BLE001 - reported to the what-if run, which starts fresh processes instead
         _say({"error": f"importing {name} failed: {type(exc).__name__}: {exc}"})
@@ -75,11 +80,27 @@ def _serve(argv: Sequence[str] = ()) -> None:
                 line, pending = pending.split(b"\n", 1)
                 if line.strip():
                     children.add(_fork(json.loads(line)))
+            if children and compile_preloaded is not None:  # the first rung runs: while it starts, import these
+                _preload(COMPILE_PRELOAD, compile_preloaded)
+                compile_preloaded = None
         for pid in list(children):
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 children.discard(pid)
                 _say({"exit": [pid, os.waitstatus_to_exitcode(status)]})
+
+
+def _preload(modules: Sequence[str], done: Path) -> None:
+    """Import `modules` (one that fails is left to the rung that needs it), then create `done`."""
+    import importlib
+
+    try:
+        for name in modules:
+            importlib.import_module(name)
+    except Exception as exc:  # noqa: BLE001 - a rung imports what it needs itself; the server goes on serving
+        _say({"note": f"preloading {name} failed: {type(exc).__name__}: {exc}"})
+    finally:
+        done.touch()
 
 
 def _say(message: Mapping[str, Any]) -> None:
@@ -159,8 +180,11 @@ class ForkServer:
     """The preloaded server of one what-if run: start it once (`start`, None when it cannot serve: the rungs then
     start as fresh interpreters), `spawn` a rung per call, `close` at the end."""
 
-    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+    def __init__(self, process: subprocess.Popen[bytes], compile_preloaded: Path | None = None) -> None:
         self._process = process
+        # the file the server creates once it has imported torch.compile's modules (None: it does not import them),
+        # which the first rung on each device waits for before its warm-up passes
+        self.compile_preloaded = compile_preloaded
         self._lock = threading.Lock()
         self._spawned = threading.Condition(self._lock)
         self._forked: dict[int, int] = {}  # request number -> the pid the server forked for it
@@ -231,6 +255,8 @@ class ForkServer:
         except subprocess.TimeoutExpired:
             self._process.kill()
             self._process.wait()
+        if self.compile_preloaded is not None:
+            shutil.rmtree(self.compile_preloaded.parent, ignore_errors=True)
 
 
 class StartingServer:
@@ -238,21 +264,23 @@ class StartingServer:
     overlap the run's own start (composing and checking every rung's config), and waits for it (`ready`) only when
     the first rung is due; `cancel` when no rung will be forked."""
 
-    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+    def __init__(self, process: subprocess.Popen[bytes], compile_preloaded: Path | None = None) -> None:
         self._process = process
+        self._compile_preloaded = compile_preloaded
 
     @classmethod
     def launch(cls, *, compiles: bool = False) -> StartingServer:
         """Start the server process; it imports in the background (`compiles`: a rung will compile, so torch.compile's
-        modules too)."""
+        modules too, once the first rung is forked)."""
+        preloaded = Path(tempfile.mkdtemp(prefix="llm-perf-opt-forks-")) / "compile_preloaded" if compiles else None
         process = subprocess.Popen(
-            [sys.executable, "-m", __name__, *([COMPILES_FLAG] if compiles else [])],
+            [sys.executable, "-m", __name__, *([COMPILES_FLAG, str(preloaded)] if preloaded is not None else [])],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             env={**os.environ, "PYTORCH_NVML_BASED_CUDA_CHECK": "1"},  # is_available() must not touch the driver
         )
-        return cls(process)
+        return cls(process, preloaded)
 
     def ready(self, timeout_s: float = 120.0) -> ForkServer | None:
         """The server once it has preloaded; None (with a log line) when it failed or did not answer in time."""
@@ -264,13 +292,15 @@ class StartingServer:
             log.warning("rungs start as fresh processes: the preloaded fork server did not start (%s)", why)
             self.cancel()
             return None
-        return ForkServer(self._process)
+        return ForkServer(self._process, self._compile_preloaded)
 
     def cancel(self) -> None:
         """Stop the server before it served (nothing was forked from it)."""
         if self._process.poll() is None:
             self._process.kill()
         self._process.wait()
+        if self._compile_preloaded is not None:
+            shutil.rmtree(self._compile_preloaded.parent, ignore_errors=True)
 
 
 def _read_line(stream: IO[bytes], timeout_s: float) -> str:

@@ -183,25 +183,27 @@ def _started(
 
 @attrs.frozen
 class Handoff:
-    """This run's side of a rung's device handoff (`rung_handoff`, `whatif_run.overlap_rungs`): the file the rung
-    creates once it no longer uses its device, the file this run creates once the rung's process has ended, and
-    that file of the rung before it on the same device (None: that one had ended when this one started)."""
+    """This run's side of a rung's device handoff (`rung_handoff`): the file this run creates once the rung's
+    process has ended; the file the rung creates once it no longer uses its device (None: it keeps it to its end,
+    `whatif_run.overlap_rungs=false`); the file it waits for before its warm-up passes (None: nothing to wait for),
+    the `exited` file of the rung before it on the same device or the fork server's compile preload."""
 
-    released: Path
     exited: Path
+    released: Path | None = None
     after: Path | None = None
 
     @classmethod
-    def of(cls, folder: Path, job: RungJob, after: Path | None) -> Handoff:
+    def of(cls, folder: Path, job: RungJob, after: Path | None, *, overlap: bool) -> Handoff:
         """The handoff files of `job` in `folder` (a temporary folder of the phase)."""
         name = job.folder.name
-        return cls(folder / f"{name}.released", folder / f"{name}.exited", after)
+        return cls(folder / f"{name}.exited", folder / f"{name}.released" if overlap else None, after)
 
     @property
     def env(self) -> tuple[tuple[str, str], ...]:
         """The environment variables that tell the rung's process about it."""
+        release = () if self.released is None else ((RELEASED_ENV, str(self.released)),)
         wait = () if self.after is None else ((WAIT_ENV, str(self.after)),)
-        return ((RELEASED_ENV, str(self.released)), *wait)
+        return (*release, *wait)
 
 
 def _waited(
@@ -389,8 +391,9 @@ def stop_all() -> None:
 
 @attrs.frozen
 class Lane:
-    """A device the rungs take one at a time, and the `exited` file of the rung that handed it on while still
-    ending (None: the last one had ended)."""
+    """A device the rungs take one at a time, and the file the next rung on it waits for before its warm-up passes:
+    the `exited` file of the rung that handed it on while still ending, or the fork server's compile preload (None:
+    nothing to wait for)."""
 
     device: str | None
     after: Path | None = None
@@ -406,30 +409,29 @@ def run_rungs(
 ) -> dict[str, RungOutcome]:
     """Run `jobs`, at most one per device at a time (`devices` = [None]: the rungs' own `device` setting, one after
     the other), each a fresh process or, with `forks`, forked from that preloaded server; outcomes by rung name.
-    `overlap`: a rung that hands its device on before it has ended lets the next one start (`rung_handoff`)."""
+    `overlap`: a rung that hands its device on before it has ended lets the next one start (`rung_handoff`). The
+    first rung on each device waits before its warm-up passes for the fork server's compile preload, if any."""
     _STOPPING.clear()
     free: queue.Queue[Lane] = queue.Queue()
     for device in devices:
-        free.put(Lane(device))
+        free.put(Lane(device, None if forks is None else forks.compile_preloaded))
 
-    def one(job: RungJob, folder: Path | None) -> RungOutcome:
+    def one(job: RungJob, folder: Path) -> RungOutcome:
         lane = free.get()
         if _STOPPING.is_set():  # the run was stopped while this rung waited for its device
             free.put(lane)
             raise KeyboardInterrupt(f"{job.name} not started: the what-if run was stopped")
-        handoff = None if folder is None else Handoff.of(folder, job, lane.after)
+        handoff = Handoff.of(folder, job, lane.after, overlap=overlap)
         handed = threading.Event()
 
         def hand_on() -> None:
-            assert handoff is not None
             handed.set()
             free.put(Lane(lane.device, handoff.exited))
 
         try:
             outcome = run_rung(job, lane.device, timeout_s, forks, handoff, hand_on)
         finally:
-            if handoff is not None:
-                handoff.exited.touch()
+            handoff.exited.touch()
             if not handed.is_set():
                 free.put(Lane(lane.device))
         if on_done is not None:
@@ -438,7 +440,7 @@ def run_rungs(
 
     workers = max(1, len(devices)) * (2 if overlap else 1)  # a rung ending beside the next one on each device
     with contextlib.ExitStack() as stack:
-        folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=HANDOFF_PREFIX))) if overlap else None
+        folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=HANDOFF_PREFIX)))
         pool = stack.enter_context(ThreadPoolExecutor(max_workers=workers))
         try:
             outcomes = list(pool.map(lambda job: one(job, folder), jobs))

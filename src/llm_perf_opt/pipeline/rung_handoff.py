@@ -60,7 +60,8 @@ class GpuHandoff:
         return cls(Path(released) if released else None, Path(after) if after else None)
 
     def wait(self) -> None:
-        """Wait until the previous rung on this device has ended (once; at once when there is none)."""
+        """Wait for `after` (once; at once when there is none): the previous rung on this device has ended, or the
+        fork server has imported torch.compile's modules."""
         if self.after is None or self.waited_s is not None:
             return
         started = time.perf_counter()
@@ -74,7 +75,7 @@ class GpuHandoff:
                 )
             time.sleep(POLL_S)
         self.waited_s = time.perf_counter() - started
-        log.info("the previous rung on this device has ended (waited %.1f s for it)", self.waited_s)
+        log.info("ready for the warm-up passes (waited %.1f s for %s)", self.waited_s, self.after.name)
 
     def release(self, device: torch.device) -> None:
         """Say the device is free for the next rung (once), where a second rung of this one's size fits beside it."""

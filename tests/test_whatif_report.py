@@ -424,6 +424,7 @@ def test_rung_reports_cite_the_whatif_run_as_it_ended(tmp_path: Path, monkeypatc
         _limit: object,
         done: Callable[[RungOutcome], None],
         _forks: object = None,
+        overlap: bool = False,
     ) -> dict[str, RungOutcome]:
         outcomes = {}
         for job in jobs:

@@ -233,6 +233,8 @@ class ForkServer:
                 if "pid" in message:
                     self._forked[int(message["request"])] = int(message["pid"])
                     self._spawned.notify_all()
+                elif "note" in message:  # something the server could not preload: the rungs import it themselves
+                    log.info("rung fork server: %s", message["note"])
                 elif "exit" in message:
                     pid, status = (int(x) for x in message["exit"])
                     rung = self._children.pop(pid, None)

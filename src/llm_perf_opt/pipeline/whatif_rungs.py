@@ -262,6 +262,8 @@ def run_rung(
     started = time.perf_counter()
     env = (*job.env, *(handoff.env if handoff is not None else ()))
     released = None if handoff is None else handoff.released
+    if released is None:
+        on_release = None  # the rung keeps its device to its end: nothing to look for while it runs
     process: RungProcess
     if forks is None:
         process = _started(stage1_command(job, device), job.log, env=env)

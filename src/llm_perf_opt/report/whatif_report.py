@@ -348,8 +348,10 @@ def _ranked_table(doc: Doc, record: WhatIfRecord) -> None:
         f"then each lever alone by speed-up, then the rungs that did not run. Speed-up: the baseline's "
         f"{record.objective.label} over the rung's (above 1 is better), with the 95% interval of the ratio over the "
         "timed passes; noise verdict: whether the two runs' 95% intervals are apart. Kernels/step and GPU busy come "
-        "from one profiled pass; peak memory is the largest over the timed passes. Trade-offs: a gain with a loss "
-        "beyond noise on another objective, or a peak memory over the budget or far above the baseline's."
+        "from one profiled pass; peak memory is the largest over the timed passes. Rung wall time: the rung's process "
+        "from its start to its end; consecutive rungs may share a few seconds (`whatif_run.overlap_rungs`), so the "
+        "rungs' times can add up to more than the run's. Trade-offs: a gain with a loss beyond noise on another "
+        "objective, or a peak memory over the budget or far above the baseline's."
     )
 
 

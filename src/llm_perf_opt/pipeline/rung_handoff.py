@@ -101,10 +101,13 @@ def room_for_another(device: torch.device) -> str | None:
         peak = torch.cuda.max_memory_reserved(device)
         what = f"{device} has {free / 2**30:.1f} GiB free, this rung's peak was {peak / 2**30:.1f} GiB"
     elif device.type == "cpu":
-        import resource
+        from llm_perf_opt.pipeline.stage1_records import host_peak_rss_bytes  # (imports torch)
 
         free = available_host_bytes() or 0
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+        known = host_peak_rss_bytes()
+        if known is None:
+            return "this rung's peak resident size is not known on this platform"
+        peak = known
         what = f"the host has {free / 2**30:.1f} GiB available, this rung's peak was {peak / 2**30:.1f} GiB"
     else:
         return f"{device.type} devices are handed over only at exit"

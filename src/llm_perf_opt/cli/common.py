@@ -121,12 +121,15 @@ class RunFolderGuard(Callback):
 
 
 def launch(hydra_main: Callable[[], Any], config_name: str, command: str) -> None:
-    """A console script: SIGTERM handled like Ctrl-C (`interrupts`), resolvers, a check of the override keys (one
-    paragraph and exit 2 for an unknown one, naming the nearest valid key), then the Hydra entry point."""
+    """A console script: SIGTERM handled like Ctrl-C (`interrupts`), resolvers (`--help`'s among them), a check of
+    the override keys (one paragraph and exit 2 for an unknown one, naming the nearest valid key), then the Hydra
+    entry point."""
+    from llm_perf_opt.cli.help_text import register_resolver
     from llm_perf_opt.override_keys import check_override_keys
 
     interrupts.install()
     register_resolvers()
+    register_resolver()
     try:
         check_override_keys(config_name, sys.argv[1:], command=command)
     except UserError as exc:
@@ -141,7 +144,6 @@ def print_report_path(run_dir: Path) -> None:
 
 def rebuild_reports(
     prog: str,
-    description: str,
     writer: str,
     render_module: str,
     argv: list[str] | None,
@@ -150,13 +152,19 @@ def rebuild_reports(
     names_modules: bool = False,
 ) -> None:
     """`<prog> <folder>`: rebuild a run folder's reports with `render(folder)` of `render_module` (imported late,
-    so `--help` stays fast); the folder must have been written by `writer`. `cites_whatif`: also take
+    so `--help` stays fast); the folder must have been written by `writer`; `--help` says what `help_text` holds
+    for `prog`. `cites_whatif`: also take
     `--whatif <folder>`, a perf-whatif folder whose measured levers the recommendations cite; `names_modules`:
     also take `--stage1 <folder>`, a Stage 1 folder whose profiled pass names the kernels by module."""
     import argparse
     import importlib
 
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+    from llm_perf_opt.cli.help_text import parser_text
+
+    description, epilog = parser_text(prog)
+    parser = argparse.ArgumentParser(
+        prog=prog, description=description, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("folder", type=Path, help=f"a folder written by {writer} (or a copy of one)")
     if cites_whatif:
         parser.add_argument(

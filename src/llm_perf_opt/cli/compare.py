@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from llm_perf_opt.cli.common import run_guarded
+from llm_perf_opt.cli.help_text import parser_text
 from llm_perf_opt.pipeline.compare import GateOptions, gate_failed, output_files, write_comparison
 from llm_perf_opt.pipeline.gate_rules import parse_rules
 from llm_perf_opt.records.comparison import Comparison, WhatIfComparison
@@ -27,10 +28,12 @@ def _run(folders: list[Path], out: str, options: GateOptions) -> Comparison | Wh
 
 
 def _parser() -> argparse.ArgumentParser:
+    description, epilog = parser_text("perf-compare")
     parser = argparse.ArgumentParser(
         prog="perf-compare",
-        description="Compare stage1-run or stage2-profile folders in Markdown (and the same figures as JSON next to "
-        "it); the first folder is the baseline. Two perf-whatif folders are compared rung by rung.",
+        description=description,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("folders", type=Path, nargs="+", metavar="run", help="run folders (at least two)")
     parser.add_argument(

@@ -9,7 +9,6 @@ def main(argv: list[str] | None = None) -> None:
     """Console script entry point."""
     rebuild_reports(
         "stage2-report",
-        __doc__ or "",
         "stage2-profile",
         "llm_perf_opt.pipeline.stage2",
         argv,

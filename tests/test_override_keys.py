@@ -123,7 +123,7 @@ def test_a_plus_outside_the_settings_or_on_an_existing_key_passes(argv: tuple[st
 
 
 def test_a_plus_may_add_a_what_if_lever_but_nothing_else_of_perf_whatif() -> None:
-    check("+whatif.levers.mine={overrides: [run.warmup=0]}", config="whatif", command="perf-whatif")
+    check('+whatif.levers.mine={overrides: ["run.warmup=0"]}', config="whatif", command="perf-whatif")
     with pytest.raises(UserError, match=r"^whatif\.objectiv is not a setting of perf-whatif\. Use whatif\.objective="):
         check("+whatif.objectiv=pages_per_s", config="whatif", command="perf-whatif")
 

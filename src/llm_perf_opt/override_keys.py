@@ -15,7 +15,7 @@ from __future__ import annotations
 import difflib
 import itertools
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from importlib.resources import files
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -32,11 +32,17 @@ _MAX_COMBINATIONS = 32  # group combinations composed at most (each takes a frac
 OPEN_MAPS = ("whatif.levers", "runtime.compile_options")
 
 
-def check_override_keys(config_name: str, argv: Sequence[str], *, command: str) -> None:
-    """UserError when an override in `argv` (a console script's arguments) sets a key the config lacks, adds one
-    inside a section of the config, or picks a config-group option that does not exist."""
+def check_override_keys(
+    config_name: str, argv: Sequence[str], *, command: str, check: Callable[[DictConfig], None] | None = None
+) -> None:
+    """UserError when an override in `argv` (a console script's arguments) cannot be parsed, sets a key the config
+    lacks, adds one inside a section of the config, or picks a config-group option that does not exist; then
+    `check` (default: every setting's type, `settings_schema.check_config`) on each composed combination."""
     from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    from llm_perf_opt.settings_schema import check_config
 
     args, _ = get_args_parser().parse_known_args(list(argv))
     if args.help or args.hydra_help or args.info or args.shell_completion or args.config_path:
@@ -47,13 +53,49 @@ def check_override_keys(config_name: str, argv: Sequence[str], *, command: str) 
     setup = _Setup(args.config_name or config_name, command, args.config_dir, search)
     try:
         parsed = OverridesParser.create().parse_overrides(list(args.overrides))
+    except OverrideParseException:
+        raise _grammar_error(args.overrides, command) from None
+    try:
         combinations = list(itertools.islice(_combinations(parsed, args.config_dir), _MAX_COMBINATIONS))
-    except (HydraException, ValueError):  # a syntax Hydra reports itself, or a sweep that cannot be enumerated
+    except (HydraException, ValueError):  # a sweep that cannot be enumerated here
         return
     for overrides in combinations:
         unknown, keys = _unknown_keys(setup, overrides)
         if unknown:
             raise _error(unknown, keys, overrides, command)
+        cfg = _composed(setup, overrides)
+        if cfg is not None:
+            (check or check_config)(cfg)
+
+
+def _grammar_error(overrides: Sequence[str], command: str) -> UserError:
+    """The first override Hydra cannot parse (`'run.repeats=[1'`, a key without `=value`), as one paragraph."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    for override in overrides:
+        try:
+            parser.parse_overrides([override])
+        except OverrideParseException as exc:
+            reason = next((line for line in str(exc).splitlines()[::-1] if line and not line.startswith("See ")), "")
+            return UserError(
+                f"the override {override!r} cannot be parsed ({reason.strip()})",
+                "Write it as key=value (a list in brackets, closed: key=[a,b]; quote a value holding spaces or "
+                f"brackets); `{command} --help` shows the syntax",
+            )
+    return UserError("the overrides cannot be parsed", f"Check their syntax; `{command} --help` shows it")
+
+
+def _composed(setup: _Setup, overrides: Sequence[str]) -> DictConfig | None:
+    """The config the command will run with (Hydra's section included); None when it cannot be composed here
+    (Hydra reports why)."""
+    from llm_perf_opt.config_compose import compose_config
+
+    try:
+        return compose_config(setup.config_name, *overrides, *setup.search, return_hydra_config=True)
+    except HydraException:
+        return None
 
 
 class _Setup(NamedTuple):

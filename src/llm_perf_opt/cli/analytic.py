@@ -43,7 +43,7 @@ def _main(cfg: DictConfig) -> None:
         art.finish(artifacts.COMPLETE)
         print(f"\nanalytic report: {report}")
 
-    run_guarded(job, run_dir=run_dir)
+    run_guarded(job, run_dir=run_dir, cfg=cfg)
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 from llm_perf_opt import artifacts, interrupts
 from llm_perf_opt.config_compose import register_resolvers
 from llm_perf_opt.errors import UserError
+from llm_perf_opt.settings_schema import check_config
 
 log = logging.getLogger("llm_perf_opt")
 
@@ -30,16 +31,21 @@ def exit_with(exc: UserError) -> NoReturn:
     sys.exit(exc.exit_code)
 
 
-def run_guarded(job: Callable[[], Any], *, run_dir: Path | None = None, in_sweep: bool = False) -> Any:
+def run_guarded(
+    job: Callable[[], Any], *, run_dir: Path | None = None, in_sweep: bool = False, cfg: DictConfig | None = None
+) -> Any:
     """Run `job`; a UserError becomes one paragraph on stderr and exit 2, Ctrl-C or SIGTERM exit 130.
 
     A file that cannot be written (full disk, unwritable folder) is a UserError too. Whatever ends the job, a
     `run_dir` whose status this process left reading `running` is marked failed with the reason (a bug keeps its
     traceback); another process's folder is never touched.
     In a sweep (`in_sweep`), a UserError ends only this job: its folder is marked failed, the sweep goes on
-    and its summary lists the job as skipped with the message.
+    and its summary lists the job as skipped with the message. `cfg`: the composed config, whose settings are
+    checked first (`settings_schema.check_config`: a sweep's job refuses its own bad value).
     """
     try:
+        if cfg is not None:
+            check_config(cfg)
         result = job()
     except (UserError, OSError) as raised:
         exc = raised if isinstance(raised, UserError) else artifacts.environment_error(raised)
@@ -86,8 +92,8 @@ def check_run_folder(folder: Path, *, holds_jobs: bool = False) -> None:
     except OSError as exc:
         raise UserError(
             f"the output folder {folder.resolve()} cannot be written: {exc.strerror or exc}",
-            "Point hydra.run.dir (hydra.sweep.dir for -m) at a writable folder, or leave it unset for a fresh "
-            "folder under tmp/",
+            f"Point {'hydra.sweep.dir' if holds_jobs else 'hydra.run.dir'} at a writable folder, or leave it unset "
+            "for a fresh folder under tmp/",
         ) from exc
 
 
@@ -114,16 +120,33 @@ class RunFolderGuard(Callback):
 
     @staticmethod
     def _or_exit(step: Callable[[], None]) -> None:
+        """Run `step`; a UserError, or a folder that cannot be made or claimed, ends the command (exit 2): Hydra
+        would turn an exception here into a warning and go on without the claim."""
         try:
             step()
         except UserError as exc:
             exit_with(exc)
+        except OSError as exc:
+            exit_with(
+                artifacts.environment_error(exc)
+                or UserError(
+                    f"the output folder cannot be claimed: {exc.strerror or exc}"
+                    + (f" ({exc.filename})" if exc.filename else ""),
+                    "Point hydra.run.dir (hydra.sweep.dir for -m) at a writable folder with shorter names",
+                )
+            )
 
 
-def launch(hydra_main: Callable[[], Any], config_name: str, command: str) -> None:
+def launch(
+    hydra_main: Callable[[], Any],
+    config_name: str,
+    command: str,
+    check: Callable[[DictConfig], None] = check_config,
+) -> None:
     """A console script: SIGTERM handled like Ctrl-C (`interrupts`), resolvers (`--help`'s among them), a check of
-    the override keys (one paragraph and exit 2 for an unknown one, naming the nearest valid key), then the Hydra
-    entry point."""
+    the overrides (their syntax, their keys: the nearest valid key for an unknown one) and of every setting's type on
+    the composed config (`check`: `settings_schema.check_config`, and a command's own settings), one paragraph and
+    exit 2 for a bad one before anything starts; then the Hydra entry point."""
     from llm_perf_opt.cli.help_text import register_resolver
     from llm_perf_opt.override_keys import check_override_keys
 
@@ -131,7 +154,7 @@ def launch(hydra_main: Callable[[], Any], config_name: str, command: str) -> Non
     register_resolvers()
     register_resolver()
     try:
-        check_override_keys(config_name, sys.argv[1:], command=command)
+        check_override_keys(config_name, sys.argv[1:], command=command, check=check)
     except UserError as exc:
         exit_with(exc)
     hydra_main()

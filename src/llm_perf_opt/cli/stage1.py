@@ -19,7 +19,9 @@ def _main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
-    run_guarded(lambda: Stage1Run(cfg, run_dir, run_id=run_dir.name).execute(), run_dir=run_dir, in_sweep=in_sweep)
+    run_guarded(
+        lambda: Stage1Run(cfg, run_dir, run_id=run_dir.name).execute(), run_dir=run_dir, in_sweep=in_sweep, cfg=cfg
+    )
 
 
 def main() -> None:

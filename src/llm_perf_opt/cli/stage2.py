@@ -25,7 +25,9 @@ def _main(cfg: DictConfig) -> None:
     overrides = list(hydra_cfg.overrides.task)
     print_report_path(
         run_guarded(
-            lambda: Stage2Run(cfg, run_dir, run_id=run_dir.name, task_overrides=overrides).execute(), run_dir=run_dir
+            lambda: Stage2Run(cfg, run_dir, run_id=run_dir.name, task_overrides=overrides).execute(),
+            run_dir=run_dir,
+            cfg=cfg,
         )
     )
 

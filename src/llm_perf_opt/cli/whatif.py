@@ -9,6 +9,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from llm_perf_opt.cli.common import launch, run_guarded
+from llm_perf_opt.settings_schema import check_config
 
 
 @hydra.main(version_base="1.3", config_path="pkg://llm_perf_opt.conf", config_name="whatif")
@@ -18,14 +19,24 @@ def _main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     workload = workload_overrides(list(hydra_cfg.overrides.task))
-    run_guarded(lambda: WhatIfRun(cfg, run_dir, run_id=run_dir.name, workload=workload).execute(), run_dir=run_dir)
+    run_guarded(
+        lambda: WhatIfRun(cfg, run_dir, run_id=run_dir.name, workload=workload).execute(), run_dir=run_dir, cfg=cfg
+    )
     print(f"\nreport: {run_dir / 'whatif.md'}")
 
 
 def main() -> None:
     """Console script entry point. SIGTERM (a scheduler's or `timeout`'s stop) ends the run like Ctrl-C: the rungs
     still running are stopped (each writes what it measured) and the rungs so far are written."""
-    launch(_main, "whatif", "perf-whatif")
+    launch(_main, "whatif", "perf-whatif", check=_check)
+
+
+def _check(cfg: DictConfig) -> None:
+    """Every setting's type, then perf-whatif's own settings (levers, devices, launcher), before anything starts."""
+    from llm_perf_opt.pipeline.whatif import check_whatif_settings
+
+    check_config(cfg)
+    check_whatif_settings(cfg)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from llm_perf_opt.config_data import plain
 from llm_perf_opt.data.inputs import InputChoice
-from llm_perf_opt.errors import UserError, require_whole
+from llm_perf_opt.errors import require_number, require_whole
 from llm_perf_opt.measure.energy import EnergySettings
 from llm_perf_opt.measure.memory import MemorySettings
 from llm_perf_opt.output_settings import output_settings
@@ -140,24 +140,15 @@ def run_settings(
     )
 
 
-def _number(key: str, value: Any, low: float, unit: str) -> float:
-    """`value` as a number ≥ `low`, or a UserError naming `key`."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        number = float("nan")
-    if not number >= low:  # NaN fails too
-        raise UserError(f"{key}={value} is out of range", f"Set {key} to a number of {unit} ≥ {low:g}")
-    return number
-
-
 def memory_settings(cfg: DictConfig) -> MemorySettings:
     """`pipeline.memory` (defaults where the config has none, e.g. a composed config of an older layout)."""
     mem = cfg.get("pipeline", {}).get("memory") or {}
     return MemorySettings(
         enable=bool(mem.get("enable", True)),
         max_entries=require_whole("pipeline.memory.max_entries", mem.get("max_entries", 100_000), 1),
-        snapshot_max_mib=_number("pipeline.memory.snapshot_max_mib", mem.get("snapshot_max_mib", 256), 0.0, "MiB"),
+        snapshot_max_mib=require_number(
+            "pipeline.memory.snapshot_max_mib", mem.get("snapshot_max_mib", 256), 0.0, "MiB"
+        ),
     )
 
 
@@ -166,7 +157,7 @@ def energy_settings(cfg: DictConfig) -> EnergySettings:
     energy = cfg.get("pipeline", {}).get("energy") or {}
     default = EnergySettings()
     seconds = {
-        name: _number(f"pipeline.energy.{name}", energy.get(name, getattr(default, name)), 0.0, "seconds")
+        name: require_number(f"pipeline.energy.{name}", energy.get(name, getattr(default, name)), 0.0, "seconds")
         for name in ("loop_seconds", "prefill_seconds", "idle_seconds")
     }
     return EnergySettings(enable=bool(energy.get("enable", default.enable)), **seconds)

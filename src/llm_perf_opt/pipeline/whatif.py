@@ -108,7 +108,79 @@ def read_levers(node: Any, exclude: Sequence[str]) -> tuple[Lever, ...]:
         if name in exclude:
             continue
         out.append(_lever(str(name), spec))
+    if not out:
+        raise UserError(
+            f"whatif_run.exclude leaves no lever of the preset ({', '.join(str(name) for name in levers)}): the "
+            "baseline alone judges nothing",
+            "Exclude fewer levers, or run `stage1-run` with the workload's overrides to measure the baseline alone",
+        )
     return tuple(out)
+
+
+DEVICE = re.compile(r"cpu|auto|cuda(:\d+)?")
+
+
+def check_whatif_settings(cfg: Any) -> tuple[Lever, ...]:
+    """perf-whatif's own settings, checked before anything starts (the keys' types are settings_schema's): the
+    preset's levers minus whatif_run.exclude (at least one), the devices, the launcher and its overrides, the
+    memory budget and the near-tie tolerance. Returns the levers."""
+    run_cfg = cfg.whatif_run
+    exclude = OmegaConf.to_container(run_cfg.exclude) if run_cfg.get("exclude") is not None else []
+    if isinstance(exclude, str) or not isinstance(exclude, list):
+        raise UserError(
+            f"whatif_run.exclude={exclude} is not a list",
+            f"Give a list in brackets, e.g. whatif_run.exclude=[{exclude}]",
+        )
+    levers = read_levers(cfg.whatif.get("levers"), [str(x) for x in exclude])
+    for device in run_cfg.get("devices") or ():
+        if not DEVICE.fullmatch(str(device)):
+            raise UserError(
+                f"whatif_run.devices holds {device}, which is not a device",
+                "Give devices such as cpu, cuda or cuda:N, e.g. whatif_run.devices=[cuda:0,cuda:1]",
+            )
+    _, overrides = launcher_settings(run_cfg)
+    if overrides:
+        from llm_perf_opt.override_keys import check_override_keys
+
+        with _outside_running_hydra():
+            check_override_keys("stage1", overrides, command="stage1-run")
+    whatif_judge.memory_budget(cfg.whatif.get("memory_budget_gib"))
+    whatif_judge.near_tie_tolerance(run_cfg.get("near_tie_tolerance"))
+    return levers
+
+
+def launcher_settings(run_cfg: Any) -> tuple[str, tuple[str, ...]]:
+    """whatif_run.launcher (local | hydra) and, for hydra, the overrides that choose Hydra's launcher."""
+    name = str(run_cfg.get("launcher") or LOCAL_LAUNCHER)
+    if name not in (LOCAL_LAUNCHER, HYDRA_LAUNCHER):
+        raise UserError(
+            f"whatif_run.launcher={name} is not known",
+            f"Use {LOCAL_LAUNCHER} (perf-whatif starts each rung) or {HYDRA_LAUNCHER} (one Hydra multirun per phase)",
+        )
+    raw = run_cfg.get("hydra_launcher")
+    try:
+        overrides = whatif_hydra.parse_launcher(OmegaConf.to_container(raw) if raw is not None else None)
+    except ValueError as exc:
+        raise UserError(
+            str(exc),
+            'Set e.g. \'whatif_run.hydra_launcher=["hydra/launcher=joblib","hydra.launcher.n_jobs=2"]\' (each '
+            "override quoted, since it holds an =)",
+        ) from None
+    if name == LOCAL_LAUNCHER:
+        if overrides:
+            raise UserError(
+                "whatif_run.hydra_launcher is set but whatif_run.launcher=local ignores it",
+                "Add whatif_run.launcher=hydra, or drop whatif_run.hydra_launcher",
+            )
+        return name, ()
+    if run_cfg.get("devices") is not None:
+        raise UserError(
+            "whatif_run.devices places the rungs of whatif_run.launcher=local; with launcher=hydra the Hydra "
+            "launcher places them",
+            "Drop whatif_run.devices; for one rung per GPU add hydra/launcher=joblib and "
+            "hydra.launcher.n_jobs=<GPUs> to whatif_run.hydra_launcher (each job then claims a free GPU)",
+        )
+    return name, overrides
 
 
 COMPILE_FIELDS = ("compile", "compile_vision")  # the runtime settings that make a rung compile (none: it does not)
@@ -229,7 +301,7 @@ class WhatIfRun:
         # levers stacked for the objective's parts they shortened (its own change within noise), with those parts
         self.stacked_by_parts: tuple[tuple[str, str], ...] = ()
         self.index = 0
-        self.launcher, self.launcher_overrides = self._launcher()
+        self.launcher, self.launcher_overrides = launcher_settings(cfg.whatif_run)
         self.fork_rungs = self._fork_rungs()
         self.overlap_rungs = self.launcher == LOCAL_LAUNCHER and require_bool(
             "whatif_run.overlap_rungs",
@@ -251,41 +323,6 @@ class WhatIfRun:
         )
         return value and self.launcher == LOCAL_LAUNCHER and hasattr(os, "fork")  # no fork on Windows
 
-    def _launcher(self) -> tuple[str, tuple[str, ...]]:
-        """whatif_run.launcher (local | hydra) and, for hydra, the overrides that choose Hydra's launcher."""
-        run_cfg = self.cfg.whatif_run
-        name = str(run_cfg.get("launcher") or LOCAL_LAUNCHER)
-        if name not in (LOCAL_LAUNCHER, HYDRA_LAUNCHER):
-            raise UserError(
-                f"whatif_run.launcher={name} is not known",
-                f"Use {LOCAL_LAUNCHER} (perf-whatif starts each rung) or {HYDRA_LAUNCHER} (one Hydra multirun per "
-                "phase)",
-            )
-        raw = run_cfg.get("hydra_launcher")
-        try:
-            overrides = whatif_hydra.parse_launcher(OmegaConf.to_container(raw) if raw is not None else None)
-        except ValueError as exc:
-            raise UserError(
-                str(exc),
-                'Set e.g. \'whatif_run.hydra_launcher=["hydra/launcher=joblib","hydra.launcher.n_jobs=2"]\' (each '
-                "override quoted, since it holds an =)",
-            ) from None
-        if name == LOCAL_LAUNCHER:
-            if overrides:
-                raise UserError(
-                    "whatif_run.hydra_launcher is set but whatif_run.launcher=local ignores it",
-                    "Add whatif_run.launcher=hydra, or drop whatif_run.hydra_launcher",
-                )
-            return name, ()
-        if run_cfg.get("devices") is not None:
-            raise UserError(
-                "whatif_run.devices places the rungs of whatif_run.launcher=local; with launcher=hydra the Hydra "
-                "launcher places them",
-                "Drop whatif_run.devices; for one rung per GPU add hydra/launcher=joblib and "
-                "hydra.launcher.n_jobs=<GPUs> to whatif_run.hydra_launcher (each job then claims a free GPU)",
-            )
-        return name, overrides
-
     def _objective(self) -> Objective:
         """`whatif.objective`: the goal (or figure) the levers are ranked by and the headline verdict names."""
         name = str(self.cfg.whatif.get("objective") or figures.DEFAULT_OBJECTIVE)
@@ -301,6 +338,7 @@ class WhatIfRun:
 
     # ---- driver ------------------------------------------------------------------------------------
     def execute(self) -> WhatIfRecord:
+        self.levers = check_whatif_settings(self.cfg)  # before the folder is claimed and anything starts
         self.art.start(self.run_id)
         try:
             # The fork server first: its imports overlap this process's own (torch) and the checks of every rung's
@@ -341,7 +379,7 @@ class WhatIfRun:
     def _run(self) -> WhatIfRecord:
         run_cfg = self.cfg.whatif_run
         self.art.write_text("config.yaml", OmegaConf.to_yaml(self.cfg, resolve=True))
-        self.levers = levers = read_levers(self.cfg.whatif.get("levers"), [str(x) for x in run_cfg.exclude or []])
+        levers = self.levers
         devices = self._devices()
         cuda = (
             has_cuda(str(self.cfg.device))

@@ -9,23 +9,9 @@ from typing import Any, Final
 import attrs
 import torch
 
-from llm_perf_opt.errors import UserError, require_bool, require_whole
+from llm_perf_opt.errors import UserError, require_bool, require_choice, require_whole
 from llm_perf_opt.records.stage1 import CompileOption, DecoderRuntime, RuntimeRecord
-
-KV_CACHES: Final = ("dynamic", "static")
-COMPILE_TARGETS: Final = ("none", "decode", "prefill_decode")
-COMPILE_MODES: Final = ("reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs", "default")
-OUTPUT_CHECKS: Final = ("auto", "always", "never")
-
-
-def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> str:
-    text = "none" if value is None and "none" in allowed else str(value).strip().lower()
-    if text not in allowed:
-        raise UserError(
-            f"{key}={value} is not a known value",
-            f"Set {key} to one of {', '.join(allowed)}",
-        )
-    return text
+from llm_perf_opt.settings_schema import COMPILE_MODES, COMPILE_TARGETS, KV_CACHES, OUTPUT_CHECKS
 
 
 @attrs.frozen
@@ -42,15 +28,17 @@ class RuntimeSettings(DecoderRuntime):
         batch_size = require_whole("run.batch_size", 1 if batch is None else batch, 1)
         length = node.get("static_cache_len")
         settings = cls(
-            kv_cache=_choice("runtime.kv_cache", node.get("kv_cache", "dynamic"), KV_CACHES),
-            compile=_choice("runtime.compile", node.get("compile", "none"), COMPILE_TARGETS),
-            compile_mode=_choice("runtime.compile_mode", node.get("compile_mode", "reduce-overhead"), COMPILE_MODES),
+            kv_cache=require_choice("runtime.kv_cache", node.get("kv_cache", "dynamic"), KV_CACHES),
+            compile=require_choice("runtime.compile", node.get("compile", "none"), COMPILE_TARGETS),
+            compile_mode=require_choice(
+                "runtime.compile_mode", node.get("compile_mode", "reduce-overhead"), COMPILE_MODES
+            ),
             static_cache_len=None if length is None else require_whole("runtime.static_cache_len", length, 2),
             batch_size=batch_size,
             record_routing=require_bool("runtime.record_routing", node.get("record_routing", True)),
-            output_check=_choice("runtime.output_check", node.get("output_check", "auto"), OUTPUT_CHECKS),
+            output_check=require_choice("runtime.output_check", node.get("output_check", "auto"), OUTPUT_CHECKS),
             compile_options=compile_options(node.get("compile_options")),
-            compile_vision=_choice(
+            compile_vision=require_choice(
                 "runtime.compile_vision", node.get("compile_vision", "none"), ("none", *COMPILE_MODES)
             ),
         )
@@ -140,7 +128,8 @@ class RuntimeSettings(DecoderRuntime):
 
 def compile_options(node: Any) -> tuple[CompileOption, ...]:
     """`runtime.compile_options` (a mapping of inductor config names to values, set on top of the compile mode's
-    own), checked against this torch's inductor config, sorted by name."""
+    own; a nested option such as `cpp.simdlen` as a nested mapping or a dotted name), checked against this torch's
+    inductor config (the name, and the value's type against the option's default), sorted by name."""
     if node is None:
         return ()
     if not isinstance(node, Mapping):
@@ -151,21 +140,46 @@ def compile_options(node: Any) -> tuple[CompileOption, ...]:
     import torch._inductor.config as inductor_config
 
     known = inductor_config.get_config_copy()
-    out: list[CompileOption] = []
-    for name, value in sorted(node.items()):
-        if name not in known:
-            raise UserError(
-                f"runtime.compile_options.{name} is not an option of torch {torch.__version__}'s inductor",
-                "Use a name from torch._inductor.config (e.g. coordinate_descent_tuning, max_autotune, "
-                "max_autotune_gemm_backends), or remove it",
-            )
-        if not isinstance(value, bool | int | float | str):
-            raise UserError(
-                f"runtime.compile_options.{name}={value} is not a plain value",
-                f"Give runtime.compile_options.{name} a boolean, number or string",
-            )
-        out.append((str(name), value))
-    return tuple(out)
+    out = [(name, _option_value(name, value, known)) for name, value in _flat_options(node, "")]
+    return tuple(sorted(out))
+
+
+def _flat_options(node: Mapping[Any, Any], prefix: str) -> list[tuple[str, Any]]:
+    """`node`'s (dotted name, value) pairs, nested mappings flattened (`{cpp: {simdlen: 4}}` -> `cpp.simdlen`)."""
+    out: list[tuple[str, Any]] = []
+    for name, value in node.items():
+        if isinstance(value, Mapping):
+            out += _flat_options(value, f"{prefix}{name}.")
+        else:
+            out.append((f"{prefix}{name}", value))
+    return out
+
+
+def _option_value(name: str, value: Any, known: Mapping[str, Any]) -> bool | int | float | str:
+    """`value` for the inductor option `name` when the option exists and `value` has its default's type."""
+    key = f"runtime.compile_options.{name}"
+    if name not in known:
+        raise UserError(
+            f"{key} is not an option of torch {torch.__version__}'s inductor",
+            "Use a name from torch._inductor.config (e.g. coordinate_descent_tuning, max_autotune, "
+            "max_autotune_gemm_backends, cpp.simdlen), or remove it",
+        )
+    default = known[name]
+    if isinstance(default, bool):
+        return require_bool(key, value)
+    if isinstance(default, int) and not isinstance(value, bool) and isinstance(value, int):
+        return value
+    if isinstance(default, int | float) and not isinstance(value, bool) and isinstance(value, int | float):
+        return value
+    if isinstance(default, str) and isinstance(value, str):
+        return value
+    if default is None and isinstance(value, bool | int | float | str):
+        return value
+    kind = type(default).__name__ if default is not None else "plain value"
+    raise UserError(
+        f"{key}={value} does not fit the option (inductor's default is {default!r}, a {kind})",
+        f"Give {key} a value of that type, or remove it",
+    )
 
 
 #: The eager reference every other runtime is compared with.

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 import llm_perf_opt
+from llm_perf_opt.errors import UserError
 from llm_perf_opt.records.io import RecordError, load_file
 from llm_perf_opt.records.io import save as save_record
 from llm_perf_opt.records.saved_model import Manifest, SavedModelKey
@@ -256,14 +257,21 @@ def load_or_build(adapter: ModelAdapter, *, device: torch.device, dtype: torch.d
         return adapter.build_random(device=device, dtype=dtype)
     key = model_key(adapter, skeleton.model, dtype, device)
     folder = slot_folder(Path(cache_dir).expanduser(), key)
-    with slot_lock(folder):
-        loaded = load_saved(folder, key, skeleton, device)
-        if isinstance(loaded, LoadedModel):
-            log.info("model loaded from the saved model cache %s (not built)", folder)
-            return loaded
-        log.info("saved model in %s not used: %s; building it and saving it there", folder, loaded)
-        del skeleton
-        built = adapter.build_random(device=device, dtype=dtype)
-        manifest = save(folder, built.model, key)
+    try:
+        with slot_lock(folder):
+            loaded = load_saved(folder, key, skeleton, device)
+            if isinstance(loaded, LoadedModel):
+                log.info("model loaded from the saved model cache %s (not built)", folder)
+                return loaded
+            log.info("saved model in %s not used: %s; building it and saving it there", folder, loaded)
+            del skeleton
+            built = adapter.build_random(device=device, dtype=dtype)
+            manifest = save(folder, built.model, key)
+    except OSError as exc:
+        raise UserError(
+            f"the saved model cache {folder} cannot be written: {exc.strerror or exc}",
+            "Point model.cache_dir at a writable folder with room, or set model.cache_dir=null to build the model "
+            "in every process",
+        ) from exc
     log.info("saved the model to %s (%.2f GB) for the run's next processes", folder, manifest.file_bytes / 1e9)
     return attrs.evolve(built, weights_detail=f"{built.weights_detail}; saved to the run's model cache {folder}")

@@ -134,8 +134,16 @@ class HfAdapter(ModelAdapter):
         source, arch = self.source, self.arch
         tokenizer, how = self._tokenizer_or_processor()  # before any weight: a missing processor fails fast
         self.seed_random_weights()
-        with torch.device(device):
-            model = arch.auto_class.from_config(source.config, dtype=dtype, **self.implementation_kwargs())
+        try:
+            with torch.device(device):
+                model = arch.auto_class.from_config(source.config, dtype=dtype, **self.implementation_kwargs())
+        except (ValueError, KeyError) as exc:  # a config transformers takes but its model classes refuse
+            raise UserError(
+                f"transformers cannot build a model from {source.config_source} ({type(exc).__name__}: "
+                f"{' '.join(str(exc).split())})",
+                "Fix the values the message names in that config (model.config), or start from a config.json written "
+                "by save_pretrained",
+            ) from exc
         return self.random_weights(model, tokenizer=tokenizer, note=how, config_source=source.config_source)
 
     def load_checkpoint(self, path: str, *, device: torch.device, dtype: torch.dtype) -> LoadedModel:

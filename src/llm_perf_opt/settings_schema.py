@@ -1,0 +1,324 @@
+"""Every setting's type, in one table, checked once when a command's config is composed, before any process or
+model starts.
+
+:data:`SCHEMA` maps a dotted key to its kind (a boolean, a whole number within bounds, a number, one of some words, a
+list of names, a folder that stays inside the run folder, an output folder); :func:`check_settings` checks each key
+the composed config holds and raises a :class:`UserError` naming the first bad one. The readers below it (the typed
+settings records of each stage) use the same checks (`errors.require_*`), so a value is read one way everywhere.
+Torch-free: `cli/common.launch` runs it before Hydra starts, and each command again on its composed config (so a
+sweep's job refuses its own bad value into its failed folder). Kinds that need more than the value (the model's
+positions, inductor's options) are the cross checks at the end.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path, PurePath
+from typing import Any, Final
+
+import attrs
+
+from llm_perf_opt.errors import UserError, require_bool, require_choice, require_number, require_whole
+
+KV_CACHES: Final = ("dynamic", "static")
+COMPILE_TARGETS: Final = ("none", "decode", "prefill_decode")
+COMPILE_MODES: Final = ("reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs", "default")
+OUTPUT_CHECKS: Final = ("auto", "always", "never")
+#: Decode length a run may ask for when the model's config states no max_position_embeddings.
+MAX_NEW_TOKENS: Final = 1 << 20
+#: Longest name of one folder (NAME_MAX on Linux and macOS).
+MAX_NAME_BYTES: Final = 255
+
+
+@attrs.frozen
+class Flag:
+    """true or false (null too when `nullable`)."""
+
+    nullable: bool = False
+
+    def check(self, key: str, value: Any) -> None:
+        if not (value is None and self.nullable):
+            require_bool(key, value)
+
+
+@attrs.frozen
+class Whole:
+    """A whole number in [minimum, maximum]; `words` are also taken (`dataset.max_images=all`)."""
+
+    minimum: int
+    maximum: int | None = None
+    nullable: bool = False
+    words: tuple[str, ...] = ()
+
+    def check(self, key: str, value: Any) -> None:
+        if (value is None and self.nullable) or (isinstance(value, str) and value in self.words):
+            return
+        require_whole(key, value, self.minimum, self.maximum)
+
+
+@attrs.frozen
+class Number:
+    """A finite number ≥ low (> low when `above`), in `unit`."""
+
+    low: float
+    unit: str
+    above: bool = False
+    nullable: bool = False
+
+    def check(self, key: str, value: Any) -> None:
+        if not (value is None and self.nullable):
+            require_number(key, value, self.low, self.unit, above=self.above)
+
+
+@attrs.frozen
+class Choice:
+    """One of `options` (null reads as none where none is one)."""
+
+    options: tuple[str, ...]
+
+    def check(self, key: str, value: Any) -> None:
+        require_choice(key, value, self.options)
+
+
+@attrs.frozen
+class Names:
+    """A list of names (never one string, which would be read letter by letter); null when `nullable`."""
+
+    example: str
+    nullable: bool = True
+
+    def check(self, key: str, value: Any) -> None:
+        if value is None and self.nullable:
+            return
+        if isinstance(value, str) or not isinstance(value, list | tuple):
+            raise UserError(f"{key}={value} is not a list", f"Give a list in brackets, e.g. {key}=[{self.example}]")
+        bad = [item for item in value if not isinstance(item, str) or not item.strip()]
+        if bad:
+            raise UserError(f"{key} holds {bad[0]!r}, which is not a name", f"Give names, e.g. {key}=[{self.example}]")
+
+
+@attrs.frozen
+class InsideRun:
+    """A folder written by the run: relative ones must stay inside the run folder (absolute ones are used as
+    they are), so the jobs of a sweep never share one by accident."""
+
+    def check(self, key: str, value: Any) -> None:
+        if not isinstance(value, str) or not value.strip():
+            raise UserError(f"{key}={value} is not a folder", f"Set {key} to a folder name inside the run folder")
+        path = PurePath(os.path.expanduser(value))
+        if not path.is_absolute() and os.path.normpath(path).split(os.sep)[0] == os.pardir:
+            raise UserError(
+                f"{key}={value} leaves the run folder (every run, and every job of a sweep, would write the same "
+                "files there)",
+                f"Set {key} to a folder inside the run folder (e.g. {path.name or 'predictions'}), or to an absolute "
+                "path if the files are meant to go elsewhere",
+            )
+        _check_names(key, value)
+
+
+@attrs.frozen
+class OutputFolder:
+    """A command's output folder (`hydra.run.dir`, `hydra.sweep.dir`, `model.cache_dir`): each name in it short
+    enough for the file system; null when `nullable`."""
+
+    nullable: bool = False
+    words: tuple[str, ...] = ()  # also taken (whatif_run.inductor_cache=user|run)
+
+    def check(self, key: str, value: Any) -> None:
+        if (value is None and self.nullable) or value in self.words:
+            return
+        if not isinstance(value, str) or not value.strip():
+            raise UserError(f"{key}={value} is not a folder", f"Set {key} to a folder path")
+        _check_names(key, value)
+        path = Path(value).expanduser()
+        if path.exists() and not path.is_dir():
+            raise UserError(f"{key}={value} is a file, not a folder", f"Point {key} at a folder (or a new path)")
+
+
+def _check_names(key: str, value: str) -> None:
+    long = next((part for part in PurePath(value).parts if len(part.encode()) > MAX_NAME_BYTES), None)
+    if long is not None:
+        raise UserError(
+            f"{key}: the folder name {long[:40]}… is {len(long.encode())} bytes long, more than the {MAX_NAME_BYTES} "
+            "a file system takes",
+            f"Shorten it in {key}",
+        )
+
+
+Kind = Flag | Whole | Number | Choice | Names | InsideRun | OutputFolder
+OUTPUT = "pipeline.torch_profiler.output"
+_RUN_COUNTS = {
+    "repeats": Whole(1),
+    "warmup": Whole(0),
+    "max_new_tokens": Whole(1, MAX_NEW_TOKENS),
+    "max_images": Whole(1, nullable=True, words=("all",)),
+}
+
+#: Every typed setting of every command: dotted key -> kind. A command's config holds some of them; the others
+#: are not checked for it. Open maps (what-if levers, inductor options) are checked by their readers.
+SCHEMA: Final[Mapping[str, Kind]] = {
+    # the model
+    "model.trust_remote_code": Flag(),
+    "model.seed": Whole(0),
+    "model.cache_dir": OutputFolder(nullable=True),
+    "model.preprocess.min_tiles": Whole(1),
+    "model.preprocess.max_tiles": Whole(1),
+    "model.preprocess.chat_template": Flag(),
+    "model.preprocess.max_prompt_tokens": Whole(1, nullable=True),
+    # the inputs
+    "dataset.seed": Whole(0),
+    "dataset.max_images": Whole(1, nullable=True, words=("all",)),
+    "dataset.on_error": Choice(("skip", "fail")),
+    # the run
+    "run.repeats": Whole(1, nullable=True),
+    "run.warmup": Whole(0, nullable=True),
+    "infer.max_new_tokens": Whole(1, MAX_NEW_TOKENS, nullable=True),
+    "run.batch_size": Whole(1),
+    "run.fill_batches": Flag(),
+    "run.cv_warn": Number(0.0, "(coefficient of variation)"),
+    "run.save_prefill_logits": Flag(),
+    "run.save_top2_logits": Flag(),
+    "run.profiler_window": Flag(),
+    **{
+        f"run.device_defaults.{device}.{name}": kind for device in ("cpu", "cuda") for name, kind in _RUN_COUNTS.items()
+    },
+    # the decoder's runtime
+    "runtime.kv_cache": Choice(KV_CACHES),
+    "runtime.compile": Choice(COMPILE_TARGETS),
+    "runtime.compile_mode": Choice(COMPILE_MODES),
+    "runtime.compile_vision": Choice(("none", *COMPILE_MODES)),
+    "runtime.static_cache_len": Whole(2, nullable=True),
+    "runtime.record_routing": Flag(),
+    "runtime.output_check": Choice(OUTPUT_CHECKS),
+    # the passes
+    "pipeline.torch_profiler.enable": Flag(),
+    "pipeline.torch_profiler.decode_steps": Whole(0),
+    "pipeline.torch_profiler.record_shapes": Flag(),
+    "pipeline.torch_profiler.profile_memory": Flag(),
+    "pipeline.torch_profiler.with_stack": Flag(),
+    "pipeline.torch_profiler.modules": Flag(),
+    "pipeline.torch_profiler.with_flops": Flag(),
+    "pipeline.torch_profiler.chrome_trace": Flag(),
+    "pipeline.torch_profiler.top_k": Whole(1),
+    f"{OUTPUT}.prediction.enable": Flag(),
+    f"{OUTPUT}.prediction.save_dir": InsideRun(),
+    f"{OUTPUT}.visualization.enable": Flag(),
+    f"{OUTPUT}.visualization.save_dir": InsideRun(),
+    f"{OUTPUT}.extra.deepseek_ocr.prediction.strip_special_tokens": Flag(),
+    f"{OUTPUT}.extra.deepseek_ocr.visualization.max_images": Whole(1),
+    f"{OUTPUT}.extra.deepseek_ocr.visualization.thumbnail_width": Whole(16),
+    "outputs.save_predictions": Flag(nullable=True),
+    "outputs.predictions.strip_special_tokens": Flag(nullable=True),
+    "outputs.visualization.enable": Flag(nullable=True),
+    "outputs.visualization.max_images": Whole(1, nullable=True),
+    "outputs.visualization.thumbnail_width": Whole(16, nullable=True),
+    "pipeline.memory.enable": Flag(),
+    "pipeline.memory.max_entries": Whole(1),
+    "pipeline.memory.snapshot_max_mib": Number(0.0, "MiB"),
+    "pipeline.energy.enable": Flag(),
+    "pipeline.energy.loop_seconds": Number(0.0, "seconds"),
+    "pipeline.energy.prefill_seconds": Number(0.0, "seconds"),
+    "pipeline.energy.idle_seconds": Number(0.0, "seconds"),
+    "pipeline.nsys.enable": Flag(),
+    "pipeline.nsys.timeout_s": Number(0.0, "seconds", above=True),
+    "pipeline.ncu.enable": Flag(),
+    "pipeline.ncu.timeout_s": Number(0.0, "seconds", above=True),
+    "report.render": Flag(),
+    "hardware.peak_tflops": Number(0.0, "TFLOP/s", above=True, nullable=True),
+    "hardware.peak_bandwidth_gbps": Number(0.0, "GB/s", above=True, nullable=True),
+    # stage2-profile
+    "stage2.reuse_model": Flag(),
+    **{f"stage2.modes.{mode}.bytes_pass": Flag() for mode in ("light", "deep")},
+    **{f"stage2.modes.{mode}.top_kernels": Whole(1) for mode in ("light", "deep")},
+    **{f"stage2.modes.{mode}.launches_per_kernel": Whole(1) for mode in ("light", "deep")},
+    "stage2.workload.repeats": Whole(1),
+    "stage2.workload.warmup": Whole(0),
+    "stage2.ncu_workload.repeats": Whole(1),
+    "stage2.ncu_workload.max_images": Whole(1),
+    "stage2.ncu_workload.max_new_tokens": Whole(1, MAX_NEW_TOKENS),
+    # analytic-report
+    "analytic.tiles": Whole(0),
+    "analytic.new_tokens": Whole(1, MAX_NEW_TOKENS),
+    "analytic.text_tokens": Whole(0, nullable=True),
+    # perf-whatif
+    "whatif.memory_budget_gib": Number(0.0, "GiB", above=True, nullable=True),
+    "whatif_run.exclude": Names("static_cache,attn_eager"),
+    "whatif_run.devices": Names("cuda:0,cuda:1"),
+    "whatif_run.launcher": Choice(("local", "hydra")),
+    "whatif_run.hydra_launcher": Names('"hydra/launcher=joblib","hydra.launcher.n_jobs=2"'),
+    "whatif_run.rung_timeout_s": Number(0.0, "seconds", above=True, nullable=True),
+    "whatif_run.reuse_model": Flag(),
+    "whatif_run.fork_rungs": Flag(),
+    "whatif_run.overlap_rungs": Flag(),
+    "whatif_run.inductor_cache": OutputFolder(nullable=True, words=("user", "run")),
+    "whatif_run.ladder": Flag(),
+    "whatif_run.ladder_latency_only": Flag(),
+    "whatif_run.ladder_identical_outputs": Flag(),
+    "whatif_run.ladder_max_logit_diff": Number(0.0, "logits", nullable=True),
+    # where a command writes (hydra's own keys: composed with return_hydra_config)
+    "hydra.run.dir": OutputFolder(),
+    "hydra.sweep.dir": OutputFolder(),
+}
+
+Select = Callable[[str], Any]  # a key's value in the composed config (MISSING when it has none)
+MISSING: Final = object()
+
+
+def check_settings(select: Select) -> None:
+    """Each SCHEMA key the config holds (`select`: its value, or MISSING), then the checks across keys: a bad
+    value is a UserError naming the key and its fix."""
+    for key, kind in SCHEMA.items():
+        value = select(key)
+        if value is not MISSING:
+            kind.check(key, value)
+    _check_decode_length(select)
+    options = select("runtime.compile_options")
+    if options not in (MISSING, None, {}):
+        from llm_perf_opt.session.runtime import compile_options  # (imports torch's inductor: only when set)
+
+        compile_options(options)
+
+
+def _check_decode_length(select: Select) -> None:
+    """infer.max_new_tokens within the positions the model's decoder takes (when its config says)."""
+    positions = select("model.architecture.text_config.max_position_embeddings")
+    tokens = select("infer.max_new_tokens")
+    if positions is MISSING or tokens in (MISSING, None) or not isinstance(positions, int):
+        return
+    if int(tokens) > positions:
+        raise UserError(
+            f"infer.max_new_tokens={tokens} is more than the model takes: its decoder has {positions:,} positions "
+            "(max_position_embeddings), prompt included",
+            f"Set infer.max_new_tokens below {positions:,}",
+        )
+
+
+def as_mapping(node: Mapping[str, Any]) -> Select:
+    """A `select` over a plain nested mapping (a config turned into dicts and lists)."""
+
+    def select(key: str) -> Any:
+        here: Any = node
+        for part in key.split("."):
+            if not isinstance(here, Mapping) or part not in here:
+                return MISSING
+            here = here[part]
+        return here
+
+    return select
+
+
+def check_config(cfg: Any) -> None:
+    """`check_settings` over a composed config (a DictConfig; an interpolation that cannot be resolved here, such
+    as Hydra's own `${now:...}` outside a run, is left to the command)."""
+    from omegaconf import Container, OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    def select(key: str) -> Any:
+        try:
+            value = OmegaConf.select(cfg, key, default=MISSING)
+        except OmegaConfBaseException:
+            return MISSING
+        return OmegaConf.to_container(value, resolve=True) if isinstance(value, Container) else value
+
+    check_settings(select)

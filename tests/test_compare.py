@@ -92,7 +92,7 @@ def test_beyond_noise_uses_ci_overlap() -> None:
 def test_two_h100_stage1_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "sub" / "compare.md"
     main([str(H100_A), str(H100_B), "--out", str(out)])
-    assert f"comparison: {out}" in capsys.readouterr().out
+    assert capsys.readouterr().out.splitlines()[-1] == str(out)  # the last line: the bare path, for scripts
     md = out.read_text()
     assert "Stage 1: **h100_s1final** (baseline) compared with h100_s1sol." in md
     assert "Skipped folders" not in md and "Stage 2:" not in md
@@ -225,6 +225,7 @@ def _static_copy(tmp_path: Path) -> Path:
     folder = tmp_path / "static"
     shutil.copytree(CPU_TINY, folder)
     metrics = json.loads((folder / "metrics.json").read_text())
+    metrics["run_id"] = "static"  # another run (a plain copy is the same run)
     metrics["settings"]["runtime"] = {"kv_cache": "static", "batch_size": 2}
     metrics["settings"].update(batch_size=2, fill_batches=True)
     (folder / "metrics.json").write_text(json.dumps(metrics))
@@ -268,8 +269,18 @@ def test_stage_present_in_one_run_only_shows_na(tmp_path: Path) -> None:
     assert table_row(md, "decode/step (in decode)")[1:] == ["17.08", "n/a", "n/a", "n/a"]
 
 
-def test_same_folder_twice_gets_unique_labels() -> None:
+def test_same_run_twice_is_skipped_and_same_names_get_unique_labels(tmp_path: Path) -> None:
     runs, skipped = cmp.load_runs([H100_A, H100_A])
+    assert [r.label for r in runs] == ["h100_s1final"]
+    assert skipped == [cmp.Skipped(H100_A, f"the same folder as {H100_A}")]
+    copy = shutil.copytree(H100_A, tmp_path / "copy" / H100_A.name)  # a copy is the same run: same id and start
+    runs, skipped = cmp.load_runs([H100_A, copy])
+    assert len(runs) == 1 and skipped[0].reason.startswith(f"the same run as {H100_A} (run id s1final, created 2026")
+    other = tmp_path / "other" / H100_A.name  # another run in a folder of the same name
+    shutil.copytree(H100_A, other)
+    metrics = json.loads((other / "metrics.json").read_text())
+    (other / "metrics.json").write_text(json.dumps({**metrics, "created": "2026-11-23T08:00:00+00:00"}))
+    runs, skipped = cmp.load_runs([H100_A, other])
     assert [r.label for r in runs] == ["h100_s1final", "h100_s1final#2"] and not skipped
 
 
@@ -301,7 +312,7 @@ def test_out_naming_a_folder_writes_compare_files_inside(tmp_path: Path, capsys:
     existing = tmp_path / "existing"
     existing.mkdir()
     main([str(H100_A), str(H100_B), "--out", str(existing)])
-    assert f"comparison: {existing / 'compare.md'}" in capsys.readouterr().out
+    assert capsys.readouterr().out.splitlines()[-1] == str(existing / "compare.md")
     assert "Stage 1: **h100_s1final**" in (existing / "compare.md").read_text()
     assert load_comparison(existing / "compare.json").stage1 is not None
     main([str(H100_A), str(H100_B), "--out", str(existing)])  # a folder of comparisons may be rewritten

@@ -1,5 +1,7 @@
 """`perf-compare <run_a> <run_b> [...]`: compare run folders side by side, the first one as baseline; with
-`--fail-on`, a regression gate (exit 1 when a rule regressed beyond its threshold and beyond noise)."""
+`--fail-on`, a regression gate whose result is the exit code: 0 pass, 1 fail (a rule regressed beyond its threshold
+and beyond noise), 2 bad input, 3 inconclusive (a rule the noise does not let it judge), 4 unusable (a folder failed,
+interrupted, missing, or the same run twice). The last line printed is the path of compare.md."""
 
 from __future__ import annotations
 
@@ -9,11 +11,23 @@ from pathlib import Path
 
 from llm_perf_opt.cli.common import run_guarded
 from llm_perf_opt.cli.help_text import parser_text
-from llm_perf_opt.pipeline.compare import GateOptions, gate_failed, output_files, write_comparison
+from llm_perf_opt.config_compose import new_run_id
+from llm_perf_opt.pipeline.compare import (
+    GateOptions,
+    gate_hint,
+    gate_problems,
+    gate_result,
+    output_files,
+    write_comparison,
+)
 from llm_perf_opt.pipeline.gate_rules import parse_rules
-from llm_perf_opt.records.comparison import Comparison, WhatIfComparison
+from llm_perf_opt.records.comparison import GATE_EXIT_CODES, Comparison, WhatIfComparison
 
-GATE_FAILED_EXIT = 1
+DEFAULT_OUT_ROOT = Path("tmp") / "compare"  # the default --out: a fresh folder under it, as other commands use tmp/
+
+
+def _default_out() -> str:
+    return f"{DEFAULT_OUT_ROOT / new_run_id()}/"
 
 
 def _run(folders: list[Path], out: str, options: GateOptions) -> Comparison | WhatIfComparison:
@@ -21,9 +35,15 @@ def _run(folders: list[Path], out: str, options: GateOptions) -> Comparison | Wh
     skipped = result.skipped if isinstance(result, Comparison) else ()
     for folder in skipped:
         print(f"skipped {folder.path}: {folder.reason}", file=sys.stderr)
-    print(f"\ncomparison: {output_files(out)[0]}")
-    if options.rules:
-        print(f"gate: {'fail' if gate_failed(result) else 'pass'}")
+    verdict = gate_result(result)
+    if verdict is not None:
+        print(f"\ngate: {verdict}" + (f" (exit {GATE_EXIT_CODES[verdict]})" if GATE_EXIT_CODES[verdict] else ""))
+        for problem in gate_problems(result):
+            print(f"not usable: {problem}")
+        hint = gate_hint(result)
+        if hint:
+            print(f"hint: {hint}")
+    print(output_files(out)[0])  # the last line: the bare path of compare.md, for scripts
     return result
 
 
@@ -38,9 +58,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("folders", type=Path, nargs="+", metavar="run", help="run folders (at least two)")
     parser.add_argument(
         "--out",
-        default="compare.md",
+        default=None,
         help="Markdown to write, the record next to it as .json; a folder (existing, or ending in /) gets "
-        "compare.md and compare.json inside it. Files of a run folder are never overwritten (default: %(default)s)",
+        "compare.md and compare.json inside it. Files of a run folder are never overwritten (default: a new folder "
+        f"{DEFAULT_OUT_ROOT}/<timestamp>/)",
     )
     parser.add_argument(
         "--fail-on",
@@ -48,12 +69,14 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         metavar="RULES",
         help="comma-separated rules FIGURE:+N%% or FIGURE:+N<ms|s|B|KiB|MiB|GiB> (repeatable), e.g. "
-        "decode_ms_per_token:+5%%,peak_gpu_memory:+1GiB: exit 1 when a figure grew by more than that, beyond noise",
+        "decode_ms_per_token:+5%%,peak_gpu_memory:+1GiB: exit 1 when a figure grew by more than that, beyond noise; "
+        "exit 3 when the noise leaves it open; exit 0 only when every rule is shown within its allowance",
     )
     parser.add_argument(
         "--fail-on-unjudged",
         action="store_true",
-        help="also fail when a rule's change exceeds its threshold but cannot be judged (fewer than 3 passes)",
+        help="count a rule the gate cannot judge (inconclusive: too few passes or too much noise, or a figure not "
+        "measured) as a failure: exit 1 instead of 3",
     )
     parser.add_argument(
         "--allow-different",
@@ -66,13 +89,15 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     """Console script entry point."""
     args = _parser().parse_args(argv)
+    out = args.out if args.out is not None else _default_out()
 
     def job() -> Comparison | WhatIfComparison:
         options = GateOptions(parse_rules(args.fail_on), args.fail_on_unjudged, args.allow_different)
-        return _run(args.folders, args.out, options)
+        return _run(args.folders, out, options)
 
-    if gate_failed(run_guarded(job)):
-        sys.exit(GATE_FAILED_EXIT)
+    verdict = gate_result(run_guarded(job))
+    if verdict is not None and GATE_EXIT_CODES[verdict]:
+        sys.exit(GATE_EXIT_CODES[verdict])
 
 
 if __name__ == "__main__":

@@ -123,11 +123,13 @@ COMMANDS: dict[str, CommandHelp] = {
         summary="compare stage1-run or stage2-profile folders side by side in Markdown (and the same figures as JSON "
         "next to it), the first folder as the baseline: per-stage medians, whether each difference exceeds noise, "
         "and the settings that differ. Two perf-whatif folders are compared rung by rung. With --fail-on, a "
-        "regression gate: exit 1 when a figure grew beyond its threshold and beyond noise.",
+        "regression gate: exit 0 pass, 1 a figure grew beyond its threshold and beyond noise, 2 bad input, "
+        "3 inconclusive (too noisy to tell: time more passes), 4 a folder is failed, interrupted or the same run. "
+        "Writes under tmp/compare/ unless --out says where; the last line printed is the path of compare.md.",
         guide="compare-and-sweeps.md",
         examples=(
             ("RUN_A RUN_B --out cmp/", "cmp/compare.md and cmp/compare.json"),
-            ("RUN_A RUN_B --fail-on decode_ms_per_token:+5%", "exit 1 when decode got 5% slower"),
+            ("RUN_A RUN_B --fail-on decode_ms_per_token:+5%", "exit 1 when decode got 5% slower, 3 can't tell"),
         ),
     ),
 }

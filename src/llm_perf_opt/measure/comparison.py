@@ -15,8 +15,9 @@ from typing import TypeVar
 import attrs
 
 from llm_perf_opt.kernel_names import kernel_label, short_kernel_name
+from llm_perf_opt.measure import host_difference
 from llm_perf_opt.measure.noise import noise_verdict
-from llm_perf_opt.measure.variation import BOTH_SIDES
+from llm_perf_opt.measure.variation import BOTH_SIDES, GPU_SIDE
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.common import SCHEMA_VERSION
 from llm_perf_opt.records.comparison import (
@@ -274,20 +275,34 @@ def _operator_ms(key: str) -> Callable[[OperatorRow], float | None]:
 
 
 def stage_times(runs: Sequence[Labelled[Stage1Folder]]) -> tuple[StageTimeRow, ...]:
-    """p50 of every stage per run, its ratio to the baseline's and whether it moved beyond the recorded noise."""
+    """p50 of every stage per run, its ratio to the baseline's, whether it moved beyond the recorded noise, and
+    whether the hosts differed under a stage not known to be GPU-paced."""
     (_, base), others = runs[0], runs[1:]
+    base_host = host_difference.host_figures(base.metrics.host_usage)
+    hosts_differ = [
+        bool(host_difference.differing(base_host, host_difference.host_figures(f.metrics.host_usage)))
+        for _, f in others
+    ]
     nested = {s.stage: s.nested_in for _, f in runs for s in f.metrics.stages}  # the last run that has it decides
     rows = []
     for stage, nested_in in nested.items():
         b = base.metrics.stage_stat(stage)
         base_p50 = None if b is None else b.summary.p50
         changes = []
-        for _, folder in others:
+        for (_, folder), host_differs in zip(others, hosts_differ, strict=True):
             o = folder.metrics.stage_stat(stage)
             p50 = None if o is None else o.summary.p50
             verdict = noise_verdict(None if o is None else o.summary, None if b is None else b.summary)
             side = verdict_side(base.metrics, folder.metrics, stage)
-            changes.append(StageChange(p50_ms=p50, ratio=ratio(p50, base_p50), beyond_noise=verdict, noise_side=side))
+            changes.append(
+                StageChange(
+                    p50_ms=p50,
+                    ratio=ratio(p50, base_p50),
+                    beyond_noise=verdict,
+                    noise_side=side,
+                    host_differed=host_differs and side != GPU_SIDE,
+                )
+            )
         rows.append(StageTimeRow(stage=stage, nested_in=nested_in, base_p50_ms=base_p50, others=tuple(changes)))
     return tuple(rows)
 
@@ -392,14 +407,30 @@ def resources(runs: Sequence[Labelled[Stage1Folder]]) -> tuple[ResourceRow, ...]
     return tuple(rows)
 
 
+def host_rows(runs: Sequence[Labelled[Stage1Folder]]) -> tuple[FieldDifference, ...]:
+    """The host figures (`measure.host_difference`) in which some run differs from the baseline, per run."""
+    figures = [host_difference.host_figures(f.metrics.host_usage) for _, f in runs]
+    names = union(host_difference.differing(figures[0], other) for other in figures[1:])
+    ordered = [n for n in host_difference.FIGURE_NAMES if n in names]
+    return tuple(
+        FieldDifference(name, tuple(host_difference.shown(f, name) or NA for f in figures)) for name in ordered
+    )
+
+
+def host_differences(runs: Sequence[Labelled[Stage1Folder]]) -> tuple[tuple[str, ...], ...]:
+    """Per run after the baseline, its host figures that differ from the baseline's, in words."""
+    return host_difference.run_differences([(label, f.metrics.host_usage) for label, f in runs])
+
+
 def stage1_comparison(runs: Sequence[Labelled[Stage1Folder]]) -> Stage1Comparison:
     return Stage1Comparison(
         resources=resources(runs),
         stage_times=stage_times(runs),
         efficiency=efficiency(runs),
         operators=tuple(operator_movers(runs[0], other) for other in runs[1:]),
-        differences=differences(runs, STAGE1_FIELDS),
+        differences=differences(runs, STAGE1_FIELDS) + host_rows(runs),
         config_differences=config_differences([f.config for _, f in runs], SETTINGS_CONFIG_KEYS),
+        host_differences=host_differences(runs),
     )
 
 

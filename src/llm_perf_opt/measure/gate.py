@@ -1,11 +1,22 @@
 """The regression gate of `perf-compare --fail-on`: the figures a rule can name, the 95% interval of a change
 between two runs, and each rule's verdict.
 
-A figure regresses only when its change exceeds the rule's allowed increase AND the 95% interval of the change
-(Welch t over the timed passes, per input when both runs timed the same inputs with ≥ 3 passes each) lies above 0.
-A change within the allowed increase passes whatever the noise; one beyond it without an interval (fewer than 3
-passes on a side, or a Stage 2 capture) is not judged. `pipeline.compare` parses the rules and orchestrates;
-`report.comparison` renders the `Gate` record.
+Each rule is judged on the change of a figure's mean over the timed passes (new - baseline), its allowed increase
+T, and the 95% interval [low, high] of the change (Welch t over the timed passes, per input when both runs timed
+the same inputs with ≥ 3 passes each). The verdict, in this order:
+
+- **regressed**: the change exceeds T and low > 0 — slower beyond noise, by more than allowed;
+- **improved**: high < 0 — faster beyond noise;
+- **pass**: high ≤ T — the whole interval is within the allowed increase, so the runs rule out a larger one;
+- **inconclusive**: anything else — the noise leaves open whether T was exceeded: a change beyond T whose interval
+  reaches 0 or below (it may be noise), or a change within T whose interval reaches beyond T (a larger one is not
+  ruled out), or no interval at all (fewer than 3 passes on a side, a Stage 2 capture, pooled decode steps);
+- **not judged**: the figure is not measured in a run.
+
+So a rule passes only when the data show it within its allowance; "can't tell" is never a pass. A gate's result
+is fail when a rule regressed, inconclusive when none did but one was inconclusive or not judged (fail instead with
+`fail_on_unjudged`), else pass; `pipeline.compare` adds unusable (a folder failed, interrupted, missing, or the
+same run twice) and parses the rules; `report.comparison` renders the `Gate` record.
 """
 
 from __future__ import annotations
@@ -15,16 +26,20 @@ from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 
+from llm_perf_opt.measure import host_difference
 from llm_perf_opt.measure.stats import MIN_VALUES_FOR_CI, summarize, t_critical_95
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.common import Summary
 from llm_perf_opt.records.comparison import (
     GATE_FAILED,
+    GATE_INCONCLUSIVE,
     GATE_PASSED,
     IMPROVED,
+    INCONCLUSIVE,
     NOT_JUDGED,
     PASS,
     REGRESSED,
+    UNDECIDED,
     Gate,
     GateCheck,
     GateRule,
@@ -215,20 +230,21 @@ def _too_few(passes: int) -> str:
 def _verdict(
     rule: GateRule, change: float, threshold: float, low: float | None, high: float | None, no_interval: str
 ) -> tuple[str, str]:
-    """The verdict and its reason; `no_interval` says why there is no interval when `low`/`high` are None."""
+    """The verdict and its reason (the module's rule); `no_interval` says why there is no interval when `low`/`high`
+    are None."""
     shown = f"change {amount_text(change, rule.unit)}, allowed {amount_text(threshold, rule.unit)}"
     if low is None or high is None:
-        if change <= threshold:
-            return PASS, f"within the allowed increase ({shown}; no interval: {no_interval})"
-        return NOT_JUDGED, f"not judged: {no_interval}; {shown}"
+        return INCONCLUSIVE, f"no interval to judge it by: {no_interval} ({shown})"
     noise = f"95% interval of the change {amount_text(low, rule.unit)} to {amount_text(high, rule.unit)}"
     if change > threshold and low > 0:
         return REGRESSED, f"beyond the allowed increase and beyond noise ({shown}; {noise})"
     if high < 0:
         return IMPROVED, f"lower beyond noise ({shown}; {noise})"
+    if high <= threshold:
+        return PASS, f"within the allowed increase beyond noise ({shown}; {noise})"
     if change > threshold:
-        return PASS, f"beyond the allowed increase but within noise ({shown}; {noise})"
-    return PASS, f"within the allowed increase ({shown}; {noise})"
+        return INCONCLUSIVE, f"beyond the allowed increase, but the runs cannot tell it from noise ({shown}; {noise})"
+    return INCONCLUSIVE, f"within the allowed increase, but a larger increase is not ruled out ({shown}; {noise})"
 
 
 def gate(
@@ -246,14 +262,48 @@ def gate(
         for rule in rules
         for label, folder in others
     )
-    failed = any(c.verdict == REGRESSED or (fail_on_unjudged and c.verdict == NOT_JUDGED) for c in checks)
+    undecided = any(c.verdict in UNDECIDED for c in checks)
+    if any(c.verdict == REGRESSED for c in checks) or (fail_on_unjudged and undecided):
+        result = GATE_FAILED
+    else:
+        result = GATE_INCONCLUSIVE if undecided else GATE_PASSED
     return Gate(
         rules=tuple(rules),
         checks=checks,
         fail_on_unjudged=fail_on_unjudged,
-        result=GATE_FAILED if failed else GATE_PASSED,
+        result=result,
         differences=tuple(differences),
+        hint=undecided_hint(checks, runs),
+        host_differences=_host_differences(runs),
     )
+
+
+PIN_THREADS = "on a shared CPU, pin the threads (OMP_NUM_THREADS=1, or run.cpu_affinity=auto) and keep the host quiet"
+
+
+def undecided_hint(checks: Sequence[GateCheck], runs: Sequence[tuple[str, Stage1Folder | Stage2Folder]]) -> str | None:
+    """What would let the gate judge the rules it could not: more timed passes and a quieter host for an
+    inconclusive rule, the figure's absence for a rule not judged; None when every rule was judged."""
+    hints = []
+    if any(c.verdict == INCONCLUSIVE for c in checks):
+        repeats = [f.metrics.settings.repeats for _, f in runs if isinstance(f, Stage1Folder)]
+        if repeats:
+            more = max(10, 2 * max(repeats))
+            hints.append(
+                f"time more passes so the 95% interval narrows (about as 1/√passes): rerun both with "
+                f"run.repeats={more} (these runs timed {', '.join(str(r) for r in repeats)}); {PIN_THREADS}"
+            )
+        else:
+            hints.append("a Stage 2 capture is one value per run, with no interval: gate Stage 1 runs instead")
+    if any(c.verdict == NOT_JUDGED for c in checks):
+        hints.append("a figure a run did not measure cannot be judged: measure it in both runs, or drop its rule")
+    return "; ".join(hints) or None
+
+
+def _host_differences(runs: Sequence[tuple[str, Stage1Folder | Stage2Folder]]) -> tuple[str, ...]:
+    """How each Stage 1 run's host usage differed from the baseline's (measure.host_difference), in words."""
+    usage = [(label, f.metrics.host_usage) for label, f in runs if isinstance(f, Stage1Folder)]
+    return tuple(line for lines in host_difference.run_differences(usage) for line in lines)
 
 
 # --------------------------------------------------------------------------------------------- same workload?

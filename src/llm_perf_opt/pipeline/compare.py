@@ -6,6 +6,12 @@ only with runs of the same kind (Stage 1 with Stage 1, Stage 2 with Stage 2). Th
 `measure.comparison`, the Markdown from `report.comparison`; `compare.json` next to `compare.md` holds the record.
 `--fail-on` rules (`gate_rules`) are judged by `measure.gate` into the record's `gate`; two `perf-whatif` folders
 are compared rung by rung (`pair_rungs`).
+
+A gate passes only when every rule was judged on two usable, distinct folders. A folder the gate was to judge that is
+failed, interrupted, still running, missing or damaged, or the same run as another (the same folder, or a copy:
+the same run id and start time), makes its result *unusable* (`GATE_EXIT_CODES`: exit 4); when no pair is left to
+compare at all, `UnusableFolders` says why (exit 4, nothing written). Without rules, such folders are skipped as
+before (exit 2 when fewer than two are left).
 """
 
 from __future__ import annotations
@@ -20,10 +26,11 @@ from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure.comparison import Run, build_comparison, union
 from llm_perf_opt.measure.gate import figures_for, gate, workload_differences
 from llm_perf_opt.pipeline.gate_rules import resolve
+from llm_perf_opt.records import io
 from llm_perf_opt.records.common import COMPLETE, SCHEMA_VERSION
 from llm_perf_opt.records.comparison import (
-    GATE_FAILED,
-    GATE_PASSED,
+    GATE_EXIT_CODES,
+    GATE_UNUSABLE,
     KINDS,
     WHATIF_COMPARE,
     Comparison,
@@ -32,6 +39,7 @@ from llm_perf_opt.records.comparison import (
     RungPair,
     Skipped,
     WhatIfComparison,
+    combined_result,
 )
 from llm_perf_opt.records.folders import (
     METRICS_FILE,
@@ -48,6 +56,17 @@ from llm_perf_opt.records.folders import (
 from llm_perf_opt.records.io import RecordError, save
 from llm_perf_opt.records.whatif import MEASURED, WhatIfRecord
 from llm_perf_opt.report.comparison import comparison_markdown, whatif_comparison_markdown
+
+
+class UnusableFolders(UserError):
+    """With --fail-on: no two usable, distinct folders to judge (failed, interrupted, missing, or the same run)."""
+
+    exit_code = GATE_EXIT_CODES[GATE_UNUSABLE]
+
+
+def _no_pair(problem: str, fix: str, options: GateOptions | None) -> UserError:
+    """The error for folders that leave nothing to compare: exit 4 (the gate is unusable) with rules, else 2."""
+    return UnusableFolders(problem, fix) if options is not None and options.rules else UserError(problem, fix)
 
 
 def load_run(path: Path) -> Run | Skipped:
@@ -78,12 +97,27 @@ def load_run(path: Path) -> Run | Skipped:
     return Run(path, path.resolve().name or str(path), folder)
 
 
+def same_run(a: Run, b: Run) -> str | None:
+    """How `b` is the same run as `a` (the same folder, or a copy: the same run id and start time); None when
+    they are different runs."""
+    if a.path.resolve() == b.path.resolve():
+        return f"the same folder as {a.path}"
+    ma, mb = a.folder.metrics, b.folder.metrics
+    if (ma.run_id, ma.created) == (mb.run_id, mb.created):
+        return f"the same run as {a.path} (run id {ma.run_id}, created {ma.created}): a copy compares with itself"
+    return None
+
+
 def load_runs(paths: Sequence[Path]) -> tuple[list[Run], list[Skipped]]:
-    """Usable runs (labels made unique) and skipped folders, in the order given."""
+    """Usable runs (labels made unique) and skipped folders (a run given twice is skipped the second time), in the
+    order given."""
     runs: list[Run] = []
     skipped: list[Skipped] = []
     for path in paths:
         loaded = load_run(Path(path))
+        twice = None if isinstance(loaded, Skipped) else next(filter(None, (same_run(r, loaded) for r in runs)), None)
+        if twice is not None:
+            loaded = Skipped(Path(path), twice)
         if isinstance(loaded, Skipped):
             skipped.append(loaded)
             continue
@@ -108,9 +142,10 @@ def _comparable(runs: Sequence[Run]) -> bool:
     return any(sum(r.kind == kind for r in runs) >= 2 for kind in KINDS)
 
 
-def judge(runs: Sequence[Run], options: GateOptions) -> Gate:
-    """The rules judged on every kind with two runs or more (each against its own baseline); UserError for an
-    unknown figure, or for runs of different workloads or devices unless `allow_different`."""
+def judge(runs: Sequence[Run], skipped: Sequence[Skipped], options: GateOptions) -> Gate:
+    """The rules judged on every kind with two runs or more (each against its own baseline), unusable when a folder
+    was `skipped`; UserError for an unknown figure, or for runs of different workloads or devices unless
+    `allow_different`."""
     stages = union([s.stage for s in r.folder.metrics.stages] for r in runs if isinstance(r.folder, Stage1Folder))
     figures = figures_for(stages)
     rules = resolve(options.rules, figures)
@@ -125,21 +160,25 @@ def judge(runs: Sequence[Run], options: GateOptions) -> Gate:
                 "(the gate then lists the differences)",
             )
         gates.append(gate(rules, figures, group, fail_on_unjudged=options.fail_on_unjudged, differences=differences))
-    checks = tuple(c for g in gates for c in g.checks)
+    problems = tuple(f"{s.path}: {s.reason}" for s in skipped)
     return Gate(
         rules=rules,
-        checks=checks,
+        checks=tuple(c for g in gates for c in g.checks),
         fail_on_unjudged=options.fail_on_unjudged,
-        result=GATE_FAILED if any(g.failed for g in gates) else GATE_PASSED,
+        result=combined_result([*(g.result for g in gates), *([GATE_UNUSABLE] if problems else [])]),
         differences=tuple(d for g in gates for d in g.differences),
+        problems=problems,
+        hint="; ".join(dict.fromkeys(g.hint for g in gates if g.hint)) or None,
+        host_differences=tuple(d for g in gates for d in g.host_differences),
     )
 
 
 def compared(runs: Sequence[Run], skipped: Sequence[Skipped], options: GateOptions | None = None) -> Comparison:
-    """The comparison of usable `runs`, with the gate when `options` give rules."""
+    """The comparison of usable `runs`, with the gate when `options` give rules (unusable when a folder was
+    skipped: the gate was asked to judge it)."""
     result = build_comparison(runs, skipped)
     if options is not None and options.rules:
-        result = attrs.evolve(result, gate=judge(runs, options))
+        result = attrs.evolve(result, gate=judge(runs, skipped, options))
     return result
 
 
@@ -147,7 +186,7 @@ def compare(paths: Sequence[Path], options: GateOptions | None = None) -> Compar
     """The comparison of the run folders in `paths` (the first usable one of each kind is the baseline), judged by
     the `--fail-on` rules of `options` when it gives some.
 
-    Raises UserError when no kind has two usable runs.
+    Raises UserError when no kind has two usable runs (UnusableFolders, exit 4, when `options` give rules).
     """
     runs, skipped = load_runs(paths)
     if not _comparable(runs):
@@ -155,11 +194,13 @@ def compare(paths: Sequence[Path], options: GateOptions | None = None) -> Compar
         reasons = "; ".join(f"{s.path}: {s.reason}" for s in skipped)
         problem = f"fewer than two usable run folders of one kind to compare (usable: {found}"
         problem += f"; skipped: {reasons})" if reasons else ")"
-        raise UserError(
-            problem,
-            "pass at least two completed folders written by stage1-run, or two by stage2-profile "
-            "(e.g. `perf-compare runs/a runs/b`); rerun failed or interrupted runs first",
+        if options is not None and options.rules:
+            problem += "; the gate has no runs to judge"
+        fix = (
+            "pass at least two completed folders written by stage1-run, or two by stage2-profile, of different runs "
+            "(e.g. `perf-compare runs/a runs/b`); rerun failed or interrupted runs first"
         )
+        raise _no_pair(problem, fix, options)
     return compared(runs, skipped, options)
 
 
@@ -205,9 +246,19 @@ def refuse_overwrites(files: Sequence[Path], out: Path | str) -> None:
 # --------------------------------------------------------------------------------------------- what-if folders
 
 
+WHATIF_STAGE = "whatif"  # the stage of a perf-whatif folder's run_status.json
+
+
 def is_whatif(path: Path) -> bool:
-    """Whether `path` is a `perf-whatif` folder (it holds whatif.json)."""
-    return (Path(path) / WHATIF_FILE).is_file()
+    """Whether `path` is a `perf-whatif` folder: it holds whatif.json, or a run status of a what-if run (one that
+    ended before it wrote whatif.json)."""
+    path = Path(path)
+    if (path / WHATIF_FILE).is_file():
+        return True
+    try:
+        return (path / STATUS_FILE).is_file() and read_status(path).stage == WHATIF_STAGE
+    except RecordError:
+        return False
 
 
 def _rung_folder(root: Path, record: WhatIfRecord, name: str) -> tuple[Path | None, str | None]:
@@ -229,26 +280,71 @@ def _labels(base: Path, new: Path) -> tuple[str, str]:
     return a, b if b != a else f"{b}#2"
 
 
+def _folder_problem(root: Path) -> str | None:
+    """Why a what-if folder cannot be gated: its run_status.json says it did not complete (a folder without one,
+    written before what-if runs kept a status, is taken as its whatif.json says)."""
+    if not (root / STATUS_FILE).is_file():
+        return None
+    try:
+        status = read_status(root)
+    except RecordError as exc:
+        return f"{root}: {skip_reason(exc, root)}"
+    if status.state == COMPLETE:
+        return None
+    detail = status_detail(status)
+    return f"{root} is marked {status.state or 'with no state'}, not complete" + (f": {detail}" if detail else "")
+
+
+def _measured(record: WhatIfRecord, name: str) -> bool:
+    rung = record.rung(name)
+    return rung is not None and rung.reused is None and rung.folder is not None and rung.state == MEASURED
+
+
+def _reused(records: Sequence[WhatIfRecord], name: str) -> bool:
+    return any((rung := r.rung(name)) is not None and rung.reused is not None for r in records)
+
+
 def pair_rungs(base: Path, new: Path, options: GateOptions | None = None) -> WhatIfComparison:
     """Two what-if folders compared rung by rung (rungs paired by name, the first folder's order, then the rungs
-    only the second has); each pair is a `Comparison` judged by the rules of `options`."""
+    only the second has); each pair is a `Comparison` judged by the rules of `options`. The gate over every rung
+    is unusable when a folder did not complete, or a rung one folder measured could not be compared."""
     records = load_whatif(base), load_whatif(new)
     names = union([[r.name for r in records[0].rungs], [r.name for r in records[1].rungs]])
     pairs = []
+    problems = [p for p in (_folder_problem(base), _folder_problem(new)) if p]
     for name in names:
         (folder_a, why_a), (folder_b, why_b) = _rung_folder(base, records[0], name), _rung_folder(new, records[1], name)
+        measured_once = not _reused(records, name) and any(_measured(r, name) for r in records)
         if folder_a is None or folder_b is None:
-            pairs.append(RungPair(name, folder_a, folder_b, None, why_a or why_b))
+            why = why_a or why_b
+            pairs.append(RungPair(name, folder_a, folder_b, None, why))
+            if measured_once:
+                problems.append(f"rung {name}: {why}")
             continue
         runs, skipped = load_runs([folder_a, folder_b])
         if not _comparable(runs):
-            pairs.append(RungPair(name, folder_a, folder_b, None, "; ".join(s.reason for s in skipped)))
+            why = "; ".join(s.reason for s in skipped)
+            pairs.append(RungPair(name, folder_a, folder_b, None, why))
+            problems.append(f"rung {name}: {why}")
             continue
         runs = [attrs.evolve(r, label=label) for r, label in zip(runs, _labels(base, new), strict=True)]
         pairs.append(RungPair(name, folder_a, folder_b, compared(runs, skipped, options)))
+    if not (options and options.rules):
+        return WhatIfComparison(SCHEMA_VERSION, WHATIF_COMPARE, base, new, tuple(pairs), None)
     gated = [p.comparison.gate for p in pairs if p.comparison is not None and p.comparison.gate is not None]
-    result = None if not (options and options.rules) else GATE_FAILED if any(g.failed for g in gated) else GATE_PASSED
-    return WhatIfComparison(SCHEMA_VERSION, WHATIF_COMPARE, base, new, tuple(pairs), result)
+    result = combined_result([*(g.result for g in gated), *([GATE_UNUSABLE] if problems else [])])
+    hint = "; ".join(dict.fromkeys(g.hint for g in gated if g.hint)) or None
+    return WhatIfComparison(SCHEMA_VERSION, WHATIF_COMPARE, base, new, tuple(pairs), result, tuple(problems), hint)
+
+
+def _same_whatif(base: Path, new: Path) -> str | None:
+    """How two what-if folders are the same run (the same folder, or a copy: the same run id and start time)."""
+    if base.resolve() == new.resolve():
+        return f"{new} is the same folder as {base}"
+    a, b = load_whatif(base), load_whatif(new)
+    if (a.run_id, a.created) == (b.run_id, b.created):
+        return f"{new} is the same what-if run as {base} (run id {a.run_id}, created {a.created}): a copy"
+    return None
 
 
 def _compare_any(paths: Sequence[Path], options: GateOptions | None) -> Comparison | WhatIfComparison:
@@ -261,7 +357,21 @@ def _compare_any(paths: Sequence[Path], options: GateOptions | None) -> Comparis
             f"perf-compare got {len(whatifs)} perf-whatif folder(s) among {len(paths)} folders",
             "Compare exactly two perf-whatif folders (rung by rung), or run folders only",
         )
-    return pair_rungs(Path(paths[0]), Path(paths[1]), options)
+    base, new = Path(paths[0]), Path(paths[1])
+    for folder in (base, new):
+        if not (folder / WHATIF_FILE).is_file():
+            problem = _folder_problem(folder) or f"{folder} holds no {WHATIF_FILE}"
+            raise _no_pair(
+                f"{problem}; it wrote no {WHATIF_FILE}, so it has no rungs to compare",
+                "Rerun that what-if run to its end (or compare the run folders of the rungs it measured)",
+                options,
+            )
+    same = _same_whatif(base, new)
+    if same is not None:
+        raise _no_pair(
+            f"{same}, so comparing them compares a run with itself", "Compare two different perf-whatif runs", options
+        )
+    return pair_rungs(base, new, options)
 
 
 def write_comparison(
@@ -272,15 +382,35 @@ def write_comparison(
     markdown, record = output_files(out)
     refuse_overwrites([markdown, record], out)
     result = _compare_any(paths, options)
-    markdown.parent.mkdir(parents=True, exist_ok=True)
     text = comparison_markdown(result) if isinstance(result, Comparison) else whatif_comparison_markdown(result)
-    markdown.write_text(text, encoding="utf-8")
-    save(result, record)
+    try:
+        markdown.parent.mkdir(parents=True, exist_ok=True)
+        save(result, record)  # atomically, as Markdown below: a reader never sees half a file
+        io.atomic_write_text(markdown, text)
+    except OSError as exc:
+        raise UserError(
+            f"could not write the comparison to {exc.filename or markdown}: {exc.strerror or exc}",
+            "Free disk space or make that folder writable, or name another with --out",
+        ) from exc
     return result
 
 
-def gate_failed(result: Comparison | WhatIfComparison) -> bool:
-    """Whether the `--fail-on` gate of a comparison failed (exit code 1)."""
+def gate_result(result: Comparison | WhatIfComparison) -> str | None:
+    """The `--fail-on` gate's result of a comparison (GATE_RESULTS; None: no rules given)."""
     if isinstance(result, WhatIfComparison):
-        return result.gate_failed
-    return result.gate is not None and result.gate.failed
+        return result.gate_result
+    return None if result.gate is None else result.gate.result
+
+
+def gate_hint(result: Comparison | WhatIfComparison) -> str | None:
+    """What would let the gate judge the rules it could not (None: nothing to add)."""
+    if isinstance(result, WhatIfComparison):
+        return result.gate_hint
+    return None if result.gate is None else result.gate.hint
+
+
+def gate_problems(result: Comparison | WhatIfComparison) -> tuple[str, ...]:
+    """Why the gate is unusable: the folders (or rungs) it could not judge."""
+    if isinstance(result, WhatIfComparison):
+        return result.gate_problems
+    return () if result.gate is None else result.gate.problems

@@ -7,6 +7,7 @@ tuples in the order of the runs after the baseline. None: not measured in that r
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import attrs
@@ -81,6 +82,9 @@ class StageChange:
     ratio: float | None  # run p50 / baseline p50
     beyond_noise: str  # measure.noise.noise_verdict
     noise_side: str | None = None  # the side of the two runs' noise the verdict rests on (StageVariation.noise_side)
+    # The stage may be paced by the host (not known to be GPU-side) and the two runs' host usage differed
+    # (measure.host_difference): its change may be the host's load, not a setting's
+    host_differed: bool = False
 
 
 @attrs.frozen
@@ -120,6 +124,13 @@ class Stage1Comparison:
     differences: tuple[FieldDifference, ...]
     config_differences: tuple[FieldDifference, ...] = ()  # other config.yaml keys that differ
     resources: tuple[ResourceRow, ...] = ()  # memory and energy passes (empty when no run has them)
+    # Per run after the baseline: the host figures that differed from the baseline's (measure.host_difference), in
+    # words, e.g. "CPU per pass 2.66 s vs 0.50 s"; empty: none differed, or a run did not record its host usage
+    host_differences: tuple[tuple[str, ...], ...] = ()
+
+    def hosts_differed(self) -> bool:
+        """Whether any run's host usage differed from the baseline's."""
+        return any(self.host_differences)
 
 
 # --------------------------------------------------------------------------------------------- Stage 2
@@ -163,12 +174,28 @@ class Stage2Comparison:
 
 # --------------------------------------------------------------------------------------------- the gate
 
+# A rule's verdict on one run (measure.gate says when each applies).
 PASS = "pass"
 REGRESSED = "regressed"
 IMPROVED = "improved"
-NOT_JUDGED = "not judged"
-GATE_PASSED = "pass"
-GATE_FAILED = "fail"
+INCONCLUSIVE = "inconclusive"  # the noise leaves open whether the allowed increase was exceeded
+NOT_JUDGED = "not judged"  # the figure is not measured in a run
+UNDECIDED = (INCONCLUSIVE, NOT_JUDGED)  # verdicts that keep a gate from passing without failing it
+
+# A gate's result, most serious first (`combined_result`).
+GATE_FAILED = "fail"  # a rule regressed (or, with --fail-on-unjudged, could not be judged)
+GATE_UNUSABLE = "unusable"  # a folder the gate was to judge is failed, interrupted, missing, or the same run twice
+GATE_INCONCLUSIVE = "inconclusive"  # no rule regressed, but one could not be judged
+GATE_PASSED = "pass"  # every rule judged on usable folders, none beyond its allowed increase
+GATE_RESULTS = (GATE_FAILED, GATE_UNUSABLE, GATE_INCONCLUSIVE, GATE_PASSED)
+# perf-compare's exit code for each result (2 is bad input, a UserError).
+GATE_EXIT_CODES = {GATE_PASSED: 0, GATE_FAILED: 1, GATE_INCONCLUSIVE: 3, GATE_UNUSABLE: 4}
+
+
+def combined_result(results: Iterable[str]) -> str:
+    """The result of several gates: the most serious of `results` (pass when there are none)."""
+    given = set(results)
+    return next((r for r in GATE_RESULTS if r in given), GATE_PASSED)
 
 
 @attrs.frozen
@@ -198,20 +225,25 @@ class GateCheck:
     noise_low: float | None  # 95% interval of new - base (None: too few passes for one)
     noise_high: float | None
     noise_basis: str | None  # how the interval was built ("per input (2 inputs)", "over all passes")
-    verdict: str  # PASS | REGRESSED | IMPROVED | NOT_JUDGED
+    verdict: str  # PASS | REGRESSED | IMPROVED | INCONCLUSIVE | NOT_JUDGED
     reason: str
 
 
 @attrs.frozen
 class Gate:
-    """Every rule judged on every run after the baseline, and the result: fail when a rule regressed (or, with
-    `fail_on_unjudged`, could not be judged)."""
+    """Every rule judged on every run after the baseline, and the result (GATE_RESULTS): fail when a rule regressed
+    (or, with `fail_on_unjudged`, could not be judged), unusable when a folder could not be judged at all,
+    inconclusive when a rule could not be judged, else pass."""
 
     rules: tuple[GateRule, ...]
     checks: tuple[GateCheck, ...]
     fail_on_unjudged: bool
-    result: str  # GATE_PASSED | GATE_FAILED
+    result: str  # one of GATE_RESULTS
     differences: tuple[str, ...] = ()  # workload or device differences allowed by --allow-different
+    problems: tuple[str, ...] = ()  # why the result is unusable: the folders that could not be judged, and why
+    hint: str | None = None  # what would let the gate judge the rules it could not (None: nothing to add)
+    # The runs whose host usage differed from the baseline's, and how (host-paced figures may have moved with it)
+    host_differences: tuple[str, ...] = ()
 
     @property
     def failed(self) -> bool:
@@ -258,7 +290,10 @@ class WhatIfComparison:
     base: Path
     new: Path
     pairs: tuple[RungPair, ...]
-    gate_result: str | None  # GATE_FAILED when any pair's gate failed; None: no rules given
+    gate_result: str | None  # the most serious of the pairs' results and `gate_problems`; None: no rules given
+    # Why the gate over every rung is unusable: a folder not complete, a rung one side measured and the other not
+    gate_problems: tuple[str, ...] = ()
+    gate_hint: str | None = None  # what would let the gate judge the rules it could not
 
     @property
     def gate_failed(self) -> bool:

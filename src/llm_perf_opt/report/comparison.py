@@ -5,8 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from llm_perf_opt.measure.host_difference import DIFFERS_RATIO, MIN_SWITCHES_PER_S
 from llm_perf_opt.measure.variation import GPU_PACED_FROM, HOST_PACED_BELOW
 from llm_perf_opt.records.comparison import (
+    GATE_EXIT_CODES,
+    IMPROVED,
+    INCONCLUSIVE,
     KINDS,
     NOT_JUDGED,
     PASS,
@@ -116,8 +120,8 @@ def _stage1(doc: Doc, runs: Sequence[ComparedRun], section: Stage1Comparison, to
     for s in section.stage_times:
         row = [f"{s.stage} (in {s.nested_in})" if s.nested_in else s.stage, ms(s.base_p50_ms, 2)]
         for c in s.others:
-            side = f" ({c.noise_side})" if c.noise_side else ""
-            row += [ms(c.p50_ms, 2), ratio_text(c.ratio), c.beyond_noise + side]
+            notes = [n for n in (c.noise_side, HOSTS_DIFFERED if c.host_differed else None) if n]
+            row += [ms(c.p50_ms, 2), ratio_text(c.ratio), c.beyond_noise + (f" ({'; '.join(notes)})" if notes else "")]
         rows.append(row)
     doc.table(["Stage", *header], rows)
     doc.para(
@@ -127,6 +131,8 @@ def _stage1(doc: Doc, runs: Sequence[ComparedRun], section: Stage1Comparison, to
         f"(host-side: the GPU was busy under {HOST_PACED_BELOW:.0%} of the stage in the profiled pass, so the host's "
         f"pace sets the spread; GPU-side: from {GPU_PACED_FROM:.0%})."
     )
+    if section.hosts_differed():
+        doc.para(host_note(section.host_differences, [r.label for r in others]))
 
     doc.h3("MFU and MBU per stage")
     doc.table(
@@ -169,6 +175,27 @@ def _stage1(doc: Doc, runs: Sequence[ComparedRun], section: Stage1Comparison, to
         _movers_table(doc, base.label, table, "Operator")
     doc.para("n/a: not among that run's recorded top operators (counted as 0 for the ranking).")
     _differences(doc, runs, section.differences, section.config_differences)
+
+
+HOSTS_DIFFERED = "hosts differed"
+PIN_THREADS = (
+    "On a shared CPU, pin the threads (`OMP_NUM_THREADS=1`, or `run.cpu_affinity=auto`), keep the host quiet, and "
+    "rerun both runs before blaming a setting."
+)
+HOST_RULE = (
+    f"a host figure differs when one run's is {DIFFERS_RATIO}× the other's or more: CPU per pass, CPU against wall "
+    f"(cores kept busy), or involuntary context switches per second (at least {MIN_SWITCHES_PER_S:.0f}/s)"
+)
+
+
+def host_note(differences: Sequence[Sequence[str]], labels: Sequence[str]) -> str:
+    """Why verdicts say "hosts differed": which run's host usage differed from the baseline's, and what to do."""
+    runs = "; ".join(f"**{label}**: {', '.join(d)}" for label, d in zip(labels, differences, strict=True) if d)
+    return (
+        "The hosts differed: the runs' own host lines (CPU time and context switches over the timed passes) do not "
+        f'match ({HOST_RULE}) — {runs}. A stage marked "{HOSTS_DIFFERED}" is not known to be GPU-paced, so its '
+        f"change may be the host's load rather than a setting's. {PIN_THREADS}"
+    )
 
 
 # --------------------------------------------------------------------------------------------- Stage 2
@@ -249,17 +276,24 @@ def _interval(c: GateCheck) -> str:
 def _gate(doc: Doc, gate: Gate, heading: Callable[[str], None] | None = None) -> None:
     """`## Gate` (or the `heading` given): the result, then one row per rule and compared run."""
     (heading or doc.h2)("Gate")
-    failing = [c for c in gate.checks if c.verdict != PASS and c.verdict != "improved"]
+    failing = [c for c in gate.checks if c.verdict not in (PASS, IMPROVED)]
     counts = ", ".join(
         f"{sum(c.verdict == v for c in gate.checks)} {v}" for v in dict.fromkeys(c.verdict for c in gate.checks)
     )
     doc.para(
-        f"**{gate.result.upper()}** ({counts or 'no checks'}); rules: "
+        f"**{gate.result.upper()}**{_exit_text(gate.result)} ({counts or 'no checks'}); rules: "
         + ", ".join(f"`{r.text}`" for r in gate.rules)
         + "."
     )
+    if gate.problems:
+        doc.para("Not usable, so the gate cannot pass: " + "; ".join(gate.problems) + ".")
     if gate.differences:
         doc.para("Judged although the runs differ (--allow-different): " + "; ".join(gate.differences) + ".")
+    if gate.host_differences:
+        doc.para(
+            "The hosts differed (" + HOST_RULE + "): " + "; ".join(gate.host_differences) + ". A host-paced figure "
+            "(a CPU run, an eager decode step, preprocessing) may have moved with the host's load. " + PIN_THREADS
+        )
     doc.raw("\n")
     doc.table(
         ["Rule", "Run", "Baseline", "New", "Change", "Allowed", "95% interval of the change", "Verdict"],
@@ -278,15 +312,24 @@ def _gate(doc: Doc, gate: Gate, heading: Callable[[str], None] | None = None) ->
         ],
     )
     doc.bullets([f"`{c.rule}` on **{c.run}**: {c.reason}" for c in failing])
-    unjudged = "fail the gate (--fail-on-unjudged)" if gate.fail_on_unjudged else "do not fail the gate"
+    if gate.hint:
+        doc.para(f"To let the gate judge the rules it could not: {gate.hint}.")
+    undecided = "fail the gate (--fail-on-unjudged)" if gate.fail_on_unjudged else "make the gate inconclusive"
     doc.para(
-        "Values are means over the timed passes. A rule regresses only when the change exceeds the allowed increase "
-        "and the 95% interval of the change (Welch t over the passes, per input when both runs timed the same "
-        f"inputs) lies above 0. {NOT_JUDGED.capitalize()}: a change beyond the allowed increase without an interval "
-        f"(fewer than 3 passes on a side, or a Stage 2 capture) or a figure a run did not measure; such rules "
-        f"{unjudged}."
+        "Values are means over the timed passes; the 95% interval of the change is Welch t over the passes (per "
+        "input when both runs timed the same inputs). A rule *regresses* when the change exceeds the allowed "
+        "increase and the interval lies above 0; it *passes* only when the whole interval is at or below the "
+        f"allowed increase. {INCONCLUSIVE.capitalize()}: the noise leaves open whether the allowed increase was "
+        "exceeded (a change beyond it whose interval reaches 0, a change within it whose interval reaches beyond it, "
+        f"or no interval: fewer than 3 passes on a side, or a Stage 2 capture); {NOT_JUDGED}: a figure a run did not "
+        f"measure. Such rules {undecided}."
     )
     doc.raw("\n")
+
+
+def _exit_text(result: str) -> str:
+    code = GATE_EXIT_CODES.get(result)
+    return f" (exit {code})" if code else ""
 
 
 # --------------------------------------------------------------------------------------------- entry
@@ -332,7 +375,11 @@ def whatif_comparison_markdown(result: WhatIfComparison) -> str:
     doc = Doc("What-if comparison, rung by rung")
     doc.para(f"Baseline: `{result.base}`; compared: `{result.new}`. Rungs are paired by name.")
     if result.gate_result is not None:
-        doc.para(f"Gate over every rung: **{result.gate_result.upper()}**.")
+        doc.para(f"Gate over every rung: **{result.gate_result.upper()}**{_exit_text(result.gate_result)}.")
+        if result.gate_problems:
+            doc.para("Not usable, so the gate cannot pass: " + "; ".join(result.gate_problems) + ".")
+        if result.gate_hint:
+            doc.para(f"To let the gate judge the rules it could not: {result.gate_hint}.")
     doc.raw("\n")
     doc.table(
         ["Rung", "Gate", "Compared"],

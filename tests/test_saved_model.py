@@ -15,6 +15,7 @@ import torch
 
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.config_data import plain
+from llm_perf_opt.override_text import quoted_override
 from llm_perf_opt.pipeline.stage1_settings import config_digest
 from llm_perf_opt.pipeline.stage2 import MODEL_CACHE_DIR, Stage2Run, workload_argv
 from llm_perf_opt.pipeline.whatif_hydra import phase_command
@@ -164,7 +165,7 @@ def test_stage2_child_commands_carry_the_run_model_cache(tmp_path: Path) -> None
     assert run.model_cache == tmp_path / MODEL_CACHE_DIR
     for ncu in (False, True):
         argv = workload_argv(cfg, run.user_overrides, tmp_path, name="w", ncu=ncu, model_cache=run.model_cache)
-        assert f"model.cache_dir={tmp_path / MODEL_CACHE_DIR}" in argv
+        assert quoted_override("model.cache_dir", tmp_path / MODEL_CACHE_DIR) in argv
     mine = ["model=deepseek_ocr_tiny", "model.cache_dir=/keep", "stage2.reuse_model=true"]  # the user's folder, as set
     assert Stage2Run(compose_stage2(*mine), tmp_path, run_id="x", task_overrides=mine).model_cache is None
     off = compose_stage2("stage2.reuse_model=false")
@@ -194,13 +195,14 @@ def test_whatif_rung_commands_carry_the_model_cache_and_inductor_env(tmp_path: P
         env=caches.env,
     )
     command = stage1_command(job, None)
-    assert f"model.cache_dir={tmp_path / 'model_cache'}" in command
-    assert command.index("runtime.kv_cache=static") > command.index(f"model.cache_dir={tmp_path / 'model_cache'}")
+    cache_dir = quoted_override("model.cache_dir", tmp_path / "model_cache")
+    assert cache_dir in command
+    assert command.index("runtime.kv_cache=static") > command.index(cache_dir)
     env = child_env(job.env)
     assert env is not None and env[INDUCTOR_CACHE_ENV] == str(tmp_path / INDUCTOR_CACHE_DIR)
     assert env["PATH"]  # the rest of the environment is inherited
     phase = phase_command([job], [], tmp_path / "rung_configs", tmp_path / "rungs")
-    assert f"model.cache_dir={tmp_path / 'model_cache'}" in phase
+    assert cache_dir in phase
     for folder in caches.owned:
         (folder / "x").mkdir(parents=True)
     caches.remove()

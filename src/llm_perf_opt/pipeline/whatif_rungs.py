@@ -24,6 +24,7 @@ from typing import Any
 import attrs
 
 from llm_perf_opt import artifacts, interrupts
+from llm_perf_opt.override_text import quoted_override
 from llm_perf_opt.parent_death import with_parent
 from llm_perf_opt.pipeline.rung_forks import ENTRY_MODULE as STAGE1_MODULE
 from llm_perf_opt.pipeline.rung_forks import ForkedRung, ForkServer
@@ -62,7 +63,7 @@ class SharedCaches:
     @property
     def overrides(self) -> tuple[str, ...]:
         """The `stage1-run` overrides every rung gets."""
-        return () if self.model_cache is None else (f"model.cache_dir={self.model_cache}",)
+        return () if self.model_cache is None else (quoted_override("model.cache_dir", self.model_cache),)
 
     @property
     def env(self) -> tuple[tuple[str, str], ...]:
@@ -149,7 +150,7 @@ def stage1_arguments(job: RungJob, device: str | None) -> list[str]:
         *extra,
         "run.save_prefill_logits=true",
         "report.render=false",  # the what-if renders every rung's reports once, when it ends
-        f"hydra.run.dir={job.folder}",
+        quoted_override("hydra.run.dir", job.folder),  # quoted: a space or non-ASCII letter in the path
     ]
 
 

@@ -4,8 +4,12 @@ stage2-profile's and perf-whatif's child processes are told where it lives (and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -119,7 +123,7 @@ def test_a_truncated_or_damaged_file_is_rebuilt(compose_model: Any, tmp_path: Pa
     assert weights.stat().st_size == len(whole)  # saved again, whole
     weights.write_bytes(b"\0" * len(whole))  # the right size, unreadable
     _, said = _load(settings, caplog)
-    assert "cannot be loaded" in said
+    assert "do not match its manifest's hash" in said
     manifest = _slot(tmp_path) / saved_model.MANIFEST_FILE
     manifest.write_text("{")
     _, said = _load(settings, caplog)
@@ -127,6 +131,81 @@ def test_a_truncated_or_damaged_file_is_rebuilt(compose_model: Any, tmp_path: Pa
     manifest.unlink()
     _, said = _load(settings, caplog)
     assert "manifest.json is missing" in said
+
+
+def test_an_overwrite_of_the_same_size_is_rebuilt(
+    compose_model: Any, page_images: dict[str, Path], tmp_path: Path, caplog: Any
+) -> None:
+    """Before: only the size was checked, so 4 MiB overwritten inside the file were loaded ("loaded from the saved
+    model cache") and the tokens differed. Now the hash of the bytes is checked and the model rebuilt."""
+    settings = _settings(compose_model, "deepseek_ocr_tiny", tmp_path)
+    built, _ = _load(settings, caplog)
+    weights = _slot(tmp_path) / saved_model.WEIGHTS_FILE
+    size = weights.stat().st_size
+    damage = min(4 << 20, size // 2)
+    with weights.open("r+b") as handle:
+        handle.seek(size - damage)  # the tensors' bytes, not the header
+        handle.write(torch.randn(damage // 4, generator=torch.Generator().manual_seed(1)).numpy().tobytes())
+    assert weights.stat().st_size == size
+    session, said = _load(settings, caplog)
+    assert "do not match its manifest's hash (damaged or overwritten)" in said and "building it" in said
+    assert "loaded from the saved model cache" not in said
+    page = page_images["small"]
+    assert (
+        session.run_image(page, NEW_TOKENS, nvtx=False).token_ids
+        == built.run_image(page, NEW_TOKENS, nvtx=False).token_ids
+    )
+    _, said = _load(settings, caplog)  # saved again, whole
+    assert "loaded from the saved model cache" in said
+
+
+@contextlib.contextmanager
+def read_only(folder: Path) -> Iterator[None]:
+    """`folder` and what it holds read-only for this process: its modes (a user), or a read-only bind mount onto
+    itself (root, whom modes do not stop; skipped where mounting is not allowed)."""
+    if os.geteuid() != 0:
+        folders = [folder, *(p for p in folder.rglob("*") if p.is_dir())]
+        for each in folders:
+            each.chmod(0o555)
+        try:
+            yield
+        finally:
+            for each in folders:
+                each.chmod(0o755)
+        return
+    mount = ["mount", "--bind", str(folder), str(folder)]
+    if subprocess.run(mount, capture_output=True, check=False).returncode != 0:
+        pytest.skip("root, and no read-only bind mount allowed here: a read-only folder cannot be made")
+    try:
+        remount = ["mount", "-o", "remount,bind,ro", str(folder)]
+        if subprocess.run(remount, capture_output=True, check=False).returncode != 0:
+            pytest.skip("root, and no read-only remount allowed here: a read-only folder cannot be made")
+        yield
+    finally:
+        subprocess.run(["umount", "--lazy", str(folder)], check=True)  # the loaded tensors may map its file
+
+
+def test_a_read_only_cache_is_loaded_and_one_that_needs_rebuilding_is_built(
+    compose_model: Any, tmp_path: Path, caplog: Any
+) -> None:
+    """Before: a valid cache that could not be written failed the run with a raw OSError naming hydra.run.dir (its
+    lock file needs write access)."""
+    cache = tmp_path / "cache"
+    settings = _settings(compose_model, "deepseek_ocr_tiny", cache)
+    built, _ = _load(settings, caplog)
+    slot = _slot(cache)
+    for keep_lock in (True, False):
+        if not keep_lock:
+            (cache / f"{slot.name}{saved_model.LOCK_FILE}").unlink()
+        with read_only(cache):
+            session, said = _load(settings, caplog)
+        assert "loaded from the saved model cache" in said
+        assert all(torch.equal(t, _tensors(built.model)[k]) for k, t in _tensors(session.model).items())
+    (slot / saved_model.MANIFEST_FILE).write_text("{")
+    with read_only(cache):
+        session, said = _load(settings, caplog)
+    assert "could not be saved" in said and "model.cache_dir" in said
+    assert all(torch.equal(t, _tensors(built.model)[k]) for k, t in _tensors(session.model).items())
 
 
 def test_tensors_that_do_not_fit_the_model_are_refused(compose_model: Any) -> None:

@@ -19,10 +19,14 @@ from llm_perf_opt.records.folders import load_stage1, read_status
 
 @pytest.fixture
 def restored(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """This process's SIGINT and SIGTERM handlers (and the stop state) put back after the test."""
+    """This process's stop handlers (and the stop state) as an interactive shell starts a command with, put back
+    after the test: pytest started with SIGINT ignored (a background job, `nohup`) runs these tests the same."""
     monkeypatch.setattr(interrupts, "_stopping", [])
     monkeypatch.setattr(interrupts, "_taken", [])
-    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    previous = {signum: signal.getsignal(signum) for signum in interrupts.NAMES}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
     try:
         yield
     finally:
@@ -56,6 +60,39 @@ def test_a_sigterm_after_ctrl_c_is_ignored(installed: None) -> None:
         time.sleep(5)
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(0.05)  # reached: the SIGTERM raised nothing
+
+
+def test_sighup_stops_like_sigterm_and_is_named(installed: None) -> None:
+    """A closed terminal or SSH session (SIGHUP) stops a run like SIGTERM (before: the process died at once)."""
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        os.kill(os.getpid(), signal.SIGHUP)
+        time.sleep(5)
+    assert interrupts.cause(stopped.value) == "stopped by SIGHUP (a closed terminal or session)"
+    assert interrupts.stop_signal() == signal.SIGHUP
+    os.kill(os.getpid(), signal.SIGTERM)  # while stopping: ignored
+    os.kill(os.getpid(), signal.SIGHUP)
+    time.sleep(0.05)  # reached
+
+
+@pytest.mark.parametrize(
+    ("signum", "own_group", "forwarded"),
+    [
+        (signal.SIGINT, True, signal.SIGINT),  # a forked rung in its own session: it says Ctrl-C, not SIGTERM
+        (signal.SIGINT, False, signal.SIGTERM),  # a rung in this group got the terminal's Ctrl-C already
+        (signal.SIGHUP, True, signal.SIGHUP),
+        (signal.SIGTERM, False, signal.SIGTERM),
+    ],
+)
+def test_a_rung_is_stopped_with_the_signal_that_stopped_the_what_if_run(
+    installed: None, signum: int, own_group: bool, forwarded: int
+) -> None:
+    from llm_perf_opt.pipeline.whatif_rungs import forwarded_stop
+
+    assert forwarded_stop(own_group) == signal.SIGTERM  # not stopped: a rung past its time limit gets SIGTERM
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signum)
+        time.sleep(5)
+    assert forwarded_stop(own_group) == forwarded
 
 
 def test_a_stop_swallowed_on_its_way_is_stopped_again(installed: None, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -105,22 +142,27 @@ def test_the_what_if_stopper_repeats_sigterm_for_a_rung_that_lost_it(monkeypatch
 
 
 def test_a_signal_started_ignored_stays_ignored(restored: None) -> None:
-    """A run started under `nohup` (SIGTERM ignored) or as a background job (SIGINT ignored) keeps ignoring it."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    """A run started under `nohup` (SIGHUP ignored) or as a background job (SIGINT ignored) keeps ignoring it."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     interrupts.install()
-    assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
     assert signal.getsignal(signal.SIGINT) == interrupts._interrupt
+    assert signal.getsignal(signal.SIGTERM) == interrupts._interrupt
 
 
 @pytest.mark.slow
-def test_sigterm_to_stage1_run_writes_what_was_measured(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("signum", "cause"),
+    [(signal.SIGTERM, "stopped by SIGTERM"), (signal.SIGHUP, "stopped by SIGHUP (a closed terminal or session)")],
+)
+def test_a_stop_signal_to_stage1_run_writes_what_was_measured(tmp_path: Path, signum: int, cause: str) -> None:
     """Before: the process died at once, its folder left `running` with no files. Now: exit 130, `interrupted`."""
     out = tmp_path / "run"
     argv = [sys.executable, "-m", "llm_perf_opt.cli.stage1", *TINY_STAGE1, "run.repeats=50", f"hydra.run.dir={out}"]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for_log(out, "repeat 2/50", process)
-        process.send_signal(signal.SIGTERM)
+        process.send_signal(signum)
         _, err = process.communicate(timeout=120)
     finally:
         process.kill()
@@ -128,7 +170,7 @@ def test_sigterm_to_stage1_run_writes_what_was_measured(tmp_path: Path) -> None:
     assert "interrupted: what was measured so far was written" in err
     status = read_status(out)
     assert status.state == "interrupted"
-    assert status.message == "stopped by SIGTERM; results so far were written"
+    assert status.message == f"{cause}; results so far were written"
     assert "metrics.json" in status.files and "report.md" in status.files
     settings = load_stage1(out).metrics.settings
     assert settings.partial and settings.asked_passes == 50

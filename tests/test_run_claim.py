@@ -147,3 +147,14 @@ def test_two_runs_started_together_into_one_folder(tmp_path: Path) -> None:
     overrides = (out / ".hydra" / "overrides.yaml").read_text()
     assert f"run.repeats={won}" in overrides and f"run.repeats={lost}" not in overrides
     assert "already holds" not in "".join(log.read_text() for log in out.glob("*.log"))
+
+
+def test_an_interrupted_run_is_named_with_its_article(tmp_path: Path) -> None:
+    """Before: "already holds a interrupted run"."""
+    from llm_perf_opt import artifacts
+
+    manager = artifacts.ArtifactsManager(tmp_path / "run", stage="stage1")
+    manager.start("r")
+    manager.finish(artifacts.INTERRUPTED, "stopped by SIGHUP")
+    with pytest.raises(UserError, match="already holds an interrupted run;"):
+        artifacts.refuse_reuse(tmp_path / "run")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -173,3 +174,44 @@ def test_a_bad_fork_rungs_setting_is_refused(tmp_path: Path) -> None:
 
     with pytest.raises(UserError, match=r"whatif_run.fork_rungs=often is not true or false"):
         WhatIfRun(compose_config("whatif", "whatif_run.fork_rungs=often"), tmp_path, "w", workload=())
+
+
+# A stand-in for a what-if run: a fork server with one forked rung, and one rung started as a fresh process.
+STAND_IN = """\
+import sys, time
+from pathlib import Path
+from llm_perf_opt.pipeline.rung_forks import ForkServer
+from llm_perf_opt.pipeline.whatif_rungs import _started
+
+folder = Path(sys.argv[1])
+server = ForkServer.start()
+assert server is not None
+forked = server.spawn(["sleep", "300"], folder / "forked.log", {}, module="fork_target")
+fresh = _started([sys.executable, "-c", "import time; time.sleep(300)"], folder / "fresh.log")
+print(server._process.pid, forked.pid, fresh.pid, flush=True)
+time.sleep(300)
+"""
+
+
+@pytest.mark.slow
+def test_a_killed_what_if_run_takes_its_server_and_rungs_with_it(tmp_path: Path) -> None:
+    """SIGKILL (no handler sees it) of the what-if run: its fork server and every rung die with it (before: they went
+    on for minutes as orphans, holding the GPU)."""
+    from llm_perf_opt.records.folders import pid_alive
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.Popen([sys.executable, "-c", STAND_IN, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert run.stdout is not None
+        pids = [int(pid) for pid in run.stdout.readline().split()]
+        assert len(pids) == 3 and all(pid_alive(pid) for pid in pids)
+    finally:
+        run.kill()
+        run.wait()
+    deadline = time.monotonic() + 30
+    while any(pid_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [pid for pid in pids if pid_alive(pid)]
+    for pid in left:  # not left behind by a failing test
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"still running after the what-if run was killed: {left} of server, forked, fresh {pids}"

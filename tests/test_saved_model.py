@@ -4,8 +4,12 @@ stage2-profile's and perf-whatif's child processes are told where it lives (and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +19,7 @@ import torch
 
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.config_data import plain
+from llm_perf_opt.override_text import quoted_override
 from llm_perf_opt.pipeline.stage1_settings import config_digest
 from llm_perf_opt.pipeline.stage2 import MODEL_CACHE_DIR, Stage2Run, workload_argv
 from llm_perf_opt.pipeline.whatif_hydra import phase_command
@@ -118,7 +123,7 @@ def test_a_truncated_or_damaged_file_is_rebuilt(compose_model: Any, tmp_path: Pa
     assert weights.stat().st_size == len(whole)  # saved again, whole
     weights.write_bytes(b"\0" * len(whole))  # the right size, unreadable
     _, said = _load(settings, caplog)
-    assert "cannot be loaded" in said
+    assert "do not match its manifest's hash" in said
     manifest = _slot(tmp_path) / saved_model.MANIFEST_FILE
     manifest.write_text("{")
     _, said = _load(settings, caplog)
@@ -126,6 +131,81 @@ def test_a_truncated_or_damaged_file_is_rebuilt(compose_model: Any, tmp_path: Pa
     manifest.unlink()
     _, said = _load(settings, caplog)
     assert "manifest.json is missing" in said
+
+
+def test_an_overwrite_of_the_same_size_is_rebuilt(
+    compose_model: Any, page_images: dict[str, Path], tmp_path: Path, caplog: Any
+) -> None:
+    """Before: only the size was checked, so 4 MiB overwritten inside the file were loaded ("loaded from the saved
+    model cache") and the tokens differed. Now the hash of the bytes is checked and the model rebuilt."""
+    settings = _settings(compose_model, "deepseek_ocr_tiny", tmp_path)
+    built, _ = _load(settings, caplog)
+    weights = _slot(tmp_path) / saved_model.WEIGHTS_FILE
+    size = weights.stat().st_size
+    damage = min(4 << 20, size // 2)
+    with weights.open("r+b") as handle:
+        handle.seek(size - damage)  # the tensors' bytes, not the header
+        handle.write(torch.randn(damage // 4, generator=torch.Generator().manual_seed(1)).numpy().tobytes())
+    assert weights.stat().st_size == size
+    session, said = _load(settings, caplog)
+    assert "do not match its manifest's hash (damaged or overwritten)" in said and "building it" in said
+    assert "loaded from the saved model cache" not in said
+    page = page_images["small"]
+    assert (
+        session.run_image(page, NEW_TOKENS, nvtx=False).token_ids
+        == built.run_image(page, NEW_TOKENS, nvtx=False).token_ids
+    )
+    _, said = _load(settings, caplog)  # saved again, whole
+    assert "loaded from the saved model cache" in said
+
+
+@contextlib.contextmanager
+def read_only(folder: Path) -> Iterator[None]:
+    """`folder` and what it holds read-only for this process: its modes (a user), or a read-only bind mount onto
+    itself (root, whom modes do not stop; skipped where mounting is not allowed)."""
+    if os.geteuid() != 0:
+        folders = [folder, *(p for p in folder.rglob("*") if p.is_dir())]
+        for each in folders:
+            each.chmod(0o555)
+        try:
+            yield
+        finally:
+            for each in folders:
+                each.chmod(0o755)
+        return
+    mount = ["mount", "--bind", str(folder), str(folder)]
+    if subprocess.run(mount, capture_output=True, check=False).returncode != 0:
+        pytest.skip("root, and no read-only bind mount allowed here: a read-only folder cannot be made")
+    try:
+        remount = ["mount", "-o", "remount,bind,ro", str(folder)]
+        if subprocess.run(remount, capture_output=True, check=False).returncode != 0:
+            pytest.skip("root, and no read-only remount allowed here: a read-only folder cannot be made")
+        yield
+    finally:
+        subprocess.run(["umount", "--lazy", str(folder)], check=True)  # the loaded tensors may map its file
+
+
+def test_a_read_only_cache_is_loaded_and_one_that_needs_rebuilding_is_built(
+    compose_model: Any, tmp_path: Path, caplog: Any
+) -> None:
+    """Before: a valid cache that could not be written failed the run with a raw OSError naming hydra.run.dir (its
+    lock file needs write access)."""
+    cache = tmp_path / "cache"
+    settings = _settings(compose_model, "deepseek_ocr_tiny", cache)
+    built, _ = _load(settings, caplog)
+    slot = _slot(cache)
+    for keep_lock in (True, False):
+        if not keep_lock:
+            (cache / f"{slot.name}{saved_model.LOCK_FILE}").unlink()
+        with read_only(cache):
+            session, said = _load(settings, caplog)
+        assert "loaded from the saved model cache" in said
+        assert all(torch.equal(t, _tensors(built.model)[k]) for k, t in _tensors(session.model).items())
+    (slot / saved_model.MANIFEST_FILE).write_text("{")
+    with read_only(cache):
+        session, said = _load(settings, caplog)
+    assert "could not be saved" in said and "model.cache_dir" in said
+    assert all(torch.equal(t, _tensors(built.model)[k]) for k, t in _tensors(session.model).items())
 
 
 def test_tensors_that_do_not_fit_the_model_are_refused(compose_model: Any) -> None:
@@ -164,7 +244,7 @@ def test_stage2_child_commands_carry_the_run_model_cache(tmp_path: Path) -> None
     assert run.model_cache == tmp_path / MODEL_CACHE_DIR
     for ncu in (False, True):
         argv = workload_argv(cfg, run.user_overrides, tmp_path, name="w", ncu=ncu, model_cache=run.model_cache)
-        assert f"model.cache_dir={tmp_path / MODEL_CACHE_DIR}" in argv
+        assert quoted_override("model.cache_dir", tmp_path / MODEL_CACHE_DIR) in argv
     mine = ["model=deepseek_ocr_tiny", "model.cache_dir=/keep", "stage2.reuse_model=true"]  # the user's folder, as set
     assert Stage2Run(compose_stage2(*mine), tmp_path, run_id="x", task_overrides=mine).model_cache is None
     off = compose_stage2("stage2.reuse_model=false")
@@ -194,13 +274,14 @@ def test_whatif_rung_commands_carry_the_model_cache_and_inductor_env(tmp_path: P
         env=caches.env,
     )
     command = stage1_command(job, None)
-    assert f"model.cache_dir={tmp_path / 'model_cache'}" in command
-    assert command.index("runtime.kv_cache=static") > command.index(f"model.cache_dir={tmp_path / 'model_cache'}")
+    cache_dir = quoted_override("model.cache_dir", tmp_path / "model_cache")
+    assert cache_dir in command
+    assert command.index("runtime.kv_cache=static") > command.index(cache_dir)
     env = child_env(job.env)
     assert env is not None and env[INDUCTOR_CACHE_ENV] == str(tmp_path / INDUCTOR_CACHE_DIR)
     assert env["PATH"]  # the rest of the environment is inherited
     phase = phase_command([job], [], tmp_path / "rung_configs", tmp_path / "rungs")
-    assert f"model.cache_dir={tmp_path / 'model_cache'}" in phase
+    assert cache_dir in phase
     for folder in caches.owned:
         (folder / "x").mkdir(parents=True)
     caches.remove()

@@ -4,6 +4,7 @@ analytic ones in metrics.json and report.md (and says so when a folder has none)
 
 from __future__ import annotations
 
+import shlex
 import shutil
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from llm_perf_opt.nsight.ncu_bytes import BYTES_METRICS
 from llm_perf_opt.nsight.ncu_report import DRAM_READ, DRAM_WRITE, DURATION, read_table
 from llm_perf_opt.nsight.ncu_windows import BytesWindow
 from llm_perf_opt.nsight.nsys_trace import NsysTrace
+from llm_perf_opt.override_text import quoted_override
 from llm_perf_opt.pipeline import stage2
 from llm_perf_opt.pipeline.stage2 import TARGETS_FILE, render
 from llm_perf_opt.records.common import PeakFigure
@@ -199,7 +201,7 @@ def test_bytes_pass_with_a_stand_in_ncu(tmp_path: Path, monkeypatch: pytest.Monk
     assert "--cache-control none --profile-from-start off" in cmd and " -k " not in cmd and "--launch-" not in cmd
     assert "--nvtx --metrics" in cmd and "--nvtx-include" not in cmd and "--section" not in cmd
     assert "model=deepseek_ocr2_tiny" in cmd and "run.repeats=1" in cmd and "run.profiler_window=true" in cmd
-    assert f"hydra.run.dir={folder / 'workload' / 'ncu-bytes'}" in cmd
+    assert shlex.quote(quoted_override("hydra.run.dir", folder / "workload" / "ncu-bytes")) in cmd
     assert list(run.capture.runs) == ["ncu_targets", "ncu_bytes"]  # two Nsight Compute processes in all
 
 

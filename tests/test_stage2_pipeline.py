@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 from helpers import run_cli, unpack_nsys_fixture
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.errors import UserError
+from llm_perf_opt.override_text import quoted_override
 from llm_perf_opt.pipeline.stage2 import (
     CAPTURE_FILE,
     TARGETS_FILE,
@@ -77,7 +78,7 @@ def test_workload_argv_adds_stage2_settings(tmp_path: Path) -> None:
     assert "pipeline.torch_profiler.enable=false" in argv
     assert "run.repeats=3" in argv and "run.repeats=1" not in argv  # the user's value wins
     assert "run.warmup=1" in argv
-    assert argv[-1] == f"hydra.run.dir={tmp_path / 'workload' / 'nsys'}"
+    assert argv[-1] == quoted_override("hydra.run.dir", tmp_path / "workload" / "nsys")
     ncu = workload_argv(cfg, ["infer.max_new_tokens=32"], tmp_path, name="ncu-decode", ncu=True)
     assert "dataset.max_images=1" in ncu and ncu.index("infer.max_new_tokens=4") > ncu.index("infer.max_new_tokens=32")
 

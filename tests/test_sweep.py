@@ -101,6 +101,19 @@ def test_multirun_writes_sweep_summary(tmp_path: Path) -> None:
     assert (sweep / SUMMARY_PNG).read_bytes().startswith(PNG_MAGIC)
 
 
+def test_a_run_folder_is_not_summarised_as_a_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: an empty sweep summary was written into a run folder, exit 0."""
+    run = tmp_path / "run"
+    _job(tmp_path, 0, ["model=deepseek_ocr2_tiny"], "complete", _metrics(100.0, 80.0, 8))
+    (tmp_path / "0").rename(run)
+    before = sorted(p.name for p in run.iterdir())
+    assert main([str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "holds no sweep jobs" in err and "it is a run folder" in err and "stage1-run -m" in err
+    assert len(err.strip().splitlines()) == 1  # one paragraph
+    assert sorted(p.name for p in run.iterdir()) == before  # nothing written
+
+
 def test_summarize_sweep_skips_failed_and_incomplete_jobs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     sweep = tmp_path / "sweep"
     base = ["model=deepseek_ocr2_tiny", "device=cpu"]

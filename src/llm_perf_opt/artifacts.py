@@ -59,8 +59,8 @@ class OutputWriteError(UserError):
         reason = exc.strerror or str(exc) or type(exc).__name__
         super().__init__(
             f"could not write {self.path}: {reason}",
-            "Free disk space or make that folder writable, or point hydra.run.dir (and any absolute save_dir) at a "
-            "writable folder with room",
+            "Free disk space or make that folder writable, or point the setting that names it (hydra.run.dir, "
+            "hydra.sweep.dir for -m, model.cache_dir, an absolute save_dir) at a writable folder with room",
         )
 
 
@@ -73,8 +73,8 @@ def environment_error(exc: OSError) -> UserError | None:
     if exc.errno in _NO_ACCESS:
         return UserError(
             f"{where}: {exc.strerror or exc}",
-            "Make that file or folder accessible to this user, or point hydra.run.dir (and any absolute save_dir) at "
-            "a folder you can write",
+            "Make that file or folder accessible to this user, or point the setting that names it (hydra.run.dir, "
+            "hydra.sweep.dir for -m, model.cache_dir, an absolute save_dir) at a folder you can write",
         )
     return None
 
@@ -240,7 +240,8 @@ def _holder(run_dir: Path) -> str | None:
         status = read_status(run_dir)
     except RecordError:
         return "a damaged run"
-    return f"a {status.state} run" + (f" ({writer_note(status)})" if status.state == RUNNING else "")
+    article = "an" if status.state[:1] in "aeiou" else "a"  # an interrupted run
+    return f"{article} {status.state} run" + (f" ({writer_note(status)})" if status.state == RUNNING else "")
 
 
 def _refusal(run_dir: Path, held: str) -> UserError:

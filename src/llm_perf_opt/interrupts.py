@@ -1,13 +1,14 @@
-"""How a command is stopped: SIGTERM (a scheduler's, `timeout`'s or perf-whatif's stop) ends a run exactly like
-Ctrl-C, a KeyboardInterrupt in the main thread, so the run writes what it measured and marks its folder
-`interrupted`.
+"""How a command is stopped: SIGTERM (a scheduler's, `timeout`'s or perf-whatif's stop) and SIGHUP (a closed
+terminal or SSH session) end a run exactly like Ctrl-C, a KeyboardInterrupt in the main thread, so the run writes
+what it measured and marks its folder `interrupted`, naming the signal.
 
-Once a run is stopping, a further SIGTERM is ignored, so writing what was measured is not cut short by a second
-stop (a scheduler signalling the whole process group, then perf-whatif forwarding its own); a second Ctrl-C still
-interrupts, as the user's explicit choice. One exception: a stop that no run has taken (`cause` not called) for
-`RESTOP_AFTER_S` was lost on its way (code that catches every exception swallowed the KeyboardInterrupt, as an
+Once a run is stopping, a further SIGTERM or SIGHUP is ignored, so writing what was measured is not cut short by a
+second stop (a scheduler signalling the whole process group, then perf-whatif forwarding its own); a second Ctrl-C
+still interrupts, as the user's explicit choice. One exception: a stop that no run has taken (`cause` not called)
+for `RESTOP_AFTER_S` was lost on its way (code that catches every exception swallowed the KeyboardInterrupt, as an
 import inside a library's lazy attribute lookup can), so a SIGTERM after that stops again; perf-whatif repeats its
-SIGTERM for that reason.
+SIGTERM for that reason. `stop_signal` is the signal that stopped this process: perf-whatif forwards that one to its
+rungs, so a rung names the real cause.
 """
 
 from __future__ import annotations
@@ -21,6 +22,12 @@ log = logging.getLogger("llm_perf_opt")
 
 CTRL_C = "Ctrl-C"
 SIGTERM = "SIGTERM"
+SIGHUP = "SIGHUP"
+
+# The signals that stop a run, by the name its status message gives: Ctrl-C is the user's, the others a stop from
+# outside (ignored while stopping).
+NAMES: dict[int, str] = {signal.SIGINT: CTRL_C, signal.SIGTERM: SIGTERM, signal.SIGHUP: SIGHUP}
+SIGNALS = {name: signum for signum, name in NAMES.items()}
 
 RESTOP_AFTER_S = 3.0  # a stop no handler took within this long was lost: a further SIGTERM stops again
 
@@ -29,16 +36,16 @@ _taken: list[str] = []  # the stops a run's handler took (`cause`): from then on
 
 
 def install() -> None:
-    """SIGINT and SIGTERM raise KeyboardInterrupt in the main thread (call it from there, before the run starts);
-    a signal this process was started ignoring (`nohup`, a background job) stays ignored."""
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    """SIGINT, SIGTERM and SIGHUP raise KeyboardInterrupt in the main thread (call it from there, before the run
+    starts); a signal this process was started ignoring (`nohup`, a background job) stays ignored."""
+    for signum in NAMES:
         if signal.getsignal(signum) != signal.SIG_IGN:
             signal.signal(signum, _interrupt)
 
 
 def _interrupt(signum: int, _frame: FrameType | None) -> None:
-    name = SIGTERM if signum == signal.SIGTERM else CTRL_C
-    if _stopping and signum == signal.SIGTERM:
+    name = NAMES.get(signum, SIGTERM)
+    if _stopping and name != CTRL_C:
         first, since = _stopping[0]
         waited = time.monotonic() - since
         if _taken or waited < RESTOP_AFTER_S:
@@ -54,8 +61,20 @@ def _interrupt(signum: int, _frame: FrameType | None) -> None:
 
 
 def cause(exc: BaseException) -> str:
-    """Who stopped a run, for its status message: "stopped by SIGTERM" or "interrupted by the user (Ctrl-C)". The
-    handler that asks has taken the stop: a further SIGTERM is ignored from then on."""
-    who = f"stopped by {SIGTERM}" if exc.args[:1] == (SIGTERM,) else f"interrupted by the user ({CTRL_C})"
+    """Who stopped a run, for its status message: "stopped by SIGTERM", "stopped by SIGHUP (the terminal closed)"
+    or "interrupted by the user (Ctrl-C)". The handler that asks has taken the stop: a further SIGTERM or SIGHUP is
+    ignored from then on."""
+    name = exc.args[0] if exc.args and exc.args[0] in SIGNALS else CTRL_C
+    if name == SIGHUP:
+        who = f"stopped by {SIGHUP} (a closed terminal or session)"
+    elif name == SIGTERM:
+        who = f"stopped by {SIGTERM}"
+    else:
+        who = f"interrupted by the user ({CTRL_C})"
     _taken.append(who)
     return who
+
+
+def stop_signal() -> int:
+    """The signal that stopped this process (SIGTERM when none did): the one a what-if run forwards to its rungs."""
+    return SIGNALS[_stopping[0][0]] if _stopping else signal.SIGTERM

@@ -1,9 +1,12 @@
 """What one Hydra command-line override says (`key=value`, `+key=value`, `++key=value`, `~key`, `group@pkg=option`),
-read as text without composing a config: the one place the commands split an override into its key and value."""
+read as text without composing a config: the one place the commands split an override into its key and value, and
+write one (`override`: a value quoted so Hydra reads it back as it is)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
+from pathlib import Path
 
 ADD_PREFIXES = "+~"  # `+`/`++` add a key, `~` deletes one
 
@@ -27,3 +30,17 @@ def deletes(override: str) -> bool:
 def sets_key(overrides: Iterable[str], key: str) -> bool:
     """Whether one of the overrides sets (or adds, or deletes) `key`."""
     return any(override_key(o) == key for o in overrides)
+
+
+def quoted(value: str | Path) -> str:
+    """`value` in single quotes as Hydra's override grammar reads it back unchanged, whatever it holds (a space, a
+    non-ASCII letter, `,`, `=`, a quote): a quote and the backslashes before it, or before the closing quote,
+    escaped."""
+    text = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", str(value))
+    text = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, text)
+    return f"'{text}'"
+
+
+def quoted_override(key: str, value: str | Path) -> str:
+    """The override `key=<value>` with `value` quoted (`quoted`): how a command passes a path to a child command."""
+    return f"{key}={quoted(value)}"

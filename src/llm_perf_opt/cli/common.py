@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import tempfile
@@ -34,7 +35,7 @@ def exit_with(exc: UserError) -> NoReturn:
 def run_guarded(
     job: Callable[[], Any], *, run_dir: Path | None = None, in_sweep: bool = False, cfg: DictConfig | None = None
 ) -> Any:
-    """Run `job`; a UserError becomes one paragraph on stderr and exit 2, Ctrl-C or SIGTERM exit 130.
+    """Run `job`; a UserError becomes one paragraph on stderr and exit 2, Ctrl-C, SIGTERM or SIGHUP exit 130.
 
     A file that cannot be written (full disk, unwritable folder) is a UserError too. Whatever ends the job, a
     `run_dir` whose status this process left reading `running` is marked failed with the reason (a bug keeps its
@@ -59,10 +60,11 @@ def run_guarded(
         sys.exit(exc.exit_code)
     except KeyboardInterrupt as stop:
         _mark_failed(run_dir, f"{interrupts.cause(stop)} before the run could record it")
-        print(
-            "\ninterrupted: what was measured so far was written; the run folder is marked interrupted.",
-            file=sys.stderr,
-        )
+        with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
+            print(
+                "\ninterrupted: what was measured so far was written; the run folder is marked interrupted.",
+                file=sys.stderr,
+            )
         sys.exit(130)
     except Exception as exc:
         _mark_failed(run_dir, f"{type(exc).__name__}: {exc}")
@@ -143,10 +145,10 @@ def launch(
     command: str,
     check: Callable[[DictConfig], None] = check_config,
 ) -> None:
-    """A console script: SIGTERM handled like Ctrl-C (`interrupts`), resolvers (`--help`'s among them), a check of
-    the overrides (their syntax, their keys: the nearest valid key for an unknown one) and of every setting's type on
-    the composed config (`check`: `settings_schema.check_config`, and a command's own settings), one paragraph and
-    exit 2 for a bad one before anything starts; then the Hydra entry point."""
+    """A console script: SIGTERM and SIGHUP handled like Ctrl-C (`interrupts`), resolvers (`--help`'s among them),
+    a check of the overrides (their syntax, their keys: the nearest valid key for an unknown one) and of every
+    setting's type on the composed config (`check`: `settings_schema.check_config`, and a command's own settings),
+    one paragraph and exit 2 for a bad one before anything starts; then the Hydra entry point."""
     from llm_perf_opt.cli.help_text import register_resolver
     from llm_perf_opt.override_keys import check_override_keys
 

@@ -16,6 +16,7 @@ the rung runner uses (pid, wait with a timeout, send_signal). The what-if run la
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -30,6 +31,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from llm_perf_opt.parent_death import die_with_parent, with_parent
+
 log = logging.getLogger("llm_perf_opt.whatif")
 
 PRELOAD = ("torch", "transformers", "llm_perf_opt.pipeline.stage1", "llm_perf_opt.cli.stage1")
@@ -40,6 +43,7 @@ PRELOAD = ("torch", "transformers", "llm_perf_opt.pipeline.stage1", "llm_perf_op
 COMPILE_PRELOAD = ("torch._inductor.compile_fx", "torch._inductor.async_compile", "torch._dynamo.backends.inductor")
 COMPILES_FLAG = "--compiles"
 READY = "ready"
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # what a terminal or a scheduler stops a run with
 ENTRY_MODULE = "llm_perf_opt.cli.stage1"
 
 
@@ -49,10 +53,11 @@ def _serve(argv: Sequence[str] = ()) -> None:
     `--compiles <file>`: torch.compile's modules too, once the first rung is forked, then create <file>."""
     import importlib
 
-    # Ctrl-C in a terminal reaches the whole foreground group: the what-if run stops the rungs itself, and the
-    # server must outlive them to report how they ended (it exits when its stdin closes).
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    # Ctrl-C in a terminal (or its closing, SIGHUP) reaches the whole foreground group: the what-if run stops the
+    # rungs itself, and the server must outlive them to report how they ended (it exits when its stdin closes).
+    for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
+    parent = os.getppid()  # the what-if run: the server dies with it (PR_SET_PDEATHSIG, set when it was started)
     compile_preloaded = Path(argv[argv.index(COMPILES_FLAG) + 1]) if COMPILES_FLAG in argv else None
     try:
         for name in PRELOAD:
@@ -83,11 +88,21 @@ def _serve(argv: Sequence[str] = ()) -> None:
             if children and compile_preloaded is not None:  # the first rung runs: while it starts, import these
                 _preload(COMPILE_PRELOAD, compile_preloaded)
                 compile_preloaded = None
+        if os.getppid() != parent:  # the what-if run was killed (where no PR_SET_PDEATHSIG killed this server)
+            _kill_groups(children)
+            return
         for pid in list(children):
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 children.discard(pid)
                 _say({"exit": [pid, os.waitstatus_to_exitcode(status)]})
+
+
+def _kill_groups(children: set[int]) -> None:
+    """SIGKILL each rung's process group (each leads its own session)."""
+    for pid in children:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
 
 
 def _preload(modules: Sequence[str], done: Path) -> None:
@@ -110,6 +125,7 @@ def _say(message: Mapping[str, Any]) -> None:
 
 def _fork(request: Mapping[str, Any]) -> int:
     """Fork one rung; the parent returns its pid (also said on stdout), the child never returns."""
+    server = os.getpid()
     pid = os.fork()
     if pid:
         _say({"pid": pid, "request": request.get("request")})
@@ -117,6 +133,7 @@ def _fork(request: Mapping[str, Any]) -> int:
     status = 1
     try:
         os.setsid()
+        die_with_parent(server)  # a rung outlives no server (this single-threaded server forked it)
         log_fd = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
@@ -124,7 +141,7 @@ def _fork(request: Mapping[str, Any]) -> int:
         os.dup2(log_fd, 2)
         os.close(log_fd)
         os.close(null)
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in STOP_SIGNALS:
             signal.signal(signum, signal.SIG_DFL)  # the entry point installs its own handlers
         os.environ.update(request.get("env", {}))
         module = str(request.get("module") or ENTRY_MODULE)
@@ -281,6 +298,7 @@ class StartingServer:
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             env={**os.environ, "PYTORCH_NVML_BASED_CUDA_CHECK": "1"},  # is_available() must not touch the driver
+            preexec_fn=with_parent(),  # killed with the what-if run (launched from its main thread)
         )
         return cls(process, preloaded)
 

@@ -41,7 +41,7 @@ from llm_perf_opt.nsight.nsys_stats import REPORT_ALTERNATIVES, available_report
 from llm_perf_opt.nsight.nsys_trace import NsysTrace
 from llm_perf_opt.nsight.stage2_analysis import Stage2Analysis
 from llm_perf_opt.nsight.tools import Tool, ToolRun, check_nsys_report, check_run, find_tool, require_gpu, run_tool
-from llm_perf_opt.override_text import override_key, sets_key
+from llm_perf_opt.override_text import override_key, quoted, quoted_override, sets_key
 from llm_perf_opt.progress import Feedback
 from llm_perf_opt.records import folders
 from llm_perf_opt.records import vocabulary as vocab
@@ -111,7 +111,7 @@ def workload_argv(
         "pipeline.energy.enable": "false",
         "run.repeats": cfg.stage2.workload.repeats,
         "run.warmup": cfg.stage2.workload.warmup,
-        "model.cache_dir": model_cache,
+        "model.cache_dir": None if model_cache is None else quoted(model_cache),
     }
     forced: dict[str, Any] = {}  # after the user's overrides, so these win
     if ncu:
@@ -126,7 +126,7 @@ def workload_argv(
         if value is not None and not sets_key(user_overrides, key) and forced.get(key) is None:
             argv.append(f"{key}={value}")
     argv += [f"{key}={value}" for key, value in forced.items() if value is not None]
-    argv.append(f"hydra.run.dir={run_dir / 'workload' / name}")
+    argv.append(quoted_override("hydra.run.dir", run_dir / "workload" / name))
     return argv
 
 

@@ -19,6 +19,7 @@ import attrs
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure.sweep import job_figures, summarize
 from llm_perf_opt.override_text import deletes, override_key, override_value
 from llm_perf_opt.records.common import COMPLETE, RUNNING
@@ -149,8 +150,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.sweep_dir.is_dir():
         parser.error(f"{args.sweep_dir} is not a folder")
+    try:
+        require_jobs(args.sweep_dir)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
     print(summarize_sweep(args.sweep_dir))
     return 0
+
+
+def require_jobs(sweep_dir: Path) -> None:
+    """UserError when `sweep_dir` holds no job folders (0, 1, ...): an empty summary would be written into it."""
+    if job_dirs(sweep_dir):
+        return
+    what = "a run folder (it holds run_status.json)" if (sweep_dir / STATUS_FILE).exists() else "no multirun folder"
+    raise UserError(
+        f"{sweep_dir.resolve()} holds no sweep jobs (numbered job folders 0, 1, ...): it is {what}; nothing was "
+        "written",
+        "Pass the folder a `stage1-run -m` sweep wrote (its hydra.sweep.dir, by default multirun/<date>/<time>)",
+    )
 
 
 if __name__ == "__main__":

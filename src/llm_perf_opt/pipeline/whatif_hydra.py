@@ -20,7 +20,7 @@ import yaml
 
 from llm_perf_opt import artifacts
 from llm_perf_opt.override_keys import is_group
-from llm_perf_opt.override_text import override_key
+from llm_perf_opt.override_text import override_key, quoted_override
 from llm_perf_opt.pipeline.whatif_rungs import (
     PAST_LIMIT_FIX,
     PAST_LIMIT_MARKED,
@@ -135,7 +135,7 @@ def phase_command(jobs: Sequence[RungJob], launcher: Sequence[str], configs: Pat
         *jobs[0].shared,
         *device,
         f"+{RUNG_GROUP}={','.join(job.folder.name for job in jobs)}",
-        f"hydra.sweep.dir={sweep_dir}",
+        quoted_override("hydra.sweep.dir", sweep_dir),
         f"hydra.sweep.subdir=${{hydra:runtime.choices.{RUNG_GROUP}}}",
         *_CALLBACKS_OFF,
         "run.save_prefill_logits=true",

@@ -23,7 +23,9 @@ from typing import Any
 
 import attrs
 
-from llm_perf_opt import artifacts
+from llm_perf_opt import artifacts, interrupts
+from llm_perf_opt.override_text import quoted_override
+from llm_perf_opt.parent_death import with_parent
 from llm_perf_opt.pipeline.rung_forks import ENTRY_MODULE as STAGE1_MODULE
 from llm_perf_opt.pipeline.rung_forks import ForkedRung, ForkServer
 from llm_perf_opt.pipeline.rung_handoff import RELEASED_ENV, WAIT_ENV
@@ -61,7 +63,7 @@ class SharedCaches:
     @property
     def overrides(self) -> tuple[str, ...]:
         """The `stage1-run` overrides every rung gets."""
-        return () if self.model_cache is None else (f"model.cache_dir={self.model_cache}",)
+        return () if self.model_cache is None else (quoted_override("model.cache_dir", self.model_cache),)
 
     @property
     def env(self) -> tuple[tuple[str, str], ...]:
@@ -148,7 +150,7 @@ def stage1_arguments(job: RungJob, device: str | None) -> list[str]:
         *extra,
         "run.save_prefill_logits=true",
         "report.render=false",  # the what-if renders every rung's reports once, when it ends
-        f"hydra.run.dir={job.folder}",
+        quoted_override("hydra.run.dir", job.folder),  # quoted: a space or non-ASCII letter in the path
     ]
 
 
@@ -176,8 +178,13 @@ def _started(
 ) -> subprocess.Popen[bytes]:
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as out:
-        return subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, start_new_session=own_group, env=child_env(env)
+        return subprocess.Popen(  # started by the thread that waits for it: it dies with the what-if run
+            command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=own_group,
+            env=child_env(env),
+            preexec_fn=with_parent(),
         )
 
 
@@ -221,7 +228,7 @@ def _waited(
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
         if stopping:  # the run was stopped while this rung was starting
-            _stop(process, own_group)
+            _stop(process, own_group, forwarded_stop(own_group))
         while True:
             if on_release is not None and released is not None and released.exists():
                 on_release()
@@ -237,8 +244,8 @@ def _waited(
     except subprocess.TimeoutExpired:
         _stop(process, own_group)
         return None
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM while waiting here: the process must not outlive the run
-        _stop(process, own_group)
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM or SIGHUP while waiting here: the process must not outlive the run
+        _stop(process, own_group, forwarded_stop(own_group))
         raise
     finally:
         with _LOCK:
@@ -365,10 +372,10 @@ def _signal(process: RungProcess, signum: int, group: bool) -> None:
             process.send_signal(signum)
 
 
-def _stop(process: RungProcess, group: bool = False) -> None:
-    """SIGTERM, once more after RESEND_AFTER_S, then SIGKILL after the grace period (to its whole process group when
-    `group`)."""
-    _signal(process, signal.SIGTERM, group)
+def _stop(process: RungProcess, group: bool = False, first: int = signal.SIGTERM) -> None:
+    """`first` (SIGTERM, or the signal that stopped the what-if run, so the rung names it), SIGTERM after
+    RESEND_AFTER_S, then SIGKILL after the grace period (to its whole process group when `group`)."""
+    _signal(process, first, group)
     try:
         process.wait(timeout=RESEND_AFTER_S)
     except subprocess.TimeoutExpired:
@@ -382,13 +389,21 @@ def _stop(process: RungProcess, group: bool = False) -> None:
         _signal(process, signal.SIGKILL, group)
 
 
+def forwarded_stop(group: bool) -> int:
+    """The signal that stops a rung with the what-if run: the one that stopped the run, so the rung's folder names
+    it; SIGTERM instead of SIGINT for a rung in this run's process group (`group` False), which a terminal's Ctrl-C
+    reached already (a second SIGINT would cut its writing short)."""
+    signum = interrupts.stop_signal()
+    return signal.SIGTERM if signum == signal.SIGINT and not group else signum
+
+
 def stop_all() -> None:
     """Stop every rung still running, and any that was about to start (the what-if run itself is being stopped)."""
     with _LOCK:
         _STOPPING.set()
         running = list(_LIVE.items())
     for process, group in running:
-        _stop(process, group)
+        _stop(process, group, forwarded_stop(group))
 
 
 @attrs.frozen

@@ -40,3 +40,4 @@ class Manifest:
     parameters: int  # parameter count (tied ones once)
     tensors: int  # tensors in the file
     file_bytes: int  # size of model.safetensors when it was written
+    content_digest: str = ""  # hash of model.safetensors' bytes (session.saved_model.content_digest); "": none (older)

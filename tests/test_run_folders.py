@@ -50,7 +50,7 @@ def test_write_failure_while_finishing_marks_the_folder_failed(
     """The writer fails in the final write and again in the partial write that follows it."""
     run_dir = tmp_path / "run"
     if failing == "report writer":
-        monkeypatch.setattr(stage1_reports, "write_all", _disk_full)
+        monkeypatch.setattr(stage1_reports, "write_details", _disk_full)
     else:
         real = artifacts._atomic_write
 

@@ -95,6 +95,23 @@ def test_tiny_run_completes_with_every_artifact(tiny_run: tuple[Path, Path, subp
     assert "Shapes, memory and call sites" not in (out / "operators.md").read_text()
 
 
+def test_the_last_line_is_the_report_and_the_time_budget_adds_up(
+    tiny_run: tuple[Path, Path, subprocess.CompletedProcess[str]],
+) -> None:
+    """`stage1-run | tail -1` is the report's bare path, after the line saying where the time went, which
+    metrics.json and report.md keep too."""
+    out, _, done = tiny_run
+    lines = done.stdout.splitlines()
+    assert lines[-1] == str(out / "report.md")
+    budget = json.loads((out / "metrics.json").read_text())["time_budget"]
+    parts = {p["name"]: p["seconds"] for p in budget["parts"]}
+    assert {"start", "build", "passes", "profiled pass", "reports", "other"} <= set(parts)
+    assert all(seconds >= 0 for seconds in parts.values())
+    assert sum(parts.values()) == pytest.approx(budget["total_s"])
+    assert lines[-2].strip().startswith("took ") and "start " in lines[-2]
+    assert f"Time budget: {lines[-2].strip()}" in (out / "report.md").read_text()
+
+
 def test_metrics_schema(tiny_run: tuple[Path, Path, subprocess.CompletedProcess[str]]) -> None:
     out, _, _ = tiny_run
     m = json.loads((out / "metrics.json").read_text())

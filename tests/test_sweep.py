@@ -182,3 +182,7 @@ def test_a_failing_job_does_not_stop_the_sweep(tmp_path: Path) -> None:
     text = json.dumps(summary)
     assert "failed" in text and "infer.max_new_tokens=0 is out of range" in text
     assert (sweep / "1" / "report.md").is_file()
+    # stdout's last line is the sweep summary's bare path, after each job's own summary
+    lines = done.stdout.splitlines()
+    assert lines[-1] == str(sweep / "sweep_summary.md")
+    assert str(sweep / "1" / "report.md") in lines

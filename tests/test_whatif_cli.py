@@ -117,6 +117,20 @@ def test_every_rung_ends_as_it_should(ladder: tuple[Path, subprocess.CompletedPr
     assert "its top logit and the rung took the other one (a near-tie" in (out / "whatif.md").read_text()
 
 
+def test_the_last_line_is_whatif_md_after_the_time_budget_by_phase(
+    ladder: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    out, done = ladder
+    lines = done.stdout.splitlines()
+    assert lines[-1] == str(out / "whatif.md")
+    budget = load_file(out / "whatif.json", WhatIfRecord).time_budget
+    assert budget is not None and lines[-2].strip() == budget.line
+    parts = {p.name: p.seconds for p in budget.parts}
+    assert {"start", "baseline", "levers", "reports", "other"} <= set(parts)
+    assert all(seconds >= 0 for seconds in parts.values()) and sum(parts.values()) == pytest.approx(budget.total_s)
+    assert budget.note is not None and "rung(s)" in budget.note
+
+
 def test_a_finished_folder_is_judged_again_from_its_rung_folders(
     ladder: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path
 ) -> None:

@@ -18,12 +18,14 @@ def _main(cfg: DictConfig) -> None:
     from llm_perf_opt.config_data import plain
     from llm_perf_opt.errors import UserError
     from llm_perf_opt.pipeline.analytic import check_workload_model, write_analytic_report
+    from llm_perf_opt.progress import Feedback
     from llm_perf_opt.session.adapters.registry import make_adapter
     from llm_perf_opt.session.model_settings import ModelSettings
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
 
     def job() -> None:
+        feedback = Feedback()
         art = ArtifactsManager(run_dir, stage="analytic")
         art.start(run_dir.name)
         try:
@@ -36,12 +38,13 @@ def _main(cfg: DictConfig) -> None:
                     "Run stage1-run with the same model: dense decoder-only models (Llama, Qwen2, Mistral) get "
                     "analytic FLOPs and bytes per stage in its report",
                 )
-            report = write_analytic_report(art, cfg, model)
+            with feedback.step("pricing the workload, writing the report", part="pricing and report"):
+                report = write_analytic_report(art, cfg, model)
         except UserError as exc:
             art.finish(artifacts.FAILED, str(exc))
             raise
         art.finish(artifacts.COMPLETE)
-        print(f"\nanalytic report: {report}")
+        feedback.summary(f"analytic-report {run_dir.name}: complete", [], str(report), feedback.budget())
 
     run_guarded(job, run_dir=run_dir, cfg=cfg)
 

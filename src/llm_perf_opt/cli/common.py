@@ -163,8 +163,8 @@ def launch(
 
 
 def print_report_path(run_dir: Path) -> None:
-    """The last line a command prints: where its report is."""
-    print(f"\nreport: {run_dir / 'report.md'}")
+    """The last line a command prints: its report's bare path (`| tail -1` gives it to a script)."""
+    print(run_dir / "report.md")
 
 
 def rebuild_reports(

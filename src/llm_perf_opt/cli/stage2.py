@@ -22,13 +22,11 @@ def _main(cfg: DictConfig) -> None:
         artifacts.release(run_dir)
         print_report_path(run_guarded(lambda: render(Path(str(cfg.stage2.rerender)))))
         return
-    overrides = list(hydra_cfg.overrides.task)
-    print_report_path(
-        run_guarded(
-            lambda: Stage2Run(cfg, run_dir, run_id=run_dir.name, task_overrides=overrides).execute(),
-            run_dir=run_dir,
-            cfg=cfg,
-        )
+    overrides = list(hydra_cfg.overrides.task)  # the run ends with its summary: the budget, then report.md's path
+    run_guarded(
+        lambda: Stage2Run(cfg, run_dir, run_id=run_dir.name, task_overrides=overrides).execute(),
+        run_dir=run_dir,
+        cfg=cfg,
     )
 
 

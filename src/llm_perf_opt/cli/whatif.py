@@ -19,10 +19,10 @@ def _main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     workload = workload_overrides(list(hydra_cfg.overrides.task))
+    # the run ends with its summary: the rungs, the best lever, the time budget, then whatif.md's path
     run_guarded(
         lambda: WhatIfRun(cfg, run_dir, run_id=run_dir.name, workload=workload).execute(), run_dir=run_dir, cfg=cfg
     )
-    print(f"\nreport: {run_dir / 'whatif.md'}")
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import torch
 from omegaconf import DictConfig, OmegaConf
 
@@ -119,8 +120,8 @@ class Stage1Run:
         try:
             with self.feedback.session():
                 self._measure()
-            measuring = False
-            metrics = self._write_outputs(partial=False)
+                measuring = False
+                metrics = self._write_outputs(partial=False)
         except KeyboardInterrupt as stop:
             self._write_partial(interrupts.cause(stop))
             self.art.finish(artifacts.INTERRUPTED, f"{interrupts.cause(stop)}; results so far were written")
@@ -152,7 +153,8 @@ class Stage1Run:
                 f"{p50.get(vocab.DECODE_STEP, 0):,.2f} ms, MBU {pct(decode.mbu if decode else None)}",
             ),
         ]
-        self.feedback.summary(f"stage1-run {self.run_id}: complete", rows, str(self.art.run_dir / "report.md"))
+        report = str(self.art.run_dir / "report.md")
+        self.feedback.summary(f"stage1-run {self.run_id}: complete", rows, report, m.time_budget)
 
     def _fail(self, why: str, message: str, *, partial: bool = True) -> None:
         """Write what was measured (when `partial`), then mark the folder failed whatever that write does."""
@@ -207,7 +209,7 @@ class Stage1Run:
         self._measure_peaks(device, model.dtype)
         log.info("building %s on %s …", model.name, device)
         started = time.perf_counter()
-        with self.feedback.step(f"building {model.name} on {device}"):
+        with self.feedback.step(f"building {model.name} on {device}", part="build"):
             self.session = session = InferenceSession.load(model, device, self.runtime)
         session.keep_prefill_logits = bool(cfg.run.get("save_prefill_logits", False))
         if profiler_window:
@@ -244,14 +246,15 @@ class Stage1Run:
         profiled: tuple[Path, ...] = (self.selection.images[0].path,)  # the profiled pass: the first input or batch
         if size == 1:
             passes = len(self.selection.images) * (1 + settings.warmup + settings.repeats)
-            with self.feedback.step("images: FLOP count, warm-up and timed passes", total=passes) as bar:
+            with self.feedback.step("images: FLOP count, warm-up and timed passes", total=passes, part="passes") as bar:
                 self._run_images(session, settings, vision, bar)
         else:
             groups = batches([e.path for e in self.selection.images], size)
             if self.fills_batches:
                 groups = [filled(group, size) for group in groups]
             passes = len(self.selection.images) + len(groups) * (1 + settings.warmup + settings.repeats)
-            with self.feedback.step(f"batches of {size}: FLOP count, warm-up and timed passes", total=passes) as bar:
+            what = f"batches of {size}: FLOP count, warm-up and timed passes"
+            with self.feedback.step(what, total=passes, part="passes") as bar:
                 self._run_batches(session, settings, vision, groups, bar)
             profiled = groups[0]
 
@@ -273,7 +276,8 @@ class Stage1Run:
         """`run.save_top2_logits`: one untimed eager pass per input keeping the top two logits behind each token."""
         assert self.selection is not None
         images = self.selection.images
-        with self.feedback.step("top two logits per token (untimed eager passes)", total=len(images)) as bar:
+        what = "top two logits per token (untimed eager passes)"
+        with self.feedback.step(what, total=len(images), part="top-two logits") as bar:
             for entry in images:
                 prepared = session.prepare(entry.path)
                 self.state.top2[input_key(self.selection, entry.path)] = session.top_two(
@@ -290,7 +294,8 @@ class Stage1Run:
         what = profiled[0].name if len(profiled) == 1 else f"the first batch ({len(profiled)} inputs)"
         log.info("profiled pass on %s (prefill + %d decode steps)", what, int(prof.decode_steps))
         trace = self.art.path("torch_profiler/trace.json.gz") if prof.chrome_trace else None
-        with self.feedback.step(f"profiled pass (prefill + {int(prof.decode_steps)} decode steps)"):
+        title = f"profiled pass (prefill + {int(prof.decode_steps)} decode steps)"
+        with self.feedback.step(title, part="profiled pass"):
             self.state.operators = profile_image(
                 session,
                 profiled,
@@ -326,7 +331,7 @@ class Stage1Run:
         if device.type != "cuda":
             return  # said in the run's warnings
         dtype = str(resolve_dtype(dtype_setting, device)).removeprefix("torch.")
-        with self.feedback.step("measuring this GPU's achievable peaks (cached after the first run)"):
+        with self.feedback.step("measuring this GPU's achievable peaks (cached after the first run)", part="peaks"):
             self.handoff.wait()  # (the previous what-if rung's end: the calibration times the GPU)
             self.state.measured_peaks = (
                 measured_peak_compute(device, dtype, tf32_matmul=bool(torch.backends.cuda.matmul.allow_tf32)),
@@ -485,6 +490,11 @@ class Stage1Run:
         return bool(self.cfg.run.get("fill_batches", False)) and self.runtime.batch_size > 1
 
     def _write_outputs(self, partial: bool) -> Stage1Metrics:
+        """The records, then the reports; metrics.json again with the time budget, which report.md shows."""
+        with self.feedback.step("writing the records and reports", part="reports"):
+            return self._write_records_and_reports(partial)
+
+    def _write_records_and_reports(self, partial: bool) -> Stage1Metrics:
         assert self.session is not None and self.selection is not None and self.settings is not None
         recorded = run_settings(
             self.cfg,
@@ -516,14 +526,22 @@ class Stage1Run:
         if outputs.prediction.enable:
             target = self.art.resolve_save_dir(outputs.prediction.save_dir) / "predictions.jsonl"
             self.art.write_anywhere(target, dumps_lines(predictions))
+        inputs = inputs_manifest(self.inputs)
+        plots: dict[str, str] = {}
         if self.render_reports:
-            stage1_reports.write_all(
+            plots = stage1_reports.write_details(
                 self.art,
                 metrics,
-                inputs=inputs_manifest(self.inputs),
+                inputs=inputs,
                 operators=self.state.operators,
                 predictions=predictions,
                 whatif=self.whatif,
+            )
+        metrics = attrs.evolve(metrics, time_budget=self.feedback.budget())
+        self.art.write_json(METRICS_FILE, metrics)
+        if self.render_reports:
+            stage1_reports.write_report(
+                self.art, metrics, plots, inputs=inputs, operators=self.state.operators, whatif=self.whatif
             )
         return metrics
 

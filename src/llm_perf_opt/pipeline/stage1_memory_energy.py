@@ -56,7 +56,8 @@ class MemoryAndEnergy:
         else:
             paths, _, new_tokens = self.work
             try:
-                with self.feedback.step("energy pass (NVML energy counter: prefill-only loop, decode-only loop)"):
+                what = "energy pass (NVML energy counter: prefill-only loop, decode-only loop)"
+                with self.feedback.step(what, part="energy"):
                     self.meter = EnergyMeter.open(self.session.device, self.energy)
                     self.meter.loops(self.session, paths, new_tokens)
             except EnergyUnavailable as exc:
@@ -103,7 +104,7 @@ class MemoryAndEnergy:
         """The memory pass; its snapshot saved as memory/snapshot.pickle. A pass that fails (out of memory, an
         allocator refusing the history) is recorded as not available, after the timed passes it cannot spoil."""
         try:
-            with self.feedback.step("memory pass (allocator peaks per stage, snapshot)"):
+            with self.feedback.step("memory pass (allocator peaks per stage, snapshot)", part="memory"):
                 outcome = memory_pass(self.session, *self.work, self.memory)
         except (RuntimeError, torch.OutOfMemoryError) as exc:
             log.warning("memory pass failed: %s: %s", type(exc).__name__, exc)

@@ -12,7 +12,7 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from pathlib import Path
@@ -45,8 +45,10 @@ from llm_perf_opt.override_text import override_key, quoted, quoted_override, se
 from llm_perf_opt.progress import Feedback
 from llm_perf_opt.records import folders
 from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records.common import TimeBudget
 from llm_perf_opt.records.folders import CAPTURE_FILE, CONFIG_FILE, METRICS_FILE, WORKLOAD_METRICS_FILE
 from llm_perf_opt.records.folders import NCU_TARGETS_FILE as TARGETS_FILE
+from llm_perf_opt.records.io import RecordError, read_json, structure
 from llm_perf_opt.records.stage2 import (
     Capture,
     CapturedToolRun,
@@ -184,6 +186,7 @@ class Stage2Run:
         self.model_cache = run_model_cache(cfg, self.user_overrides, run_dir)
         self._notes = threading.Lock()  # the capture's record is noted from the background thread too
         self._stats: Future[ToolRun] | None = None  # `nsys stats`, running beside Nsight Compute
+        self.time_budget: TimeBudget | None = None  # where the run's time went, as metrics.json records it
 
     @functools.cached_property
     def gpu_metrics_hz(self) -> int | None:
@@ -224,7 +227,14 @@ class Stage2Run:
         try:
             with self.feedback.session():
                 self._capture()
-            render(self.art.run_dir, art=self.art, whatif=self.whatif_dir, stage1=self.stage1_dir)
+            with self.feedback.step("analysing the exports, writing the reports", part="reports"):
+                render(
+                    self.art.run_dir,
+                    art=self.art,
+                    whatif=self.whatif_dir,
+                    stage1=self.stage1_dir,
+                    time_budget=self._take_budget,
+                )
         except KeyboardInterrupt as stop:
             self._save_capture()
             self.art.finish(artifacts.INTERRUPTED, f"{interrupts.cause(stop)}; exports so far were kept")
@@ -240,7 +250,14 @@ class Stage2Run:
         finally:
             remove_model_cache(self.model_cache)
         self.art.finish(artifacts.COMPLETE)
+        report = str(self.art.run_dir / "report.md")
+        self.feedback.summary(f"stage2-profile {self.run_id}: complete", [], report, self.time_budget)
         return self.art.run_dir
+
+    def _take_budget(self) -> TimeBudget:
+        """The run's time budget so far, kept for the closing summary."""
+        self.time_budget = self.feedback.budget()
+        return self.time_budget
 
     def _save_capture(self) -> None:
         self.art.write_json(CAPTURE_FILE, self.capture)
@@ -316,7 +333,7 @@ class Stage2Run:
         self._note_command(str(Path(log_rel).with_name("cmd.txt")), argv)
         log.info("%s: %s", what, commands.shell_line(argv)[:200])
         started = time.perf_counter()
-        with nullcontext() if background else self.feedback.step(what):
+        with nullcontext() if background else self.feedback.step(what, part=key.replace("_", " ")):
             run = run_tool(argv, timeout_s=timeout_s, log_path=self.art.path(log_rel))
         self.art.record(log_rel)
         done = CapturedToolRun(
@@ -576,11 +593,13 @@ def render(
     art: ArtifactsManager | None = None,
     whatif: Path | str | None = None,
     stage1: Path | str | None = None,
+    time_budget: Callable[[], TimeBudget] | None = None,
 ) -> Path:
     """Build metrics.json, kernel_roofline.png, kernels.md, report.md and stakeholder_summary.md from a Stage 2
     folder's exports and records; `whatif`: a perf-whatif folder whose measured levers the recommendations cite
     (default: the one the folder lies in, if any); `stage1`: a Stage 1 folder of the same workload whose profiled
-    pass names the kernels by module (default: the workload's own, when it ran the profiler)."""
+    pass names the kernels by module (default: the workload's own, when it ran the profiler); `time_budget`: the
+    run's, taken before report.md (default: the one the folder's metrics.json recorded, if any)."""
     run_dir = Path(run_dir).resolve()
     evidence = folders.whatif_for(run_dir, whatif)
     export = next((run_dir / p for p in (NSYS_SQLITE, NSYS_SQLITE_GZ) if (run_dir / p).is_file()), None)
@@ -603,12 +622,29 @@ def render(
             run_dir, trace, capture, targets=targets, workload=workload, driver=driver, models=models
         )
         metrics = analysis.metrics()
-    metrics = attrs.evolve(metrics, kernel_modules=kernel_modules(metrics, run_dir, stage1))
+    recorded = None if time_budget is not None else _recorded_budget(run_dir)
+    metrics = attrs.evolve(metrics, kernel_modules=kernel_modules(metrics, run_dir, stage1), time_budget=recorded)
     manager.write_json(METRICS_FILE, metrics)
     plots = stage2_plots.write_stage2_plots(metrics, run_dir)
     for relative in plots.values():
         manager.record(relative)
     manager.write_text("kernels.md", stage2_reports.kernels_md(metrics, plots))
     manager.write_text("stakeholder_summary.md", stage2_reports.stakeholder_md(metrics, evidence))
+    if time_budget is not None:
+        metrics = attrs.evolve(metrics, time_budget=time_budget())
+        manager.write_json(METRICS_FILE, metrics)
     manager.write_text("report.md", stage2_reports.report_md(metrics, [*manager.written, "report.md"]))
     return run_dir
+
+
+def _recorded_budget(run_dir: Path) -> TimeBudget | None:
+    """The time budget of the run that wrote the folder's metrics.json (a rebuild keeps it), or None."""
+    if not (run_dir / METRICS_FILE).is_file():
+        return None
+    path = run_dir / METRICS_FILE
+    try:
+        recorded = read_json(path)
+        budget = recorded.get("time_budget") if isinstance(recorded, dict) else None
+        return None if budget is None else structure(budget, TimeBudget, path)
+    except RecordError:  # a damaged file: rebuilt from the exports, without a budget
+        return None

@@ -122,7 +122,8 @@ SWEEP_FAILED_EXIT = 1  # exit status of a multirun with a job that did not compl
 
 
 class SweepSummaryCallback(Callback):
-    """Hydra callback: summarise the sweep folder when a multirun ends; exit 1 when a job did not complete."""
+    """Hydra callback: summarise the sweep folder when a multirun ends, its path the sweep's last line on stdout
+    (after every job's own summary); exit 1 when a job did not complete."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))
@@ -131,7 +132,8 @@ class SweepSummaryCallback(Callback):
         except (OSError, ValueError) as exc:  # a summary must never turn a finished sweep into a failure
             log.warning("sweep summary not written for %s: %s", sweep_dir, exc)
             return
-        log.info("sweep summary: %s", target)
+        print(f"stage1-run sweep: {len(summary.jobs) - len(summary.skipped)} of {len(summary.jobs)} job(s) complete")
+        print(target, flush=True)
         failed = summary.skipped
         if failed:
             listed = ", ".join(f"{job.num} ({job.status})" for job in failed)

@@ -35,9 +35,9 @@ from llm_perf_opt.pipeline.whatif_rungs import (
     shared_caches,
     stopped_outcome,
 )
-from llm_perf_opt.progress import Feedback
+from llm_perf_opt.progress import Feedback, StepHandle
 from llm_perf_opt.records import common
-from llm_perf_opt.records.common import SCHEMA_VERSION
+from llm_perf_opt.records.common import SCHEMA_VERSION, TimeBudget
 from llm_perf_opt.records.folders import METRICS_FILE, Stage1Folder, load_stage1
 from llm_perf_opt.records.io import RecordError
 from llm_perf_opt.records.whatif import (
@@ -312,6 +312,7 @@ class WhatIfRun:
         self.forks: ForkServer | None = None  # the preloaded server the rungs are forked from, once it has imported
         self.starting: StartingServer | None = None  # that server while it imports (launched when the run starts)
         self.caches = SharedCaches()  # build once, reuse: what the rungs share, found when the run starts
+        self.tally: StepHandle | None = None  # every rung's progress across the phases, while they run
 
     def _fork_rungs(self) -> bool:
         """`whatif_run.fork_rungs`: the local launcher forks each rung from a preloaded server."""
@@ -345,7 +346,8 @@ class WhatIfRun:
             # config; it is waited for when the first rung is due, and cancelled if none is.
             self.starting = StartingServer.launch(compiles=rungs_compile(self.cfg)) if self.fork_rungs else None
             self.caches = shared_caches(self.cfg.whatif_run, self.cfg.get("model") or {}, self.art.run_dir)
-            record = self._run()
+            with self.feedback.session():
+                record = self._run()
         except KeyboardInterrupt as stop:
             why = interrupts.cause(stop)
             self._write(partial=f"{why}; the rungs still running were stopped")
@@ -374,7 +376,38 @@ class WhatIfRun:
                 f"{self.art.run_dir / LOGS_DIR}",
             )
         self.art.finish(artifacts.COMPLETE)
+        self._print_summary(record)
         return record
+
+    def _print_summary(self, record: WhatIfRecord) -> None:
+        """The closing lines: rungs, the best lever, where the time went, then whatif.md's path."""
+        measured = sum(1 for r in record.rungs if r.state == MEASURED and r.reused is None)
+        ran = sum(1 for r in record.rungs if r.reused is None)
+        best = record.best_rung
+        if best is not None and best.speedup is not None:
+            best_text = f"{best.name}, {best.speedup.value:.2f}× ({best.speedup.verdict})"
+        else:
+            best_text = "none: no lever beat the baseline beyond noise"
+        rows = [
+            ("model", f"{record.model} on {record.device or 'device not recorded'}"),
+            ("objective", record.objective.label),
+            ("rungs", f"{measured} measured of {ran}"),
+            ("best", best_text),
+        ]
+        from llm_perf_opt.report.whatif_report import WHATIF_REPORT
+
+        report = str(self.art.run_dir / WHATIF_REPORT)
+        self.feedback.summary(f"perf-whatif {self.run_id}: complete", rows, report, record.time_budget)
+
+    def _budget(self) -> TimeBudget:
+        """Where the run's time went, by phase, with how many rungs ran and their mean time."""
+        walls = [r.wall_s for r in self.rungs.values() if r.wall_s is not None and r.reused is None]
+        note = None
+        if walls:
+            mean = sum(walls) / len(walls)
+            overlap = " (rungs' times may overlap)" if self.overlap_rungs or len(self._devices()) > 1 else ""
+            note = f"{len(walls)} rung(s), {mean:.0f} s each on average{overlap}"
+        return self.feedback.budget(note)
 
     def _run(self) -> WhatIfRecord:
         run_cfg = self.cfg.whatif_run
@@ -400,23 +433,43 @@ class WhatIfRun:
             for lever in levers
         ]
         self._await_forks(needed=base.job is not None)
-        with self.feedback.step("the baseline", total=1) as bar:
+        planned = sum(1 for p in [base, *alone] if p.job is not None)
+        with self.feedback.tally("rungs (all phases)", total=planned) as self.tally:
+            self._phases(base, alone, levers, devices)
+        self.tally = None
+        return self._finish()
+
+    def _phases(self, base: _Plan, alone: list[_Plan], levers: Sequence[Lever], devices: list[str | None]) -> None:
+        """The baseline, each lever alone, then the ladder."""
+        run_cfg = self.cfg.whatif_run
+        with self.feedback.step("the baseline", total=1, part="baseline") as bar:
             self._execute(BASELINE, [base], devices, bar.advance)
         self._write_progress()
         if self.rungs[BASELINE_NAME].state != MEASURED:  # without a baseline no lever can be judged: stop here
             for p in alone:
                 if p.job is not None:
                     self.rungs[p.rung.name] = attrs.evolve(p.rung, state=SKIPPED, reason="not run: the baseline failed")
-        else:
-            with self.feedback.step(f"{len(alone)} lever(s), each alone", total=len(alone)) as bar:
-                self._execute(ALONE, alone, devices, bar.advance)
-            self._judge(BASELINE_NAME)
-            self._write_progress()
-            if bool(run_cfg.ladder):
-                self._ladder(levers, devices, latency_only=bool(run_cfg.ladder_latency_only))
+            return
+        with self.feedback.step(f"{len(alone)} lever(s), each alone", total=len(alone), part="levers") as bar:
+            self._execute(ALONE, alone, devices, bar.advance)
+        self._judge(BASELINE_NAME)
+        self._write_progress()
+        if bool(run_cfg.ladder):
+            self._ladder(levers, devices, latency_only=bool(run_cfg.ladder_latency_only))
+
+    def _finish(self) -> WhatIfRecord:
+        """The record (which the rungs' reports cite), the rungs' reports, then the what-if's own with the time
+        budget."""
+        from llm_perf_opt.report import whatif_report
+
         record = self._record()
-        self._write_record(record)
-        self._render_rungs()
+        with self.feedback.step("writing the record and the reports", part="reports"):
+            self.art.write_json(WHATIF_FILE, record)
+            self._render_rungs()
+            plots = whatif_report.write_plots(self.art, record)
+            record = attrs.evolve(record, time_budget=self._budget())
+            self.art.write_json(WHATIF_FILE, record)
+            whatif_report.write_report(self.art, record, plots)
         return record
 
     def _await_forks(self, *, needed: bool) -> None:
@@ -427,7 +480,8 @@ class WhatIfRun:
         if not needed:
             starting.cancel()
             return
-        with self.feedback.step("preloading torch and transformers once for every rung (whatif_run.fork_rungs)"):
+        what = "preloading torch and transformers once for every rung (whatif_run.fork_rungs)"
+        with self.feedback.step(what, part="preload"):
             self.forks = starting.ready()
 
     def _devices(self) -> list[str | None]:
@@ -507,6 +561,8 @@ class WhatIfRun:
             why = f" ({outcome.message})" if outcome.message else ""
             log.info("rung %s: %s%s%s", outcome.name, outcome.state, took, why)
             advance()
+            if self.tally is not None:
+                self.tally.advance()
 
         try:
             if self.launcher == HYDRA_LAUNCHER:
@@ -640,7 +696,9 @@ class WhatIfRun:
             for i, step in enumerate(plan.steps[1:], start=2)
         ]
         if plans:
-            with self.feedback.step(f"the ladder: {len(plans)} more rung(s)", total=len(plans)) as bar:
+            if self.tally is not None:
+                self.tally.grow(sum(1 for p in plans if p.job is not None))
+            with self.feedback.step(f"the ladder: {len(plans)} more rung(s)", total=len(plans), part="ladder") as bar:
                 self._execute(LADDER, plans, devices, bar.advance)
         self._judge(BASELINE_NAME)
 
@@ -787,7 +845,8 @@ class WhatIfRun:
         if not self.rungs:
             return
         log.warning("writing the rungs measured so far: %s", partial)
-        self._write_record(attrs.evolve(self._record(), notes=(*self._notes(), f"The run did not finish: {partial}.")))
+        record = attrs.evolve(self._record(), notes=(*self._notes(), f"The run did not finish: {partial}."))
+        self._write_record(attrs.evolve(record, time_budget=self._budget()))
         self._render_rungs()
 
     def _render_rungs(self) -> None:
@@ -802,7 +861,7 @@ class WhatIfRun:
         }  # not a ladder rung reusing another's folder, nor a rung that wrote no records
         if not folders:
             return
-        with self.feedback.step(f"rendering the reports of {len(folders)} rung(s)"):
+        with self.feedback.step(f"rendering the reports of {len(folders)} rung(s)", part="reports"):
             left = self._render_forked(folders) if self.forks is not None else folders
             for name, folder in left.items():
                 _render_rung(name, folder)

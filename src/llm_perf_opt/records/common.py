@@ -10,6 +10,7 @@ import attrs
 #      Also in 1.2 (a default only, so the version stays): ModelInfo.family, the model family as its adapter
 #      describes it (None in older folders, whose family the reports probe from the preprocessing keys).
 # 1.3: Stage1Metrics.memory and .energy (the memory and energy passes; None in older folders).
+#      Also in 1.3 (a default only): the time budget of Stage1Metrics, Stage2Metrics and WhatIfRecord.
 SCHEMA_VERSION = "1.3"
 SCHEMA_MAJOR = SCHEMA_VERSION.split(".", 1)[0]
 
@@ -64,3 +65,47 @@ class RunStatus:
     # folder whose process is gone (`records.folders.writer_state`).
     pid: int | None = None
     host: str | None = None
+
+
+OTHER_PART = "other"  # the time no named part took (between the steps), so the parts add up to the total
+
+
+@attrs.frozen
+class TimePart:
+    """One part of a command's wall time."""
+
+    name: str  # "start", "build", "passes", ..., "other"
+    seconds: float
+
+
+@attrs.frozen
+class TimeBudget:
+    """Where a command's wall time went, from its process's start: named parts (`start`: the process's start to
+    the pipeline's first step, the imports a user waits for; `other`: the remainder) that add up to `total_s`."""
+
+    total_s: float
+    parts: tuple[TimePart, ...] = ()
+    note: str | None = None  # what the parts do not say (perf-whatif: how many rungs, their mean time)
+
+    @property
+    def line(self) -> str:
+        """ "took 38 s: start 3, build 1, passes 24, ..." in whole seconds (tenths under 10 s), the shown parts
+        rounded so that they add up to the shown total; parts that round to nothing are left out."""
+        unit = 1.0 if self.total_s >= 10 else 0.1
+        shown = _rounded_to_total([p.seconds for p in self.parts], self.total_s, unit)
+        decimals = 0 if unit == 1.0 else 1
+        text = ", ".join(f"{p.name} {n * unit:.{decimals}f}" for p, n in zip(self.parts, shown, strict=True) if n)
+        total = round(self.total_s / unit)
+        line = f"took {total * unit:,.{decimals}f} s" + (f": {text}" if text else "")
+        return line + (f"; {self.note}" if self.note else "")
+
+
+def _rounded_to_total(values: list[float], total: float, unit: float) -> list[int]:
+    """`values` in whole `unit`s adding up to `total` in whole units (largest remainder first)."""
+    target = round(total / unit)
+    scaled = [max(0.0, v / unit) for v in values]
+    whole = [int(s) for s in scaled]
+    by_remainder = sorted(range(len(scaled)), key=lambda i: scaled[i] - whole[i], reverse=True)
+    for i in by_remainder[: max(0, target - sum(whole))]:
+        whole[i] += 1
+    return whole

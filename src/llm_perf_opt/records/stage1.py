@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
-from llm_perf_opt.records.common import PeakFigure, Summary
+from llm_perf_opt.records.common import PeakFigure, Summary, TimeBudget
 from llm_perf_opt.records.memory import EnergyReport, MemoryReport
 from llm_perf_opt.records.modules import ModuleAttribution, ModuleTimes
 
@@ -757,6 +757,7 @@ class Stage1Metrics:
     # The memory and energy passes (schema 1.3; None in older folders, whose reports say they were not recorded)
     memory: MemoryReport | None = None
     energy: EnergyReport | None = None
+    time_budget: TimeBudget | None = None  # where the command's wall time went (None in older folders)
 
     @property
     def vision_stages(self) -> tuple[str, ...]:

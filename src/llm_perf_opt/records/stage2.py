@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from llm_perf_opt.records.common import PeakFigure
+from llm_perf_opt.records.common import PeakFigure, TimeBudget
 from llm_perf_opt.records.modules import KernelSources
 from llm_perf_opt.records.stage1 import ModelInfo, RunSettings
 
@@ -372,6 +372,7 @@ class Stage2Metrics:
     measured_bytes: MeasuredBytes | None = None  # None: no bytes pass (not asked for, or an older folder)
     sampled_dram: SampledDram | None = None  # None: nsys sampled no GPU metrics (pipeline.nsys.gpu_metrics_hz)
     kernel_modules: KernelModules | None = None  # None: an older folder (before kernels were named by module)
+    time_budget: TimeBudget | None = None  # where stage2-profile's wall time went (None in older folders)
 
     def stage_row(self, name: str) -> StageRow | None:
         return next((s for s in self.stages if s.stage == name), None)

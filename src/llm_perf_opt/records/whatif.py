@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 
-from llm_perf_opt.records.common import Summary
+from llm_perf_opt.records.common import Summary, TimeBudget
 from llm_perf_opt.records.modules import ModuleAttribution, StageModuleChanges
 
 # What a lever may change: only the time of the same work, or the work itself (mode, tiles, dtype, …).
@@ -291,6 +291,7 @@ class WhatIfRecord:
     near_tie_tolerance: float | None = None
     best_per_goal: tuple[GoalChoice, ...] = ()  # one per goal (empty in older records)
     frontier: tuple[str, ...] = ()  # rungs no other rung beats on every goal (the trade-off frontier)
+    time_budget: TimeBudget | None = None  # where perf-whatif's wall time went, by phase (None in older records)
 
     def rung(self, name: str) -> Rung | None:
         return next((r for r in self.rungs if r.name == name), None)

@@ -7,6 +7,8 @@ from urllib.parse import quote
 
 from mdutils.mdutils import MdUtils
 
+from llm_perf_opt.records.common import TimeBudget
+
 
 def link_target(path: str) -> str:
     """A path as a Markdown link or image target: percent-encoded, so spaces, brackets and parentheses in file
@@ -90,3 +92,13 @@ def num_bytes(value: float | None) -> str:
         if value >= scale:
             return f"{value / scale:,.2f} {unit}"
     return f"{value:,.0f} B"
+
+
+def time_budget_text(budget: TimeBudget | None) -> str | None:
+    """The run section's line on where the command's time went, in seconds (None: not recorded)."""
+    if budget is None:
+        return None
+    return (
+        f"Time budget: {budget.line} (seconds; `start` is from the process's start, imports included, to the "
+        "pipeline's first step)."
+    )

@@ -31,7 +31,7 @@ from llm_perf_opt.records.stage1 import (
 )
 from llm_perf_opt.records.whatif import WhatIfRecord
 from llm_perf_opt.report import batches, gallery
-from llm_perf_opt.report.markdown import Doc, flops, link, ms, num_bytes, pct
+from llm_perf_opt.report.markdown import Doc, flops, link, ms, num_bytes, pct, time_budget_text
 from llm_perf_opt.report.memory_energy import energy_section, memory_section
 from llm_perf_opt.report.modules_report import launched_by, modules_md, modules_plot, modules_section
 from llm_perf_opt.report.plots import write_stage1_plots
@@ -447,6 +447,9 @@ def _header_section(doc: Doc, r: _Report) -> None:
         + " · "
         f"{m.settings.max_new_tokens} new tokens per pass · times in ms ({m.device.timing_method})."
     )
+    budget = time_budget_text(m.time_budget)
+    if budget is not None:
+        doc.para(budget)
     if r.unfinished:
         doc.para(f"**Not marked finished:** {r.unfinished}. The figures are those it wrote before.")
 
@@ -956,6 +959,21 @@ def write_all(
 ) -> None:
     """Write every Stage 1 Markdown artifact and plot from the run's records (report.md last, so it can list the
     others); `whatif`: a what-if run whose measured levers "What to try" cites; `unfinished`: see `report_md`."""
+    plots = write_details(art, m, inputs=inputs, operators=operators, predictions=predictions, whatif=whatif)
+    write_report(art, m, plots, inputs=inputs, operators=operators, whatif=whatif, unfinished=unfinished)
+
+
+def write_details(
+    art: ArtifactsManager,
+    m: Stage1Metrics,
+    *,
+    inputs: InputsManifest,
+    operators: OperatorTable | None,
+    predictions: Sequence[Prediction],
+    whatif: WhatIfRecord | None = None,
+) -> dict[str, str]:
+    """Every Stage 1 artifact but report.md (`write_report`, after the run's time budget is known); returns the
+    plots written (name -> path in the folder)."""
     top_k = m.settings.profiler.top_k if m.settings.profiler else 0
     if operators is not None:
         art.write_text("operators.md", operators_md(m, operators, top_k))
@@ -967,6 +985,19 @@ def write_all(
     written = write_stage1_plots(m, art.run_dir, {"modules": _modules_plot})
     for path in written.values():
         art.record(str(path.relative_to(art.run_dir)))
-    plots = {name: str(path.relative_to(art.run_dir)) for name, path in written.items()}
+    return {name: str(path.relative_to(art.run_dir)) for name, path in written.items()}
+
+
+def write_report(
+    art: ArtifactsManager,
+    m: Stage1Metrics,
+    plots: Mapping[str, str],
+    *,
+    inputs: InputsManifest,
+    operators: OperatorTable | None,
+    whatif: WhatIfRecord | None = None,
+    unfinished: str | None = None,
+) -> None:
+    """report.md, listing the files written before it (`write_details`)."""
     files = [*art.written, "report.md", "run_status.json"]
     art.write_text("report.md", report_md(m, operators, files, plots, inputs, whatif, unfinished))

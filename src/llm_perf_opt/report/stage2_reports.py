@@ -10,7 +10,7 @@ from llm_perf_opt.records.modules import NOT_KNOWN
 from llm_perf_opt.records.stage2 import KernelStat, MeasuredBytes, MeasuredBytesRow, SampledDram, Stage2Metrics
 from llm_perf_opt.records.whatif import WhatIfRecord
 from llm_perf_opt.report import stage2_plots
-from llm_perf_opt.report.markdown import Doc, link, ms, num_bytes, pct
+from llm_perf_opt.report.markdown import Doc, link, ms, num_bytes, pct, time_budget_text
 from llm_perf_opt.report.modules_report import launched_by
 from llm_perf_opt.report.recommendations import DECODE_LEVERS, measured_lever_lines, measured_override_keys
 
@@ -449,6 +449,9 @@ def report_md(m: Stage2Metrics, files: Sequence[str]) -> str:
         f"nsys {nsys.version if nsys else 'n/a'}, ncu {ncu.version if ncu else 'not run'} · "
         f"driver {m.device.driver}."
     )
+    budget = time_budget_text(m.time_budget)
+    if budget is not None:
+        doc.para(budget)
     doc.h2("At a glance")
     doc.bullets(findings(m))
     if m.warnings:

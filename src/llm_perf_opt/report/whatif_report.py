@@ -36,7 +36,7 @@ from llm_perf_opt.records.whatif import (
     hydra_launcher_name,
 )
 from llm_perf_opt.report.comparison import ratio_text
-from llm_perf_opt.report.markdown import Doc, flops, link, ms, num_bytes, pct
+from llm_perf_opt.report.markdown import Doc, flops, link, ms, num_bytes, pct, time_budget_text
 from llm_perf_opt.report.modules_report import changes_table, module_table, stage_summary
 from llm_perf_opt.report.whatif_plots import module_waterfall_stage, ranks_first_token, write_whatif_plots
 
@@ -255,6 +255,9 @@ def _header(doc: Doc, record: WhatIfRecord) -> None:
         f"({'higher' if o.higher_is_better else 'lower'} is better){pages}{budget} · workload overrides: "
         f"{overrides} · created {record.created}."
     )
+    time_budget = time_budget_text(record.time_budget)
+    if time_budget is not None:
+        doc.para(time_budget)
 
 
 def launcher_text(record: WhatIfRecord) -> str | None:
@@ -735,9 +738,18 @@ def whatif_md(record: WhatIfRecord, plots: dict[str, str] | None = None, files: 
 def write_all(art: ArtifactsManager, record: WhatIfRecord) -> None:
     """The plots (`plots/*.png`) and `whatif.md` of a what-if folder, from its record alone (the record itself,
     `whatif.json`, is the runner's to save)."""
+    write_report(art, record, write_plots(art, record))
+
+
+def write_plots(art: ArtifactsManager, record: WhatIfRecord) -> dict[str, str]:
+    """The plots of a what-if folder (name -> path in the folder)."""
     written = write_whatif_plots(record, art.run_dir)
     for path in written.values():
         art.record(str(path.relative_to(art.run_dir)))
-    plots = {name: str(path.relative_to(art.run_dir)) for name, path in written.items()}
+    return {name: str(path.relative_to(art.run_dir)) for name, path in written.items()}
+
+
+def write_report(art: ArtifactsManager, record: WhatIfRecord, plots: dict[str, str]) -> None:
+    """`whatif.md`, with the plots written before it (`write_plots`)."""
     files = [f for f in art.written if f.endswith((".md", ".json", ".png"))]
     art.write_text(WHATIF_REPORT, whatif_md(record, plots, [*files, WHATIF_REPORT]))

@@ -727,7 +727,7 @@ def _parse_text(parse_s: float | None) -> str:
 
 
 def _profiled_inputs(operators: OperatorTable) -> str:
-    return "one input" if operators.inputs == 1 else f"a batch of {operators.inputs} inputs"
+    return "one image" if operators.inputs == 1 else f"a batch of {operators.inputs} inputs"
 
 
 def _bound_sentence(operators: OperatorTable) -> str:
@@ -879,10 +879,10 @@ def assumptions_md(m: Stage1Metrics, inputs: InputsManifest) -> str:
     doc.bullets(
         [
             f"Torch profiler: {'on' if prof.enable else 'off'}; decode steps profiled: {prof.decode_steps}; "
-            f"max_vision_inputs={prof.max_vision_inputs}; "
             f"record_shapes={prof.record_shapes}, profile_memory={prof.profile_memory}, with_stack={prof.with_stack}, "
             f"with_flops={prof.with_flops}, chrome_trace={prof.chrome_trace}"
-            + (", modules=True" if prof.modules else ""),
+            + (", modules=True" if prof.modules else "")
+            + (f", max_vision_inputs={prof.max_vision_inputs}" if prof.max_vision_inputs else ""),
             "NVTX ranges (domain llm_perf_opt): preprocess, prefill, "
             + "".join(f"{st.stage}, " for st in m.stages if vocab.is_vision(st.stage))
             + "decode, decode/step",

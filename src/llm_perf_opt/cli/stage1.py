@@ -10,11 +10,13 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from llm_perf_opt.cli.common import launch, run_guarded
+from llm_perf_opt.heavy_imports import collector_paused
 
 
 @hydra.main(version_base="1.3", config_path="pkg://llm_perf_opt.conf", config_name="stage1")
 def _main(cfg: DictConfig) -> None:
-    from llm_perf_opt.pipeline.stage1 import Stage1Run
+    with collector_paused():
+        from llm_perf_opt.pipeline.stage1 import Stage1Run
 
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)

@@ -10,11 +10,13 @@ from omegaconf import DictConfig
 
 from llm_perf_opt import artifacts
 from llm_perf_opt.cli.common import launch, print_report_path, run_guarded
+from llm_perf_opt.heavy_imports import collector_paused
 
 
 @hydra.main(version_base="1.3", config_path="pkg://llm_perf_opt.conf", config_name="stage2")
 def _main(cfg: DictConfig) -> None:
-    from llm_perf_opt.pipeline.stage2 import Stage2Run, render
+    with collector_paused():
+        from llm_perf_opt.pipeline.stage2 import Stage2Run, render
 
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)

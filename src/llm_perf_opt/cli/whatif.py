@@ -9,12 +9,14 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from llm_perf_opt.cli.common import launch, run_guarded
+from llm_perf_opt.heavy_imports import collector_paused
 from llm_perf_opt.settings_schema import check_config
 
 
 @hydra.main(version_base="1.3", config_path="pkg://llm_perf_opt.conf", config_name="whatif")
 def _main(cfg: DictConfig) -> None:
-    from llm_perf_opt.pipeline.whatif import WhatIfRun, workload_overrides
+    with collector_paused():
+        from llm_perf_opt.pipeline.whatif import WhatIfRun, workload_overrides
 
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)

@@ -12,11 +12,18 @@ PyTorch's counter lacks formulas for ops these models run, so we add them:
 - `aten._scaled_dot_product_flash_attention_for_cpu` (SDPA on the CPU),
 - grouped-query attention in every SDPA op (`enable_gqa`: fewer key/value heads than query heads), which the
   counter of torch < 2.12 rejects: QKᵀ and AV are counted over the query heads, the key/value heads broadcast.
+
+Inputs of the same shapes execute the same FLOPs, so a run counts once per distinct input signature
+(:class:`FlopCounts`): the count depends on the inputs' shapes (every tensor's shape and dtype, the crop grid, the
+prompt length), never on their values. The MoE layers are no exception: each token goes to its top-k routed experts
+(and the shared ones), so the routed rows are tokens x k whichever experts they are, and every expert has the same
+shape.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import logging
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -26,6 +33,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from llm_perf_opt.measure.timing import StageRecorder
 from llm_perf_opt.records import vocabulary as vocab
+
+log = logging.getLogger(__name__)
 
 FLOP_SOURCE = (
     "counted on the real modules with torch FlopCounterMode (+ grouped_mm, transformers' grouped_mm fallback, "
@@ -184,3 +193,49 @@ def count_stage_flops(session: Any, prepared: Any) -> StageFlops:
         prompt_tokens=prompt_tokens,
         by_operator=by_op,
     )
+
+
+def input_signature(prepared: Any) -> Hashable:
+    """What a FLOP count of `prepared` (one input, or a sequence run as one batch) depends on: each model input's
+    shape and dtype (tensors) or value (the crop grid, other plain values), and the prompt length, in input order."""
+
+    def value(item: Any) -> Hashable:
+        if isinstance(item, torch.Tensor):
+            return ("tensor", tuple(item.shape), str(item.dtype))
+        if isinstance(item, list | tuple):
+            return tuple(value(part) for part in item)
+        return item if isinstance(item, Hashable) else repr(item)
+
+    def one(single: Any) -> Hashable:
+        inputs = tuple(sorted((name, value(item)) for name, item in single.model_inputs.items()))
+        return (single.prompt_tokens, inputs)
+
+    if isinstance(prepared, Sequence):
+        return ("batch", tuple(one(single) for single in prepared))
+    return ("input", one(prepared))
+
+
+class FlopCounts:
+    """A run's FLOP counts by input signature: an input (or batch) whose shapes were counted already reuses that
+    count instead of counting again (each count is an untimed pass under the FLOP counter, seconds on a full-size
+    model)."""
+
+    def __init__(self) -> None:
+        self._counted: dict[Hashable, tuple[str, StageFlops]] = {}
+        self.counted = 0  # counts actually run
+        self.reused = 0  # counts taken from an input of the same shapes
+
+    def count(self, session: Any, prepared: Any, name: str, doing: str = "counting FLOPs (untimed)") -> StageFlops:
+        """The FLOPs of `prepared` (named `name` in the log): counted (`doing` logged), or the count of the first
+        input of the same signature."""
+        signature = input_signature(prepared)
+        known = self._counted.get(signature)
+        if known is not None:
+            log.info("%s: reused the FLOP count of %s (same shapes)", name, known[0])
+            self.reused += 1
+            return known[1]
+        log.info("%s: %s", name, doing)
+        flops = count_stage_flops(session, prepared)
+        self._counted[signature] = (name, flops)
+        self.counted += 1
+        return flops

@@ -1,4 +1,5 @@
-"""The profiled pass: one image under `torch.profiler`, bounded to prefill + the first N decode steps.
+"""The profiled pass: one image (or a batch) under `torch.profiler`, bounded to prefill + the first N decode steps
+(and, for a batch, to the vision of its first few inputs).
 
 It is never one of the timed passes (the profiler slows the model down). Operators are aggregated from the
 profiler's events without double counting: self times add up to the total; inclusive times do not.
@@ -20,6 +21,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+import attrs
 import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
@@ -387,14 +389,26 @@ def profile_image(
     modules: bool = False,
     gpu_idle: AbstractContextManager[None] | None = None,
     cache_tokens: int = 0,
+    max_vision_inputs: int = 0,
 ) -> OperatorTable:
     """Run one input (or, for a batched run, its first batch: `paths`) under the profiler (prefill + `decode_steps`
     decode steps) and build its operator table; with `modules`, the kernel time by module too (module ranges
     around every forward; compiled code's kernels, CUDA-graph replays included, by inductor's provenance).
     `gpu_idle` is entered around the post-processing, which runs on the host only (the energy pass's idle
     window). `cache_tokens`: the new tokens the timed passes' static caches hold, so this shorter pass reuses their
-    cache and compiled graphs instead of compiling its own."""
+    cache and compiled graphs instead of compiling its own. `max_vision_inputs` (0: all): a batch's inputs whose
+    vision runs under the profiler; the others' is run before (their input embeddings kept), so a large batch adds
+    no events of its own beyond the prefill and decode steps, which stay the whole batch's."""
     batch = [session.prepare(path) for path in paths]
+    bounded = len(batch) > 1 and 0 < max_vision_inputs < len(batch)
+    if bounded:
+        log.info(
+            "profiled pass: the vision of %d of the batch's %d inputs under the profiler, the other %d embedded first",
+            max_vision_inputs,
+            len(batch),
+            len(batch) - max_vision_inputs,
+        )
+    kept = session.embeddings_kept(batch, max_vision_inputs) if bounded else contextlib.nullcontext()
 
     def forward(recorder: StageRecorder) -> None:
         if len(batch) == 1:
@@ -402,7 +416,7 @@ def profile_image(
         else:  # a batched run profiles its first batch
             session.generate_batch(batch, decode_steps + 1, recorder)
 
-    with _attribution(session, modules) as attribution, session.caches_sized_for(cache_tokens):
+    with kept, _attribution(session, modules) as attribution, session.caches_sized_for(cache_tokens):
         if session.runtime.compiles:
             # One pass untimed and unprofiled first, so the profile shows steady state: with the timed passes' cache
             # length and inductor's provenance recorded since their compile (`compiled_provenance`), nothing compiles
@@ -418,7 +432,8 @@ def profile_image(
         )
     with gpu_idle or contextlib.nullcontext():
         flags = (record_shapes, profile_memory, with_stack)
-        return _operator_table(session, prof, everything, started, attribution, decode_steps, trace_path, flags)
+        table = _operator_table(session, prof, everything, started, attribution, decode_steps, trace_path, flags)
+    return attrs.evolve(table, inputs=len(batch), vision_inputs=max_vision_inputs if bounded else None)
 
 
 def _operator_table(

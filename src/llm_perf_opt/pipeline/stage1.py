@@ -29,7 +29,7 @@ from llm_perf_opt.hardware.measured import (
 )
 from llm_perf_opt.measure.compiled_modules import InductorProvenance
 from llm_perf_opt.measure.energy import EnergySettings
-from llm_perf_opt.measure.flops import count_stage_flops
+from llm_perf_opt.measure.flops import FlopCounts
 from llm_perf_opt.measure.gpu_state import clock_state
 from llm_perf_opt.measure.memory import MemorySettings
 from llm_perf_opt.measure.outputs import save_prefill_logits, save_top_two
@@ -50,6 +50,7 @@ from llm_perf_opt.pipeline.stage1_records import (
 from llm_perf_opt.pipeline.stage1_settings import (
     ResolvedSettings,
     energy_settings,
+    max_vision_inputs,
     memory_settings,
     resolve_settings,
     run_settings,
@@ -73,7 +74,7 @@ from llm_perf_opt.records.stage1 import (
     batch_key,
 )
 from llm_perf_opt.records.whatif import WhatIfRecord
-from llm_perf_opt.report import stage1_reports
+from llm_perf_opt.report import pyplot, stage1_reports
 from llm_perf_opt.report.markdown import pct
 from llm_perf_opt.session.adapters.registry import make_adapter
 from llm_perf_opt.session.cpu_affinity import OFF, CpuPin, pin
@@ -111,6 +112,7 @@ class Stage1Run:
         self.cpu_pin: CpuPin | None = None  # run.cpu_affinity as applied
         self.render_reports = True  # report.render: Markdown and plots beside the records
         self.handoff = GpuHandoff.from_environ()  # a what-if rung's device shared with its neighbours' ends
+        self.flop_counts = FlopCounts()  # one count per distinct input (or batch) shape
 
     # ---- driver ------------------------------------------------------------------------------------
     def execute(self) -> Path:
@@ -189,6 +191,7 @@ class Stage1Run:
         self.runtime.check_device(device)
         self.settings = settings = with_runtime_warmup(resolve_settings(cfg, device), self.runtime)
         self.extra_passes = (memory_settings(cfg), energy_settings(cfg))
+        max_vision_inputs(cfg)  # the profiled pass's bound, checked before the model is built
         model = ModelSettings.from_config(plain(cfg.model))  # the `model:` node, read once
         adapter = make_adapter(model)  # knows what the model takes (images or text) before it is built
         self.inputs = select_inputs(
@@ -206,6 +209,8 @@ class Stage1Run:
         self.art.write_yaml(INPUTS_FILE, inputs_manifest(self.inputs))
         self.art.write_json("env.json", collect_env(device, clock_state(device)))
 
+        if self.render_reports:
+            pyplot.preload()  # the plots' import (and a first run's font cache) while the model builds
         self._measure_peaks(device, model.dtype)
         log.info("building %s on %s …", model.name, device)
         started = time.perf_counter()
@@ -308,6 +313,7 @@ class Stage1Run:
                 modules=self._profiles_modules,
                 gpu_idle=self._device_idle(extra, session.device),
                 cache_tokens=self.settings.max_new_tokens if self.settings else 0,
+                max_vision_inputs=max_vision_inputs(self.cfg),
             )
         if trace is not None:
             self.art.record("torch_profiler/trace.json.gz")
@@ -345,11 +351,10 @@ class Stage1Run:
         assert self.selection is not None
         for entry in self.selection.images:
             name = input_key(self.selection, entry.path)
-            log.info("%s: counting FLOPs (untimed)", name)
             prepared = session.prepare(entry.path)
             grid = prepared.model_inputs.get("crop_grid")
             grid = None if grid is None else (int(grid[0]), int(grid[1]))
-            self.state.flops[name] = count_stage_flops(session, prepared)
+            self.state.flops[name] = self.flop_counts.count(session, prepared, name)
             bar.advance()
             costs = session.adapter.analytic_costs(
                 session.model, prepared, settings.max_new_tokens, session.dtype.itemsize
@@ -409,10 +414,9 @@ class Stage1Run:
             for name, one in zip(keys, prepared, strict=True):
                 if name in grids:  # a copy filling the batch (run.fill_batches): counted once
                     continue
-                log.info("%s: counting FLOPs alone (untimed)", name)
                 grid = one.model_inputs.get("crop_grid")
                 grids[name] = None if grid is None else (int(grid[0]), int(grid[1]))
-                self.state.flops[name] = count_stage_flops(session, one)
+                self.state.flops[name] = self.flop_counts.count(session, one, name, "counting FLOPs alone (untimed)")
                 costs = session.adapter.analytic_costs(
                     session.model, one, settings.max_new_tokens, session.dtype.itemsize
                 )
@@ -423,8 +427,9 @@ class Stage1Run:
             if len(prepared) == 1:  # a last batch of one input: its count alone
                 self.state.batch_flops[key] = self.state.flops[keys[0]]
             else:
-                log.info("%s (%s): counting FLOPs of the batch (untimed)", key, ", ".join(keys))
-                self.state.batch_flops[key] = count_stage_flops(session, prepared)
+                named = f"{key} ({', '.join(dict.fromkeys(keys))})"
+                doing = "counting FLOPs of the batch (untimed)"
+                self.state.batch_flops[key] = self.flop_counts.count(session, prepared, named, doing)
             bar.advance()
             self.handoff.wait()  # compiling, warm-up and timed passes with the device to this rung alone
             for _ in range(settings.warmup):  # no NVTX: warm-up stays outside every stage Nsight analyses

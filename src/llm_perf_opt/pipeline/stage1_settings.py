@@ -106,7 +106,15 @@ def profiler_settings(cfg: DictConfig) -> ProfilerSettings:
         chrome_trace=bool(prof.chrome_trace),
         top_k=int(prof.top_k),
         modules=bool(prof.get("modules", False)),
+        max_vision_inputs=max_vision_inputs(cfg),
     )
+
+
+def max_vision_inputs(cfg: DictConfig) -> int:
+    """`pipeline.torch_profiler.max_vision_inputs`: the inputs of a batch whose vision the profiled pass profiles
+    (0: all)."""
+    value = cfg.pipeline.torch_profiler.get("max_vision_inputs", 0)
+    return require_whole("pipeline.torch_profiler.max_vision_inputs", value, 0)
 
 
 def run_settings(

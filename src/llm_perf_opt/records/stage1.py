@@ -375,6 +375,20 @@ class OperatorTable:
     modules: ModuleTimes | None = None  # pipeline.torch_profiler.modules: kernel time by module and stage
     # Of postprocess_s: torch's own parsing of the pass into its event tree (None: this torch does not say)
     torch_parse_s: float | None = None
+    inputs: int = 1  # inputs in the profiled pass (a batched run's first batch)
+    # Inputs whose vision ran under the profiler (pipeline.torch_profiler.max_vision_inputs); None: all of them
+    vision_inputs: int | None = None
+
+    def bound_text(self) -> str | None:
+        """How the pass was bounded at a large batch, in words; None when it profiled every input's vision."""
+        if self.vision_inputs is None:
+            return None
+        rest = self.inputs - self.vision_inputs
+        return (
+            f"the vision of {self.vision_inputs} of the batch's {self.inputs} inputs was profiled; the other {rest} "
+            "were embedded before the profiler started, so their vision is in no table here, while prefill and "
+            "decode are the whole batch's (pipeline.torch_profiler.max_vision_inputs)"
+        )
 
 
 @attrs.frozen
@@ -401,6 +415,7 @@ class ProfilerSettings:
     with_flops: bool = False
     chrome_trace: bool = False
     top_k: int = 0
+    max_vision_inputs: int = 0  # a batch's inputs whose vision the profiled pass profiles (0: all)
     modules: bool = False  # kernel time by module (module ranges in the profiled pass)
 
 

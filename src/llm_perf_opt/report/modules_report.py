@@ -9,8 +9,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib.pyplot as plt
-
 from llm_perf_opt.measure.module_attribution import PROVENANCE_METHOD_NAME
 from llm_perf_opt.records.modules import (
     UNATTRIBUTED,
@@ -24,6 +22,7 @@ from llm_perf_opt.records.modules import (
 from llm_perf_opt.records.vocabulary import DECODE_STEP
 from llm_perf_opt.report.markdown import Doc, flops, num_bytes
 from llm_perf_opt.report.plots import save_figure
+from llm_perf_opt.report.pyplot import pyplot
 
 REPORT_ROWS = 8  # folded modules per stage in report.md
 PLOT_ROWS = 10  # bars per stage in the plot
@@ -172,7 +171,7 @@ def modules_plot(a: ModuleAttribution, path: Path) -> Path | None:
     if not stages:
         return None
     heights = [min(len(s.rows), PLOT_ROWS) for s in stages]
-    fig, axes = plt.subplots(
+    fig, axes = pyplot().subplots(
         len(stages),
         1,
         figsize=(10, 1.0 + sum(0.32 * h + 1.1 for h in heights)),
@@ -223,7 +222,7 @@ def changes_waterfall(changes: StageModuleChanges, title: str, path: Path) -> Pa
     steps.append(("the rest", changes.rest_delta_ms))
     if changes.base_ms <= 0:
         return None
-    fig, ax = plt.subplots(figsize=(10, 1.6 + 0.34 * (len(steps) + 2)), layout="constrained")
+    fig, ax = pyplot().subplots(figsize=(10, 1.6 + 0.34 * (len(steps) + 2)), layout="constrained")
     labels = ["baseline", *[name for name, _ in steps], "this rung"]
     level = changes.base_ms
     ax.barh(0, level, color="#4e79a7")

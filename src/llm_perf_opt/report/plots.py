@@ -11,19 +11,15 @@ import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
-
-import matplotlib
-
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt
-from matplotlib.axes import Axes
-from matplotlib.figure import Figure
-from matplotlib.ticker import EngFormatter, MaxNLocator
+from typing import TYPE_CHECKING, Any
 
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.stage1 import ImageRecord, Stage1Metrics
+from llm_perf_opt.report.pyplot import pyplot
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 DPI = 110
 TOP_OPERATORS = 10
@@ -41,13 +37,21 @@ _LINE_STYLES = ("-", "--", "-.", ":")
 Metrics = Stage1Metrics
 
 
+def _ticker() -> Any:
+    """`matplotlib.ticker`, imported with pyplot (on the Agg backend)."""
+    pyplot()
+    import matplotlib.ticker
+
+    return matplotlib.ticker
+
+
 def save_figure(fig: Figure, path: Path) -> Path:
     """Write `fig` to `path` as PNG (DPI dots per inch, tight box), close it, return `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         fig.savefig(path, dpi=DPI, bbox_inches="tight")
     finally:
-        plt.close(fig)
+        pyplot().close(fig)
     return path
 
 
@@ -93,7 +97,7 @@ def stage_breakdown(m: Metrics, path: Path) -> Path | None:
     totals = [sum(segs[i].values()) for i in images]
     longest = max(totals) or 1.0
 
-    fig, ax = plt.subplots(figsize=(10, 2.2 + 0.5 * len(images)), layout="constrained")
+    fig, ax = pyplot().subplots(figsize=(10, 2.2 + 0.5 * len(images)), layout="constrained")
     left = [0.0] * len(images)
     for name in names:
         widths = [segs[i][name] for i in images]
@@ -158,7 +162,7 @@ def decode_latency(m: Metrics, path: Path) -> Path | None:
     for image, (ctx, _) in series.items():
         groups.setdefault(ctx[0], []).append(image)
     panels = sorted(groups.items()) if len(groups) <= MAX_PANELS else [(0, list(series))]
-    fig, axes = plt.subplots(
+    fig, axes = pyplot().subplots(
         1, len(panels), figsize=(3.2 + 3.2 * len(panels), 4.8), sharey=True, layout="constrained", squeeze=False
     )
     top = max(max(ms) for _, ms in series.values())
@@ -179,7 +183,7 @@ def decode_latency(m: Metrics, path: Path) -> Path | None:
             )
             k += 1
         ax.set_ylim(0, top * 1.3)
-        ax.xaxis.set_major_locator(MaxNLocator(nbins=5, integer=True))
+        ax.xaxis.set_major_locator(_ticker().MaxNLocator(nbins=5, integer=True))
         ax.set_xlabel("context length (tokens)")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("decode step latency (ms)")
@@ -244,7 +248,7 @@ def style_roofline_axes(ax: Axes, limits: tuple[float, float, float, float]) -> 
     ax.set_yscale("log")
     ax.set_xlim(x_lo, x_hi)
     ax.set_ylim(y_lo, y_hi)
-    ax.yaxis.set_major_formatter(EngFormatter(unit=""))
+    ax.yaxis.set_major_formatter(_ticker().EngFormatter(unit=""))
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("achieved throughput (FLOP/s)")
     ax.grid(which="major", alpha=0.3)
@@ -264,7 +268,7 @@ def roofline(m: Metrics, path: Path) -> Path | None:
         return None
 
     limits = roofline_limits([(p[1], p[2]) for p in points], peaks, bw)
-    fig, ax = plt.subplots(figsize=(9, 7), layout="constrained")
+    fig, ax = pyplot().subplots(figsize=(9, 7), layout="constrained")
     draw_roofs(ax, peaks, bw, limits[0], limits[1])
     for k, (stage, intensity, achieved, mfu) in enumerate(points):
         mfu_txt = f", MFU {100 * mfu:.2g}%" if isinstance(mfu, int | float) else ""
@@ -297,7 +301,7 @@ def roofline(m: Metrics, path: Path) -> Path | None:
 
 def si(value: float, unit: str) -> str:
     """`989.4e12, "FLOP/s"` -> `989 TFLOP/s` (3 significant digits, engineering prefix)."""
-    return str(EngFormatter(unit=unit)(float(f"{value:.3g}")))
+    return str(_ticker().EngFormatter(unit=unit)(float(f"{value:.3g}")))
 
 
 def _label_dy(k: int, points: Sequence[tuple[str, float, float, Any]]) -> float:
@@ -327,7 +331,7 @@ def operator_shares(m: Metrics, path: Path) -> Path | None:
     names = [n for n, _ in shown]
     shares = [100 * v / total for _, v in shown]
 
-    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.38 * len(shown)))
+    fig, ax = pyplot().subplots(figsize=(9, 1.2 + 0.38 * len(shown)))
     colours = ["#4e79a7"] * min(len(rows), TOP_OPERATORS) + ["#bab0ac"] * bool(rest)
     ax.barh(names, shares, color=colours)
     for y, (share, (_, ms)) in enumerate(zip(shares, shown, strict=True)):
@@ -352,7 +356,7 @@ def routing_hits(m: Metrics, path: Path) -> Path | None:
     share = [[100.0 * hits / routing.steps for hits in row] for row in routing.hit_histogram]
     layers = [f"layer {r.layer}" for r in routing.per_layer]
     experts = routing.experts
-    fig, ax = plt.subplots(figsize=(max(6.0, 2.5 + 0.16 * experts), max(2.6, 1.6 + 0.32 * len(layers))))
+    fig, ax = pyplot().subplots(figsize=(max(6.0, 2.5 + 0.16 * experts), max(2.6, 1.6 + 0.32 * len(layers))))
     image = ax.imshow(share, aspect="auto", cmap="viridis", vmin=0.0, vmax=100.0, interpolation="nearest")
     if experts * len(layers) <= ANNOTATED_CELLS:  # a small grid: each cell's count of steps
         for row, hits in enumerate(routing.hit_histogram):
@@ -361,7 +365,7 @@ def routing_hits(m: Metrics, path: Path) -> Path | None:
                 ax.text(expert, row, str(count), ha="center", va="center", fontsize=8, color=colour)
     ax.set_yticks(range(len(layers)))
     ax.set_yticklabels(layers, fontsize=8)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=min(experts, 16)))
+    ax.xaxis.set_major_locator(_ticker().MaxNLocator(integer=True, nbins=min(experts, 16)))
     ax.set_xlabel(f"routed expert (of {experts})")
     ax.set_ylabel("MoE layer")
     uniform = 100.0 * routing.expected_unique / experts
@@ -398,7 +402,7 @@ def memory_timeline(m: Metrics, path: Path) -> Path | None:
     samples = measured.samples
     t = [s.t_ms for s in samples]
     gib = 2.0**30
-    fig, ax = plt.subplots(figsize=(9.0, 4.2), layout="constrained")
+    fig, ax = pyplot().subplots(figsize=(9.0, 4.2), layout="constrained")
     for stage, colour in _BAND_COLOURS.items():
         begins = [s.t_ms for s in samples if s.stage == stage and s.event == "begin"]
         ends = [s.t_ms for s in samples if s.stage == stage and s.event == "end"]

@@ -661,7 +661,8 @@ def _top_operators_section(doc: Doc, r: _Report) -> None:
     doc.para(
         f"One untimed pass under torch.profiler: prefill + {operators.decode_steps} decode steps, "
         f"{operators.events:,} events, sorted by {operators.sort_key.replace('_', ' ')}. "
-        "Full tables per stage: [operators.md](operators.md)."
+        + _bound_sentence(operators)
+        + "Full tables per stage: [operators.md](operators.md)."
     )
     doc.table(_operator_header(operators.sort_key), _operator_rows(operators.overall, operators.sort_key, 10))
     if (activity := activity_text(m)) is not None:
@@ -728,13 +729,24 @@ def _parse_text(parse_s: float | None) -> str:
     return "" if parse_s is None else f", of which torch's own parsing of its events {parse_s:.2f} s"
 
 
+def _profiled_inputs(operators: OperatorTable) -> str:
+    return "one image" if operators.inputs == 1 else f"a batch of {operators.inputs} inputs"
+
+
+def _bound_sentence(operators: OperatorTable) -> str:
+    """The profiled pass's bound at a large batch as a sentence (with a trailing space), or nothing."""
+    bound = operators.bound_text()
+    return "" if bound is None else bound[0].upper() + bound[1:] + ". "
+
+
 def operators_md(m: Stage1Metrics, operators: OperatorTable, top_k: int) -> str:
     doc = Doc(f"Operators: {m.model.name} on {m.device.name}")
     doc.para(
         f"Profiled pass (untimed, separate from the timed passes): prefill + {operators.decode_steps} decode steps "
-        f"of one image; {operators.events:,} profiler events; post-processing {operators.postprocess_s:.2f} s"
-        f"{_parse_text(operators.torch_parse_s)}. "
-        f"Sorted by {operators.sort_key.replace('_', ' ')}. Self times exclude child operators and add up to the "
+        f"of {_profiled_inputs(operators)}; {operators.events:,} profiler events; post-processing "
+        f"{operators.postprocess_s:.2f} s{_parse_text(operators.torch_parse_s)}. "
+        + _bound_sentence(operators)
+        + f"Sorted by {operators.sort_key.replace('_', ' ')}. Self times exclude child operators and add up to the "
         "total; inclusive (incl.) times contain their children and must not be summed."
     )
     if operators.trace_path:
@@ -872,7 +884,8 @@ def assumptions_md(m: Stage1Metrics, inputs: InputsManifest) -> str:
             f"Torch profiler: {'on' if prof.enable else 'off'}; decode steps profiled: {prof.decode_steps}; "
             f"record_shapes={prof.record_shapes}, profile_memory={prof.profile_memory}, with_stack={prof.with_stack}, "
             f"with_flops={prof.with_flops}, chrome_trace={prof.chrome_trace}"
-            + (", modules=True" if prof.modules else ""),
+            + (", modules=True" if prof.modules else "")
+            + (f", max_vision_inputs={prof.max_vision_inputs}" if prof.max_vision_inputs else ""),
             "NVTX ranges (domain llm_perf_opt): preprocess, prefill, "
             + "".join(f"{st.stage}, " for st in m.stages if vocab.is_vision(st.stage))
             + "decode, decode/step",

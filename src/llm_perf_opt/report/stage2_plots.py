@@ -12,21 +12,23 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
-import matplotlib.pyplot as plt
-from matplotlib.axes import Axes
-from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
-from matplotlib.text import Annotation, Text
-from matplotlib.transforms import Bbox
 
 from llm_perf_opt.kernel_names import kernel_label
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.common import PeakFigure
 from llm_perf_opt.records.stage2 import NcuKernelRow, Stage2Metrics
 from llm_perf_opt.report import plots
+from llm_perf_opt.report.pyplot import pyplot
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.text import Annotation
+    from matplotlib.transforms import Bbox
 
 KERNEL_ROOFLINE = "kernel_roofline.png"
 LABELLED = 6  # hottest kernels (nsys GPU time) named on the chart
@@ -143,6 +145,8 @@ def _stage_style(stage: str, k: int) -> tuple[str, str]:
 
 def _scatter_by_stage(ax: Axes, points: Sequence[KernelPoint]) -> list[Line2D]:
     """One scatter per stage (hollow markers where the share is unknown); returns the stages' legend handles."""
+    from matplotlib.lines import Line2D
+
     handles = []
     for k, stage in enumerate(dict.fromkeys(p.stage for p in points)):
         colour, marker = _stage_style(stage, k)
@@ -169,6 +173,8 @@ def _scatter_by_stage(ax: Axes, points: Sequence[KernelPoint]) -> list[Line2D]:
 
 def _size_key(points: Sequence[KernelPoint]) -> list[Line2D]:
     """Legend handles for marker area = share of the stage's GPU time, plus the hollow unknown-share marker."""
+    from matplotlib.lines import Line2D
+
     handles = [
         Line2D([], [], linestyle="", marker="o", markersize=math.sqrt(_size(s)), color="grey", label=f"{s:.0%}")
         for s in SIZE_KEY
@@ -196,6 +202,8 @@ def _short(point: KernelPoint) -> str:
 
 def _marker_boxes(ax: Axes, points: Sequence[KernelPoint]) -> list[Bbox]:
     """Each point's marker as a display-space box (pixels)."""
+    from matplotlib.transforms import Bbox
+
     px_per_pt = ax.figure.dpi / 72
     boxes = []
     for p in points:
@@ -207,6 +215,8 @@ def _marker_boxes(ax: Axes, points: Sequence[KernelPoint]) -> list[Bbox]:
 
 def _text_box(note: Annotation, renderer: Any) -> Bbox:
     """The annotation's text box without its leader line, 2 px of padding around it."""
+    from matplotlib.text import Text
+
     note.update_positions(renderer)
     return Text.get_window_extent(note, renderer).padded(2)
 
@@ -214,6 +224,8 @@ def _text_box(note: Annotation, renderer: Any) -> Bbox:
 def _label_hottest(ax: Axes, hottest: Sequence[KernelPoint], points: Sequence[KernelPoint]) -> None:
     """Name each of `hottest` next to its marker, at the first offset whose text stays inside the axes and clears
     every marker, earlier label and ridge note (else at the offset with the fewest clashes)."""
+    from matplotlib.text import Annotation
+
     renderer = ax.figure.canvas.get_renderer()  # type: ignore[attr-defined]
     inside = ax.get_window_extent(renderer)
     obstacles = [*_marker_boxes(ax, points), *(_text_box(t, renderer) for t in ax.texts if isinstance(t, Annotation))]
@@ -274,7 +286,7 @@ def kernel_roofline_figure(m: Stage2Metrics) -> Figure | None:
     if not roofs or bw <= 0 or not points:
         return None
     limits = plots.roofline_limits([(p.intensity, p.achieved) for p in points], roofs, bw)
-    fig, ax = plt.subplots(figsize=(10, 7.5), layout="constrained")
+    fig, ax = pyplot().subplots(figsize=(10, 7.5), layout="constrained")
     plots.draw_roofs(ax, roofs, bw, limits[0], limits[1])
     stage_handles = _scatter_by_stage(ax, points)
     plots.style_roofline_axes(ax, limits)

@@ -9,19 +9,23 @@ Each plot function takes the record and a target PNG path, writes the figure and
 from __future__ import annotations
 
 from pathlib import Path
-
-import matplotlib
-
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt
-from matplotlib.patches import Patch
+from typing import Any
 
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.modules import StageModuleChanges
 from llm_perf_opt.records.whatif import BASELINE, LADDER, MEASURED, Rung, StepFloor, WhatIfRecord
 from llm_perf_opt.report.modules_report import changes_waterfall
 from llm_perf_opt.report.plots import save_figure, write_plots
+from llm_perf_opt.report.pyplot import pyplot
+
+
+def _patch() -> Any:
+    """matplotlib's legend `Patch`, imported with pyplot."""
+    pyplot()
+    from matplotlib.patches import Patch
+
+    return Patch
+
 
 TOTAL_COLOUR = "#4e79a7"
 IDLE_COLOUR = "#f28e2b"  # launch and host overhead
@@ -122,7 +126,7 @@ def waterfall(record: WhatIfRecord, path: Path) -> Path | None:
     split = _first_token_split if first_token else _decode_split
     values = [value(record, r) or 0.0 for r in steps]
     top = max(values)
-    fig, ax = plt.subplots(figsize=(2.2 + 1.9 * (len(steps) + 1), 5.2), layout="constrained")
+    fig, ax = pyplot().subplots(figsize=(2.2 + 1.9 * (len(steps) + 1), 5.2), layout="constrained")
     labels = ["baseline"]
     ax.bar(0, values[0], color=TOTAL_COLOUR, width=0.6)
     ax.text(0, values[0] + 0.01 * top, f"{values[0]:,.2f} ms", ha="center", va="bottom", fontsize=9)
@@ -193,7 +197,7 @@ def waterfall(record: WhatIfRecord, path: Path) -> Path | None:
         ),
         OTHER_COLOUR: "change the medians leave unsplit" if first_token else "change not split by the profiled pass",
     }
-    handles = [Patch(color=c, label=label) for c, label in legend.items() if c == TOTAL_COLOUR or c in used]
+    handles = [_patch()(color=c, label=label) for c, label in legend.items() if c == TOTAL_COLOUR or c in used]
     fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=8, frameon=False)
     return save_figure(fig, path)
 
@@ -227,7 +231,7 @@ def floor(record: WhatIfRecord, path: Path) -> Path | None:
     best_f = None if best is None else record.figures_of(best)
     best_by_stage = {f.stage: f for f in (best_f.floors if best_f else ())}
     stages = list(base_f.floors)
-    fig, axes = plt.subplots(
+    fig, axes = pyplot().subplots(
         1, len(stages), figsize=(1.5 + 4.6 * len(stages), 4.8), layout="constrained", squeeze=False
     )
     best_name = record.best or "best"
@@ -252,7 +256,7 @@ def floor(record: WhatIfRecord, path: Path) -> Path | None:
         ax.set_title(stage_floor.stage, fontsize=10)
         ax.grid(axis="y", alpha=0.3)
         ax.set_axisbelow(True)
-    handles = [Patch(color=c, label=label) for c, label in zip(LAYER_COLOURS, LAYERS, strict=True)]
+    handles = [_patch()(color=c, label=label) for c, label in zip(LAYER_COLOURS, LAYERS, strict=True)]
     fig.legend(handles=handles, loc="outside lower center", ncol=len(LAYERS), fontsize=8, frameon=False)
     against = "baseline vs best rung" if best_by_stage else f"baseline (the best rung, {best_name}, recorded none)"
     fig.suptitle(

@@ -322,6 +322,7 @@ class InferenceSession:
             raise static_cache_error(blocker)
         self._recorder: StageRecorder | None = None
         self._input_recorders: list[StageRecorder] | None = None  # per input of a batch (its vision sub-stages)
+        self._kept_embeds: dict[int, torch.Tensor] = {}  # input index -> its embeddings (`embeddings_kept`)
         self._stage_modules = adapter.stage_modules(self.model)
         self._hooks = self._install_stage_hooks()
         # runtime.compile_vision: each vision stage module's forward compiled apart (its stage hooks stay outside)
@@ -484,7 +485,25 @@ class InferenceSession:
         prepared = self.adapter.prepare_file(input_path, self.loaded.tokenizer)
         return prepared.to(self.device, self.dtype)
 
+    @contextmanager
+    def embeddings_kept(self, batch: Sequence[PreparedInputs], first: int) -> Iterator[None]:
+        """Within the block, the passes over `batch` take the input embeddings of inputs `first`… computed once here,
+        before the block: their vision runs now, not in the passes inside (a batch only: one input runs its vision
+        inside the model's forward)."""
+        loop = self._loop
+        grad_off = torch.no_grad() if loop.compiled or self._vision else torch.inference_mode()
+        with grad_off:
+            kept = {index: self._embed(index, prepared) for index, prepared in enumerate(batch) if index >= first}
+        self._kept_embeds = kept
+        try:
+            yield
+        finally:
+            self._kept_embeds = {}
+
     def _embed(self, index: int, prepared: PreparedInputs) -> torch.Tensor:
+        kept = self._kept_embeds.get(index)
+        if kept is not None:
+            return kept
         batch_recorder = self._recorder
         if self._input_recorders is not None:
             self._recorder = self._input_recorders[index]  # vision sub-stages of input `index`

@@ -1,0 +1,73 @@
+"""FLOPs counted once per distinct input shape (measure/flops.py `FlopCounts`): an input or batch of shapes already
+counted reuses that count, and the reused count equals counting it (the tiny DeepSeek-OCR-2 on the CPU; pages of
+the same size but different content route their tokens to different experts)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from llm_perf_opt.measure import flops
+from llm_perf_opt.measure.flops import FlopCounts, count_stage_flops, input_signature
+
+#: Drives transformers models: CI also runs it on the oldest supported transformers.
+pytestmark = pytest.mark.transformers_api
+
+
+@pytest.fixture(scope="module")
+def noisy_small(page_images: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A page of the "small" page's size, random pixels instead of white."""
+    size = Image.open(page_images["small"]).size
+    pixels = np.random.default_rng(0).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    path = tmp_path_factory.mktemp("noisy") / "noisy_small.png"
+    Image.fromarray(pixels).save(path)
+    return path
+
+
+def _prepared(session: Any, page_images: dict[str, Path], noisy_small: Path) -> tuple[Any, ...]:
+    """A white page, a noisy page of the same size, a page with tiles: prepared."""
+    return tuple(session.prepare(p) for p in (page_images["small"], noisy_small, page_images["two_tiles"]))
+
+
+@pytest.fixture
+def count_calls(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The inputs `count_stage_flops` is called on through `FlopCounts`, one entry per count run."""
+    calls: list[Any] = []
+
+    def counting(session: Any, prepared: Any) -> flops.StageFlops:
+        calls.append(prepared)
+        return count_stage_flops(session, prepared)
+
+    monkeypatch.setattr(flops, "count_stage_flops", counting)
+    return calls
+
+
+def test_inputs_of_one_size_are_counted_once_and_the_reused_count_is_exact(
+    tiny_session: Any, page_images: dict[str, Path], noisy_small: Path, count_calls: list[Any]
+) -> None:
+    white, noisy, tiled = _prepared(tiny_session, page_images, noisy_small)
+    assert input_signature(white) == input_signature(noisy) != input_signature(tiled)
+    counts = FlopCounts()
+    reused = [counts.count(tiny_session, one, name) for one, name in ((white, "w"), (noisy, "n"), (tiled, "t"))]
+    assert len(count_calls) == 2 and (counts.counted, counts.reused) == (2, 1)
+    # Counting every input gives the same figures: the noisy page routes differently, but top-k routing sends each
+    # token to k experts of one shape whichever they are.
+    assert reused == [count_stage_flops(tiny_session, p) for p in (white, noisy, tiled)]
+
+
+def test_batches_of_the_same_per_input_shapes_are_counted_once(
+    tiny_session: Any, page_images: dict[str, Path], noisy_small: Path, count_calls: list[Any]
+) -> None:
+    white, noisy, tiled = _prepared(tiny_session, page_images, noisy_small)
+    counts = FlopCounts()
+    first = counts.count(tiny_session, [white, tiled], "b0")
+    again = counts.count(tiny_session, [noisy, tiled], "b1")
+    other = counts.count(tiny_session, [tiled, white], "b2")  # another order: another padding layout, counted
+    assert len(count_calls) == 2 and (counts.counted, counts.reused) == (2, 1)
+    assert again == first == count_stage_flops(tiny_session, [noisy, tiled])
+    assert other == count_stage_flops(tiny_session, [tiled, white])
+    assert input_signature(white) != input_signature([white])  # one input and a batch of one never share a count

@@ -1,4 +1,4 @@
-"""Dispersion of stage times over the timed passes, overall and per image, and throughput.
+"""Dispersion of stage times over the timed passes, overall and per image, and the batches in brief.
 
 Every stage has one value per timed pass, so `n` and the interval count passes. `decode/step` too: its value for a
 pass is that pass's mean step time (steps of one pass are not independent samples; pooling them made the interval
@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from llm_perf_opt.measure.stats import summarize
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.common import Summary
-from llm_perf_opt.records.stage1 import BatchRecord, BatchSummary, ImageRecord, StageStat, Throughput
+from llm_perf_opt.records.stage1 import BatchRecord, BatchSummary, ImageRecord, StageStat
 
 
 def stage_values(
@@ -80,18 +80,6 @@ def decode_step_pooled(records: Iterable[ImageRecord]) -> Summary | None:
     return summarize(steps, "ms") if steps else None
 
 
-def throughput(records: Sequence[ImageRecord]) -> Throughput:
-    """Median-based throughput over the timed passes."""
-    decode = [len(r.decode_step_ms) / (r.decode_ms / 1e3) for r in records if r.decode_step_ms and r.decode_ms > 0]
-    e2e = statistics.median(r.e2e_ms for r in records) / 1e3
-    tokens = statistics.median(r.new_tokens / (r.e2e_ms / 1e3) for r in records)
-    return Throughput(
-        decode_tokens_per_s=statistics.median(decode) if decode else 0.0,
-        e2e_images_per_s=1.0 / e2e if e2e > 0 else 0.0,
-        e2e_tokens_per_s=tokens,
-    )
-
-
 def batch_summary(batches: Sequence[BatchRecord], batch_size: int, decode_experts: str | None) -> BatchSummary | None:
     """The batch passes in brief: figures over the full batches' passes (every batch's when none is full), one
     value per pass; None without batch passes."""
@@ -110,7 +98,7 @@ def batch_summary(batches: Sequence[BatchRecord], batch_size: int, decode_expert
         passes=len(full),
         decode_step_ms=summarize(steps, "ms") if steps else None,
         aggregate_decode_tokens_per_s=summarize(aggregate, "tokens/s") if aggregate else None,
-        pages_per_s=summarize([b.pages_per_s for b in full], "inputs/s"),
+        pages_per_s=summarize([b.pages_per_s for b in full], "pages/s"),
         peak_memory_bytes=max(memory) if memory else None,
         decode_experts=decode_experts,
     )

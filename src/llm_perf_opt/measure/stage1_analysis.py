@@ -20,7 +20,7 @@ import attrs
 import torch
 
 from llm_perf_opt.hardware.table import peak_bandwidth, peak_compute
-from llm_perf_opt.measure.aggregate import batch_summary, stage_stats, throughput
+from llm_perf_opt.measure.aggregate import batch_summary, stage_stats
 from llm_perf_opt.measure.efficiency import efficiency_by_stage
 from llm_perf_opt.measure.energy import METHOD as ENERGY_METHOD
 from llm_perf_opt.measure.energy_figures import energy_report
@@ -30,6 +30,7 @@ from llm_perf_opt.measure.memory import breakdown, fit_prediction, resident_othe
 from llm_perf_opt.measure.mfu import TimedPass, mfu_by_stage
 from llm_perf_opt.measure.module_floors import module_attribution
 from llm_perf_opt.measure.routing import RoutingTrace, summarize_routing
+from llm_perf_opt.measure.throughput import page_throughput, throughput
 from llm_perf_opt.measure.torch_profiler import OperatorTable
 from llm_perf_opt.measure.variation import high_variation, noise_side, stage_variation
 from llm_perf_opt.records import vocabulary as vocab
@@ -480,6 +481,8 @@ class Stage1Analysis:
         records, ops = m.records, m.operators
         peak, bandwidth = self.compute_peak(), self.bandwidth_peak()
         variation = self.variation()
+        efficiency = self.efficiency(peak, bandwidth)
+        timed = per_forward(m.batches, m.records, m.batches)  # what each throughput figure is over
         return Stage1Metrics(
             schema_version=SCHEMA_VERSION,
             run_id=setup.run_id,
@@ -491,9 +494,9 @@ class Stage1Analysis:
             records=tuple(records),
             stages=self.stage_stats,
             per_image=self.per_input(),
-            throughput=throughput(records),
+            throughput=throughput(timed),
             mfu=self.mfu(peak),
-            efficiency=self.efficiency(peak, bandwidth),
+            efficiency=efficiency,
             bandwidth_peak=bandwidth,
             flops_per_image=self.flops_per_stage(m.flops),
             top_operators=ops.overall[: setup.top_k] if ops else (),
@@ -513,4 +516,5 @@ class Stage1Analysis:
             modules=self.modules(peak, bandwidth),
             memory=self.memory(),
             energy=self.energy(),
+            pages=page_throughput(timed, efficiency),
         )

@@ -11,7 +11,9 @@ import attrs
 #      describes it (None in older folders, whose family the reports probe from the preprocessing keys).
 # 1.3: Stage1Metrics.memory and .energy (the memory and energy passes; None in older folders).
 #      Also in 1.3 (a default only): the time budget of Stage1Metrics, Stage2Metrics and WhatIfRecord.
-SCHEMA_VERSION = "1.3"
+# 1.4: Stage1Metrics.pages (pages/s, per-page latency, the time per page); Throughput.e2e_images_per_s counts the
+#      inputs a forward finishes (a batch's all), not 1 / the median per-input latency.
+SCHEMA_VERSION = "1.4"
 SCHEMA_MAJOR = SCHEMA_VERSION.split(".", 1)[0]
 
 # Run states (`run_status.json`): `running` from the start, then exactly one of the other three.

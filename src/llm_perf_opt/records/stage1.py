@@ -288,9 +288,55 @@ class StageEfficiency:
 
 @attrs.frozen
 class Throughput:
-    decode_tokens_per_s: float  # decode steps / decode time (median over passes)
-    e2e_images_per_s: float  # 1 / median end-to-end time
-    e2e_tokens_per_s: float  # new tokens / end-to-end time (median)
+    decode_tokens_per_s: float  # one input's decode steps / decode time (median over passes)
+    # Inputs finished per second end to end, median over the timed forwards (a batch pass finishes all its inputs):
+    # the same figure as `PageThroughput.pages_per_s` (folders before 1.4 held 1 / median per-input latency here).
+    e2e_images_per_s: float
+    e2e_tokens_per_s: float  # every input's new tokens / the forward's end-to-end time (median)
+
+
+# The parts of the time per page (`PagePart.part`), in the order a page goes through them.
+PAGE_PREPROCESS = "preprocess"
+PAGE_VISION = "vision"
+PAGE_LM_PREFILL = "language-model prefill"
+PAGE_DECODE = "decode"
+PAGE_PARTS = (PAGE_PREPROCESS, PAGE_VISION, PAGE_LM_PREFILL, PAGE_DECODE)
+
+
+@attrs.frozen
+class PagePart:
+    """One part of the time per page at the run's batch: the median over the timed forwards of the part's time
+    divided by the inputs the forward holds, beside its floor (the analytic speed of light of the same work:
+    counted FLOPs at the dense peak or priced bytes at the peak bandwidth, whichever is longer)."""
+
+    part: str  # one of PAGE_PARTS
+    ms_per_page: float
+    floor_ms_per_page: float | None  # None: not priced (preprocessing, or no peaks or analytic model)
+
+
+@attrs.frozen
+class PageThroughput:
+    """Pages per second as a workload: every timed forward (one input, or one batch) from the first byte of its
+    preprocessing to its last token. One value per forward in each summary; every input of a batch pass shares
+    its time to first and last token."""
+
+    batch_size: int  # inputs per forward the figures are for
+    pages_per_s: Summary  # inputs finished / the forward's end-to-end time
+    tokens_per_s: Summary  # every input's new tokens / the forward's end-to-end time
+    ttft_ms: Summary  # time to first token of a page (its forward's preprocessing and prefill)
+    ttlt_ms: Summary  # time to last token of a page (its forward's end to end)
+    parts: tuple[PagePart, ...]  # the time per page, split (PAGE_PARTS)
+
+    @property
+    def bound_by(self) -> PagePart | None:
+        """The part that holds the most time per page."""
+        return max(self.parts, key=lambda p: p.ms_per_page, default=None)
+
+    @property
+    def floor_ms_per_page(self) -> float | None:
+        """The priced parts' floors summed (preprocessing has none); None when the model's stages are not priced."""
+        floors = [p.floor_ms_per_page for p in self.parts if p.part != PAGE_PREPROCESS]
+        return sum(f for f in floors if f is not None) if floors and None not in floors else None
 
 
 @attrs.frozen
@@ -773,6 +819,7 @@ class Stage1Metrics:
     memory: MemoryReport | None = None
     energy: EnergyReport | None = None
     time_budget: TimeBudget | None = None  # where the command's wall time went (None in older folders)
+    pages: PageThroughput | None = None  # pages/s, per-page latency and the time per page (schema 1.4)
 
     @property
     def vision_stages(self) -> tuple[str, ...]:

@@ -62,8 +62,7 @@ def aggregate_line(m: Stage1Metrics) -> str | None:
         return None
     return (
         f"Aggregate decode: {b.aggregate_decode_tokens_per_s.p50:,.1f} tokens/s over batches of {batch_run(m)} "
-        f"(every input's decode tokens over the batch's decode time; p50 over {b.passes} batch passes), "
-        f"{b.pages_per_s.p50:,.3f} inputs/s end to end"
+        f"(every input's decode tokens over the batch's decode time; p50 over {b.passes} batch passes)"
     )
 
 
@@ -75,6 +74,14 @@ def efficiency_note(m: Stage1Metrics) -> str:
         f" With run.batch_size={m.settings.batch_size} a pass is a batch pass: its FLOPs are counted on the batch "
         "(left padding included) and its bytes priced for the batch, over the batch's time."
     )
+
+
+def inputs_text(images: tuple[str, ...]) -> str:
+    """A batch's inputs, each named once with its count where it repeats: `page_portrait.png ×64`."""
+    counts: dict[str, int] = {}
+    for image in images:
+        counts[image] = counts.get(image, 0) + 1
+    return ", ".join(f"{image} ×{n}" if n > 1 else image for image, n in counts.items())
 
 
 def _median(values: list[float]) -> float | None:
@@ -96,7 +103,7 @@ def _batch_rows(m: Stage1Metrics) -> list[list[str]]:
         rows.append(
             [
                 str(index),
-                ", ".join(first.images),
+                inputs_text(first.images),
                 str(first.size) + (" (short)" if first.size < m.settings.batch_size else ""),
                 str(first.padded_prompt_tokens),
                 str(len(recs)),
@@ -130,7 +137,6 @@ def batches_section(doc: Doc, m: Stage1Metrics) -> None:
         [
             f"Decode step latency: {_p50(b.decode_step_ms, 2, 'ms')}",
             f"Aggregate decode throughput: {_p50(b.aggregate_decode_tokens_per_s, 1, 'tokens/s')}",
-            f"Inputs per second, end to end: {_p50(b.pages_per_s, 3, 'inputs/s')}",
             f"Peak GPU memory: {num_bytes(b.peak_memory_bytes) if b.peak_memory_bytes else 'n/a (CPU)'} "
             "(the largest over every batch pass)",
             f"These figures summarise {scope} ({b.passes} timed pass(es))"
@@ -153,7 +159,7 @@ def batches_section(doc: Doc, m: Stage1Metrics) -> None:
             "prefill (ms)",
             "decode step (ms)",
             "aggregate decode tokens/s",
-            "inputs/s",
+            "pages/s",
             "peak GPU memory",
             "experts per step and layer",
         ],

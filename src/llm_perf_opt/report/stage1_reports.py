@@ -30,7 +30,7 @@ from llm_perf_opt.records.stage1 import (
     StageStat,
 )
 from llm_perf_opt.records.whatif import WhatIfRecord
-from llm_perf_opt.report import batches, gallery
+from llm_perf_opt.report import batches, gallery, pages
 from llm_perf_opt.report.markdown import Doc, flops, link, ms, num_bytes, pct, time_budget_text
 from llm_perf_opt.report.memory_energy import energy_section, memory_section
 from llm_perf_opt.report.modules_report import launched_by, modules_md, modules_plot, modules_section
@@ -536,24 +536,26 @@ def _runtime_and_batches_section(doc: Doc, r: _Report) -> None:
 
 def _throughput_section(doc: Doc, r: _Report) -> None:
     m = r.m
-    doc.h2("Throughput (medians over passes)")
+    noun = "prompts" if _is_text(m) else "pages"
+    doc.h2("Throughput")
     t = m.throughput
     batch = "batch 1" if batches.batch_run(m) == 1 else f"per input, batch {batches.batch_run(m)}"
     aggregate = batches.aggregate_line(m)
-    doc.bullets(
-        [
-            f"Decode: {t.decode_tokens_per_s:,.1f} tokens/s (decode steps / decode time, {batch})",
-            *([aggregate] if aggregate else []),
-            *(
-                [f"Host peak memory: {num_bytes(m.host_peak_rss_bytes)} (the process's peak resident set, whole run)"]
-                if m.host_peak_rss_bytes
-                else []
-            ),
-            *([host_usage_line(m.host_usage)] if m.host_usage and m.host_usage.passes else []),
-            f"End to end: {t.e2e_images_per_s:,.3f} {'prompts' if _is_text(m) else 'images'}/s, "
-            f"{t.e2e_tokens_per_s:,.1f} new tokens/s",
-        ]
-    )
+    host = [
+        *(
+            [f"Host peak memory: {num_bytes(m.host_peak_rss_bytes)} (the process's peak resident set, whole run)"]
+            if m.host_peak_rss_bytes
+            else []
+        ),
+        *([host_usage_line(m.host_usage)] if m.host_usage and m.host_usage.passes else []),
+    ]
+    decode = f"Decode: {t.decode_tokens_per_s:,.1f} tokens/s (decode steps / decode time, {batch})"
+    if m.pages is None:  # a folder written before schema 1.4
+        legacy = f"End to end: {t.e2e_images_per_s:,.3f} {noun}/s, {t.e2e_tokens_per_s:,.1f} new tokens/s (medians)"
+        doc.bullets([decode, *([aggregate] if aggregate else []), *host, legacy])
+        return
+    doc.bullets([*pages.throughput_lines(m.pages, noun), decode, *([aggregate] if aggregate else []), *host])
+    pages.parts_table(doc, m.pages, noun)
 
 
 def host_usage_line(u: HostUsage) -> str:
@@ -814,7 +816,9 @@ def stakeholder_md(m: Stage1Metrics, whatif: WhatIfRecord | None = None) -> str:
     doc = Doc(f"Stakeholder summary: {m.model.name} inference on {m.device.name}")
     doc.para(
         f"{m.model.weights_detail}. Batch size {batches.batch_size_text(m)}, {m.settings.max_new_tokens} new tokens "
-        "per image." + (f" {aggregate}." if (aggregate := batches.aggregate_line(m)) else "")
+        "per image."
+        + (f" {aggregate}." if (aggregate := batches.aggregate_line(m)) else "")
+        + (f" Throughput: {pages.headline(m.pages, 'prompts' if _is_text(m) else 'pages')}." if m.pages else "")
     )
     doc.h2("Key findings")
     doc.bullets(key_findings(m))

@@ -1,0 +1,118 @@
+"""Pages per second as a workload: throughput, per-page latency and the time per page beside its floor.
+
+One figure per quantity: a forward (one input, or one batch pass) finishes `size` inputs in its end-to-end time,
+from the first byte of preprocessing to the last token, so pages/s is `records.stage1.pages_rate` of each forward,
+the same value the what-if's pages/s objective and `BatchRecord.pages_per_s` hold. Each summary has one value per
+timed forward (the passes are the independent samples; the inputs of one batch pass share its times).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+
+from llm_perf_opt.measure.stats import summarize
+from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records.stage1 import (
+    PAGE_DECODE,
+    PAGE_LM_PREFILL,
+    PAGE_PREPROCESS,
+    PAGE_VISION,
+    BatchRecord,
+    ImageRecord,
+    PagePart,
+    PageThroughput,
+    StageEfficiency,
+    Throughput,
+    pages_rate,
+)
+
+Forward = ImageRecord | BatchRecord
+
+
+def forward_size(forward: Forward) -> int:
+    """Inputs one timed forward finishes: a batch's inputs, else one."""
+    return forward.size if isinstance(forward, BatchRecord) else 1
+
+
+def _new_tokens_per_s(forward: Forward) -> float:
+    """Every input's new tokens over the forward's end-to-end time."""
+    return forward.new_tokens * forward_size(forward) / forward.e2e_ms * 1e3
+
+
+def throughput(forwards: Sequence[Forward]) -> Throughput:
+    """Median-based throughput over the timed forwards (`Stage1Metrics.forwards`)."""
+    decode = [len(f.decode_step_ms) / (f.decode_ms / 1e3) for f in forwards if f.decode_step_ms and f.decode_ms > 0]
+    return Throughput(
+        decode_tokens_per_s=statistics.median(decode) if decode else 0.0,
+        e2e_images_per_s=statistics.median(pages_rate(forward_size(f), f.e2e_ms) for f in forwards),
+        e2e_tokens_per_s=statistics.median(_new_tokens_per_s(f) for f in forwards),
+    )
+
+
+def _speed_of_light_share(efficiency: Sequence[StageEfficiency]) -> dict[str, float]:
+    """Per priced stage, its speed of light over its measured time (both summed over the same timed forwards)."""
+    return {
+        e.stage: e.speed_of_light_ms / e.time_ms
+        for e in efficiency
+        if e.speed_of_light_ms is not None and e.time_ms > 0
+    }
+
+
+def _part_times(forward: Forward, floor_share: Mapping[str, float]) -> dict[str, tuple[float, float | None]]:
+    """(time, floor) in ms of each part of one forward, the whole forward's (not yet per page)."""
+    vision_ms = sum(forward.vision_ms.values())
+    priced = [stage for stage in forward.vision_ms if stage in floor_share]
+    vision_floor = (
+        sum(forward.vision_ms[stage] * floor_share[stage] for stage in priced)
+        if len(priced) == len(forward.vision_ms)
+        else None
+    )
+    prefill_share = floor_share.get(vocab.PREFILL)
+    prefill_floor = None if prefill_share is None else forward.prefill_ms * prefill_share
+    # The prefill's floor is priced over the whole prefill (vision included); the language model's is what is left.
+    lm_floor = None
+    if prefill_floor is not None and vision_floor is not None and prefill_floor >= vision_floor:
+        lm_floor = prefill_floor - vision_floor
+    decode_share = floor_share.get(vocab.DECODE)
+    return {
+        PAGE_PREPROCESS: (forward.preprocess_ms, None),
+        PAGE_VISION: (vision_ms, vision_floor),
+        PAGE_LM_PREFILL: (max(forward.prefill_ms - vision_ms, 0.0), lm_floor),
+        PAGE_DECODE: (forward.decode_ms, None if decode_share is None else forward.decode_ms * decode_share),
+    }
+
+
+def _median_or_none(values: list[float | None]) -> float | None:
+    return None if not values or None in values else statistics.median(v for v in values if v is not None)
+
+
+def page_throughput(forwards: Sequence[Forward], efficiency: Sequence[StageEfficiency]) -> PageThroughput | None:
+    """Pages/s, tokens/s, per-page latency and the time per page of the timed forwards; None without any."""
+    if not forwards:
+        return None
+    sizes = [forward_size(f) for f in forwards]
+    size = max(sizes, key=sizes.count)  # the batch the run's figures are for (a short last batch aside)
+    full = [f for f in forwards if forward_size(f) == size]
+    share = _speed_of_light_share(efficiency)
+    per_forward = [_part_times(f, share) for f in full]
+    has_vision = any(f.vision_ms for f in full)
+    parts = tuple(
+        PagePart(
+            part=name,
+            ms_per_page=statistics.median(times[name][0] / size for times in per_forward),
+            floor_ms_per_page=_median_or_none(
+                [None if (floor := times[name][1]) is None else floor / size for times in per_forward]
+            ),
+        )
+        for name in (PAGE_PREPROCESS, PAGE_VISION, PAGE_LM_PREFILL, PAGE_DECODE)
+        if name != PAGE_VISION or has_vision
+    )
+    return PageThroughput(
+        batch_size=size,
+        pages_per_s=summarize([pages_rate(size, f.e2e_ms) for f in full], "pages/s"),
+        tokens_per_s=summarize([_new_tokens_per_s(f) for f in full], "tokens/s"),
+        ttft_ms=summarize([f.ttft_ms for f in full], "ms"),
+        ttlt_ms=summarize([f.e2e_ms for f in full], "ms"),
+        parts=parts,
+    )

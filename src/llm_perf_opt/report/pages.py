@@ -1,0 +1,92 @@
+"""Pages per second in report.md: the throughput, the per-page latency and the time per page beside its floor,
+rendered from `Stage1Metrics.pages` (`measure.throughput`)."""
+
+from __future__ import annotations
+
+from llm_perf_opt.records.common import Summary
+from llm_perf_opt.records.stage1 import PAGE_PREPROCESS, PageThroughput
+from llm_perf_opt.report.markdown import Doc, ms, pct
+
+SECONDS_PER_DAY = 86_400
+
+
+def _interval(s: Summary, digits: int) -> str:
+    """`; 95% interval a – b` where the summary has one (none from fewer than 3 passes)."""
+    if s.ci95_low is None or s.ci95_high is None:
+        return ""
+    return f"; 95% interval {s.ci95_low:,.{digits}f} – {s.ci95_high:,.{digits}f}"
+
+
+def _passes(p: PageThroughput) -> str:
+    return f"{p.pages_per_s.n} {'batch ' if p.batch_size > 1 else ''}pass{'es' * (p.pages_per_s.n != 1)}"
+
+
+def per_day(pages_per_s: float) -> str:
+    """Pages per day at a rate, rounded for reading: `0.96 million`, `30,240`."""
+    day = pages_per_s * SECONDS_PER_DAY
+    return f"{day / 1e6:,.2f} million" if day >= 1e6 else f"{day:,.0f}"
+
+
+def headline(p: PageThroughput, noun: str) -> str:
+    """One sentence: pages/s at the run's batch with its interval, and per day."""
+    rate = p.pages_per_s
+    return (
+        f"**{rate.p50:,.2f} {noun}/s** at batch {p.batch_size} (p50 over {_passes(p)}{_interval(rate, 2)}), from the "
+        f"first byte of preprocessing to the last token: {per_day(rate.p50)} {noun} per day on this device"
+    )
+
+
+def throughput_lines(p: PageThroughput, noun: str) -> list[str]:
+    """The Throughput section's lines on pages: rate, tokens, latency and what bounds the rate."""
+    lines = [
+        headline(p, noun),
+        f"New tokens: {p.tokens_per_s.p50:,.1f} tokens/s end to end (every {noun[:-1]}'s new tokens over its "
+        f"pass's time; p50{_interval(p.tokens_per_s, 1)})",
+        f"Latency per {noun[:-1]}: first token p50 {ms(p.ttft_ms.p50)} ms, p90 {ms(p.ttft_ms.p90)} ms; last token "
+        f"p50 {ms(p.ttlt_ms.p50)} ms, p90 {ms(p.ttlt_ms.p90)} ms"
+        + (f" (every {noun[:-1]} of a batch pass gets its pass's times)" if p.batch_size > 1 else ""),
+    ]
+    bound = bound_line(p, noun)
+    return [*lines, *([bound] if bound else [])]
+
+
+def bound_line(p: PageThroughput, noun: str) -> str | None:
+    """What holds the time per page, and the rate at the priced floors."""
+    part = p.bound_by
+    total = sum(x.ms_per_page for x in p.parts)
+    if part is None or total <= 0:
+        return None
+    text = f"Bound by **{part.part}**: {pct(part.ms_per_page / total, 0)} of the time per {noun[:-1]}"
+    if part.floor_ms_per_page:
+        text += f", {part.ms_per_page / part.floor_ms_per_page:,.1f}× its floor"
+    floor = p.floor_ms_per_page
+    if floor:
+        preprocess = next((x.ms_per_page for x in p.parts if x.part == PAGE_PREPROCESS), 0.0)
+        at_floor = floor + preprocess
+        text += (
+            f". At the floors of the priced parts (preprocessing as measured) a {noun[:-1]} would take "
+            f"{ms(at_floor, 2)} ms: {1e3 / at_floor:,.1f} {noun}/s"
+        )
+    return text
+
+
+def parts_table(doc: Doc, p: PageThroughput, noun: str) -> None:
+    """The time per page at the run's batch, part by part, beside each part's floor."""
+    total = sum(x.ms_per_page for x in p.parts)
+    rows = [
+        [
+            x.part,
+            ms(x.ms_per_page, 2),
+            pct(x.ms_per_page / total, 0) if total > 0 else "n/a",
+            ms(x.floor_ms_per_page, 3),
+            f"{x.ms_per_page / x.floor_ms_per_page:,.1f}×" if x.floor_ms_per_page else "n/a",
+        ]
+        for x in p.parts
+    ]
+    doc.table([f"part (batch {p.batch_size})", f"ms per {noun[:-1]}", "share", "floor (ms)", "× floor"], rows)
+    doc.para(
+        f"Each part's time in a pass divided by the {noun} the pass holds, median over {_passes(p)}; the language "
+        "model's prefill is the prefill less the vision sub-stages (merging included). Floor: the analytic speed of "
+        "light of the same work (counted FLOPs at the dense peak or priced bytes at the peak bandwidth, whichever is "
+        "longer); a decode floor falls as the batch grows, since a step reads the weights once for every page in it."
+    )

@@ -47,6 +47,7 @@ from llm_perf_opt.records import folders
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.folders import CAPTURE_FILE, CONFIG_FILE, METRICS_FILE, WORKLOAD_METRICS_FILE
 from llm_perf_opt.records.folders import NCU_TARGETS_FILE as TARGETS_FILE
+from llm_perf_opt.records.io import RecordError
 from llm_perf_opt.records.stage2 import (
     Capture,
     CapturedToolRun,
@@ -58,6 +59,7 @@ from llm_perf_opt.records.stage2 import (
     ToolInfo,
 )
 from llm_perf_opt.report import stage2_plots, stage2_reports
+from llm_perf_opt.report.markdown import present, write_markdown
 from llm_perf_opt.session.model_settings import ModelSettings
 from llm_perf_opt.session.runtime import RuntimeSettings
 
@@ -603,12 +605,26 @@ def render(
             run_dir, trace, capture, targets=targets, workload=workload, driver=driver, models=models
         )
         metrics = analysis.metrics()
-    metrics = attrs.evolve(metrics, kernel_modules=kernel_modules(metrics, run_dir, stage1))
+    metrics = attrs.evolve(
+        metrics,
+        kernel_modules=kernel_modules(metrics, run_dir, stage1),
+        created=run_started(run_dir) or metrics.created,
+    )
     manager.write_json(METRICS_FILE, metrics)
     plots = stage2_plots.write_stage2_plots(metrics, run_dir)
     for relative in plots.values():
         manager.record(relative)
-    manager.write_text("kernels.md", stage2_reports.kernels_md(metrics, plots))
-    manager.write_text("stakeholder_summary.md", stage2_reports.stakeholder_md(metrics, evidence))
-    manager.write_text("report.md", stage2_reports.report_md(metrics, [*manager.written, "report.md"]))
+    write_markdown(manager, "kernels.md", stage2_reports.kernels_md(metrics, plots))
+    write_markdown(manager, "stakeholder_summary.md", stage2_reports.stakeholder_md(metrics, evidence))
+    files = [*present(run_dir, [*manager.written, folders.STATUS_FILE]), "report.md"]
+    write_markdown(manager, "report.md", stage2_reports.report_md(metrics, files))
     return run_dir
+
+
+def run_started(run_dir: Path) -> str | None:
+    """When the folder's run started (its status), the time its metrics carry however often `stage2-report`
+    rebuilds them; None for a folder without a readable status."""
+    try:
+        return folders.read_status(run_dir).started
+    except RecordError:
+        return None

@@ -1,20 +1,22 @@
-"""The README is a front door and the docs hold together: every relative Markdown link in README.md and docs/
-resolves (to a file, and to a heading when it names one), the README stays short, points nowhere outside the
-repository, keeps its install and test commands, names every console script and states the versions pyproject.toml
-declares, and every guide is reachable from it."""
+"""The README is a front door and the docs hold together: every relative Markdown link in README.md, docs/ and the
+shipped examples (examples/, their rendered reports included) resolves (to a file, and to a heading when it names
+one), the README stays short, points nowhere outside the repository, keeps its install and test commands, names every
+console script and states the versions pyproject.toml declares, and every guide is reachable from it."""
 
 from __future__ import annotations
 
 import re
 import tomllib
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
-PAGES = [README, *sorted(DOCS.rglob("*.md"))]
+EXAMPLES = ROOT / "examples"
+PAGES = [README, *sorted(DOCS.rglob("*.md")), *sorted(EXAMPLES.rglob("*.md"))]
 
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
 CODE_SPAN = re.compile(r"(`+).+?\1", re.S)
@@ -58,7 +60,7 @@ def test_every_relative_link_resolves(page: Path) -> None:
     broken = []
     for target in filter(_relative, _links(page)):
         path, _, anchor = target.partition("#")
-        dest = (page.parent / path).resolve() if path else page
+        dest = (page.parent / unquote(path)).resolve() if path else page  # reports percent-encode their targets
         if not dest.exists():
             broken.append(f"{target}: no such file")
         elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
@@ -75,6 +77,10 @@ def test_the_link_check_sees_links_and_anchors() -> None:
     assert "deployed-decode-configurations-issue-11" in _anchors(DOCS / "benchmarks.md")
     assert LINK.findall(_prose("`[a](b)` [c](d)\n```\n[e](f)\n```\n")) == ["d"]  # code is no link
     assert "../images/h100_roofline.png" in _links(DOCS / "guide" / "stage1.md")  # images count as links
+    # the examples' rendered reports are checked too: a rung report's Files list, whatif.md's plots and rung folders
+    assert "metrics.json" in _links(EXAMPLES / "whatif-h100-decode" / "rungs" / "00-baseline" / "report.md")
+    assert "plots/waterfall.png" in _links(EXAMPLES / "whatif-h100-all" / "whatif.md")
+    assert "rungs/00-baseline/report.md" in _links(EXAMPLES / "whatif-h100-decode" / "whatif.md")
 
 
 def test_readme_is_a_short_front_door() -> None:

@@ -497,6 +497,51 @@ def test_gallery_links_a_page_with_spaces_in_its_name(tmp_path: Path) -> None:
     assert markdown.link("a b.png", "a b.png") == "[a b.png](a%20b.png)"
 
 
+def test_a_gallery_read_on_another_machine_says_its_input_is_not_there(tmp_path: Path) -> None:
+    """stage1-report on a folder copied from another machine: no thumbnail for an input it cannot find, and no
+    link to one."""
+    from llm_perf_opt.artifacts import ArtifactsManager
+    from llm_perf_opt.records.folders import load_stage1
+    from llm_perf_opt.records.stage1 import Prediction
+    from llm_perf_opt.report.stage1_reports import write_gallery
+
+    folder = load_stage1(Path(__file__).parent / "fixtures" / "runs" / "cpu_tiny_v1_stage1")
+    m = folder.metrics
+    gone = "/elsewhere/src/llm_perf_opt/data/samples/" + m.records[0].image
+    prediction = Prediction(image=m.records[0].image, path=gone, token_ids=(1,), tokens=1, text="t", weights="random")
+    write_gallery(ArtifactsManager(tmp_path, stage="stage1"), m, folder.inputs, [prediction], m.settings.outputs)
+    text = (tmp_path / "viz" / "predictions.md").read_text()
+    assert f"No thumbnail: the input is not at ${{llo_samples_dir:}}/{m.records[0].image} on this machine" in text
+    assert not _image_sources(text) and not list((tmp_path / "viz").glob("*.png"))
+
+
+def test_links_to_files_that_are_not_there_are_dropped(tmp_path: Path) -> None:
+    (tmp_path / "plots").mkdir()
+    (tmp_path / "plots" / "a b.png").write_bytes(b"")
+    (tmp_path / "metrics.json").write_text("{}")
+    text = (
+        "- [metrics.json](metrics.json)\n- [config.yaml](config.yaml)\n\n![there](plots/a%20b.png)\n"
+        "![gone](plots/gone.png)\n[site](https://example.org/x) [top](#files) [me](report.md) "
+        "`[code](span.md)`\n```text\n[model output](fenced.md)\n```\n"
+    )
+    assert markdown.present_links(text, tmp_path, own="report.md") == (
+        "- [metrics.json](metrics.json)\n- config.yaml\n\n![there](plots/a%20b.png)\n"
+        "\n[site](https://example.org/x) [top](#files) [me](report.md) "
+        "`[code](span.md)`\n```text\n[model output](fenced.md)\n```\n"
+    )
+    assert markdown.present(tmp_path, ["metrics.json", "config.yaml", "plots/a b.png", "metrics.json"]) == [
+        "metrics.json",
+        "plots/a b.png",
+    ]
+
+
+def test_the_bundled_samples_read_the_same_on_every_machine() -> None:
+    assert markdown.bundled_samples(
+        "under `/srv/x/src/llm_perf_opt/data/samples`, list /a/llm_perf_opt/data/samples/l.txt"
+    ) == ("under `${llo_samples_dir:}`, list ${llo_samples_dir:}/l.txt")
+    assert markdown.bundled_samples("/data/my_pages") == "/data/my_pages"  # a user's own folder is theirs to see
+
+
 @pytest.mark.parametrize(
     ("family", "hint"),
     [

@@ -1,19 +1,15 @@
-"""The shipped H100 what-if examples (examples/whatif-h100-decode, examples/whatif-h100-all): their records load,
-their figures are the ones the README, the perf-whatif guide and docs/benchmarks.md quote, their reports re-render from
-the record alone, and the baseline's report cites the decode one."""
+"""The shipped H100 what-if examples (examples/whatif-h100-decode, -all, -first-token): their records load, their
+figures are the ones the README, the perf-whatif guide and docs/benchmarks.md quote, and the baseline's report cites
+the decode one (that every shipped report is what today's code renders: tests/test_examples.py)."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
-from llm_perf_opt.artifacts import ArtifactsManager
-from llm_perf_opt.pipeline.stage1 import render
 from llm_perf_opt.records.folders import load_whatif
 from llm_perf_opt.records.whatif import MEASURED
-from llm_perf_opt.report import whatif_report
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 EXAMPLE = EXAMPLES / "whatif-h100-decode"
@@ -40,18 +36,11 @@ def test_the_example_record_holds_the_quoted_ladder() -> None:
     assert any("compiled_decode is not stacked" in note for note in record.notes)
 
 
-def test_the_example_report_rerenders_from_its_record(tmp_path: Path) -> None:
-    copy = tmp_path / "example"
-    shutil.copytree(EXAMPLE, copy)
-    art = ArtifactsManager(copy, stage="whatif")
-    art.written.append("whatif.json")  # the runner writes the record first
-    whatif_report.write_all(art, load_whatif(copy))
-    assert (copy / "whatif.md").read_text() == (EXAMPLE / "whatif.md").read_text()
-    render(copy / "rungs" / "00-baseline")  # inside the what-if folder: "What to try" cites it
-    assert (
-        "cuda_graphs cut decode ms/token (p50) from 22.88 to 1.55 ms"
-        in (copy / "rungs" / "00-baseline" / "report.md").read_text()
-    )
+def test_the_baseline_report_cites_the_decode_ladder() -> None:
+    # inside the what-if folder, "What to try" cites its measured levers (the report is today's rendering:
+    # tests/test_examples.py)
+    report = (EXAMPLE / "rungs" / "00-baseline" / "report.md").read_text()
+    assert "cuda_graphs cut decode ms/token (p50) from 22.88 to 1.55 ms" in report
 
 
 def test_the_all_example_judges_every_objective_and_flags_the_trade_offs() -> None:
@@ -117,13 +106,3 @@ def test_a_first_token_run_plots_that_time_split_by_stage_and_the_vision_stage_i
     assert stage is not None and stage.stage == "vision/sam"
     assert plots.waterfall(record, tmp_path / "w.png") is not None
     assert plots.module_waterfall(record, tmp_path / "m.png") is not None
-
-
-@pytest.mark.parametrize("example", [EXAMPLE, ALL, FIRST_TOKEN], ids=["decode", "all", "first-token"])
-def test_each_example_report_rerenders_from_its_record_alone(tmp_path: Path, example: Path) -> None:
-    copy = tmp_path / "example"
-    shutil.copytree(example, copy)
-    art = ArtifactsManager(copy, stage="whatif")
-    art.written.append("whatif.json")
-    whatif_report.write_all(art, load_whatif(copy))
-    assert (copy / "whatif.md").read_text() == (example / "whatif.md").read_text()

@@ -182,6 +182,21 @@ def test_write_all_writes_the_report_and_both_plots(tmp_path: Path) -> None:
     assert {"plots/waterfall.png", "plots/floor.png", "whatif.md"} <= set(art.written)
 
 
+def test_whatif_md_links_only_the_rung_folders_that_hold_a_report(tmp_path: Path) -> None:
+    """A what-if folder copied without most of its rungs (the shipped examples): whatif.md lists the rung folders
+    that are there, and no Files entry it did not find."""
+    (tmp_path / "rungs" / "00-baseline").mkdir(parents=True)
+    (tmp_path / "rungs" / "00-baseline" / "report.md").write_text("# baseline\n")
+    (tmp_path / "rungs" / "01-static_cache").mkdir()  # a rung folder without its report
+    art = ArtifactsManager(tmp_path, stage="whatif")
+    art.written.extend([WHATIF_FILE, "config.yaml"])  # neither is in the folder
+    write_all(art, realistic())
+    text = (tmp_path / "whatif.md").read_text()
+    assert _section(text, "Rung folders").strip() == "- baseline: [rungs/00-baseline](rungs/00-baseline/report.md)"
+    assert "config.yaml" not in text and f"[{WHATIF_FILE}]" not in text and "[whatif.md](whatif.md)" in text
+    assert "## Rung folders" not in whatif_md(realistic(), rung_folders=())
+
+
 def test_the_waterfall_runs_from_the_baseline_along_the_ladder_to_the_best() -> None:
     record = realistic()
     assert [r.name for r in waterfall_steps(record)] == [

@@ -551,9 +551,10 @@ class Stage1Run:
         return metrics
 
 
-def render(run_dir: Path, whatif: Path | str | None = None) -> Path:
+def render(run_dir: Path, whatif: Path | str | None = None, *, images: bool = True) -> Path:
     """Rebuild a Stage 1 folder's Markdown reports and plots from its records (no model, no GPU); `whatif`: a
-    perf-whatif folder whose measured levers "What to try" cites (default: the one the folder lies in, if any)."""
+    perf-whatif folder whose measured levers "What to try" cites (default: the one the folder lies in, if any);
+    `images`: False for the Markdown alone (no plots, no predictions gallery)."""
     folder = load_stage1(run_dir)
     evidence = whatif_for(folder.path, whatif)
     art = ArtifactsManager(folder.path, stage="stage1")
@@ -566,5 +567,6 @@ def render(run_dir: Path, whatif: Path | str | None = None) -> Path:
         predictions=folder.predictions,
         whatif=evidence,
         unfinished=unfinished_text(folder.status),
+        images=images,
     )
     return art.run_dir

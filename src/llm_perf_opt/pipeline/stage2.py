@@ -60,6 +60,7 @@ from llm_perf_opt.records.stage2 import (
     ToolInfo,
 )
 from llm_perf_opt.report import stage2_plots, stage2_reports
+from llm_perf_opt.report.markdown import present, write_markdown
 from llm_perf_opt.session.model_settings import ModelSettings
 from llm_perf_opt.session.runtime import RuntimeSettings
 
@@ -623,18 +624,33 @@ def render(
         )
         metrics = analysis.metrics()
     recorded = None if time_budget is not None else _recorded_budget(run_dir)
-    metrics = attrs.evolve(metrics, kernel_modules=kernel_modules(metrics, run_dir, stage1), time_budget=recorded)
+    metrics = attrs.evolve(
+        metrics,
+        kernel_modules=kernel_modules(metrics, run_dir, stage1),
+        created=run_started(run_dir) or metrics.created,
+        time_budget=recorded,
+    )
     manager.write_json(METRICS_FILE, metrics)
     plots = stage2_plots.write_stage2_plots(metrics, run_dir)
     for relative in plots.values():
         manager.record(relative)
-    manager.write_text("kernels.md", stage2_reports.kernels_md(metrics, plots))
-    manager.write_text("stakeholder_summary.md", stage2_reports.stakeholder_md(metrics, evidence))
+    write_markdown(manager, "kernels.md", stage2_reports.kernels_md(metrics, plots))
+    write_markdown(manager, "stakeholder_summary.md", stage2_reports.stakeholder_md(metrics, evidence))
     if time_budget is not None:
         metrics = attrs.evolve(metrics, time_budget=time_budget())
         manager.write_json(METRICS_FILE, metrics)
-    manager.write_text("report.md", stage2_reports.report_md(metrics, [*manager.written, "report.md"]))
+    files = [*present(run_dir, [*manager.written, folders.STATUS_FILE]), "report.md"]
+    write_markdown(manager, "report.md", stage2_reports.report_md(metrics, files))
     return run_dir
+
+
+def run_started(run_dir: Path) -> str | None:
+    """When the folder's run started (its status), the time its metrics carry however often `stage2-report`
+    rebuilds them; None for a folder without a readable status."""
+    try:
+        return folders.read_status(run_dir).started
+    except RecordError:
+        return None
 
 
 def _recorded_budget(run_dir: Path) -> TimeBudget | None:

@@ -349,7 +349,7 @@ class Stage2Metrics:
     schema_version: str
     stage: str
     run_id: str
-    created: str
+    created: str  # when the run started (its status), kept however often stage2-report rebuilds the record
     mode: str
     device: TraceGpu
     tools: Mapping[str, ToolInfo] = attrs.field(factory=dict)

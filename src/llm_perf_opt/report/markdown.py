@@ -1,13 +1,30 @@
-"""A thin layer over mdutils: tables from rows, and the number formats every report shares."""
+"""A thin layer over mdutils: tables from rows, the number formats every report shares, and the links a report keeps
+(only to files that are there, without the machine's own paths)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from urllib.parse import quote
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from urllib.parse import quote, unquote
 
 from mdutils.mdutils import MdUtils
 
+from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.records.common import TimeBudget
+
+# The bundled samples folder wherever the package lies (…/llm_perf_opt/data/samples): named in reports by the config
+# resolver that names it on every machine.
+SAMPLES_PATH = re.compile(r"/[^\s,'\"=\[\]`]*/llm_perf_opt/data/samples(?=/|\b|$)")
+SAMPLES_RESOLVER = "${llo_samples_dir:}"
+
+# What `present_links` reads: code (fenced blocks, spans), left as it is, and Markdown links and images.
+_CODE_OR_LINK = re.compile(
+    r"(?P<code>^(?P<fence>```|~~~).*?^(?P=fence)|(?P<ticks>`+).+?(?P=ticks))"
+    r"|(?P<bang>!?)\[(?P<text>[^\]]*)\]\((?P<target>[^)\s]+)\)",
+    re.S | re.M,
+)
+_SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*:", re.I)
 
 
 def link_target(path: str) -> str:
@@ -19,6 +36,40 @@ def link_target(path: str) -> str:
 def link(text: str, path: str) -> str:
     """`[text](path)` with the path as a valid link target."""
     return f"[{text}]({link_target(path)})"
+
+
+def bundled_samples(text: str) -> str:
+    """`text` with the bundled samples folder's absolute path (this machine's or the one a record was written on)
+    named by its resolver, `${llo_samples_dir:}`: a report of the bundled samples reads the same on every machine."""
+    return SAMPLES_PATH.sub(SAMPLES_RESOLVER, text)
+
+
+def present(folder: Path, files: Iterable[str]) -> list[str]:
+    """The `files` (relative to `folder`, or absolute) that are there, sorted, each once: what a Files list links."""
+    return sorted({f for f in files if (folder / f).exists()})
+
+
+def present_links(text: str, folder: Path, own: str | None = None) -> str:
+    """`text` (Markdown of a file in `folder`) with every relative link to a file that is not there turned into its
+    text and every such image dropped: a report never links to a file that is absent (a folder copied without some
+    of its files, a rung not run yet). Code blocks and spans are left alone; `own`: the file's own name, kept even
+    before it is written."""
+
+    def keep(match: re.Match[str]) -> str:
+        target = match.group("target")
+        if match.group("code") or target.startswith("#") or _SCHEME.match(target):
+            return match.group(0)
+        path = unquote(target.partition("#")[0])
+        if path == own or (folder / path).exists():
+            return match.group(0)
+        return "" if match.group("bang") else match.group("text")
+
+    return _CODE_OR_LINK.sub(keep, text)
+
+
+def write_markdown(art: ArtifactsManager, relative: str, text: str) -> Path:
+    """Write a report into the run folder with `present_links`: its links only to files that are there."""
+    return art.write_text(relative, present_links(text, art.path(relative).parent, Path(relative).name))
 
 
 class Doc:

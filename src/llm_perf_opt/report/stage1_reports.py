@@ -31,7 +31,19 @@ from llm_perf_opt.records.stage1 import (
 )
 from llm_perf_opt.records.whatif import WhatIfRecord
 from llm_perf_opt.report import batches, gallery, pages
-from llm_perf_opt.report.markdown import Doc, flops, link, ms, num_bytes, pct, time_budget_text
+from llm_perf_opt.report.markdown import (
+    Doc,
+    bundled_samples,
+    flops,
+    link,
+    ms,
+    num_bytes,
+    pct,
+    present,
+    present_links,
+    time_budget_text,
+    write_markdown,
+)
 from llm_perf_opt.report.memory_energy import energy_section, memory_section
 from llm_perf_opt.report.modules_report import launched_by, modules_md, modules_plot, modules_section
 from llm_perf_opt.report.plots import write_stage1_plots
@@ -398,7 +410,8 @@ def _fates_section(doc: Doc, inputs: InputsManifest | None) -> None:
         return
     doc.h2("Inputs considered")
     doc.para(
-        f"{len(inputs.fates)} file(s) under `{inputs.dataset_root}`: {sum(f.fate == 'run' for f in inputs.fates)} run. "
+        f"{len(inputs.fates)} file(s) under `{bundled_samples(inputs.dataset_root)}`: "
+        f"{sum(f.fate == 'run' for f in inputs.fates)} run. "
         "Not selected: left out by dataset.max_images or sampling; skipped: not usable (the reason is given)."
     )
     root = inputs.dataset_root.rstrip("/") + "/"
@@ -685,7 +698,7 @@ def _modules_plot(m: Stage1Metrics, path: Path) -> Path | None:
 def _files_section(doc: Doc, r: _Report) -> None:
     _fates_section(doc, r.inputs)
     doc.h2("Files")
-    doc.bullets([link(f, f) for f in sorted(set(r.files)) if not f.startswith(".")])
+    doc.bullets([link(f, f) for f in sorted(set(r.files)) if not f.startswith(".")])  # those that are there
 
 
 # report.md, in order: each section reads the records (and the lookups `_Report` builds once) and adds its Markdown.
@@ -899,8 +912,8 @@ def assumptions_md(m: Stage1Metrics, inputs: InputsManifest) -> str:
     doc.h2("Dataset selection")
     doc.bullets(
         [
-            f"Root: {inputs.dataset_root}",
-            f"Subset list: {inputs.subset_filelist or 'none'}",
+            f"Root: {bundled_samples(inputs.dataset_root)}",
+            f"Subset list: {bundled_samples(inputs.subset_filelist or 'none')}",
             f"Discovered {inputs.discovered} {'prompt' if _is_text(m) else 'image'} file(s); ran "
             f"{len(inputs.images)}; skipped {len(inputs.skipped)}; sampling {inputs.sampling} (seed "
             f"{inputs.seed}); max_images {inputs.max_images or 'all'} ({s.sources['dataset.max_images']})",
@@ -943,15 +956,16 @@ def write_gallery(
             facts = [f"{recs[0].prompt_tokens} prompt tokens"]
         else:
             stem = Path(name).with_suffix("").as_posix().replace("/", "__")  # a/page.png and b/page.png differ
-            thumb = gallery.thumbnail_with_boxes(
-                Path(pred.path), pred.text, viz_dir / f"{stem}.png", width=knobs.thumbnail_width
-            )
-            art.note_file(thumb)
-            doc.image(name, os.path.relpath(thumb, viz_dir))
-            facts = [
-                f"{recs[0].tiles} tiles, {recs[0].image_tokens} image tokens",
-                f"Boxes drawn: {gallery.count_boxes(pred.text)}",
-            ]
+            facts = [f"{recs[0].tiles} tiles, {recs[0].image_tokens} image tokens"]
+            if Path(pred.path).is_file():
+                thumb = gallery.thumbnail_with_boxes(
+                    Path(pred.path), pred.text, viz_dir / f"{stem}.png", width=knobs.thumbnail_width
+                )
+                art.note_file(thumb)
+                doc.image(name, os.path.relpath(thumb, viz_dir))
+                facts.append(f"Boxes drawn: {gallery.count_boxes(pred.text)}")
+            else:  # a folder read on another machine than the run's
+                facts.append(f"No thumbnail: the input is not at {bundled_samples(pred.path)} on this machine")
         doc.bullets(
             [
                 f"TTFT {ms(statistics.median(r.ttft_ms for r in recs))} ms, decode "
@@ -961,7 +975,7 @@ def write_gallery(
         )
         body = pred.text if pred.text is not None else f"(no tokenizer: token ids) {list(pred.token_ids)[:64]}"
         doc.raw("\n```text\n" + body + "\n```\n")
-    art.write_anywhere(viz_dir / "predictions.md", doc.text())
+    art.write_anywhere(viz_dir / "predictions.md", present_links(doc.text(), viz_dir, "predictions.md"))
 
 
 def write_all(
@@ -973,10 +987,14 @@ def write_all(
     predictions: Sequence[Prediction],
     whatif: WhatIfRecord | None = None,
     unfinished: str | None = None,
+    images: bool = True,
 ) -> None:
     """Write every Stage 1 Markdown artifact and plot from the run's records (report.md last, so it can list the
-    others); `whatif`: a what-if run whose measured levers "What to try" cites; `unfinished`: see `report_md`."""
-    plots = write_details(art, m, inputs=inputs, operators=operators, predictions=predictions, whatif=whatif)
+    others that are there); `whatif`: a what-if run whose measured levers "What to try" cites; `unfinished`: see
+    `report_md`; `images`: False for Markdown alone (no plots, no predictions gallery)."""
+    plots = write_details(
+        art, m, inputs=inputs, operators=operators, predictions=predictions, whatif=whatif, images=images
+    )
     write_report(art, m, plots, inputs=inputs, operators=operators, whatif=whatif, unfinished=unfinished)
 
 
@@ -988,18 +1006,20 @@ def write_details(
     operators: OperatorTable | None,
     predictions: Sequence[Prediction],
     whatif: WhatIfRecord | None = None,
+    images: bool = True,
 ) -> dict[str, str]:
     """Every Stage 1 artifact but report.md (`write_report`, after the run's time budget is known); returns the
-    plots written (name -> path in the folder)."""
+    plots written (name -> path in the folder); `images`: False for no plots and no predictions gallery."""
     top_k = m.settings.profiler.top_k if m.settings.profiler else 0
     if operators is not None:
-        art.write_text("operators.md", operators_md(m, operators, top_k))
-    art.write_text("stakeholder_summary.md", stakeholder_md(m, whatif))
-    art.write_text("assumptions.md", assumptions_md(m, inputs))
-    write_gallery(art, m, inputs, predictions, m.settings.outputs)
+        write_markdown(art, "operators.md", operators_md(m, operators, top_k))
+    write_markdown(art, "stakeholder_summary.md", stakeholder_md(m, whatif))
+    write_markdown(art, "assumptions.md", assumptions_md(m, inputs))
+    if images:
+        write_gallery(art, m, inputs, predictions, m.settings.outputs)
     if m.modules is not None:
-        art.write_text("modules.md", modules_md(m.modules, f"{m.model.name} on {m.device.name}"))
-    written = write_stage1_plots(m, art.run_dir, {"modules": _modules_plot})
+        write_markdown(art, "modules.md", modules_md(m.modules, f"{m.model.name} on {m.device.name}"))
+    written = write_stage1_plots(m, art.run_dir, {"modules": _modules_plot}) if images else {}
     for path in written.values():
         art.record(str(path.relative_to(art.run_dir)))
     return {name: str(path.relative_to(art.run_dir)) for name, path in written.items()}
@@ -1016,5 +1036,5 @@ def write_report(
     unfinished: str | None = None,
 ) -> None:
     """report.md, listing the files written before it (`write_details`)."""
-    files = [*art.written, "report.md", "run_status.json"]
-    art.write_text("report.md", report_md(m, operators, files, plots, inputs, whatif, unfinished))
+    files = [*present(art.run_dir, [*art.written, "run_status.json"]), "report.md"]
+    write_markdown(art, "report.md", report_md(m, operators, files, plots, inputs, whatif, unfinished))

@@ -6,7 +6,7 @@ Every figure comes from the record; this module ranks rungs for display and form
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import attrs
 
@@ -36,19 +36,30 @@ from llm_perf_opt.records.whatif import (
     hydra_launcher_name,
 )
 from llm_perf_opt.report.comparison import ratio_text
-from llm_perf_opt.report.markdown import Doc, flops, link, ms, num_bytes, pct, time_budget_text
+from llm_perf_opt.report.markdown import (
+    Doc,
+    bundled_samples,
+    flops,
+    link,
+    ms,
+    num_bytes,
+    pct,
+    present,
+    time_budget_text,
+    write_markdown,
+)
 from llm_perf_opt.report.modules_report import changes_table, module_table, stage_summary
 from llm_perf_opt.report.whatif_plots import module_waterfall_stage, ranks_first_token, write_whatif_plots
 
 NA = "n/a"
 WHATIF_REPORT = "whatif.md"
+RUNG_REPORT = "report.md"  # a rung folder's Stage 1 report, linked from whatif.md
 CHANGES_WORKLOAD = "changes the workload"
 
 Row = list[str]
 
 # A machine's own absolute paths, kept out of whatif.md: the bundled samples folder becomes the resolver that names
-# it, any other absolute path its last two parts.
-SAMPLES_PATH = re.compile(r"/[^\s,'\"=\[\]]*/llm_perf_opt/data/samples(?=/|\b|$)")
+# it (`bundled_samples`), any other absolute path its last two parts.
 ABSOLUTE_PATH = re.compile(r"(?<![\w.$}~])/(?:[^\s/,'\"\[\]]+/)+[^\s/,'\"\[\]]+")
 ENERGY_OBJECTIVE = ENERGY.name
 OUTPUTS_OBJECTIVE = OUTPUTS.name  # its verdict and reason are in the table's own column
@@ -74,7 +85,7 @@ OBJECTIVE_COLUMNS = (
 def clean_paths(text: str) -> str:
     """`text` without machine-specific absolute paths: `${llo_samples_dir:}` for the bundled samples folder, e.g.
     `${llo_samples_dir:}/lists/a4_page.txt`; `…/lists/a4_page.txt` (the last two parts) for any other."""
-    text = SAMPLES_PATH.sub("${llo_samples_dir:}", text)
+    text = bundled_samples(text)
 
     def tail(match: re.Match[str]) -> str:
         return "…/" + "/".join(match.group(0).rsplit("/", 2)[-2:])
@@ -582,8 +593,9 @@ def _floor_table(doc: Doc, record: WhatIfRecord) -> None:
     )
 
 
-def _held(doc: Doc, record: WhatIfRecord) -> None:
-    """What holds the best rung (else the baseline) by module: per stage, the modules furthest above their floor."""
+def _held(doc: Doc, record: WhatIfRecord, rung_folders: Collection[str] | None) -> None:
+    """What holds the best rung (else the baseline) by module: per stage, the modules furthest above their floor;
+    `rung_folders`: see `whatif_md`."""
     shown = record.rung(record.best) if record.best is not None else record.baseline
     if shown is None or shown.held is None:
         return
@@ -595,7 +607,11 @@ def _held(doc: Doc, record: WhatIfRecord) -> None:
         + (f" ({held.floors})" if held.floors else "")
         + ": per stage the modules furthest above their floor, where faster kernels or fewer of them could still "
         "win; every module is in the rung's `modules.md`"
-        + (f" ({link(shown.folder, f'{shown.folder}/modules.md')})" if shown.folder else "")
+        + (
+            f" ({link(shown.folder, f'{shown.folder}/modules.md')})"
+            if shown.folder and (rung_folders is None or shown.folder in rung_folders)
+            else ""
+        )
         + "."
     )
     for stage in held.stages:
@@ -698,8 +714,14 @@ def _module_moves(doc: Doc, record: WhatIfRecord, plot: str | None) -> None:
         doc.image(f"The best rung's {shown} against the baseline's, by module", plot)
 
 
-def whatif_md(record: WhatIfRecord, plots: dict[str, str] | None = None, files: Sequence[str] = ()) -> str:
-    """`whatif.md`: verdict first, then the ranked rungs, the attribution, the floor, the verdicts and notes."""
+def whatif_md(
+    record: WhatIfRecord,
+    plots: dict[str, str] | None = None,
+    files: Sequence[str] = (),
+    rung_folders: Collection[str] | None = None,
+) -> str:
+    """`whatif.md`: verdict first, then the ranked rungs, the attribution, the floor, the verdicts and notes;
+    `rung_folders`: the rung folders to link (those holding a report; default: every rung's)."""
     plots = plots or {}
     doc = Doc(f"What-if report: {record.model} on {record.device or 'device not recorded'}")
     _header(doc, record)
@@ -719,13 +741,17 @@ def whatif_md(record: WhatIfRecord, plots: dict[str, str] | None = None, files: 
     _floor_table(doc, record)
     if "floor" in plots:
         doc.image("Distance to the floor, baseline vs best rung", plots["floor"])
-    _held(doc, record)
+    _held(doc, record, rung_folders)
     _verdicts(doc, record)
     _levers(doc, record)
     if record.notes:
         doc.h2("Notes")
         doc.bullets([clean_paths(note) for note in record.notes])
-    folders = [f"{r.name}: " + link(r.folder, f"{r.folder}/report.md") for r in record.rungs if r.folder]
+    folders = [
+        f"{r.name}: " + link(r.folder, f"{r.folder}/{RUNG_REPORT}")
+        for r in record.rungs
+        if r.folder and (rung_folders is None or r.folder in rung_folders)
+    ]
     if folders:
         doc.h2("Rung folders")
         doc.bullets(folders)
@@ -751,5 +777,6 @@ def write_plots(art: ArtifactsManager, record: WhatIfRecord) -> dict[str, str]:
 
 def write_report(art: ArtifactsManager, record: WhatIfRecord, plots: dict[str, str]) -> None:
     """`whatif.md`, with the plots written before it (`write_plots`)."""
-    files = [f for f in art.written if f.endswith((".md", ".json", ".png"))]
-    art.write_text(WHATIF_REPORT, whatif_md(record, plots, [*files, WHATIF_REPORT]))
+    files = present(art.run_dir, [f for f in art.written if f.endswith((".md", ".json", ".png"))])
+    reported = [r.folder for r in record.rungs if r.folder and (art.run_dir / r.folder / RUNG_REPORT).is_file()]
+    write_markdown(art, WHATIF_REPORT, whatif_md(record, plots, [*files, WHATIF_REPORT], reported))

@@ -1,0 +1,73 @@
+"""The shipped examples (examples/) are what today's code renders from their records: each one, copied and rendered
+again by scripts/rerender_examples.py, is byte for byte the folder that ships (PNG plots by their presence).
+Their links resolve: tests/test_docs_links.py checks every Markdown file under examples/ with the docs."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "rerender_examples.py"
+
+
+EXAMPLES = sorted(p for p in (ROOT / "examples").iterdir() if p.is_dir())
+
+
+@pytest.fixture(scope="module")
+def rerender() -> ModuleType:
+    """scripts/rerender_examples.py, imported (it imports the pipelines)."""
+    spec = importlib.util.spec_from_file_location("rerender_examples", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_example_is_rendered_by_the_script(rerender: ModuleType) -> None:
+    assert rerender.examples() == EXAMPLES
+    assert {p.name for p in EXAMPLES} == {
+        "stage2-h100-tiny",
+        "whatif-h100-all",
+        "whatif-h100-decode",
+        "whatif-h100-first-token",
+    }
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_the_example_is_what_todays_code_renders(tmp_path: Path, example: Path, rerender: ModuleType) -> None:
+    copy = shutil.copytree(example, tmp_path / example.name)
+    rerender.rerender(copy)
+    differences = rerender.differences(example, copy)
+    assert not differences, (
+        f"examples/{example.name} is not what the toolkit renders today ("
+        + "; ".join(differences[:10])
+        + f"): run `{rerender.COMMAND} {example.name}` and commit the result"
+    )
+
+
+def test_a_rung_folder_without_its_records_is_refused(tmp_path: Path, rerender: ModuleType) -> None:
+    copy = shutil.copytree(ROOT / "examples" / "whatif-h100-first-token", tmp_path / "ft")
+    (copy / "rungs" / "00-baseline").mkdir(parents=True)
+    (copy / "rungs" / "00-baseline" / "run_status.json").write_text("{}\n")  # a status, no metrics
+    with pytest.raises(SystemExit, match=r"no metrics\.json"):
+        rerender.rerender(copy)
+
+
+def test_the_comparison_sees_every_kind_of_difference(tmp_path: Path, rerender: ModuleType) -> None:
+    shipped, rendered = tmp_path / "a", tmp_path / "b"
+    for folder, text in ((shipped, "x"), (rendered, "y")):
+        (folder / "plots").mkdir(parents=True)
+        (folder / "report.md").write_text(text)
+        (folder / "plots" / "p.png").write_bytes(text.encode())  # bytes of a plot are not compared
+    (shipped / "old.md").write_text("")
+    (rendered / "new.md").write_text("")
+    assert rerender.differences(shipped, rendered) == [
+        "old.md: shipped, not rendered",
+        "new.md: rendered, not shipped",
+        "report.md: differs",
+    ]

@@ -71,3 +71,19 @@ def test_batches_of_the_same_per_input_shapes_are_counted_once(
     assert again == first == count_stage_flops(tiny_session, [noisy, tiled])
     assert other == count_stage_flops(tiny_session, [tiled, white])
     assert input_signature(white) != input_signature([white])  # one input and a batch of one never share a count
+
+
+def test_a_batch_of_one_shape_is_that_many_times_one_input(
+    tiny_session: Any, page_images: dict[str, Path], noisy_small: Path, count_calls: list[Any]
+) -> None:
+    white, noisy, _ = _prepared(tiny_session, page_images, noisy_small)
+    counts = FlopCounts()
+    counts.count(tiny_session, white, "w")
+    batch = counts.count(tiny_session, [white, noisy, white], "b0")  # one shape: no padding, 3 × one input
+    assert len(count_calls) == 1 and (counts.counted, counts.reused) == (1, 1)
+    full = count_stage_flops(tiny_session, [white, noisy, white])
+    assert batch.prompt_tokens == full.prompt_tokens
+    for field in ("prefill", "decode_step_base", "decode_step_per_ctx"):
+        assert getattr(batch, field) == pytest.approx(getattr(full, field), rel=1e-9), field
+    assert batch.vision == pytest.approx(dict(full.vision), rel=1e-9)
+    assert batch.decode_total(8) == pytest.approx(full.decode_total(8), rel=1e-9)

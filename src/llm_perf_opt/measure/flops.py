@@ -111,6 +111,19 @@ class StageFlops:
     by_operator: Mapping[str, float]  # aten op -> FLOPs in the prefill
     source: str = FLOP_SOURCE
 
+    def scaled(self, factor: int) -> StageFlops:
+        """The FLOPs of `factor` copies of this workload run as one batch of equal prompts (no padding): every
+        matmul, attention and routed-expert row is `factor` times as many, the prompt length the same."""
+        return StageFlops(
+            prefill=self.prefill * factor,
+            vision={stage: value * factor for stage, value in self.vision.items()},
+            decode_step_base=self.decode_step_base * factor,
+            decode_step_per_ctx=self.decode_step_per_ctx * factor,
+            prompt_tokens=self.prompt_tokens,
+            by_operator={op: value * factor for op, value in self.by_operator.items()},
+            source=self.source,
+        )
+
     def decode_step(self, context: int) -> float:
         """FLOPs of the decode step whose query attends to `context` keys."""
         return self.decode_step_base + self.decode_step_per_ctx * context
@@ -228,6 +241,14 @@ class FlopCounts:
     def count(self, session: Any, prepared: Any, name: str, doing: str = "counting FLOPs (untimed)") -> StageFlops:
         """The FLOPs of `prepared` (named `name` in the log): counted (`doing` logged), or the count of the first
         input of the same signature."""
+        if isinstance(prepared, Sequence) and len(prepared) > 1 and len({input_signature(p) for p in prepared}) == 1:
+            # A batch of one shape (run.fill_batches, or pages of one size): equal prompts, no padding, so the
+            # batch is exactly that many times one input, whose count is seconds where the batch's is minutes.
+            one = self.count(session, prepared[0], f"{name}, one input", doing)
+            log.info(
+                "%s: %d inputs of the same shapes: %d × one input's FLOP count", name, len(prepared), len(prepared)
+            )
+            return one.scaled(len(prepared))
         signature = input_signature(prepared)
         known = self._counted.get(signature)
         if known is not None:

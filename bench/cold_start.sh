@@ -9,7 +9,7 @@
 #   bash bench/cold_start.sh /tmp/cold /tmp/old/src             # before, then after
 #   MODEL=deepseek_ocr_tiny COMMANDS="stage1 batch64" bash bench/cold_start.sh /tmp/cold   # a dry check on a CPU
 # COMMANDS picks among: stage1 (default stage1-run), stage2 (stage2-profile, light), whatif (perf-whatif whatif=decode
-# workload=ocr1-a4-page), batch64 (stage1-run at batch 64 with CUDA graphs on the A4 page). MODEL, when set, is
+# workload=ocr1-a4-page), batch64 (stage1-run at batch 64 with CUDA graphs on the A4 page at 256 new tokens). MODEL, when set, is
 # added as model=<MODEL> to every command. On the project's GPU machines (no console scripts installed) run it after
 # `source .gpu/setup.sh`.
 set -euo pipefail
@@ -23,7 +23,9 @@ model=()
 if [ -n "${MODEL:-}" ]; then
   model=("model=$MODEL")
 fi
-batch64=(run.batch_size=64 run.fill_batches=true runtime.kv_cache=static runtime.compile=decode)
+# issue 45's throughput configuration: the A4 page at 256 new tokens, batch 64 with CUDA-graph decode, 3 timed passes
+batch64=(workload=ocr1-a4-page run.batch_size=64 run.fill_batches=true run.repeats=3 runtime.kv_cache=static
+  runtime.compile=decode)
 if [ "$(python3 -c 'import torch; print(torch.cuda.is_available())')" = "True" ]; then
   batch64+=(model.preprocess.device=cuda)
 else  # a dry check on a CPU: compiled decode without CUDA graphs
@@ -80,7 +82,7 @@ run_all() {  # run_all <label prefix> <PYTHONPATH prefix or "">
       stage1) cold "$tag-stage1" "$prefix" llm_perf_opt.cli.stage1 ;;
       stage2) cold "$tag-stage2" "$prefix" llm_perf_opt.cli.stage2 ;;
       whatif) cold "$tag-whatif" "$prefix" llm_perf_opt.cli.whatif whatif=decode workload=ocr1-a4-page ;;
-      batch64) cold "$tag-batch64" "$prefix" llm_perf_opt.cli.stage1 "$page" "${batch64[@]}" ;;
+      batch64) cold "$tag-batch64" "$prefix" llm_perf_opt.cli.stage1 "${batch64[@]}" ;;
       *) echo "unknown command in COMMANDS: $name (stage1, stage2, whatif, batch64)" >&2; exit 2 ;;
     esac
   done

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import attrs
 import numpy as np
 import pytest
 from PIL import Image
@@ -33,6 +34,17 @@ def _prepared(session: Any, page_images: dict[str, Path], noisy_small: Path) -> 
     return tuple(session.prepare(p) for p in (page_images["small"], noisy_small, page_images["two_tiles"]))
 
 
+def _figures(counted: flops.StageFlops) -> tuple[Any, ...]:
+    """The figures of a count (its operator breakdown and source aside, which a priced count does not have)."""
+    return (
+        counted.prefill,
+        dict(counted.vision),
+        counted.decode_step_base,
+        counted.decode_step_per_ctx,
+        counted.prompt_tokens,
+    )
+
+
 @pytest.fixture
 def count_calls(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """The inputs `count_stage_flops` is called on through `FlopCounts`, one entry per count run."""
@@ -53,10 +65,13 @@ def test_inputs_of_one_size_are_counted_once_and_the_reused_count_is_exact(
     assert input_signature(white) == input_signature(noisy) != input_signature(tiled)
     counts = FlopCounts()
     reused = [counts.count(tiny_session, one, name) for one, name in ((white, "w"), (noisy, "n"), (tiled, "t"))]
-    assert len(count_calls) == 2 and (counts.counted, counts.reused) == (2, 1)
+    # the tiled page: another shape, priced once the analytic model equalled the white page's count
+    assert len(count_calls) == 1 and (counts.counted, counts.reused, counts.priced) == (1, 1, 1)
     # Counting every input gives the same figures: the noisy page routes differently, but top-k routing sends each
     # token to k experts of one shape whichever they are.
-    assert reused == [count_stage_flops(tiny_session, p) for p in (white, noisy, tiled)]
+    assert [_figures(f) for f in reused] == [
+        _figures(count_stage_flops(tiny_session, p)) for p in (white, noisy, tiled)
+    ]
 
 
 def test_batches_of_the_same_per_input_shapes_are_counted_once(
@@ -66,10 +81,10 @@ def test_batches_of_the_same_per_input_shapes_are_counted_once(
     counts = FlopCounts()
     first = counts.count(tiny_session, [white, tiled], "b0")
     again = counts.count(tiny_session, [noisy, tiled], "b1")
-    other = counts.count(tiny_session, [tiled, white], "b2")  # another order: another padding layout, counted
-    assert len(count_calls) == 2 and (counts.counted, counts.reused) == (2, 1)
+    other = counts.count(tiny_session, [tiled, white], "b2")  # another order: another padding layout, priced
+    assert len(count_calls) == 1 and (counts.counted, counts.reused, counts.priced) == (1, 1, 1)
     assert again == first == count_stage_flops(tiny_session, [noisy, tiled])
-    assert other == count_stage_flops(tiny_session, [tiled, white])
+    assert _figures(other) == _figures(count_stage_flops(tiny_session, [tiled, white]))
     assert input_signature(white) != input_signature([white])  # one input and a batch of one never share a count
 
 
@@ -87,3 +102,37 @@ def test_a_batch_of_one_shape_is_that_many_times_one_input(
         assert getattr(batch, field) == pytest.approx(getattr(full, field), rel=1e-9), field
     assert batch.vision == pytest.approx(dict(full.vision), rel=1e-9)
     assert batch.decode_total(8) == pytest.approx(full.decode_total(8), rel=1e-9)
+
+
+def test_other_shapes_are_priced_once_the_analytic_model_equals_the_first_count(
+    tiny_session: Any, page_images: dict[str, Path], count_calls: list[Any]
+) -> None:
+    small, tiled = (tiny_session.prepare(page_images[name]) for name in ("small", "two_tiles"))
+    counts = FlopCounts()
+    first = counts.count(tiny_session, small, "small")
+    second = counts.count(tiny_session, tiled, "tiled")  # another shape: priced, not counted
+    assert counts.analytic_agrees is True and (counts.counted, counts.priced) == (1, 1) and len(count_calls) == 1
+    assert first.source == flops.FLOP_SOURCE and second.source == flops.ANALYTIC_SOURCE
+    counted = count_stage_flops(tiny_session, tiled)
+    assert second.prefill == pytest.approx(counted.prefill, rel=1e-12)
+    assert second.vision == pytest.approx(dict(counted.vision), rel=1e-12)
+    assert second.decode_total(32) == pytest.approx(counted.decode_total(32), rel=1e-12)
+    assert "priced by the analytic model" in flops.run_flops_source([first, second])
+    assert flops.run_flops_source([first]) == flops.FLOP_SOURCE
+
+
+def test_a_model_whose_analytic_model_differs_is_counted_for_every_shape(
+    tiny_session: Any, page_images: dict[str, Path], count_calls: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = flops.priced_stage_flops
+
+    def off_by_one(session: Any, prepared: Any) -> flops.StageFlops | None:
+        priced = real(session, prepared)
+        return None if priced is None else attrs.evolve(priced, prefill=priced.prefill * (1 + 1e-6))
+
+    monkeypatch.setattr(flops, "priced_stage_flops", off_by_one)
+    small, tiled = (tiny_session.prepare(page_images[name]) for name in ("small", "two_tiles"))
+    counts = FlopCounts()
+    counts.count(tiny_session, small, "small")
+    counts.count(tiny_session, tiled, "tiled")
+    assert counts.analytic_agrees is False and (counts.counted, counts.priced) == (2, 0) and len(count_calls) == 2

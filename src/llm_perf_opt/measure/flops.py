@@ -23,7 +23,7 @@ shape.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -228,19 +228,83 @@ def input_signature(prepared: Any) -> Hashable:
     return ("input", one(prepared))
 
 
+ANALYTIC_SOURCE = (
+    "priced by the analytic model (llm_perf_opt.analytic), which equalled the FLOPs counted with torch "
+    "FlopCounterMode on this run's first input; 1 MAC = 2 FLOPs; matmul/conv/attention only"
+)
+_AGREE = 1e-9  # relative difference within which a priced count equals the counted one
+
+
+def priced_stage_flops(session: Any, prepared: Any) -> StageFlops | None:
+    """The FLOPs of `prepared` (one input, or a sequence run as one batch) from the adapter's analytic model, in the
+    counted figures' form (two decode steps give the affine step); None where the model has no analytic model."""
+    adapter = session.adapter
+    if not adapter.has_analytic_model:
+        return None
+    itemsize = session.dtype.itemsize
+    batch = list(prepared) if isinstance(prepared, Sequence) else None
+
+    def costs(new_tokens: int) -> Mapping[str, Any] | None:
+        if batch is not None:
+            return adapter.analytic_batch_costs(session.model, batch, new_tokens, itemsize)
+        return adapter.analytic_costs(session.model, prepared, new_tokens, itemsize)
+
+    one_step, two_steps = costs(2), costs(3)
+    if one_step is None or two_steps is None:
+        return None
+    prompt_tokens = max(p.prompt_tokens for p in batch) if batch is not None else prepared.prompt_tokens
+    step1 = float(one_step[vocab.DECODE].matmul_flops)
+    step2 = float(two_steps[vocab.DECODE].matmul_flops) - step1
+    per_ctx = step2 - step1
+    return StageFlops(
+        prefill=float(one_step[vocab.PREFILL].matmul_flops),
+        vision={stage: float(one_step[stage].matmul_flops) for stage in session.vision_stages if stage in one_step},
+        decode_step_base=step1 - per_ctx * (prompt_tokens + 1),
+        decode_step_per_ctx=per_ctx,
+        prompt_tokens=prompt_tokens,
+        by_operator={},
+        source=ANALYTIC_SOURCE,
+    )
+
+
+def run_flops_source(counts: Iterable[StageFlops]) -> str:
+    """Where a run's FLOPs come from: counted, or counted for the first input and priced for the other shapes."""
+    if any(c.source == ANALYTIC_SOURCE for c in counts):
+        return (
+            f"{FLOP_SOURCE}; the other input shapes priced by the analytic model, which equalled the count of the "
+            "run's first input"
+        )
+    return FLOP_SOURCE
+
+
+def _agree(priced: StageFlops, counted: StageFlops, new_tokens: int = 64) -> bool:
+    """The priced figures equal the counted ones (prefill, every vision stage, the decode steps)."""
+    pairs = [
+        (priced.prefill, counted.prefill),
+        (priced.decode_total(new_tokens), counted.decode_total(new_tokens)),
+        *((priced.vision.get(stage, -1.0), value) for stage, value in counted.vision.items()),
+    ]
+    return priced.prompt_tokens == counted.prompt_tokens and all(
+        abs(a - b) <= _AGREE * max(abs(a), abs(b), 1.0) for a, b in pairs
+    )
+
+
 class FlopCounts:
     """A run's FLOP counts by input signature: an input (or batch) whose shapes were counted already reuses that
     count instead of counting again (each count is an untimed pass under the FLOP counter, seconds on a full-size
-    model)."""
+    model); a batch of one shape is that many times one input; and where the model's analytic model equalled the
+    count of the run's first input, other shapes are priced by it instead of counted."""
 
     def __init__(self) -> None:
         self._counted: dict[Hashable, tuple[str, StageFlops]] = {}
         self.counted = 0  # counts actually run
         self.reused = 0  # counts taken from an input of the same shapes
+        self.priced = 0  # counts priced by the analytic model
+        self.analytic_agrees: bool | None = None  # None until the first count was checked against the analytic model
 
     def count(self, session: Any, prepared: Any, name: str, doing: str = "counting FLOPs (untimed)") -> StageFlops:
-        """The FLOPs of `prepared` (named `name` in the log): counted (`doing` logged), or the count of the first
-        input of the same signature."""
+        """The FLOPs of `prepared` (named `name` in the log): counted (`doing` logged), reused from the first input
+        of the same signature, or priced by the analytic model once it equalled a count."""
         if isinstance(prepared, Sequence) and len(prepared) > 1 and len({input_signature(p) for p in prepared}) == 1:
             # A batch of one shape (run.fill_batches, or pages of one size): equal prompts, no padding, so the
             # batch is exactly that many times one input, whose count is seconds where the batch's is minutes.
@@ -255,8 +319,17 @@ class FlopCounts:
             log.info("%s: reused the FLOP count of %s (same shapes)", name, known[0])
             self.reused += 1
             return known[1]
+        if self.analytic_agrees and (priced := priced_stage_flops(session, prepared)) is not None:
+            log.info("%s: FLOPs priced by the analytic model (it equalled the count of the first input)", name)
+            self._counted[signature] = (name, priced)
+            self.priced += 1
+            return priced
         log.info("%s: %s", name, doing)
         flops = count_stage_flops(session, prepared)
         self._counted[signature] = (name, flops)
         self.counted += 1
+        if self.analytic_agrees is None and (priced := priced_stage_flops(session, prepared)) is not None:
+            self.analytic_agrees = _agree(priced, flops)
+            if not self.analytic_agrees:
+                log.info("%s: the analytic model's FLOPs differ from the count: every input shape is counted", name)
         return flops

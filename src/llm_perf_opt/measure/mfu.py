@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from llm_perf_opt.measure.flops import FLOP_SOURCE, StageFlops
+from llm_perf_opt.measure.flops import StageFlops, run_flops_source
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.common import PeakFigure
 from llm_perf_opt.records.stage1 import MfuRecord
@@ -79,7 +79,7 @@ def mfu_by_stage(
                 achieved_tflops=achieved / 1e12,
                 peak=peak,
                 mfu=fraction,
-                flops_source=FLOP_SOURCE,
+                flops_source=run_flops_source(flops_by_image.values()),
             )
         )
     return tuple(out)

@@ -24,7 +24,7 @@ from llm_perf_opt.measure.aggregate import batch_summary, stage_stats
 from llm_perf_opt.measure.efficiency import efficiency_by_stage
 from llm_perf_opt.measure.energy import METHOD as ENERGY_METHOD
 from llm_perf_opt.measure.energy_figures import energy_report
-from llm_perf_opt.measure.flops import FLOP_SOURCE, GROUPED_MM_FALLBACK_OP, StageFlops
+from llm_perf_opt.measure.flops import GROUPED_MM_FALLBACK_OP, StageFlops, run_flops_source
 from llm_perf_opt.measure.host_usage import HostUsageMeter
 from llm_perf_opt.measure.memory import breakdown, fit_prediction, resident_other
 from llm_perf_opt.measure.mfu import TimedPass, mfu_by_stage
@@ -221,7 +221,13 @@ class Stage1Analysis:
         """MBU, the roofline and the speed of light per stage over the timed forwards, against these peaks."""
         forwards = self.forwards()
         return efficiency_by_stage(
-            forwards.passes, forwards.flops_per_stage, forwards.costs, self.stages(), compute, bandwidth, FLOP_SOURCE
+            forwards.passes,
+            forwards.flops_per_stage,
+            forwards.costs,
+            self.stages(),
+            compute,
+            bandwidth,
+            run_flops_source(forwards.flops.values()),
         )
 
     def measured_peaks(self) -> MeasuredPeaks | None:

@@ -180,6 +180,8 @@ SCHEMA: Final[Mapping[str, Kind]] = {
     "run.save_prefill_logits": Flag(),
     "run.save_top2_logits": Flag(),
     "run.profiler_window": Flag(),
+    "run.data_parallel": Whole(1),
+    "run.shard": Whole(0, nullable=True),
     **{
         f"run.device_defaults.{device}.{name}": kind for device in ("cpu", "cuda") for name, kind in _RUN_COUNTS.items()
     },

@@ -15,15 +15,28 @@ from llm_perf_opt.heavy_imports import collector_paused
 
 @hydra.main(version_base="1.3", config_path="pkg://llm_perf_opt.conf", config_name="stage1")
 def _main(cfg: DictConfig) -> None:
-    with collector_paused():
-        from llm_perf_opt.pipeline.stage1 import Stage1Run
-
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
+    if not in_sweep and _launches_processes(cfg):  # run.data_parallel=N: N stage1-run processes and their summary
+        from llm_perf_opt.pipeline.data_parallel import DataParallelRun
+
+        overrides = list(hydra_cfg.overrides.task)
+        run_guarded(lambda: DataParallelRun(cfg, run_dir, run_dir.name, overrides).execute(), run_dir=run_dir, cfg=cfg)
+        return
+    with collector_paused():
+        from llm_perf_opt.pipeline.stage1 import Stage1Run
+
     run_guarded(
         lambda: Stage1Run(cfg, run_dir, run_id=run_dir.name).execute(), run_dir=run_dir, in_sweep=in_sweep, cfg=cfg
     )
+
+
+def _launches_processes(cfg: DictConfig) -> bool:
+    """`run.data_parallel` > 1 without `run.shard`: this process starts the shards instead of timing one."""
+    run = cfg.get("run", {})
+    count = run.get("data_parallel", 1)
+    return isinstance(count, int) and count > 1 and run.get("shard") is None
 
 
 def main() -> None:

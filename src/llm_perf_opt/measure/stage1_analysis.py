@@ -43,6 +43,7 @@ from llm_perf_opt.records.memory import (
     MemoryReport,
 )
 from llm_perf_opt.records.modules import ModuleAttribution
+from llm_perf_opt.records.shard import PassWindow, ShardInfo
 from llm_perf_opt.records.stage1 import (
     BatchRecord,
     CompileEvent,
@@ -91,6 +92,8 @@ class Stage1Measurements:
     energy: EnergyPass | None = None
     energy_reason: str | None = None
     host_usage: HostUsageMeter = attrs.Factory(HostUsageMeter)  # the host's usage over the timed passes
+    timed_windows: list[PassWindow] = attrs.Factory(list)  # every timed forward on the wall clock
+    shard: ShardInfo | None = None  # run.data_parallel > 1: the share this process timed
 
 
 @attrs.frozen
@@ -523,4 +526,6 @@ class Stage1Analysis:
             memory=self.memory(),
             energy=self.energy(),
             pages=page_throughput(timed, efficiency),
+            timed_windows=tuple(m.timed_windows),
+            data_parallel=m.shard,
         )

@@ -39,6 +39,7 @@ from llm_perf_opt.measure.stage1_analysis import Stage1Analysis, Stage1Measureme
 from llm_perf_opt.measure.torch_profiler import profile_image
 from llm_perf_opt.pipeline.analytic import check_workload_model, write_analytic_report_for_run
 from llm_perf_opt.pipeline.rung_handoff import GpuHandoff
+from llm_perf_opt.pipeline.shard import READY, TIMED, ShardSync, data_parallel_count, shard_inputs, shard_of
 from llm_perf_opt.pipeline.stage1_memory_energy import MemoryAndEnergy
 from llm_perf_opt.pipeline.stage1_records import (
     analysis_setup,
@@ -69,6 +70,7 @@ from llm_perf_opt.records.folders import (
     whatif_for,
 )
 from llm_perf_opt.records.io import dumps_lines
+from llm_perf_opt.records.shard import PassWindow
 from llm_perf_opt.records.stage1 import (
     Stage1Metrics,
     batch_key,
@@ -113,6 +115,8 @@ class Stage1Run:
         self.render_reports = True  # report.render: Markdown and plots beside the records
         self.handoff = GpuHandoff.from_environ()  # a what-if rung's device shared with its neighbours' ends
         self.flop_counts = FlopCounts()  # one count per distinct input (or batch) shape
+        self.sync: ShardSync | None = None  # run.data_parallel > 1: the meetings with the other processes
+        self.share: tuple[str, int, bool] | None = None  # its device, inputs and whether they are replicated
 
     # ---- driver ------------------------------------------------------------------------------------
     def execute(self) -> Path:
@@ -125,14 +129,17 @@ class Stage1Run:
                 measuring = False
                 metrics = self._write_outputs(partial=False)
         except KeyboardInterrupt as stop:
+            self._leave_sync()
             self._write_partial(interrupts.cause(stop))
             self.art.finish(artifacts.INTERRUPTED, f"{interrupts.cause(stop)}; results so far were written")
             raise
         except UserError as exc:
             # bad input found while measuring: keep what was measured (an output that cannot be written is not retried)
+            self._leave_sync()
             self._fail(f"failed: {exc}", str(exc), partial=measuring)
             raise
         except Exception as exc:
+            self._leave_sync()
             self._fail(f"failed: {type(exc).__name__}: {exc}", f"{type(exc).__name__}: {exc}")
             raise
         self.art.finish(artifacts.COMPLETE)
@@ -158,6 +165,17 @@ class Stage1Run:
         report = str(self.art.run_dir / "report.md")
         self.feedback.summary(f"stage1-run {self.run_id}: complete", rows, report, m.time_budget)
 
+    def _leave_sync(self) -> None:
+        """A data-parallel process that will time nothing more: no other process waits for it."""
+        if self.sync is not None:
+            self.sync.abandon()
+
+    def _meet(self, phase: str) -> None:
+        """Wait for the other processes of a data-parallel run at `phase` (at once without any)."""
+        if self.sync is not None:
+            with self.feedback.step(f"waiting for the other data-parallel processes ({phase})", part="sync"):
+                self.sync.meet(phase)
+
     def _fail(self, why: str, message: str, *, partial: bool = True) -> None:
         """Write what was measured (when `partial`), then mark the folder failed whatever that write does."""
         try:
@@ -176,6 +194,15 @@ class Stage1Run:
         cfg = self.cfg
         self.art.write_text("config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
         check_workload_model(cfg)
+        count, shard = data_parallel_count(cfg.run), shard_of(cfg.run)
+        if count > 1:
+            if shard is None:
+                raise UserError(
+                    f"run.data_parallel={count} in a sweep job needs the job's run.shard (0 to {count - 1})",
+                    f"Sweep run.shard=0,...,{count - 1} beside it, or run stage1-run run.data_parallel={count} "
+                    "without -m: it starts the processes itself",
+                )
+            self.sync = ShardSync.for_run(self.art.run_dir, shard, count)
         self.whatif = whatif_for(self.art.run_dir, cfg.get("report", {}).get("whatif_dir"))
         self.render_reports = require_bool("report.render", cfg.get("report", {}).get("render", True))
         device = resolve_device(cfg.device)
@@ -204,6 +231,19 @@ class Stage1Run:
         if self.inputs.note:
             log.info("%s", self.inputs.note)
         self.selection = self.inputs.selection
+        if self.sync is not None:
+            images, replicated = shard_inputs(self.selection.images, self.sync.shard, self.sync.count)
+            self.selection = attrs.evolve(self.selection, images=images)
+            self.inputs = attrs.evolve(self.inputs, selection=self.selection)
+            self.share = (str(device), len(images), replicated)
+            log.info(
+                "data parallel: shard %d of %d on %s takes %d input(s)%s",
+                self.sync.shard,
+                self.sync.count,
+                device,
+                len(images),
+                " (fewer inputs than processes: every process takes all)" if replicated else "",
+            )
         for skipped in self.selection.skipped:
             log.warning("skipping %s: %s", skipped.path, skipped.reason)
         self.art.write_yaml(INPUTS_FILE, inputs_manifest(self.inputs))
@@ -262,6 +302,7 @@ class Stage1Run:
             with self.feedback.step(what, total=passes, part="passes") as bar:
                 self._run_batches(session, settings, vision, groups, bar)
             profiled = groups[0]
+        self._meet(TIMED)
 
         if bool(self.cfg.run.get("save_top2_logits", False)):
             self._top_two_passes(session, settings)
@@ -365,9 +406,12 @@ class Stage1Run:
             for _ in range(settings.warmup):  # no NVTX: warm-up stays outside every stage Nsight analyses
                 session.run_image(entry.path, settings.max_new_tokens, nvtx=False)
                 bar.advance()
+            self._meet(READY)
             for repeat in range(settings.repeats):
                 with self.state.host_usage.timed_pass():
+                    started = time.time()
                     measured = session.run_image(entry.path, settings.max_new_tokens)
+                    self.state.timed_windows.append(PassWindow(started, time.time(), 1))
                 self.state.timed_compiles.extend(measured.compile_events)
                 self.state.records.append(measured.record(name, repeat, vision, grid))
                 if measured.routing is not None:
@@ -436,9 +480,12 @@ class Stage1Run:
                 session.run_batch(paths, settings.max_new_tokens, nvtx=False)
                 bar.advance()
             traces: list[RoutingTrace] = []
+            self._meet(READY)
             for repeat in range(settings.repeats):
                 with self.state.host_usage.timed_pass():
+                    started = time.time()
                     measured = session.run_batch(paths, settings.max_new_tokens)
+                    self.state.timed_windows.append(PassWindow(started, time.time(), len(paths)))
                 self.state.timed_compiles.extend(measured.compile_events)
                 recorded: set[str] = set()
                 for name, page in zip(keys, measured.page_measurements(), strict=True):
@@ -511,6 +558,8 @@ class Stage1Run:
             cpu_affinity=self.cpu_pin.describe() if self.cpu_pin is not None else None,
         )
         setup = analysis_setup(self.cfg, self.session, self.run_id, recorded, self.inputs)
+        if self.sync is not None and self.share is not None:
+            self.state.shard = self.sync.info(*self.share)
         metrics = Stage1Analysis(self.state, setup).metrics()
         self.art.write_json(METRICS_FILE, metrics)
         if self.session.adapter.has_analytic_model and metrics.records:  # priced as measured: tiles, tokens, dtype

@@ -22,6 +22,7 @@ from omegaconf import DictConfig
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure.sweep import job_figures, summarize
 from llm_perf_opt.override_text import deletes, override_key, override_value
+from llm_perf_opt.pipeline.data_parallel import summarize_sweep_shards
 from llm_perf_opt.records.common import COMPLETE, RUNNING
 from llm_perf_opt.records.folders import (
     METRICS_FILE,
@@ -112,8 +113,15 @@ def _summarize(sweep_dir: Path) -> tuple[Path, SweepSummary]:
     plot = sweep_plot(summary, sweep_dir / SUMMARY_PNG)
     curve = throughput_latency_plot(summary, sweep_dir / CURVE_PNG)
     save(summary, sweep_dir / SUMMARY_JSON)
+    # jobs over run.shard: data_parallel.{md,json}, the processes' pages/s combined
+    data_parallel = summarize_sweep_shards(sweep_dir, {job.num: job.overrides for job in summary.jobs})
     target = sweep_dir / SUMMARY_MD
-    markdown = sweep_markdown(summary, None if plot is None else plot.name, None if curve is None else curve.name)
+    markdown = sweep_markdown(
+        summary,
+        None if plot is None else plot.name,
+        None if curve is None else curve.name,
+        None if data_parallel is None else data_parallel.name,
+    )
     target.write_text(markdown, encoding="utf-8")
     return target, summary
 

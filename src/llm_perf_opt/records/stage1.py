@@ -11,6 +11,7 @@ import attrs
 from llm_perf_opt.records.common import PeakFigure, Summary, TimeBudget
 from llm_perf_opt.records.memory import EnergyReport, MemoryReport
 from llm_perf_opt.records.modules import ModuleAttribution, ModuleTimes
+from llm_perf_opt.records.shard import PassWindow, ShardInfo
 
 PerInput = TypeVar("PerInput")
 PerBatch = TypeVar("PerBatch")
@@ -820,6 +821,10 @@ class Stage1Metrics:
     energy: EnergyReport | None = None
     time_budget: TimeBudget | None = None  # where the command's wall time went (None in older folders)
     pages: PageThroughput | None = None  # pages/s, per-page latency and the time per page (schema 1.4)
+    # Every timed forward on the wall clock, and the share of a data-parallel workload this process timed
+    # (run.data_parallel; None in a run of one process); absent from older folders
+    timed_windows: tuple[PassWindow, ...] = ()
+    data_parallel: ShardInfo | None = None
 
     @property
     def vision_stages(self) -> tuple[str, ...]:

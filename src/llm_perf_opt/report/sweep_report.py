@@ -14,8 +14,11 @@ def _rate(tflops: float | None) -> str:
     return "n/a" if tflops is None else f"{flops(tflops * 1e12)}/s"
 
 
-def sweep_markdown(summary: SweepSummary, plot: str | None, curve_plot: str | None = None) -> str:
-    """The Markdown summary; `plot` and `curve_plot` are the plots' file names next to it (None: no plot)."""
+def sweep_markdown(
+    summary: SweepSummary, plot: str | None, curve_plot: str | None = None, data_parallel: str | None = None
+) -> str:
+    """The Markdown summary; `plot` and `curve_plot` are the plots' file names next to it (None: no plot);
+    `data_parallel`: the data-parallel summary's file name beside it (a sweep over run.shard)."""
     keys = summary.swept_keys
     done, skipped = summary.summarised, summary.skipped
     doc = Doc("Sweep summary")
@@ -25,6 +28,12 @@ def sweep_markdown(summary: SweepSummary, plot: str | None, curve_plot: str | No
         f"Swept keys: {', '.join(f'`{k}`' for k in keys) or 'none (all jobs share their overrides)'}. "
         "Times are medians (p50) over the timed passes, in ms; MFU and MBU are n/a where the device peak is unknown."
     )
+    if data_parallel is not None:
+        doc.para(
+            "The jobs are the processes of one data-parallel run (run.shard): each GPU's pages/s, their sum over the "
+            "window in which all were timing, pages per day and the scaling efficiency are in "
+            f"{link(data_parallel, data_parallel)}."
+        )
     doc.h2("Jobs")
     header = [
         "job", *keys, "status", "e2e p50 (ms)", "prefill p50 (ms)", "decode p50 (ms/token)", "TTFT p50 (ms)",

@@ -15,15 +15,16 @@ from llm_perf_opt.heavy_imports import collector_paused
 
 @hydra.main(version_base="1.3", config_path="pkg://llm_perf_opt.conf", config_name="stage1")
 def _main(cfg: DictConfig) -> None:
-    with collector_paused():
-        from llm_perf_opt.pipeline.stage1 import Stage1Run
-
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
-    in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
-    run_guarded(
-        lambda: Stage1Run(cfg, run_dir, run_id=run_dir.name).execute(), run_dir=run_dir, in_sweep=in_sweep, cfg=cfg
-    )
+
+    def job() -> None:  # the pipeline's import guarded too: a broken dependency is a bug reported like any other
+        with collector_paused():
+            from llm_perf_opt.pipeline.stage1 import Stage1Run
+
+        Stage1Run(cfg, run_dir, run_id=run_dir.name).execute()
+
+    run_guarded(job, run_dir=run_dir, in_sweep=hydra_cfg.mode == RunMode.MULTIRUN, cfg=cfg)
 
 
 def main() -> None:

@@ -28,6 +28,15 @@ TINY_STAGE1 = (
 )
 
 
+def measured_energy(joules_per_decode_token: float) -> Any:
+    """An energy record of a pass that ran (its idle window only), giving `joules_per_decode_token`."""
+    from llm_perf_opt.records.memory import EnergyPass, EnergyReport, EnergyWindow
+
+    idle = EnergyWindow(what="idle", iterations=1, seconds=1.0, millijoules=50_000)
+    measured = EnergyPass(input="page", pages=1, new_tokens=2, idle=idle)
+    return EnergyReport(available=True, measured=measured, joules_per_decode_token=joules_per_decode_token)
+
+
 def wait_for_log(folder: Path, needle: str, process: subprocess.Popen[str], timeout_s: float = 300) -> None:
     """Wait until a log file in `folder` says `needle` (a run's progress), failing if `process` ends first."""
     import pytest

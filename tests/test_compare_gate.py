@@ -355,14 +355,14 @@ def test_whatif_folder_with_a_run_folder_is_refused(tmp_path: Path, capsys: pyte
 def test_memory_and_energy_are_compared_against_a_stated_tolerance() -> None:
     import attrs as _attrs
 
+    from helpers import measured_energy
     from llm_perf_opt.measure.comparison import resource_change, resources
     from llm_perf_opt.records.folders import load_stage1
-    from llm_perf_opt.records.memory import EnergyReport
 
     folder = load_stage1(Path(__file__).parent / "fixtures" / "runs" / "cpu_tiny_v1_stage1")
 
     def with_energy(per_token: float | None) -> Any:
-        energy = None if per_token is None else EnergyReport(available=True, joules_per_decode_token=per_token)
+        energy = None if per_token is None else measured_energy(per_token)
         return _attrs.evolve(folder, metrics=_attrs.evolve(folder.metrics, energy=energy))
 
     rows = resources(

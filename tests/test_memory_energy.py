@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -554,6 +555,35 @@ def test_the_records_round_trip_and_both_cases_render(tmp_path: Path) -> None:
     memory_section(old, None, None)
     energy_section(old, None)
     assert "Memory" not in old.text() and "Energy" not in old.text()  # an older folder renders as it did
+
+
+@pytest.mark.parametrize(
+    ("field", "recorded", "says"),
+    [
+        ("memory", {"available": True}, "MemoryReport says available: true but holds no measurement"),
+        ("energy", {"available": False}, "EnergyReport says available: false but gives no reason"),
+    ],
+)
+def test_an_inconsistent_memory_or_energy_record_is_refused_naming_the_file(
+    field: str, recorded: dict[str, Any], says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: stage1-report rendered `available: true` with no measurement as "Not available: None."."""
+    from llm_perf_opt.cli.stage1_report import main as stage1_report
+
+    with pytest.raises(ValueError, match=says):
+        (MemoryReport if field == "memory" else EnergyReport)(**recorded)  # cannot be built either
+    folder = tmp_path / "run"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "runs" / "cpu_tiny_v1_stage1", folder)
+    metrics = folder / "metrics.json"
+    metrics.write_text(json.dumps({**json.loads(metrics.read_text()), field: recorded}))
+    report = (folder / "report.md").read_text()
+    with pytest.raises(SystemExit) as ended:
+        stage1_report([str(folder)])
+    assert ended.value.code == 2
+    err = capsys.readouterr().err
+    assert err.strip().count("\n") == 0 and "Traceback" not in err  # one paragraph
+    assert f"{metrics} cannot be read as a run record" in err and f"({says} @ $.{field})" in err
+    assert (folder / "report.md").read_text() == report  # left as it was
 
 
 def test_a_cpu_stage1_run_says_why_neither_was_measured(tmp_path: Path) -> None:

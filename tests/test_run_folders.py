@@ -96,10 +96,13 @@ def test_an_unexpected_error_still_marks_a_running_folder_failed(tmp_path: Path)
     def bug() -> None:
         raise RuntimeError("a bug")
 
-    with pytest.raises(RuntimeError):
+    with pytest.raises(SystemExit) as ended:
         run_guarded(bug, run_dir=tmp_path)
+    assert ended.value.code == 1  # one paragraph (tests/test_bugs.py), the traceback in error.log
     assert read_status(tmp_path).state == "failed"
-    assert read_status(tmp_path).message == "RuntimeError: a bug"
+    message = read_status(tmp_path).message
+    assert message is not None and message.startswith("a bug: RuntimeError: a bug (in bug, test_run_folders.py:")
+    assert message.endswith(f"; traceback in {(tmp_path / 'error.log').resolve()}")
 
 
 def test_mark_failed_leaves_final_and_missing_states_alone(tmp_path: Path) -> None:
@@ -212,14 +215,11 @@ def test_os_errors_outside_the_writers(
     def job() -> None:
         raise error
 
-    if paragraph is None:
-        with pytest.raises(FileNotFoundError):
-            run_guarded(job, run_dir=tmp_path)
-    else:
-        with pytest.raises(SystemExit) as ended:
-            run_guarded(job, run_dir=tmp_path)
-        assert ended.value.code == 2
-        assert capsys.readouterr().err.strip().startswith(f"error: {paragraph}")
+    with pytest.raises(SystemExit) as ended:
+        run_guarded(job, run_dir=tmp_path)
+    assert ended.value.code == (1 if paragraph is None else 2)
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {paragraph}" if paragraph else "error: unexpected FileNotFoundError")
     status = read_status(tmp_path)
     assert status.state == "failed"
     assert status.message is not None and str(error.filename) in status.message

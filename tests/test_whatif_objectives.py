@@ -11,6 +11,7 @@ from pathlib import Path
 import attrs
 import pytest
 
+from helpers import measured_energy
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure import whatif as w
@@ -19,7 +20,7 @@ from llm_perf_opt.pipeline.whatif import WhatIfRun
 from llm_perf_opt.pipeline.whatif_judge import memory_budget, workload_decode_tokens
 from llm_perf_opt.records import io
 from llm_perf_opt.records.folders import load_stage1, load_whatif
-from llm_perf_opt.records.memory import EnergyReport, MemoryReport
+from llm_perf_opt.records.memory import MemoryReport
 from llm_perf_opt.records.whatif import (
     ALONE,
     BASELINE,
@@ -89,7 +90,7 @@ def test_the_example_rungs_are_judged_on_every_objective() -> None:
 def test_memory_and_energy_passes_are_judged_when_recorded_and_say_why_when_not() -> None:
     base = load_stage1(EXAMPLE / "rungs" / "00-baseline").metrics
     rung = load_stage1(EXAMPLE / "rungs" / "01-static_cache").metrics
-    energy = EnergyReport(available=True, joules_per_decode_token=2.0)
+    energy = measured_energy(2.0)
     base = attrs.evolve(base, energy=energy, memory=MemoryReport(available=False, reason="CPU run"))
     rung = attrs.evolve(rung, energy=attrs.evolve(energy, joules_per_decode_token=1.0))
     judged = {j.objective: j for j in o.judge(base, rung, None, None)}

@@ -1,7 +1,8 @@
 """Errors the user can act on.
 
 A :class:`UserError` carries one paragraph that names the problem and the fix. The CLI prints it without a
-traceback, marks the run folder failed and exits non-zero. Everything else is a bug and keeps its traceback.
+traceback, marks the run folder failed and exits with code 2. Everything else is a bug: one paragraph too, exit code
+1, its traceback written to a file (`cli/bug_report.py`).
 """
 
 from __future__ import annotations

@@ -13,18 +13,18 @@ from llm_perf_opt.cli.common import launch, run_guarded
 
 @hydra.main(version_base="1.3", config_path="pkg://llm_perf_opt.conf", config_name="analytic")
 def _main(cfg: DictConfig) -> None:
-    from llm_perf_opt import artifacts
-    from llm_perf_opt.artifacts import ArtifactsManager
-    from llm_perf_opt.config_data import plain
-    from llm_perf_opt.errors import UserError
-    from llm_perf_opt.pipeline.analytic import check_workload_model, write_analytic_report
-    from llm_perf_opt.progress import Feedback
-    from llm_perf_opt.session.adapters.registry import make_adapter
-    from llm_perf_opt.session.model_settings import ModelSettings
-
     run_dir = Path(HydraConfig.get().runtime.output_dir)
 
-    def job() -> None:
+    def job() -> None:  # the imports guarded too: a broken dependency is a bug reported like any other
+        from llm_perf_opt import artifacts
+        from llm_perf_opt.artifacts import ArtifactsManager
+        from llm_perf_opt.config_data import plain
+        from llm_perf_opt.errors import UserError
+        from llm_perf_opt.pipeline.analytic import check_workload_model, write_analytic_report
+        from llm_perf_opt.progress import Feedback
+        from llm_perf_opt.session.adapters.registry import make_adapter
+        from llm_perf_opt.session.model_settings import ModelSettings
+
         feedback = Feedback()
         art = ArtifactsManager(run_dir, stage="analytic")
         art.start(run_dir.name)

@@ -14,6 +14,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from llm_perf_opt import artifacts, interrupts
+from llm_perf_opt.cli import bug_report
 from llm_perf_opt.config_compose import register_resolvers
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.settings_schema import check_config
@@ -35,12 +36,13 @@ def exit_with(exc: UserError) -> NoReturn:
 def run_guarded(
     job: Callable[[], Any], *, run_dir: Path | None = None, in_sweep: bool = False, cfg: DictConfig | None = None
 ) -> Any:
-    """Run `job`; a UserError becomes one paragraph on stderr and exit 2, Ctrl-C, SIGTERM or SIGHUP exit 130.
+    """Run `job`; a UserError becomes one paragraph on stderr and exit 2, Ctrl-C, SIGTERM or SIGHUP exit 130, and any
+    other exception — a bug — one paragraph and exit 1, its traceback written to `run_dir`/error.log (`bug_report`).
 
     A file that cannot be written (full disk, unwritable folder) is a UserError too. Whatever ends the job, a
-    `run_dir` whose status this process left reading `running` is marked failed with the reason (a bug keeps its
-    traceback); another process's folder is never touched.
-    In a sweep (`in_sweep`), a UserError ends only this job: its folder is marked failed, the sweep goes on
+    `run_dir` whose status this process left reading `running` is marked failed with the reason (for a bug: what
+    failed and where its traceback is); another process's folder is never touched.
+    In a sweep (`in_sweep`), a UserError or a bug ends only this job: its folder is marked failed, the sweep goes on
     and its summary lists the job as skipped with the message. `cfg`: the composed config, whose settings are
     checked first (`settings_schema.check_config`: a sweep's job refuses its own bad value).
     """
@@ -48,16 +50,6 @@ def run_guarded(
         if cfg is not None:
             check_config(cfg)
         result = job()
-    except (UserError, OSError) as raised:
-        exc = raised if isinstance(raised, UserError) else artifacts.environment_error(raised)
-        if exc is None:  # an OSError that looks like a bug: keep its traceback
-            _mark_failed(run_dir, f"{type(raised).__name__}: {raised}")
-            raise
-        _mark_failed(run_dir, str(exc))
-        print_error(exc)
-        if in_sweep:
-            return None
-        sys.exit(exc.exit_code)
     except KeyboardInterrupt as stop:
         _mark_failed(run_dir, f"{interrupts.cause(stop)} before the run could record it")
         with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
@@ -66,15 +58,35 @@ def run_guarded(
                 file=sys.stderr,
             )
         sys.exit(130)
-    except Exception as exc:
-        _mark_failed(run_dir, f"{type(exc).__name__}: {exc}")
-        raise
+    except Exception as raised:  # noqa: BLE001 - the top of a command: whatever it is ends as one paragraph
+        user_error = raised if isinstance(raised, UserError) else None
+        if isinstance(raised, OSError):
+            user_error = artifacts.environment_error(raised)  # None: an OSError that looks like a bug
+        if user_error is None:
+            code = _end_bug(raised, run_dir)
+        else:
+            _mark_failed(run_dir, str(user_error))
+            print_error(user_error)
+            code = user_error.exit_code
+        if in_sweep:
+            return None
+        sys.exit(code)
     return result
 
 
-def _mark_failed(run_dir: Path | None, message: str) -> None:
-    """Mark `run_dir` failed if this process's run still reads `running` there (never another run's folder)."""
-    if run_dir is not None and artifacts.mark_failed(run_dir, message, only_this_process=True):
+def _end_bug(exc: Exception, run_dir: Path | None) -> int:
+    """A bug: its traceback written, `run_dir` marked failed with what failed and where that file is (also when the
+    pipeline marked it failed with the bare exception), the paragraph printed; the exit code (1)."""
+    log = bug_report.write_traceback(exc, run_dir)
+    _mark_failed(run_dir, bug_report.status_message(exc, log), replacing=(artifacts.RUNNING, artifacts.FAILED))
+    bug_report.print_bug(exc, log)
+    return bug_report.BUG_EXIT_CODE
+
+
+def _mark_failed(run_dir: Path | None, message: str, replacing: tuple[str, ...] = (artifacts.RUNNING,)) -> None:
+    """Mark `run_dir` failed if this process's run still reads `running` there, or another of the states `replacing`
+    (never another run's folder)."""
+    if run_dir is not None and artifacts.mark_failed(run_dir, message, only_this_process=True, replacing=replacing):
         log.warning("run folder %s marked failed: %s", run_dir, message)
 
 
@@ -210,10 +222,9 @@ def rebuild_reports(
             "by the operator and module that launched them; default: the workload's own, when it ran the profiler",
         )
     args = parser.parse_args(argv)
-    render = importlib.import_module(render_module).render
     extra: dict[str, Any] = {}
     if cites_whatif:
         extra["whatif"] = args.whatif
     if names_modules:
         extra["stage1"] = args.stage1
-    print_report_path(run_guarded(lambda: render(args.folder, **extra)))
+    print_report_path(run_guarded(lambda: importlib.import_module(render_module).render(args.folder, **extra)))

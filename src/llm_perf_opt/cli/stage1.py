@@ -19,17 +19,22 @@ def _main(cfg: DictConfig) -> None:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
     if not in_sweep and _launches_processes(cfg):  # run.data_parallel=N: N stage1-run processes and their summary
-        from llm_perf_opt.pipeline.data_parallel import DataParallelRun
 
-        overrides = list(hydra_cfg.overrides.task)
-        run_guarded(lambda: DataParallelRun(cfg, run_dir, run_dir.name, overrides).execute(), run_dir=run_dir, cfg=cfg)
+        def processes() -> None:
+            from llm_perf_opt.pipeline.data_parallel import DataParallelRun
+
+            DataParallelRun(cfg, run_dir, run_dir.name, list(hydra_cfg.overrides.task)).execute()
+
+        run_guarded(processes, run_dir=run_dir, cfg=cfg)
         return
-    with collector_paused():
-        from llm_perf_opt.pipeline.stage1 import Stage1Run
 
-    run_guarded(
-        lambda: Stage1Run(cfg, run_dir, run_id=run_dir.name).execute(), run_dir=run_dir, in_sweep=in_sweep, cfg=cfg
-    )
+    def job() -> None:  # the pipeline's import guarded too: a broken dependency is a bug reported like any other
+        with collector_paused():
+            from llm_perf_opt.pipeline.stage1 import Stage1Run
+
+        Stage1Run(cfg, run_dir, run_id=run_dir.name).execute()
+
+    run_guarded(job, run_dir=run_dir, in_sweep=in_sweep, cfg=cfg)
 
 
 def _launches_processes(cfg: DictConfig) -> bool:

@@ -15,16 +15,18 @@ from llm_perf_opt.settings_schema import check_config
 
 @hydra.main(version_base="1.3", config_path="pkg://llm_perf_opt.conf", config_name="whatif")
 def _main(cfg: DictConfig) -> None:
-    with collector_paused():
-        from llm_perf_opt.pipeline.whatif import WhatIfRun, workload_overrides
-
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
-    workload = workload_overrides(list(hydra_cfg.overrides.task))
-    # the run ends with its summary: the rungs, the best lever, the time budget, then whatif.md's path
-    run_guarded(
-        lambda: WhatIfRun(cfg, run_dir, run_id=run_dir.name, workload=workload).execute(), run_dir=run_dir, cfg=cfg
-    )
+    task_overrides = list(hydra_cfg.overrides.task)
+
+    def job() -> None:  # the pipeline's import guarded too: a broken dependency is a bug reported like any other
+        with collector_paused():
+            from llm_perf_opt.pipeline.whatif import WhatIfRun, workload_overrides
+
+        # the run ends with its summary: the rungs, the best lever, the time budget, then whatif.md's path
+        WhatIfRun(cfg, run_dir, run_id=run_dir.name, workload=workload_overrides(task_overrides)).execute()
+
+    run_guarded(job, run_dir=run_dir, cfg=cfg)
 
 
 def main() -> None:

@@ -4,7 +4,7 @@
 samples them, checks that each one opens, and returns a :class:`DatasetSelection` that records exactly which
 images will run and the fate of every file it considered: run, skipped (with the reason) or not selected (with
 the reason: `dataset.max_images` reached, or not in the subset list). Only image headers and sizes are kept in
-memory.
+memory. A file that is not a regular one (a named pipe, a socket, a device) is skipped with the reason, never opened.
 
 A subset list is run in its own order (with ``sampling="sorted"``). A listed file that does not exist is an error
 naming every such line, never a silent drop; a file listed twice runs once and its repeat is a listed skip.
@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import stat
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -223,7 +224,7 @@ def _ordered(candidates: list[Path], kind: InputKind, sampling: str, seed: int) 
         random.Random(seed).shuffle(shuffled)
         return shuffled
     if sampling == "smallest":
-        return sorted(candidates, key=kind.size)
+        return sorted(candidates, key=lambda path: float("inf") if _not_a_file(path) else kind.size(path))
     return candidates
 
 
@@ -239,7 +240,7 @@ def _probe_in_order(
         if max_images is not None and len(entries) >= max_images:
             fates.append(InputFate(path, NOT_SELECTED, cut_reason))
             continue
-        entry = _broken_link(path) or kind.probe(path)
+        entry = _not_a_file(path) or kind.probe(path)
         if not isinstance(entry, str):
             entries.append(entry)
             fates.append(InputFate(path, RUN))
@@ -279,19 +280,37 @@ def _check_root(root: str | Path, fix: str) -> Path:
 
 
 def _discover(root: Path, kind: InputKind) -> list[Path]:
-    """All files of `kind` under ``root`` (recursive), sorted by relative path; a broken symbolic link is found
-    too, so that the selection lists it as skipped."""
-    found = [p for p in root.rglob("*") if p.suffix.lower() in kind.suffixes and (p.is_file() or _broken_link(p))]
+    """All files of `kind` under ``root`` (recursive), sorted by relative path; a broken symbolic link and a file
+    that is not a regular one (a named pipe, a socket, a device) are found too, so that the selection lists them as
+    skipped with the reason."""
+    found = [p for p in root.rglob("*") if p.suffix.lower() in kind.suffixes and not p.is_dir()]
     if not found:
         raise UserError(f"dataset.root {root} contains no {kind.files} files", kind.root_fix)
     return sorted(found, key=lambda p: p.relative_to(root).as_posix())
 
 
-def _broken_link(path: Path) -> str | None:
-    """Why `path`, a symbolic link whose target does not exist, cannot be read; None for anything else."""
+# What a file that is not a regular one is, by its mode (`stat`).
+_SPECIAL_FILES = (
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def _not_a_file(path: Path) -> str | None:
+    """Why `path` cannot be read as an input, told without opening it: a symbolic link whose target does not exist,
+    or not a regular file (a named pipe, socket or device: reading one may wait forever); None for a regular file."""
     if path.is_symlink() and not path.exists():
         return f"broken symbolic link: its target {os.readlink(path)} does not exist"
-    return None
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        return f"cannot read file: {exc.strerror or exc}"
+    if stat.S_ISREG(mode):
+        return None
+    what = next((name for is_kind, name in _SPECIAL_FILES if is_kind(mode)), "of another kind")
+    return f"not a regular file: {what}, which is not read (reading it could wait forever)"
 
 
 def _find_filelist(subset_filelist: str | Path, root: Path) -> Path:
@@ -323,7 +342,7 @@ def _read_filelist(list_path: Path, root: Path) -> tuple[list[Path], list[InputF
             continue
         path = Path(line).expanduser()
         path = (path if path.is_absolute() else root / path).resolve()
-        if not path.is_file():
+        if path.is_dir() or not path.exists():  # a named pipe or device is listed as skipped with the reason
             missing.append(line)
         elif path in first_line:
             reason = f"listed again on line {number} of {list_path.name} (first on line {first_line[path]}): runs once"

@@ -16,6 +16,11 @@ import attrs
 SCHEMA_VERSION = "1.4"
 SCHEMA_MAJOR = SCHEMA_VERSION.split(".", 1)[0]
 
+
+class InconsistentRecord(ValueError):
+    """A record whose fields contradict each other (an attrs validator's error; a loader names the file)."""
+
+
 # Run states (`run_status.json`): `running` from the start, then exactly one of the other three.
 RUNNING = "running"
 COMPLETE = "complete"

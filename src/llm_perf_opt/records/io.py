@@ -21,7 +21,7 @@ import yaml
 from cattrs.gen import make_dict_unstructure_fn
 
 from llm_perf_opt.errors import UserError
-from llm_perf_opt.records.common import SCHEMA_MAJOR, SCHEMA_VERSION
+from llm_perf_opt.records.common import SCHEMA_MAJOR, SCHEMA_VERSION, InconsistentRecord
 from llm_perf_opt.records.stage1 import OptionValue
 
 T = TypeVar("T")
@@ -158,8 +158,17 @@ def structure(data: Any, cls: type[T], path: Path) -> T:
     try:
         return converter.structure(data, cls)
     except (cattrs.BaseValidationError, KeyError, TypeError, ValueError, AttributeError) as exc:
-        detail = "; ".join(cattrs.transform_error(exc)) if isinstance(exc, cattrs.BaseValidationError) else str(exc)
+        detail = (
+            "; ".join(cattrs.transform_error(exc, format_exception=_field_error))
+            if isinstance(exc, cattrs.BaseValidationError)
+            else str(exc)
+        )
         raise _unreadable(path, f"its fields do not fit a {cls.__name__} record ({detail})") from None
+
+
+def _field_error(exc: BaseException, expected: type | None) -> str:
+    """What did not fit in a field: cattrs's words, or what an inconsistent record says of itself."""
+    return str(exc) if isinstance(exc, InconsistentRecord) else cattrs.v.format_exception(exc, expected)
 
 
 def load_file(path: Path, cls: type[T], *, versioned: bool = True) -> T:

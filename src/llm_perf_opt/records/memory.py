@@ -5,7 +5,20 @@ token, watts per stage, FLOP per joule). Both say "not available" with the reaso
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
+
+from llm_perf_opt.records.common import InconsistentRecord
+
+
+def _measured_when_available(report: Any, _: attrs.Attribute[Any], measured: object) -> None:
+    """attrs validator of a pass's report: a measurement when `available`, a reason when not (never "Not available:
+    None" in a report)."""
+    if report.available and measured is None:
+        raise InconsistentRecord(f"{type(report).__name__} says available: true but holds no measurement")
+    if not report.available and not report.reason:
+        raise InconsistentRecord(f"{type(report).__name__} says available: false but gives no reason")
 
 
 @attrs.frozen
@@ -115,7 +128,7 @@ class MemoryReport:
 
     available: bool
     reason: str | None = None  # when not available
-    measured: MemoryPass | None = None
+    measured: MemoryPass | None = attrs.field(default=None, validator=_measured_when_available)
     breakdown: tuple[MemoryBreakdown, ...] = ()
     analytic: AnalyticMemory | None = None
     fit: FitPrediction | None = None
@@ -181,7 +194,7 @@ class EnergyReport:
 
     available: bool
     reason: str | None = None
-    measured: EnergyPass | None = None
+    measured: EnergyPass | None = attrs.field(default=None, validator=_measured_when_available)
     idle_watts: float | None = None
     stages: tuple[StageEnergy, ...] = ()
     joules_per_page: float | None = None

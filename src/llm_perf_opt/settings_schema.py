@@ -176,6 +176,7 @@ SCHEMA: Final[Mapping[str, Kind]] = {
     "infer.max_new_tokens": Whole(1, MAX_NEW_TOKENS, nullable=True),
     "run.batch_size": Whole(1),
     "run.fill_batches": Flag(),
+    "run.check_batch_fit": Flag(),
     "run.cv_warn": Number(0.0, "(coefficient of variation)"),
     "run.save_prefill_logits": Flag(),
     "run.save_top2_logits": Flag(),

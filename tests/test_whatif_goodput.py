@@ -9,7 +9,6 @@ from pathlib import Path
 
 import attrs
 import pytest
-from whatif_fixtures import copy_stage1_run, figures, minimal, realistic
 
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.errors import UserError
@@ -34,6 +33,7 @@ from llm_perf_opt.report.whatif_goodput import goodput_line, goodput_summary
 from llm_perf_opt.report.whatif_plots import write_whatif_plots
 from llm_perf_opt.report.whatif_report import whatif_md
 from llm_perf_opt.settings_schema import check_config
+from whatif_fixtures import copy_stage1_run, figures, minimal, realistic
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -166,7 +166,7 @@ def test_the_target_comes_from_the_preset_or_the_command_line(tmp_path: Path) ->
     ],
 )
 def test_a_bad_target_is_one_paragraph(raw: object, says: str) -> None:
-    with pytest.raises(UserError, match="whatif.latency_target.ttlt_p90_ms=5000") as refused:
+    with pytest.raises(UserError, match=r"whatif\.latency_target\.ttlt_p90_ms=5000") as refused:
         latency_target(raw)
     assert says in str(refused.value)
 

@@ -22,6 +22,7 @@ from llm_perf_opt.records.stage1 import (
     ImageRecord,
     PagePart,
     PageThroughput,
+    Stage1Metrics,
     StageEfficiency,
     Throughput,
     pages_rate,
@@ -100,6 +101,12 @@ def _part_times(forward: Forward, floor_share: Mapping[str, float]) -> dict[str,
 
 def _median_or_none(values: list[float | None]) -> float | None:
     return None if not values or None in values else statistics.median(v for v in values if v is not None)
+
+
+def run_pages(metrics: Stage1Metrics) -> PageThroughput | None:
+    """A run's pages figure: its record's (`Stage1Metrics.pages`), or, for a folder written before 1.4, the same
+    figure from its timed forwards."""
+    return metrics.pages or page_throughput(metrics.forwards, metrics.efficiency)
 
 
 def page_throughput(forwards: Sequence[Forward], efficiency: Sequence[StageEfficiency]) -> PageThroughput | None:

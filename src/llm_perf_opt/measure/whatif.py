@@ -18,7 +18,7 @@ import attrs
 from llm_perf_opt.measure.noise import BEYOND, WITHIN, noise_verdict
 from llm_perf_opt.measure.outputs import first_departure, load_prefill_logits, load_top_two, near_tie, near_tie_text
 from llm_perf_opt.measure.stats import MIN_VALUES_FOR_CI, summarize, t_critical_95
-from llm_perf_opt.measure.throughput import page_throughput, pages_per_s_values
+from llm_perf_opt.measure.throughput import pages_per_s_values, run_pages
 from llm_perf_opt.override_text import override_key
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.folders import Stage1Folder
@@ -290,7 +290,7 @@ def rung_figures(folder: Stage1Folder, goal: Objective, decode_tokens: int | Non
             )
         )
     pages = pass_values(m, "pages_per_s")
-    per_page = m.pages or page_throughput(m.forwards, m.efficiency)  # (folders before 1.4: from their forwards)
+    per_page = run_pages(m)
     aggregate = pass_values(m, "aggregate_decode_tokens_per_s")
     peaks = [r.peak_memory_bytes for r in m.records if r.peak_memory_bytes is not None]
     return RungFigures(

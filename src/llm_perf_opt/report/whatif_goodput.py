@@ -3,10 +3,19 @@ none did and the nearest), and the frontier of pages/s against per-page latency,
 
 from __future__ import annotations
 
-from llm_perf_opt.records.whatif import LATENCY_FIGURES, TTFT_P90, TTLT_P90, Goodput, LatencyTarget, WhatIfRecord
+from llm_perf_opt.records.whatif import (
+    BETTER,
+    LATENCY_FIGURES,
+    TTFT_P90,
+    TTLT_P90,
+    Goodput,
+    LatencyTarget,
+    WhatIfRecord,
+)
 from llm_perf_opt.report.markdown import Doc, ms
 
 SHORT = {TTLT_P90: "last token", TTFT_P90: "first token"}
+PAGES_PER_S = "pages_per_s"  # the judged figure (`Judgement.objective`)
 
 
 def target_text(target: LatencyTarget) -> str:
@@ -30,6 +39,15 @@ def _pages(record: WhatIfRecord, name: str) -> str:
     return f"{ms(value, 2)} pages/s"
 
 
+def _against_baseline(record: WhatIfRecord, name: str) -> str:
+    """`; pages/s against the baseline's: within noise` where a rung's pages/s is not better beyond noise."""
+    rung = record.rung(name)
+    judged = None if rung is None else rung.judgement(PAGES_PER_S)
+    if judged is None or judged.verdict == BETTER:
+        return ""
+    return f"; pages/s against the baseline's: {judged.verdict}"
+
+
 def goodput_line(record: WhatIfRecord) -> str | None:
     """The goodput against the record's latency target in one sentence; None without a target."""
     g = record.goodput
@@ -42,8 +60,8 @@ def goodput_line(record: WhatIfRecord) -> str | None:
         others = f" ({', '.join(g.met)})" if len(g.met) > 1 else ""
         return (
             f"Goodput at {target_text(target)}: **{g.best}**, {_pages(record, g.best)} (p90 "
-            f"{_latencies(record, g.best, figures)}); {len(g.met)} of {len(g.considered)} rungs {verb} the "
-            f"target{others}."
+            f"{_latencies(record, g.best, figures)}{_against_baseline(record, g.best)}); {len(g.met)} of "
+            f"{len(g.considered)} rungs {verb} the target{others}."
         )
     if g.nearest is None:
         return f"No rung met {target_text(target)}: no rung measured that latency."

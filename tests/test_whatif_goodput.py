@@ -24,7 +24,9 @@ from llm_perf_opt.records.whatif import (
     BASELINE,
     LADDER,
     MEASURED,
+    SAME,
     TTFT_P90,
+    Judgement,
     LatencyTarget,
     Rung,
     WhatIfRecord,
@@ -187,3 +189,10 @@ def test_a_rungs_figures_are_its_stage1_pages(tmp_path: Path) -> None:
     assert measured.objective == pages.pages_per_s
     assert measured.pages_per_s == pages.pages_per_s.p50
     assert (measured.ttft_p90_ms, measured.ttlt_p90_ms) == (pages.ttft_ms.p90, pages.ttlt_ms.p90)
+
+
+def test_the_goodput_says_when_its_pages_per_s_is_within_the_baselines_noise() -> None:
+    same = Judgement("pages_per_s", "pages/s", "pages/s", 1.0, 3.0, SAME)
+    rungs = [attrs.evolve(r, judgements=(same,)) if r.name == "batch_4" else r for r in ladder_rungs()]
+    line = goodput_line(_record(rungs, LatencyTarget(ttlt_p90_ms=5000.0)))
+    assert line is not None and "(p90 last token 2,500 ms; pages/s against the baseline's: within noise)" in line

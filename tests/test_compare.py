@@ -14,10 +14,11 @@ import yaml
 from llm_perf_opt.cli.compare import main
 from llm_perf_opt.measure.comparison import TOP_MOVERS, ratio
 from llm_perf_opt.measure.noise import noise_verdict
+from llm_perf_opt.measure.throughput import run_pages
 from llm_perf_opt.pipeline import compare as cmp
 from llm_perf_opt.records.common import SCHEMA_MAJOR, SCHEMA_VERSION, Summary
 from llm_perf_opt.records.comparison import load_comparison
-from llm_perf_opt.records.folders import load
+from llm_perf_opt.records.folders import load, load_stage1
 from llm_perf_opt.report.comparison import comparison_markdown, ratio_text
 
 FIXTURES = Path(__file__).parent / "fixtures" / "compare"
@@ -337,3 +338,33 @@ def test_out_whose_record_would_replace_a_folder_is_refused(tmp_path: Path, caps
     err = _refused(capsys, str(H100_A), str(H100_B), "--out", str(tmp_path / "x.md"))
     assert f"--out {tmp_path / 'x.md'} would write the comparison over {tmp_path / 'x.json'}, which is a folder" in err
     assert "Traceback" not in err and not (tmp_path / "x.md").exists()
+
+
+def _scaled_copy(source: Path, target: Path, factor: float) -> Path:
+    """A copy of the Stage 1 run `source` as another run whose every timed pass took `factor` times as long."""
+    shutil.copytree(source, target)
+    metrics = json.loads((target / "metrics.json").read_text())
+    for record in metrics["records"]:
+        for key in ("preprocess_ms", "prefill_ms", "decode_ms"):
+            record[key] *= factor
+    metrics["created"] = "2026-12-01T08:00:00+00:00"
+    (target / "metrics.json").write_text(json.dumps(metrics))
+    return target
+
+
+def test_pages_per_s_is_one_compared_figure_higher_is_better(tmp_path: Path) -> None:
+    """perf-compare sets each run's pages/s (its Stage1Metrics.pages figure) beside the baseline's."""
+    faster = _scaled_copy(STAGE1_RUN, tmp_path / "faster", 0.5)
+    comparison = cmp.compare([STAGE1_RUN, faster])
+    assert comparison.stage1 is not None
+    (row,) = comparison.stage1.throughput
+    base, other = (run_pages(load_stage1(path).metrics) for path in (STAGE1_RUN, faster))
+    assert base is not None and other is not None
+    assert row.figure == "pages/s" and row.base_p50 == base.pages_per_s.p50
+    assert row.others[0].p50 == other.pages_per_s.p50 and row.others[0].ratio == pytest.approx(2.0)
+    md = comparison_markdown(comparison)
+    cells = table_row(section(md, "### Throughput (p50)"), "pages/s")
+    assert cells[1:4] == [f"{base.pages_per_s.p50:,.3f}", f"{other.pages_per_s.p50:,.3f}", "2.00×"]
+    assert cells[4] == noise_verdict(other.pages_per_s, base.pages_per_s)
+    assert "above 1 is more pages per second (better)" in md
+    assert not cmp.compare([H100_A, H100_B]).stage1.throughput  # no timed passes recorded: no row

@@ -20,6 +20,7 @@ from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure.aggregate import batch_summary
 from llm_perf_opt.measure.flops import count_stage_flops
 from llm_perf_opt.measure.sweep import job_figures, summarize
+from llm_perf_opt.measure.whatif import objective, rung_figures
 from llm_perf_opt.pipeline.stage1 import Stage1Run, render
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.folders import Stage1Folder, load_stage1
@@ -332,3 +333,14 @@ def test_batched_run_on_a_gpu_has_memory_mbu_and_the_speed_of_light(pages: Path,
     assert prefill is not None and prefill.mfu is not None
     assert all(r.output_check is not None and r.output_check.identical_tokens for r in m.records)
     assert "## Batches" in (folder.path / "report.md").read_text()
+
+
+def test_the_whatif_pages_objective_is_the_runs_pages_figure(batch2: Stage1Folder) -> None:
+    """Batch 2 over 3 pages (a short last batch of 1): the what-if's pages/s objective, its rung's pages/s and per-page
+    p90 latencies are `Stage1Metrics.pages`' own (the short batch left out of every one)."""
+    pages = batch2.metrics.pages
+    assert pages is not None and pages.batch_size == 2 and pages.pages_per_s.n == 2  # 2 repeats of the full batch
+    measured = rung_figures(batch2, objective("throughput"))
+    assert measured.objective == pages.pages_per_s
+    assert measured.pages_per_s == pages.pages_per_s.p50
+    assert (measured.ttft_p90_ms, measured.ttlt_p90_ms) == (pages.ttft_ms.p90, pages.ttlt_ms.p90)

@@ -176,6 +176,7 @@ SCHEMA: Final[Mapping[str, Kind]] = {
     "infer.max_new_tokens": Whole(1, MAX_NEW_TOKENS, nullable=True),
     "run.batch_size": Whole(1),
     "run.fill_batches": Flag(),
+    "run.check_batch_fit": Flag(),
     "run.cv_warn": Number(0.0, "(coefficient of variation)"),
     "run.save_prefill_logits": Flag(),
     "run.save_top2_logits": Flag(),
@@ -245,6 +246,8 @@ SCHEMA: Final[Mapping[str, Kind]] = {
     "analytic.text_tokens": Whole(0, nullable=True),
     # perf-whatif
     "whatif.memory_budget_gib": Number(0.0, "GiB", above=True, nullable=True),
+    "whatif.latency_target.ttlt_p90_ms": Number(0.0, "ms", above=True, nullable=True),
+    "whatif.latency_target.ttft_p90_ms": Number(0.0, "ms", above=True, nullable=True),
     "whatif_run.exclude": Names("static_cache,attn_eager"),
     "whatif_run.devices": Names("cuda:0,cuda:1"),
     "whatif_run.launcher": Choice(("local", "hydra")),

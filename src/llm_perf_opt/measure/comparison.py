@@ -17,6 +17,7 @@ import attrs
 from llm_perf_opt.kernel_names import kernel_label, short_kernel_name
 from llm_perf_opt.measure import host_difference
 from llm_perf_opt.measure.noise import noise_verdict
+from llm_perf_opt.measure.throughput import run_pages
 from llm_perf_opt.measure.variation import BOTH_SIDES, GPU_SIDE
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.common import SCHEMA_VERSION
@@ -31,6 +32,8 @@ from llm_perf_opt.records.comparison import (
     FieldDifference,
     Mover,
     MoverTable,
+    RateChange,
+    RateRow,
     ResourceRow,
     RunTotals,
     Skipped,
@@ -307,6 +310,32 @@ def stage_times(runs: Sequence[Labelled[Stage1Folder]]) -> tuple[StageTimeRow, .
     return tuple(rows)
 
 
+def throughput(runs: Sequence[Labelled[Stage1Folder]]) -> tuple[RateRow, ...]:
+    """Pages/s of every run (`Stage1Metrics.pages`: each timed forward at the run's batch, end to end), p50 with its
+    ratio to the baseline's (above 1: more pages per second) and the noise verdict; empty when no run has it."""
+    pages = [run_pages(f.metrics) for _, f in runs]
+    if all(p is None for p in pages):
+        return ()
+    base, others = pages[0], pages[1:]
+    base_rate = None if base is None else base.pages_per_s
+    changes = tuple(
+        RateChange(
+            p50=None if p is None else p.pages_per_s.p50,
+            ratio=ratio(None if p is None else p.pages_per_s.p50, None if base_rate is None else base_rate.p50),
+            beyond_noise=noise_verdict(None if p is None else p.pages_per_s, base_rate),
+            batch_size=None if p is None else p.batch_size,
+        )
+        for p in others
+    )
+    row = RateRow(
+        figure="pages/s",
+        base_p50=None if base_rate is None else base_rate.p50,
+        others=changes,
+        base_batch_size=None if base is None else base.batch_size,
+    )
+    return (row,)
+
+
 def verdict_side(base: Stage1Metrics, other: Stage1Metrics, stage: str) -> str | None:
     """The side of the noise a stage's verdict rests on: the runs' own (StageVariation.noise_side), "host and GPU"
     where they differ, None where neither run can tell."""
@@ -426,6 +455,7 @@ def stage1_comparison(runs: Sequence[Labelled[Stage1Folder]]) -> Stage1Compariso
     return Stage1Comparison(
         resources=resources(runs),
         stage_times=stage_times(runs),
+        throughput=throughput(runs),
         efficiency=efficiency(runs),
         operators=tuple(operator_movers(runs[0], other) for other in runs[1:]),
         differences=differences(runs, STAGE1_FIELDS) + host_rows(runs),

@@ -22,6 +22,7 @@ from llm_perf_opt.records.stage1 import (
     ImageRecord,
     PagePart,
     PageThroughput,
+    Stage1Metrics,
     StageEfficiency,
     Throughput,
     pages_rate,
@@ -33,6 +34,21 @@ Forward = ImageRecord | BatchRecord
 def forward_size(forward: Forward) -> int:
     """Inputs one timed forward finishes: a batch's inputs, else one."""
     return forward.size if isinstance(forward, BatchRecord) else 1
+
+
+def run_batch(forwards: Sequence[Forward]) -> tuple[int, list[Forward]]:
+    """The batch a run's figures are for (the most common forward size: a short last batch aside) and the timed
+    forwards of that size."""
+    sizes = [forward_size(f) for f in forwards]
+    size = max(sizes, key=sizes.count) if sizes else 1
+    return size, [f for f in forwards if forward_size(f) == size]
+
+
+def pages_per_s_values(forwards: Sequence[Forward]) -> list[float]:
+    """Pages/s of each timed forward at the run's batch (`run_batch`): the one series behind
+    `PageThroughput.pages_per_s` and the what-if's pages/s objective."""
+    size, full = run_batch(forwards)
+    return [pages_rate(size, f.e2e_ms) for f in full]
 
 
 def _new_tokens_per_s(forward: Forward) -> float:
@@ -87,13 +103,17 @@ def _median_or_none(values: list[float | None]) -> float | None:
     return None if not values or None in values else statistics.median(v for v in values if v is not None)
 
 
+def run_pages(metrics: Stage1Metrics) -> PageThroughput | None:
+    """A run's pages figure: its record's (`Stage1Metrics.pages`), or, for a folder written before 1.4, the same
+    figure from its timed forwards."""
+    return metrics.pages or page_throughput(metrics.forwards, metrics.efficiency)
+
+
 def page_throughput(forwards: Sequence[Forward], efficiency: Sequence[StageEfficiency]) -> PageThroughput | None:
     """Pages/s, tokens/s, per-page latency and the time per page of the timed forwards; None without any."""
     if not forwards:
         return None
-    sizes = [forward_size(f) for f in forwards]
-    size = max(sizes, key=sizes.count)  # the batch the run's figures are for (a short last batch aside)
-    full = [f for f in forwards if forward_size(f) == size]
+    size, full = run_batch(forwards)
     share = _speed_of_light_share(efficiency)
     per_forward = [_part_times(f, share) for f in full]
     has_vision = any(f.vision_ms for f in full)
@@ -110,7 +130,7 @@ def page_throughput(forwards: Sequence[Forward], efficiency: Sequence[StageEffic
     )
     return PageThroughput(
         batch_size=size,
-        pages_per_s=summarize([pages_rate(size, f.e2e_ms) for f in full], "pages/s"),
+        pages_per_s=summarize(pages_per_s_values(full), "pages/s"),
         tokens_per_s=summarize([_new_tokens_per_s(f) for f in full], "tokens/s"),
         ttft_ms=summarize([f.ttft_ms for f in full], "ms"),
         ttlt_ms=summarize([f.e2e_ms for f in full], "ms"),

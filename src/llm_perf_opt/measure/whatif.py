@@ -18,6 +18,7 @@ import attrs
 from llm_perf_opt.measure.noise import BEYOND, WITHIN, noise_verdict
 from llm_perf_opt.measure.outputs import first_departure, load_prefill_logits, load_top_two, near_tie, near_tie_text
 from llm_perf_opt.measure.stats import MIN_VALUES_FOR_CI, summarize, t_critical_95
+from llm_perf_opt.measure.throughput import pages_per_s_values, run_pages
 from llm_perf_opt.override_text import override_key
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.folders import Stage1Folder
@@ -90,7 +91,10 @@ def objective(name: str, decode_tokens: int | None = None) -> Objective:
 def pass_values(metrics: Stage1Metrics, name: str, decode_tokens: int | None = None) -> list[float]:
     """One value of objective `name` per timed pass: per batch pass when the run batched inputs, else per input
     pass (decode ms/token: the pass's mean step time; aggregate tokens/s: every input's decode tokens; whole-page
-    latency: TTFT + (N − 1) × the pass's mean step, N = `decode_tokens` or the pass's own new tokens)."""
+    latency: TTFT + (N − 1) × the pass's mean step, N = `decode_tokens` or the pass's own new tokens; pages/s: the
+    series of `Stage1Metrics.pages`, the passes at the run's batch, `measure.throughput.pages_per_s_values`)."""
+    if name == "pages_per_s":
+        return pages_per_s_values(metrics.forwards)
     values = (
         _batch_value(f, name, decode_tokens) if isinstance(f, BatchRecord) else _record_value(f, name, decode_tokens)
         for f in metrics.forwards
@@ -132,8 +136,6 @@ def _record_value(rec: ImageRecord, name: str, decode_tokens: int | None = None)
     steps = rec.decode_step_ms
     if name == "aggregate_decode_tokens_per_s":
         return 1e3 / statistics.fmean(steps) if steps else None
-    if name == "pages_per_s":
-        return 1e3 / rec.e2e_ms
     raise KeyError(name)
 
 
@@ -143,8 +145,6 @@ def _batch_value(batch: BatchRecord, name: str, decode_tokens: int | None = None
         return value
     if name == "aggregate_decode_tokens_per_s":
         return batch.aggregate_decode_tokens_per_s
-    if name == "pages_per_s":
-        return batch.pages_per_s
     raise KeyError(name)
 
 
@@ -290,6 +290,7 @@ def rung_figures(folder: Stage1Folder, goal: Objective, decode_tokens: int | Non
             )
         )
     pages = pass_values(m, "pages_per_s")
+    per_page = run_pages(m)
     aggregate = pass_values(m, "aggregate_decode_tokens_per_s")
     peaks = [r.peak_memory_bytes for r in m.records if r.peak_memory_bytes is not None]
     return RungFigures(
@@ -308,6 +309,8 @@ def rung_figures(folder: Stage1Folder, goal: Objective, decode_tokens: int | Non
         warmup_passes=m.settings.warmup,
         batch_size=m.settings.batch_size,
         floors=tuple(floors),
+        ttft_p90_ms=None if per_page is None else per_page.ttft_ms.p90,
+        ttlt_p90_ms=None if per_page is None else per_page.ttlt_ms.p90,
     )
 
 

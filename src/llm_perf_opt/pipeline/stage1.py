@@ -37,6 +37,7 @@ from llm_perf_opt.measure.profiler_window import ProfilerWindow
 from llm_perf_opt.measure.routing import RoutingTrace, find_routers, mean_unique_experts
 from llm_perf_opt.measure.stage1_analysis import Stage1Analysis, Stage1Measurements
 from llm_perf_opt.measure.torch_profiler import profile_image
+from llm_perf_opt.pipeline import stage1_batch_fit
 from llm_perf_opt.pipeline.analytic import check_workload_model, write_analytic_report_for_run
 from llm_perf_opt.pipeline.rung_handoff import GpuHandoff
 from llm_perf_opt.pipeline.shard import READY, TIMED, ShardSync, data_parallel_count, shard_inputs, shard_of
@@ -288,13 +289,16 @@ class Stage1Run:
         assert self.selection is not None
         vision = session.vision_stages
         size = self.runtime.batch_size
+        paths = [e.path for e in self.selection.images]
+        enabled = require_bool(stage1_batch_fit.SETTING, self.cfg.run.get("check_batch_fit", True))
+        stage1_batch_fit.check(session, paths, settings.max_new_tokens, size, enabled=enabled)  # before any pass
         profiled: tuple[Path, ...] = (self.selection.images[0].path,)  # the profiled pass: the first input or batch
         if size == 1:
             passes = len(self.selection.images) * (1 + settings.warmup + settings.repeats)
             with self.feedback.step("images: FLOP count, warm-up and timed passes", total=passes, part="passes") as bar:
                 self._run_images(session, settings, vision, bar)
         else:
-            groups = batches([e.path for e in self.selection.images], size)
+            groups = batches(paths, size)
             if self.fills_batches:
                 groups = [filled(group, size) for group in groups]
             passes = len(self.selection.images) + len(groups) * (1 + settings.warmup + settings.repeats)

@@ -145,8 +145,14 @@ def check_whatif_settings(cfg: Any) -> tuple[Lever, ...]:
         with _outside_running_hydra():
             check_override_keys("stage1", overrides, command="stage1-run")
     whatif_judge.memory_budget(cfg.whatif.get("memory_budget_gib"))
+    whatif_judge.latency_target(_plain(cfg.whatif.get("latency_target")))
     whatif_judge.near_tie_tolerance(run_cfg.get("near_tie_tolerance"))
     return levers
+
+
+def _plain(node: Any) -> Any:
+    """A config node as plain values (a mapping as a dict), as it is."""
+    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
 
 
 def launcher_settings(run_cfg: Any) -> tuple[str, tuple[str, ...]]:
@@ -292,6 +298,7 @@ class WhatIfRun:
         self.art = ArtifactsManager(run_dir, stage="whatif")
         self.decode_tokens, self.decode_source = whatif_judge.workload_decode_tokens(cfg)
         self.budget_gib = whatif_judge.memory_budget(cfg.whatif.get("memory_budget_gib"))
+        self.latency_target = whatif_judge.latency_target(_plain(cfg.whatif.get("latency_target")))
         self.tie_tolerance = whatif_judge.near_tie_tolerance(cfg.whatif_run.get("near_tie_tolerance"))
         self.goal = self._objective()
         self.rungs: dict[str, Rung] = {}
@@ -394,7 +401,11 @@ class WhatIfRun:
             ("rungs", f"{measured} measured of {ran}"),
             ("best", best_text),
         ]
+        from llm_perf_opt.report.whatif_goodput import goodput_summary
         from llm_perf_opt.report.whatif_report import WHATIF_REPORT
+
+        if (goodput := goodput_summary(record)) is not None:
+            rows.append(("goodput", goodput))
 
         report = str(self.art.run_dir / WHATIF_REPORT)
         self.feedback.summary(f"perf-whatif {self.run_id}: complete", rows, report, record.time_budget)
@@ -752,6 +763,7 @@ class WhatIfRun:
             decode_tokens_source=self.decode_source,
             memory_budget_gib=self.budget_gib,
             near_tie_tolerance=self.tie_tolerance,
+            latency_target=self.latency_target,
         )
         return whatif_judge.with_goals(record)
 

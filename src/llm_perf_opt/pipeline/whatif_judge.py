@@ -21,9 +21,10 @@ from llm_perf_opt.measure.module_changes import held_by, module_changes
 from llm_perf_opt.measure.noise import BEYOND
 from llm_perf_opt.measure.outputs import near_tie_text
 from llm_perf_opt.measure.whatif import attribute, host_drifts, no_effective_change
+from llm_perf_opt.measure.whatif_goodput import goodput
 from llm_perf_opt.records.folders import Stage1Folder, load_stage1, load_whatif
 from llm_perf_opt.records.io import RecordError
-from llm_perf_opt.records.whatif import BASELINE, MEASURED, Rung, WhatIfRecord
+from llm_perf_opt.records.whatif import BASELINE, MEASURED, TTFT_P90, TTLT_P90, LatencyTarget, Rung, WhatIfRecord
 
 log = logging.getLogger("llm_perf_opt.whatif")
 
@@ -77,6 +78,40 @@ def near_tie_tolerance(raw: Any) -> float | None:
         "Set e.g. whatif_run.near_tie_tolerance=0.01 (a departure between the baseline's top two tokens counts "
         "as the same output when their logits are within 1% of the top one), or null to count every departure",
     )
+
+
+TARGET_KEYS = {TTLT_P90: "ttlt_p90_ms", TTFT_P90: "ttft_p90_ms"}  # LatencyTarget's field of each figure
+TARGET_FIX = (
+    "Set the per-page p90 latency a configuration must meet, in ms, e.g. whatif.latency_target.ttlt_p90_ms=5000 "
+    "(time to last token) and/or whatif.latency_target.ttft_p90_ms=800 (time to first token); null for none"
+)
+
+
+def latency_target(raw: Any) -> LatencyTarget | None:
+    """`whatif.latency_target`: {ttlt_p90_ms, ttft_p90_ms}, each a positive number of ms or null; None when neither
+    is set (no goodput, the frontier only)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise UserError(f"whatif.latency_target={raw} is not a mapping of per-page latencies", TARGET_FIX)
+    unknown = sorted(str(k) for k in raw if k not in TARGET_KEYS.values())
+    if unknown:
+        raise UserError(
+            f"whatif.latency_target has {', '.join(unknown)}, which is not one of its latencies "
+            f"({', '.join(TARGET_KEYS.values())})",
+            TARGET_FIX,
+        )
+    limits = {
+        key: _optional_number(
+            raw.get(key),
+            lambda ms: ms > 0,
+            f"whatif.latency_target.{key}={raw.get(key)} is not a positive number of ms",
+            TARGET_FIX,
+        )
+        for key in TARGET_KEYS.values()
+    }
+    target = LatencyTarget(**limits)
+    return target if target.limits else None
 
 
 def judged_rung(
@@ -173,20 +208,25 @@ def unrepeatable_outputs(rungs: Iterable[Rung]) -> list[str]:
 
 
 def with_goals(record: WhatIfRecord) -> WhatIfRecord:
-    """The record with the best rung per goal and the trade-off frontier."""
+    """The record with the best rung per goal, the trade-off frontier and the goodput against its latency target."""
     return attrs.evolve(
         record,
         best_per_goal=objectives.best_per_goal(record.rungs, record.decode_tokens),
         frontier=objectives.frontier(record.rungs),
+        goodput=goodput(record.rungs, record.latency_target),
     )
 
 
 def rejudge(
-    run_dir: Path, decode_tokens: int | None = None, source: str | None = None, budget_gib: float | None = None
+    run_dir: Path,
+    decode_tokens: int | None = None,
+    source: str | None = None,
+    budget_gib: float | None = None,
+    target: LatencyTarget | None = None,
 ) -> WhatIfRecord:
     """Judge every objective of a what-if folder's rungs from their folders (a record written before per-objective
-    verdicts), at `decode_tokens` (None: the baseline's measured length), and rewrite `whatif.json`, `whatif.md` and
-    the plots."""
+    verdicts), at `decode_tokens` (None: the baseline's measured length), with the goodput against `target` (None:
+    the record's own), and rewrite `whatif.json`, `whatif.md` and the plots."""
     from llm_perf_opt.report import whatif_report
 
     record = load_whatif(run_dir)
@@ -229,6 +269,7 @@ def rejudge(
             decode_tokens=decode_tokens,
             decode_tokens_source=source,
             memory_budget_gib=budget_gib,
+            latency_target=target or record.latency_target,
         )
     )
     art = ArtifactsManager(run_dir, stage="whatif")
@@ -276,10 +317,14 @@ def main(argv: list[str] | None = None) -> None:
         "--decode-tokens", type=int, default=None, help="decode length of a whole page (default: measured)"
     )
     parser.add_argument("--memory-budget-gib", type=float, default=None, help="flag peaks above this many GiB")
+    for key, what in (("ttlt_p90_ms", "last"), ("ttft_p90_ms", "first")):
+        flag = "--" + key.replace("_", "-")
+        parser.add_argument(flag, type=float, default=None, help=f"goodput: p90 time to {what} token per page ≤ this")
     args = parser.parse_args(argv)
     source = None if args.decode_tokens is None else "--decode-tokens"
     try:
-        record = rejudge(args.folder, args.decode_tokens, source, memory_budget(args.memory_budget_gib))
+        target = latency_target({"ttlt_p90_ms": args.ttlt_p90_ms, "ttft_p90_ms": args.ttft_p90_ms})
+        record = rejudge(args.folder, args.decode_tokens, source, memory_budget(args.memory_budget_gib), target)
     except (UserError, RecordError) as exc:
         print(exc, file=sys.stderr)
         raise SystemExit(2) from None

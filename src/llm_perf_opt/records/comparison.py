@@ -117,6 +117,26 @@ class ResourceRow:
 
 
 @attrs.frozen
+class RateChange:
+    """One run's rate against the baseline's (higher is better)."""
+
+    p50: float | None
+    ratio: float | None  # run p50 / baseline p50: above 1 is better
+    beyond_noise: str  # measure.noise.noise_verdict
+    batch_size: int | None = None  # inputs per forward the rate is for
+
+
+@attrs.frozen
+class RateRow:
+    """A rate of every run (pages/s), p50 over the timed forwards, beside the baseline's."""
+
+    figure: str  # e.g. "pages/s"
+    base_p50: float | None
+    others: tuple[RateChange, ...]
+    base_batch_size: int | None = None
+
+
+@attrs.frozen
 class Stage1Comparison:
     stage_times: tuple[StageTimeRow, ...]
     efficiency: tuple[EfficiencyRow, ...]
@@ -127,6 +147,7 @@ class Stage1Comparison:
     # Per run after the baseline: the host figures that differed from the baseline's (measure.host_difference), in
     # words, e.g. "CPU per pass 2.66 s vs 0.50 s"; empty: none differed, or a run did not record its host usage
     host_differences: tuple[tuple[str, ...], ...] = ()
+    throughput: tuple[RateRow, ...] = ()  # pages/s per run (empty in comparisons written before it)
 
     def hosts_differed(self) -> bool:
         """Whether any run's host usage differed from the baseline's."""

@@ -43,6 +43,11 @@ THROUGHPUT = "throughput"
 MEMORY = "memory"
 GOALS = (PAGE_LATENCY, FIRST_TOKEN, THROUGHPUT, MEMORY)
 
+# The per-page latencies a latency target and the pages/s frontier read (p90 over a rung's timed passes).
+TTLT_P90 = "ttlt_p90_ms"  # time to last token of a page
+TTFT_P90 = "ttft_p90_ms"  # time to first token of a page
+LATENCY_FIGURES = {TTLT_P90: "p90 time to last token per page", TTFT_P90: "p90 time to first token per page"}
+
 # How the rungs ran: each its own `stage1-run` process started by perf-whatif, or one Hydra multirun per phase.
 LOCAL_LAUNCHER = "local"
 HYDRA_LAUNCHER = "hydra"
@@ -163,6 +168,14 @@ class RungFigures:
     warmup_passes: int
     batch_size: int
     floors: tuple[StepFloor, ...] = ()
+    # Per-page latency at the measured decode length (`Stage1Metrics.pages`: every page of a batch pass gets its
+    # pass's times), p90 over the timed passes; None in records written before them
+    ttft_p90_ms: float | None = None  # time to first token
+    ttlt_p90_ms: float | None = None  # time to last token
+
+    def latency_ms(self, figure: str) -> float | None:
+        """The per-page p90 latency `figure` names (TTLT_P90 | TTFT_P90)."""
+        return {TTLT_P90: self.ttlt_p90_ms, TTFT_P90: self.ttft_p90_ms}[figure]
 
 
 @attrs.frozen
@@ -205,6 +218,42 @@ class GoalChoice:
     value: float | None = None
     unit: str = ""
     why: str = ""  # e.g. "no rung beat the baseline beyond noise"
+
+
+@attrs.frozen
+class LatencyTarget:
+    """`whatif.latency_target`: the per-page p90 latency a configuration must meet to count for goodput (each figure
+    set must be met; None: not asked)."""
+
+    ttlt_p90_ms: float | None = None
+    ttft_p90_ms: float | None = None
+
+    @property
+    def limits(self) -> dict[str, float]:
+        """The figures set (LATENCY_FIGURES keys) and their limits in ms, last token first."""
+        pairs = ((TTLT_P90, self.ttlt_p90_ms), (TTFT_P90, self.ttft_p90_ms))
+        return {figure: limit for figure, limit in pairs if limit is not None}
+
+    @property
+    def figure(self) -> str:
+        """The latency the frontier is drawn against: the target's last-token figure where it has one, else its
+        first-token one (a target on the first token alone), else the last token."""
+        return TTFT_P90 if self.ttft_p90_ms is not None and self.ttlt_p90_ms is None else TTLT_P90
+
+
+@attrs.frozen
+class Goodput:
+    """Pages/s against per-page latency: the rungs on the frontier (none has both more pages/s and a lower latency),
+    and with a latency target the highest pages/s among the rungs that meet it (goodput)."""
+
+    figure: str  # the latency of the frontier: TTLT_P90 | TTFT_P90
+    considered: tuple[str, ...]  # rungs with pages/s and per-page latency, measured on the baseline's workload
+    frontier: tuple[str, ...]  # the Pareto set of `considered`, lowest latency first
+    target: LatencyTarget | None = None
+    met: tuple[str, ...] = ()  # rungs meeting the target, most pages/s first
+    best: str | None = None  # goodput: the first of `met`; None without a target or when no rung met it
+    # No rung met the target: the rung nearest to it (the smallest worst ratio of latency to limit)
+    nearest: str | None = None
 
 
 @attrs.frozen
@@ -292,6 +341,8 @@ class WhatIfRecord:
     best_per_goal: tuple[GoalChoice, ...] = ()  # one per goal (empty in older records)
     frontier: tuple[str, ...] = ()  # rungs no other rung beats on every goal (the trade-off frontier)
     time_budget: TimeBudget | None = None  # where perf-whatif's wall time went, by phase (None in older records)
+    latency_target: LatencyTarget | None = None  # whatif.latency_target (None: none set, or an older record)
+    goodput: Goodput | None = None  # pages/s against per-page latency (None: no rung has both, or an older record)
 
     def rung(self, name: str) -> Rung | None:
         return next((r for r in self.rungs if r.name == name), None)

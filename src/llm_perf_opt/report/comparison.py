@@ -22,6 +22,7 @@ from llm_perf_opt.records.comparison import (
     Gate,
     GateCheck,
     MoverTable,
+    RateRow,
     Stage1Comparison,
     Stage2Comparison,
     WhatIfComparison,
@@ -133,6 +134,7 @@ def _stage1(doc: Doc, runs: Sequence[ComparedRun], section: Stage1Comparison, to
     )
     if section.hosts_differed():
         doc.para(host_note(section.host_differences, [r.label for r in others]))
+    _throughput(doc, runs, section.throughput)
 
     doc.h3("MFU and MBU per stage")
     doc.table(
@@ -175,6 +177,36 @@ def _stage1(doc: Doc, runs: Sequence[ComparedRun], section: Stage1Comparison, to
         _movers_table(doc, base.label, table, "Operator")
     doc.para("n/a: not among that run's recorded top operators (counted as 0 for the ranking).")
     _differences(doc, runs, section.differences, section.config_differences)
+
+
+def _rate(value: float | None, batch: int | None, shown: bool) -> str:
+    """A rate's p50, with its batch where the runs' batches differ: `4.66 (batch 16)`."""
+    text = _number(value)
+    return f"{text} (batch {batch})" if shown and value is not None and batch is not None else text
+
+
+def _throughput(doc: Doc, runs: Sequence[ComparedRun], rows: Sequence[RateRow]) -> None:
+    """Pages/s per run beside the baseline's (higher is better)."""
+    if not rows:
+        return
+    base, others = runs[0], runs[1:]
+    doc.h3("Throughput (p50)")
+    header = [f"{base.label} p50"]
+    for r in others:
+        header += [f"{r.label} p50", f"{r.label} ratio", f"{r.label} beyond noise"]
+    table = []
+    for row in rows:
+        differ = any(c.batch_size not in (None, row.base_batch_size) for c in row.others)
+        cells = [row.figure, _rate(row.base_p50, row.base_batch_size, differ)]
+        for c in row.others:
+            cells += [_rate(c.p50, c.batch_size, differ), ratio_text(c.ratio), c.beyond_noise]
+        table.append(cells)
+    doc.table(["Figure", *header], table)
+    doc.para(
+        "Pages/s: the inputs each timed forward finishes (one page, or a batch) over its time from the first byte of "
+        "preprocessing to the last token, p50 over the forwards at the run's batch (a short last batch left out). "
+        "Ratio: run / baseline; above 1 is more pages per second (better)."
+    )
 
 
 HOSTS_DIFFERED = "hosts differed"

@@ -1,6 +1,6 @@
 """What-if plots from a `WhatIfRecord`: the waterfall from the baseline to the best rung (decode ms/token, or time to
-first token for a run ranked by it), the distance to the floor per stage (baseline vs best) and the best rung's
-module moves.
+first token for a run ranked by it), the distance to the floor per stage (baseline vs best), the best rung's
+module moves and pages/s against per-page latency (the frontier and the goodput rung).
 
 Each plot function takes the record and a target PNG path, writes the figure and returns the path, or returns None
 (writing nothing) when the data it needs is absent.
@@ -13,7 +13,15 @@ from typing import Any
 
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.modules import StageModuleChanges
-from llm_perf_opt.records.whatif import BASELINE, LADDER, MEASURED, Rung, StepFloor, WhatIfRecord
+from llm_perf_opt.records.whatif import (
+    BASELINE,
+    LADDER,
+    LATENCY_FIGURES,
+    MEASURED,
+    Rung,
+    StepFloor,
+    WhatIfRecord,
+)
 from llm_perf_opt.report.modules_report import changes_waterfall
 from llm_perf_opt.report.plots import save_figure, write_plots
 from llm_perf_opt.report.pyplot import pyplot
@@ -289,7 +297,56 @@ def module_waterfall(record: WhatIfRecord, path: Path) -> Path | None:
     return changes_waterfall(stage, f"{name} by module: baseline → {best.name}", path)
 
 
-PLOTS = {"waterfall": waterfall, "floor": floor, "module_waterfall": module_waterfall}
+GOODPUT_COLOUR = "#e15759"  # the goodput rung
+TARGET_COLOUR = "#b07aa1"
+
+
+def pages_latency(record: WhatIfRecord, path: Path) -> Path | None:
+    """Pages/s against per-page p90 latency, one point per rung the goodput considered: the frontier joined, the
+    latency target as a line and the goodput rung marked (None with fewer than two rungs to set apart)."""
+    g = record.goodput
+    if g is None or len(g.considered) < 2:
+        return None
+    points = {}
+    for name in g.considered:
+        rung = record.rung(name)
+        f = None if rung is None else rung.figures
+        latency = None if f is None else f.latency_ms(g.figure)
+        if f is not None and latency is not None and f.pages_per_s is not None:
+            points[name] = (latency, f.pages_per_s)
+    fig, ax = pyplot().subplots(figsize=(8.0, 5.2), layout="constrained")
+    for name, (x, y) in points.items():
+        on = name in g.frontier
+        colour = GOODPUT_COLOUR if name == g.best else TOTAL_COLOUR if on else OTHER_COLOUR
+        ax.scatter([x], [y], color=colour, s=46 if on else 30, zorder=3)
+        ax.annotate(name, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    line = [points[name] for name in g.frontier if name in points]
+    ax.plot([x for x, _ in line], [y for _, y in line], color=TOTAL_COLOUR, linewidth=1.0, linestyle="--", zorder=2)
+    limit = None if g.target is None else g.target.limits.get(g.figure)
+    if limit is not None:
+        ax.axvline(limit, color=TARGET_COLOUR, linewidth=1.0, linestyle=":")
+        where = ax.get_xaxis_transform()  # x in data, y in axes fractions
+        ax.text(limit, 0.02, f" target ≤ {limit:,.0f} ms", color=TARGET_COLOUR, fontsize=8, transform=where)
+    ax.set_xlabel(f"{LATENCY_FIGURES[g.figure]} (ms)")
+    ax.set_ylabel("pages/s (p50 over timed passes)")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.set_axisbelow(True)
+    best = "" if g.best is None else f"; goodput: {g.best}"
+    ax.set_title(
+        f"Pages/s against per-page latency ({record.device or 'device not recorded'}; {record.model})\n"
+        f"dashed: the frontier (no rung has more pages/s at a latency as low){best}",
+        fontsize=10,
+    )
+    return save_figure(fig, path)
+
+
+PLOTS = {
+    "waterfall": waterfall,
+    "floor": floor,
+    "module_waterfall": module_waterfall,
+    "pages_latency": pages_latency,
+}
 
 
 def write_whatif_plots(record: WhatIfRecord, folder: Path) -> dict[str, Path]:

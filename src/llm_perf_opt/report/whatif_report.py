@@ -49,6 +49,7 @@ from llm_perf_opt.report.markdown import (
     write_markdown,
 )
 from llm_perf_opt.report.modules_report import changes_table, module_table, stage_summary
+from llm_perf_opt.report.whatif_goodput import goodput_section
 from llm_perf_opt.report.whatif_plots import module_waterfall_stage, ranks_first_token, write_whatif_plots
 
 NA = "n/a"
@@ -730,6 +731,7 @@ def whatif_md(
     doc.h2("Verdict")
     doc.para(verdict_paragraph(record))
     _goals(doc, record)
+    goodput_section(doc, record, plots.get("pages_latency"))
     if "waterfall" in plots:
         shown = "Time to first token" if ranks_first_token(record) else "Decode ms/token"
         doc.image(f"{shown} from the baseline to the best rung", plots["waterfall"])

@@ -153,6 +153,7 @@ def test_presets_compose_with_their_levers() -> None:
         ("tuning", "max_autotune_graphs"),
         ("vision", "base_mode"),
         ("batch", "batch_8"),
+        ("throughput", "batched_vision_graphs"),
     ):
         cfg = compose_config("whatif", f"whatif={preset}")
         levers = read_levers(cfg.whatif.levers, [])
@@ -212,6 +213,9 @@ def test_validation_refuses_what_stage1_would_refuse() -> None:
         # OCR-2 has no v1 modes; it preprocesses on the GPU too (models/deepseek_ocr2_views.py)
         (("model=deepseek_ocr2_tiny",), "vision", {"base_mode"}),
         (("model=deepseek_ocr_tiny",), "vision", set()),
+        # batched vision at batch 64 (v1 and OCR-2), the prefill compiled at the batch
+        (("model=deepseek_ocr_tiny",), "throughput", set()),
+        (("model=deepseek_ocr2_tiny",), "throughput", set()),
     ],
 )
 def test_presets_validate_per_model_family(workload: tuple[str, ...], preset: str, refused: set[str]) -> None:

@@ -191,6 +191,7 @@ SCHEMA: Final[Mapping[str, Kind]] = {
     "runtime.compile": Choice(COMPILE_TARGETS),
     "runtime.compile_mode": Choice(COMPILE_MODES),
     "runtime.compile_vision": Choice(("none", *COMPILE_MODES)),
+    "runtime.batch_vision": Flag(),
     "runtime.static_cache_len": Whole(2, nullable=True),
     "runtime.record_routing": Flag(),
     "runtime.output_check": Choice(OUTPUT_CHECKS),

@@ -95,7 +95,8 @@ def read_levers(node: Any, exclude: Sequence[str]) -> tuple[Lever, ...]:
     levers = OmegaConf.to_container(node, resolve=True) if node is not None else {}
     if not isinstance(levers, Mapping) or not levers:
         raise UserError(
-            "the what-if preset has no levers (whatif.levers is empty)", "Pick whatif=decode|tuning|vision|batch|all"
+            "the what-if preset has no levers (whatif.levers is empty)",
+            "Pick whatif=decode|tuning|vision|batch|throughput|all",
         )
     unknown = sorted(set(exclude) - set(levers))
     if unknown:

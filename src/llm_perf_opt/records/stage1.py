@@ -137,7 +137,9 @@ class ImageRecord(PassTimes):
     repeat: int
     preprocess_ms: float
     prefill_ms: float  # vision included
-    vision_ms: Mapping[str, float]  # nested inside prefill
+    # nested inside prefill; in a batched run this input's own (vision per input) or, with batched vision, an equal
+    # share of the batch's (the batch ran every input's views together), so the inputs' sum to the batch's
+    vision_ms: Mapping[str, float]
     # derived (`ttft_of`, `e2e_of`) and saved in the file for its readers
     ttft_ms: float = attrs.field(init=False, default=attrs.Factory(ttft_of, takes_self=True))
     decode_ms: float
@@ -166,15 +168,18 @@ def batch_key(index: int) -> str:
 class BatchRecord(PassTimes):
     """One timed pass over one batch of inputs (`run.batch_size` > 1; times in ms, rates per second).
 
-    The inputs are preprocessed and run through vision one after the other, then the decoder prefills and decodes
-    them together: every input's TTFT and decode time are the batch's (its `ImageRecord`s say so too)."""
+    The inputs are preprocessed and run through vision one after the other (or, with `runtime.batch_vision`, their
+    views through each vision stage together, one call per view shape), then the decoder prefills and decodes them
+    together: every input's TTFT and decode time are the batch's (its `ImageRecord`s say so too)."""
 
     batch: int  # 0-based index of the batch in run order
     repeat: int
     images: tuple[str, ...]  # the inputs' keys, in batch order
     preprocess_ms: float  # every input's preprocessing
     prefill_ms: float  # every input's vision + the batched decoder prefill
-    vision_ms: Mapping[str, float]  # per vision sub-stage, summed over the inputs (nested inside prefill)
+    # per vision sub-stage, summed over the inputs (nested inside prefill); with batched vision the batch's own
+    # (each stage timed once per view group of the batch); either way the batch's vision, per page = / size
+    vision_ms: Mapping[str, float]
     decode_ms: float
     decode_step_ms: tuple[float, ...]  # one per decode step of the whole batch
     new_tokens: int  # per input (the first from prefill)
@@ -521,6 +526,7 @@ def runtime_label(
     batch: str,
     options: tuple[CompileOption, ...] = (),
     compile_vision: str = "none",
+    batch_vision: bool = False,
 ) -> str:
     """One line for reports, e.g. "static KV cache, compiled decode (reduce-overhead), batch 4"."""
     parts = [f"{kv_cache} KV cache" + (f" of {static_cache_len} positions" if static_cache_len is not None else "")]
@@ -532,7 +538,7 @@ def runtime_label(
         parts.append("eager")
     if compile_vision != "none":
         parts.append(f"compiled vision ({compile_vision})")
-    parts.append(batch)
+    parts.append(batch + (" (vision batched)" if batch_vision else ""))
     return ", ".join(parts)
 
 
@@ -587,6 +593,8 @@ class DecoderRuntime:
     compile_options: tuple[CompileOption, ...] = ()  # inductor options on top of compile_mode's, sorted by name
     # none, or the torch.compile mode of the vision stage modules' forwards (SAM, CLIP, ...; their stage timing stays)
     compile_vision: str = "none"
+    # the views of a batch's inputs through the vision stages together, by view shape (`runtime.batch_vision`)
+    batch_vision: bool = False
 
     def described(self, batch: str) -> str:
         """The label with `batch` (e.g. "batch 1 (run.batch_size=2, 1 input)") in place of the configured size."""
@@ -598,6 +606,7 @@ class DecoderRuntime:
             batch,
             self.compile_options,
             self.compile_vision,
+            self.batch_vision,
         )
 
     @property

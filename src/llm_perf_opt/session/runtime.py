@@ -41,12 +41,14 @@ class RuntimeSettings(DecoderRuntime):
             compile_vision=require_choice(
                 "runtime.compile_vision", node.get("compile_vision", "none"), ("none", *COMPILE_MODES)
             ),
+            batch_vision=require_bool("runtime.batch_vision", node.get("batch_vision", False)),
         )
         settings.check_consistent()
         return settings
 
     def check_consistent(self) -> None:
-        """Combinations that cannot run: compiled decode on a growing cache, a cache length without a static cache."""
+        """Combinations that cannot run: compiled decode on a growing cache, batched vision without a batch, a cache
+        length without a static cache."""
         if self.compile != "none" and self.kv_cache != "static":
             raise UserError(
                 f"runtime.compile={self.compile} needs a static KV cache, but runtime.kv_cache={self.kv_cache}: a "
@@ -58,6 +60,13 @@ class RuntimeSettings(DecoderRuntime):
                 f"runtime.compile_options ({', '.join(name for name, _ in self.compile_options)}) are set but nothing "
                 "is compiled (runtime.compile=none)",
                 "Set runtime.compile=decode or prefill_decode, or leave runtime.compile_options empty",
+            )
+        if self.batch_vision and self.batch_size < 2:
+            raise UserError(
+                f"runtime.batch_vision=true batches the vision of the inputs of one batch, but run.batch_size="
+                f"{self.batch_size}: each forward holds one input, so there is nothing to batch",
+                "Set run.batch_size to 2 or more (with run.fill_batches=true to fill batches from one page), or "
+                "runtime.batch_vision=false",
             )
         if self.static_cache_len is not None and self.kv_cache != "static":
             raise UserError(
@@ -88,6 +97,13 @@ class RuntimeSettings(DecoderRuntime):
                     f"{device.type})",
                     f"Use {part.mode_key}=default or max-autotune-no-cudagraphs off the GPU, or run on a GPU",
                 )
+
+    @property
+    def vision_multiple(self) -> int:
+        """Batched vision's view groups are padded to a multiple of this (`models.view_groups`): the batch size when
+        the vision stages are compiled (a few fixed shapes per group: one graph each, a short last batch's too), else
+        1 (no padding)."""
+        return self.batch_size if self.compile_vision != "none" else 1
 
     @property
     def compiles_decode(self) -> bool:

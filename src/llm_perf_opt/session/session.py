@@ -42,7 +42,7 @@ from llm_perf_opt.session.compiled import (
     eager_forwards,
     restore_forwards,
 )
-from llm_perf_opt.session.decode import AroundStep, DecodeLoop, LoopOutput
+from llm_perf_opt.session.decode import AroundStep, DecodeLoop, EmbedInput, LoopOutput
 from llm_perf_opt.session.kv_cache import KvCaches, static_cache_error
 from llm_perf_opt.session.model_settings import ModelSettings
 from llm_perf_opt.session.output_check import OutputCheck, ReferenceOutput, ReferenceOutputs, compare_outputs
@@ -179,7 +179,9 @@ class PageResult:
     image_tokens: int
     tiles: int
     preprocess_ms: float  # this input's preprocessing
-    vision_ms: Mapping[str, float]  # this input's vision sub-stages (inputs run their vision one after the other)
+    # this input's vision sub-stages (inputs run their vision one after the other); with batched vision, an equal
+    # share of the batch's (`vision_shares`)
+    vision_ms: Mapping[str, float]
     vision_calls: Mapping[str, int]
     token_ids: tuple[int, ...]
     output_check: OutputCheck | None  # against this input run alone, eager, dynamic cache (runtime.output_check)
@@ -195,7 +197,7 @@ class BatchMeasurement(StagePassTimes):
 
     pages: tuple[PageResult, ...]
     stage_ms: Mapping[str, float]  # prefill (every input's vision + the batched decoder prefill), decode, decode/step,
-    # and each vision sub-stage summed over the inputs
+    # and each vision sub-stage summed over the inputs (with batched vision: the batch's own calls, once per batch)
     stage_calls: Mapping[str, int]
     decode_step_ms: tuple[float, ...]  # one per decode step of the whole batch
     padded_prompt_tokens: int  # prompt positions after left padding (the longest prompt)
@@ -283,6 +285,15 @@ def _totals(spans: Sequence[tuple[str, float]]) -> tuple[dict[str, float], dict[
     return totals, calls
 
 
+def vision_shares(
+    totals: Mapping[str, float], calls: Mapping[str, int], inputs: int
+) -> tuple[dict[str, float], dict[str, int]]:
+    """Each of `inputs` inputs' vision sub-stage times when they ran together (batched vision, or one input): an
+    equal share of the pass's (`totals` / `inputs`, so the inputs' times sum to the pass's), and the pass's calls."""
+    vision = {s: ms / inputs for s, ms in totals.items() if vocab.is_vision(s)}
+    return vision, {s: n for s, n in calls.items() if vocab.is_vision(s)}
+
+
 def batches(paths: Sequence[Path], batch_size: int) -> list[tuple[Path, ...]]:
     """`paths` in order, `batch_size` at a time; the last batch holds what is left (it may be smaller)."""
     if batch_size < 1:
@@ -320,6 +331,11 @@ class InferenceSession:
         adapter.bind_device(device, dtype)
         if runtime.kv_cache == "static" and (blocker := adapter.static_cache_blocker(self.model)):
             raise static_cache_error(blocker)
+        if runtime.batch_vision and (blocker := adapter.batch_vision_blocker(self.model)):
+            raise UserError(
+                f"runtime.batch_vision=true cannot run here: {blocker}",
+                "Set runtime.batch_vision=false (each input's vision then runs on its own)",
+            )
         self._recorder: StageRecorder | None = None
         self._input_recorders: list[StageRecorder] | None = None  # per input of a batch (its vision sub-stages)
         self._kept_embeds: dict[int, torch.Tensor] = {}  # input index -> its embeddings (`embeddings_kept`)
@@ -492,8 +508,12 @@ class InferenceSession:
         inside the model's forward)."""
         loop = self._loop
         grad_off = torch.no_grad() if loop.compiled or self._vision else torch.inference_mode()
+        indices = range(first, len(batch))
         with grad_off:
-            kept = {index: self._embed(index, prepared) for index, prepared in enumerate(batch) if index >= first}
+            if self._batches_vision(len(batch)):
+                kept = dict(zip(indices, self._embed_together([batch[i] for i in indices]), strict=True))
+            else:
+                kept = {index: self._embed(index, batch[index]) for index in indices}
         self._kept_embeds = kept
         try:
             yield
@@ -520,6 +540,33 @@ class InferenceSession:
             )
         return embeds
 
+    def _batches_vision(self, inputs: int) -> bool:
+        """Whether a pass of the session's own loop over `inputs` inputs runs their vision together."""
+        return self.runtime.batch_vision and inputs > 1
+
+    def _embed_together(self, batch: Sequence[PreparedInputs]) -> list[torch.Tensor]:
+        """Every input's embeddings, their vision views batched by shape (`runtime.batch_vision`); the vision
+        sub-stages are recorded once per view group, under the batch's recorder."""
+        embeds = self.adapter.embed_prompts(self.model, batch, self.runtime.vision_multiple)
+        assert embeds is not None, "the session refuses runtime.batch_vision for a model that cannot batch vision"
+        return embeds
+
+    def _batch_embedder(self, batch: Sequence[PreparedInputs]) -> EmbedInput:
+        """The loop's `embed` for a pass with batched vision: its first call embeds every input not kept
+        (`embeddings_kept`) together; each call then hands back its input's embeddings."""
+        embedded: dict[int, torch.Tensor] = {}
+
+        def embed(index: int, _prepared: PreparedInputs) -> torch.Tensor:
+            kept = self._kept_embeds.get(index)
+            if kept is not None:
+                return kept
+            if not embedded:
+                todo = [i for i in range(len(batch)) if i not in self._kept_embeds]
+                embedded.update(zip(todo, self._embed_together([batch[i] for i in todo]), strict=True))
+            return embedded[index]
+
+        return embed
+
     def _run_loop(
         self,
         batch: Sequence[PreparedInputs],
@@ -536,6 +583,8 @@ class InferenceSession:
         # inference tensors (a KV cache made under inference_mode) do not mix well.
         grad_off = torch.no_grad() if loop.compiled or self._vision else torch.inference_mode()
         eager_vision = eager_forwards(self._vision) if reference else nullcontext()
+        # The eager reference (FLOP counts, output checks) runs each input's vision on its own, unpadded.
+        embed = self._batch_embedder(batch) if not reference and self._batches_vision(len(batch)) else self._embed
         self._recorder = recorder
         try:
             with grad_off, eager_vision:
@@ -543,7 +592,7 @@ class InferenceSession:
                     batch,
                     max_new_tokens,
                     recorder,
-                    embed=self._embed,
+                    embed=embed,
                     around_step=around_step,
                     keep_logits=keep_logits,
                     keep_top2=keep_top2,
@@ -605,8 +654,8 @@ class InferenceSession:
         *,
         reference: bool = False,
     ) -> list[list[int]]:
-        """:meth:`generate` for several inputs in one batch (vision per input, the decoder batched with left
-        padding); the tokens of each input."""
+        """:meth:`generate` for several inputs in one batch (vision per input, or batched by view shape with
+        `runtime.batch_vision`; the decoder batched with left padding); the tokens of each input."""
         out = self._run_loop(batch, max_new_tokens, recorder, around_step, reference=reference)
         return [list(tokens) for tokens in out.tokens]
 
@@ -623,8 +672,8 @@ class InferenceSession:
 
     def run_batch(self, paths: Sequence[Path], max_new_tokens: int, *, nvtx: bool = True) -> BatchMeasurement:
         """One full pass over a batch of inputs (`paths`, at most `run.batch_size` of them; fewer for a last batch):
-        each preprocessed and its vision run one after the other, then the decoder's prefill and decode steps on
-        the whole batch."""
+        each preprocessed, and its vision run one after the other (or all together by view shape with
+        `runtime.batch_vision`), then the decoder's prefill and decode steps on the whole batch."""
         if not paths:
             raise ValueError("a batch needs at least one input")
         if self.device.type == "cuda":
@@ -643,26 +692,22 @@ class InferenceSession:
         compiled_before = len(self.compile_summary().events)
         if self.routing is not None:
             self.routing.begin_pass()
-        self._input_recorders = inputs if len(paths) > 1 else None
+        vision_apart = len(paths) > 1 and not self._batches_vision(len(paths))
+        self._input_recorders = inputs if vision_apart else None
         try:
             out = self._run_loop(batch, max_new_tokens, recorder, None, reference=False, keep_logits=self._keeps_logits)
         finally:
             self._input_recorders = None
         spans = recorder.spans_ms()
         totals, calls = _totals(spans)
-        if len(paths) > 1:
+        if vision_apart:
             per_input = [_totals(r.spans_ms()) for r in inputs]
             for vision_ms, vision_calls in per_input:
                 for stage, ms in vision_ms.items():
                     totals[stage] = totals.get(stage, 0.0) + ms
                     calls[stage] = calls.get(stage, 0) + vision_calls[stage]
-        else:  # one input: its vision ran under the batch recorder
-            per_input = [
-                (
-                    {s: ms for s, ms in totals.items() if vocab.is_vision(s)},
-                    {s: n for s, n in calls.items() if vocab.is_vision(s)},
-                )
-            ]
+        else:  # one input, or batched vision: the vision ran under the batch recorder; each input's is its share
+            per_input = [vision_shares(totals, calls, len(paths))] * len(paths)
         peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
         routing = self.routing.end_pass() if self.routing is not None else None
         compiled = self.compile_summary().events[compiled_before:]

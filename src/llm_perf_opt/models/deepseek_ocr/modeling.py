@@ -32,6 +32,10 @@ from transformers.models.deepseek_ocr2.modeling_deepseek_ocr2 import (
 
 from llm_perf_opt.models.cache_argument import accepted_cache, cache_kwargs, causal_lm_output, output_cache
 from llm_perf_opt.models.deepseek_ocr.configuration import DeepseekOcrConfig
+from llm_perf_opt.models.view_groups import encode_grouped
+
+#: One image's views: its global view (1, 3, S, S), its tiles (n, 3, s, s) or None, its crop grid (across, down).
+ImageViews = tuple[torch.Tensor, torch.Tensor | None, Sequence[int] | None]
 
 
 class DeepseekOcrClipEmbeddings(CLIPVisionEmbeddings):
@@ -111,18 +115,39 @@ class DeepseekOcrModel(nn.Module):
         """One image's feature sequence: [stitched tiles + newlines, global view + newlines, view separator]."""
         if pixel_values.shape[0] != 1:
             raise ValueError(f"one image per forward is supported, got a batch of {pixel_values.shape[0]} views")
+        tiles = None if pixel_values_local is None else self.encode_views(pixel_values_local)
+        return self._laid_out(tiles, self.encode_views(pixel_values), crop_grid)
+
+    def batch_image_features(self, images: Sequence[ImageViews], multiple: int = 1) -> list[torch.Tensor]:
+        """:meth:`image_features` of several images, their views encoded together by view shape (the global views
+        in one call, the tiles in another; `models.view_groups`, `multiple`: the groups' padding)."""
+        for pixel_values, _, _ in images:
+            if pixel_values.shape[0] != 1:
+                raise ValueError(f"one global view per image, got {pixel_values.shape[0]}")
+        stacks = [view for pixel_values, local, _ in images for view in (local, pixel_values)]
+        encoded = encode_grouped(stacks, self.encode_views, multiple)
+        out = []
+        for index, (_, _, crop_grid) in enumerate(images):
+            global_features = encoded[2 * index + 1]
+            assert global_features is not None
+            out.append(self._laid_out(encoded[2 * index], global_features, crop_grid))
+        return out
+
+    def _laid_out(
+        self, tiles: torch.Tensor | None, global_view: torch.Tensor, crop_grid: Sequence[int] | None
+    ) -> torch.Tensor:
+        """Encoded tiles (n, h2, w2, C) or None and the encoded global view (1, h, w, C) as the image's sequence."""
         parts = []
-        if pixel_values_local is not None:
+        if tiles is not None:
             if crop_grid is None:
                 raise ValueError("pixel_values_local needs crop_grid = (tiles across, tiles down)")
             across, down = (int(v) for v in crop_grid)
-            tiles = self.encode_views(pixel_values_local)  # (n, h2, w2, C)
             if tiles.shape[0] != across * down:
                 raise ValueError(f"{tiles.shape[0]} tiles do not fill a {across}x{down} crop grid")
             _, rows, cols, width = tiles.shape
             stitched = tiles.reshape(down, across, rows, cols, width).permute(0, 2, 1, 3, 4)
             parts.append(self._rows_with_newline(stitched.reshape(down * rows, across * cols, width)))
-        parts.append(self._rows_with_newline(self.encode_views(pixel_values)[0]))
+        parts.append(self._rows_with_newline(global_view[0]))
         parts.append(self.view_seperator.to(parts[-1].dtype).unsqueeze(0))
         return torch.cat(parts, dim=0)
 
@@ -151,10 +176,13 @@ class DeepseekOcrForConditionalGeneration(nn.Module):
         crop_grid: Sequence[int] | None = None,
     ) -> torch.Tensor:
         """Token embeddings with the image features (run here) scattered into the ``<image>`` positions."""
-        embeds = self.model.language_model.embed_tokens(input_ids)
         if pixel_values is None:
-            return embeds
-        features = self.model.image_features(pixel_values, pixel_values_local, crop_grid)
+            return self.model.language_model.embed_tokens(input_ids)
+        return self.scatter_features(input_ids, self.model.image_features(pixel_values, pixel_values_local, crop_grid))
+
+    def scatter_features(self, input_ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """Token embeddings of `input_ids` with one image's `features` in its ``<image>`` positions."""
+        embeds = self.model.language_model.embed_tokens(input_ids)
         placeholders = input_ids == self.config.image_token_id
         count = int(placeholders.sum())
         if count != features.shape[0]:

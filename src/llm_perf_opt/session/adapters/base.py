@@ -248,6 +248,19 @@ class ModelAdapter(ABC):
         batches of several inputs and a compiled prefill are not available."""
         return None
 
+    def embed_prompts(
+        self, model: nn.Module, batch: Sequence[PreparedInputs], multiple: int = 1
+    ) -> list[torch.Tensor] | None:
+        """:meth:`embed_prompt` of every input of `batch`, their vision views encoded together by view shape
+        (`runtime.batch_vision`; `multiple`: each view group padded to a multiple of it, `models.view_groups`), or
+        None when this model cannot batch its vision (:meth:`batch_vision_blocker` says why)."""
+        return None
+
+    def batch_vision_blocker(self, model: nn.Module) -> str | None:
+        """Why `model`'s vision cannot run batched (`runtime.batch_vision`), or None when :meth:`embed_prompts`
+        batches it."""
+        return f"the {self.settings.adapter} adapter runs the vision of one input at a time"
+
     def describe(self, model: nn.Module) -> ModelDescription:
         """Facts about the built model for the reports (implementations, sizes)."""
         config = getattr(model, "config", None)

@@ -230,6 +230,25 @@ class DeepseekOcrAdapter(ModelAdapter):
             inputs["input_ids"], inputs.get("pixel_values"), inputs.get("pixel_values_local"), inputs.get("crop_grid")
         )
 
+    def embed_prompts(
+        self, model: nn.Module, batch: Sequence[PreparedInputs], multiple: int = 1
+    ) -> list[torch.Tensor] | None:
+        if self.batch_vision_blocker(model) is not None:
+            return None
+        assert isinstance(model, DeepseekOcrForConditionalGeneration)
+        inputs = [prepared.model_inputs for prepared in batch]  # every page has its global view (`prepare`)
+        views = [(i["pixel_values"], i.get("pixel_values_local"), i.get("crop_grid")) for i in inputs]
+        features = model.model.batch_image_features(views, multiple)
+        return [model.scatter_features(i["input_ids"], f) for i, f in zip(inputs, features, strict=True)]
+
+    def batch_vision_blocker(self, model: nn.Module) -> str | None:
+        if isinstance(model, DeepseekOcrForConditionalGeneration):
+            return None
+        return (
+            "the vendor's own code (model.trust_remote_code=true) runs each page's vision inside its forward; set "
+            "model.trust_remote_code=false to run the same checkpoint through this project's implementation"
+        )
+
     def analytic_costs(
         self, model: nn.Module, prepared: PreparedInputs, new_tokens: int, dtype_bytes: int
     ) -> Mapping[str, Any] | None:

@@ -16,6 +16,7 @@ from transformers.models.deepseek_ocr2.image_processing_pil_deepseek_ocr2 import
 
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.models.deepseek_ocr2_views import ocr2_views
+from llm_perf_opt.models.view_groups import encode_grouped
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.stage1 import ModelFamily
 from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, PreparedInputs, PromptIds, load_tokenizer
@@ -199,14 +200,34 @@ class DeepseekOcr2Adapter(ModelAdapter):
         """Token embeddings with the page's vision features scattered into its image placeholders (as the model's
         own forward does)."""
         inputs = prepared.model_inputs
-        input_ids = inputs["input_ids"]
-        embeds: torch.Tensor = model.get_input_embeddings()(input_ids)
         vision = model.model.get_image_features(
             inputs["pixel_values"], inputs.get("pixel_values_local"), inputs.get("num_local_patches"), return_dict=True
         )
-        features = torch.cat(list(vision.pooler_output), dim=0).to(embeds.dtype)
-        placeholders = (input_ids == model.config.image_token_id).unsqueeze(-1)
-        return embeds.masked_scatter(placeholders, features)
+        return _scatter(model, inputs["input_ids"], torch.cat(list(vision.pooler_output), dim=0))
+
+    def embed_prompts(self, model: Any, batch: Sequence[PreparedInputs], multiple: int = 1) -> list[torch.Tensor]:
+        """The pages' views through the vision tower and projector together by view shape (the model's own
+        `get_image_features` lays each page out the same way: tiles, global view, view separator)."""
+        inner = model.model
+
+        def encode(views: torch.Tensor) -> torch.Tensor:
+            projected: torch.Tensor = inner.multi_modal_projector(inner.vision_tower(views).last_hidden_state)
+            return projected
+
+        inputs = [prepared.model_inputs for prepared in batch]
+        stacks = [view for i in inputs for view in (i.get("pixel_values_local"), i["pixel_values"])]
+        encoded = encode_grouped(stacks, encode, multiple)
+        separator = inner.view_separator.unsqueeze(0)
+        out = []
+        for index, page in enumerate(inputs):
+            views = [encoded[2 * index], encoded[2 * index + 1]]
+            parts = [v.reshape(-1, v.shape[-1]) for v in views if v is not None]
+            features = torch.cat([*parts, separator.to(parts[-1].device, parts[-1].dtype)], dim=0)
+            out.append(_scatter(model, page["input_ids"], features))
+        return out
+
+    def batch_vision_blocker(self, model: Any) -> str | None:
+        return None
 
     def analytic_costs(
         self, model: Any, prepared: PreparedInputs, new_tokens: int, dtype_bytes: int
@@ -243,3 +264,10 @@ class DeepseekOcr2Adapter(ModelAdapter):
             new_tokens=new_tokens,
             dtype_bytes=dtype_bytes,
         )
+
+
+def _scatter(model: Any, input_ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+    """Token embeddings of `input_ids` with one page's vision `features` in its image placeholders."""
+    embeds: torch.Tensor = model.get_input_embeddings()(input_ids)
+    placeholders = (input_ids == model.config.image_token_id).unsqueeze(-1)
+    return embeds.masked_scatter(placeholders, features.to(embeds.dtype))

@@ -158,7 +158,8 @@ def test_swept_keys_ignore_shared_overrides(tmp_path: Path) -> None:
 
 
 def test_a_failing_job_does_not_stop_the_sweep(tmp_path: Path) -> None:
-    """One job with a bad value fails cleanly; the other runs; the summary lists both."""
+    """One job with a bad value fails cleanly; the other runs; the summary lists both. (The launch check reads a
+    swept key's first value: the bad one comes second, so only its own job can refuse it.)"""
     sweep = tmp_path / "sweep"
     done = run_cli(
         "llm_perf_opt.cli.stage1",
@@ -166,7 +167,7 @@ def test_a_failing_job_does_not_stop_the_sweep(tmp_path: Path) -> None:
         "model=deepseek_ocr2_tiny",
         "device=cpu",
         "run.repeats=1",
-        "infer.max_new_tokens=0,2",
+        "infer.max_new_tokens=2,0",
         "pipeline/torch_profiler=min",
         "dataset.max_images=1",
         f"hydra.sweep.dir={sweep}",
@@ -175,14 +176,14 @@ def test_a_failing_job_does_not_stop_the_sweep(tmp_path: Path) -> None:
     assert done.returncode == SWEEP_FAILED_EXIT, done.stderr[-2000:]  # non-zero, after writing the summary
     assert "infer.max_new_tokens=0 is out of range" in done.stderr
     assert done.stderr.rstrip().endswith(
-        f"error: 1 of 2 sweep job(s) did not complete: job 0 (failed). {sweep / 'sweep_summary.md'} lists the "
+        f"error: 1 of 2 sweep job(s) did not complete: job 1 (failed). {sweep / 'sweep_summary.md'} lists the "
         "reason of each."
     )
     summary = json.loads((sweep / "sweep_summary.json").read_text())
     text = json.dumps(summary)
     assert "failed" in text and "infer.max_new_tokens=0 is out of range" in text
-    assert (sweep / "1" / "report.md").is_file()
+    assert (sweep / "0" / "report.md").is_file()
     # stdout's last line is the sweep summary's bare path, after each job's own summary
     lines = done.stdout.splitlines()
     assert lines[-1] == str(sweep / "sweep_summary.md")
-    assert str(sweep / "1" / "report.md") in lines
+    assert str(sweep / "0" / "report.md") in lines

@@ -48,7 +48,7 @@ def run_guarded(
     """
     try:
         if cfg is not None:
-            check_config(cfg)
+            _checked(cfg, run_dir)
         result = job()
     except KeyboardInterrupt as stop:
         _mark_failed(run_dir, f"{interrupts.cause(stop)} before the run could record it")
@@ -72,6 +72,18 @@ def run_guarded(
             return None
         sys.exit(code)
     return result
+
+
+def _checked(cfg: DictConfig, run_dir: Path | None) -> None:
+    """`check_config` on a job's config; a refused setting in a folder no run has claimed yet (a sweep's job, whose
+    folder the pipeline claims) claims it first, so that the folder is marked failed with the reason."""
+    try:
+        check_config(cfg)
+    except UserError:
+        if run_dir is not None and not (Path(run_dir) / artifacts.STATUS_FILE).exists():
+            with contextlib.suppress(UserError, OSError):
+                artifacts.claim(run_dir, stage=str(cfg.get("stage", "run")))
+        raise
 
 
 def _end_bug(exc: Exception, run_dir: Path | None) -> int:

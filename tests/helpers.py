@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import importlib
+import io
+import logging
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -16,6 +22,58 @@ def run_cli(module: str, *args: str, timeout: int = 300) -> subprocess.Completed
     return subprocess.run(
         [sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=timeout, check=False
     )
+
+
+def run_main(module: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """The console script `module`'s `main()` run in this process with `args` as its command line: exit code, stdout
+    and stderr as `run_cli` gives them, without the seconds a child process spends importing torch and transformers.
+
+    For tests of what a command decides before it measures anything (bad input refused in one paragraph, the folder
+    marked); the real entry point's contract (a child process, its exit code) keeps its own `run_cli` tests. What a
+    command changes in this process (argv, signal handlers, logging handlers, cwd, environment, torch's thread count)
+    is put back; an exception a child would die of is raised here (the test fails with its traceback)."""
+    import torch
+
+    main = importlib.import_module(module).main
+    saved_argv, saved_cwd, saved_env = sys.argv, os.getcwd(), dict(os.environ)
+    saved_signals = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    loggers = [logging.getLogger(), *(logging.getLogger(name) for name in list(logging.root.manager.loggerDict))]
+    saved_logging = {log: (list(log.handlers), log.level, log.propagate, log.disabled) for log in loggers}
+    saved_threads = torch.get_num_threads()
+    stdout, stderr = io.StringIO(), io.StringIO()
+    code: int | str | None = 0
+    sys.argv = [module, *args]
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                main()
+            except SystemExit as ended:
+                code = ended.code
+    finally:
+        sys.argv = saved_argv
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        for signum, handler in saved_signals.items():
+            signal.signal(signum, handler)
+        _restore_logging(saved_logging)
+        torch.set_num_threads(saved_threads)
+    if isinstance(code, str):  # sys.exit("message"): the message on stderr, exit 1
+        stderr.write(f"{code}\n")
+        code = 1
+    return subprocess.CompletedProcess([module, *args], code or 0, stdout.getvalue(), stderr.getvalue())
+
+
+def _restore_logging(saved: dict[logging.Logger, tuple[list[logging.Handler], int, bool, bool]]) -> None:
+    """Loggers as they were before a command configured logging (Hydra's job logging); its own handlers closed."""
+    for log in [logging.getLogger(), *(logging.getLogger(name) for name in list(logging.root.manager.loggerDict))]:
+        handlers, level, propagate, disabled = saved.get(log, ([], logging.NOTSET, True, False))
+        for handler in log.handlers:
+            if handler not in handlers:
+                handler.close()
+        log.handlers[:] = handlers
+        log.setLevel(level)
+        log.propagate, log.disabled = propagate, disabled
 
 
 FIXTURES = Path(__file__).parent / "fixtures"

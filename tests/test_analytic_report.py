@@ -14,7 +14,7 @@ from PIL import Image
 from transformers import DeepseekOcr2Config
 
 import llm_perf_opt.conf
-from helpers import run_cli
+from helpers import run_cli, run_main
 from llm_perf_opt.analytic.workload import MeasuredInput, RunWorkload
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.config_data import plain
@@ -147,9 +147,7 @@ def test_workload_of_another_model_is_refused_in_one_paragraph(tmp_path: Path) -
     with pytest.raises(UserError, match=r"this command runs model=deepseek_ocr2\. Leave model= out"):
         check_workload_model(compose_config("stage1", "model=deepseek_ocr2", "workload=ocr1-snippet"))
     out = tmp_path / "an"
-    done = run_cli(
-        "llm_perf_opt.cli.analytic", "model=deepseek_ocr", "workload=ocr2-receipt", f"hydra.run.dir={out}", timeout=120
-    )
+    done = run_main("llm_perf_opt.cli.analytic", "model=deepseek_ocr", "workload=ocr2-receipt", f"hydra.run.dir={out}")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     error = done.stderr.strip().splitlines()[-1]
     assert error.startswith("error: workload=ocr2-receipt is written for model=deepseek_ocr2")

@@ -14,7 +14,7 @@ import yaml
 from PIL import Image
 from transformers import AutoModelForCausalLM
 
-from helpers import rope_table_flops, run_cli
+from helpers import rope_table_flops, run_cli, run_main
 from hf_fixtures import LLAVA_IMAGE_TOKENS, preset_config, save_tiny_llava
 from llm_perf_opt.analytic.dense import DenseSpec, decode, prefill
 from llm_perf_opt.config_compose import compose_config
@@ -205,7 +205,7 @@ def test_bad_input_fails_cleanly_before_building(tmp_path: Path, overrides: list
         for o in overrides
     ]
     out = tmp_path / "run"
-    done = stage1("model=hf", *FAST, *overrides, f"hydra.run.dir={out}")
+    done = run_main("llm_perf_opt.cli.stage1", "model=hf", *FAST, *overrides, f"hydra.run.dir={out}")
     if not needles:  # the bundled samples named explicitly are the default dataset: replaced, not an error
         assert done.returncode == 0, done.stderr[-3000:]
         assert read(out, "inputs.yaml")["kind"] == "text"
@@ -237,7 +237,7 @@ def test_stage2_forwards_the_hf_overrides(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_analytic_report_refuses_model_hf(tmp_path: Path) -> None:
     out = tmp_path / "analytic"
-    done = run_cli("llm_perf_opt.cli.analytic", "model=hf", "model.config=qwen2_tiny", f"hydra.run.dir={out}")
+    done = run_main("llm_perf_opt.cli.analytic", "model=hf", "model.config=qwen2_tiny", f"hydra.run.dir={out}")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "analytic-report has no static model of qwen2_tiny" in done.stderr and "stage1-run" in done.stderr
     assert read(out, "run_status.json")["state"] == "failed"

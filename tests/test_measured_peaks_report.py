@@ -8,7 +8,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from helpers import run_cli
+from helpers import run_cli, run_main
 from llm_perf_opt.records.common import PeakFigure
 from llm_perf_opt.records.folders import load_stage1_metrics
 from llm_perf_opt.records.stage1 import MeasuredPeaks
@@ -38,7 +38,7 @@ def test_report_shows_both_denominators() -> None:
 
 @pytest.mark.slow
 def test_peaks_setting_is_checked_and_cpu_keeps_the_datasheet(tmp_path: Path) -> None:
-    bad = run_cli(
+    bad = run_main(
         "llm_perf_opt.cli.stage1",
         "model=deepseek_ocr_tiny",
         "hardware.peaks=fastest",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import run_cli
+from helpers import run_cli, run_main
 from llm_perf_opt.pipeline.stage1 import render
 from llm_perf_opt.records import io
 from llm_perf_opt.records.folders import Stage1Folder, load, load_stage1_metrics
@@ -98,5 +98,5 @@ def test_stage1_report_rebuilds_a_copied_folder(tmp_path: Path) -> None:
     done = run_cli("llm_perf_opt.cli.stage1_report", str(folder))
     assert done.returncode == 0, done.stderr
     assert (folder / "report.md").read_text() == (RUN / "report.md").read_text()
-    missing = run_cli("llm_perf_opt.cli.stage1_report", str(tmp_path / "nothing"))
+    missing = run_main("llm_perf_opt.cli.stage1_report", str(tmp_path / "nothing"))
     assert missing.returncode == 2 and "is not a folder" in missing.stderr

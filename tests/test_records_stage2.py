@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from helpers import run_cli
+from helpers import run_main
 from llm_perf_opt.pipeline.stage2 import render
 from llm_perf_opt.records import folders
 from llm_perf_opt.records.folders import CAPTURE_FILE, METRICS_FILE, NCU_TARGETS_FILE, Stage2Folder
@@ -93,7 +93,7 @@ def test_a_damaged_capture_names_the_file(rendered: Path, tmp_path: Path) -> Non
         folders.load_capture(copy)
     with pytest.raises(RecordError, match=re.escape(str(copy / CAPTURE_FILE))):
         render(copy)
-    done = run_cli("llm_perf_opt.cli.stage2_report", str(copy), timeout=120)
+    done = run_main("llm_perf_opt.cli.stage2_report", str(copy))
     assert done.returncode == 2 and "capture.json" in done.stderr and "Traceback" not in done.stderr
 
 

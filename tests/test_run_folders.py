@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from helpers import run_cli
+from helpers import run_main
 from llm_perf_opt import artifacts
 from llm_perf_opt.artifacts import ArtifactsManager, OutputWriteError, mark_failed, read_status
 from llm_perf_opt.cli.common import run_guarded
@@ -171,11 +171,11 @@ def test_read_only_run_dir_is_one_paragraph(inside: bool, tmp_path: Path) -> Non
 @pytest.mark.slow
 def test_refused_reuse_keeps_the_previous_run_and_its_hydra_folder(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    first = run_cli("llm_perf_opt.cli.stage1", *TINY_RUN, "dataset.root=/nonexistent", f"hydra.run.dir={run_dir}")
+    first = run_main("llm_perf_opt.cli.stage1", *TINY_RUN, "dataset.root=/nonexistent", f"hydra.run.dir={run_dir}")
     assert first.returncode == 2
     before = {p.relative_to(run_dir): (p.read_bytes(), p.stat().st_mtime_ns) for p in run_dir.rglob("*") if p.is_file()}
     assert Path(".hydra/overrides.yaml") in before
-    second = run_cli("llm_perf_opt.cli.stage1", *TINY_RUN, "run.repeats=3", f"hydra.run.dir={run_dir}")
+    second = run_main("llm_perf_opt.cli.stage1", *TINY_RUN, "run.repeats=3", f"hydra.run.dir={run_dir}")
     assert second.returncode == 2
     assert "already holds a failed run; it was left untouched" in second.stderr
     assert "Traceback" not in second.stderr
@@ -192,7 +192,7 @@ def test_a_sweep_folder_holding_runs_is_refused(tmp_path: Path) -> None:
     )
     (sweep / "0" / ".hydra").mkdir()
     (sweep / "0" / ".hydra" / "overrides.yaml").write_text("- run.repeats=1\n")
-    done = run_cli("llm_perf_opt.cli.stage1", "-m", *TINY_RUN, "run.repeats=1,2", f"hydra.sweep.dir={sweep}")
+    done = run_main("llm_perf_opt.cli.stage1", "-m", *TINY_RUN, "run.repeats=1,2", f"hydra.sweep.dir={sweep}")
     assert done.returncode == 2
     assert f"the run folder {sweep / '0'} already holds a complete run" in done.stderr
     assert (sweep / "0" / ".hydra" / "overrides.yaml").read_text() == "- run.repeats=1\n"

@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from helpers import run_cli
+from helpers import run_cli, run_main
 from llm_perf_opt.data.dataset import bundled_samples_dir
 from llm_perf_opt.records.common import SCHEMA_VERSION
 
@@ -209,7 +209,9 @@ def test_bad_input_fails_cleanly(overrides: list[str], needle: str, tmp_path: Pa
         for o in overrides
     ]
     out = tmp_path / "run"
-    done = stage1(*TINY, "device=cpu", f"dataset.root={pages}", *overrides, f"hydra.run.dir={out}")
+    done = run_main(
+        "llm_perf_opt.cli.stage1", *TINY, "device=cpu", f"dataset.root={pages}", *overrides, f"hydra.run.dir={out}"
+    )
     assert done.returncode == 2, done.stderr[-2000:]
     assert "error:" in done.stderr and needle in done.stderr
     assert "Traceback" not in done.stderr

@@ -12,7 +12,7 @@ import attrs
 import pytest
 from omegaconf import DictConfig
 
-from helpers import run_cli, unpack_nsys_fixture
+from helpers import run_cli, run_main, unpack_nsys_fixture
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.override_text import quoted_override
@@ -192,7 +192,7 @@ def test_rerender_command_on_a_copied_folder(tmp_path: Path) -> None:
 def test_render_rejects_a_folder_without_exports(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="not a complete Stage 2 folder"):
         render(tmp_path)
-    done = run_cli("llm_perf_opt.cli.stage2_report", str(tmp_path), timeout=120)
+    done = run_main("llm_perf_opt.cli.stage2_report", str(tmp_path))
     assert done.returncode == 2 and "nsys/report.sqlite" in done.stderr
 
 
@@ -203,7 +203,7 @@ def test_stage2_without_gpu_fails_cleanly(tmp_path: Path) -> None:
     if torch.cuda.is_available():
         pytest.skip("checks the no-GPU error")
     out = tmp_path / "s2"
-    done = run_cli("llm_perf_opt.cli.stage2", "model=deepseek_ocr2_tiny", f"hydra.run.dir={out}", timeout=120)
+    done = run_main("llm_perf_opt.cli.stage2", "model=deepseek_ocr2_tiny", f"hydra.run.dir={out}")
     assert done.returncode == 2
     assert "GPU" in done.stderr and "Traceback" not in done.stderr
     status = read_status(out)
@@ -344,9 +344,7 @@ def test_decode_advice_knows_the_step_already_replays_a_cuda_graph() -> None:
 def test_stage2_refuses_a_bad_batch_size_before_profiling(tmp_path: Path) -> None:
     """run.batch_size ≤ 0 is one paragraph naming the key (exit 2, folder failed) before any Nsight tool runs."""
     out = tmp_path / "s2"
-    done = run_cli(
-        "llm_perf_opt.cli.stage2", "model=deepseek_ocr2_tiny", "run.batch_size=0", f"hydra.run.dir={out}", timeout=120
-    )
+    done = run_main("llm_perf_opt.cli.stage2", "model=deepseek_ocr2_tiny", "run.batch_size=0", f"hydra.run.dir={out}")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "run.batch_size" in done.stderr
     assert read_status(out).state == "failed"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import preset_dir, run_whatif, wait_for_log
+from helpers import preset_dir, run_main, run_whatif, wait_for_log
 from llm_perf_opt.measure.outputs import load_top_two
 from llm_perf_opt.records.folders import load_stage1, read_status
 from llm_perf_opt.records.io import load_file
@@ -252,7 +252,9 @@ def test_a_lever_name_that_is_a_path_is_refused_before_any_rung(tmp_path: Path) 
     preset = f"name: evil\nobjective: decode_ms_per_token\nlevers:\n  {escaping}:\n    overrides: [run.warmup=0]\n"
     config = preset_dir(tmp_path / "levers", "evil", preset)
     out = tmp_path / "a" / "b" / "run"
-    done = whatif(config, "whatif=evil", *WORKLOAD, f"hydra.run.dir={out}")
+    done = run_main(
+        "llm_perf_opt.cli.whatif", "--config-dir", str(config), "whatif=evil", *WORKLOAD, f"hydra.run.dir={out}"
+    )
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.strip().endswith(
         f"error: the lever '{escaping}' has a name that cannot name its rung's folder and log: a lever name takes "

@@ -4,14 +4,12 @@ the frontier, the `whatif.objective` setting, paths kept out of whatif.md, and r
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import attrs
 import pytest
 
-from helpers import measured_energy
+from helpers import measured_energy, run_main
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure import whatif as w
@@ -255,12 +253,7 @@ def test_the_objective_setting_picks_the_headline_goal(tmp_path: Path) -> None:
 
 
 def test_an_unknown_objective_ends_perf_whatif_with_exit_2(tmp_path: Path) -> None:
-    run = subprocess.run(
-        [sys.executable, "-m", "llm_perf_opt.cli.whatif", "whatif.objective=speed", f"hydra.run.dir={tmp_path / 'w'}"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    run = run_main("llm_perf_opt.cli.whatif", "whatif.objective=speed", f"hydra.run.dir={tmp_path / 'w'}")
     assert run.returncode == 2, run.stderr
     assert "whatif.objective=speed is not known" in run.stderr and "page_latency" in run.stderr
     assert "Traceback" not in run.stderr

@@ -12,7 +12,7 @@ import attrs
 import pytest
 from PIL import Image
 
-from helpers import FIXTURES, run_cli
+from helpers import FIXTURES, run_cli, run_main
 from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.pipeline.stage1 import render
 from llm_perf_opt.records.folders import WHATIF_FILE, load_stage1_metrics
@@ -285,7 +285,7 @@ def test_stage1_report_cites_the_whatif_folder_given(tmp_path: Path) -> None:
     assert "static_cache + cuda_graphs cut decode ms/token (p50) from 24.80 to 1.57 ms/token" in cited
     assert "Did not help (measured): grouped_mm" in cited
     assert "by what-if run `20250101-120000-abcdef`" in (folder / "stakeholder_summary.md").read_text()
-    missing = run_cli("llm_perf_opt.cli.stage1_report", str(folder), "--whatif", str(tmp_path / "nowhere"))
+    missing = run_main("llm_perf_opt.cli.stage1_report", str(folder), "--whatif", str(tmp_path / "nowhere"))
     assert missing.returncode == 2 and "holds no whatif.json" in missing.stderr
 
 
@@ -307,7 +307,7 @@ def test_stage1_run_accepts_report_whatif_dir_and_refuses_a_bad_one_before_measu
     from llm_perf_opt.override_keys import check_override_keys
 
     check_override_keys("stage1", ["report.whatif_dir=/somewhere"], command="stage1-run")
-    done = run_cli(
+    done = run_main(
         "llm_perf_opt.cli.stage1",
         "model=deepseek_ocr_tiny",
         "device=cpu",

@@ -8,12 +8,14 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from llm_perf_opt.config_compose import compose_config
+from llm_perf_opt.pipeline import rung_forks
 from llm_perf_opt.pipeline.rung_forks import COMPILE_PRELOAD, ForkServer, StartingServer
 from llm_perf_opt.pipeline.whatif import rungs_compile
 
@@ -215,3 +217,29 @@ def test_a_killed_what_if_run_takes_its_server_and_rungs_with_it(tmp_path: Path)
     for pid in left:  # not left behind by a failing test
         os.kill(pid, signal.SIGKILL)
     assert not left, f"still running after the what-if run was killed: {left} of server, forked, fresh {pids}"
+
+
+def test_a_cuda_initialisation_during_the_imports_is_named_by_its_caller() -> None:
+    """The server names where a CUDA context came from when it must refuse (a CPU stand-in for `torch._C`)."""
+
+    class FakeC:
+        calls = 0
+
+        @classmethod
+        def _cuda_init(cls) -> None:
+            cls.calls += 1
+
+    fake_torch = types.SimpleNamespace(_C=FakeC)
+    real = FakeC._cuda_init
+
+    def an_import_that_initialises_cuda() -> None:
+        fake_torch._C._cuda_init()
+
+    with rung_forks._cuda_init_watched(fake_torch) as where:
+        an_import_that_initialises_cuda()
+        an_import_that_initialises_cuda()
+    assert FakeC.calls == 2 and len(where) == 1  # the first caller only
+    assert where[0].startswith("test_rung_forks.py:") and "an_import_that_initialises_cuda" in where[0]
+    assert fake_torch._C._cuda_init == real  # restored after the imports
+    with rung_forks._cuda_init_watched(types.SimpleNamespace(_C=object())) as none:  # a CPU build: nothing to watch
+        assert none == []

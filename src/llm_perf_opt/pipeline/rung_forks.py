@@ -27,7 +27,8 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+import traceback
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -59,16 +60,18 @@ def _serve(argv: Sequence[str] = ()) -> None:
         signal.signal(signum, signal.SIG_IGN)
     parent = os.getppid()  # the what-if run: the server dies with it (PR_SET_PDEATHSIG, set when it was started)
     compile_preloaded = Path(argv[argv.index(COMPILES_FLAG) + 1]) if COMPILES_FLAG in argv else None
+    name = PRELOAD[0]
     try:
-        for name in PRELOAD:
-            importlib.import_module(name)
+        torch = importlib.import_module(name)
+        with _cuda_init_watched(torch) as initialised_at:
+            for name in PRELOAD[1:]:
+                importlib.import_module(name)
     except Exception as exc:  # noqa: BLE001 - reported to the what-if run, which starts fresh processes instead
         _say({"error": f"importing {name} failed: {type(exc).__name__}: {exc}"})
         return
-    import torch
-
     if torch.cuda.is_initialized():
-        _say({"error": "a CUDA context exists after the imports: rungs cannot be forked from this process"})
+        where = f" (initialised at {initialised_at[0]})" if initialised_at else ""
+        _say({"error": f"a CUDA context exists after the imports{where}: rungs cannot be forked from this process"})
         return
     _say({READY: os.getpid()})
     children: set[int] = set()
@@ -96,6 +99,29 @@ def _serve(argv: Sequence[str] = ()) -> None:
             if done:
                 children.discard(pid)
                 _say({"exit": [pid, os.waitstatus_to_exitcode(status)]})
+
+
+@contextlib.contextmanager
+def _cuda_init_watched(torch: Any) -> Iterator[list[str]]:
+    """Where CUDA is first initialised inside the block (`torch._C._cuda_init`'s first caller, its innermost frames),
+    so that a server refused for a CUDA context names the import that made it; the list stays empty while none is."""
+    seen: list[str] = []
+    real = getattr(torch._C, "_cuda_init", None)
+    if real is None:
+        yield seen
+        return
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        if not seen:
+            frames = traceback.extract_stack()[:-1][-6:]
+            seen.append(" <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(frames)))
+        return real(*args, **kwargs)
+
+    torch._C._cuda_init = recording
+    try:
+        yield seen
+    finally:
+        torch._C._cuda_init = real
 
 
 def _kill_groups(children: set[int]) -> None:

@@ -10,9 +10,9 @@ import pytest
 
 from llm_perf_opt.cli import stage1 as stage1_cli
 from llm_perf_opt.cli import whatif as whatif_cli
+from llm_perf_opt.compile_options import compile_options
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.errors import UserError
-from llm_perf_opt.session.runtime import compile_options
 from llm_perf_opt.settings_schema import check_config
 
 TINY = "model=deepseek_ocr_tiny"

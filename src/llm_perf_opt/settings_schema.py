@@ -281,7 +281,7 @@ def check_settings(select: Select) -> None:
     _check_decode_length(select)
     options = select("runtime.compile_options")
     if options not in (MISSING, None, {}):
-        from llm_perf_opt.session.runtime import compile_options  # (imports torch's inductor: only when set)
+        from llm_perf_opt.compile_options import compile_options  # (imports torch's inductor: only when set)
 
         compile_options(options)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -91,3 +92,15 @@ def _decode_step_flops(session: Any, cached: int) -> int:
 def decode_step_flops() -> Callable[[Any, int], int]:
     """`decode_step_flops(session, cached)`: counted FLOPs of one decode step over a `cached`-long KV cache."""
     return _decode_step_flops
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored() -> Any:
+    """The root logger's handlers and level as they were before each test: a test that runs a Hydra entry point in
+    its own process leaves Hydra's handlers there, writing to the streams pytest captured for that test, and a later
+    test's log lines would then go to a closed stream ("--- Logging error ---" on its stderr)."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)

@@ -342,10 +342,10 @@ def test_decode_advice_knows_the_step_already_replays_a_cuda_graph() -> None:
 
 
 def test_stage2_refuses_a_bad_batch_size_before_profiling(tmp_path: Path) -> None:
-    """run.batch_size ≤ 0 is one paragraph naming the key (exit 2, folder failed) before any Nsight tool runs."""
+    """run.batch_size ≤ 0 is one paragraph naming the key (exit 2) when the config is composed: no folder is made,
+    no Nsight tool runs."""
     out = tmp_path / "s2"
     done = run_main("llm_perf_opt.cli.stage2", "model=deepseek_ocr2_tiny", "run.batch_size=0", f"hydra.run.dir={out}")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "run.batch_size" in done.stderr
-    assert read_status(out).state == "failed"
-    assert not (out / "nsys").exists()
+    assert not out.exists()

@@ -32,10 +32,15 @@ def sets_key(overrides: Iterable[str], key: str) -> bool:
     return any(override_key(o) == key for o in overrides)
 
 
+_PLAIN_PATH = re.compile(r"[A-Za-z0-9_.@+-]*/[A-Za-z0-9_./@+-]*")  # ASCII, a slash, nothing Hydra's grammar reads
+
+
 def quoted(value: str | Path) -> str:
-    """`value` in single quotes as Hydra's override grammar reads it back unchanged, whatever it holds (a space, a
-    non-ASCII letter, `,`, `=`, a quote): a quote and the backslashes before it, or before the closing quote,
-    escaped."""
+    """`value` as Hydra's override grammar reads it back unchanged, whatever it holds: a plain ASCII path bare, anything
+    else (a space, a non-ASCII letter, `,`, `=`, a quote) in single quotes, a quote and the backslashes before it, or
+    before the closing quote, escaped."""
+    if _PLAIN_PATH.fullmatch(str(value)):  # a plain path reads back as it is: left bare, as a user would type it
+        return str(value)
     text = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", str(value))
     text = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, text)
     return f"'{text}'"

@@ -4,7 +4,7 @@ rendered from `Stage1Metrics.pages` (`measure.throughput`)."""
 from __future__ import annotations
 
 from llm_perf_opt.records.common import Summary
-from llm_perf_opt.records.stage1 import PAGE_PREPROCESS, PageThroughput
+from llm_perf_opt.records.stage1 import PAGE_PREPROCESS, PAGE_VISION, PageThroughput
 from llm_perf_opt.report.markdown import Doc, ms, pct
 
 SECONDS_PER_DAY = 86_400
@@ -84,9 +84,13 @@ def parts_table(doc: Doc, p: PageThroughput, noun: str) -> None:
         for x in p.parts
     ]
     doc.table([f"part (batch {p.batch_size})", f"ms per {noun[:-1]}", "share", "floor (ms)", "× floor"], rows)
+    images = any(x.part == PAGE_VISION for x in p.parts)
+    split = (
+        "; the language model's prefill is the prefill less the vision sub-stages (merging included)" if images else ""
+    )
     doc.para(
-        f"Each part's time in a pass divided by the {noun} the pass holds, median over {_passes(p)}; the language "
-        "model's prefill is the prefill less the vision sub-stages (merging included). Floor: the analytic speed of "
-        "light of the same work (counted FLOPs at the dense peak or priced bytes at the peak bandwidth, whichever is "
-        "longer); a decode floor falls as the batch grows, since a step reads the weights once for every page in it."
+        f"Each part's time in a pass divided by the {noun} the pass holds, median over {_passes(p)}{split}. Floor: "
+        "the analytic speed of light of the same work (counted FLOPs at the dense peak or priced bytes at the peak "
+        "bandwidth, whichever is longer); a decode floor falls as the batch grows, since a step reads the weights "
+        f"once for every {noun[:-1]} in it."
     )

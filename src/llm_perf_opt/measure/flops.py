@@ -289,11 +289,21 @@ def _agree(priced: StageFlops, counted: StageFlops, new_tokens: int = 64) -> boo
     )
 
 
+def _differences(a: StageFlops, b: StageFlops) -> str:
+    """Which figures of two counts differ, by how much (relative), for the log."""
+    pairs = {"prefill": (a.prefill, b.prefill), "decode, 64 tokens": (a.decode_total(64), b.decode_total(64))}
+    pairs.update({stage: (a.vision.get(stage, 0.0), value) for stage, value in b.vision.items()})
+    out = [f"{k} {x / y - 1:+.2e}" for k, (x, y) in pairs.items() if y and abs(x - y) > _AGREE * max(abs(x), abs(y))]
+    if a.prompt_tokens != b.prompt_tokens:
+        out.append(f"prompt tokens {a.prompt_tokens} against {b.prompt_tokens}")
+    return ", ".join(out) or "within rounding"
+
+
 class FlopCounts:
     """A run's FLOP counts by input signature: an input (or batch) whose shapes were counted already reuses that
     count instead of counting again (each count is an untimed pass under the FLOP counter, seconds on a full-size
-    model); a batch of one shape is that many times one input; and where the model's analytic model equalled the
-    count of the run's first input, other shapes are priced by it instead of counted."""
+    model); a batch of one shape is that many times one input where a batch of two was twice one input; and where
+    the model's analytic model equalled the count of the run's first input, other shapes are priced by it."""
 
     def __init__(self) -> None:
         self._counted: dict[Hashable, tuple[str, StageFlops]] = {}
@@ -301,18 +311,15 @@ class FlopCounts:
         self.reused = 0  # counts taken from an input of the same shapes
         self.priced = 0  # counts priced by the analytic model
         self.analytic_agrees: bool | None = None  # None until the first count was checked against the analytic model
+        self.scaling_exact: bool | None = None  # None until a batch of two of one shape was checked against one input
 
     def count(self, session: Any, prepared: Any, name: str, doing: str = "counting FLOPs (untimed)") -> StageFlops:
         """The FLOPs of `prepared` (named `name` in the log): counted (`doing` logged), reused from the first input
         of the same signature, or priced by the analytic model once it equalled a count."""
         if isinstance(prepared, Sequence) and len(prepared) > 1 and len({input_signature(p) for p in prepared}) == 1:
-            # A batch of one shape (run.fill_batches, or pages of one size): equal prompts, no padding, so the
-            # batch is exactly that many times one input, whose count is seconds where the batch's is minutes.
-            one = self.count(session, prepared[0], f"{name}, one input", doing)
-            log.info(
-                "%s: %d inputs of the same shapes: %d × one input's FLOP count", name, len(prepared), len(prepared)
-            )
-            return one.scaled(len(prepared))
+            scaled = self._scaled(session, prepared, name, doing)
+            if scaled is not None:
+                return scaled
         signature = input_signature(prepared)
         known = self._counted.get(signature)
         if known is not None:
@@ -331,5 +338,31 @@ class FlopCounts:
         if self.analytic_agrees is None and (priced := priced_stage_flops(session, prepared)) is not None:
             self.analytic_agrees = _agree(priced, flops)
             if not self.analytic_agrees:
-                log.info("%s: the analytic model's FLOPs differ from the count: every input shape is counted", name)
+                log.info(
+                    "%s: the analytic model's FLOPs differ from the count (%s): every input shape is counted",
+                    name,
+                    _differences(priced, flops),
+                )
         return flops
+
+    def _scaled(self, session: Any, batch: Sequence[Any], name: str, doing: str) -> StageFlops | None:
+        """A batch of one shape (run.fill_batches, or pages of one size: equal prompts, no padding) as that many times
+        one input's count, seconds where the batch's count is minutes, once a batch of two counted equals twice one
+        input (checked on the run's first such batch); None where it did not, and the batch is counted."""
+        one = self.count(session, batch[0], f"{name}, one input", doing)
+        if self.scaling_exact is None:
+            log.info("%s: counting two of its inputs as a batch, to check that a batch is that many times one", name)
+            pair = count_stage_flops(session, list(batch[:2]))
+            self.counted += 1
+            self._counted[input_signature(list(batch[:2]))] = (f"{name}, two inputs", pair)
+            self.scaling_exact = _agree(one.scaled(2), pair)
+            if not self.scaling_exact:
+                log.info(
+                    "%s: a batch of two is not twice one input (%s): batches are counted",
+                    name,
+                    _differences(one.scaled(2), pair),
+                )
+        if not self.scaling_exact:
+            return None
+        log.info("%s: %d inputs of one shape: %d × one input's FLOP count", name, len(batch), len(batch))
+        return one.scaled(len(batch))

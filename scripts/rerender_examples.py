@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from llm_perf_opt.artifacts import ArtifactsManager
-from llm_perf_opt.pipeline import stage1, stage2
+from llm_perf_opt.pipeline import stage1_render, stage2
 from llm_perf_opt.records.folders import METRICS_FILE, WHATIF_FILE, load_whatif
 from llm_perf_opt.report import whatif_report
 
@@ -53,7 +53,7 @@ def _render_whatif(example: Path) -> None:
     for rung in rungs:
         if not (rung / METRICS_FILE).is_file():
             raise SystemExit(f"{rung}: no {METRICS_FILE}: an example ships a rung with its records or not at all")
-        stage1.render(rung, images=False)  # cites the what-if folder it lies in
+        stage1_render.render(rung, images=False)  # cites the what-if folder it lies in
     art = ArtifactsManager(example, stage="whatif")
     art.written.append(WHATIF_FILE)  # the record, as the runner writes it before the report
     whatif_report.write_all(art, load_whatif(example))

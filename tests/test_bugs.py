@@ -106,7 +106,7 @@ def test_a_bug_in_a_run_is_one_paragraph_exit_1_and_a_failed_folder(
 @pytest.mark.parametrize(
     ("main", "planted", "folder"),
     [
-        (stage1_report.main, "llm_perf_opt.pipeline.stage1.render", FIXTURES / "runs" / "cpu_tiny_v1_stage1"),
+        (stage1_report.main, "llm_perf_opt.pipeline.stage1_render.render", FIXTURES / "runs" / "cpu_tiny_v1_stage1"),
         (stage2_report.main, "llm_perf_opt.pipeline.stage2.render", FIXTURES / "compare" / "s2_light"),
         (compare.main, "llm_perf_opt.cli.compare.write_comparison", None),
     ],

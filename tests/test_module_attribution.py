@@ -14,7 +14,6 @@ from torch.autograd import DeviceType
 from llm_perf_opt.measure import torch_profiler as tp
 from llm_perf_opt.measure.module_attribution import (
     MODULE_RANGES,
-    PROVENANCE_METHOD_NAME,
     Interval,
     attribute,
     cpu_launches,
@@ -24,7 +23,13 @@ from llm_perf_opt.measure.module_changes import held_by, module_changes
 from llm_perf_opt.measure.module_floors import ModuleResolver, fold, module_attribution
 from llm_perf_opt.measure.module_ranges import module_ranges
 from llm_perf_opt.records.io import converter, to_plain
-from llm_perf_opt.records.modules import ModuleAttribution, ModuleFloorRow, ModuleTimes, StageModules
+from llm_perf_opt.records.modules import (
+    PROVENANCE_METHOD_NAME,
+    ModuleAttribution,
+    ModuleFloorRow,
+    ModuleTimes,
+    StageModules,
+)
 from llm_perf_opt.report.modules_report import changes_waterfall, modules_md, modules_plot
 
 

@@ -4,12 +4,14 @@ round-trips exactly, and re-renders its reports byte for byte; bad files fail wi
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from helpers import run_cli, run_main
-from llm_perf_opt.pipeline.stage1 import render
+from llm_perf_opt.pipeline.stage1_render import render
 from llm_perf_opt.records import io
 from llm_perf_opt.records.folders import Stage1Folder, load, load_stage1_metrics
 from llm_perf_opt.records.io import RecordError, converter, to_plain
@@ -100,3 +102,19 @@ def test_stage1_report_rebuilds_a_copied_folder(tmp_path: Path) -> None:
     assert (folder / "report.md").read_text() == (RUN / "report.md").read_text()
     missing = run_main("llm_perf_opt.cli.stage1_report", str(tmp_path / "nothing"))
     assert missing.returncode == 2 and "is not a folder" in missing.stderr
+
+
+def test_rebuilding_a_report_imports_no_torch(tmp_path: Path) -> None:
+    """`stage1-report` needs no model and no GPU: rebuilding a folder's reports imports neither torch nor
+    transformers (the record and report layers import none)."""
+    folder = copy_stage1_run(tmp_path / "run")
+    probe = (
+        "import sys\n"
+        "from llm_perf_opt.cli.stage1_report import main\n"
+        f"main([{str(folder)!r}])\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1] == "[]"
+    assert (folder / "report.md").is_file()

@@ -21,7 +21,8 @@ from llm_perf_opt.measure.aggregate import batch_summary
 from llm_perf_opt.measure.flops import count_stage_flops
 from llm_perf_opt.measure.sweep import job_figures, summarize
 from llm_perf_opt.measure.whatif import objective, rung_figures
-from llm_perf_opt.pipeline.stage1 import Stage1Run, render
+from llm_perf_opt.pipeline.stage1 import Stage1Run
+from llm_perf_opt.pipeline.stage1_render import render
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.folders import Stage1Folder, load_stage1
 from llm_perf_opt.records.stage1 import BatchRecord, Stage1Metrics

@@ -14,7 +14,7 @@ from PIL import Image
 
 from helpers import FIXTURES, run_cli, run_main
 from llm_perf_opt.artifacts import ArtifactsManager
-from llm_perf_opt.pipeline.stage1 import render
+from llm_perf_opt.pipeline.stage1_render import render
 from llm_perf_opt.records.folders import WHATIF_FILE, load_stage1_metrics
 from llm_perf_opt.records.stage1 import Stage1Metrics
 from llm_perf_opt.records.whatif import ALONE, FAILED, MEASURED, Rung, RungFigures, WhatIfRecord

@@ -8,7 +8,7 @@ from llm_perf_opt.cli.common import rebuild_reports
 
 def main(argv: list[str] | None = None) -> None:
     """Console script entry point."""
-    rebuild_reports("stage1-report", "stage1-run", "llm_perf_opt.pipeline.stage1", argv, cites_whatif=True)
+    rebuild_reports("stage1-report", "stage1-run", "llm_perf_opt.pipeline.stage1_render", argv, cites_whatif=True)
 
 
 if __name__ == "__main__":

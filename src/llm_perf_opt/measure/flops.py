@@ -33,13 +33,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from llm_perf_opt.measure.timing import StageRecorder
 from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records.stage1 import FLOP_SOURCE
 
 log = logging.getLogger(__name__)
 
-FLOP_SOURCE = (
-    "counted on the real modules with torch FlopCounterMode (+ grouped_mm, transformers' grouped_mm fallback, "
-    "CPU-SDPA and GQA-SDPA formulas); 1 MAC = 2 FLOPs; matmul/conv/attention only"
-)
 # `StageFlops.by_operator` key of transformers' fallback grouped matmul: present when the experts ran through it.
 GROUPED_MM_FALLBACK_OP = "transformers.grouped_mm_fallback"
 

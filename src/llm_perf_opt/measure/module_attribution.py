@@ -37,7 +37,6 @@ from llm_perf_opt.records.modules import (
 TOP_KERNELS = 3  # kernels kept per module row
 TOP_LAUNCHERS = 4  # (operator, module) pairs kept per kernel label
 MODULE_RANGES = "module ranges"  # the method: forward hooks open a profiler range per module call
-PROVENANCE_METHOD_NAME = "inductor provenance"  # compiled code: measure.compiled_modules
 GPU_TIME = "GPU kernel time"
 CPU_TIME = "CPU operator self time"
 OUTSIDE = (

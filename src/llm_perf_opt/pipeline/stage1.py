@@ -46,7 +46,6 @@ from llm_perf_opt.pipeline.stage1_records import (
     analysis_setup,
     input_key,
     inputs_manifest,
-    no_inputs,
     run_predictions,
 )
 from llm_perf_opt.pipeline.stage1_settings import (
@@ -66,8 +65,6 @@ from llm_perf_opt.records.folders import (
     OPERATORS_FILE,
     PREFILL_LOGITS_FILE,
     TOP2_LOGITS_FILE,
-    load_stage1,
-    unfinished_text,
     whatif_for,
 )
 from llm_perf_opt.records.io import dumps_lines
@@ -602,24 +599,3 @@ class Stage1Run:
                 self.art, metrics, plots, inputs=inputs, operators=self.state.operators, whatif=self.whatif
             )
         return metrics
-
-
-def render(run_dir: Path, whatif: Path | str | None = None, *, images: bool = True) -> Path:
-    """Rebuild a Stage 1 folder's Markdown reports and plots from its records (no model, no GPU); `whatif`: a
-    perf-whatif folder whose measured levers "What to try" cites (default: the one the folder lies in, if any);
-    `images`: False for the Markdown alone (no plots, no predictions gallery)."""
-    folder = load_stage1(run_dir)
-    evidence = whatif_for(folder.path, whatif)
-    art = ArtifactsManager(folder.path, stage="stage1")
-    art.written.extend(folder.status.files)
-    stage1_reports.write_all(
-        art,
-        folder.metrics,
-        inputs=folder.inputs or no_inputs(folder.metrics),
-        operators=folder.operators,
-        predictions=folder.predictions,
-        whatif=evidence,
-        unfinished=unfinished_text(folder.status),
-        images=images,
-    )
-    return art.run_dir

@@ -25,7 +25,6 @@ from llm_perf_opt.records.stage1 import (
     Prediction,
     RunSettings,
     SkippedInput,
-    Stage1Metrics,
     TextInput,
 )
 from llm_perf_opt.session.session import InferenceSession, device_name
@@ -68,23 +67,6 @@ def inputs_manifest(inputs: InputChoice | None) -> InputsManifest:
         images=tuple(_input_record(e) for e in sel.images),
         skipped=tuple(SkippedInput(path=str(s.path), reason=s.reason) for s in sel.skipped),
         fates=tuple(InputFate(path=str(f.path), fate=f.fate, reason=f.reason) for f in sel.fates),
-    )
-
-
-def no_inputs(m: Stage1Metrics) -> InputsManifest:
-    """An inputs manifest for a folder written without inputs.yaml: only the timed inputs are known."""
-    return InputsManifest(
-        dataset_root="(not recorded)",
-        subset_filelist=None,
-        discovered=len(m.images),
-        sampling="(not recorded)",
-        seed=0,
-        max_images=m.settings.max_images,
-        count=len(m.images),
-        kind=m.settings.input_kind,
-        chosen_because=None,
-        images=(),
-        skipped=(),
     )
 
 

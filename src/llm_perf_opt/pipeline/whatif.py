@@ -898,7 +898,7 @@ class WhatIfRun:
 
 def _render_rung(name: str, folder: Path) -> None:
     """Rebuild one rung folder's reports here (a failure is logged: the records stand)."""
-    from llm_perf_opt.pipeline.stage1 import render
+    from llm_perf_opt.pipeline.stage1_render import render
 
     try:
         render(folder)

@@ -12,6 +12,8 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
+PROVENANCE_METHOD_NAME = "inductor provenance"  # how compiled code's kernels are attributed (measure.compiled_modules)
+
 #: The row of the time no module could be given, in every table.
 UNATTRIBUTED = "(unattributed)"
 #: What a kernel table says where no Stage 1 profiled pass with module attribution was at hand (Stage 2).

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from llm_perf_opt.measure.module_attribution import PROVENANCE_METHOD_NAME
 from llm_perf_opt.records.modules import (
+    PROVENANCE_METHOD_NAME,
     UNATTRIBUTED,
     KernelSources,
     Launcher,

@@ -11,10 +11,10 @@ import attrs
 
 from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.data.prompts import read_prompt
-from llm_perf_opt.measure.flops import FLOP_SOURCE
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.common import Summary
 from llm_perf_opt.records.stage1 import (
+    FLOP_SOURCE,
     CompileSummary,
     HostUsage,
     ImageRecord,

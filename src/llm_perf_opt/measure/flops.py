@@ -274,26 +274,27 @@ def run_flops_source(counts: Iterable[StageFlops]) -> str:
     return FLOP_SOURCE
 
 
-def _agree(priced: StageFlops, counted: StageFlops, new_tokens: int = 64) -> bool:
-    """The priced figures equal the counted ones (prefill, every vision stage, the decode steps)."""
-    pairs = [
-        (priced.prefill, counted.prefill),
-        (priced.decode_total(new_tokens), counted.decode_total(new_tokens)),
-        *((priced.vision.get(stage, -1.0), value) for stage, value in counted.vision.items()),
+def _differences(a: StageFlops, b: StageFlops, new_tokens: int = 64) -> list[str]:
+    """Which figures of count `a` differ from count `b` (prefill, the decode steps, each of `b`'s vision stages, the
+    prompt length) beyond rounding, each with its relative difference."""
+    pairs = {
+        "prefill": (a.prefill, b.prefill),
+        f"decode, {new_tokens} tokens": (a.decode_total(new_tokens), b.decode_total(new_tokens)),
+        **{stage: (a.vision.get(stage), value) for stage, value in b.vision.items()},
+    }
+    out = [
+        f"{name} {x / y - 1:+.2e}" if x is not None and y else f"{name} {x} against {y}"
+        for name, (x, y) in pairs.items()
+        if x is None or abs(x - y) > _AGREE * max(abs(x), abs(y), 1.0)
     ]
-    return priced.prompt_tokens == counted.prompt_tokens and all(
-        abs(a - b) <= _AGREE * max(abs(a), abs(b), 1.0) for a, b in pairs
-    )
-
-
-def _differences(a: StageFlops, b: StageFlops) -> str:
-    """Which figures of two counts differ, by how much (relative), for the log."""
-    pairs = {"prefill": (a.prefill, b.prefill), "decode, 64 tokens": (a.decode_total(64), b.decode_total(64))}
-    pairs.update({stage: (a.vision.get(stage, 0.0), value) for stage, value in b.vision.items()})
-    out = [f"{k} {x / y - 1:+.2e}" for k, (x, y) in pairs.items() if y and abs(x - y) > _AGREE * max(abs(x), abs(y))]
     if a.prompt_tokens != b.prompt_tokens:
         out.append(f"prompt tokens {a.prompt_tokens} against {b.prompt_tokens}")
-    return ", ".join(out) or "within rounding"
+    return out
+
+
+def _agree(priced: StageFlops, counted: StageFlops, new_tokens: int = 64) -> bool:
+    """The priced figures equal the counted ones (prefill, every vision stage, the decode steps, the prompt)."""
+    return not _differences(priced, counted, new_tokens)
 
 
 class FlopCounts:
@@ -338,7 +339,7 @@ class FlopCounts:
                 log.info(
                     "%s: the analytic model's FLOPs differ from the count (%s): every input shape is counted",
                     name,
-                    _differences(priced, flops),
+                    ", ".join(_differences(priced, flops)),
                 )
         return flops
 
@@ -357,7 +358,7 @@ class FlopCounts:
                 log.info(
                     "%s: a batch of two is not twice one input (%s): batches are counted",
                     name,
-                    _differences(one.scaled(2), pair),
+                    ", ".join(_differences(one.scaled(2), pair)),
                 )
         if not self.scaling_exact:
             return None

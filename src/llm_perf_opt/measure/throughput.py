@@ -31,17 +31,12 @@ from llm_perf_opt.records.stage1 import (
 Forward = ImageRecord | BatchRecord
 
 
-def forward_size(forward: Forward) -> int:
-    """Inputs one timed forward finishes: a batch's inputs, else one."""
-    return forward.size if isinstance(forward, BatchRecord) else 1
-
-
 def run_batch(forwards: Sequence[Forward]) -> tuple[int, list[Forward]]:
     """The batch a run's figures are for (the most common forward size: a short last batch aside) and the timed
     forwards of that size."""
-    sizes = [forward_size(f) for f in forwards]
+    sizes = [f.size for f in forwards]
     size = max(sizes, key=sizes.count) if sizes else 1
-    return size, [f for f in forwards if forward_size(f) == size]
+    return size, [f for f in forwards if f.size == size]
 
 
 def pages_per_s_values(forwards: Sequence[Forward]) -> list[float]:
@@ -53,7 +48,7 @@ def pages_per_s_values(forwards: Sequence[Forward]) -> list[float]:
 
 def _new_tokens_per_s(forward: Forward) -> float:
     """Every input's new tokens over the forward's end-to-end time."""
-    return forward.new_tokens * forward_size(forward) / forward.e2e_ms * 1e3
+    return forward.new_tokens * forward.size / forward.e2e_ms * 1e3
 
 
 def throughput(forwards: Sequence[Forward]) -> Throughput:
@@ -61,7 +56,7 @@ def throughput(forwards: Sequence[Forward]) -> Throughput:
     decode = [len(f.decode_step_ms) / (f.decode_ms / 1e3) for f in forwards if f.decode_step_ms and f.decode_ms > 0]
     return Throughput(
         decode_tokens_per_s=statistics.median(decode) if decode else 0.0,
-        e2e_images_per_s=statistics.median(pages_rate(forward_size(f), f.e2e_ms) for f in forwards),
+        e2e_images_per_s=statistics.median(pages_rate(f.size, f.e2e_ms) for f in forwards),
         e2e_tokens_per_s=statistics.median(_new_tokens_per_s(f) for f in forwards),
     )
 

@@ -154,6 +154,11 @@ class ImageRecord(PassTimes):
     output_check: OutputCheck | None = None  # against the eager dynamic-cache run of the same input
 
     @property
+    def size(self) -> int:
+        """Inputs this pass finishes: one (a batch pass's are its batch's, `BatchRecord.size`)."""
+        return 1
+
+    @property
     def cost_key(self) -> str:
         """The key of this pass's FLOPs and analytic bytes: its input."""
         return self.image

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ import torch
 from omegaconf import DictConfig
 from PIL import Image
 
+from helpers import logging_state, restore_logging
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.models.cache_argument import cache_kwargs
 
@@ -95,12 +95,11 @@ def decode_step_flops() -> Callable[[Any, int], int]:
 
 
 @pytest.fixture(autouse=True)
-def _root_logging_restored() -> Any:
-    """The root logger's handlers and level as they were before each test: a test that runs a Hydra entry point in
-    its own process leaves Hydra's handlers there, writing to the streams pytest captured for that test, and a later
-    test's log lines would then go to a closed stream ("--- Logging error ---" on its stderr)."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
+def _logging_restored() -> Any:
+    """Every logger as it was before each test (`helpers.restore_logging`, as `run_main` does for one command): a
+    test that runs a Hydra entry point in its own process leaves Hydra's handlers on the root logger, writing to the
+    streams pytest captured for that test, and a later test's log lines would then go to a closed stream
+    ("--- Logging error ---" on its stderr)."""
+    saved = logging_state()
     yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
+    restore_logging(saved)

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +38,7 @@ def run_main(module: str, *args: str) -> subprocess.CompletedProcess[str]:
     main = importlib.import_module(module).main
     saved_argv, saved_cwd, saved_env = sys.argv, os.getcwd(), dict(os.environ)
     saved_signals = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
-    loggers = [logging.getLogger(), *(logging.getLogger(name) for name in list(logging.root.manager.loggerDict))]
-    saved_logging = {log: (list(log.handlers), log.level, log.propagate, log.disabled) for log in loggers}
+    saved_logging = logging_state()
     saved_threads = torch.get_num_threads()
     stdout, stderr = io.StringIO(), io.StringIO()
     code: int | str | None = 0
@@ -56,7 +56,7 @@ def run_main(module: str, *args: str) -> subprocess.CompletedProcess[str]:
         os.environ.update(saved_env)
         for signum, handler in saved_signals.items():
             signal.signal(signum, handler)
-        _restore_logging(saved_logging)
+        restore_logging(saved_logging)
         torch.set_num_threads(saved_threads)
     if isinstance(code, str):  # sys.exit("message"): the message on stderr, exit 1
         stderr.write(f"{code}\n")
@@ -64,9 +64,21 @@ def run_main(module: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.CompletedProcess([module, *args], code or 0, stdout.getvalue(), stderr.getvalue())
 
 
-def _restore_logging(saved: dict[logging.Logger, tuple[list[logging.Handler], int, bool, bool]]) -> None:
+LoggingState = dict[logging.Logger, tuple[list[logging.Handler], int, bool, bool]]
+
+
+def _loggers() -> list[logging.Logger]:
+    return [logging.getLogger(), *(logging.getLogger(name) for name in list(logging.root.manager.loggerDict))]
+
+
+def logging_state() -> LoggingState:
+    """Every logger's handlers, level, propagation and disabled flag (`restore_logging` puts them back)."""
+    return {log: (list(log.handlers), log.level, log.propagate, log.disabled) for log in _loggers()}
+
+
+def restore_logging(saved: LoggingState) -> None:
     """Loggers as they were before a command configured logging (Hydra's job logging); its own handlers closed."""
-    for log in [logging.getLogger(), *(logging.getLogger(name) for name in list(logging.root.manager.loggerDict))]:
+    for log in _loggers():
         handlers, level, propagate, disabled = saved.get(log, ([], logging.NOTSET, True, False))
         for handler in log.handlers:
             if handler not in handlers:
@@ -192,3 +204,12 @@ def rope_table_flops(model: Any, tokens: int) -> int:
     flops = int(counter.get_total_flops())
     assert flops % tokens == 0 and flops <= 512 * tokens, flops  # 0, or head_dim per position
     return flops
+
+
+def exit_code(main: Callable[[list[str]], object], *argv: str) -> int:
+    """The exit code of a console script's `main(argv)` run in this process (0 when it returns)."""
+    try:
+        main(list(argv))
+    except SystemExit as ended:
+        return int(ended.code or 0)
+    return 0

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from helpers import exit_code
 from llm_perf_opt.cli.compare import main
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure.gate import FIGURES, Sample, check, figures_for, welch_interval
@@ -184,20 +185,12 @@ def shifted(tmp_path: Path, factor: float, std: float | None = None, n: int | No
     return _edit(shutil.copytree(H100_A, tmp_path / f"new_{factor}_{std}_{n}"), change)
 
 
-def _exit(*argv: str) -> int:
-    try:
-        main(list(argv))
-    except SystemExit as ended:
-        return int(ended.code or 0)
-    return 0
-
-
 RULE = "prefill_ms:+5%"
 
 
 def test_regression_within_noise_is_inconclusive(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     new = shifted(tmp_path, 1.10, std=40.0)  # +10% but 25 passes scattered by ±40 ms
-    assert _exit(str(H100_A), str(new), "--out", f"{tmp_path}/out/", "--fail-on", RULE) == 3
+    assert exit_code(main, str(H100_A), str(new), "--out", f"{tmp_path}/out/", "--fail-on", RULE) == 3
     lines = capsys.readouterr().out.splitlines()
     assert lines[-3] == "gate: inconclusive (exit 3)" and lines[-1] == f"{tmp_path}/out/compare.md"
     assert lines[-2].startswith("hint: time more passes") and "run.repeats=10 (these runs timed 5, 5)" in lines[-2]
@@ -208,33 +201,36 @@ def test_regression_within_noise_is_inconclusive(tmp_path: Path, capsys: pytest.
     md = (tmp_path / "out" / "compare.md").read_text()
     assert "**INCONCLUSIVE** (exit 3) (1 inconclusive)" in md and "To let the gate judge the rules" in md
     # --fail-on-unjudged counts it as a failure
-    assert _exit(str(H100_A), str(new), "--out", f"{tmp_path}/out/", "--fail-on", RULE, "--fail-on-unjudged") == 1
+    assert (
+        exit_code(main, str(H100_A), str(new), "--out", f"{tmp_path}/out/", "--fail-on", RULE, "--fail-on-unjudged")
+        == 1
+    )
 
 
 def test_regression_beyond_threshold_and_noise_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     new = shifted(tmp_path, 1.30)  # +30%, far beyond the 95% interval of ±14 ms of 25 passes
     out = tmp_path / "out.md"
-    assert _exit(str(H100_A), str(new), "--out", str(out), "--fail-on", f"{RULE},ttft_ms:+30%") == 1
+    assert exit_code(main, str(H100_A), str(new), "--out", str(out), "--fail-on", f"{RULE},ttft_ms:+30%") == 1
     assert "gate: fail (exit 1)" in capsys.readouterr().out
     md = out.read_text()
     assert md.index("## Gate") < md.index("## Stage 1") and "**FAIL** (exit 1) (1 regressed, 1 pass)" in md
     row = next(line for line in md.splitlines() if line.startswith(f"|{RULE}|"))
     assert row.split("|")[5].endswith(" ms (+30.0%)") and row.endswith("|regressed|")
     # a 35% allowance is not exceeded, but the interval reaches beyond it; a 50% one holds the whole interval
-    assert _exit(str(H100_A), str(new), "--out", str(out), "--fail-on", "prefill_ms:+35%") == 3
-    assert _exit(str(H100_A), str(new), "--out", str(out), "--fail-on", "prefill_ms:+50%") == 0
+    assert exit_code(main, str(H100_A), str(new), "--out", str(out), "--fail-on", "prefill_ms:+35%") == 3
+    assert exit_code(main, str(H100_A), str(new), "--out", str(out), "--fail-on", "prefill_ms:+50%") == 0
 
 
 def test_too_few_passes_inconclusive_or_failed_when_asked(tmp_path: Path) -> None:
     few = shifted(tmp_path, 1.2, n=2)
     out = str(tmp_path / "c.md")
-    assert _exit(str(H100_A), str(few), "--out", out, "--fail-on", RULE) == 3
+    assert exit_code(main, str(H100_A), str(few), "--out", out, "--fail-on", RULE) == 3
     gate = load_comparison(tmp_path / "c.json").gate
     assert gate is not None and gate.checks[0].verdict == INCONCLUSIVE and gate.checks[0].noise_low is None
     assert "too few passes (2" in gate.checks[0].reason
-    assert _exit(str(H100_A), str(few), "--out", out, "--fail-on", RULE, "--fail-on-unjudged") == 1
+    assert exit_code(main, str(H100_A), str(few), "--out", out, "--fail-on", RULE, "--fail-on-unjudged") == 1
     # within the allowed increase, still no interval: not a pass either
-    assert _exit(str(H100_A), str(shifted(tmp_path, 1.01, n=2)), "--out", out, "--fail-on", RULE) == 3
+    assert exit_code(main, str(H100_A), str(shifted(tmp_path, 1.01, n=2)), "--out", out, "--fail-on", RULE) == 3
 
 
 def test_pooled_decode_steps_of_older_runs_are_not_judged(tmp_path: Path) -> None:
@@ -252,26 +248,26 @@ def test_pooled_decode_steps_of_older_runs_are_not_judged(tmp_path: Path) -> Non
 
 def test_unknown_figure_exits_2_with_one_paragraph(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "c.md"
-    assert _exit(str(H100_A), str(H100_B), "--out", str(out), "--fail-on", "decode_ms_per_tokn:+5%") == 2
+    assert exit_code(main, str(H100_A), str(H100_B), "--out", str(out), "--fail-on", "decode_ms_per_tokn:+5%") == 2
     err = capsys.readouterr().err
     assert err.startswith("\nerror: --fail-on rule 'decode_ms_per_tokn:+5%' names the unknown figure")
     assert err.count("\n") == 2 and "Traceback" not in err  # one paragraph
     assert "Did you mean decode_ms_per_token" in err and "vision/sam_ms" in err and not out.exists()
-    assert _exit(str(H100_A), str(H100_B), "--out", str(out), "--fail-on", "ttft_ms:+5") == 2
+    assert exit_code(main, str(H100_A), str(H100_B), "--out", str(out), "--fail-on", "ttft_ms:+5") == 2
     assert "not an allowed increase" in capsys.readouterr().err
 
 
 def test_different_workloads_refused_unless_allowed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "c.md"
-    assert _exit(str(H100_A), str(CPU_TINY), "--out", str(out), "--fail-on", RULE) == 2
+    assert exit_code(main, str(H100_A), str(CPU_TINY), "--out", str(out), "--fail-on", RULE) == 2
     err = capsys.readouterr().err
     assert "device: NVIDIA H100 80GB HBM3 (h100_s1final) vs AMD EPYC (cpu_tiny)" in err and "--allow-different" in err
     assert not out.exists()
     allowed = ["--fail-on", RULE, "--allow-different"]
-    assert _exit(str(H100_A), str(CPU_TINY), "--out", str(out), *allowed) == 3  # 2 CPU passes: inconclusive
+    assert exit_code(main, str(H100_A), str(CPU_TINY), "--out", str(out), *allowed) == 3  # 2 CPU passes: inconclusive
     assert "Judged although the runs differ (--allow-different): model: deepseek_ocr2" in out.read_text()
-    assert _exit(str(H100_A), str(CPU_TINY), "--out", str(out), *allowed, "--fail-on-unjudged") == 1
-    assert _exit(str(H100_A), str(CPU_TINY), "--out", str(out)) == 0  # without rules: compared as before
+    assert exit_code(main, str(H100_A), str(CPU_TINY), "--out", str(out), *allowed, "--fail-on-unjudged") == 1
+    assert exit_code(main, str(H100_A), str(CPU_TINY), "--out", str(out)) == 0  # without rules: compared as before
 
 
 def test_compare_json_round_trips_with_the_gate(tmp_path: Path) -> None:
@@ -322,7 +318,7 @@ def test_two_whatif_folders_compared_rung_by_rung(tmp_path: Path, capsys: pytest
     out = tmp_path / "cmp"
     # these eager H100 decode steps wander by up to ±55% between two runs' passes: a tighter allowance is inconclusive
     rules = "decode_ms_per_token:+60%,peak_gpu_memory:+1GiB"
-    assert _exit(str(before), str(after), "--out", f"{out}/", "--fail-on", rules) == 1
+    assert exit_code(main, str(before), str(after), "--out", f"{out}/", "--fail-on", rules) == 1
     assert "gate: fail" in capsys.readouterr().out
 
     result = load_whatif_comparison(out / "compare.json")
@@ -344,11 +340,11 @@ def test_two_whatif_folders_compared_rung_by_rung(tmp_path: Path, capsys: pytest
 
     # unchanged: every rung passes
     again = another_whatif(WHATIF, tmp_path / "again")
-    assert _exit(str(before), str(again), "--out", f"{out}/", "--fail-on", rules) == 0
+    assert exit_code(main, str(before), str(again), "--out", f"{out}/", "--fail-on", rules) == 0
 
 
 def test_whatif_folder_with_a_run_folder_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert _exit(str(WHATIF), str(H100_A), "--out", str(tmp_path / "c.md")) == 2
+    assert exit_code(main, str(WHATIF), str(H100_A), "--out", str(tmp_path / "c.md")) == 2
     assert "Compare exactly two perf-whatif folders" in capsys.readouterr().err
 
 

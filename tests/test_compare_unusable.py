@@ -12,6 +12,7 @@ from pathlib import Path
 import attrs
 import pytest
 
+from helpers import exit_code
 from llm_perf_opt.cli.compare import main
 from llm_perf_opt.records import io
 from llm_perf_opt.records.common import RunStatus
@@ -25,14 +26,6 @@ H100_A = FIXTURES / "h100_s1final"
 H100_B = FIXTURES / "h100_s1sol"
 RULE = "e2e_ms:+5%"
 RUNGS = ("00-baseline", "01-static_cache")
-
-
-def _exit(*argv: str) -> int:
-    try:
-        main(list(argv))
-    except SystemExit as ended:
-        return int(ended.code or 0)
-    return 0
 
 
 def _status(folder: Path, state: str, message: str | None = None, stage: str = "whatif") -> None:
@@ -65,7 +58,7 @@ def test_exit_codes_are_distinct() -> None:
 def test_two_complete_whatif_folders_are_gated(tmp_path: Path) -> None:
     """The contrast: two complete CPU what-if runs are judged (3 passes each, a tiny model's noise: inconclusive)."""
     base, new = whatif(tmp_path, "base"), whatif(tmp_path, "new")
-    assert _exit(str(base), str(new), "--out", f"{tmp_path}/out/", "--fail-on", RULE) == 3
+    assert exit_code(main, str(base), str(new), "--out", f"{tmp_path}/out/", "--fail-on", RULE) == 3
     result = load_whatif_comparison(tmp_path / "out" / "compare.json")
     assert result.gate_result == "inconclusive" and not result.gate_problems
     assert [p.rung for p in result.pairs if p.comparison is not None] == ["baseline", "static_cache"]
@@ -80,9 +73,9 @@ def test_a_whatif_folder_that_did_not_complete_is_unusable(
     # with --fail-on-unjudged, a rule inconclusive on these rungs is a failure, which outranks the unusable folder
     with_unjudged = {RULE: 1, "e2e_ms:+100%,ttft_ms:+100%": 4}
     for rule, code in with_unjudged.items():
-        assert _exit(str(base), str(new), "--out", f"{out}/", "--fail-on", rule, "--fail-on-unjudged") == code
+        assert exit_code(main, str(base), str(new), "--out", f"{out}/", "--fail-on", rule, "--fail-on-unjudged") == code
         capsys.readouterr()
-        assert _exit(str(base), str(new), "--out", f"{out}/", "--fail-on", rule) == 4
+        assert exit_code(main, str(base), str(new), "--out", f"{out}/", "--fail-on", rule) == 4
         lines = capsys.readouterr().out.splitlines()
         assert lines[-1] == f"{out}/compare.md" and "gate: unusable (exit 4)" in lines
         assert f"not usable: {new} is marked {state}, not complete" in "\n".join(lines)
@@ -93,7 +86,7 @@ def test_a_whatif_folder_that_did_not_complete_is_unusable(
 
 def test_a_rung_the_new_folder_did_not_measure_is_unusable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     base, new = whatif(tmp_path, "base"), whatif(tmp_path, "new", rung_state=FAILED)
-    assert _exit(str(base), str(new), "--out", f"{tmp_path}/out/", "--fail-on", RULE) == 4
+    assert exit_code(main, str(base), str(new), "--out", f"{tmp_path}/out/", "--fail-on", RULE) == 4
     out = capsys.readouterr().out
     assert f"not usable: rung static_cache: rung static_cache in {new} is failed, not measured: CUDA out of" in out
     # the rung both folders skipped (cuda_graphs on a CPU) is nothing to judge: not a problem
@@ -106,10 +99,10 @@ def test_a_whatif_run_that_failed_before_its_record_is_unusable(
     base, new = whatif(tmp_path, "base"), tmp_path / "new"
     new.mkdir()
     _status(new, "failed", "the baseline failed: CUDA out of memory")
-    assert _exit(str(base), str(new), "--out", f"{tmp_path}/out/", "--fail-on", RULE) == 4
+    assert exit_code(main, str(base), str(new), "--out", f"{tmp_path}/out/", "--fail-on", RULE) == 4
     err = capsys.readouterr().err
     assert f"error: {new} is marked failed, not complete: the baseline failed: CUDA out of memory; it wrote no" in err
-    assert _exit(str(base), str(new), "--out", f"{tmp_path}/out/") == 2  # no gate: bad input, as before
+    assert exit_code(main, str(base), str(new), "--out", f"{tmp_path}/out/") == 2  # no gate: bad input, as before
 
 
 def _failed_copy(tmp_path: Path, source: Path, state: str) -> Path:
@@ -124,12 +117,12 @@ def test_a_run_folder_that_did_not_complete_is_unusable(
 ) -> None:
     new = _failed_copy(tmp_path, H100_B, state)
     out = tmp_path / "c.md"
-    assert _exit(str(H100_A), str(new), "--out", str(out), "--fail-on", RULE) == 4
+    assert exit_code(main, str(H100_A), str(new), "--out", str(out), "--fail-on", RULE) == 4
     err = capsys.readouterr().err
     assert f"{new}: the run is marked {state}, not complete" in err and "the gate has no runs to judge" in err
     assert not out.exists()
     # beside two usable runs, the gate judges those, and still cannot pass
-    assert _exit(str(H100_A), str(H100_B), str(new), "--out", str(out), "--fail-on", "e2e_ms:+100%") == 4
+    assert exit_code(main, str(H100_A), str(H100_B), str(new), "--out", str(out), "--fail-on", "e2e_ms:+100%") == 4
     gate = load_comparison(tmp_path / "c.json").gate
     assert gate is not None and gate.result == "unusable" and [c.verdict for c in gate.checks] == ["pass"]
     assert len(gate.problems) == 1 and gate.problems[0].startswith(f"{new}: the run is marked {state}, not complete")
@@ -139,21 +132,21 @@ def test_a_run_folder_that_did_not_complete_is_unusable(
 
 def test_a_folder_compared_with_itself_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = str(tmp_path / "c.md")
-    assert _exit(str(H100_A), str(H100_A), "--out", out, "--fail-on", RULE) == 4
+    assert exit_code(main, str(H100_A), str(H100_A), "--out", out, "--fail-on", RULE) == 4
     assert f"{H100_A}: the same folder as {H100_A}" in capsys.readouterr().err
     copy = shutil.copytree(H100_A, tmp_path / "copy")
-    assert _exit(str(H100_A), str(copy), "--out", out, "--fail-on", RULE) == 4
+    assert exit_code(main, str(H100_A), str(copy), "--out", out, "--fail-on", RULE) == 4
     assert f"the same run as {H100_A} (run id s1final, created 2026-11-22T12:40:04+00:00)" in capsys.readouterr().err
-    assert _exit(str(H100_A), str(H100_A), "--out", out) == 2  # no gate: nothing left to compare, bad input
+    assert exit_code(main, str(H100_A), str(H100_A), "--out", out) == 2  # no gate: nothing left to compare, bad input
     assert not Path(out).exists()
     base = whatif(tmp_path, "base")
-    assert _exit(str(base), str(base), "--out", out, "--fail-on", RULE) == 4
+    assert exit_code(main, str(base), str(base), "--out", out, "--fail-on", RULE) == 4
     err = capsys.readouterr().err
     assert f"{base} is the same folder as {base}, so comparing them compares a run with itself" in err
     again = shutil.copytree(base, tmp_path / "again")
-    assert _exit(str(base), str(again), "--out", out, "--fail-on", RULE) == 4
+    assert exit_code(main, str(base), str(again), "--out", out, "--fail-on", RULE) == 4
     assert "is the same what-if run as" in capsys.readouterr().err
-    assert _exit(str(base), str(again), "--out", out) == 2
+    assert exit_code(main, str(base), str(again), "--out", out) == 2
 
 
 def test_default_out_is_a_fresh_folder_under_tmp_and_the_last_line_its_path(
@@ -165,7 +158,7 @@ def test_default_out_is_a_fresh_folder_under_tmp_and_the_last_line_its_path(
     assert re.fullmatch(r"tmp/compare/\d{8}-\d{6}-[0-9a-f]{6}/compare\.md", last), last
     assert (tmp_path / last).is_file() and (tmp_path / last).with_suffix(".json").is_file()
     assert not (tmp_path / "compare.md").exists()
-    assert _exit(str(H100_A), str(H100_B), "--fail-on", "e2e_ms:+100%") == 0
+    assert exit_code(main, str(H100_A), str(H100_B), "--fail-on", "e2e_ms:+100%") == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[-2] == "gate: pass" and lines[-1].startswith("tmp/compare/") and lines[-1] != last
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,6 @@ import torch
 from omegaconf import DictConfig
 from PIL import Image
 
-from helpers import logging_state, restore_logging
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.models.cache_argument import cache_kwargs
 
@@ -96,10 +96,15 @@ def decode_step_flops() -> Callable[[Any, int], int]:
 
 @pytest.fixture(autouse=True)
 def _logging_restored() -> Any:
-    """Every logger as it was before each test (`helpers.restore_logging`, as `run_main` does for one command): a
-    test that runs a Hydra entry point in its own process leaves Hydra's handlers on the root logger, writing to the
-    streams pytest captured for that test, and a later test's log lines would then go to a closed stream
-    ("--- Logging error ---" on its stderr)."""
-    saved = logging_state()
+    """The root logger's own handlers and level as they were before each test: a test that runs a Hydra entry point
+    in its own process leaves Hydra's handlers there, writing to the streams pytest captured for that test, and a
+    later test's log lines would then go to a closed stream ("--- Logging error ---" on its stderr). The handlers
+    pytest adds and removes around each phase are its own to manage."""
+    root = logging.getLogger()
+    before, level = set(root.handlers), root.level
     yield
-    restore_logging(saved)
+    for handler in list(root.handlers):
+        if handler not in before and not type(handler).__module__.startswith("_pytest"):
+            root.removeHandler(handler)
+            handler.close()
+    root.setLevel(level)

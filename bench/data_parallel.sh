@@ -5,6 +5,7 @@
 # pages/s, combined pages/s over the window in which all processes were timing, pages per day, efficiency).
 #   bash bench/data_parallel.sh /tmp/dp            # 1, 2 and 4 GPUs (needs 4 visible GPUs)
 #   bash bench/data_parallel.sh /tmp/dp "1 2"      # 1 and 2 GPUs
+#   EXTRA="pipeline.memory.enable=false" bash bench/data_parallel.sh /tmp/dp "1 2"   # with further overrides
 # On the project's GPU machines (no console scripts installed) run it after `source .gpu/setup.sh`.
 # Results: docs/benchmarks.md.
 set -euo pipefail
@@ -12,6 +13,8 @@ out="${1:-tmp/data-parallel}"
 counts="${2:-1 2 4}"
 workload=(workload=ocr1-a4-page runtime.kv_cache=static runtime.compile=decode model.preprocess.device=cuda
   run.batch_size=32 run.fill_batches=true infer.max_new_tokens=256)
+read -r -a extra <<< "${EXTRA:-}"  # further overrides for every run, e.g. EXTRA="runtime.batch_vision=true"
+workload+=("${extra[@]}")
 mkdir -p "$out"
 device=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
 echo "data parallel on ${device:-no GPU}, $(date -u +%F): ${workload[*]}"

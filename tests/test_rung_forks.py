@@ -243,3 +243,31 @@ def test_a_cuda_initialisation_during_the_imports_is_named_by_its_caller() -> No
     assert fake_torch._C._cuda_init == real  # restored after the imports
     with rung_forks._cuda_init_watched(types.SimpleNamespace(_C=object())) as none:  # a CPU build: nothing to watch
         assert none == []
+
+
+def test_the_server_preloads_transformers_without_importing_torchao(tmp_path: Path) -> None:
+    """With torchao installed, importing transformers imports torchao, whose import creates a CUDA context on a GPU
+    machine (so no rung could be forked); the server keeps transformers from importing it (a stand-in torchao that
+    fails when imported), and transformers sees the real check again after the preload."""
+    package = tmp_path / "torchao"
+    package.mkdir()
+    (package / "__init__.py").write_text("raise RuntimeError('torchao was imported by the preload')\n")
+    info = tmp_path / "torchao-0.18.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torchao\nVersion: 0.18.0\n")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+        started = ForkServer.start()
+    assert started is not None, "the fork server refused with torchao installed"
+    started.close()
+
+    import transformers.utils as utils
+
+    real = utils.is_torchao_available
+    probe = types.ModuleType("transformers.llo_probe")
+    with pytest.MonkeyPatch.context() as mp, rung_forks._torchao_import_deferred():
+        mp.setitem(sys.modules, probe.__name__, probe)
+        probe.is_torchao_available = utils.is_torchao_available  # what a module imported in the block binds
+        assert not probe.is_torchao_available()
+        assert probe.is_torchao_available is not real
+    assert probe.is_torchao_available is real and utils.is_torchao_available is real

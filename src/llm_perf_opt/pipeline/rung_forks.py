@@ -63,7 +63,7 @@ def _serve(argv: Sequence[str] = ()) -> None:
     name = PRELOAD[0]
     try:
         torch = importlib.import_module(name)
-        with _cuda_init_watched(torch) as initialised_at:
+        with _cuda_init_watched(torch) as initialised_at, _torchao_import_deferred():
             for name in PRELOAD[1:]:
                 importlib.import_module(name)
     except Exception as exc:  # noqa: BLE001 - reported to the what-if run, which starts fresh processes instead
@@ -122,6 +122,29 @@ def _cuda_init_watched(torch: Any) -> Iterator[list[str]]:
         yield seen
     finally:
         torch._C._cuda_init = real
+
+
+@contextlib.contextmanager
+def _torchao_import_deferred() -> Iterator[None]:
+    """Within the block, transformers sees no torchao, so that importing it does not import torchao: torchao's own
+    import asks `torch.utils._triton.has_triton()`, which reads the GPU's properties and so creates a CUDA context
+    (torch 2.11, torchao 0.18), and no forked rung could then use CUDA. Afterwards every transformers module sees the
+    real check again; a rung that uses torchao imports it after its fork."""
+    import transformers.utils as utils
+    import transformers.utils.import_utils as import_utils
+
+    real = import_utils.is_torchao_available
+
+    def unavailable(*_args: Any, **_kwargs: Any) -> bool:
+        return False
+
+    utils.is_torchao_available = import_utils.is_torchao_available = unavailable
+    try:
+        yield
+    finally:
+        for module in [m for name, m in sys.modules.items() if name.startswith("transformers") and m is not None]:
+            if getattr(module, "is_torchao_available", None) is unavailable:
+                module.is_torchao_available = real
 
 
 def _kill_groups(children: set[int]) -> None:

@@ -539,6 +539,7 @@ def runtime_label(
     options: tuple[CompileOption, ...] = (),
     compile_vision: str = "none",
     batch_vision: bool = False,
+    preprocess_workers: int = 0,
 ) -> str:
     """One line for reports, e.g. "static KV cache, compiled decode (reduce-overhead), batch 4"."""
     parts = [f"{kv_cache} KV cache" + (f" of {static_cache_len} positions" if static_cache_len is not None else "")]
@@ -551,6 +552,8 @@ def runtime_label(
     if compile_vision != "none":
         parts.append(f"compiled vision ({compile_vision})")
     parts.append(batch + (" (vision batched)" if batch_vision else ""))
+    if preprocess_workers > 1:
+        parts.append(f"preprocessing on {preprocess_workers} threads")
     return ", ".join(parts)
 
 
@@ -607,6 +610,8 @@ class DecoderRuntime:
     compile_vision: str = "none"
     # the views of a batch's inputs through the vision stages together, by view shape (`runtime.batch_vision`)
     batch_vision: bool = False
+    # threads that preprocess a batch's inputs together (`runtime.preprocess_workers`; 0 or 1: one after the other)
+    preprocess_workers: int = 0
 
     def described(self, batch: str) -> str:
         """The label with `batch` (e.g. "batch 1 (run.batch_size=2, 1 input)") in place of the configured size."""
@@ -619,6 +624,7 @@ class DecoderRuntime:
             self.compile_options,
             self.compile_vision,
             self.batch_vision,
+            self.preprocess_workers,
         )
 
     @property

@@ -43,6 +43,7 @@ class RuntimeSettings(DecoderRuntime):
                 "runtime.compile_vision", node.get("compile_vision", "none"), ("none", *COMPILE_MODES)
             ),
             batch_vision=require_bool("runtime.batch_vision", node.get("batch_vision", False)),
+            preprocess_workers=require_whole("runtime.preprocess_workers", node.get("preprocess_workers", 0), 0),
         )
         settings.check_consistent()
         return settings

@@ -144,7 +144,7 @@ def _torchao_import_deferred() -> Iterator[None]:
     finally:
         for module in [m for name, m in sys.modules.items() if name.startswith("transformers") and m is not None]:
             if getattr(module, "is_torchao_available", None) is unavailable:
-                module.is_torchao_available = real
+                setattr(module, "is_torchao_available", real)  # noqa: B010 - any module that bound the stub
 
 
 def _kill_groups(children: set[int]) -> None:

@@ -1,12 +1,46 @@
-"""The package's layering rules, checked on the source: records/ at the floor, report/ renders only, run artifacts
-parsed only in records/."""
+"""The package's layering rules, checked on the source: each module imports only from its own layer and those below
+it (`LAYERS`, the one place the order is written), with no import cycle between two names of one layer; report/
+renders only; run artifacts parsed only in records/; the config libraries only at the edge."""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "llm_perf_opt"
+ROOT = "llm_perf_opt"  # the package's own __init__ (`__version__`, `IMPORTED_AT`)
+CONFIG_EDGE = ("conf", "config_compose", "config_data", "gpu_claim", "output_settings", "override_keys")
+
+#: The layers, high to low (docs/architecture.md, "The layers"). Each name is a folder under src/llm_perf_opt or a
+#: root-level module. A module imports from its own layer and the layers below it, never from one above; two names
+#: of one layer may import each other only one way round.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("cli",),  # entry points
+    ("pipeline",),  # what each command does, step by step
+    CONFIG_EDGE,  # root modules that compose or read the Hydra config, for cli/ and pipeline/
+    ("session", "nsight", "report"),  # run the model; run and read the profilers; render records
+    ("analytic",),  # FLOPs and bytes from the config, priced
+    ("measure",),  # instruments (a session reached through Protocols) and the analyses of their figures
+    ("hardware", "data", "models"),  # datasheet peaks; inputs; model implementations
+    (  # root modules every layer above may use
+        "artifacts",
+        "compile_options",
+        "env_info",
+        "heavy_imports",
+        "interrupts",
+        "kernel_names",
+        "override_text",
+        "parent_death",
+        "progress",
+        "resources",
+        "settings_schema",
+        "time_ledger",
+    ),
+    ("records",),  # typed records, saved and loaded
+    ("errors", ROOT),  # the floor: import nothing from the package
+)
+RANK = {name: rank for rank, layer in enumerate(LAYERS) for name in layer}
 
 
 def _modules(folder: str) -> list[Path]:
@@ -23,11 +57,101 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
-def test_records_import_nothing_above_them() -> None:
-    allowed = ("llm_perf_opt.records", "llm_perf_opt.errors")
-    for path in _modules("records"):
-        own = {name for name in _imports(path) if name.startswith("llm_perf_opt")}
-        assert all(name.startswith(allowed) for name in own), (path.name, own)
+def _name(path: Path) -> str:
+    """The layer name `path` belongs to: its folder under the package, or its own name at the root."""
+    parts = path.relative_to(PACKAGE).parts
+    return parts[0] if len(parts) > 1 else ROOT if parts[0] == "__init__.py" else path.stem
+
+
+def _imported_names(source: str, package: tuple[str, ...]) -> Iterator[tuple[int, str]]:
+    """(line, layer name) of each import of the package in `source`, a module of `package` (its dotted parts): every
+    import statement, at the top, in a function or under `if TYPE_CHECKING:`; relative ones resolved;
+    `from llm_perf_opt import artifacts` names artifacts."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[: len(package) - node.level + 1]) if node.level else ""
+            module = ".".join(part for part in (base, node.module) if part)
+            modules = [f"{module}.{alias.name}" for alias in node.names] if module == ROOT else [module]
+        else:
+            continue
+        for module in modules:
+            parts = module.split(".")
+            if parts[0] == ROOT:
+                yield node.lineno, parts[1] if len(parts) > 1 and parts[1] in RANK else ROOT
+
+
+def _edges() -> dict[tuple[str, str], list[str]]:
+    """(importer's name, imported name) -> where: every import from one layer name to another."""
+    edges: dict[tuple[str, str], list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        importer = _name(path)
+        package = (ROOT, *path.relative_to(PACKAGE).parent.parts)
+        for line, imported in _imported_names(path.read_text(encoding="utf-8"), package):
+            if imported != importer:
+                edges.setdefault((importer, imported), []).append(f"{path.relative_to(PACKAGE)}:{line}")
+    return edges
+
+
+def test_every_folder_and_root_module_has_one_layer() -> None:
+    names = {_name(path) for path in PACKAGE.rglob("*.py")}
+    placed = [name for layer in LAYERS for name in layer]
+    assert len(placed) == len(set(placed)), "a name is in two layers"
+    assert names == set(placed), ("not placed:", sorted(names - set(placed)), "gone:", sorted(set(placed) - names))
+
+
+def _shown(name: str) -> str:
+    return f"{name}/" if (PACKAGE / name).is_dir() else "__init__.py" if name == ROOT else f"{name}.py"
+
+
+def test_nothing_imports_from_a_higher_layer() -> None:
+    upward = [
+        f"{where} imports {_shown(imported)}, a layer above {_shown(importer)}"
+        for (importer, imported), places in sorted(_edges().items())
+        if RANK[imported] < RANK[importer]
+        for where in places
+    ]
+    assert not upward, "\n".join(upward)
+
+
+def test_no_import_cycle_within_a_layer() -> None:
+    """Names of one layer import each other one way round only (as hardware/ and measure/ once did not)."""
+    within: dict[str, set[str]] = {}
+    for importer, imported in _edges():
+        if RANK[importer] == RANK[imported]:
+            within.setdefault(importer, set()).add(imported)
+
+    def reaches(start: str, goal: str) -> bool:
+        seen: set[str] = set()
+        todo = [start]
+        while todo:
+            name = todo.pop()
+            if name == goal:
+                return True
+            if name not in seen:
+                seen.add(name)
+                todo.extend(within.get(name, ()))
+        return False
+
+    cycles = sorted({tuple(sorted((a, b))) for a, targets in within.items() for b in targets if reaches(b, a)})
+    assert not cycles, cycles
+
+
+def test_the_walk_sees_lazy_type_checking_relative_and_package_imports() -> None:
+    """Every import statement counts, whatever runs it: a lazy one in a function, one only for type checkers."""
+    source = """
+from typing import TYPE_CHECKING
+from llm_perf_opt import IMPORTED_AT, artifacts
+if TYPE_CHECKING:
+    from llm_perf_opt.session.session import InferenceSession
+def later():
+    import llm_perf_opt.report.markdown
+    from ..records import io
+    from . import timing
+"""
+    found = {name for _, name in _imported_names(source, (ROOT, "measure"))}
+    assert found == {ROOT, "artifacts", "session", "report", "records", "measure"}
 
 
 def test_the_vocabulary_imports_nothing_from_the_package() -> None:
@@ -60,23 +184,17 @@ def test_run_artifacts_are_parsed_only_in_records() -> None:
     assert not found
 
 
-def test_pipelines_import_nothing_from_the_entry_points() -> None:
-    """pipeline/ (and everything below it) never imports cli/: what both need lives below them
-    (`config_compose`, `override_keys`, `gpu_claim`)."""
-    for path in PACKAGE.rglob("*.py"):
-        if path.relative_to(PACKAGE).parts[0] == "cli":
-            continue
-        assert not {n for n in _imports(path) if n.startswith("llm_perf_opt.cli")}, path.relative_to(PACKAGE)
+#: The folders below the config edge: they never see an omegaconf node or Hydra.
+BELOW_THE_CONFIG_EDGE = tuple(
+    name for layer in LAYERS[RANK["config_compose"] + 1 :] for name in layer if (PACKAGE / name).is_dir()
+)
 
 
-BELOW_THE_PIPELINES = ("session", "measure", "nsight", "analytic", "hardware", "records", "report", "data", "models")
-
-
-def test_nothing_below_the_pipelines_imports_the_config_libraries() -> None:
+def test_nothing_below_the_config_edge_imports_the_config_libraries() -> None:
     """Settings are parsed once at the edge (cli/, pipeline/, the config modules at the root) into typed records;
-    the layers below them never see an omegaconf node or Hydra."""
+    the folders below them never see an omegaconf node or Hydra."""
     found = []
-    for folder in BELOW_THE_PIPELINES:
+    for folder in BELOW_THE_CONFIG_EDGE:
         for path in _modules(folder):
             config = {n for n in _imports(path) if n.split(".")[0] in ("omegaconf", "hydra")}
             if config:

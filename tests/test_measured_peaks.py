@@ -13,15 +13,14 @@ import torch
 
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.errors import UserError
-from llm_perf_opt.hardware import measured
-from llm_perf_opt.hardware.measured import (
+from llm_perf_opt.measure import calibration, measured_peaks
+from llm_perf_opt.measure.calibration import AchievedRate, Workload
+from llm_perf_opt.measure.measured_peaks import (
     cache_path,
     check_peaks_setting,
     measured_peak_bandwidth,
     measured_peak_compute,
 )
-from llm_perf_opt.measure import calibration
-from llm_perf_opt.measure.calibration import AchievedRate, Workload
 
 GPU = torch.device("cuda", 1)
 NAME = "NVIDIA H100 80GB HBM3"
@@ -62,7 +61,7 @@ def test_measured_once_then_read_from_the_cache(fake_gpu, tmp_path: Path) -> Non
     assert (first.value, first.unit, first.dtype_key, first.device_name) == (731.8e12, "FLOP/s", "bf16", NAME)
     assert first.source.startswith("measured on this device: 8192³ bfloat16 GEMM (torch.matmul), median of 5")
     path = cache_path(NAME, tmp_path)
-    assert path.name == f"peaks-nvidia-h100-80gb-hbm3-{measured._slug(torch.__version__)}.json"
+    assert path.name == f"peaks-nvidia-h100-80gb-hbm3-{measured_peaks._slug(torch.__version__)}.json"
     assert str(path) in first.source and torch.__version__ in first.source
     cached = json.loads(path.read_text())
     assert cached["device_name"] == NAME and cached["torch"] == torch.__version__

@@ -29,6 +29,7 @@ from llm_perf_opt.measure.energy import (
     window,
 )
 from llm_perf_opt.measure.energy_figures import energy_report
+from llm_perf_opt.measure.measured_session import DecodeNotRepeatable
 from llm_perf_opt.measure.memory import (
     CacheWatch,
     MemoryRecorder,
@@ -57,7 +58,6 @@ from llm_perf_opt.records.stage1 import Stage1Metrics
 from llm_perf_opt.report.markdown import Doc
 from llm_perf_opt.report.memory_energy import energy_section, fit_lines, memory_section, vision_peak_caveat
 from llm_perf_opt.report.plots import memory_timeline
-from llm_perf_opt.session.decode import DecodeNotRepeatable
 from llm_perf_opt.session.session import InferenceSession
 
 FIXTURE = Path(__file__).parent / "fixtures" / "metrics" / "cpu_tiny_stage1.json"

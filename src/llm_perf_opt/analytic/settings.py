@@ -7,14 +7,14 @@
 - :class:`AnalyticSettings`: the `analytic.*` node (the page a config report prices, the GPUs, the view what-if).
 
 The `from_config` constructors take plain data (a pipeline converts its config nodes first; the model node comes
-parsed, as `ModelSettings`); every bad value is a
-UserError naming the setting. Nothing else below `pipeline/` reads a config.
+parsed, as `session.model_settings.ModelSettings`, read here through the `ModelNode` Protocol since analytic/ sits
+below session/); every bad value is a UserError naming the setting. Nothing else below `pipeline/` reads a config.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import attrs
 
@@ -22,8 +22,37 @@ from llm_perf_opt.errors import UserError, require_whole
 from llm_perf_opt.models.deepseek_ocr.preprocess import Mode, mode_from_config
 from llm_perf_opt.records.vocabulary import SUPPORTED_DTYPES_TEXT, dtype_bytes
 
-if TYPE_CHECKING:  # read by attribute only: no import of session/ at run time
-    from llm_perf_opt.session.model_settings import ModelSettings
+
+class PromptTokens(Protocol):
+    """The prompt's stand-in token count (`model.prompt.text_tokens`)."""
+
+    @property
+    def text_tokens(self) -> int | None: ...
+
+
+class ModelNode(Protocol):
+    """What `PricedModel.from_settings` reads of the parsed `model:` node (`session.model_settings.ModelSettings`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def adapter(self) -> str: ...
+
+    @property
+    def architecture(self) -> Mapping[str, Any]: ...
+
+    @property
+    def prompt(self) -> PromptTokens: ...
+
+    @property
+    def preprocess(self) -> Mapping[str, Any]: ...
+
+    @property
+    def mode(self) -> str | None: ...
+
+    @property
+    def modes(self) -> Mapping[str, Mapping[str, Any]]: ...
 
 
 def crop_grid_from(value: Any, name: str = "analytic.crop_grid") -> tuple[int, int]:
@@ -51,7 +80,7 @@ class PricedModel:
     tile_size: int | None = None
 
     @classmethod
-    def from_settings(cls, model: ModelSettings) -> PricedModel:
+    def from_settings(cls, model: ModelNode) -> PricedModel:
         """From the `model:` node as the pipeline read it once (`session.model_settings.ModelSettings`, at its edge
         or from a saved config.yaml); an unknown `model.mode` raises UserError."""
         if not model.architecture:  # a DeepSeek-OCR node always has one; the key is what a saved config lacks

@@ -5,7 +5,7 @@
 
 `achieved_rate` times back-to-back runs with the toolkit's own timing (`StageRecorder`: CUDA events on the
 device's current stream) and takes the median over repeats. `bench/calibration.py` checks that timing against raw
-events; `hardware.measured` turns the rates into achievable peaks, the second denominator of MFU and MBU.
+events; `measure.measured_peaks` turns the rates into achievable peaks, the second denominator of MFU and MBU.
 """
 
 from __future__ import annotations

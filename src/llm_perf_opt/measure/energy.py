@@ -16,20 +16,17 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import attrs
 import torch
 
+from llm_perf_opt.measure.measured_session import DecodeNotRepeatable, MeasuredSession
 from llm_perf_opt.measure.timing import NullRecorder
 from llm_perf_opt.records.memory import IDLE_SLEEP, EnergyPass, EnergyWindow
-from llm_perf_opt.session.decode import DecodeNotRepeatable
-
-if TYPE_CHECKING:
-    from llm_perf_opt.session.session import InferenceSession
 
 log = logging.getLogger("llm_perf_opt.energy")
 COUNTER_PERIOD_S = 0.1  # the energy counter's update period (about)
@@ -45,6 +42,28 @@ WINDOW_SETTING = {  # the setting that sizes each window
     "decode": "loop_seconds",
     "pass": "loop_seconds",
 }
+
+
+class CompiledShapes(Protocol):
+    """What the energy pass reads of a session's runtime settings (`session.runtime.RuntimeSettings`)."""
+
+    @property
+    def compiles_prefill(self) -> bool: ...
+
+    @property
+    def static_cache_len(self) -> int | None: ...
+
+
+class EnergySession(MeasuredSession, Protocol):
+    """What `EnergyMeter.loops` drives (`session.session.InferenceSession`): passes, and their decode steps again."""
+
+    @property
+    def runtime(self) -> CompiledShapes: ...
+
+    def repeat_decode(self, repeater: Callable[[Callable[[], None]], None]) -> AbstractContextManager[None]:
+        """Within the block, `repeater` gets each pass's decode section to run again over the same prompt; a pass
+        whose KV cache cannot rewind raises DecodeNotRepeatable."""
+        ...
 
 
 class EnergyUnavailable(Exception):
@@ -239,7 +258,7 @@ class EnergyMeter:
         """The meter of `device`'s counter; EnergyUnavailable when NVML cannot measure."""
         return cls(NvmlCounter.open(load_nvml(), device), settings)
 
-    def loops(self, session: InferenceSession, paths: Sequence[Path], new_tokens: int) -> None:
+    def loops(self, session: EnergySession, paths: Sequence[Path], new_tokens: int) -> None:
         """A prefill-only loop (unless it would compile a new shape) and a decode-only loop (the decode steps of one
         pass over `paths`, one input or a batch, repeated with the KV cache rewound to the prompt); a whole-pass loop
         where either cannot run. Each repetition ends with a device synchronisation."""
@@ -343,7 +362,7 @@ class EnergyMeter:
             log.warning("%s", exc.reason)
 
 
-def prefill_blocker(session: InferenceSession) -> str | None:
+def prefill_blocker(session: EnergySession) -> str | None:
     """Why a prefill-only loop (one new token) would not measure the timed prefill, or None: a compiled prefill on a
     static cache sized per pass would compile (and capture) a new shape."""
     runtime = session.runtime

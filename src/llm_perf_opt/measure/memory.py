@@ -13,12 +13,14 @@ import math
 import pickle
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import attrs
 import torch
 
+from llm_perf_opt.measure.measured_session import MeasuredSession
 from llm_perf_opt.measure.timing import StageRecorder
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.memory import (
@@ -29,9 +31,6 @@ from llm_perf_opt.records.memory import (
     MemorySample,
     StagePeak,
 )
-
-if TYPE_CHECKING:
-    from llm_perf_opt.session.session import InferenceSession
 
 MIB = 2**20
 SNAPSHOT_FILE = "memory/snapshot.pickle"
@@ -44,6 +43,31 @@ class MemorySettings:
     enable: bool = True
     max_entries: int = 100_000  # allocator events the history keeps (torch.cuda.memory._record_memory_history)
     snapshot_max_mib: float = 256.0  # a larger snapshot is not saved (0: never saved)
+
+
+class DecoderConfigs(Protocol):
+    """What the memory pass asks a session's model adapter (`session.adapters.base.ModelAdapter`)."""
+
+    def decoder_config(self, model: torch.nn.Module) -> Any:
+        """The text decoder's transformers config (None: none to read)."""
+        ...
+
+
+class MemorySession(MeasuredSession, Protocol):
+    """What `memory_pass` drives (`session.session.InferenceSession`): a pass, its KV cache seen as it grows."""
+
+    @property
+    def model(self) -> torch.nn.Module: ...
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    @property
+    def adapter(self) -> DecoderConfigs: ...
+
+    def observe_cache(self, observer: Callable[[Any], None]) -> AbstractContextManager[None]:
+        """Within the block, `observer` sees each pass's KV cache when it is made and after the prefill."""
+        ...
 
 
 class AllocatorState(Protocol):
@@ -179,7 +203,7 @@ def cache_bytes(cache: Any) -> int:
 
 @attrs.define
 class CacheWatch:
-    """Follows the pass's KV cache (`InferenceSession.observe_cache`): its bytes now, and those it held when first
+    """Follows the pass's KV cache (`MemorySession.observe_cache`): its bytes now, and those it held when first
     seen (a reused static cache is allocated before the pass)."""
 
     cache: Any = None
@@ -302,7 +326,7 @@ class MemoryOutcome:
 
 
 def memory_pass(
-    session: InferenceSession, paths: Sequence[Path], key: str, new_tokens: int, settings: MemorySettings
+    session: MemorySession, paths: Sequence[Path], key: str, new_tokens: int, settings: MemorySettings
 ) -> MemoryOutcome:
     """One untimed pass of `paths` (one input or a batch) under a `MemoryRecorder`, with the allocator's history
     recorded for the snapshot. CUDA only."""
@@ -343,7 +367,7 @@ def memory_pass(
 
 
 def _pass_record(
-    session: InferenceSession,
+    session: MemorySession,
     prepared: Sequence[Any],
     key: str,
     new_tokens: int,

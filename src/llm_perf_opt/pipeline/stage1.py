@@ -21,16 +21,16 @@ from llm_perf_opt.data.dataset import DatasetSelection
 from llm_perf_opt.data.inputs import InputChoice, select_inputs
 from llm_perf_opt.env_info import collect_env
 from llm_perf_opt.errors import UserError, require_bool, require_whole
-from llm_perf_opt.hardware.measured import (
+from llm_perf_opt.measure.compiled_modules import InductorProvenance
+from llm_perf_opt.measure.energy import EnergySettings
+from llm_perf_opt.measure.flops import FlopCounts
+from llm_perf_opt.measure.gpu_state import clock_state
+from llm_perf_opt.measure.measured_peaks import (
     MEASURED,
     check_peaks_setting,
     measured_peak_bandwidth,
     measured_peak_compute,
 )
-from llm_perf_opt.measure.compiled_modules import InductorProvenance
-from llm_perf_opt.measure.energy import EnergySettings
-from llm_perf_opt.measure.flops import FlopCounts
-from llm_perf_opt.measure.gpu_state import clock_state
 from llm_perf_opt.measure.memory import MemorySettings
 from llm_perf_opt.measure.outputs import save_prefill_logits, save_top_two
 from llm_perf_opt.measure.profiler_window import ProfilerWindow

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from llm_perf_opt.errors import UserError
+from llm_perf_opt.measure.measured_session import DecodeNotRepeatable
 from llm_perf_opt.measure.routing import RoutingRecorder
 from llm_perf_opt.measure.timing import StageRecorder
 from llm_perf_opt.models.cache_argument import CACHE_FIELD, forward_cache_argument, output_cache
@@ -36,14 +37,6 @@ MASKED_ATTENTION = ("sdpa", "eager")
 AroundStep = Callable[[int], AbstractContextManager[Any]]
 #: Embeds input i of a batch (vision included): (index, prepared) -> (1, tokens, hidden).
 EmbedInput = Callable[[int, PreparedInputs], torch.Tensor]
-
-
-class DecodeNotRepeatable(Exception):
-    """The decode section cannot run again over the same prompt; `reason` says why."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 @attrs.frozen

@@ -14,11 +14,12 @@ from PIL import Image
 
 from helpers import FIXTURES, run_cli, run_main
 from llm_perf_opt.artifacts import ArtifactsManager
+from llm_perf_opt.measure.advice import advise
 from llm_perf_opt.pipeline.stage1_render import render
 from llm_perf_opt.records.folders import WHATIF_FILE, load_stage1_metrics
 from llm_perf_opt.records.stage1 import Stage1Metrics
 from llm_perf_opt.records.whatif import ALONE, FAILED, MEASURED, Rung, RungFigures, WhatIfRecord
-from llm_perf_opt.report.recommendations import DECODE_LEVERS, recommendations
+from llm_perf_opt.report.recommendations import DECODE_LEVERS, measured_lever_lines
 from llm_perf_opt.report.whatif_plots import waterfall_steps, write_whatif_plots
 from llm_perf_opt.report.whatif_report import ranked_rungs, whatif_md, write_all
 from whatif_fixtures import (
@@ -223,9 +224,14 @@ def _h100(record: WhatIfRecord) -> Stage1Metrics:
     return attrs.evolve(m, model=attrs.evolve(m.model, name=record.model))
 
 
+def _cited(m: Stage1Metrics, record: WhatIfRecord) -> list[str]:
+    """What "What to try" quotes of the what-if run, before its table."""
+    return measured_lever_lines(record, m.device.name, m.model.name)
+
+
 def test_what_to_try_quotes_the_measured_gain_first_and_what_did_not_help() -> None:
     record = realistic()
-    recs = recommendations(_h100(record), record)
+    recs = _cited(_h100(record), record)
     assert recs[0].startswith(
         "Measured on this GPU (NVIDIA H100 80GB HBM3) by what-if run `20250101-120000-abcdef` (preset decode): "
         "static_cache + cuda_graphs cut decode ms/token (p50) from 24.80 to 1.57 ms/token (15.8×, beyond noise); "
@@ -235,9 +241,11 @@ def test_what_to_try_quotes_the_measured_gain_first_and_what_did_not_help() -> N
     not_helped = next(r for r in recs if r.startswith("Did not help (measured):"))
     assert "grouped_mm: 1.01× (within noise)" in not_helped and "mode_base" in not_helped
     assert any(r.startswith("Not measured in the what-if run:") and "batch_16 failed" in r for r in recs)
-    # the generic decode advice stays: its batching lever failed, so the record did not measure all it advises
-    assert any(r.startswith("Decode is 68% of end-to-end time") for r in recs)
-    assert recommendations(_h100(record))[0].startswith("Decode is 68%")  # no record: generic advice only
+    # the advice leaves out the levers the record measured (the cache and compile keys) but keeps batching,
+    # whose rung failed; without the record, the CUDA graphs lever is advised too
+    kinds = {a.kind for a in advise(_h100(record), record)}
+    assert "batch" in kinds and "cuda_graphs" not in kinds
+    assert "cuda_graphs" in {a.kind for a in advise(_h100(record))}
 
 
 def test_generic_advice_whose_levers_were_all_measured_gives_way() -> None:
@@ -247,15 +255,14 @@ def test_generic_advice_whose_levers_were_all_measured_gives_way() -> None:
     )
     record = attrs.evolve(record, rungs=tuple(batch if r.name == "batch_16" else r for r in record.rungs))
     assert {"runtime.kv_cache", "runtime.compile", "run.batch_size"} == DECODE_LEVERS
-    recs = recommendations(_h100(record), record)
-    assert not any(r.startswith("Decode is") for r in recs)
-    assert not any("experts_implementation=grouped_mm" in r and r.startswith("The MoE") for r in recs)
+    keys = {o.split("=", 1)[0] for a in advise(_h100(record), record) for o in a.overrides}
+    assert not keys & DECODE_LEVERS and "model.experts_implementation" not in keys
 
 
 def test_a_whatif_run_of_another_device_or_model_says_so() -> None:
     record = realistic()
     m = load_stage1_metrics(H100_METRICS)
-    line = recommendations(attrs.evolve(m, device=attrs.evolve(m.device, name="NVIDIA A100")), record)[0]
+    line = _cited(attrs.evolve(m, device=attrs.evolve(m.device, name="NVIDIA A100")), record)[0]
     assert line.startswith("Measured on NVIDIA H100 80GB HBM3 (not this run's NVIDIA A100)")
     assert "model deepseek_ocr, not this run's deepseek_ocr2" in line
 
@@ -263,7 +270,7 @@ def test_a_whatif_run_of_another_device_or_model_says_so() -> None:
 def test_a_whatif_run_where_nothing_helped_is_cited_as_such() -> None:
     record = minimal()
     m = load_stage1_metrics(H100_METRICS)
-    recs = recommendations(attrs.evolve(m, device=attrs.evolve(m.device, name="AMD EPYC")), record)
+    recs = _cited(attrs.evolve(m, device=attrs.evolve(m.device, name="AMD EPYC")), record)
     assert "no lever beat the baseline's 40.00 ms/token (decode ms/token (p50)) with its outputs checked" in recs[0]
     assert recs[1] == "Did not help (measured): static_cache: 0.99× (within noise)."
 
@@ -404,7 +411,7 @@ def test_single_pass_rungs_name_no_best_and_no_helped_lever(tmp_path: Path) -> N
     assert "### Helped" not in md and "### Did not help" not in md
     assert "### Not judged: too few passes" in md
     assert any("too few timed passes for an interval" in note for note in record.notes)
-    cited = " ".join(recommendations(load_stage1_metrics(H100_METRICS), record))
+    cited = " ".join(_cited(load_stage1_metrics(H100_METRICS), record))
     assert "Not judged: the figures of static_cache, grouped_mm and of the baseline are single passes" in cited
     assert "no lever could be judged against the baseline's 32.00 ms (decode ms/token (p50))" in cited
     assert "Levers that helped" not in cited and "Did not help" not in cited and "no lever beat" not in cited

@@ -76,3 +76,75 @@ def kernel_label(short_name: str, demangled: str) -> str:
         if word not in _GENERIC and word != short_name:
             return f"{short_name} [{word}]"
     return short_name
+
+
+# The kind of work a kernel does, for the advice (`kernel_kind`): one place that reads kernel and operator names.
+GEMM = "GEMM"
+ATTENTION = "attention"
+ELEMENTWISE = "elementwise"
+COPY = "copy"
+OTHER = "other"
+
+# (words in the name, lower case) -> kind; the first match wins, so attention (flash, fmha) comes before GEMM (cutlass
+# runs both), inductor's pointwise and reduction kernels before GEMM (their names list the ops they fuse, such as
+# `triton_poi_fused_add_convolution_0`) and copies before elementwise (a copy is an elementwise kernel of `copy`).
+_KERNEL_KINDS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("flash", "fmha", "sdpa", "attention", "scaled_dot_product", "mha_"), ATTENTION),
+    (("triton_poi", "triton_red", "triton_per"), ELEMENTWISE),
+    (
+        (
+            "nvjet",
+            "gemm",
+            "cutlass",
+            "cublas",
+            "xmma",
+            "wgmma",
+            "triton_tem",  # inductor's matmul templates
+            "grouped_mm",
+            "aten::mm",
+            "aten::addmm",
+            "aten::bmm",
+            "aten::baddbmm",
+            "aten::matmul",
+            "aten::linear",
+            "aten::_grouped_mm",
+            "conv",
+        ),
+        GEMM,
+    ),
+    (("memcpy", "memset", "copy", "contiguous", "aten::cat", "catarray", "aten::clone", "constant_pad"), COPY),
+    (
+        (
+            "elementwise",
+            "vectorized",
+            "functor",
+            "reduce",
+            "norm",
+            "softmax",
+            "gelu",
+            "silu",
+            "sigmoid",
+            "aten::add",
+            "aten::mul",
+            "aten::sub",
+            "aten::div",
+        ),
+        ELEMENTWISE,
+    ),
+)
+
+
+def _kind_of(text: str) -> str:
+    lowered = text.lower()
+    return next((kind for words, kind in _KERNEL_KINDS if any(w in lowered for w in words)), OTHER)
+
+
+def kernel_kind(label: str) -> str:
+    """GEMM, attention, elementwise, copy or other, for a kernel as the module tables name it: `kernel (operator)`
+    or a bare kernel name (whose own parentheses, such as `cutlass::device_kernel (attention)`, stay part of it).
+    The kernel's name decides; the operator that launched it only where the name alone says nothing:
+    `nvjet_sm90_… (aten::addmm)` is a GEMM, `elementwise_kernel (aten::mul)` elementwise."""
+    head, sep, tail = label.rpartition(" (")
+    kernel, operator = (head, tail.removesuffix(")")) if sep and "::" in tail else (label, "")
+    kind = _kind_of(kernel)
+    return kind if kind != OTHER or not operator else _kind_of(operator)

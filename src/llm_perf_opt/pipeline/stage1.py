@@ -21,6 +21,7 @@ from llm_perf_opt.data.dataset import DatasetSelection
 from llm_perf_opt.data.inputs import InputChoice, select_inputs
 from llm_perf_opt.env_info import collect_env
 from llm_perf_opt.errors import UserError, require_bool, require_whole
+from llm_perf_opt.measure.advice import advise
 from llm_perf_opt.measure.compiled_modules import InductorProvenance
 from llm_perf_opt.measure.energy import EnergySettings
 from llm_perf_opt.measure.flops import FlopCounts
@@ -583,6 +584,7 @@ class Stage1Run:
             self.art.write_anywhere(target, dumps_lines(predictions))
         inputs = inputs_manifest(self.inputs)
         plots: dict[str, str] = {}
+        advice = advise(metrics, self.whatif) if self.render_reports else ()
         if self.render_reports:
             plots = stage1_reports.write_details(
                 self.art,
@@ -590,12 +592,19 @@ class Stage1Run:
                 inputs=inputs,
                 operators=self.state.operators,
                 predictions=predictions,
+                advice=advice,
                 whatif=self.whatif,
             )
         metrics = attrs.evolve(metrics, time_budget=self.feedback.budget())
         self.art.write_json(METRICS_FILE, metrics)
         if self.render_reports:
             stage1_reports.write_report(
-                self.art, metrics, plots, inputs=inputs, operators=self.state.operators, whatif=self.whatif
+                self.art,
+                metrics,
+                plots,
+                inputs=inputs,
+                operators=self.state.operators,
+                advice=advice,
+                whatif=self.whatif,
             )
         return metrics

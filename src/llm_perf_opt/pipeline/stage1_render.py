@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from llm_perf_opt.artifacts import ArtifactsManager
+from llm_perf_opt.measure.advice import advise
 from llm_perf_opt.records.folders import load_stage1, unfinished_text, whatif_for
 from llm_perf_opt.records.stage1 import InputsManifest, Stage1Metrics
 from llm_perf_opt.report import stage1_reports
@@ -25,6 +26,7 @@ def render(run_dir: Path, whatif: Path | str | None = None, *, images: bool = Tr
         inputs=folder.inputs or no_inputs(folder.metrics),
         operators=folder.operators,
         predictions=folder.predictions,
+        advice=advise(folder.metrics, evidence),
         whatif=evidence,
         unfinished=unfinished_text(folder.status),
         images=images,

@@ -374,3 +374,7 @@ class WhatIfRecord:
 
     def lever(self, name: str) -> Lever | None:
         return next((lever for lever in self.levers if lever.name == name), None)
+
+    def measured_overrides(self) -> tuple[str, ...]:
+        """The overrides the measured rungs ran with (each once, in rung order)."""
+        return tuple(dict.fromkeys(o for r in self.rungs if r.state == MEASURED for o in r.overrides))

@@ -12,6 +12,7 @@ import attrs
 from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.data.prompts import read_prompt
 from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records.advice import Advice
 from llm_perf_opt.records.common import Summary
 from llm_perf_opt.records.stage1 import (
     FLOP_SOURCE,
@@ -47,7 +48,7 @@ from llm_perf_opt.report.markdown import (
 from llm_perf_opt.report.memory_energy import energy_section, memory_section
 from llm_perf_opt.report.modules_report import launched_by, modules_md, modules_plot, modules_section
 from llm_perf_opt.report.plots import write_stage1_plots
-from llm_perf_opt.report.recommendations import key_findings, recommendations
+from llm_perf_opt.report.recommendations import key_findings, what_to_try
 
 _LABELS = {
     vocab.PREPROCESS: "preprocess",
@@ -433,6 +434,7 @@ class _Report:
     whatif: WhatIfRecord | None
     unfinished: str | None
     records_of: Mapping[str, Sequence[ImageRecord]]  # an input's timed passes, by its name
+    advice: Sequence[Advice] = ()  # what to try, ranked (`measure.advice.advise`)
 
     def plot(self, doc: Doc, name: str, title: str) -> None:
         """The plot `name` as an image, when it was written."""
@@ -472,7 +474,7 @@ def _glance_section(doc: Doc, r: _Report) -> None:
     doc.h2("At a glance")
     doc.bullets(key_findings(r.m))
     doc.h2("What to try")
-    doc.bullets(recommendations(r.m, r.whatif))
+    what_to_try(doc, r.m, r.advice, r.whatif)
     if r.m.warnings:
         doc.h2("Warnings")
         doc.bullets(r.m.warnings)
@@ -729,11 +731,12 @@ def report_md(
     inputs: InputsManifest | None = None,
     whatif: WhatIfRecord | None = None,
     unfinished: str | None = None,
+    advice: Sequence[Advice] = (),
 ) -> str:
     """The main report: three things first (where time goes, how efficient, what to try), details after; one
     function per section (`REPORT_SECTIONS`). `unfinished`: why the folder's status does not say how the run ended
-    (it still reads `running`)."""
-    report = _Report(m, operators, files, plots or {}, inputs, whatif, unfinished, records_by_image(m))
+    (it still reads `running`); `advice`: what to try, ranked (`measure.advice.advise`)."""
+    report = _Report(m, operators, files, plots or {}, inputs, whatif, unfinished, records_by_image(m), advice)
     doc = Doc(f"Stage 1 report: {m.model.name} on {m.device.name}")
     for section in REPORT_SECTIONS:
         section(doc, report)
@@ -825,7 +828,7 @@ def _cost_centre_rows(stats: Sequence[StageStat]) -> list[list[str]]:
     return rows
 
 
-def stakeholder_md(m: Stage1Metrics, whatif: WhatIfRecord | None = None) -> str:
+def stakeholder_md(m: Stage1Metrics, whatif: WhatIfRecord | None = None, advice: Sequence[Advice] = ()) -> str:
     doc = Doc(f"Stakeholder summary: {m.model.name} inference on {m.device.name}")
     doc.para(
         f"{m.model.weights_detail}. Batch size {batches.batch_size_text(m)}, {m.settings.max_new_tokens} new tokens "
@@ -840,8 +843,8 @@ def stakeholder_md(m: Stage1Metrics, whatif: WhatIfRecord | None = None) -> str:
         "Top-level stages add up to the end-to-end time; nested stages (↳) are shares of the stage that contains them."
     )
     doc.table(["stage", "mean ms", "share"], _cost_centre_rows(m.stages))
-    doc.h2("Recommendations")
-    doc.bullets(recommendations(m, whatif))
+    doc.h2("What to try")
+    what_to_try(doc, m, advice, whatif)
     if m.warnings:
         doc.h2("Caveats")
         doc.bullets(m.warnings)
@@ -985,17 +988,26 @@ def write_all(
     inputs: InputsManifest,
     operators: OperatorTable | None,
     predictions: Sequence[Prediction],
+    advice: Sequence[Advice],
     whatif: WhatIfRecord | None = None,
     unfinished: str | None = None,
     images: bool = True,
 ) -> None:
     """Write every Stage 1 Markdown artifact and plot from the run's records (report.md last, so it can list the
     others that are there); `whatif`: a what-if run whose measured levers "What to try" cites; `unfinished`: see
-    `report_md`; `images`: False for Markdown alone (no plots, no predictions gallery)."""
+    `report_md`; `advice`: what to try, ranked (`measure.advice.advise`); `images`: False for Markdown alone (no plots,
+    no predictions gallery)."""
     plots = write_details(
-        art, m, inputs=inputs, operators=operators, predictions=predictions, whatif=whatif, images=images
+        art,
+        m,
+        inputs=inputs,
+        operators=operators,
+        predictions=predictions,
+        advice=advice,
+        whatif=whatif,
+        images=images,
     )
-    write_report(art, m, plots, inputs=inputs, operators=operators, whatif=whatif, unfinished=unfinished)
+    write_report(art, m, plots, inputs=inputs, operators=operators, advice=advice, whatif=whatif, unfinished=unfinished)
 
 
 def write_details(
@@ -1005,6 +1017,7 @@ def write_details(
     inputs: InputsManifest,
     operators: OperatorTable | None,
     predictions: Sequence[Prediction],
+    advice: Sequence[Advice],
     whatif: WhatIfRecord | None = None,
     images: bool = True,
 ) -> dict[str, str]:
@@ -1013,7 +1026,7 @@ def write_details(
     top_k = m.settings.profiler.top_k if m.settings.profiler else 0
     if operators is not None:
         write_markdown(art, "operators.md", operators_md(m, operators, top_k))
-    write_markdown(art, "stakeholder_summary.md", stakeholder_md(m, whatif))
+    write_markdown(art, "stakeholder_summary.md", stakeholder_md(m, whatif, advice))
     write_markdown(art, "assumptions.md", assumptions_md(m, inputs))
     if images:
         write_gallery(art, m, inputs, predictions, m.settings.outputs)
@@ -1032,9 +1045,10 @@ def write_report(
     *,
     inputs: InputsManifest,
     operators: OperatorTable | None,
+    advice: Sequence[Advice],
     whatif: WhatIfRecord | None = None,
     unfinished: str | None = None,
 ) -> None:
     """report.md, listing the files written before it (`write_details`)."""
     files = [*present(art.run_dir, [*art.written, "run_status.json"]), "report.md"]
-    write_markdown(art, "report.md", report_md(m, operators, files, plots, inputs, whatif, unfinished))
+    write_markdown(art, "report.md", report_md(m, operators, files, plots, inputs, whatif, unfinished, advice))

@@ -503,7 +503,8 @@ def stakeholder_md(m: Stage2Metrics, whatif: WhatIfRecord | None = None) -> str:
     recs = [] if whatif is None else measured_lever_lines(whatif, _device_name(m), _model_name(m))
     tried = frozenset() if whatif is None else measured_override_keys(whatif)
     dec = m.decode_steps
-    if dec and _decode_launch_bound(m) and not tried >= DECODE_LEVERS:
+    graphs = m.workload_settings is not None and m.workload_settings.runtime.uses_cuda_graphs  # already in force
+    if dec and _decode_launch_bound(m) and not graphs and not tried >= DECODE_LEVERS:
         recs.append(
             f"Batch-1 decode keeps the GPU busy only {dec.gpu_busy_fraction:.0%} of the time with "
             f"{dec.kernels_per_step:.0f} launches per step: capture the decode step in a CUDA graph "

@@ -1,0 +1,492 @@
+"""What to try next, as data: rules over a Stage 1 run's records, each proposing one lever with a predicted saving
+per page (`records.advice.Advice`), ranked. Pure functions of the records (no torch): `advise(m, whatif)`.
+
+Each rule reads what bounds the run (the time per page split into preprocess, vision, language-model prefill and
+decode beside each floor; the GPU's idle time per decode step; the modules furthest above their floor) and the
+settings it ran with; a lever whose every override the run already had is never advised, nor one a what-if run of
+the same model measured (its report cites the measurement instead). The prediction is the lever's bound times its
+kind's calibration (`records.advice`); the guide (docs/guide/stage1.md, "What to try") explains each rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from importlib.resources import files
+
+import attrs
+
+from llm_perf_opt.kernel_names import COPY, ELEMENTWISE, kernel_kind
+from llm_perf_opt.measure.throughput import run_pages
+from llm_perf_opt.override_text import override_key, override_value
+from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records.advice import (
+    BASIS_FLOOR,
+    BASIS_IDLE,
+    BASIS_MEMORY,
+    FIRST_TOKEN,
+    PAGE_LATENCY,
+    THROUGHPUT,
+    Advice,
+    Calibration,
+    shipped_calibration,
+)
+from llm_perf_opt.records.modules import ModuleAttribution
+from llm_perf_opt.records.stage1 import (
+    CUDA_GRAPH_MODES,
+    PAGE_DECODE,
+    PAGE_LM_PREFILL,
+    PAGE_PREPROCESS,
+    PAGE_VISION,
+    PagePart,
+    Stage1Metrics,
+)
+from llm_perf_opt.records.whatif import WhatIfRecord
+
+NOTABLE = 0.05  # a lever whose bound is below this share of its objective's time per page is not advised
+MODULE_FAR = 3.0  # measured / floor above which a module is far from its speed of light
+MODULE_NOTABLE = 0.05  # its time above the floor, as a share of its stage's time, for a rule to name it
+MODULE_FACTS = 3  # rows per stage (largest time above floor first)
+DEFAULT_BATCH = 8  # pages per forward advised where the memory pass did not say how many fit
+MAX_ADVISED_BATCH = 64
+EXPERTS_WORDS = ("experts", "moe")
+ATTENTION_WORDS = ("attn", "attention")
+GRAPHS_MODE = CUDA_GRAPH_MODES[0]  # reduce-overhead
+FILL_KEYS = frozenset({"run.fill_batches"})  # fills a batch with copies of the inputs: no lever of its own
+
+
+@attrs.frozen
+class ModuleFact:
+    """One module (folded across layers) far above its floor, from the profiled pass's module attribution."""
+
+    stage: str
+    module: str
+    module_type: str
+    ms: float  # per forward of the stage
+    floor_ms: float
+    stage_ms: float  # the stage's kernel time per forward
+    top_kernel: str | None  # "kernel (operator)"
+
+    @property
+    def ratio(self) -> float:
+        return self.ms / self.floor_ms if self.floor_ms > 0 else float("inf")
+
+    @property
+    def above_ms(self) -> float:
+        return max(self.ms - self.floor_ms, 0.0)
+
+    @property
+    def kernel_kind(self) -> str:
+        """GEMM, attention, elementwise, copy or other: what its largest kernel does (`kernel_names.kernel_kind`)."""
+        return kernel_kind(self.top_kernel or "")
+
+    @property
+    def role(self) -> str:
+        """ "experts" or "attention" by the module's name, else its largest kernel's kind."""
+        where = f"{self.module} {self.module_type}".lower()
+        if any(w in where for w in EXPERTS_WORDS):
+            return "experts"
+        return "attention" if any(w in where for w in ATTENTION_WORDS) else self.kernel_kind
+
+
+def module_facts(a: ModuleAttribution | None) -> tuple[ModuleFact, ...]:
+    """Per stage, the modules furthest above their floor (at most MODULE_FACTS each) that are MODULE_FAR× above it
+    and whose distance to it is at least MODULE_NOTABLE of the stage; largest share of the stage first."""
+    out = []
+    for stage in a.stages if a is not None else ():
+        rows = [r for r in stage.rows if r.floor_ms is not None and r.above_floor_ms is not None]
+        rows.sort(key=lambda r: -(r.above_floor_ms or 0.0))
+        for r in rows[:MODULE_FACTS]:
+            fact = ModuleFact(
+                stage.stage, r.module, r.module_type, r.ms, r.floor_ms or 0.0, stage.total_ms, r.top_kernel
+            )
+            if stage.total_ms > 0 and fact.ratio >= MODULE_FAR and fact.above_ms / stage.total_ms >= MODULE_NOTABLE:
+                out.append(fact)
+    return tuple(sorted(out, key=lambda f: -f.above_ms / f.stage_ms))
+
+
+def setting_of(m: Stage1Metrics, key: str) -> str | None:
+    """The value a run had for an override's key, as an override writes it; None where the run did not record it."""
+    r, model = m.settings.runtime, m.model
+    recorded: dict[str, object] = {
+        "runtime.kv_cache": r.kv_cache,
+        "runtime.compile": r.compile,
+        "runtime.compile_mode": r.compile_mode if r.compile != "none" else None,  # a mode compiles nothing alone
+        "runtime.compile_vision": r.compile_vision,
+        "runtime.batch_vision": r.batch_vision,
+        "run.batch_size": m.settings.batch_size,
+        "run.fill_batches": m.settings.fill_batches,
+        "model.experts_implementation": model.experts_implementation,
+        "model.attn_implementation": model.attn_implementation,
+    }
+    if key.startswith("model.preprocess."):
+        recorded[key] = (model.preprocess or {}).get(key.removeprefix("model.preprocess."))
+    value = recorded.get(key)
+    if value is None:
+        return None
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def in_force(m: Stage1Metrics, override: str) -> bool:
+    """Whether the run already ran with this override (`key=value`)."""
+    return setting_of(m, override_key(override)) == override_value(override)
+
+
+# Keys a verifying run repeats from this run (when not at their default), so only the lever differs.
+_KEPT = {
+    "runtime.kv_cache": "dynamic",
+    "runtime.compile": "none",
+    "runtime.compile_mode": GRAPHS_MODE,
+    "runtime.compile_vision": "none",
+    "runtime.batch_vision": "false",
+    "run.batch_size": "1",
+    "run.fill_batches": "false",
+    "model.preprocess.device": "cpu",
+}
+
+
+def _shipped_model(name: str) -> bool:
+    """Whether `name` is a model config shipped in the package (`model=<name>`)."""
+    return files("llm_perf_opt").joinpath("conf", "model", f"{name}.yaml").is_file()
+
+
+def verify_command(m: Stage1Metrics, changes: Sequence[str]) -> str:
+    """`stage1-run` on this run's model, workload and settings with the lever's overrides on top: its folder
+    against this one (`perf-compare`) measures the saving."""
+    kept = [f"model={m.model.name}"] if _shipped_model(m.model.name) else []
+    if m.settings.workload_profile:
+        kept.append(f"workload={m.settings.workload_profile['name']}")
+    kept.append(f"infer.max_new_tokens={m.settings.max_new_tokens}")
+    changed = {override_key(c) for c in changes}
+    for key, default in _KEPT.items():
+        value = setting_of(m, key)
+        if key not in changed and value is not None and value != default:
+            kept.append(f"{key}={value}")
+    return " ".join(["stage1-run", *kept, *changes])
+
+
+@attrs.frozen
+class RunFacts:
+    """What the rules read, computed once from a run's records: its settings, the time per page split into parts
+    beside their floors, the GPU's busy share of a decode step, the modules far above their floor."""
+
+    m: Stage1Metrics
+    batch: int
+    parts: Mapping[str, PagePart]
+    busy_fraction: float | None  # decode steps, profiled pass (CUDA)
+    modules: tuple[ModuleFact, ...]
+    bound_by: str | None  # the part holding the most time per page
+
+    @classmethod
+    def of(cls, m: Stage1Metrics) -> RunFacts:
+        pages = run_pages(m)
+        activity = m.profiler.activity if m.profiler else None
+        return cls(
+            m=m,
+            batch=pages.batch_size if pages else max(m.settings.batch_size, 1),
+            parts={p.part: p for p in pages.parts} if pages else {},
+            busy_fraction=activity.busy_fraction if activity is not None and activity.wall_ms_mean > 0 else None,
+            modules=module_facts(m.modules),
+            bound_by=bound.part if pages and (bound := pages.bound_by) else None,
+        )
+
+    @property
+    def cuda(self) -> bool:
+        return self.m.device.type == "cuda"
+
+    def ms(self, part: str) -> float:
+        p = self.parts.get(part)
+        return p.ms_per_page if p else 0.0
+
+    def above_floor(self, part: str) -> float | None:
+        """A part's time per page above its floor; None where the floor is not priced."""
+        p = self.parts.get(part)
+        if p is None or p.floor_ms_per_page is None:
+            return None
+        return max(p.ms_per_page - p.floor_ms_per_page, 0.0)
+
+    def objective(self, parts: Sequence[str], objective: str | None = None) -> tuple[str, float]:
+        """The figure a lever acting on `parts` serves (unless `objective` names it), and its time per page now:
+        throughput at a batch above 1; at batch 1 the first token for a lever before decode, the page's latency for
+        one acting on decode."""
+        whole = sum(p.ms_per_page for p in self.parts.values())
+        if objective == THROUGHPUT or self.batch > 1:
+            return THROUGHPUT, whole
+        if PAGE_DECODE in parts:
+            return PAGE_LATENCY, whole
+        return FIRST_TOKEN, whole - self.ms(PAGE_DECODE)
+
+    def per_page(self, fact: ModuleFact) -> float:
+        """A module's time above its floor per page: per decode step times the steps of a pass, per pass otherwise,
+        over the pages of the profiled forward."""
+        steps = max(self.m.settings.max_new_tokens - 1, 1) if fact.stage == vocab.DECODE_STEP else 1
+        return fact.above_ms * steps / self.batch
+
+    def modules_of(self, role: str) -> tuple[ModuleFact, ...]:
+        return tuple(f for f in self.modules if f.role == role)
+
+
+@attrs.frozen
+class Proposal:
+    """What a rule proposes, before it is priced: the lever (overrides, or a code change in words), what it acts on,
+    the page parts whose objective it serves, its basis and bound per page."""
+
+    kind: str
+    acts_on: tuple[str, ...]
+    parts: tuple[str, ...]
+    basis: str
+    bound_ms: float
+    because: str
+    overrides: tuple[str, ...] = ()
+    code_change: str = ""
+    objective: str | None = None  # None: the one its parts serve (`RunFacts.objective`)
+
+
+def _priced(f: RunFacts, p: Proposal, calibration: Calibration) -> Advice | None:
+    """The proposal as advice: only the overrides the run did not already have, its saving from the calibration;
+    None when every override was in force or the bound is too small to matter."""
+    changes = tuple(o for o in p.overrides if not in_force(f.m, o))
+    if p.overrides and not changes:
+        return None
+    objective, objective_ms = f.objective(p.parts, p.objective)
+    if p.bound_ms <= 0 or objective_ms <= 0 or p.bound_ms < NOTABLE * objective_ms:
+        return None
+    saving, low, high = calibration.of(p.kind).saving(min(p.bound_ms, objective_ms))
+    return Advice(
+        lever=" ".join(changes) or p.code_change,
+        overrides=changes,
+        kind=p.kind,
+        acts_on=p.acts_on,
+        objective=objective,
+        objective_ms=objective_ms,
+        basis=p.basis,
+        bound_ms=p.bound_ms,
+        saving_ms=saving,
+        saving_low_ms=low,
+        saving_high_ms=high,
+        because=p.because,
+        command=verify_command(f.m, changes) if changes else "",
+    )
+
+
+def _floor_because(f: RunFacts, part: str) -> str:
+    p = f.parts[part]
+    return f"{part} {p.ms_per_page:,.1f} ms/page, floor {p.floor_ms_per_page or 0.0:,.1f} ms"
+
+
+def _compile_overrides(f: RunFacts, compile_value: str) -> tuple[str, ...]:
+    """A compiled decoder (`compile_value`) on a static cache, in CUDA graphs on a GPU (the run's own mode kept
+    where it already compiled)."""
+    r = f.m.settings.runtime
+    mode = r.compile_mode if r.compile != "none" else (GRAPHS_MODE if f.cuda else "default")
+    return ("runtime.kv_cache=static", f"runtime.compile={compile_value}", f"runtime.compile_mode={mode}")
+
+
+def decode_graphs(f: RunFacts) -> Proposal | None:
+    """Decode launch-bound: the step replayed from CUDA graphs removes up to the GPU's idle time between its
+    kernels (the profiled pass's busy share of a step); without a profiled pass, up to decode's time above floor."""
+    r = f.m.settings.runtime
+    if not f.cuda or r.uses_cuda_graphs or PAGE_DECODE not in f.parts:
+        return None
+    compile_value = r.compile if r.compile != "none" else "decode"
+    overrides = (
+        "runtime.kv_cache=static",
+        f"runtime.compile={compile_value}",
+        f"runtime.compile_mode={GRAPHS_MODE}",
+    )
+    decode = f.ms(PAGE_DECODE)
+    if f.busy_fraction is not None:
+        idle = decode * (1 - f.busy_fraction)
+        because = f"decode {decode:,.1f} ms/page, GPU busy {f.busy_fraction:.0%} of each step"
+        return Proposal("cuda_graphs", (vocab.DECODE,), (PAGE_DECODE,), BASIS_IDLE, idle, because, overrides)
+    above = f.above_floor(PAGE_DECODE)
+    if above is None:
+        return None
+    because = _floor_because(f, PAGE_DECODE)
+    return Proposal("cuda_graphs", (vocab.DECODE,), (PAGE_DECODE,), BASIS_FLOOR, above, because, overrides)
+
+
+def compile_prefill(f: RunFacts) -> Proposal | None:
+    """The language model's prefill far above its floor: compiled with the decode step (`runtime.compile=
+    prefill_decode`) removes up to that distance."""
+    above = f.above_floor(PAGE_LM_PREFILL)
+    if above is None or f.m.settings.runtime.compile == "prefill_decode":
+        return None
+    return Proposal(
+        "compile_prefill",
+        (vocab.PREFILL + " (language model)",),
+        (PAGE_LM_PREFILL,),
+        BASIS_FLOOR,
+        above,
+        _floor_because(f, PAGE_LM_PREFILL),
+        _compile_overrides(f, "prefill_decode"),
+    )
+
+
+def batch_vision(f: RunFacts) -> Proposal | None:
+    """At a batch above 1 bound by vision: the batch's views through the vision stages together
+    (`runtime.batch_vision=true`) remove up to vision's time above its floor."""
+    above = f.above_floor(PAGE_VISION)
+    if f.batch < 2 or f.bound_by != PAGE_VISION or above is None:
+        return None
+    return Proposal(
+        "batch_vision",
+        tuple(f.m.vision_stages) or (PAGE_VISION,),
+        (PAGE_VISION,),
+        BASIS_FLOOR,
+        above,
+        _floor_because(f, PAGE_VISION) + f"; it bounds the batch of {f.batch}",
+        ("runtime.batch_vision=true",),
+    )
+
+
+def compile_vision(f: RunFacts) -> Proposal | None:
+    """Vision far above its floor on a GPU: its modules compiled in CUDA graphs (`runtime.compile_vision`) remove up
+    to vision's time above its floor."""
+    above = f.above_floor(PAGE_VISION)
+    if not f.cuda or above is None:
+        return None
+    return Proposal(
+        "compile_vision",
+        tuple(f.m.vision_stages) or (PAGE_VISION,),
+        (PAGE_VISION,),
+        BASIS_FLOOR,
+        above,
+        _floor_because(f, PAGE_VISION),
+        (f"runtime.compile_vision={GRAPHS_MODE}",),
+    )
+
+
+def preprocess_on_gpu(f: RunFacts) -> Proposal | None:
+    """Preprocessing on the host (no priced floor: all of it counts): made on the GPU where the model offers it
+    (`model.preprocess.device=cuda`), else overlapped with the GPU's work of the previous pages (a code change).
+    Preprocessing already on the GPU gets neither."""
+    device = (f.m.model.preprocess or {}).get("device")
+    pre = f.ms(PAGE_PREPROCESS)
+    if not f.cuda or device == "cuda" or pre <= 0:
+        return None
+    because = f"preprocess {pre:,.1f} ms/page on the host, no floor priced"
+    if device == "cpu":
+        return Proposal(
+            "gpu_preprocess",
+            (vocab.PREPROCESS,),
+            (PAGE_PREPROCESS,),
+            BASIS_FLOOR,
+            pre,
+            because,
+            ("model.preprocess.device=cuda",),
+        )
+    return Proposal(
+        "overlap_preprocess",
+        (vocab.PREPROCESS,),
+        (PAGE_PREPROCESS,),
+        BASIS_FLOOR,
+        pre,
+        because + " (no GPU preprocessing recorded for this model)",
+        code_change="preprocess the next pages in a worker while the GPU runs these",
+        objective=THROUGHPUT,  # the pages behind it wait less; a page's own first token does not move
+    )
+
+
+def larger_batch(f: RunFacts) -> Proposal | None:
+    """Batch 1 on a GPU: B pages per forward read the weights once per step for all of them, so decode's time per
+    page falls toward 1/B of it (B: the most the memory pass says fit, at most MAX_ADVISED_BATCH, else
+    DEFAULT_BATCH); up to decode × (1 − 1/B) per page, for throughput."""
+    if not f.cuda or f.batch != 1 or PAGE_DECODE not in f.parts:
+        return None
+    fit = f.m.memory.fit if f.m.memory is not None else None
+    fits = fit.max_batch if fit is not None and fit.max_batch else None
+    size = min(fits, MAX_ADVISED_BATCH) if fits else DEFAULT_BATCH
+    if size < 2:
+        return None
+    decode = f.ms(PAGE_DECODE)
+    room = f"{fits} fit in memory" if fits else "the memory pass did not say how many fit"
+    fill = ("run.fill_batches=true",) if len(f.m.images) < size else ()  # copies of the inputs fill the batch
+    return Proposal(
+        "batch",
+        (vocab.DECODE,),
+        (PAGE_DECODE,),
+        BASIS_MEMORY,
+        decode * (1 - 1 / size),
+        f"decode {decode:,.1f} ms/page at batch 1; {room}",
+        (f"run.batch_size={size}", *fill),
+        objective=THROUGHPUT,
+    )
+
+
+def _module_proposal(f: RunFacts, role: str, kind: str, overrides: tuple[str, ...], code: str) -> Proposal | None:
+    facts = f.modules_of(role)
+    if not facts:
+        return None
+    top = facts[0]
+    parts = (PAGE_DECODE,) if any(x.stage == vocab.DECODE_STEP for x in facts) else (PAGE_VISION, PAGE_LM_PREFILL)
+    because = f"`{top.module}` ({top.stage}) {top.ratio:,.1f}× its floor" + (
+        f", mostly {top.kernel_kind} kernels" if top.top_kernel else ""
+    )
+    return Proposal(
+        kind,
+        tuple(dict.fromkeys(x.module for x in facts)),
+        parts,
+        BASIS_FLOOR,
+        sum(f.per_page(x) for x in facts),
+        because,
+        overrides,
+        code,
+    )
+
+
+def experts_backend(f: RunFacts) -> Proposal | None:
+    """MoE experts far above their floor running the eager per-expert loop: a grouped GEMM runs them in one launch."""
+    if not f.cuda or f.m.model.experts_implementation != "eager":
+        return None
+    return _module_proposal(f, "experts", "experts_backend", ("model.experts_implementation=grouped_mm",), "")
+
+
+def attention_backend(f: RunFacts) -> Proposal | None:
+    """Attention far above its floor with eager attention: a fused backend (SDPA) avoids materialising the scores."""
+    if f.m.model.attn_implementation != "eager":
+        return None
+    return _module_proposal(f, "attention", "attention_backend", ("model.attn_implementation=sdpa",), "")
+
+
+def fuse(f: RunFacts, role: str) -> Proposal | None:
+    """Modules far above their floor whose largest kernels are elementwise or copies, where compiling is already in
+    force for their stage (else the compile levers above cover them): fuse them in the module's code."""
+    r = f.m.settings.runtime
+    facts = f.modules_of(role)
+    decoder = any(not vocab.is_vision(x.stage) for x in facts)
+    if not facts or (r.compile == "none" if decoder else r.compile_vision == "none"):
+        return None
+    what = "elementwise kernels" if role == ELEMENTWISE else "layout copies"
+    return _module_proposal(f, role, f"fuse_{role}", (), f"fuse the {what} of `{facts[0].module}` in its forward")
+
+
+RULES: tuple[Callable[[RunFacts], Proposal | None], ...] = (
+    decode_graphs,
+    compile_prefill,
+    batch_vision,
+    compile_vision,
+    preprocess_on_gpu,
+    larger_batch,
+    experts_backend,
+    attention_backend,
+    lambda f: fuse(f, ELEMENTWISE),
+    lambda f: fuse(f, COPY),
+)
+
+
+def advise(
+    m: Stage1Metrics, whatif: WhatIfRecord | None = None, calibration: Calibration | None = None
+) -> tuple[Advice, ...]:
+    """Every lever the rules propose for the run, priced, best predicted speed-up first; none the run already had,
+    none whose every key a what-if run measured (`whatif`: its report cites the measurement)."""
+    facts = RunFacts.of(m)
+    calibration = calibration or shipped_calibration()
+    tried = {override_key(o) for o in whatif.measured_overrides()} if whatif is not None else set()
+    out = []
+    for rule in RULES:
+        proposal = rule(facts)
+        advice = None if proposal is None else _priced(facts, proposal, calibration)
+        keys = {override_key(o) for o in advice.overrides} - FILL_KEYS if advice is not None else set()
+        if advice is not None and not (keys and keys <= tried):
+            out.append(advice)
+    return tuple(sorted(out, key=lambda a: -(a.speedup or 0.0)))

@@ -1,0 +1,154 @@
+"""Advice as data: one record per lever "What to try" proposes (`Advice`), and the calibration of its predictions
+(`Calibration`, shipped as `advice_calibration.yaml`; `calibrated` folds a measured saving into it).
+
+A prediction is simple: each lever acts on some measured time it can at most remove (its `bound_ms`: the time
+above a stage's or module's floor, the GPU's idle time between launches, or the per-page share a larger batch
+spreads), and saves the share of it that levers of its kind have saved when measured (`LeverCalibration.factor`),
+within the shares measured so far (`low`..`high`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from importlib import resources
+
+import attrs
+import yaml
+
+from llm_perf_opt.records.io import converter
+
+# What a prediction rests on (`Advice.basis`).
+BASIS_FLOOR = "time above floor"  # measured time minus the analytic floor of the same work
+BASIS_IDLE = "launch-bound idle time"  # the GPU's idle time between a step's kernels (profiled pass)
+BASIS_MEMORY = "memory headroom"  # a larger batch that fits, spreading the per-pass time over more pages
+BASIS_MEASURED = "measured"  # a measured run of the lever (a what-if run) or the calibration alone
+BASES = (BASIS_FLOOR, BASIS_IDLE, BASIS_MEMORY, BASIS_MEASURED)
+
+# The figure a lever serves (`Advice.objective`), each in ms per page.
+PAGE_LATENCY = "page latency"  # a page's time to last token
+FIRST_TOKEN = "first token"  # a page's time to first token
+THROUGHPUT = "throughput"  # time per page (1 / pages per second)
+OBJECTIVES = (PAGE_LATENCY, FIRST_TOKEN, THROUGHPUT)
+
+CALIBRATION_FILE = "advice_calibration.yaml"
+
+
+def _ratio(before: float, saving: float) -> float | None:
+    """before / (before − saving): the speed-up of a figure that loses `saving`; None where nothing is left."""
+    return before / (before - saving) if before > 0 and saving < before else None
+
+
+@attrs.frozen
+class Advice:
+    """One lever to try, with what it is predicted to save on a page and how that was worked out.
+
+    The saving is `factor × bound_ms` of the lever kind's calibration, its interval `low × bound_ms`..`high ×
+    bound_ms`; `speedup` is the objective's time per page now over that time less the saving."""
+
+    lever: str  # the overrides to set ("runtime.batch_vision=true"), or a named code change where none exists
+    overrides: tuple[str, ...] = ()  # the `stage1-run` overrides it sets; empty for a code change
+    kind: str = ""  # the lever's kind, the key of its calibration (e.g. "cuda_graphs", "batch_vision")
+    acts_on: tuple[str, ...] = ()  # the stages or modules it changes
+    objective: str = PAGE_LATENCY
+    objective_ms: float = 0.0  # the objective's time per page in this run
+    basis: str = BASIS_FLOOR
+    bound_ms: float = 0.0  # per page: the most the lever can remove on its basis
+    saving_ms: float = 0.0  # per page, predicted
+    saving_low_ms: float = 0.0
+    saving_high_ms: float = 0.0
+    because: str = ""  # the figures behind the bound, in a few words ("vision 41.2 ms/page, floor 5.1 ms")
+    command: str = ""  # the command that measures it on this run's workload
+
+    @property
+    def code_change(self) -> bool:
+        return not self.overrides
+
+    @property
+    def speedup(self) -> float | None:
+        return _ratio(self.objective_ms, self.saving_ms)
+
+    @property
+    def speedup_low(self) -> float | None:
+        return _ratio(self.objective_ms, self.saving_low_ms)
+
+    @property
+    def speedup_high(self) -> float | None:
+        return _ratio(self.objective_ms, self.saving_high_ms)
+
+
+@attrs.frozen
+class LeverCalibration:
+    """The share of its bound a lever kind saves: `factor` predicted, `low`..`high` the interval; `samples`: measured
+    savings folded in (0: a prior, set by hand); `note`: where the figures come from."""
+
+    factor: float
+    low: float
+    high: float
+    samples: int = 0
+    note: str = ""
+
+    def saving(self, bound_ms: float) -> tuple[float, float, float]:
+        """(predicted, low, high) ms for a bound of `bound_ms`."""
+        return self.factor * bound_ms, self.low * bound_ms, self.high * bound_ms
+
+
+# A kind the calibration does not name: anything from nothing to the whole bound, half of it expected.
+UNCALIBRATED = LeverCalibration(factor=0.5, low=0.0, high=1.0, note="no calibration for this kind of lever")
+
+
+@attrs.frozen
+class Calibration:
+    """The calibration of every lever kind (`advice_calibration.yaml`)."""
+
+    kinds: Mapping[str, LeverCalibration] = attrs.field(factory=dict)
+
+    def of(self, kind: str) -> LeverCalibration:
+        return self.kinds.get(kind, UNCALIBRATED)
+
+
+def calibrated(calibration: Calibration, kind: str, bound_ms: float, measured_saving_ms: float) -> Calibration:
+    """The calibration with one measured saving of a `kind` lever folded in: its realised share r = measured saving
+    / bound becomes part of the factor (the mean of every sample: (factor × n + r) / (n + 1), so a hand-set prior,
+    n = 0, gives way to the first sample) and widens the interval to hold r. A bound of 0 teaches nothing.
+
+    Use it after measuring an advised lever (its command, then `perf-compare` of the two folders): the advice's
+    `bound_ms` and the measured saving per page; write `dump_calibration` of the result over the package's
+    `advice_calibration.yaml`."""
+    if bound_ms <= 0:
+        return calibration
+    share = measured_saving_ms / bound_ms
+    old = calibration.of(kind)
+    n = old.samples
+    factor = (old.factor * n + share) / (n + 1)
+    note = old.note if old is not UNCALIBRATED else ""
+    new = LeverCalibration(factor, min(old.low, share), max(old.high, share), samples=n + 1, note=note)
+    return Calibration({**calibration.kinds, kind: new})
+
+
+def _parse(data: object, where: str) -> Calibration:
+    if not isinstance(data, dict) or not isinstance(data.get("kinds"), dict):
+        raise ValueError(f"{where}: expected a top-level 'kinds' mapping of lever kind -> factor, low, high")
+    calibration = converter.structure(data, Calibration)
+    for kind, c in calibration.kinds.items():
+        if not 0 <= c.low <= c.factor <= c.high:
+            raise ValueError(f"{where}: {kind}: needs 0 <= low <= factor <= high, got {c.low}, {c.factor}, {c.high}")
+    return calibration
+
+
+@functools.cache
+def shipped_calibration() -> Calibration:
+    """The calibration shipped in the package (`advice_calibration.yaml` beside this module), read once."""
+    text = resources.files("llm_perf_opt.records").joinpath(CALIBRATION_FILE).read_text(encoding="utf-8")
+    return _parse(yaml.safe_load(text), CALIBRATION_FILE)
+
+
+def load_calibration(text: str, where: str = CALIBRATION_FILE) -> Calibration:
+    """A calibration from YAML text (`where` names it in an error)."""
+    return _parse(yaml.safe_load(text), where)
+
+
+def dump_calibration(calibration: Calibration) -> str:
+    """The calibration as YAML, the shipped file's layout."""
+    plain = converter.unstructure(calibration)
+    return str(yaml.safe_dump(plain, sort_keys=False, allow_unicode=True, width=120))

@@ -17,8 +17,8 @@ from llm_perf_opt.measure import whatif_objectives as o
 from llm_perf_opt.measure.outputs import load_top_two, near_tie, save_top_two
 from llm_perf_opt.measure.timing import NullRecorder
 from llm_perf_opt.measure.whatif import outputs_departure
-from llm_perf_opt.pipeline.whatif import WhatIfRun, _verdict_line
-from llm_perf_opt.pipeline.whatif_judge import near_tie_tolerance
+from llm_perf_opt.measure.whatif_analysis import WhatIfAnalysis, verdict_line
+from llm_perf_opt.pipeline.whatif_judge import judging_settings, near_tie_tolerance
 from llm_perf_opt.records.stage1 import TopTwoLogits
 from llm_perf_opt.records.whatif import ALONE, MEASURED, SAME, WORSE, NearTie, OutputAgreement, Rung, Speedup
 
@@ -83,27 +83,28 @@ def test_the_verdict_line_names_the_near_tie() -> None:
     gain = Speedup(value=10.0, ci95_low=9.0, ci95_high=11.0, ci_method="t", verdict="beyond noise")
     tie = NearTie(token=2, gap=0.02, top_logit=4.0, tolerance=0.01)
     rung = Rung("cuda_graphs", ALONE, ("cuda_graphs",), (), False, MEASURED, speedup=gain, outputs=_agreement(tie))
-    line = _verdict_line(rung, 5)
+    line = verdict_line(rung, 5)
     assert line == (
         "cuda_graphs: 10.00× (beyond noise), outputs identical up to a near-tie at generated token 2 (within tolerance)"
     )
     beyond = attrs.evolve(rung, outputs=_agreement(attrs.evolve(tie, gap=0.4)))
-    assert _verdict_line(beyond, 5).endswith("outputs depart at generated token 2")
+    assert verdict_line(beyond, 5).endswith("outputs depart at generated token 2")
 
 
-def test_the_ladder_takes_a_lever_departing_at_a_near_tie(tmp_path: Path) -> None:
+def test_the_ladder_takes_a_lever_departing_at_a_near_tie() -> None:
     """The H100 runs with random weights: CUDA graphs departed at token 18, a near-tie of the baseline's logits; it
     now goes on the ladder, while a lever departing elsewhere stays off with the reason."""
-    run = WhatIfRun(compose_config("whatif"), tmp_path, "w", workload=())
-    assert run.tie_tolerance == 0.01  # the shipped default
+    settings = judging_settings(compose_config("whatif"))
+    assert settings.near_tie_tolerance == 0.01  # the shipped default
     tie = NearTie(token=18, gap=0.01, top_logit=3.1, tolerance=0.01)
     base = Rung("graphs", ALONE, ("graphs",), (), False, MEASURED)
-    run.rungs = {
-        "graphs": attrs.evolve(base, outputs=_agreement(tie, departs=18)),
-        "early": attrs.evolve(base, name="early", outputs=_agreement(None, departs=5)),
-    }
-    assert run._departure("graphs") is None
-    assert "token 5 of 4" in (run._departure("early") or "")
+    rungs = [
+        attrs.evolve(base, outputs=_agreement(tie, departs=18)),
+        attrs.evolve(base, name="early", outputs=_agreement(None, departs=5)),
+    ]
+    analysis = WhatIfAnalysis(settings, (), rungs, {})
+    assert analysis.departure("graphs") is None
+    assert "token 5 of 4" in (analysis.departure("early") or "")
 
 
 def test_a_bad_tolerance_is_one_paragraph() -> None:

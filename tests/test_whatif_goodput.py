@@ -1,7 +1,7 @@
-"""Goodput in the what-if (`measure.whatif_goodput`, `report.whatif_goodput`): the most pages/s among the rungs whose
-per-page p90 latency meets `whatif.latency_target`, the frontier of pages/s against that latency, an unreachable
-target said plainly, the target read from a preset or the command line, and the per-rung figures taken from each
-rung's `Stage1Metrics.pages`."""
+"""Goodput in the what-if (`measure.whatif_objectives.goodput`, `report.whatif_goodput`): the most pages/s among the
+rungs whose per-page p90 latency meets `whatif.latency_target`, the frontier of pages/s against that latency, an
+unreachable target said plainly, the target read from a preset or the command line, and the per-rung figures taken
+from each rung's `Stage1Metrics.pages`."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure.throughput import page_throughput
 from llm_perf_opt.measure.whatif import objective, rung_figures
-from llm_perf_opt.measure.whatif_goodput import goodput, pareto
+from llm_perf_opt.measure.whatif_objectives import best_per_goal, frontier, goodput, pareto
 from llm_perf_opt.pipeline.whatif import check_whatif_settings
-from llm_perf_opt.pipeline.whatif_judge import latency_target, with_goals
+from llm_perf_opt.pipeline.whatif_judge import latency_target
 from llm_perf_opt.records import io
 from llm_perf_opt.records.folders import load_stage1, load_whatif
 from llm_perf_opt.records.whatif import (
@@ -98,6 +98,17 @@ def test_an_unreachable_target_is_said_plainly_with_the_best_measured() -> None:
 def test_the_frontier_keeps_only_undominated_points() -> None:
     points = {"a": (100.0, 1.0), "b": (100.0, 2.0), "c": (50.0, 0.5), "d": (200.0, 2.0), "e": (300.0, 3.0)}
     assert pareto(points) == ("c", "b", "e")  # a: b as fast with more; d: b as many sooner
+
+
+def with_goals(record: WhatIfRecord) -> WhatIfRecord:
+    """The record with the best rung per goal, the frontier and the goodput of its rungs (as the analysis gives)."""
+    rungs = record.rungs
+    return attrs.evolve(
+        record,
+        best_per_goal=best_per_goal(rungs, record.decode_tokens),
+        frontier=frontier(rungs),
+        goodput=goodput(rungs, record.latency_target),
+    )
 
 
 def _record(rungs: list[Rung], target: LatencyTarget | None) -> WhatIfRecord:

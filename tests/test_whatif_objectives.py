@@ -14,8 +14,8 @@ from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure import whatif as w
 from llm_perf_opt.measure import whatif_objectives as o
-from llm_perf_opt.pipeline.whatif import WhatIfRun
-from llm_perf_opt.pipeline.whatif_judge import memory_budget, workload_decode_tokens
+from llm_perf_opt.measure.whatif_analysis import WhatIfAnalysis, WhatIfSettings, unrepeatable_outputs, verdict_line
+from llm_perf_opt.pipeline.whatif_judge import judging_settings, memory_budget, workload_decode_tokens
 from llm_perf_opt.records import io
 from llm_perf_opt.records.folders import load_stage1, load_whatif
 from llm_perf_opt.records.memory import MemoryReport
@@ -28,7 +28,10 @@ from llm_perf_opt.records.whatif import (
     SAME,
     WORSE,
     Judgement,
+    Lever,
+    Objective,
     Rung,
+    Speedup,
     WhatIfRecord,
 )
 from llm_perf_opt.report.whatif_report import clean_paths, whatif_md
@@ -138,6 +141,11 @@ def _rung(name: str, *judged: Judgement, workload: bool = False) -> Rung:
     return Rung(name, ALONE, (name,), (), workload, MEASURED, judgements=judged)
 
 
+def _analysis(rungs: list[Rung], levers: tuple[Lever, ...] = (), objective: str = "page_latency") -> WhatIfAnalysis:
+    """The judging of rungs given as judged (no folders: their verdicts stand as they are)."""
+    return WhatIfAnalysis(WhatIfSettings(objective=objective), levers, rungs, {})
+
+
 def _goals_rungs() -> list[Rung]:
     base = Rung("baseline", BASELINE, (), (), False, MEASURED)
     graphs = _rung(
@@ -181,8 +189,6 @@ def test_a_rung_that_ran_as_the_baseline_did_says_so_and_is_never_a_best_choice(
     """`model.experts_implementation=grouped_mm` where transformers already picks grouped_mm (the H100 decode preset,
     2026-11-26: 901 kernels per step either way, yet 0.75x "within noise"): the rung is named a no-op, its verdict
     says so, and no goal or frontier names it; a lever that took effect, or sets an unrecorded key, is not."""
-    from llm_perf_opt.pipeline.whatif_judge import with_flags
-
     base = load_stage1(Path(__file__).parent / "fixtures" / "runs" / "cpu_tiny_v1_stage1").metrics
     assert base.model.experts_implementation == "grouped_mm"
     same = w.no_effective_change(("model.experts_implementation=grouped_mm",), base, base)
@@ -202,15 +208,14 @@ def test_a_rung_that_ran_as_the_baseline_did_says_so_and_is_never_a_best_choice(
     rungs = [*_goals_rungs(), noop]
     assert all(c.rung != "experts_grouped_mm" for c in o.best_per_goal(rungs, 256))
     assert "experts_grouped_mm" not in o.frontier(rungs)
-    line = with_flags("experts_grouped_mm: 1.33× (within noise)", noop)
+    gain = Speedup(value=1.33, ci95_low=0.9, ci95_high=1.8, ci_method="t", verdict="within noise")
+    line = verdict_line(attrs.evolve(noop, speedup=gain), 5)
     assert line == f"experts_grouped_mm: 1.33× (within noise); no change: {same}"
-    assert with_flags(line, noop) == line  # flagged once
 
 
 def test_a_no_op_rung_whose_outputs_depart_shows_the_baseline_does_not_repeat() -> None:
     """The H100 example: experts_grouped_mm ran as the baseline did and still departed at token 18, as every lever
     did: the notes say a departure from token 18 on is the baseline's own run-to-run spread."""
-    from llm_perf_opt.pipeline.whatif_judge import unrepeatable_outputs
     from llm_perf_opt.records.whatif import OutputAgreement
 
     departs = OutputAgreement(inputs=1, first_departure=18, compared_tokens=32, prefill_logits_max_abs_diff=0.0)
@@ -239,11 +244,14 @@ def test_a_goal_no_rung_could_be_judged_on_says_so() -> None:
 
 
 def test_the_objective_setting_picks_the_headline_goal(tmp_path: Path) -> None:
-    assert WhatIfRun(compose_config("whatif"), tmp_path / "a", "a", workload=()).goal.name == "page_latency_ms"
-    first = WhatIfRun(compose_config("whatif", "whatif.objective=first_token"), tmp_path / "b", "b", workload=())
-    assert first.goal.name == "ttft_ms"
-    named = WhatIfRun(compose_config("whatif", "workload=ocr1-a4-page"), tmp_path / "c", "c", workload=())
-    assert named.goal.label == "whole-page latency at 256 decode tokens (p50)"
+    from llm_perf_opt.pipeline.whatif import WhatIfRun
+
+    def goal(*overrides: str) -> Objective:
+        return WhatIfAnalysis(judging_settings(compose_config("whatif", *overrides)), (), (), {}).goal()
+
+    assert goal().name == "page_latency_ms"
+    assert goal("whatif.objective=first_token").name == "ttft_ms"
+    assert goal("workload=ocr1-a4-page").label == "whole-page latency at 256 decode tokens (p50)"
     assert workload_decode_tokens(compose_config("whatif")) == (None, None)
     with pytest.raises(UserError) as bad:
         WhatIfRun(compose_config("whatif", "whatif.objective=speed"), tmp_path / "d", "d", workload=())
@@ -326,15 +334,13 @@ def test_the_ladder_compares_outputs_up_to_where_the_baseline_stops_repeating(tm
     def outputs(token: int | None) -> OutputAgreement:
         return OutputAgreement(inputs=1, first_departure=token, compared_tokens=32, prefill_logits_max_abs_diff=0.0)
 
-    run = WhatIfRun(compose_config("whatif"), tmp_path, "w", workload=())
     noop = attrs.evolve(_rung("experts_grouped_mm"), outputs=outputs(18), no_change="the baseline already ran it")
     graphs = attrs.evolve(_rung("cuda_graphs"), outputs=outputs(18))
     early = attrs.evolve(_rung("attn_eager"), outputs=outputs(5))
-    run.rungs = {r.name: r for r in (noop, graphs, early)}
-    assert run._departure("cuda_graphs") is None
-    assert "token 5 of 32" in (run._departure("attn_eager") or "")
-    run.rungs = {r.name: r for r in (graphs, early)}  # without a rung that changed nothing: identical or nothing
-    assert "token 18 of 32" in (run._departure("cuda_graphs") or "")
+    assert _analysis([noop, graphs, early]).departure("cuda_graphs") is None
+    assert "token 5 of 32" in (_analysis([noop, graphs, early]).departure("attn_eager") or "")
+    # without a rung that changed nothing: identical or nothing
+    assert "token 18 of 32" in (_analysis([graphs, early]).departure("cuda_graphs") or "")
 
 
 def test_a_lever_that_changed_nothing_is_never_stacked_and_its_gain_is_called_host_drift(tmp_path: Path) -> None:
@@ -342,14 +348,12 @@ def test_a_lever_that_changed_nothing_is_never_stacked_and_its_gain_is_called_ho
     host slowed between the two processes), and the ladder stacked it on cuda_graphs. Now it stays off the ladder
     with the reason, is not called helped, and the notes name the drift."""
     from llm_perf_opt.measure.noise import BEYOND
-    from llm_perf_opt.pipeline.whatif_judge import host_drift
-    from llm_perf_opt.records.whatif import Lever, OutputAgreement, Speedup
+    from llm_perf_opt.records.whatif import OutputAgreement
 
     faster = Speedup(value=1.34, ci95_low=1.18, ci95_high=1.5, ci_method="t", verdict=BEYOND)
     graphs_gain = Speedup(value=3.6, ci95_low=3.16, ci95_high=4.7, ci_method="t", verdict=BEYOND)
     departs = OutputAgreement(inputs=1, first_departure=18, compared_tokens=32, prefill_logits_max_abs_diff=0.0)
-    run = WhatIfRun(compose_config("whatif"), tmp_path, "w", workload=())
-    run.levers = (
+    levers = (
         Lever("cuda_graphs", ("runtime.kv_cache=static", "runtime.compile=decode")),
         Lever("experts_grouped_mm", ("model.experts_implementation=grouped_mm",)),
     )
@@ -358,34 +362,32 @@ def test_a_lever_that_changed_nothing_is_never_stacked_and_its_gain_is_called_ho
         _rung("experts_grouped_mm"), speedup=faster, outputs=departs, no_change="the baseline already ran it"
     )
     base = Rung("baseline", BASELINE, (), (), False, MEASURED)
-    run.rungs = {"baseline": base, "cuda_graphs": graphs, noop.name: noop}
-    run._ladder(run.levers, [None], latency_only=True)
-    assert [name for name in run.rungs if name.startswith("ladder-")] == ["ladder-1-cuda_graphs"]
-    assert dict(run.left_out)["experts_grouped_mm"] == "the baseline already ran it"
-    verdicts = {v.lever: v for v in run._verdicts()}
+    analysis = _analysis([base, graphs, noop], levers)
+    plan = analysis.ladder_plan()
+    assert plan is not None and [step.levers for step in plan.steps] == [("cuda_graphs",)]
+    assert dict(plan.left_out)["experts_grouped_mm"] == "the baseline already ran it"
+    verdicts = {v.lever: v for v in analysis.verdicts()}
     assert verdicts["cuda_graphs"].helped and not verdicts["experts_grouped_mm"].helped
-    (note,) = host_drift(run.rungs.values())
+    assert analysis.host_drift() == w.HostDrift("experts_grouped_mm", 1.34)
+    (note,) = [n for n in analysis.notes() if "host's pace" in n]
     assert note.startswith("experts_grouped_mm ran as the baseline did, yet measured 1.34× the baseline (beyond noise)")
-    assert host_drift([graphs]) == []
+    assert not any("host's pace" in n for n in _analysis([base, graphs], levers).notes())
 
 
-def test_a_gain_no_larger_than_the_measured_host_drift_is_not_stacked(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_gain_no_larger_than_the_measured_host_drift_is_not_stacked() -> None:
     """The H100 `whatif=decode` run of 2026-11-27 (13:35): the baseline's process ran slow (eager decode 31.7 ms/token
     against 15–20 in the other runs), experts_grouped_mm, which changed nothing, measured 1.55× (95% CI 1.37–1.64),
     and the ladder stacked experts_batched_mm (1.29×, CI 1.07–1.52) on cuda_graphs + attn_eager: a 33 s rung for a
     gain the drift explains. Now a lever is stacked only when its gain's lower 95% bound is above the drift (the
     parts' gain for a lever stacked through its parts); the others stay off with the reason."""
     from llm_perf_opt.measure.noise import BEYOND, WITHIN
-    from llm_perf_opt.records.whatif import Lever, OutputAgreement, Speedup
+    from llm_perf_opt.records.whatif import OutputAgreement
 
     def gain(value: float, low: float, high: float, verdict: str = BEYOND) -> Speedup:
         return Speedup(value=value, ci95_low=low, ci95_high=high, ci_method="t", verdict=verdict)
 
     same = OutputAgreement(inputs=1, first_departure=None, compared_tokens=32, prefill_logits_max_abs_diff=0.0)
-    run = WhatIfRun(compose_config("whatif"), tmp_path, "w", workload=())
-    run.levers = (
+    levers = (
         Lever("cuda_graphs", ("runtime.compile=decode",)),
         Lever("experts_grouped_mm", ("model.experts_implementation=grouped_mm",)),
         Lever("experts_batched_mm", ("model.experts_implementation=batched_mm",)),
@@ -400,30 +402,31 @@ def test_a_gain_no_larger_than_the_measured_host_drift_is_not_stacked(
         attrs.evolve(_rung("attn_eager"), speedup=gain(1.90, 1.57, 2.02)),
         attrs.evolve(_rung("vision_graphs", small_part), speedup=gain(1.1, 0.9, 1.3, WITHIN)),
     ]
-    run.rungs = {"baseline": Rung("baseline", BASELINE, (), (), False, MEASURED)}
-    run.rungs |= {r.name: attrs.evolve(r, outputs=same) for r in rungs}
-    drift = w.host_drift(run.rungs.values())
+    analysis = _analysis(
+        [Rung("baseline", BASELINE, (), (), False, MEASURED), *(attrs.evolve(r, outputs=same) for r in rungs)], levers
+    )
+    drift = analysis.host_drift()
     assert drift == w.HostDrift("experts_grouped_mm", 1.55) and drift.factor == 1.55
     assert w.host_drift([attrs.evolve(rungs[1], speedup=gain(0.5, 0.4, 0.6))]) == w.HostDrift("experts_grouped_mm", 0.5)
     assert w.host_drift(rungs[:1]) is None
-    planned: list[tuple[str, ...]] = []
-    monkeypatch.setattr(run, "_execute", lambda phase, plans, *_: planned.extend(p.rung.levers for p in plans))
-    run._ladder(run.levers, [None], latency_only=True)
-    assert planned == [("cuda_graphs", "attn_eager")]
-    left = dict(run.left_out)
+    plan = analysis.ladder_plan()
+    assert plan is not None and [step.levers for step in plan.steps] == [
+        ("cuda_graphs",),
+        ("cuda_graphs", "attn_eager"),
+    ]
+    left = dict(plan.left_out)
     assert left["experts_batched_mm"] == (
         "its gain, 1.07× at least by the 95% interval, is no larger than the host's drift between processes (1.55×, "
         "measured by experts_grouped_mm, which ran as the baseline did)"
     )
     assert left["vision_graphs"].startswith("its parts' gain (decode −30%), 1.25× at least by the 95% interval")
-    assert run.stacked_by_parts == ()
+    assert plan.stacked_by_parts == ()
     assert o.within_drift(rungs[2].speedup, (), None) is None  # without a measured drift, a gain beyond noise stacks
 
 
 def test_outputs_are_judged_up_to_where_the_baseline_stops_repeating() -> None:
     """With a rung that changed nothing departing at token 18, a lever departing at 18 is judged the same on outputs
     (and flags no output loss), one departing at 5 stays worse; without such a rung nothing changes."""
-    from llm_perf_opt.pipeline.whatif_judge import with_repeat_floor
     from llm_perf_opt.records.whatif import OutputAgreement
 
     def departing(name: str, token: int, **kwargs: object) -> Rung:
@@ -435,14 +438,14 @@ def test_outputs_are_judged_up_to_where_the_baseline_stops_repeating() -> None:
     graphs, early = departing("cuda_graphs", 18), departing("attn_eager", 5)
     assert graphs.tradeoffs == ("decode −90%, but outputs depart at token 18 of 32",)
     noop = departing("experts_grouped_mm", 18, no_change="the baseline already ran it")
-    floored = with_repeat_floor({r.name: r for r in (graphs, early, noop)}, None)
+    floored = _analysis([graphs, early, noop]).rungs()
     outputs = floored["cuda_graphs"].judgement("outputs")
     assert outputs is not None and outputs.verdict == SAME
     assert outputs.why == "depart at token 18 of 32, where the baseline's own outputs no longer repeat (from token 18)"
     assert floored["cuda_graphs"].tradeoffs == ()
     early_outputs = floored["attn_eager"].judgement("outputs")
     assert early_outputs is not None and early_outputs.verdict == WORSE
-    assert with_repeat_floor({r.name: r for r in (graphs, early)}, None) == {"cuda_graphs": graphs, "attn_eager": early}
+    assert _analysis([graphs, early]).rungs() == {"cuda_graphs": graphs, "attn_eager": early}
 
 
 def test_the_rung_table_shows_joules_per_decode_token_and_notes_name_their_rungs() -> None:
@@ -476,7 +479,8 @@ def test_a_lever_that_shortened_a_part_of_the_first_token_is_stacked_after_those
     none, is stacked after the levers that helped; one with a part worse is not, nor one slower beyond noise, and the
     notes say why each was stacked."""
     from llm_perf_opt.measure.noise import BEYOND, WITHIN
-    from llm_perf_opt.records.whatif import LADDER, Lever, OutputAgreement, Speedup
+    from llm_perf_opt.pipeline.whatif import WhatIfRun
+    from llm_perf_opt.records.whatif import LADDER, OutputAgreement
 
     def gain(value: float, verdict: str) -> Speedup:
         return Speedup(value=value, ci95_low=None, ci95_high=None, ci_method=None, verdict=verdict)
@@ -502,16 +506,18 @@ def test_a_lever_that_shortened_a_part_of_the_first_token_is_stacked_after_those
     same = OutputAgreement(inputs=1, first_departure=None, compared_tokens=32, prefill_logits_max_abs_diff=0.0)
     rungs = [attrs.evolve(r, outputs=same) for r in rungs]
     run.rungs = {"baseline": Rung("baseline", BASELINE, (), (), False, MEASURED)} | {r.name: r for r in rungs}
+    plan = run._analysis().ladder_plan()
+    assert plan is not None
     assert w.helped_by_parts("ttft_ms", rungs[1].speedup, rungs[1].judgements) == parts
     assert w.helped_by_parts("decode_ms_per_token", rungs[1].speedup, rungs[1].judgements) == ()  # no parts
     planned: list[tuple[str, ...]] = []
     monkeypatch.setattr(run, "_execute", lambda phase, plans, *_: planned.extend(p.rung.levers for p in plans))
-    run._ladder(run.levers, [None], latency_only=True)
+    run._ladder()  # the pipeline schedules the ladder the analysis plans
     assert run.rungs["ladder-1-gpu_preprocess"].phase == LADDER
     assert planned == [("gpu_preprocess", "vision_graphs")]  # the best part-helped lever; its rival conflicts
-    assert "runtime.compile_vision" in dict(run.left_out)["vision_max_autotune"]
-    assert [name for name, _ in run.stacked_by_parts] == ["vision_graphs"]
-    notes = [n for n in run._notes() if "stacked on the ladder after" in n]
+    assert "runtime.compile_vision" in dict(plan.left_out)["vision_max_autotune"]
+    assert [name for name, _ in plan.stacked_by_parts] == ["vision_graphs"]
+    notes = [n for n in run._analysis().notes() if "stacked on the ladder after" in n]
     assert notes == [
         "vision_graphs is stacked on the ladder after the levers that helped: its time to first token (p50) moved "
         "only within noise, but its vision −64% and prefill −43% beyond noise, with no part worse."

@@ -16,6 +16,7 @@ from helpers import FIXTURES, run_cli, run_main
 from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.measure.advice import advise
 from llm_perf_opt.pipeline.stage1_render import render
+from llm_perf_opt.pipeline.whatif_rungs import RungJob, RungOutcome
 from llm_perf_opt.records.folders import WHATIF_FILE, load_stage1_metrics
 from llm_perf_opt.records.stage1 import Stage1Metrics
 from llm_perf_opt.records.whatif import ALONE, FAILED, MEASURED, Rung, RungFigures, WhatIfRecord
@@ -396,7 +397,7 @@ def test_single_pass_rungs_name_no_best_and_no_helped_lever(tmp_path: Path) -> N
             speedup=w.speedup(goal, [32.0], [ms]),
             outputs=identical(tokens=8),
         )
-    record = run._record()
+    record = run._record()  # the analysis's record of the rungs as they ran
     assert record.best is None
     assert [(v.lever, v.helped, v.judged) for v in record.verdicts] == [
         ("static_cache", False, False),
@@ -429,8 +430,25 @@ def test_rungs_with_different_warm_ups_are_noted(tmp_path: Path) -> None:
         "baseline": Rung("baseline", BASELINE, (), (), False, MEASURED, figures=cold),
         "compiled_decode": Rung("compiled_decode", ALONE, ("compiled_decode",), (), False, MEASURED, figures=warm),
     }
-    (note,) = [n for n in run._notes() if "warm-up" in n]
+    (note,) = [n for n in run._analysis().notes() if "warm-up" in n]
     assert note.startswith("The rungs ran different warm-up passes per input (baseline 0, compiled_decode 1)")
+
+
+def _copied_rungs(
+    jobs: list[RungJob],
+    _devices: object,
+    _limit: object,
+    done: Callable[[RungOutcome], None],
+    _forks: object = None,
+    overlap: bool = False,
+) -> dict[str, RungOutcome]:
+    """Each rung a copy of a finished run folder, which renders its own reports as a rung does."""
+    outcomes = {}
+    for job in jobs:
+        render(copy_stage1_run(job.folder))  # the rung's own reports, citing whatif.json as it is now
+        outcomes[job.name] = RungOutcome(job.name, "complete", None, 1.0)
+        done(outcomes[job.name])
+    return outcomes
 
 
 def test_rung_reports_cite_the_whatif_run_as_it_ended(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -438,24 +456,8 @@ def test_rung_reports_cite_the_whatif_run_as_it_ended(tmp_path: Path, monkeypatc
     The rungs here are copies of a finished run folder, rendered as a rung renders itself."""
     from llm_perf_opt.config_compose import compose_config
     from llm_perf_opt.pipeline import whatif as pipeline
-    from llm_perf_opt.pipeline.whatif_rungs import RungJob, RungOutcome
 
-    def copied_rungs(
-        jobs: list[RungJob],
-        _devices: object,
-        _limit: object,
-        done: Callable[[RungOutcome], None],
-        _forks: object = None,
-        overlap: bool = False,
-    ) -> dict[str, RungOutcome]:
-        outcomes = {}
-        for job in jobs:
-            render(copy_stage1_run(job.folder))  # the rung's own reports, citing whatif.json as it is now
-            outcomes[job.name] = RungOutcome(job.name, "complete", None, 1.0)
-            done(outcomes[job.name])
-        return outcomes
-
-    monkeypatch.setattr(pipeline, "run_rungs", copied_rungs)
+    monkeypatch.setattr(pipeline, "run_rungs", _copied_rungs)
     cfg = compose_config("whatif", "model=deepseek_ocr_tiny", "device=cpu", "whatif_run.exclude=[cuda_graphs]")
     record = pipeline.WhatIfRun(cfg, tmp_path / "wi", "wi", workload=("model=deepseek_ocr_tiny",)).execute()
     folders = {r.folder for r in record.rungs if r.folder}
@@ -464,3 +466,32 @@ def test_rung_reports_cite_the_whatif_run_as_it_ended(tmp_path: Path, monkeypatc
         cited = _what_to_try(tmp_path / "wi" / str(folder))
         assert "by what-if run `wi`" in cited
         assert "pending" not in cited and "not run yet" not in cited
+
+
+def test_judging_a_saved_folder_again_gives_the_live_runs_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A live run and `whatif_judge.rejudge` build the same `WhatIfAnalysis` from the same rung records, so judging
+    a finished folder again writes the live run's record and report exactly; a setting given to the re-judge (a
+    decode length) is judged anew."""
+    from llm_perf_opt.config_compose import compose_config
+    from llm_perf_opt.pipeline import whatif as pipeline
+    from llm_perf_opt.pipeline.whatif_judge import rejudge
+    from llm_perf_opt.records.folders import load_whatif
+
+    monkeypatch.setattr(pipeline, "run_rungs", _copied_rungs)
+    settings = (
+        "whatif_run.exclude=[cuda_graphs]",
+        "whatif.memory_budget_gib=40",
+        "whatif.latency_target.ttlt_p90_ms=5000",
+    )
+    cfg = compose_config("whatif", "model=deepseek_ocr_tiny", "device=cpu", *settings)
+    folder = tmp_path / "wi"
+    live = pipeline.WhatIfRun(cfg, folder, "wi", workload=("model=deepseek_ocr_tiny",)).execute()
+    assert any(r.judgements for r in live.rungs) and live.verdicts and live.goodput is not None
+    report = (folder / "whatif.md").read_text()
+    assert rejudge(folder) == live == load_whatif(folder)
+    assert (folder / "whatif.md").read_text() == report
+    longer = rejudge(folder, decode_tokens=256, source="--decode-tokens")
+    assert longer.decode_tokens == 256 and longer.objective.label == "whole-page latency at 256 decode tokens (p50)"
+    assert longer.rungs != live.rungs and longer.created == live.created

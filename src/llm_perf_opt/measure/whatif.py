@@ -26,6 +26,7 @@ from llm_perf_opt.records.stage1 import BatchRecord, DecodeActivity, ImageRecord
 from llm_perf_opt.records.whatif import (
     BETTER,
     FIRST_TOKEN,
+    MEASURED,
     MEMORY,
     PAGE_LATENCY,
     THROUGHPUT,
@@ -95,10 +96,7 @@ def pass_values(metrics: Stage1Metrics, name: str, decode_tokens: int | None = N
     series of `Stage1Metrics.pages`, the passes at the run's batch, `measure.throughput.pages_per_s_values`)."""
     if name == "pages_per_s":
         return pages_per_s_values(metrics.forwards)
-    values = (
-        _batch_value(f, name, decode_tokens) if isinstance(f, BatchRecord) else _record_value(f, name, decode_tokens)
-        for f in metrics.forwards
-    )
+    values = (_forward_value(f, name, decode_tokens) for f in metrics.forwards)
     return [v for v in values if v is not None]
 
 
@@ -109,42 +107,26 @@ def _page_latency(ttft: float, steps: Sequence[float], tokens: int) -> float | N
     return ttft + (tokens - 1) * statistics.fmean(steps) if steps else None
 
 
-def _shared_value(
-    forward: ImageRecord | BatchRecord, name: str, decode_tokens: int | None
-) -> tuple[bool, float | None]:
-    """The figures an input pass and a batch pass compute alike: (known, value)."""
+def _forward_value(forward: ImageRecord | BatchRecord, name: str, decode_tokens: int | None) -> float | None:
+    """One timed forward's value of objective `name`, an input's pass or a batch's (KeyError: no such figure)."""
     steps = forward.decode_step_ms
+    mean_step = statistics.fmean(steps) if steps else None
     if name == "decode_ms_per_token":
-        return True, statistics.fmean(steps) if steps else None
+        return mean_step
+    if name == "aggregate_decode_tokens_per_s":
+        if isinstance(forward, BatchRecord):
+            return forward.aggregate_decode_tokens_per_s
+        return None if mean_step is None else 1e3 / mean_step
     if name == "ttft_ms":
-        return True, forward.ttft_ms
+        return forward.ttft_ms
     if name == "prefill_ms":
-        return True, forward.prefill_ms
+        return forward.prefill_ms
     if name == "vision_ms":
-        return True, sum(forward.vision_ms.values()) if forward.vision_ms else None
+        return sum(forward.vision_ms.values()) if forward.vision_ms else None
     if name == PAGE_LATENCY_MS:
-        return True, _page_latency(forward.ttft_ms, steps, decode_tokens or forward.new_tokens)
+        return _page_latency(forward.ttft_ms, steps, decode_tokens or forward.new_tokens)
     if name == PEAK_MEMORY_GIB:
-        return True, None if forward.peak_memory_bytes is None else forward.peak_memory_bytes / GIB
-    return False, None
-
-
-def _record_value(rec: ImageRecord, name: str, decode_tokens: int | None = None) -> float | None:
-    known, value = _shared_value(rec, name, decode_tokens)
-    if known:
-        return value
-    steps = rec.decode_step_ms
-    if name == "aggregate_decode_tokens_per_s":
-        return 1e3 / statistics.fmean(steps) if steps else None
-    raise KeyError(name)
-
-
-def _batch_value(batch: BatchRecord, name: str, decode_tokens: int | None = None) -> float | None:
-    known, value = _shared_value(batch, name, decode_tokens)
-    if known:
-        return value
-    if name == "aggregate_decode_tokens_per_s":
-        return batch.aggregate_decode_tokens_per_s
+        return None if forward.peak_memory_bytes is None else forward.peak_memory_bytes / GIB
     raise KeyError(name)
 
 
@@ -187,6 +169,12 @@ def speedup(goal: Objective, base: Sequence[float], other: Sequence[float]) -> S
         ci_method=CI_LOG_RATIO if interval is not None else None,
         verdict=noise_verdict(summarize(other, goal.unit), summarize(base, goal.unit)),
     )
+
+
+def comparable(rung: Rung) -> bool:
+    """Whether a choice (best, best per goal, goodput) may name a rung: measured on its own (not a reused ladder
+    rung), on the baseline's workload, and changed something (one that ran as the baseline did differs by noise)."""
+    return rung.state == MEASURED and rung.reused is None and not rung.changes_workload and rung.no_change is None
 
 
 def judged(s: Speedup | None) -> bool:
@@ -404,6 +392,8 @@ class LadderStep:
 class LadderPlan:
     steps: tuple[LadderStep, ...]
     left_out: tuple[tuple[str, str], ...]  # (lever, why it is not stacked)
+    # levers stacked for the objective's parts they shortened (its own change within noise), with those parts
+    stacked_by_parts: tuple[tuple[str, str], ...] = ()
 
 
 # Lever settings whose effect a rung's folder records as built: the model's implementations (`ModelInfo`, read from

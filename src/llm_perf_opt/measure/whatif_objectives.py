@@ -1,7 +1,10 @@
 """Every objective of a what-if rung judged against the baseline: time to first token, vision, prefill, decode,
 whole-page latency at the workload's decode length, pages/s, peak memory, warm-up/compile, outputs and (when the run
 measured them) the memory pass's peak and joules per decode token; the trade-offs those verdicts reveal, the best
-rung for each goal and the rungs on the trade-off (Pareto) frontier.
+rung for each goal and the rungs on the trade-off (Pareto) frontier; and goodput, pages/s against per-page latency:
+the rungs no other beats on both, and with a latency target (`whatif.latency_target`) the one with the most pages/s
+among those whose per-page p90 latency meets it (each rung's `RungFigures`: pages/s, p50 over the timed passes, and
+the p90 time to first and last token per page).
 
 Timed figures are judged on their passes with the noise rule every reader uses (`measure.noise`: 95% intervals
 apart); figures with one value per rung (peak memory, compile time, energy) against a named threshold.
@@ -12,8 +15,6 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 
-import attrs
-
 from llm_perf_opt.measure.noise import BEYOND, WITHIN, noise_verdict
 from llm_perf_opt.measure.outputs import near_tie_text
 from llm_perf_opt.measure.stats import MIN_VALUES_FOR_CI, summarize
@@ -23,6 +24,7 @@ from llm_perf_opt.measure.whatif import (
     PAGE_LATENCY_MS,
     PEAK_MEMORY_GIB,
     HostDrift,
+    comparable,
     least_gain,
     pass_values,
 )
@@ -41,9 +43,13 @@ from llm_perf_opt.records.whatif import (
     THROUGHPUT,
     WORSE,
     GoalChoice,
+    Goodput,
     Judgement,
+    LatencyTarget,
+    Objective,
     OutputAgreement,
     Rung,
+    RungFigures,
     Speedup,
 )
 
@@ -59,29 +65,19 @@ GAINS_QUOTED = 2
 SAID_BY = {"pages_per_s": PAGE_LATENCY_MS}
 
 
-@attrs.frozen
-class Figure:
-    """One objective judged per rung: its key, its plain-words name, its unit and its direction."""
-
-    name: str
-    label: str
-    unit: str
-    higher_is_better: bool = False
-
-
 PASS_FIGURES = (
-    Figure(PAGE_LATENCY_MS, "whole-page latency", "ms"),
-    Figure("ttft_ms", "time to first token", "ms"),
-    Figure("vision_ms", "vision", "ms"),
-    Figure("prefill_ms", "prefill", "ms"),
-    Figure("decode_ms_per_token", "decode", "ms/token"),
-    Figure("pages_per_s", "pages/s", "pages/s", higher_is_better=True),
+    Objective(PAGE_LATENCY_MS, "whole-page latency", "ms", higher_is_better=False),
+    Objective("ttft_ms", "time to first token", "ms", higher_is_better=False),
+    Objective("vision_ms", "vision", "ms", higher_is_better=False),
+    Objective("prefill_ms", "prefill", "ms", higher_is_better=False),
+    Objective("decode_ms_per_token", "decode", "ms/token", higher_is_better=False),
+    Objective("pages_per_s", "pages/s", "pages/s", higher_is_better=True),
 )
-PEAK_MEMORY = Figure(PEAK_MEMORY_GIB, "peak memory", "GiB")
-COMPILE = Figure("compile_s", "warm-up/compile", "s")
-MEMORY_PASS = Figure("memory_pass_peak_gib", "memory-pass peak", "GiB")
-ENERGY = Figure("joules_per_decode_token", "energy per decode token", "J/token")
-OUTPUTS = Figure("outputs", "outputs", "")
+PEAK_MEMORY = Objective(PEAK_MEMORY_GIB, "peak memory", "GiB", higher_is_better=False)
+COMPILE = Objective("compile_s", "warm-up/compile", "s", higher_is_better=False)
+MEMORY_PASS = Objective("memory_pass_peak_gib", "memory-pass peak", "GiB", higher_is_better=False)
+ENERGY = Objective("joules_per_decode_token", "energy per decode token", "J/token", higher_is_better=False)
+OUTPUTS = Objective("outputs", "outputs", "", higher_is_better=False)
 FIGURES = (*PASS_FIGURES, PEAK_MEMORY, COMPILE, MEMORY_PASS, ENERGY, OUTPUTS)
 
 GOAL_LABELS = {
@@ -95,7 +91,7 @@ GOAL_LABELS = {
 # --------------------------------------------------------------------------------------------- verdicts
 
 
-def _improved(figure: Figure, base: float, value: float) -> bool:
+def _improved(figure: Objective, base: float, value: float) -> bool:
     return value > base if figure.higher_is_better else value < base
 
 
@@ -103,11 +99,13 @@ def _change(base: float | None, value: float | None) -> float | None:
     return None if base is None or value is None or base <= 0 else value / base - 1
 
 
-def _not_judged(figure: Figure, base: float | None, value: float | None, why: str) -> Judgement:
+def _not_judged(figure: Objective, base: float | None, value: float | None, why: str) -> Judgement:
     return Judgement(figure.name, figure.label, figure.unit, base, value, NOT_JUDGED, _change(base, value), why=why)
 
 
-def judge_passes(figure: Figure, base: Sequence[float], other: Sequence[float], note: str | None = None) -> Judgement:
+def judge_passes(
+    figure: Objective, base: Sequence[float], other: Sequence[float], note: str | None = None
+) -> Judgement:
     """A timed figure on its passes: better or worse when the two 95% intervals are apart, within noise when they
     overlap, not judged below 3 passes a side or when one side did not measure it."""
     if not base or not other:
@@ -126,7 +124,7 @@ def judge_passes(figure: Figure, base: Sequence[float], other: Sequence[float], 
 
 
 def judge_value(
-    figure: Figure, base: float | None, value: float | None, *, same: Callable[[float, float], bool], how: str
+    figure: Objective, base: float | None, value: float | None, *, same: Callable[[float, float], bool], how: str
 ) -> Judgement:
     """A figure with one value per rung: the same when `same(base, value)`, else better or worse; `how` says the
     threshold that stands in for noise."""
@@ -172,7 +170,7 @@ def _energy(report: EnergyReport | None) -> tuple[float | None, str]:
     return report.joules_per_decode_token, ""
 
 
-def _optional(figure: Figure, base: tuple[float | None, str], own: tuple[float | None, str], how: str) -> Judgement:
+def _optional(figure: Objective, base: tuple[float | None, str], own: tuple[float | None, str], how: str) -> Judgement:
     """A memory-pass or energy figure: not judged (with the first reason) where either run lacks it."""
     if base[0] is None or own[0] is None:
         why = f"baseline: {base[1]}" if base[0] is None else f"this rung: {own[1]}"
@@ -304,16 +302,7 @@ def tradeoffs(
 def _candidates(rungs: Sequence[Rung]) -> list[Rung]:
     """Rungs a goal may name: measured, judged, run on their own (not a reused ladder rung), same workload, and
     changed something (a rung that ran as the baseline did differs from it by noise only)."""
-    return [
-        r
-        for r in rungs
-        if r.state == MEASURED
-        and r.phase != BASELINE
-        and r.reused is None
-        and not r.changes_workload
-        and r.no_change is None
-        and r.judgements
-    ]
+    return [r for r in rungs if comparable(r) and r.phase != BASELINE and r.judgements]
 
 
 def goal_label(goal: str, decode_tokens: int | None) -> str:
@@ -354,10 +343,8 @@ def _point(rung: Rung) -> dict[str, float]:
         if j is None or j.verdict == NOT_JUDGED:
             continue
         value = j.base if j.verdict == SAME else j.value
-        if value is None:
-            continue
-        higher = next(f for f in FIGURES if f.name == name).higher_is_better
-        point[goal] = -value if higher else value
+        if value is not None:
+            point[goal] = _lower_is_better(name, value)
     return point
 
 
@@ -367,9 +354,13 @@ def _base_point(rungs: Sequence[Rung]) -> dict[str, float]:
         for goal, name in GOAL_FIGURES.items():
             j = rung.judgement(name)
             if j is not None and j.base is not None and goal not in point:
-                higher = next(f for f in FIGURES if f.name == name).higher_is_better
-                point[goal] = -j.base if higher else j.base
+                point[goal] = _lower_is_better(name, j.base)
     return point
+
+
+def _lower_is_better(name: str, value: float) -> float:
+    """A figure's value signed so that lower is better."""
+    return -value if next(f for f in FIGURES if f.name == name).higher_is_better else value
 
 
 def _dominates(a: dict[str, float], b: dict[str, float]) -> bool:
@@ -401,4 +392,79 @@ def within_drift(gain: Speedup | None, parts: Sequence[Judgement], drift: HostDr
     return (
         f"{what}, {least:.2f}× at least by the 95% interval, is no larger than the host's drift between processes "
         f"({drift.factor:.2f}×, measured by {drift.rung}, which ran as the baseline did)"
+    )
+
+
+# --------------------------------------------------------------------------------------------- goodput
+
+Point = tuple[float, float]  # (latency ms, pages/s)
+
+
+def _eligible(rung: Rung) -> RungFigures | None:
+    """A rung's figures when it counts: measured on its own (not a reused ladder rung), on the baseline's workload,
+    and not a rung that ran as the baseline did (its figures are the baseline's, with noise)."""
+    return rung.figures if comparable(rung) else None
+
+
+def _latency_point(figures: RungFigures, figure: str) -> Point | None:
+    latency = figures.latency_ms(figure)
+    if latency is None or figures.pages_per_s is None:
+        return None
+    return latency, figures.pages_per_s
+
+
+def pareto(points: dict[str, Point]) -> tuple[str, ...]:
+    """The names whose point no other dominates (latency as low or lower and pages/s as high or higher, one of them
+    strictly), lowest latency first."""
+
+    def dominated(p: Point) -> bool:
+        return any(q[0] <= p[0] and q[1] >= p[1] and q != p for q in points.values())
+
+    kept = [name for name, p in points.items() if not dominated(p)]
+    return tuple(sorted(kept, key=lambda name: (points[name][0], -points[name][1])))
+
+
+def meets(figures: RungFigures, target: LatencyTarget) -> bool:
+    """Every latency the target sets is measured and within its limit."""
+    return all(
+        (value := figures.latency_ms(figure)) is not None and value <= limit for figure, limit in target.limits.items()
+    )
+
+
+def _distance(figures: RungFigures, target: LatencyTarget) -> float | None:
+    """How far a rung is from the target: the largest ratio of a latency to its limit (≤ 1: it meets it)."""
+    ratios = [
+        value / limit
+        for figure, limit in target.limits.items()
+        if (value := figures.latency_ms(figure)) is not None and limit > 0
+    ]
+    return max(ratios) if len(ratios) == len(target.limits) and ratios else None
+
+
+def goodput(rungs: Sequence[Rung], target: LatencyTarget | None) -> Goodput | None:
+    """The pages/s–latency frontier of `rungs` and, with `target`, the goodput rung (or the nearest one when none
+    meets it); None when no rung has both figures (records written before per-page latencies)."""
+    figure = (target or LatencyTarget()).figure
+    eligible = {rung.name: f for rung in rungs if (f := _eligible(rung)) is not None}
+    points = {name: p for name, f in eligible.items() if (p := _latency_point(f, figure)) is not None}
+    if not points:
+        return None
+    considered = tuple(points)
+    front = pareto(points)
+    if target is None or not target.limits:
+        return Goodput(figure=figure, considered=considered, frontier=front)
+    judged = {name: eligible[name] for name in considered}
+    met = sorted(
+        (name for name, f in judged.items() if meets(f, target)), key=lambda name: -(judged[name].pages_per_s or 0.0)
+    )
+    distances = {name: d for name, f in judged.items() if (d := _distance(f, target)) is not None}
+    nearest = None if met or not distances else min(distances, key=lambda name: distances[name])
+    return Goodput(
+        figure=figure,
+        considered=considered,
+        frontier=front,
+        target=target,
+        met=tuple(met),
+        best=met[0] if met else None,
+        nearest=nearest,
     )

@@ -1,6 +1,6 @@
-"""Every objective of a what-if run's rungs judged against the baseline (`measure.whatif_objectives`), their
-trade-offs flagged, the best rung per goal and the trade-off frontier, for a run as it ends or for a what-if folder
-written before (`rejudge`: from its rung folders; `python -m llm_perf_opt.pipeline.whatif_judge <folder>`)."""
+"""The what-if's judging settings, read from a config (`judging_settings`), and the judging of a what-if folder
+written before (`rejudge`: from its rung folders; `python -m llm_perf_opt.pipeline.whatif_judge <folder>`) by the
+`measure.whatif_analysis.WhatIfAnalysis` a live run judges with."""
 
 from __future__ import annotations
 
@@ -8,29 +8,27 @@ import argparse
 import logging
 import math
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
+from omegaconf import OmegaConf
 
 from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.errors import UserError
-from llm_perf_opt.measure import whatif_objectives as objectives
-from llm_perf_opt.measure.module_changes import held_by, module_changes
-from llm_perf_opt.measure.noise import BEYOND
-from llm_perf_opt.measure.outputs import near_tie_text
-from llm_perf_opt.measure.whatif import attribute, host_drifts, no_effective_change
-from llm_perf_opt.measure.whatif_goodput import goodput
-from llm_perf_opt.records.folders import Stage1Folder, load_stage1, load_whatif
+from llm_perf_opt.measure.whatif import DEFAULT_OBJECTIVE, GOAL_FIGURES, OBJECTIVES, objective
+from llm_perf_opt.measure.whatif_analysis import WhatIfAnalysis, WhatIfJob, WhatIfSettings
+from llm_perf_opt.records.folders import WHATIF_FILE, load_stage1, load_whatif
 from llm_perf_opt.records.io import RecordError
-from llm_perf_opt.records.whatif import BASELINE, MEASURED, TTFT_P90, TTLT_P90, LatencyTarget, Rung, WhatIfRecord
+from llm_perf_opt.records.whatif import MEASURED, TTFT_P90, TTLT_P90, LatencyTarget, WhatIfRecord
 
 log = logging.getLogger("llm_perf_opt.whatif")
 
-WHATIF_FILE = "whatif.json"
-TRADE_OFF = "; trade-off: "
-NO_CHANGE = "; no change: "
+# The notes a run adds of how it ended, after the judging's (a folder judged again keeps them).
+IN_PROGRESS = "The run was still going when this was written: later rungs are missing."
+DID_NOT_FINISH = "The run did not finish: "
+RUN_NOTES = (IN_PROGRESS, DID_NOT_FINISH)
 
 
 def workload_decode_tokens(cfg: Mapping[str, Any]) -> tuple[int | None, str | None]:
@@ -114,106 +112,35 @@ def latency_target(raw: Any) -> LatencyTarget | None:
     return target if target.limits else None
 
 
-def judged_rung(
-    rung: Rung, base: Stage1Folder, folder: Stage1Folder, decode_tokens: int | None, budget_gib: float | None
-) -> Rung:
-    """`rung` with every objective judged against the baseline's folder and its trade-offs flagged."""
-    judgements = objectives.judge(base.metrics, folder.metrics, rung.outputs, decode_tokens)
-    before, after = base.metrics.modules, folder.metrics.modules
-    moved = module_changes(before, after) if before is not None and after is not None else ()
-    tradeoffs = objectives.tradeoffs(judgements, budget_gib)
-    same = no_effective_change(rung.overrides, base.metrics, folder.metrics)
-    return attrs.evolve(
-        rung, judgements=judgements, tradeoffs=tradeoffs, modules=moved, no_change=same, held=held_by(after)
-    )
-
-
-def judged_baseline(rung: Rung, budget_gib: float | None, folder: Stage1Folder | None = None) -> Rung:
-    """The baseline's own flag (its peak memory over the budget) and what holds it by module (from its folder)."""
-    figures = rung.figures
-    peak = None if figures is None or figures.peak_memory_bytes is None else figures.peak_memory_bytes / objectives.GIB
-    held = held_by(folder.metrics.modules) if folder is not None else rung.held
-    return attrs.evolve(rung, tradeoffs=objectives.tradeoffs((), budget_gib, peak), held=held)
-
-
-def with_flags(line: str, rung: Rung) -> str:
-    """A lever's verdict line with its flags: no effective change ("…; no change: the baseline already ran …") and
-    trade-offs ("…; trade-off: decode −91%, but time to first token +130%")."""
-    if rung.no_change and NO_CHANGE not in line:
-        line = f"{line}{NO_CHANGE}{rung.no_change}"
-    if rung.tradeoffs and TRADE_OFF not in line:
-        line = f"{line}{TRADE_OFF}{'; '.join(rung.tradeoffs)}"
-    return line
-
-
-def repeats_until(rungs: Iterable[Rung]) -> tuple[str, int] | None:
-    """The earliest generated token where a rung that ran as the baseline did (`Rung.no_change`) departs from the
-    baseline's outputs, and that rung: from there on the baseline's own outputs do not repeat from run to run (near-
-    tied logits, as random weights give). None when no such rung departed."""
-    departed = [
-        (r.name, r.outputs.first_departure)
-        for r in rungs
-        if r.no_change is not None and r.outputs is not None and r.outputs.first_departure is not None
-    ]
-    return min(departed, key=lambda pair: pair[1] or 0) if departed else None
-
-
-def with_repeat_floor(rungs: Mapping[str, Rung], budget_gib: float | None) -> dict[str, Rung]:
-    """The rungs with their outputs judged only up to where the baseline's own outputs stop repeating (shown by a
-    rung that changed nothing, `repeats_until`), and their trade-offs flagged again; as they are without one."""
-    found = repeats_until(rungs.values())
-    if found is None:
-        return dict(rungs)
-    out = {}
-    for name, rung in rungs.items():
-        if rung.phase == BASELINE or not rung.judgements:
-            out[name] = rung
-            continue
-        judgements = tuple(
-            objectives.judge_outputs(rung.outputs, found[1]) if j.objective == objectives.OUTPUTS.name else j
-            for j in rung.judgements
-        )
-        out[name] = attrs.evolve(rung, judgements=judgements, tradeoffs=objectives.tradeoffs(judgements, budget_gib))
-    return out
-
-
-def host_drift(rungs: Iterable[Rung]) -> list[str]:
-    """The note for a rung that ran as the baseline did, yet measured faster or slower beyond noise: the host's pace
-    drifted between the two processes by that much, which no interval over one process's passes can see."""
-    return [
-        f"{d.rung} ran as the baseline did, yet measured {d.speedup:.2f}× the baseline ({BEYOND}): the host's pace "
-        "drifted between the two rungs' processes by that much, so a lever's gain or loss of that size is not to be "
-        "trusted from this run alone, and the ladder stacks only levers whose gain goes beyond it; run it again, or "
-        "pin the host (run.cpu_affinity)."
-        for d in host_drifts(rungs)
-    ]
-
-
-def unrepeatable_outputs(rungs: Iterable[Rung]) -> list[str]:
-    """The note for a rung that ran as the baseline did, yet generated other tokens: the baseline's own outputs do
-    not repeat from run to run, so a departure at or after that token says nothing about a lever."""
-    rungs = list(rungs)
-    found = repeats_until(rungs)
-    if found is None:
-        return []
-    name, token = found
-    outputs = next(r.outputs for r in rungs if r.name == name)
-    tie = outputs.near_tie if outputs is not None else None
-    why = "near-tied logits, as random weights give" if tie is None else near_tie_text(tie)
-    return [
-        f"{name} ran as the baseline did, yet its outputs depart at generated token {token}: the baseline's own "
-        f"outputs do not repeat from run to run ({why}), so an output departure at or after token {token} says "
-        "nothing about a lever, and the ladder compares the tokens before it (whatif_run.ladder_identical_outputs)."
-    ]
-
-
-def with_goals(record: WhatIfRecord) -> WhatIfRecord:
-    """The record with the best rung per goal, the trade-off frontier and the goodput against its latency target."""
-    return attrs.evolve(
-        record,
-        best_per_goal=objectives.best_per_goal(record.rungs, record.decode_tokens),
-        frontier=objectives.frontier(record.rungs),
-        goodput=goodput(record.rungs, record.latency_target),
+def judging_settings(cfg: Any) -> WhatIfSettings:
+    """What the what-if's judging reads of a config, checked: the objective, the workload's decode length, the
+    memory budget, the latency target, the near-tie tolerance and the ladder's settings."""
+    name = str(cfg.whatif.get("objective") or DEFAULT_OBJECTIVE)
+    try:
+        objective(name)
+    except KeyError:
+        raise UserError(
+            f"whatif.objective={name} is not known: the headline verdict and the ladder rank the rungs by it",
+            f"Use one of the goals {', '.join(GOAL_FIGURES)} (default {DEFAULT_OBJECTIVE}: whole-page latency at "
+            f"the workload's decode length) or one of the figures {', '.join(OBJECTIVES)}",
+        ) from None
+    run = cfg.whatif_run
+    tokens, source = workload_decode_tokens(cfg)
+    target = cfg.whatif.get("latency_target")
+    limit = run.get("ladder_max_logit_diff")
+    return WhatIfSettings(
+        objective=name,
+        decode_tokens=tokens,
+        decode_tokens_source=source,
+        memory_budget_gib=memory_budget(cfg.whatif.get("memory_budget_gib")),
+        latency_target=latency_target(
+            OmegaConf.to_container(target, resolve=True) if OmegaConf.is_config(target) else target
+        ),
+        near_tie_tolerance=near_tie_tolerance(run.get("near_tie_tolerance")),
+        ladder=bool(run.get("ladder", True)),
+        ladder_latency_only=bool(run.get("ladder_latency_only", True)),
+        ladder_identical_outputs=bool(run.get("ladder_identical_outputs", True)),
+        ladder_max_logit_diff=None if limit is None else float(limit),
     )
 
 
@@ -224,53 +151,38 @@ def rejudge(
     budget_gib: float | None = None,
     target: LatencyTarget | None = None,
 ) -> WhatIfRecord:
-    """Judge every objective of a what-if folder's rungs from their folders (a record written before per-objective
-    verdicts), at `decode_tokens` (None: the baseline's measured length), with the goodput against `target` (None:
-    the record's own), and rewrite `whatif.json`, `whatif.md` and the plots."""
+    """Judge a what-if folder's rungs again from their folders, as the run judged them (`WhatIfAnalysis`), with the
+    settings its record holds (the ladder's from the config.yaml it wrote as it started; without one, the shipped
+    defaults) but those given here, and rewrite `whatif.json`, `whatif.md` and the plots."""
     from llm_perf_opt.report import whatif_report
 
     record = load_whatif(run_dir)
-    base_rung = record.baseline
-    if base_rung is None or base_rung.state != MEASURED or base_rung.folder is None:
+    base = record.baseline
+    if base is None or base.state != MEASURED or base.folder is None:
         raise UserError(f"{run_dir}: the baseline was not measured, so no rung can be judged", "Run perf-whatif again")
-    base = load_stage1(run_dir / base_rung.folder)
-    if decode_tokens is None:
-        decode_tokens, source = base.metrics.settings.max_new_tokens, "measured"
-    rungs = {}
-    for rung in record.rungs:
-        rungs[rung.name] = _rejudged(run_dir, rung, base, decode_tokens, budget_gib)
-    rungs = with_attribution(rungs, record)
-    for name, rung in rungs.items():  # a reused ladder rung carries the verdicts of the rung it reuses
-        if rung.reused is not None and rung.reused in rungs:
-            earlier = rungs[rung.reused]
-            rungs[name] = attrs.evolve(
-                rung,
-                judgements=earlier.judgements,
-                tradeoffs=earlier.tradeoffs,
-                no_change=earlier.no_change,
-                held=earlier.held,
-                attribution=earlier.attribution,
-            )
-    rungs = with_repeat_floor(rungs, budget_gib)
-    verdicts = tuple(
-        attrs.evolve(v, line=with_flags(v.line, rungs[v.lever]), helped=v.helped and rungs[v.lever].no_change is None)
-        if v.lever in rungs
-        else v
-        for v in record.verdicts
+    if decode_tokens is None and record.decode_tokens_source != "measured":  # else the baseline's, worked out again
+        decode_tokens, source = record.decode_tokens, record.decode_tokens_source
+    config = run_dir / "config.yaml"
+    settings = attrs.evolve(
+        judging_settings(OmegaConf.load(config)) if config.is_file() else WhatIfSettings(),
+        objective=record.objective.name,
+        decode_tokens=decode_tokens,
+        decode_tokens_source=source,
+        memory_budget_gib=budget_gib or record.memory_budget_gib,
+        latency_target=target or record.latency_target,
+        near_tie_tolerance=record.near_tie_tolerance,
     )
-    found = [*host_drift(rungs.values()), *unrepeatable_outputs(rungs.values())]
-    notes = record.notes + tuple(n for n in found if n not in record.notes)
-    record = with_goals(
-        attrs.evolve(
-            record,
-            rungs=tuple(rungs.values()),
-            verdicts=verdicts,
-            notes=notes,
-            decode_tokens=decode_tokens,
-            decode_tokens_source=source,
-            memory_budget_gib=budget_gib,
-            latency_target=target or record.latency_target,
-        )
+    folders = {base.name: load_stage1(run_dir / base.folder)}
+    for rung in record.rungs:
+        if rung.state == MEASURED and rung.reused is None and rung.folder is not None and rung.name not in folders:
+            try:
+                folders[rung.name] = load_stage1(run_dir / rung.folder)
+            except RecordError as exc:
+                log.warning("rung %s not judged again: %s", rung.name, exc)
+    job = {field.name: getattr(record, field.name) for field in attrs.fields(WhatIfJob)}  # the run as it was
+    notes = tuple(note for note in record.notes if note.startswith(RUN_NOTES))  # how it ended
+    record = WhatIfAnalysis(settings, record.levers, record.rungs, folders).record(
+        WhatIfJob(**(job | {"notes": notes}))
     )
     art = ArtifactsManager(run_dir, stage="whatif")
     art.write_json(WHATIF_FILE, record)
@@ -278,48 +190,24 @@ def rejudge(
     return record
 
 
-def with_attribution(rungs: Mapping[str, Rung], record: WhatIfRecord) -> dict[str, Rung]:
-    """Each measured rung's decode-step attribution worked out again against the rung it was attributed against (its
-    cause line in today's words), from both rungs' figures; as it was where either has none (a reused ladder rung
-    takes the one of the rung it reuses, as in a live run)."""
-    out = dict(rungs)
-    for name, rung in rungs.items():
-        a = rung.attribution
-        reference = None if a is None else rungs.get(a.against)
-        if a is None or reference is None or rung.figures is None:
-            continue
-        ref_figures = record.figures_of(reference)
-        if ref_figures is not None:
-            out[name] = attrs.evolve(rung, attribution=attribute(name, rung.figures, a.against, ref_figures) or a)
-    return out
-
-
-def _rejudged(
-    run_dir: Path, rung: Rung, base: Stage1Folder, decode_tokens: int | None, budget_gib: float | None
-) -> Rung:
-    if rung.phase == BASELINE:
-        return judged_baseline(rung, budget_gib, base)
-    if rung.state != MEASURED or rung.reused is not None or rung.folder is None:
-        return rung
-    try:
-        folder = load_stage1(run_dir / rung.folder)
-    except RecordError as exc:
-        log.warning("rung %s not judged per objective: %s", rung.name, exc)
-        return rung
-    return judged_rung(rung, base, folder, decode_tokens, budget_gib)
-
-
 def main(argv: list[str] | None = None) -> None:
-    """Judge a what-if folder's rungs on every objective and rewrite its record and report."""
+    """Judge a what-if folder's rungs again, as the run did, and rewrite its record and report."""
     parser = argparse.ArgumentParser(prog="python -m llm_perf_opt.pipeline.whatif_judge", description=main.__doc__)
     parser.add_argument("folder", type=Path, help="a perf-whatif folder (holding whatif.json and rungs/)")
     parser.add_argument(
-        "--decode-tokens", type=int, default=None, help="decode length of a whole page (default: measured)"
+        "--decode-tokens", type=int, default=None, help="decode length of a whole page (default: the run's)"
     )
-    parser.add_argument("--memory-budget-gib", type=float, default=None, help="flag peaks above this many GiB")
+    parser.add_argument(
+        "--memory-budget-gib", type=float, default=None, help="flag peaks above this many GiB (default: the run's)"
+    )
     for key, what in (("ttlt_p90_ms", "last"), ("ttft_p90_ms", "first")):
         flag = "--" + key.replace("_", "-")
-        parser.add_argument(flag, type=float, default=None, help=f"goodput: p90 time to {what} token per page ≤ this")
+        parser.add_argument(
+            flag,
+            type=float,
+            default=None,
+            help=f"goodput: p90 time to {what} token per page ≤ this (default: the run's)",
+        )
     args = parser.parse_args(argv)
     source = None if args.decode_tokens is None else "--decode-tokens"
     try:

@@ -72,7 +72,7 @@ class Lever:
 
 @attrs.frozen
 class Objective:
-    """The figure a preset ranks levers by."""
+    """A figure: the one a preset ranks levers by, or one each rung is judged on (`measure.whatif_objectives`)."""
 
     name: str  # e.g. "decode_ms_per_token"
     label: str  # e.g. "decode ms/token (p50)"

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from llm_perf_opt.config_compose import compose_config
@@ -19,6 +20,8 @@ from llm_perf_opt.pipeline.stage1 import Stage1Run
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.folders import load_stage1
 from llm_perf_opt.records.stage1 import OperatorTable
+from llm_perf_opt.session import compiled
+from llm_perf_opt.session.runtime import RuntimeSettings
 
 #: Builds a model and runs the pipeline in-process (seconds to a minute).
 pytestmark = pytest.mark.slow
@@ -108,3 +111,21 @@ def test_stage1_run_records_the_bound_and_counts_flops_once_per_shape(
     for text in (report, operators):
         assert "The vision of 1 of the batch's 3 inputs was profiled" in text
     assert "max_vision_inputs=1" in (tmp_path / "run" / "assumptions.md").read_text()
+
+
+def test_compiled_vision_is_profiled_whole(
+    tiny_session: Any, pages: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Fewer inputs' views would be new shapes for compiled vision (a compile and a capture again): no bound."""
+    torch._dynamo.reset()
+    monkeypatch.setattr(compiled, "compile_function", lambda fn, *_: torch.compile(fn, backend="eager", dynamic=False))
+    session = tiny_session.with_runtime(RuntimeSettings(batch_size=3, batch_vision=True, compile_vision="default"))
+    paths = [pages / "a_white.png", pages / "b_noisy.png", pages / "a_white.png"]
+    try:
+        with caplog.at_level("INFO", logger="llm_perf_opt.measure.torch_profiler"):
+            table = _profile(session, paths, 1)
+    finally:
+        session.close()
+        torch._dynamo.reset()
+    assert (table.inputs, table.vision_inputs, table.bound_text()) == (3, None, None)
+    assert "the vision of all 3 inputs (compiled vision: no bound)" in caplog.text

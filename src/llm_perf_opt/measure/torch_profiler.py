@@ -398,9 +398,15 @@ def profile_image(
     window). `cache_tokens`: the new tokens the timed passes' static caches hold, so this shorter pass reuses their
     cache and compiled graphs instead of compiling its own. `max_vision_inputs` (0: all): a batch's inputs whose
     vision runs under the profiler; the others' is run before (their input embeddings kept), so a large batch adds
-    no events of its own beyond the prefill and decode steps, which stay the whole batch's."""
+    no events of its own beyond the prefill and decode steps, which stay the whole batch's; with compiled vision all
+    of them (the timed passes' view shapes, compiled already)."""
     batch = [session.prepare(path) for path in paths]
     bounded = len(batch) > 1 and 0 < max_vision_inputs < len(batch)
+    if bounded and session.runtime.compile_vision != "none":
+        # Fewer inputs' views are other shapes, which compiled vision would compile (and capture) again, for longer
+        # than the whole batch's vision takes: its compiled forwards launch few events, so all of it is profiled.
+        log.info("profiled pass: the vision of all %d inputs (compiled vision: no bound)", len(batch))
+        bounded = False
     if bounded:
         log.info(
             "profiled pass: the vision of %d of the batch's %d inputs under the profiler, the other %d embedded first",

@@ -35,6 +35,7 @@ def test_every_example_is_rendered_by_the_script(rerender: ModuleType) -> None:
         "whatif-h100-all",
         "whatif-h100-decode",
         "whatif-h100-first-token",
+        "whatif-h200-throughput",
     }
 
 

@@ -112,10 +112,10 @@ def test_gpu_metrics_sampling_on_the_nsys_command_line() -> None:
 def test_a_bad_sampling_rate_is_refused_before_nsys(value: str, tmp_path: Path) -> None:
     from llm_perf_opt.errors import UserError
 
-    run = stage2.Stage2Run(compose_stage2(f"pipeline.nsys.gpu_metrics_hz={value}"), tmp_path, "x", [])
     with pytest.raises(UserError, match=r"pipeline\.nsys\.gpu_metrics_hz"):
-        _ = run.gpu_metrics_hz
-    assert stage2.Stage2Run(compose_stage2("pipeline.nsys.gpu_metrics_hz=100000"), tmp_path, "x", []).gpu_metrics_hz
+        stage2.Stage2Run(compose_stage2(f"pipeline.nsys.gpu_metrics_hz={value}"), tmp_path, "x", [])
+    run = stage2.Stage2Run(compose_stage2("pipeline.nsys.gpu_metrics_hz=100000"), tmp_path, "x", [])
+    assert run.settings.nsys.gpu_metrics_hz == 100_000
 
 
 def test_instances_under_dropped_samples_are_left_out(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from llm_perf_opt.config_data import plain
 from llm_perf_opt.override_text import quoted_override
 from llm_perf_opt.pipeline.stage1_settings import config_digest
 from llm_perf_opt.pipeline.stage2 import MODEL_CACHE_DIR, Stage2Run, workload_argv
+from llm_perf_opt.pipeline.stage2_settings import Stage2Settings
 from llm_perf_opt.pipeline.whatif_hydra import phase_command
 from llm_perf_opt.pipeline.whatif_rungs import (
     INDUCTOR_CACHE_DIR,
@@ -243,7 +244,7 @@ def test_stage2_child_commands_carry_the_run_model_cache(tmp_path: Path) -> None
     run = Stage2Run(cfg, tmp_path, run_id="x", task_overrides=["model=deepseek_ocr_tiny"])
     assert run.model_cache == tmp_path / MODEL_CACHE_DIR
     for ncu in (False, True):
-        argv = workload_argv(cfg, run.user_overrides, tmp_path, name="w", ncu=ncu, model_cache=run.model_cache)
+        argv = workload_argv(run.settings, run.user_overrides, tmp_path, name="w", ncu=ncu, model_cache=run.model_cache)
         assert quoted_override("model.cache_dir", tmp_path / MODEL_CACHE_DIR) in argv
     mine = ["model=deepseek_ocr_tiny", "model.cache_dir=/keep", "stage2.reuse_model=true"]  # the user's folder, as set
     assert Stage2Run(compose_stage2(*mine), tmp_path, run_id="x", task_overrides=mine).model_cache is None
@@ -252,7 +253,7 @@ def test_stage2_child_commands_carry_the_run_model_cache(tmp_path: Path) -> None
     assert Stage2Run(compose_stage2(), tmp_path, run_id="x", task_overrides=[]).model_cache is None  # off by default
     checkpoint = compose_stage2(f"model.path={tmp_path}", "stage2.reuse_model=true")
     assert Stage2Run(checkpoint, tmp_path, run_id="x", task_overrides=[]).model_cache is None
-    argv = workload_argv(cfg, [], tmp_path, name="w", model_cache=None)
+    argv = workload_argv(Stage2Settings.from_config(cfg), [], tmp_path, name="w", model_cache=None)
     assert not any(a.startswith("model.cache_dir=") for a in argv)
 
 

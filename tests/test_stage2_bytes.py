@@ -19,8 +19,9 @@ from llm_perf_opt.nsight.ncu_report import DRAM_READ, DRAM_WRITE, DURATION, read
 from llm_perf_opt.nsight.ncu_windows import BytesWindow
 from llm_perf_opt.nsight.nsys_trace import NsysTrace
 from llm_perf_opt.override_text import quoted_override
-from llm_perf_opt.pipeline import stage2
+from llm_perf_opt.pipeline import stage2, stage2_tools
 from llm_perf_opt.pipeline.stage2 import TARGETS_FILE, render
+from llm_perf_opt.pipeline.stage2_settings import Stage2Settings
 from llm_perf_opt.records.common import PeakFigure
 from llm_perf_opt.records.folders import WORKLOAD_METRICS_FILE, load_capture, load_ncu_targets, load_stage1_metrics
 from llm_perf_opt.records.io import save
@@ -157,23 +158,25 @@ def test_nsys_counts_the_kernels_of_each_instance() -> None:
 def test_bytes_windows_name_the_first_prefill_and_the_middle_decode_step(tmp_path: Path) -> None:
     folder = _stage2_folder(tmp_path)
     run = stage2.Stage2Run(compose_stage2(), folder, run_id="x", task_overrides=[])
-    assert run._bytes_window("prefill") == BytesWindow("the prefill of the first image", 683)
+    assert run.ncu.bytes_window("prefill") == BytesWindow("the prefill of the first image", 683)
     # 4 new tokens: 3 steps, the middle one is the second
-    assert run._bytes_window("decode") == BytesWindow("decode step 2 of 3", 217)
+    assert run.ncu.bytes_window("decode") == BytesWindow("decode step 2 of 3", 217)
     longer = stage2.Stage2Run(compose_stage2("stage2.ncu_workload.max_new_tokens=21"), folder, "x", [])
-    assert longer._bytes_window("decode") == BytesWindow("decode step 10 of 20", 217)  # the mean
+    assert longer.ncu.bytes_window("decode") == BytesWindow("decode step 10 of 20", 217)  # the mean
     none = stage2.Stage2Run(compose_stage2("stage2.ncu_workload.max_new_tokens=1"), folder, "x", [])
-    assert none._bytes_window("decode").expected == 0
+    assert none.ncu.bytes_window("decode").expected == 0
 
 
 def test_ncu_workloads_run_one_timed_pass(tmp_path: Path) -> None:
     cfg = compose_stage2()
-    argv = stage2.workload_argv(cfg, ["run.repeats=5", "run.warmup=0"], tmp_path, name="ncu-bytes-prefill", ncu=True)
+    argv = stage2.workload_argv(
+        Stage2Settings.from_config(cfg), ["run.repeats=5", "run.warmup=0"], tmp_path, name="ncu-bytes-prefill", ncu=True
+    )
     assert argv.index("run.repeats=1") > argv.index("run.repeats=5")  # the ncu workload's own value wins
     assert "run.warmup=0" in argv and "run.warmup=1" not in argv
     assert "dataset.max_images=1" in argv and "infer.max_new_tokens=4" in argv
     assert "run.profiler_window=true" in argv  # ncu --profile-from-start off: the workload opens the window
-    nsys = stage2.workload_argv(cfg, ["run.repeats=5"], tmp_path, name="nsys")
+    nsys = stage2.workload_argv(Stage2Settings.from_config(cfg), ["run.repeats=5"], tmp_path, name="nsys")
     assert "run.repeats=5" in nsys and "run.repeats=1" not in nsys
 
 
@@ -181,12 +184,12 @@ def test_ncu_workloads_run_one_timed_pass(tmp_path: Path) -> None:
 
 
 def test_bytes_pass_with_a_stand_in_ncu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(stage2, "run_tool", stand_in_ncu())
+    monkeypatch.setattr(stage2_tools, "run_tool", stand_in_ncu())
     folder = _stage2_folder(tmp_path)
     (folder / TARGETS_FILE).unlink()
     cfg = compose_stage2("pipeline.ncu.bytes_pass=true")  # light mode runs none of its own
     run = stage2.Stage2Run(cfg, folder, run_id="fixture", task_overrides=["model=deepseek_ocr2_tiny"])
-    run._run_ncu(NCU, cfg.stage2.modes.light)
+    run.ncu.run(NCU)
     targets = load_ncu_targets(folder)
     assert targets is not None
     prefill, decode = targets.bytes_passes  # one process, one export, a record per stage
@@ -202,7 +205,7 @@ def test_bytes_pass_with_a_stand_in_ncu(tmp_path: Path, monkeypatch: pytest.Monk
     assert "--nvtx --metrics" in cmd and "--nvtx-include" not in cmd and "--section" not in cmd
     assert "model=deepseek_ocr2_tiny" in cmd and "run.repeats=1" in cmd and "run.profiler_window=true" in cmd
     assert shlex.quote(quoted_override("hydra.run.dir", folder / "workload" / "ncu-bytes")) in cmd
-    assert list(run.capture.runs) == ["ncu_targets", "ncu_bytes"]  # two Nsight Compute processes in all
+    assert list(run.tools.capture.runs) == ["ncu_targets", "ncu_bytes"]  # two Nsight Compute processes in all
 
 
 def test_the_window_export_gives_the_rows_of_one_export_per_stage(tmp_path: Path) -> None:
@@ -231,12 +234,12 @@ def test_the_window_export_gives_the_rows_of_one_export_per_stage(tmp_path: Path
 def test_a_failed_bytes_pass_is_recorded_and_the_capture_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(stage2, "run_tool", stand_in_ncu(exit_code=1))
+    monkeypatch.setattr(stage2_tools, "run_tool", stand_in_ncu(exit_code=1))
     folder = _stage2_folder(tmp_path)
     run = stage2.Stage2Run(compose_stage2(), folder, run_id="fixture", task_overrides=[])
-    done = run._ncu_bytes_pass(NCU, ["prefill", "decode"])
+    done = run.ncu.bytes_pass(NCU, ["prefill", "decode"])
     assert [p.note for p in done] == ["ncu exited with code 1 (see ncu/bytes/profile.log)"] * 2
-    assert run.capture.runs["ncu_bytes"].returncode == 1
+    assert run.tools.capture.runs["ncu_bytes"].returncode == 1
     targets = load_ncu_targets(folder)
     assert targets is not None
     save(attrs.evolve(targets, bytes_passes=done), folder / TARGETS_FILE)
@@ -256,28 +259,27 @@ def test_a_failed_bytes_pass_is_recorded_and_the_capture_goes_on(
     ],
 )
 def test_the_mode_chooses_the_bytes_pass_unless_set(overrides: tuple[str, ...], expected: bool, tmp_path: Path) -> None:
-    assert stage2.Stage2Run(compose_stage2(*overrides), tmp_path, "x", []).bytes_pass is expected
+    assert stage2.Stage2Run(compose_stage2(*overrides), tmp_path, "x", []).settings.ncu.bytes_pass is expected
 
 
 def test_a_bad_bytes_pass_setting_is_refused(tmp_path: Path) -> None:
     from llm_perf_opt.errors import UserError
 
-    run = stage2.Stage2Run(compose_stage2("pipeline.ncu.bytes_pass=sometimes"), tmp_path, "x", [])
     with pytest.raises(UserError, match=r"pipeline\.ncu\.bytes_pass=sometimes is not true or false"):
-        _ = run.bytes_pass
+        stage2.Stage2Run(compose_stage2("pipeline.ncu.bytes_pass=sometimes"), tmp_path, "x", [])
 
 
 def test_light_mode_runs_no_bytes_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(stage2, "run_tool", stand_in_ncu())
+    monkeypatch.setattr(stage2_tools, "run_tool", stand_in_ncu())
     folder = _stage2_folder(tmp_path)
     cfg = compose_stage2()
     run = stage2.Stage2Run(cfg, folder, run_id="fixture", task_overrides=[])
-    run._run_ncu(NCU, cfg.stage2.modes.light)
+    run.ncu.run(NCU)
     targets = load_ncu_targets(folder)
     assert targets is not None and targets.bytes_passes == ()
-    assert not any(k.startswith("ncu_bytes") for k in run.capture.runs)
-    run._save_capture()
-    assert load_capture(folder).runs.keys() == run.capture.runs.keys()
+    assert not any(k.startswith("ncu_bytes") for k in run.tools.capture.runs)
+    run.tools.save()
+    assert load_capture(folder).runs.keys() == run.tools.capture.runs.keys()
 
 
 # ---- the render ----------------------------------------------------------------------------------------------

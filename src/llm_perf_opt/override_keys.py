@@ -12,6 +12,7 @@ Hydra.
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import itertools
 import re
@@ -38,14 +39,13 @@ def check_override_keys(
     """UserError when an override in `argv` (a console script's arguments) cannot be parsed, sets a key the config
     lacks, adds one inside a section of the config, or picks a config-group option that does not exist; then
     `check` (default: every setting's type, `settings_schema.check_config`) on each composed combination."""
-    from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
     from llm_perf_opt.settings_schema import check_config
 
-    args, _ = get_args_parser().parse_known_args(list(argv))
-    if args.help or args.hydra_help or args.info or args.shell_completion or args.config_path:
+    args, _ = _ARGS.parse_known_args(list(argv))
+    if args.help or args.hydra_help or args.info or args.shell_completion or args.config_path or args.version:
         return
     search = _search_path(args.config_dir, args.overrides)
     if search is None:
@@ -66,6 +66,26 @@ def check_override_keys(
         cfg = _composed(setup, overrides)
         if cfg is not None:
             (check or check_config)(cfg)
+
+
+def _hydra_arguments() -> argparse.ArgumentParser:
+    """The command line as Hydra's `@hydra.main` reads it (its flags; the overrides the rest), leniently: a flag's
+    bad value is left for Hydra to refuse."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("overrides", nargs="*")
+    for flags in (("--help", "-h"), ("--hydra-help",), ("--version",), ("--resolve",), ("--run", "-r")):
+        parser.add_argument(*flags, action="store_true")
+    for flags in (("--multirun", "-m"), ("--shell-completion", "-sc")):
+        parser.add_argument(*flags, action="store_true")
+    for flags in (("--cfg", "-c"), ("--package", "-p"), ("--config-path", "-cp"), ("--config-name", "-cn")):
+        parser.add_argument(*flags)
+    for flags in (("--config-dir", "-cd"), ("--experimental-rerun",)):
+        parser.add_argument(*flags)
+    parser.add_argument("--info", "-i", nargs="?", const="all")
+    return parser
+
+
+_ARGS = _hydra_arguments()
 
 
 def _grammar_error(overrides: Sequence[str], command: str) -> UserError:

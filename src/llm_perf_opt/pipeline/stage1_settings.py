@@ -15,8 +15,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from llm_perf_opt.config_data import plain
 from llm_perf_opt.data.inputs import InputChoice
-from llm_perf_opt.errors import require_number, require_whole
+from llm_perf_opt.errors import require_bool, require_number, require_whole
 from llm_perf_opt.measure.energy import EnergySettings
+from llm_perf_opt.measure.measured_peaks import check_peaks_setting
 from llm_perf_opt.measure.memory import MemorySettings
 from llm_perf_opt.output_settings import output_settings
 from llm_perf_opt.records.stage1 import ProfilerSettings, RunSettings
@@ -33,6 +34,43 @@ class ResolvedSettings:
     max_images: int | None
     sampling: str
     sources: Mapping[str, str]  # key -> "override/config" or "device default (cpu)"
+
+
+@attrs.frozen
+class RunOptions:
+    """Stage 1's switches (`run.*`, `report.*`, `hardware.peaks`), read once; the defaults are conf/stage1.yaml's."""
+
+    cpu_affinity: str = "none"
+    profiler_window: bool = False
+    save_prefill_logits: bool = False
+    save_top2_logits: bool = False
+    check_batch_fit: bool = True
+    fill_batches: bool = False
+    render: bool = True  # report.render: Markdown and plots beside the records
+    whatif_dir: str | None = None  # report.whatif_dir: the what-if run the reports cite
+    peaks: str = "datasheet"  # hardware.peaks
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig) -> RunOptions:
+        """From the composed config (a key it lacks takes the default); a bad value is a UserError naming it."""
+        default = cls()
+        run, report = cfg.get("run") or {}, cfg.get("report") or {}
+
+        def flag(node: str, values: Mapping[str, Any], name: str) -> bool:
+            return require_bool(f"{node}.{name}", values.get(name, getattr(default, name)))
+
+        whatif = report.get("whatif_dir")
+        return cls(
+            cpu_affinity=str(run.get("cpu_affinity", default.cpu_affinity)),
+            profiler_window=flag("run", run, "profiler_window"),
+            save_prefill_logits=flag("run", run, "save_prefill_logits"),
+            save_top2_logits=flag("run", run, "save_top2_logits"),
+            check_batch_fit=flag("run", run, "check_batch_fit"),
+            fill_batches=flag("run", run, "fill_batches"),
+            render=flag("report", report, "render"),
+            whatif_dir=None if whatif is None else str(whatif),
+            peaks=check_peaks_setting((cfg.get("hardware") or {}).get("peaks", default.peaks)),
+        )
 
 
 ALL = "all"  # dataset.max_images=all: every image, on every device
@@ -98,7 +136,7 @@ def profiler_settings(cfg: DictConfig) -> ProfilerSettings:
     prof = cfg.pipeline.torch_profiler
     return ProfilerSettings(
         enable=bool(prof.enable),
-        decode_steps=int(prof.decode_steps),
+        decode_steps=require_whole("pipeline.torch_profiler.decode_steps", prof.decode_steps, 0),
         record_shapes=bool(prof.record_shapes),
         profile_memory=bool(prof.profile_memory),
         with_stack=bool(prof.with_stack),

@@ -10,15 +10,18 @@ kind's calibration (`records.advice`); the guide (docs/guide/stage1.md, "What to
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from importlib.resources import files
 
 import attrs
 
 from llm_perf_opt.kernel_names import COPY, ELEMENTWISE, kernel_kind
-from llm_perf_opt.measure.throughput import run_pages
+from llm_perf_opt.measure.throughput import part_values, run_pages
+from llm_perf_opt.measure.whatif import ratio_interval_95
 from llm_perf_opt.override_text import override_key, override_value
 from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records import whatif as whatif_goals
 from llm_perf_opt.records.advice import (
     BASIS_FLOOR,
     BASIS_IDLE,
@@ -28,6 +31,7 @@ from llm_perf_opt.records.advice import (
     THROUGHPUT,
     Advice,
     Calibration,
+    calibrated,
     shipped_calibration,
 )
 from llm_perf_opt.records.modules import ModuleAttribution
@@ -40,7 +44,7 @@ from llm_perf_opt.records.stage1 import (
     PagePart,
     Stage1Metrics,
 )
-from llm_perf_opt.records.whatif import WhatIfRecord
+from llm_perf_opt.records.whatif import Lever, PredictionCheck, WhatIfRecord
 
 NOTABLE = 0.05  # a lever whose bound is below this share of its objective's time per page is not advised
 MODULE_FAR = 3.0  # measured / floor above which a module is far from its speed of light
@@ -144,15 +148,15 @@ _KEPT = {
 }
 
 
-def _shipped_model(name: str) -> bool:
+def shipped_model(name: str) -> bool:
     """Whether `name` is a model config shipped in the package (`model=<name>`)."""
     return files("llm_perf_opt").joinpath("conf", "model", f"{name}.yaml").is_file()
 
 
-def verify_command(m: Stage1Metrics, changes: Sequence[str]) -> str:
-    """`stage1-run` on this run's model, workload and settings with the lever's overrides on top: its folder
-    against this one (`perf-compare`) measures the saving."""
-    kept = [f"model={m.model.name}"] if _shipped_model(m.model.name) else []
+def run_workload(m: Stage1Metrics, changes: Sequence[str] = ()) -> tuple[str, ...]:
+    """The `stage1-run` overrides that repeat this run: its model (where it is a shipped config), named workload,
+    decode length and the runtime settings it had off their defaults, but those `changes` set."""
+    kept = [f"model={m.model.name}"] if shipped_model(m.model.name) else []
     if m.settings.workload_profile:
         kept.append(f"workload={m.settings.workload_profile['name']}")
     kept.append(f"infer.max_new_tokens={m.settings.max_new_tokens}")
@@ -161,7 +165,13 @@ def verify_command(m: Stage1Metrics, changes: Sequence[str]) -> str:
         value = setting_of(m, key)
         if key not in changed and value is not None and value != default:
             kept.append(f"{key}={value}")
-    return " ".join(["stage1-run", *kept, *changes])
+    return tuple(kept)
+
+
+def verify_command(m: Stage1Metrics, changes: Sequence[str]) -> str:
+    """`stage1-run` on this run's model, workload and settings with the lever's overrides on top: its folder
+    against this one (`perf-compare`) measures the saving; `perf-whatif whatif=advised` measures them all."""
+    return " ".join(["stage1-run", *run_workload(m, changes), *changes])
 
 
 @attrs.frozen
@@ -265,6 +275,7 @@ def _priced(f: RunFacts, p: Proposal, calibration: Calibration) -> Advice | None
         saving_high_ms=high,
         because=p.because,
         command=verify_command(f.m, changes) if changes else "",
+        parts=p.parts,
     )
 
 
@@ -490,3 +501,159 @@ def advise(
         if advice is not None and not (keys and keys <= tried):
             out.append(advice)
     return tuple(sorted(out, key=lambda a: -(a.speedup or 0.0)))
+
+
+# ---- the advice measured: `perf-whatif whatif=advised` -----------------------------------------------------------
+
+ADVISED_LEVERS = 5  # the most advised levers one what-if run takes (best predicted first)
+# The what-if goal each advice objective is ranked by (`records.whatif` goals).
+WHATIF_GOALS = {
+    PAGE_LATENCY: whatif_goals.PAGE_LATENCY,
+    FIRST_TOKEN: whatif_goals.FIRST_TOKEN,
+    THROUGHPUT: whatif_goals.THROUGHPUT,
+}
+_WHOLE = (PAGE_PREPROCESS, PAGE_VISION, PAGE_LM_PREFILL, PAGE_DECODE)
+# The parts of the time per page each objective is the sum of (`RunFacts.objective`).
+OBJECTIVE_PARTS = {
+    PAGE_LATENCY: _WHOLE,
+    THROUGHPUT: _WHOLE,
+    FIRST_TOKEN: (PAGE_PREPROCESS, PAGE_VISION, PAGE_LM_PREFILL),
+}
+SAME_WORKLOAD = 0.25  # a baseline's objective per page within this share of the advised run's: the same workload
+
+
+def needs_cuda(overrides: Sequence[str]) -> bool:
+    """Whether a lever runs only on a GPU: a compile mode that captures CUDA graphs (for the decoder or the vision
+    stages), or a stage placed on CUDA (`model.preprocess.device=cuda`)."""
+    for override in overrides:
+        key, value = override_key(override), override_value(override) or ""
+        if key in ("runtime.compile_mode", "runtime.compile_vision") and value in CUDA_GRAPH_MODES:
+            return True
+        if key.endswith(".device") and value.startswith("cuda"):
+            return True
+    return False
+
+
+def advised_levers(
+    advice: Sequence[Advice], most: int = ADVISED_LEVERS
+) -> tuple[tuple[Lever, ...], tuple[Advice, ...]]:
+    """The levers a what-if run measures from a run's advice (best predicted first): the first `most` pieces of advice
+    that set overrides, each named by its kind and carrying the advice (its prediction); and the advice left out
+    (code changes, which no override runs, and levers past `most`)."""
+    runnable = [a for a in advice if a.overrides]
+    levers = tuple(
+        Lever(
+            name=a.kind,
+            overrides=a.overrides,
+            about=f"advised ({a.basis}: {a.because}): {a.saving_ms:,.1f} ms/page predicted off {a.objective}",
+            needs="cuda" if needs_cuda(a.overrides) else None,
+            advice=a,
+        )
+        for a in runnable[:most]
+    )
+    return levers, tuple(a for a in advice if a.code_change or a in runnable[most:])
+
+
+def whatif_goal(advice: Sequence[Advice]) -> str:
+    """The what-if goal an advised run ranks by: the best advice's objective (page latency without any)."""
+    return WHATIF_GOALS[advice[0].objective] if advice else whatif_goals.PAGE_LATENCY
+
+
+@attrs.frozen
+class _Saving:
+    """The time per page of some parts at the baseline less at a rung (p50 over the timed forwards), with its 95%
+    interval (the ratio of geometric means, `measure.whatif.ratio_interval_95`, scaled by the baseline's)."""
+
+    ms: float
+    low: float | None
+    high: float | None
+
+
+def objective_ms(m: Stage1Metrics, objective: str) -> float | None:
+    """An advice objective's time per page in a run, as the advice reads it (its parts' p50s summed)."""
+    pages = run_pages(m)
+    parts = {p.part: p.ms_per_page for p in pages.parts} if pages else {}
+    return sum(parts.get(part, 0.0) for part in OBJECTIVE_PARTS[objective]) if parts else None
+
+
+def measured_saving(base: Stage1Metrics, rung: Stage1Metrics, parts: Sequence[str]) -> _Saving | None:
+    """How much less time per page `parts` took in `rung` than in `base`; None where either has no timed forward."""
+    before, after = part_values(base, parts), part_values(rung, parts)
+    if not before or not after:
+        return None
+    base_ms = statistics.median(before)
+    interval = ratio_interval_95(before, after)
+    low, high = (None, None) if interval is None else (base_ms * (1 - interval[1]), base_ms * (1 - interval[0]))
+    return _Saving(base_ms - statistics.median(after), low, high)
+
+
+def prediction_check(
+    name: str,
+    advice: Advice,
+    base: Stage1Metrics | None = None,
+    rung: Stage1Metrics | None = None,
+    why_not: str | None = None,
+) -> PredictionCheck:
+    """One piece of advice, predicted against measured: the saving on the parts its bound lies in (the whole
+    objective where it names none), and on the whole objective, of `rung` against `base` (both measured)."""
+    whole = OBJECTIVE_PARTS[advice.objective]
+    check = PredictionCheck(
+        lever=name,
+        kind=advice.kind,
+        objective=advice.objective,
+        parts=advice.parts or whole,
+        bound_ms=advice.bound_ms,
+        predicted_ms=advice.saving_ms,
+        predicted_low_ms=advice.saving_low_ms,
+        predicted_high_ms=advice.saving_high_ms,
+        advised_ms=advice.objective_ms,
+        baseline_ms=None if base is None else objective_ms(base, advice.objective),
+        why_not=why_not,
+    )
+    on_parts = None if base is None or rung is None else measured_saving(base, rung, check.parts)
+    if base is None or rung is None or on_parts is None:
+        return check
+    on_whole = measured_saving(base, rung, whole)
+    return attrs.evolve(
+        check,
+        measured_ms=on_parts.ms,
+        measured_low_ms=on_parts.low,
+        measured_high_ms=on_parts.high,
+        objective_saving_ms=None if on_whole is None else on_whole.ms,
+    )
+
+
+def same_workload(check: PredictionCheck) -> bool:
+    """Whether the baseline measured the advised run's workload: its objective per page within SAME_WORKLOAD of the
+    advised run's (another model, decode length or host moves it further)."""
+    if check.baseline_ms is None or check.advised_ms <= 0:
+        return False
+    return abs(check.baseline_ms / check.advised_ms - 1) <= SAME_WORKLOAD
+
+
+def calibration_from(calibration: Calibration, record: WhatIfRecord) -> tuple[Calibration, tuple[str, ...]]:
+    """The calibration with an advised what-if run's measured savings folded in (`records.advice.calibrated`: the
+    share of its bound each lever saved on its parts, the run's id as its source), and one line per prediction on
+    what became of it: folded in, or left out with the reason (not measured, a baseline of another workload than
+    the advised run's, already folded in)."""
+    lines = []
+    for check in record.predictions:
+        where = f"{record.run_id} {check.lever} ({check.kind})"
+        if check.measured_ms is None:
+            lines.append(f"{where}: left out, not measured ({check.why_not or 'no saving measured'})")
+        elif not same_workload(check):
+            baseline = "not measured" if check.baseline_ms is None else f"{check.baseline_ms:,.1f}"
+            lines.append(
+                f"{where}: left out, the baseline's {check.objective} ({baseline} ms/page) is not the advised run's "
+                f"({check.advised_ms:,.1f} ms/page) within {SAME_WORKLOAD:.0%}: another workload or host"
+            )
+        elif record.run_id in calibration.of(check.kind).sources:
+            lines.append(f"{where}: left out, already folded in")
+        else:
+            calibration = calibrated(calibration, check.kind, check.bound_ms, check.measured_ms, source=record.run_id)
+            share = max(check.measured_ms, 0.0) / check.bound_ms if check.bound_ms > 0 else 0.0
+            lines.append(
+                f"{where}: folded in, {check.measured_ms:,.1f} of a {check.bound_ms:,.1f} ms/page bound "
+                f"(share {share:.2f}); factor now {calibration.of(check.kind).factor:.3f}"
+            )
+    return calibration, tuple(lines)

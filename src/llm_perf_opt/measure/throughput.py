@@ -98,6 +98,13 @@ def _median_or_none(values: list[float | None]) -> float | None:
     return None if not values or None in values else statistics.median(v for v in values if v is not None)
 
 
+def part_values(metrics: Stage1Metrics, parts: Sequence[str]) -> list[float]:
+    """The time per page of `parts` (PAGE_* names) summed, one value per timed forward at the run's batch: the
+    series behind those parts of `PageThroughput.parts`, whose p50 each part's `ms_per_page` is."""
+    size, full = run_batch(metrics.forwards)
+    return [sum(times[part][0] for part in parts) / size for times in (_part_times(f, {}) for f in full)]
+
+
 def run_pages(metrics: Stage1Metrics) -> PageThroughput | None:
     """A run's pages figure: its record's (`Stage1Metrics.pages`), or, for a folder written before 1.4, the same
     figure from its timed forwards."""

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
+from llm_perf_opt.measure import advice
 from llm_perf_opt.measure import whatif as figures
 from llm_perf_opt.measure import whatif_objectives as objectives
 from llm_perf_opt.measure.module_changes import held_by, module_changes
@@ -33,12 +34,14 @@ from llm_perf_opt.records.whatif import (
     LATENCY,
     MEASURED,
     PENDING,
+    AdvisedFrom,
     GoalChoice,
     Goodput,
     Judgement,
     LatencyTarget,
     Lever,
     Objective,
+    PredictionCheck,
     Rung,
     RungFigures,
     Verdict,
@@ -90,6 +93,7 @@ class WhatIfJob:
     devices: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()  # how the run ended, after the judging's notes
     time_budget: TimeBudget | None = None
+    advised_from: AdvisedFrom | None = None  # whatif=advised: the run whose advice named the levers
 
 
 class WhatIfAnalysis:
@@ -327,6 +331,34 @@ class WhatIfAnalysis:
         """Pages/s against per-page latency: the frontier and the goodput rung against the latency target."""
         return objectives.goodput(tuple(self.rungs().values()), self.settings.latency_target)
 
+    def predictions(self, advised: AdvisedFrom | None = None) -> tuple[PredictionCheck, ...]:
+        """whatif=advised: each advised lever's predicted saving per page against its rung's measured one (on the
+        parts its bound lies in, against the baseline; with why where nothing was measured), then the advice that
+        became no lever (`advised.not_run`: code changes, levers past the most a run takes)."""
+        rungs = self.rungs()
+        base = self.folders.get(self.base_name)
+        base_metrics = None if base is None else base.metrics
+        checks = []
+        for lever in self.levers:
+            if lever.advice is None:
+                continue
+            rung = rungs.get(lever.name)
+            folder = self.folders.get(lever.name)
+            measured = rung is not None and rung.state == MEASURED and folder is not None and base is not None
+            why = None if measured else _why_not_measured(rung, base_metrics is not None)
+            rung_metrics = folder.metrics if measured and folder is not None else None
+            checks.append(advice.prediction_check(lever.name, lever.advice, base_metrics, rung_metrics, why))
+        if advised is None:
+            return tuple(checks)
+        for left in advised.not_run:
+            why = (
+                "not runnable: a code change"
+                if left.code_change
+                else f"not run: past the {advised.max_levers} advised levers a run takes"
+            )
+            checks.append(advice.prediction_check(left.lever, left, base_metrics, None, why))
+        return tuple(checks)
+
     def record(self, job: WhatIfJob) -> WhatIfRecord:
         """`whatif.json`: the run as `job` describes it, judged."""
         base = self.folders.get(self.base_name)
@@ -358,7 +390,17 @@ class WhatIfAnalysis:
             frontier=self.frontier(),
             latency_target=self.settings.latency_target,
             goodput=self.goodput(),
+            predictions=self.predictions(job.advised_from),
         )
+
+
+def _why_not_measured(rung: Rung | None, baseline: bool) -> str:
+    """Why an advised lever has no measured saving: its rung's state and reason, or no baseline to measure against."""
+    if not baseline:
+        return "not measured: the baseline was not measured"
+    if rung is None:
+        return "not run"
+    return f"{rung.state}: {rung.reason}" if rung.reason else rung.state
 
 
 def repeats_until(rungs: Iterable[Rung]) -> tuple[str, int] | None:

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import re
@@ -15,7 +16,7 @@ from typing import Any
 
 import attrs
 from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from llm_perf_opt import artifacts, interrupts
@@ -26,6 +27,7 @@ from llm_perf_opt.measure.whatif_analysis import STOPPED_FIRST, WhatIfAnalysis, 
 from llm_perf_opt.override_text import override_key, override_value
 from llm_perf_opt.pipeline import whatif_hydra
 from llm_perf_opt.pipeline.rung_forks import ForkServer, StartingServer
+from llm_perf_opt.pipeline.whatif_advised import AdvisedPlan, advised_plan
 from llm_perf_opt.pipeline.whatif_judge import DID_NOT_FINISH, IN_PROGRESS, judging_settings
 from llm_perf_opt.pipeline.whatif_rungs import (
     RungJob,
@@ -90,26 +92,38 @@ def read_levers(node: Any, exclude: Sequence[str]) -> tuple[Lever, ...]:
     if not isinstance(levers, Mapping) or not levers:
         raise UserError(
             "the what-if preset has no levers (whatif.levers is empty)",
-            "Pick whatif=decode|tuning|vision|batch|throughput|all",
+            "Pick whatif=decode|tuning|vision|batch|throughput|all, or whatif=advised whatif.from_run=<stage1-run "
+            "folder> for the levers its advice names",
         )
-    unknown = sorted(set(exclude) - set(levers))
+    return tuple(_lever(name, levers[name]) for name in _kept([str(name) for name in levers], exclude))
+
+
+def _kept(names: Sequence[str], exclude: Sequence[str]) -> list[str]:
+    """The lever names `whatif_run.exclude` leaves (it may name only levers there are, and must leave one)."""
+    unknown = sorted(set(exclude) - set(names))
     if unknown:
         raise UserError(
             f"whatif_run.exclude names {', '.join(unknown)}, which the preset does not have",
-            f"Exclude some of {', '.join(str(name) for name in levers)}",
+            f"Exclude some of {', '.join(names)}",
         )
-    out = []
-    for name, spec in levers.items():
-        if name in exclude:
-            continue
-        out.append(_lever(str(name), spec))
-    if not out:
+    kept = [name for name in names if name not in exclude]
+    if not kept:
         raise UserError(
-            f"whatif_run.exclude leaves no lever of the preset ({', '.join(str(name) for name in levers)}): the "
-            "baseline alone judges nothing",
+            f"whatif_run.exclude leaves no lever of the preset ({', '.join(names)}): the baseline alone judges nothing",
             "Exclude fewer levers, or run `stage1-run` with the workload's overrides to measure the baseline alone",
         )
-    return tuple(out)
+    return kept
+
+
+def advised_lever_list(plan: AdvisedPlan, whatif: Any, exclude: Sequence[str]) -> tuple[Lever, ...]:
+    """whatif=advised: the levers of the folder's advice minus `exclude` (the preset names none of its own)."""
+    if whatif.get("levers"):
+        raise UserError(
+            "whatif=advised takes its levers from the advice of whatif.from_run, yet whatif.levers names some",
+            "Drop the +whatif.levers overrides, or run them with a preset of their own",
+        )
+    kept = _kept([lever.name for lever in plan.levers], exclude)
+    return tuple(lever for lever in plan.levers if lever.name in kept)
 
 
 DEVICE = re.compile(r"cpu|auto|cuda(:\d+)?")
@@ -117,8 +131,8 @@ DEVICE = re.compile(r"cpu|auto|cuda(:\d+)?")
 
 def check_whatif_settings(cfg: Any) -> tuple[Lever, ...]:
     """perf-whatif's own settings, checked before anything starts (the keys' types are settings_schema's): the
-    preset's levers minus whatif_run.exclude (at least one), the devices, the launcher and its overrides, the
-    memory budget and the near-tie tolerance. Returns the levers."""
+    preset's levers (whatif=advised: those its folder's advice names) minus whatif_run.exclude (at least one), the
+    devices, the launcher and its overrides, the memory budget and the near-tie tolerance. Returns the levers."""
     run_cfg = cfg.whatif_run
     exclude = OmegaConf.to_container(run_cfg.exclude) if run_cfg.get("exclude") is not None else []
     if isinstance(exclude, str) or not isinstance(exclude, list):
@@ -126,7 +140,11 @@ def check_whatif_settings(cfg: Any) -> tuple[Lever, ...]:
             f"whatif_run.exclude={exclude} is not a list",
             f"Give a list in brackets, e.g. whatif_run.exclude=[{exclude}]",
         )
-    levers = read_levers(cfg.whatif.get("levers"), [str(x) for x in exclude])
+    plan = advised_plan(cfg.whatif)
+    if plan is None:
+        levers = read_levers(cfg.whatif.get("levers"), [str(x) for x in exclude])
+    else:
+        levers = advised_lever_list(plan, cfg.whatif, [str(x) for x in exclude])
     rung_devices(run_cfg)
     _, overrides = launcher_settings(run_cfg)
     if overrides:
@@ -193,19 +211,24 @@ def launcher_settings(run_cfg: Any) -> tuple[str, tuple[str, ...]]:
 COMPILE_FIELDS = ("compile", "compile_vision")  # the runtime settings that make a rung compile (none: it does not)
 
 
-def rungs_compile(cfg: Any) -> bool:
-    """Whether a rung of this what-if may compile: the workload's own runtime does, or a lever of the preset sets
-    runtime.compile or runtime.compile_vision to anything but none (read as given: the levers are checked later)."""
+def rungs_compile(cfg: Any, levers: Sequence[Lever] = ()) -> bool:
+    """Whether a rung of this what-if may compile: the workload's own runtime does, or a lever of the preset (or one
+    of `levers`) sets runtime.compile or runtime.compile_vision to anything but none (read as given: the levers are
+    checked later)."""
     runtime = cfg.get("runtime") or {}
     if any(str(runtime.get(field) or "none") != "none" for field in COMPILE_FIELDS):
         return True
     keys = {f"runtime.{field}" for field in COMPILE_FIELDS}
-    levers = cfg.get("whatif", {}).get("levers")
-    specs = OmegaConf.to_container(levers, resolve=True) if levers is not None else {}
-    for spec in specs.values() if isinstance(specs, Mapping) else ():
-        for override in (spec.get("overrides") or ()) if isinstance(spec, Mapping) else ():
-            value = override_value(str(override))
-            if override_key(str(override)) in keys and (value or "none").strip().lower() not in ("none", "null", ""):
+    node = cfg.get("whatif", {}).get("levers")
+    specs = OmegaConf.to_container(node, resolve=True) if node is not None else {}
+    given = [
+        [str(o) for o in (spec.get("overrides") or ())] if isinstance(spec, Mapping) else []
+        for spec in (specs.values() if isinstance(specs, Mapping) else ())
+    ]
+    for overrides in [*given, *(lever.overrides for lever in levers)]:
+        for override in overrides:
+            value = override_value(override)
+            if override_key(override) in keys and (value or "none").strip().lower() not in ("none", "null", ""):
                 return True
     return False
 
@@ -295,6 +318,32 @@ def refusal(workload: Sequence[str], overrides: Sequence[str], hydra_folder: str
     return refused
 
 
+def advised_config(cfg: DictConfig, plan: AdvisedPlan, workload: Sequence[str]) -> tuple[DictConfig, tuple[str, ...]]:
+    """whatif=advised: the what-if's config with its workload keys composed from the folder's workload and then the
+    command line's (`workload`, which wins), its objective the best advice's unless whatif.objective is set; and that
+    workload, which every rung runs."""
+    from llm_perf_opt.config_compose import compose_config
+
+    full = (*plan.workload, *workload)
+    try:
+        with _outside_running_hydra():
+            stage1 = compose_config("stage1", *full)
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise UserError(
+            f"the workload of whatif.from_run={plan.folder} does not compose as stage1-run settings ({' '.join(full)}):"
+            f" {f'{type(exc).__name__}: {exc}'.splitlines()[0]}",
+            "Override the setting it names on the command line, or run stage1-run again with this toolkit and give "
+            "its folder",
+        ) from None
+    out = copy.deepcopy(cfg)
+    with open_dict(out):
+        for key in stage1:
+            out[key] = stage1[key]
+        if out.whatif.get("objective") is None:
+            out.whatif.objective = plan.goal
+    return out, full
+
+
 @attrs.define
 class _Plan:
     """A rung before it runs: what it is and, once known, why it does not run."""
@@ -315,6 +364,10 @@ class WhatIfRun:
         workload: Sequence[str],
         feedback: Feedback | None = None,
     ) -> None:
+        # whatif=advised: the levers of whatif.from_run's advice, on its workload (the command line's on top)
+        self.advised = advised_plan(cfg.whatif, workload)
+        if self.advised is not None:
+            cfg, workload = advised_config(cfg, self.advised, workload)
         self.cfg = cfg
         self.run_id = run_id
         self.workload = tuple(workload)
@@ -346,7 +399,8 @@ class WhatIfRun:
         try:
             # The fork server first: its imports overlap this process's own (torch) and the checks of every rung's
             # config; it is waited for when the first rung is due, and cancelled if none is.
-            self.starting = StartingServer.launch(compiles=rungs_compile(self.cfg)) if self.fork_rungs else None
+            compiles = rungs_compile(self.cfg, self.levers)
+            self.starting = StartingServer.launch(compiles=compiles) if self.fork_rungs else None
             self.caches = shared_caches(self.cfg.whatif_run, self.cfg.get("model") or {}, self.art.run_dir)
             with self.feedback.session():
                 record = self._run()
@@ -598,6 +652,7 @@ class WhatIfRun:
             devices=tuple(d for d in self.devices if d is not None) if self.launcher == LOCAL_LAUNCHER else (),
             notes=notes,
             time_budget=time_budget,
+            advised_from=None if self.advised is None else self.advised.advised_from,
         )
         return self._analysis().record(job)
 

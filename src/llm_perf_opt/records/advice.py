@@ -59,6 +59,9 @@ class Advice:
     saving_high_ms: float = 0.0
     because: str = ""  # the figures behind the bound, in a few words ("vision 41.2 ms/page, floor 5.1 ms")
     command: str = ""  # the command that measures it on this run's workload
+    # The parts of the time per page its bound lies in (`records.stage1.PAGE_*`), where a measured run of the lever
+    # looks for its saving (`measure.advice.measured_saving`); empty: the whole objective
+    parts: tuple[str, ...] = ()
 
     @property
     def code_change(self) -> bool:
@@ -87,6 +90,7 @@ class LeverCalibration:
     high: float
     samples: int = 0
     note: str = ""
+    sources: tuple[str, ...] = ()  # the what-if runs (run ids) whose measured savings were folded in
 
     def saving(self, bound_ms: float) -> tuple[float, float, float]:
         """(predicted, low, high) ms for a bound of `bound_ms`."""
@@ -107,22 +111,26 @@ class Calibration:
         return self.kinds.get(kind, UNCALIBRATED)
 
 
-def calibrated(calibration: Calibration, kind: str, bound_ms: float, measured_saving_ms: float) -> Calibration:
+def calibrated(
+    calibration: Calibration, kind: str, bound_ms: float, measured_saving_ms: float, source: str | None = None
+) -> Calibration:
     """The calibration with one measured saving of a `kind` lever folded in: its realised share r = measured saving
-    / bound becomes part of the factor (the mean of every sample: (factor × n + r) / (n + 1), so a hand-set prior,
-    n = 0, gives way to the first sample) and widens the interval to hold r. A bound of 0 teaches nothing.
+    / bound (a loss counts as no saving) becomes part of the factor (the mean of every sample: (factor × n + r) /
+    (n + 1), so a hand-set prior, n = 0, gives way to the first sample) and widens the interval to hold r; `source`
+    (the what-if run it was measured in) joins the kind's sources. A bound of 0 teaches nothing.
 
-    Use it after measuring an advised lever (its command, then `perf-compare` of the two folders): the advice's
-    `bound_ms` and the measured saving per page; write `dump_calibration` of the result over the package's
+    `perf-whatif whatif=advised` measures advised levers; `scripts/update_advice_calibration.py` folds its folders
+    in (`measure.advice.calibration_from`) and writes `dump_calibration` of the result over the package's
     `advice_calibration.yaml`."""
     if bound_ms <= 0:
         return calibration
-    share = measured_saving_ms / bound_ms
+    share = max(measured_saving_ms, 0.0) / bound_ms
     old = calibration.of(kind)
     n = old.samples
     factor = (old.factor * n + share) / (n + 1)
     note = old.note if old is not UNCALIBRATED else ""
-    new = LeverCalibration(factor, min(old.low, share), max(old.high, share), samples=n + 1, note=note)
+    sources = (*old.sources, source) if source is not None and source not in old.sources else old.sources
+    new = LeverCalibration(factor, min(old.low, share), max(old.high, share), samples=n + 1, note=note, sources=sources)
     return Calibration({**calibration.kinds, kind: new})
 
 
@@ -148,7 +156,20 @@ def load_calibration(text: str, where: str = CALIBRATION_FILE) -> Calibration:
     return _parse(yaml.safe_load(text), where)
 
 
+# The comment the shipped file opens with (`dump_calibration` writes it again).
+CALIBRATION_HEADER = """\
+# The share of its bound each kind of lever saves (llm_perf_opt.records.advice): predicted saving = factor × bound,
+# interval low × bound .. high × bound. samples: measured savings folded in by `records.advice.calibrated` (0: a
+# prior set by hand); sources: the what-if runs they were measured in. Update with
+# `scripts/update_advice_calibration.py <perf-whatif whatif=advised folder>...` (docs/guide/whatif.md).
+"""
+
+
 def dump_calibration(calibration: Calibration) -> str:
-    """The calibration as YAML, the shipped file's layout."""
+    """The calibration as YAML, the shipped file's layout (its opening comment, then the kinds; a kind's sources
+    only where it has some)."""
     plain = converter.unstructure(calibration)
-    return str(yaml.safe_dump(plain, sort_keys=False, allow_unicode=True, width=120))
+    for entry in plain["kinds"].values():
+        if not entry.get("sources"):
+            entry.pop("sources", None)
+    return CALIBRATION_HEADER + str(yaml.safe_dump(plain, sort_keys=False, allow_unicode=True, width=120))

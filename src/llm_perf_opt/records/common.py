@@ -14,7 +14,8 @@ import attrs
 # 1.4: Stage1Metrics.pages (pages/s, per-page latency, the time per page); Throughput.e2e_images_per_s counts the
 #      inputs a forward finishes (a batch's all), not 1 / the median per-input latency.
 #      Also in 1.4 (defaults only): WhatIfRecord.latency_target and .goodput, RungFigures' per-page p90 latencies,
-#      Stage1Comparison.throughput (pages/s per run).
+#      Stage1Comparison.throughput (pages/s per run); WhatIfRecord.advised_from and .predictions, Lever.advice
+#      (`perf-whatif whatif=advised`).
 SCHEMA_VERSION = "1.4"
 SCHEMA_MAJOR = SCHEMA_VERSION.split(".", 1)[0]
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import attrs
 
+from llm_perf_opt.records.advice import Advice
 from llm_perf_opt.records.common import Summary, TimeBudget
 from llm_perf_opt.records.modules import ModuleAttribution, StageModuleChanges
 
@@ -68,6 +69,8 @@ class Lever:
     about: str = ""
     changes: str = LATENCY  # LATENCY | WORKLOAD
     needs: str | None = None  # "cuda" for levers that cannot run elsewhere
+    # whatif=advised: the advice it comes from, with its predicted saving per page (None: a preset's own lever)
+    advice: Advice | None = None
 
 
 @attrs.frozen
@@ -257,6 +260,56 @@ class Goodput:
 
 
 @attrs.frozen
+class AdvisedFrom:
+    """`whatif=advised`: the Stage 1 run whose advice named the levers (`whatif.from_run`), what it ran, and its advice
+    that became no lever (code changes, and levers past the most a run takes)."""
+
+    folder: str
+    model: str
+    device: str | None
+    max_new_tokens: int
+    not_run: tuple[Advice, ...] = ()
+    max_levers: int = 0  # the most advised levers one run takes (those past it are in `not_run`)
+
+
+@attrs.frozen
+class PredictionCheck:
+    """One advised lever: the saving per page its advice predicted against the saving its rung measured, on the
+    parts of the page its bound lies in (`Advice.parts`; the whole objective where it names none). `why_not`: why
+    nothing was measured (not runnable, skipped, failed)."""
+
+    lever: str  # the rung's name, or the advice's words for one that did not run
+    kind: str  # the calibration's key
+    objective: str  # the advice's ("page latency", "first token", "throughput")
+    parts: tuple[str, ...]  # where the saving is measured
+    bound_ms: float
+    predicted_ms: float
+    predicted_low_ms: float
+    predicted_high_ms: float
+    advised_ms: float  # the objective's time per page in the advised run
+    baseline_ms: float | None = None  # the objective's time per page in this run's baseline
+    measured_ms: float | None = None  # the baseline's time per page on `parts` less the rung's (p50 over passes)
+    measured_low_ms: float | None = None  # its 95% interval (≥ 3 timed passes a side)
+    measured_high_ms: float | None = None
+    objective_saving_ms: float | None = None  # the same over the whole objective (side effects included)
+    why_not: str | None = None
+
+    @property
+    def error(self) -> float | None:
+        """(predicted − measured) / measured: +0.25 predicted a quarter too much; None where nothing was saved."""
+        if self.measured_ms is None or self.measured_ms <= 0:
+            return None
+        return (self.predicted_ms - self.measured_ms) / self.measured_ms
+
+    @property
+    def inside(self) -> bool | None:
+        """Whether the measured saving lies inside the predicted interval (None: not measured)."""
+        if self.measured_ms is None:
+            return None
+        return self.predicted_low_ms <= self.measured_ms <= self.predicted_high_ms
+
+
+@attrs.frozen
 class Rung:
     """One configuration of the what-if run and what became of it."""
 
@@ -343,6 +396,9 @@ class WhatIfRecord:
     time_budget: TimeBudget | None = None  # where perf-whatif's wall time went, by phase (None in older records)
     latency_target: LatencyTarget | None = None  # whatif.latency_target (None: none set, or an older record)
     goodput: Goodput | None = None  # pages/s against per-page latency (None: no rung has both, or an older record)
+    # whatif=advised: the run whose advice named the levers, and each advised lever predicted against measured
+    advised_from: AdvisedFrom | None = None
+    predictions: tuple[PredictionCheck, ...] = ()
 
     def rung(self, name: str) -> Rung | None:
         return next((r for r in self.rungs if r.name == name), None)

@@ -51,6 +51,7 @@ from llm_perf_opt.report.markdown import (
 from llm_perf_opt.report.modules_report import changes_table, module_table, stage_summary
 from llm_perf_opt.report.whatif_goodput import goodput_section
 from llm_perf_opt.report.whatif_plots import module_waterfall_stage, ranks_first_token, write_whatif_plots
+from llm_perf_opt.report.whatif_predictions import predictions_section
 
 NA = "n/a"
 WHATIF_REPORT = "whatif.md"
@@ -732,6 +733,8 @@ def whatif_md(
     doc.para(verdict_paragraph(record))
     _goals(doc, record)
     goodput_section(doc, record, plots.get("pages_latency"))
+    advised = record.advised_from
+    predictions_section(doc, record, "" if advised is None else clean_paths(advised.folder))
     if "waterfall" in plots:
         shown = "Time to first token" if ranks_first_token(record) else "Decode ms/token"
         doc.image(f"{shown} from the baseline to the best rung", plots["waterfall"])

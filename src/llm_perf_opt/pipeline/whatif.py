@@ -300,7 +300,7 @@ def fork_rungs(run_cfg: Any, launcher: str) -> bool:
     """`whatif_run.fork_rungs`: the local launcher forks each rung from a preloaded server."""
     value = require_bool(
         "whatif_run.fork_rungs",
-        run_cfg.get("fork_rungs", False),
+        run_cfg.fork_rungs,
         "Set whatif_run.fork_rungs=true (each rung forked from a process that has imported torch and transformers "
         "once) or false (each rung a fresh interpreter)",
     )
@@ -383,7 +383,7 @@ class WhatIfRun:
         self.fork_rungs = fork_rungs(cfg.whatif_run, self.launcher)
         self.overlap_rungs = self.launcher == LOCAL_LAUNCHER and require_bool(
             "whatif_run.overlap_rungs",
-            self.cfg.whatif_run.get("overlap_rungs", False),
+            self.cfg.whatif_run.overlap_rungs,
             "Set whatif_run.overlap_rungs=true (a rung starts while the previous one post-processes; its warm-up and "
             "timed passes wait for that one's end) or false (each rung starts when the previous one has exited)",
         )

@@ -89,7 +89,7 @@ def shared_caches(run_cfg: Mapping[str, Any], model: Mapping[str, Any], run_dir:
     owned: list[Path] = []
     model_cache = None
     own_weights = model.get("cache_dir") or model.get("path") or model.get("name_or_path")
-    if bool(run_cfg.get("reuse_model", True)) and not own_weights:
+    if bool(run_cfg.reuse_model) and not own_weights:
         model_cache = run_dir / MODEL_CACHE_DIR
         owned.append(model_cache)
     chosen = run_cfg.get("inductor_cache", USER_FOLDER)

@@ -95,7 +95,9 @@ def _end_bug(exc: Exception, run_dir: Path | None) -> int:
     return bug_report.BUG_EXIT_CODE
 
 
-def _mark_failed(run_dir: Path | None, message: str, replacing: tuple[str, ...] = (artifacts.RUNNING,)) -> None:
+def _mark_failed(
+    run_dir: Path | None, message: str, replacing: tuple[artifacts.RunState, ...] = (artifacts.RUNNING,)
+) -> None:
     """Mark `run_dir` failed if this process's run still reads `running` there, or another of the states `replacing`
     (never another run's folder)."""
     if run_dir is not None and artifacts.mark_failed(run_dir, message, only_this_process=True, replacing=replacing):

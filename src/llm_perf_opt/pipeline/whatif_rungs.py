@@ -137,7 +137,7 @@ class RungOutcome:
     """How a rung's process ended: the folder's state and message (or why there is no folder), and its wall time."""
 
     name: str
-    state: str  # records.common COMPLETE | FAILED | INTERRUPTED
+    state: common.RunState
     message: str | None
     wall_s: float | None  # None: not known (a rung of a Hydra multirun whose folder recorded no end)
 

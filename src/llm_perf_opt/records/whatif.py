@@ -3,6 +3,7 @@ cumulative ladder), what each changed and why, and the recommendations they back
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -21,14 +22,25 @@ BASELINE = "baseline"
 ALONE = "alone"  # one lever against the baseline
 LADDER = "ladder"  # the levers that helped, added one at a time in order of measured gain
 
-# Rung states: measured, failed while running, skipped before running (with the reason), or refused by validation.
-MEASURED = "complete"
-FAILED = "failed"
-SKIPPED = "skipped"
-INVALID = "invalid"
-PENDING = "pending"  # planned, not run yet (only in a record written while the run was still going)
-# Stopped with the what-if run (Ctrl-C, SIGTERM): its figures cover the passes it measured; it is not judged.
-INTERRUPTED = "interrupted"
+
+class RungState(enum.StrEnum):
+    """What became of a rung (`Rung.state`); a str, so `whatif.json` holds the same words and older records load."""
+
+    MEASURED = "complete"
+    FAILED = "failed"  # failed while running
+    SKIPPED = "skipped"  # skipped before running (with the reason)
+    INVALID = "invalid"  # refused by validation
+    PENDING = "pending"  # planned, not run yet (only in a record written while the run was still going)
+    # Stopped with the what-if run (Ctrl-C, SIGTERM): its figures cover the passes it measured; it is not judged.
+    INTERRUPTED = "interrupted"
+
+
+MEASURED = RungState.MEASURED
+FAILED = RungState.FAILED
+SKIPPED = RungState.SKIPPED
+INVALID = RungState.INVALID
+PENDING = RungState.PENDING
+INTERRUPTED = RungState.INTERRUPTED
 
 # How one objective of a rung compares with the baseline's (`Judgement.verdict`).
 BETTER = "better"
@@ -265,7 +277,7 @@ class Rung:
     levers: tuple[str, ...]  # levers on, in order
     overrides: tuple[str, ...]  # the overrides the rung ran with (workload overrides not repeated)
     changes_workload: bool
-    state: str  # MEASURED | FAILED | SKIPPED | INVALID | INTERRUPTED (PENDING while the run goes on)
+    state: RungState  # PENDING only while the run goes on
     reason: str | None = None  # why it failed, was skipped, refused or interrupted
     folder: str | None = None  # its stage1-run folder, relative to the what-if folder
     wall_s: float | None = None  # the rung's process from start to end (model build, compilation, passes)

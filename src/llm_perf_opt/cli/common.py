@@ -17,6 +17,7 @@ from llm_perf_opt import artifacts, interrupts
 from llm_perf_opt.cli import bug_report
 from llm_perf_opt.config_compose import register_resolvers
 from llm_perf_opt.errors import UserError
+from llm_perf_opt.records.folders import REPORT_FILE
 from llm_perf_opt.settings_schema import check_config
 
 log = logging.getLogger("llm_perf_opt")
@@ -190,7 +191,7 @@ def launch(
 
 def print_report_path(run_dir: Path) -> None:
     """The last line a command prints: its report's bare path (`| tail -1` gives it to a script)."""
-    print(run_dir / "report.md")
+    print(run_dir / REPORT_FILE)
 
 
 def rebuild_reports(

@@ -61,10 +61,13 @@ from llm_perf_opt.pipeline.stage1_settings import (
 from llm_perf_opt.progress import Feedback, StepHandle
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.folders import (
+    CONFIG_FILE,
+    ENV_FILE,
     INPUTS_FILE,
     METRICS_FILE,
     OPERATORS_FILE,
     PREFILL_LOGITS_FILE,
+    REPORT_FILE,
     TOP2_LOGITS_FILE,
     whatif_for,
 )
@@ -161,7 +164,7 @@ class Stage1Run:
                 f"{p50.get(vocab.DECODE_STEP, 0):,.2f} ms, MBU {pct(decode.mbu if decode else None)}",
             ),
         ]
-        report = str(self.art.run_dir / "report.md")
+        report = str(self.art.run_dir / REPORT_FILE)
         self.feedback.summary(f"stage1-run {self.run_id}: complete", rows, report, m.time_budget)
 
     def _leave_sync(self) -> None:
@@ -191,7 +194,7 @@ class Stage1Run:
     # ---- measurement -------------------------------------------------------------------------------
     def _measure(self) -> None:
         cfg = self.cfg
-        self.art.write_text("config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+        self.art.write_text(CONFIG_FILE, OmegaConf.to_yaml(cfg, resolve=True))
         check_workload_model(cfg)
         count, shard = data_parallel_count(cfg.run), shard_of(cfg.run)
         if count > 1:
@@ -246,7 +249,7 @@ class Stage1Run:
         for skipped in self.selection.skipped:
             log.warning("skipping %s: %s", skipped.path, skipped.reason)
         self.art.write_yaml(INPUTS_FILE, inputs_manifest(self.inputs))
-        self.art.write_json("env.json", collect_env(device, clock_state(device)))
+        self.art.write_json(ENV_FILE, collect_env(device, clock_state(device)))
 
         if self.render_reports:
             pyplot.preload()  # the plots' import (and a first run's font cache) while the model builds

@@ -41,6 +41,9 @@ OPERATORS_FILE = "operators.json"
 PREDICTIONS_FILE = "predictions/predictions.jsonl"
 PREFILL_LOGITS_FILE = "prefill_logits.pt"  # run.save_prefill_logits: last-prompt-position logits per input
 TOP2_LOGITS_FILE = "top2_logits.json"  # run.save_top2_logits: the top two logits behind each token, per input
+# The reports of a Stage 1 or Stage 2 folder (a what-if rung's among them): the main one and the short summary.
+REPORT_FILE = "report.md"
+STAKEHOLDER_FILE = "stakeholder_summary.md"
 # Stage 2 folders: the capture's record, Nsight Compute's targets, the Stage 1 metrics of the workload nsys profiled.
 CAPTURE_FILE = "capture.json"
 NCU_TARGETS_FILE = "ncu/targets.json"

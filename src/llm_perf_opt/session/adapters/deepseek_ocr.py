@@ -14,6 +14,7 @@ import torch
 from PIL import Image
 from torch import nn
 from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.utils import CONFIG_NAME
 
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.models.cache_argument import (
@@ -153,7 +154,7 @@ class DeepseekOcrAdapter(ModelAdapter):
 
     def load_checkpoint(self, path: str, *, device: torch.device, dtype: torch.dtype) -> LoadedModel:
         folder = Path(path).expanduser()
-        if not (folder / "config.json").is_file():
+        if not (folder / CONFIG_NAME).is_file():
             raise UserError(
                 f"model.path={path} holds no loadable checkpoint (no config.json in {folder.resolve()})",
                 "Point model.path at a local DeepSeek-OCR checkpoint folder (config.json, *.safetensors, tokenizer "

@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 from transformers import DeepseekOcr2Config, DeepseekOcr2ForConditionalGeneration
 from transformers.models.deepseek_ocr2.image_processing_pil_deepseek_ocr2 import DeepseekOcr2ImageProcessorPil
+from transformers.utils import CONFIG_NAME
 
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.models.deepseek_ocr2_views import ocr2_views
@@ -104,7 +105,7 @@ class DeepseekOcr2Adapter(ModelAdapter):
 
     def load_checkpoint(self, path: str, *, device: torch.device, dtype: torch.dtype) -> LoadedModel:
         folder = Path(path).expanduser()
-        if not (folder / "config.json").is_file():
+        if not (folder / CONFIG_NAME).is_file():
             raise UserError(
                 f"model.path={path} holds no loadable checkpoint (no config.json in {folder.resolve()})",
                 "Point model.path at a local DeepSeek-OCR-2 checkpoint folder in the transformers layout "

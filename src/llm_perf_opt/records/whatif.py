@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import attrs
+from cattrs.gen import make_dict_unstructure_fn
 
 from llm_perf_opt.records.common import Summary, TimeBudget
+from llm_perf_opt.records.io import converter
 from llm_perf_opt.records.modules import ModuleAttribution, StageModuleChanges
 
 # What a lever may change: only the time of the same work, or the work itself (mode, tiles, dtype, …).
@@ -317,6 +318,22 @@ class Verdict:
 
 
 @attrs.frozen
+class BaselineSettings:
+    """How the baseline rung ran (`WhatIfRecord.settings`): passes, warm-up passes, new tokens, inputs. All None when
+    no baseline was measured; the file then holds `{}`, as it always has (the Nones are left out)."""
+
+    repeats: int | None = None
+    warmup: int | None = None
+    max_new_tokens: int | None = None
+    inputs: int | None = None
+
+
+converter.register_unstructure_hook(
+    BaselineSettings, make_dict_unstructure_fn(BaselineSettings, converter, _cattrs_omit_if_default=True)
+)
+
+
+@attrs.frozen
 class WhatIfRecord:
     """`whatif.json`."""
 
@@ -335,7 +352,7 @@ class WhatIfRecord:
     best: str | None  # the ladder rung (or lever) with the best objective among those whose outputs were checked
     verdicts: tuple[Verdict, ...]
     notes: tuple[str, ...] = ()
-    settings: Mapping[str, Any] = attrs.field(factory=dict)  # repeats, warmup, max_new_tokens, inputs (baseline)
+    settings: BaselineSettings = BaselineSettings()
     device_type: str | None = None  # "cuda" | "cpu" (the baseline's `DeviceInfo.type`); None: not recorded
     # How the rungs ran (whatif_run.launcher): LOCAL_LAUNCHER or HYDRA_LAUNCHER; None: not recorded (older runs)
     launcher: str | None = None

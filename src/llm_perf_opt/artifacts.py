@@ -15,7 +15,6 @@ import errno
 import os
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import attrs
 
@@ -142,11 +141,11 @@ class ArtifactsManager:
             return target
         return self.write_text(str(relative), text)
 
-    def write_json(self, relative: str, data: Any) -> Path:
+    def write_json(self, relative: str, data: object) -> Path:
         """A record (or plain data) as JSON."""
         return self.write_text(relative, io.dumps(data))
 
-    def write_yaml(self, relative: str, data: Any) -> Path:
+    def write_yaml(self, relative: str, data: object) -> Path:
         return self.write_text(relative, io.dumps_yaml(data))
 
     def note_file(self, path: Path) -> None:

@@ -151,11 +151,11 @@ def _stage_counters(modules: Mapping[str, torch.nn.Module], totals: dict[str, fl
     for stage, module in modules.items():
         totals[stage] = 0.0
 
-        def enter(_module: Any, _args: Any, stage: str = stage) -> None:
+        def enter(_module: torch.nn.Module, _args: tuple[object, ...], stage: str = stage) -> None:
             running[stage] = flop_counter()
             running[stage].__enter__()
 
-        def leave(_module: Any, _args: Any, _out: Any, stage: str = stage) -> None:
+        def leave(_module: torch.nn.Module, _args: tuple[object, ...], _out: object, stage: str = stage) -> None:
             counter = running.pop(stage)
             counter.__exit__(None, None, None)
             totals[stage] += float(counter.get_total_flops())

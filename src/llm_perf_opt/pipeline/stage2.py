@@ -625,7 +625,7 @@ def render(
     capture = folders.load_capture(run_dir)
     targets = folders.load_ncu_targets(run_dir)
     workload = folders.load_workload_metrics(run_dir)
-    driver = (folders.read_env(run_dir).get("gpu") or {}).get("driver")
+    driver = folders.recorded_driver(run_dir)
     with NsysTrace(export) as trace:
         models = workload_models(run_dir, targets)
         analysis = Stage2Analysis(

@@ -139,12 +139,12 @@ class RunFolderGuard(Callback):
     it was, even by a run started together with the one that holds it. Hydra 1.3 calls on_run_start before run_job
     writes anything (on_job_start comes after `.hydra/`); a multirun's job folders are claimed as each run starts."""
 
-    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+    def on_run_start(self, config: DictConfig, **kwargs: object) -> None:
         folder = Path(str(config.hydra.run.dir))
         stage = str(kwargs.get("config_name") or "run")  # the pipeline's own stage replaces it when the run starts
         self._or_exit(lambda: claim_run_folder(folder, stage))
 
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+    def on_multirun_start(self, config: DictConfig, **kwargs: object) -> None:
         self._or_exit(lambda: check_run_folder(Path(str(config.hydra.sweep.dir)), holds_jobs=True))
 
     @staticmethod

@@ -13,7 +13,6 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import attrs
 from hydra.experimental.callback import Callback
@@ -133,7 +132,7 @@ class SweepSummaryCallback(Callback):
     """Hydra callback: summarise the sweep folder when a multirun ends, its path the sweep's last line on stdout
     (after every job's own summary); exit 1 when a job did not complete."""
 
-    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+    def on_multirun_end(self, config: DictConfig, **kwargs: object) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))
         try:
             target, summary = _summarize(sweep_dir)

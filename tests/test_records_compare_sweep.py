@@ -11,8 +11,9 @@ import pytest
 
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.pipeline import compare as cmp
-from llm_perf_opt.pipeline.sweep import SUMMARY_JSON, SUMMARY_MD, summarize_sweep
+from llm_perf_opt.pipeline.sweep import SUMMARY_MD, summarize_sweep
 from llm_perf_opt.records.comparison import Comparison, StageTimeRow, load_comparison
+from llm_perf_opt.records.folders import SWEEP_SUMMARY_FILE
 from llm_perf_opt.records.io import converter, dumps, save, to_plain
 from llm_perf_opt.records.sweep import JobFigures, SweepSummary, load_sweep_summary
 from llm_perf_opt.report.comparison import comparison_markdown
@@ -96,8 +97,8 @@ def _sweep(tmp_path: Path, sources: list[Path]) -> Path:
 def test_sweep_summary_record_round_trips(tmp_path: Path) -> None:
     sweep = _sweep(tmp_path, [H100_A, H100_B, CPU_TINY])
     summarize_sweep(sweep)
-    text = (sweep / SUMMARY_JSON).read_text()
-    summary = load_sweep_summary(sweep / SUMMARY_JSON)
+    text = (sweep / SWEEP_SUMMARY_FILE).read_text()
+    summary = load_sweep_summary(sweep / SWEEP_SUMMARY_FILE)
     assert isinstance(summary, SweepSummary) and dumps(summary) == text  # the file is exactly the record
     assert converter.structure(to_plain(summary), SweepSummary) == summary
     assert load_sweep_summary(save(summary, tmp_path / "copy.json")) == summary
@@ -115,7 +116,7 @@ def test_damaged_file_in_sweep_job_is_skipped_naming_it(tmp_path: Path, file: st
     sweep = _sweep(tmp_path, [H100_A, H100_B])
     (sweep / "1" / file).write_text("{")
     summarize_sweep(sweep)
-    summary = load_sweep_summary(sweep / SUMMARY_JSON)
+    summary = load_sweep_summary(sweep / SWEEP_SUMMARY_FILE)
     job = summary.jobs[1]
     assert job.metrics is None and job.skipped_reason is not None
     assert job.skipped_reason.startswith(f"{file} cannot be read as a run record: it is damaged")

@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import attrs
 import pytest
 
 from llm_perf_opt.records import io
 from llm_perf_opt.records.folders import WHATIF_FILE, enclosing_whatif, load_whatif, whatif_for
 from llm_perf_opt.records.io import RecordError, converter, to_plain
-from llm_perf_opt.records.whatif import FAILED, SKIPPED, WhatIfRecord
+from llm_perf_opt.records.whatif import FAILED, SKIPPED, BaselineSettings, WhatIfRecord
 from whatif_fixtures import minimal, realistic, whatif_tree
 
 
@@ -43,6 +44,22 @@ def test_an_older_record_without_the_optional_fields_loads(tmp_path: Path) -> No
     (tmp_path / WHATIF_FILE).write_text(json.dumps(data))
     record = load_whatif(tmp_path)
     assert record.device_type is None and record.notes == () and record.device_phrase.startswith("this device")
+
+
+@pytest.mark.parametrize(
+    ("settings", "written"),
+    [
+        (BaselineSettings(), {}),
+        (BaselineSettings(5, 2, 32, 1), {"repeats": 5, "warmup": 2, "max_new_tokens": 32, "inputs": 1}),
+    ],
+    ids=["no baseline", "baseline"],
+)
+def test_baseline_settings_keep_their_json(settings: BaselineSettings, written: dict[str, int], tmp_path: Path) -> None:
+    """`settings` is a record now; the file holds what it held as a plain dict: `{}` without a baseline."""
+    record = attrs.evolve(minimal(), settings=settings)
+    saved = io.save(record, tmp_path / WHATIF_FILE)
+    assert json.loads(saved.read_text())["settings"] == written
+    assert load_whatif(saved).settings == settings
 
 
 @pytest.mark.parametrize(

@@ -10,9 +10,9 @@ import pytest
 
 from helpers import run_cli
 from llm_perf_opt.measure.sweep import swept_keys
-from llm_perf_opt.pipeline.sweep import SUMMARY_JSON, SUMMARY_MD, SUMMARY_PNG, SWEEP_FAILED_EXIT, main, summarize_sweep
+from llm_perf_opt.pipeline.sweep import SUMMARY_MD, SUMMARY_PNG, SWEEP_FAILED_EXIT, main, summarize_sweep
 from llm_perf_opt.records.common import RunStatus, Summary
-from llm_perf_opt.records.folders import load_stage1_metrics
+from llm_perf_opt.records.folders import SWEEP_SUMMARY_FILE, load_stage1_metrics
 from llm_perf_opt.records.io import save
 from llm_perf_opt.records.stage1 import MfuRecord, Stage1Metrics, StageEfficiency, StageStat, Throughput
 
@@ -87,7 +87,7 @@ def test_multirun_writes_sweep_summary(tmp_path: Path) -> None:
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    data = json.loads((sweep / SUMMARY_JSON).read_text())
+    data = json.loads((sweep / SWEEP_SUMMARY_FILE).read_text())
     assert data["swept_keys"] == ["infer.max_new_tokens"]
     assert [j["swept"] for j in data["jobs"]] == [{"infer.max_new_tokens": "2"}, {"infer.max_new_tokens": "3"}]
     assert all(j["status"] == "complete" and j["skipped_reason"] is None for j in data["jobs"])
@@ -128,7 +128,7 @@ def test_summarize_sweep_skips_failed_and_incomplete_jobs(tmp_path: Path, capsys
     md_path = Path(capsys.readouterr().out.strip())
     assert md_path == sweep / SUMMARY_MD and summarize_sweep(sweep) == md_path
     md = md_path.read_text()
-    data = json.loads((sweep / SUMMARY_JSON).read_text())
+    data = json.loads((sweep / SWEEP_SUMMARY_FILE).read_text())
 
     assert data["swept_keys"] == ["infer.max_new_tokens"]
     jobs = {j["num"]: j for j in data["jobs"]}
@@ -152,7 +152,7 @@ def test_swept_keys_ignore_shared_overrides(tmp_path: Path) -> None:
     _job(sweep, 0, ["device=cpu", "+x=1", "run.repeats=1"], "complete", _metrics(1.0, 1.0, 1))
     _job(sweep, 1, ["device=cpu", "+x=1", "run.repeats=2"], "complete", _metrics(1.0, 1.0, 1))
     summarize_sweep(sweep)
-    data = json.loads((sweep / SUMMARY_JSON).read_text())
+    data = json.loads((sweep / SWEEP_SUMMARY_FILE).read_text())
     assert data["swept_keys"] == ["run.repeats"]
     assert swept_keys([]) == []
 

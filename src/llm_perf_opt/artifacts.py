@@ -15,13 +15,12 @@ import errno
 import os
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import attrs
 
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.records import io
-from llm_perf_opt.records.common import COMPLETE, FAILED, INTERRUPTED, RUNNING, RunStatus
+from llm_perf_opt.records.common import COMPLETE, FAILED, INTERRUPTED, RUNNING, RunState, RunStatus
 from llm_perf_opt.records.folders import STATUS_FILE, read_status, this_host, writer_note
 from llm_perf_opt.records.io import RecordError
 
@@ -33,6 +32,7 @@ __all__ = [
     "STATUS_FILE",
     "ArtifactsManager",
     "OutputWriteError",
+    "RunState",
     "claim",
     "environment_error",
     "mark_failed",
@@ -97,7 +97,7 @@ class ArtifactsManager:
         self._status = _running(self.stage, run_id)
         self._write_status()
 
-    def finish(self, state: str, message: str | None = None) -> None:
+    def finish(self, state: RunState, message: str | None = None) -> None:
         """Set the final state (complete, failed or interrupted) with an optional message."""
         self._status = attrs.evolve(
             self._status, state=state, ended=_now(), message=message, files=tuple(sorted(set(self.written)))
@@ -105,7 +105,7 @@ class ArtifactsManager:
         self._write_status()
 
     @property
-    def state(self) -> str:
+    def state(self) -> RunState:
         return self._status.state
 
     def _write_status(self) -> None:
@@ -141,11 +141,11 @@ class ArtifactsManager:
             return target
         return self.write_text(str(relative), text)
 
-    def write_json(self, relative: str, data: Any) -> Path:
+    def write_json(self, relative: str, data: object) -> Path:
         """A record (or plain data) as JSON."""
         return self.write_text(relative, io.dumps(data))
 
-    def write_yaml(self, relative: str, data: Any) -> Path:
+    def write_yaml(self, relative: str, data: object) -> Path:
         return self.write_text(relative, io.dumps_yaml(data))
 
     def note_file(self, path: Path) -> None:
@@ -252,7 +252,7 @@ def _refusal(run_dir: Path, held: str) -> UserError:
 
 
 def mark_failed(
-    run_dir: Path, message: str, *, only_this_process: bool = False, replacing: tuple[str, ...] = (RUNNING,)
+    run_dir: Path, message: str, *, only_this_process: bool = False, replacing: tuple[RunState, ...] = (RUNNING,)
 ) -> bool:
     """Mark a folder whose status still reads `running` as failed with `message`; True when it was marked.
 

@@ -5,13 +5,12 @@ which read it; it imports torch's inductor only when options are set."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from llm_perf_opt.errors import UserError, require_bool
 from llm_perf_opt.records.stage1 import CompileOption
 
 
-def compile_options(node: Any) -> tuple[CompileOption, ...]:
+def compile_options(node: object) -> tuple[CompileOption, ...]:
     """`runtime.compile_options` (a mapping of inductor config names to values, set on top of the compile mode's
     own; a nested option such as `cpp.simdlen` as a nested mapping or a dotted name), checked against this torch's
     inductor config (the name, and the value's type against the option's default), sorted by name."""
@@ -29,9 +28,9 @@ def compile_options(node: Any) -> tuple[CompileOption, ...]:
     return tuple(sorted(out))
 
 
-def _flat_options(node: Mapping[Any, Any], prefix: str) -> list[tuple[str, Any]]:
+def _flat_options(node: Mapping[object, object], prefix: str) -> list[tuple[str, object]]:
     """`node`'s (dotted name, value) pairs, nested mappings flattened (`{cpp: {simdlen: 4}}` -> `cpp.simdlen`)."""
-    out: list[tuple[str, Any]] = []
+    out: list[tuple[str, object]] = []
     for name, value in node.items():
         if isinstance(value, Mapping):
             out += _flat_options(value, f"{prefix}{name}.")
@@ -40,7 +39,7 @@ def _flat_options(node: Mapping[Any, Any], prefix: str) -> list[tuple[str, Any]]
     return out
 
 
-def _option_value(name: str, value: Any, known: Mapping[str, Any]) -> bool | int | float | str:
+def _option_value(name: str, value: object, known: Mapping[str, object]) -> bool | int | float | str:
     """`value` for the inductor option `name` when the option exists and `value` has its default's type."""
     key = f"runtime.compile_options.{name}"
     if name not in known:

@@ -9,7 +9,6 @@ import subprocess
 import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -49,10 +48,10 @@ def _version(module: str) -> str | None:
         return None
 
 
-def collect_env(device: torch.device, gpu_state: dict[str, Any] | None = None) -> dict[str, Any]:
+def collect_env(device: torch.device, gpu_state: dict[str, object] | None = None) -> dict[str, object]:
     """A JSON-ready description of the machine and software stack (`gpu_state`: the GPU's clocks and power state,
     read by the pipeline through `measure.gpu_state`)."""
-    gpu: dict[str, Any] | None = None
+    gpu: dict[str, object] | None = None
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         gpu = {

@@ -8,7 +8,6 @@ key and logs one INFO line naming the new key and the removal date.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -40,19 +39,19 @@ LEGACY_KEYS: dict[str, str] = {
 }
 
 
-def _save_dir(key: str, value: Any) -> str:
+def _save_dir(key: str, value: object) -> str:
     if not isinstance(value, str) or not value.strip():
         raise UserError(f"{key}={value} is not a folder", f"Set {key} to a folder name, relative or absolute")
     return value
 
 
-def _shown(value: Any) -> str:
+def _shown(value: object) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def output_settings(cfg: DictConfig) -> OutputSettings:
     """The run's output settings from `cfg` (a composed stage1/stage2 config); UserError for a bad value."""
-    given: dict[str, tuple[str, Any]] = {new: (new, OmegaConf.select(cfg, new)) for new in LEGACY_KEYS.values()}
+    given: dict[str, tuple[str, object]] = {new: (new, OmegaConf.select(cfg, new)) for new in LEGACY_KEYS.values()}
     for legacy, new in LEGACY_KEYS.items():
         value = OmegaConf.select(cfg, legacy, default=None)
         if value is not None:

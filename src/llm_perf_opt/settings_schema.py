@@ -15,11 +15,14 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path, PurePath
-from typing import Any, Final
+from typing import TYPE_CHECKING, Final
 
 import attrs
 
 from llm_perf_opt.errors import UserError, require_bool, require_choice, require_number, require_whole
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 KV_CACHES: Final = ("dynamic", "static")
 COMPILE_TARGETS: Final = ("none", "decode", "prefill_decode")
@@ -37,7 +40,7 @@ class Flag:
 
     nullable: bool = False
 
-    def check(self, key: str, value: Any) -> None:
+    def check(self, key: str, value: object) -> None:
         if not (value is None and self.nullable):
             require_bool(key, value)
 
@@ -51,7 +54,7 @@ class Whole:
     nullable: bool = False
     words: tuple[str, ...] = ()
 
-    def check(self, key: str, value: Any) -> None:
+    def check(self, key: str, value: object) -> None:
         if (value is None and self.nullable) or (isinstance(value, str) and value in self.words):
             return
         require_whole(key, value, self.minimum, self.maximum)
@@ -66,7 +69,7 @@ class Number:
     above: bool = False
     nullable: bool = False
 
-    def check(self, key: str, value: Any) -> None:
+    def check(self, key: str, value: object) -> None:
         if not (value is None and self.nullable):
             require_number(key, value, self.low, self.unit, above=self.above)
 
@@ -77,7 +80,7 @@ class Choice:
 
     options: tuple[str, ...]
 
-    def check(self, key: str, value: Any) -> None:
+    def check(self, key: str, value: object) -> None:
         require_choice(key, value, self.options)
 
 
@@ -88,7 +91,7 @@ class Names:
     example: str
     nullable: bool = True
 
-    def check(self, key: str, value: Any) -> None:
+    def check(self, key: str, value: object) -> None:
         if value is None and self.nullable:
             return
         if isinstance(value, str) or not isinstance(value, list | tuple):
@@ -103,7 +106,7 @@ class InsideRun:
     """A folder written by the run: relative ones must stay inside the run folder (absolute ones are used as
     they are), so the jobs of a sweep never share one by accident."""
 
-    def check(self, key: str, value: Any) -> None:
+    def check(self, key: str, value: object) -> None:
         if not isinstance(value, str) or not value.strip():
             raise UserError(f"{key}={value} is not a folder", f"Set {key} to a folder name inside the run folder")
         path = PurePath(os.path.expanduser(value))
@@ -125,7 +128,7 @@ class OutputFolder:
     nullable: bool = False
     words: tuple[str, ...] = ()  # also taken (whatif_run.inductor_cache=user|run)
 
-    def check(self, key: str, value: Any) -> None:
+    def check(self, key: str, value: object) -> None:
         if (value is None and self.nullable) or value in self.words:
             return
         if not isinstance(value, str) or not value.strip():
@@ -268,7 +271,7 @@ SCHEMA: Final[Mapping[str, Kind]] = {
     "hydra.sweep.dir": OutputFolder(),
 }
 
-Select = Callable[[str], Any]  # a key's value in the composed config (MISSING when it has none)
+Select = Callable[[str], object]  # a key's value in the composed config (MISSING when it has none)
 MISSING: Final = object()
 
 
@@ -293,7 +296,7 @@ def _check_decode_length(select: Select) -> None:
     tokens = select("infer.max_new_tokens")
     if positions is MISSING or tokens in (MISSING, None) or not isinstance(positions, int):
         return
-    if int(tokens) > positions:
+    if require_whole("infer.max_new_tokens", tokens, 1) > positions:
         raise UserError(
             f"infer.max_new_tokens={tokens} is more than the model takes: its decoder has {positions:,} positions "
             "(max_position_embeddings), prompt included",
@@ -301,11 +304,11 @@ def _check_decode_length(select: Select) -> None:
         )
 
 
-def as_mapping(node: Mapping[str, Any]) -> Select:
+def as_mapping(node: Mapping[str, object]) -> Select:
     """A `select` over a plain nested mapping (a config turned into dicts and lists)."""
 
-    def select(key: str) -> Any:
-        here: Any = node
+    def select(key: str) -> object:
+        here: object = node
         for part in key.split("."):
             if not isinstance(here, Mapping) or part not in here:
                 return MISSING
@@ -315,13 +318,13 @@ def as_mapping(node: Mapping[str, Any]) -> Select:
     return select
 
 
-def check_config(cfg: Any) -> None:
+def check_config(cfg: DictConfig) -> None:
     """`check_settings` over a composed config (a DictConfig; an interpolation that cannot be resolved here, such
     as Hydra's own `${now:...}` outside a run, is left to the command)."""
     from omegaconf import Container, OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    def select(key: str) -> Any:
+    def select(key: str) -> object:
         try:
             value = OmegaConf.select(cfg, key, default=MISSING)
         except OmegaConfBaseException:

@@ -333,12 +333,14 @@ def grid_tiles(crop_grid: tuple[int, int] | None) -> int:
     return across * down
 
 
-def _check_grid(instance: Workload, attribute: Any, value: tuple[int, int] | None) -> None:
+def _check_grid(
+    instance: Workload, attribute: attrs.Attribute[tuple[int, int] | None], value: tuple[int, int] | None
+) -> None:
     if value is not None and (len(value) != 2 or min(value) < 1):
         raise ValueError(f"crop_grid {value!r} is not a (tiles across, tiles down) pair of positive ints")
 
 
-def _check_tiles(instance: Workload, attribute: Any, value: int) -> None:
+def _check_tiles(instance: Workload, attribute: attrs.Attribute[int], value: int) -> None:
     if value < 0:
         raise ValueError(f"tiles={value} is negative")
     if instance.crop_grid is not None and value != grid_tiles(instance.crop_grid):

@@ -17,6 +17,7 @@ from llm_perf_opt import artifacts, interrupts
 from llm_perf_opt.cli import bug_report
 from llm_perf_opt.config_compose import register_resolvers
 from llm_perf_opt.errors import UserError
+from llm_perf_opt.records.folders import REPORT_FILE
 from llm_perf_opt.settings_schema import check_config
 
 log = logging.getLogger("llm_perf_opt")
@@ -95,7 +96,9 @@ def _end_bug(exc: Exception, run_dir: Path | None) -> int:
     return bug_report.BUG_EXIT_CODE
 
 
-def _mark_failed(run_dir: Path | None, message: str, replacing: tuple[str, ...] = (artifacts.RUNNING,)) -> None:
+def _mark_failed(
+    run_dir: Path | None, message: str, replacing: tuple[artifacts.RunState, ...] = (artifacts.RUNNING,)
+) -> None:
     """Mark `run_dir` failed if this process's run still reads `running` there, or another of the states `replacing`
     (never another run's folder)."""
     if run_dir is not None and artifacts.mark_failed(run_dir, message, only_this_process=True, replacing=replacing):
@@ -136,12 +139,12 @@ class RunFolderGuard(Callback):
     it was, even by a run started together with the one that holds it. Hydra 1.3 calls on_run_start before run_job
     writes anything (on_job_start comes after `.hydra/`); a multirun's job folders are claimed as each run starts."""
 
-    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+    def on_run_start(self, config: DictConfig, **kwargs: object) -> None:
         folder = Path(str(config.hydra.run.dir))
         stage = str(kwargs.get("config_name") or "run")  # the pipeline's own stage replaces it when the run starts
         self._or_exit(lambda: claim_run_folder(folder, stage))
 
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+    def on_multirun_start(self, config: DictConfig, **kwargs: object) -> None:
         self._or_exit(lambda: check_run_folder(Path(str(config.hydra.sweep.dir)), holds_jobs=True))
 
     @staticmethod
@@ -188,7 +191,7 @@ def launch(
 
 def print_report_path(run_dir: Path) -> None:
     """The last line a command prints: its report's bare path (`| tail -1` gives it to a script)."""
-    print(run_dir / "report.md")
+    print(run_dir / REPORT_FILE)
 
 
 def rebuild_reports(

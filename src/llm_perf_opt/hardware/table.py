@@ -13,7 +13,6 @@ import re
 import types
 from collections.abc import Mapping
 from importlib import resources
-from typing import Any
 
 import attrs
 import yaml
@@ -56,7 +55,7 @@ class GpuSpec:
     note: str = ""
 
 
-def _positive(value: Any, what: str) -> float:
+def _positive(value: object, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"gpus.yaml: {what} must be a number, got {value!r}")
     if not math.isfinite(value) or value <= 0:
@@ -64,7 +63,7 @@ def _positive(value: Any, what: str) -> float:
     return float(value)
 
 
-def _parse_entry(raw: Any, index: int) -> GpuSpec:
+def _parse_entry(raw: object, index: int) -> GpuSpec:
     if not isinstance(raw, dict):
         raise ValueError(f"gpus.yaml: entry {index} is not a mapping")
     required = {"key", "display_name", "match", "dense_tflops", "memory_gb", "bandwidth_gbps", "sources"}

@@ -42,7 +42,7 @@ from llm_perf_opt.records.comparison import (
     StageChange,
     StageTimeRow,
 )
-from llm_perf_opt.records.folders import Stage1Folder, Stage2Folder
+from llm_perf_opt.records.folders import Stage1Folder, Stage2Folder, env_gpu
 from llm_perf_opt.records.stage1 import ModelInfo, OperatorRow, RunSettings, RuntimeRecord, Stage1Metrics
 from llm_perf_opt.records.stage2 import KernelStat
 
@@ -203,11 +203,6 @@ def _short_digest(value: str | None) -> str | None:
     return value.split(":", 1)[-1][:12] if value else None
 
 
-def _gpu(env: Mapping[str, object]) -> Mapping[str, object]:
-    gpu = env.get("gpu")
-    return gpu if isinstance(gpu, Mapping) else {}
-
-
 # --------------------------------------------------------------------------------------------- Stage 1
 
 
@@ -230,7 +225,7 @@ STAGE1_FIELDS: list[Field[Stage1Folder]] = [
     ("transformers", lambda f: f.env.get("transformers")),
     ("python", lambda f: f.env.get("python")),
     ("CUDA runtime", lambda f: f.env.get("cuda_runtime")),
-    ("GPU driver", lambda f: _gpu(f.env).get("driver")),
+    ("GPU driver", lambda f: env_gpu(f.env).get("driver")),
     ("torch threads", lambda f: f.env.get("torch_threads")),
     ("TF32 matmul", lambda f: f.env.get("tf32_matmul")),
     ("repeats", lambda f: f.metrics.settings.repeats),

@@ -154,7 +154,7 @@ def common_module(paths: Sequence[str]) -> str:
     return ".".join(common)
 
 
-def node_modules(graph: Any, names: ModuleNames) -> dict[str, str]:
+def node_modules(graph: torch.fx.Graph, names: ModuleNames) -> dict[str, str]:
     """FX node name -> module name, from each node's innermost `nn_module_stack` entry."""
     out: dict[str, str] = {}
     for node in graph.nodes:
@@ -403,7 +403,7 @@ class InductorProvenance:
             self.notes.append(f"graph {len(self.graphs)}: inductor's generated code could not be parsed ({exc!r})")
         return out
 
-    def _node_modules(self, model: Any) -> dict[str, str]:
+    def _node_modules(self, model: object) -> dict[str, str]:
         graph = getattr(model, "graph", None)
         if graph is None:
             self.notes.append(f"graph {len(self.graphs)}: inductor was given no FX graph ({type(model).__name__})")

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import attrs
 import torch
 
-from llm_perf_opt.measure.measured_session import DecodeNotRepeatable, MeasuredSession
+from llm_perf_opt.measure.measured_session import DecodeNotRepeatable, MeasuredSession, P
 from llm_perf_opt.measure.timing import NullRecorder
 from llm_perf_opt.records.memory import IDLE_SLEEP, EnergyPass, EnergyWindow
 
@@ -54,7 +54,15 @@ class CompiledShapes(Protocol):
     def static_cache_len(self) -> int | None: ...
 
 
-class EnergySession(MeasuredSession, Protocol):
+class EnergyCounter(Protocol):
+    """A GPU's energy counter (`NvmlCounter`, or a fake in tests)."""
+
+    def read_mj(self) -> int:
+        """The energy used since the driver loaded, in millijoules."""
+        ...
+
+
+class EnergySession(MeasuredSession[P], Protocol[P]):
     """What `EnergyMeter.loops` drives (`session.session.InferenceSession`): passes, and their decode steps again."""
 
     @property
@@ -153,7 +161,9 @@ def gpu_handle(nvml: Any, device: torch.device) -> Any:
     return nvml.nvmlDeviceGetHandleByIndex(device.index or 0)
 
 
-def next_update(counter: Any, clock: Callable[[], float], limit_s: float = 2 * COUNTER_PERIOD_S) -> tuple[int, float]:
+def next_update(
+    counter: EnergyCounter, clock: Callable[[], float], limit_s: float = 2 * COUNTER_PERIOD_S
+) -> tuple[int, float]:
     """Read the counter until it moves (at most `limit_s`): its new value and the time it was read, so that a window
     opens and closes on the counter's own updates instead of up to a period away from them. A counter that does not
     move within the limit gives its last value (the window's checks then say why)."""
@@ -166,7 +176,7 @@ def next_update(counter: Any, clock: Callable[[], float], limit_s: float = 2 * C
 
 
 def window(
-    counter: Any,
+    counter: EnergyCounter,
     what: str,
     work: Callable[[], None],
     min_seconds: float,
@@ -192,7 +202,7 @@ def window(
 
 
 def _closed(
-    counter: Any,
+    counter: EnergyCounter,
     what: str,
     opened: tuple[int, float],
     work_end: float,
@@ -225,7 +235,7 @@ def _closed(
 
 
 def idle_window(
-    counter: Any, seconds: float, *, sleep: Callable[[float], None] = time.sleep, **kw: Any
+    counter: EnergyCounter, seconds: float, *, sleep: Callable[[float], None] = time.sleep, **kw: Any
 ) -> EnergyWindow:
     """The counter over `seconds` of sleep (the device idle)."""
     return window(counter, "idle", lambda: sleep(COUNTER_PERIOD_S), seconds, idle=True, **kw)
@@ -258,7 +268,7 @@ class EnergyMeter:
         """The meter of `device`'s counter; EnergyUnavailable when NVML cannot measure."""
         return cls(NvmlCounter.open(load_nvml(), device), settings)
 
-    def loops(self, session: EnergySession, paths: Sequence[Path], new_tokens: int) -> None:
+    def loops(self, session: EnergySession[P], paths: Sequence[Path], new_tokens: int) -> None:
         """A prefill-only loop (unless it would compile a new shape) and a decode-only loop (the decode steps of one
         pass over `paths`, one input or a batch, repeated with the KV cache rewound to the prompt); a whole-pass loop
         where either cannot run. Each repetition ends with a device synchronisation."""
@@ -362,7 +372,7 @@ class EnergyMeter:
             log.warning("%s", exc.reason)
 
 
-def prefill_blocker(session: EnergySession) -> str | None:
+def prefill_blocker(session: EnergySession[P]) -> str | None:
     """Why a prefill-only loop (one new token) would not measure the timed prefill, or None: a compiled prefill on a
     static cache sized per pass would compile (and capture) a new shape."""
     runtime = session.runtime

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from typing import Any
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, Protocol, TypeVar
 
 import attrs
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from llm_perf_opt.measure.measured_session import P, PreparedInput
 from llm_perf_opt.measure.timing import StageRecorder
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.stage1 import FLOP_SOURCE
@@ -41,7 +42,66 @@ log = logging.getLogger(__name__)
 GROUPED_MM_FALLBACK_OP = "transformers.grouped_mm_fallback"
 
 
-def _sdpa_flops(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, **kwargs: Any) -> int:
+class PricedStage(Protocol):
+    """What the FLOP counts read of an analytic stage cost (`analytic.model.StageCost`)."""
+
+    @property
+    def matmul_flops(self) -> float: ...
+
+
+# The prepared input a session's methods take (they only take it, so a protocol over them is contravariant in it).
+P_in = TypeVar("P_in", bound=PreparedInput, contravariant=True)
+
+
+class CostedAdapter(Protocol[P_in]):
+    """What the FLOP counts ask of a session's model adapter (`session.adapters.base.ModelAdapter`)."""
+
+    @property
+    def has_analytic_model(self) -> bool: ...
+
+    def stage_modules(self, model: torch.nn.Module) -> Mapping[str, torch.nn.Module]: ...
+
+    def analytic_costs(
+        self, model: torch.nn.Module, prepared: P_in, new_tokens: int, dtype_bytes: int
+    ) -> Mapping[str, PricedStage] | None: ...
+
+    def analytic_batch_costs(
+        self, model: torch.nn.Module, batch: Sequence[P_in], new_tokens: int, dtype_bytes: int
+    ) -> Mapping[str, PricedStage] | None: ...
+
+
+class CountedSession(Protocol[P_in]):
+    """What the FLOP counts drive (`session.session.InferenceSession`): its model, adapter and reference passes."""
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    @property
+    def model(self) -> torch.nn.Module: ...
+
+    @property
+    def adapter(self) -> CostedAdapter[P_in]: ...
+
+    @property
+    def vision_stages(self) -> tuple[str, ...]: ...
+
+    def generate_batch(
+        self,
+        batch: Sequence[P_in],
+        max_new_tokens: int,
+        recorder: StageRecorder,
+        around_step: Callable[[int], AbstractContextManager[object]] | None = None,
+        *,
+        reference: bool = False,
+    ) -> object: ...
+
+
+def _sdpa_flops(
+    query_shape: Sequence[int], key_shape: Sequence[int], value_shape: Sequence[int], *args: object, **kwargs: object
+) -> int:
     """QKᵀ + AV over the query heads: 2·b·h_q·s_q·s_k·d + 2·b·h_q·s_q·s_k·d_v (key/value heads broadcast under GQA)."""
     batch, heads, s_q, d_qk = query_shape
     s_k, d_v = key_shape[-2], value_shape[-1]
@@ -49,7 +109,7 @@ def _sdpa_flops(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, 
 
 
 def _grouped_mm_flops(
-    mat_a: torch.Tensor, mat_b: torch.Tensor, offs: torch.Tensor | None = None, *args: Any, **kwargs: Any
+    mat_a: torch.Tensor, mat_b: torch.Tensor, offs: torch.Tensor | None = None, *args: object, **kwargs: object
 ) -> int:
     """2·rows·K·N over the rows the offsets cover (sentinel rows past offs[-1] are not computed)."""
     if mat_a.dim() == 2 and mat_b.dim() == 3:  # [T, K] x [E, K, N], rows grouped by expert
@@ -151,11 +211,11 @@ def _stage_counters(modules: Mapping[str, torch.nn.Module], totals: dict[str, fl
     for stage, module in modules.items():
         totals[stage] = 0.0
 
-        def enter(_module: Any, _args: Any, stage: str = stage) -> None:
+        def enter(_module: torch.nn.Module, _args: tuple[object, ...], stage: str = stage) -> None:
             running[stage] = flop_counter()
             running[stage].__enter__()
 
-        def leave(_module: Any, _args: Any, _out: Any, stage: str = stage) -> None:
+        def leave(_module: torch.nn.Module, _args: tuple[object, ...], _out: object, stage: str = stage) -> None:
             counter = running.pop(stage)
             counter.__exit__(None, None, None)
             totals[stage] += float(counter.get_total_flops())
@@ -168,7 +228,7 @@ def _stage_counters(modules: Mapping[str, torch.nn.Module], totals: dict[str, fl
             handle.remove()
 
 
-def count_stage_flops(session: Any, prepared: Any) -> StageFlops:
+def count_stage_flops(session: CountedSession[P], prepared: P | Sequence[P]) -> StageFlops:
     """Count prefill (with vision sub-stages) and two decode steps of `prepared` on `session`'s model.
 
     `prepared` is one input, or a sequence of inputs run as one batch (vision per input, the decoder batched with
@@ -205,18 +265,18 @@ def count_stage_flops(session: Any, prepared: Any) -> StageFlops:
     )
 
 
-def input_signature(prepared: Any) -> Hashable:
+def input_signature(prepared: PreparedInput | Sequence[PreparedInput]) -> Hashable:
     """What a FLOP count of `prepared` (one input, or a sequence run as one batch) depends on: each model input's
     shape and dtype (tensors) or value (the crop grid, other plain values), and the prompt length, in input order."""
 
-    def value(item: Any) -> Hashable:
+    def value(item: object) -> Hashable:
         if isinstance(item, torch.Tensor):
             return ("tensor", tuple(item.shape), str(item.dtype))
         if isinstance(item, list | tuple):
             return tuple(value(part) for part in item)
         return item if isinstance(item, Hashable) else repr(item)
 
-    def one(single: Any) -> Hashable:
+    def one(single: PreparedInput) -> Hashable:
         inputs = tuple(sorted((name, value(item)) for name, item in single.model_inputs.items()))
         return (single.prompt_tokens, inputs)
 
@@ -235,24 +295,25 @@ ANALYTIC_SOURCE = (
 _AGREE = 1e-6
 
 
-def priced_stage_flops(session: Any, prepared: Any) -> StageFlops | None:
+def priced_stage_flops(session: CountedSession[P], prepared: P | Sequence[P]) -> StageFlops | None:
     """The FLOPs of `prepared` (one input, or a sequence run as one batch) from the adapter's analytic model, in the
     counted figures' form (two decode steps give the affine step); None where the model has no analytic model."""
     adapter = session.adapter
     if not adapter.has_analytic_model:
         return None
     itemsize = session.dtype.itemsize
-    batch = list(prepared) if isinstance(prepared, Sequence) else None
+    batched = isinstance(prepared, Sequence)
+    batch = list(prepared) if isinstance(prepared, Sequence) else [prepared]
 
-    def costs(new_tokens: int) -> Mapping[str, Any] | None:
-        if batch is not None:
+    def costs(new_tokens: int) -> Mapping[str, PricedStage] | None:
+        if batched:
             return adapter.analytic_batch_costs(session.model, batch, new_tokens, itemsize)
-        return adapter.analytic_costs(session.model, prepared, new_tokens, itemsize)
+        return adapter.analytic_costs(session.model, batch[0], new_tokens, itemsize)
 
     one_step, two_steps = costs(2), costs(3)
     if one_step is None or two_steps is None:
         return None
-    prompt_tokens = max(p.prompt_tokens for p in batch) if batch is not None else prepared.prompt_tokens
+    prompt_tokens = max(p.prompt_tokens for p in batch)
     step1 = float(one_step[vocab.DECODE].matmul_flops)
     step2 = float(two_steps[vocab.DECODE].matmul_flops) - step1
     per_ctx = step2 - step1
@@ -314,7 +375,9 @@ class FlopCounts:
         self.analytic_agrees: bool | None = None  # None until the first count was checked against the analytic model
         self.scaling_exact: bool | None = None  # None until a batch of two of one shape was checked against one input
 
-    def count(self, session: Any, prepared: Any, name: str, doing: str = "counting FLOPs (untimed)") -> StageFlops:
+    def count(
+        self, session: CountedSession[P], prepared: P | Sequence[P], name: str, doing: str = "counting FLOPs (untimed)"
+    ) -> StageFlops:
         """The FLOPs of `prepared` (named `name` in the log): counted (`doing` logged), reused from the first input
         of the same signature, or priced by the analytic model once it agreed with a count."""
         if isinstance(prepared, Sequence) and len(prepared) > 1 and len({input_signature(p) for p in prepared}) == 1:
@@ -346,7 +409,7 @@ class FlopCounts:
                 )
         return flops
 
-    def _scaled(self, session: Any, batch: Sequence[Any], name: str, doing: str) -> StageFlops | None:
+    def _scaled(self, session: CountedSession[P], batch: Sequence[P], name: str, doing: str) -> StageFlops | None:
         """A batch of one shape (run.fill_batches, or pages of one size: equal prompts, no padding) as that many times
         one input's count, seconds where the batch's count is minutes, once a batch of two counted equals twice one
         input (checked on the run's first such batch); None where it did not, and the batch is counted."""

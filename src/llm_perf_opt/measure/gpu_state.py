@@ -6,14 +6,13 @@ the reason is recorded instead of figures."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
 from llm_perf_opt.measure.energy import EnergyUnavailable, gpu_handle, load_nvml
 
 
-def _reading(read: Callable[[], Any], error: type[BaseException]) -> Any:
+def _reading(read: Callable[[], object], error: type[BaseException]) -> object:
     """One NVML query, or None where this GPU or driver does not support it."""
     try:
         return read()
@@ -21,7 +20,7 @@ def _reading(read: Callable[[], Any], error: type[BaseException]) -> Any:
         return None
 
 
-def clock_state(device: torch.device) -> dict[str, Any]:
+def clock_state(device: torch.device) -> dict[str, object]:
     """The clock and power state of `device`, or {"unavailable": reason}."""
     if device.type != "cuda":
         return {"unavailable": f"not a CUDA device ({device.type})"}
@@ -36,7 +35,7 @@ def clock_state(device: torch.device) -> dict[str, Any]:
     except (error, EnergyUnavailable) as exc:
         return {"unavailable": f"NVML refused: {exc}"}
     sm, mem = nvml.NVML_CLOCK_SM, nvml.NVML_CLOCK_MEM
-    queries: dict[str, Callable[[], Any]] = {
+    queries: dict[str, Callable[[], object]] = {
         "sm_clock_mhz": lambda: nvml.nvmlDeviceGetClockInfo(handle, sm),
         "memory_clock_mhz": lambda: nvml.nvmlDeviceGetClockInfo(handle, mem),
         "max_sm_clock_mhz": lambda: nvml.nvmlDeviceGetMaxClockInfo(handle, sm),

@@ -40,7 +40,7 @@ def _snapshot() -> HostUsage | None:
     )
 
 
-def _fieldwise(a: HostUsage, b: HostUsage, op: Callable[[Any, Any], Any]) -> HostUsage:
+def _fieldwise(a: HostUsage, b: HostUsage, op: Callable[[float, float], float]) -> HostUsage:
     """`op` on each field of `a` and `b`; a field either lacks (None) stays None."""
     values: dict[str, Any] = {}
     for f in attrs.fields(HostUsage):

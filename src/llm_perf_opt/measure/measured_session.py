@@ -4,9 +4,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol, TypeVar
 
 import torch
 
@@ -22,7 +22,24 @@ class DecodeNotRepeatable(Exception):
         self.reason = reason
 
 
-class MeasuredSession(Protocol):
+class PreparedInput(Protocol):
+    """One input as a session prepared it (`session.adapters.base.PreparedInputs`)."""
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The whole prompt's length (text and image placeholders)."""
+        ...
+
+    @property
+    def model_inputs(self) -> Mapping[str, object]:
+        """The model's keyword inputs (tensors, and plain values such as the crop grid)."""
+        ...
+
+
+P = TypeVar("P", bound=PreparedInput)  # the prepared input of one kind of session
+
+
+class MeasuredSession(Protocol[P]):
     """A loaded model that prepares inputs and runs passes over them."""
 
     @property
@@ -33,10 +50,10 @@ class MeasuredSession(Protocol):
         """The MoE routing recorder (None: not recorded); a pass outside the timed ones makes it forget itself."""
         ...
 
-    def prepare(self, input_path: Path) -> Any:
+    def prepare(self, input_path: Path) -> P:
         """One input, preprocessed and on the device (its `prompt_tokens`: the prompt's length)."""
         ...
 
-    def generate_batch(self, batch: Sequence[Any], max_new_tokens: int, recorder: StageRecorder) -> object:
+    def generate_batch(self, batch: Sequence[P], max_new_tokens: int, recorder: StageRecorder) -> object:
         """One pass over the prepared inputs, its stages recorded by `recorder`."""
         ...

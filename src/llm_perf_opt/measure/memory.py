@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import attrs
 import torch
 
-from llm_perf_opt.measure.measured_session import MeasuredSession
+from llm_perf_opt.measure.measured_session import MeasuredSession, P
 from llm_perf_opt.measure.timing import StageRecorder
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.memory import (
@@ -53,7 +53,7 @@ class DecoderConfigs(Protocol):
         ...
 
 
-class MemorySession(MeasuredSession, Protocol):
+class MemorySession(MeasuredSession[P], Protocol[P]):
     """What `memory_pass` drives (`session.session.InferenceSession`): a pass, its KV cache seen as it grows."""
 
     @property
@@ -65,7 +65,7 @@ class MemorySession(MeasuredSession, Protocol):
     @property
     def adapter(self) -> DecoderConfigs: ...
 
-    def observe_cache(self, observer: Callable[[Any], None]) -> AbstractContextManager[None]:
+    def observe_cache(self, observer: Callable[[object], None]) -> AbstractContextManager[None]:
         """Within the block, `observer` sees each pass's KV cache when it is made and after the prefill."""
         ...
 
@@ -164,7 +164,7 @@ class MemoryRecorder(StageRecorder):
         return tuple(StagePeak(name, s.spans, s.peak, s.reserved, s.kv) for name, s in self._stages.items())
 
 
-def _tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
+def _tensors(obj: object, depth: int = 0) -> Iterator[torch.Tensor]:
     """The tensors of a KV cache: transformers' `Cache` (`layers[i].keys/values`, or `key_cache/value_cache`) or a
     legacy tuple of (key, value) per layer."""
     if isinstance(obj, torch.Tensor):
@@ -186,7 +186,7 @@ def _tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
         yield from _tensors(getattr(obj, name, None), depth + 1)
 
 
-def cache_bytes(cache: Any) -> int:
+def cache_bytes(cache: object) -> int:
     """Bytes of a KV cache's tensors (each storage once)."""
     seen: set[int] = set()
     total = 0
@@ -206,10 +206,10 @@ class CacheWatch:
     """Follows the pass's KV cache (`MemorySession.observe_cache`): its bytes now, and those it held when first
     seen (a reused static cache is allocated before the pass)."""
 
-    cache: Any = None
+    cache: object = None
     preexisting: int | None = None
 
-    def __call__(self, cache: Any) -> None:
+    def __call__(self, cache: object) -> None:
         if self.preexisting is None:
             self.preexisting = cache_bytes(cache)
         if cache is not None:
@@ -308,7 +308,7 @@ def graph_pools(snapshot: Mapping[str, Any]) -> tuple[GraphPools | None, str]:
     return pools, note
 
 
-def snapshot_bytes(snapshot: Any, max_mib: float) -> tuple[bytes | None, str]:
+def snapshot_bytes(snapshot: object, max_mib: float) -> tuple[bytes | None, str]:
     """The pickled snapshot when it is at most `max_mib` MiB, and a note either way."""
     if max_mib <= 0:
         return None, "not saved (pipeline.memory.snapshot_max_mib=0)"
@@ -326,7 +326,7 @@ class MemoryOutcome:
 
 
 def memory_pass(
-    session: MemorySession, paths: Sequence[Path], key: str, new_tokens: int, settings: MemorySettings
+    session: MemorySession[P], paths: Sequence[Path], key: str, new_tokens: int, settings: MemorySettings
 ) -> MemoryOutcome:
     """One untimed pass of `paths` (one input or a batch) under a `MemoryRecorder`, with the allocator's history
     recorded for the snapshot. CUDA only."""
@@ -367,8 +367,8 @@ def memory_pass(
 
 
 def _pass_record(
-    session: MemorySession,
-    prepared: Sequence[Any],
+    session: MemorySession[P],
+    prepared: Sequence[P],
     key: str,
     new_tokens: int,
     recorder: MemoryRecorder,

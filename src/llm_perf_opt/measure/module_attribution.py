@@ -15,10 +15,10 @@ On the CPU the "kernels" are the operators themselves, each with its self time.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 import attrs
 from torch.autograd import DeviceType
+from torch.autograd.profiler_util import FunctionEvent
 
 from llm_perf_opt.kernel_names import kernel_label, short_kernel_name
 from llm_perf_opt.measure.module_floors import display_name, fold
@@ -86,7 +86,7 @@ def innermost(intervals: Sequence[Interval], points: Sequence[float]) -> list[In
     return found
 
 
-def _labelled(host: Sequence[Any], prefix: str) -> list[Interval]:
+def _labelled(host: Sequence[FunctionEvent], prefix: str) -> list[Interval]:
     return [
         Interval(ev.time_range.start, ev.time_range.end, ev.name[len(prefix) :])
         for ev in host
@@ -94,7 +94,7 @@ def _labelled(host: Sequence[Any], prefix: str) -> list[Interval]:
     ]
 
 
-def _is_operator(ev: Any) -> bool:
+def _is_operator(ev: FunctionEvent) -> bool:
     return (
         not ev.name.startswith(LABEL_PREFIXES)
         and not getattr(ev, "is_python_function", False)
@@ -103,7 +103,9 @@ def _is_operator(ev: Any) -> bool:
     )
 
 
-def gpu_launches(events: Sequence[Any], host: Sequence[Any], is_kernel: Callable[[Any], bool]) -> list[Launch]:
+def gpu_launches(
+    events: Sequence[FunctionEvent], host: Sequence[FunctionEvent], is_kernel: Callable[[FunctionEvent], bool]
+) -> list[Launch]:
     """GPU kernels with the host time of their launch (correlation id) and the operator around it."""
     launch_at = {ev.id: ev.time_range.start for ev in host if not _is_operator(ev) and ev.name.startswith("cu")}
     op_at = {ev.id: ev.time_range.start for ev in host if _is_operator(ev)}
@@ -123,7 +125,7 @@ def gpu_launches(events: Sequence[Any], host: Sequence[Any], is_kernel: Callable
     return [attrs.evolve(k, operator=op.label if op else "") for k, op in zip(kernels, around, strict=True)]
 
 
-def cpu_launches(host: Sequence[Any]) -> list[Launch]:
+def cpu_launches(host: Sequence[FunctionEvent]) -> list[Launch]:
     """On the CPU, every operator with its self time."""
     return [
         Launch(ev.name, ev.time_range.start, float(ev.self_cpu_time_total) / 1e3, ev.name)
@@ -196,7 +198,7 @@ class Placement:
 
 def place(
     launches: Sequence[Launch],
-    host: Sequence[Any],
+    host: Sequence[FunctionEvent],
     *,
     compiled: CompiledResolver | None = None,
     compiled_method: str = "",
@@ -244,7 +246,7 @@ def stage_tables(placement: Placement) -> list[StageModuleTimes]:
 
 def attribute(
     launches: Sequence[Launch],
-    host: Sequence[Any],
+    host: Sequence[FunctionEvent],
     *,
     compiled: CompiledResolver | None = None,
     compiled_method: str = "",
@@ -299,10 +301,10 @@ def _resolve_compiled(
 
 
 def module_times(
-    events: Sequence[Any],
+    events: Sequence[FunctionEvent],
     *,
     on_cuda: bool,
-    is_kernel: Callable[[Any], bool],
+    is_kernel: Callable[[FunctionEvent], bool],
     types: Mapping[str, str],
     roots: Mapping[str, str],
     compiled: CompiledResolver | None = None,

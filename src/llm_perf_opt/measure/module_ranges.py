@@ -11,13 +11,13 @@ get no range (their eager kernels go to their parent), so the compiled graphs ar
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
 
 import attrs
 import torch
 from torch import nn
 from torch.profiler import record_function
+from torch.utils.hooks import RemovableHandle
 
 from llm_perf_opt.measure.profiler_labels import MODULE_LABEL_PREFIX
 
@@ -42,11 +42,11 @@ def module_ranges(root: nn.Module, *, skip: frozenset[str] = frozenset()) -> Ite
     root's path is ""), except the modules at the paths in `skip` (hooked modules a compiled graph traced: it guards
     on how many hooks they have)."""
     ranges = ModuleRanges()
-    handles: list[Any] = []
-    open_ranges: dict[int, list[Any]] = {}
+    handles: list[RemovableHandle] = []
+    open_ranges: dict[int, list[record_function]] = {}
 
-    def enter(label: str) -> Any:
-        def pre_hook(module: nn.Module, args: Any) -> None:
+    def enter(label: str) -> Callable[[nn.Module, tuple[object, ...]], None]:
+        def pre_hook(module: nn.Module, args: tuple[object, ...]) -> None:
             if torch.compiler.is_compiling():  # traced by Dynamo: no range inside compiled code
                 return
             rf = record_function(label)
@@ -55,7 +55,7 @@ def module_ranges(root: nn.Module, *, skip: frozenset[str] = frozenset()) -> Ite
 
         return pre_hook
 
-    def leave(module: nn.Module, args: Any, output: Any) -> None:
+    def leave(module: nn.Module, args: tuple[object, ...], output: object) -> None:
         if torch.compiler.is_compiling():
             return
         stack = open_ranges.get(id(module))

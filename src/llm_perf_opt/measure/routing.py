@@ -16,6 +16,7 @@ import attrs
 import numpy as np
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from llm_perf_opt.measure.stats import summarize
 from llm_perf_opt.records.stage1 import LayerRouting, RoutingSummary
@@ -109,7 +110,7 @@ class RoutingRecorder:
         self._pending: list[torch.Tensor] = []  # this step's indices, one tensor per MoE layer
         self._steps: list[torch.Tensor] = []  # (layers, tokens, k) per decode step, on the device
         self._routers = [module for _, module in routers]
-        self._handles: list[Any] = []
+        self._handles: list[RemovableHandle] = []
         self.attach()
 
     @classmethod
@@ -118,7 +119,7 @@ class RoutingRecorder:
         routers = find_routers(model)
         return cls(routers) if routers else None
 
-    def _hook(self, _module: nn.Module, _args: Any, out: Any) -> None:
+    def _hook(self, _module: nn.Module, _args: tuple[object, ...], out: tuple[torch.Tensor, ...]) -> None:
         if self.recording:
             self._pending.append(out[-1])
 

@@ -24,6 +24,7 @@ from typing import Any
 import attrs
 import torch
 from torch.autograd import DeviceType
+from torch.autograd.profiler_util import FunctionEvent
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from llm_perf_opt.errors import UserError
@@ -61,7 +62,7 @@ class _ProfilerLabels(StageRecorder):
 
     def __init__(self, device: torch.device) -> None:
         super().__init__(device, nvtx=True)
-        self._labels: dict[str, list[Any]] = {}
+        self._labels: dict[str, list[record_function]] = {}
 
     def begin(self, name: str) -> None:
         label = record_function(STAGE_LABEL_PREFIX + name)
@@ -74,7 +75,7 @@ class _ProfilerLabels(StageRecorder):
         self._labels[name].pop().__exit__(None, None, None)
 
 
-def _device_time(event: Any, attr: str) -> float:
+def _device_time(event: FunctionEvent, attr: str) -> float:
     value = getattr(event, attr, None)  # torch >= 2.4 names it "device"; older builds "cuda"
     if value is None:
         value = getattr(event, attr.replace("device", "cuda"), 0.0)
@@ -91,7 +92,7 @@ class DeviceTimes:
         self._total: dict[int, float] = {}  # by id(): the events outlive this object
 
     @staticmethod
-    def _summed(ev: Any) -> bool:
+    def _summed(ev: FunctionEvent) -> bool:
         """A host event whose device time torch sums from its kernels and its children's."""
         return (
             ev.device_type == DeviceType.CPU
@@ -101,7 +102,7 @@ class DeviceTimes:
             and hasattr(ev, "kernels")
         )
 
-    def total(self, ev: Any) -> float:
+    def total(self, ev: FunctionEvent) -> float:
         """`device_time_total` (µs): the event's kernels and its children's, computed once."""
         cached = self._total.get(id(ev))
         if cached is not None:
@@ -113,14 +114,14 @@ class DeviceTimes:
         self._total[id(ev)] = value
         return value
 
-    def own(self, ev: Any) -> float:
+    def own(self, ev: FunctionEvent) -> float:
         """`self_device_time_total` (µs): the total less its children's."""
         if self._summed(ev):
             return self.total(ev) - sum(self.total(ch) for ch in ev.cpu_children)
         return _device_time(ev, "self_device_time_total")
 
 
-def _stage_of(event: Any, known: dict[int, str | None]) -> str | None:
+def _stage_of(event: FunctionEvent, known: dict[int, str | None]) -> str | None:
     """The stage label innermost around `event` (decode steps count as `decode`); `known`: the answers so far, by
     event id, so that each ancestor is looked at once over a whole pass."""
     parent = event.cpu_parent
@@ -153,7 +154,7 @@ def _user_frame(frame: str) -> str | None:
     return path.rsplit("/", 1)[-1] + sep + rest
 
 
-def call_site(event: Any) -> tuple[str, ...]:
+def call_site(event: FunctionEvent) -> tuple[str, ...]:
     """The innermost user-code frames an operator was called from: its Python-function ancestors in the profiler's
     tree (`with_stack` in recent torch), or the event's own `stack` strings (older builds)."""
     frames: list[str] = []
@@ -180,7 +181,7 @@ class _Details:
         self._memory: dict[str, list[int]] = {}
         self._sites: dict[str, Counter[tuple[str, ...]]] = {}
 
-    def add(self, name: str, ev: Any, own_device: float, self_cpu: float) -> None:
+    def add(self, name: str, ev: FunctionEvent, own_device: float, self_cpu: float) -> None:
         """One event of operator `name`, with its own device time and self host time (µs) already read."""
         if self.shapes:
             group = self._shape_acc.setdefault(name, {}).setdefault(str(ev.input_shapes or []), [0, 0.0, 0.0])
@@ -216,10 +217,10 @@ class _Details:
 
 # An event's figures, read once per pass: own and total device time, self and total host time (µs), FLOPs.
 Figures = tuple[float, float, float, float, float]
-Measured = tuple[Any, str, Figures]  # an event, the name its table row takes, its figures
+Measured = tuple[FunctionEvent, str, Figures]  # an event, the name its table row takes, its figures
 
 
-def _measured(events: Iterable[Any], times: DeviceTimes, name_of: Callable[[str], str]) -> list[Measured]:
+def _measured(events: Iterable[FunctionEvent], times: DeviceTimes, name_of: Callable[[str], str]) -> list[Measured]:
     """Each event with its row name and figures, read once (torch's time properties re-walk the event's children on
     every read, and an operator appears in the overall table and in its stage's)."""
     return [
@@ -285,7 +286,7 @@ _LAUNCH_NAME = re.compile(r"^cu(da)?(LaunchKernel|LaunchCooperativeKernel|GraphL
 _NOT_KERNEL = re.compile(r"^(Memcpy|Memset|\[memory\])")
 
 
-def _is_kernel(ev: Any) -> bool:
+def _is_kernel(ev: FunctionEvent) -> bool:
     kind = getattr(ev, "activity_type", None)
     if kind:
         return bool(kind == "kernel")
@@ -293,7 +294,7 @@ def _is_kernel(ev: Any) -> bool:
     return on_gpu and not ev.name.startswith(LABEL_PREFIXES) and not _NOT_KERNEL.match(ev.name)
 
 
-def kernel_filter(everything: Sequence[Any]) -> Callable[[Any], bool]:
+def kernel_filter(everything: Sequence[FunctionEvent]) -> Callable[[FunctionEvent], bool]:
     """`_is_kernel`, less the device-side copies of host annotations: torch builds without
     `FunctionEvent.activity_type` list a `record_function` range (e.g. inductor's "## Call CompiledFxGraph … ##") on
     the GPU too, under the host range's name, spanning the kernels launched inside it. A GPU event under a host event's
@@ -310,7 +311,7 @@ def kernel_filter(everything: Sequence[Any]) -> Callable[[Any], bool]:
     return lambda ev: _is_kernel(ev) and (ev.name not in host_names or (ev.id in launched and id(ev) not in copies))
 
 
-def _spans_another(ev: Any, by_start: Sequence[Any]) -> bool:
+def _spans_another(ev: FunctionEvent, by_start: Sequence[FunctionEvent]) -> bool:
     """Whether a GPU event of another name runs inside `ev`'s interval, and not over exactly the same one (`by_start`:
     GPU events by start)."""
     start, end = ev.time_range.start, ev.time_range.end
@@ -324,14 +325,14 @@ def _spans_another(ev: Any, by_start: Sequence[Any]) -> bool:
     return False
 
 
-def _is_launch(ev: Any) -> bool:
+def _is_launch(ev: FunctionEvent) -> bool:
     kind = getattr(ev, "activity_type", None)
     if kind:
         return kind in _LAUNCH_ACTIVITIES
     return bool(_LAUNCH_NAME.match(ev.name))
 
 
-def _step_spans(events: Sequence[Any]) -> dict[int, tuple[float, float]]:
+def _step_spans(events: Sequence[FunctionEvent]) -> dict[int, tuple[float, float]]:
     """Host spans of the profiled forward passes: 0 = prefill, 1… = decode steps in order."""
     host = [ev for ev in events if ev.device_type == DeviceType.CPU]
     spans: dict[int, tuple[float, float]] = {}
@@ -346,7 +347,9 @@ def _step_spans(events: Sequence[Any]) -> dict[int, tuple[float, float]]:
     return spans
 
 
-def kernel_activity(events: Sequence[Any], is_kernel: Callable[[Any], bool] | None = None) -> DecodeActivity | None:
+def kernel_activity(
+    events: Sequence[FunctionEvent], is_kernel: Callable[[FunctionEvent], bool] | None = None
+) -> DecodeActivity | None:
     """Kernels per decode step and per prefill, with busy and wall time, from the profiler's events (CUDA runs);
     `is_kernel`: the pass's :func:`kernel_filter`, when the caller has built it already."""
     is_kernel = is_kernel or kernel_filter(events)
@@ -444,8 +447,8 @@ def profile_image(
 
 def _operator_table(
     session: Any,
-    prof: Any,
-    everything: Any,
+    prof: profile,
+    everything: Sequence[FunctionEvent],
     started: float,
     attribution: _Attribution | None,
     decode_steps: int,
@@ -489,7 +492,7 @@ def _operator_table(
     )
 
 
-def torch_parse_s(prof: Any) -> float | None:
+def torch_parse_s(prof: profile) -> float | None:
     """How long torch took to parse the pass into its events and their tree (the first `events()` call), from the
     profiler's own statistics; None where this torch does not keep them."""
     stats = getattr(getattr(prof, "profiler", None), "_stats", None)
@@ -507,7 +510,9 @@ class _Attribution:
         self.session, self.ranges, self.provenance = session, ranges, provenance
         self.notes = [why] if why else []
 
-    def times(self, everything: Any, on_cuda: bool, is_kernel: Callable[[Any], bool]) -> ModuleTimes:
+    def times(
+        self, everything: Sequence[FunctionEvent], on_cuda: bool, is_kernel: Callable[[FunctionEvent], bool]
+    ) -> ModuleTimes:
         notes = list(self.notes)
         if refused := self.ranges.refused:
             notes.append(f"{len(refused)} modules took no hooks (their kernels go to their parent): {refused[0]}")
@@ -557,7 +562,7 @@ def _profiled_pass(
     profile_memory: bool,
     with_stack: bool,
     with_flops: bool,
-) -> tuple[Any, Any, float]:
+) -> tuple[profile, Sequence[FunctionEvent], float]:
     """Profile one `forward` pass: the profiler, its events and when reading them started (the post-processing
     clock). torch's Python tracer (with_stack) now and then garbles one frame name, mostly on a process's first
     profile; the events cannot be read then, so the pass is profiled again, up to PROFILE_ATTEMPTS times."""
@@ -588,7 +593,7 @@ def _profiled_pass(
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
-def _operator_events(everything: Any) -> list[Any]:
+def _operator_events(everything: Sequence[FunctionEvent]) -> list[FunctionEvent]:
     """Host-side operators only: a kernel also appears as its own device event, and counting both would add its
     time twice (the kernels get their own table); stage labels and Python frames (with_stack) are no operators."""
     return [
@@ -600,7 +605,9 @@ def _operator_events(everything: Any) -> list[Any]:
     ]
 
 
-def _kernel_events(everything: Any, is_kernel: Callable[[Any], bool]) -> list[Any]:
+def _kernel_events(
+    everything: Sequence[FunctionEvent], is_kernel: Callable[[FunctionEvent], bool]
+) -> list[FunctionEvent]:
     """Device-side events, less the device copies of host annotations (the stage and module labels, inductor's);
     `is_kernel`: the pass's :func:`kernel_filter`."""
     return [
@@ -612,7 +619,7 @@ def _kernel_events(everything: Any, is_kernel: Callable[[Any], bool]) -> list[An
     ]
 
 
-def _write_trace(prof: Any, trace_path: Path) -> str:
+def _write_trace(prof: profile, trace_path: Path) -> str:
     """The profiled pass as a gzipped Chrome trace at `trace_path` (foo.json.gz)."""
     raw = trace_path.with_suffix("")  # foo.json.gz -> foo.json
     prof.export_chrome_trace(str(raw))

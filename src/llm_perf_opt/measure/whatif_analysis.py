@@ -35,6 +35,7 @@ from llm_perf_opt.records.whatif import (
     MEASURED,
     PENDING,
     AdvisedFrom,
+    BaselineSettings,
     GoalChoice,
     Goodput,
     Judgement,
@@ -363,10 +364,10 @@ class WhatIfAnalysis:
         """`whatif.json`: the run as `job` describes it, judged."""
         base = self.folders.get(self.base_name)
         metrics = None if base is None else base.metrics
-        ran: dict[str, int] = {}
+        ran = BaselineSettings()
         if metrics is not None:
             s = metrics.settings
-            ran = dict(repeats=s.repeats, warmup=s.warmup, max_new_tokens=s.max_new_tokens, inputs=len(metrics.images))
+            ran = BaselineSettings(s.repeats, s.warmup, s.max_new_tokens, inputs=len(metrics.images))
         model = job.model if metrics is None else metrics.model.name
         tokens, source = self.decode_tokens()
         return WhatIfRecord(

@@ -17,7 +17,6 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import attrs
 from omegaconf import DictConfig
@@ -132,7 +131,7 @@ def workload_words(metrics: Stage1Metrics) -> str:
     )
 
 
-def single_gpu(baseline: Any) -> SingleGpu | None:
+def single_gpu(baseline: object) -> SingleGpu | None:
     """`run.data_parallel_baseline`: a number (pages/s) or a stage1-run folder of one process; None when unset."""
     if baseline is None or baseline == "":
         return None
@@ -304,7 +303,7 @@ def _whole(text: str | None) -> int | None:
         return None
 
 
-def _baseline(overrides: Mapping[str, str]) -> Any:
+def _baseline(overrides: Mapping[str, str]) -> float | str | None:
     value = overrides.get(BASELINE_KEY)
     if value is None:
         return None

@@ -18,9 +18,9 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import attrs
 
@@ -39,12 +39,12 @@ POLL_S = 0.02
 T = TypeVar("T")
 
 
-def data_parallel_count(run_cfg: Any) -> int:
+def data_parallel_count(run_cfg: Mapping[str, object]) -> int:
     """`run.data_parallel`: the processes a workload is shared by (1: none)."""
     return require_whole("run.data_parallel", run_cfg.get("data_parallel", 1), 1)
 
 
-def shard_of(run_cfg: Any) -> int | None:
+def shard_of(run_cfg: Mapping[str, object]) -> int | None:
     """`run.shard` (None: not set), checked against `run.data_parallel`."""
     count = data_parallel_count(run_cfg)
     value = run_cfg.get("shard")

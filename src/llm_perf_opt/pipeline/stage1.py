@@ -43,7 +43,7 @@ from llm_perf_opt.pipeline.stage1_settings import (
     with_runtime_warmup,
 )
 from llm_perf_opt.progress import Feedback
-from llm_perf_opt.records.folders import INPUTS_FILE, whatif_for
+from llm_perf_opt.records.folders import CONFIG_FILE, ENV_FILE, INPUTS_FILE, REPORT_FILE, whatif_for
 from llm_perf_opt.records.stage1 import ProfilerSettings, Stage1Metrics, batch_key
 from llm_perf_opt.records.whatif import WhatIfRecord
 from llm_perf_opt.report import pyplot
@@ -106,7 +106,7 @@ class Stage1Run:
             self._fail(f"failed: {type(exc).__name__}: {exc}", f"{type(exc).__name__}: {exc}")
             raise
         self.art.finish(artifacts.COMPLETE)
-        report = str(self.art.run_dir / "report.md")
+        report = str(self.art.run_dir / REPORT_FILE)
         self.feedback.summary(f"stage1-run {self.run_id}: complete", summary_rows(metrics), report, metrics.time_budget)
         return self.art.run_dir
 
@@ -137,7 +137,7 @@ class Stage1Run:
     # ---- measurement -------------------------------------------------------------------------------
     def _measure(self) -> None:
         cfg = self.cfg
-        self.art.write_text("config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+        self.art.write_text(CONFIG_FILE, OmegaConf.to_yaml(cfg, resolve=True))
         check_workload_model(cfg)
         count, shard = data_parallel_count(cfg.run), shard_of(cfg.run)
         if count > 1:
@@ -192,7 +192,7 @@ class Stage1Run:
         for skipped in self.selection.skipped:
             log.warning("skipping %s: %s", skipped.path, skipped.reason)
         self.art.write_yaml(INPUTS_FILE, inputs_manifest(self.inputs))
-        self.art.write_json("env.json", collect_env(device, clock_state(device)))
+        self.art.write_json(ENV_FILE, collect_env(device, clock_state(device)))
 
         if self.render_reports:
             pyplot.preload()  # the plots' import (and a first run's font cache) while the model builds

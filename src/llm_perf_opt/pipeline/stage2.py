@@ -42,7 +42,16 @@ from llm_perf_opt.pipeline.stage2_workload import (
 from llm_perf_opt.progress import Feedback
 from llm_perf_opt.records import folders
 from llm_perf_opt.records.common import TimeBudget
-from llm_perf_opt.records.folders import CAPTURE_FILE, CONFIG_FILE, METRICS_FILE, WORKLOAD_METRICS_FILE
+from llm_perf_opt.records.folders import (
+    CAPTURE_FILE,
+    CONFIG_FILE,
+    ENV_FILE,
+    INPUTS_FILE,
+    METRICS_FILE,
+    REPORT_FILE,
+    STAKEHOLDER_FILE,
+    WORKLOAD_METRICS_FILE,
+)
 from llm_perf_opt.records.folders import NCU_TARGETS_FILE as TARGETS_FILE
 from llm_perf_opt.records.io import RecordError, read_json, structure
 from llm_perf_opt.records.stage2 import Capture, NcuTargets, NsysReportChoice
@@ -118,7 +127,7 @@ class Stage2Run:
         finally:
             remove_model_cache(self.model_cache)
         self.art.finish(artifacts.COMPLETE)
-        report = str(self.art.run_dir / "report.md")
+        report = str(self.art.run_dir / REPORT_FILE)
         self.feedback.summary(f"stage2-profile {self.run_id}: complete", [], report, self.time_budget)
         return self.art.run_dir
 
@@ -130,7 +139,7 @@ class Stage2Run:
     # ---- capture -----------------------------------------------------------------------------------
     def _capture(self) -> None:
         settings = self.settings
-        self.art.write_text("config.yaml", settings.config_text)
+        self.art.write_text(CONFIG_FILE, settings.config_text)
         if settings.whatif_dir:
             folders.whatif_for(self.art.run_dir, settings.whatif_dir)  # a folder that cannot be read fails before nsys
         if settings.stage1_dir and not Path(settings.stage1_dir).expanduser().is_dir():
@@ -143,7 +152,7 @@ class Stage2Run:
         import torch
 
         gpu = torch.device("cuda", torch.cuda.current_device())
-        self.art.write_json("env.json", collect_env(gpu, clock_state(gpu)))
+        self.art.write_json(ENV_FILE, collect_env(gpu, clock_state(gpu)))
         self.tools.note(ncu_clock_control=settings.ncu.clock_control, forwarded_overrides=tuple(self.user_overrides))
         if not settings.nsys.enable:
             raise UserError(
@@ -205,7 +214,7 @@ class Stage2Run:
                 background=True,
             )
         workload_dir = run_dir / "workload" / "nsys"
-        for name in ("inputs.yaml",):
+        for name in (INPUTS_FILE,):
             if (workload_dir / name).is_file():
                 self.art.write_text(name, (workload_dir / name).read_text())
 
@@ -261,7 +270,7 @@ def render(
     capture = folders.load_capture(run_dir)
     targets = folders.load_ncu_targets(run_dir)
     workload = folders.load_workload_metrics(run_dir)
-    driver = (folders.read_env(run_dir).get("gpu") or {}).get("driver")
+    driver = folders.recorded_driver(run_dir)
     with NsysTrace(export) as trace:
         models = workload_models(run_dir, targets)
         analysis = Stage2Analysis(
@@ -280,12 +289,12 @@ def render(
     for relative in plots.values():
         manager.record(relative)
     write_markdown(manager, "kernels.md", stage2_reports.kernels_md(metrics, plots))
-    write_markdown(manager, "stakeholder_summary.md", stage2_reports.stakeholder_md(metrics, evidence))
+    write_markdown(manager, STAKEHOLDER_FILE, stage2_reports.stakeholder_md(metrics, evidence))
     if time_budget is not None:
         metrics = attrs.evolve(metrics, time_budget=time_budget())
         manager.write_json(METRICS_FILE, metrics)
-    files = [*present(run_dir, [*manager.written, folders.STATUS_FILE]), "report.md"]
-    write_markdown(manager, "report.md", stage2_reports.report_md(metrics, files))
+    files = [*present(run_dir, [*manager.written, folders.STATUS_FILE]), REPORT_FILE]
+    write_markdown(manager, REPORT_FILE, stage2_reports.report_md(metrics, files))
     return run_dir
 
 

@@ -13,7 +13,6 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import attrs
 from hydra.experimental.callback import Callback
@@ -26,6 +25,7 @@ from llm_perf_opt.pipeline.data_parallel import summarize_sweep_shards
 from llm_perf_opt.records.common import COMPLETE, RUNNING
 from llm_perf_opt.records.folders import (
     METRICS_FILE,
+    REPORT_FILE,
     STATUS_FILE,
     SWEEP_SUMMARY_FILE,
     Stage1Folder,
@@ -41,7 +41,6 @@ from llm_perf_opt.report.sweep_report import sweep_markdown, sweep_plot, through
 log = logging.getLogger("llm_perf_opt.pipeline.sweep")
 
 SUMMARY_MD = "sweep_summary.md"
-SUMMARY_JSON = SWEEP_SUMMARY_FILE
 SUMMARY_PNG = "sweep_summary.png"
 CURVE_PNG = "throughput_latency.png"  # a sweep over run.batch_size
 
@@ -90,7 +89,7 @@ def load_job(sweep_dir: Path, job_dir: Path) -> SweepJob:
         return attrs.evolve(job, skipped_reason=skip_reason(exc, job_dir))
     if not isinstance(folder, Stage1Folder):
         return attrs.evolve(job, skipped_reason=f"metrics.json is for {folder.kind}, not a stage1-run")
-    report = job_dir / "report.md"
+    report = job_dir / REPORT_FILE
     return attrs.evolve(
         job,
         metrics=job_figures(folder.metrics),
@@ -112,7 +111,7 @@ def _summarize(sweep_dir: Path) -> tuple[Path, SweepSummary]:
     summary = summarize(sweep_dir, [load_job(sweep_dir, d) for d in job_dirs(sweep_dir)])
     plot = sweep_plot(summary, sweep_dir / SUMMARY_PNG)
     curve = throughput_latency_plot(summary, sweep_dir / CURVE_PNG)
-    save(summary, sweep_dir / SUMMARY_JSON)
+    save(summary, sweep_dir / SWEEP_SUMMARY_FILE)
     # jobs over run.shard: data_parallel.{md,json}, the processes' pages/s combined
     data_parallel = summarize_sweep_shards(sweep_dir, {job.num: job.overrides for job in summary.jobs})
     target = sweep_dir / SUMMARY_MD
@@ -133,7 +132,7 @@ class SweepSummaryCallback(Callback):
     """Hydra callback: summarise the sweep folder when a multirun ends, its path the sweep's last line on stdout
     (after every job's own summary); exit 1 when a job did not complete."""
 
-    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+    def on_multirun_end(self, config: DictConfig, **kwargs: object) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))
         try:
             target, summary = _summarize(sweep_dir)

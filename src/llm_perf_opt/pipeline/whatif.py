@@ -40,7 +40,7 @@ from llm_perf_opt.pipeline.whatif_rungs import (
 from llm_perf_opt.progress import Feedback, StepHandle
 from llm_perf_opt.records import common
 from llm_perf_opt.records.common import TimeBudget
-from llm_perf_opt.records.folders import METRICS_FILE, WHATIF_FILE, Stage1Folder, load_stage1
+from llm_perf_opt.records.folders import CONFIG_FILE, METRICS_FILE, WHATIF_FILE, Stage1Folder, load_stage1
 from llm_perf_opt.records.io import RecordError
 from llm_perf_opt.records.whatif import (
     ALONE,
@@ -447,7 +447,7 @@ class WhatIfRun:
 
     def _run(self) -> WhatIfRecord:
         run_cfg = self.cfg.whatif_run
-        self.art.write_text("config.yaml", OmegaConf.to_yaml(self.cfg, resolve=True))
+        self.art.write_text(CONFIG_FILE, OmegaConf.to_yaml(self.cfg, resolve=True))
         cuda = (
             has_cuda(str(self.cfg.device))
             if run_cfg.devices is None

@@ -19,7 +19,7 @@ from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure.whatif import DEFAULT_OBJECTIVE, GOAL_FIGURES, OBJECTIVES, objective
 from llm_perf_opt.measure.whatif_analysis import WhatIfAnalysis, WhatIfJob, WhatIfSettings
-from llm_perf_opt.records.folders import WHATIF_FILE, load_stage1, load_whatif
+from llm_perf_opt.records.folders import CONFIG_FILE, WHATIF_FILE, load_stage1, load_whatif
 from llm_perf_opt.records.io import RecordError
 from llm_perf_opt.records.whatif import MEASURED, TTFT_P90, TTLT_P90, LatencyTarget, WhatIfRecord
 
@@ -162,7 +162,7 @@ def rejudge(
         raise UserError(f"{run_dir}: the baseline was not measured, so no rung can be judged", "Run perf-whatif again")
     if decode_tokens is None and record.decode_tokens_source != "measured":  # else the baseline's, worked out again
         decode_tokens, source = record.decode_tokens, record.decode_tokens_source
-    config = run_dir / "config.yaml"
+    config = run_dir / CONFIG_FILE
     settings = attrs.evolve(
         judging_settings(OmegaConf.load(config)) if config.is_file() else WhatIfSettings(),
         objective=record.objective.name,

@@ -89,7 +89,7 @@ def shared_caches(run_cfg: Mapping[str, Any], model: Mapping[str, Any], run_dir:
     owned: list[Path] = []
     model_cache = None
     own_weights = model.get("cache_dir") or model.get("path") or model.get("name_or_path")
-    if bool(run_cfg.reuse_model) and not own_weights:
+    if bool(run_cfg["reuse_model"]) and not own_weights:
         model_cache = run_dir / MODEL_CACHE_DIR
         owned.append(model_cache)
     chosen = run_cfg.get("inductor_cache", USER_FOLDER)
@@ -137,7 +137,7 @@ class RungOutcome:
     """How a rung's process ended: the folder's state and message (or why there is no folder), and its wall time."""
 
     name: str
-    state: str  # records.common COMPLETE | FAILED | INTERRUPTED
+    state: common.RunState
     message: str | None
     wall_s: float | None  # None: not known (a rung of a Hydra multirun whose folder recorded no end)
 

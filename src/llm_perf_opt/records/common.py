@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import enum
+
 import attrs
 
 # The version of every record file the toolkit writes; a reader accepts any minor version of its major.
@@ -24,11 +26,20 @@ class InconsistentRecord(ValueError):
     """A record whose fields contradict each other (an attrs validator's error; a loader names the file)."""
 
 
-# Run states (`run_status.json`): `running` from the start, then exactly one of the other three.
-RUNNING = "running"
-COMPLETE = "complete"
-FAILED = "failed"
-INTERRUPTED = "interrupted"
+class RunState(enum.StrEnum):
+    """A run folder's state (`run_status.json`): `running` from the start, then exactly one of the other three.
+    A str, so the JSON holds the same words and older folders load."""
+
+    RUNNING = "running"
+    COMPLETE = "complete"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+
+
+RUNNING = RunState.RUNNING
+COMPLETE = RunState.COMPLETE
+FAILED = RunState.FAILED
+INTERRUPTED = RunState.INTERRUPTED
 
 
 @attrs.frozen
@@ -66,7 +77,7 @@ class RunStatus:
 
     stage: str  # "stage1" | "stage2" | "analytic"
     run_id: str
-    state: str  # RUNNING | COMPLETE | FAILED | INTERRUPTED
+    state: RunState
     started: str
     ended: str | None = None
     message: str | None = None

@@ -11,7 +11,7 @@ import os
 import socket
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import attrs
 
@@ -41,6 +41,9 @@ OPERATORS_FILE = "operators.json"
 PREDICTIONS_FILE = "predictions/predictions.jsonl"
 PREFILL_LOGITS_FILE = "prefill_logits.pt"  # run.save_prefill_logits: last-prompt-position logits per input
 TOP2_LOGITS_FILE = "top2_logits.json"  # run.save_top2_logits: the top two logits behind each token, per input
+# The reports of a Stage 1 or Stage 2 folder (a what-if rung's among them): the main one and the short summary.
+REPORT_FILE = "report.md"
+STAKEHOLDER_FILE = "stakeholder_summary.md"
 # Stage 2 folders: the capture's record, Nsight Compute's targets, the Stage 1 metrics of the workload nsys profiled.
 CAPTURE_FILE = "capture.json"
 NCU_TARGETS_FILE = "ncu/targets.json"
@@ -123,17 +126,29 @@ def unfinished_text(status: RunStatus) -> str | None:
     return None if status.state != RUNNING else f"its run_status.json still reads running; {writer_note(status)}"
 
 
-def read_env(run_dir: Path) -> dict[str, Any]:
+def read_env(run_dir: Path) -> dict[str, object]:
     """`env.json` (machine and software versions) as data; empty when the folder has none."""
     return _read_mapping(Path(run_dir) / ENV_FILE, read_json)
 
 
-def read_config(run_dir: Path) -> dict[str, Any]:
+def env_gpu(env: Mapping[str, object]) -> Mapping[str, object]:
+    """The GPU section of `env.json`'s data (empty when it has none: a CPU run)."""
+    gpu = env.get("gpu")
+    return gpu if isinstance(gpu, Mapping) else {}
+
+
+def recorded_driver(run_dir: Path) -> str | None:
+    """The GPU driver `env.json` names (None: no env.json, a CPU run or no driver recorded)."""
+    driver = env_gpu(read_env(run_dir)).get("driver")
+    return None if driver is None else str(driver)
+
+
+def read_config(run_dir: Path) -> dict[str, object]:
     """`config.yaml` (the resolved configuration) as data; empty when the folder has none."""
     return _read_mapping(Path(run_dir) / CONFIG_FILE, read_yaml)
 
 
-def _read_mapping(path: Path, read: Callable[[Path], Any]) -> dict[str, Any]:
+def _read_mapping(path: Path, read: Callable[[Path], object]) -> dict[str, object]:
     """The mapping a file holds, read by `read`; empty when the file is missing or holds no mapping."""
     if not path.is_file():
         return {}
@@ -148,11 +163,11 @@ class Stage1Folder:
     path: Path
     status: RunStatus
     metrics: Stage1Metrics
-    env: dict[str, Any]
+    env: dict[str, object]
     inputs: InputsManifest | None
     operators: OperatorTable | None
     predictions: tuple[Prediction, ...]
-    config: dict[str, Any] = attrs.field(factory=dict)  # config.yaml; empty when the folder has none
+    config: dict[str, object] = attrs.field(factory=dict)  # config.yaml; empty when the folder has none
 
     kind = "stage1"
 
@@ -162,7 +177,7 @@ def load_stage1_metrics(path: Path) -> Stage1Metrics:
     return load_metrics_of(path, Stage1Metrics, "stage1", "stage1-run")
 
 
-def _optional(path: Path, loader: Any) -> Any:
+def _optional(path: Path, loader: Callable[[Path], T]) -> T | None:
     return loader(path) if path.is_file() else None
 
 
@@ -215,13 +230,16 @@ class Stage2Folder:
     path: Path
     status: RunStatus
     metrics: Stage2Metrics
-    env: dict[str, Any]
+    env: dict[str, object]
     capture: Capture | None
     targets: NcuTargets | None
     workload: Stage1Metrics | None
-    config: dict[str, Any] = attrs.field(factory=dict)  # config.yaml; empty when the folder has none
+    config: dict[str, object] = attrs.field(factory=dict)  # config.yaml; empty when the folder has none
 
     kind = "stage2"
+
+
+RunFolder = Stage1Folder | Stage2Folder  # what `load` reads, by the `stage` of its metrics.json
 
 
 def load_metrics_of(path: Path, cls: type[T], stage: str, writer: str) -> T:
@@ -348,7 +366,7 @@ def metrics_kind(run_dir: Path) -> str:
     return str(data.get("stage"))
 
 
-def load(run_dir: Path) -> Any:
+def load(run_dir: Path) -> RunFolder:
     """The run folder `run_dir` as typed records (a Stage1Folder or Stage2Folder)."""
     kind = metrics_kind(run_dir)
     loader = LOADERS.get(kind)
@@ -365,9 +383,9 @@ def skip_reason(error: RecordError, folder: Path) -> str:
     return error.problem.replace(f"{folder}{os.sep}", "")
 
 
-def is_complete(folder: Any) -> bool:
+def is_complete(folder: RunFolder) -> bool:
     return bool(folder.status.state == COMPLETE)
 
 
 # Which loader reads which `stage` of metrics.json. A new kind of run folder adds its loader here.
-LOADERS: dict[str, Any] = {"stage1": load_stage1, "stage2": load_stage2}
+LOADERS: dict[str, Callable[[Path], RunFolder]] = {"stage1": load_stage1, "stage2": load_stage2}

@@ -11,9 +11,9 @@ import errno
 import json
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import attrs
 import cattrs
@@ -32,7 +32,7 @@ converter.register_structure_hook(Path, lambda value, _: Path(value))
 converter.register_structure_hook(OptionValue, lambda value, _: value)  # JSON keeps bool, int, float and str apart
 
 
-def _has_derived(cls: Any) -> bool:
+def _has_derived(cls: type) -> bool:
     return attrs.has(cls) and any(not a.init for a in attrs.fields(cls))
 
 
@@ -47,17 +47,17 @@ class RecordError(UserError):
     """A record file that cannot be read back: missing, damaged, of another schema version, or of another kind."""
 
 
-def to_plain(obj: Any) -> Any:
+def to_plain(obj: object) -> object:
     """attrs records (and containers of them) as plain JSON/YAML-ready data."""
     return converter.unstructure(obj)
 
 
-def dumps(record: Any) -> str:
+def dumps(record: object) -> str:
     """A record as the JSON text the toolkit writes (indented, no NaN)."""
     return json.dumps(to_plain(record), indent=2, allow_nan=False) + "\n"
 
 
-def dumps_yaml(record: Any) -> str:
+def dumps_yaml(record: object) -> str:
     return str(yaml.safe_dump(to_plain(record), sort_keys=False, allow_unicode=True))
 
 
@@ -106,7 +106,7 @@ def _create_excl_open(target: Path, text: str) -> None:
         handle.write(text)
 
 
-def save(record: Any, path: Path) -> Path:
+def save(record: object, path: Path) -> Path:
     """Write `record` to `path` (JSON, or YAML for a `.yaml` suffix), atomically, parents created."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -121,7 +121,7 @@ def _unreadable(path: Path, why: str) -> RecordError:
     )
 
 
-def read_json(path: Path) -> Any:
+def read_json(path: Path) -> object:
     """The parsed JSON of a record file, or a RecordError (missing or damaged file)."""
     path = Path(path)
     try:
@@ -132,7 +132,7 @@ def read_json(path: Path) -> Any:
         raise _unreadable(path, f"it is damaged ({type(exc).__name__}: {exc})") from None
 
 
-def read_yaml(path: Path) -> Any:
+def read_yaml(path: Path) -> object:
     path = Path(path)
     try:
         return yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -142,7 +142,7 @@ def read_yaml(path: Path) -> Any:
         raise _unreadable(path, f"it is damaged ({type(exc).__name__}: {exc})") from None
 
 
-def check_schema(data: Mapping[str, Any], path: Path) -> None:
+def check_schema(data: Mapping[str, object], path: Path) -> None:
     """Refuse a record of another schema major version (a missing version is read as 1.0)."""
     version = str(data.get("schema_version") or "1.0")
     if version.split(".", 1)[0] != SCHEMA_MAJOR:
@@ -153,7 +153,7 @@ def check_schema(data: Mapping[str, Any], path: Path) -> None:
         )
 
 
-def structure(data: Any, cls: type[T], path: Path) -> T:
+def structure(data: object, cls: type[T], path: Path) -> T:
     """`data` as a `cls` record, or a RecordError naming the file and the field that did not fit."""
     try:
         return converter.structure(data, cls)
@@ -203,6 +203,6 @@ def load_lines(path: Path, cls: type[T]) -> tuple[T, ...]:
     return tuple(out)
 
 
-def dumps_lines(records: Any) -> str:
+def dumps_lines(records: Iterable[object]) -> str:
     """Records as JSON lines (one compact object per line)."""
     return "".join(json.dumps(to_plain(r)) + "\n" for r in records)

@@ -5,14 +5,26 @@ token, watts per stage, FLOP per joule). Both say "not available" with the reaso
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Protocol, TypeVar
 
 import attrs
 
 from llm_perf_opt.records.common import InconsistentRecord
 
+T = TypeVar("T")
 
-def _measured_when_available(report: Any, _: attrs.Attribute[Any], measured: object) -> None:
+
+class _PassReport(Protocol):
+    """What the validator reads of a pass's report (`MemoryReport`, `EnergyReport`)."""
+
+    @property
+    def available(self) -> bool: ...
+
+    @property
+    def reason(self) -> str | None: ...
+
+
+def _measured_when_available(report: _PassReport, _: attrs.Attribute[T], measured: T) -> None:
     """attrs validator of a pass's report: a measurement when `available`, a reason when not (never "Not available:
     None" in a report)."""
     if report.available and measured is None:

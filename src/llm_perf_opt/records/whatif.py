@@ -3,14 +3,16 @@ cumulative ladder), what each changed and why, and the recommendations they back
 
 from __future__ import annotations
 
+import enum
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import attrs
+from cattrs.gen import make_dict_unstructure_fn
 
 from llm_perf_opt.records.advice import Advice
 from llm_perf_opt.records.common import Summary, TimeBudget
+from llm_perf_opt.records.io import converter
 from llm_perf_opt.records.modules import ModuleAttribution, StageModuleChanges
 
 # What a lever may change: only the time of the same work, or the work itself (mode, tiles, dtype, …).
@@ -22,14 +24,25 @@ BASELINE = "baseline"
 ALONE = "alone"  # one lever against the baseline
 LADDER = "ladder"  # the levers that helped, added one at a time in order of measured gain
 
-# Rung states: measured, failed while running, skipped before running (with the reason), or refused by validation.
-MEASURED = "complete"
-FAILED = "failed"
-SKIPPED = "skipped"
-INVALID = "invalid"
-PENDING = "pending"  # planned, not run yet (only in a record written while the run was still going)
-# Stopped with the what-if run (Ctrl-C, SIGTERM): its figures cover the passes it measured; it is not judged.
-INTERRUPTED = "interrupted"
+
+class RungState(enum.StrEnum):
+    """What became of a rung (`Rung.state`); a str, so `whatif.json` holds the same words and older records load."""
+
+    MEASURED = "complete"
+    FAILED = "failed"  # failed while running
+    SKIPPED = "skipped"  # skipped before running (with the reason)
+    INVALID = "invalid"  # refused by validation
+    PENDING = "pending"  # planned, not run yet (only in a record written while the run was still going)
+    # Stopped with the what-if run (Ctrl-C, SIGTERM): its figures cover the passes it measured; it is not judged.
+    INTERRUPTED = "interrupted"
+
+
+MEASURED = RungState.MEASURED
+FAILED = RungState.FAILED
+SKIPPED = RungState.SKIPPED
+INVALID = RungState.INVALID
+PENDING = RungState.PENDING
+INTERRUPTED = RungState.INTERRUPTED
 
 # How one objective of a rung compares with the baseline's (`Judgement.verdict`).
 BETTER = "better"
@@ -318,7 +331,7 @@ class Rung:
     levers: tuple[str, ...]  # levers on, in order
     overrides: tuple[str, ...]  # the overrides the rung ran with (workload overrides not repeated)
     changes_workload: bool
-    state: str  # MEASURED | FAILED | SKIPPED | INVALID | INTERRUPTED (PENDING while the run goes on)
+    state: RungState  # PENDING only while the run goes on
     reason: str | None = None  # why it failed, was skipped, refused or interrupted
     folder: str | None = None  # its stage1-run folder, relative to the what-if folder
     wall_s: float | None = None  # the rung's process from start to end (model build, compilation, passes)
@@ -358,6 +371,22 @@ class Verdict:
 
 
 @attrs.frozen
+class BaselineSettings:
+    """How the baseline rung ran (`WhatIfRecord.settings`): passes, warm-up passes, new tokens, inputs. All None when
+    no baseline was measured; the file then holds `{}`, as it always has (the Nones are left out)."""
+
+    repeats: int | None = None
+    warmup: int | None = None
+    max_new_tokens: int | None = None
+    inputs: int | None = None
+
+
+converter.register_unstructure_hook(
+    BaselineSettings, make_dict_unstructure_fn(BaselineSettings, converter, _cattrs_omit_if_default=True)
+)
+
+
+@attrs.frozen
 class WhatIfRecord:
     """`whatif.json`."""
 
@@ -376,7 +405,7 @@ class WhatIfRecord:
     best: str | None  # the ladder rung (or lever) with the best objective among those whose outputs were checked
     verdicts: tuple[Verdict, ...]
     notes: tuple[str, ...] = ()
-    settings: Mapping[str, Any] = attrs.field(factory=dict)  # repeats, warmup, max_new_tokens, inputs (baseline)
+    settings: BaselineSettings = BaselineSettings()
     device_type: str | None = None  # "cuda" | "cpu" (the baseline's `DeviceInfo.type`); None: not recorded
     # How the rungs ran (whatif_run.launcher): LOCAL_LAUNCHER or HYDRA_LAUNCHER; None: not recorded (older runs)
     launcher: str | None = None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from llm_perf_opt.measure.host_difference import DIFFERS_RATIO, MIN_SWITCHES_PER_S
 from llm_perf_opt.measure.variation import GPU_PACED_FROM, HOST_PACED_BELOW
@@ -32,10 +31,6 @@ from llm_perf_opt.report.markdown import Doc, ms, num_bytes, pct
 NA = "n/a"
 
 Row = list[str]
-
-
-def _model(run: Any) -> str:
-    return str(run.model or "model not recorded")
 
 
 def ratio_text(value: float | None) -> str:

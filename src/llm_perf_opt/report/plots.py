@@ -11,7 +11,8 @@ import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.stage1 import ImageRecord, Stage1Metrics
@@ -35,9 +36,10 @@ STAGE_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 _LINE_STYLES = ("-", "--", "-.", ":")
 
 Metrics = Stage1Metrics
+S = TypeVar("S")  # what a set of plots is drawn from (a record)
 
 
-def _ticker() -> Any:
+def _ticker() -> ModuleType:
     """`matplotlib.ticker`, imported with pyplot (on the Agg backend)."""
     pyplot()
     import matplotlib.ticker
@@ -446,7 +448,7 @@ def memory_timeline(m: Metrics, path: Path) -> Path | None:
     return save_figure(fig, path)
 
 
-def write_plots(plots: Mapping[str, Callable[[Any, Path], Path | None]], source: Any, folder: Path) -> dict[str, Path]:
+def write_plots(plots: Mapping[str, Callable[[S, Path], Path | None]], source: S, folder: Path) -> dict[str, Path]:
     """Every plot of `plots` that applies to `source`, as `folder/plots/<name>.png`; returns name -> path."""
     out: dict[str, Path] = {}
     for name, plot in plots.items():
@@ -457,7 +459,7 @@ def write_plots(plots: Mapping[str, Callable[[Any, Path], Path | None]], source:
 
 
 def write_stage1_plots(
-    m: Metrics, folder: Path, extra: Mapping[str, Callable[[Any, Path], Path | None]] | None = None
+    m: Metrics, folder: Path, extra: Mapping[str, Callable[[Metrics, Path], Path | None]] | None = None
 ) -> dict[str, Path]:
     """Every Stage 1 plot that applies (`PLOTS`, then `extra`), as `folder/plots/<name>.png` (the memory timeline
     as `folder/memory/memory_timeline.png`); returns name -> path."""

@@ -14,6 +14,7 @@ from llm_perf_opt.data.prompts import read_prompt
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.advice import Advice
 from llm_perf_opt.records.common import Summary
+from llm_perf_opt.records.folders import REPORT_FILE, STAKEHOLDER_FILE, STATUS_FILE
 from llm_perf_opt.records.stage1 import (
     FLOP_SOURCE,
     CompileSummary,
@@ -1026,7 +1027,7 @@ def write_details(
     top_k = m.settings.profiler.top_k if m.settings.profiler else 0
     if operators is not None:
         write_markdown(art, "operators.md", operators_md(m, operators, top_k))
-    write_markdown(art, "stakeholder_summary.md", stakeholder_md(m, whatif, advice))
+    write_markdown(art, STAKEHOLDER_FILE, stakeholder_md(m, whatif, advice))
     write_markdown(art, "assumptions.md", assumptions_md(m, inputs))
     if images:
         write_gallery(art, m, inputs, predictions, m.settings.outputs)
@@ -1050,5 +1051,5 @@ def write_report(
     unfinished: str | None = None,
 ) -> None:
     """report.md, listing the files written before it (`write_details`)."""
-    files = [*present(art.run_dir, [*art.written, "run_status.json"]), "report.md"]
-    write_markdown(art, "report.md", report_md(m, operators, files, plots, inputs, whatif, unfinished, advice))
+    files = [*present(art.run_dir, [*art.written, STATUS_FILE]), REPORT_FILE]
+    write_markdown(art, REPORT_FILE, report_md(m, operators, files, plots, inputs, whatif, unfinished, advice))

@@ -12,7 +12,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -25,6 +25,7 @@ from llm_perf_opt.report.pyplot import pyplot
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
+    from matplotlib.backend_bases import RendererBase
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
     from matplotlib.text import Annotation
@@ -213,7 +214,7 @@ def _marker_boxes(ax: Axes, points: Sequence[KernelPoint]) -> list[Bbox]:
     return boxes
 
 
-def _text_box(note: Annotation, renderer: Any) -> Bbox:
+def _text_box(note: Annotation, renderer: RendererBase) -> Bbox:
     """The annotation's text box without its leader line, 2 px of padding around it."""
     from matplotlib.text import Text
 

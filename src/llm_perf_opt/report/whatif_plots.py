@@ -9,7 +9,7 @@ Each plot function takes the record and a target PNG path, writes the figure and
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.modules import StageModuleChanges
@@ -26,8 +26,11 @@ from llm_perf_opt.report.modules_report import changes_waterfall
 from llm_perf_opt.report.plots import save_figure, write_plots
 from llm_perf_opt.report.pyplot import pyplot
 
+if TYPE_CHECKING:
+    from matplotlib.patches import Patch
 
-def _patch() -> Any:
+
+def _patch() -> type[Patch]:
     """matplotlib's legend `Patch`, imported with pyplot."""
     pyplot()
     from matplotlib.patches import Patch

@@ -14,6 +14,7 @@ from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.measure.outputs import near_tie_text, share_text
 from llm_perf_opt.measure.whatif_objectives import ENERGY, OUTPUTS
 from llm_perf_opt.records import vocabulary as vocab
+from llm_perf_opt.records.folders import REPORT_FILE
 from llm_perf_opt.records.modules import StageModuleChanges
 from llm_perf_opt.records.whatif import (
     ALONE,
@@ -55,7 +56,6 @@ from llm_perf_opt.report.whatif_predictions import predictions_section
 
 NA = "n/a"
 WHATIF_REPORT = "whatif.md"
-RUNG_REPORT = "report.md"  # a rung folder's Stage 1 report, linked from whatif.md
 CHANGES_WORKLOAD = "changes the workload"
 
 Row = list[str]
@@ -753,7 +753,7 @@ def whatif_md(
         doc.h2("Notes")
         doc.bullets([clean_paths(note) for note in record.notes])
     folders = [
-        f"{r.name}: " + link(r.folder, f"{r.folder}/{RUNG_REPORT}")
+        f"{r.name}: " + link(r.folder, f"{r.folder}/{REPORT_FILE}")
         for r in record.rungs
         if r.folder and (rung_folders is None or r.folder in rung_folders)
     ]
@@ -783,5 +783,5 @@ def write_plots(art: ArtifactsManager, record: WhatIfRecord) -> dict[str, str]:
 def write_report(art: ArtifactsManager, record: WhatIfRecord, plots: dict[str, str]) -> None:
     """`whatif.md`, with the plots written before it (`write_plots`)."""
     files = present(art.run_dir, [f for f in art.written if f.endswith((".md", ".json", ".png"))])
-    reported = [r.folder for r in record.rungs if r.folder and (art.run_dir / r.folder / RUNG_REPORT).is_file()]
+    reported = [r.folder for r in record.rungs if r.folder and (art.run_dir / r.folder / REPORT_FILE).is_file()]
     write_markdown(art, WHATIF_REPORT, whatif_md(record, plots, [*files, WHATIF_REPORT], reported))

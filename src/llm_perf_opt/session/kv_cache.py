@@ -84,7 +84,7 @@ class KvCaches:
             self._static.popitem(last=False)
         return BatchCache(cache, length)
 
-    def allocate(self, batch: BatchCache, batch_size: int, dtype: Any, device: Any) -> None:
+    def allocate(self, batch: BatchCache, batch_size: int, dtype: torch.dtype, device: torch.device) -> None:
         """Allocate a static cache's tensors now (otherwise its first update does), so that a compiled prefill
         finds them allocated and marked as static addresses instead of creating them inside the graph."""
         cache = batch.cache
@@ -116,7 +116,7 @@ def static_cache_error(blocker: str) -> UserError:
     )
 
 
-def rewind_blocker(cache: Any) -> str | None:
+def rewind_blocker(cache: object) -> str | None:
     """Why :func:`rewind` cannot take `cache` back to an earlier length, or None. Only plain full-attention layers
     rewind: transformers' ``DynamicLayer`` (its tensors grow) and ``StaticLayer`` (a write position)."""
     from transformers.cache_utils import DynamicLayer, StaticLayer

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 import attrs
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure.profiler_window import ProfilerWindow
@@ -445,15 +446,17 @@ class InferenceSession:
         return CompileSummary(events=events, cudagraph_skips=skips)
 
     # ---- stage hooks -------------------------------------------------------------------------------
-    def _install_stage_hooks(self) -> list[Any]:
+    def _install_stage_hooks(self) -> list[RemovableHandle]:
         handles = []
         for stage, module in self._stage_modules.items():
 
-            def pre_hook(_module: Any, _args: Any, stage: str = stage) -> None:
+            def pre_hook(_module: torch.nn.Module, _args: tuple[object, ...], stage: str = stage) -> None:
                 if self._recorder is not None:
                     self._recorder.begin(stage)
 
-            def post_hook(_module: Any, _args: Any, _out: Any, stage: str = stage) -> None:
+            def post_hook(
+                _module: torch.nn.Module, _args: tuple[object, ...], _out: object, stage: str = stage
+            ) -> None:
                 if self._recorder is not None:
                     self._recorder.end(stage)
 

@@ -32,6 +32,7 @@ import torch
 import yaml
 from safetensors import SafetensorError, safe_open
 from torch import nn
+from transformers.utils import CONFIG_NAME
 
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.models.deepseek_ocr.configuration import DeepseekOcrConfig
@@ -116,7 +117,7 @@ def shipped_architecture() -> dict[str, Any]:
 
 def read_config_json(folder: Path) -> dict[str, Any]:
     """The folder's config.json as a dict (UserError when absent or not a JSON object)."""
-    path = folder / "config.json"
+    path = folder / CONFIG_NAME
     if not path.is_file():
         reason = "does not exist" if not folder.exists() else f"holds no config.json ({folder.resolve()})"
         raise UserError(f"The DeepSeek-OCR checkpoint folder {folder} {reason}", _USE_V1_CHECKPOINT)
@@ -233,7 +234,7 @@ def architecture_from_config(config: Mapping[str, Any], where: Path) -> dict[str
 
 def read_v1_architecture(folder: Path) -> dict[str, Any]:
     """The ``architecture`` dict (as in conf/model/deepseek_ocr.yaml) of a v1 checkpoint folder's config.json."""
-    return architecture_from_config(read_config_json(folder), folder / "config.json")
+    return architecture_from_config(read_config_json(folder), folder / CONFIG_NAME)
 
 
 # ------------------------------------------------------------------------------------------------ tensor index

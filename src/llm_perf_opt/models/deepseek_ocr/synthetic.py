@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from safetensors.torch import save_file
+from transformers.utils import CONFIG_NAME
 
 from llm_perf_opt.models.deepseek_ocr.checkpoint import (
     OWN_KEY,
@@ -181,5 +182,5 @@ def write_synthetic_v1_checkpoint(
     save_file(tensors, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
     dtype_name = str(dtype).removeprefix("torch.")
     config = vendor_config(architecture, torch_dtype=dtype_name)
-    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     return folder

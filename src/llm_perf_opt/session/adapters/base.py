@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 import torch
@@ -16,6 +16,9 @@ from llm_perf_opt.data.images import open_upright
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.records.stage1 import ModelFamily
 from llm_perf_opt.session.model_settings import ModelSettings
+
+if TYPE_CHECKING:
+    from llm_perf_opt.analytic.model import StageCost
 
 
 @attrs.frozen
@@ -198,7 +201,7 @@ class ModelAdapter(ABC):
 
     def analytic_costs(
         self, model: nn.Module, prepared: PreparedInputs, new_tokens: int, dtype_bytes: int
-    ) -> Mapping[str, Any] | None:
+    ) -> Mapping[str, StageCost] | None:
         """Analytic cost per stage name (objects with `.flops` and `.bytes`), or None without an analytic model."""
         return None
 
@@ -215,7 +218,7 @@ class ModelAdapter(ABC):
         new_tokens: int,
         dtype_bytes: int,
         experts_hit: float | None = None,
-    ) -> Mapping[str, Any] | None:
+    ) -> Mapping[str, StageCost] | None:
         """Analytic cost per stage name of `batch` run together (vision per input, the decoder batched with left
         padding), or None without an analytic model. `experts_hit`: distinct routed experts per MoE layer and decode
         step, as measured (None: the uniform-routing expectation)."""

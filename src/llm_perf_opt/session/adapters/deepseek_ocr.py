@@ -7,13 +7,14 @@ import copy
 from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 import torch
 from PIL import Image
 from torch import nn
 from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.utils import CONFIG_NAME
 
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.models.cache_argument import (
@@ -32,6 +33,10 @@ from llm_perf_opt.records.stage1 import ModelFamily
 from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, PreparedInputs, PromptIds, load_tokenizer
 from llm_perf_opt.session.adapters.preprocess_device import Target, preprocess_device, preprocess_target
 from llm_perf_opt.session.model_settings import ModelSettings
+
+if TYPE_CHECKING:
+    from llm_perf_opt.analytic.model import StageCost
+    from llm_perf_opt.analytic.spec import ModelSpec, Workload
 
 
 @contextmanager
@@ -153,7 +158,7 @@ class DeepseekOcrAdapter(ModelAdapter):
 
     def load_checkpoint(self, path: str, *, device: torch.device, dtype: torch.dtype) -> LoadedModel:
         folder = Path(path).expanduser()
-        if not (folder / "config.json").is_file():
+        if not (folder / CONFIG_NAME).is_file():
             raise UserError(
                 f"model.path={path} holds no loadable checkpoint (no config.json in {folder.resolve()})",
                 "Point model.path at a local DeepSeek-OCR checkpoint folder (config.json, *.safetensors, tokenizer "
@@ -251,7 +256,7 @@ class DeepseekOcrAdapter(ModelAdapter):
 
     def analytic_costs(
         self, model: nn.Module, prepared: PreparedInputs, new_tokens: int, dtype_bytes: int
-    ) -> Mapping[str, Any] | None:
+    ) -> Mapping[str, StageCost] | None:
         """Analytic FLOPs and bytes of this image's stages (llm_perf_opt.analytic) from the architecture config
         (the vendor's code, when loaded, has the same hard-coded sizes)."""
         from llm_perf_opt.analytic import stage_costs
@@ -265,18 +270,18 @@ class DeepseekOcrAdapter(ModelAdapter):
         new_tokens: int,
         dtype_bytes: int,
         experts_hit: float | None = None,
-    ) -> Mapping[str, Any] | None:
+    ) -> Mapping[str, StageCost] | None:
         from llm_perf_opt.analytic.model import batch_stage_costs
 
         workloads = [self._workload(prepared, new_tokens, dtype_bytes) for prepared in batch]
         return batch_stage_costs(self._spec(model), workloads, experts_hit)
 
-    def _spec(self, model: nn.Module) -> Any:
+    def _spec(self, model: nn.Module) -> ModelSpec:
         from llm_perf_opt.analytic import ModelSpec
 
         return ModelSpec.from_config(model.config if isinstance(model.config, DeepseekOcrConfig) else self._config())
 
-    def _workload(self, prepared: PreparedInputs, new_tokens: int, dtype_bytes: int) -> Any:
+    def _workload(self, prepared: PreparedInputs, new_tokens: int, dtype_bytes: int) -> Workload:
         """The analytic workload of one prepared image (its mode, crop grid and prompt)."""
         from llm_perf_opt.analytic import Workload
 

@@ -6,13 +6,14 @@ import copy
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 import torch
 from PIL import Image
 from transformers import DeepseekOcr2Config, DeepseekOcr2ForConditionalGeneration
 from transformers.models.deepseek_ocr2.image_processing_pil_deepseek_ocr2 import DeepseekOcr2ImageProcessorPil
+from transformers.utils import CONFIG_NAME
 
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.models.deepseek_ocr2_views import ocr2_views
@@ -22,6 +23,10 @@ from llm_perf_opt.records.stage1 import ModelFamily
 from llm_perf_opt.session.adapters.base import LoadedModel, ModelAdapter, PreparedInputs, PromptIds, load_tokenizer
 from llm_perf_opt.session.adapters.preprocess_device import Target, preprocess_device, preprocess_target
 from llm_perf_opt.session.model_settings import ModelSettings
+
+if TYPE_CHECKING:
+    from llm_perf_opt.analytic.model import StageCost
+    from llm_perf_opt.analytic.spec import Workload
 
 # The model class hard-codes two learned query banks (DeepseekOcr2VisionModel): 144 queries for views whose
 # SAM output has at most 144 positions (768-px tiles), 256 otherwise (the 1024-px global view). A view
@@ -104,7 +109,7 @@ class DeepseekOcr2Adapter(ModelAdapter):
 
     def load_checkpoint(self, path: str, *, device: torch.device, dtype: torch.dtype) -> LoadedModel:
         folder = Path(path).expanduser()
-        if not (folder / "config.json").is_file():
+        if not (folder / CONFIG_NAME).is_file():
             raise UserError(
                 f"model.path={path} holds no loadable checkpoint (no config.json in {folder.resolve()})",
                 "Point model.path at a local DeepSeek-OCR-2 checkpoint folder in the transformers layout "
@@ -231,7 +236,7 @@ class DeepseekOcr2Adapter(ModelAdapter):
 
     def analytic_costs(
         self, model: Any, prepared: PreparedInputs, new_tokens: int, dtype_bytes: int
-    ) -> Mapping[str, Any] | None:
+    ) -> Mapping[str, StageCost] | None:
         """Analytic FLOPs and bytes of this image's stages (llm_perf_opt.analytic), from the model's config."""
         from llm_perf_opt.analytic import ModelSpec, stage_costs
 
@@ -244,14 +249,14 @@ class DeepseekOcr2Adapter(ModelAdapter):
         new_tokens: int,
         dtype_bytes: int,
         experts_hit: float | None = None,
-    ) -> Mapping[str, Any] | None:
+    ) -> Mapping[str, StageCost] | None:
         from llm_perf_opt.analytic import ModelSpec
         from llm_perf_opt.analytic.model import batch_stage_costs
 
         workloads = [self._workload(prepared, new_tokens, dtype_bytes) for prepared in batch]
         return batch_stage_costs(ModelSpec.from_config(model.config), workloads, experts_hit)
 
-    def _workload(self, prepared: PreparedInputs, new_tokens: int, dtype_bytes: int) -> Any:
+    def _workload(self, prepared: PreparedInputs, new_tokens: int, dtype_bytes: int) -> Workload:
         """The analytic workload of one prepared image (its views and prompt)."""
         from llm_perf_opt.analytic import Workload
 

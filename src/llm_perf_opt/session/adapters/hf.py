@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 import torch
@@ -55,6 +55,9 @@ _ARCH_KEYS = (
     "max_position_embeddings",
     "tie_word_embeddings",
 )
+
+if TYPE_CHECKING:
+    from llm_perf_opt.analytic.model import StageCost
 #: Config keys whose presence (non-zero) marks a mixture-of-experts text model.
 _EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 
@@ -283,7 +286,7 @@ class HfAdapter(ModelAdapter):
 
     def analytic_costs(
         self, model: Any, prepared: PreparedInputs, new_tokens: int, dtype_bytes: int
-    ) -> Mapping[str, Any] | None:
+    ) -> Mapping[str, StageCost] | None:
         """Analytic prefill and decode costs for dense decoder-only text models (llm_perf_opt.analytic.dense)."""
         from llm_perf_opt.analytic.dense import DenseSpec, stage_costs
 
@@ -309,7 +312,7 @@ class HfAdapter(ModelAdapter):
         new_tokens: int,
         dtype_bytes: int,
         experts_hit: float | None = None,
-    ) -> Mapping[str, Any] | None:
+    ) -> Mapping[str, StageCost] | None:
         """The same for a batch of prompts left-padded to the longest (dense models: no experts)."""
         from llm_perf_opt.analytic.dense import DenseSpec, batch_stage_costs
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+from transformers.utils import CONFIG_NAME
 
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.resources import package_folder
@@ -46,7 +47,7 @@ def hf_label(name_or_path: Any, config: Any) -> str:
     if not given:
         return "hf"
     path = Path(str(given)).expanduser()
-    if path.name == "config.json":
+    if path.name == CONFIG_NAME:
         path = path.parent
     return path.name or str(given)
 
@@ -69,10 +70,10 @@ def resolve_source(settings: ModelSettings) -> HfSource:
     if name_or_path:
         folder = _checkpoint_folder(str(name_or_path))
         return HfSource(
-            config=_read_config(folder / "config.json", f"model.name_or_path={name_or_path}"),
+            config=_read_config(folder / CONFIG_NAME, f"model.name_or_path={name_or_path}"),
             weights_folder=folder,
             assets_folder=tokenizer or folder,
-            config_source=str(folder / "config.json"),
+            config_source=str(folder / CONFIG_NAME),
         )
     path, source = _config_file(str(config))
     return HfSource(
@@ -92,7 +93,7 @@ def _checkpoint_folder(name_or_path: str) -> Path:
             "Download the checkpoint first (e.g. `hf download <repo> --local-dir <folder>`) and pass that folder, "
             "or use model.config=<preset or config.json> to build the architecture with random weights",
         )
-    if not (folder / "config.json").is_file():
+    if not (folder / CONFIG_NAME).is_file():
         raise UserError(
             f"model.name_or_path={name_or_path} holds no config.json ({folder.resolve()} is not a transformers "
             "checkpoint folder)",
@@ -108,7 +109,7 @@ def _config_file(config: str) -> tuple[Path, str]:
         return preset, f"preset {config} ({preset})"
     path = Path(config).expanduser()
     if path.is_dir():
-        path = path / "config.json"
+        path = path / CONFIG_NAME
     if path.is_file():
         return path.resolve(), str(path.resolve())
     raise UserError(

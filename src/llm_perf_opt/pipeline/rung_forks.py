@@ -135,7 +135,7 @@ def _torchao_import_deferred() -> Iterator[None]:
 
     real = import_utils.is_torchao_available
 
-    def unavailable(*_args: Any, **_kwargs: Any) -> bool:
+    def unavailable(*_args: object, **_kwargs: object) -> bool:
         return False
 
     utils.is_torchao_available = import_utils.is_torchao_available = unavailable
@@ -167,7 +167,7 @@ def _preload(modules: Sequence[str], done: Path) -> None:
         done.touch()
 
 
-def _say(message: Mapping[str, Any]) -> None:
+def _say(message: Mapping[str, object]) -> None:
     sys.stdout.write(json.dumps(message) + "\n")
     sys.stdout.flush()
 

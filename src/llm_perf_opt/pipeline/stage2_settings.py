@@ -3,7 +3,7 @@ into frozen records; the defaults are the YAML's (`conf/stage2.yaml`, `conf/pipe
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -14,11 +14,11 @@ from llm_perf_opt.errors import UserError, require_bool, require_whole
 from llm_perf_opt.session.runtime import RuntimeSettings
 
 
-def _names(values: Any) -> tuple[str, ...]:
+def _names(values: Iterable[object] | None) -> tuple[str, ...]:
     return tuple(str(v) for v in values or ())
 
 
-def _text(value: Any) -> str | None:
+def _text(value: object) -> str | None:
     return None if value is None else str(value)
 
 
@@ -173,7 +173,7 @@ def _mode(stage2: Mapping[str, Any]) -> Stage2Mode:
     )
 
 
-def _sampling_rate(hz: Any) -> int | None:
+def _sampling_rate(hz: object) -> int | None:
     """`pipeline.nsys.gpu_metrics_hz`: how often nsys samples the GPU's metrics (DRAM bytes per stage), or None."""
     if hz is None:
         return None

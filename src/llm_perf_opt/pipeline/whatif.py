@@ -86,7 +86,7 @@ def workload_overrides(task_overrides: Sequence[str]) -> tuple[str, ...]:
     return tuple(kept)
 
 
-def read_levers(node: Any, exclude: Sequence[str]) -> tuple[Lever, ...]:
+def read_levers(node: DictConfig, exclude: Sequence[str]) -> tuple[Lever, ...]:
     """The preset's levers (`whatif.levers`: name -> {overrides, about, changes, needs}) minus `exclude`."""
     levers = OmegaConf.to_container(node, resolve=True) if node is not None else {}
     if not isinstance(levers, Mapping) or not levers:
@@ -129,7 +129,7 @@ def advised_lever_list(plan: AdvisedPlan, whatif: Any, exclude: Sequence[str]) -
 DEVICE = re.compile(r"cpu|auto|cuda(:\d+)?")
 
 
-def check_whatif_settings(cfg: Any) -> tuple[Lever, ...]:
+def check_whatif_settings(cfg: DictConfig) -> tuple[Lever, ...]:
     """perf-whatif's own settings, checked before anything starts (the keys' types are settings_schema's): the
     preset's levers (whatif=advised: those its folder's advice names) minus whatif_run.exclude (at least one), the
     devices, the launcher and its overrides, the memory budget and the near-tie tolerance. Returns the levers."""
@@ -156,7 +156,7 @@ def check_whatif_settings(cfg: Any) -> tuple[Lever, ...]:
     return levers
 
 
-def rung_devices(run_cfg: Any) -> list[str | None]:
+def rung_devices(run_cfg: DictConfig) -> list[str | None]:
     """whatif_run.devices: the devices the local launcher runs rungs on, one at a time each ([None]: `device`)."""
     chosen = run_cfg.devices
     if chosen is None:
@@ -174,7 +174,7 @@ def rung_devices(run_cfg: Any) -> list[str | None]:
     return [str(d) for d in chosen]
 
 
-def launcher_settings(run_cfg: Any) -> tuple[str, tuple[str, ...]]:
+def launcher_settings(run_cfg: DictConfig) -> tuple[str, tuple[str, ...]]:
     """whatif_run.launcher (local | hydra) and, for hydra, the overrides that choose Hydra's launcher."""
     name = str(run_cfg.get("launcher") or LOCAL_LAUNCHER)
     if name not in (LOCAL_LAUNCHER, HYDRA_LAUNCHER):
@@ -211,7 +211,7 @@ def launcher_settings(run_cfg: Any) -> tuple[str, tuple[str, ...]]:
 COMPILE_FIELDS = ("compile", "compile_vision")  # the runtime settings that make a rung compile (none: it does not)
 
 
-def rungs_compile(cfg: Any, levers: Sequence[Lever] = ()) -> bool:
+def rungs_compile(cfg: DictConfig, levers: Sequence[Lever] = ()) -> bool:
     """Whether a rung of this what-if may compile: the workload's own runtime does, or a lever of the preset (or one
     of `levers`) sets runtime.compile or runtime.compile_vision to anything but none (read as given: the levers are
     checked later)."""
@@ -233,7 +233,7 @@ def rungs_compile(cfg: Any, levers: Sequence[Lever] = ()) -> bool:
     return False
 
 
-def _lever(name: str, spec: Any) -> Lever:
+def _lever(name: str, spec: DictConfig) -> Lever:
     if not LEVER_NAME.fullmatch(name):
         raise UserError(
             f"the lever {name!r} has a name that cannot name its rung's folder and log: a lever name takes letters, "
@@ -296,7 +296,7 @@ def has_cuda(device: str) -> bool:
     return device == "auto" and torch.cuda.is_available()
 
 
-def fork_rungs(run_cfg: Any, launcher: str) -> bool:
+def fork_rungs(run_cfg: DictConfig, launcher: str) -> bool:
     """`whatif_run.fork_rungs`: the local launcher forks each rung from a preloaded server."""
     value = require_bool(
         "whatif_run.fork_rungs",

@@ -49,7 +49,7 @@ class NotExpressible(ValueError):
     """A rung that cannot run through a Hydra launcher (the message says why and what to do)."""
 
 
-def parse_launcher(value: Any) -> tuple[str, ...]:
+def parse_launcher(value: object) -> tuple[str, ...]:
     """`whatif_run.hydra_launcher`: a list of `hydra/launcher=…` and `hydra.launcher.…=…` overrides."""
     if value is None:
         return ()

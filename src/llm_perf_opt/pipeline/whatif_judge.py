@@ -42,21 +42,21 @@ def workload_decode_tokens(cfg: Mapping[str, Any]) -> tuple[int | None, str | No
     return int(tokens), f"workload {profile.get('name')} (analytic.new_tokens)"
 
 
-def _optional_number(raw: Any, within: Callable[[float], bool], problem: str, fix: str) -> float | None:
+def _optional_number(raw: object, within: Callable[[float], bool], problem: str, fix: str) -> float | None:
     """`raw` as a float where it is a finite number `within` accepts, None where it is null; anything else (a
     boolean, text, a number out of range) is one paragraph: `problem`, then `fix`."""
     if raw is None:
         return None
     try:
-        value = float(raw)
-    except (TypeError, ValueError):
+        value = float(raw) if isinstance(raw, int | float | str) else math.nan
+    except ValueError:
         value = math.nan
     if isinstance(raw, bool) or not math.isfinite(value) or not within(value):
         raise UserError(problem, fix)
     return value
 
 
-def memory_budget(raw: Any) -> float | None:
+def memory_budget(raw: object) -> float | None:
     """`whatif.memory_budget_gib`: a positive number of GiB, or None for no budget."""
     return _optional_number(
         raw,
@@ -66,7 +66,7 @@ def memory_budget(raw: Any) -> float | None:
     )
 
 
-def near_tie_tolerance(raw: Any) -> float | None:
+def near_tie_tolerance(raw: object) -> float | None:
     """`whatif_run.near_tie_tolerance`: the largest gap between the baseline's top two logits, as a fraction of the
     top one, at which a rung's other token still counts as the same output (a number in [0, 1)), or None for none."""
     return _optional_number(
@@ -85,7 +85,7 @@ TARGET_FIX = (
 )
 
 
-def latency_target(raw: Any) -> LatencyTarget | None:
+def latency_target(raw: object) -> LatencyTarget | None:
     """`whatif.latency_target`: {ttlt_p90_ms, ttft_p90_ms}, each a positive number of ms or null; None when neither
     is set (no goodput, the frontier only)."""
     if raw is None:

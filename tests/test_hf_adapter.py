@@ -268,3 +268,12 @@ def test_a_vlm_without_processor_files_fails_before_building(tmp_path: Path) -> 
     save_tiny_llava(tmp_path, processor=False)
     with pytest.raises(UserError, match="has no processor files"):
         InferenceSession.load(hf_cfg(f"model.name_or_path={tmp_path}"), CPU)
+
+
+def test_the_checkpoint_config_name_is_transformers() -> None:
+    """hf_source spells transformers' CONFIG_NAME itself, to stay importable without transformers."""
+    from transformers.utils import CONFIG_NAME
+
+    from llm_perf_opt.session.adapters import hf_source
+
+    assert hf_source.CONFIG_NAME == CONFIG_NAME

@@ -12,11 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-from transformers.utils import CONFIG_NAME
 
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.resources import package_folder
 from llm_perf_opt.session.model_settings import ModelSettings
+
+# transformers.utils.CONFIG_NAME, spelled here: `--help` and config composition read this module, which imports no
+# transformers (tests/test_help_text.py; tests/test_hf_adapter.py checks the two names agree)
+CONFIG_NAME = "config.json"
 
 PRESET_SUFFIX = ".json"
 

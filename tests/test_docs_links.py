@@ -74,7 +74,7 @@ def test_the_link_check_sees_links_and_anchors() -> None:
     # guards the checker itself: a page with no links found, or headings slugged wrongly, would pass vacuously
     assert "docs/guide/stage1.md" in _links(README)
     assert "decoding-the-way-it-is-deployed-static-kv-cache-and-compiled-decode" in _anchors(DOCS / "guide/stage1.md")
-    assert "deployed-decode-configurations-issue-11" in _anchors(DOCS / "benchmarks.md")
+    assert "deployed-decode-configurations-issue-11" in _anchors(DOCS / "benchmarks-history.md")
     assert LINK.findall(_prose("`[a](b)` [c](d)\n```\n[e](f)\n```\n")) == ["d"]  # code is no link
     assert "../images/h100_roofline.png" in _links(DOCS / "guide" / "stage1.md")  # images count as links
     # the examples' rendered reports are checked too: a rung report's Files list, whatif.md's plots and rung folders

@@ -71,7 +71,7 @@ def test_kernel_time_is_given_to_modules_eager_and_inside_cuda_graphs(tmp_path: 
     step = stages["decode/step"]
     attributed = 1 - step["unattributed_ms"] / step["total_ms"]
     # the tiny model's own kernels are few, so the decode loop's (argmax, token copies) weigh more than in the
-    # full model, where ≥ 95% is the benchmark's target (docs/benchmarks.md)
+    # full model, where ≥ 95% is the benchmark's target (docs/benchmarks-history.md)
     assert attributed >= 0.85, step
     expected = "inductor provenance" if runtime else "module ranges"
     assert expected in step["methods"]

@@ -10,7 +10,7 @@ blurred by the sample's length (10 µs at 100 kHz).
 Samples go missing: on an H100 at 100 kHz (2026-11-26) nsys dropped about half of a 33-s run's samples in gaps of
 about 1 s each. Across a gap the rate is unknown, so an instance whose kernels touch one (or lie outside the sampled
 span) is left out rather than integrated over a guess (`covers`). Against kernels of known traffic (bench/
-nsys_dram_scale.py) the covered integral gave 0.99x the bytes at the datasheet peak (docs/benchmarks.md).
+nsys_dram_scale.py) the covered integral gave 0.99x the bytes at the datasheet peak (docs/benchmarks-history.md).
 """
 
 from __future__ import annotations

@@ -3,10 +3,10 @@
 An eager decode step and most of a prefill are paced by the host launching kernels, so the host's own jitter is most
 of their run-to-run variation. Off by default: on one H100 machine (2026-11-26) pinning a run to four cores with
 `taskset` cut the within-image CV of the eager decode step from 4.5–8.6% to 2.2–3.8%, and on another `auto` changed
-nothing while the host's pace moved 15.6–29.9 ms per step between runs either way (docs/benchmarks.md). `auto` pins
-a CUDA run to `AUTO_CORES` cores local to the GPU (its NUMA node's list, the first core left to the system, later
-GPUs of the host further along the list); a CPU run is never pinned automatically (its compute wants every core).
-torch's intra-op threads follow the pinned cores.
+nothing while the host's pace moved 15.6–29.9 ms per step between runs either way (docs/benchmarks-history.md).
+`auto` pins a CUDA run to `AUTO_CORES` cores local to the GPU (its NUMA node's list, the first core left to the
+system, later GPUs of the host further along the list); a CPU run is never pinned automatically (its compute wants
+every core). torch's intra-op threads follow the pinned cores.
 """
 
 from __future__ import annotations

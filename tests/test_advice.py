@@ -92,8 +92,15 @@ def test_a_batch_bound_by_vision_gets_batched_vision_and_nothing_it_had() -> Non
     assert advice[0].objective == THROUGHPUT and advice[0].objective_ms == pytest.approx(63.0)
     assert advice[0].bound_ms == pytest.approx(35.0) and advice[0].basis == BASIS_FLOOR
     kinds = {a.kind for a in advice}
-    assert not kinds & {"cuda_graphs", "compile_vision", "gpu_preprocess", "overlap_preprocess", "batch"}
+    assert not kinds & {"cuda_graphs", "compile_vision", "gpu_preprocess", "batch"}
     assert "run.batch_size=32" in advice[0].command and "model.preprocess.device=cuda" in advice[0].command
+    # the page files are decoded on the host whatever device preprocesses: decoding them ahead is advised, unless on
+    (ahead,) = [a for a in advice if a.kind == "overlap_preprocess"]
+    assert ahead.overrides == ("runtime.prefetch_pages=true",) and ahead.bound_ms == pytest.approx(5.0)
+    assert ahead.objective == THROUGHPUT and "model.preprocess.device=cuda" in ahead.command
+    on = advise(_batched(_rung("02-cuda_graphs"), parts, **IN_FORCE, prefetch_pages=True, preprocess_workers=8))
+    assert "overlap_preprocess" not in {a.kind for a in on}
+    assert "runtime.preprocess_workers=8 runtime.prefetch_pages=true" in on[0].command  # kept by its verifying run
 
 
 def test_a_batch_bound_by_the_language_model_prefill_gets_it_compiled() -> None:
@@ -103,7 +110,7 @@ def test_a_batch_bound_by_the_language_model_prefill_gets_it_compiled() -> None:
         PAGE_LM_PREFILL: (40.0, 2.0),
         PAGE_DECODE: (8.0, 1.0),
     }
-    advice = advise(_batched(_rung("02-cuda_graphs"), parts, **IN_FORCE))
+    advice = advise(_batched(_rung("02-cuda_graphs"), parts, **IN_FORCE, prefetch_pages=True))
     assert [a.lever for a in advice] == ["runtime.compile=prefill_decode"]  # static cache and mode already in force
 
 

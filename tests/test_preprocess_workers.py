@@ -33,8 +33,8 @@ def test_threads_prepare_the_same_inputs_and_share_the_batch_time(v1_session: In
     one_by_one = v1_session.with_runtime(RuntimeSettings(batch_size=3))
     threaded = v1_session.with_runtime(RuntimeSettings(batch_size=3, preprocess_workers=3))
     try:
-        alone = one_by_one._prepare_batch(_pages())
-        together = threaded._prepare_batch(_pages())
+        alone, _ = one_by_one._prepare_batch(_pages())
+        together, _ = threaded._prepare_batch(_pages())
         plain = one_by_one.run_batch(_pages(), 2, nvtx=False)
         pooled = threaded.run_batch(_pages(), 2, nvtx=False)
     finally:

@@ -324,23 +324,28 @@ def test_advice_gpu_decode_bound(gpu_decode_bound) -> None:
     assert not any(n.startswith("Run-to-run variation") for n in notes(gpu_decode_bound))  # identical repeats
 
 
+AHEAD = ("overlap_preprocess", "runtime.prefetch_pages=true")
+
+
 @pytest.mark.parametrize(
-    ("device", "kind", "lever"),
+    ("device", "expected"),
     [
-        (None, "overlap_preprocess", "preprocess the next pages in a worker while the GPU runs these"),
-        ("cpu", "gpu_preprocess", "model.preprocess.device=cuda"),
-        ("cuda", None, None),  # already on the GPU: neither a worker nor the GPU is advised
+        (None, [AHEAD]),
+        ("cpu", [("gpu_preprocess", "model.preprocess.device=cuda"), AHEAD]),
+        ("cuda", [AHEAD]),  # the views on the GPU already: the page files are still decoded on the host
     ],
 )
-def test_preprocess_advice_follows_where_the_views_were_made(device, kind, lever) -> None:
-    """Preprocessing 200 ms of a 900 ms page: made on the GPU where the adapter offers it, overlapped where it does
-    not; on the GPU already, nothing (a data-loader worker does not shorten work the GPU does)."""
+def test_preprocess_advice_follows_where_the_views_were_made(device, expected) -> None:
+    """Preprocessing 200 ms of a 900 ms page: made on the GPU where the adapter offers it; wherever it is made, the
+    page files decoded ahead while the GPU runs the previous pass (`runtime.prefetch_pages`), unless that was on."""
     records = [_record(200.0, (30.0, 9.0, 1.0), 100.0, [20.0] * 31, repeat=r) for r in range(3)]
     m = _metrics(records, H100, GPU_FLOPS, H100_PEAK)
     m = attrs.evolve(m, model=attrs.evolve(m.model, preprocess={} if device is None else {"device": device}))
     found = [a for a in advise(m) if a.acts_on == (vocab.PREPROCESS,)]
-    assert [(a.kind, a.lever) for a in found] == ([(kind, lever)] if kind else [])
+    assert [(a.kind, a.lever) for a in found] == expected
     assert all(a.bound_ms == pytest.approx(200.0) for a in found)
+    on = attrs.evolve(m.settings, runtime=attrs.evolve(m.settings.runtime, prefetch_pages=True))
+    assert AHEAD not in [(a.kind, a.lever) for a in advise(attrs.evolve(m, settings=on))]
 
 
 def test_noise_is_a_note_not_a_lever() -> None:

@@ -196,6 +196,7 @@ SCHEMA: Final[Mapping[str, Kind]] = {
     "runtime.compile_vision": Choice(("none", *COMPILE_MODES)),
     "runtime.batch_vision": Flag(),
     "runtime.preprocess_workers": Whole(0),
+    "runtime.prefetch_pages": Flag(),
     "runtime.static_cache_len": Whole(2, nullable=True),
     "runtime.record_routing": Flag(),
     "runtime.output_check": Choice(OUTPUT_CHECKS),

@@ -117,6 +117,8 @@ def setting_of(m: Stage1Metrics, key: str) -> str | None:
         "runtime.compile_mode": r.compile_mode if r.compile != "none" else None,  # a mode compiles nothing alone
         "runtime.compile_vision": r.compile_vision,
         "runtime.batch_vision": r.batch_vision,
+        "runtime.preprocess_workers": r.preprocess_workers,
+        "runtime.prefetch_pages": r.prefetch_pages,
         "run.batch_size": m.settings.batch_size,
         "run.fill_batches": m.settings.fill_batches,
         "model.experts_implementation": model.experts_implementation,
@@ -142,6 +144,8 @@ _KEPT = {
     "runtime.compile_mode": GRAPHS_MODE,
     "runtime.compile_vision": "none",
     "runtime.batch_vision": "false",
+    "runtime.preprocess_workers": "0",
+    "runtime.prefetch_pages": "false",
     "run.batch_size": "1",
     "run.fill_batches": "false",
     "model.preprocess.device": "cpu",
@@ -368,32 +372,40 @@ def compile_vision(f: RunFacts) -> Proposal | None:
 
 
 def preprocess_on_gpu(f: RunFacts) -> Proposal | None:
-    """Preprocessing on the host (no priced floor: all of it counts): made on the GPU where the model offers it
-    (`model.preprocess.device=cuda`), else overlapped with the GPU's work of the previous pages (a code change).
-    Preprocessing already on the GPU gets neither."""
-    device = (f.m.model.preprocess or {}).get("device")
+    """Preprocessing on the host where the model offers it on the GPU (`model.preprocess.device=cuda`); no priced
+    floor, so all of it counts."""
     pre = f.ms(PAGE_PREPROCESS)
-    if not f.cuda or device == "cuda" or pre <= 0:
+    if not f.cuda or (f.m.model.preprocess or {}).get("device") != "cpu" or pre <= 0:
         return None
-    because = f"preprocess {pre:,.1f} ms/page on the host, no floor priced"
-    if device == "cpu":
-        return Proposal(
-            "gpu_preprocess",
-            (vocab.PREPROCESS,),
-            (PAGE_PREPROCESS,),
-            BASIS_FLOOR,
-            pre,
-            because,
-            ("model.preprocess.device=cuda",),
-        )
+    return Proposal(
+        "gpu_preprocess",
+        (vocab.PREPROCESS,),
+        (PAGE_PREPROCESS,),
+        BASIS_FLOOR,
+        pre,
+        f"preprocess {pre:,.1f} ms/page on the host, no floor priced",
+        ("model.preprocess.device=cuda",),
+    )
+
+
+def prefetch_pages(f: RunFacts) -> Proposal | None:
+    """Page images preprocessed in each pass on a GPU: the next pass's page files decoded on threads while the GPU
+    runs this one (`runtime.prefetch_pages=true`) take their decoding, on the host wherever the rest runs, off the
+    path of a stream of pages; up to the whole preprocessing (no floor priced), for throughput. Text prompts have
+    nothing to decode ahead; a run that decoded ahead already is not advised it (`in_force`)."""
+    pre = f.ms(PAGE_PREPROCESS)
+    if not f.cuda or f.m.settings.input_kind != "image" or pre <= 0:
+        return None
+    on_gpu = (f.m.model.preprocess or {}).get("device") == "cuda"
+    where = "its page files decoded on the host, the rest on the GPU" if on_gpu else "all on the host, decoding in it"
     return Proposal(
         "overlap_preprocess",
         (vocab.PREPROCESS,),
         (PAGE_PREPROCESS,),
         BASIS_FLOOR,
         pre,
-        because + " (no GPU preprocessing recorded for this model)",
-        code_change="preprocess the next pages in a worker while the GPU runs these",
+        f"preprocess {pre:,.1f} ms/page in each pass, no floor priced ({where})",
+        ("runtime.prefetch_pages=true",),
         objective=THROUGHPUT,  # the pages behind it wait less; a page's own first token does not move
     )
 
@@ -477,6 +489,7 @@ RULES: tuple[Callable[[RunFacts], Proposal | None], ...] = (
     batch_vision,
     compile_vision,
     preprocess_on_gpu,
+    prefetch_pages,
     larger_batch,
     experts_backend,
     attention_backend,

@@ -137,4 +137,5 @@ def page_throughput(forwards: Sequence[Forward], efficiency: Sequence[StageEffic
         ttft_ms=summarize([f.ttft_ms for f in full], "ms"),
         ttlt_ms=summarize([f.e2e_ms for f in full], "ms"),
         parts=parts,
+        prefetched=sum(f.prefetched for f in full),
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from functools import partial
 from pathlib import Path
@@ -54,12 +54,14 @@ class TimedPasses:
     def images(self, bar: StepHandle) -> None:
         """Per image: the FLOP-counting pass (untimed), warm-up passes without NVTX, then the timed passes."""
         session, tokens, vision = self.session, self.settings.max_new_tokens, self.session.vision_stages
-        for entry in self.selection.images:
+        groups = [(entry.path,) for entry in self.selection.images]
+        for index, entry in enumerate(self.selection.images):
             name = input_key(self.selection, entry.path)
             grid = self._count(name, session.prepare(entry.path), bar)
-            self._warm_up(partial(session.run_image, entry.path, tokens, nvtx=False), bar)
+            self._warm_up(partial(session.run_image, entry.path, tokens, nvtx=False, next_paths=groups[index]), bar)
             for repeat in range(self.settings.repeats):
-                measured = self._timed(partial(session.run_image, entry.path, tokens), 1)
+                after = self._next_paths(groups, index, repeat)
+                measured = self._timed(partial(session.run_image, entry.path, tokens, next_paths=after), 1)
                 self.state.records.append(measured.record(name, repeat, vision, grid))
                 if measured.routing is not None:
                     self.state.routing.append(measured.routing)
@@ -100,10 +102,11 @@ class TimedPasses:
                 doing = "counting FLOPs of the batch (untimed)"
                 self.state.batch_flops[key] = self.flop_counts.count(session, prepared, named, doing)
             bar.advance()
-            self._warm_up(partial(session.run_batch, paths, tokens, nvtx=False), bar)
+            self._warm_up(partial(session.run_batch, paths, tokens, nvtx=False, next_paths=paths), bar)
             traces: list[RoutingTrace] = []
             for repeat in range(self.settings.repeats):
-                measured = self._timed(partial(session.run_batch, paths, tokens), len(paths))
+                after = self._next_paths(groups, index, repeat)
+                measured = self._timed(partial(session.run_batch, paths, tokens, next_paths=after), len(paths))
                 recorded: set[str] = set()
                 for name, page in zip(keys, measured.page_measurements(), strict=True):
                     if name in recorded:  # a copy filling the batch: one record per input and pass
@@ -135,6 +138,13 @@ class TimedPasses:
             key = input_key(self.selection, entry.path)
             self.state.top2[key] = self.session.top_two(prepared, self.settings.max_new_tokens)
             bar.advance()
+
+    def _next_paths(self, groups: Sequence[tuple[Path, ...]], index: int, repeat: int) -> tuple[Path, ...] | None:
+        """The inputs of the pass after timed pass `repeat` of group `index` (`runtime.prefetch_pages` decodes their
+        files meanwhile): the same group's while passes of it follow, then the next group's; None after the last."""
+        if repeat + 1 < self.settings.repeats:
+            return groups[index]
+        return groups[index + 1] if index + 1 < len(groups) else None
 
     def _count(self, name: str, prepared: Any, bar: StepHandle, doing: str = "counting FLOPs (untimed)") -> Grid:
         """An input's FLOP count and analytic costs; its crop grid."""

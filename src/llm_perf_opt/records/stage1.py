@@ -152,6 +152,9 @@ class ImageRecord(PassTimes):
     peak_memory_bytes: int | None
     crop_grid: tuple[int, int] | None = None  # DeepSeek-OCR v1 Gundam: tiles across, down (3x2 and 2x3 differ)
     output_check: OutputCheck | None = None  # against the eager dynamic-cache run of the same input
+    # its page file decoded ahead while the previous pass ran (`runtime.prefetch_pages`): preprocess_ms leaves the
+    # decoding out (the wait for it and the rest of preprocessing stay in)
+    prefetched: bool = False
 
     @property
     def size(self) -> int:
@@ -196,6 +199,9 @@ class BatchRecord(PassTimes):
     )
     pages_per_s: float = attrs.field(init=False, default=attrs.Factory(lambda b: pages_rate(b.size, b.e2e_ms), True))
     experts_hit_per_step: float | None = None  # MoE: distinct experts per decode step and layer (routing record)
+    # its page files decoded ahead while the previous pass ran (`runtime.prefetch_pages`): preprocess_ms leaves their
+    # decoding out (the wait for it and the rest of preprocessing stay in)
+    prefetched: bool = False
 
     @property
     def size(self) -> int:
@@ -344,6 +350,8 @@ class PageThroughput:
     ttft_ms: Summary  # time to first token of a page (its forward's preprocessing and prefill)
     ttlt_ms: Summary  # time to last token of a page (its forward's end to end)
     parts: tuple[PagePart, ...]  # the time per page, split (PAGE_PARTS)
+    # of the forwards (`pages_per_s.n`), those whose page files were decoded ahead (`runtime.prefetch_pages`)
+    prefetched: int = 0
 
     @property
     def bound_by(self) -> PagePart | None:
@@ -540,6 +548,7 @@ def runtime_label(
     compile_vision: str = "none",
     batch_vision: bool = False,
     preprocess_workers: int = 0,
+    prefetch_pages: bool = False,
 ) -> str:
     """One line for reports, e.g. "static KV cache, compiled decode (reduce-overhead), batch 4"."""
     parts = [f"{kv_cache} KV cache" + (f" of {static_cache_len} positions" if static_cache_len is not None else "")]
@@ -554,6 +563,8 @@ def runtime_label(
     parts.append(batch + (" (vision batched)" if batch_vision else ""))
     if preprocess_workers > 1:
         parts.append(f"preprocessing on {preprocess_workers} threads")
+    if prefetch_pages:
+        parts.append("next pages decoded ahead")
     return ", ".join(parts)
 
 
@@ -612,6 +623,8 @@ class DecoderRuntime:
     batch_vision: bool = False
     # threads that preprocess a batch's inputs together (`runtime.preprocess_workers`; 0 or 1: one after the other)
     preprocess_workers: int = 0
+    # the next pass's page files decoded on threads while a pass runs (`runtime.prefetch_pages`)
+    prefetch_pages: bool = False
 
     def described(self, batch: str) -> str:
         """The label with `batch` (e.g. "batch 1 (run.batch_size=2, 1 input)") in place of the configured size."""
@@ -625,6 +638,7 @@ class DecoderRuntime:
             self.compile_vision,
             self.batch_vision,
             self.preprocess_workers,
+            self.prefetch_pages,
         )
 
     @property

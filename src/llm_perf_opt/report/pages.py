@@ -46,8 +46,21 @@ def throughput_lines(p: PageThroughput, noun: str) -> list[str]:
         f"p50 {ms(p.ttlt_ms.p50)} ms, p90 {ms(p.ttlt_ms.p90)} ms"
         + (f" (every {noun[:-1]} of a batch pass gets its pass's times)" if p.batch_size > 1 else ""),
     ]
+    prefetched = prefetched_line(p)
     bound = bound_line(p, noun)
-    return [*lines, *([bound] if bound else [])]
+    return [*lines, *([prefetched] if prefetched else []), *([bound] if bound else [])]
+
+
+def prefetched_line(p: PageThroughput) -> str | None:
+    """Whether the passes' page files were decoded ahead (`runtime.prefetch_pages`), and in how many of them."""
+    if not p.prefetched:
+        return None
+    passes = p.pages_per_s.n
+    some = "" if p.prefetched >= passes else f" ({p.prefetched} of the {passes} passes; the others decoded their own)"
+    return (
+        "Page files decoded ahead while the previous pass ran (runtime.prefetch_pages): the time per page leaves "
+        f"their decoding out, as in a steady stream of batches{some}"
+    )
 
 
 def bound_line(p: PageThroughput, noun: str) -> str | None:

@@ -44,6 +44,7 @@ class RuntimeSettings(DecoderRuntime):
             ),
             batch_vision=require_bool("runtime.batch_vision", node.get("batch_vision", False)),
             preprocess_workers=require_whole("runtime.preprocess_workers", node.get("preprocess_workers", 0), 0),
+            prefetch_pages=require_bool("runtime.prefetch_pages", node.get("prefetch_pages", False)),
         )
         settings.check_consistent()
         return settings

@@ -5,6 +5,7 @@ image-text-to-text models); `DeepSeekOCRSession` is the same session for the Dee
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 import attrs
 import torch
+from PIL import Image
 from torch.utils.hooks import RemovableHandle
 
 from llm_perf_opt.errors import UserError
@@ -48,10 +50,13 @@ from llm_perf_opt.session.decode import AroundStep, DecodeLoop, EmbedInput, Loop
 from llm_perf_opt.session.kv_cache import KvCaches, static_cache_error
 from llm_perf_opt.session.model_settings import ModelSettings
 from llm_perf_opt.session.output_check import OutputCheck, ReferenceOutput, ReferenceOutputs, compare_outputs
+from llm_perf_opt.session.prefetch import PagePrefetch
 from llm_perf_opt.session.runtime import EAGER_REFERENCE, RuntimeSettings
 
 if TYPE_CHECKING:
     from llm_perf_opt.measure.compiled_modules import InductorProvenance
+
+log = logging.getLogger("llm_perf_opt.session")
 
 _TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -149,6 +154,7 @@ class ImageMeasurement(StagePassTimes):
     output_check: OutputCheck | None = None  # against the eager dynamic-cache reference (runtime.output_check)
     # (vocab,) float32 logits at the last prompt position, when the session keeps them (`keep_prefill_logits`)
     prefill_logits: torch.Tensor | None = attrs.field(default=None, eq=False, repr=False)
+    prefetched: bool = False  # its page file(s) decoded ahead while the previous pass ran (runtime.prefetch_pages)
 
     def record(
         self, image: str, repeat: int, vision_stages: tuple[str, ...], crop_grid: tuple[int, int] | None
@@ -169,6 +175,7 @@ class ImageMeasurement(StagePassTimes):
             peak_memory_bytes=self.peak_memory_bytes,
             crop_grid=crop_grid,
             output_check=self.output_check,
+            prefetched=self.prefetched,
         )
 
 
@@ -206,6 +213,7 @@ class BatchMeasurement(StagePassTimes):
     peak_memory_bytes: int | None
     routing: RoutingTrace | None = None  # tokens_per_step = batch size
     compile_events: tuple[CompileEvent, ...] = ()
+    prefetched: bool = False  # its page files decoded ahead while the previous pass ran (runtime.prefetch_pages)
 
     @property
     def batch_size(self) -> int:
@@ -255,6 +263,7 @@ class BatchMeasurement(StagePassTimes):
                 peak_memory_bytes=self.peak_memory_bytes,
                 output_check=page.output_check,
                 prefill_logits=page.prefill_logits,
+                prefetched=self.prefetched,
             )
             for page in self.pages
         )
@@ -274,6 +283,7 @@ class BatchMeasurement(StagePassTimes):
             padded_prompt_tokens=self.padded_prompt_tokens,
             peak_memory_bytes=self.peak_memory_bytes,
             experts_hit_per_step=None if self.routing is None else mean_unique_experts([self.routing]),
+            prefetched=self.prefetched,
         )
 
 
@@ -349,6 +359,16 @@ class InferenceSession:
         )
         self.routing = RoutingRecorder.install(self.model) if runtime.record_routing else None
         self._loop = self._make_loop(runtime, self.routing)
+        # runtime.prefetch_pages: the next pass's page files, decoding on threads while a pass runs
+        self._prefetch: PagePrefetch | None = None
+        self._prefetches = runtime.prefetch_pages and adapter.input_kind == "image"
+        if runtime.prefetch_pages and not self._prefetches:
+            log.warning(
+                "runtime.prefetch_pages=true: model %s takes %s inputs, not page images, so nothing is decoded ahead "
+                "(each input is prepared in its pass, as without it)",
+                adapter.settings.name,
+                adapter.input_kind,
+            )
         self._cudagraph_skips_before = cudagraph_skips()
         self._reference_loop: DecodeLoop | None = None
         self.references = ReferenceOutputs()
@@ -411,8 +431,9 @@ class InferenceSession:
         return type(self)(self.adapter, self.loaded, self.device, self.dtype, runtime)
 
     def close(self) -> None:
-        """Detach this session's hooks from the model (stage timing and routing) and give its vision modules their
-        own forwards back."""
+        """Detach this session's hooks from the model (stage timing and routing), give its vision modules their
+        own forwards back and drop a prefetch in flight (its threads finished)."""
+        self.discard_prefetch()
         self.remove_stage_hooks()
         restore_forwards(self._vision)
         if self.routing is not None:
@@ -500,10 +521,38 @@ class InferenceSession:
             self._loop.decode_repeater = None
 
     # ---- running -----------------------------------------------------------------------------------
-    def prepare(self, input_path: Path) -> PreparedInputs:
-        """Preprocess one input file (an image, or a text prompt for text models) and move it to the device."""
-        prepared = self.adapter.prepare_file(input_path, self.loaded.tokenizer)
+    def prepare(self, input_path: Path, image: Image.Image | None = None) -> PreparedInputs:
+        """Preprocess one input file (an image, or a text prompt for text models) and move it to the device;
+        `image`: the file already decoded (`runtime.prefetch_pages`; closed here once prepared)."""
+        if image is None:
+            prepared = self.adapter.prepare_file(input_path, self.loaded.tokenizer)
+        else:
+            with image:
+                prepared = self.adapter.prepare_file(input_path, self.loaded.tokenizer, image)
         return prepared.to(self.device, self.dtype)
+
+    def prefetch(self, paths: Sequence[Path]) -> None:
+        """Start decoding the page files of a coming pass (`paths`) on threads (max(1, runtime.preprocess_workers)),
+        dropping a prefetch of other pages; nothing unless `runtime.prefetch_pages` and the model takes images."""
+        self.discard_prefetch()
+        if self._prefetches and paths:
+            self._prefetch = PagePrefetch(paths, self.adapter.decode_file, self.runtime.preprocess_workers)
+
+    def discard_prefetch(self) -> None:
+        """Drop the prefetch in flight, if any: its decodes not started cancelled, the running ones finished."""
+        pending, self._prefetch = self._prefetch, None
+        if pending is not None:
+            pending.discard()
+
+    def _decoded_ahead(self, paths: Sequence[Path]) -> list[Image.Image | None] | None:
+        """The images of `paths` decoded ahead, once every decode has finished; None without a prefetch of exactly
+        these pages (one of other pages is dropped)."""
+        pending = self._prefetch
+        if pending is None or not pending.is_for(paths):
+            self.discard_prefetch()
+            return None
+        self._prefetch = None
+        return pending.take()
 
     @contextmanager
     def embeddings_kept(self, batch: Sequence[PreparedInputs], first: int) -> Iterator[None]:
@@ -674,24 +723,40 @@ class InferenceSession:
             torch.cuda.synchronize(self.device)
         return prepared, (time.perf_counter() - start) * 1e3
 
-    def _prepare_batch(self, paths: Sequence[Path]) -> list[tuple[PreparedInputs, float]]:
-        """Each input of a batch prepared, with its preprocess time in ms: one after the other, or on
-        `runtime.preprocess_workers` threads together, each input then given an equal share of the batch's time."""
-        workers = min(self.runtime.preprocess_workers, len(paths))
-        if workers <= 1:
-            return [self._timed_prepare(path) for path in paths]
+    def _prepare_batch(self, paths: Sequence[Path]) -> tuple[list[tuple[PreparedInputs, float]], bool]:
+        """Each input of a pass prepared, with its preprocess time in ms, and whether its page files were decoded
+        ahead (`prefetch`). Decoded ahead: the wait for them and the rest of preprocessing, each input an equal share
+        of it. Otherwise one after the other, or on `runtime.preprocess_workers` threads together, each input then
+        given an equal share of the batch's time."""
         start = time.perf_counter()
-        with ThreadPoolExecutor(workers, thread_name_prefix="llo-preprocess") as pool:
-            prepared = list(pool.map(self.prepare, paths))
+        decoded = self._decoded_ahead(paths)
+        workers = min(self.runtime.preprocess_workers, len(paths))
+        if decoded is None and workers <= 1:
+            return [self._timed_prepare(path) for path in paths], False
+        images = decoded if decoded is not None else [None] * len(paths)
+        if workers <= 1:
+            prepared = [self.prepare(path, image) for path, image in zip(paths, images, strict=True)]
+        else:
+            with ThreadPoolExecutor(workers, thread_name_prefix="llo-preprocess") as pool:
+                prepared = list(pool.map(self.prepare, paths, images))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         share = (time.perf_counter() - start) * 1e3 / len(paths)
-        return [(one, share) for one in prepared]
+        return [(one, share) for one in prepared], decoded is not None
 
-    def run_batch(self, paths: Sequence[Path], max_new_tokens: int, *, nvtx: bool = True) -> BatchMeasurement:
+    def run_batch(
+        self,
+        paths: Sequence[Path],
+        max_new_tokens: int,
+        *,
+        nvtx: bool = True,
+        next_paths: Sequence[Path] | None = None,
+    ) -> BatchMeasurement:
         """One full pass over a batch of inputs (`paths`, at most `run.batch_size` of them; fewer for a last batch):
         each preprocessed, and its vision run one after the other (or all together by view shape with
-        `runtime.batch_vision`), then the decoder's prefill and decode steps on the whole batch."""
+        `runtime.batch_vision`), then the decoder's prefill and decode steps on the whole batch. With
+        `runtime.prefetch_pages`, the page files of `next_paths` (the next pass's) decode on threads meanwhile,
+        and a pass whose pages were decoded ahead prepares from their images."""
         if not paths:
             raise ValueError("a batch needs at least one input")
         if self.device.type == "cuda":
@@ -703,9 +768,11 @@ class InferenceSession:
             from llm_perf_opt.measure import nvtx_ranges
 
             nvtx_ranges.push(vocab.PREPROCESS)
-        prepared_ms = self._prepare_batch(paths)
+        prepared_ms, prefetched = self._prepare_batch(paths)
         if nvtx:
             nvtx_ranges.pop()
+        if next_paths:
+            self.prefetch(next_paths)
         batch = [prepared for prepared, _ in prepared_ms]
         compiled_before = len(self.compile_summary().events)
         if self.routing is not None:
@@ -753,10 +820,19 @@ class InferenceSession:
             peak_memory_bytes=peak,
             routing=routing,
             compile_events=compiled,
+            prefetched=prefetched,
         )
 
-    def run_image(self, image_path: Path, max_new_tokens: int, *, nvtx: bool = True) -> ImageMeasurement:
-        """One full pass (preprocess, prefill with vision, decode) with stage timing."""
+    def run_image(
+        self,
+        image_path: Path,
+        max_new_tokens: int,
+        *,
+        nvtx: bool = True,
+        next_paths: Sequence[Path] | None = None,
+    ) -> ImageMeasurement:
+        """One full pass (preprocess, prefill with vision, decode) with stage timing; `next_paths`: as
+        :meth:`run_batch`'s."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -765,13 +841,11 @@ class InferenceSession:
             from llm_perf_opt.measure import nvtx_ranges
 
             nvtx_ranges.push(vocab.PREPROCESS)
-        start = time.perf_counter()
-        prepared = self.prepare(image_path)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        preprocess_ms = (time.perf_counter() - start) * 1e3
+        ((prepared, preprocess_ms),), prefetched = self._prepare_batch([image_path])
         if nvtx:
             nvtx_ranges.pop()
+        if next_paths:
+            self.prefetch(next_paths)
         compiled_before = len(self.compile_summary().events)
         if self.routing is not None:
             self.routing.begin_pass()
@@ -797,6 +871,7 @@ class InferenceSession:
             compile_events=compiled,
             output_check=self.check_outputs(str(image_path), prepared, out),  # after the timed pass
             prefill_logits=None if out.prefill_logits is None else out.prefill_logits[0],
+            prefetched=prefetched,
         )
 
 

@@ -141,11 +141,19 @@ class ModelAdapter(ABC):
         preprocesses there keeps them (a UserError for a preprocessing setting that device cannot run)."""
         del device, dtype  # by default inputs are made on the host and moved by PreparedInputs.to
 
-    def prepare_file(self, path: Path, tokenizer: Any | None) -> PreparedInputs:
+    def decode_file(self, path: Path) -> Image.Image | None:
+        """The host part of preparing input file `path` that can run ahead of its pass on another thread
+        (`runtime.prefetch_pages`): by default its image, decoded and upright; None for an input that is no image
+        (nothing to decode ahead)."""
+        return open_upright(path)[0]
+
+    def prepare_file(self, path: Path, tokenizer: Any | None, image: Image.Image | None = None) -> PreparedInputs:
         """Preprocess one input file: by default an image (upright, as the model's loader reads it), through
-        :meth:`prepare`."""
-        with open_upright(path)[0] as image:
+        :meth:`prepare`; `image`: the file already decoded by :meth:`decode_file` (its caller closes it)."""
+        if image is not None:
             return self.prepare(image, tokenizer)
+        with open_upright(path)[0] as opened:
+            return self.prepare(opened, tokenizer)
 
     @abstractmethod
     def build_random(self, *, device: torch.device, dtype: torch.dtype) -> LoadedModel:

@@ -17,7 +17,6 @@ import torch
 from PIL import Image
 from torch import nn
 
-from llm_perf_opt.data.images import open_upright
 from llm_perf_opt.data.prompts import read_prompt
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.records import vocabulary as vocab
@@ -205,10 +204,12 @@ class HfAdapter(ModelAdapter):
             ) from exc
 
     # ---- inputs --------------------------------------------------------------------------------------------
-    def prepare_file(self, path: Path, tokenizer: Any | None) -> PreparedInputs:
+    def decode_file(self, path: Path) -> Image.Image | None:
+        return super().decode_file(path) if self.input_kind == IMAGE else None  # a text prompt: nothing to decode
+
+    def prepare_file(self, path: Path, tokenizer: Any | None, image: Image.Image | None = None) -> PreparedInputs:
         if self.input_kind == IMAGE:
-            with open_upright(path)[0] as image:
-                return self.prepare(image, tokenizer)
+            return super().prepare_file(path, tokenizer, image)
         text = read_prompt(path)
         pre = self.preprocess
         config = self.source.config.get_text_config()

@@ -346,7 +346,10 @@ def test_an_advised_whatif_measures_the_runnable_levers(tmp_path: Path) -> None:
     assert checks["overlap_preprocess"].measured_ms is not None
     report = (out / "whatif.md").read_text()
     assert "## Predicted against measured" in report and "|`batch`|throughput|373.1 (186.5–559.6)|" in report
-    assert "ran another workload or host than the advice was worked out on" in report  # the tiny model, 2 tokens
+    # the note where a measured lever's baseline is not the advised run's figure within 25% (the tiny model on a CPU
+    # usually is not; how close it lands depends on the machine's load, so the test follows the record)
+    other = [c for c in record.predictions if c.measured_ms is not None and not advice_rules.same_workload(c)]
+    assert ("ran another workload or host than the advice was worked out on" in report) == bool(other)
     copy = shutil.copytree(out, tmp_path / "again")
     assert rejudge(copy).predictions == record.predictions  # a re-judge gives the same table
     assert (copy / "whatif.md").read_text() == report

@@ -15,7 +15,17 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
+
+
+def load_script(path: Path) -> ModuleType:
+    """A script of the repository (scripts/*.py, not a package module), imported under its file's name."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def run_cli(module: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:

@@ -4,12 +4,13 @@ Their links resolve: tests/test_docs_links.py checks every Markdown file under e
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "rerender_examples.py"
@@ -21,11 +22,7 @@ EXAMPLES = sorted(p for p in (ROOT / "examples").iterdir() if p.is_dir())
 @pytest.fixture(scope="module")
 def rerender() -> ModuleType:
     """scripts/rerender_examples.py, imported (it imports the pipelines)."""
-    spec = importlib.util.spec_from_file_location("rerender_examples", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def test_every_example_is_rendered_by_the_script(rerender: ModuleType) -> None:

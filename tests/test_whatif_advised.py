@@ -6,7 +6,6 @@ the tiny model (CPU: the levers that need CUDA skipped and said so)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -16,7 +15,7 @@ import attrs
 import pytest
 from omegaconf import OmegaConf
 
-from helpers import run_cli, run_main
+from helpers import load_script, run_cli, run_main
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure import advice as advice_rules
@@ -284,11 +283,7 @@ def test_measured_shares_are_folded_into_the_calibration_once() -> None:
 
 @pytest.fixture(scope="module")
 def script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("update_advice_calibration", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def test_the_script_writes_the_folded_calibration(tmp_path: Path, script: ModuleType) -> None:

@@ -16,6 +16,21 @@ from PIL import Image
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.models.cache_argument import cache_kwargs
 
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """One worker per core (pytest-xdist's `-n auto`) unless `-n` is given, xdist is not installed (the run stays in
+    this process), or the run selects GPU tests (`-m gpu`: they share one device and time it)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # a worker: its own options come from the controller
+        return
+    if not hasattr(config.option, "numprocesses") or config.option.numprocesses is not None:
+        return
+    marks = str(config.option.markexpr or "")
+    if "gpu" in marks and "not gpu" not in marks:
+        return
+    config.option.numprocesses = "auto"
+
+
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # One worker per core (addopts: -n auto): each computes on one thread, as do the processes a test starts; two
     # threads per worker on two cores made the suite slower than one process (1.57x faster this way, 2 cores).

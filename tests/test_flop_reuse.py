@@ -103,9 +103,12 @@ def test_a_batch_of_one_shape_is_that_many_times_one_input_once_two_were_twice_o
     # one input and a batch of two counted; the batch of three scaled where two were twice one, else counted too
     assert counts.scaling_exact is not None and len(count_calls) == (2 if counts.scaling_exact else 3)
     assert batch.prompt_tokens == full.prompt_tokens
+    # scaled, the batch is the count within the agreement a batch of two needed (transformers 5.17's MoE counts a
+    # batch of two ~1e-6 off twice one; 5.24's exactly)
+    close = 3 * flops._AGREE
     for field in ("prefill", "decode_step_base", "decode_step_per_ctx"):
-        assert getattr(batch, field) == pytest.approx(getattr(full, field), rel=1e-9), field
-    assert batch.vision == pytest.approx(dict(full.vision), rel=1e-9)
+        assert getattr(batch, field) == pytest.approx(getattr(full, field), rel=close), field
+    assert batch.vision == pytest.approx(dict(full.vision), rel=close)
     again = counts.count(tiny_session, [noisy, white], "b1")  # a batch of two of that shape: checked once only
     assert len(count_calls) == (2 if counts.scaling_exact else 3) and again.prompt_tokens == full.prompt_tokens
 

@@ -78,6 +78,14 @@ def tiny_session(tiny_model_cfg: DictConfig) -> Any:
     return DeepSeekOCRSession.load(tiny_model_cfg, torch.device("cpu"))
 
 
+@pytest.fixture(scope="module")
+def v1_session(compose_model: Callable[..., DictConfig]) -> Any:
+    """A tiny DeepSeek-OCR v1 (random weights, fp32) on the CPU, one per test module."""
+    from llm_perf_opt.session.session import InferenceSession
+
+    return InferenceSession.load(compose_model("model=deepseek_ocr_tiny"), torch.device("cpu"))
+
+
 @pytest.fixture(scope="session")
 def page_images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """White page PNGs of PAGE_SIZES, by name."""

@@ -43,11 +43,6 @@ def noisy_pages(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     return out
 
 
-@pytest.fixture(scope="module")
-def v1_session(compose_model: Any) -> InferenceSession:
-    return InferenceSession.load(compose_model("model=deepseek_ocr_tiny"), CPU)
-
-
 @pytest.fixture
 def eager_backend(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """torch.compile traced with the eager backend (the compile bookkeeping without inductor's minutes)."""

@@ -34,11 +34,6 @@ STATIC_BATCH = RuntimeSettings(kv_cache="static", batch_size=3)
 
 
 @pytest.fixture(scope="module")
-def v1_session(compose_model: Any) -> InferenceSession:
-    return InferenceSession.load(compose_model("model=deepseek_ocr_tiny"), CPU)
-
-
-@pytest.fixture(scope="module")
 def qwen_session() -> InferenceSession:
     return InferenceSession.load(compose_config("stage1", "model=hf", "model.config=qwen2_tiny").model, CPU)
 

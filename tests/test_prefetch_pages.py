@@ -37,11 +37,6 @@ PAGES = ("page_portrait.png", "slide_square.png", "receipt_long.png")
 PREFETCH = RuntimeSettings(batch_size=3, prefetch_pages=True)
 
 
-@pytest.fixture(scope="module")
-def v1_session(compose_model: Any) -> InferenceSession:
-    return InferenceSession.load(compose_model("model=deepseek_ocr_tiny"), CPU)
-
-
 @pytest.fixture
 def session(v1_session: InferenceSession) -> Iterator[InferenceSession]:
     prefetching = v1_session.with_runtime(PREFETCH)

@@ -4,7 +4,6 @@ after the other, each input's preprocess time an equal share of the batch's; the
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -18,11 +17,6 @@ from llm_perf_opt.settings_schema import check_config
 
 CPU = torch.device("cpu")
 PAGES = ("page_portrait.png", "slide_square.png", "receipt_long.png")
-
-
-@pytest.fixture(scope="module")
-def v1_session(compose_model: Any) -> InferenceSession:
-    return InferenceSession.load(compose_model("model=deepseek_ocr_tiny"), CPU)
 
 
 def _pages() -> list[Path]:

@@ -3,8 +3,6 @@ per layer; the summary gives distinct experts per step (mean, p50, p90), a hit h
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import torch
 
@@ -23,11 +21,6 @@ pytestmark = pytest.mark.transformers_api
 
 CPU = torch.device("cpu")
 NEW_TOKENS = 5
-
-
-@pytest.fixture(scope="module")
-def v1_session(compose_model: Any) -> InferenceSession:
-    return InferenceSession.load(compose_model("model=deepseek_ocr_tiny"), CPU)
 
 
 def test_routers_found_in_both_tiny_models(tiny_session, v1_session) -> None:

@@ -28,11 +28,6 @@ STATIC = RuntimeSettings(kv_cache="static")
 
 
 @pytest.fixture(scope="module")
-def v1_session(compose_model: Any) -> InferenceSession:
-    return InferenceSession.load(compose_model("model=deepseek_ocr_tiny"), CPU)
-
-
-@pytest.fixture(scope="module")
 def qwen_session() -> InferenceSession:
     cfg = compose_config("stage1", "model=hf", "model.config=qwen2_tiny").model
     return InferenceSession.load(cfg, CPU)

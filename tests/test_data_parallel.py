@@ -24,6 +24,7 @@ from llm_perf_opt.measure.data_parallel import (
 )
 from llm_perf_opt.pipeline.data_parallel import (
     resummarize,
+    core_shares,
     shard_command,
     shard_devices,
     single_gpu,
@@ -164,6 +165,17 @@ def test_shard_command_replaces_the_keys_it_sets() -> None:
     args = cmd[3:]
     assert args[:2] == ["model=x", "run.data_parallel=2"]
     assert args[2:4] == ["run.shard=1", "device=cuda:1"] and args[4].startswith("hydra.run.dir=")
+
+
+def test_each_gpu_process_gets_its_own_share_of_the_host_cores() -> None:
+    cuda = ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
+    assert core_shares("none", cuda, range(64)) == ["1-15", "16-30", "31-45", "46-60"]  # core 0 left to the system
+    assert core_shares("none", cuda[:2], range(4)) == ["0-1", "2-3"]  # too few to leave one: all are shared out
+    assert core_shares("auto", cuda, range(64)) == [None] * 4  # the user's own setting is kept
+    assert core_shares("none", ["cpu", "cpu"], range(64)) == [None, None]  # CPU processes compute on every core
+    assert core_shares("none", cuda, range(2)) == [None] * 4  # fewer cores than processes: not pinned
+    cmd = shard_command(["run.cpu_affinity=none", "model=x"], 2, "cuda:2", Path("/b"), "31-45")
+    assert "run.cpu_affinity=none" not in cmd and cmd[-2] == "run.cpu_affinity='31-45'"
 
 
 def test_processes_meet_and_a_failed_one_releases_the_others(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import threading
 from collections.abc import Mapping, Sequence
@@ -41,7 +42,7 @@ STAGE1_MODULE = "llm_perf_opt.cli.stage1"  # each process's entry point (the sam
 SHARD_PREFIX = "shard-"
 LOGS_DIR = "logs"
 SHARD_KEY, COUNT_KEY, BASELINE_KEY = "run.shard", "run.data_parallel", "run.data_parallel_baseline"
-DEVICE_KEY, RUN_DIR_KEY = "device", "hydra.run.dir"
+DEVICE_KEY, RUN_DIR_KEY, AFFINITY_KEY = "device", "hydra.run.dir", "run.cpu_affinity"
 FAILED_EXIT = 1  # no combined figure: a process failed, or they did not time at once (after the summary is written)
 
 
@@ -70,14 +71,30 @@ def shard_devices(device: str, count: int, visible_gpus: int) -> list[str]:
     return [f"cuda:{k}" for k in range(count)]
 
 
-def shard_command(overrides: Sequence[str], shard: int, device: str, folder: Path) -> list[str]:
-    """One process's `stage1-run` command: the run's overrides (less those set here), its shard, device and folder."""
-    mine = {SHARD_KEY, DEVICE_KEY, RUN_DIR_KEY}
+def shard_command(
+    overrides: Sequence[str], shard: int, device: str, folder: Path, cores: str | None = None
+) -> list[str]:
+    """One process's `stage1-run` command: the run's overrides (less those set here), its shard, device and folder,
+    and its share of the host's cores (`cores`, as `run.cpu_affinity`) when given."""
+    mine = {SHARD_KEY, DEVICE_KEY, RUN_DIR_KEY} | ({AFFINITY_KEY} if cores is not None else set())
     kept = [o for o in overrides if override_key(o) not in mine]
+    pinned = [] if cores is None else [quoted_override(AFFINITY_KEY, cores)]
     return [
         sys.executable, "-m", STAGE1_MODULE, *kept,
-        f"{SHARD_KEY}={shard}", f"{DEVICE_KEY}={device}", quoted_override(RUN_DIR_KEY, folder),
+        f"{SHARD_KEY}={shard}", f"{DEVICE_KEY}={device}", *pinned, quoted_override(RUN_DIR_KEY, folder),
     ]  # fmt: skip
+
+
+def core_shares(setting: object, devices: Sequence[str], visible: Sequence[int]) -> list[str | None]:
+    """Each process's cores as `run.cpu_affinity` (`session.cpu_affinity.shares`) where the run left it at none and
+    the processes run on GPUs: N processes of one host then stop crowding each other's torch threads. A setting of
+    the user's own (auto, or cores) is kept as it is (None for each)."""
+    from llm_perf_opt.session.cpu_affinity import OFF, format_cores, shares
+
+    if str(setting).strip().lower() not in (OFF, "null", "") or not all(d.startswith("cuda") for d in devices):
+        return [None] * len(devices)
+    split = shares(visible, len(devices))
+    return [None] * len(devices) if split is None else [format_cores(cores) for cores in split]
 
 
 # ---- reading what the processes did ------------------------------------------------------------------------
@@ -241,9 +258,16 @@ class DataParallelRun:
         from llm_perf_opt.pipeline.whatif_rungs import run_process, stop_all
 
         codes: dict[int, int | None] = {}
+        visible = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        cores = core_shares(self.cfg.run.get("cpu_affinity", "none"), devices, visible)
+        if any(cores):
+            log.info(
+                "each process on its share of the host's cores: %s",
+                ", ".join(f"{d} {c}" for d, c in zip(devices, cores, strict=True)),
+            )
 
         def one(shard: int) -> None:
-            command = shard_command(self.overrides, shard, devices[shard], folders[shard])
+            command = shard_command(self.overrides, shard, devices[shard], folders[shard], cores[shard])
             codes[shard] = run_process(command, self._log(shard), None)
 
         threads = [threading.Thread(target=one, args=(k,), daemon=True) for k in range(self.count)]

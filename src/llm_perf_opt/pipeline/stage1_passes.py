@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from functools import partial
 from pathlib import Path
@@ -80,7 +80,7 @@ class TimedPasses:
     def batches(self, groups: list[tuple[Path, ...]], bar: StepHandle) -> None:
         """Per batch: each input's FLOP count alone and the batch's (untimed), warm-up passes without NVTX, then
         the timed passes: one `BatchRecord` per pass and one `ImageRecord` per input and pass."""
-        session, tokens, vision = self.session, self.settings.max_new_tokens, self.session.vision_stages
+        session, tokens = self.session, self.settings.max_new_tokens
         if groups[-1] and len(groups[-1]) < session.runtime.batch_size:
             log.warning(
                 "the last batch holds %d input(s), fewer than run.batch_size=%d: it runs as a smaller batch",
@@ -104,32 +104,53 @@ class TimedPasses:
             bar.advance()
             self._warm_up(partial(session.run_batch, paths, tokens, nvtx=False, next_paths=paths), bar)
             traces: list[RoutingTrace] = []
-            for repeat in range(self.settings.repeats):
-                after = self._next_paths(groups, index, repeat)
-                measured = self._timed(partial(session.run_batch, paths, tokens, next_paths=after), len(paths))
-                recorded: set[str] = set()
-                for name, page in zip(keys, measured.page_measurements(), strict=True):
-                    if name in recorded:  # a copy filling the batch: one record per input and pass
-                        continue
-                    recorded.add(name)
-                    self.state.records.append(page.record(name, repeat, vision, grids[name]))
-                    self._keep_outputs(name, page)
-                if measured.routing is not None:
-                    self.state.routing.append(measured.routing)
-                    traces.append(measured.routing)
-                self.state.batches.append(measured.record(index, repeat, keys))
+            try:
+                self._timed_batches(index, groups, keys, grids, traces, bar)
+            finally:  # priced once from every timed pass's routing (also when stopped part-way)
                 self._price_batch(key, prepared, traces)
-                bar.advance()
-                log.info(
-                    "%s repeat %d/%d: prefill %.1f ms, decode %.1f ms (%d tokens x %d inputs)",
-                    key,
-                    repeat + 1,
-                    self.settings.repeats,
-                    measured.prefill_ms,
-                    measured.decode_ms,
-                    measured.new_tokens,
-                    measured.batch_size,
-                )
+
+    def _timed_batches(
+        self,
+        index: int,
+        groups: Sequence[tuple[Path, ...]],
+        keys: tuple[str, ...],
+        grids: Mapping[str, Grid],
+        traces: list[RoutingTrace],
+        bar: StepHandle,
+    ) -> None:
+        """The timed passes of batch `index`: one `BatchRecord` per pass, one `ImageRecord` per input and pass,
+        the routing of each in `traces`; nothing else runs between two passes."""
+        session, tokens, vision, paths = (
+            self.session,
+            self.settings.max_new_tokens,
+            self.session.vision_stages,
+            groups[index],
+        )
+        for repeat in range(self.settings.repeats):
+            after = self._next_paths(groups, index, repeat)
+            measured = self._timed(partial(session.run_batch, paths, tokens, next_paths=after), len(paths))
+            recorded: set[str] = set()
+            for name, page in zip(keys, measured.page_measurements(), strict=True):
+                if name in recorded:  # a copy filling the batch: one record per input and pass
+                    continue
+                recorded.add(name)
+                self.state.records.append(page.record(name, repeat, vision, grids[name]))
+                self._keep_outputs(name, page)
+            if measured.routing is not None:
+                self.state.routing.append(measured.routing)
+                traces.append(measured.routing)
+            self.state.batches.append(measured.record(index, repeat, keys))
+            bar.advance()
+            log.info(
+                "%s repeat %d/%d: prefill %.1f ms, decode %.1f ms (%d tokens x %d inputs)",
+                batch_key(index),
+                repeat + 1,
+                self.settings.repeats,
+                measured.prefill_ms,
+                measured.decode_ms,
+                measured.new_tokens,
+                measured.batch_size,
+            )
 
     def top_two(self, bar: StepHandle) -> None:
         """`run.save_top2_logits`: one untimed eager pass per input keeping the top two logits behind each token."""

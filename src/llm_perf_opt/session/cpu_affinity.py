@@ -101,6 +101,19 @@ def choose(setting: str, device: torch.device, visible: Sequence[int], local: Se
     return CpuPin(tuple(pool[start : start + AUTO_CORES]), f"auto: {AUTO_CORES} cores {where}")
 
 
+def shares(visible: Sequence[int], count: int) -> list[tuple[int, ...]] | None:
+    """`count` disjoint, contiguous slices of the `visible` cores, one per data-parallel process on one host (the
+    first core left to the system where every slice still gets two); None when there are fewer cores than
+    processes. Without them, each process's torch would run one intra-op thread per core of the host, and N
+    processes' threads, N times the cores, would wait on each other at every parallel operation."""
+    ordered = sorted(visible)
+    if len(ordered) < count:
+        return None
+    pool = ordered[1:] if len(ordered) - 1 >= 2 * count else ordered
+    size = len(pool) // count
+    return [tuple(pool[k * size : (k + 1) * size]) for k in range(count)]
+
+
 def gpu_local_cpus(device: torch.device) -> list[int] | None:
     """The CPU cores of `device`'s NUMA node, from sysfs (None where it cannot be read)."""
     try:

@@ -3,7 +3,7 @@
 - compute-bound: a bf16 GEMM (default 8192 x 8192 x 8192, 2·M·N·K FLOPs per product);
 - memory-bound: a device-to-device copy of a large buffer (bytes moved = 2 x size: one read, one write).
 
-The workloads are `llm_perf_opt.measure.calibration`'s (the same that `hardware.peaks=measured` times). Each is
+The workloads are `llm_perf_opt.instruments.calibration`'s (the same that `hardware.peaks=measured` times). Each is
 timed twice per repeat in one process: once through the toolkit (`calibration.timed_seconds`, a StageRecorder
 span, then `measure.mfu.utilization` against the hardware table's peak) and once directly (raw CUDA events around
 the same loop). The toolkit's MFU/MBU must agree with the direct measurement within 3%; the figures also show how
@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from llm_perf_opt.hardware.table import peak_bandwidth, peak_compute
-from llm_perf_opt.measure import calibration
+from llm_perf_opt.instruments import calibration
 from llm_perf_opt.measure.mfu import utilization
 
 

@@ -28,7 +28,7 @@ import torch
 
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.data.dataset import bundled_samples_dir
-from llm_perf_opt.measure.timing import NullRecorder, StageRecorder
+from llm_perf_opt.instruments.timing import NullRecorder, StageRecorder
 from llm_perf_opt.records.vocabulary import DECODE
 from llm_perf_opt.session.runtime import RuntimeSettings
 from llm_perf_opt.session.session import InferenceSession, device_name, resolve_device

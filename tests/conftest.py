@@ -102,7 +102,7 @@ def _decode_step_flops(session: Any, cached: int) -> int:
     keys), counted independently of `count_stage_flops`: the cache is filled with zeros, no prefill runs."""
     from transformers import DynamicCache
 
-    from llm_perf_opt.measure.flops import flop_counter
+    from llm_perf_opt.instruments.flops import flop_counter
 
     text = session.model.config.text_config
     cache = DynamicCache()

@@ -206,7 +206,7 @@ def rope_table_flops(model: Any, tokens: int) -> int:
     release detail out, so tests that compare them with the counter exactly add it back."""
     import torch
 
-    from llm_perf_opt.measure.flops import flop_counter
+    from llm_perf_opt.instruments.flops import flop_counter
 
     rotary = next(m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding"))
     with torch.inference_mode(), flop_counter() as counter:

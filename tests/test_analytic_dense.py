@@ -14,7 +14,7 @@ from helpers import rope_table_flops
 from hf_fixtures import preset_config
 from llm_perf_opt.analytic.dense import DenseSpec, decode, decode_step, prefill, stage_costs
 from llm_perf_opt.config_compose import compose_config
-from llm_perf_opt.measure.flops import count_stage_flops, flop_counter
+from llm_perf_opt.instruments.flops import count_stage_flops, flop_counter
 from llm_perf_opt.models.cache_argument import cache_kwargs, output_cache
 from llm_perf_opt.session.session import InferenceSession
 

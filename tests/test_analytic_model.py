@@ -26,7 +26,8 @@ from llm_perf_opt.analytic import (
 )
 from llm_perf_opt.analytic.spec import QUERY_BANK_LARGE, QUERY_BANK_SMALL
 from llm_perf_opt.config_data import plain
-from llm_perf_opt.measure.flops import StageFlops, count_stage_flops, flop_counter
+from llm_perf_opt.instruments.flops import count_stage_flops, flop_counter
+from llm_perf_opt.measure.stage_flops import StageFlops
 from llm_perf_opt.models.cache_argument import cache_kwargs
 from llm_perf_opt.session.adapters.registry import make_adapter
 
@@ -313,7 +314,7 @@ def test_tiny_spec_matches_the_built_model(tiny, tiny_session) -> None:
 def test_stock_flop_counter_misses_cpu_sdpa_and_grouped_mm(tiny, tiny_session, tiny_counts) -> None:
     """Plain FlopCounterMode (torch 2.13) has no formula for the CPU SDPA kernel nor for aten._grouped_mm (the
     default experts backend): on the CPU it misses every attention call but SAM's rel-pos einsums, and every
-    routed-expert matmul. measure/flops.flop_counter adds both formulas; the analytic model counts them."""
+    routed-expert matmul. instruments/flops.flop_counter adds both formulas; the analytic model counts them."""
     prepared, counted = tiny_counts("two_tiles", 6)
     with torch.inference_mode(), FlopCounterMode(display=False) as stock:
         tiny_session.model(**prepared.model_inputs, use_cache=True, logits_to_keep=1)

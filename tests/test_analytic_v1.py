@@ -17,7 +17,7 @@ from llm_perf_opt.analytic import ClipSpec, ModelSpec, Workload, decode_step, pr
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.config_data import plain
 from llm_perf_opt.errors import UserError
-from llm_perf_opt.measure.flops import flop_counter
+from llm_perf_opt.instruments.flops import flop_counter
 from llm_perf_opt.models.cache_argument import cache_kwargs, output_cache
 from llm_perf_opt.models.deepseek_ocr.configuration import DeepseekOcrConfig
 from llm_perf_opt.models.deepseek_ocr.modeling import DeepseekOcrForConditionalGeneration

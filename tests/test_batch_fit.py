@@ -12,9 +12,9 @@ import pytest
 from llm_perf_opt.analytic.model import ModuleCost, StageCost
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.errors import UserError
-from llm_perf_opt.measure import batch_fit
+from llm_perf_opt.instruments import memory as device_memory
 from llm_perf_opt.measure.batch_fit import ACTIVATION_MARGIN, BatchFit, activation_terms
-from llm_perf_opt.measure.memory import kv_bytes_per_token
+from llm_perf_opt.measure.memory_figures import kv_bytes_per_token
 from llm_perf_opt.pipeline import stage1_batch_fit
 from llm_perf_opt.pipeline.stage1 import Stage1Run
 from llm_perf_opt.records import vocabulary as vocab
@@ -106,7 +106,7 @@ def test_the_tiny_model_estimate_and_its_refusal(
 ) -> None:
     """On the CPU with a fake free-memory figure: stage1-run refuses batch 4 before any pass, from the tiny model's
     analytic numbers; with room for exactly 2 pages, it names 2."""
-    monkeypatch.setattr(batch_fit, "free_memory", lambda device: 0)
+    monkeypatch.setattr(device_memory, "free_memory", lambda device: 0)
     text, run = refuse(tiny_cfg, tmp_path / "none")
     assert "run.batch_size=4 does not fit" in text and "not even one page fits" in text
 
@@ -129,7 +129,7 @@ def test_the_tiny_model_estimate_and_its_refusal(
     )
 
     two = fit.needed_bytes(2) - fit.weights_bytes  # exactly what 2 pages need beside the weights
-    monkeypatch.setattr(batch_fit, "free_memory", lambda device: int(two))
+    monkeypatch.setattr(device_memory, "free_memory", lambda device: int(two))
     text, _ = refuse(tiny_cfg, tmp_path / "two")
     assert "the largest batch that fits is 2" in text and "Set run.batch_size=2 or less" in text
     assert "run.check_batch_fit=false" in text and "KV cache 4 ×" in text and "analytic model" in text

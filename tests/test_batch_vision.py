@@ -16,7 +16,7 @@ from PIL import Image
 
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.errors import UserError
-from llm_perf_opt.measure.timing import NullRecorder
+from llm_perf_opt.instruments.timing import NullRecorder
 from llm_perf_opt.models.view_groups import encode_grouped, padded_count
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.session import compiled

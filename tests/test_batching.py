@@ -17,7 +17,7 @@ from hf_fixtures import save_tiny_llava
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.data.prompts import bundled_prompts_dir
 from llm_perf_opt.errors import UserError
-from llm_perf_opt.measure.timing import StageRecorder
+from llm_perf_opt.instruments.timing import StageRecorder
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.session import compiled
 from llm_perf_opt.session.runtime import RuntimeSettings

@@ -15,7 +15,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.data.prompts import bundled_prompts_dir
-from llm_perf_opt.measure.timing import StageRecorder
+from llm_perf_opt.instruments.timing import StageRecorder
 from llm_perf_opt.models.cache_argument import (
     CACHE_FIELD,
     CACHE_NAMES,

@@ -1,10 +1,10 @@
-"""Calibration workloads (measure/calibration.py) on the CPU: known work, positive rates, honest descriptions."""
+"""Calibration workloads (instruments/calibration.py) on the CPU: known work, positive rates, honest descriptions."""
 
 from __future__ import annotations
 
 import torch
 
-from llm_perf_opt.measure.calibration import achieved_rate, copy_workload, gemm_workload, tf32_matmuls
+from llm_perf_opt.instruments.calibration import achieved_rate, copy_workload, gemm_workload, tf32_matmuls
 
 CPU = torch.device("cpu")
 

@@ -269,7 +269,7 @@ VISION = RuntimeSettings(compile_vision="default")
 
 
 def test_compiled_vision_keeps_its_stage_timing_and_the_eager_tokens(tiny_session, page_images, eager_tokens) -> None:
-    from llm_perf_opt.measure.flops import count_stage_flops
+    from llm_perf_opt.instruments.flops import count_stage_flops
 
     eager_flops = count_stage_flops(tiny_session, tiny_session.prepare(page_images["two_tiles"]))
     session = tiny_session.with_runtime(VISION)

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from llm_perf_opt.measure import compiled_modules as cm
-from llm_perf_opt.measure.compiled_modules import (
+from llm_perf_opt.instruments import compiled_modules as cm
+from llm_perf_opt.instruments.compiled_modules import (
     InductorProvenance,
     KernelLaunch,
     ModuleNames,

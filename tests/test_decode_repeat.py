@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from llm_perf_opt.measure.measured_session import DecodeNotRepeatable
-from llm_perf_opt.measure.timing import NullRecorder
+from llm_perf_opt.instruments.measured_session import DecodeNotRepeatable
+from llm_perf_opt.instruments.timing import NullRecorder
 from llm_perf_opt.session import compiled
 from llm_perf_opt.session.kv_cache import rewind_blocker
 from llm_perf_opt.session.runtime import RuntimeSettings

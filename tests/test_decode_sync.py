@@ -16,7 +16,7 @@ import torch
 from helpers import host_reads
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.data.prompts import bundled_prompts_dir
-from llm_perf_opt.measure.timing import StageRecorder
+from llm_perf_opt.instruments.timing import StageRecorder
 from llm_perf_opt.models.cache_argument import cache_kwargs, output_cache
 from llm_perf_opt.session.runtime import RuntimeSettings
 from llm_perf_opt.session.session import InferenceSession

@@ -18,7 +18,7 @@ import torch
 
 from llm_perf_opt.config_data import plain
 from llm_perf_opt.errors import UserError
-from llm_perf_opt.measure.timing import StageRecorder
+from llm_perf_opt.instruments.timing import StageRecorder
 from llm_perf_opt.session.adapters.deepseek_ocr import VendorModel
 from llm_perf_opt.session.session import DeepSeekOCRSession
 

@@ -17,7 +17,7 @@ from PIL import Image
 from helpers import greedy_by_recomputation, run_cli, run_main
 from llm_perf_opt.config_data import plain
 from llm_perf_opt.errors import UserError
-from llm_perf_opt.measure.timing import StageRecorder
+from llm_perf_opt.instruments.timing import StageRecorder
 from llm_perf_opt.models.deepseek_ocr.configuration import DeepseekOcrConfig
 from llm_perf_opt.models.deepseek_ocr.modeling import DeepseekOcrForConditionalGeneration
 from llm_perf_opt.models.deepseek_ocr.preprocess import (

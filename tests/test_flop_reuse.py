@@ -1,4 +1,4 @@
-"""FLOPs counted once per distinct input shape (measure/flops.py `FlopCounts`): an input or batch of shapes already
+"""FLOPs counted once per distinct input shape (instruments/flops.py `FlopCounts`): an input or batch of shapes already
 counted reuses that count, and the reused count equals counting it (the tiny DeepSeek-OCR-2 on the CPU; pages of
 the same size but different content route their tokens to different experts)."""
 
@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from llm_perf_opt.measure import flops
-from llm_perf_opt.measure.flops import FlopCounts, count_stage_flops, input_signature
+from llm_perf_opt.instruments import flops
+from llm_perf_opt.instruments.flops import FlopCounts, count_stage_flops, input_signature
+from llm_perf_opt.measure import stage_flops
 
 #: Drives transformers models: CI also runs it on the oldest supported transformers.
 pytestmark = pytest.mark.transformers_api
@@ -34,7 +35,7 @@ def _prepared(session: Any, page_images: dict[str, Path], noisy_small: Path) -> 
     return tuple(session.prepare(p) for p in (page_images["small"], noisy_small, page_images["two_tiles"]))
 
 
-def _figures(counted: flops.StageFlops) -> tuple[Any, ...]:
+def _figures(counted: stage_flops.StageFlops) -> tuple[Any, ...]:
     """The figures of a count (its operator breakdown and source aside, which a priced count does not have)."""
     return (
         counted.prefill,
@@ -50,7 +51,7 @@ def count_calls(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """The inputs `count_stage_flops` is called on through `FlopCounts`, one entry per count run."""
     calls: list[Any] = []
 
-    def counting(session: Any, prepared: Any) -> flops.StageFlops:
+    def counting(session: Any, prepared: Any) -> stage_flops.StageFlops:
         calls.append(prepared)
         return count_stage_flops(session, prepared)
 
@@ -136,18 +137,18 @@ def test_other_shapes_are_priced_once_the_analytic_model_equals_the_first_count(
     exact = {input_signature(p): count_stage_flops(tiny_session, p) for p in (small, tiled)}
     count_calls.clear()
 
-    def analytic(session: Any, prepared: Any) -> flops.StageFlops:  # an analytic model equal to the count
-        return attrs.evolve(exact[input_signature(prepared)], by_operator={}, source=flops.ANALYTIC_SOURCE)
+    def analytic(session: Any, prepared: Any) -> stage_flops.StageFlops:  # an analytic model equal to the count
+        return attrs.evolve(exact[input_signature(prepared)], by_operator={}, source=stage_flops.ANALYTIC_SOURCE)
 
     monkeypatch.setattr(flops, "priced_stage_flops", analytic)
     counts = FlopCounts()
     first = counts.count(tiny_session, small, "small")
     second = counts.count(tiny_session, tiled, "tiled")  # another shape: priced, not counted
     assert counts.analytic_agrees is True and (counts.counted, counts.priced) == (1, 1) and len(count_calls) == 1
-    assert first.source == flops.FLOP_SOURCE and second.source == flops.ANALYTIC_SOURCE
+    assert first.source == stage_flops.FLOP_SOURCE and second.source == stage_flops.ANALYTIC_SOURCE
     assert _figures(second) == _figures(exact[input_signature(tiled)])
-    assert "priced by the analytic model" in flops.run_flops_source([first, second])
-    assert flops.run_flops_source([first]) == flops.FLOP_SOURCE
+    assert "priced by the analytic model" in stage_flops.run_flops_source([first, second])
+    assert stage_flops.run_flops_source([first]) == stage_flops.FLOP_SOURCE
 
 
 def test_a_model_whose_analytic_model_differs_is_counted_for_every_shape(
@@ -157,9 +158,10 @@ def test_a_model_whose_analytic_model_differs_is_counted_for_every_shape(
     exact = {input_signature(p): count_stage_flops(tiny_session, p) for p in (small, tiled)}
     count_calls.clear()
 
-    def off(session: Any, prepared: Any) -> flops.StageFlops:  # an analytic model a hundred-thousandth off the count
+    # an analytic model a hundred-thousandth off the count
+    def off(session: Any, prepared: Any) -> stage_flops.StageFlops:
         counted = exact[input_signature(prepared)]
-        return attrs.evolve(counted, prefill=counted.prefill * (1 + 1e-5), source=flops.ANALYTIC_SOURCE)
+        return attrs.evolve(counted, prefill=counted.prefill * (1 + 1e-5), source=stage_flops.ANALYTIC_SOURCE)
 
     monkeypatch.setattr(flops, "priced_stage_flops", off)
     counts = FlopCounts()

@@ -1,4 +1,4 @@
-"""Executed-FLOP counting (measure/flops.py) on the tiny model, and the added grouped_mm / CPU-SDPA formulas."""
+"""Executed-FLOP counting (instruments/flops.py) on the tiny model, and the added grouped_mm / CPU-SDPA formulas."""
 
 from __future__ import annotations
 
@@ -6,15 +6,9 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from llm_perf_opt.measure.flops import (
-    GROUPED_MM_FALLBACK_OP,
-    StageFlops,
-    _extra_formulas,
-    _grouped_mm_flops,
-    count_stage_flops,
-    flop_counter,
-)
-from llm_perf_opt.measure.timing import StageRecorder
+from llm_perf_opt.instruments.flops import _extra_formulas, _grouped_mm_flops, count_stage_flops, flop_counter
+from llm_perf_opt.instruments.timing import StageRecorder
+from llm_perf_opt.measure.stage_flops import GROUPED_MM_FALLBACK_OP, StageFlops
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.session.session import DeepSeekOCRSession
 

@@ -12,7 +12,7 @@ import torch
 from helpers import greedy_by_recomputation, require_tools, run_cli
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.data.dataset import bundled_samples_dir
-from llm_perf_opt.measure.timing import StageRecorder
+from llm_perf_opt.instruments.timing import StageRecorder
 from llm_perf_opt.session.session import DeepSeekOCRSession
 
 pytestmark = [

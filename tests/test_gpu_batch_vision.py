@@ -11,7 +11,7 @@ import torch
 
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.data.dataset import bundled_samples_dir
-from llm_perf_opt.measure.torch_profiler import profile_image
+from llm_perf_opt.instruments.torch_profiler import profile_image
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.session.runtime import RuntimeSettings
 from llm_perf_opt.session.session import DeepSeekOCRSession

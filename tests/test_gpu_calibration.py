@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from llm_perf_opt.hardware.table import peak_bandwidth, peak_compute
-from llm_perf_opt.measure.measured_peaks import cache_path, measured_peak_bandwidth, measured_peak_compute
+from llm_perf_opt.instruments.measured_peaks import cache_path, measured_peak_bandwidth, measured_peak_compute
 
 pytestmark = [
     pytest.mark.gpu,

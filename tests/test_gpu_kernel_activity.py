@@ -83,7 +83,7 @@ def test_kernel_time_is_given_to_modules_eager_and_inside_cuda_graphs(tmp_path: 
 def test_device_times_equal_torchs_on_a_real_profile() -> None:
     """The profiled pass's tables read device times through `DeviceTimes` (each event's computed once): on a real
     CUDA profile of nested modules, the same values as torch's `FunctionEvent` properties, event by event."""
-    from llm_perf_opt.measure.torch_profiler import DeviceTimes
+    from llm_perf_opt.instruments.torch_profiler import DeviceTimes
 
     layers = torch.nn.Sequential(
         torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Sequential(torch.nn.Linear(512, 256), torch.nn.ReLU())

@@ -13,9 +13,10 @@ import torch
 
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.data.dataset import bundled_samples_dir
-from llm_perf_opt.measure.energy import EnergyMeter, EnergySettings
-from llm_perf_opt.measure.memory import MemorySettings, breakdown, fit_prediction, memory_pass, resident_other
-from llm_perf_opt.measure.timing import NullRecorder
+from llm_perf_opt.instruments.energy import EnergyMeter, EnergySettings
+from llm_perf_opt.instruments.memory import MemorySettings, memory_pass
+from llm_perf_opt.instruments.timing import NullRecorder
+from llm_perf_opt.measure.memory_figures import breakdown, fit_prediction, resident_other
 from llm_perf_opt.pipeline.stage1 import Stage1Run
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.memory import IDLE_SLEEP, MemoryBreakdown, MemoryPass

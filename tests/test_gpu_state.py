@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from llm_perf_opt.measure import gpu_state
-from llm_perf_opt.measure.energy import EnergyUnavailable
+from llm_perf_opt.instruments import gpu_state
+from llm_perf_opt.instruments.energy import EnergyUnavailable
 
 
 class _NvmlError(Exception):

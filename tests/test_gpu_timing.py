@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from llm_perf_opt.measure.timing import StageRecorder
+from llm_perf_opt.instruments.timing import StageRecorder
 
 pytestmark = [
     pytest.mark.gpu,

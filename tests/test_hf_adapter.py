@@ -22,7 +22,7 @@ from hf_fixtures import (
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.data.prompts import bundled_prompts_dir
 from llm_perf_opt.errors import UserError
-from llm_perf_opt.measure.flops import count_stage_flops
+from llm_perf_opt.instruments.flops import count_stage_flops
 from llm_perf_opt.session.adapters.hf import HfAdapter, detect_vision_stages
 from llm_perf_opt.session.adapters.hf_arch import classify
 from llm_perf_opt.session.adapters.hf_inputs import stand_in_ids

@@ -8,7 +8,7 @@ from pathlib import Path
 import attrs
 
 from llm_perf_opt.config_compose import compose_config
-from llm_perf_opt.measure.host_usage import HostUsageMeter, added
+from llm_perf_opt.instruments.host_usage import HostUsageMeter, added
 from llm_perf_opt.pipeline.stage1 import Stage1Run
 from llm_perf_opt.records.folders import load_stage1
 from llm_perf_opt.records.stage1 import HostUsage

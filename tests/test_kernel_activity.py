@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from torch.autograd import DeviceType
 
+from llm_perf_opt.instruments.torch_profiler import kernel_activity
 from llm_perf_opt.measure.kernel_activity import busy_us, decode_activity, step_activities
-from llm_perf_opt.measure.torch_profiler import kernel_activity
 
 
 def test_busy_time_is_the_union_of_overlapping_kernels_clipped_to_the_window() -> None:
@@ -112,7 +112,7 @@ def test_a_kernel_named_like_a_host_range_is_kept_when_a_launch_made_it() -> Non
     """torch 2.11 events carry no activity type. Inductor wraps each triton kernel's launch in a host range of the
     kernel's own name: that kernel stays; a GPU copy of a host range that no launch made (e.g. inductor's
     "## Call CompiledFxGraph … ##") is dropped."""
-    from llm_perf_opt.measure.torch_profiler import kernel_filter
+    from llm_perf_opt.instruments.torch_profiler import kernel_filter
 
     def event(name: str, device: DeviceType, id: int) -> SimpleNamespace:
         return SimpleNamespace(name=name, device_type=device, id=id, time_range=SimpleNamespace(start=0, end=1))
@@ -136,7 +136,7 @@ def test_a_host_ranges_gpu_copy_is_dropped_even_when_its_id_equals_a_launchs() -
     are numbered apart), so it was counted as a 12.4 ms kernel beside the kernels inside it, doubling SAM's kernel
     time. A GPU event under a host range's name that spans a kernel of another name is that range's copy; a triton
     kernel under its own wrapper's name, spanning nothing else, stays."""
-    from llm_perf_opt.measure.torch_profiler import kernel_filter
+    from llm_perf_opt.instruments.torch_profiler import kernel_filter
 
     def event(name: str, device: DeviceType, id: int, start: float, end: float) -> SimpleNamespace:
         return SimpleNamespace(name=name, device_type=device, id=id, time_range=SimpleNamespace(start=start, end=end))

@@ -11,8 +11,8 @@ import attrs
 import pytest
 
 from helpers import run_cli
+from llm_perf_opt.instruments.module_attribution import Interval, Launch, Placement, kernel_sources
 from llm_perf_opt.kernel_names import short_kernel_name
-from llm_perf_opt.measure.module_attribution import Interval, Launch, Placement, kernel_sources
 from llm_perf_opt.nsight.kernel_modules import kernel_modules, sources_for
 from llm_perf_opt.records.folders import load_stage1_metrics, load_stage2_metrics
 from llm_perf_opt.records.io import RecordError, converter, save

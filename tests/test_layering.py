@@ -20,8 +20,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("pipeline",),  # what each command does, step by step
     CONFIG_EDGE,  # root modules that compose or read the Hydra config, for cli/ and pipeline/
     ("session", "nsight", "report"),  # run the model; run and read the profilers; render records
+    ("instruments",),  # drive the model or the device (a session reached through Protocols): timing, profiler, passes
     ("analytic",),  # FLOPs and bytes from the config, priced
-    ("measure",),  # instruments (a session reached through Protocols) and the analyses of their figures
+    ("measure",),  # the analyses: pure functions of records (no torch at module level, no instrument, no session)
     ("hardware", "data", "models"),  # datasheet peaks; inputs; model implementations
     (  # root modules every layer above may use
         "artifacts",
@@ -150,8 +151,79 @@ def later():
     from ..records import io
     from . import timing
 """
-    found = {name for _, name in _imported_names(source, (ROOT, "measure"))}
-    assert found == {ROOT, "artifacts", "session", "report", "records", "measure"}
+    found = {name for _, name in _imported_names(source, (ROOT, "instruments"))}
+    assert found == {ROOT, "artifacts", "session", "report", "records", "instruments"}
+
+
+#: Libraries that drive a device or a model: an analysis (measure/) imports none of them where its module loads.
+DRIVERS = ("torch", "nvtx", "pynvml", "transformers")
+
+
+def _loaded_imports(source: str) -> Iterator[tuple[int, str]]:
+    """(line, module) of each import that runs when `source` is imported: at the top or in a class body, including
+    under `try:`/`if`, but not inside a function or under `if TYPE_CHECKING:`."""
+
+    def walk(body: list[ast.stmt]) -> Iterator[tuple[int, str]]:
+        for node in body:
+            if isinstance(node, ast.Import):
+                yield from ((node.lineno, alias.name) for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                yield node.lineno, node.module
+            elif isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                yield from walk(node.orelse)
+            elif isinstance(node, ast.If | ast.Try | ast.With | ast.ClassDef):
+                for field in ("body", "orelse", "finalbody", "handlers"):
+                    for child in getattr(node, field, []):
+                        yield from walk(child.body if isinstance(child, ast.ExceptHandler) else [child])
+
+    yield from walk(ast.parse(source).body)
+
+
+def _drivers_loaded(source: str) -> list[str]:
+    return [f"{line}: {module}" for line, module in _loaded_imports(source) if module.split(".")[0] in DRIVERS]
+
+
+def test_analyses_import_no_torch_where_they_load() -> None:
+    """measure/ holds the analyses, pure functions of records: re-rendering and judging a saved folder must not
+    pay for torch. A module that drives the model or the device belongs in instruments/ (a tensor's type alone is
+    imported under `if TYPE_CHECKING:`, a tensor saved or loaded imports torch in its function)."""
+    found = [
+        f"{path.relative_to(PACKAGE)}:{where}"
+        for path in _modules("measure")
+        for where in _drivers_loaded(path.read_text(encoding="utf-8"))
+    ]
+    assert not found, found
+
+
+def test_the_torch_check_sees_top_level_imports_and_skips_lazy_and_type_checking_ones() -> None:
+    source = """
+from typing import TYPE_CHECKING
+import numpy
+from torch import nn
+try:
+    import pynvml
+except ImportError:
+    pynvml = None
+if TYPE_CHECKING:
+    import torch
+else:
+    import transformers
+def later():
+    import torch
+"""
+    assert _drivers_loaded(source) == ["4: torch", "6: pynvml", "12: transformers"]
+
+
+def test_analyses_import_neither_instruments_nor_session() -> None:
+    """The layer order says so already; this names the rule the split of measure/ rests on, and fails on a
+    wrong-way import even if `LAYERS` were reordered."""
+    found = [
+        f"{path.relative_to(PACKAGE)}:{line} imports {name}/"
+        for path in _modules("measure")
+        for line, name in _imported_names(path.read_text(encoding="utf-8"), (ROOT, "measure"))
+        if name in ("instruments", "session", "pipeline", "cli")
+    ]
+    assert not found, found
 
 
 def test_the_vocabulary_imports_nothing_from_the_package() -> None:

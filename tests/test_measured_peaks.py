@@ -13,9 +13,9 @@ import torch
 
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.errors import UserError
-from llm_perf_opt.measure import calibration, measured_peaks
-from llm_perf_opt.measure.calibration import AchievedRate, Workload
-from llm_perf_opt.measure.measured_peaks import (
+from llm_perf_opt.instruments import calibration, measured_peaks
+from llm_perf_opt.instruments.calibration import AchievedRate, Workload
+from llm_perf_opt.instruments.measured_peaks import (
     cache_path,
     check_peaks_setting,
     measured_peak_bandwidth,

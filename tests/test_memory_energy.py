@@ -18,8 +18,8 @@ import torch
 
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.data.dataset import bundled_samples_dir
-from llm_perf_opt.measure import energy as energy_mod
-from llm_perf_opt.measure.energy import (
+from llm_perf_opt.instruments import energy as energy_mod
+from llm_perf_opt.instruments.energy import (
     EnergyMeter,
     EnergySettings,
     EnergyUnavailable,
@@ -28,17 +28,10 @@ from llm_perf_opt.measure.energy import (
     load_nvml,
     window,
 )
+from llm_perf_opt.instruments.measured_session import DecodeNotRepeatable
+from llm_perf_opt.instruments.memory import CacheWatch, MemoryRecorder, graph_pools, snapshot_bytes
 from llm_perf_opt.measure.energy_figures import energy_report
-from llm_perf_opt.measure.measured_session import DecodeNotRepeatable
-from llm_perf_opt.measure.memory import (
-    CacheWatch,
-    MemoryRecorder,
-    breakdown,
-    fit_prediction,
-    graph_pools,
-    kv_bytes_per_token,
-    snapshot_bytes,
-)
+from llm_perf_opt.measure.memory_figures import breakdown, fit_prediction, kv_bytes_per_token
 from llm_perf_opt.measure.stage1_analysis import Stage1Analysis
 from llm_perf_opt.pipeline.stage1 import Stage1Run
 from llm_perf_opt.records import vocabulary as vocab

@@ -11,17 +11,17 @@ import pytest
 import torch
 from torch.autograd import DeviceType
 
-from llm_perf_opt.measure import torch_profiler as tp
-from llm_perf_opt.measure.module_attribution import (
+from llm_perf_opt.instruments import torch_profiler as tp
+from llm_perf_opt.instruments.module_attribution import (
     MODULE_RANGES,
     Interval,
     attribute,
     cpu_launches,
     innermost,
 )
+from llm_perf_opt.instruments.module_ranges import module_ranges
 from llm_perf_opt.measure.module_changes import held_by, module_changes
 from llm_perf_opt.measure.module_floors import ModuleResolver, fold, module_attribution
-from llm_perf_opt.measure.module_ranges import module_ranges
 from llm_perf_opt.records.io import converter, to_plain
 from llm_perf_opt.records.modules import (
     PROVENANCE_METHOD_NAME,

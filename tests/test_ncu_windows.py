@@ -1,4 +1,4 @@
-"""The stage instances of Nsight Compute's profiler window (nsight/ncu_windows.py, measure/profiler_window.py):
+"""The stage instances of Nsight Compute's profiler window (nsight/ncu_windows.py, instruments/profiler_window.py):
 which prefill and decode step the workload brackets, and the kernels the nsys trace counted in them."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llm_perf_opt.measure.profiler_window import ProfilerWindow, middle_step
-from llm_perf_opt.measure.timing import StageRecorder
+from llm_perf_opt.instruments.profiler_window import ProfilerWindow, middle_step
+from llm_perf_opt.instruments.timing import StageRecorder
 from llm_perf_opt.nsight.ncu_windows import BytesWindow, decode_bytes_window, prefill_bytes_window
 from llm_perf_opt.records import vocabulary as vocab
 

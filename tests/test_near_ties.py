@@ -13,9 +13,9 @@ import torch
 
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.errors import UserError
+from llm_perf_opt.instruments.timing import NullRecorder
 from llm_perf_opt.measure import whatif_objectives as o
 from llm_perf_opt.measure.outputs import load_top_two, near_tie, save_top_two
-from llm_perf_opt.measure.timing import NullRecorder
 from llm_perf_opt.measure.whatif import outputs_departure
 from llm_perf_opt.measure.whatif_analysis import WhatIfAnalysis, verdict_line
 from llm_perf_opt.pipeline.whatif_judge import judging_settings, near_tie_tolerance

@@ -14,8 +14,9 @@ import torch
 from PIL import Image
 
 from llm_perf_opt.config_compose import compose_config
-from llm_perf_opt.measure import flops
-from llm_perf_opt.measure.torch_profiler import profile_image
+from llm_perf_opt.instruments import flops
+from llm_perf_opt.instruments.torch_profiler import profile_image
+from llm_perf_opt.measure import stage_flops
 from llm_perf_opt.pipeline.stage1 import Stage1Run
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.folders import load_stage1
@@ -72,7 +73,7 @@ def test_stage1_run_records_the_bound_and_counts_flops_once_per_shape(
     counted: list[Any] = []
     count = flops.count_stage_flops
 
-    def counting(session: Any, prepared: Any) -> flops.StageFlops:
+    def counting(session: Any, prepared: Any) -> stage_flops.StageFlops:
         counted.append(prepared)
         return count(session, prepared)
 
@@ -122,7 +123,7 @@ def test_compiled_vision_is_profiled_whole(
     session = tiny_session.with_runtime(RuntimeSettings(batch_size=3, batch_vision=True, compile_vision="default"))
     paths = [pages / "a_white.png", pages / "b_noisy.png", pages / "a_white.png"]
     try:
-        with caplog.at_level("INFO", logger="llm_perf_opt.measure.torch_profiler"):
+        with caplog.at_level("INFO", logger="llm_perf_opt.instruments.torch_profiler"):
             table = _profile(session, paths, 1)
     finally:
         session.close()

@@ -15,8 +15,8 @@ import torch
 
 from helpers import run_cli
 from llm_perf_opt.errors import UserError
-from llm_perf_opt.measure import torch_profiler as tp
-from llm_perf_opt.measure.timing import StageRecorder
+from llm_perf_opt.instruments import torch_profiler as tp
+from llm_perf_opt.instruments.timing import StageRecorder
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.folders import load_stage1
 from llm_perf_opt.records.io import converter, to_plain
@@ -232,7 +232,7 @@ def test_each_event_is_read_once_for_the_overall_and_the_stage_tables() -> None:
     """The operator tables read each event's figures once (`_measured`) and find its stage through the ancestors
     already looked at: an operator nested under a stage range goes to that stage (decode steps to `decode`), one
     outside every range to none, and the rows carry torch's own host and device times."""
-    from llm_perf_opt.measure.profiler_labels import STAGE_LABEL_PREFIX
+    from llm_perf_opt.instruments.profiler_labels import STAGE_LABEL_PREFIX
 
     prefill = _event(1, STAGE_LABEL_PREFIX + vocab.PREFILL, 0, 100)
     linear = _event(2, "aten::linear", 10, 60, use_device="cuda")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import attrs
 
-from llm_perf_opt.measure.torch_profiler import operator_name
+from llm_perf_opt.instruments.torch_profiler import operator_name
 from llm_perf_opt.records.folders import load_stage1, load_stage1_metrics
 from llm_perf_opt.records.stage1 import Stage1Metrics
 from llm_perf_opt.report.markdown import pct

@@ -13,8 +13,8 @@ from PIL import Image
 from llm_perf_opt.hardware.table import PeakFigure
 from llm_perf_opt.measure.advice import advise
 from llm_perf_opt.measure.aggregate import stage_stats
-from llm_perf_opt.measure.flops import StageFlops
 from llm_perf_opt.measure.mfu import mfu_by_stage
+from llm_perf_opt.measure.stage_flops import StageFlops
 from llm_perf_opt.measure.throughput import throughput
 from llm_perf_opt.measure.variation import stage_variation
 from llm_perf_opt.records import io

@@ -7,12 +7,8 @@ import pytest
 import torch
 
 from llm_perf_opt.config_compose import compose_config
-from llm_perf_opt.measure.routing import (
-    RoutingTrace,
-    expected_unique_experts,
-    find_routers,
-    summarize_routing,
-)
+from llm_perf_opt.instruments.routing import find_routers
+from llm_perf_opt.measure.routing_summary import RoutingTrace, expected_unique_experts, summarize_routing
 from llm_perf_opt.session.runtime import RuntimeSettings
 from llm_perf_opt.session.session import InferenceSession
 

@@ -78,7 +78,7 @@ def test_compiled_flex_attention_matches_sdpa_on_the_gpu(tiny_session: Any, side
 
 def test_flops_are_counted_on_the_reference_path(compose_model: Any, page_images: dict[str, Any]) -> None:
     """FlexAttention has no FLOP-counter rule: under the counter the reference path runs, with the same FLOPs."""
-    from llm_perf_opt.measure.flops import count_stage_flops
+    from llm_perf_opt.instruments.flops import count_stage_flops
 
     counts = []
     for choice in ("sdpa", "flex"):

@@ -9,8 +9,8 @@ import attrs
 import pytest
 
 from llm_perf_opt.measure.aggregate import stage_stats
-from llm_perf_opt.measure.flops import StageFlops
 from llm_perf_opt.measure.stage1_analysis import Stage1Analysis, Stage1Measurements, Stage1Setup
+from llm_perf_opt.measure.stage_flops import StageFlops
 from llm_perf_opt.measure.throughput import throughput
 from llm_perf_opt.measure.variation import HOST_SIDE, stage_variation
 from llm_perf_opt.records import vocabulary as vocab

@@ -17,8 +17,8 @@ from llm_perf_opt.analytic.dense import DenseSpec
 from llm_perf_opt.analytic.dense import batch_stage_costs as dense_batch_costs
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.errors import UserError
+from llm_perf_opt.instruments.flops import count_stage_flops
 from llm_perf_opt.measure.aggregate import batch_summary
-from llm_perf_opt.measure.flops import count_stage_flops
 from llm_perf_opt.measure.sweep import job_figures, summarize
 from llm_perf_opt.measure.whatif import objective, rung_figures
 from llm_perf_opt.pipeline.stage1 import Stage1Run

@@ -13,7 +13,7 @@ from torch import nn
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.data.prompts import bundled_prompts_dir
 from llm_perf_opt.errors import UserError
-from llm_perf_opt.measure.timing import StageRecorder
+from llm_perf_opt.instruments.timing import StageRecorder
 from llm_perf_opt.session.adapters.base import ModelAdapter
 from llm_perf_opt.session.kv_cache import KvCaches
 from llm_perf_opt.session.runtime import RuntimeSettings

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from llm_perf_opt.measure import nvtx_ranges, timing
-from llm_perf_opt.measure.timing import StageRecorder
+from llm_perf_opt.instruments import nvtx_ranges, timing
+from llm_perf_opt.instruments.timing import StageRecorder
 
 CPU = torch.device("cpu")
 

@@ -50,7 +50,7 @@ def _version(module: str) -> str | None:
 
 def collect_env(device: torch.device, gpu_state: dict[str, object] | None = None) -> dict[str, object]:
     """A JSON-ready description of the machine and software stack (`gpu_state`: the GPU's clocks and power state,
-    read by the pipeline through `measure.gpu_state`)."""
+    read by the pipeline through `instruments.gpu_state`)."""
     gpu: dict[str, object] | None = None
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)

@@ -6,7 +6,7 @@ Conventions
 -----------
 * 1 multiply-add (MAC) = 2 FLOPs, as ``torch.utils.flop_counter.FlopCounterMode`` counts (2·M·N·K).
 * The *counted* figure (:attr:`StageCost.matmul_flops`: categories "matmul", "attention", "convolution") is what
-  executes as matmuls, convolutions and attention products, and is what ``measure.flops`` counts on the real
+  executes as matmuls, convolutions and attention products, and is what ``instruments.flops`` counts on the real
   modules; the two agree exactly (tests/test_analytic_model.py, tests/test_analytic_v1.py). It holds:
 
   - every linear and convolution (a bias add is not counted: FlopCounterMode counts ``addmm`` as its ``mm``);

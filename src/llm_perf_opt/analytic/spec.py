@@ -359,7 +359,8 @@ class Workload:
     Tiles: DeepSeek-OCR-2 needs only their count (``tiles``); v1 needs the crop grid (``crop_grid = (tiles
     across, tiles down)``, from which ``tiles`` follows), because a newline ends each stitched row of tiles. As in
     the vendor's code, a 1x1 grid runs no tiles. ``new_tokens`` counts every generated token; the first comes out of
-    the prefill forward, so decoding runs ``new_tokens - 1`` steps (the convention of ``measure.flops.StageFlops``).
+    the prefill forward, so decoding runs ``new_tokens - 1`` steps (the convention of
+    ``measure.stage_flops.StageFlops``).
     """
 
     global_size: int = 1024

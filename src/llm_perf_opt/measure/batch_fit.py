@@ -2,16 +2,16 @@
 device once the model is built) + the KV cache of the batch at its full length + the activations, against the
 memory free beside the weights.
 
-* KV cache: bytes per token of one sequence (`measure.memory.kv_bytes_per_token`: 2 × layers × KV heads × head dim ×
-  dtype bytes) × (the run's longest prompt + new tokens) × batch: a static cache holds that from the start, a dynamic
-  one reaches it at the last step.
+* KV cache: bytes per token of one sequence (`measure.memory_figures.kv_bytes_per_token`: 2 × layers × KV heads ×
+  head dim × dtype bytes) × (the run's longest prompt + new tokens) × batch: a static cache holds that from the start,
+  a dynamic one reaches it at the last step.
 * Activations: the analytic model's largest module activation (a module's inputs and outputs, live together: the
   rule of the memory pass's analytic expectation, `AnalyticMemory`), × ACTIVATION_MARGIN for the temporaries beside
   it and the allocator's rounding. The decoder runs the whole batch at once, so its term grows with the batch;
   vision runs one page at a time, so its term does not. Without an analytic model: FALLBACK_WIDTH × prompt tokens ×
   hidden size × dtype bytes per page (a decoder MLP's input, widened intermediate and output), × the margin.
 
-The memory pass (`measure.memory.fit_prediction`) measures what fits once a batch has run; this estimate is for
+The memory pass (`measure.memory_figures.fit_prediction`) measures what fits once a batch has run; this estimate is for
 refusing one that cannot before it runs.
 """
 
@@ -22,7 +22,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
-import torch
 
 from llm_perf_opt.records import vocabulary as vocab
 
@@ -98,13 +97,3 @@ def activation_terms(costs: Iterable[Mapping[str, Any]]) -> tuple[float, float]:
 def fallback_activation(prompt_tokens: int, hidden_size: int, dtype_bytes: int) -> float:
     """One page's largest decoder activation without an analytic model (before the margin)."""
     return float(FALLBACK_WIDTH * prompt_tokens * hidden_size * dtype_bytes)
-
-
-def free_memory(device: torch.device) -> int | None:
-    """Bytes this process may still allocate on `device`: the device's free memory (`torch.cuda.mem_get_info`) +
-    the blocks its allocator holds cached; None off CUDA (no check there)."""
-    if device.type != "cuda":
-        return None
-    free, _ = torch.cuda.mem_get_info(device)
-    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    return int(free) + max(0, int(cached))

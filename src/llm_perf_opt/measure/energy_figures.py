@@ -14,6 +14,11 @@ from collections.abc import Mapping
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.memory import EnergyPass, EnergyReport, StageEnergy
 
+METHOD = (
+    "NVML total energy counter (nvmlDeviceGetTotalEnergyConsumption, mJ); each loop opens and closes on an update "
+    "of the counter (the wait after the loop's last device synchronisation taken off at idle power); idle power "
+    "from the counter while the GPU idles (the run's CPU-only post-processing of the profiled pass, else a sleep)"
+)  # how the energy pass (`instruments.energy`) measures
 SPEED_NOTE_AT = 0.10  # a loop this far from the timed median is noted
 
 

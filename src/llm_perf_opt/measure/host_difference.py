@@ -1,5 +1,5 @@
 """Whether two runs' hosts behaved alike over their timed passes, from each run's own host usage
-(`Stage1Metrics.host_usage`, `measure.host_usage`).
+(`Stage1Metrics.host_usage`, `instruments.host_usage`).
 
 A host-paced stage (a CPU run, an eager decode step, preprocessing) moves with the host's load as much as with a
 setting: on a shared machine, one run may get its cores to itself while the other shares them. Three figures of

@@ -2,9 +2,9 @@
 intervals) and wall time, for the prefill and each decode step of the profiled pass.
 
 Takes plain numbers (which step launched each kernel, and when the kernel ran on the GPU), so it is independent of
-the profiler: `measure.torch_profiler` ties each kernel to its step through the launch call (correlation id), never by
-comparing the kernel's GPU time with the step's host time (launches are asynchronous: a step's kernels may run long
-after its host span ended).
+the profiler: `instruments.torch_profiler` ties each kernel to its step through the launch call (correlation id),
+never by comparing the kernel's GPU time with the step's host time (launches are asynchronous: a step's kernels may
+run long after its host span ended).
 """
 
 from __future__ import annotations

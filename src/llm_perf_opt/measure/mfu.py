@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from llm_perf_opt.measure.flops import StageFlops, run_flops_source
+from llm_perf_opt.measure.stage_flops import StageFlops, run_flops_source
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.common import PeakFigure
 from llm_perf_opt.records.stage1 import MfuRecord

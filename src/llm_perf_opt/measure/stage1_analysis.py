@@ -14,24 +14,21 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from statistics import median
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
-import torch
 
 from llm_perf_opt.hardware.table import peak_bandwidth, peak_compute
 from llm_perf_opt.measure.aggregate import batch_summary, stage_stats
 from llm_perf_opt.measure.efficiency import efficiency_by_stage
-from llm_perf_opt.measure.energy import METHOD as ENERGY_METHOD
+from llm_perf_opt.measure.energy_figures import METHOD as ENERGY_METHOD
 from llm_perf_opt.measure.energy_figures import energy_report
-from llm_perf_opt.measure.flops import GROUPED_MM_FALLBACK_OP, StageFlops, run_flops_source
-from llm_perf_opt.measure.host_usage import HostUsageMeter
-from llm_perf_opt.measure.memory import breakdown, fit_prediction, resident_other
+from llm_perf_opt.measure.memory_figures import breakdown, fit_prediction, resident_other
 from llm_perf_opt.measure.mfu import TimedPass, mfu_by_stage
 from llm_perf_opt.measure.module_floors import module_attribution
-from llm_perf_opt.measure.routing import RoutingTrace, summarize_routing
+from llm_perf_opt.measure.routing_summary import RoutingTrace, summarize_routing
+from llm_perf_opt.measure.stage_flops import GROUPED_MM_FALLBACK_OP, StageFlops, run_flops_source
 from llm_perf_opt.measure.throughput import page_throughput, throughput
-from llm_perf_opt.measure.torch_profiler import OperatorTable
 from llm_perf_opt.measure.variation import high_variation, noise_side, stage_variation
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.common import SCHEMA_VERSION, PeakFigure
@@ -49,10 +46,12 @@ from llm_perf_opt.records.stage1 import (
     CompileEvent,
     CompileSummary,
     DeviceInfo,
+    HostUsage,
     ImageRecord,
     MeasuredPeaks,
     MfuRecord,
     ModelInfo,
+    OperatorTable,
     ProfilerInfo,
     RoutingSummary,
     RunSettings,
@@ -64,6 +63,9 @@ from llm_perf_opt.records.stage1 import (
     TopTwoLogits,
     per_forward,
 )
+
+if TYPE_CHECKING:  # tensors are kept, never made, here: torch is not imported at run time
+    import torch
 
 
 @attrs.define
@@ -91,7 +93,7 @@ class Stage1Measurements:
     memory_reason: str | None = None
     energy: EnergyPass | None = None
     energy_reason: str | None = None
-    host_usage: HostUsageMeter = attrs.Factory(HostUsageMeter)  # the host's usage over the timed passes
+    host_usage: HostUsage | None = None  # the host's usage over the timed passes (None: none measured)
     timed_windows: list[PassWindow] = attrs.Factory(list)  # every timed forward on the wall clock
     shard: ShardInfo | None = None  # run.data_parallel > 1: the share this process timed
 
@@ -518,7 +520,7 @@ class Stage1Analysis:
             routing=self.routing(),
             compile=self.compile(),
             host_peak_rss_bytes=None if m.reused_process else setup.host_peak_rss_bytes,
-            host_usage=m.host_usage.total,
+            host_usage=m.host_usage,
             batches=tuple(m.batches),
             batch_summary=batch_summary(m.batches, setup.settings.batch_size, m.decode_experts),
             flops_per_batch=self.flops_per_stage(m.batch_flops),

@@ -2,7 +2,7 @@
 them (what the pass should find). Pure arithmetic, no tools.
 
 The ncu workload runs one timed pass of one forward (one image, or one batch) and decodes `max_new_tokens - 1`
-steps (the first token comes from prefill); its CUDA profiler window (`measure.profiler_window`) takes that pass's
+steps (the first token comes from prefill); its CUDA profiler window (`instruments.profiler_window`) takes that pass's
 prefill and its middle decode step.
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from llm_perf_opt.measure.profiler_window import middle_step
+from llm_perf_opt.instruments.profiler_window import middle_step
 
 
 @attrs.frozen

@@ -19,11 +19,11 @@ from llm_perf_opt.data.dataset import DatasetSelection
 from llm_perf_opt.data.inputs import InputChoice, select_inputs
 from llm_perf_opt.env_info import collect_env
 from llm_perf_opt.errors import UserError
-from llm_perf_opt.measure.energy import EnergySettings
-from llm_perf_opt.measure.gpu_state import clock_state
-from llm_perf_opt.measure.measured_peaks import MEASURED, measured_peak_bandwidth, measured_peak_compute
-from llm_perf_opt.measure.memory import MemorySettings
-from llm_perf_opt.measure.profiler_window import ProfilerWindow
+from llm_perf_opt.instruments.energy import EnergySettings
+from llm_perf_opt.instruments.gpu_state import clock_state
+from llm_perf_opt.instruments.measured_peaks import MEASURED, measured_peak_bandwidth, measured_peak_compute
+from llm_perf_opt.instruments.memory import MemorySettings
+from llm_perf_opt.instruments.profiler_window import ProfilerWindow
 from llm_perf_opt.measure.stage1_analysis import Stage1Measurements
 from llm_perf_opt.pipeline import stage1_batch_fit
 from llm_perf_opt.pipeline.analytic import check_workload_model

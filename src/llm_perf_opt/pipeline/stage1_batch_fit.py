@@ -8,9 +8,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from llm_perf_opt.errors import UserError
+from llm_perf_opt.instruments import memory
 from llm_perf_opt.measure import batch_fit
 from llm_perf_opt.measure.batch_fit import ACTIVATION_MARGIN, FALLBACK_WIDTH, BatchFit
-from llm_perf_opt.measure.memory import kv_bytes_per_token, model_bytes
+from llm_perf_opt.measure.memory_figures import kv_bytes_per_token
 from llm_perf_opt.report.markdown import num_bytes
 from llm_perf_opt.session.session import InferenceSession
 
@@ -48,7 +49,7 @@ def estimate(
     return BatchFit(
         batch_size=batch_size,
         free_bytes=free_bytes,
-        weights_bytes=model_bytes(session.model),
+        weights_bytes=memory.model_bytes(session.model),
         kv_bytes_per_token=per_token,
         context_tokens=prompt + new_tokens,
         decoder_activation_bytes=decoder * ACTIVATION_MARGIN,
@@ -88,7 +89,7 @@ def check(
     where no check was made."""
     if not enabled or batch_size <= 1:
         return None
-    free = batch_fit.free_memory(session.device)
+    free = memory.free_memory(session.device)
     if free is None:
         return None
     fit = estimate(session, paths, new_tokens, batch_size, free)

@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 
 from llm_perf_opt.artifacts import ArtifactsManager
-from llm_perf_opt.measure.energy import EnergyMeter, EnergySettings, EnergyUnavailable
-from llm_perf_opt.measure.memory import SNAPSHOT_FILE, MemorySettings, memory_pass
+from llm_perf_opt.instruments.energy import EnergyMeter, EnergySettings, EnergyUnavailable
+from llm_perf_opt.instruments.memory import SNAPSHOT_FILE, MemorySettings, memory_pass
 from llm_perf_opt.measure.stage1_analysis import Stage1Measurements
 from llm_perf_opt.progress import Feedback
 from llm_perf_opt.session.session import InferenceSession

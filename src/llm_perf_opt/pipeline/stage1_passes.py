@@ -13,11 +13,13 @@ from typing import Any, TypeVar
 
 from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.data.dataset import DatasetSelection
-from llm_perf_opt.measure.compiled_modules import InductorProvenance
-from llm_perf_opt.measure.flops import FlopCounts
-from llm_perf_opt.measure.routing import RoutingTrace, find_routers, mean_unique_experts
+from llm_perf_opt.instruments.compiled_modules import InductorProvenance
+from llm_perf_opt.instruments.flops import FlopCounts
+from llm_perf_opt.instruments.host_usage import HostUsageMeter
+from llm_perf_opt.instruments.routing import find_routers
+from llm_perf_opt.instruments.torch_profiler import profile_image
+from llm_perf_opt.measure.routing_summary import RoutingTrace, mean_unique_experts
 from llm_perf_opt.measure.stage1_analysis import Stage1Measurements
-from llm_perf_opt.measure.torch_profiler import profile_image
 from llm_perf_opt.pipeline.rung_handoff import GpuHandoff
 from llm_perf_opt.pipeline.shard import READY
 from llm_perf_opt.pipeline.stage1_records import input_key
@@ -50,6 +52,7 @@ class TimedPasses:
         self.state, self.session, self.selection, self.settings = state, session, selection, settings
         self.handoff, self.meet = handoff, meet
         self.flop_counts = FlopCounts()  # one count per distinct input (or batch) shape
+        self.host_meter = HostUsageMeter()  # the host's usage over the timed passes, kept in `state.host_usage`
 
     def images(self, bar: StepHandle) -> None:
         """Per image: the FLOP-counting pass (untimed), warm-up passes without NVTX, then the timed passes."""
@@ -191,10 +194,11 @@ class TimedPasses:
 
     def _timed(self, run_pass: Callable[[], Measured], inputs: int) -> Measured:
         """One timed pass of `inputs` inputs, with its host usage, its wall-clock window and its compiles."""
-        with self.state.host_usage.timed_pass():
+        with self.host_meter.timed_pass():
             started = time.time()
             measured = run_pass()
             self.state.timed_windows.append(PassWindow(started, time.time(), inputs))
+        self.state.host_usage = self.host_meter.total
         self.state.timed_compiles.extend(measured.compile_events)
         return measured
 

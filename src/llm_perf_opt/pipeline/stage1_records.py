@@ -12,9 +12,9 @@ from omegaconf import DictConfig
 
 from llm_perf_opt.data.dataset import DatasetSelection, ImageEntry, TextEntry
 from llm_perf_opt.data.inputs import InputChoice
-from llm_perf_opt.measure.measured_peaks import MEASURED
+from llm_perf_opt.instruments.measured_peaks import MEASURED
+from llm_perf_opt.instruments.timing import timing_method
 from llm_perf_opt.measure.stage1_analysis import Stage1Setup
-from llm_perf_opt.measure.timing import timing_method
 from llm_perf_opt.pipeline.stage1_settings import config_digest
 from llm_perf_opt.records.stage1 import (
     DeviceInfo,

@@ -16,9 +16,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from llm_perf_opt.config_data import plain
 from llm_perf_opt.data.inputs import InputChoice
 from llm_perf_opt.errors import require_bool, require_number, require_whole
-from llm_perf_opt.measure.energy import EnergySettings
-from llm_perf_opt.measure.measured_peaks import check_peaks_setting
-from llm_perf_opt.measure.memory import MemorySettings
+from llm_perf_opt.instruments.energy import EnergySettings
+from llm_perf_opt.instruments.measured_peaks import check_peaks_setting
+from llm_perf_opt.instruments.memory import MemorySettings
 from llm_perf_opt.output_settings import output_settings
 from llm_perf_opt.records.stage1 import ProfilerSettings, RunSettings
 from llm_perf_opt.session.runtime import RuntimeSettings

@@ -21,7 +21,7 @@ from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.config_data import plain
 from llm_perf_opt.env_info import collect_env
 from llm_perf_opt.errors import UserError
-from llm_perf_opt.measure.gpu_state import clock_state
+from llm_perf_opt.instruments.gpu_state import clock_state
 from llm_perf_opt.nsight import commands
 from llm_perf_opt.nsight.kernel_modules import kernel_modules
 from llm_perf_opt.nsight.measured_bytes import REPRICED_ADAPTERS, WorkloadModel

@@ -98,7 +98,7 @@ def shared_caches(run_cfg: Mapping[str, Any], model: Mapping[str, Any], run_dir:
         inductor = run_dir / INDUCTOR_CACHE_DIR
         owned.append(inductor)
     elif chosen == USER_FOLDER:
-        from llm_perf_opt.measure.measured_peaks import default_cache_dir  # (imports torch)
+        from llm_perf_opt.instruments.measured_peaks import default_cache_dir  # (imports torch)
 
         inductor = default_cache_dir() / "inductor"
     elif chosen:

@@ -12,7 +12,8 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
-PROVENANCE_METHOD_NAME = "inductor provenance"  # how compiled code's kernels are attributed (measure.compiled_modules)
+#: How compiled code's kernels are attributed (instruments.compiled_modules).
+PROVENANCE_METHOD_NAME = "inductor provenance"
 
 #: The row of the time no module could be given, in every table.
 UNATTRIBUTED = "(unattributed)"

@@ -312,7 +312,7 @@ class Throughput:
     e2e_tokens_per_s: float  # every input's new tokens / the forward's end-to-end time (median)
 
 
-# How a run's FLOPs are counted (measure.flops; the MFU and roofline records carry it).
+# How a run's FLOPs are counted (instruments.flops; the MFU and roofline records carry it).
 FLOP_SOURCE = (
     "counted on the real modules with torch FlopCounterMode (+ grouped_mm, transformers' grouped_mm fallback, "
     "CPU-SDPA and GQA-SDPA formulas); 1 MAC = 2 FLOPs; matmul/conv/attention only"

@@ -21,9 +21,9 @@ import torch
 from torch import nn
 
 from llm_perf_opt.errors import UserError
-from llm_perf_opt.measure.measured_session import DecodeNotRepeatable
-from llm_perf_opt.measure.routing import RoutingRecorder
-from llm_perf_opt.measure.timing import StageRecorder
+from llm_perf_opt.instruments.measured_session import DecodeNotRepeatable
+from llm_perf_opt.instruments.routing import RoutingRecorder
+from llm_perf_opt.instruments.timing import StageRecorder
 from llm_perf_opt.models.cache_argument import CACHE_FIELD, forward_cache_argument, output_cache
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.stage1 import TopTwoLogits

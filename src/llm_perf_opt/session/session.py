@@ -19,9 +19,10 @@ from PIL import Image
 from torch.utils.hooks import RemovableHandle
 
 from llm_perf_opt.errors import UserError
-from llm_perf_opt.measure.profiler_window import ProfilerWindow
-from llm_perf_opt.measure.routing import RoutingRecorder, RoutingTrace, mean_unique_experts
-from llm_perf_opt.measure.timing import NullRecorder, StageRecorder
+from llm_perf_opt.instruments.profiler_window import ProfilerWindow
+from llm_perf_opt.instruments.routing import RoutingRecorder
+from llm_perf_opt.instruments.timing import NullRecorder, StageRecorder
+from llm_perf_opt.measure.routing_summary import RoutingTrace, mean_unique_experts
 from llm_perf_opt.models.sam_flex_attention import apply_sam_attention
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.stage1 import (
@@ -54,7 +55,7 @@ from llm_perf_opt.session.prefetch import PagePrefetch
 from llm_perf_opt.session.runtime import EAGER_REFERENCE, RuntimeSettings
 
 if TYPE_CHECKING:
-    from llm_perf_opt.measure.compiled_modules import InductorProvenance
+    from llm_perf_opt.instruments.compiled_modules import InductorProvenance
 
 log = logging.getLogger("llm_perf_opt.session")
 
@@ -765,7 +766,7 @@ class InferenceSession:
         recorder = StageRecorder(self.device, nvtx=nvtx, window=self.profiler_window if nvtx else None)
         inputs = [StageRecorder(self.device, nvtx=nvtx) for _ in paths]
         if nvtx:
-            from llm_perf_opt.measure import nvtx_ranges
+            from llm_perf_opt.instruments import nvtx_ranges
 
             nvtx_ranges.push(vocab.PREPROCESS)
         prepared_ms, prefetched = self._prepare_batch(paths)
@@ -838,7 +839,7 @@ class InferenceSession:
             torch.cuda.reset_peak_memory_stats(self.device)
         recorder = StageRecorder(self.device, nvtx=nvtx, window=self.profiler_window if nvtx else None)
         if nvtx:
-            from llm_perf_opt.measure import nvtx_ranges
+            from llm_perf_opt.instruments import nvtx_ranges
 
             nvtx_ranges.push(vocab.PREPROCESS)
         ((prepared, preprocess_ms),), prefetched = self._prepare_batch([image_path])

@@ -5,7 +5,7 @@
 
 `achieved_rate` times back-to-back runs with the toolkit's own timing (`StageRecorder`: CUDA events on the
 device's current stream) and takes the median over repeats. `bench/calibration.py` checks that timing against raw
-events; `measure.measured_peaks` turns the rates into achievable peaks, the second denominator of MFU and MBU.
+events; `instruments.measured_peaks` turns the rates into achievable peaks, the second denominator of MFU and MBU.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import attrs
 import torch
 
-from llm_perf_opt.measure.timing import StageRecorder, timing_method
+from llm_perf_opt.instruments.timing import StageRecorder, timing_method
 
 GEMM_SIZE = 8192
 COPY_GIB = 1.0

@@ -28,13 +28,13 @@ from torch.autograd.profiler_util import FunctionEvent
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from llm_perf_opt.errors import UserError
+from llm_perf_opt.instruments.compiled_modules import InductorProvenance, compiled_resolver
+from llm_perf_opt.instruments.module_attribution import module_times
+from llm_perf_opt.instruments.module_ranges import ModuleRanges, module_ranges, module_types
+from llm_perf_opt.instruments.profiler_labels import LABEL_PREFIXES, STAGE_LABEL_PREFIX
+from llm_perf_opt.instruments.timing import NullRecorder, StageRecorder
 from llm_perf_opt.kernel_names import short_kernel_name
-from llm_perf_opt.measure.compiled_modules import InductorProvenance, compiled_resolver
 from llm_perf_opt.measure.kernel_activity import PREFILL_STEP, KernelSpan, decode_activity
-from llm_perf_opt.measure.module_attribution import module_times
-from llm_perf_opt.measure.module_ranges import ModuleRanges, module_ranges, module_types
-from llm_perf_opt.measure.profiler_labels import LABEL_PREFIXES, STAGE_LABEL_PREFIX
-from llm_perf_opt.measure.timing import NullRecorder, StageRecorder
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.modules import PROVENANCE_METHOD_NAME, ModuleTimes
 from llm_perf_opt.records.stage1 import CallSite, DecodeActivity, OperatorRow, OperatorTable, ShapeGroup

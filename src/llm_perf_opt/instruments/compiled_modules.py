@@ -536,7 +536,7 @@ def match_best(graphs: Sequence[CompiledGraph], observed: Sequence[str]) -> tupl
 
 
 def compiled_resolver(provenance: InductorProvenance) -> Callable[[Sequence[str]], Sequence[str | None]]:
-    """A resolver for `measure.module_attribution`: the kernels compiled code launched in one stage forward, in
+    """A resolver for `instruments.module_attribution`: the kernels compiled code launched in one stage forward, in
     launch order, aligned with the recorded graph that fits them best — or with every recorded graph's launches
     in compile order, for a forward that runs several graphs (graph breaks, partitions)."""
 

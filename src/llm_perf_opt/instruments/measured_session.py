@@ -10,8 +10,8 @@ from typing import Protocol, TypeVar
 
 import torch
 
-from llm_perf_opt.measure.routing import RoutingRecorder
-from llm_perf_opt.measure.timing import StageRecorder
+from llm_perf_opt.instruments.routing import RoutingRecorder
+from llm_perf_opt.instruments.timing import StageRecorder
 
 
 class DecodeNotRepeatable(Exception):

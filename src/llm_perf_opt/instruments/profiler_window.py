@@ -34,7 +34,7 @@ def _cuda_stop() -> None:
 class ProfilerWindow:
     """Opens the CUDA profiler around the first PREFILL span and around the middle DECODE_STEP span after it.
 
-    A :class:`~llm_perf_opt.measure.timing.StageRecorder` calls :meth:`begin` and :meth:`end` with each span's
+    A :class:`~llm_perf_opt.instruments.timing.StageRecorder` calls :meth:`begin` and :meth:`end` with each span's
     name; `start`/`stop` default to cudaProfilerStart/Stop (tests pass their own).
     """
 

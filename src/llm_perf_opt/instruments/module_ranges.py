@@ -1,9 +1,9 @@
 """Module ranges for the profiled pass: a `record_function("module:<path>")` around every submodule's forward.
 
 Installed only around the profiled pass (the hooks cost host time, so never in a timed pass) and removed after it.
-Each kernel is later given to the innermost module range around its launch (`measure.module_attribution`). Inside
+Each kernel is later given to the innermost module range around its launch (`instruments.module_attribution`). Inside
 code that torch.compile compiles the hooks do nothing: those kernels are given modules by inductor's provenance
-instead (`measure.compiled_modules`). Dynamo does not guard on the hooks of a module that had none when it compiled,
+instead (`instruments.compiled_modules`). Dynamo does not guard on the hooks of a module that had none when it compiled,
 but it does on the number of hooks of one that had some (the routing recorder's MoE gates): the modules in `skip`
 get no range (their eager kernels go to their parent), so the compiled graphs are reused, not compiled again.
 """
@@ -19,7 +19,7 @@ from torch import nn
 from torch.profiler import record_function
 from torch.utils.hooks import RemovableHandle
 
-from llm_perf_opt.measure.profiler_labels import MODULE_LABEL_PREFIX
+from llm_perf_opt.instruments.profiler_labels import MODULE_LABEL_PREFIX
 
 
 @attrs.define

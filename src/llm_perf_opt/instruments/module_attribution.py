@@ -1,11 +1,11 @@
 """Kernel time by module: each kernel of the profiled pass given to the module whose forward launched it.
 
 A kernel's launch (its CUDA runtime call, found by correlation id) happened on the host inside nested ranges: the
-stage (`stage:…`), the modules (`module:…`, from `measure.module_ranges`) and the operator that launched it. The
+stage (`stage:…`), the modules (`module:…`, from `instruments.module_ranges`) and the operator that launched it. The
 kernel goes to the innermost of each. Its GPU time is never compared with the host ranges (launches are
 asynchronous). Module hooks do not run inside compiled code, so the kernels launched inside inductor's
 `## Call CompiledFxGraph` range (CUDA-graph replays included) are handed, in launch order, to a resolver for compiled
-code when there is one (`measure.compiled_modules`). Kernels launched where no module range is open and no compiled
+code when there is one (`instruments.compiled_modules`). Kernels launched where no module range is open and no compiled
 code ran (the decode loop's own operations), and compiled kernels nothing could place, are reported as
 unattributed, with the reason, never spread over modules or given to the whole model.
 
@@ -20,9 +20,9 @@ import attrs
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEvent
 
+from llm_perf_opt.instruments.profiler_labels import LABEL_PREFIXES, MODULE_LABEL_PREFIX, STAGE_LABEL_PREFIX
 from llm_perf_opt.kernel_names import kernel_label, short_kernel_name
 from llm_perf_opt.measure.module_floors import display_name, fold
-from llm_perf_opt.measure.profiler_labels import LABEL_PREFIXES, MODULE_LABEL_PREFIX, STAGE_LABEL_PREFIX
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.modules import (
     UNATTRIBUTED,

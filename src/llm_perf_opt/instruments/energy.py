@@ -24,18 +24,13 @@ from typing import Any, Protocol
 import attrs
 import torch
 
-from llm_perf_opt.measure.measured_session import DecodeNotRepeatable, MeasuredSession, P
-from llm_perf_opt.measure.timing import NullRecorder
+from llm_perf_opt.instruments.measured_session import DecodeNotRepeatable, MeasuredSession, P
+from llm_perf_opt.instruments.timing import NullRecorder
 from llm_perf_opt.records.memory import IDLE_SLEEP, EnergyPass, EnergyWindow
 
 log = logging.getLogger("llm_perf_opt.energy")
 COUNTER_PERIOD_S = 0.1  # the energy counter's update period (about)
 MIN_WINDOW_S = 10 * COUNTER_PERIOD_S
-METHOD = (
-    "NVML total energy counter (nvmlDeviceGetTotalEnergyConsumption, mJ); each loop opens and closes on an update "
-    "of the counter (the wait after the loop's last device synchronisation taken off at idle power); idle power "
-    "from the counter while the GPU idles (the run's CPU-only post-processing of the profiled pass, else a sleep)"
-)
 WINDOW_SETTING = {  # the setting that sizes each window
     "idle": "idle_seconds",
     "prefill": "prefill_seconds",

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import torch
 
-from llm_perf_opt.measure.energy import EnergyUnavailable, gpu_handle, load_nvml
+from llm_perf_opt.instruments.energy import EnergyUnavailable, gpu_handle, load_nvml
 
 
 def _reading(read: Callable[[], object], error: type[BaseException]) -> object:

@@ -16,8 +16,8 @@ from contextlib import contextmanager
 import attrs
 import torch
 
-from llm_perf_opt.measure import nvtx_ranges
-from llm_perf_opt.measure.profiler_window import ProfilerWindow
+from llm_perf_opt.instruments import nvtx_ranges
+from llm_perf_opt.instruments.profiler_window import ProfilerWindow
 
 
 def timing_method(device: torch.device) -> str:

@@ -3,7 +3,7 @@
 `hardware.peaks=datasheet` (default) divides MFU and MBU by the datasheet peaks only; `hardware.peaks=measured`
 adds these as a second denominator: how close a stage gets to what the card actually sustains (a large bf16 GEMM
 reaches about 74% of the H100's datasheet rate). Each figure is measured on first use per device, compute dtype
-and torch version (`measure.calibration`) and cached as JSON under `~/.cache/llm_perf_opt/` (or
+and torch version (`instruments.calibration`) and cached as JSON under `~/.cache/llm_perf_opt/` (or
 `$XDG_CACHE_HOME/llm_perf_opt/`); a damaged or foreign cache file is measured again and rewritten.
 """
 
@@ -20,7 +20,7 @@ import torch
 
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.hardware.table import compute_dtype_key
-from llm_perf_opt.measure import calibration
+from llm_perf_opt.instruments import calibration
 from llm_perf_opt.records.common import PeakFigure
 from llm_perf_opt.records.io import RecordError, load_file, save
 

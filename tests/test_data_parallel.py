@@ -23,8 +23,8 @@ from llm_perf_opt.measure.data_parallel import (
     span_rate,
 )
 from llm_perf_opt.pipeline.data_parallel import (
-    resummarize,
     core_shares,
+    resummarize,
     shard_command,
     shard_devices,
     single_gpu,

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Final
 import attrs
 
 from llm_perf_opt.errors import UserError, require_bool, require_choice, require_number, require_whole
+from llm_perf_opt.records.vocabulary import QUANTIZE_LABELS
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -28,6 +29,7 @@ KV_CACHES: Final = ("dynamic", "static")
 COMPILE_TARGETS: Final = ("none", "decode", "prefill_decode")
 COMPILE_MODES: Final = ("reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs", "default")
 OUTPUT_CHECKS: Final = ("auto", "always", "never")
+QUANTIZE_MODES: Final = tuple(QUANTIZE_LABELS)  # runtime.quantize: none, then torchao's weight quantizations
 #: Decode length a run may ask for when the model's config states no max_position_embeddings.
 MAX_NEW_TOKENS: Final = 1 << 20
 #: Longest name of one folder (NAME_MAX on Linux and macOS).
@@ -200,6 +202,7 @@ SCHEMA: Final[Mapping[str, Kind]] = {
     "runtime.static_cache_len": Whole(2, nullable=True),
     "runtime.record_routing": Flag(),
     "runtime.output_check": Choice(OUTPUT_CHECKS),
+    "runtime.quantize": Choice(QUANTIZE_MODES),
     # the passes
     "pipeline.torch_profiler.enable": Flag(),
     "pipeline.torch_profiler.decode_steps": Whole(0),

@@ -96,7 +96,8 @@ def run_predictions(
 
 
 def model_info(session: InferenceSession) -> ModelInfo:
-    """The model as built: its class, size, dtype, implementations, shape, weights and preprocessing."""
+    """The model as built: its class, size, dtype, implementations, shape, weights (quantized ones too) and
+    preprocessing."""
     described = session.adapter.describe(session.model)
     return ModelInfo(
         name=session.adapter.settings.name,
@@ -112,6 +113,7 @@ def model_info(session: InferenceSession) -> ModelInfo:
         weights_detail=session.loaded.weights_detail,
         config_source=session.loaded.config_source,
         preprocess=session.adapter.preprocess_settings(),
+        quantized=session.loaded.quantized,
     )
 
 

@@ -92,8 +92,8 @@ def read_levers(node: DictConfig, exclude: Sequence[str]) -> tuple[Lever, ...]:
     if not isinstance(levers, Mapping) or not levers:
         raise UserError(
             "the what-if preset has no levers (whatif.levers is empty)",
-            "Pick whatif=decode|tuning|vision|batch|throughput|all, or whatif=advised whatif.from_run=<stage1-run "
-            "folder> for the levers its advice names",
+            "Pick whatif=decode|tuning|quantize|vision|batch|throughput|all, or whatif=advised "
+            "whatif.from_run=<stage1-run folder> for the levers its advice names",
         )
     return tuple(_lever(name, levers[name]) for name in _kept([str(name) for name in levers], exclude))
 

@@ -12,6 +12,7 @@ from llm_perf_opt.records.common import PeakFigure, Summary, TimeBudget
 from llm_perf_opt.records.memory import EnergyReport, MemoryReport
 from llm_perf_opt.records.modules import ModuleAttribution, ModuleTimes
 from llm_perf_opt.records.shard import PassWindow, ShardInfo
+from llm_perf_opt.records.vocabulary import QUANTIZE_LABELS
 
 PerInput = TypeVar("PerInput")
 PerBatch = TypeVar("PerBatch")
@@ -50,6 +51,26 @@ class ModelFamily:
 
 
 @attrs.frozen
+class QuantizedLayers:
+    """The layers `runtime.quantize` quantized: the model's nn.Linear layers outside its vision stages (the language
+    model's attention projections, dense MLPs, shared experts, lm_head); fused routed-expert tensors are no Linear."""
+
+    setting: str  # the runtime.quantize value, e.g. "int8_weight_only"
+    layers: int  # Linear layers quantized
+    parameters: int  # their weights' elements
+    linear_layers: int  # every nn.Linear of the model (the vision stages' too)
+
+    @property
+    def text(self) -> str:
+        """e.g. "int8 weight-only (torchao): 22 of 43 Linear layers (those outside the vision stages), 8,359,936
+        weights"."""
+        return (
+            f"{QUANTIZE_LABELS.get(self.setting, self.setting)}: {self.layers} of {self.linear_layers} Linear layers "
+            f"(those outside the vision stages), {self.parameters:,} weights"
+        )
+
+
+@attrs.frozen
 class ModelInfo:
     name: str
     adapter: str
@@ -67,6 +88,8 @@ class ModelInfo:
     architecture: Mapping[str, Any] = attrs.field(factory=dict)
     # The family as the adapter describes it; None in folders written before it was recorded (`family_facts`).
     family: ModelFamily | None = None
+    # What `runtime.quantize` quantized; None: nothing (the setting was none, or the folder predates it).
+    quantized: QuantizedLayers | None = None
 
     def family_facts(self) -> ModelFamily:
         """The family as described, or as probed from the preprocessing keys for an older folder."""
@@ -549,9 +572,12 @@ def runtime_label(
     batch_vision: bool = False,
     preprocess_workers: int = 0,
     prefetch_pages: bool = False,
+    quantize: str = "none",
 ) -> str:
     """One line for reports, e.g. "static KV cache, compiled decode (reduce-overhead), batch 4"."""
     parts = [f"{kv_cache} KV cache" + (f" of {static_cache_len} positions" if static_cache_len is not None else "")]
+    if quantize != "none":
+        parts.insert(0, QUANTIZE_LABELS.get(quantize, quantize))
     if compile != "none":
         what = "decode" if compile == "decode" else "prefill and decode"
         tuned = "".join(f", {name}={value}" for name, value in options)
@@ -625,6 +651,8 @@ class DecoderRuntime:
     preprocess_workers: int = 0
     # the next pass's page files decoded on threads while a pass runs (`runtime.prefetch_pages`)
     prefetch_pages: bool = False
+    # none, or the torchao weight quantization of the language model's Linear layers (`runtime.quantize`)
+    quantize: str = "none"
 
     def described(self, batch: str) -> str:
         """The label with `batch` (e.g. "batch 1 (run.batch_size=2, 1 input)") in place of the configured size."""
@@ -639,6 +667,7 @@ class DecoderRuntime:
             self.batch_vision,
             self.preprocess_workers,
             self.prefetch_pages,
+            self.quantize,
         )
 
     @property

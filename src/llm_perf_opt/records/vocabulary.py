@@ -1,4 +1,5 @@
-"""The toolkit's vocabulary: stage names, the NVTX domain and dtype names, each defined here once.
+"""The toolkit's vocabulary: stage names, the NVTX domain, dtype names and weight quantizations, each defined here
+once.
 
 This module sits at the floor of the package: it imports nothing from llm_perf_opt, and every layer (sessions,
 measurement, Nsight analysis, analytic model, records, reports) takes these names from here.
@@ -74,3 +75,13 @@ def dtype_bytes(name: str) -> int | None:
     """Bytes per element of a supported compute dtype (any alias), or None."""
     canonical = canonical_dtype(name)
     return None if canonical is None else DTYPE_BYTES[canonical]
+
+
+# ---- weight quantization (`runtime.quantize`) --------------------------------------------------------------------
+# Each value of `runtime.quantize` -> how reports name it (none: the model's own dtype, not named).
+QUANTIZE_LABELS: Final[dict[str, str]] = {
+    "none": "",
+    "int8_weight_only": "int8 weight-only (torchao)",
+    "float8_weight_only": "float8 weight-only (torchao)",
+    "float8_dynamic": "float8 weights and dynamic float8 activations (torchao)",
+}

@@ -880,6 +880,7 @@ def assumptions_md(m: Stage1Metrics, inputs: InputsManifest) -> str:
             ),
             f"Attention implementation: {m.model.attn_implementation}; MoE experts implementation: "
             f"{m.model.experts_implementation}",
+            *([f"Weights quantized: {q.text}"] if (q := m.model.quantized) else []),
         ]
     )
     doc.h2("Run")

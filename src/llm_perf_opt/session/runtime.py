@@ -1,5 +1,5 @@
-"""How the decoder runs: KV cache kind, torch.compile target and mode, batch size (the `runtime:` config node
-and `run.batch_size`), checked once into a :class:`RuntimeSettings` record."""
+"""How the decoder runs: KV cache kind, torch.compile target and mode, weight quantization, batch size (the
+`runtime:` config node and `run.batch_size`), checked once into a :class:`RuntimeSettings` record."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import torch
 from llm_perf_opt.compile_options import compile_options
 from llm_perf_opt.errors import UserError, require_bool, require_choice, require_whole
 from llm_perf_opt.records.stage1 import DecoderRuntime, RuntimeRecord
-from llm_perf_opt.settings_schema import COMPILE_MODES, COMPILE_TARGETS, KV_CACHES, OUTPUT_CHECKS
+from llm_perf_opt.session.quantize import check_quantize
+from llm_perf_opt.settings_schema import COMPILE_MODES, COMPILE_TARGETS, KV_CACHES, OUTPUT_CHECKS, QUANTIZE_MODES
 
 
 @attrs.frozen
@@ -45,6 +46,7 @@ class RuntimeSettings(DecoderRuntime):
             batch_vision=require_bool("runtime.batch_vision", node.get("batch_vision", False)),
             preprocess_workers=require_whole("runtime.preprocess_workers", node.get("preprocess_workers", 0), 0),
             prefetch_pages=require_bool("runtime.prefetch_pages", node.get("prefetch_pages", False)),
+            quantize=require_choice("runtime.quantize", node.get("quantize", "none"), QUANTIZE_MODES),
         )
         settings.check_consistent()
         return settings
@@ -78,7 +80,9 @@ class RuntimeSettings(DecoderRuntime):
             )
 
     def check_device(self, device: torch.device) -> None:
-        """Compilation this device and torch can do (a UserError naming the setting otherwise)."""
+        """Compilation and weight quantization this device and the installed packages can do (a UserError naming the
+        setting otherwise)."""
+        check_quantize(self.quantize, device)
         parts = self.compiled_parts
         if not parts:
             return

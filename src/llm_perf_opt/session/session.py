@@ -52,6 +52,7 @@ from llm_perf_opt.session.kv_cache import KvCaches, static_cache_error
 from llm_perf_opt.session.model_settings import ModelSettings
 from llm_perf_opt.session.output_check import OutputCheck, ReferenceOutput, ReferenceOutputs, compare_outputs
 from llm_perf_opt.session.prefetch import PagePrefetch
+from llm_perf_opt.session.quantize import quantize_linears
 from llm_perf_opt.session.runtime import EAGER_REFERENCE, RuntimeSettings
 
 if TYPE_CHECKING:
@@ -341,6 +342,12 @@ class InferenceSession:
         self.dtype = dtype
         self.runtime = runtime = runtime or RuntimeSettings()
         runtime.check_device(device)
+        quantized = loaded.quantized.setting if loaded.quantized is not None else "none"
+        if runtime.quantize != quantized:
+            raise ValueError(
+                f"the model's weights were quantized as {quantized}, but the runtime has runtime.quantize="
+                f"{runtime.quantize}: weight quantization is applied when the model is loaded (InferenceSession.load)"
+            )
         adapter.bind_device(device, dtype)
         if runtime.kv_cache == "static" and (blocker := adapter.static_cache_blocker(self.model)):
             raise static_cache_error(blocker)
@@ -404,7 +411,9 @@ class InferenceSession:
         cls, model: ModelSettings | Mapping[str, Any], device: torch.device, runtime: RuntimeSettings | None = None
     ) -> Self:
         """Build (random weights) or load (the adapter's checkpoint folder) the model the settings name (or a
-        `model` node gives) on `device`, to run under `runtime` (default: the eager reference)."""
+        `model` node gives) on `device`, to run under `runtime` (default: the eager reference). With
+        `runtime.quantize`, the Linear layers outside the vision stages are quantized here, before anything compiles
+        (`session.quantize`)."""
         adapter = make_adapter(model)
         cls.check_adapter(adapter)
         dtype = resolve_dtype(adapter.settings.dtype, device)
@@ -420,6 +429,9 @@ class InferenceSession:
         else:
             loaded = adapter.build_random(device=device, dtype=dtype)
         apply_sam_attention(adapter.settings.sam_attention, loaded.model)
+        if runtime is not None and runtime.quantize != "none":
+            vision = adapter.stage_modules(loaded.model).values()
+            loaded = attrs.evolve(loaded, quantized=quantize_linears(loaded.model, runtime.quantize, vision))
         return cls(adapter, loaded, device, dtype, runtime)
 
     @classmethod
@@ -428,7 +440,7 @@ class InferenceSession:
 
     def with_runtime(self, runtime: RuntimeSettings) -> Self:
         """A session on the same loaded model under another runtime (its own caches, compiled steps and hooks;
-        :meth:`close` the one no longer used)."""
+        :meth:`close` the one no longer used); `runtime.quantize` must be the loaded model's."""
         return type(self)(self.adapter, self.loaded, self.device, self.dtype, runtime)
 
     def close(self) -> None:

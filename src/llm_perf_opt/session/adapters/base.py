@@ -14,7 +14,7 @@ from torch import nn
 
 from llm_perf_opt.data.images import open_upright
 from llm_perf_opt.errors import UserError
-from llm_perf_opt.records.stage1 import ModelFamily
+from llm_perf_opt.records.stage1 import ModelFamily, QuantizedLayers
 from llm_perf_opt.session.model_settings import ModelSettings
 
 if TYPE_CHECKING:
@@ -91,6 +91,7 @@ class LoadedModel:
     weights: str  # "random" or "checkpoint"
     weights_detail: str  # one line for the reports: where the weights came from
     config_source: str  # where the architecture came from
+    quantized: QuantizedLayers | None = None  # what `runtime.quantize` quantized in place (None: nothing)
 
 
 def present_roots(model: nn.Module, roots: Mapping[str, str]) -> dict[str, str]:

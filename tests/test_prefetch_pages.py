@@ -141,6 +141,49 @@ def test_a_decoding_error_is_raised_by_the_pass_that_takes_it(session: Any, tmp_
     assert not _prefetch_threads() and session._prefetch is None
 
 
+def _closed(image: Image.Image) -> bool:
+    try:
+        image.getpixel((0, 0))
+    except ValueError:  # "Operation on closed image"
+        return True
+    return False
+
+
+@pytest.mark.parametrize("workers", [1, 3], ids=["one after the other", "on threads"])
+def test_a_prepare_that_fails_mid_batch_closes_every_page_decoded_ahead(
+    v1_session: InferenceSession, monkeypatch: pytest.MonkeyPatch, workers: int
+) -> None:
+    """The second page of a pass decoded ahead fails to prepare: its error is raised by the pass, and every image
+    decoded ahead is closed (the page prepared before it, the one that failed, the one never prepared); no thread is
+    left and nothing is in flight."""
+    prefetching = v1_session.with_runtime(attrs.evolve(PREFETCH, preprocess_workers=workers))
+    decoded: list[Image.Image] = []
+    real_decode, real_prepare = prefetching.adapter.decode_file, prefetching.adapter.prepare_file
+
+    def decode(path: Path) -> Image.Image | None:
+        image = real_decode(path)
+        assert image is not None
+        decoded.append(image)
+        return image
+
+    def prepare(path: Path, tokenizer: Any, image: Image.Image | None = None) -> Any:
+        if path.name == PAGES[1]:
+            raise ValueError(f"{path.name} cannot be prepared")
+        return real_prepare(path, tokenizer, image)
+
+    monkeypatch.setattr(prefetching.adapter, "decode_file", decode)
+    monkeypatch.setattr(prefetching.adapter, "prepare_file", prepare)
+    try:
+        prefetching.prefetch(_pages())
+        with pytest.raises(ValueError, match="cannot be prepared"):
+            prefetching.run_batch(_pages(), 2, nvtx=False)
+        assert len(decoded) == len(PAGES) and all(_closed(image) for image in decoded)
+        assert prefetching._prefetch is None and not _prefetch_threads()
+        assert not [t for t in threading.enumerate() if t.name.startswith("llo-preprocess")]
+    finally:
+        prefetching.close()
+
+
 def test_text_prompts_decode_nothing_ahead(caplog: pytest.LogCaptureFixture) -> None:
     model = compose_config("stage1", "model=hf", "model.config=qwen2_tiny").model
     prompt = bundled_prompts_dir() / "question_short.txt"

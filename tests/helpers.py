@@ -223,3 +223,14 @@ def exit_code(main: Callable[[list[str]], object], *argv: str) -> int:
     except SystemExit as ended:
         return int(ended.code or 0)
     return 0
+
+
+#: Three bundled sample pages of unlike shapes (portrait, square, long): a batch whose pages differ.
+SAMPLE_PAGES = ("page_portrait.png", "slide_square.png", "receipt_long.png")
+
+
+def sample_pages(*names: str) -> list[Path]:
+    """The bundled sample pages `names` (default: every one of `SAMPLE_PAGES`), as paths."""
+    from llm_perf_opt.data.dataset import bundled_samples_dir
+
+    return [bundled_samples_dir() / name for name in names or SAMPLE_PAGES]

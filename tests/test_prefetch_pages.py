@@ -18,8 +18,8 @@ import pytest
 import torch
 from PIL import Image
 
+from helpers import SAMPLE_PAGES, sample_pages
 from llm_perf_opt.config_compose import compose_config
-from llm_perf_opt.data.dataset import bundled_samples_dir
 from llm_perf_opt.data.prompts import bundled_prompts_dir
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure.throughput import page_throughput
@@ -33,7 +33,6 @@ from llm_perf_opt.session.session import InferenceSession
 from llm_perf_opt.settings_schema import check_config
 
 CPU = torch.device("cpu")
-PAGES = ("page_portrait.png", "slide_square.png", "receipt_long.png")
 PREFETCH = RuntimeSettings(batch_size=3, prefetch_pages=True)
 
 
@@ -42,10 +41,6 @@ def session(v1_session: InferenceSession) -> Iterator[InferenceSession]:
     prefetching = v1_session.with_runtime(PREFETCH)
     yield prefetching
     prefetching.close()
-
-
-def _pages(*names: str) -> list[Path]:
-    return [bundled_samples_dir() / name for name in names or PAGES]
 
 
 def _prefetch_threads() -> list[threading.Thread]:
@@ -69,20 +64,20 @@ def _decodes(session: InferenceSession, monkeypatch: pytest.MonkeyPatch, pause_s
 def test_prefetched_passes_prepare_the_same_inputs_and_tokens(v1_session: InferenceSession, session: Any) -> None:
     plain = v1_session.with_runtime(RuntimeSettings(batch_size=3))
     try:
-        alone, _ = plain._prepare_batch(_pages())
-        reference = plain.run_batch(_pages(), 2, nvtx=False)
+        alone, _ = plain._prepare_batch(sample_pages())
+        reference = plain.run_batch(sample_pages(), 2, nvtx=False)
     finally:
         plain.close()
-    session.prefetch(_pages())
-    ahead, prefetched = session._prepare_batch(_pages())
+    session.prefetch(sample_pages())
+    ahead, prefetched = session._prepare_batch(sample_pages())
     assert prefetched
     for (a, _), (b, _) in zip(alone, ahead, strict=True):
         assert a.views == b.views and a.prompt_tokens == b.prompt_tokens
         for key, value in a.model_inputs.items():
             if isinstance(value, torch.Tensor):
                 torch.testing.assert_close(b.model_inputs[key], value, rtol=0, atol=0)
-    first = session.run_batch(_pages(), 2, nvtx=False, next_paths=_pages())  # nothing decoded ahead of it
-    second = session.run_batch(_pages(), 2, nvtx=False)
+    first = session.run_batch(sample_pages(), 2, nvtx=False, next_paths=sample_pages())  # nothing decoded ahead of it
+    second = session.run_batch(sample_pages(), 2, nvtx=False)
     assert not first.prefetched and second.prefetched
     assert [p.token_ids for p in second.pages] == [p.token_ids for p in reference.pages]
     assert not _prefetch_threads()  # taken: its pool has finished
@@ -96,15 +91,15 @@ def test_the_wait_for_the_decoded_pages_is_preprocessing(session: Any, monkeypat
     """One decoding thread, each page 0.1 s: the pass that starts right away waits for about 0.3 s, and its
     preprocess time holds the wait (a lower bound set by the pauses, not a speed figure); each page a share."""
     _decodes(session, monkeypatch, pause_s=0.1)
-    session.prefetch(_pages())
-    measured = session.run_batch(_pages(), 2, nvtx=False)
+    session.prefetch(sample_pages())
+    measured = session.run_batch(sample_pages(), 2, nvtx=False)
     assert measured.prefetched
     assert measured.preprocess_ms >= 150.0
     assert len({p.preprocess_ms for p in measured.pages}) == 1  # an equal share each
 
 
 def test_the_next_paths_of_another_batch_are_decoded_for_it(session: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    this, following = _pages(PAGES[0]), _pages(PAGES[1], PAGES[2])
+    this, following = sample_pages(SAMPLE_PAGES[0]), sample_pages(SAMPLE_PAGES[1], SAMPLE_PAGES[2])
     seen = _decodes(session, monkeypatch)
     first = session.run_batch(this, 2, nvtx=False, next_paths=following)
     assert not first.prefetched  # its own page decoded in the pass (not through the prefetch)
@@ -116,17 +111,18 @@ def test_the_next_paths_of_another_batch_are_decoded_for_it(session: Any, monkey
 
 def test_a_prefetch_of_other_pages_is_dropped_with_its_threads(session: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     seen = _decodes(session, monkeypatch, pause_s=0.2)
-    session.prefetch(_pages())
-    measured = session.run_batch(_pages(PAGES[0]), 2, nvtx=False)
+    session.prefetch(sample_pages())
+    measured = session.run_batch(sample_pages(SAMPLE_PAGES[0]), 2, nvtx=False)
     assert not measured.prefetched and session._prefetch is None
     assert not _prefetch_threads()
-    assert seen == _pages()[: len(seen)] and len(seen) < len(PAGES)  # the decodes not started were cancelled
+    # the decodes not started were cancelled
+    assert seen == sample_pages()[: len(seen)] and len(seen) < len(SAMPLE_PAGES)
 
 
 def test_no_thread_is_left_after_close(v1_session: InferenceSession, monkeypatch: pytest.MonkeyPatch) -> None:
     prefetching = v1_session.with_runtime(PREFETCH)
     _decodes(prefetching, monkeypatch, pause_s=0.05)
-    prefetching.prefetch(_pages())
+    prefetching.prefetch(sample_pages())
     assert _prefetch_threads()
     prefetching.close()
     assert not _prefetch_threads() and prefetching._prefetch is None
@@ -135,10 +131,53 @@ def test_no_thread_is_left_after_close(v1_session: InferenceSession, monkeypatch
 def test_a_decoding_error_is_raised_by_the_pass_that_takes_it(session: Any, tmp_path: Path) -> None:
     broken = tmp_path / "broken.png"
     broken.write_bytes(b"not a png")
-    session.prefetch([broken, *_pages(PAGES[0])])
+    session.prefetch([broken, *sample_pages(SAMPLE_PAGES[0])])
     with pytest.raises(OSError):
-        session.run_batch([broken, *_pages(PAGES[0])], 2, nvtx=False)
+        session.run_batch([broken, *sample_pages(SAMPLE_PAGES[0])], 2, nvtx=False)
     assert not _prefetch_threads() and session._prefetch is None
+
+
+def _closed(image: Image.Image) -> bool:
+    try:
+        image.getpixel((0, 0))
+    except ValueError:  # "Operation on closed image"
+        return True
+    return False
+
+
+@pytest.mark.parametrize("workers", [1, 3], ids=["one after the other", "on threads"])
+def test_a_prepare_that_fails_mid_batch_closes_every_page_decoded_ahead(
+    v1_session: InferenceSession, monkeypatch: pytest.MonkeyPatch, workers: int
+) -> None:
+    """The second page of a pass decoded ahead fails to prepare: its error is raised by the pass, and every image
+    decoded ahead is closed (the page prepared before it, the one that failed, the one never prepared); no thread is
+    left and nothing is in flight."""
+    prefetching = v1_session.with_runtime(attrs.evolve(PREFETCH, preprocess_workers=workers))
+    decoded: list[Image.Image] = []
+    real_decode, real_prepare = prefetching.adapter.decode_file, prefetching.adapter.prepare_file
+
+    def decode(path: Path) -> Image.Image | None:
+        image = real_decode(path)
+        assert image is not None
+        decoded.append(image)
+        return image
+
+    def prepare(path: Path, tokenizer: Any, image: Image.Image | None = None) -> Any:
+        if path.name == SAMPLE_PAGES[1]:
+            raise ValueError(f"{path.name} cannot be prepared")
+        return real_prepare(path, tokenizer, image)
+
+    monkeypatch.setattr(prefetching.adapter, "decode_file", decode)
+    monkeypatch.setattr(prefetching.adapter, "prepare_file", prepare)
+    try:
+        prefetching.prefetch(sample_pages())
+        with pytest.raises(ValueError, match="cannot be prepared"):
+            prefetching.run_batch(sample_pages(), 2, nvtx=False)
+        assert len(decoded) == len(SAMPLE_PAGES) and all(_closed(image) for image in decoded)
+        assert prefetching._prefetch is None and not _prefetch_threads()
+        assert not [t for t in threading.enumerate() if t.name.startswith("llo-preprocess")]
+    finally:
+        prefetching.close()
 
 
 def test_text_prompts_decode_nothing_ahead(caplog: pytest.LogCaptureFixture) -> None:
@@ -191,8 +230,8 @@ def test_stage1_run_decodes_the_next_pass_ahead(tmp_path: Path) -> None:
     before it (the warm-up decoded its own), said in the records, the runtime label and report.md."""
     root = tmp_path / "pages"
     root.mkdir()
-    for name in PAGES[:2]:
-        shutil.copy(bundled_samples_dir() / name, root / name)
+    for page in sample_pages(*SAMPLE_PAGES[:2]):
+        shutil.copy(page, root / page.name)
     cfg = compose_config(
         "stage1",
         "model=deepseek_ocr_tiny",

@@ -3,34 +3,27 @@ after the other, each input's preprocess time an equal share of the batch's; the
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
+from helpers import sample_pages
 from llm_perf_opt.config_compose import compose_config
-from llm_perf_opt.data.dataset import bundled_samples_dir
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.session.runtime import RuntimeSettings
 from llm_perf_opt.session.session import InferenceSession
 from llm_perf_opt.settings_schema import check_config
 
 CPU = torch.device("cpu")
-PAGES = ("page_portrait.png", "slide_square.png", "receipt_long.png")
-
-
-def _pages() -> list[Path]:
-    return [bundled_samples_dir() / name for name in PAGES]
 
 
 def test_threads_prepare_the_same_inputs_and_share_the_batch_time(v1_session: InferenceSession) -> None:
     one_by_one = v1_session.with_runtime(RuntimeSettings(batch_size=3))
     threaded = v1_session.with_runtime(RuntimeSettings(batch_size=3, preprocess_workers=3))
     try:
-        alone, _ = one_by_one._prepare_batch(_pages())
-        together, _ = threaded._prepare_batch(_pages())
-        plain = one_by_one.run_batch(_pages(), 2, nvtx=False)
-        pooled = threaded.run_batch(_pages(), 2, nvtx=False)
+        alone, _ = one_by_one._prepare_batch(sample_pages())
+        together, _ = threaded._prepare_batch(sample_pages())
+        plain = one_by_one.run_batch(sample_pages(), 2, nvtx=False)
+        pooled = threaded.run_batch(sample_pages(), 2, nvtx=False)
     finally:
         one_by_one.close()
         threaded.close()

@@ -19,6 +19,7 @@ from llm_perf_opt.pipeline.whatif_judge import judging_settings, memory_budget, 
 from llm_perf_opt.records import io
 from llm_perf_opt.records.folders import load_stage1, load_whatif
 from llm_perf_opt.records.memory import MemoryReport
+from llm_perf_opt.records.stage1 import BatchRecord, Stage1Metrics
 from llm_perf_opt.records.whatif import (
     ALONE,
     BASELINE,
@@ -34,7 +35,7 @@ from llm_perf_opt.records.whatif import (
     Speedup,
     WhatIfRecord,
 )
-from llm_perf_opt.report.whatif_report import clean_paths, whatif_md
+from llm_perf_opt.report.whatif_report import clean_paths, judgement_text, whatif_md
 from whatif_fixtures import realistic
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "whatif-h100-decode"
@@ -112,6 +113,69 @@ def test_a_gain_with_a_loss_beyond_noise_is_flagged_in_plain_words() -> None:
     assert o.tradeoffs(judged, None) == ("decode −91%, but time to first token +130% and prefill +56%",)
     assert o.tradeoffs(judged[:1], None) == ()  # a gain alone is no trade-off
     assert o.tradeoffs(judged[1:], None) == ()  # nor a loss alone
+
+
+def _batched(base: Stage1Metrics, pages: int, vision_factor: float) -> Stage1Metrics:
+    """`base` run as batches of `pages` pages: each pass's vision `vision_factor` × the baseline pass's, its prefill
+    the batch's vision plus the baseline's language-model prefill, its decode steps the baseline's."""
+    batches = []
+    for i, r in enumerate(base.records):
+        vision = {stage: ms * vision_factor for stage, ms in r.vision_ms.items()}
+        prefill = sum(vision.values()) + r.prefill_ms - sum(r.vision_ms.values())
+        batches.append(
+            BatchRecord(
+                batch=0,
+                repeat=i,
+                images=(r.image,) * pages,
+                preprocess_ms=r.preprocess_ms * pages,
+                prefill_ms=prefill,
+                vision_ms=vision,
+                decode_ms=r.decode_ms,
+                decode_step_ms=r.decode_step_ms,
+                new_tokens=r.new_tokens,
+                padded_prompt_tokens=r.prompt_tokens,
+                peak_memory_bytes=r.peak_memory_bytes,
+            )
+        )
+    return attrs.evolve(base, batches=tuple(batches))
+
+
+def test_pass_times_are_judged_per_page_when_the_rung_holds_more_pages_a_pass() -> None:
+    """A batch-4 rung whose vision pass takes 2× the batch-1 baseline's spends half the vision time per page: "vision
+    per page −50%", not "+100%"; decode per page-token (the same step over 4 pages: −75%); the time to first token, a
+    page's own wait, stays a loss; a part judged per page never stands for the first token's."""
+    base = load_stage1(EXAMPLE / "rungs" / "00-baseline").metrics
+    rung = _batched(base, pages=4, vision_factor=2.0)
+    judged = {j.objective: j for j in o.judge(base, rung, None, None)}
+    vision = judged["vision_ms"]
+    assert (vision.label, vision.per, vision.verdict) == ("vision per page", "page", BETTER)
+    assert vision.change == pytest.approx(-0.5)
+    assert (
+        vision.why
+        == "each pass's vision time over the pages it holds (4 pages a pass in this rung, 1 page in the baseline)"
+    )
+    assert o.change_text(vision) == "vision per page −50%"
+    decode = judged["decode_ms_per_token"]
+    assert (decode.label, decode.per, decode.change) == ("decode per page-token", "page-token", pytest.approx(-0.75))
+    assert judged["prefill_ms"].per == "page"
+    ttft = judged["ttft_ms"]
+    assert (ttft.label, ttft.per, ttft.verdict) == ("time to first token", None, WORSE)  # a page waits for its batch
+    assert judged["page_latency_ms"].per is None and judged["pages_per_s"].per is None
+    assert o.tradeoffs(tuple(judged.values()), None) == (
+        "pages/s +144% and decode per page-token −75%, but whole-page latency +64% and time to first token +224%",
+    )  # pages/s is quoted beside whole-page latency: at other pages a pass one no longer sets the other
+    assert judgement_text(vision) == "per page −50% better"
+    within = Speedup(value=1.0, ci95_low=None, ci95_high=None, ci_method=None, verdict="within noise")
+    assert w.helped_by_parts("ttft_ms", within, (vision, judged["prefill_ms"])) == ()
+    same = {j.objective: j for j in o.judge(base, base, None, None)}
+    assert same["vision_ms"].label == "vision" and same["vision_ms"].per is None  # one page a pass each: per pass
+
+
+def test_a_near_total_saving_never_reads_minus_100_percent() -> None:
+    assert o.change_text(_j("decode_ms_per_token", BETTER, -0.9977)) == "decode −99.8%"
+    assert o.change_text(_j("decode_ms_per_token", BETTER, -0.5)) == "decode −50%"
+    assert o.change_text(_j("pages_per_s", BETTER, 0.9996)) == "pages/s +100%"
+    assert judgement_text(_j("decode_ms_per_token", BETTER, -0.9977)) == "−99.8% better"
 
 
 def test_memory_over_the_budget_or_far_above_the_baseline_is_flagged() -> None:

@@ -100,6 +100,19 @@ def pass_values(metrics: Stage1Metrics, name: str, decode_tokens: int | None = N
     return [v for v in values if v is not None]
 
 
+def page_values(metrics: Stage1Metrics, name: str, decode_tokens: int | None = None) -> list[float]:
+    """One value of a pass-time objective `name` per timed pass, per page: the pass's value over the pages the pass
+    holds (vision or prefill: the pass's time per page; decode ms/token: the step's time per page-token)."""
+    values = ((_forward_value(f, name, decode_tokens), f.size) for f in metrics.forwards)
+    return [v / size for v, size in values if v is not None and size > 0]
+
+
+def pages_per_pass(metrics: Stage1Metrics) -> tuple[int, ...]:
+    """The numbers of pages the timed passes hold, smallest first, each once (one per batch size; a batch run's last
+    pass may hold fewer unless `run.fill_batches`)."""
+    return tuple(sorted({f.size for f in metrics.forwards}))
+
+
 def _page_latency(ttft: float, steps: Sequence[float], tokens: int) -> float | None:
     """TTFT + (tokens − 1) × the mean decode step (the first token comes from prefill)."""
     if tokens <= 1:
@@ -496,8 +509,10 @@ OBJECTIVE_PARTS: Mapping[str, tuple[str, ...]] = {
 
 def helped_by_parts(objective: str, gain: Speedup | None, judgements: Sequence[Judgement]) -> tuple[Judgement, ...]:
     """The parts of `objective` a lever shortened beyond noise while the objective itself moved only within noise
-    (either way: its noise is another part's) and no part got worse beyond noise; empty when it did not help so."""
-    parts = [j for j in judgements if j.objective in OBJECTIVE_PARTS.get(objective, ())]
+    (either way: its noise is another part's) and no part got worse beyond noise; empty when it did not help so. A
+    part judged per page (`Judgement.per`: the rung's passes hold other numbers of pages) is no part of a page's wait.
+    """
+    parts = [j for j in judgements if j.objective in OBJECTIVE_PARTS.get(objective, ()) and not j.per]
     if gain is None or gain.verdict != WITHIN or any(j.verdict == WORSE for j in parts):
         return ()
     return tuple(j for j in parts if j.verdict == BETTER)

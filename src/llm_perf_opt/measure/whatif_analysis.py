@@ -42,6 +42,7 @@ from llm_perf_opt.records.whatif import (
     LatencyTarget,
     Lever,
     Objective,
+    OutputAgreement,
     PredictionCheck,
     Rung,
     RungFigures,
@@ -106,11 +107,15 @@ class WhatIfAnalysis:
         levers: Sequence[Lever],
         rungs: Iterable[Rung],
         folders: Mapping[str, Stage1Folder],
+        kept_outputs: Mapping[str, OutputAgreement | None] | None = None,
     ) -> None:
         self.settings = settings
         self.levers = tuple(levers)
         self.given = {rung.name: rung for rung in rungs}  # as they ran; their judged fields are worked out again
         self.folders = dict(folders)  # each measured rung's Stage 1 folder, by rung name
+        # rungs whose outputs against the baseline are taken as given, not compared again (by rung name: a folder
+        # that no longer holds the logits and top-two passes the comparison read, such as a shipped example)
+        self.kept_outputs = dict(kept_outputs or {})
         self.base_name = next((r.name for r in self.given.values() if r.phase == BASELINE), BASELINE)
         self._judged: dict[str, Rung] | None = None
 
@@ -166,7 +171,10 @@ class WhatIfAnalysis:
         against = self.attributed_against(rung)
         reference = self.folders.get(against)
         ref = self.folder_figures(reference) if reference is not None else self.given[against].figures
-        outputs = figures.outputs_against(base, folder, self.settings.near_tie_tolerance)
+        if rung.name in self.kept_outputs:
+            outputs = self.kept_outputs[rung.name]
+        else:
+            outputs = figures.outputs_against(base, folder, self.settings.near_tie_tolerance)
         judgements = objectives.judge(base.metrics, folder.metrics, outputs, tokens)
         before, after = base.metrics.modules, folder.metrics.modules
         return attrs.evolve(

@@ -15,6 +15,8 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 
+import attrs
+
 from llm_perf_opt.measure.noise import BEYOND, WITHIN, noise_verdict
 from llm_perf_opt.measure.outputs import near_tie_text
 from llm_perf_opt.measure.stats import MIN_VALUES_FOR_CI, summarize
@@ -26,6 +28,8 @@ from llm_perf_opt.measure.whatif import (
     HostDrift,
     comparable,
     least_gain,
+    page_values,
+    pages_per_pass,
     pass_values,
 )
 from llm_perf_opt.measure.whatif import ratio_interval_95 as _ratio_interval
@@ -61,7 +65,8 @@ ENERGY_TOLERANCE = 0.05  # joules per decode token within 5% (one NVML energy pa
 FAR_ABOVE_BASELINE = 1.5
 # Gains quoted in a trade-off flag (the largest first); every loss is quoted.
 GAINS_QUOTED = 2
-# A gain left unquoted when another says it: pages/s when whole-page latency gained too.
+# A gain left unquoted when another says it: pages/s when whole-page latency gained too (at the same pages per
+# pass: a page's latency then sets the pages/s).
 SAID_BY = {"pages_per_s": PAGE_LATENCY_MS}
 
 
@@ -79,6 +84,10 @@ MEMORY_PASS = Objective("memory_pass_peak_gib", "memory-pass peak", "GiB", highe
 ENERGY = Objective("joules_per_decode_token", "energy per decode token", "J/token", higher_is_better=False)
 OUTPUTS = Objective("outputs", "outputs", "", higher_is_better=False)
 FIGURES = (*PASS_FIGURES, PEAK_MEMORY, COMPILE, MEMORY_PASS, ENERGY, OUTPUTS)
+# The pass times that are parts of a pass's work, not of a page's wait: where the rung's passes hold other numbers of
+# pages than the baseline's (a batch against one page), each is judged per page (the pass's time over its pages; a
+# decode step's per page-token). A page's own latencies (first token, whole page) and pages/s are judged as they are.
+PER_PAGE = {"vision_ms": "page", "prefill_ms": "page", "decode_ms_per_token": "page-token"}
 
 GOAL_LABELS = {
     PAGE_LATENCY: "whole-page latency",
@@ -201,12 +210,45 @@ def judge_outputs(outputs: OutputAgreement | None, repeats_until: int | None = N
     return Judgement(OUTPUTS.name, OUTPUTS.label, "", None, None, WORSE, why=why)
 
 
+def _pages_text(pages: Sequence[int]) -> str:
+    """The pages a run's passes hold: "1 page", "64 pages", "2–4 pages"."""
+    if len(pages) == 1:
+        return f"{pages[0]} page{'s' if pages[0] != 1 else ''}"
+    return f"{pages[0]}–{pages[-1]} pages"
+
+
+def judge_per_page(
+    figure: Objective, base: Stage1Metrics, rung: Stage1Metrics, decode_tokens: int | None = None
+) -> Judgement:
+    """A pass-time figure (`PER_PAGE`) judged per page: each pass's value over the pages it holds, labelled so
+    ("vision per page", "decode per page-token")."""
+    per = PER_PAGE[figure.name]
+    what = (
+        "each decode step's time over the pages it decodes a token for"
+        if per == "page-token"
+        else f"each pass's {figure.label} time over the pages it holds"
+    )
+    pages = (
+        f"{_pages_text(pages_per_pass(rung))} a pass in this rung, {_pages_text(pages_per_pass(base))} in the baseline"
+    )
+    why = f"{what} ({pages})"
+    labelled = attrs.evolve(figure, label=f"{figure.label} per {per}")
+    b, v = page_values(base, figure.name, decode_tokens), page_values(rung, figure.name, decode_tokens)
+    judged = judge_passes(labelled, b, v, why)
+    return attrs.evolve(judged, per=per, why=why if judged.verdict != NOT_JUDGED else judged.why)
+
+
 def judge(
     base: Stage1Metrics, rung: Stage1Metrics, outputs: OutputAgreement | None, decode_tokens: int | None
 ) -> tuple[Judgement, ...]:
-    """Every objective of `rung` against `base` (whole-page latency at `decode_tokens`, or each pass's own)."""
+    """Every objective of `rung` against `base` (whole-page latency at `decode_tokens`, or each pass's own); the pass
+    times per page where the two runs' passes hold other numbers of pages (`PER_PAGE`)."""
     out = []
+    per_page = pages_per_pass(base) != pages_per_pass(rung)
     for figure in PASS_FIGURES:
+        if per_page and figure.name in PER_PAGE:
+            out.append(judge_per_page(figure, base, rung, decode_tokens))
+            continue
         note = None
         if figure.name == PAGE_LATENCY_MS:
             note = _extrapolation(rung, decode_tokens)
@@ -256,7 +298,16 @@ def change_text(j: Judgement) -> str:
         delta = j.value - j.base
         return f"{j.label} {'+' if delta >= 0 else '−'}{abs(delta):,.1f} {j.unit}"
     sign = "+" if j.change >= 0 else "−"
-    return f"{j.label} {sign}{abs(j.change):.0%}"
+    return f"{j.label} {sign}{abs(j.change):.{percent_digits(j.change)}%}"
+
+
+def percent_digits(change: float) -> int:
+    """The decimals a change in percent is shown with: none, or as many as keep a near-total saving from reading
+    −100% (−99.8%), up to 3."""
+    digits = 0
+    while digits < 3 and -1 < change < 0 and f"{-change:.{digits}%}" == f"{1:.{digits}%}":
+        digits += 1
+    return digits
 
 
 def changes_text(judgements: Sequence[Judgement]) -> str:
@@ -271,12 +322,14 @@ def tradeoffs(
     """Plain-words flags: a gain beyond noise on one objective with a loss on another ("decode −91%, but time to
     first token +130% and prefill +56%"), a peak over the budget, a peak far above the baseline's."""
     flags = []
+    # at other pages per pass (a figure judged per page) a page's latency no longer sets the pages/s: both are said
+    said_by = {} if any(j.per is not None for j in judgements) else SAID_BY
     better = {j.objective for j in judgements if j.verdict == BETTER}
     gains = sorted(
         (
             j
             for j in judgements
-            if j.verdict == BETTER and not (j.objective in SAID_BY and SAID_BY[j.objective] in better)
+            if j.verdict == BETTER and not (j.objective in said_by and said_by[j.objective] in better)
         ),
         key=lambda j: -abs(j.change or 0.0),
     )

@@ -150,10 +150,13 @@ def rejudge(
     source: str | None = None,
     budget_gib: float | None = None,
     target: LatencyTarget | None = None,
+    keep_outputs: bool = False,
 ) -> WhatIfRecord:
     """Judge a what-if folder's rungs again from their folders, as the run judged them (`WhatIfAnalysis`), with the
     settings its record holds (the ladder's from the config.yaml it wrote as it started; without one, the shipped
-    defaults) but those given here, and rewrite `whatif.json`, `whatif.md` and the plots."""
+    defaults) but those given here, and rewrite `whatif.json`, `whatif.md` and the plots. `keep_outputs`: each
+    rung's outputs against the baseline as the record holds them, not compared again (for a folder whose rungs no
+    longer keep their logits, such as a shipped example)."""
     from llm_perf_opt.report import whatif_report
 
     record = load_whatif(run_dir)
@@ -181,7 +184,8 @@ def rejudge(
                 log.warning("rung %s not judged again: %s", rung.name, exc)
     job = {field.name: getattr(record, field.name) for field in attrs.fields(WhatIfJob)}  # the run as it was
     notes = tuple(note for note in record.notes if note.startswith(RUN_NOTES))  # how it ended
-    record = WhatIfAnalysis(settings, record.levers, record.rungs, folders).record(
+    kept = {rung.name: rung.outputs for rung in record.rungs} if keep_outputs else None
+    record = WhatIfAnalysis(settings, record.levers, record.rungs, folders, kept).record(
         WhatIfJob(**(job | {"notes": notes}))
     )
     art = ArtifactsManager(run_dir, stage="whatif")
@@ -208,11 +212,18 @@ def main(argv: list[str] | None = None) -> None:
             default=None,
             help=f"goodput: p90 time to {what} token per page ≤ this (default: the run's)",
         )
+    parser.add_argument(
+        "--keep-outputs",
+        action="store_true",
+        help="keep each rung's outputs against the baseline as recorded, not compared again (rung folders that no "
+        "longer hold their logits, such as the shipped examples)",
+    )
     args = parser.parse_args(argv)
     source = None if args.decode_tokens is None else "--decode-tokens"
     try:
         target = latency_target({"ttlt_p90_ms": args.ttlt_p90_ms, "ttft_p90_ms": args.ttft_p90_ms})
-        record = rejudge(args.folder, args.decode_tokens, source, memory_budget(args.memory_budget_gib), target)
+        budget = memory_budget(args.memory_budget_gib)
+        record = rejudge(args.folder, args.decode_tokens, source, budget, target, keep_outputs=args.keep_outputs)
     except (UserError, RecordError) as exc:
         print(exc, file=sys.stderr)
         raise SystemExit(2) from None

@@ -222,6 +222,9 @@ class Judgement:
     ci95_low: float | None = None  # 95% interval of value / base (ratio of geometric means over passes)
     ci95_high: float | None = None
     why: str | None = None  # why it is not judged, or how it was judged (a threshold, an extrapolation)
+    # A pass-time figure judged per page ("page") or per page-token ("page-token": a decode step over its pages)
+    # where the rung's passes hold other numbers of pages than the baseline's; None: per pass, as measured
+    per: str | None = None
 
 
 @attrs.frozen

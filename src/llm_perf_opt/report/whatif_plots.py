@@ -64,12 +64,12 @@ def _ttft_p50(record: WhatIfRecord, rung: Rung) -> float | None:
 
 
 def _stage_p50(record: WhatIfRecord, rung: Rung, figure: str) -> float | None:
-    """A rung's p50 of a judged figure (`vision_ms`, `prefill_ms`): its own judgement's value, or for the baseline
-    any judged rung's base."""
+    """A rung's p50 of a judged figure (`vision_ms`, `prefill_ms`) per pass: its own judgement's value, or for the
+    baseline any judged rung's base; None where it was judged per page (no part of a pass's first token)."""
     if rung.phase == BASELINE:
-        return next((j.base for r in record.rungs if (j := r.judgement(figure)) is not None), None)
+        return next((j.base for r in record.rungs if (j := r.judgement(figure)) is not None and not j.per), None)
     judged = rung.judgement(figure)
-    return None if judged is None else judged.value
+    return None if judged is None or judged.per else judged.value
 
 
 def ranks_first_token(record: WhatIfRecord) -> bool:

@@ -12,7 +12,7 @@ import attrs
 
 from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.measure.outputs import near_tie_text, share_text
-from llm_perf_opt.measure.whatif_objectives import ENERGY, OUTPUTS
+from llm_perf_opt.measure.whatif_objectives import ENERGY, FIGURES, OUTPUTS, percent_digits
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.folders import REPORT_FILE
 from llm_perf_opt.records.modules import StageModuleChanges
@@ -160,7 +160,8 @@ def _state_line(rung: Rung) -> str:
 
 
 def judgement_text(j: Judgement | None) -> str:
-    """One objective's cell: "−91% better", "+130% worse", "+1% within noise", "not judged", n/a."""
+    """One objective's cell: "−91% better", "+130% worse", "+1% within noise", "per page −75% better", "not
+    judged", n/a."""
     if j is None:
         return NA
     if j.verdict == NOT_JUDGED:
@@ -170,10 +171,11 @@ def judgement_text(j: Judgement | None) -> str:
     if j.objective == "compile_s" and j.base is not None and j.value is not None:
         change = _signed(j.value - j.base, lambda v: f"{v:,.1f} s")
     elif j.change is not None:
-        change = _signed(j.change, lambda v: pct(v, 0))
+        change = _signed(j.change, lambda v: pct(v, percent_digits(j.change or 0.0)))
     else:
         change = NA
-    return f"{change} {j.verdict}"
+    per = f"per {j.per} " if j.per else ""  # judged per page: the column's pass time over the pass's pages
+    return f"{per}{change} {j.verdict}"
 
 
 # --------------------------------------------------------------------------------------------- order
@@ -443,8 +445,11 @@ def _objectives_table(doc: Doc, record: WhatIfRecord) -> None:
             "judges a what-if folder's rungs from their run folders."
         )
         return
-    labels = {j.objective: j.label for r in judged for j in r.judgements}
-    columns = [c for c in OBJECTIVE_COLUMNS if c in labels]
+    # a column is headed by its figure as measured (a cell judged per page says so itself)
+    labels = {f.name: f.label for f in FIGURES} | {
+        j.objective: j.label for r in judged for j in r.judgements if not j.per
+    }
+    columns = [c for c in OBJECTIVE_COLUMNS if any(r.judgement(c) is not None for r in judged)]
     rows = [[r.name, *(judgement_text(r.judgement(c)) for c in columns)] for r in judged]
     doc.table(["rung", *(labels[c] for c in columns)], rows)
     reasons = _objective_notes(judged, lambda j: j.verdict == NOT_JUDGED)

@@ -3,7 +3,7 @@ pass's page files (open, upright, load: the host part of preprocessing), so that
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -11,6 +11,13 @@ from PIL import Image
 
 #: Decodes one input file: its image, or None for an input that is no image (nothing decoded ahead).
 Decode = Callable[[Path], Image.Image | None]
+
+
+def close_images(images: Iterable[Image.Image | None]) -> None:
+    """Close each decoded image (closing one already closed does nothing)."""
+    for image in images:
+        if image is not None:
+            image.close()
 
 
 class PagePrefetch:
@@ -42,9 +49,4 @@ class PagePrefetch:
     def discard(self) -> None:
         """Cancel the decodes not started, wait for the running ones and close every image decoded."""
         self._pool.shutdown(wait=True, cancel_futures=True)
-        for future in self._futures:
-            if future.cancelled() or future.exception() is not None:
-                continue
-            image = future.result()
-            if image is not None:
-                image.close()
+        close_images(f.result() for f in self._futures if not f.cancelled() and f.exception() is None)

@@ -51,7 +51,7 @@ from llm_perf_opt.session.decode import AroundStep, DecodeLoop, EmbedInput, Loop
 from llm_perf_opt.session.kv_cache import KvCaches, static_cache_error
 from llm_perf_opt.session.model_settings import ModelSettings
 from llm_perf_opt.session.output_check import OutputCheck, ReferenceOutput, ReferenceOutputs, compare_outputs
-from llm_perf_opt.session.prefetch import PagePrefetch
+from llm_perf_opt.session.prefetch import PagePrefetch, close_images
 from llm_perf_opt.session.quantize import quantize_linears
 from llm_perf_opt.session.runtime import EAGER_REFERENCE, RuntimeSettings
 
@@ -540,8 +540,10 @@ class InferenceSession:
         if image is None:
             prepared = self.adapter.prepare_file(input_path, self.loaded.tokenizer)
         else:
-            with image:
+            try:  # closed explicitly: `with image` closes only the file of an image read lazily, not a decoded one
                 prepared = self.adapter.prepare_file(input_path, self.loaded.tokenizer, image)
+            finally:
+                image.close()
         return prepared.to(self.device, self.dtype)
 
     def prefetch(self, paths: Sequence[Path]) -> None:
@@ -736,6 +738,23 @@ class InferenceSession:
             torch.cuda.synchronize(self.device)
         return prepared, (time.perf_counter() - start) * 1e3
 
+    def _prepare_all(
+        self, paths: Sequence[Path], images: Sequence[Image.Image | None], workers: int
+    ) -> list[PreparedInputs]:
+        """Each input prepared (from its decoded image where given), in order: one after the other, or on `workers`
+        threads. When one fails, the others not started are not (their futures cancelled), the running ones finish,
+        then its error is raised."""
+        if workers <= 1:
+            return [self.prepare(path, image) for path, image in zip(paths, images, strict=True)]
+        with ThreadPoolExecutor(workers, thread_name_prefix="llo-preprocess") as pool:
+            futures = [pool.submit(self.prepare, path, image) for path, image in zip(paths, images, strict=True)]
+            try:
+                return [future.result() for future in futures]
+            except BaseException:
+                for future in futures:
+                    future.cancel()
+                raise
+
     def _prepare_batch(self, paths: Sequence[Path]) -> tuple[list[tuple[PreparedInputs, float]], bool]:
         """Each input of a pass prepared, with its preprocess time in ms, and whether its page files were decoded
         ahead (`prefetch`). Decoded ahead: the wait for them and the rest of preprocessing, each input an equal share
@@ -747,11 +766,11 @@ class InferenceSession:
         if decoded is None and workers <= 1:
             return [self._timed_prepare(path) for path in paths], False
         images = decoded if decoded is not None else [None] * len(paths)
-        if workers <= 1:
-            prepared = [self.prepare(path, image) for path, image in zip(paths, images, strict=True)]
-        else:
-            with ThreadPoolExecutor(workers, thread_name_prefix="llo-preprocess") as pool:
-                prepared = list(pool.map(self.prepare, paths, images))
+        try:
+            prepared = self._prepare_all(paths, images, workers)
+        except BaseException:
+            close_images(images)  # the pages not prepared when one failed (each prepared one is closed already)
+            raise
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         share = (time.perf_counter() - start) * 1e3 / len(paths)

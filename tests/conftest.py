@@ -138,3 +138,14 @@ def _logging_restored() -> Any:
             root.removeHandler(handler)
             handler.close()
     root.setLevel(level)
+
+
+@pytest.fixture
+def frozen_calibration(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The advice's calibration as the tests' expected predictions were worked out with
+    (`fixtures/advice_calibration.yaml`), so that refreshing the shipped one from new runs changes no test."""
+    from llm_perf_opt.records.advice import load_calibration
+
+    frozen = load_calibration((Path(__file__).parent / "fixtures" / "advice_calibration.yaml").read_text())
+    monkeypatch.setattr("llm_perf_opt.measure.advice.shipped_calibration", lambda: frozen)
+    return frozen

@@ -39,6 +39,8 @@ from llm_perf_opt.records.stage1 import (
     Stage1Metrics,
 )
 
+pytestmark = pytest.mark.usefixtures("frozen_calibration")  # predictions worked out with a fixed calibration
+
 RUNGS = Path(__file__).resolve().parents[1] / "examples" / "whatif-h100-decode" / "rungs"
 
 
@@ -239,9 +241,13 @@ def test_advice_is_ranked_by_predicted_speedup_and_leaves_out_what_a_whatif_run_
 def test_calibration_update_from_measured_against_predicted() -> None:
     prior = Calibration({"batch": LeverCalibration(factor=0.6, low=0.3, high=0.9, samples=0, note="prior")})
     first = calibrated(prior, "batch", bound_ms=100.0, measured_saving_ms=20.0)
-    assert first.of("batch") == LeverCalibration(0.2, 0.2, 0.9, samples=1, note="prior")  # the prior gives way
+    said = "a what-if run: 20.0 of a 100.0 ms/page bound saved"
+    assert first.of("batch") == LeverCalibration(0.2, 0.2, 0.9, samples=1, note=said)  # the prior gives way
     second = calibrated(first, "batch", bound_ms=50.0, measured_saving_ms=40.0)
     assert second.of("batch").factor == pytest.approx(0.5) and second.of("batch").samples == 2
+    assert second.of("batch").note == f"{said}; a what-if run: 40.0 of a 50.0 ms/page bound saved"
+    lost = calibrated(prior, "batch", bound_ms=100.0, measured_saving_ms=-7.0, source="adv (GPU, 2026-11-28)")
+    assert lost.of("batch").factor == 0.0 and lost.of("batch").note.endswith("bound saved (it cost 7.0 ms/page)")
     assert (second.of("batch").low, second.of("batch").high) == (0.2, 0.9)
     assert calibrated(second, "batch", bound_ms=0.0, measured_saving_ms=5.0) == second  # nothing to learn from
     new = calibrated(prior, "unknown_kind", bound_ms=10.0, measured_saving_ms=12.0).of("unknown_kind")

@@ -327,6 +327,7 @@ def test_advice_gpu_decode_bound(gpu_decode_bound) -> None:
 AHEAD = ("overlap_preprocess", "runtime.prefetch_pages=true")
 
 
+@pytest.mark.usefixtures("frozen_calibration")  # the rules, not today's calibration (which may rule a kind out)
 @pytest.mark.parametrize(
     ("device", "expected"),
     [

@@ -504,7 +504,8 @@ def advise(
     m: Stage1Metrics, whatif: WhatIfRecord | None = None, calibration: Calibration | None = None
 ) -> tuple[Advice, ...]:
     """Every lever the rules propose for the run, priced, best predicted speed-up first; none the run already had,
-    none whose every key a what-if run measured (`whatif`: its report cites the measurement)."""
+    none whose every key a what-if run measured (`whatif`: its report cites the measurement), none predicted to save
+    nothing (its kind's calibrated share is 0: where measured, it saved nothing or cost time)."""
     facts = RunFacts.of(m)
     calibration = calibration or shipped_calibration()
     tried = {override_key(o) for o in whatif.measured_overrides()} if whatif is not None else set()
@@ -513,7 +514,7 @@ def advise(
         proposal = rule(facts)
         advice = None if proposal is None else _priced(facts, proposal, calibration)
         keys = {override_key(o) for o in advice.overrides} - FILL_KEYS if advice is not None else set()
-        if advice is not None and not (keys and keys <= tried):
+        if advice is not None and advice.saving_ms > 0 and not (keys and keys <= tried):
             out.append(advice)
     return tuple(sorted(out, key=lambda a: -(a.speedup or 0.0)))
 
@@ -648,10 +649,11 @@ def same_workload(check: PredictionCheck) -> bool:
 
 def calibration_from(calibration: Calibration, record: WhatIfRecord) -> tuple[Calibration, tuple[str, ...]]:
     """The calibration with an advised what-if run's measured savings folded in (`records.advice.calibrated`: the
-    share of its bound each lever saved on its parts, the run's id as its source), and one line per prediction on
-    what became of it: folded in, or left out with the reason (not measured, a baseline of another workload than
-    the advised run's, already folded in)."""
+    share of its bound each lever saved on its parts, the run's id, device and date as its source), and one line per
+    prediction on what became of it: folded in, or left out with the reason (not measured, a baseline of another
+    workload than the advised run's, already folded in)."""
     lines = []
+    source = f"{record.run_id} ({record.device or 'device not recorded'}, {record.created[:10]})"
     for check in record.predictions:
         where = f"{record.run_id} {check.lever} ({check.kind})"
         if check.measured_ms is None:
@@ -662,10 +664,10 @@ def calibration_from(calibration: Calibration, record: WhatIfRecord) -> tuple[Ca
                 f"{where}: left out, the baseline's {check.objective} ({baseline} ms/page) is not the advised run's "
                 f"({check.advised_ms:,.1f} ms/page) within {SAME_WORKLOAD:.0%}: another workload or host"
             )
-        elif record.run_id in calibration.of(check.kind).sources:
+        elif source in calibration.of(check.kind).sources:
             lines.append(f"{where}: left out, already folded in")
         else:
-            calibration = calibrated(calibration, check.kind, check.bound_ms, check.measured_ms, source=record.run_id)
+            calibration = calibrated(calibration, check.kind, check.bound_ms, check.measured_ms, source=source)
             share = max(check.measured_ms, 0.0) / check.bound_ms if check.bound_ms > 0 else 0.0
             lines.append(
                 f"{where}: folded in, {check.measured_ms:,.1f} of a {check.bound_ms:,.1f} ms/page bound "

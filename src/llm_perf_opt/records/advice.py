@@ -128,7 +128,10 @@ def calibrated(
     old = calibration.of(kind)
     n = old.samples
     factor = (old.factor * n + share) / (n + 1)
-    note = old.note if old is not UNCALIBRATED else ""
+    said = f"{source or 'a what-if run'}: {max(measured_saving_ms, 0.0):,.1f} of a {bound_ms:,.1f} ms/page bound saved"
+    if measured_saving_ms < 0:
+        said += f" (it cost {-measured_saving_ms:,.1f} ms/page)"
+    note = "; ".join(n for n in (old.note if n else "", said) if n)  # a prior's note goes with the prior
     sources = (*old.sources, source) if source is not None and source not in old.sources else old.sources
     new = LeverCalibration(factor, min(old.low, share), max(old.high, share), samples=n + 1, note=note, sources=sources)
     return Calibration({**calibration.kinds, kind: new})
@@ -172,4 +175,6 @@ def dump_calibration(calibration: Calibration) -> str:
     for entry in plain["kinds"].values():
         if not entry.get("sources"):
             entry.pop("sources", None)
+        for key in ("factor", "low", "high"):
+            entry[key] = round(entry[key], 3)
     return CALIBRATION_HEADER + str(yaml.safe_dump(plain, sort_keys=False, allow_unicode=True, width=120))

@@ -12,7 +12,7 @@ import pytest
 import torch
 from omegaconf import DictConfig
 
-from helpers import rope_table_flops, run_cli
+from helpers import rope_table_flops, run_main
 from llm_perf_opt.analytic import ClipSpec, ModelSpec, Workload, decode_step, prefill, stage_costs, vision_view
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.config_data import plain
@@ -298,7 +298,8 @@ def test_tiles_add_vision_work_and_newlines(tiny, tiny_counts) -> None:
 @pytest.mark.slow
 def test_report_command_prices_v1(tmp_path: Path) -> None:
     out = tmp_path / "an"
-    done = run_cli("llm_perf_opt.cli.analytic", "model=deepseek_ocr", f"hydra.run.dir={out}", timeout=180)
+    # In this process: test_analytic_report runs the real analytic-report process.
+    done = run_main("llm_perf_opt.cli.analytic", "model=deepseek_ocr", f"hydra.run.dir={out}")
     assert done.returncode == 0, done.stderr[-2000:]
     r = json.loads((out / "static_analysis/analytic_model/report.json").read_text())
     w = r["workload"]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import preset_dir, run_cli
+from helpers import preset_dir, run_cli, run_main
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.override_keys import check_override_keys
 
@@ -190,7 +190,9 @@ TINY = ("model=deepseek_ocr_tiny", "infer.max_new_tokens=2", "pipeline.torch_pro
 def test_every_command_refuses_before_anything_runs(
     module: str, command: str, argv: tuple[str, ...], message: str, tmp_path: Path
 ) -> None:
-    done = run_cli(f"llm_perf_opt.cli.{module}", *argv, f"hydra.run.dir={tmp_path / 'run'}")
+    # In this process, not a child importing torch per case: a real process's exit 2 is checked above (stage1-run,
+    # stage2-profile, analytic-report) and in test_whatif_cli (perf-whatif).
+    done = run_main(f"llm_perf_opt.cli.{module}", *argv, f"hydra.run.dir={tmp_path / 'run'}")
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.startswith(f"\nerror: {message}") and done.stderr.count("\n") == 2  # one paragraph
     assert command in done.stderr and "Traceback" not in done.stderr

@@ -22,12 +22,28 @@ from llm_perf_opt.pipeline.whatif import rungs_compile
 TESTS = Path(__file__).parent
 
 
+def _failing_torchao(root: Path) -> Path:
+    """`root` holding a stand-in torchao 0.18.0 (installed as far as importlib.metadata can tell) that fails when
+    imported: with torchao installed, importing transformers imports torchao, whose import creates a CUDA context on
+    a GPU machine (so no rung could be forked)."""
+    package = root / "torchao"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("raise RuntimeError('torchao was imported by the preload')\n")
+    info = root / "torchao-0.18.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torchao\nVersion: 0.18.0\n")
+    return root
+
+
 @pytest.fixture(scope="module")
-def server() -> Iterator[ForkServer]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkServer]:
+    """One fork server for the module, started with the failing stand-in torchao on its path (one server start, not
+    a second for test_the_server_preloads_transformers_without_importing_torchao; its rungs never import torchao)."""
+    torchao = _failing_torchao(tmp_path_factory.mktemp("torchao"))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+        mp.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), str(torchao), os.environ.get("PYTHONPATH", "")]))
         started = ForkServer.start()
-    assert started is not None, "the fork server did not start"
+    assert started is not None, "the fork server did not start (with a failing stand-in torchao on its path)"
     yield started
     started.close()
 
@@ -245,21 +261,15 @@ def test_a_cuda_initialisation_during_the_imports_is_named_by_its_caller() -> No
         assert none == []
 
 
-def test_the_server_preloads_transformers_without_importing_torchao(tmp_path: Path) -> None:
+def test_the_server_preloads_transformers_without_importing_torchao(server: ForkServer, tmp_path: Path) -> None:
     """With torchao installed, importing transformers imports torchao, whose import creates a CUDA context on a GPU
-    machine (so no rung could be forked); the server keeps transformers from importing it (a stand-in torchao that
-    fails when imported), and transformers sees the real check again after the preload."""
-    package = tmp_path / "torchao"
-    package.mkdir()
-    (package / "__init__.py").write_text("raise RuntimeError('torchao was imported by the preload')\n")
-    info = tmp_path / "torchao-0.18.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torchao\nVersion: 0.18.0\n")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
-        started = ForkServer.start()
-    assert started is not None, "the fork server refused with torchao installed"
-    started.close()
+    machine (so no rung could be forked); the server keeps transformers from importing it (the module's server
+    started with a stand-in torchao that fails when imported), and transformers sees the real check again after the
+    preload."""
+    assert server is not None, "the fork server refused with torchao installed"
+    probe_log = tmp_path / "torchao.log"
+    assert server.spawn(["module", "torchao"], probe_log, {}, module="fork_target").wait(timeout=30) == 0
+    assert "torchao not loaded" in probe_log.read_text()  # the preload did not import it
 
     import transformers.utils as utils
 

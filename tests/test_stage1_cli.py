@@ -230,13 +230,14 @@ REFUSED_AT_LAUNCH = {"run.repeats", "run.batch_size", "infer.max_new_tokens"}
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
 def test_cuda_without_gpu_is_a_clear_error(tmp_path: Path) -> None:
-    done = stage1(*TINY, "device=cuda", f"hydra.run.dir={tmp_path / 'run'}")
+    # In this process: the exit codes of the real process are checked by tiny_run and the sweep tests.
+    done = run_main("llm_perf_opt.cli.stage1", *TINY, "device=cuda", f"hydra.run.dir={tmp_path / 'run'}")
     assert done.returncode == 2
     assert "device=cuda" in done.stderr and "device=cpu" in done.stderr
     assert json.loads((tmp_path / "run" / "run_status.json").read_text())["state"] == "failed"
 
 
 def test_unknown_model_names_the_options(tmp_path: Path) -> None:
-    done = stage1("model=no_such_model", f"hydra.run.dir={tmp_path / 'run'}")
+    done = run_main("llm_perf_opt.cli.stage1", "model=no_such_model", f"hydra.run.dir={tmp_path / 'run'}")
     assert done.returncode != 0
     assert "no_such_model" in done.stderr and "deepseek_ocr2" in done.stderr

@@ -16,7 +16,7 @@ from matplotlib.collections import PathCollection
 from matplotlib.figure import Figure
 from matplotlib.text import Annotation, Text
 
-from helpers import run_cli, unpack_nsys_fixture
+from helpers import run_main, unpack_nsys_fixture
 from llm_perf_opt.nsight.ncu_report import read_ncu_raw_csv
 from llm_perf_opt.pipeline.stage2 import CAPTURE_FILE, TARGETS_FILE, render
 from llm_perf_opt.records.common import PeakFigure
@@ -232,7 +232,8 @@ def test_stage2_report_command_rerenders_the_chart(rendered: Path, tmp_path: Pat
     copy_dir = tmp_path / "copied"
     shutil.copytree(rendered, copy_dir)
     (copy_dir / "kernel_roofline.png").unlink()
-    done = run_cli("llm_perf_opt.cli.stage2_report", str(copy_dir), timeout=180)
+    # In this process: test_stage2_pipeline runs the real stage2-report process.
+    done = run_main("llm_perf_opt.cli.stage2_report", str(copy_dir))
     assert done.returncode == 0, done.stderr
     assert_real_png(copy_dir / "kernel_roofline.png")
     assert "](kernel_roofline.png)" in (copy_dir / "kernels.md").read_text()

@@ -72,35 +72,6 @@ def _job(sweep: Path, num: int, overrides: list[str], state: str, metrics: Stage
         (job / "report.md").write_text("# report\n")
 
 
-def test_multirun_writes_sweep_summary(tmp_path: Path) -> None:
-    sweep = tmp_path / "sweep"
-    proc = run_cli(
-        "llm_perf_opt.cli.stage1",
-        "-m",
-        "model=deepseek_ocr2_tiny",
-        "device=cpu",
-        "run.repeats=1",
-        "infer.max_new_tokens=2,3",
-        "pipeline/torch_profiler=min",
-        "dataset.max_images=1",
-        f"hydra.sweep.dir={sweep}",
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    data = json.loads((sweep / SWEEP_SUMMARY_FILE).read_text())
-    assert data["swept_keys"] == ["infer.max_new_tokens"]
-    assert [j["swept"] for j in data["jobs"]] == [{"infer.max_new_tokens": "2"}, {"infer.max_new_tokens": "3"}]
-    assert all(j["status"] == "complete" and j["skipped_reason"] is None for j in data["jobs"])
-    assert all(j["metrics"]["prefill_p50_ms"] > 0 and j["metrics"]["decode_ms_per_token_p50"] > 0 for j in data["jobs"])
-    md = (sweep / SUMMARY_MD).read_text()
-    rows = [line for line in md.splitlines() if line.startswith("|") and "complete" in line]
-    assert len(rows) == 2
-    assert rows[0].startswith("|0|2|complete|") and rows[1].startswith("|1|3|complete|")
-    assert "[report](0/report.md)" in md and "[report](1/report.md)" in md
-    assert "|infer.max_new_tokens|" in md and "|model|" not in md  # only swept keys become columns
-    assert (sweep / SUMMARY_PNG).read_bytes().startswith(PNG_MAGIC)
-
-
 def test_a_run_folder_is_not_summarised_as_a_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Before: an empty sweep summary was written into a run folder, exit 0."""
     run = tmp_path / "run"
@@ -157,9 +128,11 @@ def test_swept_keys_ignore_shared_overrides(tmp_path: Path) -> None:
     assert swept_keys([]) == []
 
 
-def test_a_failing_job_does_not_stop_the_sweep(tmp_path: Path) -> None:
-    """One job with a bad value fails cleanly; the other runs; the summary lists both. (The launch check reads a
-    swept key's first value: the bad one comes second, so only its own job can refuse it.)"""
+def test_multirun_writes_sweep_summary_and_a_failing_job_does_not_stop_it(tmp_path: Path) -> None:
+    """A real sweep through the Hydra callback: two jobs complete and one with a bad value fails cleanly; the summary
+    lists all three and the command exits non-zero after writing it. (The launch check reads a swept key's first value:
+    the bad one comes last, so only its own job can refuse it.) One multirun for both cases: each child process
+    imports torch and transformers and builds the model again."""
     sweep = tmp_path / "sweep"
     done = run_cli(
         "llm_perf_opt.cli.stage1",
@@ -167,7 +140,7 @@ def test_a_failing_job_does_not_stop_the_sweep(tmp_path: Path) -> None:
         "model=deepseek_ocr2_tiny",
         "device=cpu",
         "run.repeats=1",
-        "infer.max_new_tokens=2,0",
+        "infer.max_new_tokens=2,3,0",
         "pipeline/torch_profiler=min",
         "dataset.max_images=1",
         f"hydra.sweep.dir={sweep}",
@@ -176,12 +149,23 @@ def test_a_failing_job_does_not_stop_the_sweep(tmp_path: Path) -> None:
     assert done.returncode == SWEEP_FAILED_EXIT, done.stderr[-2000:]  # non-zero, after writing the summary
     assert "infer.max_new_tokens=0 is out of range" in done.stderr
     assert done.stderr.rstrip().endswith(
-        f"error: 1 of 2 sweep job(s) did not complete: job 1 (failed). {sweep / 'sweep_summary.md'} lists the "
+        f"error: 1 of 3 sweep job(s) did not complete: job 2 (failed). {sweep / 'sweep_summary.md'} lists the "
         "reason of each."
     )
-    summary = json.loads((sweep / "sweep_summary.json").read_text())
-    text = json.dumps(summary)
-    assert "failed" in text and "infer.max_new_tokens=0 is out of range" in text
+    data = json.loads((sweep / SWEEP_SUMMARY_FILE).read_text())
+    assert data["swept_keys"] == ["infer.max_new_tokens"]
+    assert [j["swept"] for j in data["jobs"]] == [{"infer.max_new_tokens": v} for v in ("2", "3", "0")]
+    complete, failed = data["jobs"][:2], data["jobs"][2]
+    assert all(j["status"] == "complete" and j["skipped_reason"] is None for j in complete)
+    assert all(j["metrics"]["prefill_p50_ms"] > 0 and j["metrics"]["decode_ms_per_token_p50"] > 0 for j in complete)
+    assert failed["status"] == "failed" and "infer.max_new_tokens=0 is out of range" in json.dumps(failed)
+    md = (sweep / SUMMARY_MD).read_text()
+    rows = [line for line in md.splitlines() if line.startswith("|") and "|complete|" in line]
+    assert len(rows) == 2  # the failed job's row says "not complete"
+    assert rows[0].startswith("|0|2|complete|") and rows[1].startswith("|1|3|complete|")
+    assert "[report](0/report.md)" in md and "[report](1/report.md)" in md
+    assert "|infer.max_new_tokens|" in md and "|model|" not in md  # only swept keys become columns
+    assert (sweep / SUMMARY_PNG).read_bytes().startswith(PNG_MAGIC)
     assert (sweep / "0" / "report.md").is_file()
     # stdout's last line is the sweep summary's bare path, after each job's own summary
     lines = done.stdout.splitlines()

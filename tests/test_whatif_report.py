@@ -12,7 +12,7 @@ import attrs
 import pytest
 from PIL import Image
 
-from helpers import FIXTURES, run_cli, run_main
+from helpers import FIXTURES, run_main
 from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.measure.advice import advise
 from llm_perf_opt.pipeline.stage1_render import render
@@ -287,7 +287,8 @@ def _what_to_try(folder: Path) -> str:
 def test_stage1_report_cites_the_whatif_folder_given(tmp_path: Path) -> None:
     folder = copy_stage1_run(tmp_path / "run")
     whatif_tree(tmp_path / "wi", realistic(), rungs=())
-    done = run_cli("llm_perf_opt.cli.stage1_report", str(folder), "--whatif", str(tmp_path / "wi"))
+    # In this process: test_records_stage1 runs the real stage1-report process.
+    done = run_main("llm_perf_opt.cli.stage1_report", str(folder), "--whatif", str(tmp_path / "wi"))
     assert done.returncode == 0, done.stderr
     cited = _what_to_try(folder)
     assert "static_cache + cuda_graphs cut decode ms/token (p50) from 24.80 to 1.57 ms/token" in cited
@@ -354,7 +355,8 @@ def test_stage2_report_takes_whatif_and_stage2_keeps_it_from_the_workload(tmp_pa
     copy = tmp_path / "example"
     shutil.copytree(EXAMPLE_STAGE2, copy)
     whatif_tree(tmp_path / "wi", realistic(), rungs=())
-    done = run_cli("llm_perf_opt.cli.stage2_report", str(copy), "--whatif", str(tmp_path / "wi"), timeout=180)
+    # In this process: test_stage2_pipeline runs the real stage2-report process.
+    done = run_main("llm_perf_opt.cli.stage2_report", str(copy), "--whatif", str(tmp_path / "wi"))
     assert done.returncode == 0, done.stderr
     assert "by what-if run `20250101-120000-abcdef`" in (copy / "stakeholder_summary.md").read_text()
     assert (copy / "report.md").read_text() == (EXAMPLE_STAGE2 / "report.md").read_text()
@@ -451,43 +453,49 @@ def _copied_rungs(
     return outcomes
 
 
-def test_rung_reports_cite_the_whatif_run_as_it_ended(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each rung writes its reports while later rungs are still pending; the what-if run rebuilds them when it ends.
-    The rungs here are copies of a finished run folder, rendered as a rung renders itself."""
+@pytest.fixture(scope="module")
+def copied_live_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, WhatIfRecord]:
+    """One live what-if run whose rungs are copies of a finished run folder, rendered as a rung renders itself (its
+    folder and record), with a memory budget and a latency target; shared by the tests below, which only read it."""
     from llm_perf_opt.config_compose import compose_config
     from llm_perf_opt.pipeline import whatif as pipeline
 
-    monkeypatch.setattr(pipeline, "run_rungs", _copied_rungs)
-    cfg = compose_config("whatif", "model=deepseek_ocr_tiny", "device=cpu", "whatif_run.exclude=[cuda_graphs]")
-    record = pipeline.WhatIfRun(cfg, tmp_path / "wi", "wi", workload=("model=deepseek_ocr_tiny",)).execute()
-    folders = {r.folder for r in record.rungs if r.folder}
-    assert len(folders) == 6  # the baseline and five levers alone
-    for folder in folders:
-        cited = _what_to_try(tmp_path / "wi" / str(folder))
-        assert "by what-if run `wi`" in cited
-        assert "pending" not in cited and "not run yet" not in cited
-
-
-def test_judging_a_saved_folder_again_gives_the_live_runs_record(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A live run and `whatif_judge.rejudge` build the same `WhatIfAnalysis` from the same rung records, so judging
-    a finished folder again writes the live run's record and report exactly; a setting given to the re-judge (a
-    decode length) is judged anew."""
-    from llm_perf_opt.config_compose import compose_config
-    from llm_perf_opt.pipeline import whatif as pipeline
-    from llm_perf_opt.pipeline.whatif_judge import rejudge
-    from llm_perf_opt.records.folders import load_whatif
-
-    monkeypatch.setattr(pipeline, "run_rungs", _copied_rungs)
     settings = (
         "whatif_run.exclude=[cuda_graphs]",
         "whatif.memory_budget_gib=40",
         "whatif.latency_target.ttlt_p90_ms=5000",
     )
     cfg = compose_config("whatif", "model=deepseek_ocr_tiny", "device=cpu", *settings)
+    folder = tmp_path_factory.mktemp("copied-live") / "wi"
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(pipeline, "run_rungs", _copied_rungs)
+        live = pipeline.WhatIfRun(cfg, folder, "wi", workload=("model=deepseek_ocr_tiny",)).execute()
+    return folder, live
+
+
+def test_rung_reports_cite_the_whatif_run_as_it_ended(copied_live_run: tuple[Path, WhatIfRecord]) -> None:
+    """Each rung writes its reports while later rungs are still pending; the what-if run rebuilds them when it ends."""
+    folder, record = copied_live_run
+    folders = {r.folder for r in record.rungs if r.folder}
+    assert len(folders) == 6  # the baseline and five levers alone
+    for rung_folder in folders:
+        cited = _what_to_try(folder / str(rung_folder))
+        assert "by what-if run `wi`" in cited
+        assert "pending" not in cited and "not run yet" not in cited
+
+
+def test_judging_a_saved_folder_again_gives_the_live_runs_record(
+    copied_live_run: tuple[Path, WhatIfRecord], tmp_path: Path
+) -> None:
+    """A live run and `whatif_judge.rejudge` build the same `WhatIfAnalysis` from the same rung records, so judging
+    a finished folder again writes the live run's record and report exactly; a setting given to the re-judge (a
+    decode length) is judged anew."""
+    from llm_perf_opt.pipeline.whatif_judge import rejudge
+    from llm_perf_opt.records.folders import load_whatif
+
+    live_folder, live = copied_live_run
     folder = tmp_path / "wi"
-    live = pipeline.WhatIfRun(cfg, folder, "wi", workload=("model=deepseek_ocr_tiny",)).execute()
+    shutil.copytree(live_folder, folder)  # judged again here; the shared folder stays as the live run left it
     assert any(r.judgements for r in live.rungs) and live.verdicts and live.goodput is not None
     report = (folder / "whatif.md").read_text()
     assert rejudge(folder) == live == load_whatif(folder)

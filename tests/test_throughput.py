@@ -121,3 +121,34 @@ def test_per_day_and_the_compact_batch_cell() -> None:
     assert per_day(11.1) == "959,040" and per_day(30.0) == "2.59 million"
     assert inputs_text(("b.png",) * 64) == "b.png ×64"
     assert inputs_text(("a.png", "b.png", "a.png")) == "a.png ×2, b.png"
+
+
+# ---- host work around the passes (a real run: batch 64 on an H200 of a 64-core host, unpinned, 2026-11-28) ------
+
+
+def test_host_work_around_the_passes_and_the_pin_it_needs() -> None:
+    import attrs
+
+    from helpers import FIXTURES
+    from llm_perf_opt.measure.throughput import host_around
+    from llm_perf_opt.records.folders import load_stage1_metrics
+    from llm_perf_opt.records.shard import PassWindow
+    from llm_perf_opt.report.pages import host_around_line
+
+    m = load_stage1_metrics(FIXTURES / "metrics" / "h200_batch64_unpinned.json")
+    h = host_around(m)
+    assert h is not None and h.pass_ms == pytest.approx(1978.7, abs=0.1)  # p50 end to end of the 5 passes
+    assert h.outside_ms == pytest.approx(707.4, abs=0.1) and h.crowded  # 26% of the pass, 16.3 cores busy
+    assert h.wall_pages_per_s == pytest.approx(320 / sum(w.ended_s - w.started_s for w in m.timed_windows))
+    line = host_around_line(h, "pages", cuda=True, pinned=False)
+    assert line.startswith("Around each pass: 707.4 ms (p50)") and f"{h.wall_pages_per_s:,.2f} pages/s" in line
+    assert "16.3 cores busy" in line and "`run.cpu_affinity=1-15`" in line
+    assert "Pin them" not in host_around_line(h, "pages", cuda=True, pinned=True)  # pinned already
+    assert "Pin them" not in host_around_line(h, "pages", cuda=False, pinned=False)  # a CPU run computes on them
+    assert host_around(attrs.evolve(m, timed_windows=())) is None  # an older folder: no windows
+    one_short = attrs.evolve(m, timed_windows=m.timed_windows[:-1])
+    assert host_around(one_short) is None  # windows that do not pair with the forwards
+    early = attrs.evolve(
+        m, timed_windows=tuple(PassWindow(w.started_s, w.started_s + 0.5, w.inputs) for w in m.timed_windows)
+    )
+    assert host_around(early) is not None and host_around(early).outside_ms == 0.0  # never a negative time

@@ -11,6 +11,8 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 
+import attrs
+
 from llm_perf_opt.measure.stats import summarize
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.stage1 import (
@@ -139,3 +141,50 @@ def page_throughput(forwards: Sequence[Forward], efficiency: Sequence[StageEffic
         parts=parts,
         prefetched=sum(f.prefetched for f in full),
     )
+
+
+# ---- host work around the timed passes ---------------------------------------------------------------------------
+
+CROWDED_SHARE = 0.10  # host work outside a pass's timed stages above this share of the pass: said
+CROWDED_CORES = 8.0  # the process's CPU per pass over its wall time above this: its threads may crowd the host
+
+
+@attrs.frozen
+class HostAround:
+    """What each timed pass cost the host beyond its timed stages: the wall-clock window of the pass's call
+    (`Stage1Metrics.timed_windows`) less its end-to-end time (first byte of preprocessing to last token, CUDA
+    events), p50 over the passes; the pages/s over the passes' wall-clock windows (back to back in a batch run: what
+    data parallel compares over their span); the cores the process kept busy (its CPU time per pass over the pass's
+    wall time; None: not recorded)."""
+
+    outside_ms: float
+    pass_ms: float
+    wall_pages_per_s: float
+    cores_busy: float | None
+
+    @property
+    def share(self) -> float:
+        return self.outside_ms / (self.outside_ms + self.pass_ms) if self.pass_ms > 0 else 0.0
+
+    @property
+    def crowded(self) -> bool:
+        """The host work is notable and the process kept many cores busy: its threads may crowd each other."""
+        return self.share > CROWDED_SHARE and self.cores_busy is not None and self.cores_busy > CROWDED_CORES
+
+
+def host_around(m: Stage1Metrics) -> HostAround | None:
+    """The host work around a run's timed passes; None where the run recorded no wall-clock window per pass (an
+    older folder) or they do not pair one to one with its timed forwards."""
+    windows, forwards = m.timed_windows, tuple[Forward, ...](m.forwards)
+    if not windows or len(windows) != len(forwards):
+        return None
+    if any(w.inputs != f.size for w, f in zip(windows, forwards, strict=True)):
+        return None
+    wall_s = sum(w.ended_s - w.started_s for w in windows)
+    if wall_s <= 0:
+        return None
+    rate = sum(w.inputs for w in windows) / wall_s
+    outside = [max((w.ended_s - w.started_s) * 1e3 - f.e2e_ms, 0.0) for w, f in zip(windows, forwards, strict=True)]
+    u = m.host_usage
+    cores = (u.user_cpu_s + u.system_cpu_s) / u.wall_s if u is not None and u.passes and u.wall_s > 0 else None
+    return HostAround(statistics.median(outside), statistics.median(f.e2e_ms for f in forwards), rate, cores)

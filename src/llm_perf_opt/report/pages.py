@@ -3,6 +3,7 @@ rendered from `Stage1Metrics.pages` (`measure.throughput`)."""
 
 from __future__ import annotations
 
+from llm_perf_opt.measure.throughput import HostAround
 from llm_perf_opt.records.common import Summary
 from llm_perf_opt.records.stage1 import PAGE_PREPROCESS, PAGE_VISION, PageThroughput
 from llm_perf_opt.report.markdown import Doc, ms, pct
@@ -107,3 +108,21 @@ def parts_table(doc: Doc, p: PageThroughput, noun: str) -> None:
         "bandwidth, whichever is longer); a decode floor falls as the batch grows, since a step reads the weights "
         f"once for every {noun[:-1]} in it."
     )
+
+
+def host_around_line(h: HostAround, noun: str, cuda: bool, pinned: bool) -> str:
+    """The host's work around each timed pass, the rate over the passes' span, and, where the process's threads
+    crowd the host on a GPU run, the setting that spares them."""
+    text = (
+        f"Around each pass: {ms(h.outside_ms)} ms (p50) of host work outside its timed stages ({pct(h.share, 0)} of "
+        f"the pass's wall time: the call's window less its end to end); over the passes' wall-clock windows "
+        f"{h.wall_pages_per_s:,.2f} {noun}/s (what data parallel compares)"
+    )
+    if h.crowded and cuda and not pinned and h.cores_busy is not None:
+        text += (
+            f". The process kept {h.cores_busy:,.1f} cores busy per pass: its threads (one torch thread per core, "
+            "beside any preprocessing threads) may crowd each other. Pin them to a share of the cores "
+            "(`run.cpu_affinity`, e.g. `run.cpu_affinity=1-15`; on a 64-core H200 host at batch 64 this took 23.1 "
+            "to 30.8 pages/s, docs/benchmarks.md)"
+        )
+    return text

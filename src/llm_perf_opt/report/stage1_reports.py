@@ -11,6 +11,7 @@ import attrs
 
 from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.data.prompts import read_prompt
+from llm_perf_opt.measure.throughput import host_around
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.advice import Advice
 from llm_perf_opt.records.common import Summary
@@ -564,6 +565,7 @@ def _throughput_section(doc: Doc, r: _Report) -> None:
             else []
         ),
         *([host_usage_line(m.host_usage)] if m.host_usage and m.host_usage.passes else []),
+        *([pages.host_around_line(h, noun, m.device.type == "cuda", _pinned(m))] if (h := host_around(m)) else []),
     ]
     decode = f"Decode: {t.decode_tokens_per_s:,.1f} tokens/s (decode steps / decode time, {batch})"
     if m.pages is None:  # a folder written before schema 1.4
@@ -572,6 +574,11 @@ def _throughput_section(doc: Doc, r: _Report) -> None:
         return
     doc.bullets([*pages.throughput_lines(m.pages, noun), decode, *([aggregate] if aggregate else []), *host])
     pages.parts_table(doc, m.pages, noun)
+
+
+def _pinned(m: Stage1Metrics) -> bool:
+    """Whether the run's process was pinned to some cores (`run.cpu_affinity`)."""
+    return bool(m.settings.cpu_affinity) and not str(m.settings.cpu_affinity).startswith("not pinned")
 
 
 def host_usage_line(u: HostUsage) -> str:

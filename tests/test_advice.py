@@ -199,7 +199,9 @@ def test_experts_and_attention_backends_are_advised_only_when_not_in_force() -> 
 # ---- predictions ---------------------------------------------------------------------------------------------
 
 
-def test_cuda_graphs_are_predicted_from_the_profiled_idle_time_of_a_fixture_folder() -> None:
+def test_cuda_graphs_are_predicted_from_the_profiled_idle_time_of_a_fixture_folder(
+    frozen_calibration: Calibration,
+) -> None:
     """The H100 baseline rung: decode 710.6 ms per page with the GPU busy 7% of each step; CUDA graphs remove up to
     the idle 93%, times the calibration's share. The rung that then ran those overrides saved within the interval."""
     m = _rung("00-baseline")
@@ -207,7 +209,7 @@ def test_cuda_graphs_are_predicted_from_the_profiled_idle_time_of_a_fixture_fold
     parts = {p.part: p.ms_per_page for p in run_pages(m).parts}
     assert m.profiler is not None and m.profiler.activity is not None
     bound = parts[PAGE_DECODE] * (1 - m.profiler.activity.busy_fraction)
-    calibration = shipped_calibration().of("cuda_graphs")
+    calibration = frozen_calibration.of("cuda_graphs")
     assert graphs.basis == BASIS_IDLE and graphs.bound_ms == pytest.approx(bound)
     assert graphs.saving_ms == pytest.approx(calibration.factor * bound)
     assert (graphs.saving_low_ms, graphs.saving_high_ms) == pytest.approx((calibration.low * bound, bound))

@@ -162,7 +162,8 @@ def test_a_config_dir_is_searched_for_options_and_keys(tmp_path: Path) -> None:
     config_dir = preset_dir(tmp_path, "mine", "name: mine\nobjective: decode_ms_per_token\nlevers: {}\n")
     own = ("--config-dir", str(config_dir))
     check(*own, "whatif=mine", config="whatif", command="perf-whatif")
-    options = r"\(the options: advised, all, batch, decode, mine, throughput, tuning, vision\)\. Use whatif=mine "
+    options = r"\(the options: advised, all, batch, decode, mine, quantize, throughput, tuning, vision\)\. "
+    options += "Use whatif=mine "
     with pytest.raises(UserError, match=options):
         check(*own, "whatif=mien", config="whatif", command="perf-whatif")
     with pytest.raises(UserError, match=r"run\.repetz is not a setting of perf-whatif with whatif=mine"):

@@ -938,7 +938,6 @@ def assumptions_md(m: Stage1Metrics, inputs: InputsManifest) -> str:
 def write_gallery(
     art: ArtifactsManager,
     m: Stage1Metrics,
-    inputs: InputsManifest,
     predictions: Sequence[Prediction],
     outputs: OutputSettings,
 ) -> None:
@@ -1038,7 +1037,7 @@ def write_details(
     write_markdown(art, STAKEHOLDER_FILE, stakeholder_md(m, whatif, advice))
     write_markdown(art, "assumptions.md", assumptions_md(m, inputs))
     if images:
-        write_gallery(art, m, inputs, predictions, m.settings.outputs)
+        write_gallery(art, m, predictions, m.settings.outputs)
     if m.modules is not None:
         write_markdown(art, "modules.md", modules_md(m.modules, f"{m.model.name} on {m.device.name}"))
     written = write_stage1_plots(m, art.run_dir, {"modules": _modules_plot}) if images else {}

@@ -136,7 +136,7 @@ def outputs_text(o: OutputAgreement | None) -> str:
     return text
 
 
-def _levers_text(record: WhatIfRecord, rung: Rung) -> str:
+def _levers_text(rung: Rung) -> str:
     if rung.phase == BASELINE:
         return "none (the workload as given)"
     overrides = ", ".join(f"`{o}`" for o in rung.overrides)
@@ -331,7 +331,7 @@ def _ranked_table(doc: Doc, record: WhatIfRecord) -> None:
     ]
     rows: list[Row] = []
     for rung in ranked_rungs(record):
-        head = [f"**{rung.name}**" if rung.name == record.best else rung.name, rung.phase, _levers_text(record, rung)]
+        head = [f"**{rung.name}**" if rung.name == record.best else rung.name, rung.phase, _levers_text(rung)]
         f = record.figures_of(rung)
         if f is None:
             rows.append([*head, _state_line(rung), *["—"] * (len(header) - 4)])

@@ -53,18 +53,10 @@ def stage_totals_ms(forwards: Sequence[ImageRecord] | Sequence[BatchRecord]) -> 
     return totals
 
 
-def _nesting(stage: str) -> str | None:
-    if vocab.is_vision(stage):
-        return vocab.PREFILL
-    if stage == vocab.DECODE_STEP:
-        return vocab.DECODE
-    return None
-
-
 def stage_stats(records: Sequence[ImageRecord], vision_stages: Sequence[str]) -> tuple[StageStat, ...]:
     """Summary per stage over `records`, in report order."""
     return tuple(
-        StageStat(stage=name, nested_in=_nesting(name), summary=summarize(vals, "ms"))
+        StageStat(stage=name, nested_in=vocab.nested_in(name), summary=summarize(vals, "ms"))
         for name, vals in stage_values(records, vision_stages).items()
     )
 

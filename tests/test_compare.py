@@ -19,7 +19,8 @@ from llm_perf_opt.pipeline import compare as cmp
 from llm_perf_opt.records.common import SCHEMA_MAJOR, SCHEMA_VERSION, Summary
 from llm_perf_opt.records.comparison import load_comparison
 from llm_perf_opt.records.folders import load, load_stage1
-from llm_perf_opt.report.comparison import comparison_markdown, ratio_text
+from llm_perf_opt.report.comparison import comparison_markdown
+from llm_perf_opt.report.markdown import ratio_text
 
 FIXTURES = Path(__file__).parent / "fixtures" / "compare"
 H100_A = FIXTURES / "h100_s1final"  # no MBU (written before efficiency existed)

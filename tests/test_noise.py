@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-import attrs
 import pytest
 
 from helpers import FIXTURES
-from llm_perf_opt.measure.aggregate import decode_step_pooled, stage_stats
+from llm_perf_opt.measure.aggregate import stage_stats
 from llm_perf_opt.measure.noise import BEYOND, NOT_MEASURED, TOO_FEW, WITHIN, noise_verdict
 from llm_perf_opt.measure.stats import summarize
 from llm_perf_opt.records import vocabulary as vocab
@@ -31,6 +30,11 @@ def _stage(records: Sequence[ImageRecord], stage: str) -> Summary:
     return next(s.summary for s in stage_stats(records, VISION) if s.stage == stage)
 
 
+def _pooled(records: Sequence[ImageRecord]) -> Summary:
+    """Every decode step of every pass pooled (the old rule): its `n` counts steps, taken as independent."""
+    return summarize([step for r in records for step in r.decode_step_ms], "ms")
+
+
 def _width(s: Summary) -> float:
     assert s.ci95_low is not None and s.ci95_high is not None
     return s.ci95_high - s.ci95_low
@@ -41,8 +45,8 @@ def test_decode_step_interval_is_over_pass_means(h100_records: tuple[ImageRecord
     pass_means = [sum(r.decode_step_ms) / len(r.decode_step_ms) for r in h100_records]
     assert step == summarize(pass_means, "ms")
     assert step.n == 25  # passes, not the 775 steps
-    pooled = decode_step_pooled(h100_records)
-    assert pooled is not None and pooled.n == 775
+    pooled = _pooled(h100_records)
+    assert pooled.n == 775
     # The pooled interval treats 31 correlated steps of a pass as independent: far too narrow.
     assert _width(step) > 3 * _width(pooled)
     assert step.ci95_low is not None and step.ci95_high is not None
@@ -61,7 +65,7 @@ def test_same_config_halves_are_within_noise_on_decode_step(h100_records: tuple[
     late = [r for r in h100_records if r.repeat >= 2]
     assert noise_verdict(_stage(early, vocab.DECODE_STEP), _stage(late, vocab.DECODE_STEP)) == WITHIN
     # Pooling the steps (the old rule) called the same configuration different.
-    assert noise_verdict(decode_step_pooled(early), decode_step_pooled(late)) == BEYOND
+    assert noise_verdict(_pooled(early), _pooled(late)) == BEYOND
 
 
 def test_noise_verdict_rules() -> None:
@@ -75,7 +79,3 @@ def test_noise_verdict_rules() -> None:
     assert noise_verdict(base, summarize([20.0], "ms")) == TOO_FEW
     assert TOO_FEW == "n/a (needs ≥ 3 passes each)"
     assert noise_verdict(None, base) == NOT_MEASURED
-
-
-def test_no_decode_means_no_pooled_steps(h100_records: tuple[ImageRecord, ...]) -> None:
-    assert decode_step_pooled([attrs.evolve(r, decode_step_ms=()) for r in h100_records]) is None

@@ -241,17 +241,6 @@ def test_ncu_import_raw_csv_argv() -> None:
     ]
 
 
-@pytest.mark.parametrize(
-    ("calls", "count", "skip"),
-    [(31, 3, 14), (3, 3, 0), (2, 3, 0), (0, 1, 0), (10, 1, 4), (11, 1, 5), (100, 10, 45)],
-)
-def test_steady_state_skip(calls: int, count: int, skip: int) -> None:
-    assert commands.steady_state_skip(calls, count) == skip
-    if calls > count:  # the captured window sits in the middle
-        before, after = skip, calls - skip - count
-        assert abs(before - after) <= 1
-
-
 def test_shell_line_quotes_for_copy_paste() -> None:
     argv = commands.ncu_argv(
         NCU,

@@ -490,7 +490,7 @@ def test_gallery_links_a_page_with_spaces_in_its_name(tmp_path: Path) -> None:
     m = attrs.evolve(folder.metrics, records=tuple(attrs.evolve(r, image=name) for r in folder.metrics.records))
     prediction = Prediction(image=name, path=str(page), token_ids=(1, 2), tokens=2, text="text", weights="random")
     art = ArtifactsManager(tmp_path / "run", stage="stage1")
-    write_gallery(art, m, folder.inputs, [prediction], m.settings.outputs)
+    write_gallery(art, m, [prediction], m.settings.outputs)
     viz = tmp_path / "run" / "viz"
     (source,) = _image_sources((viz / "predictions.md").read_text())
     assert (viz / unquote(source)).is_file()
@@ -510,7 +510,7 @@ def test_a_gallery_read_on_another_machine_says_its_input_is_not_there(tmp_path:
     m = folder.metrics
     gone = "/elsewhere/src/llm_perf_opt/data/samples/" + m.records[0].image
     prediction = Prediction(image=m.records[0].image, path=gone, token_ids=(1,), tokens=1, text="t", weights="random")
-    write_gallery(ArtifactsManager(tmp_path, stage="stage1"), m, folder.inputs, [prediction], m.settings.outputs)
+    write_gallery(ArtifactsManager(tmp_path, stage="stage1"), m, [prediction], m.settings.outputs)
     text = (tmp_path / "viz" / "predictions.md").read_text()
     assert f"No thumbnail: the input is not at ${{llo_samples_dir:}}/{m.records[0].image} on this machine" in text
     assert not _image_sources(text) and not list((tmp_path / "viz").glob("*.png"))

@@ -152,16 +152,6 @@ class StageCost:
         """Weight + activation + KV bytes."""
         return self.weight_bytes + self.activation_bytes + self.kv_bytes
 
-    def flops_by_category(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for m in self.modules:
-            out[m.category] = out.get(m.category, 0.0) + m.flops
-        return out
-
-    def matmul_flops_under(self, prefix: str) -> float:
-        """Counted FLOPs of the modules whose name starts with `prefix` (e.g. "global/sam.layers.2.")."""
-        return sum(m.flops for m in self.modules if m.counted and m.name.startswith(prefix))
-
 
 # ---- building blocks ---------------------------------------------------------------------------------------
 def _linear(name: str, tokens: float, d_in: int, d_out: int, db: int, *, bias: bool) -> ModuleCost:

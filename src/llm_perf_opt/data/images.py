@@ -20,9 +20,6 @@ from pathlib import Path
 
 from PIL import ExifTags, Image, ImageOps
 
-#: EXIF orientations that turn or mirror the stored pixels (1 is "as stored").
-TRANSPOSING = frozenset(range(2, 9))
-
 
 @contextmanager
 def large_pages_allowed() -> Iterator[None]:

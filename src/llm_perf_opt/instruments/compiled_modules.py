@@ -41,13 +41,6 @@ import attrs
 import torch
 
 log = logging.getLogger("llm_perf_opt.compiled_modules")
-PROVENANCE_METHOD = (
-    "inductor provenance: each compiled graph's Dynamo FX nodes are tied to their nn.Module (nn_module_stack); "
-    "inductor's generated wrapper code lists the kernel launches in order with the source nodes of each; the "
-    "profiler's kernels of one graph execution are aligned to that order, inductor-named kernels as anchors and the "
-    "kernels between anchors given to the extern calls (cuBLAS/cutlass/aten) between them (one to one when the "
-    "counts agree, else their common module). A kernel fused across modules gets their deepest common module."
-)
 
 
 @attrs.frozen

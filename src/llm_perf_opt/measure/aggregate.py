@@ -2,7 +2,7 @@
 
 Every stage has one value per timed pass, so `n` and the interval count passes. `decode/step` too: its value for a
 pass is that pass's mean step time (steps of one pass are not independent samples; pooling them made the interval
-several times too narrow). `decode_step_pooled` keeps the distribution of single steps (p50/p90 of a step).
+several times too narrow).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from collections.abc import Iterable, Sequence
 
 from llm_perf_opt.measure.stats import summarize
 from llm_perf_opt.records import vocabulary as vocab
-from llm_perf_opt.records.common import Summary
 from llm_perf_opt.records.stage1 import BatchRecord, BatchSummary, ImageRecord, StageStat
 
 
@@ -54,30 +53,12 @@ def stage_totals_ms(forwards: Sequence[ImageRecord] | Sequence[BatchRecord]) -> 
     return totals
 
 
-def _nesting(stage: str) -> str | None:
-    if vocab.is_vision(stage):
-        return vocab.PREFILL
-    if stage == vocab.DECODE_STEP:
-        return vocab.DECODE
-    return None
-
-
 def stage_stats(records: Sequence[ImageRecord], vision_stages: Sequence[str]) -> tuple[StageStat, ...]:
     """Summary per stage over `records`, in report order."""
     return tuple(
-        StageStat(stage=name, nested_in=_nesting(name), summary=summarize(vals, "ms"))
+        StageStat(stage=name, nested_in=vocab.nested_in(name), summary=summarize(vals, "ms"))
         for name, vals in stage_values(records, vision_stages).items()
     )
-
-
-def decode_step_pooled(records: Iterable[ImageRecord]) -> Summary | None:
-    """Every decode step of every pass pooled (ms): the distribution of one step, not an interval to compare.
-
-    Its `n` counts steps, and its interval treats them as independent, which they are not: use `decode/step` of
-    `stage_stats` for intervals and noise. None when no pass decoded.
-    """
-    steps = [step for rec in records for step in rec.decode_step_ms]
-    return summarize(steps, "ms") if steps else None
 
 
 def batch_summary(batches: Sequence[BatchRecord], batch_size: int, decode_experts: str | None) -> BatchSummary | None:

@@ -340,7 +340,7 @@ def _moved(new: float | None, old: float | None) -> bool:
     return new is not None and old is not None and old > 0 and abs(new - old) / old > SMALL
 
 
-def attribute(name: str, figures: RungFigures, against: str, ref: RungFigures) -> Attribution | None:
+def attribute(figures: RungFigures, against: str, ref: RungFigures) -> Attribution | None:
     """Split a rung's decode-step change against `ref` into GPU-idle (launch and host overhead) and GPU-busy
     (kernel work), and name the cause: fewer launches, fewer bytes, fewer FLOPs or faster kernels."""
     if figures.decode_ms_per_token is None or ref.decode_ms_per_token is None:

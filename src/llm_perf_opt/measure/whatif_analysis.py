@@ -186,7 +186,7 @@ class WhatIfAnalysis:
                 figures.pass_values(folder.metrics, goal.name, tokens),
             ),
             outputs=outputs,
-            attribution=None if ref is None else figures.attribute(rung.name, own, against, ref),
+            attribution=None if ref is None else figures.attribute(own, against, ref),
             judgements=judgements,
             tradeoffs=objectives.tradeoffs(judgements, budget),
             modules=module_changes(before, after) if before is not None and after is not None else (),

@@ -226,10 +226,3 @@ def kernel_regex_for(names: Sequence[str], *, base: str = "function") -> str:
 def ncu_import_raw_csv_argv(ncu: Path, report_path: Path) -> list[str]:
     """`ncu --import <rep> --csv --page raw`: every metric of every profiled launch, with a units row."""
     return [str(ncu), "--import", str(report_path), "--csv", "--page", "raw"]
-
-
-def steady_state_skip(calls_in_range: int, launch_count: int) -> int:
-    """Matching launches to skip so the `launch_count` captured ones sit in the middle of the range's launches."""
-    if calls_in_range <= launch_count:
-        return 0
-    return (calls_in_range - launch_count) // 2

@@ -22,8 +22,6 @@ from llm_perf_opt.records.io import converter
 BASIS_FLOOR = "time above floor"  # measured time minus the analytic floor of the same work
 BASIS_IDLE = "launch-bound idle time"  # the GPU's idle time between a step's kernels (profiled pass)
 BASIS_MEMORY = "memory headroom"  # a larger batch that fits, spreading the per-pass time over more pages
-BASIS_MEASURED = "measured"  # a measured run of the lever (a what-if run) or the calibration alone
-BASES = (BASIS_FLOOR, BASIS_IDLE, BASIS_MEMORY, BASIS_MEASURED)
 
 # The figure a lever serves (`Advice.objective`), each in ms per page.
 PAGE_LATENCY = "page latency"  # a page's time to last token

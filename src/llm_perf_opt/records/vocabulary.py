@@ -27,8 +27,6 @@ E2E: Final = "e2e"  # preprocess + prefill + decode: derived
 
 # Top-level stages of one input, in order. Vision sub-stages run inside prefill (nested, never added twice).
 TOP_LEVEL: Final = (PREPROCESS, PREFILL, DECODE)
-# Stages that MFU, MBU and the roofline are computed for, besides the model's vision sub-stages (inside prefill).
-COSTED: Final = (PREFILL, DECODE)
 
 
 def is_vision(stage: str) -> bool:
@@ -43,11 +41,6 @@ def nested_in(stage: str) -> str | None:
     if stage == DECODE_STEP:
         return DECODE
     return None
-
-
-def costed_stages(vision_stages: tuple[str, ...] | list[str]) -> tuple[str, ...]:
-    """prefill, the vision sub-stages, decode: the stages that get FLOPs, bytes, MFU and MBU."""
-    return (PREFILL, *vision_stages, DECODE)
 
 
 # ---- dtypes ---------------------------------------------------------------------------------------------------

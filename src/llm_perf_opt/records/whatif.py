@@ -55,7 +55,6 @@ PAGE_LATENCY = "page_latency"
 FIRST_TOKEN = "first_token"
 THROUGHPUT = "throughput"
 MEMORY = "memory"
-GOALS = (PAGE_LATENCY, FIRST_TOKEN, THROUGHPUT, MEMORY)
 
 # The per-page latencies a latency target and the pages/s frontier read (p90 over a rung's timed passes).
 TTLT_P90 = "ttlt_p90_ms"  # time to last token of a page

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from llm_perf_opt.records.analytic import AnalyticReport, RunInputs, StageBound, ViewsPrice, WorkloadRow
 from llm_perf_opt.records.vocabulary import DECODE, PREFILL
-from llm_perf_opt.report.markdown import Doc, flops, ms, num_bytes, pct
+from llm_perf_opt.report.markdown import Doc, flops, ms, num_bytes, number, pct
 
 
 def views_text(w: WorkloadRow) -> str:
@@ -117,10 +117,6 @@ def _sweep_section(doc: Doc, r: AnalyticReport) -> None:
     )
 
 
-def _intensity(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:,.1f}"
-
-
 def analytic_report_md(r: AnalyticReport, top_modules: int = 30) -> str:
     """The report: the workload (or the run's inputs), per-stage costs, lower bounds per GPU, the view what-if,
     operator categories and the top modules of prefill and decode."""
@@ -148,7 +144,7 @@ def analytic_report_md(r: AnalyticReport, top_modules: int = 30) -> str:
                 num_bytes(v.activation_bytes),
                 num_bytes(v.kv_bytes),
                 num_bytes(v.bytes),
-                _intensity(v.intensity),
+                number(v.intensity),
             ]
             for s, v in r.stages.items()
         ],

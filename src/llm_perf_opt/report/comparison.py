@@ -26,28 +26,13 @@ from llm_perf_opt.records.comparison import (
     Stage2Comparison,
     WhatIfComparison,
 )
-from llm_perf_opt.report.markdown import Doc, ms, num_bytes, pct
-
-NA = "n/a"
+from llm_perf_opt.report.markdown import NA, Doc, ms, num_bytes, number, pct, ratio_text
 
 Row = list[str]
 
 
-def ratio_text(value: float | None) -> str:
-    """A ratio as `1.23×`, or n/a."""
-    return NA if value is None else f"{value:.2f}×"
-
-
-def _count(value: float | None) -> str:
-    return NA if value is None else f"{value:,.0f}"
-
-
 def _delta(value: float | None) -> str:
     return NA if value is None else f"{value:+,.2f}"
-
-
-def _number(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:,.3f}"
 
 
 def _lead(doc: Doc, text: str) -> None:
@@ -85,8 +70,8 @@ def _movers_table(doc: Doc, base: str, table: MoverTable, first: str) -> None:
         [
             [
                 m.name,
-                _count(m.base_calls),
-                _count(m.other_calls),
+                number(m.base_calls, 0),
+                number(m.other_calls, 0),
                 ms(m.base_ms, 2),
                 ms(m.other_ms, 2),
                 _delta(m.delta_ms),
@@ -149,7 +134,7 @@ def _stage1(doc: Doc, runs: Sequence[ComparedRun], section: Stage1Comparison, to
         doc.h3("Memory and energy")
         doc.table(
             ["Figure", *(r.label for r in runs), *(f"{r.label} vs {base.label}" for r in runs[1:])],
-            [[row.figure, *(_number(v) for v in row.values), *row.changes] for row in section.resources],
+            [[row.figure, *(number(v, 3) for v in row.values), *row.changes] for row in section.resources],
         )
         doc.para(
             "From each run's memory and energy passes: one value per run, so a change is judged against a stated "
@@ -176,7 +161,7 @@ def _stage1(doc: Doc, runs: Sequence[ComparedRun], section: Stage1Comparison, to
 
 def _rate(value: float | None, batch: int | None, shown: bool) -> str:
     """A rate's p50, with its batch where the runs' batches differ: `4.66 (batch 16)`."""
-    text = _number(value)
+    text = number(value, 3)
     return f"{text} (batch {batch})" if shown and value is not None and batch is not None else text
 
 
@@ -246,7 +231,7 @@ def _stage2(doc: Doc, runs: Sequence[ComparedRun], section: Stage2Comparison, to
         for c in s.others:
             row += [ms(c.busy_ms, 2), ratio_text(c.ratio)]
         row += [pct(v) for v in s.busy_fraction]
-        row += [_count(v) for v in s.kernels]
+        row += [number(v, 0) for v in s.kernels]
         rows.append(row)
     doc.table(["Stage", *header], rows)
     _lead(
@@ -259,7 +244,7 @@ def _stage2(doc: Doc, runs: Sequence[ComparedRun], section: Stage2Comparison, to
     doc.table(
         ["Whole run", *(r.label for r in runs)],
         [
-            ["kernel launches", *(_count(t.kernel_launches) for t in totals)],
+            ["kernel launches", *(number(t.kernel_launches, 0) for t in totals)],
             ["decode step wall ms", *(ms(t.decode_step_wall_ms, 2) for t in totals)],
             ["kernels per decode step", *(ms(t.kernels_per_decode_step) for t in totals)],
             ["decode GPU busy", *(pct(t.decode_gpu_busy) for t in totals)],

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from llm_perf_opt.records.data_parallel import DataParallelSummary, ShardFigures
-from llm_perf_opt.report.markdown import Doc, link, pct
+from llm_perf_opt.report.markdown import Doc, link, number, pct
 from llm_perf_opt.report.pages import per_day
 
 HOW = (
@@ -20,10 +20,6 @@ HOW = (
 )
 
 
-def _rate(value: float | None, digits: int = 2) -> str:
-    return "n/a" if value is None else f"{value:,.{digits}f}"
-
-
 def _offset(value: float | None, origin: float | None) -> str:
     return "n/a" if value is None or origin is None else f"{value - origin:,.1f}"
 
@@ -33,7 +29,7 @@ def _shard_row(f: ShardFigures, origin: float | None) -> list[object]:
     return [
         f.shard, f.device or "n/a", f.host or "n/a", f.status,
         f"{_offset(f.timed_from_s, origin)} – {_offset(f.timed_to_s, origin)}", f.passes,
-        _rate(f.pages_per_s_alone), _rate(f.window_pages, 1), _rate(f.window_pages_per_s),
+        number(f.pages_per_s_alone, 2), number(f.window_pages, 1), number(f.window_pages_per_s, 2),
         link("report", report) if f.ok else f.skipped_reason or "",
     ]  # fmt: skip
 
@@ -95,12 +91,12 @@ def scaling_table(summaries: Sequence[DataParallelSummary]) -> str:
     doc = Doc("Data-parallel scaling")
     rows = []
     for s in summaries:
-        per_gpu = ", ".join(_rate(f.window_pages_per_s) for f in s.shards) or "n/a"
+        per_gpu = ", ".join(number(f.window_pages_per_s, 2) for f in s.shards) or "n/a"
         combined = s.combined_pages_per_s
         rows.append([
-            s.processes, per_gpu, _rate(combined), per_day(combined) if combined is not None else "n/a",
-            _rate(s.single_gpu.pages_per_s if s.single_gpu else None),
-            pct(s.scaling_efficiency, 1) if s.scaling_efficiency is not None else "n/a",
+            s.processes, per_gpu, number(combined, 2), per_day(combined) if combined is not None else "n/a",
+            number(s.single_gpu.pages_per_s if s.single_gpu else None, 2),
+            pct(s.scaling_efficiency, 1),
             s.problem or "", s.folder,
         ])  # fmt: skip
     doc.table(

@@ -112,8 +112,20 @@ class Doc:
         return self._md.get_md_text().lstrip("\n") + "\n"
 
 
-def ms(value: float | None, digits: int = 1) -> str:
-    return "n/a" if value is None else f"{value:,.{digits}f}"
+NA = "n/a"  # what a report shows for a figure it does not have
+
+
+def number(value: float | None, digits: int = 1) -> str:
+    """A figure with thousands separators and `digits` decimals, or n/a."""
+    return NA if value is None else f"{value:,.{digits}f}"
+
+
+ms = number  # a time in ms reads as a plain figure
+
+
+def ratio_text(value: float | None) -> str:
+    """A ratio as `1.23×`, or n/a."""
+    return NA if value is None else f"{value:.2f}×"
 
 
 def flops(value: float | None) -> str:

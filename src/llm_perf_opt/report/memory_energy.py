@@ -13,7 +13,7 @@ from llm_perf_opt.records.memory import (
     MemoryReport,
     StageEnergy,
 )
-from llm_perf_opt.report.markdown import Doc, flops, link, num_bytes
+from llm_perf_opt.report.markdown import Doc, flops, link, num_bytes, number
 
 _ORDER = (vocab.E2E, vocab.PREPROCESS, vocab.PREFILL, vocab.DECODE, vocab.DECODE_STEP)
 
@@ -102,15 +102,15 @@ def _memory_notes(memory: MemoryReport, p: MemoryPass) -> list[str]:
     out = []
     a = memory.analytic
     if a is not None:
-        kv = "n/a" if a.kv_bytes is None else num_bytes(a.kv_bytes)
-        act = "n/a" if a.largest_activation_bytes is None else num_bytes(a.largest_activation_bytes)
+        kv = num_bytes(a.kv_bytes)
+        act = num_bytes(a.largest_activation_bytes)
         ratio = "n/a" if a.ratio is None else f"{a.ratio:,.2f}×"
         out.append(
             f"Analytic expectation: {num_bytes(a.weights_bytes)} weights + {kv} KV cache + {act} largest activation "
             f"= {num_bytes(a.expected_bytes)}; measured peak {num_bytes(a.measured_bytes)} = {ratio} of it "
             f"({a.method})."
         )
-    out.append(f"KV cache per token (one sequence): {_per_token(p)} — {p.kv_per_token_source}.")
+    out.append(f"KV cache per token (one sequence): {num_bytes(p.kv_bytes_per_token)} — {p.kv_per_token_source}.")
     if p.graph_pools is not None and p.graph_pools.segments:
         g = p.graph_pools
         out.append(
@@ -127,10 +127,6 @@ def _memory_notes(memory: MemoryReport, p: MemoryPass) -> list[str]:
     else:
         out.append(f"Allocator snapshot: {p.snapshot_note or 'not saved'}.")
     return out
-
-
-def _per_token(p: MemoryPass) -> str:
-    return "n/a" if p.kv_bytes_per_token is None else num_bytes(p.kv_bytes_per_token)
 
 
 def vision_peak_caveat(p: MemoryPass) -> str:
@@ -179,17 +175,13 @@ def fit_lines(f: FitPrediction, p: MemoryPass) -> list[str]:
     return out
 
 
-def _joules(value: float | None, digits: int = 3) -> str:
-    return "n/a" if value is None else f"{value:,.{digits}f}"
-
-
 def _energy_row(s: StageEnergy) -> list[str]:
     return [
         s.stage,
-        _joules(s.joules),
-        _joules(None if s.seconds is None else s.seconds * 1e3, 1),
-        _joules(s.watts, 1),
-        _joules(s.above_idle_joules),
+        number(s.joules, 3),
+        number(None if s.seconds is None else s.seconds * 1e3, 1),
+        number(s.watts, 1),
+        number(s.above_idle_joules, 3),
         flops(s.flops),
         "n/a" if s.flop_per_joule is None else f"{s.flop_per_joule / 1e9:,.1f}",
         s.note,
@@ -239,7 +231,7 @@ def energy_section(doc: Doc, energy: EnergyReport | None) -> None:
     assert e is not None
     doc.para(
         f"{energy.method}. Input {e.input} ({e.pages} page(s) per pass, {e.new_tokens} new tokens each); "
-        f"idle {_joules(energy.idle_watts, 1)} W over {e.idle.seconds:,.2f} s ({_idle_source(e.idle_source)}). "
+        f"idle {number(energy.idle_watts, 1)} W over {e.idle.seconds:,.2f} s ({_idle_source(e.idle_source)}). "
         f"Loops: {_loops(e)}. GPU energy only (preprocessing runs on the host before the loops)."
     )
     doc.table(
@@ -248,11 +240,11 @@ def energy_section(doc: Doc, energy: EnergyReport | None) -> None:
     )
     doc.bullets(
         [
-            f"Energy per page: {_joules(energy.joules_per_page)} J",
-            f"Energy per decode token: {_joules(energy.joules_per_decode_token, 4)} J, of which "
-            f"{_joules(energy.joules_per_decode_token_above_idle, 4)} J above idle (the GPU's work; the rest is idle "
+            f"Energy per page: {number(energy.joules_per_page, 3)} J",
+            f"Energy per decode token: {number(energy.joules_per_decode_token, 4)} J, of which "
+            f"{number(energy.joules_per_decode_token_above_idle, 4)} J above idle (the GPU's work; the rest is idle "
             "power over the step's time, which moves with the host on a launch-bound step)" + _decode_power(energy),
-            f"Tokens per joule: {_joules(energy.tokens_per_joule, 2)} tokens/J (new tokens, the first included, "
+            f"Tokens per joule: {number(energy.tokens_per_joule, 2)} tokens/J (new tokens, the first included, "
             "over the whole pass's energy)",
         ]
     )

@@ -41,6 +41,7 @@ from llm_perf_opt.report.markdown import (
     link,
     ms,
     num_bytes,
+    number,
     pct,
     present,
     present_links,
@@ -639,8 +640,8 @@ def _sol_row(e: StageEfficiency, vision: bool) -> list[str]:
         ms(e.time_ms),
         flops(e.flops),
         num_bytes(e.bytes),
-        f"{e.arithmetic_intensity:,.1f}" if e.arithmetic_intensity is not None else "n/a",
-        f"{e.ridge_point:,.0f}" if e.ridge_point is not None else "n/a",
+        number(e.arithmetic_intensity),
+        number(e.ridge_point, 0),
         e.bound or "n/a",
         pct(e.mfu, 2),
         pct(e.mbu, 2),
@@ -938,7 +939,6 @@ def assumptions_md(m: Stage1Metrics, inputs: InputsManifest) -> str:
 def write_gallery(
     art: ArtifactsManager,
     m: Stage1Metrics,
-    inputs: InputsManifest,
     predictions: Sequence[Prediction],
     outputs: OutputSettings,
 ) -> None:
@@ -1038,7 +1038,7 @@ def write_details(
     write_markdown(art, STAKEHOLDER_FILE, stakeholder_md(m, whatif, advice))
     write_markdown(art, "assumptions.md", assumptions_md(m, inputs))
     if images:
-        write_gallery(art, m, inputs, predictions, m.settings.outputs)
+        write_gallery(art, m, predictions, m.settings.outputs)
     if m.modules is not None:
         write_markdown(art, "modules.md", modules_md(m.modules, f"{m.model.name} on {m.device.name}"))
     written = write_stage1_plots(m, art.run_dir, {"modules": _modules_plot}) if images else {}

@@ -10,7 +10,7 @@ from llm_perf_opt.records.modules import NOT_KNOWN
 from llm_perf_opt.records.stage2 import KernelStat, MeasuredBytes, MeasuredBytesRow, SampledDram, Stage2Metrics
 from llm_perf_opt.records.whatif import WhatIfRecord
 from llm_perf_opt.report import stage2_plots
-from llm_perf_opt.report.markdown import Doc, link, ms, num_bytes, pct, time_budget_text
+from llm_perf_opt.report.markdown import Doc, link, ms, num_bytes, number, pct, ratio_text, time_budget_text
 from llm_perf_opt.report.modules_report import launched_by
 from llm_perf_opt.report.recommendations import DECODE_LEVERS, measured_lever_lines, measured_override_keys
 
@@ -29,11 +29,10 @@ def _ncu_cells(m: Stage2Metrics, stage: str, name: str) -> list[str]:
     row = m.ncu_row(stage, name)
     if row is None:
         return ["", "", "", "", "", ""]
-    tflops, ai = row.achieved_tflops, row.arithmetic_intensity
     return [
-        "n/a" if tflops is None else f"{tflops:,.2f}",
+        number(row.achieved_tflops, 2),
         f"{row.dram_gbps:,.0f}",
-        "n/a" if ai is None else f"{ai:,.1f}",
+        number(row.arithmetic_intensity),
         pct(_fraction(row.sm_throughput_pct)),
         pct(_fraction(row.dram_throughput_pct)),
         row.bound,
@@ -206,16 +205,8 @@ def _stage_table(m: Stage2Metrics) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def _ratio(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}×"
-
-
 def _pair(measured: str, analytic: str) -> str:
     return f"{measured} / {analytic}"
-
-
-def _intensity(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:,.1f}"
 
 
 def _measured_bytes_table(rows: Sequence[MeasuredBytesRow]) -> tuple[list[str], list[list[str]]]:
@@ -243,8 +234,8 @@ def _measured_bytes_table(rows: Sequence[MeasuredBytesRow]) -> tuple[list[str], 
             num_bytes(r.dram_write_bytes),
             num_bytes(r.measured_bytes),
             num_bytes(r.analytic_bytes),
-            _ratio(r.ratio),
-            _pair(_intensity(r.measured_intensity), _intensity(r.analytic_intensity)),
+            ratio_text(r.ratio),
+            _pair(number(r.measured_intensity), number(r.analytic_intensity)),
             _pair(r.measured_bound or "n/a", r.analytic_bound or "n/a"),
             _pair(pct(r.measured_mbu, 2), pct(r.analytic_mbu, 2)),
         ]
@@ -301,7 +292,7 @@ def _measured_bytes_section(doc: Doc, mb: MeasuredBytes | None) -> None:
         return
     header, rows = _measured_bytes_table(mb.rows)
     doc.table(header, rows)
-    reasons = [f"{r.stage} ({_ratio(r.ratio)}): {r.why}." for r in mb.rows if r.why]
+    reasons = [f"{r.stage} ({ratio_text(r.ratio)}): {r.why}." for r in mb.rows if r.why]
     if reasons:
         doc.para("Why measured and analytic bytes differ (where they differ by more than 10%):")
         doc.bullets(reasons)
@@ -353,7 +344,7 @@ def _sampled_dram_section(doc: Doc, sampled: SampledDram | None) -> None:
         cells += [num_bytes(r.dram_read_bytes), num_bytes(r.dram_write_bytes), num_bytes(r.dram_bytes)]
         if with_ncu:
             ratio = f"{r.dram_bytes / r.ncu_bytes:.2f}×" if r.ncu_bytes else "n/a"
-            cells += [num_bytes(r.ncu_bytes) if r.ncu_bytes is not None else "n/a", ratio]
+            cells += [num_bytes(r.ncu_bytes), ratio]
         rows.append(cells)
     if rows:
         doc.table(header, rows)
@@ -418,7 +409,7 @@ def findings(m: Stage2Metrics) -> list[str]:
     if compared:
         out.append(
             "Measured DRAM bytes (Nsight Compute, one instance each) against the analytic count: "
-            + ", ".join(f"{r.stage} {_ratio(r.ratio)}" for r in compared)
+            + ", ".join(f"{r.stage} {ratio_text(r.ratio)}" for r in compared)
             + "."
         )
     counts: dict[str, int] = {}

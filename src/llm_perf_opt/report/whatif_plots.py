@@ -91,7 +91,7 @@ def waterfall_steps(record: WhatIfRecord) -> list[Rung]:
     return [r for r in steps if value(record, r) is not None]
 
 
-def _added(record: WhatIfRecord, rung: Rung, previous: Rung) -> str:
+def _added(rung: Rung, previous: Rung) -> str:
     """The levers a rung adds to the previous one."""
     new = [lever for lever in rung.levers if lever not in previous.levers] or list(rung.levers)
     return "+ " + " + ".join(new)
@@ -144,7 +144,7 @@ def waterfall(record: WhatIfRecord, path: Path) -> Path | None:
     used: set[str] = set()
     for i in range(1, len(steps)):
         rung, before, after = steps[i], values[i - 1], values[i]
-        labels.append(_added(record, rung, steps[i - 1]))
+        labels.append(_added(rung, steps[i - 1]))
         parts, note = split(record, rung, steps[i - 1])
         level = before
         rest = (after - before) - sum(p for p, _ in parts)

@@ -77,7 +77,7 @@ def predictions_section(doc: Doc, record: WhatIfRecord, folder: str) -> None:
     other = [c for c in record.predictions if c.measured_ms is not None and not same_workload(c)]
     if other:
         c = other[0]
-        baseline = "n/a" if c.baseline_ms is None else ms(c.baseline_ms)
+        baseline = ms(c.baseline_ms)
         doc.para(
             f"The baseline's {c.objective} ({baseline} ms/page) is not the advised run's ({ms(c.advised_ms)} ms/page) "
             f"within {SAME_WORKLOAD:.0%}: it ran another workload or host than the advice was worked out on, so "

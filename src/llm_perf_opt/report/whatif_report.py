@@ -36,16 +36,18 @@ from llm_perf_opt.records.whatif import (
     WhatIfRecord,
     hydra_launcher_name,
 )
-from llm_perf_opt.report.comparison import ratio_text
 from llm_perf_opt.report.markdown import (
+    NA,
     Doc,
     bundled_samples,
     flops,
     link,
     ms,
     num_bytes,
+    number,
     pct,
     present,
+    ratio_text,
     time_budget_text,
     write_markdown,
 )
@@ -54,7 +56,6 @@ from llm_perf_opt.report.whatif_goodput import goodput_section
 from llm_perf_opt.report.whatif_plots import module_waterfall_stage, ranks_first_token, write_whatif_plots
 from llm_perf_opt.report.whatif_predictions import predictions_section
 
-NA = "n/a"
 WHATIF_REPORT = "whatif.md"
 CHANGES_WORKLOAD = "changes the workload"
 
@@ -103,10 +104,6 @@ def _signed(value: float | None, fmt: Callable[[float], str]) -> str:
     return sign + fmt(abs(value))
 
 
-def _count(value: float | None) -> str:
-    return NA if value is None else f"{value:,.0f}"
-
-
 def _objective_value(objective: Objective, figures: RungFigures | None) -> str:
     return NA if figures is None else f"{ms(figures.objective.p50, 2)} {objective.unit}"
 
@@ -136,7 +133,7 @@ def outputs_text(o: OutputAgreement | None) -> str:
     return text
 
 
-def _levers_text(record: WhatIfRecord, rung: Rung) -> str:
+def _levers_text(rung: Rung) -> str:
     if rung.phase == BASELINE:
         return "none (the workload as given)"
     overrides = ", ".join(f"`{o}`" for o in rung.overrides)
@@ -331,7 +328,7 @@ def _ranked_table(doc: Doc, record: WhatIfRecord) -> None:
     ]
     rows: list[Row] = []
     for rung in ranked_rungs(record):
-        head = [f"**{rung.name}**" if rung.name == record.best else rung.name, rung.phase, _levers_text(record, rung)]
+        head = [f"**{rung.name}**" if rung.name == record.best else rung.name, rung.phase, _levers_text(rung)]
         f = record.figures_of(rung)
         if f is None:
             rows.append([*head, _state_line(rung), *["—"] * (len(header) - 4)])
@@ -348,7 +345,7 @@ def _ranked_table(doc: Doc, record: WhatIfRecord) -> None:
                 *([ms(f.aggregate_decode_tokens_per_s, 0)] if batched else []),
                 against,
                 "reference" if base else (rung.speedup.verdict if rung.speedup else NA),
-                _count(f.kernels_per_step),
+                number(f.kernels_per_step, 0),
                 pct(f.gpu_busy_fraction, 0),
                 "reference" if base else outputs_text(rung.outputs),
                 num_bytes(f.peak_memory_bytes),

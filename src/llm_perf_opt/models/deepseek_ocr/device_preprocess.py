@@ -23,7 +23,6 @@ from PIL import __version__ as pillow_version
 
 from llm_perf_opt.models.deepseek_ocr.preprocess import NO_TILES, PAD_COLOUR, Mode, Views, crop_grid
 
-LEVEL = 2 / 255  # one uint8 level after the normalisation
 # Pillow 13 runs the vertical pass first when the height shrinks by more than twice the width's shrink (in pixels);
 # earlier versions always run the horizontal pass first (libImaging/Resample.c, ImagingResampleInner).
 VERTICAL_FIRST_RULE = int(pillow_version.split(".")[0]) >= 13

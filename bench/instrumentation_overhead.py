@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from llm_perf_opt.config_compose import compose_config
+from llm_perf_opt.config_data import stage1_nodes
 from llm_perf_opt.data.dataset import bundled_samples_dir
 from llm_perf_opt.instruments.timing import NullRecorder, StageRecorder
 from llm_perf_opt.records.vocabulary import DECODE
@@ -61,7 +62,7 @@ def main() -> None:
         f"runtime.compile_mode={args.compile_mode}",
     )
     device = resolve_device(args.device)
-    runtime = RuntimeSettings.from_config(cfg)
+    runtime = RuntimeSettings.from_nodes(stage1_nodes(cfg))
     session = InferenceSession.load(cfg.model, device, runtime)
     routing = session.routing
     image = Path(args.image)

@@ -15,14 +15,15 @@ import torch
 from PIL import Image
 
 from llm_perf_opt.config_compose import compose_config
+from llm_perf_opt.config_data import stage1_nodes
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.instruments.timing import NullRecorder
 from llm_perf_opt.models.view_groups import encode_grouped, padded_count
+from llm_perf_opt.override_keys import check_override_keys
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.session import compiled
 from llm_perf_opt.session.runtime import RuntimeSettings
 from llm_perf_opt.session.session import InferenceSession
-from llm_perf_opt.settings_schema import check_config
 
 CPU = torch.device("cpu")
 NEW_TOKENS = 4
@@ -161,12 +162,12 @@ def test_bounded_profile_embeddings_with_batched_vision(v1_session, noisy_pages)
 def test_batch_vision_needs_a_batch() -> None:
     cfg = compose_config("stage1", "model=deepseek_ocr_tiny", "runtime.batch_vision=true")
     with pytest.raises(UserError, match=r"runtime.batch_vision=true .* run.batch_size=1") as info:
-        RuntimeSettings.from_config(cfg)
+        RuntimeSettings.from_nodes(stage1_nodes(cfg))
     assert "run.batch_size to 2 or more" in info.value.fix
     batched = compose_config("stage1", "model=deepseek_ocr_tiny", "runtime.batch_vision=true", "run.batch_size=2")
-    assert RuntimeSettings.from_config(batched).batch_vision
+    assert RuntimeSettings.from_nodes(stage1_nodes(batched)).batch_vision
     with pytest.raises(UserError, match=r"runtime.batch_vision"):
-        check_config(compose_config("stage1", "runtime.batch_vision=often"))
+        check_override_keys("stage1", ["runtime.batch_vision=often"], command="stage1-run")
 
 
 def test_batch_vision_is_refused_for_a_model_that_cannot_batch_it() -> None:

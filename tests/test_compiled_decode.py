@@ -12,6 +12,7 @@ import attrs
 import pytest
 import torch
 
+from llm_perf_opt.config_data import stage1_nodes
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.session import compiled
@@ -304,7 +305,7 @@ def test_compiled_vision_is_labelled_raises_the_warm_up_and_needs_a_gpu_for_grap
     with pytest.raises(UserError, match=r"runtime\.compile_vision=reduce-overhead captures CUDA graphs"):
         graphs.check_device(torch.device("cpu"))
     with pytest.raises(UserError, match=r"runtime\.compile_vision=fast is not a known value"):
-        RuntimeSettings.from_config({"runtime": {"compile_vision": "fast"}})
+        RuntimeSettings.from_nodes(stage1_nodes({"runtime": {"compile_vision": "fast"}}))
 
 
 def test_restoring_compiled_forwards_gives_each_module_its_forward_back() -> None:

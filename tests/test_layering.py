@@ -35,6 +35,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "parent_death",
         "progress",
         "resources",
+        "config_schema",
         "settings_schema",
         "time_ledger",
     ),

@@ -20,9 +20,11 @@ from PIL import Image
 
 from helpers import SAMPLE_PAGES, sample_pages
 from llm_perf_opt.config_compose import compose_config
+from llm_perf_opt.config_data import stage1_nodes
 from llm_perf_opt.data.prompts import bundled_prompts_dir
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure.throughput import page_throughput
+from llm_perf_opt.override_keys import check_override_keys
 from llm_perf_opt.pipeline.stage1 import Stage1Run
 from llm_perf_opt.records.common import Summary
 from llm_perf_opt.records.folders import load_stage1
@@ -30,7 +32,6 @@ from llm_perf_opt.records.stage1 import PagePart, PageThroughput
 from llm_perf_opt.report.pages import throughput_lines
 from llm_perf_opt.session.runtime import RuntimeSettings
 from llm_perf_opt.session.session import InferenceSession
-from llm_perf_opt.settings_schema import check_config
 
 CPU = torch.device("cpu")
 PREFETCH = RuntimeSettings(batch_size=3, prefetch_pages=True)
@@ -197,12 +198,12 @@ def test_text_prompts_decode_nothing_ahead(caplog: pytest.LogCaptureFixture) -> 
 
 def test_prefetch_pages_is_checked_and_labelled() -> None:
     cfg = compose_config("stage1", "model=deepseek_ocr_tiny", "runtime.prefetch_pages=true", "run.batch_size=4")
-    settings = RuntimeSettings.from_config(cfg)
+    settings = RuntimeSettings.from_nodes(stage1_nodes(cfg))
     assert settings.prefetch_pages and settings.record().prefetch_pages
     assert "next pages decoded ahead" in settings.label
     assert "ahead" not in RuntimeSettings(batch_size=4).label
     with pytest.raises(UserError, match=r"runtime.prefetch_pages"):
-        check_config(compose_config("stage1", "runtime.prefetch_pages=sometimes"))
+        check_override_keys("stage1", ["runtime.prefetch_pages=sometimes"], command="stage1-run")
 
 
 def _summary(value: float, n: int) -> Summary:

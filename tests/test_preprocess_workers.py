@@ -8,6 +8,7 @@ import torch
 
 from helpers import sample_pages
 from llm_perf_opt.config_compose import compose_config
+from llm_perf_opt.config_data import stage1_nodes
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.session.runtime import RuntimeSettings
 from llm_perf_opt.session.session import InferenceSession
@@ -39,7 +40,7 @@ def test_threads_prepare_the_same_inputs_and_share_the_batch_time(v1_session: In
 
 def test_preprocess_workers_is_checked_and_labelled() -> None:
     cfg = compose_config("stage1", "model=deepseek_ocr_tiny", "runtime.preprocess_workers=8", "run.batch_size=4")
-    settings = RuntimeSettings.from_config(cfg)
+    settings = RuntimeSettings.from_nodes(stage1_nodes(cfg))
     assert settings.preprocess_workers == 8
     assert "preprocessing on 8 threads" in settings.label
     assert "threads" not in RuntimeSettings(batch_size=4, preprocess_workers=1).label

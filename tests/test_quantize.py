@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from llm_perf_opt.config_compose import compose_config
+from llm_perf_opt.config_data import stage1_nodes
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure import whatif as w
 from llm_perf_opt.pipeline.whatif import read_levers, validate
@@ -27,16 +28,16 @@ INT8 = RuntimeSettings(quantize="int8_weight_only")
 
 
 def test_the_setting_parses_and_labels_the_runtime() -> None:
-    settings = RuntimeSettings.from_config({"runtime": {"quantize": "Int8_Weight_Only"}})
+    settings = RuntimeSettings.from_nodes(stage1_nodes({"runtime": {"quantize": "Int8_Weight_Only"}}))
     assert settings.quantize == "int8_weight_only"
     assert settings.label == "int8 weight-only (torchao), dynamic KV cache, eager, batch 1"
-    assert RuntimeSettings.from_config({}).quantize == "none" and "torchao" not in RuntimeSettings().label
+    assert RuntimeSettings.from_nodes(stage1_nodes({})).quantize == "none" and "torchao" not in RuntimeSettings().label
     assert settings.record().quantize == "int8_weight_only"
 
 
 def test_a_bad_value_is_refused_naming_the_choices() -> None:
     with pytest.raises(UserError, match=r"runtime\.quantize=int4 is not a known value") as e:
-        RuntimeSettings.from_config({"runtime": {"quantize": "int4"}})
+        RuntimeSettings.from_nodes(stage1_nodes({"runtime": {"quantize": "int4"}}))
     assert "none, int8_weight_only, float8_weight_only, float8_dynamic" in str(e.value)
     with pytest.raises(UserError, match=r"runtime\.quantize=fp8 is not a known value"):
         SCHEMA["runtime.quantize"].check("runtime.quantize", "fp8")

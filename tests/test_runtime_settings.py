@@ -8,12 +8,17 @@ import pytest
 import torch
 
 from llm_perf_opt.config_compose import compose_config
+from llm_perf_opt.config_data import stage1_nodes
 from llm_perf_opt.errors import UserError
+from llm_perf_opt.override_keys import check_override_keys
 from llm_perf_opt.session.runtime import RuntimeSettings
 
 
 def settings(*overrides: str) -> RuntimeSettings:
-    return RuntimeSettings.from_config(compose_config("stage1", *overrides))
+    """As stage1-run reads them: the overrides checked first (a value of the wrong type is refused there, before the
+    typed schema would refuse it while composing), then the composed config's typed nodes."""
+    check_override_keys("stage1", overrides, command="stage1-run")
+    return RuntimeSettings.from_nodes(stage1_nodes(compose_config("stage1", *overrides)))
 
 
 def test_shipped_defaults_are_the_eager_reference() -> None:

@@ -40,6 +40,9 @@ def out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     [
         ("pipeline.torch_profiler.enable=off", "pipeline.torch_profiler.enable=off is not true or false"),  # D10
         ("run.fill_batches=no", "run.fill_batches=no is not true or false"),
+        ("run.batch_size=abc", "run.batch_size=abc is not a whole number"),  # typed int: refused before composing
+        ("runtime.kv_cache=foo", "runtime.kv_cache=foo is not a known value"),
+        ("run.nonexistent=1", "run.nonexistent is not a setting of stage1-run"),
         ("pipeline.energy.enable=maybe", "pipeline.energy.enable=maybe is not true or false"),
         ("infer.max_new_tokens=9223372036854775807", "infer.max_new_tokens=9223372036854775807 is out of range"),  # D6
         ("infer.max_new_tokens=9000", "more than the model takes"),

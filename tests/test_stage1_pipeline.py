@@ -49,7 +49,6 @@ def test_max_images_all_means_every_image_on_every_device() -> None:
         "run.repeats=0",
         "run.warmup=-1",
         "infer.max_new_tokens=0",
-        "run.repeats=abc",
         "dataset.max_images=alll",
         "dataset.max_images=0",
     ],

@@ -6,6 +6,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from llm_perf_opt.config_schema import SCHEMAS, Stage1Nodes
+
+STAGE1_NODES = SCHEMAS["stage1_schema"]
+
 
 def plain(cfg: Any) -> dict[str, Any]:
     """A Hydra mapping (DictConfig, resolved) or any mapping as a plain dict."""
@@ -14,3 +18,22 @@ def plain(cfg: Any) -> dict[str, Any]:
         assert isinstance(container, dict)
         return {str(k): v for k, v in container.items()}
     return dict(cfg)
+
+
+def stage1_nodes(cfg: Any) -> Stage1Nodes:
+    """`cfg`'s typed stage1 nodes (`config_schema.Stage1Nodes`: run, infer, outputs, runtime, report, hardware),
+    resolved against `cfg`; `cfg` is a composed config or a plain mapping, and a node or key it lacks takes the
+    schema's default (one place for them). A node composed onto a subclass of its schema (stage2-profile's `report`)
+    keeps it. A value of the wrong type raises omegaconf's ValidationError (a composed config was checked before:
+    `settings_schema`)."""
+    given: dict[str, Any] = {}
+    for name, schema in STAGE1_NODES.items():
+        node = cfg.get(name)
+        if node is None:
+            continue
+        composed = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
+        typed = composed if isinstance(composed, type) and issubclass(composed, schema) else schema
+        given[name] = OmegaConf.merge(OmegaConf.structured(typed), plain(node))
+    nodes = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Stage1Nodes), given))
+    assert isinstance(nodes, Stage1Nodes)
+    return nodes

@@ -55,6 +55,7 @@ def check_override_keys(
         parsed = OverridesParser.create().parse_overrides(list(args.overrides))
     except OverrideParseException:
         raise _grammar_error(args.overrides, command) from None
+    _check_values(parsed)
     try:
         combinations = list(itertools.islice(_combinations(parsed, args.config_dir), _MAX_COMBINATIONS))
     except (HydraException, ValueError):  # a sweep that cannot be enumerated here
@@ -66,6 +67,43 @@ def check_override_keys(
         cfg = _composed(setup, overrides)
         if cfg is not None:
             (check or check_config)(cfg)
+
+
+def _check_values(parsed: Sequence[Any]) -> None:
+    """Each override of a typed setting (`settings_schema.SCHEMA`), every value of a sweep over it included: a bad
+    one is a UserError naming it here, since composing would end in the typed schema's traceback
+    (`config_schema`: `run.batch_size=abc` is no int). An interpolation is left to the composed config's check."""
+    from llm_perf_opt.settings_schema import SCHEMA
+
+    for override in parsed:
+        kind = SCHEMA.get(override.key_or_group)
+        if kind is None or override.is_delete() or (override.is_sweep_override() and not override.is_discrete_sweep()):
+            continue
+        values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
+        for value in values:
+            if not (isinstance(value, str) and "${" in value):
+                kind.check(override.key_or_group, value)
+
+
+def _schema_error(exc: HydraException, command: str) -> UserError | None:
+    """A value of the wrong type, or a key the typed schema lacks, set in a config file (the command line's are
+    refused before composing): one paragraph naming the key; None for another composition error."""
+    from omegaconf.errors import ConfigKeyError, ValidationError
+
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, ValidationError | ConfigKeyError):
+        cause = cause.__cause__ or cause.__context__
+    if cause is None or not getattr(cause, "full_key", None):
+        return None
+    key, reason = str(cause.full_key), str(getattr(cause, "msg", cause)).splitlines()[0]
+    problem = (
+        f"{key} is not a setting of {command}"
+        if isinstance(cause, ConfigKeyError)
+        else f"a config file sets {key} to a value of the wrong type ({reason})"
+    )
+    return UserError(
+        problem, f"Correct {key} in the config file that sets it; `{command} --cfg job` lists every setting"
+    )
 
 
 def _hydra_arguments() -> argparse.ArgumentParser:
@@ -190,6 +228,9 @@ def _missing_keys(setup: _Setup, overrides: Sequence[str]) -> tuple[list[tuple[s
             match = _UNKNOWN.search(str(exc))
             culprit = next((o for o in remaining if match and override_key(o) == match.group(1)), None)
             if culprit is None:
+                schema_error = _schema_error(exc, setup.command)
+                if schema_error is not None:
+                    raise schema_error from None
                 return unknown, []  # another composition error: Hydra reports it
             unknown.append((override_key(culprit), culprit))
             remaining.remove(culprit)

@@ -1,13 +1,16 @@
-"""Every setting's type, in one table, checked once when a command's config is composed, before any process or
+"""Every setting's range, in one table, checked once when a command's config is composed, before any process or
 model starts.
 
 :data:`SCHEMA` maps a dotted key to its kind (a boolean, a whole number within bounds, a number, one of some words, a
-list of names, a folder that stays inside the run folder, an output folder); :func:`check_settings` checks each key
-the composed config holds and raises a :class:`UserError` naming the first bad one. The readers below it (the typed
-settings records of each stage) use the same checks (`errors.require_*`), so a value is read one way everywhere.
-Torch-free: `cli/common.launch` runs it before Hydra starts, and each command again on its composed config (so a
-sweep's job refuses its own bad value into its failed folder). Kinds that need more than the value (the model's
-positions, inductor's options) are the cross checks at the end.
+list of names, a folder that stays inside the run folder, an output folder, inductor options); :func:`check_settings`
+checks each key the composed config holds and raises a :class:`UserError` naming the first bad one. The type and
+default of stage1-run's own nodes (run, infer, outputs, runtime, report, hardware) are `config_schema`'s dataclasses,
+which Hydra composes onto; each of their fields has its kind here (`tests/test_config_schema.py` checks both agree),
+and `override_keys` checks a command line's values of these keys before composing, so a bad one is this paragraph,
+never the schema's traceback. The readers below it (the typed settings records of each stage) use the same checks
+(`errors.require_*`), so a value is read one way everywhere. Torch-free: `cli/common.launch` runs it before Hydra
+starts, and each command again on its composed config (so a sweep's job refuses its own bad value into its failed
+folder). A check that needs more than the value (the model's positions) is a cross check at the end.
 """
 
 from __future__ import annotations
@@ -141,6 +144,18 @@ class OutputFolder:
             raise UserError(f"{key}={value} is a file, not a folder", f"Point {key} at a folder (or a new path)")
 
 
+@attrs.frozen
+class InductorOptions:
+    """Inductor options by name (`runtime.compile_options`), checked against the installed torch's inductor config
+    (`compile_options`, which imports it: only when some are set)."""
+
+    def check(self, key: str, value: object) -> None:
+        if value not in (None, {}):
+            from llm_perf_opt.compile_options import compile_options
+
+            compile_options(value)
+
+
 def _check_names(key: str, value: str) -> None:
     long = next((part for part in PurePath(value).parts if len(part.encode()) > MAX_NAME_BYTES), None)
     if long is not None:
@@ -151,7 +166,7 @@ def _check_names(key: str, value: str) -> None:
         )
 
 
-Kind = Flag | Whole | Number | Choice | Names | InsideRun | OutputFolder
+Kind = Flag | Whole | Number | Choice | Names | InsideRun | OutputFolder | InductorOptions
 OUTPUT = "pipeline.torch_profiler.output"
 _RUN_COUNTS = {
     "repeats": Whole(1),
@@ -195,6 +210,7 @@ SCHEMA: Final[Mapping[str, Kind]] = {
     "runtime.kv_cache": Choice(KV_CACHES),
     "runtime.compile": Choice(COMPILE_TARGETS),
     "runtime.compile_mode": Choice(COMPILE_MODES),
+    "runtime.compile_options": InductorOptions(),
     "runtime.compile_vision": Choice(("none", *COMPILE_MODES)),
     "runtime.batch_vision": Flag(),
     "runtime.preprocess_workers": Whole(0),
@@ -287,11 +303,6 @@ def check_settings(select: Select) -> None:
         if value is not MISSING:
             kind.check(key, value)
     _check_decode_length(select)
-    options = select("runtime.compile_options")
-    if options not in (MISSING, None, {}):
-        from llm_perf_opt.compile_options import compile_options  # (imports torch's inductor: only when set)
-
-        compile_options(options)
 
 
 def _check_decode_length(select: Select) -> None:

@@ -163,7 +163,7 @@ def _collect_defaults(conf: Traversable, config_name: str, into: dict[str, str |
     config = yaml.safe_load((conf / f"{config_name}.yaml").read_text(encoding="utf-8")) or {}
     for entry in config.get("defaults", []):
         if isinstance(entry, str):
-            if entry != "_self_":
+            if (conf / f"{entry}.yaml").is_file():  # not _self_, nor a schema of Hydra's ConfigStore (stage1_schema)
                 _collect_defaults(conf, entry, into)  # another primary config, e.g. stage2's `stage1`
             continue
         for key, option in entry.items():

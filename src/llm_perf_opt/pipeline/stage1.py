@@ -14,7 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from llm_perf_opt import artifacts, interrupts
 from llm_perf_opt.artifacts import ArtifactsManager
-from llm_perf_opt.config_data import plain
+from llm_perf_opt.config_data import plain, stage1_nodes
+from llm_perf_opt.config_schema import Stage1Nodes
 from llm_perf_opt.data.dataset import DatasetSelection
 from llm_perf_opt.data.inputs import InputChoice, select_inputs
 from llm_perf_opt.env_info import collect_env
@@ -77,7 +78,7 @@ class Stage1Run:
         self.render_reports = True  # report.render: Markdown and plots beside the records
         self.handoff = GpuHandoff.from_environ()  # a what-if rung's device shared with its neighbours' ends
         self.profiler = ProfilerSettings()  # pipeline.torch_profiler
-        self.options = RunOptions()  # run.*, report.* and hardware.peaks switches
+        self.options = RunOptions.from_nodes(Stage1Nodes())  # run.*, report.* and hardware.peaks switches
         self.sync: ShardSync | None = None  # run.data_parallel > 1: the meetings with the other processes
         self.share: tuple[str, int, bool] | None = None  # its device, inputs and whether they are replicated
 
@@ -148,7 +149,8 @@ class Stage1Run:
                     "without -m: it starts the processes itself",
                 )
             self.sync = ShardSync.for_run(self.art.run_dir, shard, count)
-        self.options = options = RunOptions.from_config(cfg)
+        nodes = stage1_nodes(cfg)  # run, infer, outputs, runtime, report, hardware: typed
+        self.options = options = RunOptions.from_nodes(nodes)
         self.whatif = whatif_for(self.art.run_dir, options.whatif_dir)
         self.render_reports = options.render
         device = resolve_device(cfg.device)
@@ -159,7 +161,7 @@ class Stage1Run:
                 f"run.profiler_window=true opens a window for Nsight Compute and needs a CUDA device, not {device}",
                 "Run on a GPU (device=cuda), or leave run.profiler_window=false",
             )
-        self.runtime = RuntimeSettings.from_config(cfg)  # run.batch_size ≤ 0 is refused here, before any build
+        self.runtime = RuntimeSettings.from_nodes(nodes)  # run.batch_size ≤ 0 is refused here, before any build
         self.runtime.check_device(device)
         self.settings = settings = with_runtime_warmup(resolve_settings(cfg, device), self.runtime)
         self.extra_passes = (memory_settings(cfg), energy_settings(cfg))

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 from collections.abc import Mapping
 from typing import Any
@@ -13,7 +14,8 @@ import attrs
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from llm_perf_opt.config_data import plain
+from llm_perf_opt.config_data import plain, stage1_nodes
+from llm_perf_opt.config_schema import Stage1Nodes
 from llm_perf_opt.data.inputs import InputChoice
 from llm_perf_opt.errors import require_bool, require_number, require_whole
 from llm_perf_opt.instruments.energy import EnergySettings
@@ -38,38 +40,33 @@ class ResolvedSettings:
 
 @attrs.frozen
 class RunOptions:
-    """Stage 1's switches (`run.*`, `report.*`, `hardware.peaks`), read once; the defaults are conf/stage1.yaml's."""
+    """Stage 1's switches (`run.*`, `report.*`, `hardware.peaks`), read once from the typed nodes (their defaults:
+    `config_schema`'s)."""
 
-    cpu_affinity: str = "none"
-    profiler_window: bool = False
-    save_prefill_logits: bool = False
-    save_top2_logits: bool = False
-    check_batch_fit: bool = True
-    fill_batches: bool = False
-    render: bool = True  # report.render: Markdown and plots beside the records
-    whatif_dir: str | None = None  # report.whatif_dir: the what-if run the reports cite
-    peaks: str = "datasheet"  # hardware.peaks
+    cpu_affinity: str
+    profiler_window: bool
+    save_prefill_logits: bool
+    save_top2_logits: bool
+    check_batch_fit: bool
+    fill_batches: bool
+    render: bool  # report.render: Markdown and plots beside the records
+    whatif_dir: str | None  # report.whatif_dir: the what-if run the reports cite
+    peaks: str  # hardware.peaks
 
     @classmethod
-    def from_config(cls, cfg: DictConfig) -> RunOptions:
-        """From the composed config (a key it lacks takes the default); a bad value is a UserError naming it."""
-        default = cls()
-        run, report = cfg.get("run") or {}, cfg.get("report") or {}
-
-        def flag(node: str, values: Mapping[str, Any], name: str) -> bool:
-            return require_bool(f"{node}.{name}", values.get(name, getattr(default, name)))
-
-        whatif = report.get("whatif_dir")
+    def from_nodes(cls, nodes: Stage1Nodes) -> RunOptions:
+        """From the typed nodes; a bad value is a UserError naming it."""
+        run, report = nodes.run, nodes.report
         return cls(
-            cpu_affinity=str(run.get("cpu_affinity", default.cpu_affinity)),
-            profiler_window=flag("run", run, "profiler_window"),
-            save_prefill_logits=flag("run", run, "save_prefill_logits"),
-            save_top2_logits=flag("run", run, "save_top2_logits"),
-            check_batch_fit=flag("run", run, "check_batch_fit"),
-            fill_batches=flag("run", run, "fill_batches"),
-            render=flag("report", report, "render"),
-            whatif_dir=None if whatif is None else str(whatif),
-            peaks=check_peaks_setting((cfg.get("hardware") or {}).get("peaks", default.peaks)),
+            cpu_affinity=run.cpu_affinity,
+            profiler_window=require_bool("run.profiler_window", run.profiler_window),
+            save_prefill_logits=require_bool("run.save_prefill_logits", run.save_prefill_logits),
+            save_top2_logits=require_bool("run.save_top2_logits", run.save_top2_logits),
+            check_batch_fit=require_bool("run.check_batch_fit", run.check_batch_fit),
+            fill_batches=require_bool("run.fill_batches", run.fill_batches),
+            render=require_bool("report.render", report.render),
+            whatif_dir=report.whatif_dir,
+            peaks=check_peaks_setting(nodes.hardware.peaks),
         )
 
 
@@ -78,13 +75,15 @@ ALL = "all"  # dataset.max_images=all: every image, on every device
 
 def resolve_settings(cfg: DictConfig, device: torch.device) -> ResolvedSettings:
     """Explicit values win; unset (null) keys take the device default. Bad values raise UserError."""
-    defaults = cfg.run.device_defaults["cuda" if device.type == "cuda" else "cpu"]
+    nodes = stage1_nodes(cfg)
+    counts = nodes.run.device_defaults.cuda if device.type == "cuda" else nodes.run.device_defaults.cpu
+    defaults = dataclasses.asdict(counts)
     chosen: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for key, value in (
-        ("run.repeats", cfg.run.repeats),
-        ("run.warmup", cfg.run.warmup),
-        ("infer.max_new_tokens", cfg.infer.max_new_tokens),
+        ("run.repeats", nodes.run.repeats),
+        ("run.warmup", nodes.run.warmup),
+        ("infer.max_new_tokens", nodes.infer.max_new_tokens),
         ("dataset.max_images", cfg.dataset.max_images),
         ("dataset.sampling", cfg.dataset.sampling),
     ):
@@ -181,7 +180,7 @@ def run_settings(
         asked_passes=len(inputs.selection.images) * settings.repeats if inputs else None,
         outputs=output_settings(cfg),
         runtime=runtime.record(),
-        fill_batches=bool(cfg.run.get("fill_batches", False)),
+        fill_batches=stage1_nodes(cfg).run.fill_batches,
         cpu_affinity=cpu_affinity,
     )
 

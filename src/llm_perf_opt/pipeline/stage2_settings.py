@@ -9,7 +9,7 @@ from typing import Any
 import attrs
 from omegaconf import DictConfig, OmegaConf
 
-from llm_perf_opt.config_data import plain
+from llm_perf_opt.config_data import plain, stage1_nodes
 from llm_perf_opt.errors import UserError, require_bool, require_whole
 from llm_perf_opt.session.runtime import RuntimeSettings
 
@@ -147,7 +147,8 @@ class Stage2Settings:
             ncu_workload=NcuWorkload(
                 int(ncu_workload["max_images"]), int(ncu_workload["max_new_tokens"]), ncu_workload.get("repeats")
             ),
-            runtime=RuntimeSettings.from_config(cfg),  # bad runtime.* values fail before nsys, not in its child
+            # bad runtime.* values fail before nsys, not in its child
+            runtime=RuntimeSettings.from_nodes(stage1_nodes(cfg)),
             reuse_model=require_bool("stage2.reuse_model", stage2["reuse_model"]),
             own_model=bool(model.get("cache_dir") or model.get("path") or model.get("name_or_path")),
             whatif_dir=_text(report.get("whatif_dir")),

@@ -258,13 +258,14 @@ def _lever(name: str, spec: DictConfig) -> Lever:
 def validate(overrides: Sequence[str]) -> str | None:
     """Why `stage1-run` would refuse these overrides before running (None when it accepts them)."""
     from llm_perf_opt.config_compose import compose_config
+    from llm_perf_opt.config_data import stage1_nodes
     from llm_perf_opt.override_keys import check_override_keys
     from llm_perf_opt.session.runtime import RuntimeSettings
 
     try:
         with _outside_running_hydra():
             check_override_keys("stage1", overrides, command="stage1-run")
-            RuntimeSettings.from_config(compose_config("stage1", *overrides))
+            RuntimeSettings.from_nodes(stage1_nodes(compose_config("stage1", *overrides)))
     except UserError as exc:
         return str(exc)
     except (HydraException, OmegaConfBaseException, ValueError) as exc:

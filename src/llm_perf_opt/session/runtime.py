@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Final
+from typing import Final
 
 import attrs
 import torch
 
 from llm_perf_opt.compile_options import compile_options
+from llm_perf_opt.config_schema import Stage1Nodes
 from llm_perf_opt.errors import UserError, require_bool, require_choice, require_whole
 from llm_perf_opt.records.stage1 import DecoderRuntime, RuntimeRecord
 from llm_perf_opt.session.quantize import check_quantize
@@ -22,31 +22,25 @@ class RuntimeSettings(DecoderRuntime):
     new tokens); the defaults are the eager reference (dynamic cache, no compile, batch 1)."""
 
     @classmethod
-    def from_config(cls, cfg: Any) -> RuntimeSettings:
-        """From the composed stage config (its `runtime` node and `run.batch_size`); bad values raise UserError."""
-        node: Mapping[str, Any] = cfg.get("runtime") or {}
-        run: Mapping[str, Any] = cfg.get("run") or {}
-        batch = run.get("batch_size", 1)
-        batch_size = require_whole("run.batch_size", 1 if batch is None else batch, 1)
-        length = node.get("static_cache_len")
+    def from_nodes(cls, nodes: Stage1Nodes) -> RuntimeSettings:
+        """From the typed `runtime` node and `run.batch_size` (their defaults: `config_schema`'s); a value out of
+        range, or a combination that cannot run, raises UserError."""
+        node = nodes.runtime
+        length = node.static_cache_len
         settings = cls(
-            kv_cache=require_choice("runtime.kv_cache", node.get("kv_cache", "dynamic"), KV_CACHES),
-            compile=require_choice("runtime.compile", node.get("compile", "none"), COMPILE_TARGETS),
-            compile_mode=require_choice(
-                "runtime.compile_mode", node.get("compile_mode", "reduce-overhead"), COMPILE_MODES
-            ),
+            kv_cache=require_choice("runtime.kv_cache", node.kv_cache, KV_CACHES),
+            compile=require_choice("runtime.compile", node.compile, COMPILE_TARGETS),
+            compile_mode=require_choice("runtime.compile_mode", node.compile_mode, COMPILE_MODES),
             static_cache_len=None if length is None else require_whole("runtime.static_cache_len", length, 2),
-            batch_size=batch_size,
-            record_routing=require_bool("runtime.record_routing", node.get("record_routing", True)),
-            output_check=require_choice("runtime.output_check", node.get("output_check", "auto"), OUTPUT_CHECKS),
-            compile_options=compile_options(node.get("compile_options")),
-            compile_vision=require_choice(
-                "runtime.compile_vision", node.get("compile_vision", "none"), ("none", *COMPILE_MODES)
-            ),
-            batch_vision=require_bool("runtime.batch_vision", node.get("batch_vision", False)),
-            preprocess_workers=require_whole("runtime.preprocess_workers", node.get("preprocess_workers", 0), 0),
-            prefetch_pages=require_bool("runtime.prefetch_pages", node.get("prefetch_pages", False)),
-            quantize=require_choice("runtime.quantize", node.get("quantize", "none"), QUANTIZE_MODES),
+            batch_size=require_whole("run.batch_size", nodes.run.batch_size, 1),
+            record_routing=require_bool("runtime.record_routing", node.record_routing),
+            output_check=require_choice("runtime.output_check", node.output_check, OUTPUT_CHECKS),
+            compile_options=compile_options(node.compile_options),
+            compile_vision=require_choice("runtime.compile_vision", node.compile_vision, ("none", *COMPILE_MODES)),
+            batch_vision=require_bool("runtime.batch_vision", node.batch_vision),
+            preprocess_workers=require_whole("runtime.preprocess_workers", node.preprocess_workers, 0),
+            prefetch_pages=require_bool("runtime.prefetch_pages", node.prefetch_pages),
+            quantize=require_choice("runtime.quantize", node.quantize, QUANTIZE_MODES),
         )
         settings.check_consistent()
         return settings

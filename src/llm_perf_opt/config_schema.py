@@ -1,0 +1,222 @@
+"""The typed schema of `stage1-run`'s own config nodes (`run`, `infer`, `outputs`, `runtime`, `report`, `hardware`):
+each setting's type and default, in one place, with what it does.
+
+Plain dataclasses, torch-free and free of the config libraries, so any layer may read a typed node. `conf/` registers
+them in Hydra's ConfigStore as `stage1_schema`, the first entry of `conf/stage1.yaml`'s defaults list: Hydra composes
+every command built on `stage1` (stage2-profile and perf-whatif include it) onto these nodes, so a key they lack or a
+value of the wrong type is refused when the config is composed, and `conf/stage1.yaml` holds none of their defaults.
+The range of each value (a whole number ≥ 1, one of some words) is `settings_schema.SCHEMA`'s, checked first for a
+one-paragraph error. OmegaConf takes these field types: bool, int, float, str, Optional of one of them, nested
+dataclasses, `dict[str, Any]`, and `Any` where a value may be a word or a number.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Optional
+
+# OmegaConf 2.3 reads these annotations at runtime and takes `Optional[int]`, not `int | None`.
+# ruff: noqa: UP045
+
+
+@dataclass
+class DeviceCounts:
+    """The counts a run takes on one kind of device when `run.*`/`infer.*`/`dataset.*` leave them unset (null)."""
+
+    repeats: int
+    warmup: int
+    max_new_tokens: int
+    max_images: Any  # a number of inputs, `all`, or null (all)
+    sampling: str  # dataset.sampling: which inputs max_images keeps
+
+
+@dataclass
+class DeviceDefaults:
+    """Device defaults for unset keys. The CPU defaults keep a full-size run within minutes on 2 cores."""
+
+    cuda: DeviceCounts = field(default_factory=lambda: DeviceCounts(5, 2, 32, "all", "sorted"))
+    cpu: DeviceCounts = field(default_factory=lambda: DeviceCounts(1, 0, 8, 1, "smallest"))
+
+
+@dataclass
+class RunSchema:
+    """`run:` how many passes, of what batch, on which cores, with which extra outputs."""
+
+    #: Timed passes per input. null: the device default (`device_defaults`).
+    repeats: Optional[int] = None
+    #: Untimed warm-up passes per input before the timed ones. null: the device default.
+    warmup: Optional[int] = None
+    #: Pages (or prompts) per forward: vision runs per page (or batched: runtime.batch_vision), the decoder on the
+    #: whole batch (left padding).
+    batch_size: int = 1
+    #: Fill every batch to run.batch_size with copies of its own inputs (one page: that page B times), e.g. to
+    #: measure batch 8 on a single document.
+    fill_batches: bool = False
+    #: CUDA, run.batch_size > 1: before the first pass, refuse a batch whose estimate (weights + KV cache at the batch
+    #: and full length + activations from the analytic model, x2) exceeds the memory free beside the weights, naming
+    #: the largest batch that fits. false: run it anyway.
+    check_batch_fit: bool = True
+    device_defaults: DeviceDefaults = field(default_factory=DeviceDefaults)
+    #: Warn when a stage's coefficient of variation over the timed passes exceeds this.
+    cv_warn: float = 0.10
+    #: Pin the process to CPU cores, for host-paced timings that may be steadier (measured both ways on the H100s:
+    #: docs/benchmarks-history.md): none, auto (a CUDA run takes 4 cores near its GPU; a CPU run is not pinned), or
+    #: cores such as '2-5'. torch's intra-op threads follow.
+    cpu_affinity: str = "none"
+    #: Keep each input's prefill logits (last prompt position, first timed pass) in prefill_logits.pt, so that runs
+    #: in separate processes can compare their outputs (perf-whatif sets it).
+    save_prefill_logits: bool = False
+    #: After the timed passes, one untimed eager pass per input (dynamic cache) that keeps the two highest logits
+    #: behind each generated token in top2_logits.json: how near a tie each greedy choice was (perf-whatif sets it for
+    #: its baseline and judges the other rungs' output departures by it).
+    save_top2_logits: bool = False
+    #: Open the CUDA profiler (cudaProfilerStart/Stop) around the first timed prefill and the middle decode step of
+    #: that pass only, for `ncu --profile-from-start off` (stage2-profile sets it for its Nsight Compute workloads).
+    #: CUDA only.
+    profiler_window: bool = False
+    #: Data parallel over the GPUs of a host: N processes, each on its own GPU timing every N-th input (all of them
+    #: when there are fewer inputs than processes), at once; data_parallel.{md,json} gives each GPU's pages/s, their
+    #: sum and the scaling efficiency (docs/guide/compare-and-sweeps.md). `stage1-run run.data_parallel=N` starts the
+    #: N processes itself (cuda:0 to cuda:N-1; device=cpu: N processes on the CPU), each in <run>/shard-K/.
+    data_parallel: int = 1
+    #: Which of the N shards this process times (0 to N-1): set by run.data_parallel=N for its processes, or swept
+    #: in a Hydra multirun (`-m hydra/launcher=joblib ... run.data_parallel=N run.shard=0,...,N-1`).
+    shard: Optional[int] = None
+    #: The single-GPU pages/s of the same workload that the scaling efficiency is against: a stage1-run folder (its
+    #: pages over the span of its timed passes) or a number. null: no efficiency.
+    data_parallel_baseline: Any = None
+
+
+@dataclass
+class InferSchema:
+    """`infer:` decoding."""
+
+    #: Tokens generated per pass (fixed: min_new_tokens = max_new_tokens, EOS ignored). null: the device default.
+    max_new_tokens: Optional[int] = None
+
+
+@dataclass
+class LegacyPredictions:
+    strip_special_tokens: Optional[bool] = None  # -> pipeline.torch_profiler.output.extra.deepseek_ocr.prediction
+
+
+@dataclass
+class LegacyVisualization:
+    enable: Optional[bool] = None  # -> pipeline.torch_profiler.output.visualization.enable
+    max_images: Optional[int] = None  # -> pipeline.torch_profiler.output.extra.deepseek_ocr.visualization
+    thumbnail_width: Optional[int] = None  # -> pipeline.torch_profiler.output.extra.deepseek_ocr.visualization
+
+
+@dataclass
+class OutputsSchema:
+    """`outputs:` legacy output keys, read until their removal on 2027-03-01; each one set logs its new key
+    (output_settings.py). null: not set."""
+
+    save_predictions: Optional[bool] = None  # -> pipeline.torch_profiler.output.prediction.enable
+    predictions: LegacyPredictions = field(default_factory=LegacyPredictions)
+    visualization: LegacyVisualization = field(default_factory=LegacyVisualization)
+
+
+@dataclass
+class RuntimeSchema:
+    """`runtime:` how the decoder runs (`session.runtime.RuntimeSettings` reads it)."""
+
+    #: dynamic: transformers' DynamicCache (grows every step) | static: StaticCache sized for the prompt + new tokens.
+    kv_cache: str = "dynamic"
+    #: none | decode (torch.compile of the decode step; needs kv_cache=static) | prefill_decode (also the decoder's
+    #: prefill; vision stays eager so that its sub-stages are still timed).
+    compile: str = "none"
+    #: reduce-overhead (CUDA graphs; CUDA only) | max-autotune (autotuned kernels and coordinate-descent tuning, in
+    #: CUDA graphs; CUDA only) | max-autotune-no-cudagraphs | default
+    compile_mode: str = "reduce-overhead"
+    #: Inductor options set on top of compile_mode's own (torch._inductor.config names), e.g.
+    #: +runtime.compile_options.coordinate_descent_tuning=true. Empty: the mode as torch defines it.
+    compile_options: dict[str, Any] = field(default_factory=dict)
+    #: none | a compile mode (as compile_mode) for the vision stage modules (SAM, CLIP, projector): each one's forward
+    #: is compiled apart, so its stage is still timed; the FLOP count and the eager reference run them eagerly.
+    compile_vision: str = "none"
+    #: true: the views of every input of a batch go through the vision stages together, one call per view shape
+    #: (global views together, tiles together), then split back per input (needs run.batch_size > 1; DeepSeek-OCR v1
+    #: and OCR-2). The vision sub-stage times are then the batch's. false: each input's vision on its own, in turn.
+    batch_vision: bool = False
+    #: Threads that preprocess the inputs of a batch together (0 or 1: one after the other, in the pass's thread).
+    #: Decoding and resizing a page mostly releases the GIL, so on a host with cores to spare a batch's preprocessing
+    #: takes about its longest page instead of the sum (each input's preprocess time is then its share of the batch's).
+    preprocess_workers: int = 0
+    #: Decode the next pass's page files (open, upright, load: the host part of preprocessing) on threads
+    #: (max(1, preprocess_workers) of them) while a pass runs on the device, so the next pass prepares from decoded
+    #: images; its preprocess time is then the wait for them plus the rest of preprocessing, as in a steady stream of
+    #: batches (the run's first pass decodes its own). Text prompts have nothing to decode ahead.
+    prefetch_pages: bool = False
+    #: Static cache length for every input (null: each batch's prompt + infer.max_new_tokens). One length for all
+    #: inputs gives one compiled decode graph instead of one per prompt length.
+    static_cache_len: Optional[int] = None
+    #: Record which experts each decode step's MoE router picked (MoE decoders only).
+    record_routing: bool = True
+    #: Compare each run's tokens and prefill logits with an eager dynamic-cache run of the same input:
+    #: auto (when the runtime or batch differs from eager, dynamic, batch 1) | always | never.
+    output_check: str = "auto"
+    #: Weight quantization through torchao (optional: not installed with the toolkit; pip install torchao) of every
+    #: nn.Linear outside the vision stages (the language model's attention projections, dense MLPs, shared experts,
+    #: lm_head; fused routed experts are no Linear and keep the model's dtype), applied once the model is built and
+    #: before anything compiles: none | int8_weight_only | float8_weight_only | float8_dynamic (float8 weights and
+    #: activations). float8 needs a CUDA GPU of compute capability 8.9 or newer. Changes numerics: the eager
+    #: reference of output_check runs the quantized model too, so judge the outputs with perf-whatif
+    #: (whatif=quantize) against an unquantized baseline.
+    quantize: str = "none"
+
+
+@dataclass
+class ReportSchema:
+    """`report:` what the reports cite, and whether they are rendered."""
+
+    #: A perf-whatif folder whose measured levers the reports' "What to try" cites. null: the what-if folder this run
+    #: folder lies in (its parent or grandparent holds whatif.json), if any.
+    whatif_dir: Optional[str] = None
+    #: false: write the records only (metrics.json, operators.json, ...), no Markdown or plots; `stage1-report
+    #: <folder>` renders them later (perf-whatif's rungs do this: it renders every rung once, in parallel, when it
+    #: ends).
+    render: bool = True
+
+
+@dataclass
+class Stage2ReportSchema(ReportSchema):
+    """`report:` of stage2-profile: stage1-run's, and the Stage 1 folder that names the kernels."""
+
+    #: A Stage 1 run folder of the same workload whose profiled pass (module attribution) names kernels.md's kernels
+    #: by the operator and module that launched them. null: the workload's own folder, when it ran the torch profiler.
+    stage1_dir: Optional[str] = None
+
+
+@dataclass
+class HardwareSchema:
+    """`hardware:` the peaks that MFU and MBU are against."""
+
+    #: Overrides for the MFU denominator (dense TFLOP/s for the compute dtype), for GPUs missing from the table or
+    #: for the CPU. null: the table's.
+    peak_tflops: Optional[float] = None
+    #: Override for the MBU denominator (memory bandwidth, GB/s). null: the table's.
+    peak_bandwidth_gbps: Optional[float] = None
+    #: MFU/MBU denominators: datasheet peaks only, or also the achievable peaks of this GPU ("measured": a large GEMM
+    #: and copy timed once per device, dtype and torch version, cached in ~/.cache/llm_perf_opt/).
+    peaks: str = "datasheet"
+
+
+@dataclass
+class Stage1Nodes:
+    """`stage1-run`'s own nodes, typed: what `conf/` registers as `stage1_schema` (each a node of the composed config,
+    beside the config groups' nodes, which are not typed yet)."""
+
+    run: RunSchema = field(default_factory=RunSchema)
+    infer: InferSchema = field(default_factory=InferSchema)
+    outputs: OutputsSchema = field(default_factory=OutputsSchema)
+    runtime: RuntimeSchema = field(default_factory=RuntimeSchema)
+    report: ReportSchema = field(default_factory=ReportSchema)
+    hardware: HardwareSchema = field(default_factory=HardwareSchema)
+
+
+#: Each schema `conf/` registers (the name a defaults list uses) -> its nodes: node name -> dataclass.
+SCHEMAS: dict[str, dict[str, type]] = {
+    "stage1_schema": {node.name: node.default_factory for node in fields(Stage1Nodes)},  # type: ignore[misc]
+    "stage2_schema": {"report": Stage2ReportSchema},  # merged over stage1's report node (a subclass of its type)
+}

@@ -1,0 +1,94 @@
+"""stage1-run's own nodes typed in one place (config_schema): the composed config holds the schema's defaults and
+conf/stage1.yaml none of them; a key the schema lacks or a value of the wrong type is refused when the config is
+composed, and before that, on the command line, with one paragraph; every typed field has its range check."""
+
+from __future__ import annotations
+
+import dataclasses
+from importlib.resources import files
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+from llm_perf_opt.config_compose import compose_config
+from llm_perf_opt.config_data import stage1_nodes
+from llm_perf_opt.config_schema import SCHEMAS, Stage1Nodes, Stage2ReportSchema
+from llm_perf_opt.errors import UserError
+from llm_perf_opt.override_keys import check_override_keys
+from llm_perf_opt.settings_schema import SCHEMA
+
+NODES = tuple(SCHEMAS["stage1_schema"])
+# Fields whose value is free text or a word checked by its reader (run.cpu_affinity: pin; hardware.peaks:
+# check_peaks_setting; run.data_parallel_baseline: a folder or a number), so they have no range in SCHEMA.
+FREE = {"run.cpu_affinity", "run.data_parallel_baseline", "report.whatif_dir", "hardware.peaks"}
+
+
+def leaves(node: object, prefix: str = "") -> dict[str, object]:
+    """The dotted leaf keys of a dataclass or mapping, with their values."""
+    items = dataclasses.asdict(node) if dataclasses.is_dataclass(node) else node  # type: ignore[arg-type]
+    out: dict[str, object] = {}
+    for name, value in items.items():  # type: ignore[union-attr]
+        if isinstance(value, dict) and value:
+            out.update(leaves(value, f"{prefix}{name}."))
+        else:
+            out[f"{prefix}{name}"] = value
+    return out
+
+
+@pytest.mark.parametrize("config", ["stage1", "stage2", "whatif"])
+def test_the_composed_config_holds_the_schemas_defaults(config: str) -> None:
+    cfg = compose_config(config)
+    defaults = dataclasses.asdict(Stage1Nodes())
+    if config == "stage2":
+        defaults["report"] = dataclasses.asdict(Stage2ReportSchema())
+    assert {node: OmegaConf.to_container(cfg[node], resolve=True) for node in NODES} == defaults
+    expected = Stage1Nodes(report=Stage2ReportSchema()) if config == "stage2" else Stage1Nodes()
+    assert stage1_nodes(cfg) == expected  # read back typed, as the readers get them
+
+
+def test_the_defaults_live_in_the_schema_only() -> None:
+    shipped = yaml.safe_load((files("llm_perf_opt") / "conf" / "stage1.yaml").read_text(encoding="utf-8"))
+    assert not set(shipped) & set(NODES)
+    assert shipped["defaults"][0] == "stage1_schema"  # first: every yaml of the command composes onto it
+
+
+def test_every_typed_field_has_its_range_check() -> None:
+    typed = set(leaves(Stage1Nodes()))
+    unchecked = {key for key in typed - FREE if key not in SCHEMA and not key.endswith(".sampling")}
+    assert not unchecked
+    stale = {key for key in SCHEMA if key.split(".")[0] in NODES} - typed
+    assert not stale  # a SCHEMA key of these nodes that the schema no longer has
+
+
+@pytest.mark.parametrize("override", ["run.nonexistent=1", "runtime.kv_cachez=static", "run.batch_size=abc"])
+def test_the_schema_refuses_unknown_keys_and_wrong_types_while_composing(override: str) -> None:
+    with pytest.raises(ConfigCompositionException):
+        compose_config("stage1", override)
+    with pytest.raises(UserError, match=override.split("=")[0].replace(".", r"\.")):  # the command's paragraph
+        check_override_keys("stage1", [override], command="stage1-run")
+
+
+def test_a_config_file_setting_an_unknown_key_or_a_wrong_type_is_one_paragraph(tmp_path: Path) -> None:
+    (tmp_path / "workload").mkdir()
+    (tmp_path / "workload" / "typo.yaml").write_text("# @package _global_\nrun:\n  repets: 3\n")
+    (tmp_path / "workload" / "word.yaml").write_text("# @package _global_\ninfer:\n  max_new_tokens: many\n")
+    own = ("--config-dir", str(tmp_path))
+    with pytest.raises(UserError, match=r"run\.repets is not a setting of stage1-run"):
+        check_override_keys("stage1", [*own, "workload=typo"], command="stage1-run")
+    with pytest.raises(UserError, match=r"a config file sets infer\.max_new_tokens to a value of the wrong type"):
+        check_override_keys("stage1", [*own, "workload=word"], command="stage1-run")
+
+
+def test_every_value_of_a_sweep_over_a_typed_key_is_checked_before_composing() -> None:
+    with pytest.raises(UserError, match=r"run\.batch_size=abc is not a whole number"):
+        check_override_keys("stage1", ["-m", "run.batch_size=1,abc"], command="stage1-run")
+    check_override_keys("stage1", ["-m", "run.batch_size=1,2", "run.repeats=${oc.env:NO_SUCH_VAR,2}"], command="x")
+
+
+def test_plain_mappings_take_the_schemas_defaults() -> None:
+    nodes = stage1_nodes({"runtime": {"kv_cache": "static"}, "run": {"batch_size": 4}})
+    assert (nodes.runtime.kv_cache, nodes.run.batch_size) == ("static", 4)
+    assert nodes.runtime.compile_mode == Stage1Nodes().runtime.compile_mode and nodes.report.render

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.config_data import stage1_nodes
-from llm_perf_opt.config_schema import SCHEMAS, Stage1Nodes, Stage2ReportSchema
+from llm_perf_opt.config_schema import SCHEMAS, Stage1Nodes, Stage2ReportSchema, typed_key
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.override_keys import check_override_keys
 from llm_perf_opt.settings_schema import SCHEMA
@@ -92,3 +92,12 @@ def test_plain_mappings_take_the_schemas_defaults() -> None:
     nodes = stage1_nodes({"runtime": {"kv_cache": "static"}, "run": {"batch_size": 4}})
     assert (nodes.runtime.kv_cache, nodes.run.batch_size) == ("static", 4)
     assert nodes.runtime.compile_mode == Stage1Nodes().runtime.compile_mode and nodes.report.render
+
+
+def test_a_typed_setting_cannot_be_deleted_and_says_so() -> None:
+    assert typed_key("run.cv_warn") and typed_key("run.device_defaults.cuda.repeats") and typed_key("report.stage1_dir")
+    assert not typed_key("pipeline.torch_profiler.modules") and not typed_key("run.nope") and not typed_key("model")
+    with pytest.raises(UserError, match=r"~run\.cv_warn would delete a typed setting") as caught:
+        check_override_keys("stage1", ["~run.cv_warn"], command="stage1-run")
+    assert "Set it instead (run.cv_warn=<value>" in str(caught.value)
+    check_override_keys("stage1", ["~pipeline.torch_profiler.modules"], command="stage1-run")  # an untyped group's key

@@ -130,8 +130,9 @@ def test_swept_keys_ignore_shared_overrides(tmp_path: Path) -> None:
 
 def test_multirun_writes_sweep_summary_and_a_failing_job_does_not_stop_it(tmp_path: Path) -> None:
     """A real sweep through the Hydra callback: two jobs complete and one with a bad value fails cleanly; the summary
-    lists all three and the command exits non-zero after writing it. (The launch check reads a swept key's first value:
-    the bad one comes last, so only its own job can refuse it.) One multirun for both cases: each child process
+    lists all three and the command exits non-zero after writing it. (The launch check refuses a swept value out of its
+    range before any job starts, and checks the model's positions on the first value only: 999,999 tokens, within the
+    range but more than the tiny model's 8,192 positions, comes last, so only its own job can refuse it.) One multirun for both cases: each child process
     imports torch and transformers and builds the model again."""
     sweep = tmp_path / "sweep"
     done = run_cli(
@@ -140,25 +141,25 @@ def test_multirun_writes_sweep_summary_and_a_failing_job_does_not_stop_it(tmp_pa
         "model=deepseek_ocr2_tiny",
         "device=cpu",
         "run.repeats=1",
-        "infer.max_new_tokens=2,3,0",
+        "infer.max_new_tokens=2,3,999999",
         "pipeline/torch_profiler=min",
         "dataset.max_images=1",
         f"hydra.sweep.dir={sweep}",
         timeout=300,
     )
     assert done.returncode == SWEEP_FAILED_EXIT, done.stderr[-2000:]  # non-zero, after writing the summary
-    assert "infer.max_new_tokens=0 is out of range" in done.stderr
+    assert "infer.max_new_tokens=999999 is more than the model takes" in done.stderr
     assert done.stderr.rstrip().endswith(
         f"error: 1 of 3 sweep job(s) did not complete: job 2 (failed). {sweep / 'sweep_summary.md'} lists the "
         "reason of each."
     )
     data = json.loads((sweep / SWEEP_SUMMARY_FILE).read_text())
     assert data["swept_keys"] == ["infer.max_new_tokens"]
-    assert [j["swept"] for j in data["jobs"]] == [{"infer.max_new_tokens": v} for v in ("2", "3", "0")]
+    assert [j["swept"] for j in data["jobs"]] == [{"infer.max_new_tokens": v} for v in ("2", "3", "999999")]
     complete, failed = data["jobs"][:2], data["jobs"][2]
     assert all(j["status"] == "complete" and j["skipped_reason"] is None for j in complete)
     assert all(j["metrics"]["prefill_p50_ms"] > 0 and j["metrics"]["decode_ms_per_token_p50"] > 0 for j in complete)
-    assert failed["status"] == "failed" and "infer.max_new_tokens=0 is out of range" in json.dumps(failed)
+    assert failed["status"] == "failed" and "infer.max_new_tokens=999999 is more than" in json.dumps(failed)
     md = (sweep / SUMMARY_MD).read_text()
     rows = [line for line in md.splitlines() if line.startswith("|") and "|complete|" in line]
     assert len(rows) == 2  # the failed job's row says "not complete"

@@ -12,7 +12,7 @@ dataclasses, `dict[str, Any]`, and `Any` where a value may be a word or a number
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Optional
 
 # OmegaConf 2.3 reads these annotations at runtime and takes `Optional[int]`, not `int | None`.
@@ -220,3 +220,20 @@ SCHEMAS: dict[str, dict[str, type]] = {
     "stage1_schema": {node.name: node.default_factory for node in fields(Stage1Nodes)},  # type: ignore[misc]
     "stage2_schema": {"report": Stage2ReportSchema},  # merged over stage1's report node (a subclass of its type)
 }
+
+
+def typed_key(key: str) -> bool:
+    """Whether a dotted key (`run.cv_warn`) is a field of a typed node: such a key cannot be deleted (`~key`)."""
+    node, _, rest = key.partition(".")
+    kinds = [nodes[node] for nodes in SCHEMAS.values() if node in nodes]
+    for kind in kinds:
+        parts = rest.split(".") if rest else []
+        while parts and is_dataclass(kind):
+            names = {f.name: f for f in fields(kind)}
+            if parts[0] not in names:
+                break
+            f = names[parts.pop(0)]
+            kind = type(f.default_factory() if callable(f.default_factory) else f.default)
+        if not parts:
+            return True
+    return False

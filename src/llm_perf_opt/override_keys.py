@@ -73,10 +73,17 @@ def _check_values(parsed: Sequence[Any]) -> None:
     """Each override of a typed setting (`settings_schema.SCHEMA`), every value of a sweep over it included: a bad
     one is a UserError naming it here, since composing would end in the typed schema's traceback
     (`config_schema`: `run.batch_size=abc` is no int). An interpolation is left to the composed config's check."""
+    from llm_perf_opt.config_schema import typed_key
     from llm_perf_opt.settings_schema import SCHEMA
 
     for override in parsed:
         kind = SCHEMA.get(override.key_or_group)
+        if kind is not None and override.is_delete() and typed_key(override.key_or_group):
+            key = override.key_or_group
+            raise UserError(
+                f"~{key} would delete a typed setting, and a typed setting cannot be removed from the config",
+                f"Set it instead ({key}=<value>; `--cfg job` shows its default), or leave it out",
+            )
         if kind is None or override.is_delete() or (override.is_sweep_override() and not override.is_discrete_sweep()):
             continue
         values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]

@@ -132,8 +132,8 @@ def test_multirun_writes_sweep_summary_and_a_failing_job_does_not_stop_it(tmp_pa
     """A real sweep through the Hydra callback: two jobs complete and one with a bad value fails cleanly; the summary
     lists all three and the command exits non-zero after writing it. (The launch check refuses a swept value out of its
     range before any job starts, and checks the model's positions on the first value only: 999,999 tokens, within the
-    range but more than the tiny model's 8,192 positions, comes last, so only its own job can refuse it.) One multirun for both cases: each child process
-    imports torch and transformers and builds the model again."""
+    range but more than the tiny model's 8,192 positions, comes last, so only its own job can refuse it.) One multirun
+    for both cases: each child process imports torch and transformers and builds the model again."""
     sweep = tmp_path / "sweep"
     done = run_cli(
         "llm_perf_opt.cli.stage1",

@@ -234,3 +234,28 @@ def sample_pages(*names: str) -> list[Path]:
     from llm_perf_opt.data.dataset import bundled_samples_dir
 
     return [bundled_samples_dir() / name for name in names or SAMPLE_PAGES]
+
+
+def stage2_settings(cfg: Any) -> Any:
+    """`Stage2Settings` of a composed stage2 config, its typed nodes read beside it as stage2-profile does."""
+    from llm_perf_opt.config_data import stage1_nodes
+    from llm_perf_opt.pipeline.stage2_settings import Stage2Settings
+
+    return Stage2Settings.from_config(cfg, stage1_nodes(cfg))
+
+
+def stage2_run(cfg: Any, run_dir: Path, run_id: str = "x", task_overrides: list[str] | None = None) -> Any:
+    """A `Stage2Run` of a composed stage2 config, its typed nodes read beside it as stage2-profile does."""
+    from llm_perf_opt.config_data import stage1_nodes
+    from llm_perf_opt.pipeline import stage2
+
+    return stage2.Stage2Run(cfg, run_dir, run_id, task_overrides or [], nodes=stage1_nodes(cfg))
+
+
+def whatif_run(cfg: Any, run_dir: Path, run_id: str = "w", workload: tuple[str, ...] = ()) -> Any:
+    """A `WhatIfRun` of a composed whatif config (no whatif=advised), its typed nodes read beside it as perf-whatif
+    does."""
+    from llm_perf_opt.config_data import stage1_nodes
+    from llm_perf_opt.pipeline.whatif import WhatIfRun
+
+    return WhatIfRun(cfg, run_dir, run_id, workload, nodes=stage1_nodes(cfg))

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from helpers import FIXTURES, TINY_STAGE1, run_cli
+from llm_perf_opt.config_schema import RunSchema
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure.data_parallel import (
     ShardRun,
@@ -141,10 +142,10 @@ def test_each_shard_takes_every_nth_input_or_all_when_too_few() -> None:
 
 
 def test_shard_out_of_range_is_one_paragraph() -> None:
-    assert shard_of({"data_parallel": 4, "shard": 3}) == 3
-    assert shard_of({"data_parallel": 1}) is None
+    assert shard_of(RunSchema(data_parallel=4, shard=3)) == 3
+    assert shard_of(RunSchema(data_parallel=1)) is None
     with pytest.raises(UserError, match=r"run.shard=4 is not one of the 4 shards"):
-        shard_of({"data_parallel": 4, "shard": 4})
+        shard_of(RunSchema(data_parallel=4, shard=4))
 
 
 def test_more_processes_than_gpus_is_refused_before_starting() -> None:

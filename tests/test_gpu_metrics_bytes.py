@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from helpers import stage2_run
 from llm_perf_opt.nsight import commands
 from llm_perf_opt.nsight.gpu_metrics import GAP_PERIODS, READ_METRIC, WRITE_METRIC, SampledRate, merge_intervals
 from llm_perf_opt.nsight.nsys_trace import NsysTrace
-from llm_perf_opt.pipeline import stage2
 from llm_perf_opt.pipeline.stage2 import render
 from test_stage2_pipeline import _stage2_folder, compose_stage2, stage2_metrics
 
@@ -113,8 +113,8 @@ def test_a_bad_sampling_rate_is_refused_before_nsys(value: str, tmp_path: Path) 
     from llm_perf_opt.errors import UserError
 
     with pytest.raises(UserError, match=r"pipeline\.nsys\.gpu_metrics_hz"):
-        stage2.Stage2Run(compose_stage2(f"pipeline.nsys.gpu_metrics_hz={value}"), tmp_path, "x", [])
-    run = stage2.Stage2Run(compose_stage2("pipeline.nsys.gpu_metrics_hz=100000"), tmp_path, "x", [])
+        stage2_run(compose_stage2(f"pipeline.nsys.gpu_metrics_hz={value}"), tmp_path, "x", [])
+    run = stage2_run(compose_stage2("pipeline.nsys.gpu_metrics_hz=100000"), tmp_path, "x", [])
     assert run.settings.nsys.gpu_metrics_hz == 100_000
 
 

@@ -14,13 +14,12 @@ import yaml
 from PIL import Image
 from transformers import AutoModelForCausalLM
 
-from helpers import rope_table_flops, run_cli, run_main
+from helpers import rope_table_flops, run_cli, run_main, stage2_settings
 from hf_fixtures import LLAVA_IMAGE_TOKENS, preset_config, save_tiny_llava
 from llm_perf_opt.analytic.dense import DenseSpec, decode, prefill
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.data.dataset import bundled_samples_dir
 from llm_perf_opt.pipeline.stage2 import forwarded_overrides, workload_argv
-from llm_perf_opt.pipeline.stage2_settings import Stage2Settings
 
 #: Drives transformers models: CI also runs it on the oldest supported transformers.
 pytestmark = pytest.mark.transformers_api
@@ -228,10 +227,10 @@ def test_stage2_forwards_the_hf_overrides(tmp_path: Path) -> None:
     assert user == task[:4]
     cfg = compose_config("stage2", *task[:5])
     assert cfg.model.name == "qwen2_tiny" and cfg.dataset.kind == "text"
-    argv = workload_argv(Stage2Settings.from_config(cfg), user, tmp_path, name="nsys")
+    argv = workload_argv(stage2_settings(cfg), user, tmp_path, name="nsys")
     assert argv[:3] == [sys.executable, "-m", "llm_perf_opt.cli.stage1"]
     assert argv[3:7] == user and "pipeline.torch_profiler.enable=false" in argv
-    ncu = workload_argv(Stage2Settings.from_config(cfg), user, tmp_path, name="ncu-decode", ncu=True)
+    ncu = workload_argv(stage2_settings(cfg), user, tmp_path, name="ncu-decode", ncu=True)
     assert "dataset.max_images=1" in ncu and "infer.max_new_tokens=4" in ncu
 
 

@@ -5,6 +5,7 @@ renders only; run artifacts parsed only in records/; the config libraries only a
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -273,3 +274,103 @@ def test_nothing_below_the_config_edge_imports_the_config_libraries() -> None:
             if config:
                 found.append((str(path.relative_to(PACKAGE)), sorted(config)))
     assert not found
+
+
+#: The typed nodes (`config_schema.Stage1Nodes`): pipeline/ reads them from the typed object its command built once.
+TYPED_NODES = ("run", "infer", "outputs", "runtime", "report", "hardware")
+#: Where pipeline/ may still turn a config into typed nodes: a config it composes itself, not its command's.
+OWN_COMPOSITIONS = {("pipeline/whatif.py", "validate")}  # each rung's stage1-run overrides, checked before it runs
+
+
+def _names_a_config(node: ast.expr) -> bool:
+    """Whether `node` is a composed config by its name (`cfg`, `self.cfg`, `run.cfg`, `config`)."""
+    return re.search(r"(^|[._])(cfg|config)$", ast.unparse(node)) is not None
+
+
+def _typed_key(node: ast.expr) -> bool:
+    """Whether `node` is a string naming a typed node or a key in one (`"runtime"`, `"run.cv_warn"`)."""
+    return isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.split(".")[0] in TYPED_NODES
+
+
+def _raw_typed_reads(source: str) -> list[str]:
+    """(line: text) of each read of a typed node from a composed config in `source`: `cfg.run...`, `cfg.get("run")`,
+    `cfg["runtime"]`, `"report" in cfg`, `OmegaConf.select(cfg, "outputs....")`."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        raw = (
+            (isinstance(node, ast.Attribute) and node.attr in TYPED_NODES and _names_a_config(node.value))
+            or (isinstance(node, ast.Subscript) and _typed_key(node.slice) and _names_a_config(node.value))
+            or (
+                isinstance(node, ast.Compare)
+                and _typed_key(node.left)
+                and any(isinstance(op, ast.In | ast.NotIn) for op in node.ops)
+                and any(_names_a_config(c) for c in node.comparators)
+            )
+            or (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("get", "select", "pop", "setdefault")
+                and any(_typed_key(arg) for arg in node.args)
+                and (_names_a_config(node.func.value) or any(_names_a_config(arg) for arg in node.args))
+            )
+        )
+        if raw:
+            found.append((node.lineno, ast.unparse(node)))  # type: ignore[attr-defined]
+    return [f"{line}: {text}" for line, text in sorted(found)]
+
+
+def test_the_raw_read_check_sees_every_form_and_spares_typed_reads() -> None:
+    source = """
+a = cfg.run.cv_warn
+b = self.cfg.run.get("data_parallel_baseline")
+c = cfg.get("runtime") or {}
+d = plain(cfg.report) if "report" in cfg else {}
+e = OmegaConf.select(cfg, "outputs.save_predictions")
+f = run.cfg["hardware"]
+g = nodes.run.cv_warn + session.runtime.batch_size + cfg.model.name + cfg.get("model").name
+h = self.run.cpu_affinity + overrides.get(SHARD_KEY) + cfg.pipeline.torch_profiler.get("top_k")
+"""
+    assert [line.split(":")[0] for line in _raw_typed_reads(source)] == ["2", "3", "4", "5", "5", "6", "7"]
+
+
+def test_pipeline_reads_the_typed_nodes_only_from_the_object_its_command_built() -> None:
+    """`run`, `infer`, `outputs`, `runtime`, `report` and `hardware` are read typed (`config_schema.Stage1Nodes`,
+    built once per command in cli/ by `config_data.stage1_nodes`); pipeline/ reads only the config groups' nodes
+    (model, dataset, pipeline, analytic, whatif, ...) from the composed config."""
+    found = [
+        f"{path.relative_to(PACKAGE)}:{where}"
+        for path in [*_modules("pipeline"), PACKAGE / "output_settings.py"]
+        for where in _raw_typed_reads(path.read_text(encoding="utf-8"))
+    ]
+    assert not found, "\n".join(found)
+
+
+def _stage1_nodes_calls(path: Path) -> list[str]:
+    """The functions of `path` that call `stage1_nodes` (`<module>` at its top level)."""
+    callers = []
+
+    def visit(node: ast.AST, where: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = child.name if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef) else where
+            if isinstance(child, ast.Call) and ast.unparse(child.func).split(".")[-1] == "stage1_nodes":
+                callers.append(where)
+            visit(child, inner)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")), "<module>")
+    return callers
+
+
+def test_each_command_builds_its_typed_nodes_once_in_cli() -> None:
+    calls = {
+        (str(path.relative_to(PACKAGE)), caller): True
+        for path in PACKAGE.rglob("*.py")
+        if path.name != "config_data.py"
+        for caller in _stage1_nodes_calls(path)
+    }
+    outside_cli = {key for key in calls if not key[0].startswith("cli/")} - OWN_COMPOSITIONS
+    assert not outside_cli, sorted(outside_cli)
+    per_command = {
+        command: len(_stage1_nodes_calls(PACKAGE / "cli" / f"{command}.py"))
+        for command in ("stage1", "stage2", "whatif")
+    }
+    assert per_command == {"stage1": 1, "stage2": 1, "whatif": 1}

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from llm_perf_opt.config_compose import compose_config
+from llm_perf_opt.config_data import stage1_nodes
 from llm_perf_opt.data.dataset import bundled_samples_dir
 from llm_perf_opt.instruments import energy as energy_mod
 from llm_perf_opt.instruments.energy import (
@@ -583,7 +584,7 @@ def test_a_cpu_stage1_run_says_why_neither_was_measured(tmp_path: Path) -> None:
     cfg = compose_config(
         "stage1", "model=deepseek_ocr2_tiny", "device=cpu", "infer.max_new_tokens=2", "pipeline/torch_profiler=min"
     )
-    Stage1Run(cfg, tmp_path / "run", run_id="cpu").execute()
+    Stage1Run(cfg, tmp_path / "run", run_id="cpu", nodes=stage1_nodes(cfg)).execute()
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["memory"] == {**metrics["memory"], "available": False}
     assert "needs a CUDA GPU" in metrics["memory"]["reason"]

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from llm_perf_opt.config_compose import compose_config
+from llm_perf_opt.config_data import stage1_nodes
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.output_settings import LEGACY_KEYS, OutputSettings, output_settings
 from llm_perf_opt.override_keys import check_override_keys
@@ -16,7 +17,8 @@ OUT = "pipeline.torch_profiler.output"
 
 
 def settings(*overrides: str, config: str = "stage1") -> OutputSettings:
-    return output_settings(compose_config(config, *overrides))
+    cfg = compose_config(config, *overrides)
+    return output_settings(cfg, stage1_nodes(cfg).outputs)
 
 
 def _value(s: OutputSettings, key: str) -> Any:
@@ -38,7 +40,7 @@ def test_defaults() -> None:
 @pytest.mark.parametrize("preset", ["min", "default", "max"])
 def test_a_profiler_preset_never_changes_the_outputs(preset: str) -> None:
     cfg = compose_config("stage1", f"pipeline/torch_profiler={preset}")
-    assert output_settings(cfg) == settings()
+    assert output_settings(cfg, stage1_nodes(cfg).outputs) == settings()
     assert cfg.pipeline.torch_profiler.output.visualization.enable is True
 
 

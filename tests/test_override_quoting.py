@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
+from helpers import stage2_settings
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.override_text import quoted_override
 from llm_perf_opt.pipeline.stage2 import workload_argv
-from llm_perf_opt.pipeline.stage2_settings import Stage2Settings
 from llm_perf_opt.pipeline.whatif_hydra import phase_command
 from llm_perf_opt.pipeline.whatif_rungs import RungJob, SharedCaches, stage1_arguments
 
@@ -44,6 +44,6 @@ def test_child_commands_quote_their_folders(tmp_path: Path, name: str) -> None:
     phase = phase_command([job], [], root / "rung_configs", root / "rungs")
     assert read_back(phase, "hydra.sweep.dir") == str(root / "rungs")
     cfg = compose_config("stage2", "model=deepseek_ocr_tiny")
-    workload = workload_argv(Stage2Settings.from_config(cfg), [], root, name="nsys", model_cache=root / "model_cache")
+    workload = workload_argv(stage2_settings(cfg), [], root, name="nsys", model_cache=root / "model_cache")
     assert read_back(workload, "hydra.run.dir") == str(root / "workload" / "nsys")
     assert read_back(workload, "model.cache_dir") == str(root / "model_cache")

@@ -248,7 +248,7 @@ def test_stage1_run_decodes_the_next_pass_ahead(tmp_path: Path) -> None:
         "runtime.prefetch_pages=true",
     )
     folder = tmp_path / "run"
-    Stage1Run(cfg, folder, run_id=folder.name).execute()
+    Stage1Run(cfg, folder, run_id=folder.name, nodes=stage1_nodes(cfg)).execute()
     m = load_stage1(folder).metrics
     assert [b.prefetched for b in m.batches] == [True, True]
     assert m.records and all(r.prefetched for r in m.records)

@@ -17,12 +17,12 @@ import attrs
 import pytest
 import torch
 
+from helpers import stage2_run, stage2_settings
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.config_data import plain
 from llm_perf_opt.override_text import quoted_override
 from llm_perf_opt.pipeline.stage1_settings import config_digest
-from llm_perf_opt.pipeline.stage2 import MODEL_CACHE_DIR, Stage2Run, workload_argv
-from llm_perf_opt.pipeline.stage2_settings import Stage2Settings
+from llm_perf_opt.pipeline.stage2 import MODEL_CACHE_DIR, workload_argv
 from llm_perf_opt.pipeline.whatif_hydra import phase_command
 from llm_perf_opt.pipeline.whatif_rungs import (
     INDUCTOR_CACHE_DIR,
@@ -241,19 +241,19 @@ def test_where_the_model_is_saved_changes_no_config_digest() -> None:
 
 def test_stage2_child_commands_carry_the_run_model_cache(tmp_path: Path) -> None:
     cfg = compose_stage2("model=deepseek_ocr_tiny", "stage2.reuse_model=true")
-    run = Stage2Run(cfg, tmp_path, run_id="x", task_overrides=["model=deepseek_ocr_tiny"])
+    run = stage2_run(cfg, tmp_path, run_id="x", task_overrides=["model=deepseek_ocr_tiny"])
     assert run.model_cache == tmp_path / MODEL_CACHE_DIR
     for ncu in (False, True):
         argv = workload_argv(run.settings, run.user_overrides, tmp_path, name="w", ncu=ncu, model_cache=run.model_cache)
         assert quoted_override("model.cache_dir", tmp_path / MODEL_CACHE_DIR) in argv
     mine = ["model=deepseek_ocr_tiny", "model.cache_dir=/keep", "stage2.reuse_model=true"]  # the user's folder, as set
-    assert Stage2Run(compose_stage2(*mine), tmp_path, run_id="x", task_overrides=mine).model_cache is None
+    assert stage2_run(compose_stage2(*mine), tmp_path, run_id="x", task_overrides=mine).model_cache is None
     off = compose_stage2("stage2.reuse_model=false")
-    assert Stage2Run(off, tmp_path, run_id="x", task_overrides=[]).model_cache is None
-    assert Stage2Run(compose_stage2(), tmp_path, run_id="x", task_overrides=[]).model_cache is None  # off by default
+    assert stage2_run(off, tmp_path, run_id="x", task_overrides=[]).model_cache is None
+    assert stage2_run(compose_stage2(), tmp_path, run_id="x", task_overrides=[]).model_cache is None  # off by default
     checkpoint = compose_stage2(f"model.path={tmp_path}", "stage2.reuse_model=true")
-    assert Stage2Run(checkpoint, tmp_path, run_id="x", task_overrides=[]).model_cache is None
-    argv = workload_argv(Stage2Settings.from_config(cfg), [], tmp_path, name="w", model_cache=None)
+    assert stage2_run(checkpoint, tmp_path, run_id="x", task_overrides=[]).model_cache is None
+    argv = workload_argv(stage2_settings(cfg), [], tmp_path, name="w", model_cache=None)
     assert not any(a.startswith("model.cache_dir=") for a in argv)
 
 

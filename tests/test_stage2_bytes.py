@@ -11,6 +11,7 @@ from pathlib import Path
 import attrs
 import pytest
 
+from helpers import stage2_run, stage2_settings
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.config_data import plain
 from llm_perf_opt.nsight import tools
@@ -21,7 +22,6 @@ from llm_perf_opt.nsight.nsys_trace import NsysTrace
 from llm_perf_opt.override_text import quoted_override
 from llm_perf_opt.pipeline import stage2, stage2_tools
 from llm_perf_opt.pipeline.stage2 import TARGETS_FILE, render
-from llm_perf_opt.pipeline.stage2_settings import Stage2Settings
 from llm_perf_opt.records.common import PeakFigure
 from llm_perf_opt.records.folders import WORKLOAD_METRICS_FILE, load_capture, load_ncu_targets, load_stage1_metrics
 from llm_perf_opt.records.io import save
@@ -157,26 +157,26 @@ def test_nsys_counts_the_kernels_of_each_instance() -> None:
 
 def test_bytes_windows_name_the_first_prefill_and_the_middle_decode_step(tmp_path: Path) -> None:
     folder = _stage2_folder(tmp_path)
-    run = stage2.Stage2Run(compose_stage2(), folder, run_id="x", task_overrides=[])
+    run = stage2_run(compose_stage2(), folder, run_id="x", task_overrides=[])
     assert run.ncu.bytes_window("prefill") == BytesWindow("the prefill of the first image", 683)
     # 4 new tokens: 3 steps, the middle one is the second
     assert run.ncu.bytes_window("decode") == BytesWindow("decode step 2 of 3", 217)
-    longer = stage2.Stage2Run(compose_stage2("stage2.ncu_workload.max_new_tokens=21"), folder, "x", [])
+    longer = stage2_run(compose_stage2("stage2.ncu_workload.max_new_tokens=21"), folder, "x", [])
     assert longer.ncu.bytes_window("decode") == BytesWindow("decode step 10 of 20", 217)  # the mean
-    none = stage2.Stage2Run(compose_stage2("stage2.ncu_workload.max_new_tokens=1"), folder, "x", [])
+    none = stage2_run(compose_stage2("stage2.ncu_workload.max_new_tokens=1"), folder, "x", [])
     assert none.ncu.bytes_window("decode").expected == 0
 
 
 def test_ncu_workloads_run_one_timed_pass(tmp_path: Path) -> None:
     cfg = compose_stage2()
     argv = stage2.workload_argv(
-        Stage2Settings.from_config(cfg), ["run.repeats=5", "run.warmup=0"], tmp_path, name="ncu-bytes-prefill", ncu=True
+        stage2_settings(cfg), ["run.repeats=5", "run.warmup=0"], tmp_path, name="ncu-bytes-prefill", ncu=True
     )
     assert argv.index("run.repeats=1") > argv.index("run.repeats=5")  # the ncu workload's own value wins
     assert "run.warmup=0" in argv and "run.warmup=1" not in argv
     assert "dataset.max_images=1" in argv and "infer.max_new_tokens=4" in argv
     assert "run.profiler_window=true" in argv  # ncu --profile-from-start off: the workload opens the window
-    nsys = stage2.workload_argv(Stage2Settings.from_config(cfg), ["run.repeats=5"], tmp_path, name="nsys")
+    nsys = stage2.workload_argv(stage2_settings(cfg), ["run.repeats=5"], tmp_path, name="nsys")
     assert "run.repeats=5" in nsys and "run.repeats=1" not in nsys
 
 
@@ -188,7 +188,7 @@ def test_bytes_pass_with_a_stand_in_ncu(tmp_path: Path, monkeypatch: pytest.Monk
     folder = _stage2_folder(tmp_path)
     (folder / TARGETS_FILE).unlink()
     cfg = compose_stage2("pipeline.ncu.bytes_pass=true")  # light mode runs none of its own
-    run = stage2.Stage2Run(cfg, folder, run_id="fixture", task_overrides=["model=deepseek_ocr2_tiny"])
+    run = stage2_run(cfg, folder, run_id="fixture", task_overrides=["model=deepseek_ocr2_tiny"])
     run.ncu.run(NCU)
     targets = load_ncu_targets(folder)
     assert targets is not None
@@ -236,7 +236,7 @@ def test_a_failed_bytes_pass_is_recorded_and_the_capture_goes_on(
 ) -> None:
     monkeypatch.setattr(stage2_tools, "run_tool", stand_in_ncu(exit_code=1))
     folder = _stage2_folder(tmp_path)
-    run = stage2.Stage2Run(compose_stage2(), folder, run_id="fixture", task_overrides=[])
+    run = stage2_run(compose_stage2(), folder, run_id="fixture", task_overrides=[])
     done = run.ncu.bytes_pass(NCU, ["prefill", "decode"])
     assert [p.note for p in done] == ["ncu exited with code 1 (see ncu/bytes/profile.log)"] * 2
     assert run.tools.capture.runs["ncu_bytes"].returncode == 1
@@ -259,21 +259,21 @@ def test_a_failed_bytes_pass_is_recorded_and_the_capture_goes_on(
     ],
 )
 def test_the_mode_chooses_the_bytes_pass_unless_set(overrides: tuple[str, ...], expected: bool, tmp_path: Path) -> None:
-    assert stage2.Stage2Run(compose_stage2(*overrides), tmp_path, "x", []).settings.ncu.bytes_pass is expected
+    assert stage2_run(compose_stage2(*overrides), tmp_path, "x", []).settings.ncu.bytes_pass is expected
 
 
 def test_a_bad_bytes_pass_setting_is_refused(tmp_path: Path) -> None:
     from llm_perf_opt.errors import UserError
 
     with pytest.raises(UserError, match=r"pipeline\.ncu\.bytes_pass=sometimes is not true or false"):
-        stage2.Stage2Run(compose_stage2("pipeline.ncu.bytes_pass=sometimes"), tmp_path, "x", [])
+        stage2_run(compose_stage2("pipeline.ncu.bytes_pass=sometimes"), tmp_path, "x", [])
 
 
 def test_light_mode_runs_no_bytes_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(stage2_tools, "run_tool", stand_in_ncu())
     folder = _stage2_folder(tmp_path)
     cfg = compose_stage2()
-    run = stage2.Stage2Run(cfg, folder, run_id="fixture", task_overrides=[])
+    run = stage2_run(cfg, folder, run_id="fixture", task_overrides=[])
     run.ncu.run(NCU)
     targets = load_ncu_targets(folder)
     assert targets is not None and targets.bytes_passes == ()

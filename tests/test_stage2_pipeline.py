@@ -12,19 +12,17 @@ import attrs
 import pytest
 from omegaconf import DictConfig
 
-from helpers import run_cli, run_main, unpack_nsys_fixture
+from helpers import run_cli, run_main, stage2_run, stage2_settings, unpack_nsys_fixture
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.override_text import quoted_override
 from llm_perf_opt.pipeline.stage2 import (
     CAPTURE_FILE,
     TARGETS_FILE,
-    Stage2Run,
     forwarded_overrides,
     render,
     workload_argv,
 )
-from llm_perf_opt.pipeline.stage2_settings import Stage2Settings
 from llm_perf_opt.records.common import SCHEMA_VERSION, PeakFigure
 from llm_perf_opt.records.folders import (
     METRICS_FILE,
@@ -73,18 +71,14 @@ def test_every_workload_override_is_forwarded() -> None:
 
 def test_workload_argv_adds_stage2_settings(tmp_path: Path) -> None:
     cfg = compose_stage2()
-    argv = workload_argv(
-        Stage2Settings.from_config(cfg), ["model=deepseek_ocr2_tiny", "run.repeats=3"], tmp_path, name="nsys"
-    )
+    argv = workload_argv(stage2_settings(cfg), ["model=deepseek_ocr2_tiny", "run.repeats=3"], tmp_path, name="nsys")
     assert argv[:3] == [sys.executable, "-m", "llm_perf_opt.cli.stage1"]
     assert "model=deepseek_ocr2_tiny" in argv
     assert "pipeline.torch_profiler.enable=false" in argv
     assert "run.repeats=3" in argv and "run.repeats=1" not in argv  # the user's value wins
     assert "run.warmup=1" in argv
     assert argv[-1] == quoted_override("hydra.run.dir", tmp_path / "workload" / "nsys")
-    ncu = workload_argv(
-        Stage2Settings.from_config(cfg), ["infer.max_new_tokens=32"], tmp_path, name="ncu-decode", ncu=True
-    )
+    ncu = workload_argv(stage2_settings(cfg), ["infer.max_new_tokens=32"], tmp_path, name="ncu-decode", ncu=True)
     assert "dataset.max_images=1" in ncu and ncu.index("infer.max_new_tokens=4") > ncu.index("infer.max_new_tokens=32")
 
 
@@ -236,8 +230,8 @@ def test_batched_workloads_join_per_batch_not_per_input() -> None:
 
 def test_the_ncu_workload_of_a_batch_runs_one_whole_batch(tmp_path: Path) -> None:
     cfg = compose_stage2("run.batch_size=4")
-    assert Stage2Run(cfg, tmp_path, run_id="x", task_overrides=[]).settings.runtime.batch_size == 4
-    ncu = workload_argv(Stage2Settings.from_config(cfg), ["run.batch_size=4"], tmp_path, name="ncu-prefill", ncu=True)
+    assert stage2_run(cfg, tmp_path, run_id="x", task_overrides=[]).settings.runtime.batch_size == 4
+    ncu = workload_argv(stage2_settings(cfg), ["run.batch_size=4"], tmp_path, name="ncu-prefill", ncu=True)
     assert "dataset.max_images=4" in ncu and "dataset.max_images=1" not in ncu
 
 
@@ -258,7 +252,7 @@ def test_one_ncu_process_takes_the_targets_of_every_stage(tmp_path: Path, monkey
     export (the H100 decode round: launches inside decode/step) holding 2 of decode's 5 targets and none of
     prefill's, each stage's rows told apart by their NVTX ranges."""
     from llm_perf_opt.nsight import tools
-    from llm_perf_opt.pipeline import stage2, stage2_tools
+    from llm_perf_opt.pipeline import stage2_tools
 
     def fake_ncu(argv: list[str], *, timeout_s: float, log_path: Path) -> tools.ToolRun:
         if "--import" in argv:
@@ -271,7 +265,7 @@ def test_one_ncu_process_takes_the_targets_of_every_stage(tmp_path: Path, monkey
     folder = _stage2_folder(tmp_path)
     (folder / TARGETS_FILE).unlink()
     cfg = compose_stage2("pipeline.ncu.bytes_pass=false")
-    run = stage2.Stage2Run(cfg, folder, run_id="fixture", task_overrides=[])
+    run = stage2_run(cfg, folder, run_id="fixture", task_overrides=[])
     run.ncu.run(tools.Tool(name="ncu", path=Path("/opt/ncu"), version="2025.3.1"))
     targets = load_ncu_targets(folder)
     assert targets is not None and list(targets.stages) == ["prefill", "decode"]
@@ -314,7 +308,7 @@ def test_every_command_run_in_a_folder_stays_in_its_cmd_file(tmp_path: Path, mon
     """nsys/ holds the profile and the export: its cmd.txt lists both, in order (the export once overwrote the
     profile command, the one that says how the trace was taken)."""
     from llm_perf_opt.nsight import tools
-    from llm_perf_opt.pipeline import stage2, stage2_tools
+    from llm_perf_opt.pipeline import stage2_tools
 
     def fake_tool(argv: list[str], *, timeout_s: float, log_path: Path) -> tools.ToolRun:
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -322,7 +316,7 @@ def test_every_command_run_in_a_folder_stays_in_its_cmd_file(tmp_path: Path, mon
         return tools.ToolRun(argv=tuple(argv), returncode=0, seconds=0.1, log_path=log_path, timed_out=False)
 
     monkeypatch.setattr(stage2_tools, "run_tool", fake_tool)
-    run = stage2.Stage2Run(compose_stage2(), tmp_path / "s2", run_id="x", task_overrides=[])
+    run = stage2_run(compose_stage2(), tmp_path / "s2", run_id="x", task_overrides=[])
     run.tools.timed("nsys_profile", ["nsys", "profile", "--cuda-graph-trace=node"], "nsys/profile.log", 5, "profile")
     run.tools.timed("nsys_export", ["nsys", "export", "--type=sqlite"], "nsys/export.log", 5, "export")
     lines = (tmp_path / "s2" / "nsys" / "cmd.txt").read_text().splitlines()

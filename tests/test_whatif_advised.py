@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 
 from helpers import FIXTURES, load_script, run_cli, run_main
 from llm_perf_opt.config_compose import compose_config
+from llm_perf_opt.config_data import stage1_nodes
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure import advice as advice_rules
 from llm_perf_opt.measure.advice import (
@@ -175,7 +176,7 @@ def test_the_config_takes_the_folders_workload_then_the_command_lines() -> None:
     assert out.model.name == "deepseek_ocr_tiny" and out.infer.max_new_tokens == 32  # the command line wins
     assert str(out.dataset.subset_filelist).endswith("lists/a4_page.txt")
     assert out.whatif.objective == "page_latency"  # the best advice's
-    assert rungs_compile(out, plan.levers)  # the fork server preloads the compiler
+    assert rungs_compile(out, stage1_nodes(out).runtime, plan.levers)  # the fork server preloads the compiler
     chosen = compose_config("whatif", "whatif=advised", f"whatif.from_run={BASELINE}", "whatif.objective=throughput")
     assert advised_config(chosen, plan, ())[0].whatif.objective == "throughput"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from helpers import measured_energy, run_main
+from helpers import measured_energy, run_main, whatif_run
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure import whatif as w
@@ -308,7 +308,6 @@ def test_a_goal_no_rung_could_be_judged_on_says_so() -> None:
 
 
 def test_the_objective_setting_picks_the_headline_goal(tmp_path: Path) -> None:
-    from llm_perf_opt.pipeline.whatif import WhatIfRun
 
     def goal(*overrides: str) -> Objective:
         return WhatIfAnalysis(judging_settings(compose_config("whatif", *overrides)), (), (), {}).goal()
@@ -318,7 +317,7 @@ def test_the_objective_setting_picks_the_headline_goal(tmp_path: Path) -> None:
     assert goal("workload=ocr1-a4-page").label == "whole-page latency at 256 decode tokens (p50)"
     assert workload_decode_tokens(compose_config("whatif")) == (None, None)
     with pytest.raises(UserError) as bad:
-        WhatIfRun(compose_config("whatif", "whatif.objective=speed"), tmp_path / "d", "d", workload=())
+        whatif_run(compose_config("whatif", "whatif.objective=speed"), tmp_path / "d", "d")
     text = str(bad.value)
     assert "whatif.objective=speed is not known" in text
     assert all(name in text for name in (*w.GOAL_FIGURES, "decode_ms_per_token"))
@@ -543,14 +542,13 @@ def test_a_lever_that_shortened_a_part_of_the_first_token_is_stacked_after_those
     none, is stacked after the levers that helped; one with a part worse is not, nor one slower beyond noise, and the
     notes say why each was stacked."""
     from llm_perf_opt.measure.noise import BEYOND, WITHIN
-    from llm_perf_opt.pipeline.whatif import WhatIfRun
     from llm_perf_opt.records.whatif import LADDER, OutputAgreement
 
     def gain(value: float, verdict: str) -> Speedup:
         return Speedup(value=value, ci95_low=None, ci95_high=None, ci_method=None, verdict=verdict)
 
     parts = (_j("vision_ms", BETTER, -0.64), _j("prefill_ms", BETTER, -0.43))
-    run = WhatIfRun(compose_config("whatif", "whatif.objective=first_token"), tmp_path, "w", workload=())
+    run = whatif_run(compose_config("whatif", "whatif.objective=first_token"), tmp_path)
     run.levers = (
         Lever("gpu_preprocess", ("model.preprocess.device=cuda",)),
         Lever("vision_graphs", ("runtime.compile_vision=reduce-overhead",)),

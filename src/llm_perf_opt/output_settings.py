@@ -7,10 +7,12 @@ key and logs one INFO line naming the new key and the removal date.
 
 from __future__ import annotations
 
+import functools
 import logging
 
 from omegaconf import DictConfig, OmegaConf
 
+from llm_perf_opt.config_schema import OutputsSchema
 from llm_perf_opt.errors import UserError, require_bool, require_whole
 from llm_perf_opt.records.stage1 import (
     DeepSeekOCROutput,
@@ -49,11 +51,17 @@ def _shown(value: object) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def output_settings(cfg: DictConfig) -> OutputSettings:
-    """The run's output settings from `cfg` (a composed stage1/stage2 config); UserError for a bad value."""
+def _legacy_value(outputs: OutputsSchema, key: str) -> object:
+    """A legacy key's value (`outputs.visualization.enable`) read from the typed `outputs` node; None: not set."""
+    return functools.reduce(getattr, key.split(".")[1:], outputs)
+
+
+def output_settings(cfg: DictConfig, outputs: OutputsSchema) -> OutputSettings:
+    """The run's output settings from `cfg` (a composed stage1/stage2 config) and its typed legacy `outputs` node;
+    UserError for a bad value."""
     given: dict[str, tuple[str, object]] = {new: (new, OmegaConf.select(cfg, new)) for new in LEGACY_KEYS.values()}
     for legacy, new in LEGACY_KEYS.items():
-        value = OmegaConf.select(cfg, legacy, default=None)
+        value = _legacy_value(outputs, legacy)
         if value is not None:
             log.info(
                 "%s is a legacy key (read until its removal on %s): use %s=%s",

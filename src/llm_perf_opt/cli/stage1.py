@@ -1,4 +1,5 @@
-"""`stage1-run`: Hydra entry point (thin: it composes the config and hands it to the pipeline)."""
+"""`stage1-run`: Hydra entry point (thin: it composes the config, reads its typed nodes once and hands both to the
+pipeline)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from llm_perf_opt.cli.common import launch, run_guarded
+from llm_perf_opt.config_data import stage1_nodes
+from llm_perf_opt.config_schema import RunSchema
 from llm_perf_opt.heavy_imports import collector_paused
 
 
@@ -18,30 +21,25 @@ def _main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
-    if not in_sweep and _launches_processes(cfg):  # run.data_parallel=N: N stage1-run processes and their summary
-
-        def processes() -> None:
-            from llm_perf_opt.pipeline.data_parallel import DataParallelRun
-
-            DataParallelRun(cfg, run_dir, run_dir.name, list(hydra_cfg.overrides.task)).execute()
-
-        run_guarded(processes, run_dir=run_dir, cfg=cfg)
-        return
 
     def job() -> None:  # the pipeline's import guarded too: a broken dependency is a bug reported like any other
+        nodes = stage1_nodes(cfg)  # run, infer, outputs, runtime, report, hardware: typed, read once for the pipeline
+        if not in_sweep and _launches_processes(nodes.run):  # run.data_parallel=N: N processes and their summary
+            from llm_perf_opt.pipeline.data_parallel import DataParallelRun
+
+            DataParallelRun(cfg, nodes, run_dir, run_dir.name, list(hydra_cfg.overrides.task)).execute()
+            return
         with collector_paused():
             from llm_perf_opt.pipeline.stage1 import Stage1Run
 
-        Stage1Run(cfg, run_dir, run_id=run_dir.name).execute()
+        Stage1Run(cfg, run_dir, run_id=run_dir.name, nodes=nodes).execute()
 
     run_guarded(job, run_dir=run_dir, in_sweep=in_sweep, cfg=cfg)
 
 
-def _launches_processes(cfg: DictConfig) -> bool:
+def _launches_processes(run: RunSchema) -> bool:
     """`run.data_parallel` > 1 without `run.shard`: this process starts the shards instead of timing one."""
-    run = cfg.get("run", {})
-    count = run.get("data_parallel", 1)
-    return isinstance(count, int) and count > 1 and run.get("shard") is None
+    return run.data_parallel > 1 and run.shard is None
 
 
 def main() -> None:

@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 
 from llm_perf_opt import artifacts
 from llm_perf_opt.cli.common import launch, print_report_path, run_guarded
+from llm_perf_opt.config_data import stage1_nodes
 from llm_perf_opt.heavy_imports import collector_paused
 
 
@@ -23,11 +24,12 @@ def _main(cfg: DictConfig) -> None:
         print_report_path(run_guarded(lambda: _pipeline().render(Path(str(cfg.stage2.rerender)))))
         return
     overrides = list(hydra_cfg.overrides.task)  # the run ends with its summary: the budget, then report.md's path
-    run_guarded(
-        lambda: _pipeline().Stage2Run(cfg, run_dir, run_id=run_dir.name, task_overrides=overrides).execute(),
-        run_dir=run_dir,
-        cfg=cfg,
-    )
+
+    def job() -> None:
+        nodes = stage1_nodes(cfg)  # run, infer, outputs, runtime, report, hardware: typed, read once for the pipeline
+        _pipeline().Stage2Run(cfg, run_dir, run_id=run_dir.name, task_overrides=overrides, nodes=nodes).execute()
+
+    run_guarded(job, run_dir=run_dir, cfg=cfg)
 
 
 def _pipeline() -> ModuleType:

@@ -1,4 +1,5 @@
-"""`perf-whatif`: Hydra entry point (thin: it composes the config and hands it to the pipeline)."""
+"""`perf-whatif`: Hydra entry point (thin: it composes the config, reads its typed nodes once and hands both to the
+pipeline)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from llm_perf_opt.cli.common import launch, run_guarded
+from llm_perf_opt.config_data import stage1_nodes
 from llm_perf_opt.heavy_imports import collector_paused
 from llm_perf_opt.settings_schema import check_config
 
@@ -21,10 +23,13 @@ def _main(cfg: DictConfig) -> None:
 
     def job() -> None:  # the pipeline's import guarded too: a broken dependency is a bug reported like any other
         with collector_paused():
-            from llm_perf_opt.pipeline.whatif import WhatIfRun, workload_overrides
+            from llm_perf_opt.pipeline.whatif import WhatIfRun, whatif_config, workload_overrides
 
+        # whatif=advised: the workload of whatif.from_run under the command line's; the typed nodes of that config
+        composed, workload, advised = whatif_config(cfg, workload_overrides(task_overrides))
+        nodes = stage1_nodes(composed)
         # the run ends with its summary: the rungs, the best lever, the time budget, then whatif.md's path
-        WhatIfRun(cfg, run_dir, run_id=run_dir.name, workload=workload_overrides(task_overrides)).execute()
+        WhatIfRun(composed, run_dir, run_id=run_dir.name, workload=workload, nodes=nodes, advised=advised).execute()
 
     run_guarded(job, run_dir=run_dir, cfg=cfg)
 

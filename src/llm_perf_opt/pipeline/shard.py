@@ -18,12 +18,13 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TypeVar
 
 import attrs
 
+from llm_perf_opt.config_schema import RunSchema
 from llm_perf_opt.errors import UserError, require_whole
 from llm_perf_opt.records.shard import ShardInfo
 
@@ -39,18 +40,17 @@ POLL_S = 0.02
 T = TypeVar("T")
 
 
-def data_parallel_count(run_cfg: Mapping[str, object]) -> int:
+def data_parallel_count(run: RunSchema) -> int:
     """`run.data_parallel`: the processes a workload is shared by (1: none)."""
-    return require_whole("run.data_parallel", run_cfg.get("data_parallel", 1), 1)
+    return require_whole("run.data_parallel", run.data_parallel, 1)
 
 
-def shard_of(run_cfg: Mapping[str, object]) -> int | None:
+def shard_of(run: RunSchema) -> int | None:
     """`run.shard` (None: not set), checked against `run.data_parallel`."""
-    count = data_parallel_count(run_cfg)
-    value = run_cfg.get("shard")
-    if value is None:
+    count = data_parallel_count(run)
+    if run.shard is None:
         return None
-    shard = require_whole("run.shard", value, 0)
+    shard = require_whole("run.shard", run.shard, 0)
     if shard >= count:
         raise UserError(
             f"run.shard={shard} is not one of the {count} shards of run.data_parallel={count} (0 to {count - 1})",

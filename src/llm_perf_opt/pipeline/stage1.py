@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from llm_perf_opt import artifacts, interrupts
 from llm_perf_opt.artifacts import ArtifactsManager
-from llm_perf_opt.config_data import plain, stage1_nodes
+from llm_perf_opt.config_data import plain
 from llm_perf_opt.config_schema import Stage1Nodes
 from llm_perf_opt.data.dataset import DatasetSelection
 from llm_perf_opt.data.inputs import InputChoice, select_inputs
@@ -61,8 +61,11 @@ log = logging.getLogger("llm_perf_opt.stage1")
 class Stage1Run:
     """One `stage1-run` invocation over one run folder."""
 
-    def __init__(self, cfg: DictConfig, run_dir: Path, run_id: str, feedback: Feedback | None = None) -> None:
-        self.cfg = cfg
+    def __init__(
+        self, cfg: DictConfig, run_dir: Path, run_id: str, *, nodes: Stage1Nodes, feedback: Feedback | None = None
+    ) -> None:
+        self.cfg = cfg  # the composed config: the config groups' nodes (model, dataset, pipeline, ...) are read from it
+        self.nodes = nodes  # its typed nodes (run, infer, outputs, runtime, report, hardware), read once by the command
         self.feedback = feedback or Feedback()
         self.run_id = run_id
         self.art = ArtifactsManager(run_dir, stage="stage1")
@@ -137,10 +140,10 @@ class Stage1Run:
 
     # ---- measurement -------------------------------------------------------------------------------
     def _measure(self) -> None:
-        cfg = self.cfg
+        cfg, nodes = self.cfg, self.nodes
         self.art.write_text(CONFIG_FILE, OmegaConf.to_yaml(cfg, resolve=True))
         check_workload_model(cfg)
-        count, shard = data_parallel_count(cfg.run), shard_of(cfg.run)
+        count, shard = data_parallel_count(nodes.run), shard_of(nodes.run)
         if count > 1:
             if shard is None:
                 raise UserError(
@@ -149,7 +152,6 @@ class Stage1Run:
                     "without -m: it starts the processes itself",
                 )
             self.sync = ShardSync.for_run(self.art.run_dir, shard, count)
-        nodes = stage1_nodes(cfg)  # run, infer, outputs, runtime, report, hardware: typed
         self.options = options = RunOptions.from_nodes(nodes)
         self.whatif = whatif_for(self.art.run_dir, options.whatif_dir)
         self.render_reports = options.render
@@ -163,7 +165,7 @@ class Stage1Run:
             )
         self.runtime = RuntimeSettings.from_nodes(nodes)  # run.batch_size ≤ 0 is refused here, before any build
         self.runtime.check_device(device)
-        self.settings = settings = with_runtime_warmup(resolve_settings(cfg, device), self.runtime)
+        self.settings = settings = with_runtime_warmup(resolve_settings(cfg, nodes, device), self.runtime)
         self.extra_passes = (memory_settings(cfg), energy_settings(cfg))
         self.profiler = profiler_settings(cfg)  # the profiled pass's, checked before the model is built
         model = ModelSettings.from_config(plain(cfg.model))  # the `model:` node, read once

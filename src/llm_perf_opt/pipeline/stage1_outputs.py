@@ -31,6 +31,7 @@ def write_outputs(run: Stage1Run, partial: bool) -> Stage1Metrics:
     assert run.session is not None and run.selection is not None and run.settings is not None
     recorded = run_settings(
         run.cfg,
+        run.nodes,
         run.settings,
         run.runtime,
         run.inputs,
@@ -38,7 +39,7 @@ def write_outputs(run: Stage1Run, partial: bool) -> Stage1Metrics:
         partial=partial,
         cpu_affinity=run.cpu_pin.describe() if run.cpu_pin is not None else None,
     )
-    setup = analysis_setup(run.cfg, run.session, run.run_id, recorded, run.inputs)
+    setup = analysis_setup(run.cfg, run.nodes, run.session, run.run_id, recorded, run.inputs)
     if run.sync is not None and run.share is not None:
         run.state.shard = run.sync.info(*run.share)
     metrics = Stage1Analysis(run.state, setup).metrics()

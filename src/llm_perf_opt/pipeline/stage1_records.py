@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
+from llm_perf_opt.config_schema import Stage1Nodes
 from llm_perf_opt.data.dataset import DatasetSelection, ImageEntry, TextEntry
 from llm_perf_opt.data.inputs import InputChoice
 from llm_perf_opt.instruments.measured_peaks import MEASURED
@@ -138,9 +139,15 @@ def host_peak_rss_bytes() -> int | None:
 
 
 def analysis_setup(
-    cfg: DictConfig, session: InferenceSession, run_id: str, settings: RunSettings, inputs: InputChoice | None
+    cfg: DictConfig,
+    nodes: Stage1Nodes,
+    session: InferenceSession,
+    run_id: str,
+    settings: RunSettings,
+    inputs: InputChoice | None,
 ) -> Stage1Setup:
-    """The run as `Stage1Analysis` needs it: the records that describe it and the settings its figures use."""
+    """The run as `Stage1Analysis` needs it: the records that describe it and the settings its figures use (`cfg`:
+    the composed config; `nodes`: its typed nodes)."""
     return Stage1Setup(
         run_id=run_id,
         model=model_info(session),
@@ -153,11 +160,11 @@ def analysis_setup(
         skipped=tuple(SkippedInput(path=str(s.path), reason=s.reason) for s in inputs.selection.skipped)
         if inputs
         else (),
-        peak_tflops=cfg.hardware.peak_tflops,
-        peak_bandwidth_gbps=cfg.hardware.peak_bandwidth_gbps,
+        peak_tflops=nodes.hardware.peak_tflops,
+        peak_bandwidth_gbps=nodes.hardware.peak_bandwidth_gbps,
         tf32_matmul=bool(torch.backends.cuda.matmul.allow_tf32),
-        measured_peaks_asked=cfg.hardware.peaks == MEASURED,
-        cv_warn=float(cfg.run.cv_warn),
+        measured_peaks_asked=nodes.hardware.peaks == MEASURED,
+        cv_warn=float(nodes.run.cv_warn),
         top_k=int(cfg.pipeline.torch_profiler.top_k),
         compile=session.compile_summary() if session.runtime.compiles else None,
         host_peak_rss_bytes=host_peak_rss_bytes(),

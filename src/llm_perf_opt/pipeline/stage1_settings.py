@@ -14,7 +14,7 @@ import attrs
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from llm_perf_opt.config_data import plain, stage1_nodes
+from llm_perf_opt.config_data import plain
 from llm_perf_opt.config_schema import Stage1Nodes
 from llm_perf_opt.data.inputs import InputChoice
 from llm_perf_opt.errors import require_bool, require_number, require_whole
@@ -73,9 +73,9 @@ class RunOptions:
 ALL = "all"  # dataset.max_images=all: every image, on every device
 
 
-def resolve_settings(cfg: DictConfig, device: torch.device) -> ResolvedSettings:
-    """Explicit values win; unset (null) keys take the device default. Bad values raise UserError."""
-    nodes = stage1_nodes(cfg)
+def resolve_settings(cfg: DictConfig, nodes: Stage1Nodes, device: torch.device) -> ResolvedSettings:
+    """Explicit values win; unset (null) keys take the device default (`cfg`: its `dataset` node; `nodes`: its
+    typed nodes). Bad values raise UserError."""
     counts = nodes.run.device_defaults.cuda if device.type == "cuda" else nodes.run.device_defaults.cpu
     defaults = dataclasses.asdict(counts)
     chosen: dict[str, Any] = {}
@@ -156,6 +156,7 @@ def max_vision_inputs(cfg: DictConfig) -> int:
 
 def run_settings(
     cfg: DictConfig,
+    nodes: Stage1Nodes,
     settings: ResolvedSettings,
     runtime: RuntimeSettings,
     inputs: InputChoice | None,
@@ -164,7 +165,8 @@ def run_settings(
     partial: bool,
     cpu_affinity: str | None = None,
 ) -> RunSettings:
-    """The run's effective settings as recorded in `metrics.json` (`measured_passes`: timed passes measured)."""
+    """The run's effective settings as recorded in `metrics.json` (`cfg`: the composed config, for its groups' nodes;
+    `nodes`: its typed nodes; `measured_passes`: timed passes measured)."""
     return RunSettings(
         repeats=settings.repeats,
         warmup=settings.warmup,
@@ -178,9 +180,9 @@ def run_settings(
         profiler=profiler_settings(cfg),
         measured_passes=measured_passes,
         asked_passes=len(inputs.selection.images) * settings.repeats if inputs else None,
-        outputs=output_settings(cfg),
+        outputs=output_settings(cfg, nodes.outputs),
         runtime=runtime.record(),
-        fill_batches=stage1_nodes(cfg).run.fill_batches,
+        fill_batches=nodes.run.fill_batches,
         cpu_affinity=cpu_affinity,
     )
 

@@ -19,6 +19,7 @@ from llm_perf_opt import artifacts, interrupts
 from llm_perf_opt.analytic.settings import PricedModel
 from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.config_data import plain
+from llm_perf_opt.config_schema import Stage1Nodes
 from llm_perf_opt.env_info import collect_env
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.instruments.gpu_state import clock_state
@@ -76,8 +77,9 @@ __all__ = [
 
 
 class Stage2Run:
-    """One `stage2-profile` invocation over one run folder: its settings read once from `cfg`, then the schedule
-    (`execute`): Nsight Systems over the Stage 1 workload, Nsight Compute on its hottest kernels, the reports."""
+    """One `stage2-profile` invocation over one run folder: its settings read once from `cfg` and its typed `nodes`
+    (built by the command), then the schedule (`execute`): Nsight Systems over the Stage 1 workload, Nsight Compute on
+    its hottest kernels, the reports."""
 
     def __init__(
         self,
@@ -86,8 +88,10 @@ class Stage2Run:
         run_id: str,
         task_overrides: Sequence[str],
         feedback: Feedback | None = None,
+        *,
+        nodes: Stage1Nodes,
     ) -> None:
-        self.settings = settings = Stage2Settings.from_config(cfg)
+        self.settings = settings = Stage2Settings.from_config(cfg, nodes)
         self.feedback = feedback or Feedback()
         self.run_id = run_id
         self.user_overrides = forwarded_overrides(task_overrides)

@@ -9,7 +9,8 @@ from typing import Any
 import attrs
 from omegaconf import DictConfig, OmegaConf
 
-from llm_perf_opt.config_data import plain, stage1_nodes
+from llm_perf_opt.config_data import plain
+from llm_perf_opt.config_schema import Stage1Nodes, Stage2ReportSchema
 from llm_perf_opt.errors import UserError, require_bool, require_whole
 from llm_perf_opt.session.runtime import RuntimeSettings
 
@@ -99,11 +100,12 @@ class Stage2Settings:
     stage1_dir: str | None  # `report.stage1_dir`
 
     @classmethod
-    def from_config(cls, cfg: DictConfig) -> Stage2Settings:
-        """From the composed `stage2` config; a bad value is a UserError naming its key."""
+    def from_config(cls, cfg: DictConfig, nodes: Stage1Nodes) -> Stage2Settings:
+        """From the composed `stage2` config and its typed nodes (`nodes`); a bad value is a UserError naming its
+        key."""
         stage2 = plain(cfg.stage2)
         nsys, ncu = plain(cfg.pipeline.nsys), plain(cfg.pipeline.ncu)
-        report: Mapping[str, Any] = plain(cfg.report) if "report" in cfg else {}
+        report = nodes.report
         model: Mapping[str, Any] = plain(cfg.model) if "model" in cfg else {}
         mode = _mode(stage2)
         bytes_pass = ncu.get("bytes_pass")
@@ -148,11 +150,11 @@ class Stage2Settings:
                 int(ncu_workload["max_images"]), int(ncu_workload["max_new_tokens"]), ncu_workload.get("repeats")
             ),
             # bad runtime.* values fail before nsys, not in its child
-            runtime=RuntimeSettings.from_nodes(stage1_nodes(cfg)),
+            runtime=RuntimeSettings.from_nodes(nodes),
             reuse_model=require_bool("stage2.reuse_model", stage2["reuse_model"]),
             own_model=bool(model.get("cache_dir") or model.get("path") or model.get("name_or_path")),
-            whatif_dir=_text(report.get("whatif_dir")),
-            stage1_dir=_text(report.get("stage1_dir")),
+            whatif_dir=report.whatif_dir,
+            stage1_dir=report.stage1_dir if isinstance(report, Stage2ReportSchema) else None,
         )
 
 

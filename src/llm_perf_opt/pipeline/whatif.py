@@ -21,6 +21,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from llm_perf_opt import artifacts, interrupts
 from llm_perf_opt.artifacts import ArtifactsManager
+from llm_perf_opt.config_schema import RuntimeSchema, Stage1Nodes
 from llm_perf_opt.errors import UserError, require_bool
 from llm_perf_opt.measure import whatif as figures
 from llm_perf_opt.measure.whatif_analysis import STOPPED_FIRST, WhatIfAnalysis, WhatIfJob
@@ -211,12 +212,11 @@ def launcher_settings(run_cfg: DictConfig) -> tuple[str, tuple[str, ...]]:
 COMPILE_FIELDS = ("compile", "compile_vision")  # the runtime settings that make a rung compile (none: it does not)
 
 
-def rungs_compile(cfg: DictConfig, levers: Sequence[Lever] = ()) -> bool:
-    """Whether a rung of this what-if may compile: the workload's own runtime does, or a lever of the preset (or one
-    of `levers`) sets runtime.compile or runtime.compile_vision to anything but none (read as given: the levers are
-    checked later)."""
-    runtime = cfg.get("runtime") or {}
-    if any(str(runtime.get(field) or "none") != "none" for field in COMPILE_FIELDS):
+def rungs_compile(cfg: DictConfig, runtime: RuntimeSchema, levers: Sequence[Lever] = ()) -> bool:
+    """Whether a rung of this what-if may compile: the workload's own runtime (`runtime`, the typed node of `cfg`)
+    does, or a lever of the preset (or one of `levers`) sets runtime.compile or runtime.compile_vision to anything but
+    none (read as given: the levers are checked later)."""
+    if any(str(getattr(runtime, field) or "none") != "none" for field in COMPILE_FIELDS):
         return True
     keys = {f"runtime.{field}" for field in COMPILE_FIELDS}
     node = cfg.get("whatif", {}).get("levers")
@@ -319,6 +319,16 @@ def refusal(workload: Sequence[str], overrides: Sequence[str], hydra_folder: str
     return refused
 
 
+def whatif_config(cfg: DictConfig, workload: Sequence[str]) -> tuple[DictConfig, tuple[str, ...], AdvisedPlan | None]:
+    """The what-if's config and workload as its run takes them, and its advised plan: whatif=advised composes the
+    workload of whatif.from_run under the command line's (`advised_config`); any other preset keeps both as given."""
+    plan = advised_plan(cfg.whatif, workload)
+    if plan is None:
+        return cfg, tuple(workload), None
+    advised, full = advised_config(cfg, plan, workload)
+    return advised, full, plan
+
+
 def advised_config(cfg: DictConfig, plan: AdvisedPlan, workload: Sequence[str]) -> tuple[DictConfig, tuple[str, ...]]:
     """whatif=advised: the what-if's config with its workload keys composed from the folder's workload and then the
     command line's (`workload`, which wins), its objective the best advice's unless whatif.objective is set; and that
@@ -364,12 +374,15 @@ class WhatIfRun:
         run_id: str,
         workload: Sequence[str],
         feedback: Feedback | None = None,
+        *,
+        nodes: Stage1Nodes,
+        advised: AdvisedPlan | None = None,
     ) -> None:
-        # whatif=advised: the levers of whatif.from_run's advice, on its workload (the command line's on top)
-        self.advised = advised_plan(cfg.whatif, workload)
-        if self.advised is not None:
-            cfg, workload = advised_config(cfg, self.advised, workload)
+        # whatif=advised: `cfg` and `workload` are `whatif_config`'s (whatif.from_run's workload, the command line's
+        # on top), `advised` its plan: the levers of the folder's advice
+        self.advised = advised
         self.cfg = cfg
+        self.nodes = nodes  # the typed nodes of `cfg` (run, runtime, ...), read once by the command
         self.run_id = run_id
         self.workload = tuple(workload)
         self.feedback = feedback or Feedback()
@@ -400,7 +413,7 @@ class WhatIfRun:
         try:
             # The fork server first: its imports overlap this process's own (torch) and the checks of every rung's
             # config; it is waited for when the first rung is due, and cancelled if none is.
-            compiles = rungs_compile(self.cfg, self.levers)
+            compiles = rungs_compile(self.cfg, self.nodes.runtime, self.levers)
             self.starting = StartingServer.launch(compiles=compiles) if self.fork_rungs else None
             self.caches = shared_caches(self.cfg.whatif_run, self.cfg.get("model") or {}, self.art.run_dir)
             with self.feedback.session():

@@ -100,4 +100,6 @@ def test_a_typed_setting_cannot_be_deleted_and_says_so() -> None:
     with pytest.raises(UserError, match=r"~run\.cv_warn would delete a typed setting") as caught:
         check_override_keys("stage1", ["~run.cv_warn"], command="stage1-run")
     assert "Set it instead (run.cv_warn=<value>" in str(caught.value)
+    with pytest.raises(UserError, match=r"~run would delete a typed setting"):
+        check_override_keys("stage1", ["~run"], command="stage1-run")  # the whole node, not only a field
     check_override_keys("stage1", ["~pipeline.torch_profiler.modules"], command="stage1-run")  # an untyped group's key

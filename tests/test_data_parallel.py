@@ -172,6 +172,7 @@ def test_each_gpu_process_gets_its_own_share_of_the_host_cores() -> None:
     cuda = ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
     assert core_shares("none", cuda, range(64)) == ["1-15", "16-30", "31-45", "46-60"]  # core 0 left to the system
     assert core_shares("none", cuda[:2], range(4)) == ["0-1", "2-3"]  # too few to leave one: all are shared out
+    assert core_shares("false", cuda, range(64)) == core_shares("none", cuda, range(64))  # off, as the pin reads it
     assert core_shares("auto", cuda, range(64)) == [None] * 4  # the user's own setting is kept
     assert core_shares("none", ["cpu", "cpu"], range(64)) == [None, None]  # CPU processes compute on every core
     assert core_shares("none", cuda, range(2)) == [None] * 4  # fewer cores than processes: not pinned

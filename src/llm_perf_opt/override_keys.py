@@ -77,13 +77,13 @@ def _check_values(parsed: Sequence[Any]) -> None:
     from llm_perf_opt.settings_schema import SCHEMA
 
     for override in parsed:
-        kind = SCHEMA.get(override.key_or_group)
-        if kind is not None and override.is_delete() and typed_key(override.key_or_group):
+        if override.is_delete() and typed_key(override.key_or_group):  # a typed node's field, or the node itself
             key = override.key_or_group
             raise UserError(
                 f"~{key} would delete a typed setting, and a typed setting cannot be removed from the config",
                 f"Set it instead ({key}=<value>; `--cfg job` shows its default), or leave it out",
             )
+        kind = SCHEMA.get(override.key_or_group)
         if kind is None or override.is_delete() or (override.is_sweep_override() and not override.is_discrete_sweep()):
             continue
         values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]

@@ -90,9 +90,9 @@ def core_shares(setting: object, devices: Sequence[str], visible: Sequence[int])
     """Each process's cores as `run.cpu_affinity` (`session.cpu_affinity.shares`) where the run left it at none and
     the processes run on GPUs: N processes of one host then stop crowding each other's torch threads. A setting of
     the user's own (auto, or cores) is kept as it is (None for each)."""
-    from llm_perf_opt.session.cpu_affinity import OFF, format_cores, shares
+    from llm_perf_opt.session.cpu_affinity import format_cores, is_off, shares
 
-    if str(setting).strip().lower() not in (OFF, "null", "") or not all(d.startswith("cuda") for d in devices):
+    if not is_off(setting) or not all(d.startswith("cuda") for d in devices):
         return [None] * len(devices)
     split = shares(visible, len(devices))
     return [None] * len(devices) if split is None else [format_cores(cores) for cores in split]

@@ -129,7 +129,7 @@ def calibrated(
     said = f"{source or 'a what-if run'}: {max(measured_saving_ms, 0.0):,.1f} of a {bound_ms:,.1f} ms/page bound saved"
     if measured_saving_ms < 0:
         said += f" (it cost {-measured_saving_ms:,.1f} ms/page)"
-    note = "; ".join(n for n in (old.note if n else "", said) if n)  # a prior's note goes with the prior
+    note = f"{old.note}; {said}" if n and old.note else said  # a prior's note goes with the prior
     sources = (*old.sources, source) if source is not None and source not in old.sources else old.sources
     new = LeverCalibration(factor, min(old.low, share), max(old.high, share), samples=n + 1, note=note, sources=sources)
     return Calibration({**calibration.kinds, kind: new})

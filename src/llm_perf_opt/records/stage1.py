@@ -17,6 +17,7 @@ from llm_perf_opt.records.vocabulary import QUANTIZE_LABELS
 PerInput = TypeVar("PerInput")
 PerBatch = TypeVar("PerBatch")
 
+NOT_PINNED = "not pinned"  # how CpuPin.describe opens for a process left on every core
 BYTES_SOURCE = "analytic model (llm_perf_opt.analytic): weights read + activations + KV cache"
 
 
@@ -720,6 +721,11 @@ class RunSettings:
     runtime: RuntimeRecord = attrs.field(factory=RuntimeRecord)
     fill_batches: bool = False  # run.fill_batches: batches filled to run.batch_size with copies of their inputs
     cpu_affinity: str | None = None  # run.cpu_affinity as applied (session.cpu_affinity.CpuPin.describe)
+
+    @property
+    def pinned(self) -> bool:
+        """Whether the run's process was pinned to some cores (`cpu_affinity` recorded and not NOT_PINNED)."""
+        return bool(self.cpu_affinity) and not str(self.cpu_affinity).startswith(NOT_PINNED)
 
     def __attrs_post_init__(self) -> None:
         object.__setattr__(self, "batch_size", self.runtime.batch_size)  # derived after `runtime`, set before it

@@ -566,7 +566,11 @@ def _throughput_section(doc: Doc, r: _Report) -> None:
             else []
         ),
         *([host_usage_line(m.host_usage)] if m.host_usage and m.host_usage.passes else []),
-        *([pages.host_around_line(h, noun, m.device.type == "cuda", _pinned(m))] if (h := host_around(m)) else []),
+        *(
+            [pages.host_around_line(h, noun, m.device.type == "cuda", m.settings.pinned)]
+            if (h := host_around(m))
+            else []
+        ),
     ]
     decode = f"Decode: {t.decode_tokens_per_s:,.1f} tokens/s (decode steps / decode time, {batch})"
     if m.pages is None:  # a folder written before schema 1.4
@@ -575,11 +579,6 @@ def _throughput_section(doc: Doc, r: _Report) -> None:
         return
     doc.bullets([*pages.throughput_lines(m.pages, noun), decode, *([aggregate] if aggregate else []), *host])
     pages.parts_table(doc, m.pages, noun)
-
-
-def _pinned(m: Stage1Metrics) -> bool:
-    """Whether the run's process was pinned to some cores (`run.cpu_affinity`)."""
-    return bool(m.settings.cpu_affinity) and not str(m.settings.cpu_affinity).startswith("not pinned")
 
 
 def host_usage_line(u: HostUsage) -> str:

@@ -20,6 +20,7 @@ import attrs
 import torch
 
 from llm_perf_opt.errors import UserError
+from llm_perf_opt.records.stage1 import NOT_PINNED
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ class CpuPin:
 
     def describe(self) -> str:
         if self.cores is None:
-            return f"not pinned ({self.how})"
+            return f"{NOT_PINNED} ({self.how})"
         return f"cores {format_cores(self.cores)}, {len(self.cores)} torch threads ({self.how})"
 
 
@@ -75,10 +76,15 @@ def format_cores(cores: Sequence[int]) -> str:
     return ",".join(runs)
 
 
+def is_off(setting: object) -> bool:
+    """Whether a `run.cpu_affinity` value asks for no pinning (none, null, false or empty)."""
+    return str(setting).strip().lower() in (OFF, "null", "false", "")
+
+
 def choose(setting: str, device: torch.device, visible: Sequence[int], local: Sequence[int] | None) -> CpuPin:
     """The cores `setting` asks for among the `visible` ones (`local`: the GPU's NUMA-local cores, when known)."""
     setting = str(setting).strip()
-    if setting.lower() in (OFF, "null", "false", ""):
+    if is_off(setting):
         return CpuPin(None, "run.cpu_affinity=none")
     if setting.lower() != AUTO:
         cores = parse_cores(setting)

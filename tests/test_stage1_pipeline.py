@@ -32,7 +32,8 @@ def test_device_defaults_fill_only_unset_keys() -> None:
     assert cpu.sources["run.repeats"] == "config/override"
     assert cpu.sources["run.warmup"] == "device default (cpu)"
     gpu = resolve_settings(cfg, stage1_nodes(cfg), torch.device("cuda", 0))
-    assert (gpu.repeats, gpu.warmup, gpu.max_new_tokens, gpu.max_images, gpu.sampling) == (7, 2, 32, None, "sorted")
+    assert (gpu.repeats, gpu.warmup, gpu.max_new_tokens, gpu.max_images, gpu.sampling) == (7, 1, 32, None, "sorted")
+    assert gpu.timed_seconds is None  # run.repeats set: exactly that many timed passes
 
 
 def test_max_images_all_means_every_image_on_every_device() -> None:

@@ -28,13 +28,19 @@ class DeviceCounts:
     max_new_tokens: int
     max_images: Any  # a number of inputs, `all`, or null (all)
     sampling: str  # dataset.sampling: which inputs max_images keeps
+    #: With run.repeats unset: the timed passes of each input stop at about this many seconds (at least 3 passes,
+    #: at most `repeats`), the count fixed from the run's first timed pass, so that long passes (hundreds of tokens,
+    #: large batches) keep a run within minutes. null: always `repeats`.
+    timed_seconds: Optional[float] = None
 
 
 @dataclass
 class DeviceDefaults:
-    """Device defaults for unset keys. The CPU defaults keep a full-size run within minutes on 2 cores."""
+    """Device defaults for unset keys. The CPU defaults keep a full-size run within minutes on 2 cores. One warm-up
+    pass on a GPU: an eager pass has run every kernel once after it (a compiled runtime raises it to what it needs:
+    `session.runtime.RuntimeSettings.warmup_needed`)."""
 
-    cuda: DeviceCounts = field(default_factory=lambda: DeviceCounts(5, 2, 32, "all", "sorted"))
+    cuda: DeviceCounts = field(default_factory=lambda: DeviceCounts(5, 1, 32, "all", "sorted", 10.0))
     cpu: DeviceCounts = field(default_factory=lambda: DeviceCounts(1, 0, 8, 1, "smallest"))
 
 

@@ -168,11 +168,12 @@ def _check_names(key: str, value: str) -> None:
 
 Kind = Flag | Whole | Number | Choice | Names | InsideRun | OutputFolder | InductorOptions
 OUTPUT = "pipeline.torch_profiler.output"
-_RUN_COUNTS = {
+_RUN_COUNTS: dict[str, Kind] = {
     "repeats": Whole(1),
     "warmup": Whole(0),
     "max_new_tokens": Whole(1, MAX_NEW_TOKENS),
     "max_images": Whole(1, nullable=True, words=("all",)),
+    "timed_seconds": Number(0.0, "seconds", above=True, nullable=True),
 }
 
 #: Every typed setting of every command: dotted key -> kind. A command's config holds some of them; the others

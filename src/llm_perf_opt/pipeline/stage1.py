@@ -226,19 +226,22 @@ class Stage1Run:
         passes = TimedPasses(self.state, session, self.selection, settings, self.handoff, self._meet)
         each = 1 + settings.warmup + settings.repeats  # FLOP count, warm-up and timed passes of one input or batch
         profiled: tuple[Path, ...] = (paths[0],)  # the profiled pass: the first input or batch
-        if size == 1:
-            key = input_key(self.selection, paths[0])
-            what = "images: FLOP count, warm-up and timed passes"
-            with self.feedback.step(what, total=len(paths) * each, part="passes") as bar:
-                passes.images(bar)
-        else:
-            groups = batches(paths, size)
-            if options.fill_batches:
-                groups = [filled(group, size) for group in groups]
-            what = f"batches of {size}: FLOP count, warm-up and timed passes"
-            with self.feedback.step(what, total=len(paths) + len(groups) * each, part="passes") as bar:
-                passes.batches(groups, bar)
-            profiled, key = groups[0], batch_key(0)
+        try:
+            if size == 1:
+                key = input_key(self.selection, paths[0])
+                what = "images: FLOP count, warm-up and timed passes"
+                with self.feedback.step(what, total=len(paths) * each, part="passes") as bar:
+                    passes.images(bar)
+            else:
+                groups = batches(paths, size)
+                if options.fill_batches:
+                    groups = [filled(group, size) for group in groups]
+                what = f"batches of {size}: FLOP count, warm-up and timed passes"
+                with self.feedback.step(what, total=len(paths) + len(groups) * each, part="passes") as bar:
+                    passes.batches(groups, bar)
+                profiled, key = groups[0], batch_key(0)
+        finally:
+            self.settings = passes.settings  # the timed passes per input, once the first one fixed them
         self._meet(TIMED)
         if options.save_top2_logits:
             what = "top two logits per token (untimed eager passes)"

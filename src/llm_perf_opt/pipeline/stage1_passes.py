@@ -23,7 +23,7 @@ from llm_perf_opt.measure.stage1_analysis import Stage1Measurements
 from llm_perf_opt.pipeline.rung_handoff import GpuHandoff
 from llm_perf_opt.pipeline.shard import READY
 from llm_perf_opt.pipeline.stage1_records import input_key
-from llm_perf_opt.pipeline.stage1_settings import ResolvedSettings
+from llm_perf_opt.pipeline.stage1_settings import ResolvedSettings, with_timed_budget
 from llm_perf_opt.progress import StepHandle
 from llm_perf_opt.records.shard import PassWindow
 from llm_perf_opt.records.stage1 import OperatorTable, ProfilerSettings, batch_key
@@ -53,18 +53,21 @@ class TimedPasses:
         self.handoff, self.meet = handoff, meet
         self.flop_counts = FlopCounts()  # one count per distinct input (or batch) shape
         self.host_meter = HostUsageMeter()  # the host's usage over the timed passes, kept in `state.host_usage`
+        self.timed_groups = 0  # the inputs (or batches) whose timed passes the progress bar counts
 
     def images(self, bar: StepHandle) -> None:
         """Per image: the FLOP-counting pass (untimed), warm-up passes without NVTX, then the timed passes."""
         session, tokens, vision = self.session, self.settings.max_new_tokens, self.session.vision_stages
         groups = [(entry.path,) for entry in self.selection.images]
+        self.timed_groups = len(groups)
         for index, entry in enumerate(self.selection.images):
             name = input_key(self.selection, entry.path)
             grid = self._count(name, session.prepare(entry.path), bar)
             self._warm_up(partial(session.run_image, entry.path, tokens, nvtx=False, next_paths=groups[index]), bar)
-            for repeat in range(self.settings.repeats):
+            repeat = 0
+            while repeat < self.settings.repeats:
                 after = self._next_paths(groups, index, repeat)
-                measured = self._timed(partial(session.run_image, entry.path, tokens, next_paths=after), 1)
+                measured = self._timed(partial(session.run_image, entry.path, tokens, next_paths=after), 1, bar)
                 self.state.records.append(measured.record(name, repeat, vision, grid))
                 if measured.routing is not None:
                     self.state.routing.append(measured.routing)
@@ -79,6 +82,7 @@ class TimedPasses:
                     measured.decode_ms,
                     len(measured.token_ids),
                 )
+                repeat += 1
 
     def batches(self, groups: list[tuple[Path, ...]], bar: StepHandle) -> None:
         """Per batch: each input's FLOP count alone and the batch's (untimed), warm-up passes without NVTX, then
@@ -90,6 +94,7 @@ class TimedPasses:
                 len(groups[-1]),
                 session.runtime.batch_size,
             )
+        self.timed_groups = len(groups)
         for index, paths in enumerate(groups):
             keys = tuple(input_key(self.selection, path) for path in paths)
             prepared = [session.prepare(path) for path in paths]
@@ -129,9 +134,10 @@ class TimedPasses:
             self.session.vision_stages,
             groups[index],
         )
-        for repeat in range(self.settings.repeats):
+        repeat = 0
+        while repeat < self.settings.repeats:
             after = self._next_paths(groups, index, repeat)
-            measured = self._timed(partial(session.run_batch, paths, tokens, next_paths=after), len(paths))
+            measured = self._timed(partial(session.run_batch, paths, tokens, next_paths=after), len(paths), bar)
             recorded: set[str] = set()
             for name, page in zip(keys, measured.page_measurements(), strict=True):
                 if name in recorded:  # a copy filling the batch: one record per input and pass
@@ -154,6 +160,7 @@ class TimedPasses:
                 measured.new_tokens,
                 measured.batch_size,
             )
+            repeat += 1
 
     def top_two(self, bar: StepHandle) -> None:
         """`run.save_top2_logits`: one untimed eager pass per input keeping the top two logits behind each token."""
@@ -192,14 +199,21 @@ class TimedPasses:
             bar.advance()
         self.meet(READY)
 
-    def _timed(self, run_pass: Callable[[], Measured], inputs: int) -> Measured:
-        """One timed pass of `inputs` inputs, with its host usage, its wall-clock window and its compiles."""
+    def _timed(self, run_pass: Callable[[], Measured], inputs: int, bar: StepHandle) -> Measured:
+        """One timed pass of `inputs` inputs, with its host usage, its wall-clock window and its compiles; the
+        run's first one fixes the timed passes per input within the device default's budget (`with_timed_budget`)."""
         with self.host_meter.timed_pass():
             started = time.time()
             measured = run_pass()
             self.state.timed_windows.append(PassWindow(started, time.time(), inputs))
         self.state.host_usage = self.host_meter.total
         self.state.timed_compiles.extend(measured.compile_events)
+        if len(self.state.timed_windows) == 1:
+            before = self.settings.repeats
+            self.settings = with_timed_budget(self.settings, time.time() - started)
+            if self.settings.repeats < before:
+                log.info("timed passes per input: %s", self.settings.sources["run.repeats"])
+                bar.grow((self.settings.repeats - before) * self.timed_groups)
         return measured
 
     def _keep_outputs(self, name: str, measured: ImageMeasurement) -> None:

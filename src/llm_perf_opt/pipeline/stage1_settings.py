@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,6 +37,9 @@ class ResolvedSettings:
     max_images: int | None
     sampling: str
     sources: Mapping[str, str]  # key -> "override/config" or "device default (cpu)"
+    #: Seconds the timed passes of an input may take when run.repeats is the device default (at least
+    #: `MIN_TIMED_PASSES`): `with_timed_budget` fixes the count from the first timed pass. None: `repeats`.
+    timed_seconds: float | None = None
 
 
 @attrs.frozen
@@ -103,7 +107,27 @@ def resolve_settings(cfg: DictConfig, nodes: Stage1Nodes, device: torch.device) 
         else require_whole("dataset.max_images", chosen["max_images"], 1),
         sampling=str(chosen["sampling"]),
         sources=sources,
+        timed_seconds=None if nodes.run.repeats is not None else counts.timed_seconds,
     )
+
+
+MIN_TIMED_PASSES = 3  # the fewest timed passes an interval is given from
+
+
+def with_timed_budget(settings: ResolvedSettings, first_pass_s: float) -> ResolvedSettings:
+    """`settings` with the timed passes per input that fit `timed_seconds`, given the first timed pass took
+    `first_pass_s` (at least `MIN_TIMED_PASSES`, at most `repeats`); unchanged without a budget."""
+    budget = settings.timed_seconds
+    if budget is None or settings.repeats <= MIN_TIMED_PASSES:
+        return settings
+    fits = max(MIN_TIMED_PASSES, math.ceil(budget / max(first_pass_s, 1e-9)))
+    if fits >= settings.repeats:
+        return settings
+    why = (
+        f"{settings.sources['run.repeats']}: {settings.repeats}, cut to {fits} by its timed_seconds={budget:g} "
+        f"(the first timed pass took {first_pass_s:.1f} s; set run.repeats for a fixed count)"
+    )
+    return attrs.evolve(settings, repeats=fits, timed_seconds=None, sources={**settings.sources, "run.repeats": why})
 
 
 def with_runtime_warmup(settings: ResolvedSettings, runtime: RuntimeSettings) -> ResolvedSettings:

@@ -180,11 +180,14 @@ def test_a_gemm_is_not_advised_as_elementwise_fusion() -> None:
     assert fuse.code_change and "`model.sam_model.neck`" in fuse.lever and fuse.bound_ms == pytest.approx(27.0)
 
 
-def test_experts_and_attention_backends_are_advised_only_when_not_in_force() -> None:
+def test_experts_and_attention_backends_are_advised_only_when_not_in_force_then_a_fused_kernel() -> None:
     experts = _row("model.layers.*.mlp.experts", 0.6, 0.1, "cutlass::device_kernel (grouped GEMM) (aten::_grouped_mm)")
     attn = _row("model.sam_model.blocks.*.attn", 60.0, 5.0, "at::native::elementwise_kernel [add] (aten::add)", "Attn")
     grouped = _with_modules(_rung("02-cuda_graphs"), "decode/step", 1.4, experts)  # ran grouped_mm
-    assert not [a for a in advise(grouped) if "experts" in a.lever]
+    assert not [a for a in advise(grouped) if a.kind == "experts_backend"]
+    (fused,) = [a for a in advise(grouped) if a.kind == "fused_experts"]  # what holds the rest: no setting runs it
+    assert fused.code_change and not fused.overrides and not fused.command
+    assert "`model.layers.*.mlp.experts`" in fused.lever and fused.bound_ms == pytest.approx(0.5 * 31)
     eager = attrs.evolve(grouped, model=attrs.evolve(grouped.model, experts_implementation="eager"))
     (advised,) = [a for a in advise(eager) if a.kind == "experts_backend"]
     assert advised.lever == "model.experts_implementation=grouped_mm"

@@ -466,6 +466,19 @@ def experts_backend(f: RunFacts) -> Proposal | None:
     return _module_proposal(f, "experts", "experts_backend", ("model.experts_implementation=grouped_mm",), "")
 
 
+def fused_experts(f: RunFacts) -> Proposal | None:
+    """MoE experts far above their floor though a grouped GEMM backend already runs them: the rest is the routing
+    around it (sort, gather, scatter) and separate gate/up, activation and down launches, which one fused
+    routed-experts kernel (as vLLM's fused_moe) runs together. No setting runs one: a code change."""
+    if not f.cuda or f.m.model.experts_implementation == "eager":
+        return None
+    facts = f.modules_of("experts")
+    if not facts:
+        return None
+    code = f"a fused routed-experts kernel for `{facts[0].module}` (routing, gate/up, activation, down in one)"
+    return _module_proposal(f, "experts", "fused_experts", (), code)
+
+
 def attention_backend(f: RunFacts) -> Proposal | None:
     """Attention far above its floor with eager attention: a fused backend (SDPA) avoids materialising the scores."""
     if f.m.model.attn_implementation != "eager":
@@ -494,6 +507,7 @@ RULES: tuple[Callable[[RunFacts], Proposal | None], ...] = (
     prefetch_pages,
     larger_batch,
     experts_backend,
+    fused_experts,
     attention_backend,
     lambda f: fuse(f, ELEMENTWISE),
     lambda f: fuse(f, COPY),

@@ -153,13 +153,12 @@ CROWDED_CORES = 8.0  # the process's CPU per pass over its wall time above this:
 class HostAround:
     """What each timed pass cost the host beyond its timed stages: the wall-clock window of the pass's call
     (`Stage1Metrics.timed_windows`) less its end-to-end time (first byte of preprocessing to last token, CUDA
-    events), p50 over the passes; the pages/s over the passes' wall-clock windows (back to back in a batch run: what
-    data parallel compares over their span); the cores the process kept busy (its CPU time per pass over the pass's
-    wall time; None: not recorded)."""
+    events), p50 over the passes; the cores the process kept busy (its CPU time per pass over the pass's wall time;
+    None: not recorded). The report's one pages/s figure stays the per-pass p50 (`Throughput`); the rate over the
+    passes' span is data parallel's (`measure.data_parallel`)."""
 
     outside_ms: float
     pass_ms: float
-    wall_pages_per_s: float
     cores_busy: float | None
 
     @property
@@ -180,11 +179,7 @@ def host_around(m: Stage1Metrics) -> HostAround | None:
         return None
     if any(w.inputs != f.size for w, f in zip(windows, forwards, strict=True)):
         return None
-    wall_s = sum(w.ended_s - w.started_s for w in windows)
-    if wall_s <= 0:
-        return None
-    rate = sum(w.inputs for w in windows) / wall_s
     outside = [max((w.ended_s - w.started_s) * 1e3 - f.e2e_ms, 0.0) for w, f in zip(windows, forwards, strict=True)]
     u = m.host_usage
     cores = (u.user_cpu_s + u.system_cpu_s) / u.wall_s if u is not None and u.passes and u.wall_s > 0 else None
-    return HostAround(statistics.median(outside), statistics.median(f.e2e_ms for f in forwards), rate, cores)
+    return HostAround(statistics.median(outside), statistics.median(f.e2e_ms for f in forwards), cores)

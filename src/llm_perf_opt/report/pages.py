@@ -111,12 +111,11 @@ def parts_table(doc: Doc, p: PageThroughput, noun: str) -> None:
 
 
 def host_around_line(h: HostAround, noun: str, cuda: bool, pinned: bool) -> str:
-    """The host's work around each timed pass, the rate over the passes' span, and, where the process's threads
-    crowd the host on a GPU run, the setting that spares them."""
+    """The host's work around each timed pass and, where the process's threads crowd the host on a GPU run, the
+    setting that spares them."""
     text = (
         f"Around each pass: {ms(h.outside_ms)} ms (p50) of host work outside its timed stages ({pct(h.share, 0)} of "
-        f"the pass's wall time: the call's window less its end to end); over the passes' wall-clock windows "
-        f"{h.wall_pages_per_s:,.2f} {noun}/s (what data parallel compares)"
+        f"the pass's wall time: the call's window less its end to end), which the {noun}/s per pass leaves out"
     )
     if h.crowded and cuda and not pinned and h.cores_busy is not None:
         text += (

@@ -185,11 +185,12 @@ def test_the_what_if_forks_its_rungs_when_asked(overrides: tuple[str, ...], expe
     assert whatif_run(compose_config("whatif", *overrides), tmp_path).fork_rungs is expected
 
 
-def test_a_bad_fork_rungs_setting_is_refused(tmp_path: Path) -> None:
+def test_a_bad_fork_rungs_setting_is_refused() -> None:
     from llm_perf_opt.errors import UserError
+    from llm_perf_opt.override_keys import check_override_keys
 
-    with pytest.raises(UserError, match=r"whatif_run.fork_rungs=often is not true or false"):
-        whatif_run(compose_config("whatif", "whatif_run.fork_rungs=often"), tmp_path)
+    with pytest.raises(UserError, match=r"whatif_run.fork_rungs=often is not true or false"):  # before composing
+        check_override_keys("whatif", ["whatif_run.fork_rungs=often"], command="perf-whatif")
 
 
 # A stand-in for a what-if run: a fork server with one forked rung, and one rung started as a fresh process.

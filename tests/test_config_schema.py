@@ -15,7 +15,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from llm_perf_opt.config_compose import compose_config
-from llm_perf_opt.config_data import stage1_nodes
+from llm_perf_opt.config_data import stage1_nodes, whatif_nodes
 from llm_perf_opt.config_schema import SCHEMAS, Stage1Nodes, Stage2ReportSchema, WhatIfNodes, WhatIfSchema, typed_key
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.override_keys import check_override_keys
@@ -53,8 +53,9 @@ def test_the_composed_config_holds_the_schemas_defaults(config: str) -> None:
     assert stage1_nodes(cfg) == expected  # read back typed, as the readers get them
     if config == "whatif":  # perf-whatif's own nodes: the schema's defaults but what the default preset selects
         levers = OmegaConf.to_container(cfg.whatif.levers)
-        want = WhatIfNodes(whatif=WhatIfSchema(name="decode", objective="page_latency", levers=levers))  # type: ignore[arg-type]
+        want = WhatIfNodes(whatif=WhatIfSchema(name="decode", objective="page_latency", levers=levers))
         assert {node: OmegaConf.to_container(cfg[node]) for node in WHATIF_NODES} == dataclasses.asdict(want)
+        assert whatif_nodes(cfg) == want  # read back typed, as perf-whatif's pipeline gets them
 
 
 def test_the_defaults_live_in_the_schema_only() -> None:
@@ -125,6 +126,8 @@ def test_plain_mappings_take_the_schemas_defaults() -> None:
     nodes = stage1_nodes({"runtime": {"kv_cache": "static"}, "run": {"batch_size": 4}})
     assert (nodes.runtime.kv_cache, nodes.run.batch_size) == ("static", 4)
     assert nodes.runtime.compile_mode == Stage1Nodes().runtime.compile_mode and nodes.report.render
+    saved = whatif_nodes({"whatif": {}, "whatif_run": {"ladder": False}})  # a saved config.yaml, judged again
+    assert not saved.whatif_run.ladder and saved.whatif_run.near_tie_tolerance == 0.01 and saved.whatif.levers == {}
 
 
 def test_a_typed_setting_cannot_be_deleted_and_says_so() -> None:

@@ -16,7 +16,7 @@ import pytest
 
 from helpers import whatif_run
 from llm_perf_opt.config_compose import compose_config
-from llm_perf_opt.config_data import stage1_nodes
+from llm_perf_opt.config_data import stage1_nodes, whatif_nodes
 from llm_perf_opt.pipeline import rung_forks
 from llm_perf_opt.pipeline.rung_forks import COMPILE_PRELOAD, ForkServer, StartingServer
 from llm_perf_opt.pipeline.whatif import rungs_compile
@@ -152,7 +152,7 @@ def test_a_server_for_compiled_rungs_preloads_torch_compiles_modules(server: For
 )
 def test_the_what_if_knows_whether_a_rung_may_compile(overrides: tuple[str, ...], compiles: bool) -> None:
     cfg = compose_config("whatif", *overrides)
-    assert rungs_compile(cfg, stage1_nodes(cfg).runtime) is compiles
+    assert rungs_compile(whatif_nodes(cfg).whatif, stage1_nodes(cfg).runtime) is compiles
 
 
 def test_rungs_start_fresh_when_the_server_does_not_answer(caplog: pytest.LogCaptureFixture) -> None:

@@ -255,7 +255,7 @@ def stage2_run(cfg: Any, run_dir: Path, run_id: str = "x", task_overrides: list[
 def whatif_run(cfg: Any, run_dir: Path, run_id: str = "w", workload: tuple[str, ...] = ()) -> Any:
     """A `WhatIfRun` of a composed whatif config (no whatif=advised), its typed nodes read beside it as perf-whatif
     does."""
-    from llm_perf_opt.config_data import stage1_nodes
+    from llm_perf_opt.config_data import stage1_nodes, whatif_nodes
     from llm_perf_opt.pipeline.whatif import WhatIfRun
 
-    return WhatIfRun(cfg, run_dir, run_id, workload, nodes=stage1_nodes(cfg))
+    return WhatIfRun(cfg, run_dir, run_id, workload, nodes=stage1_nodes(cfg), whatif=whatif_nodes(cfg))

@@ -1,6 +1,7 @@
-"""stage1-run's own nodes typed in one place (config_schema): the composed config holds the schema's defaults and
-conf/stage1.yaml none of them; a key the schema lacks or a value of the wrong type is refused when the config is
-composed, and before that, on the command line, with one paragraph; every typed field has its range check."""
+"""The commands' own nodes typed in one place (config_schema: stage1-run's, perf-whatif's): the composed config holds
+the schema's defaults and the YAML none of them; a key the schema lacks or a value of the wrong type is refused when
+the config is composed, and before that, on the command line, with one paragraph; every typed field has its range
+check."""
 
 from __future__ import annotations
 
@@ -14,16 +15,19 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from llm_perf_opt.config_compose import compose_config
-from llm_perf_opt.config_data import stage1_nodes
-from llm_perf_opt.config_schema import SCHEMAS, Stage1Nodes, Stage2ReportSchema, typed_key
+from llm_perf_opt.config_data import stage1_nodes, whatif_nodes
+from llm_perf_opt.config_schema import SCHEMAS, Stage1Nodes, Stage2ReportSchema, WhatIfNodes, WhatIfSchema, typed_key
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.override_keys import check_override_keys
 from llm_perf_opt.settings_schema import SCHEMA
 
 NODES = tuple(SCHEMAS["stage1_schema"])
+WHATIF_NODES = tuple(SCHEMAS["whatif_schema"])
 # Fields whose value is free text or a word checked by its reader (run.cpu_affinity: pin; hardware.peaks:
-# check_peaks_setting; run.data_parallel_baseline: a folder or a number), so they have no range in SCHEMA.
+# check_peaks_setting; run.data_parallel_baseline: a folder or a number; whatif.objective: judging_settings;
+# whatif.from_run: advised_plan; whatif.levers: read_levers), so they have no range in SCHEMA.
 FREE = {"run.cpu_affinity", "run.data_parallel_baseline", "report.whatif_dir", "hardware.peaks"}
+FREE |= {"whatif.from_run", "whatif.name", "whatif.objective", "whatif.levers"}
 
 
 def leaves(node: object, prefix: str = "") -> dict[str, object]:
@@ -47,19 +51,34 @@ def test_the_composed_config_holds_the_schemas_defaults(config: str) -> None:
     assert {node: OmegaConf.to_container(cfg[node], resolve=True) for node in NODES} == defaults
     expected = Stage1Nodes(report=Stage2ReportSchema()) if config == "stage2" else Stage1Nodes()
     assert stage1_nodes(cfg) == expected  # read back typed, as the readers get them
+    if config == "whatif":  # perf-whatif's own nodes: the schema's defaults but what the default preset selects
+        levers = OmegaConf.to_container(cfg.whatif.levers)
+        want = WhatIfNodes(whatif=WhatIfSchema(name="decode", objective="page_latency", levers=levers))
+        assert {node: OmegaConf.to_container(cfg[node]) for node in WHATIF_NODES} == dataclasses.asdict(want)
+        assert whatif_nodes(cfg) == want  # read back typed, as perf-whatif's pipeline gets them
 
 
 def test_the_defaults_live_in_the_schema_only() -> None:
     shipped = yaml.safe_load((files("llm_perf_opt") / "conf" / "stage1.yaml").read_text(encoding="utf-8"))
     assert not set(shipped) & set(NODES)
     assert shipped["defaults"][0] == "stage1_schema"  # first: every yaml of the command composes onto it
+    whatif = yaml.safe_load((files("llm_perf_opt") / "conf" / "whatif.yaml").read_text(encoding="utf-8"))
+    assert not set(whatif) & set(WHATIF_NODES) and whatif["defaults"][:2] == ["stage1", "whatif_schema"]
+
+
+def test_a_preset_sets_only_what_it_selects() -> None:
+    """No preset repeats a default of the schema (`memory_budget_gib: null`, `from_run: null`)."""
+    defaults = dataclasses.asdict(WhatIfSchema())
+    for preset in (files("llm_perf_opt") / "conf" / "whatif").iterdir():
+        keys = yaml.safe_load(preset.read_text(encoding="utf-8"))
+        assert {k for k, v in keys.items() if k in defaults and v == defaults[k]} == set(), preset.name
 
 
 def test_every_typed_field_has_its_range_check() -> None:
-    typed = set(leaves(Stage1Nodes()))
+    typed = set(leaves(Stage1Nodes())) | set(leaves(WhatIfNodes()))
     unchecked = {key for key in typed - FREE if key not in SCHEMA and not key.endswith(".sampling")}
     assert not unchecked
-    stale = {key for key in SCHEMA if key.split(".")[0] in NODES} - typed
+    stale = {key for key in SCHEMA if key.split(".")[0] in (*NODES, *WHATIF_NODES)} - typed
     assert not stale  # a SCHEMA key of these nodes that the schema no longer has
 
 
@@ -69,6 +88,21 @@ def test_the_schema_refuses_unknown_keys_and_wrong_types_while_composing(overrid
         compose_config("stage1", override)
     with pytest.raises(UserError, match=override.split("=")[0].replace(".", r"\.")):  # the command's paragraph
         check_override_keys("stage1", [override], command="stage1-run")
+
+
+@pytest.mark.parametrize(
+    ("override", "says"),
+    [
+        ("whatif_run.fork_rungs=often", r"whatif_run\.fork_rungs=often is not true or false"),
+        ("whatif_run.near_tie_tolerance=often", r"whatif_run\.near_tie_tolerance=often is out of range"),
+        ("whatif.memory_budget_gib=lots", r"whatif\.memory_budget_gib=lots is out of range"),
+        ("whatif_run.ladderz=false", r"whatif_run\.ladderz is not a setting of perf-whatif"),
+        ("+whatif.objectiv=pages_per_s", r"whatif\.objectiv is not a setting of perf-whatif"),
+    ],
+)
+def test_the_whatif_nodes_refuse_bad_values_in_one_paragraph(override: str, says: str) -> None:
+    with pytest.raises(UserError, match=says):
+        check_override_keys("whatif", [override], command="perf-whatif")
 
 
 def test_a_config_file_setting_an_unknown_key_or_a_wrong_type_is_one_paragraph(tmp_path: Path) -> None:
@@ -92,6 +126,8 @@ def test_plain_mappings_take_the_schemas_defaults() -> None:
     nodes = stage1_nodes({"runtime": {"kv_cache": "static"}, "run": {"batch_size": 4}})
     assert (nodes.runtime.kv_cache, nodes.run.batch_size) == ("static", 4)
     assert nodes.runtime.compile_mode == Stage1Nodes().runtime.compile_mode and nodes.report.render
+    saved = whatif_nodes({"whatif": {}, "whatif_run": {"ladder": False}})  # a saved config.yaml, judged again
+    assert not saved.whatif_run.ladder and saved.whatif_run.near_tie_tolerance == 0.01 and saved.whatif.levers == {}
 
 
 def test_a_typed_setting_cannot_be_deleted_and_says_so() -> None:

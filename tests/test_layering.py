@@ -9,6 +9,8 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "llm_perf_opt"
 ROOT = "llm_perf_opt"  # the package's own __init__ (`__version__`, `IMPORTED_AT`)
 CONFIG_EDGE = ("conf", "config_compose", "config_data", "gpu_claim", "output_settings", "override_keys")
@@ -276,10 +278,14 @@ def test_nothing_below_the_config_edge_imports_the_config_libraries() -> None:
     assert not found
 
 
-#: The typed nodes (`config_schema.Stage1Nodes`): pipeline/ reads them from the typed object its command built once.
-TYPED_NODES = ("run", "infer", "outputs", "runtime", "report", "hardware")
+#: The typed nodes (`config_schema.Stage1Nodes`, `WhatIfNodes`): pipeline/ reads them from the typed objects its
+#: command built once.
+TYPED_NODES = ("run", "infer", "outputs", "runtime", "report", "hardware", "whatif", "whatif_run")
 #: Where pipeline/ may still turn a config into typed nodes: a config it composes itself, not its command's.
-OWN_COMPOSITIONS = {("pipeline/whatif.py", "validate")}  # each rung's stage1-run overrides, checked before it runs
+OWN_COMPOSITIONS = {
+    ("pipeline/whatif.py", "validate"),  # each rung's stage1-run overrides, checked before it runs
+    ("pipeline/whatif_judge.py", "rejudge"),  # a what-if folder judged again: the config.yaml its run saved
+}
 
 
 def _names_a_config(node: ast.expr) -> bool:
@@ -329,14 +335,16 @@ e = OmegaConf.select(cfg, "outputs.save_predictions")
 f = run.cfg["hardware"]
 g = nodes.run.cv_warn + session.runtime.batch_size + cfg.model.name + cfg.get("model").name
 h = self.run.cpu_affinity + overrides.get(SHARD_KEY) + cfg.pipeline.torch_profiler.get("top_k")
+i = run_cfg.whatif_run.devices + cfg.get("whatif", {}).get("levers") + self.whatif.whatif_run.devices
 """
-    assert [line.split(":")[0] for line in _raw_typed_reads(source)] == ["2", "3", "4", "5", "5", "6", "7"]
+    assert [line.split(":")[0] for line in _raw_typed_reads(source)] == ["2", "3", "4", "5", "5", "6", "7", "10", "10"]
 
 
 def test_pipeline_reads_the_typed_nodes_only_from_the_object_its_command_built() -> None:
-    """`run`, `infer`, `outputs`, `runtime`, `report` and `hardware` are read typed (`config_schema.Stage1Nodes`,
-    built once per command in cli/ by `config_data.stage1_nodes`); pipeline/ reads only the config groups' nodes
-    (model, dataset, pipeline, analytic, whatif, ...) from the composed config."""
+    """`run`, `infer`, `outputs`, `runtime`, `report`, `hardware`, `whatif` and `whatif_run` are read typed
+    (`config_schema.Stage1Nodes`, `WhatIfNodes`, built once per command in cli/ by `config_data.stage1_nodes` and
+    `whatif_nodes`); pipeline/ reads only the config groups' nodes (model, dataset, pipeline, analytic, ...) from the
+    composed config."""
     found = [
         f"{path.relative_to(PACKAGE)}:{where}"
         for path in [*_modules("pipeline"), PACKAGE / "output_settings.py"]
@@ -345,14 +353,14 @@ def test_pipeline_reads_the_typed_nodes_only_from_the_object_its_command_built()
     assert not found, "\n".join(found)
 
 
-def _stage1_nodes_calls(path: Path) -> list[str]:
-    """The functions of `path` that call `stage1_nodes` (`<module>` at its top level)."""
+def _typed_nodes_calls(path: Path, builder: str = "stage1_nodes") -> list[str]:
+    """The functions of `path` that call `builder` (`stage1_nodes`, `whatif_nodes`; `<module>` at its top level)."""
     callers = []
 
     def visit(node: ast.AST, where: str) -> None:
         for child in ast.iter_child_nodes(node):
             inner = child.name if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef) else where
-            if isinstance(child, ast.Call) and ast.unparse(child.func).split(".")[-1] == "stage1_nodes":
+            if isinstance(child, ast.Call) and ast.unparse(child.func).split(".")[-1] == builder:
                 callers.append(where)
             visit(child, inner)
 
@@ -360,17 +368,18 @@ def _stage1_nodes_calls(path: Path) -> list[str]:
     return callers
 
 
-def test_each_command_builds_its_typed_nodes_once_in_cli() -> None:
+@pytest.mark.parametrize(
+    ("builder", "commands"),
+    [("stage1_nodes", {"stage1": 1, "stage2": 1, "whatif": 1}), ("whatif_nodes", {"whatif": 2})],  # whatif: its check
+)
+def test_each_command_builds_its_typed_nodes_once_in_cli(builder: str, commands: dict[str, int]) -> None:
     calls = {
         (str(path.relative_to(PACKAGE)), caller): True
         for path in PACKAGE.rglob("*.py")
         if path.name != "config_data.py"
-        for caller in _stage1_nodes_calls(path)
+        for caller in _typed_nodes_calls(path, builder)
     }
     outside_cli = {key for key in calls if not key[0].startswith("cli/")} - OWN_COMPOSITIONS
     assert not outside_cli, sorted(outside_cli)
-    per_command = {
-        command: len(_stage1_nodes_calls(PACKAGE / "cli" / f"{command}.py"))
-        for command in ("stage1", "stage2", "whatif")
-    }
-    assert per_command == {"stage1": 1, "stage2": 1, "whatif": 1}
+    per_command = {command: len(_typed_nodes_calls(PACKAGE / "cli" / f"{command}.py", builder)) for command in commands}
+    assert per_command == commands

@@ -16,7 +16,7 @@ import pytest
 
 from helpers import whatif_run
 from llm_perf_opt.config_compose import compose_config
-from llm_perf_opt.config_data import stage1_nodes
+from llm_perf_opt.config_data import stage1_nodes, whatif_nodes
 from llm_perf_opt.pipeline import rung_forks
 from llm_perf_opt.pipeline.rung_forks import COMPILE_PRELOAD, ForkServer, StartingServer
 from llm_perf_opt.pipeline.whatif import rungs_compile
@@ -152,7 +152,7 @@ def test_a_server_for_compiled_rungs_preloads_torch_compiles_modules(server: For
 )
 def test_the_what_if_knows_whether_a_rung_may_compile(overrides: tuple[str, ...], compiles: bool) -> None:
     cfg = compose_config("whatif", *overrides)
-    assert rungs_compile(cfg, stage1_nodes(cfg).runtime) is compiles
+    assert rungs_compile(whatif_nodes(cfg).whatif, stage1_nodes(cfg).runtime) is compiles
 
 
 def test_rungs_start_fresh_when_the_server_does_not_answer(caplog: pytest.LogCaptureFixture) -> None:
@@ -185,11 +185,12 @@ def test_the_what_if_forks_its_rungs_when_asked(overrides: tuple[str, ...], expe
     assert whatif_run(compose_config("whatif", *overrides), tmp_path).fork_rungs is expected
 
 
-def test_a_bad_fork_rungs_setting_is_refused(tmp_path: Path) -> None:
+def test_a_bad_fork_rungs_setting_is_refused() -> None:
     from llm_perf_opt.errors import UserError
+    from llm_perf_opt.override_keys import check_override_keys
 
-    with pytest.raises(UserError, match=r"whatif_run.fork_rungs=often is not true or false"):
-        whatif_run(compose_config("whatif", "whatif_run.fork_rungs=often"), tmp_path)
+    with pytest.raises(UserError, match=r"whatif_run.fork_rungs=often is not true or false"):  # before composing
+        check_override_keys("whatif", ["whatif_run.fork_rungs=often"], command="perf-whatif")
 
 
 # A stand-in for a what-if run: a fork server with one forked rung, and one rung started as a fresh process.

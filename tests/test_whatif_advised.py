@@ -13,11 +13,11 @@ from types import ModuleType
 
 import attrs
 import pytest
-from omegaconf import OmegaConf
 
 from helpers import FIXTURES, load_script, run_cli, run_main
 from llm_perf_opt.config_compose import compose_config
-from llm_perf_opt.config_data import stage1_nodes
+from llm_perf_opt.config_data import stage1_nodes, whatif_nodes
+from llm_perf_opt.config_schema import WhatIfSchema
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure import advice as advice_rules
 from llm_perf_opt.measure.advice import (
@@ -48,7 +48,7 @@ SAMPLES_LIST = "${llo_samples_dir:}/lists/a4_page.txt"
 
 
 def _advised(from_run: object, name: str = "advised", workload: tuple[str, ...] | None = None) -> AdvisedPlan | None:
-    return advised_plan(OmegaConf.create({"name": name, "from_run": from_run}), workload)
+    return advised_plan(WhatIfSchema(name=name, from_run=from_run), workload)
 
 
 # ---- the folder, refused in one paragraph --------------------------------------------------------------------
@@ -157,7 +157,7 @@ def test_at_most_five_levers_and_which_need_cuda() -> None:
 
 def test_the_config_takes_the_folders_workload_then_the_command_lines() -> None:
     cfg = compose_config("whatif", "whatif=advised", f"whatif.from_run={BASELINE}")
-    assert [lever.name for lever in check_whatif_settings(cfg)] == [
+    assert [lever.name for lever in check_whatif_settings(cfg, whatif_nodes(cfg))] == [
         "cuda_graphs",
         "batch",
         "overlap_preprocess",
@@ -165,20 +165,20 @@ def test_the_config_takes_the_folders_workload_then_the_command_lines() -> None:
         "compile_prefill",
     ]
     excluded = compose_config("whatif", "whatif=advised", f"whatif.from_run={BASELINE}", "whatif_run.exclude=[batch]")
-    assert "batch" not in [lever.name for lever in check_whatif_settings(excluded)]
+    assert "batch" not in [lever.name for lever in check_whatif_settings(excluded, whatif_nodes(excluded))]
     unknown = compose_config("whatif", "whatif=advised", f"whatif.from_run={BASELINE}", "whatif_run.exclude=[nope]")
     with pytest.raises(UserError, match=r"whatif_run\.exclude names nope"):
-        check_whatif_settings(unknown)
-    plan = advised_plan(cfg.whatif, ("model=deepseek_ocr_tiny",))
+        check_whatif_settings(unknown, whatif_nodes(unknown))
+    plan = advised_plan(whatif_nodes(cfg).whatif, ("model=deepseek_ocr_tiny",))
     assert plan is not None
-    out, workload = advised_config(cfg, plan, ("model=deepseek_ocr_tiny",))
+    out, whatif, workload = advised_config(cfg, whatif_nodes(cfg), plan, ("model=deepseek_ocr_tiny",))
     assert workload == (*plan.workload, "model=deepseek_ocr_tiny")
     assert out.model.name == "deepseek_ocr_tiny" and out.infer.max_new_tokens == 32  # the command line wins
     assert str(out.dataset.subset_filelist).endswith("lists/a4_page.txt")
-    assert out.whatif.objective == "page_latency"  # the best advice's
-    assert rungs_compile(out, stage1_nodes(out).runtime, plan.levers)  # the fork server preloads the compiler
+    assert out.whatif.objective == whatif.whatif.objective == "page_latency"  # the best advice's, in config.yaml too
+    assert rungs_compile(whatif.whatif, stage1_nodes(out).runtime, plan.levers)  # the fork server preloads the compiler
     chosen = compose_config("whatif", "whatif=advised", f"whatif.from_run={BASELINE}", "whatif.objective=throughput")
-    assert advised_config(chosen, plan, ())[0].whatif.objective == "throughput"
+    assert advised_config(chosen, whatif_nodes(chosen), plan, ())[1].whatif.objective == "throughput"
 
 
 # ---- predicted against measured ------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import pytest
 
 from helpers import measured_energy, run_main, whatif_run
 from llm_perf_opt.config_compose import compose_config
+from llm_perf_opt.config_data import whatif_nodes
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure import whatif as w
 from llm_perf_opt.measure import whatif_objectives as o
@@ -310,7 +311,8 @@ def test_a_goal_no_rung_could_be_judged_on_says_so() -> None:
 def test_the_objective_setting_picks_the_headline_goal(tmp_path: Path) -> None:
 
     def goal(*overrides: str) -> Objective:
-        return WhatIfAnalysis(judging_settings(compose_config("whatif", *overrides)), (), (), {}).goal()
+        cfg = compose_config("whatif", *overrides)
+        return WhatIfAnalysis(judging_settings(cfg, whatif_nodes(cfg)), (), (), {}).goal()
 
     assert goal().name == "page_latency_ms"
     assert goal("whatif.objective=first_token").name == "ttft_ms"

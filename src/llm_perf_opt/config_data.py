@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
-from llm_perf_opt.config_schema import SCHEMAS, Stage1Nodes
+from llm_perf_opt.config_schema import Stage1Nodes, WhatIfNodes, node_types
 
-STAGE1_NODES = SCHEMAS["stage1_schema"]
+Nodes = TypeVar("Nodes", Stage1Nodes, WhatIfNodes)
 
 
 def plain(cfg: Any) -> dict[str, Any]:
@@ -21,19 +21,28 @@ def plain(cfg: Any) -> dict[str, Any]:
 
 
 def stage1_nodes(cfg: Any) -> Stage1Nodes:
-    """`cfg`'s typed stage1 nodes (`config_schema.Stage1Nodes`: run, infer, outputs, runtime, report, hardware),
-    resolved against `cfg`; `cfg` is a composed config or a plain mapping, and a node or key it lacks takes the
-    schema's default (one place for them). A node composed onto a subclass of its schema (stage2-profile's `report`)
-    keeps it. A value of the wrong type raises omegaconf's ValidationError (a composed config was checked before:
-    `settings_schema`)."""
+    """`cfg`'s typed stage1 nodes (`config_schema.Stage1Nodes`: run, infer, outputs, runtime, report, hardware)."""
+    return typed_nodes(cfg, Stage1Nodes)
+
+
+def whatif_nodes(cfg: Any) -> WhatIfNodes:
+    """`cfg`'s typed perf-whatif nodes (`config_schema.WhatIfNodes`: whatif, whatif_run)."""
+    return typed_nodes(cfg, WhatIfNodes)
+
+
+def typed_nodes(cfg: Any, kind: type[Nodes]) -> Nodes:
+    """`cfg`'s typed nodes of `kind`, resolved against `cfg`; `cfg` is a composed config or a plain mapping (a saved
+    config.yaml), and a node or key it lacks takes the schema's default (one place for them). A node composed onto a
+    subclass of its schema (stage2-profile's `report`) keeps it. A value of the wrong type raises omegaconf's
+    ValidationError (a composed config was checked before: `settings_schema`)."""
     given: dict[str, Any] = {}
-    for name, schema in STAGE1_NODES.items():
+    for name, schema in node_types(kind).items():
         node = cfg.get(name)
         if node is None:
             continue
         composed = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
         typed = composed if isinstance(composed, type) and issubclass(composed, schema) else schema
         given[name] = OmegaConf.merge(OmegaConf.structured(typed), plain(node))
-    nodes = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Stage1Nodes), given))
-    assert isinstance(nodes, Stage1Nodes)
+    nodes = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(kind), given))
+    assert isinstance(nodes, kind)
     return nodes

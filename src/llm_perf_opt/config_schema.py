@@ -1,10 +1,11 @@
-"""The typed schema of `stage1-run`'s own config nodes (`run`, `infer`, `outputs`, `runtime`, `report`, `hardware`):
-each setting's type and default, in one place, with what it does.
+"""The typed schema of the commands' own config nodes (`stage1-run`'s `run`, `infer`, `outputs`, `runtime`, `report`,
+`hardware`; `perf-whatif`'s `whatif`, `whatif_run`): each setting's type and default, in one place, with what it does.
 
 Plain dataclasses, torch-free and free of the config libraries, so any layer may read a typed node. `conf/` registers
-them in Hydra's ConfigStore as `stage1_schema`, the first entry of `conf/stage1.yaml`'s defaults list: Hydra composes
-every command built on `stage1` (stage2-profile and perf-whatif include it) onto these nodes, so a key they lack or a
-value of the wrong type is refused when the config is composed, and `conf/stage1.yaml` holds none of their defaults.
+them in Hydra's ConfigStore (`SCHEMAS`): `stage1_schema` is the first entry of `conf/stage1.yaml`'s defaults list, so
+Hydra composes every command built on `stage1` (stage2-profile and perf-whatif include it) onto these nodes, and
+`whatif_schema` follows `stage1` in `conf/whatif.yaml`'s; a key they lack or a value of the wrong type is refused when
+the config is composed, and the YAML holds none of their defaults (a what-if preset sets only what it selects).
 The range of each value (a whole number ≥ 1, one of some words) is `settings_schema.SCHEMA`'s, checked first for a
 one-paragraph error. OmegaConf takes these field types: bool, int, float, str, Optional of one of them, nested
 dataclasses, `dict[str, Any]`, and `Any` where a value may be a word or a number.
@@ -221,10 +222,124 @@ class Stage1Nodes:
     hardware: HardwareSchema = field(default_factory=HardwareSchema)
 
 
+@dataclass
+class LatencyTargetSchema:
+    """`whatif.latency_target:` the per-page p90 latencies a rung must meet for goodput (ms; each one set must be
+    met; null: not asked)."""
+
+    #: Time to last token of a page (its pass end to end, at the measured decode length).
+    ttlt_p90_ms: Optional[float] = None
+    #: Time to first token of a page (its pass's preprocessing and prefill).
+    ttft_p90_ms: Optional[float] = None
+
+
+@dataclass
+class WhatIfSchema:
+    """`whatif:` the preset (`conf/whatif/<name>.yaml`, `whatif=<name>`) and the keys every preset shares. A preset
+    sets `name`, `objective` and `levers`; the command line may set any of them."""
+
+    #: whatif=advised: the stage1-run folder whose advice names the levers and whose workload the rungs run (required
+    #: there: its model, named workload, decode length, runtime settings off their defaults and inputs make the
+    #: baseline, the command line's overrides after them; any other preset refuses it).
+    from_run: Optional[str] = None
+    #: Goodput: the most pages/s among the rungs whose per-page p90 latency meets this target, beside the frontier
+    #: of pages/s against per-page latency, e.g. `perf-whatif whatif=batch whatif.latency_target.ttlt_p90_ms=5000`.
+    latency_target: Optional[LatencyTargetSchema] = field(default_factory=LatencyTargetSchema)
+    #: The preset's name, recorded in whatif.json (null: custom).
+    name: Optional[str] = None
+    #: The goal the ladder ranks by and the headline verdict names: page_latency | first_token | throughput | memory
+    #: (or a figure: decode_ms_per_token, ttft_ms, pages_per_s, aggregate_decode_tokens_per_s, page_latency_ms,
+    #: peak_memory_gib). null: page_latency; whatif=advised: the objective of the best advice.
+    objective: Optional[str] = None
+    #: Flag rungs whose peak GPU memory exceeds this many GiB (null: no budget; > 1.5x the baseline's is always
+    #: flagged).
+    memory_budget_gib: Optional[float] = None
+    #: The levers, free-form (checked by `pipeline.whatif.read_levers`): name -> {overrides: [key=value, ...],
+    #: about: text, changes: latency | workload, needs: cuda}; `+whatif.levers.<name>={...}` adds one.
+    #: whatif=advised builds them from the folder's advice and takes none here.
+    levers: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class WhatIfRunSchema:
+    """`whatif_run:` how perf-whatif runs its rungs and builds its ladder."""
+
+    #: Levers to leave out of the preset (names), e.g. [attn_eager].
+    exclude: Optional[list[str]] = field(default_factory=list)
+    #: launcher=local: devices the rungs run on, one rung per device at a time (each its own process), e.g.
+    #: [cuda:0, cuda:1]. null: the `device` setting, one rung after another.
+    devices: Optional[list[str]] = None
+    #: How the rungs run: local (perf-whatif starts each rung as its own stage1-run process, one per device at a
+    #: time) or hydra (each phase, i.e. the baseline, the levers alone, the ladder, one `stage1-run -m` multirun
+    #: through the Hydra launcher that hydra_launcher picks; each rung's levers become a config in rung_configs/).
+    launcher: str = "local"
+    #: launcher=hydra: the overrides that choose and configure Hydra's launcher; []: the basic one, one rung after
+    #: another. On the command line each one quoted (it holds an =), e.g.
+    #: 'whatif_run.hydra_launcher=["hydra/launcher=joblib","hydra.launcher.n_jobs=2"]' (each job claims a free GPU)
+    #: or 'whatif_run.hydra_launcher=["hydra/launcher=submitit_slurm","hydra.launcher.gpus_per_node=1"]' (a cluster).
+    hydra_launcher: Optional[list[str]] = field(default_factory=list)
+    #: Seconds one rung may take (model build, compilation and passes); null: no limit. launcher=hydra: a phase
+    #: may take this times its rungs.
+    rung_timeout_s: Optional[float] = None
+    #: Build once, reuse: true: with random weights, the first rung saves the built model in <run>/model_cache/ and
+    #: the others load it instead of building it (model.cache_dir; removed when the run ends). Off by default: on the
+    #: H100 (2026-11-25) building v1's random weights on the GPU takes 0.2 s, saving them 12.1 s and loading them 1.9 s.
+    reuse_model: bool = False
+    #: launcher=local: fork each rung from one process that imported torch, transformers and the pipeline once,
+    #: instead of starting a fresh interpreter per rung (each rung is still a process of its own, with its own CUDA
+    #: context and compiled state). On the project's H100 machines the imports take ~13 s a rung (2026-11-26);
+    #: false: fresh ones.
+    fork_rungs: bool = True
+    #: launcher=local: start the next rung on a device while the previous one finishes without it (the profiler's
+    #: post-processing, writing its records, its exit: 4-6 s a rung on the H100), where no energy pass needs that
+    #: time as its idle window and a second rung fits in the device's memory. The next rung builds the model and
+    #: counts FLOPs meanwhile; its compilation, warm-up and timed passes wait for the previous process to end.
+    overlap_rungs: bool = True
+    #: Inductor's cache the rungs share (TORCHINDUCTOR_CACHE_DIR for each rung's process), so later rungs reuse the
+    #: FX graphs, kernels and autotuning of earlier ones: user (${XDG_CACHE_HOME:-~/.cache}/llm_perf_opt/inductor,
+    #: kept: later what-if runs start warm), run (<run>/inductor_cache/, removed when the run ends: every what-if run
+    #: compiles from cold), a folder of your own (kept), or null (the environment's TORCHINDUCTOR_CACHE_DIR, else
+    #: inductor's default /tmp/torchinductor_<user>).
+    inductor_cache: Optional[str] = "user"
+    #: Build the cumulative ladder of the levers that helped (false: baseline and each lever alone only).
+    ladder: bool = True
+    #: The levers a ladder may take: those that changed only latency (false: workload-changing levers too).
+    ladder_latency_only: bool = True
+    #: The ladder stacks only levers whose generated tokens equal the baseline's (the others stay in the table, left
+    #: off the ladder with the reason); with ladder_max_logit_diff, also the prefill logits within it. false: any.
+    #: Where a rung that changed nothing (its levers set what the baseline already ran) departs from the baseline at
+    #: token k, the baseline's own outputs do not repeat from run to run from k on, and only tokens before k are
+    #: compared.
+    ladder_identical_outputs: bool = True
+    #: The largest max |Δ| of the prefill logits against the baseline's a ladder lever may have (null: any).
+    ladder_max_logit_diff: Optional[float] = None
+    #: A rung's tokens that depart from the baseline's where the baseline's own top two candidates were nearly tied
+    #: count as the same output (for the outputs verdict and the ladder): the departing token is the baseline's
+    #: runner-up there, and its logit is within this fraction of the baseline's top logit (0.01: 1.3 to 2.6 units in
+    #: the last place of a bf16 logit; a fraction in [0, 1)). The baseline keeps its top two logits per token from
+    #: one untimed eager pass per input (run.save_top2_logits). null: every departure counts; later tokens are never
+    #: compared.
+    near_tie_tolerance: Optional[float] = 0.01
+
+
+@dataclass
+class WhatIfNodes:
+    """`perf-whatif`'s own nodes, typed: what `conf/` registers as `whatif_schema` (beside stage1-run's)."""
+
+    whatif: WhatIfSchema = field(default_factory=WhatIfSchema)
+    whatif_run: WhatIfRunSchema = field(default_factory=WhatIfRunSchema)
+
+
+def node_types(nodes: type) -> dict[str, type]:
+    """A dataclass of typed nodes (`Stage1Nodes`) as node name -> the dataclass of that node."""
+    return {node.name: node.default_factory for node in fields(nodes)}  # type: ignore[misc]
+
+
 #: Each schema `conf/` registers (the name a defaults list uses) -> its nodes: node name -> dataclass.
 SCHEMAS: dict[str, dict[str, type]] = {
-    "stage1_schema": {node.name: node.default_factory for node in fields(Stage1Nodes)},  # type: ignore[misc]
+    "stage1_schema": node_types(Stage1Nodes),
     "stage2_schema": {"report": Stage2ReportSchema},  # merged over stage1's report node (a subclass of its type)
+    "whatif_schema": node_types(WhatIfNodes),
 }
 
 

@@ -4,13 +4,14 @@ model starts.
 :data:`SCHEMA` maps a dotted key to its kind (a boolean, a whole number within bounds, a number, one of some words, a
 list of names, a folder that stays inside the run folder, an output folder, inductor options); :func:`check_settings`
 checks each key the composed config holds and raises a :class:`UserError` naming the first bad one. The type and
-default of stage1-run's own nodes (run, infer, outputs, runtime, report, hardware) are `config_schema`'s dataclasses,
-which Hydra composes onto; each of their fields has its kind here (`tests/test_config_schema.py` checks both agree),
-and `override_keys` checks a command line's values of these keys before composing, so a bad one is this paragraph,
-never the schema's traceback. The readers below it (the typed settings records of each stage) use the same checks
-(`errors.require_*`), so a value is read one way everywhere. Torch-free: `cli/common.launch` runs it before Hydra
-starts, and each command again on its composed config (so a sweep's job refuses its own bad value into its failed
-folder). A check that needs more than the value (the model's positions) is a cross check at the end.
+default of the commands' own nodes (run, infer, outputs, runtime, report, hardware, whatif, whatif_run) are
+`config_schema`'s dataclasses, which Hydra composes onto; each of their fields has its kind here
+(`tests/test_config_schema.py` checks both agree), and `override_keys` checks a command line's values of these keys
+before composing, so a bad one is this paragraph, never the schema's traceback. The readers below it (the typed
+settings records of each stage) use the same checks (`errors.require_*`), so a value is read one way everywhere.
+Torch-free: `cli/common.launch` runs it before Hydra starts, and each command again on its composed config (so a
+sweep's job refuses its own bad value into its failed folder). A check that needs more than the value (the model's
+positions) is a cross check at the end.
 """
 
 from __future__ import annotations
@@ -287,6 +288,7 @@ SCHEMA: Final[Mapping[str, Kind]] = {
     "whatif_run.ladder_latency_only": Flag(),
     "whatif_run.ladder_identical_outputs": Flag(),
     "whatif_run.ladder_max_logit_diff": Number(0.0, "logits", nullable=True),
+    "whatif_run.near_tie_tolerance": Number(0.0, "(a fraction of the top logit, below 1)", nullable=True),
     # where a command writes (hydra's own keys: composed with return_hydra_config)
     "hydra.run.dir": OutputFolder(),
     "hydra.sweep.dir": OutputFolder(),

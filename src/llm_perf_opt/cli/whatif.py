@@ -10,7 +10,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from llm_perf_opt.cli.common import launch, run_guarded
-from llm_perf_opt.config_data import stage1_nodes
+from llm_perf_opt.config_data import stage1_nodes, whatif_nodes
 from llm_perf_opt.heavy_imports import collector_paused
 from llm_perf_opt.settings_schema import check_config
 
@@ -25,11 +25,14 @@ def _main(cfg: DictConfig) -> None:
         with collector_paused():
             from llm_perf_opt.pipeline.whatif import WhatIfRun, whatif_config, workload_overrides
 
-        # whatif=advised: the workload of whatif.from_run under the command line's; the typed nodes of that config
-        composed, workload, advised = whatif_config(cfg, workload_overrides(task_overrides))
-        nodes = stage1_nodes(composed)
+        # whatif, whatif_run: typed, read once for the pipeline; whatif=advised: the workload of whatif.from_run under
+        # the command line's, and the objective of its advice where none is set
+        whatif, workload = whatif_nodes(cfg), workload_overrides(task_overrides)
+        composed, whatif, workload, advised = whatif_config(cfg, whatif, workload)
+        nodes = stage1_nodes(composed)  # run, infer, ...: the typed nodes of that config
         # the run ends with its summary: the rungs, the best lever, the time budget, then whatif.md's path
-        WhatIfRun(composed, run_dir, run_id=run_dir.name, workload=workload, nodes=nodes, advised=advised).execute()
+        run = WhatIfRun(composed, run_dir, run_dir.name, workload, nodes=nodes, whatif=whatif, advised=advised)
+        run.execute()
 
     run_guarded(job, run_dir=run_dir, cfg=cfg)
 
@@ -45,7 +48,7 @@ def _check(cfg: DictConfig) -> None:
     from llm_perf_opt.pipeline.whatif import check_whatif_settings
 
     check_config(cfg)
-    check_whatif_settings(cfg)
+    check_whatif_settings(cfg, whatif_nodes(cfg))
 
 
 if __name__ == "__main__":

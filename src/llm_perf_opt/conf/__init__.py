@@ -1,6 +1,6 @@
 """The package's Hydra configs. Importing this package (Hydra does, to read `pkg://llm_perf_opt.conf`, in every
 process that composes one, a launcher's workers too) registers the typed schemas of `config_schema` in Hydra's
-ConfigStore, under the names the configs' defaults lists use (`stage1_schema`, `stage2_schema`)."""
+ConfigStore, under the names the configs' defaults lists use (`stage1_schema`, `stage2_schema`, `whatif_schema`)."""
 
 from hydra.core.config_store import ConfigStore
 

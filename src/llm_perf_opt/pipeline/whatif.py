@@ -10,6 +10,7 @@ import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from llm_perf_opt import artifacts, interrupts
 from llm_perf_opt.artifacts import ArtifactsManager
-from llm_perf_opt.config_schema import RuntimeSchema, Stage1Nodes
-from llm_perf_opt.errors import UserError, require_bool
+from llm_perf_opt.config_data import plain
+from llm_perf_opt.config_schema import RuntimeSchema, Stage1Nodes, WhatIfNodes, WhatIfRunSchema, WhatIfSchema
+from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure import whatif as figures
 from llm_perf_opt.measure.whatif_analysis import STOPPED_FIRST, WhatIfAnalysis, WhatIfJob
 from llm_perf_opt.override_text import override_key, override_value
@@ -87,10 +89,10 @@ def workload_overrides(task_overrides: Sequence[str]) -> tuple[str, ...]:
     return tuple(kept)
 
 
-def read_levers(node: DictConfig, exclude: Sequence[str]) -> tuple[Lever, ...]:
+def read_levers(node: Mapping[str, Any] | None, exclude: Sequence[str]) -> tuple[Lever, ...]:
     """The preset's levers (`whatif.levers`: name -> {overrides, about, changes, needs}) minus `exclude`."""
-    levers = OmegaConf.to_container(node, resolve=True) if node is not None else {}
-    if not isinstance(levers, Mapping) or not levers:
+    levers = plain(node) if node is not None else {}
+    if not levers:
         raise UserError(
             "the what-if preset has no levers (whatif.levers is empty)",
             "Pick whatif=decode|tuning|quantize|vision|batch|throughput|all, or whatif=advised "
@@ -116,9 +118,9 @@ def _kept(names: Sequence[str], exclude: Sequence[str]) -> list[str]:
     return kept
 
 
-def advised_lever_list(plan: AdvisedPlan, whatif: Any, exclude: Sequence[str]) -> tuple[Lever, ...]:
+def advised_lever_list(plan: AdvisedPlan, whatif: WhatIfSchema, exclude: Sequence[str]) -> tuple[Lever, ...]:
     """whatif=advised: the levers of the folder's advice minus `exclude` (the preset names none of its own)."""
-    if whatif.get("levers"):
+    if whatif.levers:
         raise UserError(
             "whatif=advised takes its levers from the advice of whatif.from_run, yet whatif.levers names some",
             "Drop the +whatif.levers overrides, or run them with a preset of their own",
@@ -130,39 +132,34 @@ def advised_lever_list(plan: AdvisedPlan, whatif: Any, exclude: Sequence[str]) -
 DEVICE = re.compile(r"cpu|auto|cuda(:\d+)?")
 
 
-def check_whatif_settings(cfg: DictConfig) -> tuple[Lever, ...]:
-    """perf-whatif's own settings, checked before anything starts (the keys' types are settings_schema's): the
-    preset's levers (whatif=advised: those its folder's advice names) minus whatif_run.exclude (at least one), the
-    devices, the launcher and its overrides, the memory budget and the near-tie tolerance. Returns the levers."""
-    run_cfg = cfg.whatif_run
-    exclude = OmegaConf.to_container(run_cfg.exclude) if run_cfg.get("exclude") is not None else []
-    if isinstance(exclude, str) or not isinstance(exclude, list):
-        raise UserError(
-            f"whatif_run.exclude={exclude} is not a list",
-            f"Give a list in brackets, e.g. whatif_run.exclude=[{exclude}]",
-        )
-    plan = advised_plan(cfg.whatif)
+def check_whatif_settings(cfg: DictConfig, whatif: WhatIfNodes) -> tuple[Lever, ...]:
+    """perf-whatif's own settings (`whatif`, the typed nodes of `cfg`), checked before anything starts (the keys'
+    types are the schema's, their ranges settings_schema's): the preset's levers (whatif=advised: those its folder's
+    advice names) minus whatif_run.exclude (at least one), the devices, the launcher and its overrides, the memory
+    budget and the near-tie tolerance. Returns the levers."""
+    exclude = list(whatif.whatif_run.exclude or ())
+    plan = advised_plan(whatif.whatif)
     if plan is None:
-        levers = read_levers(cfg.whatif.get("levers"), [str(x) for x in exclude])
+        levers = read_levers(whatif.whatif.levers, exclude)
     else:
-        levers = advised_lever_list(plan, cfg.whatif, [str(x) for x in exclude])
-    rung_devices(run_cfg)
-    _, overrides = launcher_settings(run_cfg)
+        levers = advised_lever_list(plan, whatif.whatif, exclude)
+    rung_devices(whatif.whatif_run)
+    _, overrides = launcher_settings(whatif.whatif_run)
     if overrides:
         from llm_perf_opt.override_keys import check_override_keys
 
         with _outside_running_hydra():
             check_override_keys("stage1", overrides, command="stage1-run")
-    judging_settings(cfg)
+    judging_settings(cfg, whatif)
     return levers
 
 
-def rung_devices(run_cfg: DictConfig) -> list[str | None]:
+def rung_devices(run: WhatIfRunSchema) -> list[str | None]:
     """whatif_run.devices: the devices the local launcher runs rungs on, one at a time each ([None]: `device`)."""
-    chosen = run_cfg.devices
+    chosen = run.devices
     if chosen is None:
         return [None]
-    if isinstance(chosen, str) or not chosen:
+    if not chosen:
         raise UserError(
             f"whatif_run.devices={chosen} is not a list of devices", "Set whatif_run.devices=[cuda:0,cuda:1]"
         )
@@ -175,17 +172,16 @@ def rung_devices(run_cfg: DictConfig) -> list[str | None]:
     return [str(d) for d in chosen]
 
 
-def launcher_settings(run_cfg: DictConfig) -> tuple[str, tuple[str, ...]]:
+def launcher_settings(run: WhatIfRunSchema) -> tuple[str, tuple[str, ...]]:
     """whatif_run.launcher (local | hydra) and, for hydra, the overrides that choose Hydra's launcher."""
-    name = str(run_cfg.get("launcher") or LOCAL_LAUNCHER)
+    name = run.launcher
     if name not in (LOCAL_LAUNCHER, HYDRA_LAUNCHER):
         raise UserError(
             f"whatif_run.launcher={name} is not known",
             f"Use {LOCAL_LAUNCHER} (perf-whatif starts each rung) or {HYDRA_LAUNCHER} (one Hydra multirun per phase)",
         )
-    raw = run_cfg.get("hydra_launcher")
     try:
-        overrides = whatif_hydra.parse_launcher(OmegaConf.to_container(raw) if raw is not None else None)
+        overrides = whatif_hydra.parse_launcher(run.hydra_launcher)
     except ValueError as exc:
         raise UserError(
             str(exc),
@@ -199,7 +195,7 @@ def launcher_settings(run_cfg: DictConfig) -> tuple[str, tuple[str, ...]]:
                 "Add whatif_run.launcher=hydra, or drop whatif_run.hydra_launcher",
             )
         return name, ()
-    if run_cfg.get("devices") is not None:
+    if run.devices is not None:
         raise UserError(
             "whatif_run.devices places the rungs of whatif_run.launcher=local; with launcher=hydra the Hydra "
             "launcher places them",
@@ -212,18 +208,16 @@ def launcher_settings(run_cfg: DictConfig) -> tuple[str, tuple[str, ...]]:
 COMPILE_FIELDS = ("compile", "compile_vision")  # the runtime settings that make a rung compile (none: it does not)
 
 
-def rungs_compile(cfg: DictConfig, runtime: RuntimeSchema, levers: Sequence[Lever] = ()) -> bool:
-    """Whether a rung of this what-if may compile: the workload's own runtime (`runtime`, the typed node of `cfg`)
-    does, or a lever of the preset (or one of `levers`) sets runtime.compile or runtime.compile_vision to anything but
-    none (read as given: the levers are checked later)."""
+def rungs_compile(whatif: WhatIfSchema, runtime: RuntimeSchema, levers: Sequence[Lever] = ()) -> bool:
+    """Whether a rung of this what-if may compile: the workload's own runtime (`runtime`) does, or a lever of the
+    preset (`whatif.levers`, or one of `levers`) sets runtime.compile or runtime.compile_vision to anything but none
+    (read as given: the levers are checked later)."""
     if any(str(getattr(runtime, field) or "none") != "none" for field in COMPILE_FIELDS):
         return True
     keys = {f"runtime.{field}" for field in COMPILE_FIELDS}
-    node = cfg.get("whatif", {}).get("levers")
-    specs = OmegaConf.to_container(node, resolve=True) if node is not None else {}
     given = [
         [str(o) for o in (spec.get("overrides") or ())] if isinstance(spec, Mapping) else []
-        for spec in (specs.values() if isinstance(specs, Mapping) else ())
+        for spec in whatif.levers.values()
     ]
     for overrides in [*given, *(lever.overrides for lever in levers)]:
         for override in overrides:
@@ -297,15 +291,9 @@ def has_cuda(device: str) -> bool:
     return device == "auto" and torch.cuda.is_available()
 
 
-def fork_rungs(run_cfg: DictConfig, launcher: str) -> bool:
+def fork_rungs(run: WhatIfRunSchema, launcher: str) -> bool:
     """`whatif_run.fork_rungs`: the local launcher forks each rung from a preloaded server."""
-    value = require_bool(
-        "whatif_run.fork_rungs",
-        run_cfg.fork_rungs,
-        "Set whatif_run.fork_rungs=true (each rung forked from a process that has imported torch and transformers "
-        "once) or false (each rung a fresh interpreter)",
-    )
-    return value and launcher == LOCAL_LAUNCHER and hasattr(os, "fork")  # no fork on Windows
+    return run.fork_rungs and launcher == LOCAL_LAUNCHER and hasattr(os, "fork")  # no fork on Windows
 
 
 def refusal(workload: Sequence[str], overrides: Sequence[str], hydra_folder: str | None) -> str | None:
@@ -319,20 +307,25 @@ def refusal(workload: Sequence[str], overrides: Sequence[str], hydra_folder: str
     return refused
 
 
-def whatif_config(cfg: DictConfig, workload: Sequence[str]) -> tuple[DictConfig, tuple[str, ...], AdvisedPlan | None]:
-    """The what-if's config and workload as its run takes them, and its advised plan: whatif=advised composes the
-    workload of whatif.from_run under the command line's (`advised_config`); any other preset keeps both as given."""
-    plan = advised_plan(cfg.whatif, workload)
+def whatif_config(
+    cfg: DictConfig, whatif: WhatIfNodes, workload: Sequence[str]
+) -> tuple[DictConfig, WhatIfNodes, tuple[str, ...], AdvisedPlan | None]:
+    """The what-if's config, typed nodes and workload as its run takes them, and its advised plan: whatif=advised
+    composes the workload of whatif.from_run under the command line's (`advised_config`); any other preset keeps them
+    as given."""
+    plan = advised_plan(whatif.whatif, workload)
     if plan is None:
-        return cfg, tuple(workload), None
-    advised, full = advised_config(cfg, plan, workload)
-    return advised, full, plan
+        return cfg, whatif, tuple(workload), None
+    advised, whatif, full = advised_config(cfg, whatif, plan, workload)
+    return advised, whatif, full, plan
 
 
-def advised_config(cfg: DictConfig, plan: AdvisedPlan, workload: Sequence[str]) -> tuple[DictConfig, tuple[str, ...]]:
+def advised_config(
+    cfg: DictConfig, whatif: WhatIfNodes, plan: AdvisedPlan, workload: Sequence[str]
+) -> tuple[DictConfig, WhatIfNodes, tuple[str, ...]]:
     """whatif=advised: the what-if's config with its workload keys composed from the folder's workload and then the
-    command line's (`workload`, which wins), its objective the best advice's unless whatif.objective is set; and that
-    workload, which every rung runs."""
+    command line's (`workload`, which wins), and its typed nodes, their objective the best advice's unless
+    whatif.objective is set; and that workload, which every rung runs."""
     from llm_perf_opt.config_compose import compose_config
 
     full = (*plan.workload, *workload)
@@ -346,13 +339,13 @@ def advised_config(cfg: DictConfig, plan: AdvisedPlan, workload: Sequence[str]) 
             "Override the setting it names on the command line, or run stage1-run again with this toolkit and give "
             "its folder",
         ) from None
+    objective = whatif.whatif.objective or plan.goal
     out = copy.deepcopy(cfg)
     with open_dict(out):
         for key in stage1:
             out[key] = stage1[key]
-        if out.whatif.get("objective") is None:
-            out.whatif.objective = plan.goal
-    return out, full
+        out.whatif.objective = objective  # as the run's config.yaml records it
+    return out, replace(whatif, whatif=replace(whatif.whatif, objective=objective)), full
 
 
 @attrs.define
@@ -376,31 +369,28 @@ class WhatIfRun:
         feedback: Feedback | None = None,
         *,
         nodes: Stage1Nodes,
+        whatif: WhatIfNodes,
         advised: AdvisedPlan | None = None,
     ) -> None:
-        # whatif=advised: `cfg` and `workload` are `whatif_config`'s (whatif.from_run's workload, the command line's
-        # on top), `advised` its plan: the levers of the folder's advice
+        # whatif=advised: `cfg`, `whatif` and `workload` are `whatif_config`'s (whatif.from_run's workload, the
+        # command line's on top), `advised` its plan: the levers of the folder's advice
         self.advised = advised
         self.cfg = cfg
         self.nodes = nodes  # the typed nodes of `cfg` (run, runtime, ...), read once by the command
+        self.whatif = whatif  # perf-whatif's own typed nodes of `cfg` (whatif, whatif_run), read once by the command
         self.run_id = run_id
         self.workload = tuple(workload)
         self.feedback = feedback or Feedback()
         self.art = ArtifactsManager(run_dir, stage="whatif")
-        self.settings = judging_settings(cfg)
+        self.settings = judging_settings(cfg, whatif)
         self.rungs: dict[str, Rung] = {}  # as they ran (the analysis judges them)
         self.folders: dict[str, Stage1Folder] = {}  # each measured rung's records
         self.levers: tuple[Lever, ...] = ()  # the preset's, read when the run starts
         self.index = 0
-        self.launcher, self.launcher_overrides = launcher_settings(cfg.whatif_run)
-        self.devices = rung_devices(cfg.whatif_run)
-        self.fork_rungs = fork_rungs(cfg.whatif_run, self.launcher)
-        self.overlap_rungs = self.launcher == LOCAL_LAUNCHER and require_bool(
-            "whatif_run.overlap_rungs",
-            self.cfg.whatif_run.overlap_rungs,
-            "Set whatif_run.overlap_rungs=true (a rung starts while the previous one post-processes; its warm-up and "
-            "timed passes wait for that one's end) or false (each rung starts when the previous one has exited)",
-        )
+        self.launcher, self.launcher_overrides = launcher_settings(whatif.whatif_run)
+        self.devices = rung_devices(whatif.whatif_run)
+        self.fork_rungs = fork_rungs(whatif.whatif_run, self.launcher)
+        self.overlap_rungs = self.launcher == LOCAL_LAUNCHER and whatif.whatif_run.overlap_rungs
         self.forks: ForkServer | None = None  # the preloaded server the rungs are forked from, once it has imported
         self.starting: StartingServer | None = None  # that server while it imports (launched when the run starts)
         self.caches = SharedCaches()  # build once, reuse: what the rungs share, found when the run starts
@@ -408,14 +398,14 @@ class WhatIfRun:
 
     # ---- driver ------------------------------------------------------------------------------------
     def execute(self) -> WhatIfRecord:
-        self.levers = check_whatif_settings(self.cfg)  # before the folder is claimed and anything starts
+        self.levers = check_whatif_settings(self.cfg, self.whatif)  # before the folder is claimed and anything starts
         self.art.start(self.run_id)
         try:
             # The fork server first: its imports overlap this process's own (torch) and the checks of every rung's
             # config; it is waited for when the first rung is due, and cancelled if none is.
-            compiles = rungs_compile(self.cfg, self.nodes.runtime, self.levers)
+            compiles = rungs_compile(self.whatif.whatif, self.nodes.runtime, self.levers)
             self.starting = StartingServer.launch(compiles=compiles) if self.fork_rungs else None
-            self.caches = shared_caches(self.cfg.whatif_run, self.cfg.get("model") or {}, self.art.run_dir)
+            self.caches = shared_caches(self.whatif.whatif_run, self.cfg.get("model") or {}, self.art.run_dir)
             with self.feedback.session():
                 record = self._run()
         except KeyboardInterrupt as stop:
@@ -460,13 +450,9 @@ class WhatIfRun:
         return self.feedback.budget(note)
 
     def _run(self) -> WhatIfRecord:
-        run_cfg = self.cfg.whatif_run
+        devices = self.whatif.whatif_run.devices
         self.art.write_text(CONFIG_FILE, OmegaConf.to_yaml(self.cfg, resolve=True))
-        cuda = (
-            has_cuda(str(self.cfg.device))
-            if run_cfg.devices is None
-            else all(has_cuda(str(d)) for d in run_cfg.devices)
-        )
+        cuda = has_cuda(str(self.cfg.device)) if devices is None else all(has_cuda(d) for d in devices)
         base = self._plan(BASELINE_NAME, BASELINE, (), (), changes_workload=False)
         alone = [
             self._plan(
@@ -573,8 +559,7 @@ class WhatIfRun:
         for p in plans:
             if p.job is None:
                 advance()
-        timeout = self.cfg.whatif_run.rung_timeout_s
-        limit = None if timeout is None else float(timeout)
+        limit = self.whatif.whatif_run.rung_timeout_s
 
         def done(outcome: RungOutcome) -> None:
             took = "" if outcome.wall_s is None else f" in {outcome.wall_s:.0f} s"
@@ -658,7 +643,7 @@ class WhatIfRun:
         job = WhatIfJob(
             run_id=self.run_id,
             created=datetime.now(UTC).isoformat(timespec="seconds"),
-            preset=str(self.cfg.whatif.get("name") or "custom"),
+            preset=self.whatif.whatif.name or "custom",
             model=str(self.cfg.model.name),
             workload_overrides=self.workload,
             launcher=self.launcher,

@@ -13,6 +13,7 @@ from typing import Any
 
 import attrs
 
+from llm_perf_opt.config_schema import WhatIfSchema
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure.advice import ADVISED_LEVERS, advise, advised_levers, run_workload, whatif_goal
 from llm_perf_opt.override_text import override_key
@@ -108,12 +109,12 @@ def _advice_text(advice: Sequence[Advice]) -> str:
     return "it advises only code changes: " + "; ".join(a.lever for a in advice)
 
 
-def advised_plan(whatif: Any, workload: Sequence[str] | None = None) -> AdvisedPlan | None:
-    """The advised plan of a config's `whatif` section; None for a preset other than `advised` (which must not set
+def advised_plan(whatif: WhatIfSchema, workload: Sequence[str] | None = None) -> AdvisedPlan | None:
+    """The advised plan of a config's typed `whatif` node; None for a preset other than `advised` (which must not set
     whatif.from_run). `workload`: the command line's workload overrides, where known: a folder whose model is no
     shipped config needs them to name it."""
-    raw = whatif.get("from_run")
-    if str(whatif.get("name")) != ADVISED:
+    raw = whatif.from_run
+    if whatif.name != ADVISED:
         if raw is not None:
             raise UserError(
                 f"{FROM_RUN} is read by whatif=advised only (the levers then come from that folder's advice)",

@@ -9,6 +9,7 @@ import logging
 import math
 import sys
 from collections.abc import Callable, Mapping
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,8 @@ import attrs
 from omegaconf import OmegaConf
 
 from llm_perf_opt.artifacts import ArtifactsManager
+from llm_perf_opt.config_data import whatif_nodes
+from llm_perf_opt.config_schema import WhatIfNodes
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure.whatif import DEFAULT_OBJECTIVE, GOAL_FIGURES, OBJECTIVES, objective
 from llm_perf_opt.measure.whatif_analysis import WhatIfAnalysis, WhatIfJob, WhatIfSettings
@@ -112,10 +115,11 @@ def latency_target(raw: object) -> LatencyTarget | None:
     return target if target.limits else None
 
 
-def judging_settings(cfg: Any) -> WhatIfSettings:
-    """What the what-if's judging reads of a config, checked: the objective, the workload's decode length, the
-    memory budget, the latency target, the near-tie tolerance and the ladder's settings."""
-    name = str(cfg.whatif.get("objective") or DEFAULT_OBJECTIVE)
+def judging_settings(cfg: Any, whatif: WhatIfNodes) -> WhatIfSettings:
+    """What the what-if's judging reads of a config and its typed nodes (`whatif`), checked: the objective, the
+    workload's decode length, the memory budget, the latency target, the near-tie tolerance and the ladder's
+    settings."""
+    name = whatif.whatif.objective or DEFAULT_OBJECTIVE
     try:
         objective(name)
     except KeyError:
@@ -124,23 +128,19 @@ def judging_settings(cfg: Any) -> WhatIfSettings:
             f"Use one of the goals {', '.join(GOAL_FIGURES)} (default {DEFAULT_OBJECTIVE}: whole-page latency at "
             f"the workload's decode length) or one of the figures {', '.join(OBJECTIVES)}",
         ) from None
-    run = cfg.whatif_run
+    run, target = whatif.whatif_run, whatif.whatif.latency_target
     tokens, source = workload_decode_tokens(cfg)
-    target = cfg.whatif.get("latency_target")
-    limit = run.get("ladder_max_logit_diff")
     return WhatIfSettings(
         objective=name,
         decode_tokens=tokens,
         decode_tokens_source=source,
-        memory_budget_gib=memory_budget(cfg.whatif.get("memory_budget_gib")),
-        latency_target=latency_target(
-            OmegaConf.to_container(target, resolve=True) if OmegaConf.is_config(target) else target
-        ),
-        near_tie_tolerance=near_tie_tolerance(run.get("near_tie_tolerance")),
-        ladder=bool(run.get("ladder", True)),
-        ladder_latency_only=bool(run.get("ladder_latency_only", True)),
-        ladder_identical_outputs=bool(run.get("ladder_identical_outputs", True)),
-        ladder_max_logit_diff=None if limit is None else float(limit),
+        memory_budget_gib=memory_budget(whatif.whatif.memory_budget_gib),
+        latency_target=latency_target(None if target is None else asdict(target)),
+        near_tie_tolerance=near_tie_tolerance(run.near_tie_tolerance),
+        ladder=run.ladder,
+        ladder_latency_only=run.ladder_latency_only,
+        ladder_identical_outputs=run.ladder_identical_outputs,
+        ladder_max_logit_diff=run.ladder_max_logit_diff,
     )
 
 
@@ -166,8 +166,9 @@ def rejudge(
     if decode_tokens is None and record.decode_tokens_source != "measured":  # else the baseline's, worked out again
         decode_tokens, source = record.decode_tokens, record.decode_tokens_source
     config = run_dir / CONFIG_FILE
+    saved = OmegaConf.load(config) if config.is_file() else None  # the typed nodes rebuilt as the run built them
     settings = attrs.evolve(
-        judging_settings(OmegaConf.load(config)) if config.is_file() else WhatIfSettings(),
+        judging_settings(saved, whatif_nodes(saved)) if saved is not None else WhatIfSettings(),
         objective=record.objective.name,
         decode_tokens=decode_tokens,
         decode_tokens_source=source,

@@ -24,6 +24,7 @@ from typing import Any
 import attrs
 
 from llm_perf_opt import artifacts, interrupts
+from llm_perf_opt.config_schema import WhatIfRunSchema
 from llm_perf_opt.override_text import quoted_override
 from llm_perf_opt.parent_death import with_parent
 from llm_perf_opt.pipeline.rung_forks import ENTRY_MODULE as STAGE1_MODULE
@@ -80,7 +81,7 @@ class SharedCaches:
                     log.warning("could not remove %s: %s", folder, exc)
 
 
-def shared_caches(run_cfg: Mapping[str, Any], model: Mapping[str, Any], run_dir: Path) -> SharedCaches:
+def shared_caches(run: WhatIfRunSchema, model: Mapping[str, Any], run_dir: Path) -> SharedCaches:
     """The caches the rungs of the what-if run in `run_dir` share: `whatif_run.reuse_model` (a saved model in
     `<run>/model_cache`, unless the model has checkpoint weights or `model.cache_dir` is set: that one is used
     and kept) and `whatif_run.inductor_cache` (user: `~/.cache/llm_perf_opt/inductor`, kept; run:
@@ -89,10 +90,10 @@ def shared_caches(run_cfg: Mapping[str, Any], model: Mapping[str, Any], run_dir:
     owned: list[Path] = []
     model_cache = None
     own_weights = model.get("cache_dir") or model.get("path") or model.get("name_or_path")
-    if bool(run_cfg["reuse_model"]) and not own_weights:
+    if run.reuse_model and not own_weights:
         model_cache = run_dir / MODEL_CACHE_DIR
         owned.append(model_cache)
-    chosen = run_cfg.get("inductor_cache", USER_FOLDER)
+    chosen = run.inductor_cache
     inductor = None
     if chosen == RUN_FOLDER:
         inductor = run_dir / INDUCTOR_CACHE_DIR

@@ -25,20 +25,21 @@ def _gpu_defaults() -> ResolvedSettings:
 
 def test_a_gpu_run_with_repeats_unset_has_a_budget_and_a_cpu_run_none() -> None:
     gpu = _gpu_defaults()
-    assert (gpu.repeats, gpu.warmup, gpu.timed_seconds) == (5, 1, 10.0)
+    assert (gpu.repeats, gpu.warmup, gpu.timed_seconds) == (5, 1, 30.0)
     cfg = compose_config("stage1")
     assert resolve_settings(cfg, stage1_nodes(cfg), torch.device("cpu")).timed_seconds is None
 
 
 def test_the_first_timed_pass_fixes_how_many_fit() -> None:
     gpu = _gpu_defaults()
-    assert with_timed_budget(gpu, 0.7) is gpu  # 5 passes of 0.7 s fit 10 s: all five
-    assert with_timed_budget(gpu, 2.6).repeats == 4
-    long = with_timed_budget(gpu, 4.7)  # a 256-token eager pass
+    assert with_timed_budget(gpu, 0.7) is gpu  # 5 passes of 0.7 s fit 30 s: all five
+    assert with_timed_budget(gpu, 4.7) is gpu  # a 256-token eager pass on an H200: all five
+    assert with_timed_budget(gpu, 7.8).repeats == 4
+    long = with_timed_budget(gpu, 12.5)  # e.g. 1,024 tokens eager
     assert long.repeats == MIN_TIMED_PASSES == 3
     assert long.timed_seconds is None  # fixed once
-    assert "cut to 3 by its timed_seconds=10" in long.sources["run.repeats"]
-    assert "took 4.7 s" in long.sources["run.repeats"]
+    assert "cut to 3 by its timed_seconds=30" in long.sources["run.repeats"]
+    assert "took 12.5 s" in long.sources["run.repeats"]
     assert with_timed_budget(gpu, 60.0).repeats == MIN_TIMED_PASSES  # never fewer than an interval needs
 
 

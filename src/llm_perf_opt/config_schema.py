@@ -30,8 +30,9 @@ class DeviceCounts:
     max_images: Any  # a number of inputs, `all`, or null (all)
     sampling: str  # dataset.sampling: which inputs max_images keeps
     #: With run.repeats unset: the timed passes of each input stop at about this many seconds (at least 3 passes,
-    #: at most `repeats`), the count fixed from the run's first timed pass, so that long passes (hundreds of tokens,
-    #: large batches) keep a run within minutes. null: always `repeats`.
+    #: at most `repeats`), the count fixed from the run's first timed pass, so that very long passes (thousands of
+    #: tokens, large batches) keep a run within minutes. Generous on purpose: fewer passes widen every interval (a
+    #: what-if rung of 3 passes on an H200 called 8.6x "6.6-11.2x"). null: always `repeats`.
     timed_seconds: Optional[float] = None
 
 
@@ -41,7 +42,7 @@ class DeviceDefaults:
     pass on a GPU: an eager pass has run every kernel once after it (a compiled runtime raises it to what it needs:
     `session.runtime.RuntimeSettings.warmup_needed`)."""
 
-    cuda: DeviceCounts = field(default_factory=lambda: DeviceCounts(5, 1, 32, "all", "sorted", 10.0))
+    cuda: DeviceCounts = field(default_factory=lambda: DeviceCounts(5, 1, 32, "all", "sorted", 30.0))
     cpu: DeviceCounts = field(default_factory=lambda: DeviceCounts(1, 0, 8, 1, "smallest"))
 
 

@@ -301,3 +301,27 @@ def test_stage2_summary_does_not_advise_cuda_graphs_to_a_workload_that_ran_them(
     graphs = RuntimeRecord(kv_cache="static", compile="decode", compile_mode="reduce-overhead")
     settings = RunSettings(repeats=1, warmup=2, max_new_tokens=32, max_images=None, sources={}, runtime=graphs)
     assert "capture the decode step" not in stakeholder_md(attrs.evolve(m, workload_settings=settings))
+
+
+def test_past_the_launch_floor_the_report_names_what_holds_the_decode_step_and_the_missing_kernels() -> None:
+    """A real batch-1 run with the decode step in CUDA graphs (H200, 2026-11-28): 1.339 ms of kernels per step against
+    a 0.252 ms floor, held by the MoE block's routing, the grouped-GEMM experts and SDPA attention, each needing a
+    kernel no setting runs. An eager run has no such line (its launches come first: the CUDA-graph advice)."""
+    from helpers import FIXTURES
+    from llm_perf_opt.measure.advice import decode_remainder
+    from llm_perf_opt.records.folders import load_stage1_metrics
+    from llm_perf_opt.report.recommendations import decode_remainder_line
+
+    m = load_stage1_metrics(FIXTURES / "metrics" / "h200_graphs_b1.json")
+    held = decode_remainder(m)
+    assert held is not None
+    assert (held.step_ms, held.floor_ms) == pytest.approx((1.339, 0.252), abs=5e-4)
+    needs = {r.module.rsplit(".", 1)[-1]: r.needs for r in held.modules}
+    assert "fused routed-experts kernel" in needs["experts"] and "routing" in needs["mlp"]
+    assert "decode attention kernel" in needs["self_attn"]
+    line = decode_remainder_line(held)
+    assert line.startswith("Past the launch floor") and "(5.3×)" in line and "0.210 ms above its floor" in line
+    eager = attrs.evolve(m.model, experts_implementation="eager", attn_implementation="eager")
+    backends = {r.needs for r in decode_remainder(attrs.evolve(m, model=eager)).modules}  # type: ignore[union-attr]
+    assert {"`model.experts_implementation=grouped_mm`", "`model.attn_implementation=sdpa`"} <= backends
+    assert decode_remainder(_rung("00-baseline")) is None  # eager decode: no graphs, no such line

@@ -498,6 +498,57 @@ def fuse(f: RunFacts, role: str) -> Proposal | None:
     return _module_proposal(f, role, f"fuse_{role}", (), f"fuse the {what} of `{facts[0].module}` in its forward")
 
 
+@attrs.frozen
+class Remainder:
+    """A module of the decode step far above its floor once the step replays from CUDA graphs, and what it needs."""
+
+    module: str
+    above_ms: float  # per decode step
+    ratio: float  # its time over its floor
+    needs: str  # the lever, or the code change that no setting runs
+
+
+@attrs.frozen
+class DecodeRemainder:
+    """What holds a graph-replayed decode step above its floor: its GPU kernel time, the floor, the modules."""
+
+    step_ms: float
+    floor_ms: float
+    modules: tuple[Remainder, ...]
+
+
+def _needs(f: RunFacts, fact: ModuleFact) -> str:
+    """The lever a decode-step module far above its floor needs, in words: a setting where one exists, else the
+    kernel no setting runs."""
+    model, where = f.m.model, f"{fact.module} {fact.module_type}".lower()
+    if fact.role == "experts":
+        if model.experts_implementation == "eager":
+            return "`model.experts_implementation=grouped_mm`"
+        return "a fused routed-experts kernel (a code change)"
+    if fact.role == "attention":
+        if model.attn_implementation == "eager":
+            return "`model.attn_implementation=sdpa`"
+        return "a decode attention kernel for one query token, split over the cache (a code change)"
+    moe_block = fact.module.endswith(".mlp") and any(x.role == "experts" for x in f.modules_of("experts"))
+    if "router" in where or fact.module.endswith(".gate") or moe_block:
+        return "the routing (top-k, sort, gather, scatter) fused into the experts kernel (a code change)"
+    return f"fewer, fused {fact.kernel_kind} kernels in its forward (a code change)"
+
+
+def decode_remainder(m: Stage1Metrics) -> DecodeRemainder | None:
+    """Past the launch floor: where the decode step replays from CUDA graphs, its GPU kernel time against its floor
+    and the modules holding most of the rest (`module_facts`), each with the lever it needs; None without graphs,
+    a profiled decode step or its floor."""
+    facts = RunFacts.of(m)
+    step = next((s for s in m.modules.stages if s.stage == vocab.DECODE_STEP), None) if m.modules else None
+    if not facts.cuda or not m.settings.runtime.uses_cuda_graphs or step is None or not step.floor_ms:
+        return None
+    held = tuple(
+        Remainder(x.module, x.above_ms, x.ratio, _needs(facts, x)) for x in facts.modules if x.stage == step.stage
+    )
+    return DecodeRemainder(step.total_ms, step.floor_ms, held) if held else None
+
+
 RULES: tuple[Callable[[RunFacts], Proposal | None], ...] = (
     decode_graphs,
     compile_prefill,

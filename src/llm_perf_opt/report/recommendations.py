@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from llm_perf_opt.measure.advice import DecodeRemainder, decode_remainder
 from llm_perf_opt.override_text import override_key
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.advice import THROUGHPUT, Advice
@@ -265,5 +266,19 @@ def what_to_try(doc: Doc, m: Stage1Metrics, advice: Sequence[Advice], whatif: Wh
         )
     elif whatif is None and m.device.type != "cpu":  # a CPU run's note says why
         doc.para("No lever stands out against this run's floors and settings; compare modes or GPUs for the next one.")
+    if (held := decode_remainder(m)) is not None:
+        doc.para(decode_remainder_line(held))
     if extra := notes(m):
         doc.bullets(extra)
+
+
+def decode_remainder_line(d: DecodeRemainder) -> str:
+    """What the levers leave in a graph-replayed decode step, by module, with the lever each needs."""
+    parts = "; ".join(
+        f"`{r.module}` {r.above_ms:,.3f} ms above its floor ({r.ratio:,.1f}×): {r.needs}" for r in d.modules
+    )
+    return (
+        f"Past the launch floor: the decode step replays from CUDA graphs and its kernels take {d.step_ms:,.3f} ms "
+        f"against a {d.floor_ms:,.3f} ms floor ({d.step_ms / d.floor_ms:,.1f}×). What holds the rest, per step: "
+        f"{parts} (modules.md)."
+    )

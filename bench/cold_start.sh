@@ -10,7 +10,8 @@
 #   MODEL=deepseek_ocr_tiny COMMANDS="stage1 batch64" bash bench/cold_start.sh /tmp/cold   # a dry check on a CPU
 # COMMANDS picks among: stage1 (default stage1-run), stage2 (stage2-profile, light), whatif (perf-whatif whatif=decode
 # workload=ocr1-a4-page), batch64 (stage1-run at batch 64 with CUDA graphs on the A4 page at 256 new tokens). MODEL, when set, is
-# added as model=<MODEL> to every command. On the project's GPU machines (no console scripts installed) run it after
+# added as model=<MODEL> to every command. IMPORTTIME=1 runs each under `python -X importtime` and adds its 15 costliest
+# imports (cumulative, nested ones too: from a cold disk on a fresh machine) to times.txt. On the project's GPU machines (no console scripts installed) run it after
 # `source .gpu/setup.sh`.
 set -euo pipefail
 out="${1:-tmp/cold-start}"
@@ -47,7 +48,7 @@ cold() {
   start=$(date +%s.%N)
   MPLCONFIGDIR="$fresh/mpl" TORCHINDUCTOR_CACHE_DIR="$fresh/inductor" TRITON_CACHE_DIR="$fresh/triton" \
     PYTHONDONTWRITEBYTECODE=1 PYTHONPATH="${prefix:+$prefix:}${PYTHONPATH:-}" \
-    python3 -m "$module" "${model[@]}" "$@" "hydra.run.dir=$out/$label" >"$out/$label.log" 2>&1 \
+    python3 ${IMPORTTIME:+-X importtime} -m "$module" "${model[@]}" "$@" "hydra.run.dir=$out/$label" >"$out/$label.log" 2>&1 \
     || echo "$label: exit $? (see $out/$label.log)" | tee -a "$out/times.txt"
   end=$(date +%s.%N)
   rm -rf "$fresh"
@@ -72,6 +73,14 @@ if times:
 print("\n".join(steps) if steps else "  (no step lines: see the log)")
 if times:
     print(f"  after the last log line: {end - times[-1]:.1f} s (reports, summary, exit)")
+imports = []  # `-X importtime` lines: "import time: self | cumulative | name" (a nested import indented)
+for line in (run_dir.parent / f"{label}.log").read_text(errors="replace").splitlines():
+    if line.startswith("import time:") and "|" in line:
+        _, cumulative, name = (part.strip() for part in line.split(":", 1)[1].split("|"))
+        if cumulative.isdigit():
+            imports.append((int(cumulative), name))
+for cumulative, name in sorted(imports, reverse=True)[:15]:
+    print(f"  import {name}: {cumulative / 1e6:.2f} s (cumulative)")
 PY
 }
 

@@ -1,7 +1,7 @@
 """The kinds of value a setting takes (a boolean, a whole number within bounds, a number with a unit, one of some
 words, a list of names, a folder inside the run folder, an output folder, inductor options), each with its `check`:
-a bad value is a one-paragraph :class:`UserError` naming the key and its fix. `settings_schema.SCHEMA` gives each
-setting its kind. Torch-free, free of the config libraries and of `settings_schema` (which imports it).
+a bad value is a one-paragraph :class:`UserError` naming the key and its fix. `config_schema`'s typed fields declare
+theirs (`setting(default, kind)`), `settings_schema.SCHEMA` the untyped groups' keys'. Torch-free.
 """
 
 from __future__ import annotations

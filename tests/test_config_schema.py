@@ -1,11 +1,12 @@
 """The commands' own nodes typed in one place (config_schema: stage1-run's, perf-whatif's): the composed config holds
 the schema's defaults and the YAML none of them; a key the schema lacks or a value of the wrong type is refused when
-the config is composed, and before that, on the command line, with one paragraph; every typed field has its range
-check."""
+the config is composed, and before that, on the command line, with one paragraph; every typed field declares its range
+(or is free-form), which SCHEMA takes."""
 
 from __future__ import annotations
 
 import dataclasses
+import typing
 from importlib.resources import files
 from pathlib import Path
 
@@ -16,7 +17,15 @@ from omegaconf import OmegaConf
 
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.config_data import stage1_nodes, whatif_nodes
-from llm_perf_opt.config_schema import SCHEMAS, Stage1Nodes, Stage2ReportSchema, WhatIfNodes, WhatIfSchema, typed_key
+from llm_perf_opt.config_schema import (
+    SCHEMAS,
+    Stage1Nodes,
+    Stage2ReportSchema,
+    WhatIfNodes,
+    WhatIfSchema,
+    typed_key,
+    typed_kinds,
+)
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.override_keys import check_override_keys
 from llm_perf_opt.settings_schema import SCHEMA
@@ -25,7 +34,7 @@ NODES = tuple(SCHEMAS["stage1_schema"])
 WHATIF_NODES = tuple(SCHEMAS["whatif_schema"])
 # Fields whose value is free text or a word checked by its reader (run.cpu_affinity: pin; hardware.peaks:
 # check_peaks_setting; run.data_parallel_baseline: a folder or a number; whatif.objective: judging_settings;
-# whatif.from_run: advised_plan; whatif.levers: read_levers), so they have no range in SCHEMA.
+# whatif.from_run: advised_plan; whatif.levers: read_levers), so they declare no kind.
 FREE = {"run.cpu_affinity", "run.data_parallel_baseline", "report.whatif_dir", "hardware.peaks"}
 FREE |= {"whatif.from_run", "whatif.name", "whatif.objective", "whatif.levers"}
 
@@ -74,12 +83,34 @@ def test_a_preset_sets_only_what_it_selects() -> None:
         assert {k for k, v in keys.items() if k in defaults and v == defaults[k]} == set(), preset.name
 
 
-def test_every_typed_field_has_its_range_check() -> None:
+def test_every_typed_field_declares_its_range_and_schema_holds_it() -> None:
     typed = set(leaves(Stage1Nodes())) | set(leaves(WhatIfNodes()))
-    unchecked = {key for key in typed - FREE if key not in SCHEMA and not key.endswith(".sampling")}
-    assert not unchecked
+    kinds = typed_kinds()
+    assert set(kinds) == {key for key in typed - FREE if not key.endswith(".sampling")}  # all but the free-form
+    assert {key: SCHEMA.get(key) for key in kinds} == kinds  # SCHEMA takes each field's own kind
     stale = {key for key in SCHEMA if key.split(".")[0] in (*NODES, *WHATIF_NODES)} - typed
-    assert not stale  # a SCHEMA key of these nodes that the schema no longer has
+    assert not stale  # a hand-written SCHEMA key of these nodes that the schema does not have
+
+
+def _annotation(key: str) -> object:
+    """The resolved type of a typed field (`run.device_defaults.cuda.repeats`: DeviceCounts' `int`)."""
+    node, *path = key.split(".")
+    here: typing.Any = {**SCHEMAS["stage1_schema"], **SCHEMAS["whatif_schema"]}[node]
+    for name in path:
+        hint = typing.get_type_hints(here)[name]
+        here = next((arg for arg in typing.get_args(hint) if dataclasses.is_dataclass(arg)), hint)
+    return hint
+
+
+def test_a_range_takes_null_exactly_where_its_field_is_optional() -> None:
+    """A kind that takes null on a field OmegaConf refuses it for (or the other way round) would let null through
+    to the schema's traceback, or refuse a default."""
+    nullable = {key: kind.nullable for key, kind in typed_kinds().items() if hasattr(kind, "nullable")}
+    for key, takes_null in nullable.items():
+        hint = _annotation(key)
+        if hint is not typing.Any:  # a word or a number, null included (run.device_defaults.*.max_images)
+            assert takes_null == (type(None) in typing.get_args(hint)), key
+    assert nullable["run.repeats"] and not nullable["run.batch_size"]
 
 
 @pytest.mark.parametrize("override", ["run.nonexistent=1", "runtime.kv_cachez=static", "run.batch_size=abc"])

@@ -40,6 +40,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "resources",
         "config_schema",
         "settings_schema",
+        "setting_kinds",
         "time_ledger",
     ),
     ("records",),  # typed records, saved and loaded

@@ -1,39 +1,63 @@
 """The typed schema of the commands' own config nodes (`stage1-run`'s `run`, `infer`, `outputs`, `runtime`, `report`,
-`hardware`; `perf-whatif`'s `whatif`, `whatif_run`): each setting's type and default, in one place, with what it does.
+`hardware`; `perf-whatif`'s `whatif`, `whatif_run`): each setting's type, default, range and doc, in one place.
 
 Plain dataclasses, torch-free and free of the config libraries, so any layer may read a typed node. `conf/` registers
 them in Hydra's ConfigStore (`SCHEMAS`): `stage1_schema` is the first entry of `conf/stage1.yaml`'s defaults list, so
 Hydra composes every command built on `stage1` (stage2-profile and perf-whatif include it) onto these nodes, and
 `whatif_schema` follows `stage1` in `conf/whatif.yaml`'s; a key they lack or a value of the wrong type is refused when
 the config is composed, and the YAML holds none of their defaults (a what-if preset sets only what it selects).
-The range of each value (a whole number ≥ 1, one of some words) is `settings_schema.SCHEMA`'s, checked first for a
-one-paragraph error. OmegaConf takes these field types: bool, int, float, str, Optional of one of them, nested
-dataclasses, `dict[str, Any]`, and `Any` where a value may be a word or a number.
+A field's range (a `setting_kinds` kind: a whole number ≥ 1, one of some words, ...) is declared with its default,
+`setting(default, kind)`; `settings_schema.SCHEMA` takes them (`typed_kinds`) and checks them first, for a
+one-paragraph error. A field without one is free-form, checked by its reader. OmegaConf takes these field types:
+bool, int, float, str, Optional of one of them, nested dataclasses, `dict[str, Any]`, and `Any` where a value may be
+a word or a number.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, Optional
+from collections.abc import Iterator
+from dataclasses import Field, dataclass, field, fields, is_dataclass
+from typing import Any, Final, Optional
+
+from llm_perf_opt.records.vocabulary import QUANTIZE_LABELS
+from llm_perf_opt.setting_kinds import Choice, Flag, InductorOptions, Kind, Names, Number, OutputFolder, Whole
 
 # OmegaConf 2.3 reads these annotations at runtime and takes `Optional[int]`, not `int | None`.
 # ruff: noqa: UP045
 
+KV_CACHES: Final = ("dynamic", "static")
+COMPILE_TARGETS: Final = ("none", "decode", "prefill_decode")
+COMPILE_MODES: Final = ("reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs", "default")
+OUTPUT_CHECKS: Final = ("auto", "always", "never")
+QUANTIZE_MODES: Final = tuple(QUANTIZE_LABELS)  # runtime.quantize: none, then torchao's weight quantizations
+#: Decode length a run may ask for when the model's config states no max_position_embeddings.
+MAX_NEW_TOKENS: Final = 1 << 20
+KIND: Final = "kind"  # a field's metadata key for its range
+
+
+def setting(default: Any, kind: Kind) -> Any:
+    """A typed field with its default (a list or dict is copied for each node) and its range."""
+    if isinstance(default, list | dict):
+        return field(default_factory=default.copy, metadata={KIND: kind})
+    return field(default=default, metadata={KIND: kind})
+
 
 @dataclass
 class DeviceCounts:
-    """The counts a run takes on one kind of device when `run.*`/`infer.*`/`dataset.*` leave them unset (null)."""
+    """The counts a run takes on one kind of device when `run.*`/`infer.*`/`dataset.*` leave them unset (null).
+    No defaults here (`DeviceDefaults` gives each device's), so the ranges are the fields' metadata."""
 
-    repeats: int
-    warmup: int
-    max_new_tokens: int
-    max_images: Any  # a number of inputs, `all`, or null (all)
+    repeats: int = field(metadata={KIND: Whole(1)})
+    warmup: int = field(metadata={KIND: Whole(0)})
+    max_new_tokens: int = field(metadata={KIND: Whole(1, MAX_NEW_TOKENS)})
+    #: A number of inputs, `all`, or null (all).
+    max_images: Any = field(metadata={KIND: Whole(1, nullable=True, words=("all",))})
     sampling: str  # dataset.sampling: which inputs max_images keeps
     #: With run.repeats unset: the timed passes of each input stop at about this many seconds (at least 3 passes,
     #: at most `repeats`), the count fixed from the run's first timed pass, so that very long passes (thousands of
     #: tokens, large batches) keep a run within minutes. Generous on purpose: fewer passes widen every interval (a
     #: what-if rung of 3 passes on an H200 called 8.6x "6.6-11.2x"). null: always `repeats`.
-    timed_seconds: Optional[float] = None
+    timed_seconds: Optional[float] = setting(None, Number(0.0, "seconds", above=True, nullable=True))
 
 
 @dataclass
@@ -51,45 +75,45 @@ class RunSchema:
     """`run:` how many passes, of what batch, on which cores, with which extra outputs."""
 
     #: Timed passes per input. null: the device default (`device_defaults`).
-    repeats: Optional[int] = None
+    repeats: Optional[int] = setting(None, Whole(1, nullable=True))
     #: Untimed warm-up passes per input before the timed ones. null: the device default.
-    warmup: Optional[int] = None
+    warmup: Optional[int] = setting(None, Whole(0, nullable=True))
     #: Pages (or prompts) per forward: vision runs per page (or batched: runtime.batch_vision), the decoder on the
     #: whole batch (left padding).
-    batch_size: int = 1
+    batch_size: int = setting(1, Whole(1))
     #: Fill every batch to run.batch_size with copies of its own inputs (one page: that page B times), e.g. to
     #: measure batch 8 on a single document.
-    fill_batches: bool = False
+    fill_batches: bool = setting(False, Flag())
     #: CUDA, run.batch_size > 1: before the first pass, refuse a batch whose estimate (weights + KV cache at the batch
     #: and full length + activations from the analytic model, x2) exceeds the memory free beside the weights, naming
     #: the largest batch that fits. false: run it anyway.
-    check_batch_fit: bool = True
+    check_batch_fit: bool = setting(True, Flag())
     device_defaults: DeviceDefaults = field(default_factory=DeviceDefaults)
     #: Warn when a stage's coefficient of variation over the timed passes exceeds this.
-    cv_warn: float = 0.10
+    cv_warn: float = setting(0.10, Number(0.0, "(coefficient of variation)"))
     #: Pin the process to CPU cores, for host-paced timings that may be steadier (measured both ways on the H100s:
     #: docs/benchmarks-history.md): none, auto (a CUDA run takes 4 cores near its GPU; a CPU run is not pinned), or
     #: cores such as '2-5'. torch's intra-op threads follow.
     cpu_affinity: str = "none"
     #: Keep each input's prefill logits (last prompt position, first timed pass) in prefill_logits.pt, so that runs
     #: in separate processes can compare their outputs (perf-whatif sets it).
-    save_prefill_logits: bool = False
+    save_prefill_logits: bool = setting(False, Flag())
     #: After the timed passes, one untimed eager pass per input (dynamic cache) that keeps the two highest logits
     #: behind each generated token in top2_logits.json: how near a tie each greedy choice was (perf-whatif sets it for
     #: its baseline and judges the other rungs' output departures by it).
-    save_top2_logits: bool = False
+    save_top2_logits: bool = setting(False, Flag())
     #: Open the CUDA profiler (cudaProfilerStart/Stop) around the first timed prefill and the middle decode step of
     #: that pass only, for `ncu --profile-from-start off` (stage2-profile sets it for its Nsight Compute workloads).
     #: CUDA only.
-    profiler_window: bool = False
+    profiler_window: bool = setting(False, Flag())
     #: Data parallel over the GPUs of a host: N processes, each on its own GPU timing every N-th input (all of them
     #: when there are fewer inputs than processes), at once; data_parallel.{md,json} gives each GPU's pages/s, their
     #: sum and the scaling efficiency (docs/guide/compare-and-sweeps.md). `stage1-run run.data_parallel=N` starts the
     #: N processes itself (cuda:0 to cuda:N-1; device=cpu: N processes on the CPU), each in <run>/shard-K/.
-    data_parallel: int = 1
+    data_parallel: int = setting(1, Whole(1))
     #: Which of the N shards this process times (0 to N-1): set by run.data_parallel=N for its processes, or swept
     #: in a Hydra multirun (`-m hydra/launcher=joblib ... run.data_parallel=N run.shard=0,...,N-1`).
-    shard: Optional[int] = None
+    shard: Optional[int] = setting(None, Whole(0, nullable=True))
     #: The single-GPU pages/s of the same workload that the scaling efficiency is against: a stage1-run folder (its
     #: pages over the span of its timed passes) or a number. null: no efficiency.
     data_parallel_baseline: Any = None
@@ -100,19 +124,23 @@ class InferSchema:
     """`infer:` decoding."""
 
     #: Tokens generated per pass (fixed: min_new_tokens = max_new_tokens, EOS ignored). null: the device default.
-    max_new_tokens: Optional[int] = None
+    max_new_tokens: Optional[int] = setting(None, Whole(1, MAX_NEW_TOKENS, nullable=True))
 
 
 @dataclass
 class LegacyPredictions:
-    strip_special_tokens: Optional[bool] = None  # -> pipeline.torch_profiler.output.extra.deepseek_ocr.prediction
+    #: -> pipeline.torch_profiler.output.extra.deepseek_ocr.prediction
+    strip_special_tokens: Optional[bool] = setting(None, Flag(nullable=True))
 
 
 @dataclass
 class LegacyVisualization:
-    enable: Optional[bool] = None  # -> pipeline.torch_profiler.output.visualization.enable
-    max_images: Optional[int] = None  # -> pipeline.torch_profiler.output.extra.deepseek_ocr.visualization
-    thumbnail_width: Optional[int] = None  # -> pipeline.torch_profiler.output.extra.deepseek_ocr.visualization
+    #: -> pipeline.torch_profiler.output.visualization.enable
+    enable: Optional[bool] = setting(None, Flag(nullable=True))
+    #: -> pipeline.torch_profiler.output.extra.deepseek_ocr.visualization
+    max_images: Optional[int] = setting(None, Whole(1, nullable=True))
+    #: -> pipeline.torch_profiler.output.extra.deepseek_ocr.visualization
+    thumbnail_width: Optional[int] = setting(None, Whole(16, nullable=True))
 
 
 @dataclass
@@ -120,7 +148,8 @@ class OutputsSchema:
     """`outputs:` legacy output keys, read until their removal on 2027-03-01; each one set logs its new key
     (output_settings.py). null: not set."""
 
-    save_predictions: Optional[bool] = None  # -> pipeline.torch_profiler.output.prediction.enable
+    #: -> pipeline.torch_profiler.output.prediction.enable
+    save_predictions: Optional[bool] = setting(None, Flag(nullable=True))
     predictions: LegacyPredictions = field(default_factory=LegacyPredictions)
     visualization: LegacyVisualization = field(default_factory=LegacyVisualization)
 
@@ -130,40 +159,40 @@ class RuntimeSchema:
     """`runtime:` how the decoder runs (`session.runtime.RuntimeSettings` reads it)."""
 
     #: dynamic: transformers' DynamicCache (grows every step) | static: StaticCache sized for the prompt + new tokens.
-    kv_cache: str = "dynamic"
+    kv_cache: str = setting("dynamic", Choice(KV_CACHES))
     #: none | decode (torch.compile of the decode step; needs kv_cache=static) | prefill_decode (also the decoder's
     #: prefill; vision stays eager so that its sub-stages are still timed).
-    compile: str = "none"
+    compile: str = setting("none", Choice(COMPILE_TARGETS))
     #: reduce-overhead (CUDA graphs; CUDA only) | max-autotune (autotuned kernels and coordinate-descent tuning, in
     #: CUDA graphs; CUDA only) | max-autotune-no-cudagraphs | default
-    compile_mode: str = "reduce-overhead"
+    compile_mode: str = setting("reduce-overhead", Choice(COMPILE_MODES))
     #: Inductor options set on top of compile_mode's own (torch._inductor.config names), e.g.
     #: +runtime.compile_options.coordinate_descent_tuning=true. Empty: the mode as torch defines it.
-    compile_options: dict[str, Any] = field(default_factory=dict)
+    compile_options: dict[str, Any] = setting({}, InductorOptions())
     #: none | a compile mode (as compile_mode) for the vision stage modules (SAM, CLIP, projector): each one's forward
     #: is compiled apart, so its stage is still timed; the FLOP count and the eager reference run them eagerly.
-    compile_vision: str = "none"
+    compile_vision: str = setting("none", Choice(("none", *COMPILE_MODES)))
     #: true: the views of every input of a batch go through the vision stages together, one call per view shape
     #: (global views together, tiles together), then split back per input (needs run.batch_size > 1; DeepSeek-OCR v1
     #: and OCR-2). The vision sub-stage times are then the batch's. false: each input's vision on its own, in turn.
-    batch_vision: bool = False
+    batch_vision: bool = setting(False, Flag())
     #: Threads that preprocess the inputs of a batch together (0 or 1: one after the other, in the pass's thread).
     #: Decoding and resizing a page mostly releases the GIL, so on a host with cores to spare a batch's preprocessing
     #: takes about its longest page instead of the sum (each input's preprocess time is then its share of the batch's).
-    preprocess_workers: int = 0
+    preprocess_workers: int = setting(0, Whole(0))
     #: Decode the next pass's page files (open, upright, load: the host part of preprocessing) on threads
     #: (max(1, preprocess_workers) of them) while a pass runs on the device, so the next pass prepares from decoded
     #: images; its preprocess time is then the wait for them plus the rest of preprocessing, as in a steady stream of
     #: batches (the run's first pass decodes its own). Text prompts have nothing to decode ahead.
-    prefetch_pages: bool = False
+    prefetch_pages: bool = setting(False, Flag())
     #: Static cache length for every input (null: each batch's prompt + infer.max_new_tokens). One length for all
     #: inputs gives one compiled decode graph instead of one per prompt length.
-    static_cache_len: Optional[int] = None
+    static_cache_len: Optional[int] = setting(None, Whole(2, nullable=True))
     #: Record which experts each decode step's MoE router picked (MoE decoders only).
-    record_routing: bool = True
+    record_routing: bool = setting(True, Flag())
     #: Compare each run's tokens and prefill logits with an eager dynamic-cache run of the same input:
     #: auto (when the runtime or batch differs from eager, dynamic, batch 1) | always | never.
-    output_check: str = "auto"
+    output_check: str = setting("auto", Choice(OUTPUT_CHECKS))
     #: Weight quantization through torchao (optional: not installed with the toolkit; pip install torchao) of every
     #: nn.Linear outside the vision stages (the language model's attention projections, dense MLPs, shared experts,
     #: lm_head; fused routed experts are no Linear and keep the model's dtype), applied once the model is built and
@@ -171,7 +200,7 @@ class RuntimeSchema:
     #: activations). float8 needs a CUDA GPU of compute capability 8.9 or newer. Changes numerics: the eager
     #: reference of output_check runs the quantized model too, so judge the outputs with perf-whatif
     #: (whatif=quantize) against an unquantized baseline.
-    quantize: str = "none"
+    quantize: str = setting("none", Choice(QUANTIZE_MODES))
 
 
 @dataclass
@@ -184,7 +213,7 @@ class ReportSchema:
     #: false: write the records only (metrics.json, operators.json, ...), no Markdown or plots; `stage1-report
     #: <folder>` renders them later (perf-whatif's rungs do this: it renders every rung once, in parallel, when it
     #: ends).
-    render: bool = True
+    render: bool = setting(True, Flag())
 
 
 @dataclass
@@ -202,9 +231,9 @@ class HardwareSchema:
 
     #: Overrides for the MFU denominator (dense TFLOP/s for the compute dtype), for GPUs missing from the table or
     #: for the CPU. null: the table's.
-    peak_tflops: Optional[float] = None
+    peak_tflops: Optional[float] = setting(None, Number(0.0, "TFLOP/s", above=True, nullable=True))
     #: Override for the MBU denominator (memory bandwidth, GB/s). null: the table's.
-    peak_bandwidth_gbps: Optional[float] = None
+    peak_bandwidth_gbps: Optional[float] = setting(None, Number(0.0, "GB/s", above=True, nullable=True))
     #: MFU/MBU denominators: datasheet peaks only, or also the achievable peaks of this GPU ("measured": a large GEMM
     #: and copy timed once per device, dtype and torch version, cached in ~/.cache/llm_perf_opt/).
     peaks: str = "datasheet"
@@ -229,9 +258,9 @@ class LatencyTargetSchema:
     met; null: not asked)."""
 
     #: Time to last token of a page (its pass end to end, at the measured decode length).
-    ttlt_p90_ms: Optional[float] = None
+    ttlt_p90_ms: Optional[float] = setting(None, Number(0.0, "ms", above=True, nullable=True))
     #: Time to first token of a page (its pass's preprocessing and prefill).
-    ttft_p90_ms: Optional[float] = None
+    ttft_p90_ms: Optional[float] = setting(None, Number(0.0, "ms", above=True, nullable=True))
 
 
 @dataclass
@@ -254,7 +283,7 @@ class WhatIfSchema:
     objective: Optional[str] = None
     #: Flag rungs whose peak GPU memory exceeds this many GiB (null: no budget; > 1.5x the baseline's is always
     #: flagged).
-    memory_budget_gib: Optional[float] = None
+    memory_budget_gib: Optional[float] = setting(None, Number(0.0, "GiB", above=True, nullable=True))
     #: The levers, free-form (checked by `pipeline.whatif.read_levers`): name -> {overrides: [key=value, ...],
     #: about: text, changes: latency | workload, needs: cuda}; `+whatif.levers.<name>={...}` adds one.
     #: whatif=advised builds them from the folder's advice and takes none here.
@@ -266,61 +295,63 @@ class WhatIfRunSchema:
     """`whatif_run:` how perf-whatif runs its rungs and builds its ladder."""
 
     #: Levers to leave out of the preset (names), e.g. [attn_eager].
-    exclude: Optional[list[str]] = field(default_factory=list)
+    exclude: Optional[list[str]] = setting([], Names("static_cache,attn_eager"))
     #: launcher=local: devices the rungs run on, one rung per device at a time (each its own process), e.g.
     #: [cuda:0, cuda:1]. null: the `device` setting, one rung after another.
-    devices: Optional[list[str]] = None
+    devices: Optional[list[str]] = setting(None, Names("cuda:0,cuda:1"))
     #: How the rungs run: local (perf-whatif starts each rung as its own stage1-run process, one per device at a
     #: time) or hydra (each phase, i.e. the baseline, the levers alone, the ladder, one `stage1-run -m` multirun
     #: through the Hydra launcher that hydra_launcher picks; each rung's levers become a config in rung_configs/).
-    launcher: str = "local"
+    launcher: str = setting("local", Choice(("local", "hydra")))
     #: launcher=hydra: the overrides that choose and configure Hydra's launcher; []: the basic one, one rung after
     #: another. On the command line each one quoted (it holds an =), e.g.
     #: 'whatif_run.hydra_launcher=["hydra/launcher=joblib","hydra.launcher.n_jobs=2"]' (each job claims a free GPU)
     #: or 'whatif_run.hydra_launcher=["hydra/launcher=submitit_slurm","hydra.launcher.gpus_per_node=1"]' (a cluster).
-    hydra_launcher: Optional[list[str]] = field(default_factory=list)
+    hydra_launcher: Optional[list[str]] = setting([], Names('"hydra/launcher=joblib","hydra.launcher.n_jobs=2"'))
     #: Seconds one rung may take (model build, compilation and passes); null: no limit. launcher=hydra: a phase
     #: may take this times its rungs.
-    rung_timeout_s: Optional[float] = None
+    rung_timeout_s: Optional[float] = setting(None, Number(0.0, "seconds", above=True, nullable=True))
     #: Build once, reuse: true: with random weights, the first rung saves the built model in <run>/model_cache/ and
     #: the others load it instead of building it (model.cache_dir; removed when the run ends). Off by default: on the
     #: H100 (2026-11-25) building v1's random weights on the GPU takes 0.2 s, saving them 12.1 s and loading them 1.9 s.
-    reuse_model: bool = False
+    reuse_model: bool = setting(False, Flag())
     #: launcher=local: fork each rung from one process that imported torch, transformers and the pipeline once,
     #: instead of starting a fresh interpreter per rung (each rung is still a process of its own, with its own CUDA
     #: context and compiled state). On the project's H100 machines the imports take ~13 s a rung (2026-11-26);
     #: false: fresh ones.
-    fork_rungs: bool = True
+    fork_rungs: bool = setting(True, Flag())
     #: launcher=local: start the next rung on a device while the previous one finishes without it (the profiler's
     #: post-processing, writing its records, its exit: 4-6 s a rung on the H100), where no energy pass needs that
     #: time as its idle window and a second rung fits in the device's memory. The next rung builds the model and
     #: counts FLOPs meanwhile; its compilation, warm-up and timed passes wait for the previous process to end.
-    overlap_rungs: bool = True
+    overlap_rungs: bool = setting(True, Flag())
     #: Inductor's cache the rungs share (TORCHINDUCTOR_CACHE_DIR for each rung's process), so later rungs reuse the
     #: FX graphs, kernels and autotuning of earlier ones: user (${XDG_CACHE_HOME:-~/.cache}/llm_perf_opt/inductor,
     #: kept: later what-if runs start warm), run (<run>/inductor_cache/, removed when the run ends: every what-if run
     #: compiles from cold), a folder of your own (kept), or null (the environment's TORCHINDUCTOR_CACHE_DIR, else
     #: inductor's default /tmp/torchinductor_<user>).
-    inductor_cache: Optional[str] = "user"
+    inductor_cache: Optional[str] = setting("user", OutputFolder(nullable=True, words=("user", "run")))
     #: Build the cumulative ladder of the levers that helped (false: baseline and each lever alone only).
-    ladder: bool = True
+    ladder: bool = setting(True, Flag())
     #: The levers a ladder may take: those that changed only latency (false: workload-changing levers too).
-    ladder_latency_only: bool = True
+    ladder_latency_only: bool = setting(True, Flag())
     #: The ladder stacks only levers whose generated tokens equal the baseline's (the others stay in the table, left
     #: off the ladder with the reason); with ladder_max_logit_diff, also the prefill logits within it. false: any.
     #: Where a rung that changed nothing (its levers set what the baseline already ran) departs from the baseline at
     #: token k, the baseline's own outputs do not repeat from run to run from k on, and only tokens before k are
     #: compared.
-    ladder_identical_outputs: bool = True
+    ladder_identical_outputs: bool = setting(True, Flag())
     #: The largest max |Δ| of the prefill logits against the baseline's a ladder lever may have (null: any).
-    ladder_max_logit_diff: Optional[float] = None
+    ladder_max_logit_diff: Optional[float] = setting(None, Number(0.0, "logits", nullable=True))
     #: A rung's tokens that depart from the baseline's where the baseline's own top two candidates were nearly tied
     #: count as the same output (for the outputs verdict and the ladder): the departing token is the baseline's
     #: runner-up there, and its logit is within this fraction of the baseline's top logit (0.01: 1.3 to 2.6 units in
     #: the last place of a bf16 logit; a fraction in [0, 1)). The baseline keeps its top two logits per token from
     #: one untimed eager pass per input (run.save_top2_logits). null: every departure counts; later tokens are never
     #: compared.
-    near_tie_tolerance: Optional[float] = 0.01
+    near_tie_tolerance: Optional[float] = setting(
+        0.01, Number(0.0, "(a fraction of the top logit, below 1)", nullable=True)
+    )
 
 
 @dataclass
@@ -344,18 +375,25 @@ SCHEMAS: dict[str, dict[str, type]] = {
 }
 
 
+def _fields(node: type, prefix: str) -> Iterator[tuple[str, Field[Any]]]:
+    """Each field of a typed node, the fields of the nodes nested in it included, with its dotted key."""
+    for f in fields(node):
+        yield f"{prefix}.{f.name}", f
+        value = f.default_factory() if callable(f.default_factory) else f.default
+        if is_dataclass(value):
+            yield from _fields(type(value), f"{prefix}.{f.name}")
+
+
+def _typed_fields() -> Iterator[tuple[str, Field[Any]]]:
+    return (item for nodes in SCHEMAS.values() for name, node in nodes.items() for item in _fields(node, name))
+
+
 def typed_key(key: str) -> bool:
-    """Whether a dotted key (`run.cv_warn`) is a field of a typed node: such a key cannot be deleted (`~key`)."""
-    node, _, rest = key.partition(".")
-    kinds = [nodes[node] for nodes in SCHEMAS.values() if node in nodes]
-    for kind in kinds:
-        parts = rest.split(".") if rest else []
-        while parts and is_dataclass(kind):
-            names = {f.name: f for f in fields(kind)}
-            if parts[0] not in names:
-                break
-            f = names[parts.pop(0)]
-            kind = type(f.default_factory() if callable(f.default_factory) else f.default)
-        if not parts:
-            return True
-    return False
+    """Whether a dotted key (`run.cv_warn`) is a typed node or a field of one: it cannot be deleted (`~key`)."""
+    return any(key in nodes for nodes in SCHEMAS.values()) or any(key == typed for typed, _ in _typed_fields())
+
+
+def typed_kinds() -> dict[str, Kind]:
+    """Each typed field's range (`settings_schema.SCHEMA` holds them): dotted key -> kind. A field without one is
+    free-form, checked by its reader."""
+    return {key: f.metadata[KIND] for key, f in _typed_fields() if KIND in f.metadata}

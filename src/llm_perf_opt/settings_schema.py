@@ -1,183 +1,33 @@
 """Every setting's range, in one table, checked once when a command's config is composed, before any process or
 model starts.
 
-:data:`SCHEMA` maps a dotted key to its kind (a boolean, a whole number within bounds, a number, one of some words, a
-list of names, a folder that stays inside the run folder, an output folder, inductor options); :func:`check_settings`
-checks each key the composed config holds and raises a :class:`UserError` naming the first bad one. The type and
-default of the commands' own nodes (run, infer, outputs, runtime, report, hardware, whatif, whatif_run) are
-`config_schema`'s dataclasses, which Hydra composes onto; each of their fields has its kind here
-(`tests/test_config_schema.py` checks both agree), and `override_keys` checks a command line's values of these keys
-before composing, so a bad one is this paragraph, never the schema's traceback. The readers below it (the typed
-settings records of each stage) use the same checks (`errors.require_*`), so a value is read one way everywhere.
-Torch-free: `cli/common.launch` runs it before Hydra starts, and each command again on its composed config (so a
-sweep's job refuses its own bad value into its failed folder). A check that needs more than the value (the model's
-positions) is a cross check at the end.
+:data:`SCHEMA` maps a dotted key to its kind (`setting_kinds`); :func:`check_settings` checks each key the composed
+config holds and raises a :class:`UserError` naming the first bad one. The commands' own nodes (run, infer, outputs,
+runtime, report, hardware, whatif, whatif_run) declare each field's kind beside its type and default in
+`config_schema`, and SCHEMA takes them from there (`typed_kinds`); the keys of the config groups not typed yet
+(model, dataset, pipeline, stage2, analytic) and Hydra's output folders have theirs here. `override_keys` checks a
+command line's values of typed keys before composing, so a bad one is this paragraph, never the schema's traceback.
+The readers (the typed settings records of each stage) use the same checks (`errors.require_*`), so a value is read
+one way everywhere. Torch-free: `cli/common.launch` runs it before Hydra starts, and each command again on its composed
+config (so a sweep's job refuses its own bad value into its failed folder). A check that needs more than the value (the
+model's positions) is a cross check at the end.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
-from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Final
 
-import attrs
-
-from llm_perf_opt.errors import UserError, require_bool, require_choice, require_number, require_whole
-from llm_perf_opt.records.vocabulary import QUANTIZE_LABELS
+from llm_perf_opt.config_schema import MAX_NEW_TOKENS, typed_kinds
+from llm_perf_opt.errors import UserError, require_whole
+from llm_perf_opt.setting_kinds import Choice, Flag, InsideRun, Kind, Number, OutputFolder, Whole
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-KV_CACHES: Final = ("dynamic", "static")
-COMPILE_TARGETS: Final = ("none", "decode", "prefill_decode")
-COMPILE_MODES: Final = ("reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs", "default")
-OUTPUT_CHECKS: Final = ("auto", "always", "never")
-QUANTIZE_MODES: Final = tuple(QUANTIZE_LABELS)  # runtime.quantize: none, then torchao's weight quantizations
-#: Decode length a run may ask for when the model's config states no max_position_embeddings.
-MAX_NEW_TOKENS: Final = 1 << 20
-#: Longest name of one folder (NAME_MAX on Linux and macOS).
-MAX_NAME_BYTES: Final = 255
-
-
-@attrs.frozen
-class Flag:
-    """true or false (null too when `nullable`)."""
-
-    nullable: bool = False
-
-    def check(self, key: str, value: object) -> None:
-        if not (value is None and self.nullable):
-            require_bool(key, value)
-
-
-@attrs.frozen
-class Whole:
-    """A whole number in [minimum, maximum]; `words` are also taken (`dataset.max_images=all`)."""
-
-    minimum: int
-    maximum: int | None = None
-    nullable: bool = False
-    words: tuple[str, ...] = ()
-
-    def check(self, key: str, value: object) -> None:
-        if (value is None and self.nullable) or (isinstance(value, str) and value in self.words):
-            return
-        require_whole(key, value, self.minimum, self.maximum)
-
-
-@attrs.frozen
-class Number:
-    """A finite number ≥ low (> low when `above`), in `unit`."""
-
-    low: float
-    unit: str
-    above: bool = False
-    nullable: bool = False
-
-    def check(self, key: str, value: object) -> None:
-        if not (value is None and self.nullable):
-            require_number(key, value, self.low, self.unit, above=self.above)
-
-
-@attrs.frozen
-class Choice:
-    """One of `options` (null reads as none where none is one)."""
-
-    options: tuple[str, ...]
-
-    def check(self, key: str, value: object) -> None:
-        require_choice(key, value, self.options)
-
-
-@attrs.frozen
-class Names:
-    """A list of names (never one string, which would be read letter by letter); null when `nullable`."""
-
-    example: str
-    nullable: bool = True
-
-    def check(self, key: str, value: object) -> None:
-        if value is None and self.nullable:
-            return
-        if isinstance(value, str) or not isinstance(value, list | tuple):
-            raise UserError(f"{key}={value} is not a list", f"Give a list in brackets, e.g. {key}=[{self.example}]")
-        bad = [item for item in value if not isinstance(item, str) or not item.strip()]
-        if bad:
-            raise UserError(f"{key} holds {bad[0]!r}, which is not a name", f"Give names, e.g. {key}=[{self.example}]")
-
-
-@attrs.frozen
-class InsideRun:
-    """A folder written by the run: relative ones must stay inside the run folder (absolute ones are used as
-    they are), so the jobs of a sweep never share one by accident."""
-
-    def check(self, key: str, value: object) -> None:
-        if not isinstance(value, str) or not value.strip():
-            raise UserError(f"{key}={value} is not a folder", f"Set {key} to a folder name inside the run folder")
-        path = PurePath(os.path.expanduser(value))
-        if not path.is_absolute() and os.path.normpath(path).split(os.sep)[0] == os.pardir:
-            raise UserError(
-                f"{key}={value} leaves the run folder (every run, and every job of a sweep, would write the same "
-                "files there)",
-                f"Set {key} to a folder inside the run folder (e.g. {path.name or 'predictions'}), or to an absolute "
-                "path if the files are meant to go elsewhere",
-            )
-        _check_names(key, value)
-
-
-@attrs.frozen
-class OutputFolder:
-    """A command's output folder (`hydra.run.dir`, `hydra.sweep.dir`, `model.cache_dir`): each name in it short
-    enough for the file system; null when `nullable`."""
-
-    nullable: bool = False
-    words: tuple[str, ...] = ()  # also taken (whatif_run.inductor_cache=user|run)
-
-    def check(self, key: str, value: object) -> None:
-        if (value is None and self.nullable) or value in self.words:
-            return
-        if not isinstance(value, str) or not value.strip():
-            raise UserError(f"{key}={value} is not a folder", f"Set {key} to a folder path")
-        _check_names(key, value)
-        path = Path(value).expanduser()
-        if path.exists() and not path.is_dir():
-            raise UserError(f"{key}={value} is a file, not a folder", f"Point {key} at a folder (or a new path)")
-
-
-@attrs.frozen
-class InductorOptions:
-    """Inductor options by name (`runtime.compile_options`), checked against the installed torch's inductor config
-    (`compile_options`, which imports it: only when some are set)."""
-
-    def check(self, key: str, value: object) -> None:
-        if value not in (None, {}):
-            from llm_perf_opt.compile_options import compile_options
-
-            compile_options(value)
-
-
-def _check_names(key: str, value: str) -> None:
-    long = next((part for part in PurePath(value).parts if len(part.encode()) > MAX_NAME_BYTES), None)
-    if long is not None:
-        raise UserError(
-            f"{key}: the folder name {long[:40]}… is {len(long.encode())} bytes long, more than the {MAX_NAME_BYTES} "
-            "a file system takes",
-            f"Shorten it in {key}",
-        )
-
-
-Kind = Flag | Whole | Number | Choice | Names | InsideRun | OutputFolder | InductorOptions
 OUTPUT = "pipeline.torch_profiler.output"
-_RUN_COUNTS: dict[str, Kind] = {
-    "repeats": Whole(1),
-    "warmup": Whole(0),
-    "max_new_tokens": Whole(1, MAX_NEW_TOKENS),
-    "max_images": Whole(1, nullable=True, words=("all",)),
-    "timed_seconds": Number(0.0, "seconds", above=True, nullable=True),
-}
 
-#: Every typed setting of every command: dotted key -> kind. A command's config holds some of them; the others
+#: Every checked setting of every command: dotted key -> kind. A command's config holds some of them; the others
 #: are not checked for it. Open maps (what-if levers, inductor options) are checked by their readers.
 SCHEMA: Final[Mapping[str, Kind]] = {
     # the model
@@ -192,35 +42,7 @@ SCHEMA: Final[Mapping[str, Kind]] = {
     "dataset.seed": Whole(0),
     "dataset.max_images": Whole(1, nullable=True, words=("all",)),
     "dataset.on_error": Choice(("skip", "fail")),
-    # the run
-    "run.repeats": Whole(1, nullable=True),
-    "run.warmup": Whole(0, nullable=True),
-    "infer.max_new_tokens": Whole(1, MAX_NEW_TOKENS, nullable=True),
-    "run.batch_size": Whole(1),
-    "run.fill_batches": Flag(),
-    "run.check_batch_fit": Flag(),
-    "run.cv_warn": Number(0.0, "(coefficient of variation)"),
-    "run.save_prefill_logits": Flag(),
-    "run.save_top2_logits": Flag(),
-    "run.profiler_window": Flag(),
-    "run.data_parallel": Whole(1),
-    "run.shard": Whole(0, nullable=True),
-    **{
-        f"run.device_defaults.{device}.{name}": kind for device in ("cpu", "cuda") for name, kind in _RUN_COUNTS.items()
-    },
-    # the decoder's runtime
-    "runtime.kv_cache": Choice(KV_CACHES),
-    "runtime.compile": Choice(COMPILE_TARGETS),
-    "runtime.compile_mode": Choice(COMPILE_MODES),
-    "runtime.compile_options": InductorOptions(),
-    "runtime.compile_vision": Choice(("none", *COMPILE_MODES)),
-    "runtime.batch_vision": Flag(),
-    "runtime.preprocess_workers": Whole(0),
-    "runtime.prefetch_pages": Flag(),
-    "runtime.static_cache_len": Whole(2, nullable=True),
-    "runtime.record_routing": Flag(),
-    "runtime.output_check": Choice(OUTPUT_CHECKS),
-    "runtime.quantize": Choice(QUANTIZE_MODES),
+    **typed_kinds(),  # the commands' own nodes: each field's kind from config_schema
     # the passes
     "pipeline.torch_profiler.enable": Flag(),
     "pipeline.torch_profiler.decode_steps": Whole(0),
@@ -238,11 +60,6 @@ SCHEMA: Final[Mapping[str, Kind]] = {
     f"{OUTPUT}.extra.deepseek_ocr.prediction.strip_special_tokens": Flag(),
     f"{OUTPUT}.extra.deepseek_ocr.visualization.max_images": Whole(1),
     f"{OUTPUT}.extra.deepseek_ocr.visualization.thumbnail_width": Whole(16),
-    "outputs.save_predictions": Flag(nullable=True),
-    "outputs.predictions.strip_special_tokens": Flag(nullable=True),
-    "outputs.visualization.enable": Flag(nullable=True),
-    "outputs.visualization.max_images": Whole(1, nullable=True),
-    "outputs.visualization.thumbnail_width": Whole(16, nullable=True),
     "pipeline.memory.enable": Flag(),
     "pipeline.memory.max_entries": Whole(1),
     "pipeline.memory.snapshot_max_mib": Number(0.0, "MiB"),
@@ -254,9 +71,6 @@ SCHEMA: Final[Mapping[str, Kind]] = {
     "pipeline.nsys.timeout_s": Number(0.0, "seconds", above=True),
     "pipeline.ncu.enable": Flag(),
     "pipeline.ncu.timeout_s": Number(0.0, "seconds", above=True),
-    "report.render": Flag(),
-    "hardware.peak_tflops": Number(0.0, "TFLOP/s", above=True, nullable=True),
-    "hardware.peak_bandwidth_gbps": Number(0.0, "GB/s", above=True, nullable=True),
     # stage2-profile
     "stage2.reuse_model": Flag(),
     **{f"stage2.modes.{mode}.bytes_pass": Flag() for mode in ("light", "deep")},
@@ -271,24 +85,6 @@ SCHEMA: Final[Mapping[str, Kind]] = {
     "analytic.tiles": Whole(0),
     "analytic.new_tokens": Whole(1, MAX_NEW_TOKENS),
     "analytic.text_tokens": Whole(0, nullable=True),
-    # perf-whatif
-    "whatif.memory_budget_gib": Number(0.0, "GiB", above=True, nullable=True),
-    "whatif.latency_target.ttlt_p90_ms": Number(0.0, "ms", above=True, nullable=True),
-    "whatif.latency_target.ttft_p90_ms": Number(0.0, "ms", above=True, nullable=True),
-    "whatif_run.exclude": Names("static_cache,attn_eager"),
-    "whatif_run.devices": Names("cuda:0,cuda:1"),
-    "whatif_run.launcher": Choice(("local", "hydra")),
-    "whatif_run.hydra_launcher": Names('"hydra/launcher=joblib","hydra.launcher.n_jobs=2"'),
-    "whatif_run.rung_timeout_s": Number(0.0, "seconds", above=True, nullable=True),
-    "whatif_run.reuse_model": Flag(),
-    "whatif_run.fork_rungs": Flag(),
-    "whatif_run.overlap_rungs": Flag(),
-    "whatif_run.inductor_cache": OutputFolder(nullable=True, words=("user", "run")),
-    "whatif_run.ladder": Flag(),
-    "whatif_run.ladder_latency_only": Flag(),
-    "whatif_run.ladder_identical_outputs": Flag(),
-    "whatif_run.ladder_max_logit_diff": Number(0.0, "logits", nullable=True),
-    "whatif_run.near_tie_tolerance": Number(0.0, "(a fraction of the top logit, below 1)", nullable=True),
     # where a command writes (hydra's own keys: composed with return_hydra_config)
     "hydra.run.dir": OutputFolder(),
     "hydra.sweep.dir": OutputFolder(),

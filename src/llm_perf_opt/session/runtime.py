@@ -9,11 +9,17 @@ import attrs
 import torch
 
 from llm_perf_opt.compile_options import compile_options
-from llm_perf_opt.config_schema import Stage1Nodes
+from llm_perf_opt.config_schema import (
+    COMPILE_MODES,
+    COMPILE_TARGETS,
+    KV_CACHES,
+    OUTPUT_CHECKS,
+    QUANTIZE_MODES,
+    Stage1Nodes,
+)
 from llm_perf_opt.errors import UserError, require_bool, require_choice, require_whole
 from llm_perf_opt.records.stage1 import DecoderRuntime, RuntimeRecord
 from llm_perf_opt.session.quantize import check_quantize
-from llm_perf_opt.settings_schema import COMPILE_MODES, COMPILE_TARGETS, KV_CACHES, OUTPUT_CHECKS, QUANTIZE_MODES
 
 
 @attrs.frozen

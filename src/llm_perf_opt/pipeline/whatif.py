@@ -258,17 +258,14 @@ def validate(overrides: Sequence[str]) -> str | None:
     from llm_perf_opt.session.runtime import RuntimeSettings
     from llm_perf_opt.settings_schema import check_config
 
-    checked: list[DictConfig] = []
-
-    def check(cfg: DictConfig) -> None:
-        check_config(cfg)
-        RuntimeSettings.from_nodes(stage1_nodes(cfg))
-        checked.append(cfg)
-
+    composed: list[DictConfig] = []  # by the key check, checked here rather than composed again
     try:
         with _outside_running_hydra():
-            check_override_keys("stage1", overrides, command="stage1-run", check=check)
-            if not checked:  # the key check composed nothing (e.g. Hydra could not compose it there): compose here
+            check_override_keys("stage1", overrides, command="stage1-run", check=composed.append)
+            for cfg in composed:
+                check_config(cfg)
+                RuntimeSettings.from_nodes(stage1_nodes(cfg))
+            if not composed:  # the key check composed nothing (e.g. Hydra could not compose it there): compose here
                 RuntimeSettings.from_nodes(stage1_nodes(compose_config("stage1", *overrides)))
     except UserError as exc:
         return str(exc)

@@ -132,8 +132,10 @@ def wait_for_log(folder: Path, needle: str, process: subprocess.Popen[str], time
 
 
 def run_whatif(config_dir: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
-    """`perf-whatif --config-dir <config_dir> <overrides>` in a child process."""
-    return run_cli("llm_perf_opt.cli.whatif", "--config-dir", str(config_dir), *overrides, timeout=900)
+    """`perf-whatif --config-dir <config_dir> <overrides>` in this process (`run_main`); its fork server, rungs and
+    Hydra multiruns are processes of their own as in a real run. The console script's own process, exit on a stop
+    signal included, is tested with `subprocess.Popen` (test_whatif_cli, test_whatif_hydra)."""
+    return run_main("llm_perf_opt.cli.whatif", "--config-dir", str(config_dir), *overrides)
 
 
 def preset_dir(root: Path, name: str, preset: str) -> Path:

@@ -14,7 +14,7 @@ from PIL import Image
 from transformers import DeepseekOcr2Config
 
 import llm_perf_opt.conf
-from helpers import run_cli, run_main
+from helpers import run_main
 from llm_perf_opt.analytic.workload import MeasuredInput, RunWorkload
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.config_data import plain
@@ -67,9 +67,7 @@ def test_unknown_gpu_key_is_a_user_error() -> None:
 @pytest.mark.slow
 def test_command_writes_json_and_markdown(tmp_path: Path) -> None:
     out = tmp_path / "an"
-    done = run_cli(
-        "llm_perf_opt.cli.analytic", "model=deepseek_ocr2", "analytic.tiles=2", f"hydra.run.dir={out}", timeout=120
-    )
+    done = run_main("llm_perf_opt.cli.analytic", "model=deepseek_ocr2", "analytic.tiles=2", f"hydra.run.dir={out}")
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads((out / "static_analysis/analytic_model/report.json").read_text())
     assert report["workload"]["tiles"] == 2 and report["workload"]["image_tokens"] == 545
@@ -85,7 +83,7 @@ def test_named_workload_is_priced_and_measured_alike(tmp_path: Path) -> None:
     assert r["workload_profile"]["name"] == "ocr2-snippet"
     assert r["workload"]["tiles"] == 0 and r["workload"]["new_tokens"] == 64 and r["workload"]["image_tokens"] == 257
     out = tmp_path / "run"
-    done = run_cli(
+    done = run_main(
         "llm_perf_opt.cli.stage1",
         "model=deepseek_ocr2_tiny",
         "workload=ocr2-snippet",
@@ -93,7 +91,6 @@ def test_named_workload_is_priced_and_measured_alike(tmp_path: Path) -> None:
         "run.repeats=1",
         "pipeline/torch_profiler=min",
         f"hydra.run.dir={out}",
-        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     metrics = json.loads((out / "metrics.json").read_text())

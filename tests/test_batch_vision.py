@@ -44,6 +44,12 @@ def noisy_pages(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     return out
 
 
+@pytest.fixture(scope="module")
+def v1_expected(v1_session: InferenceSession, noisy_pages: list[Path]) -> list[tuple[int, ...]]:
+    """Each noisy page's tokens run alone (eager, batch 1) by the tiny v1 model."""
+    return [v1_session.run_image(p, NEW_TOKENS, nvtx=False).token_ids for p in noisy_pages]
+
+
 @pytest.fixture
 def eager_backend(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """torch.compile traced with the eager backend (the compile bookkeeping without inductor's minutes)."""
@@ -105,14 +111,13 @@ def test_ocr2_batched_embeddings_equal_each_page_alone(tiny_session, noisy_pages
 
 
 @pytest.mark.slow
-def test_v1_batched_vision_gives_each_page_its_tokens_and_times_the_batch(v1_session, noisy_pages) -> None:
-    expected = [v1_session.run_image(p, NEW_TOKENS, nvtx=False).token_ids for p in noisy_pages]
+def test_v1_batched_vision_gives_each_page_its_tokens_and_times_the_batch(v1_session, noisy_pages, v1_expected) -> None:
     session = v1_session.with_runtime(BATCH_VISION)
     try:
         m = session.run_batch(noisy_pages, NEW_TOKENS, nvtx=False)
     finally:
         session.close()
-    assert [p.token_ids for p in m.pages] == expected
+    assert [p.token_ids for p in m.pages] == v1_expected
     for stage in session.vision_stages:
         assert m.stage_calls[stage] == 2  # once per view group (the global views, the tiles), not per page
         shares = [p.vision_ms[stage] for p in m.pages]
@@ -124,8 +129,7 @@ def test_v1_batched_vision_gives_each_page_its_tokens_and_times_the_batch(v1_ses
 
 
 @pytest.mark.slow
-def test_compiled_vision_and_prefill_at_the_batch_shapes(v1_session, noisy_pages, eager_backend) -> None:
-    expected = [v1_session.run_image(p, NEW_TOKENS, nvtx=False).token_ids for p in noisy_pages]
+def test_compiled_vision_and_prefill_at_the_batch_shapes(v1_session, noisy_pages, v1_expected, eager_backend) -> None:
     runtime = RuntimeSettings(
         kv_cache="static",
         compile="prefill_decode",
@@ -140,7 +144,7 @@ def test_compiled_vision_and_prefill_at_the_batch_shapes(v1_session, noisy_pages
         again = session.run_batch(noisy_pages, NEW_TOKENS, nvtx=False)
     finally:
         session.close()
-    assert [p.token_ids for p in first.pages] == [p.token_ids for p in again.pages] == expected
+    assert [p.token_ids for p in first.pages] == [p.token_ids for p in again.pages] == v1_expected
     vision_shapes = {e.shape for e in first.compile_events if e.function == vocab.VISION_SAM}
     assert vision_shapes == {(3, 3, 1024, 1024), (12, 3, 640, 640)}  # 11 tiles padded to a multiple of the batch
     assert {e.function for e in first.compile_events} >= {"prefill", "decode"}

@@ -101,8 +101,13 @@ def test_text_batch_equals_prompts_alone(qwen_session) -> None:
 
 @pytest.mark.slow
 def test_eager_attention_takes_an_additive_mask(compose_model, v2_pages) -> None:
+    """Two pages of different prompt lengths (0 and 2 tiles): the shorter one is padded (the third page would only
+    add eager vision over 3 more tiles)."""
+    pages = v2_pages[:2]
     session = InferenceSession.load(compose_model("model=deepseek_ocr2_tiny", "model.attn_implementation=eager"), CPU)
-    assert [p.token_ids for p in batched(session, v2_pages, BATCH).pages] == alone(session, v2_pages)
+    measured = batched(session, pages, RuntimeSettings(batch_size=2))
+    assert len({p.prompt_tokens for p in measured.pages}) == 2
+    assert [p.token_ids for p in measured.pages] == alone(session, pages)
 
 
 def test_batch_figures(v2_batch) -> None:

@@ -28,17 +28,25 @@ DECODE = RuntimeSettings(kv_cache="static", compile="decode", compile_mode="defa
 PREFILL_DECODE = RuntimeSettings(kv_cache="static", compile="prefill_decode", compile_mode="default")
 
 
+def dynamo_eager(fn: Any, _mode: str, _options: Any = (), dynamic: bool | None = None) -> Any:
+    """`compiled.compile_function` with Dynamo's "eager" backend in place of the mode's."""
+    return torch.compile(fn, backend="eager", **({} if dynamic is None else {"dynamic": dynamic}))
+
+
 @pytest.fixture(autouse=True)
 def traced_by_dynamo(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """torch.compile with the "eager" backend: TorchDynamo traces and guards as for inductor, no code generation."""
+    """torch.compile with the "eager" backend: TorchDynamo traces and guards as for inductor, no code generation. The
+    step's `dynamic` is passed on: compiled vision asks for static graphs (a dynamic-shape retrace of SAM for a
+    page's second view shape took 23 of this file's 60 s)."""
     torch._dynamo.reset()
-    monkeypatch.setattr(compiled, "compile_function", lambda fn, *_: torch.compile(fn, backend="eager"))
+    monkeypatch.setattr(compiled, "compile_function", dynamo_eager)
     yield
     torch._dynamo.reset()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def eager_tokens(tiny_session, page_images) -> dict[str, Any]:
+    """The eager reference of both pages (the session is shared and left as it was: one reference per module)."""
     return {page: tiny_session.run_image(page_images[page], NEW_TOKENS, nvtx=False) for page in ("small", "two_tiles")}
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-from helpers import greedy_by_recomputation, run_cli, run_main
+from helpers import greedy_by_recomputation, run_main
 from llm_perf_opt.config_data import plain
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.instruments.timing import StageRecorder
@@ -175,7 +175,7 @@ def test_run_image_times_the_v1_vision_stages(
 @pytest.mark.slow
 def test_stage1_run_on_the_tiny_v1_model(tmp_path: Path, page_images: dict[str, Path]) -> None:
     run_dir = tmp_path / "run"
-    result = run_cli(
+    result = run_main(  # in this process: the console script's own process is test_stage1_cli's
         "llm_perf_opt.cli.stage1",
         "model=deepseek_ocr_tiny",
         "model.mode=base",

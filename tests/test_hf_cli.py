@@ -14,7 +14,7 @@ import yaml
 from PIL import Image
 from transformers import AutoModelForCausalLM
 
-from helpers import rope_table_flops, run_cli, run_main, stage2_settings
+from helpers import rope_table_flops, run_main, stage2_settings
 from hf_fixtures import LLAVA_IMAGE_TOKENS, preset_config, save_tiny_llava
 from llm_perf_opt.analytic.dense import DenseSpec, decode, prefill
 from llm_perf_opt.config_compose import compose_config
@@ -28,7 +28,8 @@ FAST = ["device=cpu", "pipeline/torch_profiler=min"]  # min: no gallery or trace
 
 
 def stage1(*overrides: str) -> subprocess.CompletedProcess[str]:
-    return run_cli("llm_perf_opt.cli.stage1", *overrides)
+    """`stage1-run` in this process (its own process is test_stage1_cli's): what a run of model=hf records."""
+    return run_main("llm_perf_opt.cli.stage1", *overrides)
 
 
 def read(out: Path, name: str) -> Any:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from helpers import run_cli
+from helpers import run_main
 from llm_perf_opt.records.folders import load_stage1
 
 
@@ -19,7 +19,7 @@ def test_same_file_name_in_two_subfolders_are_two_inputs(tmp_path: Path) -> None
         (root / sub).mkdir(parents=True)
         Image.new("RGB", size, "white").save(root / sub / "page.png")
     run_dir = tmp_path / "run"
-    done = run_cli(
+    done = run_main(  # in this process: what the run records, not the console script's process
         "llm_perf_opt.cli.stage1",
         "model=deepseek_ocr2_tiny",
         f"dataset.root={root}",

@@ -8,7 +8,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from helpers import run_cli, run_main
+from helpers import run_main
 from llm_perf_opt.records.common import PeakFigure
 from llm_perf_opt.records.folders import load_stage1_metrics
 from llm_perf_opt.records.stage1 import MeasuredPeaks
@@ -45,7 +45,7 @@ def test_peaks_setting_is_checked_and_cpu_keeps_the_datasheet(tmp_path: Path) ->
         f"hydra.run.dir={tmp_path / 'bad'}",
     )
     assert bad.returncode == 2 and "hardware.peaks" in bad.stderr
-    done = run_cli(
+    done = run_main(
         "llm_perf_opt.cli.stage1",
         "model=deepseek_ocr_tiny",
         "hardware.peaks=measured",

@@ -14,7 +14,7 @@ from types import ModuleType
 import attrs
 import pytest
 
-from helpers import FIXTURES, load_script, run_cli, run_main
+from helpers import FIXTURES, load_script, run_main
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.config_data import stage1_nodes, whatif_nodes
 from llm_perf_opt.config_schema import WhatIfSchema
@@ -32,7 +32,7 @@ from llm_perf_opt.measure.whatif_analysis import WhatIfAnalysis, WhatIfSettings
 from llm_perf_opt.pipeline.whatif import advised_config, check_whatif_settings, rungs_compile
 from llm_perf_opt.pipeline.whatif_advised import AdvisedPlan, advised_plan
 from llm_perf_opt.pipeline.whatif_judge import rejudge
-from llm_perf_opt.records.advice import Advice, Calibration, LeverCalibration, load_calibration, shipped_calibration
+from llm_perf_opt.records.advice import Advice, Calibration, LeverCalibration, load_calibration
 from llm_perf_opt.records.folders import WHATIF_FILE, load_stage1, load_whatif
 from llm_perf_opt.records.io import RecordError, dumps, load_file
 from llm_perf_opt.records.whatif import MEASURED, SKIPPED, AdvisedFrom, PredictionCheck, WhatIfRecord
@@ -327,10 +327,10 @@ WORKLOAD = (
 
 
 @pytest.mark.slow
-def test_an_advised_whatif_measures_the_runnable_levers(tmp_path: Path) -> None:
+def test_an_advised_whatif_measures_the_runnable_levers(tmp_path: Path, frozen_calibration: Calibration) -> None:
     out = tmp_path / "run"
     args = ("whatif=advised", f"whatif.from_run={BASELINE}", *WORKLOAD, f"hydra.run.dir={out}")
-    done = run_cli("llm_perf_opt.cli.whatif", *args, timeout=600)
+    done = run_main("llm_perf_opt.cli.whatif", *args)  # in this process; its rungs are processes of their own
     assert done.returncode == 0, done.stderr[-3000:]
     record = load_whatif(out)
     assert record.preset == "advised" and record.advised_from is not None
@@ -343,15 +343,14 @@ def test_an_advised_whatif_measures_the_runnable_levers(tmp_path: Path) -> None:
     checks = {c.lever: c for c in record.predictions}
     assert checks["batch"].measured_ms is not None and checks["batch"].baseline_ms is not None
     assert checks["cuda_graphs"].why_not == "skipped: needs a CUDA device (this run has none)"
-    if shipped_calibration().of("overlap_preprocess").factor > 0:  # else measured to save nothing: not advised
+    if frozen_calibration.of("overlap_preprocess").factor > 0:  # else measured to save nothing: not advised
         assert rungs["overlap_preprocess"].state == MEASURED  # runtime.prefetch_pages=true: the page decoded ahead
         assert checks["overlap_preprocess"].measured_ms is not None
     else:
         assert "overlap_preprocess" not in rungs and "overlap_preprocess" not in checks
     report = (out / "whatif.md").read_text()
-    batch = checks["batch"]  # predicted with the shipped calibration (this run is a process of its own)
-    shipped = shipped_calibration().of("batch")
-    assert batch.predicted_ms == pytest.approx(shipped.factor * batch.bound_ms)
+    batch = checks["batch"]  # predicted with the module's frozen calibration (the run is in this process)
+    assert batch.predicted_ms == pytest.approx(frozen_calibration.of("batch").factor * batch.bound_ms)
     row = (
         f"|`batch`|throughput|{batch.predicted_ms:,.1f} ({batch.predicted_low_ms:,.1f}–{batch.predicted_high_ms:,.1f})|"
     )

@@ -61,10 +61,10 @@ def check_override_keys(
     except (HydraException, ValueError):  # a sweep that cannot be enumerated here
         return
     for overrides in combinations:
-        unknown, keys = _unknown_keys(setup, overrides)
+        unknown, keys, composed = _unknown_keys(setup, overrides)
         if unknown:
             raise _error(unknown, keys, overrides, command)
-        cfg = _composed(setup, overrides)
+        cfg = composed if composed is not None else _composed(setup, overrides)
         if cfg is not None:
             (check or check_config)(cfg)
 
@@ -206,19 +206,25 @@ def _combinations(parsed: Sequence[Any], config_dir: str | None) -> Iterator[lis
         yield list(combination)
 
 
-def _unknown_keys(setup: _Setup, overrides: Sequence[str]) -> tuple[list[tuple[str, str]], list[str]]:
-    """The (key, override) pairs whose key the config lacks or that `+` adds inside a section of it, and the
-    config's keys without them. A group option that does not exist raises a UserError."""
+def _unknown_keys(
+    setup: _Setup, overrides: Sequence[str]
+) -> tuple[list[tuple[str, str]], list[str], DictConfig | None]:
+    """The (key, override) pairs whose key the config lacks or that `+` adds inside a section of it, the config's
+    keys without them, and the config composed with all of `overrides` where that was composed on the way (None
+    otherwise: `_composed` composes it). A group option that does not exist raises a UserError."""
     adds = [o for o in overrides if _adds_key(o, setup.config_dir)]
-    unknown, keys = _missing_keys(setup, [o for o in overrides if o not in adds])
+    unknown, keys, composed = _missing_keys(setup, [o for o in overrides if o not in adds])
     if keys:
         unknown += [(override_key(o), o) for o in adds if _lands_in_a_section(override_key(o), keys)]
-    return unknown, keys
+    return unknown, keys, None if adds or unknown else composed
 
 
-def _missing_keys(setup: _Setup, overrides: Sequence[str]) -> tuple[list[tuple[str, str]], list[str]]:
-    """The (key, override) pairs whose key the config lacks, and the config's keys without them ([] when the config
-    cannot be composed for another reason, which Hydra reports)."""
+def _missing_keys(
+    setup: _Setup, overrides: Sequence[str]
+) -> tuple[list[tuple[str, str]], list[str], DictConfig | None]:
+    """The (key, override) pairs whose key the config lacks, the config's keys without them ([] when the config
+    cannot be composed for another reason, which Hydra reports), and the config composed without them (None when it
+    could not be)."""
     from llm_perf_opt.config_compose import compose_config
 
     remaining = list(overrides)
@@ -229,7 +235,7 @@ def _missing_keys(setup: _Setup, overrides: Sequence[str]) -> tuple[list[tuple[s
         except MissingConfigException as exc:
             error = _missing_option(exc, setup.command)
             if error is None:
-                return unknown, []  # not a group option: Hydra reports it
+                return unknown, [], None  # not a group option: Hydra reports it
             raise error from None
         except ConfigCompositionException as exc:
             match = _UNKNOWN.search(str(exc))
@@ -238,12 +244,12 @@ def _missing_keys(setup: _Setup, overrides: Sequence[str]) -> tuple[list[tuple[s
                 schema_error = _schema_error(exc, setup.command)
                 if schema_error is not None:
                     raise schema_error from None
-                return unknown, []  # another composition error: Hydra reports it
+                return unknown, [], None  # another composition error: Hydra reports it
             unknown.append((override_key(culprit), culprit))
             remaining.remove(culprit)
             continue
-        return unknown, _flat_keys(cfg)
-    return unknown, []
+        return unknown, _flat_keys(cfg), cfg
+    return unknown, [], None
 
 
 def _adds_key(override: str, config_dir: str | None) -> bool:

@@ -41,6 +41,7 @@ from llm_perf_opt.records.stage1 import (
     PAGE_LM_PREFILL,
     PAGE_PREPROCESS,
     PAGE_VISION,
+    ModelInfo,
     PagePart,
     Stage1Metrics,
 )
@@ -459,11 +460,16 @@ def _module_proposal(f: RunFacts, role: str, kind: str, overrides: tuple[str, ..
     )
 
 
+GROUPED_EXPERTS = "model.experts_implementation=grouped_mm"  # the experts' grouped GEMM backend
+SDPA_ATTENTION = "model.attn_implementation=sdpa"  # the fused attention backend
+FUSED_EXPERTS = "a fused routed-experts kernel"  # the code change past the grouped GEMM
+
+
 def experts_backend(f: RunFacts) -> Proposal | None:
     """MoE experts far above their floor running the eager per-expert loop: a grouped GEMM runs them in one launch."""
     if not f.cuda or f.m.model.experts_implementation != "eager":
         return None
-    return _module_proposal(f, "experts", "experts_backend", ("model.experts_implementation=grouped_mm",), "")
+    return _module_proposal(f, "experts", "experts_backend", (GROUPED_EXPERTS,), "")
 
 
 def fused_experts(f: RunFacts) -> Proposal | None:
@@ -475,7 +481,7 @@ def fused_experts(f: RunFacts) -> Proposal | None:
     facts = f.modules_of("experts")
     if not facts:
         return None
-    code = f"a fused routed-experts kernel for `{facts[0].module}` (routing, gate/up, activation, down in one)"
+    code = f"{FUSED_EXPERTS} for `{facts[0].module}` (routing, gate/up, activation, down in one)"
     return _module_proposal(f, "experts", "fused_experts", (), code)
 
 
@@ -483,7 +489,7 @@ def attention_backend(f: RunFacts) -> Proposal | None:
     """Attention far above its floor with eager attention: a fused backend (SDPA) avoids materialising the scores."""
     if f.m.model.attn_implementation != "eager":
         return None
-    return _module_proposal(f, "attention", "attention_backend", ("model.attn_implementation=sdpa",), "")
+    return _module_proposal(f, "attention", "attention_backend", (SDPA_ATTENTION,), "")
 
 
 def fuse(f: RunFacts, role: str) -> Proposal | None:
@@ -517,20 +523,18 @@ class DecodeRemainder:
     modules: tuple[Remainder, ...]
 
 
-def _needs(f: RunFacts, fact: ModuleFact) -> str:
+def _needs(model: ModelInfo, fact: ModuleFact, moe: bool) -> str:
     """The lever a decode-step module far above its floor needs, in words: a setting where one exists, else the
-    kernel no setting runs."""
-    model, where = f.m.model, f"{fact.module} {fact.module_type}".lower()
+    kernel no setting runs (`moe`: experts are among the run's modules far above their floor, so an `.mlp` is their
+    MoE block)."""
+    where = f"{fact.module} {fact.module_type}".lower()
     if fact.role == "experts":
-        if model.experts_implementation == "eager":
-            return "`model.experts_implementation=grouped_mm`"
-        return "a fused routed-experts kernel (a code change)"
+        return f"`{GROUPED_EXPERTS}`" if model.experts_implementation == "eager" else f"{FUSED_EXPERTS} (a code change)"
     if fact.role == "attention":
         if model.attn_implementation == "eager":
-            return "`model.attn_implementation=sdpa`"
+            return f"`{SDPA_ATTENTION}`"
         return "a decode attention kernel for one query token, split over the cache (a code change)"
-    moe_block = fact.module.endswith(".mlp") and any(x.role == "experts" for x in f.modules_of("experts"))
-    if "router" in where or fact.module.endswith(".gate") or moe_block:
+    if "router" in where or fact.module.endswith(".gate") or (moe and fact.module.endswith(".mlp")):
         return "the routing (top-k, sort, gather, scatter) fused into the experts kernel (a code change)"
     return f"fewer, fused {fact.kernel_kind} kernels in its forward (a code change)"
 
@@ -539,12 +543,13 @@ def decode_remainder(m: Stage1Metrics) -> DecodeRemainder | None:
     """Past the launch floor: where the decode step replays from CUDA graphs, its GPU kernel time against its floor
     and the modules holding most of the rest (`module_facts`), each with the lever it needs; None without graphs,
     a profiled decode step or its floor."""
-    facts = RunFacts.of(m)
     step = next((s for s in m.modules.stages if s.stage == vocab.DECODE_STEP), None) if m.modules else None
-    if not facts.cuda or not m.settings.runtime.uses_cuda_graphs or step is None or not step.floor_ms:
+    if m.device.type != "cuda" or not m.settings.runtime.uses_cuda_graphs or step is None or not step.floor_ms:
         return None
+    facts = module_facts(m.modules)
+    moe = any(x.role == "experts" for x in facts)
     held = tuple(
-        Remainder(x.module, x.above_ms, x.ratio, _needs(facts, x)) for x in facts.modules if x.stage == step.stage
+        Remainder(x.module, x.above_ms, x.ratio, _needs(m.model, x, moe)) for x in facts if x.stage == step.stage
     )
     return DecodeRemainder(step.total_ms, step.floor_ms, held) if held else None
 

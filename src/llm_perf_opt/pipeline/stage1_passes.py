@@ -205,12 +205,13 @@ class TimedPasses:
         with self.host_meter.timed_pass():
             started = time.time()
             measured = run_pass()
-            self.state.timed_windows.append(PassWindow(started, time.time(), inputs))
+            window = PassWindow(started, time.time(), inputs)
+            self.state.timed_windows.append(window)
         self.state.host_usage = self.host_meter.total
         self.state.timed_compiles.extend(measured.compile_events)
         if len(self.state.timed_windows) == 1:
             before = self.settings.repeats
-            self.settings = with_timed_budget(self.settings, time.time() - started)
+            self.settings = with_timed_budget(self.settings, window.ended_s - window.started_s)
             if self.settings.repeats < before:
                 log.info("timed passes per input: %s", self.settings.sources["run.repeats"])
                 bar.grow((self.settings.repeats - before) * self.timed_groups)

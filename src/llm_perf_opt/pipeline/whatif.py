@@ -251,7 +251,7 @@ def _lever(name: str, spec: DictConfig) -> Lever:
 
 def validate(overrides: Sequence[str]) -> str | None:
     """Why `stage1-run` would refuse these overrides before running (None when it accepts them). The runtime settings
-    are read from the config the key check composed (a composition takes ~0.4 s, and a preset has a dozen levers)."""
+    are read from the config the key check composed, not composed again (a preset has up to a dozen levers)."""
     from llm_perf_opt.config_compose import compose_config
     from llm_perf_opt.config_data import stage1_nodes
     from llm_perf_opt.override_keys import check_override_keys

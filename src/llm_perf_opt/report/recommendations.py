@@ -279,6 +279,7 @@ def decode_remainder_line(d: DecodeRemainder) -> str:
     )
     return (
         f"Past the launch floor: the decode step replays from CUDA graphs and its kernels take {d.step_ms:,.3f} ms "
-        f"against a {d.floor_ms:,.3f} ms floor ({d.step_ms / d.floor_ms:,.1f}×). What holds the rest, per step: "
+        f"(profiled pass) against a {d.floor_ms:,.3f} ms floor (analytic, at the GPU's peaks) "
+        f"({d.step_ms / d.floor_ms:,.1f}×). What holds the rest, per step: "
         f"{parts} (modules.md)."
     )

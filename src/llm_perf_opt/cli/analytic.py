@@ -9,6 +9,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from llm_perf_opt.cli.common import launch, run_guarded
+from llm_perf_opt.cli.process_end import ends_process
 
 
 @hydra.main(version_base="1.3", config_path="pkg://llm_perf_opt.conf", config_name="analytic")
@@ -54,5 +55,8 @@ def main() -> None:
     launch(_main, "analytic", "analytic-report")
 
 
+#: The console script (pyproject.toml) and `python -m`: `main`, then the process ends without the module teardown.
+console = ends_process(main)
+
 if __name__ == "__main__":
-    main()
+    console()

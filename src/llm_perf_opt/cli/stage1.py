@@ -11,6 +11,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from llm_perf_opt.cli.common import launch, run_guarded
+from llm_perf_opt.cli.process_end import ends_process
 from llm_perf_opt.config_data import stage1_nodes
 from llm_perf_opt.config_schema import RunSchema
 from llm_perf_opt.heavy_imports import collector_paused
@@ -47,5 +48,8 @@ def main() -> None:
     launch(_main, "stage1", "stage1-run")
 
 
+#: The console script (pyproject.toml) and `python -m`: `main`, then the process ends without the module teardown.
+console = ends_process(main)
+
 if __name__ == "__main__":
-    main()
+    console()

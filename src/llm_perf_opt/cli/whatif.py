@@ -10,6 +10,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from llm_perf_opt.cli.common import launch, run_guarded
+from llm_perf_opt.cli.process_end import ends_process
 from llm_perf_opt.config_data import stage1_nodes, whatif_nodes
 from llm_perf_opt.heavy_imports import collector_paused
 from llm_perf_opt.settings_schema import check_config
@@ -51,5 +52,8 @@ def _check(cfg: DictConfig) -> None:
     check_whatif_settings(cfg, whatif_nodes(cfg))
 
 
+#: The console script (pyproject.toml) and `python -m`: `main`, then the process ends without the module teardown.
+console = ends_process(main)
+
 if __name__ == "__main__":
-    main()
+    console()

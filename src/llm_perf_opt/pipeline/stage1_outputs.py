@@ -3,7 +3,7 @@ reports, and the rows of its closing summary."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
 
@@ -22,10 +22,44 @@ from llm_perf_opt.report import stage1_reports
 from llm_perf_opt.report.markdown import pct
 
 if TYPE_CHECKING:
-    from llm_perf_opt.pipeline.stage1 import Stage1Run
+    from omegaconf import DictConfig
+
+    from llm_perf_opt.artifacts import ArtifactsManager
+    from llm_perf_opt.config_schema import Stage1Nodes
+    from llm_perf_opt.data.dataset import DatasetSelection
+    from llm_perf_opt.data.inputs import InputChoice
+    from llm_perf_opt.measure.stage1_analysis import Stage1Measurements
+    from llm_perf_opt.pipeline.shard import ShardSync
+    from llm_perf_opt.pipeline.stage1_settings import ResolvedSettings
+    from llm_perf_opt.progress import Feedback
+    from llm_perf_opt.records.whatif import WhatIfRecord
+    from llm_perf_opt.session.cpu_affinity import CpuPin
+    from llm_perf_opt.session.runtime import RuntimeSettings
+    from llm_perf_opt.session.session import InferenceSession
 
 
-def write_outputs(run: Stage1Run, partial: bool) -> Stage1Metrics:
+class FinishedRun(Protocol):
+    """What the outputs read of a Stage 1 run once its passes ended (`pipeline.stage1.Stage1Run`)."""
+
+    cfg: DictConfig
+    nodes: Stage1Nodes
+    run_id: str
+    art: ArtifactsManager
+    feedback: Feedback
+    state: Stage1Measurements
+    session: InferenceSession | None
+    selection: DatasetSelection | None
+    inputs: InputChoice | None
+    settings: ResolvedSettings | None
+    runtime: RuntimeSettings
+    whatif: WhatIfRecord | None
+    cpu_pin: CpuPin | None
+    render_reports: bool
+    sync: ShardSync | None
+    share: tuple[str, int, bool] | None
+
+
+def write_outputs(run: FinishedRun, partial: bool) -> Stage1Metrics:
     """`run`'s records, then its reports (`report.render`); metrics.json again with the time budget, which
     report.md shows. `partial`: the run stopped before its last pass."""
     assert run.session is not None and run.selection is not None and run.settings is not None

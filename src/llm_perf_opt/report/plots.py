@@ -48,10 +48,15 @@ def _ticker() -> ModuleType:
 
 
 def save_figure(fig: Figure, path: Path) -> Path:
-    """Write `fig` to `path` as PNG (DPI dots per inch, tight box), close it, return `path`."""
+    """Write `fig` to `path` as PNG (DPI dots per inch), close it, return `path`. A figure made with the constrained
+    layout (`layout="constrained"`, as every report figure is) fits its labels, titles and legends in the one drawing
+    the PNG takes; any other is cut to its tight bounding box, which draws it twice (once to measure it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        fig.savefig(path, dpi=DPI, bbox_inches="tight")
+        if fig.get_layout_engine() is None:
+            fig.savefig(path, dpi=DPI, bbox_inches="tight")
+        else:
+            fig.savefig(path, dpi=DPI)
     finally:
         pyplot().close(fig)
     return path
@@ -333,7 +338,7 @@ def operator_shares(m: Metrics, path: Path) -> Path | None:
     names = [n for n, _ in shown]
     shares = [100 * v / total for _, v in shown]
 
-    fig, ax = pyplot().subplots(figsize=(9, 1.2 + 0.38 * len(shown)))
+    fig, ax = pyplot().subplots(figsize=(9, 1.2 + 0.38 * len(shown)), layout="constrained")
     colours = ["#4e79a7"] * min(len(rows), TOP_OPERATORS) + ["#bab0ac"] * bool(rest)
     ax.barh(names, shares, color=colours)
     for y, (share, (_, ms)) in enumerate(zip(shares, shown, strict=True)):
@@ -358,7 +363,8 @@ def routing_hits(m: Metrics, path: Path) -> Path | None:
     share = [[100.0 * hits / routing.steps for hits in row] for row in routing.hit_histogram]
     layers = [f"layer {r.layer}" for r in routing.per_layer]
     experts = routing.experts
-    fig, ax = pyplot().subplots(figsize=(max(6.0, 2.5 + 0.16 * experts), max(2.6, 1.6 + 0.32 * len(layers))))
+    size = (max(6.0, 2.5 + 0.16 * experts), max(2.6, 1.6 + 0.32 * len(layers)))
+    fig, ax = pyplot().subplots(figsize=size, layout="constrained")
     image = ax.imshow(share, aspect="auto", cmap="viridis", vmin=0.0, vmax=100.0, interpolation="nearest")
     if experts * len(layers) <= ANNOTATED_CELLS:  # a small grid: each cell's count of steps
         for row, hits in enumerate(routing.hit_histogram):

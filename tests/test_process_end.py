@@ -3,6 +3,7 @@ its atexit handlers, its flushed output, and a wait for a thread still working."
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from llm_perf_opt.cli import analytic, stage1, stage2, whatif
 SCRIPT = """\
 import atexit, sys, threading, time
 from pathlib import Path
-from llm_perf_opt.cli.process_end import ends_process
+from llm_perf_opt.process_end import ends_process
 
 out = Path(sys.argv[1])
 
@@ -70,3 +71,14 @@ def test_the_hydra_commands_console_scripts_end_their_process() -> None:
     ):
         assert f'{script} = "{module.__name__}:console"' in text
         assert module.console.__wrapped__ is module.main  # type: ignore[attr-defined]  # main itself returns
+
+
+@pytest.mark.parametrize("variable", ["CUDA_INJECTION64_PATH", "LD_PRELOAD"])
+def test_a_process_a_tool_is_injected_into_ends_the_ordinary_way(variable: str) -> None:
+    check = "from llm_perf_opt.process_end import needs_ordinary_exit; print(needs_ordinary_exit())"
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_INJECTION64_PATH", "LD_PRELOAD")}
+    plain = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, check=True)
+    assert plain.stdout.strip() == "False"  # no CUDA context, nothing injected, no other thread
+    env[variable] = "/opt/nvidia/nsight-systems/target-linux-x64/libToolsInjection64.so"
+    injected = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, check=True)
+    assert injected.stdout.strip() == "True"  # a profiler writes its data at the C-level exit

@@ -9,7 +9,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from llm_perf_opt.cli.common import launch, run_guarded
-from llm_perf_opt.cli.process_end import ends_process
+from llm_perf_opt.process_end import ends_process
 
 
 @hydra.main(version_base="1.3", config_path="pkg://llm_perf_opt.conf", config_name="analytic")

@@ -11,10 +11,10 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from llm_perf_opt.cli.common import launch, run_guarded
-from llm_perf_opt.cli.process_end import ends_process
 from llm_perf_opt.config_data import stage1_nodes
 from llm_perf_opt.config_schema import RunSchema
 from llm_perf_opt.heavy_imports import collector_paused
+from llm_perf_opt.process_end import ends_process
 
 
 @hydra.main(version_base="1.3", config_path="pkg://llm_perf_opt.conf", config_name="stage1")

@@ -11,9 +11,9 @@ from omegaconf import DictConfig
 
 from llm_perf_opt import artifacts
 from llm_perf_opt.cli.common import launch, print_report_path, run_guarded
-from llm_perf_opt.cli.process_end import ends_process
 from llm_perf_opt.config_data import stage1_nodes
 from llm_perf_opt.heavy_imports import collector_paused
+from llm_perf_opt.process_end import ends_process
 
 
 @hydra.main(version_base="1.3", config_path="pkg://llm_perf_opt.conf", config_name="stage2")

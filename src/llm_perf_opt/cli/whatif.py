@@ -10,9 +10,9 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from llm_perf_opt.cli.common import launch, run_guarded
-from llm_perf_opt.cli.process_end import ends_process
 from llm_perf_opt.config_data import stage1_nodes, whatif_nodes
 from llm_perf_opt.heavy_imports import collector_paused
+from llm_perf_opt.process_end import ends_process
 from llm_perf_opt.settings_schema import check_config
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from llm_perf_opt.parent_death import die_with_parent, with_parent
+from llm_perf_opt.process_end import end_process
 
 log = logging.getLogger("llm_perf_opt.whatif")
 
@@ -380,5 +381,4 @@ def _read_line(stream: IO[bytes], timeout_s: float) -> str:
 
 if __name__ == "__main__":
     _serve(sys.argv[1:])
-    sys.stdout.flush()
-    os._exit(0)  # nothing left to write: skip the seconds Python's teardown of torch and transformers takes
+    end_process(0)  # without the seconds Python's teardown of torch and transformers takes (no CUDA here)

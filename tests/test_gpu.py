@@ -159,6 +159,7 @@ def test_stage2_profiles_a_batch(tmp_path: Path) -> None:
         "run.fill_batches=true",
         "dataset.max_images=2",
         "infer.max_new_tokens=6",
+        "pipeline.ncu.bytes_pass=true",  # light mode leaves it out (deep runs it)
         f"hydra.run.dir={out}",
         timeout=900,
     )

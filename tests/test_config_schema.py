@@ -16,8 +16,9 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from llm_perf_opt.config_compose import compose_config
-from llm_perf_opt.config_data import stage1_nodes, whatif_nodes
+from llm_perf_opt.config_data import group_node, stage1_nodes, whatif_nodes
 from llm_perf_opt.config_schema import (
+    GROUP_SCHEMAS,
     SCHEMAS,
     Stage1Nodes,
     Stage2ReportSchema,
@@ -85,6 +86,8 @@ def test_a_preset_sets_only_what_it_selects() -> None:
 
 def test_every_typed_field_declares_its_range_and_schema_holds_it() -> None:
     typed = set(leaves(Stage1Nodes())) | set(leaves(WhatIfNodes()))
+    for group, (_, schema) in GROUP_SCHEMAS.items():  # the typed config groups' keys
+        typed |= set(leaves(schema(), f"{group.replace('/', '.')}."))
     kinds = typed_kinds()
     assert set(kinds) == {key for key in typed - FREE if not key.endswith(".sampling")}  # all but the free-form
     assert {key: SCHEMA.get(key) for key in kinds} == kinds  # SCHEMA takes each field's own kind
@@ -94,8 +97,10 @@ def test_every_typed_field_declares_its_range_and_schema_holds_it() -> None:
 
 def _annotation(key: str) -> object:
     """The resolved type of a typed field (`run.device_defaults.cuda.repeats`: DeviceCounts' `int`)."""
-    node, *path = key.split(".")
-    here: typing.Any = {**SCHEMAS["stage1_schema"], **SCHEMAS["whatif_schema"]}[node]
+    groups = {group.replace("/", "."): schema for group, (_, schema) in GROUP_SCHEMAS.items()}
+    group = next((g for g in groups if key.startswith(f"{g}.")), None)
+    node, *path = [group, *key[len(group) + 1 :].split(".")] if group else key.split(".")
+    here: typing.Any = {**SCHEMAS["stage1_schema"], **SCHEMAS["whatif_schema"], **groups}[node]
     for name in path:
         hint = typing.get_type_hints(here)[name]
         here = next((arg for arg in typing.get_args(hint) if dataclasses.is_dataclass(arg)), hint)
@@ -170,3 +175,18 @@ def test_a_typed_setting_cannot_be_deleted_and_says_so() -> None:
     with pytest.raises(UserError, match=r"~run would delete a typed setting"):
         check_override_keys("stage1", ["~run"], command="stage1-run")  # the whole node, not only a field
     check_override_keys("stage1", ["~pipeline.torch_profiler.modules"], command="stage1-run")  # an untyped group's key
+
+
+@pytest.mark.parametrize(("group", "schema"), list(GROUP_SCHEMAS.items()))
+def test_a_typed_group_keeps_its_defaults_in_its_schema(group: str, schema: tuple[str, type]) -> None:
+    """pipeline/memory and pipeline/energy: the YAML names its schema and holds no value; the composed node is the
+    schema's defaults, an override is typed, and a config saved without the node reads back as the defaults."""
+    name, cls = schema
+    shipped = yaml.safe_load((files("llm_perf_opt") / "conf" / group / "default.yaml").read_text(encoding="utf-8"))
+    assert shipped == {"defaults": [name, "_self_"]}
+    key = group.replace("/", ".")
+    field = dataclasses.fields(cls)[-1]  # a number of seconds or MiB
+    cfg = compose_config("stage1", f"{key}.{field.name}=7")
+    assert group_node(cfg, key, cls) == cls(**{field.name: 7.0})
+    assert group_node({}, key, cls) == cls()  # an older config.yaml without the node
+    assert OmegaConf.select(compose_config("stage1"), key) == OmegaConf.structured(cls())

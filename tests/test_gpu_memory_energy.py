@@ -13,9 +13,10 @@ import torch
 
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.config_data import stage1_nodes
+from llm_perf_opt.config_schema import EnergySchema, MemorySchema
 from llm_perf_opt.data.dataset import bundled_samples_dir
-from llm_perf_opt.instruments.energy import EnergyMeter, EnergySettings
-from llm_perf_opt.instruments.memory import MemorySettings, memory_pass
+from llm_perf_opt.instruments.energy import EnergyMeter
+from llm_perf_opt.instruments.memory import memory_pass
 from llm_perf_opt.instruments.timing import NullRecorder
 from llm_perf_opt.measure.memory_figures import breakdown, fit_prediction, resident_other
 from llm_perf_opt.pipeline.stage1 import Stage1Run
@@ -43,7 +44,7 @@ def tiny() -> InferenceSession:
 
 
 def test_the_memory_breakdown_sums_to_the_measured_peak(tiny: InferenceSession) -> None:
-    outcome = memory_pass(tiny, (PAGE,), "slide_square.png", 4, MemorySettings(snapshot_max_mib=512))
+    outcome = memory_pass(tiny, (PAGE,), "slide_square.png", 4, MemorySchema(snapshot_max_mib=512))
     measured = outcome.measured
     assert outcome.snapshot is not None and measured.snapshot == "memory/snapshot.pickle"
     peaks = {p.stage: p for p in measured.peaks}
@@ -68,7 +69,7 @@ def test_the_memory_breakdown_sums_to_the_measured_peak(tiny: InferenceSession) 
 
 @pytest.mark.skipif(importlib.util.find_spec("pynvml") is None, reason="needs nvidia-ml-py (pynvml)")
 def test_energy_figures_are_positive(tiny: InferenceSession) -> None:
-    meter = EnergyMeter.open(tiny.device, EnergySettings(loop_seconds=1.0, idle_seconds=1.0))
+    meter = EnergyMeter.open(tiny.device, EnergySchema(loop_seconds=1.0, idle_seconds=1.0))
     try:
         meter.loops(tiny, (PAGE,), 4)
         measured = meter.finish("slide_square.png", 1, 4)  # idle power over a sleep
@@ -120,7 +121,7 @@ def test_a_gpu_stage1_run_writes_both_sections(tmp_path: Path) -> None:
 
 def _e2e(session: InferenceSession, pages: int) -> tuple[MemoryBreakdown, MemoryPass]:
     """The whole pass's breakdown of a memory pass over `pages` copies of PAGE, and the pass's record."""
-    measured = memory_pass(session, (PAGE,) * pages, f"x{pages}", 4, MemorySettings(snapshot_max_mib=0)).measured
+    measured = memory_pass(session, (PAGE,) * pages, f"x{pages}", 4, MemorySchema(snapshot_max_mib=0)).measured
     other = resident_other(measured)
     peak = next(p for p in measured.peaks if p.stage == vocab.E2E)
     return breakdown(peak, measured.weights_bytes, other, measured.preexisting_kv_bytes), measured

@@ -36,6 +36,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "kernel_names",
         "override_text",
         "parent_death",
+        "process_end",
         "progress",
         "resources",
         "config_schema",

@@ -18,11 +18,11 @@ import torch
 
 from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.config_data import stage1_nodes
+from llm_perf_opt.config_schema import EnergySchema
 from llm_perf_opt.data.dataset import bundled_samples_dir
 from llm_perf_opt.instruments import energy as energy_mod
 from llm_perf_opt.instruments.energy import (
     EnergyMeter,
-    EnergySettings,
     EnergyUnavailable,
     NvmlCounter,
     idle_window,
@@ -287,7 +287,7 @@ def test_the_loops_time_decode_alone_or_fall_back_to_whole_passes(
     the reason kept. 8 tokens: 7 decode steps of 50 ms, so a decode repetition lasts 0.35 s and a pass 0.45 s."""
     monkeypatch.setattr(torch.cuda, "synchronize", lambda _device=None: None)
     clock = FakeClock(0.0)
-    meter = EnergyMeter(TickingCounter(clock, lambda _t: 100.0), EnergySettings(), clock=clock, sleep=clock.advance)
+    meter = EnergyMeter(TickingCounter(clock, lambda _t: 100.0), EnergySchema(), clock=clock, sleep=clock.advance)
     meter.loops(LoopingSession(clock, rewinds), (Path("page.png"),), 8)  # type: ignore[arg-type]
     measured = meter.finish("page.png", 1, 8)
     assert measured.prefill is not None and measured.prefill.seconds >= 1.0  # the prefill-only loop, about 1 s
@@ -318,7 +318,7 @@ def _meter(counter: Any, clock: FakeClock, idle_seconds: float = 1.0) -> EnergyM
     def sleep(seconds: float) -> None:
         clock.now += seconds
 
-    meter = EnergyMeter(counter, EnergySettings(idle_seconds=idle_seconds), clock=clock, sleep=sleep)
+    meter = EnergyMeter(counter, EnergySchema(idle_seconds=idle_seconds), clock=clock, sleep=sleep)
     meter.whole = EnergyWindow(what="pass", iterations=3, seconds=1.8, millijoules=300_000)
     return meter
 

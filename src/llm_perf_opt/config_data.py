@@ -9,6 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 from llm_perf_opt.config_schema import Stage1Nodes, WhatIfNodes, node_types
 
 Nodes = TypeVar("Nodes", Stage1Nodes, WhatIfNodes)
+Group = TypeVar("Group")
 
 
 def plain(cfg: Any) -> dict[str, Any]:
@@ -46,3 +47,16 @@ def typed_nodes(cfg: Any, kind: type[Nodes]) -> Nodes:
     nodes = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(kind), given))
     assert isinstance(nodes, kind)
     return nodes
+
+
+def group_node(cfg: Any, key: str, schema: type[Group]) -> Group:
+    """The typed config group's node at `key` (e.g. `pipeline.memory` as `config_schema.MemorySchema`), resolved
+    against `cfg` (a composed config or a plain mapping: a saved config.yaml); a node or key it lacks takes the
+    schema's default."""
+    node: Any = cfg
+    for part in key.split("."):
+        node = node.get(part) if node is not None else None
+    merged = OmegaConf.merge(OmegaConf.structured(schema), plain(node) if node is not None else {})
+    typed = OmegaConf.to_object(merged)
+    assert isinstance(typed, schema)
+    return typed

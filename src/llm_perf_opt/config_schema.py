@@ -1,5 +1,6 @@
 """The typed schema of the commands' own config nodes (`stage1-run`'s `run`, `infer`, `outputs`, `runtime`, `report`,
-`hardware`; `perf-whatif`'s `whatif`, `whatif_run`): each setting's type, default, range and doc, in one place.
+`hardware`; `perf-whatif`'s `whatif`, `whatif_run`) and of the config groups typed so far (`pipeline/memory`,
+`pipeline/energy`): each setting's type, default, range and doc, in one place.
 
 Plain dataclasses, torch-free and free of the config libraries, so any layer may read a typed node. `conf/` registers
 them in Hydra's ConfigStore (`SCHEMAS`): `stage1_schema` is the first entry of `conf/stage1.yaml`'s defaults list, so
@@ -362,6 +363,38 @@ class WhatIfNodes:
     whatif_run: WhatIfRunSchema = field(default_factory=WhatIfRunSchema)
 
 
+@dataclass
+class MemorySchema:
+    """`pipeline.memory:` the memory pass (CUDA only): one untimed pass over the first input (or batch) after the
+    timed passes, with the allocator's peaks per stage, the KV cache at each stage boundary and the allocator's
+    history (memory/snapshot.pickle, for https://pytorch.org/memory_viz)."""
+
+    #: false: no memory pass (the report says why not).
+    enable: bool = setting(True, Flag())
+    #: Allocator events the history keeps (torch.cuda.memory._record_memory_history max_entries).
+    max_entries: int = setting(100_000, Whole(1))
+    #: The snapshot is not saved when larger than this (MiB); 0: never saved.
+    snapshot_max_mib: float = setting(256.0, Number(0.0, "MiB"))
+
+
+@dataclass
+class EnergySchema:
+    """`pipeline.energy:` the energy pass (CUDA with nvidia-ml-py's pynvml; elsewhere the report says why not): the
+    NVML energy counter over a prefill-only loop and a decode-only loop (the pass's decode steps repeated over the
+    same prompt, the KV cache rewound each time; a whole-pass loop where either cannot run) of the first input (or
+    batch), then idle power over the profiler's CPU-only post-processing (a sleep when the profiler is off). The
+    counter moves about every 100 ms, so no window is shorter than 1 s."""
+
+    #: false: no energy pass.
+    enable: bool = setting(True, Flag())
+    #: The decode-only loop (or the whole-pass loop) lasts about this long.
+    loop_seconds: float = setting(2.0, Number(0.0, "seconds"))
+    #: The prefill-only loop lasts about this long.
+    prefill_seconds: float = setting(1.0, Number(0.0, "seconds"))
+    #: The idle window lasts at least this long (padded where the profiler's post-processing is shorter).
+    idle_seconds: float = setting(1.0, Number(0.0, "seconds"))
+
+
 def node_types(nodes: type) -> dict[str, type]:
     """A dataclass of typed nodes (`Stage1Nodes`) as node name -> the dataclass of that node."""
     return {node.name: node.default_factory for node in fields(nodes)}  # type: ignore[misc]
@@ -372,6 +405,13 @@ SCHEMAS: dict[str, dict[str, type]] = {
     "stage1_schema": node_types(Stage1Nodes),
     "stage2_schema": {"report": Stage2ReportSchema},  # merged over stage1's report node (a subclass of its type)
     "whatif_schema": node_types(WhatIfNodes),
+}
+
+#: Config groups typed by a schema: group -> (the name its configs' defaults lists use, the schema). `conf/`
+#: registers each in the group, so `conf/<group>/<choice>.yaml` composes onto it.
+GROUP_SCHEMAS: dict[str, tuple[str, type]] = {
+    "pipeline/memory": ("memory_schema", MemorySchema),
+    "pipeline/energy": ("energy_schema", EnergySchema),
 }
 
 
@@ -385,7 +425,9 @@ def _fields(node: type, prefix: str) -> Iterator[tuple[str, Field[Any]]]:
 
 
 def _typed_fields() -> Iterator[tuple[str, Field[Any]]]:
-    return (item for nodes in SCHEMAS.values() for name, node in nodes.items() for item in _fields(node, name))
+    yield from (item for nodes in SCHEMAS.values() for name, node in nodes.items() for item in _fields(node, name))
+    for group, (_, schema) in GROUP_SCHEMAS.items():
+        yield from _fields(schema, group.replace("/", "."))
 
 
 def typed_key(key: str) -> bool:

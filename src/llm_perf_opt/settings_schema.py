@@ -4,8 +4,9 @@ model starts.
 :data:`SCHEMA` maps a dotted key to its kind (`setting_kinds`); :func:`check_settings` checks each key the composed
 config holds and raises a :class:`UserError` naming the first bad one. The commands' own nodes (run, infer, outputs,
 runtime, report, hardware, whatif, whatif_run) declare each field's kind beside its type and default in
-`config_schema`, and SCHEMA takes them from there (`typed_kinds`); the keys of the config groups not typed yet
-(model, dataset, pipeline, stage2, analytic) and Hydra's output folders have theirs here. `override_keys` checks a
+`config_schema`, and SCHEMA takes them from there (`typed_kinds`), as it does those of the typed config groups
+(pipeline/memory, pipeline/energy); the keys of the config groups not typed yet (model, dataset, the profiler and
+Nsight groups of pipeline, stage2, analytic) and Hydra's output folders have theirs here. `override_keys` checks a
 command line's values of typed keys before composing, so a bad one is this paragraph, never the schema's traceback.
 The readers (the typed settings records of each stage) use the same checks (`errors.require_*`), so a value is read
 one way everywhere. Torch-free: `cli/common.launch` runs it before Hydra starts, and each command again on its composed
@@ -60,13 +61,6 @@ SCHEMA: Final[Mapping[str, Kind]] = {
     f"{OUTPUT}.extra.deepseek_ocr.prediction.strip_special_tokens": Flag(),
     f"{OUTPUT}.extra.deepseek_ocr.visualization.max_images": Whole(1),
     f"{OUTPUT}.extra.deepseek_ocr.visualization.thumbnail_width": Whole(16),
-    "pipeline.memory.enable": Flag(),
-    "pipeline.memory.max_entries": Whole(1),
-    "pipeline.memory.snapshot_max_mib": Number(0.0, "MiB"),
-    "pipeline.energy.enable": Flag(),
-    "pipeline.energy.loop_seconds": Number(0.0, "seconds"),
-    "pipeline.energy.prefill_seconds": Number(0.0, "seconds"),
-    "pipeline.energy.idle_seconds": Number(0.0, "seconds"),
     "pipeline.nsys.enable": Flag(),
     "pipeline.nsys.timeout_s": Number(0.0, "seconds", above=True),
     "pipeline.ncu.enable": Flag(),

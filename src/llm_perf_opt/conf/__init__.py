@@ -4,7 +4,9 @@ ConfigStore, under the names the configs' defaults lists use (`stage1_schema`, `
 
 from hydra.core.config_store import ConfigStore
 
-from llm_perf_opt.config_schema import SCHEMAS
+from llm_perf_opt.config_schema import GROUP_SCHEMAS, SCHEMAS
 
 for _name, _nodes in SCHEMAS.items():
     ConfigStore.instance().store(name=_name, node=_nodes)
+for _group, (_name, _schema) in GROUP_SCHEMAS.items():
+    ConfigStore.instance().store(group=_group, name=_name, node=_schema)

@@ -2,11 +2,11 @@
 around work repeated long enough to measure, and around time the GPU sits idle.
 
 The counter moves about every 100 ms and one read costs a few ms, so each window repeats its work for about
-`EnergySettings.loop_seconds` and is refused below `MIN_WINDOW_S` (10 counter updates). Idle power costs no time of
-its own where the run has CPU-only work to do anyway (`EnergyMeter.idle_during`: the profiler's post-processing);
-otherwise it is a sleep. Whatever stops a figure (no `pynvml`, no GPU, NVML refusing, a counter that does not move
-or goes backwards, a window too short) raises `EnergyUnavailable` with the reason; the pipeline records it as "not
-available: <reason>".
+`pipeline.energy.loop_seconds` (`config_schema.EnergySchema`) and is refused below `MIN_WINDOW_S` (10 counter
+updates). Idle power costs no time of its own where the run has CPU-only work to do anyway
+(`EnergyMeter.idle_during`: the profiler's post-processing); otherwise it is a sleep. Whatever stops a figure (no
+`pynvml`, no GPU, NVML refusing, a counter that does not move or goes backwards, a window too short) raises
+`EnergyUnavailable` with the reason; the pipeline records it as "not available: <reason>".
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
-import attrs
 import torch
 
+from llm_perf_opt.config_schema import EnergySchema
 from llm_perf_opt.instruments.measured_session import DecodeNotRepeatable, MeasuredSession, P
 from llm_perf_opt.instruments.timing import NullRecorder
 from llm_perf_opt.records.memory import IDLE_SLEEP, EnergyPass, EnergyWindow
@@ -75,16 +75,6 @@ class EnergyUnavailable(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
-
-
-@attrs.frozen
-class EnergySettings:
-    """`pipeline.energy`: the energy pass (CUDA and pynvml only)."""
-
-    enable: bool = True
-    loop_seconds: float = 2.0  # the decode-only loop (or whole-pass loop) lasts about this long (>= MIN_WINDOW_S)
-    prefill_seconds: float = 1.0  # the prefill-only loop
-    idle_seconds: float = 1.0  # the idle window lasts at least this long
 
 
 def load_nvml() -> ModuleType:
@@ -243,7 +233,7 @@ class EnergyMeter:
     def __init__(
         self,
         counter: Any,
-        settings: EnergySettings,
+        settings: EnergySchema,
         *,
         clock: Callable[[], float] = time.perf_counter,
         sleep: Callable[[float], None] = time.sleep,
@@ -259,7 +249,7 @@ class EnergyMeter:
         self.idle_refused: str | None = None  # why the idle window over CPU work could not be used
 
     @classmethod
-    def open(cls, device: torch.device, settings: EnergySettings) -> EnergyMeter:
+    def open(cls, device: torch.device, settings: EnergySchema) -> EnergyMeter:
         """The meter of `device`'s counter; EnergyUnavailable when NVML cannot measure."""
         return cls(NvmlCounter.open(load_nvml(), device), settings)
 

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import attrs
 import torch
 
+from llm_perf_opt.config_schema import MemorySchema
 from llm_perf_opt.instruments.measured_session import MeasuredSession, P
 from llm_perf_opt.instruments.timing import StageRecorder
 from llm_perf_opt.measure.memory_figures import kv_bytes_per_token
@@ -32,15 +33,6 @@ from llm_perf_opt.records.memory import (
 
 MIB = 2**20
 SNAPSHOT_FILE = "memory/snapshot.pickle"
-
-
-@attrs.frozen
-class MemorySettings:
-    """`pipeline.memory`: the memory pass (CUDA only)."""
-
-    enable: bool = True
-    max_entries: int = 100_000  # allocator events the history keeps (torch.cuda.memory._record_memory_history)
-    snapshot_max_mib: float = 256.0  # a larger snapshot is not saved (0: never saved)
 
 
 class DecoderConfigs(Protocol):
@@ -275,7 +267,7 @@ class MemoryOutcome:
 
 
 def memory_pass(
-    session: MemorySession[P], paths: Sequence[Path], key: str, new_tokens: int, settings: MemorySettings
+    session: MemorySession[P], paths: Sequence[Path], key: str, new_tokens: int, settings: MemorySchema
 ) -> MemoryOutcome:
     """One untimed pass of `paths` (one input or a batch) under a `MemoryRecorder`, with the allocator's history
     recorded for the snapshot. CUDA only."""

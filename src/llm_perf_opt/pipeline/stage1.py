@@ -15,15 +15,13 @@ from omegaconf import DictConfig, OmegaConf
 from llm_perf_opt import artifacts, interrupts
 from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.config_data import plain
-from llm_perf_opt.config_schema import Stage1Nodes
+from llm_perf_opt.config_schema import EnergySchema, MemorySchema, Stage1Nodes
 from llm_perf_opt.data.dataset import DatasetSelection
 from llm_perf_opt.data.inputs import InputChoice, select_inputs
 from llm_perf_opt.env_info import collect_env
 from llm_perf_opt.errors import UserError
-from llm_perf_opt.instruments.energy import EnergySettings
 from llm_perf_opt.instruments.gpu_state import clock_state
 from llm_perf_opt.instruments.measured_peaks import MEASURED, measured_peak_bandwidth, measured_peak_compute
-from llm_perf_opt.instruments.memory import MemorySettings
 from llm_perf_opt.instruments.profiler_window import ProfilerWindow
 from llm_perf_opt.measure.stage1_analysis import Stage1Measurements
 from llm_perf_opt.pipeline import stage1_batch_fit
@@ -75,7 +73,7 @@ class Stage1Run:
         self.inputs: InputChoice | None = None
         self.settings: ResolvedSettings | None = None
         self.runtime = RuntimeSettings()
-        self.extra_passes = (MemorySettings(), EnergySettings())  # the memory and energy passes' settings
+        self.extra_passes = (MemorySchema(), EnergySchema())  # the memory and energy passes' settings
         self.whatif: WhatIfRecord | None = None  # the what-if run the reports cite (report.whatif_dir)
         self.cpu_pin: CpuPin | None = None  # run.cpu_affinity as applied
         self.render_reports = True  # report.render: Markdown and plots beside the records

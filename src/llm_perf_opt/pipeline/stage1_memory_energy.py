@@ -13,8 +13,9 @@ from pathlib import Path
 import torch
 
 from llm_perf_opt.artifacts import ArtifactsManager
-from llm_perf_opt.instruments.energy import EnergyMeter, EnergySettings, EnergyUnavailable
-from llm_perf_opt.instruments.memory import SNAPSHOT_FILE, MemorySettings, memory_pass
+from llm_perf_opt.config_schema import EnergySchema, MemorySchema
+from llm_perf_opt.instruments.energy import EnergyMeter, EnergyUnavailable
+from llm_perf_opt.instruments.memory import SNAPSHOT_FILE, memory_pass
 from llm_perf_opt.measure.stage1_analysis import Stage1Measurements
 from llm_perf_opt.progress import Feedback
 from llm_perf_opt.session.session import InferenceSession
@@ -33,7 +34,7 @@ class MemoryAndEnergy:
         state: Stage1Measurements,
         session: InferenceSession,
         work: Work,
-        settings: tuple[MemorySettings, EnergySettings],
+        settings: tuple[MemorySchema, EnergySchema],
         feedback: Feedback,
     ) -> None:
         self.state, self.session, self.work, self.feedback = state, session, work, feedback

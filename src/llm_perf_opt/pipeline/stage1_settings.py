@@ -15,13 +15,11 @@ import attrs
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from llm_perf_opt.config_data import plain
-from llm_perf_opt.config_schema import Stage1Nodes
+from llm_perf_opt.config_data import group_node, plain
+from llm_perf_opt.config_schema import EnergySchema, MemorySchema, Stage1Nodes
 from llm_perf_opt.data.inputs import InputChoice
-from llm_perf_opt.errors import require_bool, require_number, require_whole
-from llm_perf_opt.instruments.energy import EnergySettings
+from llm_perf_opt.errors import require_bool, require_whole
 from llm_perf_opt.instruments.measured_peaks import check_peaks_setting
-from llm_perf_opt.instruments.memory import MemorySettings
 from llm_perf_opt.output_settings import output_settings
 from llm_perf_opt.records.stage1 import ProfilerSettings, RunSettings
 from llm_perf_opt.session.runtime import RuntimeSettings
@@ -211,24 +209,11 @@ def run_settings(
     )
 
 
-def memory_settings(cfg: DictConfig) -> MemorySettings:
-    """`pipeline.memory` (defaults where the config has none, e.g. a composed config of an older layout)."""
-    mem = cfg.get("pipeline", {}).get("memory") or {}
-    return MemorySettings(
-        enable=bool(mem.get("enable", True)),
-        max_entries=require_whole("pipeline.memory.max_entries", mem.get("max_entries", 100_000), 1),
-        snapshot_max_mib=require_number(
-            "pipeline.memory.snapshot_max_mib", mem.get("snapshot_max_mib", 256), 0.0, "MiB"
-        ),
-    )
+def memory_settings(cfg: DictConfig) -> MemorySchema:
+    """`pipeline.memory`, typed (the schema's defaults where the config has none, e.g. an older config.yaml)."""
+    return group_node(cfg, "pipeline.memory", MemorySchema)
 
 
-def energy_settings(cfg: DictConfig) -> EnergySettings:
-    """`pipeline.energy`."""
-    energy = cfg.get("pipeline", {}).get("energy") or {}
-    default = EnergySettings()
-    seconds = {
-        name: require_number(f"pipeline.energy.{name}", energy.get(name, getattr(default, name)), 0.0, "seconds")
-        for name in ("loop_seconds", "prefill_seconds", "idle_seconds")
-    }
-    return EnergySettings(enable=bool(energy.get("enable", default.enable)), **seconds)
+def energy_settings(cfg: DictConfig) -> EnergySchema:
+    """`pipeline.energy`, typed."""
+    return group_node(cfg, "pipeline.energy", EnergySchema)

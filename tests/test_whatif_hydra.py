@@ -37,9 +37,9 @@ levers:
   profiler_min:
     about: a config-group lever (the min profiler preset)
     overrides: [pipeline/torch_profiler=min]
-  no_modules:
+  deleted_key:
     about: a deletion, which a rung config cannot express
-    overrides: [~pipeline.torch_profiler.modules=true]
+    overrides: [~dataset.on_error=skip]
 """
 WORKLOAD = ("model=deepseek_ocr_tiny", "run.repeats=1", "run.warmup=0", "infer.max_new_tokens=2")
 
@@ -188,7 +188,7 @@ def test_the_hydra_launcher_runs_every_phase(hydra_run: Path) -> None:
     second = load_stage1(out / "rungs" / "02-profiler_min").metrics
     assert second.host_peak_rss_bytes is None and any("reused launcher worker" in w for w in second.warnings)
     assert load_stage1(out / "rungs" / "01-static_cache").metrics.host_peak_rss_bytes is not None
-    no_mod = rungs["no_modules"]
+    no_mod = rungs["deleted_key"]
     assert no_mod.state == INVALID and "whatif_run.launcher=local" in (no_mod.reason or "")
     for rung in record.rungs:
         if rung.state == MEASURED and rung.reused is None:
@@ -199,7 +199,7 @@ def test_the_hydra_launcher_runs_every_phase(hydra_run: Path) -> None:
     assert (out / "logs" / "phase-baseline.log").is_file() and (out / "logs" / "phase-alone.log").is_file()
     assert not (out / "rungs" / "sweep_summary.md").exists()  # the sweep callbacks are off in a phase
     report = (out / "whatif.md").read_text()
-    assert "Hydra's basic launcher" in report and "no_modules" in report
+    assert "Hydra's basic launcher" in report and "deleted_key" in report
 
 
 def test_the_rungs_come_out_as_with_the_local_launcher(hydra_run: Path, config_dir: Path, tmp_path: Path) -> None:
@@ -210,9 +210,9 @@ def test_the_rungs_come_out_as_with_the_local_launcher(hydra_run: Path, config_d
     hydra_record = load_file(hydra_run / "whatif.json", WhatIfRecord)
     assert local_record.launcher == "local"
     local_shape, hydra_shape = _shape(local, local_record), _shape(hydra_run, hydra_record)
-    assert local_shape.keys() == hydra_shape.keys() == {"baseline", "static_cache", "profiler_min", "no_modules"}
-    assert local_shape["no_modules"][1] != INVALID  # the local launcher passes a deletion to the rung, which runs
-    del local_shape["no_modules"], hydra_shape["no_modules"]
+    assert local_shape.keys() == hydra_shape.keys() == {"baseline", "static_cache", "profiler_min", "deleted_key"}
+    assert local_shape["deleted_key"][1] != INVALID  # the local launcher passes a deletion to the rung, which runs
+    del local_shape["deleted_key"], hydra_shape["deleted_key"]
     assert local_shape == hydra_shape
 
 
@@ -273,7 +273,7 @@ def test_the_joblib_launcher_runs_the_levers_at_once(config_dir: Path, tmp_path:
         "whatif_run.launcher=hydra",
         'whatif_run.hydra_launcher=["hydra/launcher=joblib","hydra.launcher.n_jobs=2"]',  # quoted: they hold =
         "whatif_run.ladder=false",
-        "whatif_run.exclude=[no_modules]",
+        "whatif_run.exclude=[deleted_key]",
         f"hydra.run.dir={out}",
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -298,7 +298,7 @@ def test_joblib_jobs_on_two_gpus_claim_one_each(config_dir: Path, tmp_path: Path
         "whatif_run.launcher=hydra",
         'whatif_run.hydra_launcher=["hydra/launcher=joblib","hydra.launcher.n_jobs=2"]',
         "whatif_run.ladder=false",
-        "whatif_run.exclude=[no_modules]",
+        "whatif_run.exclude=[deleted_key]",
         f"hydra.run.dir={out}",
     )
     assert done.returncode == 0, done.stderr[-3000:]

@@ -1,6 +1,6 @@
 """The typed schema of the commands' own config nodes (`stage1-run`'s `run`, `infer`, `outputs`, `runtime`, `report`,
-`hardware`; `perf-whatif`'s `whatif`, `whatif_run`) and of the config groups typed so far (`pipeline/memory`,
-`pipeline/energy`): each setting's type, default, range and doc, in one place.
+`hardware`; `perf-whatif`'s `whatif`, `whatif_run`) and of the config groups typed so far (`pipeline/torch_profiler`,
+`pipeline/memory`, `pipeline/energy`): each setting's type, default, range and doc, in one place.
 
 Plain dataclasses, torch-free and free of the config libraries, so any layer may read a typed node. `conf/` registers
 them in Hydra's ConfigStore (`SCHEMAS`): `stage1_schema` is the first entry of `conf/stage1.yaml`'s defaults list, so
@@ -364,6 +364,41 @@ class WhatIfNodes:
 
 
 @dataclass
+class TorchProfilerSchema:
+    """`pipeline.torch_profiler:` the profiled pass, a separate pass on the first input or batch (never a timed
+    pass), bounded to prefill and the first `decode_steps` decode steps. These are the `default` preset's values;
+    `pipeline/torch_profiler=min` and `=max` set what they change (conf/pipeline/torch_profiler/)."""
+
+    #: false: no profiled pass (no operator table, no kernel time by module).
+    enable: bool = setting(True, Flag())
+    #: Decode steps profiled after the prefill.
+    decode_steps: int = setting(4, Whole(0))
+    #: A batched run profiles its first batch: prefill and decode on the whole batch, the vision of its first
+    #: `max_vision_inputs` inputs only (the others' vision runs before the profiler starts), so its events, and the
+    #: time to read them, stop growing with the batch; the report says so. 0: every input's vision (also with
+    #: compiled vision, whose view shapes are the timed passes').
+    max_vision_inputs: int = setting(4, Whole(0))
+    #: Each operator's input shapes (operators.json).
+    record_shapes: bool = setting(False, Flag())
+    #: Each operator's memory.
+    profile_memory: bool = setting(False, Flag())
+    #: Each operator's call site.
+    with_stack: bool = setting(False, Flag())
+    #: Kernel time by module (a profiler range around every module's forward, in this pass only).
+    modules: bool = setting(True, Flag())
+    #: torch's own FLOP estimate per operator (operators.json's `flops`; the run counts its FLOPs itself): off, since
+    #: it records every operator's input shapes and lengthens the pass's post-processing (full-size v1 on the CPU,
+    #: 107,540 events: 15.9 -> 11.0 s, medians of 3; docs/benchmarks-history.md).
+    with_flops: bool = setting(False, Flag())
+    #: A gzipped Chrome/Perfetto trace (torch_profiler/trace.json.gz).
+    chrome_trace: bool = setting(False, Flag())
+    #: Operators listed in the report.
+    top_k: int = setting(25, Whole(1))
+    #: Predictions and gallery (the `pipeline/output` group, mounted here; checked by `output_settings`).
+    output: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class MemorySchema:
     """`pipeline.memory:` the memory pass (CUDA only): one untimed pass over the first input (or batch) after the
     timed passes, with the allocator's peaks per stage, the KV cache at each stage boundary and the allocator's
@@ -410,6 +445,7 @@ SCHEMAS: dict[str, dict[str, type]] = {
 #: Config groups typed by a schema: group -> (the name its configs' defaults lists use, the schema). `conf/`
 #: registers each in the group, so `conf/<group>/<choice>.yaml` composes onto it.
 GROUP_SCHEMAS: dict[str, tuple[str, type]] = {
+    "pipeline/torch_profiler": ("torch_profiler_schema", TorchProfilerSchema),
     "pipeline/memory": ("memory_schema", MemorySchema),
     "pipeline/energy": ("energy_schema", EnergySchema),
 }

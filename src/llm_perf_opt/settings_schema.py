@@ -5,8 +5,9 @@ model starts.
 config holds and raises a :class:`UserError` naming the first bad one. The commands' own nodes (run, infer, outputs,
 runtime, report, hardware, whatif, whatif_run) declare each field's kind beside its type and default in
 `config_schema`, and SCHEMA takes them from there (`typed_kinds`), as it does those of the typed config groups
-(pipeline/memory, pipeline/energy); the keys of the config groups not typed yet (model, dataset, the profiler and
-Nsight groups of pipeline, stage2, analytic) and Hydra's output folders have theirs here. `override_keys` checks a
+(pipeline/torch_profiler, pipeline/memory, pipeline/energy); the keys of the config groups not typed yet (model,
+dataset, the profiler's outputs and the Nsight groups of pipeline, stage2, analytic) and Hydra's output folders have
+theirs here. `override_keys` checks a
 command line's values of typed keys before composing, so a bad one is this paragraph, never the schema's traceback.
 The readers (the typed settings records of each stage) use the same checks (`errors.require_*`), so a value is read
 one way everywhere. Torch-free: `cli/common.launch` runs it before Hydra starts, and each command again on its composed
@@ -45,15 +46,6 @@ SCHEMA: Final[Mapping[str, Kind]] = {
     "dataset.on_error": Choice(("skip", "fail")),
     **typed_kinds(),  # the commands' own nodes: each field's kind from config_schema
     # the passes
-    "pipeline.torch_profiler.enable": Flag(),
-    "pipeline.torch_profiler.decode_steps": Whole(0),
-    "pipeline.torch_profiler.record_shapes": Flag(),
-    "pipeline.torch_profiler.profile_memory": Flag(),
-    "pipeline.torch_profiler.with_stack": Flag(),
-    "pipeline.torch_profiler.modules": Flag(),
-    "pipeline.torch_profiler.with_flops": Flag(),
-    "pipeline.torch_profiler.chrome_trace": Flag(),
-    "pipeline.torch_profiler.top_k": Whole(1),
     f"{OUTPUT}.prediction.enable": Flag(),
     f"{OUTPUT}.prediction.save_dir": InsideRun(),
     f"{OUTPUT}.visualization.enable": Flag(),

@@ -16,7 +16,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from llm_perf_opt.config_data import group_node, plain
-from llm_perf_opt.config_schema import EnergySchema, MemorySchema, Stage1Nodes
+from llm_perf_opt.config_schema import EnergySchema, MemorySchema, Stage1Nodes, TorchProfilerSchema
 from llm_perf_opt.data.inputs import InputChoice
 from llm_perf_opt.errors import require_bool, require_whole
 from llm_perf_opt.instruments.measured_peaks import check_peaks_setting
@@ -154,26 +154,20 @@ def config_digest(cfg: DictConfig) -> str:
 
 
 def profiler_settings(cfg: DictConfig) -> ProfilerSettings:
-    prof = cfg.pipeline.torch_profiler
+    """`pipeline.torch_profiler` as the run records it (`TorchProfilerSchema`'s typed node; its `output` apart)."""
+    prof = group_node(cfg, "pipeline.torch_profiler", TorchProfilerSchema)
     return ProfilerSettings(
-        enable=bool(prof.enable),
-        decode_steps=require_whole("pipeline.torch_profiler.decode_steps", prof.decode_steps, 0),
-        record_shapes=bool(prof.record_shapes),
-        profile_memory=bool(prof.profile_memory),
-        with_stack=bool(prof.with_stack),
-        with_flops=bool(prof.with_flops),
-        chrome_trace=bool(prof.chrome_trace),
-        top_k=int(prof.top_k),
-        modules=bool(prof.get("modules", False)),
-        max_vision_inputs=max_vision_inputs(cfg),
+        enable=prof.enable,
+        decode_steps=prof.decode_steps,
+        record_shapes=prof.record_shapes,
+        profile_memory=prof.profile_memory,
+        with_stack=prof.with_stack,
+        with_flops=prof.with_flops,
+        chrome_trace=prof.chrome_trace,
+        top_k=prof.top_k,
+        modules=prof.modules,
+        max_vision_inputs=prof.max_vision_inputs,
     )
-
-
-def max_vision_inputs(cfg: DictConfig) -> int:
-    """`pipeline.torch_profiler.max_vision_inputs`: the inputs of a batch whose vision the profiled pass profiles
-    (0: all)."""
-    value = cfg.pipeline.torch_profiler.get("max_vision_inputs", 0)
-    return require_whole("pipeline.torch_profiler.max_vision_inputs", value, 0)
 
 
 def run_settings(

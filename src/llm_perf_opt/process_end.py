@@ -19,6 +19,10 @@ import threading
 from collections.abc import Callable
 from typing import NoReturn
 
+#: Environment variables through which a tool (Nsight Systems, Nsight Compute, any CUPTI injection or preloaded
+#: library) enters a process.
+INJECTION_VARIABLES = ("CUDA_INJECTION64_PATH", "LD_PRELOAD")
+
 
 def ends_process(main: Callable[[], None]) -> Callable[[], NoReturn]:
     """`main` as a console script's entry point: once it returns (exit 0) or raises SystemExit (its code), the
@@ -66,8 +70,3 @@ def needs_ordinary_exit() -> bool:
     if any(os.environ.get(name) for name in INJECTION_VARIABLES):
         return True
     return any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread())
-
-
-#: Environment variables through which a tool (Nsight Systems, Nsight Compute, any CUPTI injection or preloaded
-#: library) enters a process.
-INJECTION_VARIABLES = ("CUDA_INJECTION64_PATH", "LD_PRELOAD")

@@ -16,7 +16,7 @@ from llm_perf_opt.data.inputs import InputChoice
 from llm_perf_opt.instruments.measured_peaks import MEASURED
 from llm_perf_opt.instruments.timing import timing_method
 from llm_perf_opt.measure.stage1_analysis import Stage1Setup
-from llm_perf_opt.pipeline.stage1_settings import config_digest, profiler_settings
+from llm_perf_opt.pipeline.stage1_settings import config_digest
 from llm_perf_opt.records.stage1 import (
     DeviceInfo,
     ImageInput,
@@ -148,6 +148,7 @@ def analysis_setup(
 ) -> Stage1Setup:
     """The run as `Stage1Analysis` needs it: the records that describe it and the settings its figures use (`cfg`:
     the composed config; `nodes`: its typed nodes)."""
+    assert settings.profiler is not None  # `stage1_settings.run_settings` records it
     return Stage1Setup(
         run_id=run_id,
         model=model_info(session),
@@ -165,7 +166,7 @@ def analysis_setup(
         tf32_matmul=bool(torch.backends.cuda.matmul.allow_tf32),
         measured_peaks_asked=nodes.hardware.peaks == MEASURED,
         cv_warn=float(nodes.run.cv_warn),
-        top_k=profiler_settings(cfg).top_k,
+        top_k=settings.profiler.top_k,
         compile=session.compile_summary() if session.runtime.compiles else None,
         host_peak_rss_bytes=host_peak_rss_bytes(),
     )

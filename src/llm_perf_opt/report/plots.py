@@ -49,8 +49,8 @@ def _ticker() -> ModuleType:
 
 def save_figure(fig: Figure, path: Path) -> Path:
     """Write `fig` to `path` as PNG (DPI dots per inch), close it, return `path`. A figure made with the constrained
-    layout (`layout="constrained"`, as every report figure is) fits its labels, titles and legends in the one drawing
-    the PNG takes; any other is cut to its tight bounding box, which draws it twice (once to measure it)."""
+    layout (`layout="constrained"`, as every report figure is) already fits its labels, titles and legends inside
+    it; any other is cut to its tight bounding box, which costs one more measuring of every artist."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         if fig.get_layout_engine() is None:

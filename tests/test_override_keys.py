@@ -144,6 +144,13 @@ def test_an_unknown_group_option_lists_the_options() -> None:
     )
 
 
+def test_a_typed_groups_options_leave_out_its_schema() -> None:
+    """The schema every pipeline/torch_profiler option builds on is registered in the group, but it is no option."""
+    with pytest.raises(UserError) as raised:
+        check("pipeline/torch_profiler=mid")
+    assert "(the options: default, max, min)" in str(raised.value)
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

@@ -10,7 +10,9 @@ import yaml
 import llm_perf_opt.conf
 from llm_perf_opt.analytic.settings import AnalyticSettings, PricedModel, WorkloadProfile
 from llm_perf_opt.config_compose import compose_config
+from llm_perf_opt.config_schema import AnalyticSchema
 from llm_perf_opt.errors import UserError
+from llm_perf_opt.override_keys import check_override_keys
 from llm_perf_opt.pipeline.analytic import analytic_settings, build_report
 from llm_perf_opt.session.model_settings import ModelSettings
 
@@ -35,12 +37,17 @@ def test_ocr2_settings_hold_the_tiles_and_view_sizes() -> None:
         ("analytic.mode_sweep=[tiny,huge]", "model.mode=huge is not a DeepSeek-OCR mode"),
         ("analytic.grid_sweep=[[2]]", r"analytic.grid_sweep\[\]=\[2\] is not a crop grid"),
         ("analytic.dtype=int3", "analytic.dtype=int3 is not supported"),
-        ("analytic.new_tokens=0", "analytic.new_tokens=0 is out of range"),
     ],
 )
 def test_bad_values_are_refused_when_parsed(override: str, message: str) -> None:
     with pytest.raises(UserError, match=message):
         analytic_settings(compose_config("analytic", "model=deepseek_ocr", override))
+
+
+def test_a_value_out_of_range_is_refused_on_the_command_line() -> None:
+    """Typed (config_schema.AnalyticSchema): one paragraph before anything composes."""
+    with pytest.raises(UserError, match=r"analytic\.new_tokens=0 is out of range"):
+        check_override_keys("analytic", ["analytic.new_tokens=0"], command="analytic-report")
 
 
 def test_a_workload_profile_checks_its_model_and_keeps_no_batch_size() -> None:
@@ -58,7 +65,7 @@ def test_a_workload_profile_checks_its_model_and_keeps_no_batch_size() -> None:
     }
     model = PricedModel.from_settings(ModelSettings.from_config(node))
     with pytest.raises(UserError, match="this command runs model=b"):
-        AnalyticSettings.from_config({}, model, profile)
+        AnalyticSettings.from_config(AnalyticSchema(), model, profile)
 
 
 def test_no_workload_file_sets_a_batch_size_and_the_report_records_none() -> None:

@@ -19,9 +19,11 @@ from llm_perf_opt.config_compose import compose_config
 from llm_perf_opt.config_data import group_node, stage1_nodes, whatif_nodes
 from llm_perf_opt.config_schema import (
     GROUP_SCHEMAS,
+    MODEL_SCHEMAS,
     SCHEMAS,
     Stage1Nodes,
     Stage2ReportSchema,
+    Stage2Schema,
     WhatIfNodes,
     WhatIfSchema,
     typed_key,
@@ -39,6 +41,17 @@ WHATIF_NODES = tuple(SCHEMAS["whatif_schema"])
 FREE = {"run.cpu_affinity", "run.data_parallel_baseline", "report.whatif_dir", "hardware.peaks"}
 FREE |= {"whatif.from_run", "whatif.name", "whatif.objective", "whatif.levers"}
 FREE |= {"pipeline.torch_profiler.output"}  # the pipeline/output group, checked by output_settings
+# Nsight's own words and paths, passed to nsys and ncu as they are; a Stage 2 mode's name or a folder to rebuild.
+FREE |= {f"pipeline.nsys.{key}" for key in ("binary", "sample", "cpuctxsw", "cuda_graph_trace", "capture_range")}
+FREE |= {"pipeline.nsys.gpu_metrics_devices", "pipeline.ncu.binary", "stage2.mode", "stage2.rerender"}
+# Paths read by the dataset; the analytic page's grids and GPU keys, checked by AnalyticSettings against the model and
+# the hardware table.
+FREE |= {"dataset.root", "dataset.subset_filelist", "analytic.dtype", "analytic.reference_gpu"}
+FREE |= {"analytic.crop_grid", "analytic.tile_sweep", "analytic.grid_sweep"}
+# The model's names, paths and backends (read by its adapter and transformers), and its family's own tables.
+FREE |= {f"model.{key}" for key in ("name", "adapter", "path", "dtype", "mode", "modes", "preprocess", "architecture")}
+FREE |= {f"model.{key}" for key in ("attn_implementation", "experts_implementation", "name_or_path", "config")}
+FREE |= {"model.tokenizer", "model.vision_stage_modules", "model.prompt.text"}
 
 
 def leaves(node: object, prefix: str = "") -> dict[str, object]:
@@ -75,6 +88,10 @@ def test_the_defaults_live_in_the_schema_only() -> None:
     assert shipped["defaults"][0] == "stage1_schema"  # first: every yaml of the command composes onto it
     whatif = yaml.safe_load((files("llm_perf_opt") / "conf" / "whatif.yaml").read_text(encoding="utf-8"))
     assert not set(whatif) & set(WHATIF_NODES) and whatif["defaults"][:2] == ["stage1", "whatif_schema"]
+    stage2 = yaml.safe_load((files("llm_perf_opt") / "conf" / "stage2.yaml").read_text(encoding="utf-8"))
+    assert "stage2" not in stage2 and stage2["defaults"][:2] == ["stage1", "stage2_schema"]
+    composed = group_node(compose_config("stage2"), "stage2", Stage2Schema)
+    assert OmegaConf.to_container(OmegaConf.structured(composed)) == dataclasses.asdict(Stage2Schema())
 
 
 def test_a_preset_sets_only_what_it_selects() -> None:
@@ -87,6 +104,9 @@ def test_a_preset_sets_only_what_it_selects() -> None:
 
 def test_every_typed_field_declares_its_range_and_schema_holds_it() -> None:
     typed = set(leaves(Stage1Nodes())) | set(leaves(WhatIfNodes()))
+    typed |= set(leaves(Stage2Schema(), "stage2."))  # stage2-profile's own node
+    for model in MODEL_SCHEMAS.values():  # each model family's
+        typed |= set(leaves(model(), "model."))
     for group, (_, schema) in GROUP_SCHEMAS.items():  # the typed config groups' keys
         typed |= set(leaves(schema(), f"{group.replace('/', '.')}."))
     kinds = typed_kinds()
@@ -99,11 +119,19 @@ def test_every_typed_field_declares_its_range_and_schema_holds_it() -> None:
 def _annotation(key: str) -> object:
     """The resolved type of a typed field (`run.device_defaults.cuda.repeats`: DeviceCounts' `int`)."""
     groups = {group.replace("/", "."): schema for group, (_, schema) in GROUP_SCHEMAS.items()}
+    if key.startswith("model."):  # the first family's schema that has it
+        groups["model"] = next(m for m in MODEL_SCHEMAS.values() if key.split(".")[1] in m.__dataclass_fields__)
     group = next((g for g in groups if key.startswith(f"{g}.")), None)
     node, *path = [group, *key[len(group) + 1 :].split(".")] if group else key.split(".")
-    here: typing.Any = {**SCHEMAS["stage1_schema"], **SCHEMAS["whatif_schema"], **groups}[node]
+    here: typing.Any = {**SCHEMAS["stage1_schema"], **SCHEMAS["whatif_schema"], **SCHEMAS["stage2_schema"], **groups}
+    here, default = here[node], None
     for name in path:
+        if isinstance(default, dict):  # a map of typed nodes (stage2.modes): the default entry's type
+            here, default = type(default[name]), None
+            continue
         hint = typing.get_type_hints(here)[name]
+        default = next(f for f in dataclasses.fields(here) if f.name == name).default_factory  # type: ignore[misc]
+        default = default() if callable(default) else None
         here = next((arg for arg in typing.get_args(hint) if dataclasses.is_dataclass(arg)), hint)
     return hint
 
@@ -170,7 +198,8 @@ def test_plain_mappings_take_the_schemas_defaults() -> None:
 def test_a_typed_setting_cannot_be_deleted_and_says_so() -> None:
     assert typed_key("run.cv_warn") and typed_key("run.device_defaults.cuda.repeats") and typed_key("report.stage1_dir")
     assert typed_key("pipeline.torch_profiler.modules")  # a typed config group's
-    assert not typed_key("pipeline.nsys.trace") and not typed_key("run.nope") and not typed_key("model")
+    assert typed_key("pipeline.nsys.trace") and typed_key("stage2.modes.deep.top_kernels")
+    assert not typed_key("model.preprocess.chat_template") and not typed_key("run.nope") and not typed_key("model")
     with pytest.raises(UserError, match=r"~run\.cv_warn would delete a typed setting") as caught:
         check_override_keys("stage1", ["~run.cv_warn"], command="stage1-run")
     assert "Set it instead (run.cv_warn=<value>" in str(caught.value)
@@ -181,23 +210,55 @@ def test_a_typed_setting_cannot_be_deleted_and_says_so() -> None:
 
 @pytest.mark.parametrize(("group", "schema"), list(GROUP_SCHEMAS.items()))
 def test_a_typed_group_keeps_its_defaults_in_its_schema(group: str, schema: tuple[str, type]) -> None:
-    """pipeline/torch_profiler, pipeline/memory, pipeline/energy: the default choice names its schema and holds no
-    value; the composed node is the schema's defaults, an override is typed, and a config saved without the node
-    reads back as the defaults."""
+    """Every typed group (dataset; analytic; pipeline/torch_profiler, memory, energy, nsys, ncu): each choice names the
+    schema first and sets only what differs from it, the default choice nothing; the composed node is the schema's
+    defaults, an override is typed, and a config saved without the node reads back as the defaults."""
     name, cls = schema
-    shipped = yaml.safe_load((files("llm_perf_opt") / "conf" / group / "default.yaml").read_text(encoding="utf-8"))
-    assert shipped == {"defaults": [name, "_self_"]}
+    folder = files("llm_perf_opt") / "conf" / group
+    choices = {f.name.removesuffix(".yaml"): f for f in folder.iterdir() if f.name.endswith(".yaml")}
+    chosen = {"dataset": "samples"}.get(group, "default")  # conf/stage1.yaml's default choice
+    defaults = dataclasses.asdict(cls())
+    for choice, path in choices.items():
+        shipped = yaml.safe_load(path.read_text(encoding="utf-8"))
+        assert shipped.pop("defaults") == [name, "_self_"], choice
+        assert set(shipped) <= set(defaults) and all(shipped[k] != defaults[k] for k in shipped), choice
+        assert not shipped or choice != chosen
     key = group.replace("/", ".")
     field = next(f for f in reversed(dataclasses.fields(cls)) if f.type in ("int", "float"))  # a count or seconds
-    cfg = compose_config("stage1", f"{key}.{field.name}=7")
+    cfg = compose_config("stage2", f"{key}.{field.name}=7")  # stage2 holds every typed group
     read = group_node(cfg, key, cls)
-    default = group_node(compose_config("stage1"), key, cls)
+    default = group_node(compose_config("stage2"), key, cls)
     assert (
         getattr(read, field.name) == 7
         and dataclasses.replace(read, **{field.name: getattr(default, field.name)}) == default
     )
-    assert group_node({}, key, cls) == cls()  # an older config.yaml without the node
-    shipped_default = OmegaConf.to_container(OmegaConf.select(compose_config("stage1"), key))
+    assert group_node({}, key, cls) == OmegaConf.to_object(OmegaConf.structured(cls))  # a config saved without it
+    shipped_default = OmegaConf.to_container(OmegaConf.select(compose_config("stage2"), key))
     assert {k: v for k, v in shipped_default.items() if k != "output"} == {  # type: ignore[union-attr]
         k: v for k, v in dataclasses.asdict(cls()).items() if k != "output"
     }
+
+
+def test_each_model_config_names_its_familys_schema_and_refuses_another_familys_keys() -> None:
+    """conf/model/: a family's config names its schema first (a variant names the config it varies) and sets only
+    what differs from the schema's defaults; a key of another family is refused while composing."""
+    folder = files("llm_perf_opt") / "conf" / "model"
+    choices = {f.name.removesuffix(".yaml"): f for f in folder.iterdir() if f.name.endswith(".yaml")}
+    families = set()
+    for choice, path in choices.items():
+        shipped = yaml.safe_load(path.read_text(encoding="utf-8"))
+        first, *rest = shipped.pop("defaults")
+        assert rest == ["_self_"] and (first in MODEL_SCHEMAS or first in choices), choice
+        schema = MODEL_SCHEMAS.get(first) or MODEL_SCHEMAS[yaml.safe_load(choices[first].read_text())["defaults"][0]]
+        defaults = dataclasses.asdict(schema())
+        assert set(shipped) <= set(defaults) and all(shipped[k] != defaults[k] for k in shipped), choice
+        families.add(schema)
+        assert OmegaConf.get_type(compose_config("stage1", f"model={choice}").model) is schema
+    assert families == set(MODEL_SCHEMAS.values())
+    for override in (
+        "model=deepseek_ocr model.config=x",
+        "model=hf model.path=x",
+        "model=deepseek_ocr2 model.mode=tiny",
+    ):
+        with pytest.raises(ConfigCompositionException):
+            compose_config("stage1", *override.split())

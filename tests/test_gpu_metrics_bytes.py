@@ -110,10 +110,12 @@ def test_gpu_metrics_sampling_on_the_nsys_command_line() -> None:
 
 @pytest.mark.parametrize("value", ["5", "true", "'fast'", "300000"])
 def test_a_bad_sampling_rate_is_refused_before_nsys(value: str, tmp_path: Path) -> None:
+    """Typed (config_schema.NsysSchema): refused on the command line, in one paragraph, before anything composes."""
     from llm_perf_opt.errors import UserError
+    from llm_perf_opt.override_keys import check_override_keys
 
     with pytest.raises(UserError, match=r"pipeline\.nsys\.gpu_metrics_hz"):
-        stage2_run(compose_stage2(f"pipeline.nsys.gpu_metrics_hz={value}"), tmp_path, "x", [])
+        check_override_keys("stage2", [f"pipeline.nsys.gpu_metrics_hz={value}"], command="stage2-profile")
     run = stage2_run(compose_stage2("pipeline.nsys.gpu_metrics_hz=100000"), tmp_path, "x", [])
     assert run.settings.nsys.gpu_metrics_hz == 100_000
 

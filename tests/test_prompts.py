@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
 import pytest
 
+from llm_perf_opt.config_schema import DatasetSchema
 from llm_perf_opt.data.dataset import TextEntry, bundled_samples_dir
 from llm_perf_opt.data.inputs import select_inputs
 from llm_perf_opt.data.prompts import bundled_prompts_dir, read_prompt, select_prompts
@@ -90,8 +92,8 @@ def test_unusable_folders_are_user_errors(tmp_path: Path, setup, kwargs, needle:
 
 
 # ---- choosing inputs for the model's kind -----------------------------------------------------------------------
-def _dataset(kind: str, root: Path, subset: str | None = None) -> dict[str, object]:
-    return {"kind": kind, "root": str(root), "subset_filelist": subset, "seed": 0, "on_error": "skip"}
+def _dataset(kind: str, root: Path, subset: str | None = None) -> DatasetSchema:
+    return DatasetSchema(kind=kind, root=str(root), subset_filelist=subset)
 
 
 def test_matching_kinds_use_the_configured_dataset(tmp_path: Path) -> None:
@@ -156,11 +158,11 @@ def test_a_subset_list_keeps_its_order_under_the_device_default_sampling(tmp_pat
     for name, text in (("long.txt", "many words " * 50), ("short.txt", "hi"), ("mid.txt", "a few words here")):
         write(tmp_path, name, text)
     write(tmp_path, "list.txt", "long.txt\nshort.txt\n")
-    cfg = {"kind": "text", "root": str(tmp_path), "subset_filelist": str(tmp_path / "list.txt"), "sampling": None}
+    cfg = DatasetSchema(kind="text", root=str(tmp_path), subset_filelist=str(tmp_path / "list.txt"))
     chosen = select_inputs(cfg, "text", model_name="m", max_images=None, sampling="smallest")
     assert names(chosen.selection) == ["long.txt", "short.txt"]
     assert chosen.selection.sampling == "sorted"
     explicit = select_inputs(
-        {**cfg, "sampling": "smallest"}, "text", model_name="m", max_images=None, sampling="smallest"
+        dataclasses.replace(cfg, sampling="smallest"), "text", model_name="m", max_images=None, sampling="smallest"
     )
     assert names(explicit.selection) == ["short.txt", "long.txt"]  # an explicit dataset.sampling still applies

@@ -262,11 +262,13 @@ def test_the_mode_chooses_the_bytes_pass_unless_set(overrides: tuple[str, ...], 
     assert stage2_run(compose_stage2(*overrides), tmp_path, "x", []).settings.ncu.bytes_pass is expected
 
 
-def test_a_bad_bytes_pass_setting_is_refused(tmp_path: Path) -> None:
+def test_a_bad_bytes_pass_setting_is_refused() -> None:
+    """Typed (config_schema.NcuSchema): refused on the command line, in one paragraph, before anything composes."""
     from llm_perf_opt.errors import UserError
+    from llm_perf_opt.override_keys import check_override_keys
 
     with pytest.raises(UserError, match=r"pipeline\.ncu\.bytes_pass=sometimes is not true or false"):
-        stage2_run(compose_stage2("pipeline.ncu.bytes_pass=sometimes"), tmp_path, "x", [])
+        check_override_keys("stage2", ["pipeline.ncu.bytes_pass=sometimes"], command="stage2-profile")
 
 
 def test_light_mode_runs_no_bytes_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

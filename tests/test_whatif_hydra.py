@@ -39,7 +39,7 @@ levers:
     overrides: [pipeline/torch_profiler=min]
   deleted_key:
     about: a deletion, which a rung config cannot express
-    overrides: [~dataset.on_error=skip]
+    overrides: [~model.preprocess.device=cpu]
 """
 WORKLOAD = ("model=deepseek_ocr_tiny", "run.repeats=1", "run.warmup=0", "infer.max_new_tokens=2")
 

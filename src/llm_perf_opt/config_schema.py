@@ -1,6 +1,7 @@
 """The typed schema of the commands' own config nodes (`stage1-run`'s `run`, `infer`, `outputs`, `runtime`, `report`,
-`hardware`; `perf-whatif`'s `whatif`, `whatif_run`) and of the config groups typed so far (`pipeline/torch_profiler`,
-`pipeline/memory`, `pipeline/energy`): each setting's type, default, range and doc, in one place.
+`hardware`; `perf-whatif`'s `whatif`, `whatif_run`; `stage2-profile`'s `stage2`) and of the config groups typed so far
+(`model`, one schema per family; `dataset`, `analytic`, `pipeline/torch_profiler`, `pipeline/memory`,
+`pipeline/energy`, `pipeline/nsys`, `pipeline/ncu`): each setting's type, default, range and doc, in one place.
 
 Plain dataclasses, torch-free and free of the config libraries, so any layer may read a typed node. `conf/` registers
 them in Hydra's ConfigStore (`SCHEMAS`): `stage1_schema` is the first entry of `conf/stage1.yaml`'s defaults list, so
@@ -430,6 +431,315 @@ class EnergySchema:
     idle_seconds: float = setting(1.0, Number(0.0, "seconds"))
 
 
+#: The Hopper names of the tensor-core FLOP counters; on other architectures adjust or remove them.
+NCU_METRICS: Final = (
+    "gpu__time_duration.sum",
+    "dram__bytes_read.sum",
+    "dram__bytes_write.sum",
+    "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+    "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
+    "sm__sass_thread_inst_executed_op_ffma_pred_on.sum",
+    "sm__sass_thread_inst_executed_op_fadd_pred_on.sum",
+    "sm__sass_thread_inst_executed_op_fmul_pred_on.sum",
+    "sm__sass_thread_inst_executed_op_hfma_pred_on.sum",
+    "sm__sass_thread_inst_executed_op_hadd_pred_on.sum",
+    "sm__sass_thread_inst_executed_op_hmul_pred_on.sum",
+    "sm__inst_executed_pipe_tensor.sum",
+    "sm__ops_path_tensor_src_bf16_dst_fp32.sum",
+    "sm__ops_path_tensor_src_fp16_dst_fp32.sum",
+)
+NSYS_REPORTS: Final = (
+    "cuda_gpu_kern_sum",
+    "nvtx_sum",
+    "nvtx_gpu_proj_sum",
+    "nvtx_kern_sum",
+    "cuda_api_sum",
+    "cuda_gpu_mem_time_sum",
+)
+
+
+@dataclass
+class NsysSchema:
+    """`pipeline.nsys:` how stage2-profile's Nsight Systems profiles the workload."""
+
+    #: false: no Nsight Systems profile (and then no Nsight Compute: its targets come from it).
+    enable: bool = setting(True, Flag())
+    #: A path to nsys (the file or its folder). null: PATH, then the usual install folders.
+    binary: Optional[str] = None
+    #: nsys --trace.
+    trace: list[str] = setting(["cuda", "nvtx", "osrt"], Names("cuda,nvtx", nullable=False))
+    #: CPU sampling and context switches (nsys --sample, --cpuctxsw): off, since with them a 3-second run wrote a
+    #: 2 GB .qdstrm.
+    sample: str = "none"
+    cpuctxsw: str = "none"
+    #: nsys --cuda-graph-trace: node (each kernel of a CUDA graph) or graph (the graph as one).
+    cuda_graph_trace: Optional[str] = "node"
+    #: Sample the GPU's metrics this often (Hz, 10 to 200000; null: not at all): report.md then gives each stage's
+    #: DRAM bytes per instance from the samples (DRAM read/write throughput integrated over its kernels' busy time),
+    #: without profiling a kernel. A supplement to the bytes pass, not a replacement: nsys drops samples in gaps of
+    #: about 1 s (instances there are left out), and at 100000 it added ~50 s to an H100 run of the A4 page.
+    gpu_metrics_hz: Optional[int] = setting(None, Whole(10, 200_000, nullable=True))
+    #: Which GPUs nsys samples (all, or ids as nsys numbers them); the figures take the first sampled GPU's.
+    gpu_metrics_devices: str = "all"
+    #: An NVTX capture range (a stage name, e.g. decode). null: the whole workload.
+    capture_range: Optional[str] = None
+    #: The `nsys stats` reports exported beside the profile.
+    reports: list[str] = setting(list(NSYS_REPORTS), Names("cuda_gpu_kern_sum,nvtx_sum", nullable=False))
+    timeout_s: float = setting(900.0, Number(0.0, "seconds", above=True))
+
+
+@dataclass
+class NcuSchema:
+    """`pipeline.ncu:` how stage2-profile's Nsight Compute profiles the hottest kernels that nsys found, and its
+    bytes pass."""
+
+    #: false: no Nsight Compute.
+    enable: bool = setting(True, Flag())
+    #: A path to ncu (the file or its folder). null: PATH, then the usual install folders.
+    binary: Optional[str] = None
+    #: none: clocks not locked (ncu locks them to base by default); recorded in the report.
+    clock_control: str = setting("none", Choice(("none", "base", "reset")))
+    target_processes: str = setting("all", Choice(("all", "application-only")))
+    #: Metrics collected beside the sections, for the roofline: duration, DRAM bytes, FP32/FP16 instruction counts,
+    #: tensor-pipe work, and tensor-core FLOPs under their Hopper names (on other architectures adjust or remove the
+    #: last two).
+    metrics: list[str] = setting(list(NCU_METRICS), Names("gpu__time_duration.sum", nullable=False))
+    timeout_s: float = setting(900.0, Number(0.0, "seconds", above=True))
+    #: The bytes pass: one more ncu run over every kernel of the profiler window (the prefill of one image with its
+    #: vision sub-stages, and the middle decode step) collecting only duration and DRAM read/write bytes (one counter
+    #: pass, no replay), so report.md can set measured bytes beside the analytic ones. null: the mode's choice (deep
+    #: runs it, light does not).
+    bytes_pass: Optional[bool] = setting(None, Flag(nullable=True))
+    #: ncu's default `all` flushes L1/L2 before each profiled kernel, so every kernel would fetch its inputs from DRAM
+    #: again; `none` leaves the caches as the previous kernel left them, as in the real run.
+    bytes_cache_control: str = setting("none", Choice(("none", "all")))
+
+
+@dataclass
+class Stage2ModeSchema:
+    """One of `stage2.modes`: which kernels Nsight Compute targets, with which sections."""
+
+    #: The hottest kernels of each stage (by nsys GPU time) that ncu profiles.
+    top_kernels: int = setting(5, Whole(1))
+    #: ncu --section names.
+    sections: list[str] = setting(["SpeedOfLight"], Names("SpeedOfLight", nullable=False))
+    #: The NVTX stages whose kernels are targeted.
+    stages: list[str] = setting(["prefill", "decode"], Names("prefill,decode", nullable=False))
+    #: Launches of each launch configuration profiled.
+    launches_per_kernel: int = setting(1, Whole(1))
+    #: Run the bytes pass (`pipeline.ncu.bytes_pass`, when null, takes this).
+    bytes_pass: bool = setting(False, Flag())
+
+
+DEEP_SECTIONS: Final = (
+    "SpeedOfLight",
+    "SpeedOfLight_RooflineChart",
+    "SpeedOfLight_HierarchicalTensorRooflineChart",
+    "MemoryWorkloadAnalysis",
+    "ComputeWorkloadAnalysis",
+    "LaunchStats",
+    "Occupancy",
+)
+
+
+def _stage2_modes() -> dict[str, Stage2ModeSchema]:
+    return {
+        "light": Stage2ModeSchema(),
+        "deep": Stage2ModeSchema(top_kernels=20, sections=list(DEEP_SECTIONS), bytes_pass=True),
+    }
+
+
+@dataclass
+class Stage2WorkloadSchema:
+    """`stage2.workload:` the nsys workload's passes: one timed pass per image after the warm-up (warm-up passes emit
+    no NVTX stage ranges, so they fall outside every analysed stage). null: Stage 1's device default."""
+
+    repeats: Optional[int] = setting(1, Whole(1, nullable=True))
+    warmup: Optional[int] = setting(1, Whole(0, nullable=True))
+
+
+@dataclass
+class NcuWorkloadSchema:
+    """`stage2.ncu_workload:` Nsight Compute replays kernels of one image with a short decode (counters do not depend
+    on how many), in one timed pass whose prefill and middle decode step open the CUDA profiler
+    (run.profiler_window): two ncu processes in all, one for the targeted kernels of every stage (each launch
+    configuration once), one for the bytes pass. These win over the command line's."""
+
+    max_images: int = setting(1, Whole(1))
+    max_new_tokens: int = setting(4, Whole(1, MAX_NEW_TOKENS))
+    repeats: Optional[int] = setting(1, Whole(1, nullable=True))
+
+
+@dataclass
+class Stage2Schema:
+    """`stage2:` what stage2-profile profiles."""
+
+    #: light: nsys + ncu on the top 5 kernels with a small section set, about two minutes for the A4 page on an
+    #: H100; deep: top 20, full roofline sections, and the bytes pass (pipeline.ncu.bytes_pass): the DRAM bytes of
+    #: every kernel of one instance of each of `stages`, one more Nsight Compute process (about 75-90 s for the A4
+    #: page on an H100). Or a mode of your own: `+stage2.modes.<name>={top_kernels: 10}`.
+    mode: str = "light"
+    #: The modes by name (each a Stage2ModeSchema; one of your own is typed when it is read).
+    modes: dict[str, Any] = field(default_factory=_stage2_modes)
+    workload: Stage2WorkloadSchema = field(default_factory=Stage2WorkloadSchema)
+    ncu_workload: NcuWorkloadSchema = field(default_factory=NcuWorkloadSchema)
+    #: Build once, reuse: true: with random weights, the first workload process (nsys) saves the built model in
+    #: <run>/model_cache/ and every later one (each ncu round, the bytes passes) loads it instead of building it
+    #: (model.cache_dir; the folder is removed when the run ends). Off by default: on the H100 (2026-11-25) building
+    #: v1's random weights on the GPU takes 0.2 s, saving them 12.1 s and loading them 1.9 s.
+    reuse_model: bool = setting(False, Flag())
+    #: A Stage 2 folder whose every artifact is rebuilt from its exports (no GPU, no Nsight needed). null: a run.
+    rerender: Optional[str] = None
+
+
+@dataclass
+class PromptSchema:
+    """`model.prompt:` the text sent after the image (or the text prompt's stand-in)."""
+
+    #: The text after the image placeholder. With a tokenizer it is tokenized; without one, `text_tokens` fixed ids
+    #: stand in for it.
+    text: str = ""
+    text_tokens: Optional[int] = setting(None, Whole(0, nullable=True))
+
+
+@dataclass
+class ModelSchema:
+    """`model:` which model a run builds or loads, and how: the keys every family takes. Each family has its schema
+    (`MODEL_SCHEMAS`: DeepSeek-OCR v1, OCR-2, any HF model), which its config (`conf/model/<name>.yaml`,
+    `model=<name>`) names first, so a key of another family (`model.config` with model=deepseek_ocr) is refused; the
+    family's own tables (`modes`, `preprocess`, `architecture`) are mappings its adapter reads once
+    (`session.adapters`)."""
+
+    name: str = ""
+    #: The family's adapter: deepseek_ocr | deepseek_ocr2 | hf.
+    adapter: str = ""
+    #: null: bfloat16 on CUDA, float32 on the CPU.
+    dtype: Optional[str] = None
+    #: The attention backend passed to transformers (sdpa | eager | flash_attention_2 ...). null: transformers' default.
+    attn_implementation: Optional[str] = "sdpa"
+    #: The MoE experts backend for models that have one (eager | grouped_mm | batched_mm). null: transformers' default.
+    experts_implementation: Optional[str] = None
+    #: The seed of the random weights (reproducible FLOPs, routing and timings across runs).
+    seed: int = setting(0, Whole(0))
+    #: Random weights: a folder where the first process saves the built model (model.safetensors + manifest.json)
+    #: and later ones load it instead of building it (checked against the config, dtype, seed and versions; rebuilt
+    #: when stale). null: built every time. stage2-profile and perf-whatif set it for their child processes (a folder
+    #: in the run folder, removed at the end) unless set here; ignored when checkpoint weights are loaded.
+    cache_dir: Optional[str] = setting(None, OutputFolder(nullable=True))
+    #: The family's preprocessing (tiling, view sizes, `device`: cpu or cuda; hf: `chat_template`,
+    #: `max_prompt_tokens`).
+    preprocess: dict[str, Any] = field(default_factory=dict)
+    prompt: PromptSchema = field(default_factory=PromptSchema)
+
+
+@dataclass
+class DeepseekOcr2ModelSchema(ModelSchema):
+    """`model:` DeepSeek-OCR-2 (`model=deepseek_ocr2`, `deepseek_ocr2_tiny`)."""
+
+    #: A local checkpoint folder in the official layout (config.json + *.safetensors [+ tokenizer files]). null:
+    #: random weights at the real size, built from `architecture`.
+    path: Optional[str] = None
+    #: SAM's attention: sdpa (the relative-position bias as a materialised mask) | flex (the bias added inside
+    #: FlexAttention, never materialised; compiled on a GPU).
+    sam_attention: str = setting("sdpa", Choice(("sdpa", "flex")))
+    #: The published checkpoint's shape: with no `path`, the model is built from it.
+    architecture: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DeepseekOcrModelSchema(DeepseekOcr2ModelSchema):
+    """`model:` DeepSeek-OCR v1 (`model=deepseek_ocr`, `deepseek_ocr_tiny`); `path`'s official tensor names are mapped
+    onto this implementation (strict: every tensor, every shape)."""
+
+    #: Load the vendor's own modeling code from `path` (AutoModel, trust_remote_code) instead of this implementation;
+    #: needs a transformers version the vendor code supports (it was written for 4.46).
+    trust_remote_code: bool = setting(False, Flag())
+    #: The resolution mode, one of `modes` (the vendor README's names).
+    mode: Optional[str] = None
+    #: The resolution modes: name -> {base_size, image_size, crop_mode}.
+    modes: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class HfModelSchema(ModelSchema):
+    """`model:` any Hugging Face causal LM or image-text-to-text model (`model=hf`): exactly one of `name_or_path`
+    and `config`."""
+
+    #: A local folder in the transformers layout (config.json, *.safetensors, tokenizer or processor files). Local
+    #: files only: nothing is downloaded.
+    name_or_path: Optional[str] = None
+    #: Random weights: a preset name (conf/model_presets/) or a config.json (or a folder holding one).
+    config: Optional[str] = None
+    #: A folder of tokenizer files for a random-weight model. Without any tokenizer, each word and punctuation mark of
+    #: a prompt becomes one stand-in token id.
+    tokenizer: Optional[str] = None
+    #: Image-text-to-text models: vision sub-stage -> submodule path (e.g. {vision: model.vision_tower}), checked
+    #: against the model when it is built. null: detected.
+    vision_stage_modules: Any = None
+
+
+#: Each model family's schema, as its config's defaults list names it (registered in the `model` group).
+MODEL_SCHEMAS: dict[str, type[ModelSchema]] = {
+    "deepseek_ocr_schema": DeepseekOcrModelSchema,
+    "deepseek_ocr2_schema": DeepseekOcr2ModelSchema,
+    "hf_schema": HfModelSchema,
+}
+
+
+@dataclass
+class DatasetSchema:
+    """`dataset:` the inputs a run takes: the bundled sample pages (`dataset=samples`), the bundled text prompts
+    (`dataset=prompts`, for text-only models), or a folder of your own (`dataset.root=<dir>`: .png/.jpg/.jpeg/.webp
+    images, or UTF-8 .txt files, one prompt each)."""
+
+    #: image | text: what the files are.
+    kind: str = setting("image", Choice(("image", "text")))
+    #: The folder the inputs are read from (the bundled sample pages by default).
+    root: str = "${llo_samples_dir:}"
+    #: A text file listing the files to run (one per line, relative to root or absolute), run in its order unless
+    #: sampling is set; a listed file that does not exist is an error, a repeated line runs once.
+    subset_filelist: Optional[str] = None
+    #: Run at most this many inputs; all: every one, on every device. null: the device default
+    #: (`run.device_defaults`: all on a GPU, 1 on the CPU).
+    max_images: Any = setting(None, Whole(1, nullable=True, words=("all",)))
+    #: sorted | random (uses `seed`) | smallest (fewest pixels or characters first). null: the device default
+    #: (sorted on a GPU, smallest on the CPU).
+    sampling: Optional[str] = None
+    seed: int = setting(0, Whole(0))
+    #: skip | fail: what a corrupt, truncated, empty or unreadable file does (skip: the next file takes its place).
+    on_error: str = setting("skip", Choice(("skip", "fail")))
+
+
+@dataclass
+class AnalyticSchema:
+    """`analytic:` the page that analytic-report (and stage1-run's static_analysis/ step) prices, the GPUs it prices
+    on, and the what-if over the page's views (priced on `reference_gpu`). A named workload (`workload=<name>`) sets
+    the page's."""
+
+    #: DeepSeek-OCR-2: local 768-px tiles (an A4 page gives 6).
+    tiles: int = setting(6, Whole(0))
+    #: DeepSeek-OCR v1 in a crop mode (model.mode=gundam): tiles [across, down]; an A4 page gives [2, 3], [1, 1] is
+    #: no tiles. The other modes (model.mode=tiny|small|base|large) run one view, no tiles.
+    crop_grid: list[int] = field(default_factory=lambda: [2, 3])
+    #: The prompt's text tokens. null: model.prompt.text_tokens.
+    text_tokens: Optional[int] = setting(None, Whole(0, nullable=True))
+    new_tokens: int = setting(32, Whole(1, MAX_NEW_TOKENS))
+    #: bfloat16, float16 or float32.
+    dtype: str = "bfloat16"
+    #: The GPUs priced: keys of the hardware table (`hardware/gpus.yaml`).
+    gpus: list[str] = setting(
+        ["h100_sxm", "h200_sxm", "a100_sxm4_80gb", "l4", "rtx_4090", "l40s", "b200"],
+        Names("h100_sxm,h200_sxm", nullable=False),
+    )
+    reference_gpu: str = "h100_sxm"
+    #: DeepSeek-OCR-2: the tile counts of the view what-if.
+    tile_sweep: list[int] = field(default_factory=lambda: [0, 2, 3, 4, 5, 6])
+    #: DeepSeek-OCR v1: the modes of the view what-if (of model.modes; a crop mode once per grid_sweep grid).
+    mode_sweep: list[str] = setting(["tiny", "small", "base", "large", "gundam"], Names("tiny,gundam", nullable=False))
+    #: DeepSeek-OCR v1: the crop grids [across, down] of the view what-if.
+    grid_sweep: list[list[int]] = field(default_factory=lambda: [[1, 1], [2, 1], [2, 2], [2, 3], [3, 3]])
+
+
 def node_types(nodes: type) -> dict[str, type]:
     """A dataclass of typed nodes (`Stage1Nodes`) as node name -> the dataclass of that node."""
     return {node.name: node.default_factory for node in fields(nodes)}  # type: ignore[misc]
@@ -438,7 +748,8 @@ def node_types(nodes: type) -> dict[str, type]:
 #: Each schema `conf/` registers (the name a defaults list uses) -> its nodes: node name -> dataclass.
 SCHEMAS: dict[str, dict[str, type]] = {
     "stage1_schema": node_types(Stage1Nodes),
-    "stage2_schema": {"report": Stage2ReportSchema},  # merged over stage1's report node (a subclass of its type)
+    # `report` merged over stage1's report node (a subclass of its type)
+    "stage2_schema": {"report": Stage2ReportSchema, "stage2": Stage2Schema},
     "whatif_schema": node_types(WhatIfNodes),
 }
 
@@ -448,6 +759,10 @@ GROUP_SCHEMAS: dict[str, tuple[str, type]] = {
     "pipeline/torch_profiler": ("torch_profiler_schema", TorchProfilerSchema),
     "pipeline/memory": ("memory_schema", MemorySchema),
     "pipeline/energy": ("energy_schema", EnergySchema),
+    "pipeline/nsys": ("nsys_schema", NsysSchema),
+    "pipeline/ncu": ("ncu_schema", NcuSchema),
+    "dataset": ("dataset_schema", DatasetSchema),
+    "analytic": ("analytic_schema", AnalyticSchema),
 }
 
 
@@ -458,12 +773,18 @@ def _fields(node: type, prefix: str) -> Iterator[tuple[str, Field[Any]]]:
         value = f.default_factory() if callable(f.default_factory) else f.default
         if is_dataclass(value):
             yield from _fields(type(value), f"{prefix}.{f.name}")
+        elif isinstance(value, dict):  # a map of typed nodes (stage2.modes): each default entry's fields
+            for name, entry in value.items():
+                if is_dataclass(entry):
+                    yield from _fields(type(entry), f"{prefix}.{f.name}.{name}")
 
 
 def _typed_fields() -> Iterator[tuple[str, Field[Any]]]:
     yield from (item for nodes in SCHEMAS.values() for name, node in nodes.items() for item in _fields(node, name))
     for group, (_, schema) in GROUP_SCHEMAS.items():
         yield from _fields(schema, group.replace("/", "."))
+    for schema in MODEL_SCHEMAS.values():  # a key of several families: the same field, inherited
+        yield from _fields(schema, "model")
 
 
 def typed_key(key: str) -> bool:

@@ -3,16 +3,15 @@ model starts.
 
 :data:`SCHEMA` maps a dotted key to its kind (`setting_kinds`); :func:`check_settings` checks each key the composed
 config holds and raises a :class:`UserError` naming the first bad one. The commands' own nodes (run, infer, outputs,
-runtime, report, hardware, whatif, whatif_run) declare each field's kind beside its type and default in
-`config_schema`, and SCHEMA takes them from there (`typed_kinds`), as it does those of the typed config groups
-(pipeline/torch_profiler, pipeline/memory, pipeline/energy); the keys of the config groups not typed yet (model,
-dataset, the profiler's outputs and the Nsight groups of pipeline, stage2, analytic) and Hydra's output folders have
-theirs here. `override_keys` checks a
-command line's values of typed keys before composing, so a bad one is this paragraph, never the schema's traceback.
-The readers (the typed settings records of each stage) use the same checks (`errors.require_*`), so a value is read
-one way everywhere. Torch-free: `cli/common.launch` runs it before Hydra starts, and each command again on its composed
-config (so a sweep's job refuses its own bad value into its failed folder). A check that needs more than the value (the
-model's positions) is a cross check at the end.
+runtime, report, hardware, whatif, whatif_run) declare each field's kind beside its type and default in `config_schema`,
+and SCHEMA takes them from there (`typed_kinds`), as it does those of the typed config groups (model, dataset, analytic,
+pipeline/torch_profiler, pipeline/memory, pipeline/energy, pipeline/nsys, pipeline/ncu) and of stage2-profile's `stage2`
+node; the keys of the model's family tables (`model.preprocess`), of the outputs group not typed yet (`pipeline/output`)
+and Hydra's output folders have theirs here. `override_keys` checks a command line's values of typed keys before
+composing, so a bad one is this paragraph, never the schema's traceback. The readers (the typed settings records of each
+stage) use the same checks (`errors.require_*`), so a value is read one way everywhere. Torch-free: `cli/common.launch`
+runs it before Hydra starts, and each command again on its composed config (so a sweep's job refuses its own bad value
+into its failed folder). A check that needs more than the value (the model's positions) is a cross check at the end.
 """
 
 from __future__ import annotations
@@ -20,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Final
 
-from llm_perf_opt.config_schema import MAX_NEW_TOKENS, typed_kinds
+from llm_perf_opt.config_schema import typed_kinds
 from llm_perf_opt.errors import UserError, require_whole
-from llm_perf_opt.setting_kinds import Choice, Flag, InsideRun, Kind, Number, OutputFolder, Whole
+from llm_perf_opt.setting_kinds import Flag, InsideRun, Kind, OutputFolder, Whole
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -32,18 +31,11 @@ OUTPUT = "pipeline.torch_profiler.output"
 #: Every checked setting of every command: dotted key -> kind. A command's config holds some of them; the others
 #: are not checked for it. Open maps (what-if levers, inductor options) are checked by their readers.
 SCHEMA: Final[Mapping[str, Kind]] = {
-    # the model
-    "model.trust_remote_code": Flag(),
-    "model.seed": Whole(0),
-    "model.cache_dir": OutputFolder(nullable=True),
+    # the model's family tables (free-form mappings in its schema)
     "model.preprocess.min_tiles": Whole(1),
     "model.preprocess.max_tiles": Whole(1),
     "model.preprocess.chat_template": Flag(),
     "model.preprocess.max_prompt_tokens": Whole(1, nullable=True),
-    # the inputs
-    "dataset.seed": Whole(0),
-    "dataset.max_images": Whole(1, nullable=True, words=("all",)),
-    "dataset.on_error": Choice(("skip", "fail")),
     **typed_kinds(),  # the commands' own nodes: each field's kind from config_schema
     # the passes
     f"{OUTPUT}.prediction.enable": Flag(),
@@ -53,24 +45,6 @@ SCHEMA: Final[Mapping[str, Kind]] = {
     f"{OUTPUT}.extra.deepseek_ocr.prediction.strip_special_tokens": Flag(),
     f"{OUTPUT}.extra.deepseek_ocr.visualization.max_images": Whole(1),
     f"{OUTPUT}.extra.deepseek_ocr.visualization.thumbnail_width": Whole(16),
-    "pipeline.nsys.enable": Flag(),
-    "pipeline.nsys.timeout_s": Number(0.0, "seconds", above=True),
-    "pipeline.ncu.enable": Flag(),
-    "pipeline.ncu.timeout_s": Number(0.0, "seconds", above=True),
-    # stage2-profile
-    "stage2.reuse_model": Flag(),
-    **{f"stage2.modes.{mode}.bytes_pass": Flag() for mode in ("light", "deep")},
-    **{f"stage2.modes.{mode}.top_kernels": Whole(1) for mode in ("light", "deep")},
-    **{f"stage2.modes.{mode}.launches_per_kernel": Whole(1) for mode in ("light", "deep")},
-    "stage2.workload.repeats": Whole(1),
-    "stage2.workload.warmup": Whole(0),
-    "stage2.ncu_workload.repeats": Whole(1),
-    "stage2.ncu_workload.max_images": Whole(1),
-    "stage2.ncu_workload.max_new_tokens": Whole(1, MAX_NEW_TOKENS),
-    # analytic-report
-    "analytic.tiles": Whole(0),
-    "analytic.new_tokens": Whole(1, MAX_NEW_TOKENS),
-    "analytic.text_tokens": Whole(0, nullable=True),
     # where a command writes (hydra's own keys: composed with return_hydra_config)
     "hydra.run.dir": OutputFolder(),
     "hydra.sweep.dir": OutputFolder(),

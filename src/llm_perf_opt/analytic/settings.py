@@ -4,7 +4,8 @@
 - :class:`PricedModel`: the model config (`model.*`) as the analytic model needs it: its architecture, and how it
   lays out a page's views (DeepSeek-OCR v1 by resolution mode, DeepSeek-OCR-2 by tile count at fixed view sizes);
 - :class:`WorkloadProfile`: a named workload (`workload_profile`, set by `conf/workload/*.yaml`);
-- :class:`AnalyticSettings`: the `analytic.*` node (the page a config report prices, the GPUs, the view what-if).
+- :class:`AnalyticSettings`: the typed `analytic.*` node (`config_schema.AnalyticSchema`: the page a config report
+  prices, the GPUs, the view what-if), checked against the model.
 
 The `from_config` constructors take plain data (a pipeline converts its config nodes first; the model node comes
 parsed, as `session.model_settings.ModelSettings`, read here through the `ModelNode` Protocol since analytic/ sits
@@ -18,6 +19,7 @@ from typing import Any, Protocol
 
 import attrs
 
+from llm_perf_opt.config_schema import AnalyticSchema
 from llm_perf_opt.errors import UserError, require_whole
 from llm_perf_opt.models.deepseek_ocr.preprocess import Mode, mode_from_config
 from llm_perf_opt.records.vocabulary import SUPPORTED_DTYPES_TEXT, dtype_bytes
@@ -167,43 +169,44 @@ class AnalyticSettings:
 
     @classmethod
     def from_config(
-        cls, analytic: Mapping[str, Any], model: PricedModel, profile: WorkloadProfile | None = None
+        cls, analytic: AnalyticSchema, model: PricedModel, profile: WorkloadProfile | None = None
     ) -> AnalyticSettings:
-        """From the `analytic` node as plain data, for `model`; a named workload must be written for the model."""
+        """From the typed `analytic` node, for `model`; a named workload must be written for the model."""
         if profile is not None:
             profile.check_model(model.name)
-        text = analytic.get("text_tokens")
+        text = analytic.text_tokens
         common = cls._page_and_gpus(analytic, text if text is not None else model.prompt_text_tokens)
         if model.modes is not None:
             return cls(
                 model=model,
                 profile=profile,
                 **common,
-                crop_grid=crop_grid_from(analytic["crop_grid"]),
-                sweep_modes=tuple(model.mode_named(str(name)) for name in analytic["mode_sweep"]),
-                grid_sweep=tuple(crop_grid_from(g, "analytic.grid_sweep[]") for g in analytic["grid_sweep"]),
+                crop_grid=crop_grid_from(analytic.crop_grid),
+                sweep_modes=tuple(model.mode_named(str(name)) for name in analytic.mode_sweep),
+                grid_sweep=tuple(crop_grid_from(g, "analytic.grid_sweep[]") for g in analytic.grid_sweep),
             )
         return cls(
             model=model,
             profile=profile,
             **common,
-            tiles=require_whole("analytic.tiles", analytic["tiles"], 0),
-            tile_sweep=tuple(int(n) for n in analytic["tile_sweep"]),
+            tiles=require_whole("analytic.tiles", analytic.tiles, 0),
+            tile_sweep=tuple(analytic.tile_sweep),
         )
 
     @staticmethod
-    def _page_and_gpus(analytic: Mapping[str, Any], text_tokens: Any) -> dict[str, Any]:
+    def _page_and_gpus(analytic: AnalyticSchema, text_tokens: Any) -> dict[str, Any]:
         text = require_whole("analytic.text_tokens", text_tokens, 0)
-        new = require_whole("analytic.new_tokens", analytic["new_tokens"], 1)
-        dtype = str(analytic["dtype"])
-        size = dtype_bytes(dtype)
+        new = require_whole("analytic.new_tokens", analytic.new_tokens, 1)
+        size = dtype_bytes(analytic.dtype)
         if size is None:
-            raise UserError(f"analytic.dtype={dtype} is not supported", f"Use analytic.dtype={SUPPORTED_DTYPES_TEXT}")
+            raise UserError(
+                f"analytic.dtype={analytic.dtype} is not supported", f"Use analytic.dtype={SUPPORTED_DTYPES_TEXT}"
+            )
         return {
-            "dtype": dtype,
+            "dtype": analytic.dtype,
             "dtype_bytes": size,
             "text_tokens": text,
             "new_tokens": new,
-            "gpus": tuple(str(g) for g in analytic["gpus"]),
-            "reference_gpu": str(analytic.get("reference_gpu")),
+            "gpus": tuple(analytic.gpus),
+            "reference_gpu": analytic.reference_gpu,
         }

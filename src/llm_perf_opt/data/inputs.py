@@ -9,12 +9,12 @@ of the user's own of the wrong kind is a :class:`UserError`. A subset list runs 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import attrs
 
+from llm_perf_opt.config_schema import DatasetSchema
 from llm_perf_opt.data.dataset import DatasetSelection, bundled_samples_dir, select_images
 from llm_perf_opt.data.prompts import bundled_prompts_dir, select_prompts
 from llm_perf_opt.errors import UserError
@@ -43,15 +43,16 @@ def _selector(kind: str) -> Callable[..., DatasetSelection]:
 
 
 def select_inputs(
-    dataset_cfg: Mapping[str, Any], input_kind: str, *, model_name: str, max_images: int | None, sampling: str
+    dataset: DatasetSchema, input_kind: str, *, model_name: str, max_images: int | None, sampling: str
 ) -> InputChoice:
-    """Select the run's inputs for a model taking `input_kind` inputs (see the module docstring)."""
-    kind = str(dataset_cfg.get("kind") or IMAGE)
+    """Select the run's inputs for a model taking `input_kind` inputs (see the module docstring), from the typed
+    `dataset` node; `max_images` and `sampling` are its values with the device defaults applied."""
+    kind = dataset.kind
     if kind not in _DATASET_OF:
         raise UserError(f"dataset.kind={kind} is not an input kind", "Set dataset.kind to image or text")
-    root = Path(str(dataset_cfg["root"])).expanduser()
-    subset = dataset_cfg.get("subset_filelist")
-    if subset is not None and dataset_cfg.get("sampling") is None:
+    root = Path(dataset.root).expanduser()
+    subset = dataset.subset_filelist
+    if subset is not None and dataset.sampling is None:
         sampling = "sorted"  # a subset list runs in its own order, whatever the device's default sampling
     note = None
     if kind != input_kind:
@@ -73,7 +74,7 @@ def select_inputs(
         subset_filelist=subset,
         max_images=max_images,
         sampling=sampling,
-        seed=int(dataset_cfg.get("seed", 0)),
-        on_error=str(dataset_cfg.get("on_error", "skip")),
+        seed=dataset.seed,
+        on_error=dataset.on_error,
     )
     return InputChoice(selection=selection, kind=input_kind, note=note)

@@ -18,7 +18,8 @@ from llm_perf_opt.analytic.settings import AnalyticSettings, PricedModel, Worklo
 from llm_perf_opt.analytic.spec import ModelSpec, Workload
 from llm_perf_opt.analytic.workload import RunWorkload, configured_workload, run_workloads, workload_row
 from llm_perf_opt.artifacts import ArtifactsManager
-from llm_perf_opt.config_data import plain
+from llm_perf_opt.config_data import group_node, plain
+from llm_perf_opt.config_schema import AnalyticSchema
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.hardware.table import GpuSpec, load_gpu_table
 from llm_perf_opt.records.analytic import ANALYTIC_DIR, AnalyticReport, InputCost, ModeSweep, RunInputs, TileSweep
@@ -48,7 +49,8 @@ def analytic_settings(cfg: DictConfig, model: ModelSettings | None = None) -> An
     """The analytic settings of the composed config (`analytic`, `workload_profile`) and of its `model:` node,
     checked once; `model`: that node as the caller already parsed it (else parsed here)."""
     parsed = model if model is not None else ModelSettings.from_config(plain(cfg.model))
-    return AnalyticSettings.from_config(plain(cfg.analytic), PricedModel.from_settings(parsed), workload_profile(cfg))
+    analytic = group_node(cfg, "analytic", AnalyticSchema)
+    return AnalyticSettings.from_config(analytic, PricedModel.from_settings(parsed), workload_profile(cfg))
 
 
 def report_gpus(settings: AnalyticSettings) -> tuple[list[GpuSpec], GpuSpec]:

@@ -35,6 +35,7 @@ from llm_perf_opt.pipeline.stage1_records import input_key, inputs_manifest
 from llm_perf_opt.pipeline.stage1_settings import (
     ResolvedSettings,
     RunOptions,
+    dataset_node,
     energy_settings,
     memory_settings,
     profiler_settings,
@@ -169,7 +170,7 @@ class Stage1Run:
         model = ModelSettings.from_config(plain(cfg.model))  # the `model:` node, read once
         adapter = make_adapter(model)  # knows what the model takes (images or text) before it is built
         self.inputs = select_inputs(
-            cfg.dataset,
+            dataset_node(cfg),
             adapter.input_kind,
             model_name=model.name,
             max_images=settings.max_images,

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import hashlib
 import math
@@ -13,10 +12,10 @@ from typing import Any
 
 import attrs
 import torch
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 from llm_perf_opt.config_data import group_node, plain
-from llm_perf_opt.config_schema import EnergySchema, MemorySchema, Stage1Nodes, TorchProfilerSchema
+from llm_perf_opt.config_schema import DatasetSchema, EnergySchema, MemorySchema, Stage1Nodes, TorchProfilerSchema
 from llm_perf_opt.data.inputs import InputChoice
 from llm_perf_opt.errors import require_bool, require_whole
 from llm_perf_opt.instruments.measured_peaks import check_peaks_setting
@@ -75,9 +74,15 @@ class RunOptions:
 ALL = "all"  # dataset.max_images=all: every image, on every device
 
 
+def dataset_node(cfg: Any) -> DatasetSchema:
+    """The typed `dataset` node (`config_schema.DatasetSchema`)."""
+    return group_node(cfg, "dataset", DatasetSchema)
+
+
 def resolve_settings(cfg: DictConfig, nodes: Stage1Nodes, device: torch.device) -> ResolvedSettings:
     """Explicit values win; unset (null) keys take the device default (`cfg`: its `dataset` node; `nodes`: its
     typed nodes). Bad values raise UserError."""
+    dataset = dataset_node(cfg)
     counts = nodes.run.device_defaults.cuda if device.type == "cuda" else nodes.run.device_defaults.cpu
     defaults = dataclasses.asdict(counts)
     chosen: dict[str, Any] = {}
@@ -86,8 +91,8 @@ def resolve_settings(cfg: DictConfig, nodes: Stage1Nodes, device: torch.device) 
         ("run.repeats", nodes.run.repeats),
         ("run.warmup", nodes.run.warmup),
         ("infer.max_new_tokens", nodes.infer.max_new_tokens),
-        ("dataset.max_images", cfg.dataset.max_images),
-        ("dataset.sampling", cfg.dataset.sampling),
+        ("dataset.max_images", dataset.max_images),
+        ("dataset.sampling", dataset.sampling),
     ):
         short = key.split(".")[1]
         if value is None:
@@ -145,11 +150,11 @@ def with_runtime_warmup(settings: ResolvedSettings, runtime: RuntimeSettings) ->
 def config_digest(cfg: DictConfig) -> str:
     """sha256 of the resolved config (hydra section excluded; `model.cache_dir` too: where a run keeps its saved
     model changes nothing it measures)."""
-    if "model" in cfg and "cache_dir" in cfg.model:
-        cfg = copy.deepcopy(cfg)
-        with open_dict(cfg):
-            del cfg.model["cache_dir"]
-    text = OmegaConf.to_yaml(cfg, resolve=True, sort_keys=True)
+    data = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(data, dict)
+    if isinstance(data.get("model"), dict):
+        data["model"].pop("cache_dir", None)
+    text = OmegaConf.to_yaml(OmegaConf.create(data), sort_keys=True)
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -96,7 +96,7 @@ class Stage2Run:
         self.run_id = run_id
         self.user_overrides = forwarded_overrides(task_overrides)
         self.art = ArtifactsManager(run_dir, stage="stage2")
-        self.tools = ToolRuns(self.art, self.feedback, Capture(run_id=run_id, mode=settings.mode.name))
+        self.tools = ToolRuns(self.art, self.feedback, Capture(run_id=run_id, mode=settings.mode_name))
         self.model_cache = run_model_cache(settings, self.user_overrides, run_dir)
         self.ncu = NcuPasses(settings, self.tools, self.art, self.user_overrides, self.model_cache)
         self._stats: Future[ToolRun] | None = None  # `nsys stats`, running beside Nsight Compute

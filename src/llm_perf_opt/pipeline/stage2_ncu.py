@@ -71,7 +71,7 @@ class NcuPasses:
                     calls=calls,
                     instances=instances.get(unit, 1) or 1,
                 )
-        return NcuTargets(mode=mode.name, stages=stages)
+        return NcuTargets(mode=self.settings.mode_name, stages=stages)
 
     def targets_pass(self, ncu: Tool, targets: NcuTargets) -> NcuTargets:
         """One ncu process over the targeted kernels of every stage: `launches_per_kernel` launches of each launch

@@ -40,7 +40,6 @@ WHATIF_NODES = tuple(SCHEMAS["whatif_schema"])
 # whatif.from_run: advised_plan; whatif.levers: read_levers), so they declare no kind.
 FREE = {"run.cpu_affinity", "run.data_parallel_baseline", "report.whatif_dir", "hardware.peaks"}
 FREE |= {"whatif.from_run", "whatif.name", "whatif.objective", "whatif.levers"}
-FREE |= {"pipeline.torch_profiler.output"}  # the pipeline/output group, checked by output_settings
 # Nsight's own words and paths, passed to nsys and ncu as they are; a Stage 2 mode's name or a folder to rebuild.
 FREE |= {f"pipeline.nsys.{key}" for key in ("binary", "sample", "cpuctxsw", "cuda_graph_trace", "capture_range")}
 FREE |= {"pipeline.nsys.gpu_metrics_devices", "pipeline.ncu.binary", "stage2.mode", "stage2.rerender"}
@@ -234,9 +233,7 @@ def test_a_typed_group_keeps_its_defaults_in_its_schema(group: str, schema: tupl
     )
     assert group_node({}, key, cls) == OmegaConf.to_object(OmegaConf.structured(cls))  # a config saved without it
     shipped_default = OmegaConf.to_container(OmegaConf.select(compose_config("stage2"), key))
-    assert {k: v for k, v in shipped_default.items() if k != "output"} == {  # type: ignore[union-attr]
-        k: v for k, v in dataclasses.asdict(cls()).items() if k != "output"
-    }
+    assert shipped_default == dataclasses.asdict(cls())
 
 
 def test_each_model_config_names_its_familys_schema_and_refuses_another_familys_keys() -> None:

@@ -122,7 +122,7 @@ def test_configs_ship_inside_the_package() -> None:
         "pipeline/torch_profiler/default.yaml",
         "pipeline/torch_profiler/min.yaml",
         "pipeline/torch_profiler/max.yaml",
-        "pipeline/output/default.yaml",
+        "pipeline/memory/default.yaml",
     ):
         assert (conf / name).is_file(), name
 

@@ -22,7 +22,17 @@ from dataclasses import Field, dataclass, field, fields, is_dataclass
 from typing import Any, Final, Optional
 
 from llm_perf_opt.records.vocabulary import QUANTIZE_LABELS
-from llm_perf_opt.setting_kinds import Choice, Flag, InductorOptions, Kind, Names, Number, OutputFolder, Whole
+from llm_perf_opt.setting_kinds import (
+    Choice,
+    Flag,
+    InductorOptions,
+    InsideRun,
+    Kind,
+    Names,
+    Number,
+    OutputFolder,
+    Whole,
+)
 
 # OmegaConf 2.3 reads these annotations at runtime and takes `Optional[int]`, not `int | None`.
 # ruff: noqa: UP045
@@ -365,6 +375,53 @@ class WhatIfNodes:
 
 
 @dataclass
+class SavedOutput:
+    """What a run writes of one kind (its predictions, or its gallery) and where."""
+
+    enable: bool = setting(True, Flag())
+    #: A folder inside the run folder (a relative path), or an absolute one, used as it is.
+    save_dir: str = setting("predictions", InsideRun())
+
+
+@dataclass
+class DeepSeekOcrPredictionSchema:
+    #: Drop special tokens (<|ref|>, <|det|>, end of sentence) from the decoded text.
+    strip_special_tokens: bool = setting(False, Flag())
+
+
+@dataclass
+class DeepSeekOcrVisualizationSchema:
+    #: Pages shown in the gallery (the first ones in run order).
+    max_images: int = setting(16, Whole(1))
+    #: Their thumbnails' width in pixels.
+    thumbnail_width: int = setting(480, Whole(16))
+
+
+@dataclass
+class DeepSeekOcrOutputSchema:
+    prediction: DeepSeekOcrPredictionSchema = field(default_factory=DeepSeekOcrPredictionSchema)
+    visualization: DeepSeekOcrVisualizationSchema = field(default_factory=DeepSeekOcrVisualizationSchema)
+
+
+@dataclass
+class OutputExtraSchema:
+    """Model-specific knobs of the outputs."""
+
+    deepseek_ocr: DeepSeekOcrOutputSchema = field(default_factory=DeepSeekOcrOutputSchema)
+
+
+@dataclass
+class OutputSchema:
+    """`pipeline.torch_profiler.output:` what a run writes besides its measurements (read by `output_settings`,
+    with the legacy `outputs.*` keys): each input's generated text (predictions.jsonl) and the gallery (predictions.md
+    with page thumbnails). The presets of pipeline/torch_profiler leave it as it is."""
+
+    prediction: SavedOutput = field(default_factory=SavedOutput)
+    visualization: SavedOutput = field(default_factory=lambda: SavedOutput(save_dir="viz"))
+    extra: OutputExtraSchema = field(default_factory=OutputExtraSchema)
+
+
+@dataclass
 class TorchProfilerSchema:
     """`pipeline.torch_profiler:` the profiled pass, a separate pass on the first input or batch (never a timed
     pass), bounded to prefill and the first `decode_steps` decode steps. These are the `default` preset's values;
@@ -395,8 +452,8 @@ class TorchProfilerSchema:
     chrome_trace: bool = setting(False, Flag())
     #: Operators listed in the report.
     top_k: int = setting(25, Whole(1))
-    #: Predictions and gallery (the `pipeline/output` group, mounted here; checked by `output_settings`).
-    output: dict[str, Any] = field(default_factory=dict)
+    #: Predictions and gallery.
+    output: OutputSchema = field(default_factory=OutputSchema)
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """What a run writes besides its measurements: predictions, the gallery, and their model-specific knobs.
 
-The settings live at `pipeline.torch_profiler.output` (conf/pipeline/output/default.yaml). The legacy keys under
+The settings live at `pipeline.torch_profiler.output` (typed: `config_schema.OutputSchema`). The legacy keys under
 `outputs.` are read until they are removed on LEGACY_REMOVAL (2027-03-01): a legacy key that is set wins over its new
 key and logs one INFO line naming the new key and the removal date.
 """

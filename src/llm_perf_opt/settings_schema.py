@@ -6,12 +6,12 @@ config holds and raises a :class:`UserError` naming the first bad one. The comma
 runtime, report, hardware, whatif, whatif_run) declare each field's kind beside its type and default in `config_schema`,
 and SCHEMA takes them from there (`typed_kinds`), as it does those of the typed config groups (model, dataset, analytic,
 pipeline/torch_profiler, pipeline/memory, pipeline/energy, pipeline/nsys, pipeline/ncu) and of stage2-profile's `stage2`
-node; the keys of the model's family tables (`model.preprocess`), of the outputs group not typed yet (`pipeline/output`)
-and Hydra's output folders have theirs here. `override_keys` checks a command line's values of typed keys before
-composing, so a bad one is this paragraph, never the schema's traceback. The readers (the typed settings records of each
-stage) use the same checks (`errors.require_*`), so a value is read one way everywhere. Torch-free: `cli/common.launch`
-runs it before Hydra starts, and each command again on its composed config (so a sweep's job refuses its own bad value
-into its failed folder). A check that needs more than the value (the model's positions) is a cross check at the end.
+node; the keys of the model's family tables (`model.preprocess`) and Hydra's output folders have theirs here.
+`override_keys` checks a command line's values of typed keys before composing, so a bad one is this paragraph, never the
+schema's traceback. The readers (the typed settings records of each stage) use the same checks (`errors.require_*`), so
+a value is read one way everywhere. Torch-free: `cli/common.launch` runs it before Hydra starts, and each command again
+on its composed config (so a sweep's job refuses its own bad value into its failed folder). A check that needs more than
+the value (the model's positions) is a cross check at the end.
 """
 
 from __future__ import annotations
@@ -21,12 +21,10 @@ from typing import TYPE_CHECKING, Final
 
 from llm_perf_opt.config_schema import typed_kinds
 from llm_perf_opt.errors import UserError, require_whole
-from llm_perf_opt.setting_kinds import Flag, InsideRun, Kind, OutputFolder, Whole
+from llm_perf_opt.setting_kinds import Flag, Kind, OutputFolder, Whole
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
-
-OUTPUT = "pipeline.torch_profiler.output"
 
 #: Every checked setting of every command: dotted key -> kind. A command's config holds some of them; the others
 #: are not checked for it. Open maps (what-if levers, inductor options) are checked by their readers.
@@ -37,14 +35,6 @@ SCHEMA: Final[Mapping[str, Kind]] = {
     "model.preprocess.chat_template": Flag(),
     "model.preprocess.max_prompt_tokens": Whole(1, nullable=True),
     **typed_kinds(),  # the commands' own nodes: each field's kind from config_schema
-    # the passes
-    f"{OUTPUT}.prediction.enable": Flag(),
-    f"{OUTPUT}.prediction.save_dir": InsideRun(),
-    f"{OUTPUT}.visualization.enable": Flag(),
-    f"{OUTPUT}.visualization.save_dir": InsideRun(),
-    f"{OUTPUT}.extra.deepseek_ocr.prediction.strip_special_tokens": Flag(),
-    f"{OUTPUT}.extra.deepseek_ocr.visualization.max_images": Whole(1),
-    f"{OUTPUT}.extra.deepseek_ocr.visualization.thumbnail_width": Whole(16),
     # where a command writes (hydra's own keys: composed with return_hydra_config)
     "hydra.run.dir": OutputFolder(),
     "hydra.sweep.dir": OutputFolder(),

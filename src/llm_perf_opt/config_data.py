@@ -50,9 +50,9 @@ def typed_nodes(cfg: Any, kind: type[Nodes]) -> Nodes:
 
 
 def group_node(cfg: Any, key: str, schema: type[Group]) -> Group:
-    """The typed config group's node at `key` (e.g. `pipeline.memory` as `config_schema.MemorySchema`), resolved
-    against `cfg` (a composed config or a plain mapping: a saved config.yaml); a node or key it lacks takes the
-    schema's default."""
+    """The typed node at `key` (a config group's, e.g. `pipeline.memory` as `config_schema.MemorySchema`, or a
+    command's own, `stage2`), resolved against `cfg` (a composed config or a plain mapping: a saved config.yaml); a
+    node or key it lacks takes the schema's default."""
     node: Any = cfg
     for part in key.split("."):
         node = node.get(part) if node is not None else None

@@ -7,8 +7,8 @@
 - :class:`AnalyticSettings`: the typed `analytic.*` node (`config_schema.AnalyticSchema`: the page a config report
   prices, the GPUs, the view what-if), checked against the model.
 
-The `from_config` constructors take plain data (a pipeline converts its config nodes first; the model node comes
-parsed, as `session.model_settings.ModelSettings`, read here through the `ModelNode` Protocol since analytic/ sits
+The `from_config` constructors take plain data or typed nodes (a pipeline reads its config nodes first; the model node
+comes parsed, as `session.model_settings.ModelSettings`, read here through the `ModelNode` Protocol since analytic/ sits
 below session/); every bad value is a UserError naming the setting. Nothing else below `pipeline/` reads a config.
 """
 

@@ -50,6 +50,8 @@ def out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         ("+runtime.compile_options.coordinate_descent_tuning=banana", "is not true or false"),  # D5
         ("run.repeats=[1", "the override 'run.repeats=[1' cannot be parsed"),  # D15
         ("run.repeats", "the override 'run.repeats' cannot be parsed"),
+        ("device=gpu", "device=gpu is not a device name. Use device=auto, cpu, cuda or cuda:N"),
+        ("device=cuda:x", "device=cuda:x is not a device name"),
     ],
 )
 def test_stage1_refuses_a_bad_value_before_anything_starts(

@@ -1,7 +1,7 @@
-"""The kinds of value a setting takes (a boolean, a whole number within bounds, a number with a unit, one of some
-words, a list of names, a folder inside the run folder, an output folder, inductor options), each with its `check`:
-a bad value is a one-paragraph :class:`UserError` naming the key and its fix. `config_schema`'s typed fields declare
-theirs (`setting(default, kind)`), `settings_schema.SCHEMA` the untyped groups' keys'. Torch-free.
+"""The kinds of value a setting takes (a boolean, a whole number within bounds, a number with a unit, one of some words,
+a list of names, a folder inside the run folder, an output folder, a device, inductor options), each with its
+`check`: a bad value is a one-paragraph :class:`UserError` naming the key and its fix. `config_schema`'s typed fields
+declare theirs (`setting(default, kind)`), `settings_schema.SCHEMA` the untyped keys'. Torch-free.
 """
 
 from __future__ import annotations
@@ -124,6 +124,17 @@ class OutputFolder:
 
 
 @attrs.frozen
+class DeviceName:
+    """Where a run runs: auto, cpu, cuda or cuda:N (whether that device exists is the session's to check)."""
+
+    def check(self, key: str, value: object) -> None:
+        name = str(value).strip().lower() if isinstance(value, str) else ""
+        index = name.removeprefix("cuda:")
+        if name not in ("auto", "cpu", "cuda") and not (name.startswith("cuda:") and index.isdigit()):
+            raise UserError(f"{key}={value} is not a device name", f"Use {key}=auto, cpu, cuda or cuda:N")
+
+
+@attrs.frozen
 class InductorOptions:
     """Inductor options by name (`runtime.compile_options`), checked against the installed torch's inductor config
     (`compile_options`, which imports it: only when some are set)."""
@@ -146,4 +157,4 @@ def _check_names(key: str, value: str) -> None:
 
 
 #: Any kind of setting.
-Kind = Flag | Whole | Number | Choice | Names | InsideRun | OutputFolder | InductorOptions
+Kind = Flag | Whole | Number | Choice | Names | InsideRun | OutputFolder | DeviceName | InductorOptions

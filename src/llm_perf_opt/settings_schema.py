@@ -6,7 +6,7 @@ config holds and raises a :class:`UserError` naming the first bad one. The comma
 runtime, report, hardware, whatif, whatif_run) declare each field's kind beside its type and default in `config_schema`,
 and SCHEMA takes them from there (`typed_kinds`), as it does those of the typed config groups (model, dataset, analytic,
 pipeline/torch_profiler, pipeline/memory, pipeline/energy, pipeline/nsys, pipeline/ncu) and of stage2-profile's `stage2`
-node; the keys of the model's family tables (`model.preprocess`) and Hydra's output folders have theirs here.
+node; the keys of the model's family tables (`model.preprocess`), `device` and Hydra's output folders have theirs here.
 `override_keys` checks a command line's values of typed keys before composing, so a bad one is this paragraph, never the
 schema's traceback. The readers (the typed settings records of each stage) use the same checks (`errors.require_*`), so
 a value is read one way everywhere. Torch-free: `cli/common.launch` runs it before Hydra starts, and each command again
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Final
 
 from llm_perf_opt.config_schema import typed_kinds
 from llm_perf_opt.errors import UserError, require_whole
-from llm_perf_opt.setting_kinds import Flag, Kind, OutputFolder, Whole
+from llm_perf_opt.setting_kinds import DeviceName, Flag, Kind, OutputFolder, Whole
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -35,7 +35,9 @@ SCHEMA: Final[Mapping[str, Kind]] = {
     "model.preprocess.chat_template": Flag(),
     "model.preprocess.max_prompt_tokens": Whole(1, nullable=True),
     **typed_kinds(),  # the commands' own nodes: each field's kind from config_schema
-    # where a command writes (hydra's own keys: composed with return_hydra_config)
+    # where a command runs (its session checks that the device exists) and writes (hydra's own keys: composed with
+    # return_hydra_config)
+    "device": DeviceName(),
     "hydra.run.dir": OutputFolder(),
     "hydra.sweep.dir": OutputFolder(),
 }

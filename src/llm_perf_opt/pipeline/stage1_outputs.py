@@ -17,7 +17,7 @@ from llm_perf_opt.pipeline.stage1_settings import run_settings
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.folders import METRICS_FILE, OPERATORS_FILE, PREFILL_LOGITS_FILE, TOP2_LOGITS_FILE
 from llm_perf_opt.records.io import dumps_lines
-from llm_perf_opt.records.stage1 import Stage1Metrics
+from llm_perf_opt.records.stage1 import ProfilerSettings, Stage1Metrics
 from llm_perf_opt.report import stage1_reports
 from llm_perf_opt.report.markdown import pct
 
@@ -52,6 +52,7 @@ class FinishedRun(Protocol):
     inputs: InputChoice | None
     settings: ResolvedSettings | None
     runtime: RuntimeSettings
+    profiler: ProfilerSettings
     whatif: WhatIfRecord | None
     cpu_pin: CpuPin | None
     render_reports: bool
@@ -69,6 +70,7 @@ def write_outputs(run: FinishedRun, partial: bool) -> Stage1Metrics:
         run.settings,
         run.runtime,
         run.inputs,
+        profiler=run.profiler,
         measured_passes=len(run.state.records),
         partial=partial,
         cpu_affinity=run.cpu_pin.describe() if run.cpu_pin is not None else None,

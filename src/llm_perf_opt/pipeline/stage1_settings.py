@@ -182,12 +182,14 @@ def run_settings(
     runtime: RuntimeSettings,
     inputs: InputChoice | None,
     *,
+    profiler: ProfilerSettings,
     measured_passes: int,
     partial: bool,
     cpu_affinity: str | None = None,
 ) -> RunSettings:
-    """The run's effective settings as recorded in `metrics.json` (`cfg`: the composed config, for its groups' nodes;
-    `nodes`: its typed nodes; `measured_passes`: timed passes measured)."""
+    """The run's effective settings as recorded in `metrics.json` (`cfg`: the composed config, for its outputs and
+    named workload; `nodes`: its typed nodes; `profiler`: the profiled pass's, as the run read them;
+    `measured_passes`: timed passes measured)."""
     return RunSettings(
         repeats=settings.repeats,
         warmup=settings.warmup,
@@ -198,7 +200,7 @@ def run_settings(
         partial=partial,
         input_kind=inputs.kind if inputs else "image",
         inputs_note=inputs.note if inputs else None,
-        profiler=profiler_settings(cfg),
+        profiler=profiler,
         measured_passes=measured_passes,
         asked_passes=len(inputs.selection.images) * settings.repeats if inputs else None,
         outputs=output_settings(cfg, nodes.outputs),

@@ -56,7 +56,12 @@ def group_node(cfg: Any, key: str, schema: type[Group]) -> Group:
     node: Any = cfg
     for part in key.split("."):
         node = node.get(part) if node is not None else None
-    merged = OmegaConf.merge(OmegaConf.structured(schema), plain(node) if node is not None else {})
-    typed = OmegaConf.to_object(merged)
+    return as_schema(schema, node)
+
+
+def as_schema(schema: type[Group], node: Any) -> Group:
+    """`node` (a mapping, a config node or None) as an instance of the dataclass `schema`, its defaults where the
+    node has no value; a key it lacks or a value of the wrong type raises omegaconf's error."""
+    typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), plain(node) if node is not None else {}))
     assert isinstance(typed, schema)
     return typed

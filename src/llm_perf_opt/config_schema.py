@@ -823,6 +823,15 @@ GROUP_SCHEMAS: dict[str, tuple[str, type]] = {
 }
 
 
+def group_schemas() -> Iterator[tuple[str, str, type]]:
+    """Every schema registered in a config group, as (group, name, schema): `GROUP_SCHEMAS`' and each model
+    family's (`MODEL_SCHEMAS`, in the `model` group)."""
+    for group, (name, schema) in GROUP_SCHEMAS.items():
+        yield group, name, schema
+    for name, model in MODEL_SCHEMAS.items():
+        yield "model", name, model
+
+
 def _fields(node: type, prefix: str) -> Iterator[tuple[str, Field[Any]]]:
     """Each field of a typed node, the fields of the nodes nested in it included, with its dotted key."""
     for f in fields(node):
@@ -838,10 +847,8 @@ def _fields(node: type, prefix: str) -> Iterator[tuple[str, Field[Any]]]:
 
 def _typed_fields() -> Iterator[tuple[str, Field[Any]]]:
     yield from (item for nodes in SCHEMAS.values() for name, node in nodes.items() for item in _fields(node, name))
-    for group, (_, schema) in GROUP_SCHEMAS.items():
+    for group, _, schema in group_schemas():  # a model key of several families: the same field, inherited
         yield from _fields(schema, group.replace("/", "."))
-    for schema in MODEL_SCHEMAS.values():  # a key of several families: the same field, inherited
-        yield from _fields(schema, "model")
 
 
 def typed_key(key: str) -> bool:

@@ -279,11 +279,10 @@ def _missing_option(exc: MissingConfigException, command: str) -> UserError | No
     missing = str(exc.missing_cfg_file or "")
     if "/" not in missing or not exc.options:
         return None
-    from llm_perf_opt.config_schema import GROUP_SCHEMAS, MODEL_SCHEMAS
+    from llm_perf_opt.config_schema import group_schemas
 
     group, choice = missing.rsplit("/", 1)
-    # a typed group's schemas: what each option builds on, no option itself
-    schemas = {name for name, _ in GROUP_SCHEMAS.values()} | set(MODEL_SCHEMAS)
+    schemas = {name for _, name, _ in group_schemas()}  # what a typed group's options build on, no option itself
     options = sorted(set(exc.options) - schemas)
     nearest = difflib.get_close_matches(choice, options, n=1, cutoff=0.6)
     fix = f"use {group}={nearest[0]} (the nearest option to {choice})" if nearest else "pick one of them"

@@ -5,11 +5,9 @@ their groups `memory_schema`, ...; each model family's, `deepseek_ocr_schema`, .
 
 from hydra.core.config_store import ConfigStore
 
-from llm_perf_opt.config_schema import GROUP_SCHEMAS, MODEL_SCHEMAS, SCHEMAS
+from llm_perf_opt.config_schema import SCHEMAS, group_schemas
 
 for _name, _nodes in SCHEMAS.items():
     ConfigStore.instance().store(name=_name, node=_nodes)
-for _group, (_name, _schema) in GROUP_SCHEMAS.items():
+for _group, _name, _schema in group_schemas():
     ConfigStore.instance().store(group=_group, name=_name, node=_schema)
-for _name, _model in MODEL_SCHEMAS.items():
-    ConfigStore.instance().store(group="model", name=_name, node=_model)

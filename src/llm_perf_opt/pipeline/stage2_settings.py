@@ -12,7 +12,7 @@ import attrs
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from llm_perf_opt.config_data import group_node, plain
+from llm_perf_opt.config_data import as_schema, group_node, plain
 from llm_perf_opt.config_schema import (
     NcuSchema,
     NcuWorkloadSchema,
@@ -81,12 +81,10 @@ def _mode(stage2: Stage2Schema) -> Stage2ModeSchema:
     if isinstance(mode, Stage2ModeSchema):
         return mode
     try:  # a mode of one's own (`+stage2.modes.<name>={...}`), typed here
-        typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Stage2ModeSchema), mode))
+        return as_schema(Stage2ModeSchema, mode)
     except OmegaConfBaseException as exc:
         raise UserError(
             f"stage2.modes.{stage2.mode} is not a Stage 2 mode: {str(exc).splitlines()[0]}",
             "Give it some of top_kernels (a whole number), sections and stages (lists of names), launches_per_kernel "
             "and bytes_pass (true or false), e.g. +stage2.modes.mine={top_kernels: 10}",
         ) from exc
-    assert isinstance(typed, Stage2ModeSchema)
-    return typed

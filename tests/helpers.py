@@ -239,25 +239,23 @@ def sample_pages(*names: str) -> list[Path]:
 
 
 def stage2_settings(cfg: Any) -> Any:
-    """`Stage2Settings` of a composed stage2 config, its typed nodes read beside it as stage2-profile does."""
-    from llm_perf_opt.config_data import stage1_nodes
+    """`Stage2Settings` of a composed stage2 config, read as stage2-profile reads them."""
+    from llm_perf_opt.config_data import command_config
     from llm_perf_opt.pipeline.stage2_settings import Stage2Settings
 
-    return Stage2Settings.from_config(cfg, stage1_nodes(cfg))
+    return Stage2Settings.from_config(command_config(cfg))
 
 
 def stage2_run(cfg: Any, run_dir: Path, run_id: str = "x", task_overrides: list[str] | None = None) -> Any:
-    """A `Stage2Run` of a composed stage2 config, its typed nodes read beside it as stage2-profile does."""
-    from llm_perf_opt.config_data import stage1_nodes
+    """A `Stage2Run` of a composed stage2 config, its settings read as stage2-profile reads them."""
     from llm_perf_opt.pipeline import stage2
 
-    return stage2.Stage2Run(cfg, run_dir, run_id, task_overrides or [], nodes=stage1_nodes(cfg))
+    return stage2.Stage2Run(stage2_settings(cfg), run_dir, run_id, task_overrides or [])
 
 
 def whatif_run(cfg: Any, run_dir: Path, run_id: str = "w", workload: tuple[str, ...] = ()) -> Any:
-    """A `WhatIfRun` of a composed whatif config (no whatif=advised), its typed nodes read beside it as perf-whatif
-    does."""
-    from llm_perf_opt.config_data import stage1_nodes, whatif_nodes
+    """A `WhatIfRun` of a composed whatif config (no whatif=advised), its settings read as perf-whatif reads them."""
+    from llm_perf_opt.config_data import command_config, whatif_nodes
     from llm_perf_opt.pipeline.whatif import WhatIfRun
 
-    return WhatIfRun(cfg, run_dir, run_id, workload, nodes=stage1_nodes(cfg), whatif=whatif_nodes(cfg))
+    return WhatIfRun(command_config(cfg), run_dir, run_id, workload, whatif=whatif_nodes(cfg))

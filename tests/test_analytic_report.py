@@ -17,7 +17,7 @@ import llm_perf_opt.conf
 from helpers import run_main
 from llm_perf_opt.analytic.workload import MeasuredInput, RunWorkload
 from llm_perf_opt.config_compose import compose_config
-from llm_perf_opt.config_data import plain
+from llm_perf_opt.config_data import command_config, plain
 from llm_perf_opt.data.dataset import bundled_samples_dir
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.pipeline.analytic import build_report, build_run_report, check_workload_model
@@ -34,7 +34,7 @@ def compose_analytic(*overrides: str) -> DictConfig:
 
 def report_data(cfg: DictConfig) -> dict[str, Any]:
     """The report of `cfg` as report.json holds it."""
-    return dict(json.loads(dumps(build_report(cfg))))
+    return dict(json.loads(dumps(build_report(command_config(cfg)))))
 
 
 def test_report_prices_every_stage_and_gpu() -> None:
@@ -61,7 +61,7 @@ def test_report_prices_every_stage_and_gpu() -> None:
 
 def test_unknown_gpu_key_is_a_user_error() -> None:
     with pytest.raises(UserError, match="no_such_gpu"):
-        build_report(compose_analytic("analytic.gpus=[h100_sxm,no_such_gpu]"))
+        build_report(command_config(compose_analytic("analytic.gpus=[h100_sxm,no_such_gpu]")))
 
 
 @pytest.mark.slow
@@ -120,29 +120,31 @@ def test_every_workload_selects_a_model_it_lists(name: str) -> None:
     cfg = compose_config("analytic", f"workload={name}")
     models = list(cfg.workload_profile.models)
     assert cfg.model.name == models[0] and len(models) == 2 and models[1] == f"{models[0]}_tiny"
-    check_workload_model(cfg)  # the workload's own model passes
-    check_workload_model(compose_config("stage1", f"model={models[1]}", f"workload={name}"))  # so does its tiny one
+    check_workload_model(command_config(cfg))  # the workload's own model passes
+    check_workload_model(
+        command_config(compose_config("stage1", f"model={models[1]}", f"workload={name}"))
+    )  # so does its tiny one
 
 
 def test_workload_prices_its_own_model() -> None:
     """`analytic-report workload=ocr2-receipt` prices DeepSeek-OCR-2 (the default model is v1)."""
-    r = build_report(compose_config("analytic", "workload=ocr2-receipt"))
+    r = build_report(command_config(compose_config("analytic", "workload=ocr2-receipt")))
     assert r.model == "deepseek_ocr2" and r.tile_sweep is not None and r.mode_sweep is None
     assert (r.workload.mode, r.workload.tiles, r.workload.image_tokens, r.workload.new_tokens) == (None, 4, 833, 128)
     assert "vision/encoder" in r.stages
-    v1 = build_report(compose_config("analytic", "workload=ocr1-receipt"))
+    v1 = build_report(command_config(compose_config("analytic", "workload=ocr1-receipt")))
     assert (v1.model, v1.workload.crop_grid, v1.workload.image_tokens) == ("deepseek_ocr", (1, 4), 713)
-    assert build_report(compose_config("analytic", "model=deepseek_ocr2_tiny", "workload=ocr2-receipt")).model == (
-        "deepseek_ocr2_tiny"
-    )
+    assert build_report(
+        command_config(compose_config("analytic", "model=deepseek_ocr2_tiny", "workload=ocr2-receipt"))
+    ).model == ("deepseek_ocr2_tiny")
 
 
 @pytest.mark.slow
 def test_workload_of_another_model_is_refused_in_one_paragraph(tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"workload=ocr2-receipt is written for model=deepseek_ocr2 or "):
-        build_report(compose_config("analytic", "model=deepseek_ocr", "workload=ocr2-receipt"))
+        build_report(command_config(compose_config("analytic", "model=deepseek_ocr", "workload=ocr2-receipt")))
     with pytest.raises(UserError, match=r"this command runs model=deepseek_ocr2\. Leave model= out"):
-        check_workload_model(compose_config("stage1", "model=deepseek_ocr2", "workload=ocr1-snippet"))
+        check_workload_model(command_config(compose_config("stage1", "model=deepseek_ocr2", "workload=ocr1-snippet")))
     out = tmp_path / "an"
     done = run_main("llm_perf_opt.cli.analytic", "model=deepseek_ocr", "workload=ocr2-receipt", f"hydra.run.dir={out}")
     assert done.returncode == 2 and "Traceback" not in done.stderr
@@ -193,7 +195,7 @@ def test_run_report_prices_each_input_as_it_ran(model: str) -> None:
     cfg = compose_config("analytic", f"model={model}")
     measured = measured_inputs(cfg)
     assert [m.tiles for m, _ in measured] == [0, 4]
-    r = build_run_report(cfg, RunWorkload(tuple(m for m, _ in measured), dtype="float32"))
+    r = build_run_report(command_config(cfg), RunWorkload(tuple(m for m, _ in measured), dtype="float32"))
     assert r.run is not None and [i.image for i in r.run.inputs] == list(SAMPLES)
     adapter = make_adapter(cfg.model)
     for (m, prepared), priced in zip(measured, r.run.inputs, strict=True):
@@ -228,12 +230,12 @@ def test_run_report_refuses_a_run_it_cannot_price() -> None:
     cfg = compose_config("analytic", "model=deepseek_ocr")
     receipt = measured_inputs(cfg)[1][0]
     with pytest.raises(ValueError, match="need their crop grid"):
-        build_run_report(cfg, RunWorkload((attrs.evolve(receipt, crop_grid=None),), dtype="bfloat16"))
+        build_run_report(command_config(cfg), RunWorkload((attrs.evolve(receipt, crop_grid=None),), dtype="bfloat16"))
     with pytest.raises(ValueError, match="the analytic model prices 4 tiles and 713 image tokens, the run measured"):
         off = attrs.evolve(receipt, image_tokens=receipt.image_tokens + 1)
-        build_run_report(cfg, RunWorkload((off,), dtype="bfloat16"))
+        build_run_report(command_config(cfg), RunWorkload((off,), dtype="bfloat16"))
     with pytest.raises(ValueError, match="no measured inputs"):
-        build_run_report(cfg, RunWorkload((), dtype="bfloat16"))
+        build_run_report(command_config(cfg), RunWorkload((), dtype="bfloat16"))
 
 
 def _record(image: str, repeat: int, tiles: int) -> ImageRecord:

@@ -10,6 +10,7 @@ import yaml
 import llm_perf_opt.conf
 from llm_perf_opt.analytic.settings import AnalyticSettings, PricedModel, WorkloadProfile
 from llm_perf_opt.config_compose import compose_config
+from llm_perf_opt.config_data import command_config
 from llm_perf_opt.config_schema import AnalyticSchema
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.override_keys import check_override_keys
@@ -18,7 +19,7 @@ from llm_perf_opt.session.model_settings import ModelSettings
 
 
 def test_v1_settings_hold_the_mode_the_crop_grid_and_the_sweep_modes() -> None:
-    s = analytic_settings(compose_config("analytic", "model=deepseek_ocr", "workload=ocr1-receipt"))
+    s = analytic_settings(command_config(compose_config("analytic", "model=deepseek_ocr", "workload=ocr1-receipt")))
     assert (s.model.mode_name, s.crop_grid, s.new_tokens, s.dtype_bytes) == ("gundam", (1, 4), 128, 2)
     assert [m.name for m in s.sweep_modes] == ["tiny", "small", "base", "large", "gundam"]
     assert s.grid_sweep[-1] == (3, 3) and s.tile_sweep == () and s.text_tokens == 12
@@ -26,7 +27,7 @@ def test_v1_settings_hold_the_mode_the_crop_grid_and_the_sweep_modes() -> None:
 
 
 def test_ocr2_settings_hold_the_tiles_and_view_sizes() -> None:
-    s = analytic_settings(compose_config("analytic", "model=deepseek_ocr2", "analytic.tiles=3"))
+    s = analytic_settings(command_config(compose_config("analytic", "model=deepseek_ocr2", "analytic.tiles=3")))
     assert (s.model.mode, s.model.global_size, s.model.tile_size, s.tiles) == (None, 1024, 768, 3)
     assert s.tile_sweep == (0, 2, 3, 4, 5, 6) and s.crop_grid is None and s.profile is None
 
@@ -41,7 +42,7 @@ def test_ocr2_settings_hold_the_tiles_and_view_sizes() -> None:
 )
 def test_bad_values_are_refused_when_parsed(override: str, message: str) -> None:
     with pytest.raises(UserError, match=message):
-        analytic_settings(compose_config("analytic", "model=deepseek_ocr", override))
+        analytic_settings(command_config(compose_config("analytic", "model=deepseek_ocr", override)))
 
 
 def test_a_value_out_of_range_is_refused_on_the_command_line() -> None:
@@ -72,5 +73,5 @@ def test_no_workload_file_sets_a_batch_size_and_the_report_records_none() -> Non
     """`workload_profile.batch_size` was never read (the run's own `run.batch_size` is what batches)."""
     for path in (Path(llm_perf_opt.conf.__file__).parent / "workload").glob("*.yaml"):
         assert "batch_size" not in yaml.safe_load(path.read_text())["workload_profile"], path.name
-    report = build_report(compose_config("analytic", "workload=ocr2-snippet"))
+    report = build_report(command_config(compose_config("analytic", "workload=ocr2-snippet")))
     assert report.workload_profile is not None and set(report.workload_profile) == {"name", "document", "models"}

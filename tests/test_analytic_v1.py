@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 from helpers import rope_table_flops, run_main
 from llm_perf_opt.analytic import ClipSpec, ModelSpec, Workload, decode_step, prefill, stage_costs, vision_view
 from llm_perf_opt.config_compose import compose_config
-from llm_perf_opt.config_data import plain
+from llm_perf_opt.config_data import command_config, plain
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.instruments.flops import flop_counter
 from llm_perf_opt.models.cache_argument import cache_kwargs, output_cache
@@ -344,12 +344,12 @@ def test_report_command_prices_v1(tmp_path: Path) -> None:
 
 
 def test_named_v1_workload_and_modes() -> None:
-    r = build_report(compose_config("analytic", "model=deepseek_ocr", "workload=ocr1-a4-page"))
+    r = build_report(command_config(compose_config("analytic", "model=deepseek_ocr", "workload=ocr1-a4-page")))
     assert r.workload_profile is not None and r.workload_profile["name"] == "ocr1-a4-page"
     assert (r.workload.image_tokens, r.workload.new_tokens) == (903, 256)
-    base = build_report(compose_config("analytic", "model=deepseek_ocr", "model.mode=base")).workload
+    base = build_report(command_config(compose_config("analytic", "model=deepseek_ocr", "model.mode=base"))).workload
     assert (base.mode, base.tiles, base.crop_grid, base.image_tokens) == ("base", 0, None, 273)
     with pytest.raises(UserError, match=r"analytic\.crop_grid"):
-        build_report(compose_config("analytic", "model=deepseek_ocr", "analytic.crop_grid=[2]"))
+        build_report(command_config(compose_config("analytic", "model=deepseek_ocr", "analytic.crop_grid=[2]")))
     with pytest.raises(UserError, match=r"model\.mode=huge"):
-        build_report(compose_config("analytic", "model=deepseek_ocr", "model.mode=huge"))
+        build_report(command_config(compose_config("analytic", "model=deepseek_ocr", "model.mode=huge")))

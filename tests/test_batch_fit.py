@@ -11,7 +11,7 @@ import pytest
 
 from llm_perf_opt.analytic.model import ModuleCost, StageCost
 from llm_perf_opt.config_compose import compose_config
-from llm_perf_opt.config_data import stage1_nodes
+from llm_perf_opt.config_data import command_config
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.instruments import memory as device_memory
 from llm_perf_opt.measure.batch_fit import ACTIVATION_MARGIN, BatchFit, activation_terms
@@ -94,7 +94,7 @@ def tiny_cfg(page_images: dict[str, Path], tmp_path: Path) -> Any:
 
 def refuse(cfg: Any, folder: Path) -> tuple[str, Stage1Run]:
     """stage1-run's refusal (its text) and the run, whose folder must be marked failed with nothing measured."""
-    run = Stage1Run(cfg, folder, run_id=folder.name, nodes=stage1_nodes(cfg))
+    run = Stage1Run(command_config(cfg), folder, run_id=folder.name)
     with pytest.raises(UserError) as refused:
         run.execute()
     assert read_status(folder).state == "failed"

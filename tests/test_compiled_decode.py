@@ -12,7 +12,7 @@ import attrs
 import pytest
 import torch
 
-from llm_perf_opt.config_data import stage1_nodes
+from llm_perf_opt.config_data import command_config, stage1_nodes
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.session import compiled
@@ -250,7 +250,7 @@ def test_compiled_decode_with_run_warmup_0_times_no_compilation(page_images, tmp
         "runtime.compile=decode",
         "runtime.compile_mode=default",
     )
-    Stage1Run(cfg, tmp_path / "run", run_id="run", nodes=stage1_nodes(cfg)).execute()
+    Stage1Run(command_config(cfg), tmp_path / "run", run_id="run").execute()
     m = load_stage1(tmp_path / "run").metrics
     assert m.settings.warmup == 1 and m.settings.sources["run.warmup"].startswith("raised from 0")
     assert m.compile is not None and len(m.compile.events) == 1  # compiled once, in the warm-up pass

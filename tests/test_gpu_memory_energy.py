@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from llm_perf_opt.config_compose import compose_config
-from llm_perf_opt.config_data import stage1_nodes
+from llm_perf_opt.config_data import command_config
 from llm_perf_opt.config_schema import EnergySchema, MemorySchema
 from llm_perf_opt.data.dataset import bundled_samples_dir
 from llm_perf_opt.instruments.energy import EnergyMeter
@@ -109,7 +109,7 @@ def test_a_gpu_stage1_run_writes_both_sections(tmp_path: Path) -> None:
         "stage1", "model=deepseek_ocr2_tiny", "run.repeats=2", "run.warmup=1", "infer.max_new_tokens=4",
         "dataset.max_images=1", "pipeline.torch_profiler.enable=false",
     )  # fmt: skip
-    Stage1Run(cfg, tmp_path / "run", run_id="gpu", nodes=stage1_nodes(cfg)).execute()
+    Stage1Run(command_config(cfg), tmp_path / "run", run_id="gpu").execute()
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["memory"]["available"] is True, metrics["memory"]["reason"]
     assert (tmp_path / "run" / "memory" / "memory_timeline.png").is_file()

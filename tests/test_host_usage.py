@@ -8,7 +8,7 @@ from pathlib import Path
 import attrs
 
 from llm_perf_opt.config_compose import compose_config
-from llm_perf_opt.config_data import stage1_nodes
+from llm_perf_opt.config_data import command_config
 from llm_perf_opt.instruments.host_usage import HostUsageMeter, added
 from llm_perf_opt.pipeline.stage1 import Stage1Run
 from llm_perf_opt.records.folders import load_stage1
@@ -55,7 +55,7 @@ def test_a_run_records_the_host_usage_of_its_timed_passes_only(tmp_path: Path) -
         "pipeline.memory.enable=false",
         "pipeline.energy.enable=false",
     )
-    Stage1Run(cfg, tmp_path / "run", run_id="host", nodes=stage1_nodes(cfg)).execute()
+    Stage1Run(command_config(cfg), tmp_path / "run", run_id="host").execute()
     metrics = load_stage1(tmp_path / "run").metrics
     usage = metrics.host_usage
     assert usage is not None and usage.passes == len(metrics.records) == 3  # warm-up and FLOP count left out

@@ -372,7 +372,11 @@ def _typed_nodes_calls(path: Path, builder: str = "stage1_nodes") -> list[str]:
 
 @pytest.mark.parametrize(
     ("builder", "commands"),
-    [("stage1_nodes", {"stage1": 1, "stage2": 1, "whatif": 1}), ("whatif_nodes", {"whatif": 2})],  # whatif: its check
+    [
+        ("command_config", {"stage1": 1, "stage2": 1, "whatif": 1, "analytic": 1}),
+        ("stage1_nodes", {}),  # only inside command_config, and where pipeline/ composes a config of its own
+        ("whatif_nodes", {"whatif": 2}),  # whatif: its check
+    ],
 )
 def test_each_command_builds_its_typed_nodes_once_in_cli(builder: str, commands: dict[str, int]) -> None:
     calls = {

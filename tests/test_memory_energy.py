@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from llm_perf_opt.config_compose import compose_config
-from llm_perf_opt.config_data import stage1_nodes
+from llm_perf_opt.config_data import command_config
 from llm_perf_opt.config_schema import EnergySchema
 from llm_perf_opt.data.dataset import bundled_samples_dir
 from llm_perf_opt.instruments import energy as energy_mod
@@ -584,7 +584,7 @@ def test_a_cpu_stage1_run_says_why_neither_was_measured(tmp_path: Path) -> None:
     cfg = compose_config(
         "stage1", "model=deepseek_ocr2_tiny", "device=cpu", "infer.max_new_tokens=2", "pipeline/torch_profiler=min"
     )
-    Stage1Run(cfg, tmp_path / "run", run_id="cpu", nodes=stage1_nodes(cfg)).execute()
+    Stage1Run(command_config(cfg), tmp_path / "run", run_id="cpu").execute()
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["memory"] == {**metrics["memory"], "available": False}
     assert "needs a CUDA GPU" in metrics["memory"]["reason"]
@@ -593,6 +593,5 @@ def test_a_cpu_stage1_run_says_why_neither_was_measured(tmp_path: Path) -> None:
     assert "## Memory by stage" in report and "## Energy" in report
     assert report.count("Not available: not measured on cpu") == 2
     off = compose_config("stage1", "pipeline.memory.enable=false", "pipeline.energy.loop_seconds=0.5")
-    from llm_perf_opt.pipeline.stage1_settings import energy_settings, memory_settings
 
-    assert not memory_settings(off).enable and energy_settings(off).loop_seconds == 0.5
+    assert not command_config(off).memory.enable and command_config(off).energy.loop_seconds == 0.5

@@ -20,7 +20,7 @@ from PIL import Image
 
 from helpers import SAMPLE_PAGES, sample_pages
 from llm_perf_opt.config_compose import compose_config
-from llm_perf_opt.config_data import stage1_nodes
+from llm_perf_opt.config_data import command_config, stage1_nodes
 from llm_perf_opt.data.prompts import bundled_prompts_dir
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure.throughput import page_throughput
@@ -249,7 +249,7 @@ def test_stage1_run_decodes_the_next_pass_ahead(tmp_path: Path) -> None:
         "runtime.prefetch_pages=true",
     )
     folder = tmp_path / "run"
-    Stage1Run(cfg, folder, run_id=folder.name, nodes=stage1_nodes(cfg)).execute()
+    Stage1Run(command_config(cfg), folder, run_id=folder.name).execute()
     m = load_stage1(folder).metrics
     assert [b.prefetched for b in m.batches] == [True, True]
     assert m.records and all(r.prefetched for r in m.records)

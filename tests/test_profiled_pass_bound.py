@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 from llm_perf_opt.config_compose import compose_config
-from llm_perf_opt.config_data import stage1_nodes
+from llm_perf_opt.config_data import command_config
 from llm_perf_opt.instruments import flops
 from llm_perf_opt.instruments.torch_profiler import profile_image
 from llm_perf_opt.measure import stage_flops
@@ -95,7 +95,7 @@ def test_stage1_run_records_the_bound_and_counts_flops_once_per_shape(
         "report.render=true",
     )
     with caplog.at_level("INFO"):
-        Stage1Run(cfg, tmp_path / "run", run_id="run", nodes=stage1_nodes(cfg)).execute()
+        Stage1Run(command_config(cfg), tmp_path / "run", run_id="run").execute()
     folder = load_stage1(tmp_path / "run")
     # the first page counted, the noisy one reusing its count; the tiled page and the batch priced by the analytic
     # model where it equalled the first count (one count run), else counted too (three)

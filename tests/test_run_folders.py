@@ -19,7 +19,7 @@ from llm_perf_opt import artifacts
 from llm_perf_opt.artifacts import ArtifactsManager, OutputWriteError, mark_failed, read_status
 from llm_perf_opt.cli.common import run_guarded
 from llm_perf_opt.config_compose import compose_config
-from llm_perf_opt.config_data import stage1_nodes
+from llm_perf_opt.config_data import command_config
 from llm_perf_opt.pipeline.stage1 import Stage1Run
 from llm_perf_opt.records import io as records_io
 from llm_perf_opt.records.io import RecordError
@@ -62,7 +62,7 @@ def test_write_failure_while_finishing_marks_the_folder_failed(
 
         monkeypatch.setattr(artifacts, "_atomic_write", refuse_metrics)
     cfg = compose_config("stage1", *TINY_RUN)
-    run = Stage1Run(cfg, run_dir, run_id="disk-full", nodes=stage1_nodes(cfg))
+    run = Stage1Run(command_config(cfg), run_dir, run_id="disk-full")
     with pytest.raises(SystemExit) as ended:
         run_guarded(run.execute, run_dir=run_dir)
     assert ended.value.code == 2

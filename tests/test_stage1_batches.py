@@ -16,7 +16,7 @@ import torch
 from llm_perf_opt.analytic.dense import DenseSpec
 from llm_perf_opt.analytic.dense import batch_stage_costs as dense_batch_costs
 from llm_perf_opt.config_compose import compose_config
-from llm_perf_opt.config_data import stage1_nodes
+from llm_perf_opt.config_data import command_config
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.instruments.flops import count_stage_flops
 from llm_perf_opt.measure.aggregate import batch_summary
@@ -63,7 +63,7 @@ def run_stage1(folder: Path, pages: Path, *overrides: str) -> Stage1Folder:
     keys = {o.split("=", 1)[0] for o in overrides}
     base = [o for o in RUN if o.split("=", 1)[0] not in keys]
     cfg = compose_config("stage1", *base, f"dataset.root={pages}", *overrides)
-    Stage1Run(cfg, folder, run_id=folder.name, nodes=stage1_nodes(cfg)).execute()
+    Stage1Run(command_config(cfg), folder, run_id=folder.name).execute()
     return load_stage1(folder)
 
 
@@ -286,7 +286,7 @@ def test_a_batch_size_below_1_fails_before_the_model_is_built(
     monkeypatch.setattr(InferenceSession, "load", never)
     cfg = compose_config("stage1", *RUN, f"dataset.root={pages}", f"run.batch_size={size}")
     with pytest.raises(UserError, match=rf"run\.batch_size={size}") as info:
-        Stage1Run(cfg, tmp_path / "run", run_id="bad", nodes=stage1_nodes(cfg)).execute()
+        Stage1Run(command_config(cfg), tmp_path / "run", run_id="bad").execute()
     assert info.value.exit_code == 2 and "run.batch_size" in info.value.fix
     status = json.loads((tmp_path / "run" / "run_status.json").read_text())
     assert status["state"] == "failed" and f"run.batch_size={size}" in status["message"]
@@ -307,7 +307,7 @@ def test_a_user_error_after_measuring_keeps_what_was_measured(
     monkeypatch.setattr(InferenceSession, "run_image", fails_on_second)
     cfg = compose_config("stage1", *RUN, f"dataset.root={pages}")
     with pytest.raises(UserError, match="bad input"):
-        Stage1Run(cfg, tmp_path / "run", run_id="late", nodes=stage1_nodes(cfg)).execute()
+        Stage1Run(command_config(cfg), tmp_path / "run", run_id="late").execute()
     status = json.loads((tmp_path / "run" / "run_status.json").read_text())
     assert status["state"] == "failed" and "bad input" in status["message"]
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())

@@ -13,7 +13,7 @@ import torch
 from omegaconf import DictConfig
 
 from llm_perf_opt.config_compose import compose_config, new_run_id
-from llm_perf_opt.config_data import stage1_nodes
+from llm_perf_opt.config_data import command_config
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.pipeline.stage1 import Stage1Run, resolve_settings
 from llm_perf_opt.session.session import InferenceSession
@@ -27,11 +27,11 @@ def compose_stage1(*overrides: str) -> DictConfig:
 
 def test_device_defaults_fill_only_unset_keys() -> None:
     cfg = compose_stage1("run.repeats=7")
-    cpu = resolve_settings(cfg, stage1_nodes(cfg), torch.device("cpu"))
+    cpu = resolve_settings(command_config(cfg), torch.device("cpu"))
     assert (cpu.repeats, cpu.warmup, cpu.max_new_tokens, cpu.max_images, cpu.sampling) == (7, 0, 8, 1, "smallest")
     assert cpu.sources["run.repeats"] == "config/override"
     assert cpu.sources["run.warmup"] == "device default (cpu)"
-    gpu = resolve_settings(cfg, stage1_nodes(cfg), torch.device("cuda", 0))
+    gpu = resolve_settings(command_config(cfg), torch.device("cuda", 0))
     assert (gpu.repeats, gpu.warmup, gpu.max_new_tokens, gpu.max_images, gpu.sampling) == (7, 1, 32, None, "sorted")
     assert gpu.timed_seconds is None  # run.repeats set: exactly that many timed passes
 
@@ -39,11 +39,11 @@ def test_device_defaults_fill_only_unset_keys() -> None:
 def test_max_images_all_means_every_image_on_every_device() -> None:
     cfg = compose_stage1("dataset.max_images=all")
     for device in (torch.device("cpu"), torch.device("cuda", 0)):
-        settings = resolve_settings(cfg, stage1_nodes(cfg), device)
+        settings = resolve_settings(command_config(cfg), device)
         assert settings.max_images is None
         assert settings.sources["dataset.max_images"] == "config/override"
     default = compose_stage1()
-    assert resolve_settings(default, stage1_nodes(default), torch.device("cpu")).max_images == 1  # null: CPU default
+    assert resolve_settings(command_config(default), torch.device("cpu")).max_images == 1  # null: CPU default
 
 
 @pytest.mark.parametrize(
@@ -60,7 +60,7 @@ def test_invalid_settings_raise_user_errors(override: str) -> None:
     key = override.split("=")[0]
     with pytest.raises(UserError, match=key.replace(".", r"\.")):
         cfg = compose_stage1(override)
-        resolve_settings(cfg, stage1_nodes(cfg), torch.device("cpu"))
+        resolve_settings(command_config(cfg), torch.device("cpu"))
 
 
 def test_run_ids_never_collide_within_a_second() -> None:
@@ -92,7 +92,7 @@ def test_ctrl_c_keeps_what_was_measured(tmp_path: Path, monkeypatch: pytest.Monk
         return real(self, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(InferenceSession, "run_image", interrupted_on_second)
-    run = Stage1Run(cfg, tmp_path / "run", run_id="ctrl-c", nodes=stage1_nodes(cfg))
+    run = Stage1Run(command_config(cfg), tmp_path / "run", run_id="ctrl-c")
     with pytest.raises(KeyboardInterrupt):
         run.execute()
     status = json.loads((tmp_path / "run" / "run_status.json").read_text())
@@ -107,9 +107,9 @@ def test_ctrl_c_keeps_what_was_measured(tmp_path: Path, monkeypatch: pytest.Monk
 def test_a_folder_holding_a_run_is_not_reused(tmp_path: Path) -> None:
     cfg = compose_stage1("model=deepseek_ocr2_tiny", "device=cpu", "dataset.root=/nonexistent")
     with pytest.raises(UserError):
-        Stage1Run(cfg, tmp_path / "run", run_id="first", nodes=stage1_nodes(cfg)).execute()
+        Stage1Run(command_config(cfg), tmp_path / "run", run_id="first").execute()
     with pytest.raises(UserError, match="already holds a failed run"):
-        Stage1Run(cfg, tmp_path / "run", run_id="second", nodes=stage1_nodes(cfg)).execute()
+        Stage1Run(command_config(cfg), tmp_path / "run", run_id="second").execute()
 
 
 def test_configs_ship_inside_the_package() -> None:

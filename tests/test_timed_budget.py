@@ -9,7 +9,7 @@ import torch
 
 from helpers import run_main
 from llm_perf_opt.config_compose import compose_config
-from llm_perf_opt.config_data import stage1_nodes
+from llm_perf_opt.config_data import command_config
 from llm_perf_opt.pipeline.stage1_settings import (
     MIN_TIMED_PASSES,
     ResolvedSettings,
@@ -20,14 +20,14 @@ from llm_perf_opt.pipeline.stage1_settings import (
 
 def _gpu_defaults() -> ResolvedSettings:
     cfg = compose_config("stage1")
-    return resolve_settings(cfg, stage1_nodes(cfg), torch.device("cuda", 0))
+    return resolve_settings(command_config(cfg), torch.device("cuda", 0))
 
 
 def test_a_gpu_run_with_repeats_unset_has_a_budget_and_a_cpu_run_none() -> None:
     gpu = _gpu_defaults()
     assert (gpu.repeats, gpu.warmup, gpu.timed_seconds) == (5, 1, 30.0)
     cfg = compose_config("stage1")
-    assert resolve_settings(cfg, stage1_nodes(cfg), torch.device("cpu")).timed_seconds is None
+    assert resolve_settings(command_config(cfg), torch.device("cpu")).timed_seconds is None
 
 
 def test_the_first_timed_pass_fixes_how_many_fit() -> None:

@@ -14,7 +14,7 @@ from PIL import Image
 
 from helpers import FIXTURES, run_main
 from llm_perf_opt.artifacts import ArtifactsManager
-from llm_perf_opt.config_data import stage1_nodes, whatif_nodes
+from llm_perf_opt.config_data import command_config, whatif_nodes
 from llm_perf_opt.measure.advice import advise
 from llm_perf_opt.pipeline.stage1_render import render
 from llm_perf_opt.pipeline.whatif_rungs import RungJob, RungOutcome
@@ -385,7 +385,7 @@ def test_single_pass_rungs_name_no_best_and_no_helped_lever(tmp_path: Path) -> N
 
     goal = w.objective("decode_ms_per_token")
     cfg = compose_config("whatif", "whatif.objective=decode_ms_per_token")
-    run = WhatIfRun(cfg, tmp_path, "wi", workload=(), nodes=stage1_nodes(cfg), whatif=whatif_nodes(cfg))
+    run = WhatIfRun(command_config(cfg), tmp_path, "wi", workload=(), whatif=whatif_nodes(cfg))
     run.levers = (STATIC, GROUPED)
     base = _single_pass(32.0)
     run.rungs = {"baseline": Rung("baseline", BASELINE, (), (), False, MEASURED, figures=base)}
@@ -428,7 +428,7 @@ def test_rungs_with_different_warm_ups_are_noted(tmp_path: Path) -> None:
     from llm_perf_opt.records.whatif import BASELINE
 
     cfg = compose_config("whatif")
-    run = WhatIfRun(cfg, tmp_path, "wi", workload=(), nodes=stage1_nodes(cfg), whatif=whatif_nodes(cfg))
+    run = WhatIfRun(command_config(cfg), tmp_path, "wi", workload=(), whatif=whatif_nodes(cfg))
     cold = attrs.evolve(figures(32.0, kernels=None, busy=None), warmup_passes=0)
     warm = attrs.evolve(figures(30.0, kernels=None, busy=None), warmup_passes=1, compile_ms=51_600.0)
     run.rungs = {
@@ -473,7 +473,7 @@ def copied_live_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Wha
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.setattr(pipeline, "run_rungs", _copied_rungs)
         live = pipeline.WhatIfRun(
-            cfg, folder, "wi", ("model=deepseek_ocr_tiny",), nodes=stage1_nodes(cfg), whatif=whatif_nodes(cfg)
+            command_config(cfg), folder, "wi", ("model=deepseek_ocr_tiny",), whatif=whatif_nodes(cfg)
         ).execute()
     return folder, live
 

@@ -1,12 +1,24 @@
-"""Hydra/OmegaConf config nodes as plain Python data."""
+"""Hydra/OmegaConf config nodes as plain Python data, and a command's settings typed once (:class:`CommandConfig`)."""
 
 from __future__ import annotations
 
 from typing import Any, TypeVar
 
+import attrs
 from omegaconf import DictConfig, OmegaConf
 
-from llm_perf_opt.config_schema import Stage1Nodes, WhatIfNodes, node_types
+from llm_perf_opt.analytic.settings import WorkloadProfile
+from llm_perf_opt.config_schema import (
+    AnalyticSchema,
+    DatasetSchema,
+    EnergySchema,
+    MemorySchema,
+    Stage1Nodes,
+    TorchProfilerSchema,
+    WhatIfNodes,
+    node_types,
+)
+from llm_perf_opt.session.model_settings import ModelSettings
 
 Nodes = TypeVar("Nodes", Stage1Nodes, WhatIfNodes)
 Group = TypeVar("Group")
@@ -65,3 +77,39 @@ def as_schema(schema: type[Group], node: Any) -> Group:
     typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), plain(node) if node is not None else {}))
     assert isinstance(typed, schema)
     return typed
+
+
+@attrs.frozen
+class CommandConfig:
+    """What `stage1-run`, `stage2-profile`, `perf-whatif` and `analytic-report` read of their composed config, typed
+    and read once in cli/ (:func:`command_config`) and handed down; the pipelines read their settings here, never
+    from `composed`, which they keep only to save it (config.yaml), hash it, compose from it and hand it on."""
+
+    composed: DictConfig
+    nodes: Stage1Nodes  # run, infer, outputs, runtime, report, hardware
+    model: ModelSettings
+    dataset: DatasetSchema
+    profiler: TorchProfilerSchema  # pipeline.torch_profiler (its output settings included)
+    memory: MemorySchema  # pipeline.memory
+    energy: EnergySchema  # pipeline.energy
+    analytic: AnalyticSchema
+    device: str  # cpu | cuda | cuda:N (whether it exists is the session's check)
+    workload_profile: WorkloadProfile | None  # the named workload (workload=...); None without one
+
+
+def command_config(cfg: Any) -> CommandConfig:
+    """`cfg` (a composed config, or a saved config.yaml loaded as one) as a :class:`CommandConfig`; a node or key it
+    lacks takes the schema's default."""
+    composed = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg)
+    return CommandConfig(
+        composed=composed,
+        nodes=stage1_nodes(composed),
+        model=ModelSettings.from_config(plain(composed.get("model") or {})),
+        dataset=group_node(composed, "dataset", DatasetSchema),
+        profiler=group_node(composed, "pipeline.torch_profiler", TorchProfilerSchema),
+        memory=group_node(composed, "pipeline.memory", MemorySchema),
+        energy=group_node(composed, "pipeline.energy", EnergySchema),
+        analytic=group_node(composed, "analytic", AnalyticSchema),
+        device=str(composed.get("device") or "auto"),
+        workload_profile=WorkloadProfile.from_config(composed.get("workload_profile")),
+    )

@@ -19,28 +19,28 @@ def _main(cfg: DictConfig) -> None:
     def job() -> None:  # the imports guarded too: a broken dependency is a bug reported like any other
         from llm_perf_opt import artifacts
         from llm_perf_opt.artifacts import ArtifactsManager
-        from llm_perf_opt.config_data import plain
+        from llm_perf_opt.config_data import command_config
         from llm_perf_opt.errors import UserError
         from llm_perf_opt.pipeline.analytic import check_workload_model, write_analytic_report
         from llm_perf_opt.progress import Feedback
         from llm_perf_opt.session.adapters.registry import make_adapter
-        from llm_perf_opt.session.model_settings import ModelSettings
 
         feedback = Feedback()
         art = ArtifactsManager(run_dir, stage="analytic")
         art.start(run_dir.name)
         try:
-            check_workload_model(cfg)  # a named workload with another model: one paragraph, before anything else
-            model = ModelSettings.from_config(plain(cfg.model))  # the `model:` node, read once
+            config = command_config(cfg)  # the settings, typed and read once
+            check_workload_model(config)  # a named workload with another model: one paragraph, before anything else
+            model = config.model
             if not make_adapter(model).has_analytic_model:
                 raise UserError(
-                    f"analytic-report has no static model of {cfg.model.name} (adapter {cfg.model.adapter}): it prices "
+                    f"analytic-report has no static model of {model.name} (adapter {model.adapter}): it prices "
                     "the DeepSeek-OCR models",
                     "Run stage1-run with the same model: dense decoder-only models (Llama, Qwen2, Mistral) get "
                     "analytic FLOPs and bytes per stage in its report",
                 )
             with feedback.step("pricing the workload, writing the report", part="pricing and report"):
-                report = write_analytic_report(art, cfg, model)
+                report = write_analytic_report(art, config)
         except UserError as exc:
             art.finish(artifacts.FAILED, str(exc))
             raise

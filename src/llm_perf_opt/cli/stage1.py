@@ -11,7 +11,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from llm_perf_opt.cli.common import launch, run_guarded
-from llm_perf_opt.config_data import stage1_nodes
+from llm_perf_opt.config_data import command_config
 from llm_perf_opt.config_schema import RunSchema
 from llm_perf_opt.heavy_imports import collector_paused
 from llm_perf_opt.process_end import ends_process
@@ -24,16 +24,16 @@ def _main(cfg: DictConfig) -> None:
     in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
 
     def job() -> None:  # the pipeline's import guarded too: a broken dependency is a bug reported like any other
-        nodes = stage1_nodes(cfg)  # run, infer, outputs, runtime, report, hardware: typed, read once for the pipeline
-        if not in_sweep and _launches_processes(nodes.run):  # run.data_parallel=N: N processes and their summary
+        config = command_config(cfg)  # model, dataset, run, infer, ...: typed, read once for the pipeline
+        if not in_sweep and _launches_processes(config.nodes.run):  # run.data_parallel=N: N processes, their summary
             from llm_perf_opt.pipeline.data_parallel import DataParallelRun
 
-            DataParallelRun(cfg, nodes, run_dir, run_dir.name, list(hydra_cfg.overrides.task)).execute()
+            DataParallelRun(config, run_dir, run_dir.name, list(hydra_cfg.overrides.task)).execute()
             return
         with collector_paused():
             from llm_perf_opt.pipeline.stage1 import Stage1Run
 
-        Stage1Run(cfg, run_dir, run_id=run_dir.name, nodes=nodes).execute()
+        Stage1Run(config, run_dir, run_id=run_dir.name).execute()
 
     run_guarded(job, run_dir=run_dir, in_sweep=in_sweep, cfg=cfg)
 

@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 
 from llm_perf_opt import artifacts
 from llm_perf_opt.cli.common import launch, print_report_path, run_guarded
-from llm_perf_opt.config_data import stage1_nodes
+from llm_perf_opt.config_data import command_config
 from llm_perf_opt.heavy_imports import collector_paused
 from llm_perf_opt.process_end import ends_process
 
@@ -27,8 +27,9 @@ def _main(cfg: DictConfig) -> None:
     overrides = list(hydra_cfg.overrides.task)  # the run ends with its summary: the budget, then report.md's path
 
     def job() -> None:
-        nodes = stage1_nodes(cfg)  # run, infer, outputs, runtime, report, hardware: typed, read once for the pipeline
-        _pipeline().Stage2Run(cfg, run_dir, run_id=run_dir.name, task_overrides=overrides, nodes=nodes).execute()
+        pipeline = _pipeline()
+        settings = pipeline.Stage2Settings.from_config(command_config(cfg))  # typed, read once for the pipeline
+        pipeline.Stage2Run(settings, run_dir, run_id=run_dir.name, task_overrides=overrides).execute()
 
     run_guarded(job, run_dir=run_dir, cfg=cfg)
 

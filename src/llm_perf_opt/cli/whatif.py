@@ -10,7 +10,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from llm_perf_opt.cli.common import launch, run_guarded
-from llm_perf_opt.config_data import stage1_nodes, whatif_nodes
+from llm_perf_opt.config_data import command_config, whatif_nodes
 from llm_perf_opt.heavy_imports import collector_paused
 from llm_perf_opt.process_end import ends_process
 from llm_perf_opt.settings_schema import check_config
@@ -30,9 +30,9 @@ def _main(cfg: DictConfig) -> None:
         # the command line's, and the objective of its advice where none is set
         whatif, workload = whatif_nodes(cfg), workload_overrides(task_overrides)
         composed, whatif, workload, advised = whatif_config(cfg, whatif, workload)
-        nodes = stage1_nodes(composed)  # run, infer, ...: the typed nodes of that config
+        config = command_config(composed)  # model, run, infer, ...: the settings of that config, typed
         # the run ends with its summary: the rungs, the best lever, the time budget, then whatif.md's path
-        run = WhatIfRun(composed, run_dir, run_dir.name, workload, nodes=nodes, whatif=whatif, advised=advised)
+        run = WhatIfRun(config, run_dir, run_dir.name, workload, whatif=whatif, advised=advised)
         run.execute()
 
     run_guarded(job, run_dir=run_dir, cfg=cfg)

@@ -10,16 +10,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from omegaconf import DictConfig
-
 from llm_perf_opt.analytic.model import CONVENTIONS, StageCost, stage_costs, summed_stages
 from llm_perf_opt.analytic.pricing import category_table, module_table, stage_bounds, stage_row, view_sweep, what_if
-from llm_perf_opt.analytic.settings import AnalyticSettings, PricedModel, WorkloadProfile
+from llm_perf_opt.analytic.settings import AnalyticSettings, PricedModel
 from llm_perf_opt.analytic.spec import ModelSpec, Workload
 from llm_perf_opt.analytic.workload import RunWorkload, configured_workload, run_workloads, workload_row
 from llm_perf_opt.artifacts import ArtifactsManager
-from llm_perf_opt.config_data import group_node, plain
-from llm_perf_opt.config_schema import AnalyticSchema
+from llm_perf_opt.config_data import CommandConfig
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.hardware.table import GpuSpec, load_gpu_table
 from llm_perf_opt.records.analytic import ANALYTIC_DIR, AnalyticReport, InputCost, ModeSweep, RunInputs, TileSweep
@@ -27,30 +24,21 @@ from llm_perf_opt.records.common import SCHEMA_VERSION
 from llm_perf_opt.records.io import dumps
 from llm_perf_opt.records.vocabulary import DECODE, PREFILL
 from llm_perf_opt.report.analytic_report import analytic_report_md
-from llm_perf_opt.session.model_settings import ModelSettings
 
 CONFIG_WEIGHTS = "none: priced from the config alone"
 RUN_WEIGHTS = "none: priced from the config and the inputs the run measured"
 
 
-def workload_profile(cfg: DictConfig) -> WorkloadProfile | None:
-    """The named workload the config selects (`workload_profile`), None without one."""
-    return WorkloadProfile.from_config(cfg.get("workload_profile"))
-
-
-def check_workload_model(cfg: DictConfig) -> None:
+def check_workload_model(command: CommandConfig) -> None:
     """Refuse a named workload with a model it is not written for, in one paragraph, before anything runs."""
-    profile = workload_profile(cfg)
-    if profile is not None:
-        profile.check_model(str(cfg.model.name))
+    if command.workload_profile is not None:
+        command.workload_profile.check_model(command.model.name)
 
 
-def analytic_settings(cfg: DictConfig, model: ModelSettings | None = None) -> AnalyticSettings:
-    """The analytic settings of the composed config (`analytic`, `workload_profile`) and of its `model:` node,
-    checked once; `model`: that node as the caller already parsed it (else parsed here)."""
-    parsed = model if model is not None else ModelSettings.from_config(plain(cfg.model))
-    analytic = group_node(cfg, "analytic", AnalyticSchema)
-    return AnalyticSettings.from_config(analytic, PricedModel.from_settings(parsed), workload_profile(cfg))
+def analytic_settings(command: CommandConfig) -> AnalyticSettings:
+    """The analytic settings of a command's settings (`analytic`, `workload_profile`, the model), checked once."""
+    model = PricedModel.from_settings(command.model)
+    return AnalyticSettings.from_config(command.analytic, model, command.workload_profile)
 
 
 def report_gpus(settings: AnalyticSettings) -> tuple[list[GpuSpec], GpuSpec]:
@@ -98,9 +86,9 @@ def _assemble(
     )
 
 
-def build_report(cfg: DictConfig, model: ModelSettings | None = None) -> AnalyticReport:
-    """The analytic report of the page the config describes (`model`: its `model:` node, parsed)."""
-    settings = analytic_settings(cfg, model)
+def build_report(command: CommandConfig) -> AnalyticReport:
+    """The analytic report of the page the config describes."""
+    settings = analytic_settings(command)
     spec = ModelSpec.from_architecture(settings.model.architecture)
     workload = configured_workload(settings)
     gpus, reference = report_gpus(settings)
@@ -108,9 +96,9 @@ def build_report(cfg: DictConfig, model: ModelSettings | None = None) -> Analyti
     return _assemble(settings, spec, workload, costs, settings.dtype, gpus, reference, CONFIG_WEIGHTS)
 
 
-def build_run_report(cfg: DictConfig, priced: RunWorkload, model: ModelSettings | None = None) -> AnalyticReport:
+def build_run_report(command: CommandConfig, priced: RunWorkload) -> AnalyticReport:
     """The analytic report of the inputs a Stage 1 run measured: each input priced as it ran, the tables summed."""
-    settings = analytic_settings(cfg, model)
+    settings = analytic_settings(command)
     gpus, reference = report_gpus(settings)
     spec = ModelSpec.from_architecture(settings.model.architecture)
     inputs = run_workloads(settings.model, spec, priced)
@@ -137,14 +125,11 @@ def _write(art: ArtifactsManager, report: AnalyticReport) -> Path:
     return art.write_text(f"{ANALYTIC_DIR}/report.md", analytic_report_md(report))
 
 
-def write_analytic_report(art: ArtifactsManager, cfg: DictConfig, model: ModelSettings | None = None) -> Path:
+def write_analytic_report(art: ArtifactsManager, command: CommandConfig) -> Path:
     """Write report.json and report.md of the configured page under `static_analysis/analytic_model/`."""
-    return _write(art, build_report(cfg, model))
+    return _write(art, build_report(command))
 
 
-def write_analytic_report_for_run(
-    art: ArtifactsManager, cfg: DictConfig, priced: RunWorkload, model: ModelSettings | None = None
-) -> Path:
-    """Write report.json and report.md of the inputs a Stage 1 run measured under `static_analysis/analytic_model/`
-    (`model`: the run's `model:` node as it parsed it)."""
-    return _write(art, build_run_report(cfg, priced, model))
+def write_analytic_report_for_run(art: ArtifactsManager, command: CommandConfig, priced: RunWorkload) -> Path:
+    """Write report.json and report.md of the inputs a Stage 1 run measured under `static_analysis/analytic_model/`."""
+    return _write(art, build_run_report(command, priced))

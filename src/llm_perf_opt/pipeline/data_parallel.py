@@ -20,11 +20,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import attrs
-from omegaconf import DictConfig
 
 from llm_perf_opt import artifacts
 from llm_perf_opt.artifacts import ArtifactsManager
-from llm_perf_opt.config_schema import Stage1Nodes
+from llm_perf_opt.config_data import CommandConfig
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure.data_parallel import ShardRun, combine, single_gpu_from_run
 from llm_perf_opt.override_text import override_key, quoted_override
@@ -212,15 +211,13 @@ def write_summary(root: Path, summary: DataParallelSummary) -> Path:
 class DataParallelRun:
     """`stage1-run run.data_parallel=N` (no -m): N processes at once, one per device, and their summary."""
 
-    def __init__(
-        self, cfg: DictConfig, nodes: Stage1Nodes, run_dir: Path, run_id: str, overrides: Sequence[str]
-    ) -> None:
-        self.cfg = cfg
-        self.run = nodes.run  # the typed `run` node (the command read it once)
+    def __init__(self, command: CommandConfig, run_dir: Path, run_id: str, overrides: Sequence[str]) -> None:
+        self.device = command.device
+        self.run = command.nodes.run  # the typed `run` node (the command read it once)
         self.run_id = run_id
         self.overrides = tuple(overrides)
         self.art = ArtifactsManager(run_dir, stage="data_parallel")
-        self.count = data_parallel_count(nodes.run)
+        self.count = data_parallel_count(self.run)
 
     def execute(self) -> Path:
         """Run the processes to their end; the folder ends complete (a combined figure), failed or interrupted."""
@@ -228,7 +225,7 @@ class DataParallelRun:
 
         from llm_perf_opt.pipeline.whatif_rungs import log_tail  # (not imported with the sweep callback)
 
-        devices = shard_devices(str(self.cfg.device), self.count, torch.cuda.device_count())
+        devices = shard_devices(self.device, self.count, torch.cuda.device_count())
         single = single_gpu(self.run.data_parallel_baseline)  # refused before any process starts
         self.art.start(self.run_id)
         root = self.art.run_dir

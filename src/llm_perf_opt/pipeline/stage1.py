@@ -10,11 +10,11 @@ from pathlib import Path
 
 import attrs
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from llm_perf_opt import artifacts, interrupts
 from llm_perf_opt.artifacts import ArtifactsManager
-from llm_perf_opt.config_data import plain
+from llm_perf_opt.config_data import CommandConfig
 from llm_perf_opt.config_schema import EnergySchema, MemorySchema, Stage1Nodes
 from llm_perf_opt.data.dataset import DatasetSelection
 from llm_perf_opt.data.inputs import InputChoice, select_inputs
@@ -35,9 +35,6 @@ from llm_perf_opt.pipeline.stage1_records import input_key, inputs_manifest
 from llm_perf_opt.pipeline.stage1_settings import (
     ResolvedSettings,
     RunOptions,
-    dataset_node,
-    energy_settings,
-    memory_settings,
     profiler_settings,
     resolve_settings,
     with_runtime_warmup,
@@ -49,7 +46,6 @@ from llm_perf_opt.records.whatif import WhatIfRecord
 from llm_perf_opt.report import pyplot
 from llm_perf_opt.session.adapters.registry import make_adapter
 from llm_perf_opt.session.cpu_affinity import CpuPin, pin
-from llm_perf_opt.session.model_settings import ModelSettings
 from llm_perf_opt.session.process_state import start_clean
 from llm_perf_opt.session.runtime import RuntimeSettings
 from llm_perf_opt.session.session import InferenceSession, batches, filled, resolve_device, resolve_dtype
@@ -60,11 +56,9 @@ log = logging.getLogger("llm_perf_opt.stage1")
 class Stage1Run:
     """One `stage1-run` invocation over one run folder."""
 
-    def __init__(
-        self, cfg: DictConfig, run_dir: Path, run_id: str, *, nodes: Stage1Nodes, feedback: Feedback | None = None
-    ) -> None:
-        self.cfg = cfg  # the composed config: the config groups' nodes (model, dataset, pipeline, ...) are read from it
-        self.nodes = nodes  # its typed nodes (run, infer, outputs, runtime, report, hardware), read once by the command
+    def __init__(self, command: CommandConfig, run_dir: Path, run_id: str, *, feedback: Feedback | None = None) -> None:
+        self.command = command  # the command's settings, typed and read once in cli/
+        self.nodes = command.nodes  # run, infer, outputs, runtime, report, hardware
         self.feedback = feedback or Feedback()
         self.run_id = run_id
         self.art = ArtifactsManager(run_dir, stage="stage1")
@@ -139,9 +133,9 @@ class Stage1Run:
 
     # ---- measurement -------------------------------------------------------------------------------
     def _measure(self) -> None:
-        cfg, nodes = self.cfg, self.nodes
-        self.art.write_text(CONFIG_FILE, OmegaConf.to_yaml(cfg, resolve=True))
-        check_workload_model(cfg)
+        command, nodes = self.command, self.nodes
+        self.art.write_text(CONFIG_FILE, OmegaConf.to_yaml(command.composed, resolve=True))
+        check_workload_model(command)
         count, shard = data_parallel_count(nodes.run), shard_of(nodes.run)
         if count > 1:
             if shard is None:
@@ -154,7 +148,7 @@ class Stage1Run:
         self.options = options = RunOptions.from_nodes(nodes)
         self.whatif = whatif_for(self.art.run_dir, options.whatif_dir)
         self.render_reports = options.render
-        device = resolve_device(cfg.device)
+        device = resolve_device(command.device)
         self.state.reused_process = start_clean(device)
         self.cpu_pin = pin(options.cpu_affinity, device)
         if options.profiler_window and device.type != "cuda":
@@ -164,13 +158,13 @@ class Stage1Run:
             )
         self.runtime = RuntimeSettings.from_nodes(nodes)  # run.batch_size ≤ 0 is refused here, before any build
         self.runtime.check_device(device)
-        self.settings = settings = with_runtime_warmup(resolve_settings(cfg, nodes, device), self.runtime)
-        self.extra_passes = (memory_settings(cfg), energy_settings(cfg))
-        self.profiler = profiler_settings(cfg)  # the profiled pass's, checked before the model is built
-        model = ModelSettings.from_config(plain(cfg.model))  # the `model:` node, read once
+        self.settings = settings = with_runtime_warmup(resolve_settings(command, device), self.runtime)
+        self.extra_passes = (command.memory, command.energy)
+        self.profiler = profiler_settings(command.profiler)  # the profiled pass's, checked before the model is built
+        model = command.model
         adapter = make_adapter(model)  # knows what the model takes (images or text) before it is built
         self.inputs = select_inputs(
-            dataset_node(cfg),
+            command.dataset,
             adapter.input_kind,
             model_name=model.name,
             max_images=settings.max_images,

@@ -22,10 +22,8 @@ from llm_perf_opt.report import stage1_reports
 from llm_perf_opt.report.markdown import pct
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
-
     from llm_perf_opt.artifacts import ArtifactsManager
-    from llm_perf_opt.config_schema import Stage1Nodes
+    from llm_perf_opt.config_data import CommandConfig
     from llm_perf_opt.data.dataset import DatasetSelection
     from llm_perf_opt.data.inputs import InputChoice
     from llm_perf_opt.measure.stage1_analysis import Stage1Measurements
@@ -41,8 +39,7 @@ if TYPE_CHECKING:
 class FinishedRun(Protocol):
     """What the outputs read of a Stage 1 run once its passes ended (`pipeline.stage1.Stage1Run`)."""
 
-    cfg: DictConfig
-    nodes: Stage1Nodes
+    command: CommandConfig
     run_id: str
     art: ArtifactsManager
     feedback: Feedback
@@ -65,8 +62,7 @@ def write_outputs(run: FinishedRun, partial: bool) -> Stage1Metrics:
     report.md shows. `partial`: the run stopped before its last pass."""
     assert run.session is not None and run.selection is not None and run.settings is not None
     recorded = run_settings(
-        run.cfg,
-        run.nodes,
+        run.command,
         run.settings,
         run.runtime,
         run.inputs,
@@ -75,14 +71,14 @@ def write_outputs(run: FinishedRun, partial: bool) -> Stage1Metrics:
         partial=partial,
         cpu_affinity=run.cpu_pin.describe() if run.cpu_pin is not None else None,
     )
-    setup = analysis_setup(run.cfg, run.nodes, run.session, run.run_id, recorded, run.inputs)
+    setup = analysis_setup(run.command, run.session, run.run_id, recorded, run.inputs)
     if run.sync is not None and run.share is not None:
         run.state.shard = run.sync.info(*run.share)
     metrics = Stage1Analysis(run.state, setup).metrics()
     run.art.write_json(METRICS_FILE, metrics)
     if run.session.adapter.has_analytic_model and metrics.records:  # priced as measured: tiles, tokens, dtype
         priced = RunWorkload.from_records(metrics.records, metrics.model.dtype)
-        write_analytic_report_for_run(run.art, run.cfg, priced, run.session.adapter.settings)
+        write_analytic_report_for_run(run.art, run.command, priced)
     if run.state.operators is not None:
         run.art.write_json(OPERATORS_FILE, run.state.operators)
     if run.state.prefill_logits:

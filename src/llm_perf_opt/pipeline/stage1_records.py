@@ -8,9 +8,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
 
-from llm_perf_opt.config_schema import Stage1Nodes
+from llm_perf_opt.config_data import CommandConfig
 from llm_perf_opt.data.dataset import DatasetSelection, ImageEntry, TextEntry
 from llm_perf_opt.data.inputs import InputChoice
 from llm_perf_opt.instruments.measured_peaks import MEASURED
@@ -139,15 +138,15 @@ def host_peak_rss_bytes() -> int | None:
 
 
 def analysis_setup(
-    cfg: DictConfig,
-    nodes: Stage1Nodes,
+    command: CommandConfig,
     session: InferenceSession,
     run_id: str,
     settings: RunSettings,
     inputs: InputChoice | None,
 ) -> Stage1Setup:
     """The run as `Stage1Analysis` needs it: the records that describe it and the settings its figures use (`cfg`:
-    the composed config; `nodes`: its typed nodes)."""
+    the command's settings)."""
+    nodes = command.nodes
     assert settings.profiler is not None  # `stage1_settings.run_settings` records it
     return Stage1Setup(
         run_id=run_id,
@@ -156,7 +155,7 @@ def analysis_setup(
         device=device_info(session),
         settings=settings,
         vision_stages=session.vision_stages,
-        config_digest=config_digest(cfg),
+        config_digest=config_digest(command.composed),
         inputs=len(inputs.selection.images) if inputs else 0,
         skipped=tuple(SkippedInput(path=str(s.path), reason=s.reason) for s in inputs.selection.skipped)
         if inputs

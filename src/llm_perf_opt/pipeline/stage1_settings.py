@@ -14,8 +14,8 @@ import attrs
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from llm_perf_opt.config_data import group_node, plain
-from llm_perf_opt.config_schema import DatasetSchema, EnergySchema, MemorySchema, Stage1Nodes, TorchProfilerSchema
+from llm_perf_opt.config_data import CommandConfig
+from llm_perf_opt.config_schema import Stage1Nodes, TorchProfilerSchema
 from llm_perf_opt.data.inputs import InputChoice
 from llm_perf_opt.errors import require_bool, require_whole
 from llm_perf_opt.instruments.measured_peaks import check_peaks_setting
@@ -74,15 +74,9 @@ class RunOptions:
 ALL = "all"  # dataset.max_images=all: every image, on every device
 
 
-def dataset_node(cfg: Any) -> DatasetSchema:
-    """The typed `dataset` node (`config_schema.DatasetSchema`)."""
-    return group_node(cfg, "dataset", DatasetSchema)
-
-
-def resolve_settings(cfg: DictConfig, nodes: Stage1Nodes, device: torch.device) -> ResolvedSettings:
-    """Explicit values win; unset (null) keys take the device default (`cfg`: its `dataset` node; `nodes`: its
-    typed nodes). Bad values raise UserError."""
-    dataset = dataset_node(cfg)
+def resolve_settings(command: CommandConfig, device: torch.device) -> ResolvedSettings:
+    """Explicit values win; unset (null) keys take the device default. Bad values raise UserError."""
+    nodes, dataset = command.nodes, command.dataset
     counts = nodes.run.device_defaults.cuda if device.type == "cuda" else nodes.run.device_defaults.cpu
     defaults = dataclasses.asdict(counts)
     chosen: dict[str, Any] = {}
@@ -158,9 +152,8 @@ def config_digest(cfg: DictConfig) -> str:
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
-def profiler_settings(cfg: DictConfig) -> ProfilerSettings:
-    """`pipeline.torch_profiler` as the run records it (`TorchProfilerSchema`'s typed node; its `output` apart)."""
-    prof = group_node(cfg, "pipeline.torch_profiler", TorchProfilerSchema)
+def profiler_settings(prof: TorchProfilerSchema) -> ProfilerSettings:
+    """`pipeline.torch_profiler` as the run records it (its `output` apart)."""
     return ProfilerSettings(
         enable=prof.enable,
         decode_steps=prof.decode_steps,
@@ -176,8 +169,7 @@ def profiler_settings(cfg: DictConfig) -> ProfilerSettings:
 
 
 def run_settings(
-    cfg: DictConfig,
-    nodes: Stage1Nodes,
+    command: CommandConfig,
     settings: ResolvedSettings,
     runtime: RuntimeSettings,
     inputs: InputChoice | None,
@@ -187,34 +179,23 @@ def run_settings(
     partial: bool,
     cpu_affinity: str | None = None,
 ) -> RunSettings:
-    """The run's effective settings as recorded in `metrics.json` (`cfg`: the composed config, for its outputs and
-    named workload; `nodes`: its typed nodes; `profiler`: the profiled pass's, as the run read them;
-    `measured_passes`: timed passes measured)."""
+    """The run's effective settings as recorded in `metrics.json` (`profiler`: the profiled pass's, as the run read
+    them; `measured_passes`: timed passes measured)."""
     return RunSettings(
         repeats=settings.repeats,
         warmup=settings.warmup,
         max_new_tokens=settings.max_new_tokens,
         max_images=settings.max_images,
         sources=dict(settings.sources),
-        workload_profile=plain(cfg.workload_profile) if cfg.get("workload_profile") else None,
+        workload_profile=command.workload_profile.as_dict() if command.workload_profile else None,
         partial=partial,
         input_kind=inputs.kind if inputs else "image",
         inputs_note=inputs.note if inputs else None,
         profiler=profiler,
         measured_passes=measured_passes,
         asked_passes=len(inputs.selection.images) * settings.repeats if inputs else None,
-        outputs=output_settings(cfg, nodes.outputs),
+        outputs=output_settings(command.composed, command.nodes.outputs),
         runtime=runtime.record(),
-        fill_batches=nodes.run.fill_batches,
+        fill_batches=command.nodes.run.fill_batches,
         cpu_affinity=cpu_affinity,
     )
-
-
-def memory_settings(cfg: DictConfig) -> MemorySchema:
-    """`pipeline.memory`, typed (the schema's defaults where the config has none, e.g. an older config.yaml)."""
-    return group_node(cfg, "pipeline.memory", MemorySchema)
-
-
-def energy_settings(cfg: DictConfig) -> EnergySchema:
-    """`pipeline.energy`, typed."""
-    return group_node(cfg, "pipeline.energy", EnergySchema)

@@ -19,7 +19,6 @@ from llm_perf_opt import artifacts, interrupts
 from llm_perf_opt.analytic.settings import PricedModel
 from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.config_data import plain
-from llm_perf_opt.config_schema import Stage1Nodes
 from llm_perf_opt.env_info import collect_env
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.instruments.gpu_state import clock_state
@@ -77,21 +76,19 @@ __all__ = [
 
 
 class Stage2Run:
-    """One `stage2-profile` invocation over one run folder: its settings read once from `cfg` and its typed `nodes`
-    (built by the command), then the schedule (`execute`): Nsight Systems over the Stage 1 workload, Nsight Compute on
+    """One `stage2-profile` invocation over one run folder: its settings (read once by the command), then the
+    schedule (`execute`): Nsight Systems over the Stage 1 workload, Nsight Compute on
     its hottest kernels, the reports."""
 
     def __init__(
         self,
-        cfg: DictConfig,
+        settings: Stage2Settings,
         run_dir: Path,
         run_id: str,
         task_overrides: Sequence[str],
         feedback: Feedback | None = None,
-        *,
-        nodes: Stage1Nodes,
     ) -> None:
-        self.settings = settings = Stage2Settings.from_config(cfg, nodes)
+        self.settings = settings
         self.feedback = feedback or Feedback()
         self.run_id = run_id
         self.user_overrides = forwarded_overrides(task_overrides)
@@ -237,10 +234,10 @@ def _workload_model(path: Path) -> WorkloadModel | None:
     if not path.is_file():
         return None
     try:
-        config = OmegaConf.load(path)
-        if not isinstance(config, DictConfig):
+        saved = OmegaConf.load(path)  # a record of the workload's run, not this command's config
+        if not isinstance(saved, DictConfig):
             raise ValueError("not a mapping")
-        model = ModelSettings.from_config(plain(config.model))
+        model = ModelSettings.from_config(plain(saved.model))
         return WorkloadModel(model=PricedModel.from_settings(model)) if model.adapter in REPRICED_ADAPTERS else None
     except (ValueError, KeyError, AttributeError, TypeError, ConfigKeyError) as exc:
         return WorkloadModel(problem=str(exc))

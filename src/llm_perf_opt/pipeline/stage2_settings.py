@@ -1,23 +1,20 @@
-"""Stage 2's settings, read from the composed config once at the pipeline's entry (:meth:`Stage2Settings.from_config`):
-the typed nodes `stage2`, `pipeline.nsys` and `pipeline.ncu` (their types and defaults in `config_schema`), with the
-mode picked and the bytes pass decided."""
+"""Stage 2's settings, read once by the command (:meth:`Stage2Settings.from_config`): the typed nodes `stage2`,
+`pipeline.nsys` and `pipeline.ncu` (their types and defaults in `config_schema`), with the mode picked and the bytes
+pass decided, beside the settings every command reads (`config_data.CommandConfig`)."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import Any
 
 import attrs
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from llm_perf_opt.config_data import as_schema, group_node, plain
+from llm_perf_opt.config_data import CommandConfig, as_schema, group_node
 from llm_perf_opt.config_schema import (
     NcuSchema,
     NcuWorkloadSchema,
     NsysSchema,
-    Stage1Nodes,
     Stage2ModeSchema,
     Stage2ReportSchema,
     Stage2Schema,
@@ -45,12 +42,12 @@ class Stage2Settings:
     stage1_dir: str | None  # `report.stage1_dir`
 
     @classmethod
-    def from_config(cls, cfg: DictConfig, nodes: Stage1Nodes) -> Stage2Settings:
-        """From the composed `stage2` config and its typed nodes (`nodes`); a bad value is a UserError naming its
-        key."""
+    def from_config(cls, command: CommandConfig) -> Stage2Settings:
+        """From the command's settings and its composed config's `stage2`, `pipeline.nsys` and `pipeline.ncu` nodes,
+        typed; a bad value is a UserError naming its key."""
+        cfg, nodes, model = command.composed, command.nodes, command.model
         stage2 = group_node(cfg, "stage2", Stage2Schema)
         ncu = group_node(cfg, "pipeline.ncu", NcuSchema)
-        model: Mapping[str, Any] = plain(cfg.model) if "model" in cfg else {}
         mode = _mode(stage2)
         report = nodes.report
         return cls(
@@ -64,7 +61,7 @@ class Stage2Settings:
             # bad runtime.* values fail before nsys, not in its child
             runtime=RuntimeSettings.from_nodes(nodes),
             reuse_model=stage2.reuse_model,
-            own_model=bool(model.get("cache_dir") or model.get("path") or model.get("name_or_path")),
+            own_model=bool(model.cache_dir or model.path or model.name_or_path),
             whatif_dir=report.whatif_dir,
             stage1_dir=report.stage1_dir if isinstance(report, Stage2ReportSchema) else None,
         )

@@ -22,8 +22,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from llm_perf_opt import artifacts, interrupts
 from llm_perf_opt.artifacts import ArtifactsManager
-from llm_perf_opt.config_data import plain
-from llm_perf_opt.config_schema import RuntimeSchema, Stage1Nodes, WhatIfNodes, WhatIfRunSchema, WhatIfSchema
+from llm_perf_opt.config_data import CommandConfig, plain
+from llm_perf_opt.config_schema import RuntimeSchema, WhatIfNodes, WhatIfRunSchema, WhatIfSchema
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure import whatif as figures
 from llm_perf_opt.measure.whatif_analysis import STOPPED_FIRST, WhatIfAnalysis, WhatIfJob
@@ -369,21 +369,21 @@ class WhatIfRun:
 
     def __init__(
         self,
-        cfg: DictConfig,
+        command: CommandConfig,
         run_dir: Path,
         run_id: str,
         workload: Sequence[str],
         feedback: Feedback | None = None,
         *,
-        nodes: Stage1Nodes,
         whatif: WhatIfNodes,
         advised: AdvisedPlan | None = None,
     ) -> None:
-        # whatif=advised: `cfg`, `whatif` and `workload` are `whatif_config`'s (whatif.from_run's workload, the
+        # whatif=advised: `command`, `whatif` and `workload` are `whatif_config`'s (whatif.from_run's workload, the
         # command line's on top), `advised` its plan: the levers of the folder's advice
         self.advised = advised
-        self.cfg = cfg
-        self.nodes = nodes  # the typed nodes of `cfg` (run, runtime, ...), read once by the command
+        self.command = command  # the settings of the composed config, typed and read once by the command
+        self.cfg = cfg = command.composed  # saved, and each rung's config composed from it
+        self.nodes = command.nodes  # run, runtime, ...
         self.whatif = whatif  # perf-whatif's own typed nodes of `cfg` (whatif, whatif_run), read once by the command
         self.run_id = run_id
         self.workload = tuple(workload)
@@ -459,7 +459,7 @@ class WhatIfRun:
     def _run(self) -> WhatIfRecord:
         devices = self.whatif.whatif_run.devices
         self.art.write_text(CONFIG_FILE, OmegaConf.to_yaml(self.cfg, resolve=True))
-        cuda = has_cuda(str(self.cfg.device)) if devices is None else all(has_cuda(d) for d in devices)
+        cuda = has_cuda(self.command.device) if devices is None else all(has_cuda(d) for d in devices)
         base = self._plan(BASELINE_NAME, BASELINE, (), (), changes_workload=False)
         alone = [
             self._plan(
@@ -651,7 +651,7 @@ class WhatIfRun:
             run_id=self.run_id,
             created=datetime.now(UTC).isoformat(timespec="seconds"),
             preset=self.whatif.whatif.name or "custom",
-            model=str(self.cfg.model.name),
+            model=self.command.model.name,
             workload_overrides=self.workload,
             launcher=self.launcher,
             launcher_overrides=self.launcher_overrides,

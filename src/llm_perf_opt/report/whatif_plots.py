@@ -41,6 +41,16 @@ PREPROCESS_COLOUR = "#f28e2b"  # time to first token outside the prefill: prepro
 VISION_COLOUR = "#59a14f"
 DECODER_COLOUR = "#76b7b2"  # the prefill's decoder part: prefill − vision
 Split = tuple[list[tuple[float, str]], str]  # a step's change in parts (delta, colour) and the note over its bar
+# The legend of the parts a waterfall's changes are split into: for a run ranked by time to first token, else decode.
+FIRST_TOKEN_PARTS = {
+    PREPROCESS_COLOUR: "change outside the prefill (preprocessing)",
+    VISION_COLOUR: "change in vision (SAM, CLIP, projector)",
+    DECODER_COLOUR: "change in the prefill's decoder part",
+}
+DECODE_PARTS = {
+    IDLE_COLOUR: "change in idle time (launch/host overhead)",
+    BUSY_COLOUR: "change in GPU-busy time (kernel work)",
+}
 
 
 def _decode_p50(record: WhatIfRecord, rung: Rung) -> float | None:
@@ -172,18 +182,7 @@ def waterfall(record: WhatIfRecord, path: Path) -> Path | None:
     total = "time to first token" if first_token else "decode ms/token"
     legend = {
         TOTAL_COLOUR: total + (" (or a change the run does not split)" if TOTAL_COLOUR in used else ""),
-        **(
-            {
-                PREPROCESS_COLOUR: "change outside the prefill (preprocessing)",
-                VISION_COLOUR: "change in vision (SAM, CLIP, projector)",
-                DECODER_COLOUR: "change in the prefill's decoder part",
-            }
-            if first_token
-            else {
-                IDLE_COLOUR: "change in idle time (launch/host overhead)",
-                BUSY_COLOUR: "change in GPU-busy time (kernel work)",
-            }
-        ),
+        **(FIRST_TOKEN_PARTS if first_token else DECODE_PARTS),
         OTHER_COLOUR: "change the medians leave unsplit" if first_token else "change not split by the profiled pass",
     }
     handles = [_patch()(color=c, label=label) for c, label in legend.items() if c == TOTAL_COLOUR or c in used]

@@ -251,8 +251,7 @@ def _header(doc: Doc, record: WhatIfRecord) -> None:
         f"({'higher' if o.higher_is_better else 'lower'} is better){pages}{budget} · workload overrides: "
         f"{overrides} · created {record.created}."
     )
-    time_budget = time_budget_text(record.time_budget)
-    if time_budget is not None:
+    if (time_budget := time_budget_text(record.time_budget)) is not None:
         doc.para(time_budget)
 
 
@@ -376,13 +375,12 @@ def _goal_value(value: float | None, unit: str) -> str:
 
 def goals_lines(record: WhatIfRecord) -> list[str]:
     """One line per goal: its best rung and value, or why there is none."""
-    lines = []
-    for choice in record.best_per_goal:
-        if choice.rung is None:
-            lines.append(f"{choice.label}: none ({choice.why})")
-            continue
-        lines.append(f"{choice.label}: **{choice.rung}**, {_goal_value(choice.value, choice.unit)} ({choice.why})")
-    return lines
+    return [
+        f"{c.label}: none ({c.why})"
+        if c.rung is None
+        else f"{c.label}: **{c.rung}**, {_goal_value(c.value, c.unit)} ({c.why})"
+        for c in record.best_per_goal
+    ]
 
 
 def _goals(doc: Doc, record: WhatIfRecord) -> None:

@@ -2,19 +2,14 @@
 (`Stage1Metrics.host_usage`, `instruments.host_usage`).
 
 A host-paced stage (a CPU run, an eager decode step, preprocessing) moves with the host's load as much as with a
-setting: on a shared machine, one run may get its cores to itself while the other shares them. Three figures of
-each run's host line say how the host behaved, and each is compared against the baseline's:
-
-- CPU per pass: the process's CPU time (user + system, every thread) per timed pass;
-- CPU against wall: that CPU time over the passes' wall time (how many cores the process kept busy);
-- involuntary context switches per second of wall time (how often the scheduler took a core away).
-
-A figure *differs* when the larger of the two runs' values is at least `DIFFERS_RATIO` (1.5) times the smaller,
-i.e. one run needed half as much again, or ran with half as much again; involuntary switches count only when the
-busier run had at least `MIN_SWITCHES_PER_S` (10) per second (below that the scheduler barely touched either run).
-More CPU per pass for the same work is what a loaded host costs (threads spin while they wait for a core), so it
-counts as a difference too; a setting that changes the work changes it as well, which is why a difference is said,
-not blamed: the comparison marks host-paced verdicts whose hosts differed and suggests pinning the threads.
+setting: on a shared machine one run may get its cores to itself while the other shares them. Three figures of each
+run's host line are compared against the baseline's: CPU per pass (user + system, every thread), CPU against wall
+(the cores the process kept busy) and involuntary context switches per second of wall time (how often the scheduler
+took a core away). A figure *differs* when the larger value is at least `DIFFERS_RATIO` times the smaller; switches
+count only from `MIN_SWITCHES_PER_S` per second in the busier run. More CPU per pass for the same work is what a
+loaded host costs (threads spin while they wait for a core), but a setting that changes the work changes it too, so a
+difference is said, not blamed: the comparison marks host-paced verdicts whose hosts differed and suggests pinning the
+threads.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""The figures of `perf-whatif`: each rung's measurements from its `stage1-run` folder, its speed-up against a
-reference rung (with a 95% interval and a noise verdict), its outputs against the baseline's, where its decode-step
-change came from, and the order in which the levers that helped are stacked into the ladder.
-
-Everything here reads typed Stage 1 records (`records.folders.Stage1Folder`); `pipeline.whatif` runs the rungs and
-`report.whatif_report` renders the result.
-"""
+"""The figures of `perf-whatif` from typed Stage 1 records: each rung's measurements, its speed-up against a
+reference rung (95% interval, noise verdict), its outputs against the baseline's, where its decode-step change came
+from, and the order of the ladder. `pipeline.whatif` runs the rungs; `report.whatif_report` renders the result."""
 
 from __future__ import annotations
 
@@ -22,7 +18,7 @@ from llm_perf_opt.measure.throughput import pages_per_s_values, run_pages
 from llm_perf_opt.override_text import override_key
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.folders import Stage1Folder
-from llm_perf_opt.records.stage1 import BatchRecord, DecodeActivity, ImageRecord, Stage1Metrics
+from llm_perf_opt.records.stage1 import BatchRecord, ImageRecord, Stage1Metrics
 from llm_perf_opt.records.whatif import (
     BETTER,
     FIRST_TOKEN,
@@ -198,7 +194,7 @@ def judged(s: Speedup | None) -> bool:
 def helped(s: Speedup | None) -> bool:
     """A lever helped when it is faster beyond the noise: only on intervals (≥ 3 passes per side). A ratio of fewer
     passes is reported as such, never called a gain."""
-    return judged(s) and s is not None and s.value > 1.0 and s.verdict == BEYOND
+    return s is not None and s.verdict == BEYOND and s.value > 1.0
 
 
 def outputs_against(
@@ -250,11 +246,6 @@ def _per_step(total: float | None, steps: int) -> float | None:
     return None if total is None or steps == 0 else total / steps
 
 
-def _activity(metrics: Stage1Metrics) -> DecodeActivity | None:
-    """The profiled pass's kernels and GPU-busy time per decode step (CUDA runs with a profiled pass)."""
-    return None if metrics.profiler is None else metrics.profiler.activity
-
-
 def rung_figures(folder: Stage1Folder, goal: Objective, decode_tokens: int | None = None) -> RungFigures:
     """What one rung's folder measured, brought to per-page / per-step figures."""
     m = folder.metrics
@@ -264,7 +255,7 @@ def rung_figures(folder: Stage1Folder, goal: Objective, decode_tokens: int | Non
     steps = _decode_steps(m)
     decode = m.efficiency_of(vocab.DECODE)
     prefill = m.efficiency_of(vocab.PREFILL)
-    activity = _activity(m)
+    activity = None if m.profiler is None else m.profiler.activity  # kernels per decode step (a profiled CUDA pass)
     prefill_activity = None if activity is None else activity.prefill
     decode_summary = m.stage_stat(vocab.DECODE_STEP)
     prefill_summary = m.stage_stat(vocab.PREFILL)
@@ -347,17 +338,14 @@ def attribute(figures: RungFigures, against: str, ref: RungFigures) -> Attributi
         return None
     wall = figures.decode_ms_per_token.p50 - ref.decode_ms_per_token.p50
     idle, busy = _delta(_idle(figures), _idle(ref)), _delta(_busy(figures), _busy(ref))
-    kernels = _delta(figures.kernels_per_step, ref.kernels_per_step)
-    flops = _delta(figures.flops_per_step, ref.flops_per_step)
-    moved = _delta(figures.bytes_per_step, ref.bytes_per_step)
     return Attribution(
         against=against,
         wall_ms=wall,
         idle_ms=idle,
         busy_ms=busy,
-        kernels_per_step=kernels,
-        flops_per_step=flops,
-        bytes_per_step=moved,
+        kernels_per_step=_delta(figures.kernels_per_step, ref.kernels_per_step),
+        flops_per_step=_delta(figures.flops_per_step, ref.flops_per_step),
+        bytes_per_step=_delta(figures.bytes_per_step, ref.bytes_per_step),
         cause=_cause(figures, ref, wall, idle, busy),
     )
 

@@ -1,15 +1,8 @@
-"""The what-if's judging: one :class:`WhatIfAnalysis` over a run's rungs as they ran (phase, levers, state, folder),
-their Stage 1 folders and the settings the judging reads (:class:`WhatIfSettings`), answering one question per method
-in the manner of `measure.stage1_analysis.Stage1Analysis`: the figures of a folder, the baseline, each rung judged on
-every objective against it (a combined, ladder rung attributed against the rung it stands on), the host's drift, the
-ladder plan, the best rung, the verdicts, the notes, the best rung per goal, the frontier and goodput;
-:meth:`WhatIfAnalysis.record` hands them over as one `WhatIfRecord`.
-
-`pipeline.whatif` builds one as its rungs end (to plan the ladder, to write the record) and `pipeline.whatif_judge`
-builds one from a saved folder: the same methods judge both, so a live run and a re-judge cannot drift apart. The
-figures themselves are `measure.whatif` (speed-ups, outputs, attribution, the ladder's order) and
-`measure.whatif_objectives` (per-objective verdicts, trade-offs, goals, frontier, goodput).
-"""
+"""The what-if's judging: one :class:`WhatIfAnalysis` over a run's rungs, their Stage 1 folders and its
+:class:`WhatIfSettings`, one question per method (as `measure.stage1_analysis.Stage1Analysis`), handed over as one
+`WhatIfRecord` by :meth:`WhatIfAnalysis.record`. `pipeline.whatif` builds one as its rungs end and
+`pipeline.whatif_judge` one from a saved folder: the same methods judge both, so a live run and a re-judge cannot drift
+apart. The figures are `measure.whatif` and `measure.whatif_objectives`."""
 
 from __future__ import annotations
 
@@ -121,8 +114,7 @@ class WhatIfAnalysis:
 
     # ---- the workload ------------------------------------------------------------------------------
     def decode_tokens(self) -> tuple[int | None, str | None]:
-        """The decode length whole-page latency is judged at and where it comes from: the workload's, else the
-        baseline's measured length (none before the baseline is measured)."""
+        """The decode length whole-page latency is judged at and its source: the workload's, else the baseline's."""
         base = self.folders.get(self.base_name)
         if self.settings.decode_tokens is not None or base is None:
             return self.settings.decode_tokens, self.settings.decode_tokens_source
@@ -138,8 +130,7 @@ class WhatIfAnalysis:
 
     # ---- each rung ---------------------------------------------------------------------------------
     def baseline(self) -> Rung | None:
-        """The baseline with its figures, its own flag (its peak memory over the budget) and what holds it by
-        module."""
+        """The baseline with its figures, its flag (peak memory over the budget) and what holds it by module."""
         base = self.given.get(self.base_name)
         folder = self.folders.get(self.base_name)
         if base is None or folder is None or base.state != MEASURED:
@@ -160,8 +151,7 @@ class WhatIfAnalysis:
         return below.reused or below.name
 
     def judge(self, rung: Rung) -> Rung:
-        """A measured rung against the baseline: its goal's speed-up, outputs, decode-step attribution, every
-        objective's verdict, trade-offs, the modules it moved, whether it changed anything, and what holds it."""
+        """A measured rung judged against the baseline: every field of `JUDGED_FIELDS`."""
         base = self.folders.get(self.base_name)
         folder = self.folders.get(rung.name)
         if base is None or folder is None or rung.state != MEASURED or rung.phase == BASELINE:
@@ -279,8 +269,7 @@ class WhatIfAnalysis:
         )
 
     def best(self) -> str | None:
-        """The fastest latency-only rung that beat the baseline and changed something (a reused ladder rung counts
-        as its lever)."""
+        """The fastest rung that beat the baseline and may be named (`measure.whatif.comparable`)."""
         scored = [r for r in self.rungs().values() if figures.comparable(r) and figures.helped(r.speedup)]
         return max(scored, key=lambda r: r.speedup.value if r.speedup else 0.0).name if scored else None
 
@@ -341,9 +330,8 @@ class WhatIfAnalysis:
         return objectives.goodput(tuple(self.rungs().values()), self.settings.latency_target)
 
     def predictions(self, advised: AdvisedFrom | None = None) -> tuple[PredictionCheck, ...]:
-        """whatif=advised: each advised lever's predicted saving per page against its rung's measured one (on the
-        parts its bound lies in, against the baseline; with why where nothing was measured), then the advice that
-        became no lever (`advised.not_run`: code changes, levers past the most a run takes)."""
+        """whatif=advised: each advised lever's predicted saving per page against its rung's measured one, then the
+        advice that became no lever (`advised.not_run`: code changes, levers past the most a run takes)."""
         rungs = self.rungs()
         base = self.folders.get(self.base_name)
         base_metrics = None if base is None else base.metrics

@@ -1,10 +1,6 @@
-"""Every objective of a what-if rung judged against the baseline: time to first token, vision, prefill, decode,
-whole-page latency at the workload's decode length, pages/s, peak memory, warm-up/compile, outputs and (when the run
-measured them) the memory pass's peak and joules per decode token; the trade-offs those verdicts reveal, the best
-rung for each goal and the rungs on the trade-off (Pareto) frontier; and goodput, pages/s against per-page latency:
-the rungs no other beats on both, and with a latency target (`whatif.latency_target`) the one with the most pages/s
-among those whose per-page p90 latency meets it (each rung's `RungFigures`: pages/s, p50 over the timed passes, and
-the p90 time to first and last token per page).
+"""Every objective of a what-if rung judged against the baseline (`FIGURES`), the trade-offs those verdicts reveal,
+the best rung per goal, the trade-off (Pareto) frontier, and goodput: the most pages/s among the rungs whose per-page
+p90 latency meets `whatif.latency_target`, beside the pages/s–latency frontier.
 
 Timed figures are judged on their passes with the noise rule every reader uses (`measure.noise`: 95% intervals
 apart); figures with one value per rung (peak memory, compile time, energy) against a named threshold.
@@ -117,11 +113,9 @@ def judge_passes(
 ) -> Judgement:
     """A timed figure on its passes: better or worse when the two 95% intervals are apart, within noise when they
     overlap, not judged below 3 passes a side or when one side did not measure it."""
-    if not base or not other:
-        side = "the baseline" if not base else "this rung"
-        b, v = (statistics.median(base) if base else None), (statistics.median(other) if other else None)
-        return _not_judged(figure, b, v, f"not measured by {side}")
-    b, v = statistics.median(base), statistics.median(other)
+    b, v = (statistics.median(base) if base else None), (statistics.median(other) if other else None)
+    if b is None or v is None:
+        return _not_judged(figure, b, v, f"not measured by {'the baseline' if b is None else 'this rung'}")
     verdict = noise_verdict(summarize(other, figure.unit), summarize(base, figure.unit))
     if verdict not in (BEYOND, WITHIN):
         why = f"{len(base)} vs {len(other)} timed passes; an interval needs ≥ {MIN_VALUES_FOR_CI} per side"
@@ -146,6 +140,10 @@ def judge_value(
 
 def _relative(tolerance: float) -> Callable[[float, float], bool]:
     return lambda base, value: abs(value - base) <= tolerance * max(abs(base), 1e-12)
+
+
+def _absolute(tolerance: float) -> Callable[[float, float], bool]:
+    return lambda base, value: abs(value - base) <= tolerance
 
 
 def _peak_gib(metrics: Stage1Metrics) -> float | None:
@@ -195,19 +193,17 @@ def judge_outputs(outputs: OutputAgreement | None, repeats_until: int | None = N
     compared: not judged."""
     if outputs is None:
         return _not_judged(OUTPUTS, None, None, "outputs were not compared with the baseline")
+    departs, same = outputs.first_departure, outputs.within_tolerance
     if outputs.identical:
         why = f"identical for {outputs.compared_tokens} tokens"
-        return Judgement(OUTPUTS.name, OUTPUTS.label, "", None, None, SAME, why=why)
-    departs = outputs.first_departure
-    why = f"depart at token {departs} of {outputs.compared_tokens}"
-    if outputs.near_tie is not None:
-        why += f" at {near_tie_text(outputs.near_tie)}"
-        if outputs.within_tolerance:
-            return Judgement(OUTPUTS.name, OUTPUTS.label, "", None, None, SAME, why=why)
-    if repeats_until is not None and departs is not None and departs >= repeats_until:
-        why += f", where the baseline's own outputs no longer repeat (from token {repeats_until})"
-        return Judgement(OUTPUTS.name, OUTPUTS.label, "", None, None, SAME, why=why)
-    return Judgement(OUTPUTS.name, OUTPUTS.label, "", None, None, WORSE, why=why)
+    else:
+        why = f"depart at token {departs} of {outputs.compared_tokens}"
+        if outputs.near_tie is not None:
+            why += f" at {near_tie_text(outputs.near_tie)}"
+        if not same and repeats_until is not None and departs is not None and departs >= repeats_until:
+            why += f", where the baseline's own outputs no longer repeat (from token {repeats_until})"
+            same = True
+    return Judgement(OUTPUTS.name, OUTPUTS.label, "", None, None, SAME if same else WORSE, why=why)
 
 
 def _pages_text(pages: Sequence[int]) -> str:
@@ -249,30 +245,20 @@ def judge(
         if per_page and figure.name in PER_PAGE:
             out.append(judge_per_page(figure, base, rung, decode_tokens))
             continue
-        note = None
-        if figure.name == PAGE_LATENCY_MS:
-            note = _extrapolation(rung, decode_tokens)
+        note = _extrapolation(rung, decode_tokens) if figure.name == PAGE_LATENCY_MS else None
         b, v = pass_values(base, figure.name, decode_tokens), pass_values(rung, figure.name, decode_tokens)
         out.append(judge_passes(figure, b, v, note))
     memory_how = f"one peak per rung; within {MEMORY_TOLERANCE:.0%} of the baseline's counts as the same"
-    out.append(
-        judge_value(PEAK_MEMORY, _peak_gib(base), _peak_gib(rung), same=_relative(MEMORY_TOLERANCE), how=memory_how)
-    )
     compile_how = f"one value per rung; within {COMPILE_NOTICE_S:g} s of the baseline's counts as the same"
-    out.append(
-        judge_value(
-            COMPILE,
-            _compile_s(base),
-            _compile_s(rung),
-            same=lambda b, v: abs(v - b) <= COMPILE_NOTICE_S,
-            how=compile_how,
-        )
-    )
-    out.append(_optional(MEMORY_PASS, _memory_pass(base.memory), _memory_pass(rung.memory), memory_how))
     energy_how = f"one NVML energy pass per rung; within {ENERGY_TOLERANCE:.0%} counts as the same"
-    out.append(_optional(ENERGY, _energy(base.energy), _energy(rung.energy), energy_how))
-    out.append(judge_outputs(outputs))
-    return tuple(out)
+    return (
+        *out,
+        judge_value(PEAK_MEMORY, _peak_gib(base), _peak_gib(rung), same=_relative(MEMORY_TOLERANCE), how=memory_how),
+        judge_value(COMPILE, _compile_s(base), _compile_s(rung), same=_absolute(COMPILE_NOTICE_S), how=compile_how),
+        _optional(MEMORY_PASS, _memory_pass(base.memory), _memory_pass(rung.memory), memory_how),
+        _optional(ENERGY, _energy(base.energy), _energy(rung.energy), energy_how),
+        judge_outputs(outputs),
+    )
 
 
 def _extrapolation(metrics: Stage1Metrics, decode_tokens: int | None) -> str:
@@ -326,11 +312,7 @@ def tradeoffs(
     said_by = {} if any(j.per is not None for j in judgements) else SAID_BY
     better = {j.objective for j in judgements if j.verdict == BETTER}
     gains = sorted(
-        (
-            j
-            for j in judgements
-            if j.verdict == BETTER and not (j.objective in said_by and said_by[j.objective] in better)
-        ),
+        (j for j in judgements if j.verdict == BETTER and said_by.get(j.objective) not in better),
         key=lambda j: -abs(j.change or 0.0),
     )
     losses = [j for j in judgements if j.verdict == WORSE]
@@ -353,8 +335,7 @@ def tradeoffs(
 
 
 def _candidates(rungs: Sequence[Rung]) -> list[Rung]:
-    """Rungs a goal may name: measured, judged, run on their own (not a reused ladder rung), same workload, and
-    changed something (a rung that ran as the baseline did differs from it by noise only)."""
+    """Rungs a goal may name: judged and `comparable`."""
     return [r for r in rungs if comparable(r) and r.phase != BASELINE and r.judgements]
 
 
@@ -453,13 +434,7 @@ def within_drift(gain: Speedup | None, parts: Sequence[Judgement], drift: HostDr
 Point = tuple[float, float]  # (latency ms, pages/s)
 
 
-def _eligible(rung: Rung) -> RungFigures | None:
-    """A rung's figures when it counts: measured on its own (not a reused ladder rung), on the baseline's workload,
-    and not a rung that ran as the baseline did (its figures are the baseline's, with noise)."""
-    return rung.figures if comparable(rung) else None
-
-
-def _latency_point(figures: RungFigures, figure: str) -> Point | None:
+def latency_point(figures: RungFigures, figure: str) -> Point | None:
     latency = figures.latency_ms(figure)
     if latency is None or figures.pages_per_s is None:
         return None
@@ -498,8 +473,8 @@ def goodput(rungs: Sequence[Rung], target: LatencyTarget | None) -> Goodput | No
     """The pages/s–latency frontier of `rungs` and, with `target`, the goodput rung (or the nearest one when none
     meets it); None when no rung has both figures (records written before per-page latencies)."""
     figure = (target or LatencyTarget()).figure
-    eligible = {rung.name: f for rung in rungs if (f := _eligible(rung)) is not None}
-    points = {name: p for name, f in eligible.items() if (p := _latency_point(f, figure)) is not None}
+    eligible = {rung.name: rung.figures for rung in rungs if comparable(rung) and rung.figures is not None}
+    points = {name: p for name, f in eligible.items() if (p := latency_point(f, figure)) is not None}
     if not points:
         return None
     considered = tuple(points)

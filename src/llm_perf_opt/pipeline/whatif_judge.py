@@ -38,8 +38,7 @@ def workload_decode_tokens(cfg: Mapping[str, Any]) -> tuple[int | None, str | No
     """The decode length a named workload states (`workload=ocr1-a4-page`: its `analytic.new_tokens`, 256) and
     where it comes from; (None, None) without a named workload (each rung's measured length is used)."""
     profile = cfg.get("workload_profile")
-    analytic = cfg.get("analytic") or {}
-    tokens = analytic.get("new_tokens") if profile else None
+    tokens = (cfg.get("analytic") or {}).get("new_tokens") if profile else None
     if not profile or tokens is None:
         return None, None
     return int(tokens), f"workload {profile.get('name')} (analytic.new_tokens)"
@@ -47,7 +46,7 @@ def workload_decode_tokens(cfg: Mapping[str, Any]) -> tuple[int | None, str | No
 
 def _optional_number(raw: object, within: Callable[[float], bool], problem: str, fix: str) -> float | None:
     """`raw` as a float where it is a finite number `within` accepts, None where it is null; anything else (a
-    boolean, text, a number out of range) is one paragraph: `problem`, then `fix`."""
+    boolean, text, a number out of range) is a UserError(`problem`, `fix`)."""
     if raw is None:
         return None
     try:
@@ -81,7 +80,7 @@ def near_tie_tolerance(raw: object) -> float | None:
     )
 
 
-TARGET_KEYS = {TTLT_P90: "ttlt_p90_ms", TTFT_P90: "ttft_p90_ms"}  # LatencyTarget's field of each figure
+TARGET_KEYS = (TTLT_P90, TTFT_P90)  # LatencyTarget's fields, each named by its figure
 TARGET_FIX = (
     "Set the per-page p90 latency a configuration must meet, in ms, e.g. whatif.latency_target.ttlt_p90_ms=5000 "
     "(time to last token) and/or whatif.latency_target.ttft_p90_ms=800 (time to first token); null for none"
@@ -95,11 +94,11 @@ def latency_target(raw: object) -> LatencyTarget | None:
         return None
     if not isinstance(raw, Mapping):
         raise UserError(f"whatif.latency_target={raw} is not a mapping of per-page latencies", TARGET_FIX)
-    unknown = sorted(str(k) for k in raw if k not in TARGET_KEYS.values())
+    unknown = sorted(str(k) for k in raw if k not in TARGET_KEYS)
     if unknown:
         raise UserError(
             f"whatif.latency_target has {', '.join(unknown)}, which is not one of its latencies "
-            f"({', '.join(TARGET_KEYS.values())})",
+            f"({', '.join(TARGET_KEYS)})",
             TARGET_FIX,
         )
     limits = {
@@ -109,16 +108,14 @@ def latency_target(raw: object) -> LatencyTarget | None:
             f"whatif.latency_target.{key}={raw.get(key)} is not a positive number of ms",
             TARGET_FIX,
         )
-        for key in TARGET_KEYS.values()
+        for key in TARGET_KEYS
     }
     target = LatencyTarget(**limits)
     return target if target.limits else None
 
 
 def judging_settings(cfg: Any, whatif: WhatIfNodes) -> WhatIfSettings:
-    """What the what-if's judging reads of a config and its typed nodes (`whatif`), checked: the objective, the
-    workload's decode length, the memory budget, the latency target, the near-tie tolerance and the ladder's
-    settings."""
+    """What the what-if's judging reads of a config and its typed nodes (`whatif`), checked."""
     name = whatif.whatif.objective or DEFAULT_OBJECTIVE
     try:
         objective(name)
@@ -199,20 +196,11 @@ def main(argv: list[str] | None = None) -> None:
     """Judge a what-if folder's rungs again, as the run did, and rewrite its record and report."""
     parser = argparse.ArgumentParser(prog="python -m llm_perf_opt.pipeline.whatif_judge", description=main.__doc__)
     parser.add_argument("folder", type=Path, help="a perf-whatif folder (holding whatif.json and rungs/)")
-    parser.add_argument(
-        "--decode-tokens", type=int, default=None, help="decode length of a whole page (default: the run's)"
-    )
-    parser.add_argument(
-        "--memory-budget-gib", type=float, default=None, help="flag peaks above this many GiB (default: the run's)"
-    )
-    for key, what in (("ttlt_p90_ms", "last"), ("ttft_p90_ms", "first")):
-        flag = "--" + key.replace("_", "-")
-        parser.add_argument(
-            flag,
-            type=float,
-            default=None,
-            help=f"goodput: p90 time to {what} token per page ≤ this (default: the run's)",
-        )
+    parser.add_argument("--decode-tokens", type=int, help="decode length of a whole page (default: the run's)")
+    parser.add_argument("--memory-budget-gib", type=float, help="flag peaks above this many GiB (default: the run's)")
+    for key, what in ((TTLT_P90, "last"), (TTFT_P90, "first")):
+        help_text = f"goodput: p90 time to {what} token per page ≤ this (default: the run's)"
+        parser.add_argument("--" + key.replace("_", "-"), type=float, help=help_text)
     parser.add_argument(
         "--keep-outputs",
         action="store_true",
@@ -222,7 +210,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     source = None if args.decode_tokens is None else "--decode-tokens"
     try:
-        target = latency_target({"ttlt_p90_ms": args.ttlt_p90_ms, "ttft_p90_ms": args.ttft_p90_ms})
+        target = latency_target({key: getattr(args, key) for key in TARGET_KEYS})
         budget = memory_budget(args.memory_budget_gib)
         record = rejudge(args.folder, args.decode_tokens, source, budget, target, keep_outputs=args.keep_outputs)
     except (UserError, RecordError) as exc:

@@ -163,6 +163,11 @@ class StepFloor:
     busy_ms: float | None  # union of kernel intervals (profiled pass)
     wall_ms: float  # p50 over the timed passes
 
+    @property
+    def layers(self) -> tuple[float | None, ...]:
+        """Speed of light, summed kernels, GPU busy and wall, floor first."""
+        return self.speed_of_light_ms, self.kernel_ms, self.busy_ms, self.wall_ms
+
 
 @attrs.frozen
 class RungFigures:
@@ -458,9 +463,6 @@ class WhatIfRecord:
     def unjudged_levers(self) -> list[str]:
         """The levers measured without a noise verdict (too few timed passes on a side for an interval)."""
         return [v.lever for v in self.verdicts if not v.judged and (r := self.rung(v.lever)) and r.state == MEASURED]
-
-    def lever(self, name: str) -> Lever | None:
-        return next((lever for lever in self.levers if lever.name == name), None)
 
     def measured_overrides(self) -> tuple[str, ...]:
         """The overrides the measured rungs ran with (each once, in rung order)."""

@@ -100,8 +100,7 @@ def goodput_section(doc: Doc, record: WhatIfRecord, plot: str | None) -> None:
     if g is None:
         return
     doc.h3("Pages/s against per-page latency")
-    lines = [line for line in (goodput_line(record), frontier_line(record, g)) if line]
-    doc.bullets(lines)
+    doc.bullets([line for line in (goodput_line(record), frontier_line(record, g)) if line])
     doc.para(
         "Per-page latency: p90 over a rung's timed passes at the measured decode length, every page of a batch pass "
         "given its pass's times (first token: preprocessing and prefill; last token: the pass end to end); pages/s: "

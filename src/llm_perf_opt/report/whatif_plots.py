@@ -1,27 +1,17 @@
 """What-if plots from a `WhatIfRecord`: the waterfall from the baseline to the best rung (decode ms/token, or time to
-first token for a run ranked by it), the distance to the floor per stage (baseline vs best), the best rung's
-module moves and pages/s against per-page latency (the frontier and the goodput rung).
-
-Each plot function takes the record and a target PNG path, writes the figure and returns the path, or returns None
-(writing nothing) when the data it needs is absent.
-"""
+first token for a run ranked by it), the distance to the floor per stage, the best rung's module moves and pages/s
+against per-page latency. Each takes the record and a PNG path and returns the path, or None (writing nothing) when
+the data it needs is absent."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from llm_perf_opt.measure.whatif_objectives import latency_point
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.modules import StageModuleChanges
-from llm_perf_opt.records.whatif import (
-    BASELINE,
-    LADDER,
-    LATENCY_FIGURES,
-    MEASURED,
-    Rung,
-    StepFloor,
-    WhatIfRecord,
-)
+from llm_perf_opt.records.whatif import BASELINE, LADDER, LATENCY_FIGURES, MEASURED, Rung, WhatIfRecord
 from llm_perf_opt.report.modules_report import changes_waterfall
 from llm_perf_opt.report.plots import save_figure, write_plots
 from llm_perf_opt.report.pyplot import pyplot
@@ -51,6 +41,16 @@ PREPROCESS_COLOUR = "#f28e2b"  # time to first token outside the prefill: prepro
 VISION_COLOUR = "#59a14f"
 DECODER_COLOUR = "#76b7b2"  # the prefill's decoder part: prefill − vision
 Split = tuple[list[tuple[float, str]], str]  # a step's change in parts (delta, colour) and the note over its bar
+# The legend of the parts a waterfall's changes are split into: for a run ranked by time to first token, else decode.
+FIRST_TOKEN_PARTS = {
+    PREPROCESS_COLOUR: "change outside the prefill (preprocessing)",
+    VISION_COLOUR: "change in vision (SAM, CLIP, projector)",
+    DECODER_COLOUR: "change in the prefill's decoder part",
+}
+DECODE_PARTS = {
+    IDLE_COLOUR: "change in idle time (launch/host overhead)",
+    BUSY_COLOUR: "change in GPU-busy time (kernel work)",
+}
 
 
 def _decode_p50(record: WhatIfRecord, rung: Rung) -> float | None:
@@ -155,28 +155,16 @@ def waterfall(record: WhatIfRecord, path: Path) -> Path | None:
             used.add(colour)
             level += delta
         ax.plot([i - 1 + 0.3, i - 0.3], [before, before], color="grey", linewidth=0.8, linestyle=":")
-        ax.text(
-            i,
-            max(before, after) + 0.01 * top,
-            f"{_signed_ms(after - before)} ms{note}\n→ {after:,.2f} ms",
-            ha="center",
-            va="bottom",
-            fontsize=8.5,
-        )
+        change = f"{_signed_ms(after - before)} ms{note}\n→ {after:,.2f} ms"
+        ax.text(i, max(before, after) + 0.01 * top, change, ha="center", va="bottom", fontsize=8.5)
     last = len(steps)
     labels.append(f"best:\n{steps[-1].name}")
     ax.bar(last, values[-1], color=TOTAL_COLOUR, width=0.6)
     ax.plot([last - 1 + 0.3, last - 0.3], [values[-1], values[-1]], color="grey", linewidth=0.8, linestyle=":")
     ratio = values[0] / values[-1] if values[-1] else None
     faster = "faster" if first_token else "faster per step"
-    ax.text(
-        last,
-        values[-1] + 0.01 * top,
-        f"{values[-1]:,.2f} ms" + (f"\n({ratio:,.1f}× {faster})" if ratio else ""),
-        ha="center",
-        va="bottom",
-        fontsize=9,
-    )
+    end = f"{values[-1]:,.2f} ms" + (f"\n({ratio:,.1f}× {faster})" if ratio else "")
+    ax.text(last, values[-1] + 0.01 * top, end, ha="center", va="bottom", fontsize=9)
     ax.set_xticks(range(len(labels)), [_wrap(label) for label in labels], fontsize=8)
     ax.set_ylim(0, top * 1.25)
     what = "time to first token" if first_token else "decode time per token"
@@ -194,18 +182,7 @@ def waterfall(record: WhatIfRecord, path: Path) -> Path | None:
     total = "time to first token" if first_token else "decode ms/token"
     legend = {
         TOTAL_COLOUR: total + (" (or a change the run does not split)" if TOTAL_COLOUR in used else ""),
-        **(
-            {
-                PREPROCESS_COLOUR: "change outside the prefill (preprocessing)",
-                VISION_COLOUR: "change in vision (SAM, CLIP, projector)",
-                DECODER_COLOUR: "change in the prefill's decoder part",
-            }
-            if first_token
-            else {
-                IDLE_COLOUR: "change in idle time (launch/host overhead)",
-                BUSY_COLOUR: "change in GPU-busy time (kernel work)",
-            }
-        ),
+        **(FIRST_TOKEN_PARTS if first_token else DECODE_PARTS),
         OTHER_COLOUR: "change the medians leave unsplit" if first_token else "change not split by the profiled pass",
     }
     handles = [_patch()(color=c, label=label) for c, label in legend.items() if c == TOTAL_COLOUR or c in used]
@@ -229,10 +206,6 @@ def _wrap(label: str, width: int = 18) -> str:
     return "\n".join(lines).replace("\u00a0", " ")
 
 
-def _layers(f: StepFloor) -> list[float | None]:
-    return [f.speed_of_light_ms, f.kernel_ms, f.busy_ms, f.wall_ms]
-
-
 def floor(record: WhatIfRecord, path: Path) -> Path | None:
     """One panel per stage: speed of light, summed kernels, GPU busy and wall (ms), baseline beside the best rung."""
     base, best = record.baseline, record.best_rung
@@ -252,9 +225,9 @@ def floor(record: WhatIfRecord, path: Path) -> Path | None:
         if other is not None:
             groups.append((f"best: {best_name}", other))
         width = 0.8 / len(LAYERS)
-        top = max(v for _, f in groups for v in _layers(f) if v is not None)
+        top = max(v for _, f in groups for v in f.layers if v is not None)
         for g, (_, f) in enumerate(groups):
-            for k, value in enumerate(_layers(f)):
+            for k, value in enumerate(f.layers):
                 x = g + (k - (len(LAYERS) - 1) / 2) * width
                 if value is None:
                     ax.text(x, 0.01 * top, "n/a", ha="center", va="bottom", fontsize=7, rotation=90)
@@ -310,13 +283,8 @@ def pages_latency(record: WhatIfRecord, path: Path) -> Path | None:
     g = record.goodput
     if g is None or len(g.considered) < 2:
         return None
-    points = {}
-    for name in g.considered:
-        rung = record.rung(name)
-        f = None if rung is None else rung.figures
-        latency = None if f is None else f.latency_ms(g.figure)
-        if f is not None and latency is not None and f.pages_per_s is not None:
-            points[name] = (latency, f.pages_per_s)
+    figures = {name: r.figures for name in g.considered if (r := record.rung(name)) is not None}
+    points = {name: p for name, f in figures.items() if f is not None and (p := latency_point(f, g.figure)) is not None}
     fig, ax = pyplot().subplots(figsize=(8.0, 5.2), layout="constrained")
     for name, (x, y) in points.items():
         on = name in g.frontier
@@ -344,12 +312,7 @@ def pages_latency(record: WhatIfRecord, path: Path) -> Path | None:
     return save_figure(fig, path)
 
 
-PLOTS = {
-    "waterfall": waterfall,
-    "floor": floor,
-    "module_waterfall": module_waterfall,
-    "pages_latency": pages_latency,
-}
+PLOTS = {"waterfall": waterfall, "floor": floor, "module_waterfall": module_waterfall, "pages_latency": pages_latency}
 
 
 def write_whatif_plots(record: WhatIfRecord, folder: Path) -> dict[str, Path]:

@@ -57,15 +57,10 @@ def predictions_section(doc: Doc, record: WhatIfRecord, folder: str) -> None:
     if not record.predictions:
         return
     doc.h2("Predicted against measured")
-    advised = record.advised_from
-    source = (
-        ""
-        if advised is None
-        else (
-            f" of `{folder}` ({advised.model}, {advised.max_new_tokens} decode tokens, "
-            f"{advised.device or 'device not recorded'})"
-        )
-    )
+    source = ""
+    if (advised := record.advised_from) is not None:
+        device = advised.device or "device not recorded"
+        source = f" of `{folder}` ({advised.model}, {advised.max_new_tokens} decode tokens, {device})"
     doc.para(
         f"The advice{source}: each lever's predicted saving per page (its kind's calibrated share of its bound, with "
         "the interval of the shares measured so far) against the saving its rung measured on the parts of the page "

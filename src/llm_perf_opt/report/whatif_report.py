@@ -1,7 +1,5 @@
-"""`whatif.md` and its plots: a `WhatIfRecord` (`records.whatif`) rendered as Markdown.
-
-Every figure comes from the record; this module ranks rungs for display and formats them, nothing more.
-"""
+"""`whatif.md` and its plots: a `WhatIfRecord` rendered as Markdown. Every figure comes from the record; this module
+ranks rungs for display and formats them, nothing more."""
 
 from __future__ import annotations
 
@@ -64,22 +62,8 @@ Row = list[str]
 # A machine's own absolute paths, kept out of whatif.md: the bundled samples folder becomes the resolver that names
 # it (`bundled_samples`), any other absolute path its last two parts.
 ABSOLUTE_PATH = re.compile(r"(?<![\w.$}~])/(?:[^\s/,'\"\[\]]+/)+[^\s/,'\"\[\]]+")
-ENERGY_OBJECTIVE = ENERGY.name
-OUTPUTS_OBJECTIVE = OUTPUTS.name  # its verdict and reason are in the table's own column
 # The objectives of the per-objective table, in order (keys of `Judgement.objective`).
-OBJECTIVE_COLUMNS = (
-    "page_latency_ms",
-    "ttft_ms",
-    "vision_ms",
-    "prefill_ms",
-    "decode_ms_per_token",
-    "pages_per_s",
-    "peak_memory_gib",
-    "compile_s",
-    "memory_pass_peak_gib",
-    ENERGY_OBJECTIVE,
-    OUTPUTS_OBJECTIVE,
-)
+OBJECTIVE_COLUMNS = tuple(f.name for f in FIGURES)
 
 
 # --------------------------------------------------------------------------------------------- cells
@@ -267,8 +251,7 @@ def _header(doc: Doc, record: WhatIfRecord) -> None:
         f"({'higher' if o.higher_is_better else 'lower'} is better){pages}{budget} · workload overrides: "
         f"{overrides} · created {record.created}."
     )
-    time_budget = time_budget_text(record.time_budget)
-    if time_budget is not None:
+    if (time_budget := time_budget_text(record.time_budget)) is not None:
         doc.para(time_budget)
 
 
@@ -376,7 +359,7 @@ def _joules_per_token(record: WhatIfRecord) -> dict[str, float]:
     baseline = next((r.name for r in record.rungs if r.phase == BASELINE), BASELINE)
     out: dict[str, float] = {}
     for rung in record.rungs:
-        j = rung.judgement(ENERGY_OBJECTIVE)
+        j = rung.judgement(ENERGY.name)
         if j is not None and j.value is not None:
             out[rung.name] = j.value
         if j is not None and j.base is not None:
@@ -392,13 +375,12 @@ def _goal_value(value: float | None, unit: str) -> str:
 
 def goals_lines(record: WhatIfRecord) -> list[str]:
     """One line per goal: its best rung and value, or why there is none."""
-    lines = []
-    for choice in record.best_per_goal:
-        if choice.rung is None:
-            lines.append(f"{choice.label}: none ({choice.why})")
-            continue
-        lines.append(f"{choice.label}: **{choice.rung}**, {_goal_value(choice.value, choice.unit)} ({choice.why})")
-    return lines
+    return [
+        f"{c.label}: none ({c.why})"
+        if c.rung is None
+        else f"{c.label}: **{c.rung}**, {_goal_value(c.value, c.unit)} ({c.why})"
+        for c in record.best_per_goal
+    ]
 
 
 def _goals(doc: Doc, record: WhatIfRecord) -> None:
@@ -450,7 +432,8 @@ def _objectives_table(doc: Doc, record: WhatIfRecord) -> None:
     rows = [[r.name, *(judgement_text(r.judgement(c)) for c in columns)] for r in judged]
     doc.table(["rung", *(labels[c] for c in columns)], rows)
     reasons = _objective_notes(judged, lambda j: j.verdict == NOT_JUDGED)
-    how = _objective_notes(judged, lambda j: j.verdict != NOT_JUDGED and j.objective != OUTPUTS_OBJECTIVE)
+    # outputs' verdict and reason are in the table's own column
+    how = _objective_notes(judged, lambda j: j.verdict != NOT_JUDGED and j.objective != OUTPUTS.name)
     doc.para(
         "Change of the rung's p50 against the baseline's (one value per rung for peak memory, compile time, the "
         "memory pass and energy), better or worse only beyond the noise: the two runs' 95% intervals apart over "
@@ -475,24 +458,19 @@ def _outputs_rule(record: WhatIfRecord) -> str:
 
 
 def _attribution_table(doc: Doc, record: WhatIfRecord) -> None:
-    rows: list[Row] = []
-    for rung in ranked_rungs(record):
-        a = rung.attribution
-        if a is None or rung.state != MEASURED:
-            continue
-        rows.append(
-            [
-                rung.name,
-                a.against,
-                _signed(a.wall_ms, lambda v: ms(v, 2)),
-                _signed(a.idle_ms, lambda v: ms(v, 2)),
-                _signed(a.busy_ms, lambda v: ms(v, 2)),
-                _signed(a.kernels_per_step, lambda v: f"{v:,.0f}"),
-                _signed(a.flops_per_step, flops),
-                _signed(a.bytes_per_step, num_bytes),
-                a.cause,
-            ]
-        )
+    rows: list[Row] = [
+        [
+            rung.name,
+            a.against,
+            *(_signed(v, lambda v: ms(v, 2)) for v in (a.wall_ms, a.idle_ms, a.busy_ms)),
+            _signed(a.kernels_per_step, lambda v: f"{v:,.0f}"),
+            _signed(a.flops_per_step, flops),
+            _signed(a.bytes_per_step, num_bytes),
+            a.cause,
+        ]
+        for rung in ranked_rungs(record)
+        if (a := rung.attribution) is not None and rung.state == MEASURED
+    ]
     doc.h2("Where each gain came from (decode, per step)")
     doc.table(
         [
@@ -519,35 +497,17 @@ def _floor_rows(label: str, floor: StepFloor) -> Row:
     def share(value: float | None) -> str:
         return pct(value / floor.wall_ms, 0) if value is not None and floor.wall_ms else NA
 
-    return [
-        floor.stage,
-        label,
-        ms(floor.speed_of_light_ms, 2),
-        ms(floor.kernel_ms, 2),
-        ms(floor.busy_ms, 2),
-        ms(floor.wall_ms, 2),
-        share(floor.speed_of_light_ms),
-        share(floor.kernel_ms),
-        share(floor.busy_ms),
-    ]
+    # each layer in ms, then each below the wall as a share of it
+    return [floor.stage, label, *(ms(v, 2) for v in floor.layers), *(share(v) for v in floor.layers[:-1])]
 
 
 def _removed_row(base: StepFloor, best: StepFloor) -> Row:
-    def gone(a: float | None, b: float | None) -> str:
-        return NA if a is None or b is None else _signed(b - a, lambda v: ms(v, 2))
-
+    *gone, wall_gone = (
+        NA if a is None or b is None else _signed(b - a, lambda v: ms(v, 2))
+        for a, b in zip(base.layers, best.layers, strict=True)
+    )
     wall = _signed((best.wall_ms - base.wall_ms) / base.wall_ms, lambda v: pct(v, 0)) if base.wall_ms else NA
-    return [
-        base.stage,
-        "change (best − baseline)",
-        gone(base.speed_of_light_ms, best.speed_of_light_ms),
-        gone(base.kernel_ms, best.kernel_ms),
-        gone(base.busy_ms, best.busy_ms),
-        gone(base.wall_ms, best.wall_ms) + f" ({wall})",
-        "",
-        "",
-        "",
-    ]
+    return [base.stage, "change (best − baseline)", *gone, f"{wall_gone} ({wall})", "", "", ""]
 
 
 def floor_pairs(record: WhatIfRecord) -> list[tuple[StepFloor, StepFloor | None]]:
@@ -571,8 +531,7 @@ def _floor_table(doc: Doc, record: WhatIfRecord) -> None:
     for base, top in pairs:
         rows.append(_floor_rows("baseline", base))
         if top is not None:
-            rows.append(_floor_rows(best, top))
-            rows.append(_removed_row(base, top))
+            rows += [_floor_rows(best, top), _removed_row(base, top)]
     doc.table(
         [
             "stage",
@@ -604,19 +563,15 @@ def _held(doc: Doc, record: WhatIfRecord, rung_folders: Collection[str] | None) 
     if shown is None or shown.held is None:
         return
     held = shown.held
+    floors = f" ({held.floors})" if held.floors else ""
+    where = ""
+    if shown.folder and (rung_folders is None or shown.folder in rung_folders):
+        where = f" ({link(shown.folder, f'{shown.folder}/modules.md')})"
     doc.h2(f"What holds the rest: {shown.name}, by module")
     doc.para(
         f"The {shown.name} rung's own time by module ({held.time_kind} in its profiled pass), beside each module's "
-        "floor"
-        + (f" ({held.floors})" if held.floors else "")
-        + ": per stage the modules furthest above their floor, where faster kernels or fewer of them could still "
-        "win; every module is in the rung's `modules.md`"
-        + (
-            f" ({link(shown.folder, f'{shown.folder}/modules.md')})"
-            if shown.folder and (rung_folders is None or shown.folder in rung_folders)
-            else ""
-        )
-        + "."
+        f"floor{floors}: per stage the modules furthest above their floor, where faster kernels or fewer of them could "
+        f"still win; every module is in the rung's `modules.md`{where}."
     )
     for stage in held.stages:
         doc.h3(stage.stage)
@@ -704,14 +659,8 @@ def _module_moves(doc: Doc, record: WhatIfRecord, plot: str | None) -> None:
         same_pages = _batch_size(record, rung) == base_pages
         for stage in rung.modules:
             if _shows_moves(stage, same_pages):
-                changes_table(
-                    doc,
-                    attrs.evolve(
-                        stage,
-                        changes=stage.changes[:MODULE_MOVES],
-                        rest_delta_ms=stage.rest_delta_ms + sum(c.delta_ms for c in stage.changes[MODULE_MOVES:]),
-                    ),
-                )
+                rest = stage.rest_delta_ms + sum(c.delta_ms for c in stage.changes[MODULE_MOVES:])
+                changes_table(doc, attrs.evolve(stage, changes=stage.changes[:MODULE_MOVES], rest_delta_ms=rest))
     if plot:
         plotted = module_waterfall_stage(record)
         shown = "decode step" if plotted is None or plotted.stage == vocab.DECODE_STEP else plotted.stage

@@ -259,32 +259,27 @@ def stage_times(runs: Sequence[Labelled[Stage1Folder]]) -> tuple[StageTimeRow, .
     """p50 of every stage per run, its ratio to the baseline's, whether it moved beyond the recorded noise, and
     whether the hosts differed under a stage not known to be GPU-paced."""
     (_, base), others = runs[0], runs[1:]
-    base_host = host_difference.host_figures(base.metrics.host_usage)
-    hosts_differ = [
-        bool(host_difference.differing(base_host, host_difference.host_figures(f.metrics.host_usage)))
-        for _, f in others
-    ]
+    hosts = [host_difference.host_figures(f.metrics.host_usage) for _, f in runs]
+    hosts_differ = [bool(host_difference.differing(hosts[0], other)) for other in hosts[1:]]
     nested = {s.stage: s.nested_in for _, f in runs for s in f.metrics.stages}  # the last run that has it decides
     rows = []
     for stage, nested_in in nested.items():
-        b = base.metrics.stage_stat(stage)
-        base_p50 = None if b is None else b.summary.p50
+        stats = [f.metrics.stage_stat(stage) for _, f in runs]
+        summaries = [None if s is None else s.summary for s in stats]
+        p50s = [None if s is None else s.p50 for s in summaries]
         changes = []
-        for (_, folder), host_differs in zip(others, hosts_differ, strict=True):
-            o = folder.metrics.stage_stat(stage)
-            p50 = None if o is None else o.summary.p50
-            verdict = noise_verdict(None if o is None else o.summary, None if b is None else b.summary)
+        for (_, folder), summary, p50, host_differs in zip(others, summaries[1:], p50s[1:], hosts_differ, strict=True):
             side = verdict_side(base.metrics, folder.metrics, stage)
             changes.append(
                 StageChange(
                     p50_ms=p50,
-                    ratio=ratio(p50, base_p50),
-                    beyond_noise=verdict,
+                    ratio=ratio(p50, p50s[0]),
+                    beyond_noise=noise_verdict(summary, summaries[0]),
                     noise_side=side,
                     host_differed=host_differs and side != GPU_SIDE,
                 )
             )
-        rows.append(StageTimeRow(stage=stage, nested_in=nested_in, base_p50_ms=base_p50, others=tuple(changes)))
+        rows.append(StageTimeRow(stage=stage, nested_in=nested_in, base_p50_ms=p50s[0], others=tuple(changes)))
     return tuple(rows)
 
 
@@ -527,28 +522,13 @@ def stage2_comparison(runs: Sequence[Labelled[Stage2Folder]]) -> Stage2Compariso
 
 def compared_run(run: Run) -> ComparedRun:
     """What the run list says about one run."""
-    folder = run.folder
-    if isinstance(folder, Stage1Folder):
-        m1 = folder.metrics
-        return ComparedRun(
-            path=run.path,
-            label=run.label,
-            kind=STAGE1,
-            model=m1.model.name,
-            device=m1.device.name,
-            created=m1.created,
-            repeats=m1.settings.repeats,
-        )
-    m2 = folder.metrics
-    return ComparedRun(
-        path=run.path,
-        label=run.label,
-        kind=STAGE2,
-        model=None if m2.model is None else m2.model.name,
-        device=m2.device.name,
-        created=m2.created,
-        mode=m2.mode,
+    m = run.folder.metrics
+    shown = ComparedRun(
+        path=run.path, label=run.label, kind=STAGE1, model=None, device=m.device.name, created=m.created
     )
+    if isinstance(m, Stage1Metrics):
+        return attrs.evolve(shown, model=m.model.name, repeats=m.settings.repeats)
+    return attrs.evolve(shown, kind=STAGE2, model=None if m.model is None else m.model.name, mode=m.mode)
 
 
 def build_comparison(runs: Sequence[Run], skipped: Sequence[Skipped]) -> Comparison:

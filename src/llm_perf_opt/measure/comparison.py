@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from operator import attrgetter
 from pathlib import Path
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import attrs
 
@@ -43,8 +44,7 @@ from llm_perf_opt.records.comparison import (
     StageTimeRow,
 )
 from llm_perf_opt.records.folders import Stage1Folder, Stage2Folder, env_gpu
-from llm_perf_opt.records.stage1 import ModelInfo, OperatorRow, RunSettings, RuntimeRecord, Stage1Metrics
-from llm_perf_opt.records.stage2 import KernelStat
+from llm_perf_opt.records.stage1 import ModelInfo, RunSettings, RuntimeRecord, Stage1Metrics
 
 TOP_MOVERS = 10
 NA = "n/a"
@@ -76,9 +76,7 @@ class Run:
 
 def ratio(value: float | None, base: float | None) -> float | None:
     """`value / base`, or None when either is unknown or the base is 0."""
-    if value is None or base is None or base == 0:
-        return None
-    return value / base
+    return None if value is None or not base else value / base
 
 
 def union(keys_per_run: Iterable[Iterable[str]]) -> list[str]:
@@ -97,12 +95,8 @@ def _shown(value: object) -> str:
 
 def differences(runs: Sequence[Labelled[F]], fields: Sequence[Field[F]]) -> tuple[FieldDifference, ...]:
     """The fields whose shown value is not the same in every run."""
-    rows = []
-    for name, pick in fields:
-        values = tuple(_shown(pick(folder)) for _, folder in runs)
-        if len(set(values)) > 1:
-            rows.append(FieldDifference(name, values))
-    return tuple(rows)
+    shown = ((name, tuple(_shown(pick(folder)) for _, folder in runs)) for name, pick in fields)
+    return tuple(FieldDifference(name, values) for name, values in shown if len(set(values)) > 1)
 
 
 # The runtime settings a run records (`RuntimeRecord`), each compared as `runtime.<name>`; run.batch_size is its
@@ -111,14 +105,10 @@ RUNTIME_SETTINGS = tuple(f.name for f in attrs.fields(RuntimeRecord) if f.name n
 ABSENT = "(absent)"
 
 
-def _runtime_setting(name: str) -> Callable[[RunSettings], object]:
-    return lambda s: getattr(s.runtime, name)
-
-
 # Each recorded run setting a comparison lists under its config key, and how to read it from `RunSettings`.
 RUN_SETTINGS: tuple[tuple[str, Callable[[RunSettings], object]], ...] = (
-    ("run.fill_batches", lambda s: s.fill_batches),
-    *((f"runtime.{name}", _runtime_setting(name)) for name in RUNTIME_SETTINGS),
+    ("run.fill_batches", attrgetter("fill_batches")),
+    *((f"runtime.{name}", attrgetter(f"runtime.{name}")) for name in RUNTIME_SETTINGS),
 )
 
 
@@ -162,33 +152,29 @@ def config_differences(configs: Sequence[Mapping[str, object]], shown: Iterable[
     return tuple(rows)
 
 
-def movers(
-    base: Sequence[T],
-    other: Sequence[T],
-    key: Callable[[T], str],
-    base_ms: Callable[[T], float | None],
-    other_ms: Callable[[T], float | None],
-    name: Callable[[str, T], str],
-    calls: Callable[[T], int],
-) -> tuple[Mover, ...]:
-    """The entries whose time moved most by absolute difference, largest first (top TOP_MOVERS).
+class Entry(NamedTuple):
+    """An operator or kernel of one run, as `movers` weighs it."""
 
-    An entry missing from one run counts as 0 there.
-    """
-    a = {key(i): i for i in base}
-    b = {key(i): i for i in other}
-    either = {**b, **a}  # the baseline's entry where it has one
+    name: str  # as the table shows it
+    calls: int
+    ms: float | None
+
+
+def movers(base: Mapping[str, Entry], other: Mapping[str, Entry]) -> tuple[Mover, ...]:
+    """The entries (by key) whose time moved most by absolute difference, largest first (top TOP_MOVERS); an entry
+    missing from one run counts as 0 there."""
+    either = {**other, **base}  # the baseline's entry where it has one
     moved = []
-    for entry in union([a, b]):
-        item_a, item_b = a.get(entry), b.get(entry)
-        ms_a = None if item_a is None else base_ms(item_a)
-        ms_b = None if item_b is None else other_ms(item_b)
+    for key in union([base, other]):
+        a, b = base.get(key), other.get(key)
+        ms_a = None if a is None else a.ms
+        ms_b = None if b is None else b.ms
         if (ms_b or 0.0) != (ms_a or 0.0):
             moved.append(
                 Mover(
-                    name=name(entry, either[entry]),
-                    base_calls=None if item_a is None else calls(item_a),
-                    other_calls=None if item_b is None else calls(item_b),
+                    name=either[key].name,
+                    base_calls=None if a is None else a.calls,
+                    other_calls=None if b is None else b.calls,
                     base_ms=ms_a,
                     other_ms=ms_b,
                     delta_ms=(ms_b or 0.0) - (ms_a or 0.0),
@@ -204,10 +190,6 @@ def _short_digest(value: str | None) -> str | None:
 
 
 # --------------------------------------------------------------------------------------------- Stage 1
-
-
-def _stage1_settings(folder: Stage1Folder) -> RunSettings:
-    return folder.metrics.settings
 
 
 STAGE1_FIELDS: list[Field[Stage1Folder]] = [
@@ -233,7 +215,7 @@ STAGE1_FIELDS: list[Field[Stage1Folder]] = [
     ("max_new_tokens", lambda f: f.metrics.settings.max_new_tokens),
     ("max_images", lambda f: f.metrics.settings.max_images),
     ("batch_size", lambda f: f.metrics.settings.batch_size),
-    *run_setting_fields(_stage1_settings),
+    *run_setting_fields(attrgetter("metrics.settings")),
     ("partial run", lambda f: f.metrics.settings.partial),
     ("operator sort key", lambda f: f.metrics.operator_sort_key),
     ("config digest", lambda f: _short_digest(f.metrics.config_digest)),
@@ -262,46 +244,42 @@ def operator_key(folder: Stage1Folder) -> str:
     return folder.metrics.operator_sort_key or DEFAULT_OPERATOR_KEY
 
 
-def _operator_ms(key: str) -> Callable[[OperatorRow], float | None]:
-    """The time column `key` (an OperatorRow field named by the run's `operator_sort_key`) of an operator row."""
-
-    def pick(row: OperatorRow) -> float | None:
+def _operators(folder: Stage1Folder, key: str) -> dict[str, Entry]:
+    """The profiled pass's operators by name, each timed by the column `key` (an OperatorRow field named by the
+    run's `operator_sort_key`)."""
+    entries = {}
+    for row in folder.metrics.top_operators:
         value = getattr(row, key, None)
-        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-    return pick
+        ms = float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+        entries[row.name] = Entry(row.name, row.calls, ms)
+    return entries
 
 
 def stage_times(runs: Sequence[Labelled[Stage1Folder]]) -> tuple[StageTimeRow, ...]:
     """p50 of every stage per run, its ratio to the baseline's, whether it moved beyond the recorded noise, and
     whether the hosts differed under a stage not known to be GPU-paced."""
     (_, base), others = runs[0], runs[1:]
-    base_host = host_difference.host_figures(base.metrics.host_usage)
-    hosts_differ = [
-        bool(host_difference.differing(base_host, host_difference.host_figures(f.metrics.host_usage)))
-        for _, f in others
-    ]
+    hosts = [host_difference.host_figures(f.metrics.host_usage) for _, f in runs]
+    hosts_differ = [bool(host_difference.differing(hosts[0], other)) for other in hosts[1:]]
     nested = {s.stage: s.nested_in for _, f in runs for s in f.metrics.stages}  # the last run that has it decides
     rows = []
     for stage, nested_in in nested.items():
-        b = base.metrics.stage_stat(stage)
-        base_p50 = None if b is None else b.summary.p50
+        stats = [f.metrics.stage_stat(stage) for _, f in runs]
+        summaries = [None if s is None else s.summary for s in stats]
+        p50s = [None if s is None else s.p50 for s in summaries]
         changes = []
-        for (_, folder), host_differs in zip(others, hosts_differ, strict=True):
-            o = folder.metrics.stage_stat(stage)
-            p50 = None if o is None else o.summary.p50
-            verdict = noise_verdict(None if o is None else o.summary, None if b is None else b.summary)
+        for (_, folder), summary, p50, host_differs in zip(others, summaries[1:], p50s[1:], hosts_differ, strict=True):
             side = verdict_side(base.metrics, folder.metrics, stage)
             changes.append(
                 StageChange(
                     p50_ms=p50,
-                    ratio=ratio(p50, base_p50),
-                    beyond_noise=verdict,
+                    ratio=ratio(p50, p50s[0]),
+                    beyond_noise=noise_verdict(summary, summaries[0]),
                     noise_side=side,
                     host_differed=host_differs and side != GPU_SIDE,
                 )
             )
-        rows.append(StageTimeRow(stage=stage, nested_in=nested_in, base_p50_ms=base_p50, others=tuple(changes)))
+        rows.append(StageTimeRow(stage=stage, nested_in=nested_in, base_p50_ms=p50s[0], others=tuple(changes)))
     return tuple(rows)
 
 
@@ -311,24 +289,14 @@ def throughput(runs: Sequence[Labelled[Stage1Folder]]) -> tuple[RateRow, ...]:
     pages = [run_pages(f.metrics) for _, f in runs]
     if all(p is None for p in pages):
         return ()
-    base, others = pages[0], pages[1:]
-    base_rate = None if base is None else base.pages_per_s
+    rates = [None if p is None else p.pages_per_s for p in pages]
+    p50s = [None if r is None else r.p50 for r in rates]
+    sizes = [None if p is None else p.batch_size for p in pages]
     changes = tuple(
-        RateChange(
-            p50=None if p is None else p.pages_per_s.p50,
-            ratio=ratio(None if p is None else p.pages_per_s.p50, None if base_rate is None else base_rate.p50),
-            beyond_noise=noise_verdict(None if p is None else p.pages_per_s, base_rate),
-            batch_size=None if p is None else p.batch_size,
-        )
-        for p in others
+        RateChange(p50=p50, ratio=ratio(p50, p50s[0]), beyond_noise=noise_verdict(rate, rates[0]), batch_size=size)
+        for rate, p50, size in zip(rates[1:], p50s[1:], sizes[1:], strict=True)
     )
-    row = RateRow(
-        figure="pages/s",
-        base_p50=None if base_rate is None else base_rate.p50,
-        others=changes,
-        base_batch_size=None if base is None else base.batch_size,
-    )
-    return (row,)
+    return (RateRow(figure="pages/s", base_p50=p50s[0], others=changes, base_batch_size=sizes[0]),)
 
 
 def verdict_side(base: Stage1Metrics, other: Stage1Metrics, stage: str) -> str | None:
@@ -365,20 +333,8 @@ def efficiency(runs: Sequence[Labelled[Stage1Folder]]) -> tuple[EfficiencyRow, .
 def operator_movers(base: Labelled[Stage1Folder], other: Labelled[Stage1Folder]) -> MoverTable:
     """The operators of the profiled pass whose time moved most, each run ranked by its own device's time."""
     base_key, other_key = operator_key(base[1]), operator_key(other[1])
-    return MoverTable(
-        other=other[0],
-        base_key=base_key,
-        other_key=other_key,
-        movers=movers(
-            base[1].metrics.top_operators,
-            other[1].metrics.top_operators,
-            key=lambda row: row.name,
-            base_ms=_operator_ms(base_key),
-            other_ms=_operator_ms(other_key),
-            name=lambda entry, _: entry,
-            calls=lambda row: row.calls,
-        ),
-    )
+    moved = movers(_operators(base[1], base_key), _operators(other[1], other_key))
+    return MoverTable(other=other[0], base_key=base_key, other_key=other_key, movers=moved)
 
 
 MEMORY_TOLERANCE = 0.02  # one peak per run: within 2% counts as the same (allocator block rounding)
@@ -480,10 +436,6 @@ def _tool_version(name: str) -> Callable[[Stage2Folder], object]:
     return pick
 
 
-def _workload_settings(folder: Stage2Folder) -> RunSettings | None:
-    return folder.metrics.workload_settings
-
-
 STAGE2_FIELDS: list[Field[Stage2Folder]] = [
     ("mode", lambda f: f.metrics.mode),
     ("model", _model(lambda m: m.name)),
@@ -504,7 +456,7 @@ STAGE2_FIELDS: list[Field[Stage2Folder]] = [
     ("max_new_tokens", _workload(lambda s: s.max_new_tokens)),
     ("max_images", _workload(lambda s: s.max_images)),
     ("batch_size", _workload(lambda s: s.batch_size)),
-    *run_setting_fields(_workload_settings),
+    *run_setting_fields(attrgetter("metrics.workload_settings")),
     ("forwarded overrides", lambda f: f.metrics.forwarded_overrides),
 ]
 STAGE2_CONFIG_KEYS = SETTINGS_CONFIG_KEYS | {"stage2.mode", "stage2.workload.repeats", "stage2.workload.warmup"}
@@ -539,31 +491,20 @@ def run_totals(folder: Stage2Folder) -> RunTotals:
     )
 
 
-def _kernel_key(kernel: KernelStat) -> str:
-    return kernel.demangled or kernel.name
-
-
-def _kernel_name(_: str, kernel: KernelStat) -> str:
-    demangled = kernel.demangled or kernel.name
-    return kernel_label(kernel.name or short_kernel_name(demangled), demangled)
+def _kernels(folder: Stage2Folder) -> dict[str, Entry]:
+    """The timed passes' kernels by demangled name, each named as the table shows it."""
+    entries = {}
+    for kernel in folder.metrics.top_kernels:
+        demangled = kernel.demangled or kernel.name
+        name = kernel_label(kernel.name or short_kernel_name(demangled), demangled)
+        entries[demangled] = Entry(name, kernel.calls, kernel.total_ms)
+    return entries
 
 
 def kernel_movers(base: Labelled[Stage2Folder], other: Labelled[Stage2Folder]) -> MoverTable:
     """The kernels of the timed passes whose total time moved most."""
-    return MoverTable(
-        other=other[0],
-        base_key=KERNEL_KEY,
-        other_key=KERNEL_KEY,
-        movers=movers(
-            base[1].metrics.top_kernels,
-            other[1].metrics.top_kernels,
-            key=_kernel_key,
-            base_ms=lambda k: k.total_ms,
-            other_ms=lambda k: k.total_ms,
-            name=_kernel_name,
-            calls=lambda k: k.calls,
-        ),
-    )
+    moved = movers(_kernels(base[1]), _kernels(other[1]))
+    return MoverTable(other=other[0], base_key=KERNEL_KEY, other_key=KERNEL_KEY, movers=moved)
 
 
 def stage2_comparison(runs: Sequence[Labelled[Stage2Folder]]) -> Stage2Comparison:
@@ -581,28 +522,13 @@ def stage2_comparison(runs: Sequence[Labelled[Stage2Folder]]) -> Stage2Compariso
 
 def compared_run(run: Run) -> ComparedRun:
     """What the run list says about one run."""
-    folder = run.folder
-    if isinstance(folder, Stage1Folder):
-        m1 = folder.metrics
-        return ComparedRun(
-            path=run.path,
-            label=run.label,
-            kind=STAGE1,
-            model=m1.model.name,
-            device=m1.device.name,
-            created=m1.created,
-            repeats=m1.settings.repeats,
-        )
-    m2 = folder.metrics
-    return ComparedRun(
-        path=run.path,
-        label=run.label,
-        kind=STAGE2,
-        model=None if m2.model is None else m2.model.name,
-        device=m2.device.name,
-        created=m2.created,
-        mode=m2.mode,
+    m = run.folder.metrics
+    shown = ComparedRun(
+        path=run.path, label=run.label, kind=STAGE1, model=None, device=m.device.name, created=m.created
     )
+    if isinstance(m, Stage1Metrics):
+        return attrs.evolve(shown, model=m.model.name, repeats=m.settings.repeats)
+    return attrs.evolve(shown, kind=STAGE2, model=None if m.model is None else m.model.name, mode=m.mode)
 
 
 def build_comparison(runs: Sequence[Run], skipped: Sequence[Skipped]) -> Comparison:

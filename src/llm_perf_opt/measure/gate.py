@@ -1,22 +1,16 @@
 """The regression gate of `perf-compare --fail-on`: the figures a rule can name, the 95% interval of a change
 between two runs, and each rule's verdict.
 
-Each rule is judged on the change of a figure's mean over the timed passes (new - baseline), its allowed increase
-T, and the 95% interval [low, high] of the change (Welch t over the timed passes, per input when both runs timed
-the same inputs with ≥ 3 passes each). The verdict, in this order:
+A rule is judged on the change of a figure's mean over the timed passes (new - baseline), its allowed increase T, and
+the 95% interval [low, high] of the change (Welch t over the timed passes, per input when both runs timed the same
+inputs with ≥ 3 passes each). The verdict, in this order: **regressed** when the change exceeds T and low > 0;
+**improved** when high < 0; **pass** when high ≤ T (the runs rule out a larger increase); else **inconclusive**, as
+when there is no interval at all (fewer than 3 passes on a side, a Stage 2 capture, pooled decode steps); **not
+judged** when a run does not measure the figure. So "can't tell" is never a pass.
 
-- **regressed**: the change exceeds T and low > 0 — slower beyond noise, by more than allowed;
-- **improved**: high < 0 — faster beyond noise;
-- **pass**: high ≤ T — the whole interval is within the allowed increase, so the runs rule out a larger one;
-- **inconclusive**: anything else — the noise leaves open whether T was exceeded: a change beyond T whose interval
-  reaches 0 or below (it may be noise), or a change within T whose interval reaches beyond T (a larger one is not
-  ruled out), or no interval at all (fewer than 3 passes on a side, a Stage 2 capture, pooled decode steps);
-- **not judged**: the figure is not measured in a run.
-
-So a rule passes only when the data show it within its allowance; "can't tell" is never a pass. A gate's result
-is fail when a rule regressed, inconclusive when none did but one was inconclusive or not judged (fail instead with
-`fail_on_unjudged`), else pass; `pipeline.compare` adds unusable (a folder failed, interrupted, missing, or the
-same run twice) and parses the rules; `report.comparison` renders the `Gate` record.
+A gate's result is fail when a rule regressed, inconclusive when none did but one was inconclusive or not judged
+(fail instead with `fail_on_unjudged`), else pass; `pipeline.compare` adds unusable (a folder failed, interrupted,
+missing, or the same run twice) and parses the rules; `report.comparison` renders the `Gate` record.
 """
 
 from __future__ import annotations
@@ -206,7 +200,9 @@ def check(rule: GateRule, label: str, base: Sample | None, new: Sample | None) -
     change, threshold = n - b, allowed(rule, b)
     interval = difference_interval(base, new)
     low, high, basis = interval if interval is not None else (None, None, None)
-    why = base.no_interval or new.no_interval or _too_few(min(base.overall.n, new.overall.n))
+    passes = min(base.overall.n, new.overall.n)
+    too_few = f"too few passes ({passes}; an interval needs ≥ {MIN_VALUES_FOR_CI} on each side)"
+    why = base.no_interval or new.no_interval or too_few
     verdict, reason = _verdict(rule, change, threshold, low, high, why)
     return attrs.evolve(
         empty,
@@ -221,10 +217,6 @@ def check(rule: GateRule, label: str, base: Sample | None, new: Sample | None) -
         verdict=verdict,
         reason=reason,
     )
-
-
-def _too_few(passes: int) -> str:
-    return f"too few passes ({passes}; an interval needs ≥ {MIN_VALUES_FOR_CI} on each side)"
 
 
 def _verdict(

@@ -1,10 +1,8 @@
 """Advice as data: one record per lever "What to try" proposes (`Advice`), and the calibration of its predictions
-(`Calibration`, shipped as `advice_calibration.yaml`; `calibrated` folds a measured saving into it).
-
-A prediction is simple: each lever acts on some measured time it can at most remove (its `bound_ms`: the time
-above a stage's or module's floor, the GPU's idle time between launches, or the per-page share a larger batch
-spreads), and saves the share of it that levers of its kind have saved when measured (`LeverCalibration.factor`),
-within the shares measured so far (`low`..`high`).
+(`Calibration`, shipped as `advice_calibration.yaml`; `calibrated` folds a measured saving into it). Each lever acts
+on some measured time it can at most remove (its `bound_ms`: the time above a stage's or module's floor, the GPU's
+idle time between launches, or the per-page share a larger batch spreads), and saves the share of it that levers of
+its kind have saved when measured (`LeverCalibration.factor`), within the shares measured so far (`low`..`high`).
 """
 
 from __future__ import annotations
@@ -115,11 +113,7 @@ def calibrated(
     """The calibration with one measured saving of a `kind` lever folded in: its realised share r = measured saving
     / bound (a loss counts as no saving) becomes part of the factor (the mean of every sample: (factor × n + r) /
     (n + 1), so a hand-set prior, n = 0, gives way to the first sample) and widens the interval to hold r; `source`
-    (the what-if run it was measured in) joins the kind's sources. A bound of 0 teaches nothing.
-
-    `perf-whatif whatif=advised` measures advised levers; `scripts/update_advice_calibration.py` folds its folders
-    in (`measure.advice.calibration_from`) and writes `dump_calibration` of the result over the package's
-    `advice_calibration.yaml`."""
+    (the what-if run it was measured in) joins the kind's sources. A bound of 0 teaches nothing."""
     if bound_ms <= 0:
         return calibration
     share = max(measured_saving_ms, 0.0) / bound_ms
@@ -135,7 +129,9 @@ def calibrated(
     return Calibration({**calibration.kinds, kind: new})
 
 
-def _parse(data: object, where: str) -> Calibration:
+def load_calibration(text: str, where: str = CALIBRATION_FILE) -> Calibration:
+    """A calibration from YAML text (`where` names it in an error)."""
+    data = yaml.safe_load(text)
     if not isinstance(data, dict) or not isinstance(data.get("kinds"), dict):
         raise ValueError(f"{where}: expected a top-level 'kinds' mapping of lever kind -> factor, low, high")
     calibration = converter.structure(data, Calibration)
@@ -149,12 +145,7 @@ def _parse(data: object, where: str) -> Calibration:
 def shipped_calibration() -> Calibration:
     """The calibration shipped in the package (`advice_calibration.yaml` beside this module), read once."""
     text = resources.files("llm_perf_opt.records").joinpath(CALIBRATION_FILE).read_text(encoding="utf-8")
-    return _parse(yaml.safe_load(text), CALIBRATION_FILE)
-
-
-def load_calibration(text: str, where: str = CALIBRATION_FILE) -> Calibration:
-    """A calibration from YAML text (`where` names it in an error)."""
-    return _parse(yaml.safe_load(text), where)
+    return load_calibration(text)
 
 
 # The comment the shipped file opens with (`dump_calibration` writes it again).

@@ -1,11 +1,6 @@
 """Analytic report records: what `analytic-report` (and Stage 1's `static_analysis/` step) priced, written as
-`static_analysis/analytic_model/report.json`.
-
-One :class:`AnalyticReport` holds the priced workload, the FLOPs and bytes per stage, per operator category and per
-module, the lower-bound time per stage on each GPU, the what-if over the page's views (OCR-2 tile counts or v1 modes
-and crop grids) and, for a report written into a Stage 1 run, each input as it ran. The JSON keeps the flat rows the
-file has always had: a sweep row's priced figures are written inline, and the sweep or run sections a report does not
-have are left out rather than written as null.
+`static_analysis/analytic_model/report.json` (`AnalyticReport`). The JSON keeps the flat rows the file has always
+had: a sweep row's priced figures are written inline, and absent sweep or run sections are left out, not null.
 """
 
 from __future__ import annotations
@@ -167,12 +162,9 @@ class RunInputs:
 
 @attrs.frozen
 class AnalyticReport:
-    """`static_analysis/analytic_model/report.json`.
-
-    A config report prices one page (`workload`). A report written into a Stage 1 run (`run` set) prices the inputs
-    the run measured: `stages`, `categories`, `modules` and `what_if` are their sum over one pass each, `workload`
-    is the first input (the page the view sweep starts from) and `run.inputs` has each one.
-    """
+    """`static_analysis/analytic_model/report.json`. A config report prices one page (`workload`); one written into
+    a Stage 1 run (`run` set) prices the inputs the run measured: `stages`, `categories`, `modules` and `what_if` are
+    their sum over one pass each, `workload` is the first input (where the view sweep starts), `run.inputs` each."""
 
     schema_version: str
     model: str

@@ -252,9 +252,7 @@ class GateCheck:
 
 @attrs.frozen
 class Gate:
-    """Every rule judged on every run after the baseline, and the result (GATE_RESULTS): fail when a rule regressed
-    (or, with `fail_on_unjudged`, could not be judged), unusable when a folder could not be judged at all,
-    inconclusive when a rule could not be judged, else pass."""
+    """Every rule judged on every run after the baseline, and the result (one of GATE_RESULTS, as defined above)."""
 
     rules: tuple[GateRule, ...]
     checks: tuple[GateCheck, ...]

@@ -6,6 +6,7 @@ Every command that reads another command's output (Stage 2 reading its Stage 1 w
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -197,11 +198,8 @@ def require_metrics(run_dir: Path, writer: str) -> None:
     if (Path(run_dir) / METRICS_FILE).is_file():
         return
     problem = f"{run_dir} has no metrics.json, so it is not a finished {writer} folder"
-    try:
+    with contextlib.suppress(RecordError):  # no status (or a damaged one) to tell of
         status = read_status(run_dir)
-    except RecordError:
-        status = None
-    if status is not None:
         detail = status_detail(status)
         problem += f"; its run_status.json reads {status.state}" + (f": {detail}" if detail else "")
     raise RecordError(problem, "Pass the folder of a finished run (the last line a command prints names it)")
@@ -210,7 +208,6 @@ def require_metrics(run_dir: Path, writer: str) -> None:
 def load_stage1(run_dir: Path) -> Stage1Folder:
     run_dir = require_folder(run_dir)
     require_metrics(run_dir, "stage1-run")
-    predictions = run_dir / PREDICTIONS_FILE
     return Stage1Folder(
         path=run_dir,
         status=read_status(run_dir),
@@ -218,7 +215,7 @@ def load_stage1(run_dir: Path) -> Stage1Folder:
         env=read_env(run_dir),
         inputs=_optional(run_dir / INPUTS_FILE, lambda p: load_file(p, InputsManifest, versioned=False)),
         operators=_optional(run_dir / OPERATORS_FILE, lambda p: load_file(p, OperatorTable, versioned=False)),
-        predictions=load_lines(predictions, Prediction) if predictions.is_file() else (),
+        predictions=_optional(run_dir / PREDICTIONS_FILE, lambda p: load_lines(p, Prediction)) or (),
         config=read_config(run_dir),
     )
 

@@ -1,9 +1,6 @@
-"""Records to files and back: one cattrs converter, atomic writes, and loaders that fail with one clear paragraph.
-
-`save(record, path)` writes JSON (or YAML for `.yaml`), `load_file(path, Type)` rebuilds a typed record from it, and
-`read_json`/`read_yaml` give the raw data of other artifacts. A file of another schema major version, a damaged
-file or a file whose fields do not fit the record raises `RecordError` naming the file and what to do.
-"""
+"""Records to files and back (`save`, `load_file`; `read_json`/`read_yaml` for other artifacts' raw data): one
+cattrs converter, atomic writes, and loaders that raise a `RecordError` naming the file and what to do for a file of
+another schema major version, a damaged one, or one whose fields do not fit the record."""
 
 from __future__ import annotations
 
@@ -11,7 +8,7 @@ import errno
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
@@ -94,16 +91,12 @@ def create_exclusive(target: Path, text: str) -> None:
         except OSError as exc:
             if exc.errno not in _NO_LINKS:  # FileExistsError among them
                 raise
-            _create_excl_open(target, text)
+            # no hard links: O_CREAT | O_EXCL (still exclusive; a reader may see it empty at first)
+            excl_fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            with os.fdopen(excl_fd, "w", encoding="utf-8") as handle:
+                handle.write(text)
     finally:
         Path(tmp).unlink(missing_ok=True)
-
-
-def _create_excl_open(target: Path, text: str) -> None:
-    """`create_exclusive` without hard links: O_CREAT | O_EXCL (still exclusive; a reader may see it empty at first)."""
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
 
 
 def save(record: object, path: Path) -> Path:
@@ -121,25 +114,24 @@ def _unreadable(path: Path, why: str) -> RecordError:
     )
 
 
-def read_json(path: Path) -> object:
-    """The parsed JSON of a record file, or a RecordError (missing or damaged file)."""
+def _parsed(path: Path, parse: Callable[[str], object], damaged: type[Exception]) -> object:
+    """The file at `path` parsed by `parse`, or a RecordError (missing file, or `damaged` raised)."""
     path = Path(path)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return parse(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise _unreadable(path, "the file does not exist") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+    except (OSError, UnicodeDecodeError, damaged) as exc:
         raise _unreadable(path, f"it is damaged ({type(exc).__name__}: {exc})") from None
+
+
+def read_json(path: Path) -> object:
+    """The parsed JSON of a record file, or a RecordError (missing or damaged file)."""
+    return _parsed(path, json.loads, ValueError)
 
 
 def read_yaml(path: Path) -> object:
-    path = Path(path)
-    try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise _unreadable(path, "the file does not exist") from None
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise _unreadable(path, f"it is damaged ({type(exc).__name__}: {exc})") from None
+    return _parsed(path, yaml.safe_load, yaml.YAMLError)
 
 
 def check_schema(data: Mapping[str, object], path: Path) -> None:

@@ -5,7 +5,7 @@ token, watts per stage, FLOP per joule). Both say "not available" with the reaso
 
 from __future__ import annotations
 
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 import attrs
 
@@ -14,17 +14,7 @@ from llm_perf_opt.records.common import InconsistentRecord
 T = TypeVar("T")
 
 
-class _PassReport(Protocol):
-    """What the validator reads of a pass's report (`MemoryReport`, `EnergyReport`)."""
-
-    @property
-    def available(self) -> bool: ...
-
-    @property
-    def reason(self) -> str | None: ...
-
-
-def _measured_when_available(report: _PassReport, _: attrs.Attribute[T], measured: T) -> None:
+def _measured_when_available(report: MemoryReport | EnergyReport, _: attrs.Attribute[T], measured: T) -> None:
     """attrs validator of a pass's report: a measurement when `available`, a reason when not (never "Not available:
     None" in a report)."""
     if report.available and measured is None:

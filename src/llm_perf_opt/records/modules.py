@@ -1,10 +1,6 @@
-"""Module attribution: which module of the model owns each millisecond of a stage's kernel time.
-
-`ModuleTimes` is what the profiled pass measured (per stage, per innermost module: calls, kernels, summed kernel
-time, the kernels and the operators that launched them); it lives in `operators.json`. `ModuleAttribution` is the
-same time beside each module's analytic floor, folded by type across layers, as Stage 1's analysis hands it to the
-reports (`metrics.json`).
-"""
+"""Module attribution: which module of the model owns each millisecond of a stage's kernel time, as the profiled
+pass measured it (`ModuleTimes`, in `operators.json`) and beside each module's analytic floor, folded by type across
+layers (`ModuleAttribution`, in `metrics.json`)."""
 
 from __future__ import annotations
 

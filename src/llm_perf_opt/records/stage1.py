@@ -63,8 +63,7 @@ class QuantizedLayers:
 
     @property
     def text(self) -> str:
-        """e.g. "int8 weight-only (torchao): 22 of 43 Linear layers (those outside the vision stages), 8,359,936
-        weights"."""
+        """In words, e.g. "int8 weight-only (torchao): 22 of 43 Linear layers (...), 8,359,936 weights"."""
         return (
             f"{QUANTIZE_LABELS.get(self.setting, self.setting)}: {self.layers} of {self.linear_layers} Linear layers "
             f"(those outside the vision stages), {self.parameters:,} weights"
@@ -128,10 +127,9 @@ def pages_rate(size: int, e2e_ms: float) -> float:
 
 
 class PassTimes:
-    """The shape of one timed pass, over one input or over one batch alike, measured (`session.ImageMeasurement`,
-    `session.BatchMeasurement`) or recorded (`ImageRecord`, `BatchRecord`): its preprocessing, prefill (vision
-    included) and decode times (ms), and the times derived from them here, in one place. A record that saves a
-    derived time in its file holds it as a derived field (`attrs.field(init=False)`): written, never read back."""
+    """One timed pass, over one input or one batch, measured (`session.ImageMeasurement`, `.BatchMeasurement`) or
+    recorded (`ImageRecord`, `BatchRecord`): preprocess, prefill (vision included) and decode ms, and the times
+    derived from them. A record saving a derived time holds it as `attrs.field(init=False)`: written, never read."""
 
     __slots__ = ()
 
@@ -198,11 +196,10 @@ def batch_key(index: int) -> str:
 
 @attrs.frozen
 class BatchRecord(PassTimes):
-    """One timed pass over one batch of inputs (`run.batch_size` > 1; times in ms, rates per second).
-
-    The inputs are preprocessed and run through vision one after the other (or, with `runtime.batch_vision`, their
-    views through each vision stage together, one call per view shape), then the decoder prefills and decodes them
-    together: every input's TTFT and decode time are the batch's (its `ImageRecord`s say so too)."""
+    """One timed pass over one batch of inputs (`run.batch_size` > 1; times in ms, rates per second): preprocessed
+    and run through vision one after the other (with `runtime.batch_vision`, their views through each vision stage
+    together, one call per view shape), then prefilled and decoded together, so every input's TTFT and decode time
+    are the batch's (its `ImageRecord`s say so too)."""
 
     batch: int  # 0-based index of the batch in run order
     repeat: int
@@ -223,9 +220,7 @@ class BatchRecord(PassTimes):
     )
     pages_per_s: float = attrs.field(init=False, default=attrs.Factory(lambda b: pages_rate(b.size, b.e2e_ms), True))
     experts_hit_per_step: float | None = None  # MoE: distinct experts per decode step and layer (routing record)
-    # its page files decoded ahead while the previous pass ran (`runtime.prefetch_pages`): preprocess_ms leaves their
-    # decoding out (the wait for it and the rest of preprocessing stay in)
-    prefetched: bool = False
+    prefetched: bool = False  # as `ImageRecord.prefetched`, for every input's page file
 
     @property
     def size(self) -> int:
@@ -348,7 +343,6 @@ PAGE_PREPROCESS = "preprocess"
 PAGE_VISION = "vision"
 PAGE_LM_PREFILL = "language-model prefill"
 PAGE_DECODE = "decode"
-PAGE_PARTS = (PAGE_PREPROCESS, PAGE_VISION, PAGE_LM_PREFILL, PAGE_DECODE)
 
 
 @attrs.frozen
@@ -357,7 +351,7 @@ class PagePart:
     divided by the inputs the forward holds, beside its floor (the analytic speed of light of the same work:
     counted FLOPs at the dense peak or priced bytes at the peak bandwidth, whichever is longer)."""
 
-    part: str  # one of PAGE_PARTS
+    part: str  # one of the PAGE_* names
     ms_per_page: float
     floor_ms_per_page: float | None  # None: not priced (preprocessing, or no peaks or analytic model)
 
@@ -373,7 +367,7 @@ class PageThroughput:
     tokens_per_s: Summary  # every input's new tokens / the forward's end-to-end time
     ttft_ms: Summary  # time to first token of a page (its forward's preprocessing and prefill)
     ttlt_ms: Summary  # time to last token of a page (its forward's end to end)
-    parts: tuple[PagePart, ...]  # the time per page, split (PAGE_PARTS)
+    parts: tuple[PagePart, ...]  # the time per page, split (PAGE_*)
     # of the forwards (`pages_per_s.n`), those whose page files were decoded ahead (`runtime.prefetch_pages`)
     prefetched: int = 0
 
@@ -562,39 +556,6 @@ OptionValue = bool | int | float | str
 CompileOption = tuple[str, OptionValue]
 
 
-def runtime_label(
-    kv_cache: str,
-    compile: str,
-    compile_mode: str,
-    static_cache_len: int | None,
-    batch: str,
-    options: tuple[CompileOption, ...] = (),
-    compile_vision: str = "none",
-    batch_vision: bool = False,
-    preprocess_workers: int = 0,
-    prefetch_pages: bool = False,
-    quantize: str = "none",
-) -> str:
-    """One line for reports, e.g. "static KV cache, compiled decode (reduce-overhead), batch 4"."""
-    parts = [f"{kv_cache} KV cache" + (f" of {static_cache_len} positions" if static_cache_len is not None else "")]
-    if quantize != "none":
-        parts.insert(0, QUANTIZE_LABELS.get(quantize, quantize))
-    if compile != "none":
-        what = "decode" if compile == "decode" else "prefill and decode"
-        tuned = "".join(f", {name}={value}" for name, value in options)
-        parts.append(f"compiled {what} ({compile_mode}{tuned})")
-    else:
-        parts.append("eager")
-    if compile_vision != "none":
-        parts.append(f"compiled vision ({compile_vision})")
-    parts.append(batch + (" (vision batched)" if batch_vision else ""))
-    if preprocess_workers > 1:
-        parts.append(f"preprocessing on {preprocess_workers} threads")
-    if prefetch_pages:
-        parts.append("next pages decoded ahead")
-    return ", ".join(parts)
-
-
 #: torch.compile modes that capture the compiled step in CUDA graphs (inductor's `triton.cudagraphs`).
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
@@ -656,20 +617,26 @@ class DecoderRuntime:
     quantize: str = "none"
 
     def described(self, batch: str) -> str:
-        """The label with `batch` (e.g. "batch 1 (run.batch_size=2, 1 input)") in place of the configured size."""
-        return runtime_label(
-            self.kv_cache,
-            self.compile,
-            self.compile_mode,
-            self.static_cache_len,
-            batch,
-            self.compile_options,
-            self.compile_vision,
-            self.batch_vision,
-            self.preprocess_workers,
-            self.prefetch_pages,
-            self.quantize,
-        )
+        """One line for reports with `batch` (e.g. "batch 1 (run.batch_size=2, 1 input)") in place of the configured
+        size, e.g. "static KV cache, compiled decode (reduce-overhead), batch 4"."""
+        cache_len = f" of {self.static_cache_len} positions" if self.static_cache_len is not None else ""
+        parts = [f"{self.kv_cache} KV cache{cache_len}"]
+        if self.quantize != "none":
+            parts.insert(0, QUANTIZE_LABELS.get(self.quantize, self.quantize))
+        if self.compile != "none":
+            what = "decode" if self.compile == "decode" else "prefill and decode"
+            tuned = "".join(f", {name}={value}" for name, value in self.compile_options)
+            parts.append(f"compiled {what} ({self.compile_mode}{tuned})")
+        else:
+            parts.append("eager")
+        if self.compile_vision != "none":
+            parts.append(f"compiled vision ({self.compile_vision})")
+        parts.append(batch + (" (vision batched)" if self.batch_vision else ""))
+        if self.preprocess_workers > 1:
+            parts.append(f"preprocessing on {self.preprocess_workers} threads")
+        if self.prefetch_pages:
+            parts.append("next pages decoded ahead")
+        return ", ".join(parts)
 
     @property
     def uses_cuda_graphs(self) -> bool:
@@ -839,10 +806,6 @@ class CompileSummary:
     @property
     def recompiles(self) -> int:
         return sum(1 for e in self.events if e.recompile)
-
-    @property
-    def graph_breaks(self) -> int:
-        return sum(e.graph_breaks for e in self.events)
 
 
 @attrs.frozen

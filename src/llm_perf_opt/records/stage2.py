@@ -1,10 +1,6 @@
 """Stage 2 records: what `stage2-profile` captured (`capture.json`), which kernels it sent to Nsight Compute
-(`ncu/targets.json`), and what its analysis found (`metrics.json`).
-
-The Nsight parsers hand over the records whose shape is recorded as is (`StageGpuTime`, `KernelStat`,
-`DecodeStepStats` from the nsys trace, `NcuKernel` and `RangeBytes` from the ncu exports); the analysis
-(`llm_perf_opt.nsight.stage2_analysis`) joins them with the Stage 1 workload into `StageRow`, `NcuKernelRow` and
-`MeasuredBytesRow`.
+(`ncu/targets.json`), and what its analysis (`nsight.stage2_analysis`) found (`metrics.json`): the Nsight parsers'
+records joined with the Stage 1 workload (`StageRow`, `NcuKernelRow`, `MeasuredBytesRow`).
 """
 
 from __future__ import annotations
@@ -199,11 +195,9 @@ class NcuStageTarget:
 
 @attrs.frozen(kw_only=True)
 class NcuBytesPass:
-    """One Nsight Compute run over EVERY kernel of one stage instance, collecting duration and DRAM bytes only.
-
-    The launch window counts the launches inside the NVTX range `stage` of the ncu workload (one timed pass of one
-    image): prefill from its first kernel, decode skipped to its middle step. `instance` says which in words.
-    """
+    """One Nsight Compute run over EVERY kernel of one stage instance, collecting duration and DRAM bytes only; its
+    launch window counts the launches inside the NVTX range `stage` of the ncu workload (one timed pass of one image):
+    prefill from its first kernel, decode skipped to its middle step."""
 
     stage: str  # the NVTX range filtered on: "prefill" or "decode"
     instance: str  # e.g. "the prefill of the first image", "decode step 2 of 3"
@@ -257,11 +251,9 @@ class NcuKernelRow(NcuKernel):
 
 @attrs.frozen(kw_only=True)
 class MeasuredBytesRow:
-    """One stage instance's DRAM bytes measured by Nsight Compute beside the analytic figure for it.
-
-    MBU here is over the summed kernel durations ncu measured for the instance (kernels serialised, no launch
-    gaps), measured and analytic alike, so the two differ exactly as their bytes do.
-    """
+    """One stage instance's DRAM bytes measured by Nsight Compute beside the analytic figure for it. MBU here is over
+    the summed kernel durations ncu measured (kernels serialised, no launch gaps), measured and analytic alike, so the
+    two differ exactly as their bytes do."""
 
     stage: str  # "prefill", "vision/sam", ..., "decode/step"
     instance: str  # which instance, in words

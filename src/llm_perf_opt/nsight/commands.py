@@ -9,8 +9,7 @@ from pathlib import Path
 
 from llm_perf_opt.nsight.ncu_bytes import BYTES_METRICS
 from llm_perf_opt.nsight.ncu_report import function_name
-
-NVTX_DOMAIN = "llm_perf_opt"
+from llm_perf_opt.records.vocabulary import NVTX_DOMAIN
 
 
 def shell_line(argv: Sequence[str | Path]) -> str:

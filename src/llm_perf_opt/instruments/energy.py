@@ -91,8 +91,7 @@ class NvmlCounter:
     """The energy counter of one GPU through NVML."""
 
     def __init__(self, nvml: Any, handle: Any) -> None:
-        self.nvml = nvml
-        self.handle = handle
+        self.nvml, self.handle = nvml, handle
 
     @classmethod
     def open(cls, nvml: Any, device: torch.device) -> NvmlCounter:

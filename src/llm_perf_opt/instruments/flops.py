@@ -176,12 +176,11 @@ def _stage_counters(modules: Mapping[str, torch.nn.Module], totals: dict[str, fl
 
 
 def count_stage_flops(session: CountedSession[P], prepared: P | Sequence[P]) -> StageFlops:
-    """Count prefill (with vision sub-stages) and two decode steps of `prepared` on `session`'s model.
-
-    `prepared` is one input, or a sequence of inputs run as one batch (vision per input, the decoder batched with
-    left padding): then the counts are the batch's, padding positions included (a padded prompt position is
-    computed like a token, and every decode step attends the padded prompt), and `prompt_tokens` is the padded
-    prompt length, so `decode_step(context)` is the whole batch's step."""
+    """Count prefill (with vision sub-stages) and two decode steps of `prepared` on `session`'s model. `prepared` is one
+    input, or a sequence of inputs run as one batch (vision per input, the decoder batched with left padding): then the
+    counts are the batch's, padding positions included (a padded prompt position is computed like a token, and every
+    decode step attends the padded prompt), and `prompt_tokens` is the padded prompt length, so `decode_step(context)`
+    is the whole batch's step."""
     counters: dict[int, FlopCounterMode] = {}
 
     @contextmanager

@@ -27,17 +27,8 @@ def _snapshot() -> HostUsage | None:
     if resource is None:
         return None
     u = resource.getrusage(resource.RUSAGE_SELF)
-    return HostUsage(
-        0,
-        time.perf_counter(),
-        u.ru_utime,
-        u.ru_stime,
-        u.ru_minflt,
-        u.ru_majflt,
-        u.ru_nvcsw,
-        u.ru_nivcsw,
-        pass_thread_cpu_s=time.thread_time(),
-    )
+    counters = (u.ru_utime, u.ru_stime, u.ru_minflt, u.ru_majflt, u.ru_nvcsw, u.ru_nivcsw)
+    return HostUsage(0, time.perf_counter(), *counters, pass_thread_cpu_s=time.thread_time())
 
 
 def _fieldwise(a: HostUsage, b: HostUsage, op: Callable[[float, float], float]) -> HostUsage:

@@ -138,10 +138,8 @@ def _peak(figure: MeasuredFigure, dtype_key: str | None, device: torch.device, p
 def measured_peak_compute(
     device: torch.device, dtype: str, *, tf32_matmul: bool = False, cache_dir: Path | None = None
 ) -> PeakFigure | None:
-    """Achievable FLOP/s of a large GEMM in the compute dtype on `device` (measured once, then cached).
-
-    None on a non-CUDA device and for fp8 (no plain matmul to measure).
-    """
+    """Achievable FLOP/s of a large GEMM in the compute dtype on `device` (measured once, then cached); None on a
+    non-CUDA device and for fp8 (no plain matmul to measure)."""
     key = compute_dtype_key(dtype, tf32_matmul=tf32_matmul)
     if device.type != "cuda" or key not in _GEMM:
         return None

@@ -3,15 +3,14 @@ cache measured at each stage boundary, and (CUDA) the allocator's history kept f
 
 `MemoryRecorder` is a `StageRecorder` that, at every span boundary, reads the allocator (allocated, reserved and
 the peaks since the previous boundary), folds the peak into every open span and resets the peak counters, so each
-span's peak is exact however spans nest. The pure functions below (`breakdown`, `fit_prediction`,
-`kv_bytes_per_token`) turn what it saw into the report's figures.
+span's peak is exact however spans nest; `measure.memory_figures` turns what it saw into the report's figures.
 """
 
 from __future__ import annotations
 
 import pickle
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
@@ -24,12 +23,7 @@ from llm_perf_opt.instruments.measured_session import MeasuredSession, P
 from llm_perf_opt.instruments.timing import StageRecorder
 from llm_perf_opt.measure.memory_figures import kv_bytes_per_token
 from llm_perf_opt.records import vocabulary as vocab
-from llm_perf_opt.records.memory import (
-    GraphPools,
-    MemoryPass,
-    MemorySample,
-    StagePeak,
-)
+from llm_perf_opt.records.memory import GraphPools, MemoryPass, MemorySample, StagePeak
 
 MIB = 2**20
 SNAPSHOT_FILE = "memory/snapshot.pickle"
@@ -176,19 +170,21 @@ def _tensors(obj: object, depth: int = 0) -> Iterator[torch.Tensor]:
         yield from _tensors(getattr(obj, name, None), depth + 1)
 
 
-def cache_bytes(cache: object) -> int:
-    """Bytes of a KV cache's tensors (each storage once)."""
+def _storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of `tensors`, each storage (data pointer) once."""
     seen: set[int] = set()
     total = 0
-    for t in _tensors(cache):
-        if t.numel() == 0:
+    for t in tensors:
+        if t.data_ptr() in seen:
             continue
-        key = t.data_ptr()
-        if key in seen:
-            continue
-        seen.add(key)
+        seen.add(t.data_ptr())
         total += t.numel() * t.element_size()
     return total
+
+
+def cache_bytes(cache: object) -> int:
+    """Bytes of a KV cache's tensors (each storage once)."""
+    return _storage_bytes(t for t in _tensors(cache) if t.numel())
 
 
 @attrs.define
@@ -211,14 +207,7 @@ class CacheWatch:
 
 def model_bytes(model: torch.nn.Module) -> int:
     """Parameter and buffer bytes of `model` (each storage once: tied weights count once)."""
-    seen: set[int] = set()
-    total = 0
-    for t in (*model.parameters(), *model.buffers()):
-        if t.device.type == "meta" or t.data_ptr() in seen:
-            continue
-        seen.add(t.data_ptr())
-        total += t.numel() * t.element_size()
-    return total
+    return _storage_bytes(t for t in (*model.parameters(), *model.buffers()) if t.device.type != "meta")
 
 
 def free_memory(device: torch.device) -> int | None:

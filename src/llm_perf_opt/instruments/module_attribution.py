@@ -152,12 +152,11 @@ class _Acc:
         return tuple(KernelSource(kernel=k, operator=op, calls=int(v[0]), ms=v[1]) for (k, op), v in ranked)
 
 
+Placed = tuple[Launch, str | None, str]  # a launch, its module path (None: unattributed) and the method that placed it
+
+
 def _stage_table(
-    stage: str,
-    forwards: int,
-    placed: Sequence[tuple[Launch, str | None, str]],
-    calls: Mapping[str, int],
-    compiled_used: bool,
+    stage: str, forwards: int, placed: Sequence[Placed], calls: Mapping[str, int], compiled_used: bool
 ) -> StageModuleTimes:
     rows: dict[str, _Acc] = {}
     rest = _Acc()
@@ -181,9 +180,6 @@ def _stage_table(
         unattributed_reason=reason,
         methods=methods,
     )
-
-
-Placed = tuple[Launch, str | None, str]  # a launch, its module path (None: unattributed) and the method that placed it
 
 
 @attrs.frozen

@@ -32,18 +32,12 @@ def _cuda_stop() -> None:
 
 
 class ProfilerWindow:
-    """Opens the CUDA profiler around the first PREFILL span and around the middle DECODE_STEP span after it.
-
-    A :class:`~llm_perf_opt.instruments.timing.StageRecorder` calls :meth:`begin` and :meth:`end` with each span's
-    name; `start`/`stop` default to cudaProfilerStart/Stop (tests pass their own).
-    """
+    """Opens the CUDA profiler around the first PREFILL span and around the middle DECODE_STEP span after it. A
+    :class:`~llm_perf_opt.instruments.timing.StageRecorder` calls :meth:`begin` and :meth:`end` with each span's name;
+    `start`/`stop` default to cudaProfilerStart/Stop (tests pass their own)."""
 
     def __init__(
-        self,
-        decode_steps: int,
-        *,
-        start: Callable[[], None] = _cuda_start,
-        stop: Callable[[], None] = _cuda_stop,
+        self, decode_steps: int, *, start: Callable[[], None] = _cuda_start, stop: Callable[[], None] = _cuda_stop
     ) -> None:
         self.middle = middle_step(decode_steps)
         self._start, self._stop = start, stop

@@ -28,10 +28,9 @@ def find_routers(model: nn.Module) -> list[tuple[int, nn.Module]]:
     """(decoder layer index, router module) of every MoE router in `model`, in layer order."""
     found = []
     for path, module in model.named_modules():
-        if type(module).__name__.endswith(ROUTER_CLASS_SUFFIXES) and hasattr(module, "top_k"):
-            match = _LAYER.search(path)
-            if match:
-                found.append((int(match.group(1)), module))
+        is_router = type(module).__name__.endswith(ROUTER_CLASS_SUFFIXES) and hasattr(module, "top_k")
+        if is_router and (match := _LAYER.search(path)):
+            found.append((int(match.group(1)), module))
     return sorted(found, key=lambda item: item[0])
 
 

@@ -223,20 +223,12 @@ Measured = tuple[FunctionEvent, str, Figures]  # an event, the name its table ro
 def _measured(events: Iterable[FunctionEvent], times: DeviceTimes, name_of: Callable[[str], str]) -> list[Measured]:
     """Each event with its row name and figures, read once (torch's time properties re-walk the event's children on
     every read, and an operator appears in the overall table and in its stage's)."""
-    return [
-        (
-            ev,
-            name_of(ev.name),
-            (
-                times.own(ev),
-                times.total(ev),
-                float(ev.self_cpu_time_total),
-                float(ev.cpu_time_total),
-                float(getattr(ev, "flops", 0) or 0),
-            ),
-        )
-        for ev in events
-    ]
+    out: list[Measured] = []
+    for ev in events:
+        flops = float(getattr(ev, "flops", 0) or 0)
+        figures = (times.own(ev), times.total(ev), float(ev.self_cpu_time_total), float(ev.cpu_time_total), flops)
+        out.append((ev, name_of(ev.name), figures))
+    return out
 
 
 def _aggregate(measured: Iterable[Measured], sort_key: str, details: _Details | None = None) -> tuple[OperatorRow, ...]:

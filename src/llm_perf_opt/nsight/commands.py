@@ -9,8 +9,7 @@ from pathlib import Path
 
 from llm_perf_opt.nsight.ncu_bytes import BYTES_METRICS
 from llm_perf_opt.nsight.ncu_report import function_name
-
-NVTX_DOMAIN = "llm_perf_opt"
+from llm_perf_opt.records.vocabulary import NVTX_DOMAIN
 
 
 def shell_line(argv: Sequence[str | Path]) -> str:
@@ -36,12 +35,10 @@ def nsys_profile_argv(
     domain: str = NVTX_DOMAIN,
     extra: Sequence[str] = (),
 ) -> list[str]:
-    """`nsys profile ... -o <output_base> <workload>`; nsys adds `.nsys-rep` to `output_base`.
-
-    `capture_range` names an NVTX push/pop range (e.g. "decode"): collection starts when it opens and stops when it
-    closes. nsys spells the trigger `range@domain` (the reverse of ncu's `domain@range`). `gpu_metrics_hz`: sample
-    the GPU metrics (DRAM throughput among them) of `gpu_metrics_devices` that often (nsys takes 10 to 200,000).
-    """
+    """`nsys profile ... -o <output_base> <workload>`; nsys adds `.nsys-rep` to `output_base`. `capture_range` names
+    an NVTX push/pop range (e.g. "decode"): collection starts when it opens and stops when it closes; nsys spells the
+    trigger `range@domain` (the reverse of ncu's `domain@range`). `gpu_metrics_hz`: sample the GPU metrics (DRAM
+    throughput among them) of `gpu_metrics_devices` that often (nsys takes 10 to 200,000)."""
     if gpu_metrics_hz is not None and not 10 <= gpu_metrics_hz <= 200_000:
         raise ValueError(f"gpu_metrics_hz must be within 10 and 200000 (nsys's range), got {gpu_metrics_hz}")
     argv = [str(nsys), "profile", f"--trace={','.join(trace)}", f"--sample={sample}", f"--cpuctxsw={cpuctxsw}"]
@@ -63,32 +60,14 @@ def nsys_stats_argv(nsys: Path, report_path: Path, reports: Sequence[str], outpu
     if not reports:
         raise ValueError("nsys stats needs at least one report name")
     export = [] if Path(report_path).suffix == ".sqlite" else ["--force-export=true"]
-    return [
-        str(nsys),
-        "stats",
-        "--report",
-        ",".join(reports),
-        "--format",
-        "csv",
-        "--output",
-        str(output_base),
-        *export,
-        "--force-overwrite=true",
-        str(report_path),
-    ]
+    argv = [str(nsys), "stats", "--report", ",".join(reports), "--format", "csv", "--output", str(output_base)]
+    return [*argv, *export, "--force-overwrite=true", str(report_path)]
 
 
 def nsys_export_sqlite_argv(nsys: Path, report_path: Path, sqlite_path: Path) -> list[str]:
     """`nsys export --type sqlite` of a report into `sqlite_path`."""
-    return [
-        str(nsys),
-        "export",
-        "--type=sqlite",
-        "--force-overwrite=true",
-        "--output",
-        str(sqlite_path),
-        str(report_path),
-    ]
+    argv = [str(nsys), "export", "--type=sqlite", "--force-overwrite=true"]
+    return [*argv, "--output", str(sqlite_path), str(report_path)]
 
 
 def nsys_help_reports_argv(nsys: Path) -> list[str]:
@@ -101,10 +80,8 @@ def nsys_help_reports_argv(nsys: Path) -> list[str]:
 
 def nvtx_include_spec(range_name: str, domain: str = NVTX_DOMAIN) -> str:
     """An ncu `--nvtx-include` filter for a push/pop range: `domain@range/` (push/pop needs the trailing slash).
-
-    ncu reads `/` as nesting (`outer/inner/`), so a range whose own name contains a slash cannot be matched
-    literally; filter on its outermost range instead.
-    """
+    ncu reads `/` as nesting (`outer/inner/`): a range whose own name has a slash cannot be matched literally; filter
+    on its outermost range instead."""
     spec = range_name.strip()
     if not spec:
         raise ValueError("empty NVTX range name")
@@ -134,15 +111,13 @@ def ncu_argv(
     domain: str = NVTX_DOMAIN,
     extra: Sequence[str] = (),
 ) -> list[str]:
-    """`ncu ... -f -o <output_base> <workload>`; ncu adds `.ncu-rep`.
-
-    `kernel_regex` is matched against the name form `kernel_name_base` selects: "function" (ncu's default, the bare
-    function name such as `elementwise_kernel`) or "demangled" (ncu's demangled name, which differs in detail from
-    nsys's). Launch skip/count apply to launches that pass the kernel and NVTX filters (`filter_mode`
-    "per-launch-config": to each launch configuration's launches apart); `launch_count` None profiles every one,
-    for a window the workload bounds itself. `nvtx` records the NVTX ranges of each launch without filtering on
-    them; `profile_from_start` False profiles only between the workload's cudaProfilerStart and Stop.
-    """
+    """`ncu ... -f -o <output_base> <workload>`; ncu adds `.ncu-rep`. `kernel_regex` is matched against the name form
+    `kernel_name_base` selects: "function" (ncu's default, the bare function name such as `elementwise_kernel`) or
+    "demangled" (ncu's demangled name, which differs in detail from nsys's). Launch skip/count apply to launches that
+    pass the kernel and NVTX filters (`filter_mode` "per-launch-config": to each launch configuration's launches apart);
+    `launch_count` None profiles every one, for a window the workload bounds itself. `nvtx` records the NVTX ranges of
+    each launch without filtering on them; `profile_from_start` False profiles only between the workload's
+    cudaProfilerStart and Stop."""
     if launch_skip < 0:
         raise ValueError(f"launch_skip must be >= 0, got {launch_skip}")
     if launch_count is not None and launch_count < 1:
@@ -182,14 +157,12 @@ def ncu_bytes_argv(
     target_processes: str = "all",
     cache_control: str = "none",
 ) -> list[str]:
-    """The bytes pass: EVERY kernel inside the workload's CUDA profiler window (`run.profiler_window`: its first
-    prefill and middle decode step; no kernel filter, no launch count), with only duration and DRAM read/write bytes
-    (one counter pass, no sections) and each launch's NVTX ranges, which tell the stages apart.
-
-    `cache_control` "none" leaves L1/L2 as the previous kernel left them, so a kernel's DRAM bytes are those of the
-    real kernel sequence; ncu's default "all" flushes the caches before each kernel, which sends every input to
-    DRAM again and overstates the traffic of kernels whose inputs the previous kernel left in L2.
-    """
+    """The bytes pass: EVERY kernel inside the workload's CUDA profiler window (`run.profiler_window`: its first prefill
+    and middle decode step; no kernel filter, no launch count), with only duration and DRAM read/write bytes (one
+    counter pass, no sections) and each launch's NVTX ranges, which tell the stages apart. `cache_control` "none" leaves
+    L1/L2 as the previous kernel left them, so a kernel's DRAM bytes are those of the real kernel sequence; ncu's
+    default "all" flushes the caches before each kernel, which sends every input to DRAM again and overstates the
+    traffic of kernels whose inputs the previous kernel left in L2."""
     return ncu_argv(
         ncu,
         output_base,
@@ -208,12 +181,9 @@ def ncu_bytes_argv(
 
 
 def kernel_regex_for(names: Sequence[str], *, base: str = "function") -> str:
-    """An anchored ncu kernel regex `^(a|b)$` matching exactly these kernels.
-
-    base="function" (ncu's default `--kernel-name-base`) reduces each name to its bare function name first
-    (`void at::native::elementwise_kernel<128, 4>(int, T3)` -> `elementwise_kernel`): the only form nsys and ncu
-    spell the same way. base="demangled" escapes the names as given.
-    """
+    """An anchored ncu kernel regex `^(a|b)$` matching exactly these kernels. base="function" (ncu's default
+    `--kernel-name-base`) reduces each name to its bare function name first (`void at::native::elementwise_kernel<128,
+    4>(int, T3)` -> `elementwise_kernel`): the only form nsys and ncu spell alike; "demangled" takes them as given."""
     if base not in ("function", "demangled", "mangled"):
         raise ValueError(f"unknown kernel name base {base!r}")
     reduced = [function_name(n) if base == "function" else n.strip() for n in names]

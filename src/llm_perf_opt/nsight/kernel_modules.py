@@ -1,13 +1,12 @@
 """Stage 2's kernels named by the operator and module that launched them, from a Stage 1 profiled pass.
 
 Nsight Systems and Nsight Compute see kernels, not the Python that launched them, and Stage 2's own workload runs
-without the torch profiler (both use CUPTI). Stage 1's profiled pass with module attribution records, per kernel
-label, its largest launchers (operator, module folded across layers: `ModuleTimes.kernel_sources`). Stage 2 joins
-its kernels to those by name: the label Stage 1 gives the same demangled name (function name plus the functor a
-generic kernel applies), with or without namespaces (ncu drops some), else the function name alone where that
-cannot mix functors. The
-Stage 1 pass is the one named (`stage2-report --stage1`, `report.stage1_dir`), else the workload's own when it ran
-the profiler; without one the kernels' modules are "not known", never guessed.
+without the torch profiler (both use CUPTI). Stage 1's profiled pass with module attribution records, per kernel label,
+its largest launchers (operator, module folded across layers: `ModuleTimes.kernel_sources`). Stage 2 joins its kernels
+to those by name: the label Stage 1 gives the same demangled name (function name plus the functor a generic kernel
+applies), with or without namespaces (ncu drops some), else the function name alone where that cannot mix functors. The
+Stage 1 pass is the one named (`stage2-report --stage1`, `report.stage1_dir`), else the workload's own when it ran the
+profiler; without one the kernels' modules are "not known", never guessed.
 """
 
 from __future__ import annotations

@@ -59,14 +59,13 @@ def parse_launch_bytes(text: str, source: str = "ncu raw CSV", domain: str = voc
     for number, row in enumerate(rows, start=1):
         check_width(table, row, number, source)
         values = [table.value(row, m) for m in BYTES_METRICS]
+        full = launch_name(table, row)
         if any(v is None for v in values):
-            name = function_name(launch_name(table, row))
             raise UserError(
-                f"{source}: launch {number} ({name}) has no value for one of {', '.join(BYTES_METRICS)}",
+                f"{source}: launch {number} ({function_name(full)}) has no value for one of {', '.join(BYTES_METRICS)}",
                 "Export the report again; if the values are missing in ncu's own view, profile again",
             )
         duration, read, write = (float(v or 0.0) for v in values)
-        full = launch_name(table, row)
         out.append(
             LaunchBytes(
                 name=function_name(full),

@@ -68,46 +68,18 @@ _ANON_NAMESPACE_RE = re.compile(r"\(anonymous namespace\)::|`anonymous namespace
 
 _SI = {"k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
 _BINARY = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40}
-_TIME = {
-    "ns": 1e-9,
-    "us": 1e-6,
-    "µs": 1e-6,
-    "ms": 1e-3,
-    "s": 1.0,
-    "sec": 1.0,
-    "nsecond": 1e-9,
-    "usecond": 1e-6,
-    "msecond": 1e-3,
-    "second": 1.0,
-}
-_BASE_UNITS = {
-    "byte",
-    "inst",
-    "cycle",
-    "hz",
-    "warp",
-    "thread",
-    "block",
-    "sector",
-    "request",
-    "wavefront",
-    "pass",
-    "op",
-    "flop",
-    "register",
-    "transaction",
-    "sm",
-}
+_TIME = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "sec": 1.0}
+_TIME |= {"nsecond": 1e-9, "usecond": 1e-6, "msecond": 1e-3, "second": 1.0}
+_BASE_UNITS = {"byte", "inst", "cycle", "hz", "warp", "thread", "block", "sector", "request", "wavefront", "pass"}
+_BASE_UNITS |= {"op", "flop", "register", "transaction", "sm"}
 
 
 # ---- names -------------------------------------------------------------------------------------------------
 
 
 def kernel_base_name(name: str) -> str:
-    """The qualified function name: `void at::native::foo<int, 4>(int, T3)` -> `at::native::foo`.
-
-    Anonymous-namespace markers (`<unnamed>::`, `(anonymous namespace)::`, ncu's truncated `unnamed>::`) are dropped.
-    """
+    """The qualified function name: `void at::native::foo<int, 4>(int, T3)` -> `at::native::foo`, without
+    anonymous-namespace markers (`<unnamed>::`, `(anonymous namespace)::`, ncu's truncated `unnamed>::`)."""
     text = _ANON_NAMESPACE_RE.sub("", name.strip())
     out: list[str] = []
     angle = paren = 0
@@ -134,11 +106,9 @@ def function_name(name: str) -> str:
 
 
 def _nvtx_entries(cell: str, lead_fields: int) -> list[tuple[str | None, str]]:
-    """(domain, range) of each range of ncu's NVTX cell, outermost first.
-
-    The cell reads `tid  "domain:range:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg"  ...` for push/pop ranges
-    (`lead_fields` 1: the domain) and `"id:domain:range:..."` for start/stop ranges (`lead_fields` 2).
-    """
+    """(domain, range) of each range of ncu's NVTX cell, outermost first. The cell reads
+    `tid  "domain:range:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg"  ...` for push/pop ranges (`lead_fields` 1: the
+    domain) and `"id:domain:range:..."` for start/stop ranges (`lead_fields` 2)."""
     out: list[tuple[str | None, str]] = []
     for entry in re.findall(r'"([^"]*)"', cell):
         parts = entry.split(":")
@@ -463,10 +433,8 @@ def _kernel(launches: list[_Launch]) -> NcuKernel:
 
 def parse_ncu_raw_csv(text: str, source: str = "ncu raw CSV", *, within: str | None = None) -> list[NcuKernel]:
     """Kernels from the text of an ncu raw-page CSV, by total time (duration x launches) descending; `within`: only
-    launches inside that NVTX range of the toolkit's domain (one stage of an export that holds several).
-
-    No profiled launch (an empty export, or a header without rows) gives [].
-    """
+    launches inside that NVTX range of the toolkit's domain (one stage of an export that holds several). No profiled
+    launch (an empty export, or a header without rows) gives []."""
     table, rows = read_table(text, source)
     groups: dict[tuple[str, str | None], list[_Launch]] = {}
     for number, row in enumerate(rows, start=1):

@@ -55,13 +55,11 @@ def read_stats_csv(path: Path) -> list[dict[str, Any]]:
 
 
 def parse_stats_csv(text: str) -> list[dict[str, Any]]:
-    """Rows of one CSV report as dicts keyed by the column names as printed.
-
-    A column whose non-empty cells are all numbers becomes int (all integers) or float, its empty cells None;
-    other columns stay strings. Console noise before the header ("Processing [...]", "** ... (report):",
-    "SKIPPED: ... does not contain ...") is skipped; a report with no table gives []. Reading stops at the first
-    blank line after the table (console output of several reports holds one per block).
-    """
+    """Rows of one CSV report as dicts keyed by the column names as printed. A column whose non-empty cells are all
+    numbers becomes int (all integers) or float, its empty cells None; other columns stay strings. Console noise before
+    the header ("Processing [...]", "** ... (report):", "SKIPPED: ... does not contain ...") is skipped; a report with
+    no table gives []. Reading stops at the first blank line after the table (console output of several reports holds
+    one per block)."""
     lines = text.splitlines()
     begin = next((i for i, line in enumerate(lines) if line.strip() and not line.lstrip().startswith(_PREAMBLE)), None)
     if begin is None:
@@ -93,11 +91,9 @@ def available_reports(help_text: str) -> set[str]:
 
 
 class ReportPick(list[str]):
-    """The report names to run, in wanted order (a plain list to callers that want only that).
-
-    `missing`: the wanted reports for which neither they nor an alternative are available; `substituted`: wanted
-    report -> the alternative that stands in for it.
-    """
+    """The report names to run, in wanted order (a plain list to callers that want only that). `missing`: the wanted
+    reports for which neither they nor an alternative are available; `substituted`: wanted report -> the alternative
+    that stands in for it."""
 
     def __init__(
         self, names: Iterable[str] = (), missing: Sequence[str] = (), substituted: Mapping[str, str] | None = None
@@ -108,15 +104,11 @@ class ReportPick(list[str]):
 
 
 def pick_reports(
-    available: Iterable[str],
-    wanted: Sequence[str],
-    alternatives: Mapping[str, Sequence[str]] = REPORT_ALTERNATIVES,
+    available: Iterable[str], wanted: Sequence[str], alternatives: Mapping[str, Sequence[str]] = REPORT_ALTERNATIVES
 ) -> ReportPick:
-    """For each wanted report, the first of it and its alternatives that nsys lists; each name once.
-
-    A wanted name may carry options (`cuda_gpu_kern_sum:base`): the base name is looked up and the options go
-    with whichever name is chosen. Reports with no available name are left out, listed in `.missing` and logged.
-    """
+    """For each wanted report, the first of it and its alternatives that nsys lists; each name once. A wanted name may
+    carry options (`cuda_gpu_kern_sum:base`): the base name is looked up and the options go with whichever name is
+    chosen. Reports with no available name are left out, listed in `.missing` and logged."""
     names = set(available)
     chosen: list[str] = []
     missing: list[str] = []

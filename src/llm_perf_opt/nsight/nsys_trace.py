@@ -29,7 +29,6 @@ import sqlite3
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Literal, Self
 
 from llm_perf_opt.errors import UserError
@@ -212,10 +211,8 @@ def _gunzip(path: Path) -> Path:
 
 
 class NsysTrace:
-    """An nsys SQLite export, opened read-only; answers questions about the ranges of one NVTX domain.
-
-    A gzipped export (`.gz`) is decompressed into a temporary file, removed on close.
-    """
+    """An nsys SQLite export, opened read-only; answers questions about the ranges of one NVTX domain. A gzipped
+    export (`.gz`) is decompressed into a temporary file, removed on close."""
 
     def __init__(self, sqlite_path: Path, domain: str = vocab.NVTX_DOMAIN) -> None:
         self.path = Path(sqlite_path)
@@ -265,9 +262,7 @@ class NsysTrace:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # ---- questions ------------------------------------------------------------------------------------
@@ -298,10 +293,8 @@ class NsysTrace:
         return [self._stage(row) for row in self._conn.execute(_STAGES_SQL.format(where=""))]
 
     def top_kernels(self, n: int, stage: str | None = None) -> list[KernelStat]:
-        """The `n` kernels with the most GPU time inside `stage` (None: over every kernel of the trace).
-
-        A kernel is one demangled name; `share` is its part of the kernel time of the stage (or of the trace).
-        """
+        """The `n` kernels with the most GPU time inside `stage` (None: over every kernel of the trace). A kernel is
+        one demangled name; `share` is its part of the kernel time of the stage (or of the trace)."""
         if stage is None:
             self._build("kernel_totals")
             sql = _TOP_SQL.format(source="temp.nvtx_kernel_totals")
@@ -438,11 +431,8 @@ class NsysTrace:
         )
 
     def _build(self, step: _Step) -> None:
-        """Fill the TEMP tables `step` needs, once.
-
-        "ranges": the domain's ranges, the kernels launched in them, per-instance statistics; "kernel_totals": per
-        kernel over the trace; "stage_kernels": per (range name, kernel).
-        """
+        """Fill the TEMP tables `step` needs, once: "ranges": the domain's ranges, the kernels launched in them,
+        per-instance statistics; "kernel_totals": per kernel over the trace; "stage_kernels": per (range, kernel)."""
         if step in self._built:
             return
         if not self._built:

@@ -80,12 +80,9 @@ class KernelTime:
 
 
 class Stage2Analysis:
-    """The questions Stage 2's reports ask of one folder's exports.
-
-    `trace` is the folder's nsys export; `capture` and `targets` its records; `workload` the Stage 1 metrics of the
-    workload nsys profiled (None when absent: no Stage 1 times, FLOPs, bytes or workload peaks); `driver` the
-    capturing machine's GPU driver.
-    """
+    """The questions Stage 2's reports ask of one folder's exports: `trace` is the folder's nsys export; `capture`
+    and `targets` its records; `workload` the Stage 1 metrics of the workload nsys profiled (None when absent: no
+    Stage 1 times, FLOPs, bytes or workload peaks); `driver` the capturing machine's GPU driver."""
 
     def __init__(
         self,
@@ -98,13 +95,8 @@ class Stage2Analysis:
         driver: str | None = None,
         models: Mapping[str, WorkloadModel] | None = None,
     ) -> None:
-        self.run_dir = Path(run_dir)
-        self.trace = trace
-        self.capture = capture
-        self.targets = targets
-        self.workload = workload
-        self.driver = driver
-        self.models = dict(models or {})
+        self.run_dir, self.trace, self.capture, self.targets = Path(run_dir), trace, capture, targets
+        self.workload, self.driver, self.models = workload, driver, dict(models or {})
 
     # ---- the Stage 1 workload, summed over its timed passes -----------------------------------------------------
     def stage1_ms(self) -> dict[str, float]:
@@ -183,11 +175,8 @@ class Stage2Analysis:
     # ---- kernels ------------------------------------------------------------------------------------------------
     def timed_pass_kernels(self) -> list[KernelStat]:
         """Every kernel launched inside the timed passes' top-level ranges (preprocess, prefill, decode), hottest
-        first.
-
-        The model build and the warm-up passes run outside every range, so their kernels (weight initialisation,
-        first-call autotuning) are left out; `share` is of the timed passes' kernel time.
-        """
+        first: the model build and warm-up passes (weight initialisation, first-call autotuning) run outside every
+        range; `share` is of the timed passes' kernel time."""
         return self.trace.kernels_in(vocab.TOP_LEVEL)
 
     def top_kernels_by_stage(self, stages: tuple[str, ...]) -> dict[str, tuple[KernelStat, ...]]:
@@ -209,12 +198,10 @@ class Stage2Analysis:
     # ---- Nsight Compute -----------------------------------------------------------------------------------------
     def stage_ncu_rows(self, stage: str, target: NcuStageTarget) -> tuple[list[NcuKernelRow], list[str]]:
         """One row per kernel name that ncu profiled in `stage` (first round that reached it), with its nsys GPU
-        time; and the targets whose row comes from another stage's launch (see below).
-
-        A profiler-window round takes each launch configuration once for the whole window, so a target of decode
-        whose every decode launch repeats a configuration the prefill already launched was profiled in the prefill
-        only: that launch (same kernel, same grid and block) stands in for it, its NVTX range saying where it ran.
-        """
+        time; and the targets whose row comes from another stage's launch: a profiler-window round takes each launch
+        configuration once for the whole window, so a target of decode whose every decode launch repeats a
+        configuration the prefill already launched was profiled in the prefill only; that launch (same kernel, grid
+        and block) stands in for it, its NVTX range saying where it ran."""
         times = self.stage_kernel_time(stage)
         found: dict[str, NcuKernelRow] = {}
         borrowed: list[str] = []
@@ -274,12 +261,10 @@ class Stage2Analysis:
         return tuple(rows), warnings
 
     def roofs(self, device_name: str) -> tuple[tuple[PeakFigure, ...], PeakFigure | None]:
-        """Compute roofs (highest first) and the memory roof for the kernel roofline.
-
-        Compute: the workload's peak (its dtype, or the user's override), else the GPU table's dense BF16
-        tensor-core peak; plus the table's FP32 CUDA-core peak, the roof of kernels that do not use tensor cores.
-        Memory: the workload's bandwidth peak, else the table's. Each keeps its source; unknown GPUs give none.
-        """
+        """Compute roofs (highest first) and the memory roof for the kernel roofline. Compute: the workload's peak
+        (its dtype, or the user's override), else the GPU table's dense BF16 tensor-core peak; plus the table's FP32
+        CUDA-core peak, the roof of kernels that do not use tensor cores. Memory: the workload's bandwidth peak, else
+        the table's. Each keeps its source; unknown GPUs give none."""
         peak = self.compute_peak()
         compute = [peak] if peak else []
         for dtype in ([] if peak else ["bfloat16"]) + ["float32"]:
@@ -291,9 +276,8 @@ class Stage2Analysis:
 
     # ---- Nsight Compute's bytes pass -----------------------------------------------------------------------------
     def bytes_pass_costs(self, bytes_pass: NcuBytesPass) -> tuple[dict[str, InstanceCost], str, str]:
-        """Per-instance analytic costs for a bytes pass, where they come from, and a warning ("" when none).
-
-        The profiled workload's own Stage 1 figures first (the very image ncu measured); else the nsys workload's,
+        """Per-instance analytic costs for a bytes pass, where they come from, and a warning ("" when none): the
+        profiled workload's own Stage 1 figures first (the very image ncu measured), else the nsys workload's,
         averaged over its passes."""
         path = self.run_dir / bytes_pass.workload / METRICS_FILE
         warning = ""
@@ -382,10 +366,9 @@ class Stage2Analysis:
                     l2_cache_bytes=l2_cache_bytes,
                 )
             )
-        cache_control = ", ".join(dict.fromkeys(p.cache_control for p in passes))
         result = MeasuredBytes(
             rows=tuple(rows),
-            cache_control=cache_control,
+            cache_control=", ".join(dict.fromkeys(p.cache_control for p in passes)),
             bandwidth_peak=bandwidth,
             ridge_point=ridge,
             l2_cache_bytes=l2_cache_bytes,
@@ -478,10 +461,9 @@ class Stage2Analysis:
                     left_out=len(instances) - n,
                 )
             )
-        period = read.period_ns
         sampled = SampledDram(
             rows=tuple(out),
-            period_us=None if period is None else period / 1e3,
+            period_us=None if read.period_ns is None else read.period_ns / 1e3,
             scale=bandwidth,
             span_s=read.span_ns / 1e9,
             dropped_s=read.dropped_ns / 1e9,

@@ -83,16 +83,13 @@ class ToolRun:
 def find_tool(
     name: str, configured: str | os.PathLike[str] | None = None, *, search_globs: Sequence[str] | None = None
 ) -> Tool:
-    """Locate `name` ("nsys" or "ncu"): the configured path (file or folder) wins, then PATH, then install folders.
-
-    `search_globs` replaces the default install-folder patterns (:data:`SEARCH_GLOBS`; tests use it).
-    """
+    """Locate `name` ("nsys" or "ncu"): the configured path (file or folder) wins, then PATH, then install folders;
+    `search_globs` replaces the default install-folder patterns (:data:`SEARCH_GLOBS`; tests use it)."""
     if name not in TOOL_NAMES:
         raise ValueError(f"unknown tool {name!r}; expected one of {TOOL_NAMES}")
     if configured is not None and str(configured).strip():
         return _tool_at(name, _configured_path(name, Path(str(configured)).expanduser()))
-    on_path = shutil.which(name)
-    if on_path:
+    if on_path := shutil.which(name):
         return _tool_at(name, Path(on_path))
     patterns = _expand_patterns(SEARCH_GLOBS[name] if search_globs is None else search_globs)
     for folder in _candidate_dirs(patterns):
@@ -142,12 +139,7 @@ def _extern_dirs() -> list[Path]:
     checkout = Path(__file__).resolve().parents[3]
     if (checkout / "pyproject.toml").is_file():
         roots.append(checkout)
-    found: list[Path] = []
-    for root in roots:
-        extern = (root / "extern").resolve()
-        if extern not in found:
-            found.append(extern)
-    return found
+    return list(dict.fromkeys((root / "extern").resolve() for root in roots))
 
 
 def _expand_patterns(patterns: Sequence[str]) -> list[str]:
@@ -198,11 +190,9 @@ def tool_version(name: str, path: Path) -> str:
             f"Check that {path} is a working {product} install (missing libraries are the usual cause), "
             f"or set {_CONFIG_KEY.get(name, name)}.binary to another one",
         )
-    match = _VERSION_RE.search(output)
-    if match:
+    if match := _VERSION_RE.search(output):
         return match.group(1)
-    first = next((line.strip() for line in output.splitlines() if line.strip()), "")
-    return first or "unknown"
+    return next((line.strip() for line in output.splitlines() if line.strip()), "unknown")
 
 
 # ---- running -----------------------------------------------------------------------------------------
@@ -217,10 +207,8 @@ def run_tool(
     cwd: Path | None = None,
 ) -> ToolRun:
     """Run `argv` with stdout and stderr streamed into `log_path`; stop its whole process group after `timeout_s`.
-
-    `env` is the complete environment of the child (None: inherit this process's). The child runs in a new
-    session, so a timeout (or Ctrl-C here) also stops the workload processes that nsys/ncu launched.
-    """
+    `env` is the complete environment of the child (None: inherit this process's). The child runs in a new session,
+    so a timeout (or Ctrl-C here) also stops the workload processes that nsys/ncu launched."""
     args = tuple(str(a) for a in argv)
     if not args:
         raise ValueError("run_tool needs a command")
@@ -301,11 +289,7 @@ def _log_contains(log_path: Path, token: bytes) -> bool:
 
 def _timeout_key(argv: Sequence[str]) -> str | None:
     tool = Path(argv[0]).name if argv else ""
-    if tool.startswith("ncu"):
-        return "pipeline.ncu.timeout_s"
-    if tool.startswith("nsys"):
-        return "pipeline.nsys.timeout_s"
-    return None
+    return next((f"{_CONFIG_KEY[name]}.timeout_s" for name in TOOL_NAMES if tool.startswith(name)), None)
 
 
 def check_run(run: ToolRun, what: str) -> None:

@@ -1,11 +1,9 @@
 """What to try next, as data: rules over a Stage 1 run's records, each proposing one lever with a predicted saving
 per page (`records.advice.Advice`), ranked. Pure functions of the records (no torch): `advise(m, whatif)`.
 
-Each rule reads what bounds the run (the time per page split into preprocess, vision, language-model prefill and
-decode beside each floor; the GPU's idle time per decode step; the modules furthest above their floor) and the
-settings it ran with; a lever whose every override the run already had is never advised, nor one a what-if run of
-the same model measured (its report cites the measurement instead). The prediction is the lever's bound times its
-kind's calibration (`records.advice`); the guide (docs/guide/stage1.md, "What to try") explains each rule.
+A lever whose every override the run already had is never advised, nor one a what-if run of the same model measured
+(its report cites the measurement instead). The prediction is the lever's bound times its kind's calibration
+(`records.advice`); the guide (docs/guide/stage1.md, "What to try") explains each rule.
 """
 
 from __future__ import annotations
@@ -94,8 +92,8 @@ class ModuleFact:
 
 
 def module_facts(a: ModuleAttribution | None) -> tuple[ModuleFact, ...]:
-    """Per stage, the modules furthest above their floor (at most MODULE_FACTS each) that are MODULE_FAR× above it
-    and whose distance to it is at least MODULE_NOTABLE of the stage; largest share of the stage first."""
+    """Per stage, at most MODULE_FACTS modules MODULE_FAR× above their floor and MODULE_NOTABLE of the stage
+    above it, largest share of the stage first."""
     out = []
     for stage in a.stages if a is not None else ():
         rows = [r for r in stage.rows if r.floor_ms is not None and r.above_floor_ms is not None]
@@ -155,15 +153,11 @@ _KEPT = {
 }
 
 
-def shipped_model(name: str) -> bool:
-    """Whether `name` is a model config shipped in the package (`model=<name>`)."""
-    return files("llm_perf_opt").joinpath("conf", "model", f"{name}.yaml").is_file()
-
-
 def run_workload(m: Stage1Metrics, changes: Sequence[str] = ()) -> tuple[str, ...]:
     """The `stage1-run` overrides that repeat this run: its model (where it is a shipped config), named workload,
     decode length and the runtime settings it had off their defaults, but those `changes` set."""
-    kept = [f"model={m.model.name}"] if shipped_model(m.model.name) else []
+    shipped = files("llm_perf_opt").joinpath("conf", "model", f"{m.model.name}.yaml").is_file()
+    kept = [f"model={m.model.name}"] if shipped else []
     if m.settings.workload_profile:
         kept.append(f"workload={m.settings.workload_profile['name']}")
     kept.append(f"infer.max_new_tokens={m.settings.max_new_tokens}")
@@ -210,6 +204,11 @@ class RunFacts:
     def cuda(self) -> bool:
         return self.m.device.type == "cuda"
 
+    @property
+    def vision(self) -> tuple[str, ...]:
+        """What a vision lever acts on: the run's vision stages."""
+        return tuple(self.m.vision_stages) or (PAGE_VISION,)
+
     def ms(self, part: str) -> float:
         p = self.parts.get(part)
         return p.ms_per_page if p else 0.0
@@ -222,9 +221,8 @@ class RunFacts:
         return max(p.ms_per_page - p.floor_ms_per_page, 0.0)
 
     def objective(self, parts: Sequence[str], objective: str | None = None) -> tuple[str, float]:
-        """The figure a lever acting on `parts` serves (unless `objective` names it), and its time per page now:
-        throughput at a batch above 1; at batch 1 the first token for a lever before decode, the page's latency for
-        one acting on decode."""
+        """The figure a lever acting on `parts` serves (unless `objective` names it) and its time per page: throughput
+        at a batch above 1; at batch 1 the first token before decode, the page's latency for a lever on decode."""
         whole = sum(p.ms_per_page for p in self.parts.values())
         if objective == THROUGHPUT or self.batch > 1:
             return THROUGHPUT, whole
@@ -259,8 +257,8 @@ class Proposal:
 
 
 def _priced(f: RunFacts, p: Proposal, calibration: Calibration) -> Advice | None:
-    """The proposal as advice: only the overrides the run did not already have, its saving from the calibration;
-    None when every override was in force or the bound is too small to matter."""
+    """The proposal as advice: only the overrides not already in force, its saving from the calibration; None
+    when none is left or the bound is too small to matter."""
     changes = tuple(o for o in p.overrides if not in_force(f.m, o))
     if p.overrides and not changes:
         return None
@@ -286,9 +284,16 @@ def _priced(f: RunFacts, p: Proposal, calibration: Calibration) -> Advice | None
     )
 
 
-def _floor_because(f: RunFacts, part: str) -> str:
+def _floor_proposal(
+    f: RunFacts, kind: str, acts_on: tuple[str, ...], part: str, overrides: tuple[str, ...], note: str = ""
+) -> Proposal | None:
+    """A lever bound by one part's time per page above its floor; None where that floor is not priced."""
+    above = f.above_floor(part)
+    if above is None:
+        return None
     p = f.parts[part]
-    return f"{part} {p.ms_per_page:,.1f} ms/page, floor {p.floor_ms_per_page or 0.0:,.1f} ms"
+    because = f"{part} {p.ms_per_page:,.1f} ms/page, floor {p.floor_ms_per_page or 0.0:,.1f} ms{note}"
+    return Proposal(kind, acts_on, (part,), BASIS_FLOOR, above, because, overrides)
 
 
 def _compile_overrides(f: RunFacts, compile_value: str) -> tuple[str, ...]:
@@ -306,96 +311,52 @@ def decode_graphs(f: RunFacts) -> Proposal | None:
     if not f.cuda or r.uses_cuda_graphs or PAGE_DECODE not in f.parts:
         return None
     compile_value = r.compile if r.compile != "none" else "decode"
-    overrides = (
-        "runtime.kv_cache=static",
-        f"runtime.compile={compile_value}",
-        f"runtime.compile_mode={GRAPHS_MODE}",
-    )
+    overrides = ("runtime.kv_cache=static", f"runtime.compile={compile_value}", f"runtime.compile_mode={GRAPHS_MODE}")
+    if f.busy_fraction is None:
+        return _floor_proposal(f, "cuda_graphs", (vocab.DECODE,), PAGE_DECODE, overrides)
     decode = f.ms(PAGE_DECODE)
-    if f.busy_fraction is not None:
-        idle = decode * (1 - f.busy_fraction)
-        because = f"decode {decode:,.1f} ms/page, GPU busy {f.busy_fraction:.0%} of each step"
-        return Proposal("cuda_graphs", (vocab.DECODE,), (PAGE_DECODE,), BASIS_IDLE, idle, because, overrides)
-    above = f.above_floor(PAGE_DECODE)
-    if above is None:
-        return None
-    because = _floor_because(f, PAGE_DECODE)
-    return Proposal("cuda_graphs", (vocab.DECODE,), (PAGE_DECODE,), BASIS_FLOOR, above, because, overrides)
+    idle = decode * (1 - f.busy_fraction)
+    because = f"decode {decode:,.1f} ms/page, GPU busy {f.busy_fraction:.0%} of each step"
+    return Proposal("cuda_graphs", (vocab.DECODE,), (PAGE_DECODE,), BASIS_IDLE, idle, because, overrides)
 
 
 def compile_prefill(f: RunFacts) -> Proposal | None:
-    """The language model's prefill far above its floor: compiled with the decode step (`runtime.compile=
-    prefill_decode`) removes up to that distance."""
-    above = f.above_floor(PAGE_LM_PREFILL)
-    if above is None or f.m.settings.runtime.compile == "prefill_decode":
+    """The language model's prefill above its floor: compiled with decode (`runtime.compile=prefill_decode`)."""
+    if f.m.settings.runtime.compile == "prefill_decode":
         return None
-    return Proposal(
-        "compile_prefill",
-        (vocab.PREFILL + " (language model)",),
-        (PAGE_LM_PREFILL,),
-        BASIS_FLOOR,
-        above,
-        _floor_because(f, PAGE_LM_PREFILL),
-        _compile_overrides(f, "prefill_decode"),
-    )
+    acts_on = (vocab.PREFILL + " (language model)",)
+    return _floor_proposal(f, "compile_prefill", acts_on, PAGE_LM_PREFILL, _compile_overrides(f, "prefill_decode"))
 
 
 def batch_vision(f: RunFacts) -> Proposal | None:
-    """At a batch above 1 bound by vision: the batch's views through the vision stages together
-    (`runtime.batch_vision=true`) remove up to vision's time above its floor."""
-    above = f.above_floor(PAGE_VISION)
-    if f.batch < 2 or f.bound_by != PAGE_VISION or above is None:
+    """At a batch above 1 bound by vision: the batch's views through vision together (`runtime.batch_vision=true`)."""
+    if f.batch < 2 or f.bound_by != PAGE_VISION:
         return None
-    return Proposal(
-        "batch_vision",
-        tuple(f.m.vision_stages) or (PAGE_VISION,),
-        (PAGE_VISION,),
-        BASIS_FLOOR,
-        above,
-        _floor_because(f, PAGE_VISION) + f"; it bounds the batch of {f.batch}",
-        ("runtime.batch_vision=true",),
-    )
+    note = f"; it bounds the batch of {f.batch}"
+    return _floor_proposal(f, "batch_vision", f.vision, PAGE_VISION, ("runtime.batch_vision=true",), note)
 
 
 def compile_vision(f: RunFacts) -> Proposal | None:
-    """Vision far above its floor on a GPU: its modules compiled in CUDA graphs (`runtime.compile_vision`) remove up
-    to vision's time above its floor."""
-    above = f.above_floor(PAGE_VISION)
-    if not f.cuda or above is None:
+    """Vision above its floor on a GPU: its modules compiled in CUDA graphs (`runtime.compile_vision`)."""
+    if not f.cuda:
         return None
-    return Proposal(
-        "compile_vision",
-        tuple(f.m.vision_stages) or (PAGE_VISION,),
-        (PAGE_VISION,),
-        BASIS_FLOOR,
-        above,
-        _floor_because(f, PAGE_VISION),
-        (f"runtime.compile_vision={GRAPHS_MODE}",),
-    )
+    return _floor_proposal(f, "compile_vision", f.vision, PAGE_VISION, (f"runtime.compile_vision={GRAPHS_MODE}",))
 
 
 def preprocess_on_gpu(f: RunFacts) -> Proposal | None:
-    """Preprocessing on the host where the model offers it on the GPU (`model.preprocess.device=cuda`); no priced
-    floor, so all of it counts."""
+    """Host preprocessing where the model offers it on the GPU (`model.preprocess.device=cuda`); all of it counts."""
     pre = f.ms(PAGE_PREPROCESS)
     if not f.cuda or (f.m.model.preprocess or {}).get("device") != "cpu" or pre <= 0:
         return None
-    return Proposal(
-        "gpu_preprocess",
-        (vocab.PREPROCESS,),
-        (PAGE_PREPROCESS,),
-        BASIS_FLOOR,
-        pre,
-        f"preprocess {pre:,.1f} ms/page on the host, no floor priced",
-        ("model.preprocess.device=cuda",),
-    )
+    because = f"preprocess {pre:,.1f} ms/page on the host, no floor priced"
+    overrides = ("model.preprocess.device=cuda",)
+    return Proposal("gpu_preprocess", (vocab.PREPROCESS,), (PAGE_PREPROCESS,), BASIS_FLOOR, pre, because, overrides)
 
 
 def prefetch_pages(f: RunFacts) -> Proposal | None:
     """Page images preprocessed in each pass on a GPU: the next pass's page files decoded on threads while the GPU
-    runs this one (`runtime.prefetch_pages=true`) take their decoding, on the host wherever the rest runs, off the
-    path of a stream of pages; up to the whole preprocessing (no floor priced), for throughput. Text prompts have
-    nothing to decode ahead; a run that decoded ahead already is not advised it (`in_force`)."""
+    runs this one (`runtime.prefetch_pages=true`), off the path of a stream of pages; up to the whole preprocessing
+    (no floor priced), for throughput. Text prompts have nothing to decode ahead."""
     pre = f.ms(PAGE_PREPROCESS)
     if not f.cuda or f.m.settings.input_kind != "image" or pre <= 0:
         return None
@@ -427,15 +388,11 @@ def larger_batch(f: RunFacts) -> Proposal | None:
     decode = f.ms(PAGE_DECODE)
     room = f"{fits} fit in memory" if fits else "the memory pass did not say how many fit"
     fill = ("run.fill_batches=true",) if len(f.m.images) < size else ()  # copies of the inputs fill the batch
+    because = f"decode {decode:,.1f} ms/page at batch 1; {room}"
+    overrides = (f"run.batch_size={size}", *fill)
+    bound = decode * (1 - 1 / size)
     return Proposal(
-        "batch",
-        (vocab.DECODE,),
-        (PAGE_DECODE,),
-        BASIS_MEMORY,
-        decode * (1 - 1 / size),
-        f"decode {decode:,.1f} ms/page at batch 1; {room}",
-        (f"run.batch_size={size}", *fill),
-        objective=THROUGHPUT,
+        "batch", (vocab.DECODE,), (PAGE_DECODE,), BASIS_MEMORY, bound, because, overrides, objective=THROUGHPUT
     )
 
 
@@ -445,19 +402,10 @@ def _module_proposal(f: RunFacts, role: str, kind: str, overrides: tuple[str, ..
         return None
     top = facts[0]
     parts = (PAGE_DECODE,) if any(x.stage == vocab.DECODE_STEP for x in facts) else (PAGE_VISION, PAGE_LM_PREFILL)
-    because = f"`{top.module}` ({top.stage}) {top.ratio:,.1f}× its floor" + (
-        f", mostly {top.kernel_kind} kernels" if top.top_kernel else ""
-    )
-    return Proposal(
-        kind,
-        tuple(dict.fromkeys(x.module for x in facts)),
-        parts,
-        BASIS_FLOOR,
-        sum(f.per_page(x) for x in facts),
-        because,
-        overrides,
-        code,
-    )
+    kernels = f", mostly {top.kernel_kind} kernels" if top.top_kernel else ""
+    because = f"`{top.module}` ({top.stage}) {top.ratio:,.1f}× its floor{kernels}"
+    acts_on = tuple(dict.fromkeys(x.module for x in facts))
+    return Proposal(kind, acts_on, parts, BASIS_FLOOR, sum(f.per_page(x) for x in facts), because, overrides, code)
 
 
 GROUPED_EXPERTS = "model.experts_implementation=grouped_mm"  # the experts' grouped GEMM backend
@@ -473,9 +421,8 @@ def experts_backend(f: RunFacts) -> Proposal | None:
 
 
 def fused_experts(f: RunFacts) -> Proposal | None:
-    """MoE experts far above their floor though a grouped GEMM backend already runs them: the rest is the routing
-    around it (sort, gather, scatter) and separate gate/up, activation and down launches, which one fused
-    routed-experts kernel (as vLLM's fused_moe) runs together. No setting runs one: a code change."""
+    """MoE experts far above their floor under a grouped GEMM backend: the routing around it (sort, gather, scatter)
+    and the gate/up, activation and down launches, run by one fused kernel (as vLLM's fused_moe): a code change."""
     if not f.cuda or f.m.model.experts_implementation == "eager":
         return None
     facts = f.modules_of("experts")
@@ -525,8 +472,7 @@ class DecodeRemainder:
 
 def _needs(model: ModelInfo, fact: ModuleFact, moe: bool) -> str:
     """The lever a decode-step module far above its floor needs, in words: a setting where one exists, else the
-    kernel no setting runs (`moe`: experts are among the run's modules far above their floor, so an `.mlp` is their
-    MoE block)."""
+    kernel no setting runs (`moe`: experts are among the modules far above their floor, so an `.mlp` is their block)."""
     where = f"{fact.module} {fact.module_type}".lower()
     if fact.role == "experts":
         return f"`{GROUPED_EXPERTS}`" if model.experts_implementation == "eager" else f"{FUSED_EXPERTS} (a code change)"
@@ -540,9 +486,8 @@ def _needs(model: ModelInfo, fact: ModuleFact, moe: bool) -> str:
 
 
 def decode_remainder(m: Stage1Metrics) -> DecodeRemainder | None:
-    """Past the launch floor: where the decode step replays from CUDA graphs, its GPU kernel time against its floor
-    and the modules holding most of the rest (`module_facts`), each with the lever it needs; None without graphs,
-    a profiled decode step or its floor."""
+    """Past the launch floor: a graph-replayed decode step's kernel time against its floor and the modules holding
+    most of the rest (`module_facts`), each with the lever it needs; None without graphs, a profiled step or floor."""
     step = next((s for s in m.modules.stages if s.stage == vocab.DECODE_STEP), None) if m.modules else None
     if m.device.type != "cuda" or not m.settings.runtime.uses_cuda_graphs or step is None or not step.floor_ms:
         return None
@@ -599,12 +544,8 @@ WHATIF_GOALS = {
     THROUGHPUT: whatif_goals.THROUGHPUT,
 }
 _WHOLE = (PAGE_PREPROCESS, PAGE_VISION, PAGE_LM_PREFILL, PAGE_DECODE)
-# The parts of the time per page each objective is the sum of (`RunFacts.objective`).
-OBJECTIVE_PARTS = {
-    PAGE_LATENCY: _WHOLE,
-    THROUGHPUT: _WHOLE,
-    FIRST_TOKEN: (PAGE_PREPROCESS, PAGE_VISION, PAGE_LM_PREFILL),
-}
+# The parts of the time per page each objective is the sum of (`RunFacts.objective`): the first token's, all but decode.
+OBJECTIVE_PARTS = {PAGE_LATENCY: _WHOLE, THROUGHPUT: _WHOLE, FIRST_TOKEN: _WHOLE[:-1]}
 SAME_WORKLOAD = 0.25  # a baseline's objective per page within this share of the advised run's: the same workload
 
 
@@ -623,9 +564,8 @@ def needs_cuda(overrides: Sequence[str]) -> bool:
 def advised_levers(
     advice: Sequence[Advice], most: int = ADVISED_LEVERS
 ) -> tuple[tuple[Lever, ...], tuple[Advice, ...]]:
-    """The levers a what-if run measures from a run's advice (best predicted first): the first `most` pieces of advice
-    that set overrides, each named by its kind and carrying the advice (its prediction); and the advice left out
-    (code changes, which no override runs, and levers past `most`)."""
+    """The levers a what-if run measures (the first `most` pieces of advice that set overrides, each named by its
+    kind and carrying its prediction), and the advice left out (code changes, and levers past `most`)."""
     runnable = [a for a in advice if a.overrides]
     levers = tuple(
         Lever(
@@ -696,8 +636,7 @@ def prediction_check(
         baseline_ms=None if base is None else objective_ms(base, advice.objective),
         why_not=why_not,
     )
-    on_parts = None if base is None or rung is None else measured_saving(base, rung, check.parts)
-    if base is None or rung is None or on_parts is None:
+    if base is None or rung is None or (on_parts := measured_saving(base, rung, check.parts)) is None:
         return check
     on_whole = measured_saving(base, rung, whole)
     return attrs.evolve(
@@ -718,10 +657,9 @@ def same_workload(check: PredictionCheck) -> bool:
 
 
 def calibration_from(calibration: Calibration, record: WhatIfRecord) -> tuple[Calibration, tuple[str, ...]]:
-    """The calibration with an advised what-if run's measured savings folded in (`records.advice.calibrated`: the
-    share of its bound each lever saved on its parts, the run's id, device and date as its source), and one line per
-    prediction on what became of it: folded in, or left out with the reason (not measured, a baseline of another
-    workload than the advised run's, already folded in)."""
+    """The calibration with an advised what-if run's measured savings folded in (`records.advice.calibrated`, the
+    run's id, device and date as its source), and one line per prediction: folded in, or left out and why (not
+    measured, a baseline of another workload than the advised run's, already folded in)."""
     lines = []
     source = f"{record.run_id} ({record.device or 'device not recorded'}, {record.created[:10]})"
     for check in record.predictions:

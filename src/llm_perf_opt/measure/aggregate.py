@@ -1,9 +1,6 @@
-"""Dispersion of stage times over the timed passes, overall and per image, and the batches in brief.
-
-Every stage has one value per timed pass, so `n` and the interval count passes. `decode/step` too: its value for a
-pass is that pass's mean step time (steps of one pass are not independent samples; pooling them made the interval
-several times too narrow).
-"""
+"""Dispersion of stage times over the timed passes, overall and per image, and the batches in brief. One value per
+timed pass, `decode/step` too (the pass's mean step: steps of one pass are not independent samples; pooling them
+made the interval several times too narrow)."""
 
 from __future__ import annotations
 
@@ -18,8 +15,7 @@ from llm_perf_opt.records.stage1 import BatchRecord, BatchSummary, ImageRecord, 
 def stage_values(
     records: Iterable[ImageRecord] | Iterable[BatchRecord], vision_stages: Sequence[str]
 ) -> dict[str, list[float]]:
-    """Per stage name, one value (ms) per pass (of an input, or of a batch); for `decode/step`, the pass's mean
-    step time."""
+    """Per stage name, one value (ms) per pass; for `decode/step`, the pass's mean step time."""
     values: dict[str, list[float]] = {}
 
     def add(name: str, value: float) -> None:
@@ -39,9 +35,8 @@ def stage_values(
 
 
 def stage_totals_ms(forwards: Sequence[ImageRecord] | Sequence[BatchRecord]) -> dict[str, float]:
-    """Per measured stage (TTFT and end to end left out), its time summed over the timed forwards (per-input records,
-    or batch records when the run batched: a batch's inputs share its prefill and decode); `decode/step` sums every
-    step (the decode steps' share of the decode stage)."""
+    """Per measured stage (TTFT and end to end left out), its time summed over the timed forwards (a batch's inputs
+    share its prefill and decode); `decode/step` sums every step."""
     vision = tuple(dict.fromkeys(s for f in forwards for s in f.vision_ms))
     totals = {
         stage: sum(values)
@@ -62,8 +57,7 @@ def stage_stats(records: Sequence[ImageRecord], vision_stages: Sequence[str]) ->
 
 
 def batch_summary(batches: Sequence[BatchRecord], batch_size: int, decode_experts: str | None) -> BatchSummary | None:
-    """The batch passes in brief: figures over the full batches' passes (every batch's when none is full), one
-    value per pass; None without batch passes."""
+    """The batch passes in brief, over the full batches' passes (all when none is full); None without any."""
     if not batches:
         return None
     full = [b for b in batches if b.size == batch_size] or list(batches)

@@ -1,19 +1,13 @@
-"""Whether a batch fits in the device's memory, estimated before its first pass: the weights (measured on the
-device once the model is built) + the KV cache of the batch at its full length + the activations, against the
-memory free beside the weights.
+"""Whether a batch fits in the device's memory, estimated before its first pass (to refuse one that cannot; the memory
+pass, `measure.memory_figures.fit_prediction`, measures what fits once a batch has run): the weights (measured on the
+device) + the KV cache + the activations, against the memory free beside the weights.
 
-* KV cache: bytes per token of one sequence (`measure.memory_figures.kv_bytes_per_token`: 2 × layers × KV heads ×
-  head dim × dtype bytes) × (the run's longest prompt + new tokens) × batch: a static cache holds that from the start,
-  a dynamic one reaches it at the last step.
-* Activations: the analytic model's largest module activation (a module's inputs and outputs, live together: the
-  rule of the memory pass's analytic expectation, `AnalyticMemory`), × ACTIVATION_MARGIN for the temporaries beside
-  it and the allocator's rounding. The decoder runs the whole batch at once, so its term grows with the batch;
+* KV cache: `measure.memory_figures.kv_bytes_per_token` × (the longest prompt + new tokens) × batch: a static cache
+  holds that from the start, a dynamic one reaches it at the last step.
+* Activations: the analytic model's largest module activation (inputs and outputs, live together, as in
+  `AnalyticMemory`) × ACTIVATION_MARGIN. The decoder runs the whole batch at once, so its term grows with the batch;
   vision runs one page at a time, so its term does not. Without an analytic model: FALLBACK_WIDTH × prompt tokens ×
-  hidden size × dtype bytes per page (a decoder MLP's input, widened intermediate and output), × the margin.
-
-The memory pass (`measure.memory_figures.fit_prediction`) measures what fits once a batch has run; this estimate is for
-refusing one that cannot before it runs.
-"""
+  hidden size × dtype bytes per page (a decoder MLP's input, widened intermediate and output), × the margin."""
 
 from __future__ import annotations
 
@@ -79,9 +73,8 @@ class BatchFit:
 
 
 def activation_terms(costs: Iterable[Mapping[str, Any]]) -> tuple[float, float]:
-    """(decoder, vision) largest module activation bytes over the run's inputs' analytic costs (one page each),
-    before the margin: the prefill's own modules (the decode steps' activations are one token each), vision modules
-    apart (the prefill's `global/…` and `tiles/…`)."""
+    """(decoder, vision) largest module activation bytes of the inputs' analytic prefill (decode steps' activations
+    are one token each), before the margin; vision modules are the prefill's `global/…` and `tiles/…`."""
     decoder = vision = 0.0
     for stages in costs:
         prefill = stages.get(vocab.PREFILL)

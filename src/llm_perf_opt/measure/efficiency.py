@@ -1,13 +1,8 @@
-"""Per-stage roofline: MFU, MBU, arithmetic intensity against the ridge point, and the speed-of-light time.
-
-For each stage over all timed passes:
-- FLOPs: counted on the real modules (the same figure MFU uses);
-- bytes: the analytic model's bytes moved (weights read, activations, KV cache), `analytic.model.StageCost.bytes`;
+"""Per-stage roofline over all timed passes, FLOPs counted on the real modules (as for MFU) and bytes the analytic
+model's bytes moved (weights read, activations, KV cache: `analytic.model.StageCost.bytes`):
 - MFU = FLOPs / (time x dense peak FLOP/s); MBU = bytes / (time x peak bandwidth) (`measure.mfu.utilization`);
-- arithmetic intensity = FLOPs / bytes against the ridge point = peak FLOP/s / peak B/s: above it a stage is
-  compute-bound, below it memory-bound;
-- speed of light = max(FLOPs / peak FLOP/s, bytes / peak B/s), and the gap = measured time / speed of light.
-"""
+- arithmetic intensity = FLOPs / bytes against the ridge point = peak FLOP/s / peak B/s: above it compute-bound;
+- speed of light = max(FLOPs / peak FLOP/s, bytes / peak B/s), and the gap = measured time / speed of light."""
 
 from __future__ import annotations
 
@@ -26,10 +21,7 @@ class HasBytes(Protocol):
 
 def speed_of_light(flops: float, moved: float, flops_per_s: float, bytes_per_s: float) -> tuple[float, str]:
     """The lower-bound time (s) of `flops` FLOPs and `moved` bytes on a device with these peaks, and the roof that
-    sets it: max(FLOPs / peak FLOP/s, bytes / peak B/s), "compute" when the FLOP term is the larger (or equal).
-
-    The one speed-of-light formula: measured stages here, analytic what-ifs in `analytic.pricing`.
-    """
+    sets it ("compute" when the FLOP term is the larger or equal); also the analytic what-ifs' (`analytic.pricing`)."""
     compute_s = flops / flops_per_s
     memory_s = moved / bytes_per_s
     return max(compute_s, memory_s), "compute" if compute_s >= memory_s else "memory"
@@ -44,8 +36,7 @@ def efficiency_by_stage(
     bandwidth: PeakFigure | None,
     flops_source: str,
 ) -> tuple[StageEfficiency, ...]:
-    """One StageEfficiency per stage that has FLOPs, bytes and a measured time (FLOPs and bytes keyed by the passes'
-    `cost_key`: per input, or per batch)."""
+    """One StageEfficiency per stage with FLOPs, bytes (both keyed by `cost_key`) and a measured time."""
     out = []
     ridge = compute.value / bandwidth.value if compute and bandwidth else None
     for stage in stage_names:
@@ -64,9 +55,7 @@ def efficiency_by_stage(
         _, mfu = utilization(flops, seconds, compute)
         _, mbu = utilization(moved, seconds, bandwidth)
         intensity = flops / moved
-        sol_s = None
-        if compute and bandwidth:
-            sol_s, _ = speed_of_light(flops, moved, compute.value, bandwidth.value)
+        sol_s = speed_of_light(flops, moved, compute.value, bandwidth.value)[0] if compute and bandwidth else None
         out.append(
             StageEfficiency(
                 stage=stage,

@@ -1,11 +1,9 @@
 """Energy figures from the energy pass: J per pass, W and FLOP/J per stage, J per page and per decode token.
 
-Each figure is a loop's own: its joules over its repetitions (the decode figure from the decode steps looped alone,
-so J per decode token is no difference of two loops). A loop runs at whatever pace the host sets (an eager
-decode step is host-bound), so where a stage's loop ran more than `SPEED_NOTE_AT` away from the stage's median time
-over the timed passes, the stage's note says so: a host-paced step's energy is mostly idle power × its time, and it
-moves with the host's pace while its mean power stays steady.
-"""
+Each figure is a loop's own joules over its repetitions (J per decode token from the decode steps looped alone, no
+difference of two loops). A loop runs at the host's pace (an eager decode step is host-bound: its energy is mostly
+idle power × its time, moving with that pace while its mean power stays steady), so a stage's note says where its
+loop ran more than `SPEED_NOTE_AT` off the timed median."""
 
 from __future__ import annotations
 
@@ -25,10 +23,9 @@ SPEED_NOTE_AT = 0.10  # a loop this far from the timed median is noted
 def energy_report(
     measured: EnergyPass, flops: Mapping[str, float], timed_s: Mapping[str, float], method: str
 ) -> EnergyReport:
-    """The energy pass's figures. `flops` and `timed_s` (median seconds per pass over the timed passes) are keyed by
-    stage (prefill, decode) for the pass's input; `timed_s` only annotates. Each stage is its own loop's figure where
-    that loop ran, else the whole-pass loop less the other stage's loop; the pass is the whole-pass loop, else the
-    sum of the two."""
+    """The energy pass's figures; `flops` and `timed_s` (median s per pass over the timed passes, which only
+    annotates) by stage for the pass's input. A stage is its own loop's figure, else the whole-pass loop less the other
+    stage's; the pass is the whole-pass loop, else the sum of the two."""
     idle_w = measured.idle.watts
     windows = {vocab.PREFILL: measured.prefill, vocab.DECODE: measured.decode, "pass": measured.whole}
     own = {stage: window.per_iteration(idle_w) for stage, window in windows.items() if window is not None}
@@ -45,17 +42,11 @@ def energy_report(
     own["pass"] = whole
     stage_flops = {**flops, "pass": _both(flops.get(vocab.PREFILL), flops.get(vocab.DECODE))}
     stage_timed = {**timed_s, "pass": _both(timed_s.get(vocab.PREFILL), timed_s.get(vocab.DECODE))}
-    stages = []
-    for stage in (vocab.PREFILL, vocab.DECODE, "pass"):
-        if stage not in own:
-            continue
-        joules, seconds = own[stage]
-        if joules <= 0 or seconds <= 0:
-            stages.append(_not_available(stage, how[stage], joules, seconds, stage_flops.get(stage)))
-        else:
-            stages.append(
-                _stage(stage, joules, seconds, stage_timed.get(stage), idle_w, stage_flops.get(stage), how=how[stage])
-            )
+    stages = [
+        _stage(stage, how[stage], *own[stage], stage_timed.get(stage), idle_w, stage_flops.get(stage))
+        for stage in (vocab.PREFILL, vocab.DECODE, "pass")
+        if stage in own
+    ]
     per_token = above = None
     decode = next((s for s in stages if s.stage == vocab.DECODE), None)
     tokens = (measured.new_tokens - 1) * measured.pages
@@ -76,45 +67,35 @@ def energy_report(
 
 
 def _stage(
-    stage: str,
-    joules: float,
-    seconds: float,
-    timed: float | None,
-    idle_w: float,
-    stage_flops: float | None,
-    *,
-    how: str = "",
+    stage: str, how: str, joules: float, seconds: float, timed: float | None, idle_w: float, flops: float | None
 ) -> StageEnergy:
     """One stage's energy per pass from its loop's joules and seconds per repetition; its note says `how` it was
-    derived and whether the loop ran off the timed pace."""
+    derived and whether the loop ran off the timed pace. Not available where either is not positive (noise)."""
+    if joules <= 0 or seconds <= 0:
+        return StageEnergy(
+            stage=stage,
+            joules=None,
+            seconds=None,
+            watts=None,
+            above_idle_joules=None,
+            flops=flops,
+            flop_per_joule=None,
+            note=f"not available: {how} = {joules:,.3f} J over {seconds:,.3f} s (within noise)",
+        )
     notes = [how] if how else []
     if timed is not None and timed > 0 and abs(seconds / timed - 1) > SPEED_NOTE_AT:
         notes.append(
             f"its loop ran at {seconds * 1e3:,.1f} ms per pass ({seconds / timed - 1:+.0%} of the timed median)"
         )
-    note = "; ".join(notes)
     return StageEnergy(
         stage=stage,
         joules=joules,
         seconds=seconds,
         watts=joules / seconds if seconds > 0 else None,
         above_idle_joules=joules - idle_w * seconds,
-        flops=stage_flops,
-        flop_per_joule=stage_flops / joules if stage_flops is not None and joules > 0 else None,
-        note=note,
-    )
-
-
-def _not_available(stage: str, how: str, joules: float, seconds: float, flops: float | None) -> StageEnergy:
-    return StageEnergy(
-        stage=stage,
-        joules=None,
-        seconds=None,
-        watts=None,
-        above_idle_joules=None,
         flops=flops,
-        flop_per_joule=None,
-        note=f"not available: {how} = {joules:,.3f} J over {seconds:,.3f} s (within noise)",
+        flop_per_joule=flops / joules if flops is not None and joules > 0 else None,
+        note="; ".join(notes),
     )
 
 

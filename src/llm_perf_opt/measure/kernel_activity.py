@@ -1,11 +1,9 @@
 """GPU activity per forward pass: kernels launched, summed kernel time, GPU-busy time (the union of the kernel
 intervals) and wall time, for the prefill and each decode step of the profiled pass.
 
-Takes plain numbers (which step launched each kernel, and when the kernel ran on the GPU), so it is independent of
-the profiler: `instruments.torch_profiler` ties each kernel to its step through the launch call (correlation id),
-never by comparing the kernel's GPU time with the step's host time (launches are asynchronous: a step's kernels may
-run long after its host span ended).
-"""
+Plain numbers in, independent of the profiler: `instruments.torch_profiler` ties each kernel to its step through the
+launch call (correlation id), never by GPU time against host time (launches are asynchronous: a step's kernels may
+run long after its host span ended)."""
 
 from __future__ import annotations
 
@@ -21,33 +19,24 @@ KernelSpan = tuple[int, float, float]
 
 def busy_us(intervals: Iterable[tuple[float, float]], lo: float, hi: float) -> float:
     """Length of the union of `intervals` clipped to [lo, hi] (overlapping kernels counted once)."""
-    total = 0.0
-    cur_start: float | None = None
-    cur_end = lo
+    merged: list[list[float]] = []  # [start, end] of each run of overlapping intervals
     for start, end in sorted((max(s, lo), min(e, hi)) for s, e in intervals):
         if end <= start:
             continue
-        if cur_start is None or start > cur_end:
-            if cur_start is not None:
-                total += cur_end - cur_start
-            cur_start, cur_end = start, end
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
         else:
-            cur_end = max(cur_end, end)
-    if cur_start is not None:
-        total += cur_end - cur_start
-    return total
+            merged.append([start, end])
+    return sum((end - start for start, end in merged), 0.0)
 
 
 def step_activities(
     kernels: Iterable[KernelSpan], host_spans: Mapping[int, tuple[float, float]]
 ) -> dict[int, StepActivity]:
     """Per step (the keys of `host_spans`, each its host span in µs on the same clock): its kernels, their summed
-    time, the busy time and the wall time.
-
-    A step's window starts at its host span start, or at the previous step's end if its GPU work was still running
-    then (the queue carries over), and ends at its last kernel's end or its host span end, whichever is later. Busy
-    time is the union of the step's kernel intervals inside that window.
-    """
+    time, the busy time (the union of its kernel intervals in its window) and the wall time. A step's window starts
+    at its host span start, or at the previous step's end if its GPU work was still running then (the queue carries
+    over), and ends at its last kernel's end or its host span end, whichever is later."""
     by_step: dict[int, list[tuple[float, float]]] = {step: [] for step in host_spans}
     for step, start, end in kernels:
         if step in by_step:
@@ -71,29 +60,24 @@ def step_activities(
 
 
 def decode_activity(
-    kernels: Sequence[KernelSpan],
-    host_spans: Mapping[int, tuple[float, float]],
-    *,
-    unattributed: int,
-    method: str,
+    kernels: Sequence[KernelSpan], host_spans: Mapping[int, tuple[float, float]], *, unattributed: int, method: str
 ) -> DecodeActivity | None:
-    """Decode-step statistics (mean/min/max kernels, mean times, busy fraction) and the prefill's activity; None
-    when no decode step was profiled."""
+    """Decode-step statistics and the prefill's activity; None when no decode step was profiled."""
     per_step = step_activities(kernels, host_spans)
     decode = [a for step, a in sorted(per_step.items()) if step != PREFILL_STEP]
     if not decode:
         return None
     n = len(decode)
-    wall = sum(a.wall_ms for a in decode)
+    busy, wall = sum(a.busy_ms for a in decode), sum(a.wall_ms for a in decode)
     return DecodeActivity(
         steps=n,
         kernels_mean=sum(a.kernels for a in decode) / n,
         kernels_min=min(a.kernels for a in decode),
         kernels_max=max(a.kernels for a in decode),
         kernel_ms_mean=sum(a.kernel_ms for a in decode) / n,
-        busy_ms_mean=sum(a.busy_ms for a in decode) / n,
+        busy_ms_mean=busy / n,
         wall_ms_mean=wall / n,
-        busy_fraction=sum(a.busy_ms for a in decode) / wall if wall > 0 else 0.0,
+        busy_fraction=busy / wall if wall > 0 else 0.0,
         prefill=per_step.get(PREFILL_STEP),
         unattributed_kernels=unattributed,
         method=method,

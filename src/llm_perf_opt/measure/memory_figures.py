@@ -56,9 +56,7 @@ def fit_prediction(
     per_page = (peak.activations_bytes + peak.kv_cache_bytes) / max(batch, 1)
     max_batch = None if per_page <= 0 else max(0, math.floor(room / per_page))
     per_position = kv_per_token * batch if kv_per_token else None
-    max_context = None
-    if per_position:
-        max_context = max(0, math.floor((room - peak.activations_bytes) / per_position))
+    max_context = max(0, math.floor((room - peak.activations_bytes) / per_position)) if per_position else None
     return FitPrediction(
         total_bytes=total,
         fixed_bytes=fixed,

@@ -1,11 +1,8 @@
-"""MFU per stage: FLOPs over all timed passes / (their measured time x dense peak FLOP/s).
+"""MFU per stage: FLOPs over all timed passes / (their measured time x dense peak FLOP/s). Totals, not a mean of
+ratios, keep the arithmetic checkable from the report (each row shows FLOPs, time, TFLOP/s and the peak's source).
 
-Using totals (not a mean of ratios) keeps the arithmetic checkable from the report: every MFU row shows its
-FLOPs, its time, the achieved TFLOP/s and the peak with its source.
-
-A pass is one input's (an `ImageRecord`, batch 1) or one batch's (a `BatchRecord`): its FLOPs and bytes are
-looked up by its `cost_key` (the input, or the batch), so a batch's MFU is the batch's FLOPs over the batch's time.
-"""
+A pass is one input's (`ImageRecord`, batch 1) or one batch's (`BatchRecord`): its FLOPs are looked up by its
+`cost_key`, so a batch's MFU is the batch's FLOPs over the batch's time."""
 
 from __future__ import annotations
 
@@ -19,10 +16,8 @@ from llm_perf_opt.records.stage1 import MfuRecord
 
 
 def utilization(amount: float, seconds: float, peak: PeakFigure | None) -> tuple[float, float | None]:
-    """(achieved rate, fraction of `peak`) for `amount` units of work (FLOPs or bytes) done in `seconds`.
-
-    The one place MFU and MBU are computed: MFU with FLOPs and a dense FLOP/s peak, MBU with bytes and a B/s peak.
-    """
+    """(achieved rate, fraction of `peak`) for `amount` units of work done in `seconds`: the one place MFU (FLOPs,
+    dense FLOP/s peak) and MBU (bytes, B/s peak) are computed."""
     rate = amount / seconds
     return rate, (rate / peak.value if peak is not None else None)
 
@@ -56,12 +51,10 @@ def mfu_by_stage(
     stage_names: Sequence[str],
     peak: PeakFigure | None,
 ) -> tuple[MfuRecord, ...]:
-    """One MfuRecord per stage in `stage_names` (prefill, vision sub-stages, decode); `flops_by_image` is keyed by
-    the passes' `cost_key`."""
+    """One MfuRecord per stage of `stage_names` that has time; `flops_by_image` keyed by the passes' `cost_key`."""
     out = []
     for stage in stage_names:
-        flops_total = 0.0
-        time_ms = 0.0
+        flops_total = time_ms = 0.0
         for rec in records:
             flops = flops_by_image[rec.cost_key].stage_total(stage, rec.new_tokens)
             if flops is None:

@@ -1,9 +1,6 @@
-"""Which modules a change moved: two runs' module attribution (a baseline and a what-if rung) compared per stage.
-
-Both sides are the folded rows of `ModuleAttribution` (time per forward: per decode step, or per pass); a module
-present on one side only counts 0 ms on the other. The listed moves and the rest add up to the stage's change
-exactly, so a waterfall from the baseline's total to the rung's closes.
-"""
+"""Which modules a change moved: two runs' module attribution (a baseline and a what-if rung) compared per stage, on
+the folded rows of `ModuleAttribution`; a module on one side only counts 0 ms on the other. The listed moves and
+the rest add up to the stage's change exactly, so a waterfall from the baseline's total to the rung's closes."""
 
 from __future__ import annotations
 
@@ -52,9 +49,8 @@ def module_changes(
 
 
 def held_by(attribution: ModuleAttribution | None, rows: int = HELD_ROWS) -> ModuleAttribution | None:
-    """What holds a run, stage by stage (prefill, each vision stage, the decode step: whatever it attributed): each
-    stage's `rows` modules furthest above their floor (the rows' own order), every stage total, floor and
-    unattributed time kept; None without module attribution."""
+    """What holds a run, stage by stage: each stage's `rows` modules furthest above their floor, every stage total,
+    floor and unattributed time kept; None without module attribution."""
     if attribution is None or not attribution.stages:
         return None
     stages = tuple(attrs.evolve(s, rows=s.rows[:rows]) for s in attribution.stages)

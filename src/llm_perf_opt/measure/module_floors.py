@@ -1,13 +1,10 @@
-"""Each module's measured kernel time beside its floor, folded by type across layers.
+"""Each module's measured kernel time beside its floor, folded by type across layers. A module's floor is the sum over
+its priced ops of max(FLOPs / dense peak, bytes / peak bandwidth): the speed of light of its work on this GPU.
 
-The analytic model prices the model op by op under its own names ("global/sam.layers.3.attn.rel_pos_bias",
-"decoder.layers.0.mlp.experts.gate_up_proj"). Each priced op is placed on the innermost real module that runs it:
-the adapter maps the analytic prefixes to module paths (`ModuleTimes.analytic_roots`: "sam" ->
-"model.sam_model"), and the rest of the name is matched against the model's module paths under that root, the
-longest match first, walking up to the parent module where an op is not a module of its own (a residual add is the
-decoder layer's, `experts.gate_up_proj` is `experts`'). A module's floor is the sum over its priced ops of
-max(FLOPs / dense peak, bytes / peak bandwidth): the speed of light of its work on this GPU.
-"""
+Each analytic op ("global/sam.layers.3.attn.rel_pos_bias") is placed on the innermost real module that runs it: the
+adapter maps analytic prefixes to module paths (`ModuleTimes.analytic_roots`: "sam" -> "model.sam_model"), and the
+rest of the name is matched under that root, longest match first, walking up to the parent module where an op is
+not a module of its own (a residual add is the decoder layer's, `experts.gate_up_proj` is `experts`')."""
 
 from __future__ import annotations
 
@@ -146,9 +143,7 @@ def _rows(
     groups: dict[str, _Group] = {}
     for row in table.rows:
         groups.setdefault(fold(row.module), _Group()).add_time(row, types.get(row.module, "?"))
-    stage_floor: float | None = None
-    if ops is not None and peaks[0] and peaks[1]:
-        stage_floor = 0.0
+    stage_floor = 0.0 if ops is not None and peaks[0] and peaks[1] else None
     for op in ops or ():
         floor = floor_ms(op, *peaks)
         if stage_floor is not None and floor is not None:

@@ -1,10 +1,8 @@
 """Whether a change between two runs exceeds their run-to-run noise: one rule for every reader.
 
-Two summaries differ beyond noise when their 95% intervals (over passes, `measure.stats`) do not overlap. Non-
-overlap of two 95% intervals is a conservative test (roughly a 0.5% level for equal widths), so "beyond noise" is
-a strong statement and "within noise" only says the runs cannot tell the two apart. Below 3 passes a summary has
-no interval and there is no verdict.
-"""
+Beyond noise when the two 95% intervals (over passes, `measure.stats`) do not overlap: a conservative test (roughly
+a 0.5% level for equal widths), so "within noise" only says the runs cannot tell the two apart. Below 3 passes a
+summary has no interval and there is no verdict."""
 
 from __future__ import annotations
 
@@ -18,10 +16,8 @@ TOO_FEW = f"n/a (needs ≥ {MIN_VALUES_FOR_CI} passes each)"
 
 
 def noise_verdict(summary: Summary | None, base: Summary | None) -> str:
-    """`BEYOND` when the 95% intervals of `summary` and `base` do not overlap, `WITHIN` when they do.
-
-    `NOT_MEASURED` when either is absent (the stage did not run), `TOO_FEW` when either has no interval.
-    """
+    """`BEYOND` when the 95% intervals of `summary` and `base` do not overlap, `WITHIN` when they do; `NOT_MEASURED`
+    when either is absent (the stage did not run), `TOO_FEW` when either has no interval."""
     if summary is None or base is None:
         return NOT_MEASURED
     if summary.ci95_low is None or summary.ci95_high is None or base.ci95_low is None or base.ci95_high is None:

@@ -67,10 +67,9 @@ def load_top_two(run_dir: Path) -> dict[str, TopTwoLogits]:
 def near_tie(
     tokens: Sequence[int], reference: Sequence[int], top2: TopTwoLogits | None, tolerance: float | None
 ) -> NearTie | None:
-    """Where `tokens` first depart from `reference`, when the two tokens there were the reference run's own top two
-    candidates (its top-two pass `top2` generated the same tokens before that point): their logits' gap against
-    `tolerance` (a fraction of the top logit). None when the sequences do not depart, `top2` is missing or saw
-    another context, or the departing token was not the reference's runner-up."""
+    """Where `tokens` first depart from `reference`, when the two tokens there were the reference's own top two
+    (its top-two pass `top2` generated the same tokens before that point): their logits' gap against `tolerance` (a
+    fraction of the top logit). None when they do not depart there, or `top2` is missing or saw another context."""
     at = first_departure(tokens, reference)
     if top2 is None or at is None or at >= min(len(tokens), len(reference), len(top2.ids)):
         return None

@@ -34,8 +34,7 @@ class RoutingTrace:
 
 
 def mean_unique_experts(traces: Sequence[RoutingTrace]) -> float | None:
-    """Distinct experts per decode step and MoE layer, averaged over every step and layer of `traces`; None when
-    they hold no decode step."""
+    """Distinct experts per decode step and MoE layer, averaged; None without a decode step."""
     counts = [len(experts) for trace in traces for step in trace.hits for experts in step]
     return float(np.mean(counts)) if counts else None
 

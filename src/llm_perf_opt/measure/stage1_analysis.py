@@ -1,10 +1,8 @@
 """Stage 1's analysis: the timed passes, counted FLOPs, analytic costs and peaks of one `stage1-run`.
 
-`pipeline/stage1.py` gathers a :class:`Stage1Measurements` as it runs and describes the run in a
-:class:`Stage1Setup`; one :class:`Stage1Analysis` over both answers one question per method (in the manner of
-`nsight.stage2_analysis.Stage2Analysis`), and :meth:`Stage1Analysis.metrics` hands the answers over as one
-`Stage1Metrics` record, which the reports render. A new figure of the run (module attribution, memory, energy) is a
-new method here and a new field of the record.
+`pipeline/stage1.py` gathers a :class:`Stage1Measurements` and describes the run in a :class:`Stage1Setup`;
+:class:`Stage1Analysis` answers one question per method and :meth:`Stage1Analysis.metrics` hands the answers over as
+the `Stage1Metrics` record the reports render. A new figure of the run is a new method here and a new record field.
 """
 
 from __future__ import annotations
@@ -32,13 +30,7 @@ from llm_perf_opt.measure.throughput import page_throughput, throughput
 from llm_perf_opt.measure.variation import high_variation, noise_side, stage_variation
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.common import SCHEMA_VERSION, PeakFigure
-from llm_perf_opt.records.memory import (
-    AnalyticMemory,
-    EnergyPass,
-    EnergyReport,
-    MemoryPass,
-    MemoryReport,
-)
+from llm_perf_opt.records.memory import AnalyticMemory, EnergyPass, EnergyReport, MemoryPass, MemoryReport
 from llm_perf_opt.records.modules import ModuleAttribution
 from llm_perf_opt.records.shard import PassWindow, ShardInfo
 from llm_perf_opt.records.stage1 import (
@@ -100,9 +92,8 @@ class Stage1Measurements:
 
 @attrs.frozen
 class Forwards:
-    """The timed forwards of the decoder and what they are priced with (all keyed by the passes' `cost_key`): an
-    input's (batch 1) or a batch's (its FLOPs and bytes over its time; per-input FLOPs over the batch's time would
-    count the batch's time once per input)."""
+    """The timed forwards of the decoder and what they are priced with, keyed by the passes' `cost_key`: an input's
+    (batch 1) or a batch's (per-input FLOPs over the batch's time would count its time once per input)."""
 
     passes: Sequence[TimedPass]
     flops: Mapping[str, StageFlops]
@@ -148,11 +139,9 @@ class Stage1Analysis:
 
     def compute_peak(self) -> PeakFigure | None:
         """The dense compute peak of MFU: hardware.peak_tflops, else the datasheet's; None where none is known."""
+        setup = self.setup
         return peak_compute(
-            self._hardware_name(),
-            self.setup.model.dtype,
-            tf32_matmul=self.setup.tf32_matmul,
-            override_tflops=self.setup.peak_tflops,
+            self._hardware_name(), setup.model.dtype, tf32_matmul=setup.tf32_matmul, override_tflops=setup.peak_tflops
         )
 
     def bandwidth_peak(self) -> PeakFigure | None:
@@ -204,17 +193,11 @@ class Stage1Analysis:
 
     @functools.cached_property
     def noise_sides(self) -> dict[str, tuple[str, str]]:
-        """Per stage, which side its run-to-run noise is on and why (`measure.variation.noise_side`); worked out
-        once, for the variation records and their warnings."""
+        """Per stage, which side its run-to-run noise is on and why (`measure.variation.noise_side`)."""
         ops = self.measured.operators
         activity = ops.activity if ops is not None else None
         timed = {s.stage: s.summary.p50 for s in self.stage_stats}
-        out = {}
-        for stage in timed:
-            side = noise_side(stage, activity, timed)
-            if side is not None:
-                out[stage] = side
-        return out
+        return {stage: side for stage in timed if (side := noise_side(stage, activity, timed)) is not None}
 
     # ---- utilization -------------------------------------------------------------------------------------------
     def mfu(self, peak: PeakFigure | None) -> tuple[MfuRecord, ...]:
@@ -225,27 +208,18 @@ class Stage1Analysis:
     def efficiency(self, compute: PeakFigure | None, bandwidth: PeakFigure | None) -> tuple[StageEfficiency, ...]:
         """MBU, the roofline and the speed of light per stage over the timed forwards, against these peaks."""
         forwards = self.forwards()
+        source = run_flops_source(forwards.flops.values())
         return efficiency_by_stage(
-            forwards.passes,
-            forwards.flops_per_stage,
-            forwards.costs,
-            self.stages(),
-            compute,
-            bandwidth,
-            run_flops_source(forwards.flops.values()),
+            forwards.passes, forwards.flops_per_stage, forwards.costs, self.stages(), compute, bandwidth, source
         )
 
     def measured_peaks(self) -> MeasuredPeaks | None:
         """hardware.peaks=measured: MFU and efficiency against this GPU's measured achievable peaks."""
-        measured = self.measured.measured_peaks
-        if measured is None:
+        if self.measured.measured_peaks is None:
             return None
-        return MeasuredPeaks(
-            compute=measured[0],
-            bandwidth=measured[1],
-            mfu=self.mfu(measured[0]),
-            efficiency=self.efficiency(measured[0], measured[1]),
-        )
+        compute, bandwidth = self.measured.measured_peaks
+        mfu, efficiency = self.mfu(compute), self.efficiency(compute, bandwidth)
+        return MeasuredPeaks(compute=compute, bandwidth=bandwidth, mfu=mfu, efficiency=efficiency)
 
     # ---- batches and routing -----------------------------------------------------------------------------------
     def fills_batches(self) -> bool:
@@ -277,8 +251,7 @@ class Stage1Analysis:
         out = [*self._setup_warnings(), *self._warmup_warnings()]
         if self.setup.model.weights == "random":
             out.append("Random weights: timings, FLOPs and bytes are real; the generated tokens are not text.")
-        for s in self.setup.skipped:
-            out.append(f"Skipped input {Path(s.path).name}: {s.reason}.")
+        out.extend(f"Skipped input {Path(s.path).name}: {s.reason}." for s in self.setup.skipped)
         if no_peak:
             out.append(
                 "MFU is n/a: no dense peak is known for this device and dtype. Set hardware.peak_tflops=<dense "
@@ -377,28 +350,17 @@ class Stage1Analysis:
         m = self.measured
         if m.memory is None:
             return None if m.memory_reason is None else MemoryReport(available=False, reason=m.memory_reason)
-        measured = m.memory
-        other = resident_other(measured)
-        parts = tuple(
-            breakdown(p, measured.weights_bytes, other, measured.preexisting_kv_bytes) for p in measured.peaks
-        )
+        mem = m.memory
+        other = resident_other(mem)
+        parts = tuple(breakdown(p, mem.weights_bytes, other, mem.preexisting_kv_bytes) for p in mem.peaks)
         whole = next((b for b in parts if b.stage == vocab.E2E), None)
         fit = None
-        if whole is not None and measured.total_memory_bytes:
+        if whole is not None and mem.total_memory_bytes:
             fit = fit_prediction(
-                measured.total_memory_bytes,
-                measured.outside_allocator_bytes,
-                whole,
-                measured.batch_size,
-                measured.kv_bytes_per_token,
+                mem.total_memory_bytes, mem.outside_allocator_bytes, whole, mem.batch_size, mem.kv_bytes_per_token
             )
-        return MemoryReport(
-            available=True,
-            measured=measured,
-            breakdown=parts,
-            analytic=self.analytic_memory(measured, whole.peak_allocated_bytes if whole else 0),
-            fit=fit,
-        )
+        analytic = self.analytic_memory(mem, whole.peak_allocated_bytes if whole else 0)
+        return MemoryReport(available=True, measured=mem, breakdown=parts, analytic=analytic, fit=fit)
 
     def analytic_memory(self, measured: MemoryPass, peak: int) -> AnalyticMemory:
         """Expected peak = weights + KV per token × context × batch + the analytic model's largest activation (the
@@ -428,8 +390,7 @@ class Stage1Analysis:
         )
 
     def energy(self) -> EnergyReport | None:
-        """The energy pass's figures (`measure.energy_figures`), each stage's beside its median over the timed
-        passes of the same input."""
+        """The energy pass's figures, each stage's beside its median over the timed passes of the same input."""
         m = self.measured
         if m.energy is None:
             return None if m.energy_reason is None else EnergyReport(available=False, reason=m.energy_reason)
@@ -444,8 +405,7 @@ class Stage1Analysis:
             if timed
             else {}
         )
-        flops = forwards.flops_per_stage.get(e.input, {})
-        return energy_report(e, flops, medians, ENERGY_METHOD)
+        return energy_report(e, forwards.flops_per_stage.get(e.input, {}), medians, ENERGY_METHOD)
 
     # ---- everything --------------------------------------------------------------------------------------------
     def profiler(self) -> ProfilerInfo | None:

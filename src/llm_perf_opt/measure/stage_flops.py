@@ -16,11 +16,8 @@ GROUPED_MM_FALLBACK_OP = "transformers.grouped_mm_fallback"
 
 @attrs.frozen
 class StageFlops:
-    """FLOPs of one image's workload by stage.
-
-    Decode FLOPs per step are affine in the context length (weights are constant per token; attention grows
-    with the keys attended), so two counted steps give every step exactly: flops(ctx) = base + per_ctx·ctx.
-    """
+    """FLOPs of one image's workload by stage. Decode FLOPs per step are affine in the context length (weights are
+    constant per token; attention grows with the keys attended), so two counted steps give every step exactly."""
 
     prefill: float  # whole prefill forward, vision included
     vision: Mapping[str, float]  # vision sub-stage -> FLOPs (inside prefill)
@@ -31,16 +28,15 @@ class StageFlops:
     source: str = FLOP_SOURCE
 
     def scaled(self, factor: int) -> StageFlops:
-        """The FLOPs of `factor` copies of this workload run as one batch of equal prompts (no padding): every
-        matmul, attention and routed-expert row is `factor` times as many, the prompt length the same."""
-        return StageFlops(
+        """`factor` copies of this workload as one batch of equal prompts (no padding): every matmul, attention and
+        routed-expert row is `factor` times as many, the prompt length the same."""
+        return attrs.evolve(
+            self,
             prefill=self.prefill * factor,
             vision={stage: value * factor for stage, value in self.vision.items()},
             decode_step_base=self.decode_step_base * factor,
             decode_step_per_ctx=self.decode_step_per_ctx * factor,
-            prompt_tokens=self.prompt_tokens,
             by_operator={op: value * factor for op, value in self.by_operator.items()},
-            source=self.source,
         )
 
     def decode_step(self, context: int) -> float:
@@ -49,8 +45,7 @@ class StageFlops:
 
     def decode_total(self, new_tokens: int) -> float:
         """FLOPs of the new_tokens - 1 decode steps after prefill (step i attends prompt + i keys)."""
-        steps = range(1, new_tokens)
-        return sum(self.decode_step(self.prompt_tokens + i) for i in steps)
+        return sum(self.decode_step(self.prompt_tokens + i) for i in range(1, new_tokens))
 
     def stage_total(self, stage: str, new_tokens: int) -> float | None:
         """FLOPs for a stage name of :mod:`stages`; None where nothing is counted (preprocess)."""

@@ -1,11 +1,9 @@
-"""Summary statistics for repeated measurements: spread, percentiles and a 95% confidence interval.
+"""Summary statistics for repeated measurements: spread, percentiles and a 95% confidence interval (none below
+`MIN_VALUES_FOR_CI` (3) values: the range is all there is). Its method is recorded in `Summary.ci_method`:
 
-The interval needs at least `MIN_VALUES_FOR_CI` (3) values; with fewer there is none (the range is all there is).
-Its method is recorded in `Summary.ci_method`:
-
-- `CI_LOG_T` when every value is positive (times, rates): a Student-t interval on the log values, mapped back, i.e.
-  an interval for the geometric mean. Never below 0, asymmetric like timing noise, and exact-width for small n
-  (a percentile bootstrap is too narrow at 3–5 passes). The arithmetic mean lies at or above its centre.
+- `CI_LOG_T` when every value is positive (times, rates): a Student-t interval on the log values, mapped back (an
+  interval for the geometric mean, at or below the arithmetic mean). Never below 0, asymmetric like timing noise,
+  and exact-width for small n (a percentile bootstrap is too narrow at 3–5 passes).
 - `CI_T_TRUNCATED` when the values are non-negative and some are 0 (log undefined): a Student-t interval of the
   mean with the lower bound raised to 0 (a non-negative mean cannot be below it, so coverage is unchanged).
 - `CI_T` when some value is negative (a signed quantity): the plain Student-t interval of the mean.
@@ -42,11 +40,8 @@ CI_T = "Student t of the mean"
 
 
 def t_critical_95(df: int) -> float:
-    """Two-sided 95% critical value of Student's t with ``df`` degrees of freedom.
-
-    Exact for df 1..30, 40, 60 and 120; between those (and from 120 to the normal limit 1.959964) linear in
-    1/df, which is accurate to about 1e-4.
-    """
+    """Two-sided 95% critical value of Student's t with ``df`` degrees of freedom: exact for df 1..30, 40, 60 and
+    120; between those (and from 120 to the normal limit) linear in 1/df, accurate to about 1e-4."""
     if isinstance(df, bool) or not isinstance(df, int | np.integer) or df < 1:
         raise ValueError(f"df must be an integer >= 1, got {df!r}")
     df = int(df)
@@ -81,10 +76,7 @@ def confidence_interval_95(values: Sequence[float] | npt.NDArray[np.float64]) ->
 
 
 def summarize(values: Sequence[float], unit: str) -> Summary:
-    """Summarise finite measurements; percentiles interpolate linearly; no interval below 3 values.
-
-    Empty or non-finite input raises ValueError.
-    """
+    """Summarise finite measurements (percentiles interpolated linearly); empty or non-finite input raises."""
     arr = np.asarray(values, dtype=np.float64)
     if arr.ndim != 1:
         raise ValueError(f"expected a flat sequence of numbers, got shape {arr.shape}")

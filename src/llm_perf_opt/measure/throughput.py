@@ -1,10 +1,8 @@
 """Pages per second as a workload: throughput, per-page latency and the time per page beside its floor.
 
-One figure per quantity: a forward (one input, or one batch pass) finishes `size` inputs in its end-to-end time,
-from the first byte of preprocessing to the last token, so pages/s is `records.stage1.pages_rate` of each forward,
-the same value the what-if's pages/s objective and `BatchRecord.pages_per_s` hold. Each summary has one value per
-timed forward (the passes are the independent samples; the inputs of one batch pass share its times).
-"""
+A forward (one input, or one batch pass) finishes `size` inputs in its end-to-end time (first byte of preprocessing
+to last token): pages/s is `records.stage1.pages_rate` of each forward, as in the what-if's pages/s objective and
+`BatchRecord.pages_per_s`. One value per timed forward (the inputs of one batch pass share its times)."""
 
 from __future__ import annotations
 
@@ -34,8 +32,7 @@ Forward = ImageRecord | BatchRecord
 
 
 def run_batch(forwards: Sequence[Forward]) -> tuple[int, list[Forward]]:
-    """The batch a run's figures are for (the most common forward size: a short last batch aside) and the timed
-    forwards of that size."""
+    """The batch a run's figures are for (the most common forward size) and the timed forwards of that size."""
     sizes = [f.size for f in forwards]
     size = max(sizes, key=sizes.count) if sizes else 1
     return size, [f for f in forwards if f.size == size]
@@ -61,15 +58,6 @@ def throughput(forwards: Sequence[Forward]) -> Throughput:
         e2e_images_per_s=statistics.median(pages_rate(f.size, f.e2e_ms) for f in forwards),
         e2e_tokens_per_s=statistics.median(_new_tokens_per_s(f) for f in forwards),
     )
-
-
-def _speed_of_light_share(efficiency: Sequence[StageEfficiency]) -> dict[str, float]:
-    """Per priced stage, its speed of light over its measured time (both summed over the same timed forwards)."""
-    return {
-        e.stage: e.speed_of_light_ms / e.time_ms
-        for e in efficiency
-        if e.speed_of_light_ms is not None and e.time_ms > 0
-    }
 
 
 def _part_times(forward: Forward, floor_share: Mapping[str, float]) -> dict[str, tuple[float, float | None]]:
@@ -108,8 +96,7 @@ def part_values(metrics: Stage1Metrics, parts: Sequence[str]) -> list[float]:
 
 
 def run_pages(metrics: Stage1Metrics) -> PageThroughput | None:
-    """A run's pages figure: its record's (`Stage1Metrics.pages`), or, for a folder written before 1.4, the same
-    figure from its timed forwards."""
+    """A run's pages figure: its record's, or for a folder written before 1.4, worked out from its timed forwards."""
     return metrics.pages or page_throughput(metrics.forwards, metrics.efficiency)
 
 
@@ -118,7 +105,8 @@ def page_throughput(forwards: Sequence[Forward], efficiency: Sequence[StageEffic
     if not forwards:
         return None
     size, full = run_batch(forwards)
-    share = _speed_of_light_share(efficiency)
+    # per priced stage, its speed of light over its measured time (both summed over the same timed forwards)
+    share = {e.stage: sol / e.time_ms for e in efficiency if (sol := e.speed_of_light_ms) is not None and e.time_ms > 0}
     per_forward = [_part_times(f, share) for f in full]
     has_vision = any(f.vision_ms for f in full)
     parts = tuple(
@@ -151,11 +139,10 @@ CROWDED_CORES = 8.0  # the process's CPU per pass over its wall time above this:
 
 @attrs.frozen
 class HostAround:
-    """What each timed pass cost the host beyond its timed stages: the wall-clock window of the pass's call
-    (`Stage1Metrics.timed_windows`) less its end-to-end time (first byte of preprocessing to last token, CUDA
-    events), p50 over the passes; the cores the process kept busy (its CPU time per pass over the pass's wall time;
-    None: not recorded). The report's one pages/s figure stays the per-pass p50 (`Throughput`); the rate over the
-    passes' span is data parallel's (`measure.data_parallel`)."""
+    """What each timed pass cost the host beyond its timed stages (p50 over the passes): the wall-clock window of its
+    call (`Stage1Metrics.timed_windows`) less its end-to-end time (CUDA events), and the cores the process kept busy
+    (its CPU time per pass over the pass's wall time; None: not recorded). The report's pages/s stays the per-pass
+    p50 (`Throughput`); the rate over the passes' span is data parallel's (`measure.data_parallel`)."""
 
     outside_ms: float
     pass_ms: float

@@ -1,10 +1,6 @@
-"""Run-to-run variation judged per image: the spread over the passes of one image, not over a mix of images.
-
-Pooled over a multi-image run, a stage's CV mostly measures how different the images are (tiles, tokens), so it
-is reported as image mix. Noise is the spread of one image's own passes: per stage, the CV over the passes of
-each image, summarised over the images with at least `MIN_VALUES_FOR_CI` passes by its median (the warning's
-figure: what a typical image shows) and its maximum (with the image that shows it).
-"""
+"""Run-to-run variation judged per image: pooled over a multi-image run, a stage's CV mostly measures how different
+the images are, so it is reported as image mix. Noise is the CV over each image's own passes, summarised over the
+images with at least `MIN_VALUES_FOR_CI` passes by its median (the warning's figure) and maximum (with its image)."""
 
 from __future__ import annotations
 
@@ -62,9 +58,8 @@ HOST_SIDE, GPU_SIDE, BOTH_SIDES = "host-side", "GPU-side", "host and GPU"
 
 
 def noise_side(stage: str, activity: DecodeActivity | None, timed_ms: Mapping[str, float]) -> tuple[str, str] | None:
-    """Which side a stage's run-to-run variation is on: (HOST_SIDE, GPU_SIDE or BOTH_SIDES, why in words), from the
-    GPU's busy time in the profiled pass (the union of its kernels, which the profiler does not slow) over the
-    stage's median timed time (`timed_ms`, by stage); None where nothing tells."""
+    """Which side a stage's run-to-run variation is on (HOST_SIDE, GPU_SIDE or BOTH_SIDES, why in words), from the
+    profiled pass's GPU busy time (unslowed by the profiler) over the stage's median timed time; None where unknown."""
     if stage == vocab.PREPROCESS:
         return HOST_SIDE, "preprocessing runs on the CPU"
     if activity is None:

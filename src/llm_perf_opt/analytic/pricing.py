@@ -165,12 +165,7 @@ def tile_sweep(
 
 
 def mode_sweep(
-    spec: ModelSpec,
-    base: Workload,
-    modes: Sequence[Mode],
-    grids: Sequence[tuple[int, int]],
-    gpu: GpuSpec,
-    dtype: str,
+    spec: ModelSpec, base: Workload, modes: Sequence[Mode], grids: Sequence[tuple[int, int]], gpu: GpuSpec, dtype: str
 ) -> tuple[ModeSweepRow, ...]:
     """DeepSeek-OCR v1: prefill cost and lower-bound time on `gpu` for each mode; a crop mode (Gundam) once per
     crop grid of `grids`. `configured` marks the row of `base` itself."""

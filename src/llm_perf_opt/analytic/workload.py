@@ -95,9 +95,7 @@ def input_workload(model: PricedModel, spec: ModelSpec, measured: MeasuredInput,
     its prompt and new tokens. Raises ValueError when the priced views give other token counts than were measured
     (the analytic model and the run disagree: a bug, not bad input)."""
     base = Workload(
-        text_tokens=measured.prompt_tokens - 1 - measured.image_tokens,
-        new_tokens=measured.new_tokens,
-        dtype_bytes=size,
+        text_tokens=measured.prompt_tokens - 1 - measured.image_tokens, new_tokens=measured.new_tokens, dtype_bytes=size
     )
     mode = model.mode
     if mode is not None:

@@ -212,8 +212,7 @@ def _check_selection_settings(max_images: int | None, sampling: str, on_error: s
         raise UserError(f"dataset.on_error={on_error!r} is not supported", "set dataset.on_error to 'skip' or 'fail'")
     if max_images is not None and max_images < 1:
         raise UserError(
-            f"dataset.max_images={max_images} must be at least 1",
-            "set it to a positive number or leave it unset",
+            f"dataset.max_images={max_images} must be at least 1", "set it to a positive number or leave it unset"
         )
 
 

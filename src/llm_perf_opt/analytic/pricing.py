@@ -123,21 +123,17 @@ def stage_bounds(costs: Mapping[str, StageCost], gpu: GpuSpec, dtype: str) -> di
 
 def what_if(costs: Mapping[str, StageCost], gpus: Sequence[GpuSpec], dtype: str) -> tuple[GpuWhatIf, ...]:
     """Lower-bound time per stage on each GPU that has a dense peak for `dtype`."""
-    out = []
-    for gpu in gpus:
-        peak = dense_peak(gpu, dtype)
-        if peak is None:
-            continue
-        out.append(
-            GpuWhatIf(
-                gpu=gpu.display_name,
-                key=gpu.key,
-                dense_tflops=peak,
-                bandwidth_gbps=gpu.bandwidth_gbps,
-                stages={stage: stage_bound(cost, peak, gpu.bandwidth_gbps) for stage, cost in costs.items()},
-            )
+    return tuple(
+        GpuWhatIf(
+            gpu=gpu.display_name,
+            key=gpu.key,
+            dense_tflops=peak,
+            bandwidth_gbps=gpu.bandwidth_gbps,
+            stages={stage: stage_bound(cost, peak, gpu.bandwidth_gbps) for stage, cost in costs.items()},
         )
-    return tuple(out)
+        for gpu in gpus
+        if (peak := dense_peak(gpu, dtype)) is not None
+    )
 
 
 def priced_views(spec: ModelSpec, workload: Workload, gpu: GpuSpec, dtype: str) -> ViewsPrice:

@@ -1,11 +1,8 @@
 """The shapes of DeepSeek-OCR-2 and DeepSeek-OCR (v1) that set their FLOPs and bytes, and the workload.
 
-:class:`ModelSpec` is extracted from a model config (:meth:`ModelSpec.from_config`: transformers'
-``DeepseekOcr2Config`` or the project's v1 ``DeepseekOcrConfig``) or from the project's Hydra ``architecture``
-mapping (:meth:`ModelSpec.from_architecture`, which builds the config first, so derived values such as the text
-``head_dim = hidden // heads`` are exactly the model's).
-
-Both models share SAM ViT-B and the DeepSeek-V2 MoE decoder; their vision encoder over SAM's features differs:
+:class:`ModelSpec` comes from a model config or from the Hydra ``architecture`` mapping (which builds the config
+first, so derived values such as the text ``head_dim = hidden // heads`` are exactly the model's). Both models
+share SAM ViT-B and the DeepSeek-V2 MoE decoder; their vision encoder over SAM's features differs:
 
 * DeepSeek-OCR-2 (:class:`EncoderSpec`, stage "vision/encoder"): a Qwen2-style encoder over [m SAM tokens ;
   n learned queries], n = 144 if m <= 144 else 256; a view yields its n query outputs. No newline tokens.
@@ -46,11 +43,6 @@ def _side(value: Any) -> int:
     if first != second:
         raise ValueError(f"non-square size {value!r} is not modelled")
     return first
-
-
-def _stride2(side: int) -> int:
-    """Output side of a 3x3 convolution with stride 2 and padding 1."""
-    return (side + 2 - 3) // 2 + 1
 
 
 @attrs.frozen
@@ -288,8 +280,9 @@ class ModelSpec:
         return side_px // self.sam.patch
 
     def feature_side(self, side_px: int) -> int:
-        """SAM output positions per side of a view, after net_2 and net_3."""
-        return _stride2(_stride2(self.sam_grid(side_px)))
+        """SAM output positions per side of a view: net_2 and net_3 (3x3, stride 2, padding 1) each halve the side
+        rounding up, ceil(g / 4) in all."""
+        return (self.sam_grid(side_px) + 3) // 4
 
     def sam_positions(self, side_px: int) -> int:
         """SAM output positions of a view (the vision encoder's image tokens)."""

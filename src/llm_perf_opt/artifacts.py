@@ -1,12 +1,10 @@
 """One artifacts manager for every run folder: atomic writes and a run status that is never left looking complete.
 
-`run_status.json` holds the state (a `records.common.RunStatus`): `running` from the start, then exactly one of
-`complete`, `failed` (with the message) or `interrupted`; it names the process writing the folder (pid and host), so
-a folder whose status still reads `running` after that process is gone is known to have been killed hard
-(`records.folders.writer_state`). A file that cannot be written (full disk, read-only folder) raises
-:class:`OutputWriteError`; the status itself falls back to an in-place rewrite, which still succeeds on a full disk,
-so a folder is marked failed whenever it can be written at all (:func:`mark_failed` is the last resort of the entry
-points). `read_status` (from `records.folders`) is the one run-status reader.
+`run_status.json` (`records.common.RunStatus`) reads `running` from the start, then `complete`, `failed` (with the
+message) or `interrupted`; it names the writing process (pid and host), so a folder still `running` after that
+process is gone was killed hard (`records.folders.writer_state`). A file that cannot be written raises
+:class:`OutputWriteError`; the status falls back to an in-place rewrite, which works on a full disk, so a folder is
+marked failed whenever it can be written at all (:func:`mark_failed` is the entry points' last resort).
 """
 
 from __future__ import annotations

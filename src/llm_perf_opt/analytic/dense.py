@@ -1,12 +1,9 @@
-"""Analytic FLOPs and bytes of a dense decoder-only transformer (Llama, Qwen2, Mistral without sliding window).
+"""Analytic FLOPs and bytes of a dense decoder-only transformer (Llama, Qwen2, Mistral without sliding window):
+token embedding, `layers` x (RMSNorm, attention with grouped KV heads and RoPE, RMSNorm, SwiGLU MLP), a final
+RMSNorm and the lm_head on the positions whose logits are kept (the last prefill token, and each decode step).
 
-The architecture: token embedding, `layers` x (RMSNorm, attention with grouped KV heads and RoPE, RMSNorm,
-SwiGLU MLP), a final RMSNorm and the lm_head on the positions whose logits are kept (the last prefill token,
-and each decode step). Conventions are those of :mod:`llm_perf_opt.analytic.model` (1 MAC = 2 FLOPs; the
-counted figure, :attr:`StageCost.matmul_flops`, is what FlopCounterMode counts: the linears and attention over the
-full score matrix; it equals the count on the real modules exactly, tests/test_analytic_dense.py). Bytes: the
-weights a forward reads (the embedding one row per token), approximate activations, and the KV cache (written
-for every token, read for every key a decode step attends).
+Conventions and bytes are those of :mod:`llm_perf_opt.analytic.model`; the counted figure equals FlopCounterMode's
+count on the real modules exactly (tests/test_analytic_dense.py).
 """
 
 from __future__ import annotations

@@ -420,11 +420,8 @@ def _clip(spec: ModelSpec, clip: ClipSpec, side_px: int, batch: int, db: int) ->
 
 
 def vision_view(spec: ModelSpec, side_px: int, dtype_bytes: int = 2, batch: int = 1) -> list[ModuleCost]:
-    """Modules of the vision tower and projector for `batch` square views of `side_px` pixels run as one call.
-
-    Names start with "sam.", the encoder's prefix ("encoder." for OCR-2, "clip." for v1) or "projector". FLOPs and
-    activation bytes scale with `batch`; the weights are read once per call.
-    """
+    """Modules of the vision tower and projector for `batch` square views of `side_px` pixels run as one call
+    (weights read once): "sam.", the encoder's prefix ("encoder." for OCR-2, "clip." for v1) and "projector"."""
     tokens = batch * spec.view_tokens(side_px)
     enc = spec.encoder
     if isinstance(enc, ClipSpec):
@@ -606,20 +603,15 @@ def _vision_stage(spec: ModelSpec, name: str) -> str:
 
 
 def prefill(spec: ModelSpec, workload: Workload) -> dict[str, StageCost]:
-    """The vision sub-stages (``spec.vision_stages``: "vision/sam", "vision/encoder" or v1's "vision/clip",
-    "vision/projector"; global view + all tiles) and "prefill".
-
-    "prefill" is the whole prefill forward: the vision modules (the global view, then the tiles as one batch),
-    the layout of the image features (v1: a newline per row), the decoder over the prompt (every position
-    attending all prompt positions) and the lm_head on the last position. Vision module names start with
-    "global/" or "tiles/".
-    """
+    """The vision sub-stages (``spec.vision_stages``, global view + all tiles) and "prefill", the whole prefill
+    forward: the vision modules ("global/..." for the global view, then "tiles/..." for the tiles as one batch),
+    the features' layout (v1: a newline per row), the decoder over the prompt (every position attending all
+    prompt positions) and the lm_head on the last position."""
     return _batch_prefill(spec, [workload])
 
 
 def _batch_prefill(spec: ModelSpec, workloads: Sequence[Workload]) -> dict[str, StageCost]:
-    """The vision sub-stages and "prefill" of images run together: each image's vision and layout in turn, then
-    one decoder forward over the batch, each sequence padded to the longest prompt."""
+    """The vision sub-stages and "prefill" of images run together (see :func:`batch_stage_costs`)."""
     by_stage: dict[str, list[ModuleCost]] = {stage: [] for stage in spec.vision_stages}
     image: list[ModuleCost] = []
     for w in workloads:
@@ -639,13 +631,9 @@ def decode_step(
     spec: ModelSpec, context: int, dtype_bytes: int = 2, *, batch: int = 1, experts_hit: float | None = None
 ) -> StageCost:
     """One decode step: one new token per sequence of the batch, whose query attends `context` keys (the cache
-    plus itself).
-
-    Weight bytes are the active weights: attention, the dense / shared MLPs, the router, the routed experts hit
-    in each MoE layer (`experts_hit`; default the top_k at batch 1, E·(1 − (1 − k/E)^B) at batch B), the norms,
-    the lm_head and the tokens' embedding rows. KV bytes: each sequence's `context` cached keys/values read plus
-    its new token's written.
-    """
+    plus itself). Weight bytes are the active weights, with the routed experts hit in each MoE layer
+    (`experts_hit`; default the top_k at batch 1, E·(1 − (1 − k/E)^B) at batch B); KV bytes each sequence's
+    `context` cached keys/values read plus its new token's written."""
     modules = _decoder(spec, 1, context, dtype_bytes, prefill=False, batch=batch, experts_hit=experts_hit)
     return StageCost(DECODE_STEP, tuple(modules))
 
@@ -661,10 +649,8 @@ def decode(spec: ModelSpec, workload: Workload) -> StageCost:
 
 def sum_of_steps(step_at: Callable[[int], tuple[ModuleCost, ...]], prompt_tokens: int, new_tokens: int) -> StageCost:
     """The "decode" stage: the new_tokens − 1 steps after prefill, step i (1-based) attending prompt + i keys.
-
-    Every field of a step is affine in its context, so the sum is taken from the steps at the prompt length and
-    one past it: Σᵢ f(P + i) = (n − 1)·f(P) + (Σᵢ i)·(f(P + 1) − f(P)), exact.
-    """
+    Every field of a step is affine in its context, so the sum is exact from the steps at the prompt length and
+    one past it: Σᵢ f(P + i) = (n − 1)·f(P) + (Σᵢ i)·(f(P + 1) − f(P))."""
     steps = new_tokens - 1
     if steps <= 0:
         return StageCost(DECODE, ())
@@ -686,14 +672,12 @@ def stage_costs(spec: ModelSpec, workload: Workload) -> dict[str, StageCost]:
 def batch_stage_costs(
     spec: ModelSpec, workloads: Sequence[Workload], experts_hit: float | None = None
 ) -> dict[str, StageCost]:
-    """Every stage of one batch of images run together (vision per image, the decoder batched with left padding).
-
-    The vision sub-stages hold every image's modules; "prefill" holds every image's vision and layout and one
-    decoder forward over the batch, each sequence padded to the longest prompt (padding positions are computed,
-    read and cached like tokens); "decode" the new_tokens − 1 batched steps, step i attending padded prompt + i
-    keys per sequence, with `experts_hit` distinct routed experts per MoE layer and step (default: E·(1 − (1 −
-    k/E)^B)). The workloads share new_tokens and dtype_bytes.
-    """
+    """Every stage of one batch of images run together. The vision sub-stages hold every image's modules;
+    "prefill" every image's vision and layout in turn, then one decoder forward over the batch, each sequence
+    left-padded to the longest prompt (padding positions computed, read and cached like tokens); "decode" the
+    new_tokens − 1 batched steps, step i attending padded prompt + i keys per sequence, with `experts_hit` distinct
+    routed experts per MoE layer and step (default E·(1 − (1 − k/E)^B)). The workloads share new_tokens and
+    dtype_bytes."""
     if not workloads:
         raise ValueError("no images in the batch")
     db, size = workloads[0].dtype_bytes, len(workloads)

@@ -1,9 +1,7 @@
-"""What the analytic costs mean on hardware and across views: per-stage rows, operator categories, modules, the
-lower-bound time of each stage on each GPU, and the what-if over a page's views (OCR-2 tile counts, v1 modes and
-crop grids). Every function returns records of :mod:`llm_perf_opt.records.analytic`.
-
-Lower bounds use the one speed-of-light formula (:func:`llm_perf_opt.measure.efficiency.speed_of_light`) with the
-counted (matmul) FLOPs over the GPU's dense datasheet peak for the dtype and the analytic bytes over its bandwidth.
+"""What the analytic costs mean on hardware and across views, as records of :mod:`llm_perf_opt.records.analytic`:
+per-stage rows, operator categories, modules, each stage's lower-bound time on each GPU (the counted FLOPs over the
+dense datasheet peak and the bytes over the bandwidth, by :func:`llm_perf_opt.measure.efficiency.speed_of_light`),
+and the what-if over a page's views (OCR-2 tile counts, v1 modes and crop grids).
 """
 
 from __future__ import annotations

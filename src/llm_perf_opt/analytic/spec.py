@@ -310,10 +310,8 @@ class ViewMode(Protocol):
 
     @property
     def global_size(self) -> int: ...
-
     @property
     def image_size(self) -> int: ...
-
     @property
     def crop_mode(self) -> bool: ...
 

@@ -41,8 +41,7 @@ def die_with_parent(parent: int, signum: int = signal.SIGKILL) -> bool:
 
 
 def with_parent() -> Callable[[], None]:
-    """A `preexec_fn` for `subprocess.Popen`: the child is killed (SIGKILL) when this process, or rather the thread
-    starting it, ends."""
+    """A `preexec_fn` for `subprocess.Popen`: the child is killed (SIGKILL) when the thread starting it ends."""
     parent = os.getpid()
     _libc()  # loaded here, before the fork, not in the child
 

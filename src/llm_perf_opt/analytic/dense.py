@@ -129,10 +129,7 @@ def decode(spec: DenseSpec, prompt_tokens: int, new_tokens: int, dtype_bytes: in
 
 def stage_costs(spec: DenseSpec, prompt_tokens: int, new_tokens: int, dtype_bytes: int) -> dict[str, StageCost]:
     """The stages "prefill" and "decode" of one prompt."""
-    return {
-        PREFILL: prefill(spec, prompt_tokens, dtype_bytes),
-        DECODE: decode(spec, prompt_tokens, new_tokens, dtype_bytes),
-    }
+    return batch_stage_costs(spec, [prompt_tokens], new_tokens, dtype_bytes)
 
 
 def batch_stage_costs(

@@ -49,8 +49,7 @@ def stage_row(cost: StageCost) -> StageCostRow:
 
 
 def category_table(cost: StageCost) -> tuple[CategoryRow, ...]:
-    """FLOPs and bytes per operator category (matmul, attention, convolution, normalization, ...) with shares,
-    largest FLOPs first."""
+    """FLOPs and bytes per operator category (matmul, attention, ...) with shares, largest FLOPs first."""
     sums: dict[str, list[float]] = {}
     for m in cost.modules:
         total = sums.setdefault(m.category, [0.0, 0.0])

@@ -71,8 +71,7 @@ class PricedModel:
 
     @classmethod
     def from_settings(cls, model: ModelNode) -> PricedModel:
-        """From the parsed `model:` node (at the pipeline's edge or from a saved config.yaml); an unknown `model.mode`
-        raises UserError."""
+        """From the parsed `model:` node (the pipeline's, or a saved config.yaml's)."""
         if not model.architecture:  # a DeepSeek-OCR node always has one; the key is what a saved config lacks
             raise KeyError("architecture")
         common: dict[str, Any] = {

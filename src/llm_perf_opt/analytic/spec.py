@@ -9,10 +9,6 @@ share SAM ViT-B and the DeepSeek-V2 MoE decoder; their vision encoder over SAM's
 * DeepSeek-OCR v1 (:class:`ClipSpec`, stage "vision/clip"): CLIP-L over [class token ; m SAM tokens] (its patch
   embedding is not run); a view yields m tokens, and a learned newline ends every row of features
   (``tile_tag "2D"``; tiles are stitched into one grid first, so the crop grid matters, not only the tile count).
-
-View geometry (shared SAM): a square view of S pixels gives a g x g SAM grid with g = floor(S / patch); the two
-stride-2, padding-1, 3x3 convolutions (net_2, net_3) give ceil(g/2) and then ceil(ceil(g/2)/2) per side, i.e.
-m SAM positions.
 """
 
 from __future__ import annotations
@@ -280,8 +276,7 @@ class ModelSpec:
         return side_px // self.sam.patch
 
     def feature_side(self, side_px: int) -> int:
-        """SAM output positions per side of a view: net_2 and net_3 (3x3, stride 2, padding 1) each halve the side
-        rounding up, ceil(g / 4) in all."""
+        """SAM output positions per side of a view: ceil(g / 4) after net_2 and net_3 (3x3, stride 2, padding 1)."""
         return (self.sam_grid(side_px) + 3) // 4
 
     def sam_positions(self, side_px: int) -> int:
@@ -347,10 +342,9 @@ def as_crop_grid(value: Any) -> tuple[int, int] | None:
 class Workload:
     """One image's work: a global view, local tiles, the text after the image, and the tokens generated.
 
-    Tiles: DeepSeek-OCR-2 needs only their count (``tiles``); v1 needs the crop grid (``crop_grid = (tiles
-    across, tiles down)``, from which ``tiles`` follows), because a newline ends each stitched row of tiles. As in
-    the vendor's code, a 1x1 grid runs no tiles. ``new_tokens`` counts every generated token; the first comes out of
-    the prefill forward, so decoding runs ``new_tokens - 1`` steps (the convention of
+    Tiles: DeepSeek-OCR-2 needs only their count; v1 needs the crop grid (tiles across, tiles down; ``tiles``
+    follows from it, none for 1x1), because a newline ends each stitched row of tiles. ``new_tokens`` counts every
+    generated token; the first comes out of prefill, so decoding runs ``new_tokens - 1`` steps (as
     ``measure.stage_flops.StageFlops``).
     """
 

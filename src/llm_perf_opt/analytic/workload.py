@@ -76,14 +76,7 @@ class RunWorkload:
             first.setdefault(record.image, record)
         return cls(
             inputs=tuple(
-                MeasuredInput(
-                    image=r.image,
-                    tiles=r.tiles,
-                    image_tokens=r.image_tokens,
-                    prompt_tokens=r.prompt_tokens,
-                    new_tokens=r.new_tokens,
-                    crop_grid=r.crop_grid,
-                )
+                MeasuredInput(r.image, r.tiles, r.image_tokens, r.prompt_tokens, r.new_tokens, r.crop_grid)
                 for r in first.values()
             ),
             dtype=dtype,

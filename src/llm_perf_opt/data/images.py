@@ -20,8 +20,7 @@ from PIL import ExifTags, Image, ImageOps
 
 @contextmanager
 def large_pages_allowed() -> Iterator[None]:
-    """Open images without PIL's DecompressionBombWarning (its DecompressionBombError, above twice the threshold,
-    still stands)."""
+    """Open images without PIL's DecompressionBombWarning (its error, above twice the threshold, still stands)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         yield

@@ -1,8 +1,6 @@
-"""Peak compute and memory bandwidth per GPU, each figure with its source.
-
-The data lives in ``gpus.yaml`` next to this module (dense tensor-core TFLOP/s per dtype, GB/s). MFU and MBU
-divide by these peaks, so a peak is either right and sourced or absent (``None``): callers then print n/a
-and point the user at ``hardware.peak_tflops`` / ``hardware.peak_bandwidth_gbps``.
+"""Peak compute and memory bandwidth per GPU, each figure with its source, from ``gpus.yaml`` next to this module
+(dense tensor-core TFLOP/s per dtype, GB/s). MFU and MBU divide by these peaks, so a peak is either right and
+sourced or absent (``None``: callers print n/a and point at ``hardware.peak_tflops`` / ``peak_bandwidth_gbps``).
 """
 
 from __future__ import annotations

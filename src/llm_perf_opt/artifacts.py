@@ -219,8 +219,7 @@ def release(run_dir: Path) -> None:
 
 def refuse_reuse(run_dir: Path) -> None:
     """UserError when `run_dir` already holds a run (a `run_status.json`, readable or not)."""
-    held = _holder(run_dir)
-    if held is not None:
+    if (held := _holder(run_dir)) is not None:
         raise _refusal(run_dir, held)
 
 

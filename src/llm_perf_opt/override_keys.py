@@ -237,8 +237,7 @@ def _missing_keys(
             match = _UNKNOWN.search(str(exc))
             culprit = next((o for o in remaining if match and override_key(o) == match.group(1)), None)
             if culprit is None:
-                schema_error = _schema_error(exc, setup.command)
-                if schema_error is not None:
+                if (schema_error := _schema_error(exc, setup.command)) is not None:
                     raise schema_error from None
                 return unknown, [], None  # another composition error: Hydra reports it
             unknown.append((override_key(culprit), culprit))

@@ -78,8 +78,7 @@ def _parse_entry(raw: object, index: int) -> GpuSpec:
     tflops = raw["dense_tflops"]
     if not isinstance(tflops, dict) or not tflops:
         raise ValueError(f"gpus.yaml: {key}: dense_tflops must be a non-empty mapping")
-    bad = set(tflops) - set(DTYPE_KEYS)
-    if bad:
+    if bad := set(tflops) - set(DTYPE_KEYS):
         raise ValueError(f"gpus.yaml: {key}: unknown dtype keys {sorted(bad)}; allowed {list(DTYPE_KEYS)}")
     sources = raw["sources"]
     if not isinstance(sources, list) or not sources or not all(str(u).startswith("https://") for u in sources):

@@ -1,12 +1,10 @@
 """One artifacts manager for every run folder: atomic writes and a run status that is never left looking complete.
 
-`run_status.json` holds the state (a `records.common.RunStatus`): `running` from the start, then exactly one of
-`complete`, `failed` (with the message) or `interrupted`; it names the process writing the folder (pid and host), so
-a folder whose status still reads `running` after that process is gone is known to have been killed hard
-(`records.folders.writer_state`). A file that cannot be written (full disk, read-only folder) raises
-:class:`OutputWriteError`; the status itself falls back to an in-place rewrite, which still succeeds on a full disk,
-so a folder is marked failed whenever it can be written at all (:func:`mark_failed` is the last resort of the entry
-points). `read_status` (from `records.folders`) is the one run-status reader.
+`run_status.json` (`records.common.RunStatus`) reads `running` from the start, then `complete`, `failed` (with the
+message) or `interrupted`; it names the writing process (pid and host), so a folder still `running` after that
+process is gone was killed hard (`records.folders.writer_state`). A file that cannot be written raises
+:class:`OutputWriteError`; the status falls back to an in-place rewrite, which works on a full disk, so a folder is
+marked failed whenever it can be written at all (:func:`mark_failed` is the entry points' last resort).
 """
 
 from __future__ import annotations
@@ -89,27 +87,23 @@ class ArtifactsManager:
 
     # ---- status ------------------------------------------------------------------------------------
     def start(self, run_id: str) -> None:
-        """Mark the folder running, claiming it first (`claim`) unless this process already did. Refuses a folder
-        that holds another run."""
+        """Mark the folder running, claiming it first (`claim`, which refuses one holding another run) if not yet."""
         if self.run_dir not in _CLAIMED:
             claim(self.run_dir, stage=self.stage)
         _CLAIMED.discard(self.run_dir)  # started: a second start in this process is refused like any other
         self._status = _running(self.stage, run_id)
-        self._write_status()
+        _write_status_file(self.run_dir, self._status)
 
     def finish(self, state: RunState, message: str | None = None) -> None:
         """Set the final state (complete, failed or interrupted) with an optional message."""
         self._status = attrs.evolve(
             self._status, state=state, ended=_now(), message=message, files=tuple(sorted(set(self.written)))
         )
-        self._write_status()
+        _write_status_file(self.run_dir, self._status)
 
     @property
     def state(self) -> RunState:
         return self._status.state
-
-    def _write_status(self) -> None:
-        _write_status_file(self.run_dir, self._status)
 
     # ---- files -------------------------------------------------------------------------------------
     def path(self, relative: str) -> Path:
@@ -130,8 +124,7 @@ class ArtifactsManager:
         return target
 
     def write_anywhere(self, target: Path, text: str) -> Path:
-        """Write `text` to `target`: inside the run folder as one of its files, outside it (an absolute save_dir)
-        as a plain file."""
+        """Write `text` to `target`: as a run file inside the run folder, as a plain file outside it."""
         try:
             relative = target.resolve().relative_to(self.run_dir)
         except ValueError:
@@ -149,8 +142,7 @@ class ArtifactsManager:
         return self.write_text(relative, io.dumps_yaml(data))
 
     def note_file(self, path: Path) -> None:
-        """Note a file written by someone else, wherever it lies: relative when inside the run folder, absolute
-        (an absolute save_dir) otherwise."""
+        """Note a file written by someone else: relative when inside the run folder, absolute otherwise."""
         try:
             self.written.append(str(path.resolve().relative_to(self.run_dir)))
         except ValueError:
@@ -227,8 +219,7 @@ def release(run_dir: Path) -> None:
 
 def refuse_reuse(run_dir: Path) -> None:
     """UserError when `run_dir` already holds a run (a `run_status.json`, readable or not)."""
-    held = _holder(run_dir)
-    if held is not None:
+    if (held := _holder(run_dir)) is not None:
         raise _refusal(run_dir, held)
 
 
@@ -254,13 +245,10 @@ def _refusal(run_dir: Path, held: str) -> UserError:
 def mark_failed(
     run_dir: Path, message: str, *, only_this_process: bool = False, replacing: tuple[RunState, ...] = (RUNNING,)
 ) -> bool:
-    """Mark a folder whose status still reads `running` as failed with `message`; True when it was marked.
-
-    The entry points call this when a run ends with an error the run itself could not record (e.g. a second
-    write failure while it wrote what it had), `only_this_process`: never a folder another process is writing.
-    `replacing`: the states a folder may read to be marked (a rung stopped for its time limit that recorded the
-    stop as `interrupted` still failed). A folder without a readable status, or in another state, is left as is.
-    """
+    """Mark a folder whose status reads `running` (or another state of `replacing`: a rung stopped for its time
+    limit that recorded `interrupted` still failed) as failed with `message`; True when it was marked. The entry
+    points call this for an error the run could not record itself; `only_this_process`: never a folder another
+    process is writing. A folder without a readable status, or in another state, is left as is."""
     try:
         status = read_status(run_dir)
     except RecordError:

@@ -51,8 +51,6 @@ def _option_value(name: str, value: object, known: Mapping[str, object]) -> bool
     default = known[name]
     if isinstance(default, bool):
         return require_bool(key, value)
-    if isinstance(default, int) and not isinstance(value, bool) and isinstance(value, int):
-        return value
     if isinstance(default, int | float) and not isinstance(value, bool) and isinstance(value, int | float):
         return value
     if isinstance(default, str) and isinstance(value, str):

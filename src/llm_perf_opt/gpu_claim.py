@@ -1,11 +1,10 @@
 """`${llo_job_device:}`: the GPU a sweep job runs on, claimed so that two jobs running at once never share one.
 
-A job of a multirun takes the first GPU no other job of the same sweep holds: an exclusive, non-blocking
-`fcntl.flock` on one lock file per GPU (`<tempdir>/llm-perf-opt-gpu-locks/<sweep key>/cuda-N.lock`, on the
-machine's own disk, so jobs on other cluster nodes never count). The lock is held for the life of the process, so
-a launcher worker that runs several jobs one after the other (joblib's reused processes) keeps its GPU, and a GPU
-comes free when its process ends. When no lock can be taken (no `fcntl`, an unwritable temporary folder, or more
-jobs at once than GPUs), job *n* falls back to `cuda:(n mod GPUs)` with a warning.
+A job takes the first GPU no other job of the sweep holds: an exclusive, non-blocking `fcntl.flock` on one lock file
+per GPU under the machine's own temporary folder (jobs on other cluster nodes never count), held for the life of the
+process (a launcher worker that runs several jobs keeps its GPU; it comes free when the process ends). When no lock
+can be taken (no `fcntl`, an unwritable folder, more jobs at once than GPUs), job *n* takes `cuda:(n mod GPUs)`
+with a warning.
 """
 
 from __future__ import annotations

@@ -2,13 +2,11 @@
 terminal or SSH session) end a run exactly like Ctrl-C, a KeyboardInterrupt in the main thread, so the run writes
 what it measured and marks its folder `interrupted`, naming the signal.
 
-Once a run is stopping, a further SIGTERM or SIGHUP is ignored, so writing what was measured is not cut short by a
-second stop (a scheduler signalling the whole process group, then perf-whatif forwarding its own); a second Ctrl-C
-still interrupts, as the user's explicit choice. One exception: a stop that no run has taken (`cause` not called)
-for `RESTOP_AFTER_S` was lost on its way (code that catches every exception swallowed the KeyboardInterrupt, as an
-import inside a library's lazy attribute lookup can), so a SIGTERM after that stops again; perf-whatif repeats its
-SIGTERM for that reason. `stop_signal` is the signal that stopped this process: perf-whatif forwards that one to its
-rungs, so a rung names the real cause.
+Once a run is stopping, a further SIGTERM or SIGHUP is ignored, so a second stop (a scheduler signalling the process
+group, then perf-whatif forwarding its own) does not cut short writing what was measured; a second Ctrl-C still
+interrupts. Except: a stop no run has taken (`cause` not called) within `RESTOP_AFTER_S` was swallowed (by code that
+catches every exception, as an import inside a library's lazy attribute lookup can), so a later SIGTERM stops again
+(perf-whatif repeats its SIGTERM for that reason, and forwards `stop_signal` to its rungs).
 """
 
 from __future__ import annotations

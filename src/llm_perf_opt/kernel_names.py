@@ -17,14 +17,8 @@ def short_kernel_name(name: str) -> str:
     full = name.strip()
     text = full.replace("(anonymous namespace)::", "").replace("<unnamed>::", "")
     text = _demangled_prefix(text) or text
-    if text.startswith("void "):
-        text = text[len("void ") :]
-    for index, char in enumerate(text):
-        if char in "<(":
-            text = text[:index]
-            break
-    text = text.strip() or full
-    if text.rsplit("::", 1)[-1] in _GENERIC_ENTRY and (kind := _work_kind(full)):
+    text = re.split(r"[<(]", text.removeprefix("void "), maxsplit=1)[0].strip() or full
+    if text.rsplit("::", 1)[-1] in _GENERIC_ENTRY and (kind := _first_kind(_WORK_KINDS, full)):
         text = f"{text} ({kind})"
     return text if len(text) <= MAX_SHORT_NAME else text[: MAX_SHORT_NAME - 1] + "…"
 
@@ -57,9 +51,10 @@ def _demangled_prefix(text: str) -> str | None:
     return "::".join(parts) or None
 
 
-def _work_kind(full: str) -> str | None:
-    lowered = full.lower()
-    return next((kind for words, kind in _WORK_KINDS if any(w in lowered for w in words)), None)
+def _first_kind(table: tuple[tuple[tuple[str, ...], str], ...], text: str) -> str | None:
+    """The kind of the first row of `table` with one of its words in `text` (compared in lower case)."""
+    lowered = text.lower()
+    return next((kind for words, kind in table if any(w in lowered for w in words)), None)
 
 
 _FUNCTOR = re.compile(r"\b([A-Za-z_]\w*(?:Functor\w*|_kernel_cuda|_kernel_impl\w*|Op))\b")
@@ -91,52 +86,13 @@ OTHER = "other"
 _KERNEL_KINDS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("flash", "fmha", "sdpa", "attention", "scaled_dot_product", "mha_"), ATTENTION),
     (("triton_poi", "triton_red", "triton_per"), ELEMENTWISE),
-    (
-        (
-            "nvjet",
-            "gemm",
-            "cutlass",
-            "cublas",
-            "xmma",
-            "wgmma",
-            "triton_tem",  # inductor's matmul templates
-            "grouped_mm",
-            "aten::mm",
-            "aten::addmm",
-            "aten::bmm",
-            "aten::baddbmm",
-            "aten::matmul",
-            "aten::linear",
-            "aten::_grouped_mm",
-            "conv",
-        ),
-        GEMM,
-    ),
+    # triton_tem: inductor's matmul templates (grouped_mm also matches aten::_grouped_mm)
+    (("nvjet", "gemm", "cutlass", "cublas", "xmma", "wgmma", "triton_tem", "grouped_mm", "conv"), GEMM),
+    (("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear"), GEMM),
     (("memcpy", "memset", "copy", "contiguous", "aten::cat", "catarray", "aten::clone", "constant_pad"), COPY),
-    (
-        (
-            "elementwise",
-            "vectorized",
-            "functor",
-            "reduce",
-            "norm",
-            "softmax",
-            "gelu",
-            "silu",
-            "sigmoid",
-            "aten::add",
-            "aten::mul",
-            "aten::sub",
-            "aten::div",
-        ),
-        ELEMENTWISE,
-    ),
+    (("elementwise", "vectorized", "functor", "reduce", "norm", "softmax", "gelu", "silu", "sigmoid"), ELEMENTWISE),
+    (("aten::add", "aten::mul", "aten::sub", "aten::div"), ELEMENTWISE),
 )
-
-
-def _kind_of(text: str) -> str:
-    lowered = text.lower()
-    return next((kind for words, kind in _KERNEL_KINDS if any(w in lowered for w in words)), OTHER)
 
 
 def kernel_kind(label: str) -> str:
@@ -146,5 +102,4 @@ def kernel_kind(label: str) -> str:
     `nvjet_sm90_… (aten::addmm)` is a GEMM, `elementwise_kernel (aten::mul)` elementwise."""
     head, sep, tail = label.rpartition(" (")
     kernel, operator = (head, tail.removesuffix(")")) if sep and "::" in tail else (label, "")
-    kind = _kind_of(kernel)
-    return kind if kind != OTHER or not operator else _kind_of(operator)
+    return _first_kind(_KERNEL_KINDS, kernel) or _first_kind(_KERNEL_KINDS, operator) or OTHER

@@ -41,19 +41,8 @@ LEGACY_KEYS: dict[str, str] = {
 }
 
 
-def _save_dir(key: str, value: object) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise UserError(f"{key}={value} is not a folder", f"Set {key} to a folder name, relative or absolute")
-    return value
-
-
 def _shown(value: object) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
-
-
-def _legacy_value(outputs: OutputsSchema, key: str) -> object:
-    """A legacy key's value (`outputs.visualization.enable`) read from the typed `outputs` node; None: not set."""
-    return functools.reduce(getattr, key.split(".")[1:], outputs)
 
 
 def output_settings(cfg: DictConfig, outputs: OutputsSchema) -> OutputSettings:
@@ -61,7 +50,7 @@ def output_settings(cfg: DictConfig, outputs: OutputsSchema) -> OutputSettings:
     UserError for a bad value."""
     given: dict[str, tuple[str, object]] = {new: (new, OmegaConf.select(cfg, new)) for new in LEGACY_KEYS.values()}
     for legacy, new in LEGACY_KEYS.items():
-        value = _legacy_value(outputs, legacy)
+        value = functools.reduce(getattr, legacy.split(".")[1:], outputs)  # from the typed node; None: not set
         if value is not None:
             log.info(
                 "%s is a legacy key (read until its removal on %s): use %s=%s",
@@ -80,7 +69,10 @@ def output_settings(cfg: DictConfig, outputs: OutputsSchema) -> OutputSettings:
 
     def folder(new: str) -> str:
         key = f"{OUTPUT}.{new}"
-        return _save_dir(key, OmegaConf.select(cfg, key))
+        value = OmegaConf.select(cfg, key)
+        if not isinstance(value, str) or not value.strip():
+            raise UserError(f"{key}={value} is not a folder", f"Set {key} to a folder name, relative or absolute")
+        return value
 
     return OutputSettings(
         prediction=PredictionOutput(enable=flag("prediction.enable"), save_dir=folder("prediction.save_dir")),

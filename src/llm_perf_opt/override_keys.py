@@ -1,13 +1,11 @@
 """Unknown override keys and config-group options: one paragraph naming the nearest valid one, before Hydra starts.
 
 Hydra answers an override of a key the config lacks (`run.repets=3`) with a hint to add `+`, which would make the
-key exist and be silently ignored. :func:`check_override_keys` composes the config with the command line's
-overrides first (once per combination of swept config groups, since a group choice changes which keys exist) and
-raises a :class:`UserError` that names the nearest valid key instead. So does a `+key` (or `++key`) that adds a key
-inside one of the config's sections (`+run.repeatz=3`), where nothing reads it; `+` may add a key of your own at the
-top level (`+note=...`, `+my.note=...`) or an entry of an open map (OPEN_MAPS: a what-if lever). A config-group
-option that does not exist (`model=nosuch`) is a UserError listing the group's options. Everything else is left to
-Hydra.
+key exist and be silently ignored. :func:`check_override_keys` composes the config first (once per combination of
+swept config groups, which change the keys) and raises a :class:`UserError` naming the nearest valid key instead; so
+does a `+key` (or `++key`) inside one of the config's sections (`+run.repeatz=3`), where nothing reads it (`+` may
+add a top-level key of your own, `+my.note=...`, or an entry of an OPEN_MAPS map), and a config-group option that
+does not exist (`model=nosuch`, listing the options). Everything else is left to Hydra.
 """
 
 from __future__ import annotations
@@ -153,8 +151,7 @@ def _grammar_error(overrides: Sequence[str], command: str) -> UserError:
 
 
 def _composed(setup: _Setup, overrides: Sequence[str]) -> DictConfig | None:
-    """The config the command will run with (Hydra's section included); None when it cannot be composed here
-    (Hydra reports why)."""
+    """The config the command will run with (Hydra's section included); None when it cannot be composed here."""
     from llm_perf_opt.config_compose import compose_config
 
     try:
@@ -173,8 +170,7 @@ class _Setup(NamedTuple):
 
 
 def is_group(key: str, config_dir: str | None = None) -> bool:
-    """A config group (`model`, `pipeline/torch_profiler`, `hydra/launcher`, a folder of `config_dir`) rather than a
-    config key."""
+    """A config group (`model`, `pipeline/torch_profiler`, a folder of `config_dir`) rather than a config key."""
     in_dir = config_dir is not None and (Path(config_dir) / key).is_dir()
     return "/" in key or in_dir or (files("llm_perf_opt") / "conf" / key).is_dir()
 
@@ -241,8 +237,7 @@ def _missing_keys(
             match = _UNKNOWN.search(str(exc))
             culprit = next((o for o in remaining if match and override_key(o) == match.group(1)), None)
             if culprit is None:
-                schema_error = _schema_error(exc, setup.command)
-                if schema_error is not None:
+                if (schema_error := _schema_error(exc, setup.command)) is not None:
                     raise schema_error from None
                 return unknown, [], None  # another composition error: Hydra reports it
             unknown.append((override_key(culprit), culprit))

@@ -1,11 +1,9 @@
 """A child process that dies with its parent: on Linux, `prctl(PR_SET_PDEATHSIG)` asks the kernel to signal the
-child when the thread that forked it ends, so a what-if run killed with SIGKILL (which no handler sees) takes its
-fork server and rungs with it instead of leaving them holding a GPU. Elsewhere it does nothing (the fork server
-also watches its parent itself).
+child when the thread that forked it ends, so a what-if run killed with SIGKILL takes its fork server and rungs with
+it instead of leaving them holding a GPU. Elsewhere it does nothing (the fork server also watches its parent).
 
-The signal follows the *thread* that forked the child, not its process: fork from a thread that lives as long as the
-child (the main thread, or the thread that waits for the child). It is cleared in the child's own children and kept
-across exec.
+The signal follows the *thread* that forked the child: fork from a thread that lives as long as the child (the main
+thread, or the one that waits for it). It is cleared in the child's own children and kept across exec.
 """
 
 from __future__ import annotations
@@ -43,8 +41,7 @@ def die_with_parent(parent: int, signum: int = signal.SIGKILL) -> bool:
 
 
 def with_parent() -> Callable[[], None]:
-    """A `preexec_fn` for `subprocess.Popen`: the child is killed (SIGKILL) when this process, or rather the thread
-    starting it, ends."""
+    """A `preexec_fn` for `subprocess.Popen`: the child is killed (SIGKILL) when the thread starting it ends."""
     parent = os.getpid()
     _libc()  # loaded here, before the fork, not in the child
 

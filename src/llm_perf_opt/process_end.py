@@ -1,12 +1,10 @@
 """How a console script's process ends: without Python's teardown of its modules, where that is safe.
 
-With torch and transformers loaded, the interpreter's own exit spends seconds clearing module dictionaries and
-collecting what they held (3.0-3.5 s on the project's 2-core CPU machine, 2026-11-28), after the command has written
-everything. `end_process` skips that part and nothing else: the exit code, the atexit handlers (logging's flush,
-torch's compile workers, temporary folders) and the standard streams are kept. It exits the ordinary way where
-something needs that way's C-level exit: a CUDA context (the driver and CUPTI flush there; under Nsight Systems or
-Nsight Compute a profile would be lost: the GPU tests of 2026-11-28 lost their stage2 reports), a tool injected into
-the process (CUDA_INJECTION64_PATH, LD_PRELOAD), or a thread other than the main one still working.
+With torch and transformers loaded, the interpreter's exit spends seconds clearing module dictionaries (3.0-3.5 s on
+the project's 2-core CPU machine, 2026-11-28) after the command has written everything. `end_process` skips that and
+nothing else (the exit code, the atexit handlers and the standard streams are kept), except where something needs
+the ordinary C-level exit: a CUDA context (the driver and CUPTI flush there; under Nsight a profile would be lost, as
+the GPU tests of 2026-11-28 lost their stage2 reports), an injected tool, or a thread other than the main one working.
 """
 
 from __future__ import annotations
@@ -26,8 +24,8 @@ INJECTION_VARIABLES = ("CUDA_INJECTION64_PATH", "LD_PRELOAD")
 
 def ends_process(main: Callable[[], None]) -> Callable[[], NoReturn]:
     """`main` as a console script's entry point: once it returns (exit 0) or raises SystemExit (its code), the
-    process ends through `end_process`. Any other exception propagates as it would (traceback, exit 1). `main`
-    itself stays a plain function, which returns: the tests run commands inside their own process through it."""
+    process ends through `end_process`; any other exception propagates. `main` itself stays a plain function (the
+    tests run commands inside their own process through it)."""
 
     @functools.wraps(main)
     def entry() -> NoReturn:

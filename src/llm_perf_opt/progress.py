@@ -1,8 +1,6 @@
-"""Progress for long work (rich bars on a terminal, silence otherwise), where the command's time went, and the
-one-screen summary at the end.
-
-The bars go to stderr, the summary to stdout with the logs; its last line is the report's bare path, so
-`stage1-run | tail -1` names the report."""
+"""Progress for long work (rich bars on stderr on a terminal, silence otherwise), where the command's time went, and
+the one-screen summary at the end (stdout, with the logs; its last line is the report's bare path, so
+`stage1-run | tail -1` names the report)."""
 
 from __future__ import annotations
 
@@ -46,8 +44,7 @@ def duration_text(seconds: float) -> str:
 
 
 def remaining_s(task: Task) -> float | None:
-    """What a task has left at its mean time per unit so far (its elapsed time over the units done), or None
-    before its first unit or without a total."""
+    """What a task has left at its mean time per unit so far; None before its first unit or without a total."""
     elapsed = task.elapsed
     if task.total is None or not task.completed or task.finished or elapsed is None:
         return None

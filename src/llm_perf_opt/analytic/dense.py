@@ -1,12 +1,9 @@
-"""Analytic FLOPs and bytes of a dense decoder-only transformer (Llama, Qwen2, Mistral without sliding window).
+"""Analytic FLOPs and bytes of a dense decoder-only transformer (Llama, Qwen2, Mistral without sliding window):
+token embedding, `layers` x (RMSNorm, attention with grouped KV heads and RoPE, RMSNorm, SwiGLU MLP), a final
+RMSNorm and the lm_head on the positions whose logits are kept (the last prefill token, and each decode step).
 
-The architecture: token embedding, `layers` x (RMSNorm, attention with grouped KV heads and RoPE, RMSNorm,
-SwiGLU MLP), a final RMSNorm and the lm_head on the positions whose logits are kept (the last prefill token,
-and each decode step). Conventions are those of :mod:`llm_perf_opt.analytic.model` (1 MAC = 2 FLOPs; the
-counted figure, :attr:`StageCost.matmul_flops`, is what FlopCounterMode counts: the linears and attention over the
-full score matrix; it equals the count on the real modules exactly, tests/test_analytic_dense.py). Bytes: the
-weights a forward reads (the embedding one row per token), approximate activations, and the KV cache (written
-for every token, read for every key a decode step attends).
+Conventions and bytes are those of :mod:`llm_perf_opt.analytic.model`; the counted figure equals FlopCounterMode's
+count on the real modules exactly (tests/test_analytic_dense.py).
 """
 
 from __future__ import annotations
@@ -18,12 +15,11 @@ import attrs
 
 from llm_perf_opt.analytic.model import (
     ADD_FLOPS,
-    ROPE_FLOPS,
-    SILU_GLU_FLOPS,
-    SOFTMAX_FLOPS,
     ModuleCost,
     StageCost,
+    _cached_attention,
     _eltwise,
+    _glu,
     _linear,
     _norm,
     sum_of_steps,
@@ -85,36 +81,29 @@ class DenseSpec:
 def _forward(spec: DenseSpec, tokens: int, keys: int, db: int, *, prefill: bool, batch: int = 1) -> list[ModuleCost]:
     """One forward over `batch` sequences of `tokens` new positions, each attending `keys` keys of its own
     sequence, + lm_head on the last position of each sequence."""
-    h, hd, t = spec.hidden, spec.head_dim, float(batch * tokens)
-    q_dim, kv_dim = spec.heads * hd, spec.kv_heads * hd
-    scores = float(batch * tokens * spec.heads * keys)
-    kv_read = float(batch * keys * 2 * kv_dim) * db
+    h, t = spec.hidden, float(batch * tokens)
     out = [ModuleCost("embed_tokens", "other", weight_bytes=t * h * db, activation_bytes=t * h * db)]
     for i in range(spec.layers):
         p = f"layers.{i}."
         out += [
             _norm(p + "input_layernorm", t * h, h, db, bias=False),
-            _linear(p + "self_attn.q_proj", t, h, q_dim, db, bias=spec.qkv_bias),
-            _linear(p + "self_attn.k_proj", t, h, kv_dim, db, bias=spec.qkv_bias),
-            _linear(p + "self_attn.v_proj", t, h, kv_dim, db, bias=spec.qkv_bias),
-            _eltwise(p + "self_attn.rope", t * (q_dim + kv_dim), ROPE_FLOPS, db),
-            ModuleCost(p + "self_attn.kv_write", "other", kv_bytes=t * 2 * kv_dim * db),
-            ModuleCost(
-                p + "self_attn.sdpa",
-                "attention",
-                flops=4.0 * scores * hd,
-                # prefill: K/V are this forward's own activations; decode: they are read from the cache
-                activation_bytes=2.0 * t * q_dim * db + (kv_read if prefill else 0.0),
-                kv_bytes=0.0 if prefill else kv_read,
+            *_cached_attention(
+                p + "self_attn.",
+                t,
+                keys,
+                h,
+                spec.heads,
+                spec.kv_heads,
+                spec.head_dim,
+                db,
+                qkv_bias=spec.qkv_bias,
+                o_bias=spec.o_bias,
+                prefill=prefill,
+                batch=batch,
             ),
-            ModuleCost(p + "self_attn.softmax", "elementwise", flops=float(SOFTMAX_FLOPS) * scores),
-            _linear(p + "self_attn.o_proj", t, q_dim, h, db, bias=spec.o_bias),
             _eltwise(p + "residual1", t * h, ADD_FLOPS, db, reads=2),
             _norm(p + "post_attention_layernorm", t * h, h, db, bias=False),
-            _linear(p + "mlp.gate_proj", t, h, spec.intermediate, db, bias=spec.mlp_bias),
-            _linear(p + "mlp.up_proj", t, h, spec.intermediate, db, bias=spec.mlp_bias),
-            _eltwise(p + "mlp.act", t * spec.intermediate, SILU_GLU_FLOPS, db, reads=2),
-            _linear(p + "mlp.down_proj", t, spec.intermediate, h, db, bias=spec.mlp_bias),
+            *_glu(p + "mlp.", t, h, spec.intermediate, db, bias=spec.mlp_bias),
             _eltwise(p + "residual2", t * h, ADD_FLOPS, db, reads=2),
         ]
     out.append(_norm("norm", t * h, h, db, bias=False))
@@ -140,10 +129,7 @@ def decode(spec: DenseSpec, prompt_tokens: int, new_tokens: int, dtype_bytes: in
 
 def stage_costs(spec: DenseSpec, prompt_tokens: int, new_tokens: int, dtype_bytes: int) -> dict[str, StageCost]:
     """The stages "prefill" and "decode" of one prompt."""
-    return {
-        PREFILL: prefill(spec, prompt_tokens, dtype_bytes),
-        DECODE: decode(spec, prompt_tokens, new_tokens, dtype_bytes),
-    }
+    return batch_stage_costs(spec, [prompt_tokens], new_tokens, dtype_bytes)
 
 
 def batch_stage_costs(

@@ -6,60 +6,50 @@ Conventions
 -----------
 * 1 multiply-add (MAC) = 2 FLOPs, as ``torch.utils.flop_counter.FlopCounterMode`` counts (2·M·N·K).
 * The *counted* figure (:attr:`StageCost.matmul_flops`: categories "matmul", "attention", "convolution") is what
-  executes as matmuls, convolutions and attention products, and is what ``instruments.flops`` counts on the real
-  modules; the two agree exactly (tests/test_analytic_model.py, tests/test_analytic_v1.py). It holds:
+  ``instruments.flops`` counts on the real modules, exactly (tests/test_analytic_model.py, test_analytic_v1.py):
 
-  - every linear and convolution (a bias add is not counted: FlopCounterMode counts ``addmm`` as its ``mm``);
-    convolutions over their whole output grid, padding positions included;
-  - attention QKᵀ and AV over the full score matrix SDPA computes: 4·b·h·s_q·s_k·d per call, with no causal
-    halving (FlopCounterMode's SDPA formula). The decoder's prefill attention (causal) and the Qwen2 encoder's
-    masked attention (bidirectional over SAM tokens, causal over queries) are counted the same way; v1's CLIP
-    attends over [class token ; SAM tokens] without a mask;
+  - every linear and convolution (no bias add: FlopCounterMode counts ``addmm`` as its ``mm``); convolutions over
+    their whole output grid, padding positions included;
+  - attention QKᵀ and AV over the full score matrix SDPA computes, 4·b·h·s_q·s_k·d per call, with no causal
+    halving (the decoder's causal prefill and the Qwen2 encoder's masked attention alike; v1's CLIP attends over
+    [class token ; SAM tokens] without a mask);
   - SAM's windowed blocks run qkv, attention and proj on the padded grid (ceil(g/14)·14)², their MLP on g²;
     global blocks attend over all g² positions; SAM's decomposed rel-pos einsums (2·windows·heads·side³·d MACs);
-  - the MoE router (a linear to n_routed logits, run in fp32), the routed experts for the ACTIVE experts only
-    (top_k rows per token) and the shared experts;
+  - the MoE router (a linear to n_routed logits, in fp32), the routed experts for the ACTIVE experts only (top_k
+    rows per token) and the shared experts;
   - the lm_head only on the positions whose logits are kept: the last prefill token, and each decode step.
 
-* Non-matmul work (norms, softmax, activations, residual adds, RoPE, the rel-pos bias add, MoE combine) is
-  reported as estimates in the categories "normalization" and "elementwise" (a few FLOPs per element: the
-  ``*_FLOPS`` constants below) and is excluded from the counted figure. Data movement without arithmetic
-  (embedding gathers, window partition, concatenation, v1's newline layout, KV-cache writes) is category
-  "other" with 0 FLOPs.
-
-What FlopCounterMode does not count (and this model puts outside the counted figure on purpose): the bicubic
-pos-embed interpolation of SAM's non-1024 views and of CLIP's non-16x16 feature grids, the linear interpolation
-of the rel-pos tables (``F.interpolate`` has no FLOP formula), every elementwise op, softmax and the router's
-top-k. On the meta device and in the CPU/eager math path SDPA decomposes into ``bmm``s that the counter counts
-exactly like the fused kernel.
+* Non-matmul work (norms, softmax, activations, residual adds, RoPE, the rel-pos bias add, MoE combine, the
+  bicubic pos-embed resize of SAM's non-1024 views and CLIP's non-16x16 grids) is estimated in the categories
+  "normalization" and "elementwise" (the ``*_FLOPS`` constants below) and left out of the counted figure, as are
+  the rel-pos tables' ``F.interpolate`` and the router's top-k, which FlopCounterMode does not count. Data movement
+  without arithmetic (embedding gathers, window partition, concatenation, v1's newlines, KV-cache writes) is
+  category "other" with 0 FLOPs. On the meta device and in the CPU/eager math path SDPA decomposes into ``bmm``s
+  that the counter counts exactly like the fused kernel.
 
 Bytes (``dtype_bytes`` per element unless noted)
 ------------------------------------------------
 * ``weight_bytes``: the parameters a module reads once per forward call. The vision tower runs once for the
   global view and once for the batch of tiles, so its weights are read twice when there are tiles. Routed
-  experts: a forward over T tokens reads the distinct experts its tokens hit; assuming uniform routing that is
-  E·(1 − (1 − k/E)^T) experts (exactly k at T = 1, all E to within 1e-6 once T exceeds a few hundred, as in the
-  prefill of any image). The embedding reads one row per token.
-* ``activation_bytes``: approximate; each module reads its input tensors once and writes its outputs once, from
-  and to memory (what a cache keeps between kernels is not subtracted: measured DRAM bytes can be lower).
-  Fused attention reads Q, K, V (plus SAM's rel-pos bias, which is materialised as an explicit (b, h, N, N)
-  ``attn_mask``) and writes O; the score matrix itself is not materialised (as in flash / memory-efficient
-  kernels; the eager and math paths would add about 2·b·h·s_q·s_k elements). fp32 upcasts inside norms are
-  ignored; the router's fp32 logits are counted at 4 bytes.
-* SAM's layout copies (category "other", 0 FLOPs; transformers' ``DeepseekOcr2SamVisionLayer`` with SDPA, as the
-  kernels of an H100 run show them): the rel-pos bias sum keeps the einsum outputs' permuted strides, so its
-  ``reshape`` to (b, heads, N, N) copies the whole score-sized bias (``attn.rel_pos_bias.reshape``, the largest);
-  with more than one attention batch (windows, or a batch of tiles) q/k/v are split by a copy
-  (``attn.qkv_split``) and the heads merged by one (``attn.merge_heads``); the einsum copies the query for its
-  bmm (``attn.rel_pos.query_copy``: once after the split, twice on the strided view of one batch); ``F.pad``
-  writes the zero-filled padded grid and copies the positions in (``window_pad``), the crop back is a copy
-  (``window_crop``); and the residual stream keeps the strides of patch_embed's permuted NCHW output, so each
-  layer norm first copies its input (``layer_norm1.contiguous``, ``layer_norm2.contiguous``). Each copy reads
-  and writes its tensor once. Left out: the pos-embed interpolation's fp32 casts and the neck's layout copies
-  (together under 1% of SAM's bytes on an H100), and the conv bias add cuDNN may run apart.
+  experts: a forward over T tokens reads the distinct experts its tokens hit; with uniform routing that is
+  E·(1 − (1 − k/E)^T) (k at T = 1, all E to within 1e-6 past a few hundred tokens, as in any image's prefill).
+  The embedding reads one row per token.
+* ``activation_bytes``: approximate; each module reads its inputs once and writes its outputs once, from and to
+  memory (cache hits are not subtracted: measured DRAM bytes can be lower). Fused attention reads Q, K, V (plus
+  SAM's rel-pos bias, materialised as a (b, h, N, N) ``attn_mask``) and writes O; the score matrix is not
+  materialised (flash / memory-efficient kernels; the eager and math paths add about 2·b·h·s_q·s_k elements).
+  fp32 upcasts inside norms are ignored; the router's fp32 logits count 4 bytes.
+* SAM's layout copies (category "other"; transformers' ``DeepseekOcr2SamVisionLayer`` with SDPA, as an H100 run's
+  kernels show them), each reading and writing its tensor once: the rel-pos bias ``reshape`` to (b, heads, N, N)
+  copies the whole score-sized bias, the largest (the einsum outputs' strides are permuted); with more than one
+  attention batch q/k/v are split and the heads merged by copies; the einsum copies the query for its bmm (once
+  after the split, twice on one batch's strided view); ``F.pad`` writes the zero-filled padded grid and the crop
+  back is a copy; and each layer norm first copies its input (the residual stream keeps patch_embed's permuted
+  NCHW strides). Left out: the pos-embed interpolation's fp32 casts and the neck's layout copies (under 1% of
+  SAM's bytes on an H100), and the conv bias add cuDNN may run apart.
 * ``kv_bytes``: the decoder's KV cache: written in prefill (all prompt tokens), read (the ``context`` keys
-  attended) and written (one token) in each decode step. transformers' ``DynamicCache`` re-concatenates the
-  cache on every update; that copy is an implementation artefact and is not counted.
+  attended) and written (one token) in each decode step. ``DynamicCache``'s re-concatenation of the cache on
+  every update is an implementation artefact and is not counted.
 """
 
 from __future__ import annotations
@@ -254,9 +244,7 @@ def _sam(spec: ModelSpec, side_px: int, batch: int, db: int) -> list[ModuleCost]
     h = sam.hidden
     g = spec.sam_grid(side_px)
     n = batch * g * g  # positions over the batch
-    out: list[ModuleCost] = [
-        _conv("sam.patch_embed", batch, g, sam.in_channels, h, sam.patch, side_px, db, bias=True),
-    ]
+    out: list[ModuleCost] = [_conv("sam.patch_embed", batch, g, sam.in_channels, h, sam.patch, side_px, db, bias=True)]
     if sam.use_abs_pos:
         pos_grid = sam.image_size // sam.patch
         out.append(_abs_pos("sam.pos_embed", n * h, g * g if g != pos_grid else 0, pos_grid * pos_grid, h, db))
@@ -431,23 +419,18 @@ def _clip(spec: ModelSpec, clip: ClipSpec, side_px: int, batch: int, db: int) ->
     return out
 
 
-def _vision_encoder(spec: ModelSpec, side_px: int, batch: int, db: int) -> list[ModuleCost]:
-    """The model's encoder over SAM features (Qwen2-style for OCR-2, CLIP-L for v1)."""
-    if isinstance(spec.encoder, ClipSpec):
-        return _clip(spec, spec.encoder, side_px, batch, db)
-    return _qwen2_encoder(spec, spec.encoder, side_px, batch, db)
-
-
 def vision_view(spec: ModelSpec, side_px: int, dtype_bytes: int = 2, batch: int = 1) -> list[ModuleCost]:
-    """Modules of the vision tower and projector for `batch` square views of `side_px` pixels run as one call.
-
-    Names start with "sam.", the encoder's prefix ("encoder." for OCR-2, "clip." for v1) or "projector". FLOPs and
-    activation bytes scale with `batch`; the weights are read once per call.
-    """
+    """Modules of the vision tower and projector for `batch` square views of `side_px` pixels run as one call
+    (weights read once): "sam.", the encoder's prefix ("encoder." for OCR-2, "clip." for v1) and "projector"."""
     tokens = batch * spec.view_tokens(side_px)
+    enc = spec.encoder
+    if isinstance(enc, ClipSpec):
+        encoded = _clip(spec, enc, side_px, batch, dtype_bytes)
+    else:
+        encoded = _qwen2_encoder(spec, enc, side_px, batch, dtype_bytes)
     return [
         *_sam(spec, side_px, batch, dtype_bytes),
-        *_vision_encoder(spec, side_px, batch, dtype_bytes),
+        *encoded,
         _linear("projector", tokens, spec.projector_in, spec.projector_out, dtype_bytes, bias=True),
     ]
 
@@ -463,18 +446,19 @@ def _cached_attention(
     hd: int,
     db: int,
     *,
-    bias: bool,
+    qkv_bias: bool,
+    o_bias: bool,
     prefill: bool,
     batch: int = 1,
 ) -> list[ModuleCost]:
     """A decoder's self-attention with a KV cache over `t` new positions (over the whole batch), each attending
     `keys` keys of its own sequence: q/k/v, RoPE, the cache write, attention over the full score matrix, softmax,
-    o_proj (all projections biased or none). Each of the `batch` sequences has its own `keys` cached keys."""
+    o_proj. Each of the `batch` sequences has its own `keys` cached keys."""
     q_dim, kv_dim = heads * hd, kv_heads * hd
     scores = t * heads * keys
     kv_read = float(batch * keys * 2 * kv_dim) * db
     return [
-        *_qkv(p, t, h, q_dim, kv_dim, db, bias=bias),
+        *_qkv(p, t, h, q_dim, kv_dim, db, bias=qkv_bias),
         _eltwise(p + "rope", t * (q_dim + kv_dim), ROPE_FLOPS, db),
         ModuleCost(p + "kv_write", "other", kv_bytes=t * 2 * kv_dim * db),
         # prefill: K/V are this forward's own activations; decode: they are read from the cache
@@ -486,19 +470,12 @@ def _cached_attention(
             kv_bytes=0.0 if prefill else kv_read,
         ),
         ModuleCost(p + "softmax", "elementwise", flops=float(SOFTMAX_FLOPS) * scores),
-        _linear(p + "o_proj", t, q_dim, h, db, bias=bias),
+        _linear(p + "o_proj", t, q_dim, h, db, bias=o_bias),
     ]
 
 
 def _decoder(
-    spec: ModelSpec,
-    tokens: int,
-    keys: int,
-    db: int,
-    *,
-    prefill: bool,
-    batch: int = 1,
-    experts_hit: float | None = None,
+    spec: ModelSpec, tokens: int, keys: int, db: int, *, prefill: bool, batch: int = 1, experts_hit: float | None = None
 ) -> list[ModuleCost]:
     """The text model over `batch` sequences of `tokens` new positions, each attending `keys` keys (full score
     matrix), + lm_head on the last position of each sequence. `experts_hit`: distinct routed experts per MoE layer
@@ -522,7 +499,8 @@ def _decoder(
                 tx.kv_heads,
                 tx.head_dim,
                 db,
-                bias=tx.attention_bias,
+                qkv_bias=tx.attention_bias,
+                o_bias=tx.attention_bias,
                 prefill=prefill,
                 batch=batch,
             ),
@@ -625,45 +603,37 @@ def _vision_stage(spec: ModelSpec, name: str) -> str:
 
 
 def prefill(spec: ModelSpec, workload: Workload) -> dict[str, StageCost]:
-    """The vision sub-stages (``spec.vision_stages``: "vision/sam", "vision/encoder" or v1's "vision/clip",
-    "vision/projector"; global view + all tiles) and "prefill".
-
-    "prefill" is the whole prefill forward: the vision modules (the global view, then the tiles as one batch),
-    the layout of the image features (v1: a newline per row), the decoder over the prompt (every position
-    attending all prompt positions) and the lm_head on the last position. Vision module names start with
-    "global/" or "tiles/".
-    """
-    stages, image = _image_part(spec, workload)
-    length = workload.prompt_tokens(spec)
-    text = _decoder(spec, length, length, workload.dtype_bytes, prefill=True)
-    stages[PREFILL] = StageCost(PREFILL, (*image, *text))
-    return stages
+    """The vision sub-stages (``spec.vision_stages``, global view + all tiles) and "prefill", the whole prefill
+    forward: the vision modules ("global/..." for the global view, then "tiles/..." for the tiles as one batch),
+    the features' layout (v1: a newline per row), the decoder over the prompt (every position attending all
+    prompt positions) and the lm_head on the last position."""
+    return _batch_prefill(spec, [workload])
 
 
-def _image_part(spec: ModelSpec, workload: Workload) -> tuple[dict[str, StageCost], list[ModuleCost]]:
-    """One image's vision sub-stages, and the modules of its prefill before the decoder (vision and layout)."""
-    db = workload.dtype_bytes
-    vision = _prefixed("global/", vision_view(spec, workload.global_size, db))
-    if workload.tiles:
-        vision += _prefixed("tiles/", vision_view(spec, workload.tile_size, db, batch=workload.tiles))
+def _batch_prefill(spec: ModelSpec, workloads: Sequence[Workload]) -> dict[str, StageCost]:
+    """The vision sub-stages and "prefill" of images run together (see :func:`batch_stage_costs`)."""
     by_stage: dict[str, list[ModuleCost]] = {stage: [] for stage in spec.vision_stages}
-    for m in vision:
-        by_stage[_vision_stage(spec, m.name)].append(m)
+    image: list[ModuleCost] = []
+    for w in workloads:
+        vision = _prefixed("global/", vision_view(spec, w.global_size, w.dtype_bytes))
+        if w.tiles:
+            vision += _prefixed("tiles/", vision_view(spec, w.tile_size, w.dtype_bytes, batch=w.tiles))
+        for m in vision:
+            by_stage[_vision_stage(spec, m.name)].append(m)
+        image += [*vision, *_image_layout(spec, w)]
+    length = max(w.prompt_tokens(spec) for w in workloads)
+    text = _decoder(spec, length, length, workloads[0].dtype_bytes, prefill=True, batch=len(workloads))
     stages = {stage: StageCost(stage, tuple(mods)) for stage, mods in by_stage.items()}
-    return stages, [*vision, *_image_layout(spec, workload)]
+    return {**stages, PREFILL: StageCost(PREFILL, (*image, *text))}
 
 
 def decode_step(
     spec: ModelSpec, context: int, dtype_bytes: int = 2, *, batch: int = 1, experts_hit: float | None = None
 ) -> StageCost:
     """One decode step: one new token per sequence of the batch, whose query attends `context` keys (the cache
-    plus itself).
-
-    Weight bytes are the active weights: attention, the dense / shared MLPs, the router, the routed experts hit
-    in each MoE layer (`experts_hit`; default the top_k at batch 1, E·(1 − (1 − k/E)^B) at batch B), the norms,
-    the lm_head and the tokens' embedding rows. KV bytes: each sequence's `context` cached keys/values read plus
-    its new token's written.
-    """
+    plus itself). Weight bytes are the active weights, with the routed experts hit in each MoE layer
+    (`experts_hit`; default the top_k at batch 1, E·(1 − (1 − k/E)^B) at batch B); KV bytes each sequence's
+    `context` cached keys/values read plus its new token's written."""
     modules = _decoder(spec, 1, context, dtype_bytes, prefill=False, batch=batch, experts_hit=experts_hit)
     return StageCost(DECODE_STEP, tuple(modules))
 
@@ -679,10 +649,8 @@ def decode(spec: ModelSpec, workload: Workload) -> StageCost:
 
 def sum_of_steps(step_at: Callable[[int], tuple[ModuleCost, ...]], prompt_tokens: int, new_tokens: int) -> StageCost:
     """The "decode" stage: the new_tokens − 1 steps after prefill, step i (1-based) attending prompt + i keys.
-
-    Every field of a step is affine in its context, so the sum is taken from the steps at the prompt length and
-    one past it: Σᵢ f(P + i) = (n − 1)·f(P) + (Σᵢ i)·(f(P + 1) − f(P)), exact.
-    """
+    Every field of a step is affine in its context, so the sum is exact from the steps at the prompt length and
+    one past it: Σᵢ f(P + i) = (n − 1)·f(P) + (Σᵢ i)·(f(P + 1) − f(P))."""
     steps = new_tokens - 1
     if steps <= 0:
         return StageCost(DECODE, ())
@@ -698,37 +666,26 @@ def sum_of_steps(step_at: Callable[[int], tuple[ModuleCost, ...]], prompt_tokens
 
 def stage_costs(spec: ModelSpec, workload: Workload) -> dict[str, StageCost]:
     """Every stage of one image: the vision sub-stages, "prefill" (which contains them) and "decode"."""
-    costs = prefill(spec, workload)
-    costs[DECODE] = decode(spec, workload)
-    return costs
+    return batch_stage_costs(spec, [workload])
 
 
 def batch_stage_costs(
     spec: ModelSpec, workloads: Sequence[Workload], experts_hit: float | None = None
 ) -> dict[str, StageCost]:
-    """Every stage of one batch of images run together (vision per image, the decoder batched with left padding).
-
-    The vision sub-stages hold every image's modules; "prefill" holds every image's vision and layout and one
-    decoder forward over the batch, each sequence padded to the longest prompt (padding positions are computed,
-    read and cached like tokens); "decode" the new_tokens − 1 batched steps, step i attending padded prompt + i
-    keys per sequence, with `experts_hit` distinct routed experts per MoE layer and step (default: E·(1 − (1 −
-    k/E)^B)). The workloads share new_tokens and dtype_bytes.
-    """
+    """Every stage of one batch of images run together. The vision sub-stages hold every image's modules;
+    "prefill" every image's vision and layout in turn, then one decoder forward over the batch, each sequence
+    left-padded to the longest prompt (padding positions computed, read and cached like tokens); "decode" the
+    new_tokens − 1 batched steps, step i attending padded prompt + i keys per sequence, with `experts_hit` distinct
+    routed experts per MoE layer and step (default E·(1 − (1 − k/E)^B)). The workloads share new_tokens and
+    dtype_bytes."""
     if not workloads:
         raise ValueError("no images in the batch")
-    first = workloads[0]
-    db, size = first.dtype_bytes, len(workloads)
-    length = max(w.prompt_tokens(spec) for w in workloads)
-    parts = [_image_part(spec, w) for w in workloads]
-    stages = {
-        stage: StageCost(stage, tuple(m for costs, _ in parts for m in costs[stage].modules)) for stage in parts[0][0]
-    }
-    text = _decoder(spec, length, length, db, prefill=True, batch=size)
-    stages[PREFILL] = StageCost(PREFILL, (*(m for _, image in parts for m in image), *text))
+    db, size = workloads[0].dtype_bytes, len(workloads)
+    stages = _batch_prefill(spec, workloads)
     stages[DECODE] = sum_of_steps(
         lambda context: decode_step(spec, context, db, batch=size, experts_hit=experts_hit).modules,
-        length,
-        first.new_tokens,
+        max(w.prompt_tokens(spec) for w in workloads),
+        workloads[0].new_tokens,
     )
     return stages
 

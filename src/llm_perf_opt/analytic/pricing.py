@@ -1,9 +1,7 @@
-"""What the analytic costs mean on hardware and across views: per-stage rows, operator categories, modules, the
-lower-bound time of each stage on each GPU, and the what-if over a page's views (OCR-2 tile counts, v1 modes and
-crop grids). Every function returns records of :mod:`llm_perf_opt.records.analytic`.
-
-Lower bounds use the one speed-of-light formula (:func:`llm_perf_opt.measure.efficiency.speed_of_light`) with the
-counted (matmul) FLOPs over the GPU's dense datasheet peak for the dtype and the analytic bytes over its bandwidth.
+"""What the analytic costs mean on hardware and across views, as records of :mod:`llm_perf_opt.records.analytic`:
+per-stage rows, operator categories, modules, each stage's lower-bound time on each GPU (the counted FLOPs over the
+dense datasheet peak and the bytes over the bandwidth, by :func:`llm_perf_opt.measure.efficiency.speed_of_light`),
+and the what-if over a page's views (OCR-2 tile counts, v1 modes and crop grids).
 """
 
 from __future__ import annotations
@@ -51,8 +49,7 @@ def stage_row(cost: StageCost) -> StageCostRow:
 
 
 def category_table(cost: StageCost) -> tuple[CategoryRow, ...]:
-    """FLOPs and bytes per operator category (matmul, attention, convolution, normalization, ...) with shares,
-    largest FLOPs first."""
+    """FLOPs and bytes per operator category (matmul, attention, ...) with shares, largest FLOPs first."""
     sums: dict[str, list[float]] = {}
     for m in cost.modules:
         total = sums.setdefault(m.category, [0.0, 0.0])
@@ -123,21 +120,17 @@ def stage_bounds(costs: Mapping[str, StageCost], gpu: GpuSpec, dtype: str) -> di
 
 def what_if(costs: Mapping[str, StageCost], gpus: Sequence[GpuSpec], dtype: str) -> tuple[GpuWhatIf, ...]:
     """Lower-bound time per stage on each GPU that has a dense peak for `dtype`."""
-    out = []
-    for gpu in gpus:
-        peak = dense_peak(gpu, dtype)
-        if peak is None:
-            continue
-        out.append(
-            GpuWhatIf(
-                gpu=gpu.display_name,
-                key=gpu.key,
-                dense_tflops=peak,
-                bandwidth_gbps=gpu.bandwidth_gbps,
-                stages={stage: stage_bound(cost, peak, gpu.bandwidth_gbps) for stage, cost in costs.items()},
-            )
+    return tuple(
+        GpuWhatIf(
+            gpu=gpu.display_name,
+            key=gpu.key,
+            dense_tflops=peak,
+            bandwidth_gbps=gpu.bandwidth_gbps,
+            stages={stage: stage_bound(cost, peak, gpu.bandwidth_gbps) for stage, cost in costs.items()},
         )
-    return tuple(out)
+        for gpu in gpus
+        if (peak := dense_peak(gpu, dtype)) is not None
+    )
 
 
 def priced_views(spec: ModelSpec, workload: Workload, gpu: GpuSpec, dtype: str) -> ViewsPrice:
@@ -165,12 +158,7 @@ def tile_sweep(
 
 
 def mode_sweep(
-    spec: ModelSpec,
-    base: Workload,
-    modes: Sequence[Mode],
-    grids: Sequence[tuple[int, int]],
-    gpu: GpuSpec,
-    dtype: str,
+    spec: ModelSpec, base: Workload, modes: Sequence[Mode], grids: Sequence[tuple[int, int]], gpu: GpuSpec, dtype: str
 ) -> tuple[ModeSweepRow, ...]:
     """DeepSeek-OCR v1: prefill cost and lower-bound time on `gpu` for each mode; a crop mode (Gundam) once per
     crop grid of `grids`. `configured` marks the row of `base` itself."""

@@ -1,15 +1,9 @@
-"""What the analytic model is told by the config, checked once into frozen records (the pattern of
-:class:`llm_perf_opt.session.runtime.RuntimeSettings`).
+"""What the analytic model is told by the config (`model.*`, `workload_profile`, `analytic.*`), checked once into
+frozen records, as :class:`llm_perf_opt.session.runtime.RuntimeSettings` does.
 
-- :class:`PricedModel`: the model config (`model.*`) as the analytic model needs it: its architecture, and how it
-  lays out a page's views (DeepSeek-OCR v1 by resolution mode, DeepSeek-OCR-2 by tile count at fixed view sizes);
-- :class:`WorkloadProfile`: a named workload (`workload_profile`, set by `conf/workload/*.yaml`);
-- :class:`AnalyticSettings`: the typed `analytic.*` node (`config_schema.AnalyticSchema`: the page a config report
-  prices, the GPUs, the view what-if), checked against the model.
-
-The `from_config` constructors take plain data or typed nodes (a pipeline reads its config nodes first; the model node
-comes parsed, as `session.model_settings.ModelSettings`, read here through the `ModelNode` Protocol since analytic/ sits
-below session/); every bad value is a UserError naming the setting. Nothing else below `pipeline/` reads a config.
+The constructors take plain data or typed nodes; the model node comes parsed (`session.model_settings.ModelSettings`),
+read through the `ModelNode` Protocol since analytic/ sits below session/. Every bad value is a UserError naming the
+setting. Nothing else below `pipeline/` reads a config.
 """
 
 from __future__ import annotations
@@ -37,22 +31,16 @@ class ModelNode(Protocol):
 
     @property
     def name(self) -> str: ...
-
     @property
     def adapter(self) -> str: ...
-
     @property
     def architecture(self) -> Mapping[str, Any]: ...
-
     @property
     def prompt(self) -> PromptTokens: ...
-
     @property
     def preprocess(self) -> Mapping[str, Any]: ...
-
     @property
     def mode(self) -> str | None: ...
-
     @property
     def modes(self) -> Mapping[str, Mapping[str, Any]]: ...
 
@@ -83,8 +71,7 @@ class PricedModel:
 
     @classmethod
     def from_settings(cls, model: ModelNode) -> PricedModel:
-        """From the `model:` node as the pipeline read it once (`session.model_settings.ModelSettings`, at its edge
-        or from a saved config.yaml); an unknown `model.mode` raises UserError."""
+        """From the parsed `model:` node (the pipeline's, or a saved config.yaml's)."""
         if not model.architecture:  # a DeepSeek-OCR node always has one; the key is what a saved config lacks
             raise KeyError("architecture")
         common: dict[str, Any] = {
@@ -130,10 +117,8 @@ class WorkloadProfile:
         )
 
     def check_model(self, model: str) -> None:
-        """Refuse a model this workload is not written for (`workload_profile.models`), in one paragraph.
-
-        A workload file selects its own model; `model=` on the command line wins over it and must be one of the
-        workload's models (the full-size model and its tiny variant of the same classes)."""
+        """Refuse a model this workload is not written for: `model=` on the command line wins over the workload's own
+        and must be one of `workload_profile.models` (the full-size model and its tiny variant)."""
         if not self.models or model in self.models:
             return
         raise UserError(
@@ -176,18 +161,15 @@ class AnalyticSettings:
             profile.check_model(model.name)
         text = analytic.text_tokens
         common = cls._page_and_gpus(analytic, text if text is not None else model.prompt_text_tokens)
+        common.update(model=model, profile=profile)
         if model.modes is not None:
             return cls(
-                model=model,
-                profile=profile,
                 **common,
                 crop_grid=crop_grid_from(analytic.crop_grid),
                 sweep_modes=tuple(model.mode_named(str(name)) for name in analytic.mode_sweep),
                 grid_sweep=tuple(crop_grid_from(g, "analytic.grid_sweep[]") for g in analytic.grid_sweep),
             )
         return cls(
-            model=model,
-            profile=profile,
             **common,
             tiles=require_whole("analytic.tiles", analytic.tiles, 0),
             tile_sweep=tuple(analytic.tile_sweep),

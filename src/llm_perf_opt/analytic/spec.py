@@ -1,21 +1,14 @@
 """The shapes of DeepSeek-OCR-2 and DeepSeek-OCR (v1) that set their FLOPs and bytes, and the workload.
 
-:class:`ModelSpec` is extracted from a model config (:meth:`ModelSpec.from_config`: transformers'
-``DeepseekOcr2Config`` or the project's v1 ``DeepseekOcrConfig``) or from the project's Hydra ``architecture``
-mapping (:meth:`ModelSpec.from_architecture`, which builds the config first, so derived values such as the text
-``head_dim = hidden // heads`` are exactly the model's).
-
-Both models share SAM ViT-B and the DeepSeek-V2 MoE decoder; their vision encoder over SAM's features differs:
+:class:`ModelSpec` comes from a model config or from the Hydra ``architecture`` mapping (which builds the config
+first, so derived values such as the text ``head_dim = hidden // heads`` are exactly the model's). Both models
+share SAM ViT-B and the DeepSeek-V2 MoE decoder; their vision encoder over SAM's features differs:
 
 * DeepSeek-OCR-2 (:class:`EncoderSpec`, stage "vision/encoder"): a Qwen2-style encoder over [m SAM tokens ;
   n learned queries], n = 144 if m <= 144 else 256; a view yields its n query outputs. No newline tokens.
 * DeepSeek-OCR v1 (:class:`ClipSpec`, stage "vision/clip"): CLIP-L over [class token ; m SAM tokens] (its patch
   embedding is not run); a view yields m tokens, and a learned newline ends every row of features
   (``tile_tag "2D"``; tiles are stitched into one grid first, so the crop grid matters, not only the tile count).
-
-View geometry (shared SAM): a square view of S pixels gives a g x g SAM grid with g = floor(S / patch); the two
-stride-2, padding-1, 3x3 convolutions (net_2, net_3) give ceil(g/2) and then ceil(ceil(g/2)/2) per side, i.e.
-m SAM positions.
 """
 
 from __future__ import annotations
@@ -46,11 +39,6 @@ def _side(value: Any) -> int:
     if first != second:
         raise ValueError(f"non-square size {value!r} is not modelled")
     return first
-
-
-def _stride2(side: int) -> int:
-    """Output side of a 3x3 convolution with stride 2 and padding 1."""
-    return (side + 2 - 3) // 2 + 1
 
 
 @attrs.frozen
@@ -288,8 +276,8 @@ class ModelSpec:
         return side_px // self.sam.patch
 
     def feature_side(self, side_px: int) -> int:
-        """SAM output positions per side of a view, after net_2 and net_3."""
-        return _stride2(_stride2(self.sam_grid(side_px)))
+        """SAM output positions per side of a view: ceil(g / 4) after net_2 and net_3 (3x3, stride 2, padding 1)."""
+        return (self.sam_grid(side_px) + 3) // 4
 
     def sam_positions(self, side_px: int) -> int:
         """SAM output positions of a view (the vision encoder's image tokens)."""
@@ -317,10 +305,8 @@ class ViewMode(Protocol):
 
     @property
     def global_size(self) -> int: ...
-
     @property
     def image_size(self) -> int: ...
-
     @property
     def crop_mode(self) -> bool: ...
 
@@ -356,10 +342,9 @@ def as_crop_grid(value: Any) -> tuple[int, int] | None:
 class Workload:
     """One image's work: a global view, local tiles, the text after the image, and the tokens generated.
 
-    Tiles: DeepSeek-OCR-2 needs only their count (``tiles``); v1 needs the crop grid (``crop_grid = (tiles
-    across, tiles down)``, from which ``tiles`` follows), because a newline ends each stitched row of tiles. As in
-    the vendor's code, a 1x1 grid runs no tiles. ``new_tokens`` counts every generated token; the first comes out of
-    the prefill forward, so decoding runs ``new_tokens - 1`` steps (the convention of
+    Tiles: DeepSeek-OCR-2 needs only their count; v1 needs the crop grid (tiles across, tiles down; ``tiles``
+    follows from it, none for 1x1), because a newline ends each stitched row of tiles. ``new_tokens`` counts every
+    generated token; the first comes out of prefill, so decoding runs ``new_tokens - 1`` steps (as
     ``measure.stage_flops.StageFlops``).
     """
 

@@ -18,14 +18,13 @@ from llm_perf_opt.records.vocabulary import SUPPORTED_DTYPES_TEXT, dtype_bytes
 def configured_workload(settings: AnalyticSettings) -> Workload:
     """The page a config report prices: `analytic.*` with the model's mode (v1) or preprocessing (OCR-2)."""
     base = Workload(text_tokens=settings.text_tokens, new_tokens=settings.new_tokens, dtype_bytes=settings.dtype_bytes)
-    model = settings.model
+    return _at_views(base, settings.model, settings.crop_grid, settings.tiles)
+
+
+def _at_views(base: Workload, model: PricedModel, crop_grid: tuple[int, int] | None, tiles: int) -> Workload:
+    """`base` at the model's views: a v1 mode's with `crop_grid`, or OCR-2's view sizes with `tiles` tiles."""
     if model.mode is not None:
-        return base.with_mode(model.mode, settings.crop_grid)
-    return _at_views(base, model, settings.tiles)
-
-
-def _at_views(base: Workload, model: PricedModel, tiles: int) -> Workload:
-    """`base` with an OCR-2 model's view sizes and `tiles` tiles."""
+        return base.with_mode(model.mode, crop_grid)
     assert model.global_size is not None and model.tile_size is not None
     return attrs.evolve(base, global_size=model.global_size, tile_size=model.tile_size, tiles=tiles)
 
@@ -76,14 +75,7 @@ class RunWorkload:
             first.setdefault(record.image, record)
         return cls(
             inputs=tuple(
-                MeasuredInput(
-                    image=r.image,
-                    tiles=r.tiles,
-                    image_tokens=r.image_tokens,
-                    prompt_tokens=r.prompt_tokens,
-                    new_tokens=r.new_tokens,
-                    crop_grid=r.crop_grid,
-                )
+                MeasuredInput(r.image, r.tiles, r.image_tokens, r.prompt_tokens, r.new_tokens, r.crop_grid)
                 for r in first.values()
             ),
             dtype=dtype,
@@ -95,17 +87,12 @@ def input_workload(model: PricedModel, spec: ModelSpec, measured: MeasuredInput,
     its prompt and new tokens. Raises ValueError when the priced views give other token counts than were measured
     (the analytic model and the run disagree: a bug, not bad input)."""
     base = Workload(
-        text_tokens=measured.prompt_tokens - 1 - measured.image_tokens,
-        new_tokens=measured.new_tokens,
-        dtype_bytes=size,
+        text_tokens=measured.prompt_tokens - 1 - measured.image_tokens, new_tokens=measured.new_tokens, dtype_bytes=size
     )
     mode = model.mode
-    if mode is not None:
-        if mode.crop_mode and measured.tiles and measured.crop_grid is None:
-            raise ValueError(f"{measured.image}: {measured.tiles} tiles in mode {mode.name} need their crop grid")
-        workload = base.with_mode(mode, measured.crop_grid or (1, 1))
-    else:
-        workload = _at_views(base, model, measured.tiles)
+    if mode is not None and mode.crop_mode and measured.tiles and measured.crop_grid is None:
+        raise ValueError(f"{measured.image}: {measured.tiles} tiles in mode {mode.name} need their crop grid")
+    workload = _at_views(base, model, measured.crop_grid or (1, 1), measured.tiles)
     priced = (workload.tiles, workload.image_tokens(spec))
     if priced != (measured.tiles, measured.image_tokens):
         raise ValueError(

@@ -1,13 +1,6 @@
-"""Select the page images a run will use.
-
-:func:`select_images` finds the images under a folder (optionally narrowed by a subset file list), orders or
-samples them, checks that each one opens, and returns a :class:`DatasetSelection` that records exactly which
-images will run and the fate of every file it considered: run, skipped (with the reason) or not selected (with
-the reason: `dataset.max_images` reached, or not in the subset list). Only image headers and sizes are kept in
-memory. A file that is not a regular one (a named pipe, a socket, a device) is skipped with the reason, never opened.
-
-A subset list is run in its own order (with ``sampling="sorted"``). A listed file that does not exist is an error
-naming every such line, never a silent drop; a file listed twice runs once and its repeat is a listed skip.
+"""Select the page images a run will use (:func:`select_images`), recording the fate of every file considered: run,
+skipped or not selected, with the reason. Only image headers and sizes are kept in memory; a file that is not a
+regular one (a named pipe, a socket, a device) is skipped, never opened.
 """
 
 from __future__ import annotations
@@ -128,14 +121,13 @@ def select_images(
 ) -> DatasetSelection:
     """Choose the images to run from ``root``.
 
-    ``subset_filelist`` names a text file with one image path per line (relative to ``root`` or absolute;
-    blank lines and ``#`` comments ignored) that replaces the folder listing, in the list's order.
-    ``sampling="sorted"`` keeps the order, ``"random"`` shuffles with ``random.Random(seed)``, ``"smallest"``
-    orders by pixel count (fewest first; unreadable files last); then the first
-    ``max_images`` readable images are taken. Unreadable files are skipped (``on_error="skip"``, the next
-    file takes their place) or raise :class:`UserError` (``on_error="fail"``). A listed file that does not exist
-    is a :class:`UserError`; a file listed twice runs once. ``DatasetSelection.fates`` names the fate of every
-    file considered.
+    ``subset_filelist`` names a text file with one image path per line (relative to ``root`` or absolute; blank
+    lines and ``#`` comments ignored) that replaces the folder listing, in the list's order; a listed file that
+    does not exist is a :class:`UserError` naming every such line, and a file listed twice runs once (its repeat a
+    listed skip). ``sampling="sorted"`` keeps the order, ``"random"`` shuffles with ``random.Random(seed)``,
+    ``"smallest"`` orders by pixel count (unreadable files last); then the first ``max_images`` readable images
+    are taken. Unreadable files are skipped (``on_error="skip"``, the next file takes their place) or raise
+    :class:`UserError` (``on_error="fail"``).
     """
     return select_inputs(
         root,
@@ -212,8 +204,7 @@ def _check_selection_settings(max_images: int | None, sampling: str, on_error: s
         raise UserError(f"dataset.on_error={on_error!r} is not supported", "set dataset.on_error to 'skip' or 'fail'")
     if max_images is not None and max_images < 1:
         raise UserError(
-            f"dataset.max_images={max_images} must be at least 1",
-            "set it to a positive number or leave it unset",
+            f"dataset.max_images={max_images} must be at least 1", "set it to a positive number or leave it unset"
         )
 
 
@@ -272,10 +263,8 @@ def _pixel_count(path: Path) -> float:
 def _check_root(root: str | Path, fix: str) -> Path:
     """``root`` as an absolute path; it must be an existing folder."""
     path = Path(root).expanduser().resolve()
-    if not path.exists():
-        raise UserError(f"dataset.root {path} does not exist", fix)
     if not path.is_dir():
-        raise UserError(f"dataset.root {path} is not a folder", fix)
+        raise UserError(f"dataset.root {path} {'is not a folder' if path.exists() else 'does not exist'}", fix)
     return path
 
 
@@ -328,10 +317,7 @@ def _find_filelist(subset_filelist: str | Path, root: Path) -> Path:
 
 
 def _read_filelist(list_path: Path, root: Path) -> tuple[list[Path], list[InputFate]]:
-    """The files named in ``list_path`` in order, each once, and a skip for every repeated line.
-
-    A listed file that does not exist is a UserError naming the missing lines.
-    """
+    """The files named in ``list_path`` in order, each once, and a skip for every repeated line."""
     paths: list[Path] = []
     first_line: dict[Path, int] = {}
     repeats: list[InputFate] = []

@@ -1,14 +1,11 @@
-"""Open an input image the way the models' own loaders do: turned upright by its EXIF orientation.
+"""Open an input image the way the models' own loaders do: upright by its EXIF orientation (the vendor's DeepSeek-OCR
+loader and transformers' `load_image` both apply `ImageOps.exif_transpose`). Every place that opens an input image
+for the model (the dataset probe, the adapters, the gallery) goes through :func:`open_upright`, so sizes, tile grids
+and thumbnails agree.
 
-The vendor's DeepSeek-OCR loader and transformers' `load_image` both apply `ImageOps.exif_transpose` before
-preprocessing, so a phone photo of a portrait page stored landscape with EXIF orientation 6 runs as a portrait
-page. Every place that opens an input image for the model (the dataset probe, the adapters, the gallery) goes
-through :func:`open_upright`, so sizes, tile grids and thumbnails agree.
-
-Scanned pages can be large: a legal page at 1,000 dpi is about 121 Mpx, above PIL's decompression-bomb warning
-threshold (`Image.MAX_IMAGE_PIXELS`, 89.5 Mpx) though far below what a page image may be. The toolkit opens such
-pages without PIL's raw warning (:func:`large_page_note` says the size in one line instead, once, when the dataset
-is selected); above PIL's error limit (twice the threshold) a file is skipped with the reason.
+Scanned pages can be large (a legal page at 1,000 dpi is about 121 Mpx, above PIL's 89.5 Mpx decompression-bomb
+warning threshold): they open without PIL's warning (:func:`large_page_note` says the size once instead, when the
+dataset is selected); above PIL's error limit (twice the threshold) a file is skipped with the reason.
 """
 
 from __future__ import annotations
@@ -23,9 +20,7 @@ from PIL import ExifTags, Image, ImageOps
 
 @contextmanager
 def large_pages_allowed() -> Iterator[None]:
-    """Open images without PIL's DecompressionBombWarning (pages above its threshold are legal here; the dataset
-    selection names them with :func:`large_page_note`). PIL's DecompressionBombError above twice the threshold
-    still stands."""
+    """Open images without PIL's DecompressionBombWarning (its error, above twice the threshold, still stands)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         yield

@@ -9,7 +9,6 @@ of the user's own of the wrong kind is a :class:`UserError`. A subset list runs 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import attrs
@@ -36,10 +35,6 @@ class InputChoice:
 
 def _bundled(kind: str) -> Path:
     return bundled_samples_dir() if kind == IMAGE else bundled_prompts_dir()
-
-
-def _selector(kind: str) -> Callable[..., DatasetSelection]:
-    return select_images if kind == IMAGE else select_prompts
 
 
 def select_inputs(
@@ -69,7 +64,8 @@ def select_inputs(
             f"model {model_name} takes {_WHAT[input_kind]}: the bundled {_WHAT[input_kind]} "
             f"(dataset={_DATASET_OF[input_kind]}) replace the default {_WHAT[kind]}"
         )
-    selection = _selector(input_kind)(
+    select = select_images if input_kind == IMAGE else select_prompts
+    selection = select(
         root,
         subset_filelist=subset,
         max_images=max_images,

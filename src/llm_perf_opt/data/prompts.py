@@ -1,9 +1,6 @@
-"""Select the text prompts a run of a text-only model will use.
-
-The same rules as :func:`llm_perf_opt.data.dataset.select_images`, for UTF-8 ``.txt`` files (one prompt per
-file): a folder listing or a subset file list, ``sorted`` / ``random`` / ``smallest`` (fewest characters first)
-order, the first ``max_images`` usable prompts, and empty or undecodable files skipped with the reason (or fatal
-with ``on_error="fail"``).
+"""Select the text prompts a run of a text-only model will use: the rules of
+:func:`llm_perf_opt.data.dataset.select_images`, for UTF-8 ``.txt`` files (one prompt per file; ``smallest``: fewest
+characters first; empty or undecodable files skipped with the reason, or fatal with ``on_error="fail"``).
 """
 
 from __future__ import annotations

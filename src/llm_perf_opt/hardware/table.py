@@ -1,8 +1,6 @@
-"""Peak compute and memory bandwidth per GPU, each figure with its source.
-
-The data lives in ``gpus.yaml`` next to this module (dense tensor-core TFLOP/s per dtype, GB/s). MFU and MBU
-divide by these peaks, so a peak is either right and sourced or absent (``None``): callers then print n/a
-and point the user at ``hardware.peak_tflops`` / ``hardware.peak_bandwidth_gbps``.
+"""Peak compute and memory bandwidth per GPU, each figure with its source, from ``gpus.yaml`` next to this module
+(dense tensor-core TFLOP/s per dtype, GB/s). MFU and MBU divide by these peaks, so a peak is either right and
+sourced or absent (``None``: callers print n/a and point at ``hardware.peak_tflops`` / ``peak_bandwidth_gbps``).
 """
 
 from __future__ import annotations
@@ -80,8 +78,7 @@ def _parse_entry(raw: object, index: int) -> GpuSpec:
     tflops = raw["dense_tflops"]
     if not isinstance(tflops, dict) or not tflops:
         raise ValueError(f"gpus.yaml: {key}: dense_tflops must be a non-empty mapping")
-    bad = set(tflops) - set(DTYPE_KEYS)
-    if bad:
+    if bad := set(tflops) - set(DTYPE_KEYS):
         raise ValueError(f"gpus.yaml: {key}: unknown dtype keys {sorted(bad)}; allowed {list(DTYPE_KEYS)}")
     sources = raw["sources"]
     if not isinstance(sources, list) or not sources or not all(str(u).startswith("https://") for u in sources):
@@ -161,44 +158,25 @@ def peak_compute(
     key = compute_dtype_key(dtype, tf32_matmul=tf32_matmul)
     if override_tflops is not None:
         tflops = _check_override(override_tflops, "hardware.peak_tflops")
-        return PeakFigure(
-            value=tflops * 1e12,
-            unit="FLOP/s",
-            dtype_key=key,
-            source=f"user override: hardware.peak_tflops={override_tflops:g}",
-            device_name=device_name,
-        )
-    spec = match_gpu(device_name)
-    if spec is None or key not in spec.dense_tflops:
-        return None
-    return PeakFigure(
-        value=spec.dense_tflops[key] * 1e12,
-        unit="FLOP/s",
-        dtype_key=key,
-        source=f"datasheet: {spec.display_name}, dense {_DTYPE_LABEL[key]} ({spec.sources[0]})",
-        device_name=device_name,
-    )
+        source = f"user override: hardware.peak_tflops={override_tflops:g}"
+    else:
+        spec = match_gpu(device_name)
+        if spec is None or key not in spec.dense_tflops:
+            return None
+        tflops = spec.dense_tflops[key]
+        source = f"datasheet: {spec.display_name}, dense {_DTYPE_LABEL[key]} ({spec.sources[0]})"
+    return PeakFigure(value=tflops * 1e12, unit="FLOP/s", dtype_key=key, source=source, device_name=device_name)
 
 
 def peak_bandwidth(device_name: str, *, override_gbps: float | None = None) -> PeakFigure | None:
     """Peak memory bandwidth in B/s for ``device_name``; an override always wins; None if unknown."""
     if override_gbps is not None:
         gbps = _check_override(override_gbps, "hardware.peak_bandwidth_gbps")
-        return PeakFigure(
-            value=gbps * 1e9,
-            unit="B/s",
-            dtype_key=None,
-            source=f"user override: hardware.peak_bandwidth_gbps={override_gbps:g}",
-            device_name=device_name,
-        )
-    spec = match_gpu(device_name)
-    if spec is None:
-        return None
-    return PeakFigure(
-        value=spec.bandwidth_gbps * 1e9,
-        unit="B/s",
-        dtype_key=None,
-        source=f"datasheet: {spec.display_name}, peak memory bandwidth {spec.bandwidth_gbps:g} GB/s "
-        f"({spec.sources[0]})",
-        device_name=device_name,
-    )
+        source = f"user override: hardware.peak_bandwidth_gbps={override_gbps:g}"
+    else:
+        spec = match_gpu(device_name)
+        if spec is None:
+            return None
+        gbps = spec.bandwidth_gbps
+        source = f"datasheet: {spec.display_name}, peak memory bandwidth {gbps:g} GB/s ({spec.sources[0]})"
+    return PeakFigure(value=gbps * 1e9, unit="B/s", dtype_key=None, source=source, device_name=device_name)

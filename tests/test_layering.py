@@ -280,9 +280,13 @@ def test_nothing_below_the_config_edge_imports_the_config_libraries() -> None:
     assert not found
 
 
-#: The typed nodes (`config_schema.Stage1Nodes`, `WhatIfNodes`): pipeline/ reads them from the typed objects its
+#: The nodes a command reads typed (`config_data.CommandConfig`: `config_schema.Stage1Nodes`, the model, dataset,
+#: device, named workload and analytic settings; `WhatIfNodes`): pipeline/ reads them from the typed objects its
 #: command built once.
-TYPED_NODES = ("run", "infer", "outputs", "runtime", "report", "hardware", "whatif", "whatif_run")
+TYPED_NODES = (
+    *("run", "infer", "outputs", "runtime", "report", "hardware", "whatif", "whatif_run"),
+    *("model", "dataset", "device", "workload_profile", "analytic"),
+)
 #: Where pipeline/ may still turn a config into typed nodes: a config it composes itself, not its command's.
 OWN_COMPOSITIONS = {
     ("pipeline/whatif.py", "validate"),  # each rung's stage1-run overrides, checked before it runs
@@ -291,8 +295,8 @@ OWN_COMPOSITIONS = {
 
 
 def _names_a_config(node: ast.expr) -> bool:
-    """Whether `node` is a composed config by its name (`cfg`, `self.cfg`, `run.cfg`, `config`)."""
-    return re.search(r"(^|[._])(cfg|config)$", ast.unparse(node)) is not None
+    """Whether `node` is a composed config by its name (`cfg`, `self.cfg`, `run.cfg`, `config`, `command.composed`)."""
+    return re.search(r"(^|[._])(cfg|config|composed)$", ast.unparse(node)) is not None
 
 
 def _typed_key(node: ast.expr) -> bool:
@@ -335,18 +339,18 @@ c = cfg.get("runtime") or {}
 d = plain(cfg.report) if "report" in cfg else {}
 e = OmegaConf.select(cfg, "outputs.save_predictions")
 f = run.cfg["hardware"]
-g = nodes.run.cv_warn + session.runtime.batch_size + cfg.model.name + cfg.get("model").name
+g = nodes.run.cv_warn + session.runtime.batch_size + command.model.name + command.composed.device
 h = self.run.cpu_affinity + overrides.get(SHARD_KEY) + cfg.pipeline.torch_profiler.get("top_k")
 i = run_cfg.whatif_run.devices + cfg.get("whatif", {}).get("levers") + self.whatif.whatif_run.devices
 """
-    assert [line.split(":")[0] for line in _raw_typed_reads(source)] == ["2", "3", "4", "5", "5", "6", "7", "10", "10"]
+    assert [line.split(":")[0] for line in _raw_typed_reads(source)] == [
+        *("2", "3", "4", "5", "5", "6", "7", "8", "10", "10")
+    ]
 
 
 def test_pipeline_reads_the_typed_nodes_only_from_the_object_its_command_built() -> None:
-    """`run`, `infer`, `outputs`, `runtime`, `report`, `hardware`, `whatif` and `whatif_run` are read typed
-    (`config_schema.Stage1Nodes`, `WhatIfNodes`, built once per command in cli/ by `config_data.stage1_nodes` and
-    `whatif_nodes`); pipeline/ reads only the config groups' nodes (model, dataset, pipeline, analytic, ...) from the
-    composed config."""
+    """The nodes of `TYPED_NODES` are read typed (`config_data.CommandConfig` and `WhatIfNodes`, built once per
+    command in cli/ by `config_data.command_config` and `whatif_nodes`), never from the composed config."""
     found = [
         f"{path.relative_to(PACKAGE)}:{where}"
         for path in [*_modules("pipeline"), PACKAGE / "output_settings.py"]
@@ -373,7 +377,7 @@ def _typed_nodes_calls(path: Path, builder: str = "stage1_nodes") -> list[str]:
 @pytest.mark.parametrize(
     ("builder", "commands"),
     [
-        ("command_config", {"stage1": 1, "stage2": 1, "whatif": 1, "analytic": 1}),
+        ("command_config", {"stage1": 1, "stage2": 1, "whatif": 2, "analytic": 1}),  # whatif: its check too
         ("stage1_nodes", {}),  # only inside command_config, and where pipeline/ composes a config of its own
         ("whatif_nodes", {"whatif": 2}),  # whatif: its check
     ],

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from llm_perf_opt.config_compose import compose_config
-from llm_perf_opt.config_data import whatif_nodes
+from llm_perf_opt.config_data import command_config, whatif_nodes
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.instruments.timing import NullRecorder
 from llm_perf_opt.measure import whatif_objectives as o
@@ -96,7 +96,7 @@ def test_the_ladder_takes_a_lever_departing_at_a_near_tie() -> None:
     """The H100 runs with random weights: CUDA graphs departed at token 18, a near-tie of the baseline's logits; it
     now goes on the ladder, while a lever departing elsewhere stays off with the reason."""
     cfg = compose_config("whatif")
-    settings = judging_settings(cfg, whatif_nodes(cfg))
+    settings = judging_settings(command_config(cfg), whatif_nodes(cfg))
     assert settings.near_tie_tolerance == 0.01  # the shipped default
     tie = NearTie(token=18, gap=0.01, top_logit=3.1, tolerance=0.01)
     base = Rung("graphs", ALONE, ("graphs",), (), False, MEASURED)

@@ -16,7 +16,7 @@ import pytest
 
 from helpers import FIXTURES, load_script, run_main
 from llm_perf_opt.config_compose import compose_config
-from llm_perf_opt.config_data import stage1_nodes, whatif_nodes
+from llm_perf_opt.config_data import command_config, stage1_nodes, whatif_nodes
 from llm_perf_opt.config_schema import WhatIfSchema
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure import advice as advice_rules
@@ -157,7 +157,7 @@ def test_at_most_five_levers_and_which_need_cuda() -> None:
 
 def test_the_config_takes_the_folders_workload_then_the_command_lines() -> None:
     cfg = compose_config("whatif", "whatif=advised", f"whatif.from_run={BASELINE}")
-    assert [lever.name for lever in check_whatif_settings(cfg, whatif_nodes(cfg))] == [
+    assert [lever.name for lever in check_whatif_settings(command_config(cfg), whatif_nodes(cfg))] == [
         "cuda_graphs",
         "batch",
         "overlap_preprocess",
@@ -165,10 +165,11 @@ def test_the_config_takes_the_folders_workload_then_the_command_lines() -> None:
         "compile_prefill",
     ]
     excluded = compose_config("whatif", "whatif=advised", f"whatif.from_run={BASELINE}", "whatif_run.exclude=[batch]")
-    assert "batch" not in [lever.name for lever in check_whatif_settings(excluded, whatif_nodes(excluded))]
+    levers = check_whatif_settings(command_config(excluded), whatif_nodes(excluded))
+    assert "batch" not in [lever.name for lever in levers]
     unknown = compose_config("whatif", "whatif=advised", f"whatif.from_run={BASELINE}", "whatif_run.exclude=[nope]")
     with pytest.raises(UserError, match=r"whatif_run\.exclude names nope"):
-        check_whatif_settings(unknown, whatif_nodes(unknown))
+        check_whatif_settings(command_config(unknown), whatif_nodes(unknown))
     plan = advised_plan(whatif_nodes(cfg).whatif, ("model=deepseek_ocr_tiny",))
     assert plan is not None
     out, whatif, workload = advised_config(cfg, whatif_nodes(cfg), plan, ("model=deepseek_ocr_tiny",))

@@ -11,7 +11,7 @@ import attrs
 import pytest
 
 from llm_perf_opt.config_compose import compose_config
-from llm_perf_opt.config_data import whatif_nodes
+from llm_perf_opt.config_data import command_config, whatif_nodes
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure.throughput import page_throughput
 from llm_perf_opt.measure.whatif import objective, rung_figures
@@ -167,7 +167,7 @@ def test_the_target_comes_from_the_preset_or_the_command_line(tmp_path: Path) ->
         "whatif.latency_target.ttft_p90_ms=800",
     )  # fmt: skip
     assert latency_target(given.whatif.latency_target) == LatencyTarget(ttft_p90_ms=800.0)
-    check_whatif_settings(given, whatif_nodes(given))
+    check_whatif_settings(command_config(given), whatif_nodes(given))
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import pytest
 
 from helpers import measured_energy, run_main, whatif_run
 from llm_perf_opt.config_compose import compose_config
-from llm_perf_opt.config_data import whatif_nodes
+from llm_perf_opt.config_data import command_config, whatif_nodes
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure import whatif as w
 from llm_perf_opt.measure import whatif_objectives as o
@@ -312,12 +312,12 @@ def test_the_objective_setting_picks_the_headline_goal(tmp_path: Path) -> None:
 
     def goal(*overrides: str) -> Objective:
         cfg = compose_config("whatif", *overrides)
-        return WhatIfAnalysis(judging_settings(cfg, whatif_nodes(cfg)), (), (), {}).goal()
+        return WhatIfAnalysis(judging_settings(command_config(cfg), whatif_nodes(cfg)), (), (), {}).goal()
 
     assert goal().name == "page_latency_ms"
     assert goal("whatif.objective=first_token").name == "ttft_ms"
     assert goal("workload=ocr1-a4-page").label == "whole-page latency at 256 decode tokens (p50)"
-    assert workload_decode_tokens(compose_config("whatif")) == (None, None)
+    assert workload_decode_tokens(command_config(compose_config("whatif"))) == (None, None)
     with pytest.raises(UserError) as bad:
         whatif_run(compose_config("whatif", "whatif.objective=speed"), tmp_path / "d", "d")
     text = str(bad.value)

@@ -8,6 +8,7 @@ import attrs
 from omegaconf import DictConfig, OmegaConf
 
 from llm_perf_opt.analytic.settings import WorkloadProfile
+from llm_perf_opt.config_compose import register_resolvers
 from llm_perf_opt.config_schema import (
     AnalyticSchema,
     DatasetSchema,
@@ -100,6 +101,7 @@ class CommandConfig:
 def command_config(cfg: Any) -> CommandConfig:
     """`cfg` (a composed config, or a saved config.yaml loaded as one) as a :class:`CommandConfig`; a node or key it
     lacks takes the schema's default."""
+    register_resolvers()  # a saved config read outside a command may still name the project's resolvers
     composed = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg)
     return CommandConfig(
         composed=composed,

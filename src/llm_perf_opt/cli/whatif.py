@@ -49,7 +49,7 @@ def _check(cfg: DictConfig) -> None:
     from llm_perf_opt.pipeline.whatif import check_whatif_settings
 
     check_config(cfg)
-    check_whatif_settings(cfg, whatif_nodes(cfg))
+    check_whatif_settings(command_config(cfg), whatif_nodes(cfg))
 
 
 #: The console script (pyproject.toml) and `python -m`: `main`, then the process ends without the module teardown.

@@ -132,11 +132,11 @@ def advised_lever_list(plan: AdvisedPlan, whatif: WhatIfSchema, exclude: Sequenc
 DEVICE = re.compile(r"cpu|auto|cuda(:\d+)?")
 
 
-def check_whatif_settings(cfg: DictConfig, whatif: WhatIfNodes) -> tuple[Lever, ...]:
-    """perf-whatif's own settings (`whatif`, the typed nodes of `cfg`), checked before anything starts (the keys'
-    types are the schema's, their ranges settings_schema's): the preset's levers (whatif=advised: those its folder's
-    advice names) minus whatif_run.exclude (at least one), the devices, the launcher and its overrides, the memory
-    budget and the near-tie tolerance. Returns the levers."""
+def check_whatif_settings(command: CommandConfig, whatif: WhatIfNodes) -> tuple[Lever, ...]:
+    """perf-whatif's own settings (`whatif`; `command`: the settings of the same config), checked before anything
+    starts (the keys' types are the schema's, their ranges settings_schema's): the preset's levers (whatif=advised:
+    those its folder's advice names) minus whatif_run.exclude (at least one), the devices, the launcher and its
+    overrides, the memory budget and the near-tie tolerance. Returns the levers."""
     exclude = list(whatif.whatif_run.exclude or ())
     plan = advised_plan(whatif.whatif)
     if plan is None:
@@ -150,7 +150,7 @@ def check_whatif_settings(cfg: DictConfig, whatif: WhatIfNodes) -> tuple[Lever, 
 
         with _outside_running_hydra():
             check_override_keys("stage1", overrides, command="stage1-run")
-    judging_settings(cfg, whatif)
+    judging_settings(command, whatif)
     return levers
 
 
@@ -382,14 +382,14 @@ class WhatIfRun:
         # command line's on top), `advised` its plan: the levers of the folder's advice
         self.advised = advised
         self.command = command  # the settings of the composed config, typed and read once by the command
-        self.cfg = cfg = command.composed  # saved, and each rung's config composed from it
+        self.cfg = command.composed  # saved, and each rung's config composed from it
         self.nodes = command.nodes  # run, runtime, ...
         self.whatif = whatif  # perf-whatif's own typed nodes of `cfg` (whatif, whatif_run), read once by the command
         self.run_id = run_id
         self.workload = tuple(workload)
         self.feedback = feedback or Feedback()
         self.art = ArtifactsManager(run_dir, stage="whatif")
-        self.settings = judging_settings(cfg, whatif)
+        self.settings = judging_settings(command, whatif)
         self.rungs: dict[str, Rung] = {}  # as they ran (the analysis judges them)
         self.folders: dict[str, Stage1Folder] = {}  # each measured rung's records
         self.levers: tuple[Lever, ...] = ()  # the preset's, read when the run starts
@@ -405,14 +405,15 @@ class WhatIfRun:
 
     # ---- driver ------------------------------------------------------------------------------------
     def execute(self) -> WhatIfRecord:
-        self.levers = check_whatif_settings(self.cfg, self.whatif)  # before the folder is claimed and anything starts
+        # before the folder is claimed and anything starts
+        self.levers = check_whatif_settings(self.command, self.whatif)
         self.art.start(self.run_id)
         try:
             # The fork server first: its imports overlap this process's own (torch) and the checks of every rung's
             # config; it is waited for when the first rung is due, and cancelled if none is.
             compiles = rungs_compile(self.whatif.whatif, self.nodes.runtime, self.levers)
             self.starting = StartingServer.launch(compiles=compiles) if self.fork_rungs else None
-            self.caches = shared_caches(self.whatif.whatif_run, self.cfg.get("model") or {}, self.art.run_dir)
+            self.caches = shared_caches(self.whatif.whatif_run, self.command.model, self.art.run_dir)
             with self.feedback.session():
                 record = self._run()
         except KeyboardInterrupt as stop:

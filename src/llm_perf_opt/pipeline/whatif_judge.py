@@ -11,13 +11,12 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 import attrs
 from omegaconf import OmegaConf
 
 from llm_perf_opt.artifacts import ArtifactsManager
-from llm_perf_opt.config_data import whatif_nodes
+from llm_perf_opt.config_data import CommandConfig, command_config, whatif_nodes
 from llm_perf_opt.config_schema import WhatIfNodes
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure.whatif import DEFAULT_OBJECTIVE, GOAL_FIGURES, OBJECTIVES, objective
@@ -34,14 +33,13 @@ DID_NOT_FINISH = "The run did not finish: "
 RUN_NOTES = (IN_PROGRESS, DID_NOT_FINISH)
 
 
-def workload_decode_tokens(cfg: Mapping[str, Any]) -> tuple[int | None, str | None]:
+def workload_decode_tokens(command: CommandConfig) -> tuple[int | None, str | None]:
     """The decode length a named workload states (`workload=ocr1-a4-page`: its `analytic.new_tokens`, 256) and
     where it comes from; (None, None) without a named workload (each rung's measured length is used)."""
-    profile = cfg.get("workload_profile")
-    tokens = (cfg.get("analytic") or {}).get("new_tokens") if profile else None
-    if not profile or tokens is None:
+    profile = command.workload_profile
+    if profile is None:
         return None, None
-    return int(tokens), f"workload {profile.get('name')} (analytic.new_tokens)"
+    return command.analytic.new_tokens, f"workload {profile.name} (analytic.new_tokens)"
 
 
 def _optional_number(raw: object, within: Callable[[float], bool], problem: str, fix: str) -> float | None:
@@ -114,8 +112,8 @@ def latency_target(raw: object) -> LatencyTarget | None:
     return target if target.limits else None
 
 
-def judging_settings(cfg: Any, whatif: WhatIfNodes) -> WhatIfSettings:
-    """What the what-if's judging reads of a config and its typed nodes (`whatif`), checked."""
+def judging_settings(command: CommandConfig, whatif: WhatIfNodes) -> WhatIfSettings:
+    """What the what-if's judging reads of a command's settings and its own typed nodes (`whatif`), checked."""
     name = whatif.whatif.objective or DEFAULT_OBJECTIVE
     try:
         objective(name)
@@ -126,7 +124,7 @@ def judging_settings(cfg: Any, whatif: WhatIfNodes) -> WhatIfSettings:
             f"the workload's decode length) or one of the figures {', '.join(OBJECTIVES)}",
         ) from None
     run, target = whatif.whatif_run, whatif.whatif.latency_target
-    tokens, source = workload_decode_tokens(cfg)
+    tokens, source = workload_decode_tokens(command)
     return WhatIfSettings(
         objective=name,
         decode_tokens=tokens,
@@ -165,7 +163,7 @@ def rejudge(
     config = run_dir / CONFIG_FILE
     saved = OmegaConf.load(config) if config.is_file() else None  # the typed nodes rebuilt as the run built them
     settings = attrs.evolve(
-        judging_settings(saved, whatif_nodes(saved)) if saved is not None else WhatIfSettings(),
+        judging_settings(command_config(saved), whatif_nodes(saved)) if saved is not None else WhatIfSettings(),
         objective=record.objective.name,
         decode_tokens=decode_tokens,
         decode_tokens_source=source,

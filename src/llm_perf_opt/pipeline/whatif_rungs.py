@@ -15,11 +15,10 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import attrs
 
@@ -33,6 +32,7 @@ from llm_perf_opt.pipeline.rung_handoff import RELEASED_ENV, WAIT_ENV
 from llm_perf_opt.records import common
 from llm_perf_opt.records.folders import STATUS_FILE, read_status, writer_note
 from llm_perf_opt.records.io import RecordError
+from llm_perf_opt.session.model_settings import ModelSettings
 
 log = logging.getLogger("llm_perf_opt.whatif")
 
@@ -81,7 +81,7 @@ class SharedCaches:
                     log.warning("could not remove %s: %s", folder, exc)
 
 
-def shared_caches(run: WhatIfRunSchema, model: Mapping[str, Any], run_dir: Path) -> SharedCaches:
+def shared_caches(run: WhatIfRunSchema, model: ModelSettings, run_dir: Path) -> SharedCaches:
     """The caches the rungs of the what-if run in `run_dir` share: `whatif_run.reuse_model` (a saved model in
     `<run>/model_cache`, unless the model has checkpoint weights or `model.cache_dir` is set: that one is used
     and kept) and `whatif_run.inductor_cache` (user: `~/.cache/llm_perf_opt/inductor`, kept; run:
@@ -89,7 +89,7 @@ def shared_caches(run: WhatIfRunSchema, model: Mapping[str, Any], run_dir: Path)
     inductor's default)."""
     owned: list[Path] = []
     model_cache = None
-    own_weights = model.get("cache_dir") or model.get("path") or model.get("name_or_path")
+    own_weights = model.cache_dir or model.path or model.name_or_path
     if run.reuse_model and not own_weights:
         model_cache = run_dir / MODEL_CACHE_DIR
         owned.append(model_cache)

@@ -1,10 +1,6 @@
-"""Stage 2 plot from its `Stage2Metrics` record: the hot kernels that Nsight Compute profiled, on the device's
-roofline.
-
-A kernel is placed at (FLOPs / DRAM bytes, FLOPs / duration), both per launch as ncu measured them; it is drawn
-only when those numbers are complete (see :func:`kernel_points`), so every point is right and the caption says how
-many were left out and why.
-"""
+"""Stage 2 plot from its `Stage2Metrics` record: the kernels Nsight Compute profiled on the device's roofline, each
+at (FLOPs / DRAM bytes, FLOPs / duration) per launch, drawn only when those figures are complete (`kernel_points`);
+the caption says how many were left out and why."""
 
 from __future__ import annotations
 
@@ -146,8 +142,6 @@ def _stage_style(stage: str, k: int) -> tuple[str, str]:
 
 def _scatter_by_stage(ax: Axes, points: Sequence[KernelPoint]) -> list[Line2D]:
     """One scatter per stage (hollow markers where the share is unknown); returns the stages' legend handles."""
-    from matplotlib.lines import Line2D
-
     handles = []
     for k, stage in enumerate(dict.fromkeys(p.stage for p in points)):
         colour, marker = _stage_style(stage, k)
@@ -166,33 +160,23 @@ def _scatter_by_stage(ax: Axes, points: Sequence[KernelPoint]) -> list[Line2D]:
                     alpha=0.85,
                     zorder=3,
                 )
-        handles.append(
-            Line2D([], [], linestyle="", marker=marker, markersize=8, color=colour, label=f"{stage} ({len(mine)})")
-        )
+        handles.append(_handle(marker, 8, colour, f"{stage} ({len(mine)})"))
     return handles
+
+
+def _handle(marker: str, size: float, colour: str, label: str, face: str | None = None) -> Line2D:
+    """A legend entry: one marker (filled with `face`, else with `colour`), no line."""
+    from matplotlib.lines import Line2D
+
+    return Line2D([], [], linestyle="", marker=marker, markersize=size, markerfacecolor=face, color=colour, label=label)
 
 
 def _size_key(points: Sequence[KernelPoint]) -> list[Line2D]:
     """Legend handles for marker area = share of the stage's GPU time, plus the hollow unknown-share marker."""
-    from matplotlib.lines import Line2D
-
-    handles = [
-        Line2D([], [], linestyle="", marker="o", markersize=math.sqrt(_size(s)), color="grey", label=f"{s:.0%}")
-        for s in SIZE_KEY
-    ]
+    handles = [_handle("o", math.sqrt(_size(s)), "grey", f"{s:.0%}") for s in SIZE_KEY]
     if any(p.share is None for p in points):
-        handles.append(
-            Line2D(
-                [],
-                [],
-                linestyle="",
-                marker="o",
-                markersize=math.sqrt(SIZE_FLOOR),
-                markerfacecolor="none",
-                color="grey",
-                label="share unknown (name not in the nsys trace)",
-            )
-        )
+        unknown = "share unknown (name not in the nsys trace)"
+        handles.append(_handle("o", math.sqrt(SIZE_FLOOR), "grey", unknown, face="none"))
     return handles
 
 

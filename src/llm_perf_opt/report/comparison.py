@@ -42,9 +42,8 @@ def _lead(doc: Doc, text: str) -> None:
 
 
 def _runs_list(doc: Doc, runs: Sequence[ComparedRun], describe: Callable[[ComparedRun], str]) -> None:
-    doc.bullets(
-        [f"**{r.label}**{' (baseline)' if i == 0 else ''}: `{r.path}`; {describe(r)}" for i, r in enumerate(runs)]
-    )
+    items = [f"**{r.label}**{' (baseline)' if i == 0 else ''}: `{r.path}`; {describe(r)}" for i, r in enumerate(runs)]
+    doc.bullets(items)
 
 
 def _p50_header(runs: Sequence[ComparedRun]) -> Row:
@@ -149,13 +148,14 @@ def _stage1(doc: Doc, runs: Sequence[ComparedRun], section: Stage1Comparison, to
 
     doc.h3("Top operators that moved most")
     for table in section.operators:
-        _lead(
-            doc,
-            f"**{table.other}** vs **{base.label}**, by `{table.other_key}` (absolute difference, top {top})."
-            if table.other_key == table.base_key
-            else f"**{table.other}** (by `{table.other_key}`) vs **{base.label}** (by `{table.base_key}`): each run's "
-            f"operators are ranked by the time on its own device (absolute difference, top {top}).",
-        )
+        if table.other_key == table.base_key:
+            ranked = f"**{table.other}** vs **{base.label}**, by `{table.other_key}`"
+        else:
+            ranked = (
+                f"**{table.other}** (by `{table.other_key}`) vs **{base.label}** (by `{table.base_key}`): each run's "
+                "operators are ranked by the time on its own device"
+            )
+        _lead(doc, f"{ranked} (absolute difference, top {top}).")
         _movers_table(doc, base.label, table, "Operator")
     doc.para("n/a: not among that run's recorded top operators (counted as 0 for the ranking).")
     _differences(doc, runs, section.differences, section.config_differences)

@@ -127,6 +127,11 @@ def number(value: float | None, digits: int = 1) -> str:
 ms = number  # a time in ms reads as a plain figure
 
 
+def clip(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters, the last one "…" where it was cut."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def ratio_text(value: float | None) -> str:
     """A ratio as `1.23×`, or n/a."""
     return NA if value is None else f"{value:.2f}×"

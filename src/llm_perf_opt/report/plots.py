@@ -107,17 +107,11 @@ def stage_breakdown(m: Metrics, path: Path) -> Path | None:
         bars = ax.barh(
             images, widths, left=left, height=0.7, color=colours[name], edgecolor="white", linewidth=0.5, label=name
         )
+        text_colour = "white" if name != PREPROCESS else "black"
         for bar, w in zip(bars, widths, strict=True):
             if w >= 0.07 * longest:  # label only segments wide enough to hold the text
-                ax.text(
-                    bar.get_x() + w / 2,
-                    bar.get_y() + bar.get_height() / 2,
-                    f"{w:.0f}",
-                    ha="center",
-                    va="center",
-                    fontsize=8,
-                    color="white" if name != PREPROCESS else "black",
-                )
+                x, y = bar.get_x() + w / 2, bar.get_y() + bar.get_height() / 2
+                ax.text(x, y, f"{w:.0f}", ha="center", va="center", fontsize=8, color=text_colour)
         left = [a + b for a, b in zip(left, widths, strict=True)]
     for y, total in enumerate(totals):
         ax.text(total + 0.01 * longest, y, f"{total:.0f} ms", va="center", fontsize=8)
@@ -170,15 +164,9 @@ def decode_latency(m: Metrics, path: Path) -> Path | None:
         for image in images:
             ctx, ms = series[image]
             style, marker = _LINE_STYLES[k % len(_LINE_STYLES)], STAGE_MARKERS[k % len(STAGE_MARKERS)]
+            label = f"{image}\n(prompt {ctx[0]} tokens)"
             ax.plot(
-                ctx,
-                ms,
-                linestyle=style,
-                marker=marker,
-                markersize=3.5,
-                linewidth=1.3,
-                color=f"C{k % 10}",
-                label=f"{image}\n(prompt {ctx[0]} tokens)",
+                ctx, ms, linestyle=style, marker=marker, markersize=3.5, linewidth=1.3, color=f"C{k % 10}", label=label
             )
             k += 1
         ax.set_ylim(0, top * 1.3)
@@ -229,14 +217,8 @@ def draw_roofs(ax: Axes, peaks: Sequence[tuple[float, str]], bw: float, x_lo: fl
             label=f"roof: min({si(peak, 'FLOP/s')} {label}, intensity × {si(bw, 'B/s')})",
         )
         ax.axvline(ridge, color="grey", linestyle=":", linewidth=1)
-        ax.annotate(
-            f"ridge {ridge:.3g} FLOP/B",
-            (ridge, peak),
-            xytext=(5, -14),
-            textcoords="offset points",
-            fontsize=8,
-            color="dimgrey",
-        )
+        note = f"ridge {ridge:.3g} FLOP/B"
+        ax.annotate(note, (ridge, peak), xytext=(5, -14), textcoords="offset points", fontsize=8, color="dimgrey")
 
 
 def style_roofline_axes(ax: Axes, limits: tuple[float, float, float, float]) -> None:
@@ -279,14 +261,8 @@ def roofline(m: Metrics, path: Path) -> Path | None:
             color=f"C{k % 10}",
             label=f"{stage}: {intensity:.3g} FLOP/B, {si(achieved, 'FLOP/s')}{mfu_txt}",
         )
-        ax.annotate(
-            stage,
-            (intensity, achieved),
-            xytext=(8, _label_dy(k, points)),
-            textcoords="offset points",
-            fontsize=8,
-            va="center",
-        )
+        dy = _label_dy(k, points)
+        ax.annotate(stage, (intensity, achieved), xytext=(8, dy), textcoords="offset points", fontsize=8, va="center")
     style_roofline_axes(ax, limits)
     ax.set_title(
         f"Roofline of the stages over all timed passes ({m.device.name})\nFLOPs counted, bytes from the analytic model",

@@ -40,8 +40,9 @@ def _tflops(m: Stage1Metrics, stage: str) -> float | None:
     return next((r.achieved_tflops for r in m.mfu if r.stage == stage), None)
 
 
-def _vision_stages(m: Stage1Metrics) -> list[str]:
-    return [s.stage for s in m.stages if vocab.is_vision(s.stage)]
+def _vision_means(m: Stage1Metrics) -> dict[str, float]:
+    """Each vision sub-stage's mean time per pass."""
+    return {s.stage: _mean(m, s.stage) or 0.0 for s in m.stages if vocab.is_vision(s.stage)}
 
 
 def key_findings(m: Stage1Metrics) -> list[str]:
@@ -64,7 +65,7 @@ def key_findings(m: Stage1Metrics) -> list[str]:
             + ", ".join(parts)
             + "."
         )
-        vision = {s: _mean(m, s) or 0.0 for s in _vision_stages(m)}
+        vision = _vision_means(m)
         if prefill and vision:
             inner = ", ".join(f"{s.split('/', 1)[1]} {v / prefill:.0%}" for s, v in vision.items())
             out.append(
@@ -167,7 +168,7 @@ def _vision_note(m: Stage1Metrics) -> str | None:
     """How a smaller workload would cut vision, when it dominates prefill: fewer tiles or views (levers that change
     the outputs, so the table does not rank them)."""
     prefill = _mean(m, vocab.PREFILL) or 0.0
-    vision = {s: _mean(m, s) or 0.0 for s in _vision_stages(m)}
+    vision = _vision_means(m)
     total = sum(vision.values())
     if not prefill or total / prefill <= VISION_DOMINANT:
         return None

@@ -37,6 +37,7 @@ from llm_perf_opt.report import batches, gallery, pages
 from llm_perf_opt.report.markdown import (
     Doc,
     bundled_samples,
+    clip,
     flops,
     link,
     ms,
@@ -185,10 +186,6 @@ SHAPES_CHARS = 72  # one shape group's text in a table cell, truncated beyond
 MIB = 1024**2
 
 
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 _DETAIL_COLUMNS = {
     "shapes": "input shapes (top groups by calls: calls, self ms)",
     "cpu_memory": "self CPU memory (MiB)",
@@ -218,7 +215,7 @@ def _mib(value: int | None) -> str:
 def _detail_cell(r: OperatorRow, column: str, time_of: str) -> str:
     if column == "shapes":
         return "<br>".join(
-            f"`{_clip(g.shapes, SHAPES_CHARS)}`: {g.calls}, {ms(getattr(g, time_of), 3)}" for g in r.shapes
+            f"`{clip(g.shapes, SHAPES_CHARS)}`: {g.calls}, {ms(getattr(g, time_of), 3)}" for g in r.shapes
         )
     if column == "cpu_memory":
         return _mib(r.self_cpu_memory_bytes)

@@ -17,6 +17,7 @@ from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.common import PeakFigure
 from llm_perf_opt.records.stage2 import NcuKernelRow, Stage2Metrics
 from llm_perf_opt.report import plots
+from llm_perf_opt.report.markdown import clip
 from llm_perf_opt.report.pyplot import pyplot
 
 if TYPE_CHECKING:
@@ -135,16 +136,12 @@ def _size(share: float | None) -> float:
     return SIZE_FLOOR + SIZE_PER_SHARE * (share or 0.0)
 
 
-def _stage_style(stage: str, k: int) -> tuple[str, str]:
-    """(colour, marker) of the k-th stage on the chart."""
-    return STAGE_COLOURS.get(stage, f"C{(k + 2) % 10}"), plots.STAGE_MARKERS[k % len(plots.STAGE_MARKERS)]
-
-
 def _scatter_by_stage(ax: Axes, points: Sequence[KernelPoint]) -> list[Line2D]:
     """One scatter per stage (hollow markers where the share is unknown); returns the stages' legend handles."""
     handles = []
+    markers = plots.STAGE_MARKERS
     for k, stage in enumerate(dict.fromkeys(p.stage for p in points)):
-        colour, marker = _stage_style(stage, k)
+        colour, marker = STAGE_COLOURS.get(stage, f"C{(k + 2) % 10}"), markers[k % len(markers)]
         mine = [p for p in points if p.stage == stage]
         for known in (True, False):
             group = [p for p in mine if (p.share is not None) is known]
@@ -181,7 +178,7 @@ def _size_key(points: Sequence[KernelPoint]) -> list[Line2D]:
 
 
 def _short(point: KernelPoint) -> str:
-    name = point.label if len(point.label) <= LABEL_CHARS else point.label[: LABEL_CHARS - 1] + "…"
+    name = clip(point.label, LABEL_CHARS)
     return name if point.share is None else f"{name} ({100 * point.share:.2g}%)"
 
 
@@ -292,12 +289,6 @@ def kernel_roofline_figure(m: Stage2Metrics) -> Figure | None:
     return fig
 
 
-def kernel_roofline(m: Stage2Metrics, path: Path) -> Path | None:
-    """:func:`kernel_roofline_figure` written to `path` as PNG; None (nothing written) when it does not apply."""
-    fig = kernel_roofline_figure(m)
-    return None if fig is None else plots.save_figure(fig, path)
-
-
 def roofline_caption(m: Stage2Metrics) -> str:
     """What the kernel roofline shows and which profiled kernels it leaves out."""
     points, left_out = kernel_points(m)
@@ -334,7 +325,9 @@ def write_stage2_plots(m: Stage2Metrics, folder: Path) -> dict[str, str]:
     """Every Stage 2 plot that applies, in `folder`; returns name -> path relative to `folder`. A plot that no
     longer applies is removed, so a re-rendered folder holds no stale chart."""
     target = folder / KERNEL_ROOFLINE
-    if kernel_roofline(m, target) is None:
+    fig = kernel_roofline_figure(m)
+    if fig is None:
         target.unlink(missing_ok=True)
         return {}
+    plots.save_figure(fig, target)
     return {"kernel_roofline": KERNEL_ROOFLINE}

@@ -31,10 +31,15 @@ def _fraction(percent: float | None) -> float | None:
     return None if percent is None else percent / 100
 
 
+# The columns Nsight Compute's figures fill, after a kernel's nsys times (`_ncu_cells`).
+_NCU_HEADER = ("TFLOP/s (ncu)", "DRAM GB/s (ncu)", "FLOP/byte", "SM % of peak", "memory % of peak", "bound")
+_KERNEL_HEADER = ["#", "kernel", "stage", "calls", "total ms", "mean ms", "% of stage GPU time", *_NCU_HEADER]
+
+
 def _ncu_cells(m: Stage2Metrics, stage: str, name: str) -> list[str]:
     row = m.ncu_row(stage, name)
     if row is None:
-        return ["", "", "", "", "", ""]
+        return [""] * len(_NCU_HEADER)
     return [
         number(row.achieved_tflops, 2),
         f"{row.dram_gbps:,.0f}",
@@ -43,23 +48,6 @@ def _ncu_cells(m: Stage2Metrics, stage: str, name: str) -> list[str]:
         pct(_fraction(row.dram_throughput_pct)),
         row.bound,
     ]
-
-
-_KERNEL_HEADER = [
-    "#",
-    "kernel",
-    "stage",
-    "calls",
-    "total ms",
-    "mean ms",
-    "% of stage GPU time",
-    "TFLOP/s (ncu)",
-    "DRAM GB/s (ncu)",
-    "FLOP/byte",
-    "SM % of peak",
-    "memory % of peak",
-    "bound",
-]
 
 
 def _model_name(m: Stage2Metrics) -> str:

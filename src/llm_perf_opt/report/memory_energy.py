@@ -162,17 +162,17 @@ def fit_lines(f: FitPrediction, p: MemoryPass) -> list[str]:
     return out
 
 
-def _energy_row(s: StageEnergy) -> list[str]:
-    return [
-        s.stage,
-        number(s.joules, 3),
-        number(None if s.seconds is None else s.seconds * 1e3, 1),
-        number(s.watts, 1),
-        number(s.above_idle_joules, 3),
-        flops(s.flops),
-        "n/a" if s.flop_per_joule is None else f"{s.flop_per_joule / 1e9:,.1f}",
-        s.note,
-    ]
+def _energy_row(s: StageEnergy) -> dict[str, str]:
+    return {
+        "stage": s.stage,
+        "J per pass": number(s.joules, 3),
+        "ms per pass": number(None if s.seconds is None else s.seconds * 1e3, 1),
+        "mean W": number(s.watts, 1),
+        "J above idle": number(s.above_idle_joules, 3),
+        "FLOPs per pass": flops(s.flops),
+        "GFLOP/J": "n/a" if s.flop_per_joule is None else f"{s.flop_per_joule / 1e9:,.1f}",
+        "note": s.note,
+    }
 
 
 def _decode_power(energy: EnergyReport) -> str:
@@ -221,10 +221,7 @@ def energy_section(doc: Doc, energy: EnergyReport | None) -> None:
         f"idle {number(energy.idle_watts, 1)} W over {e.idle.seconds:,.2f} s ({_idle_source(e.idle_source)}). "
         f"Loops: {_loops(e)}. GPU energy only (preprocessing runs on the host before the loops)."
     )
-    doc.table(
-        ["stage", "J per pass", "ms per pass", "mean W", "J above idle", "FLOPs per pass", "GFLOP/J", "note"],
-        [_energy_row(s) for s in energy.stages],
-    )
+    doc.keyed_table([_energy_row(s) for s in energy.stages])
     doc.bullets(
         [
             f"Energy per page: {number(energy.joules_per_page, 3)} J",

@@ -41,36 +41,23 @@ def _intro(doc: Doc, r: AnalyticReport) -> None:
 def _inputs_section(doc: Doc, run: RunInputs) -> None:
     """Each input of the run: its views and tokens, its prefill and decode cost and lower bounds."""
     doc.h2(f"Inputs of this run (lower bounds on {run.gpu})")
-    doc.table(
+    doc.keyed_table(
         [
-            "input",
-            "views",
-            "image tokens",
-            "prompt tokens",
-            "new tokens",
-            "prefill matmul FLOPs",
-            "prefill bytes",
-            "decode matmul FLOPs",
-            "decode bytes",
-            "prefill lower-bound ms",
-            "decode lower-bound ms",
-        ],
-        [
-            [
-                i.image,
-                views_text(i.workload),
-                str(i.workload.image_tokens),
-                str(i.workload.prompt_tokens),
-                str(i.workload.new_tokens),
-                flops(i.stages[PREFILL].matmul_flops),
-                num_bytes(i.stages[PREFILL].bytes),
-                flops(i.stages[DECODE].matmul_flops),
-                num_bytes(i.stages[DECODE].bytes),
-                _bound(i.bounds[PREFILL]),
-                _bound(i.bounds[DECODE]),
-            ]
+            {
+                "input": i.image,
+                "views": views_text(i.workload),
+                "image tokens": str(i.workload.image_tokens),
+                "prompt tokens": str(i.workload.prompt_tokens),
+                "new tokens": str(i.workload.new_tokens),
+                "prefill matmul FLOPs": flops(i.stages[PREFILL].matmul_flops),
+                "prefill bytes": num_bytes(i.stages[PREFILL].bytes),
+                "decode matmul FLOPs": flops(i.stages[DECODE].matmul_flops),
+                "decode bytes": num_bytes(i.stages[DECODE].bytes),
+                "prefill lower-bound ms": _bound(i.bounds[PREFILL]),
+                "decode lower-bound ms": _bound(i.bounds[DECODE]),
+            }
             for i in run.inputs
-        ],
+        ]
     )
 
 
@@ -92,28 +79,19 @@ def _sweep_section(doc: Doc, r: AnalyticReport) -> None:
         return
     if r.run is not None:
         doc.para(f"Views varied around the run's input {r.run.inputs[0].image}, with its prompt and new tokens.")
-    doc.table(
+    doc.keyed_table(
         [
-            first,
-            "image tokens",
-            "prompt tokens",
-            "vision FLOPs",
-            "prefill matmul FLOPs",
-            "prefill bytes",
-            "lower-bound ms",
-        ],
-        [
-            [
-                label,
-                str(p.image_tokens),
-                str(p.prompt_tokens),
-                flops(p.vision_flops),
-                flops(p.prefill_flops),
-                num_bytes(p.prefill_bytes),
-                ms(p.prefill_speed_of_light_ms, 2),
-            ]
+            {
+                first: label,
+                "image tokens": str(p.image_tokens),
+                "prompt tokens": str(p.prompt_tokens),
+                "vision FLOPs": flops(p.vision_flops),
+                "prefill matmul FLOPs": flops(p.prefill_flops),
+                "prefill bytes": num_bytes(p.prefill_bytes),
+                "lower-bound ms": ms(p.prefill_speed_of_light_ms, 2),
+            }
             for label, p in zip(labels, prices, strict=True)
-        ],
+        ]
     )
 
 
@@ -124,30 +102,20 @@ def analytic_report_md(r: AnalyticReport, top_modules: int = 30) -> str:
     doc = Doc(f"Analytic model: {r.model}" + (f" — workload {profile['name']}" if profile else ""))
     _intro(doc, r)
     doc.h2("Per stage")
-    doc.table(
+    doc.keyed_table(
         [
-            "stage",
-            "matmul FLOPs",
-            "other FLOPs (est.)",
-            "weights read",
-            "activations",
-            "KV cache",
-            "bytes",
-            "FLOP/byte",
-        ],
-        [
-            [
-                s,
-                flops(v.matmul_flops),
-                flops(v.non_matmul_flops),
-                num_bytes(v.weight_bytes),
-                num_bytes(v.activation_bytes),
-                num_bytes(v.kv_bytes),
-                num_bytes(v.bytes),
-                number(v.intensity),
-            ]
+            {
+                "stage": s,
+                "matmul FLOPs": flops(v.matmul_flops),
+                "other FLOPs (est.)": flops(v.non_matmul_flops),
+                "weights read": num_bytes(v.weight_bytes),
+                "activations": num_bytes(v.activation_bytes),
+                "KV cache": num_bytes(v.kv_bytes),
+                "bytes": num_bytes(v.bytes),
+                "FLOP/byte": number(v.intensity),
+            }
             for s, v in r.stages.items()
-        ],
+        ]
     )
     doc.h2("What-if: lower-bound time per stage (ms) on each GPU")
     doc.para(
@@ -183,9 +151,7 @@ def analytic_report_md(r: AnalyticReport, top_modules: int = 30) -> str:
                     str(m.calls),
                     flops(m.flops),
                     pct(m.share_of_flops),
-                    num_bytes(m.weight_bytes),
-                    num_bytes(m.activation_bytes),
-                    num_bytes(m.kv_bytes),
+                    *(num_bytes(b) for b in (m.weight_bytes, m.activation_bytes, m.kv_bytes)),
                 ]
                 for m in rows[:top_modules]
             ],

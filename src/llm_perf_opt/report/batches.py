@@ -4,10 +4,12 @@ lines of the report and the stakeholder summary, rendered from `Stage1Metrics.ba
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 
 from llm_perf_opt.records.common import Summary
 from llm_perf_opt.records.stage1 import BatchRecord, Stage1Metrics
 from llm_perf_opt.report.markdown import Doc, ms, num_bytes
+from llm_perf_opt.report.pages import interval_text
 
 
 def batched(m: Stage1Metrics) -> bool:
@@ -46,10 +48,7 @@ def _p50(s: Summary | None, digits: int, unit: str) -> str:
     """p50 of a per-pass figure with its 95% interval (none from fewer than 3 passes)."""
     if s is None:
         return "n/a"
-    text = f"{s.p50:,.{digits}f} {unit} (p50"
-    if s.ci95_low is not None and s.ci95_high is not None:
-        text += f"; 95% interval {s.ci95_low:,.{digits}f} – {s.ci95_high:,.{digits}f}"
-    return text + f", n = {s.n} batch passes)"
+    return f"{s.p50:,.{digits}f} {unit} (p50{interval_text(s, digits)}, n = {s.n} batch passes)"
 
 
 def aggregate_line(m: Stage1Metrics) -> str | None:
@@ -78,17 +77,14 @@ def efficiency_note(m: Stage1Metrics) -> str:
 
 def inputs_text(images: tuple[str, ...]) -> str:
     """A batch's inputs, each named once with its count where it repeats: `page_portrait.png ×64`."""
-    counts: dict[str, int] = {}
-    for image in images:
-        counts[image] = counts.get(image, 0) + 1
-    return ", ".join(f"{image} ×{n}" if n > 1 else image for image, n in counts.items())
+    return ", ".join(f"{image} ×{n}" if n > 1 else image for image, n in Counter(images).items())
 
 
 def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def _batch_rows(m: Stage1Metrics) -> list[list[str]]:
+def _batch_rows(m: Stage1Metrics) -> list[dict[str, str]]:
     """One row per batch: medians over its timed passes."""
     by_batch: dict[int, list[BatchRecord]] = {}
     for rec in m.batches:
@@ -101,19 +97,19 @@ def _batch_rows(m: Stage1Metrics) -> list[list[str]]:
         experts = [r.experts_hit_per_step for r in recs if r.experts_hit_per_step is not None]
         memory = [r.peak_memory_bytes for r in recs if r.peak_memory_bytes is not None]
         rows.append(
-            [
-                str(index),
-                inputs_text(first.images),
-                str(first.size) + (" (short)" if first.size < m.settings.batch_size else ""),
-                str(first.padded_prompt_tokens),
-                str(len(recs)),
-                ms(_median([r.prefill_ms for r in recs])),
-                ms(_median(steps), 2),
-                ms(_median(rates)),
-                ms(_median([r.pages_per_s for r in recs]), 3),
-                num_bytes(max(memory)) if memory else "n/a (CPU)",
-                ms(_median(experts)) if experts else "n/a",
-            ]
+            {
+                "batch": str(index),
+                "inputs": inputs_text(first.images),
+                "size": str(first.size) + (" (short)" if first.size < m.settings.batch_size else ""),
+                "padded prompt tokens": str(first.padded_prompt_tokens),
+                "passes": str(len(recs)),
+                "prefill (ms)": ms(_median([r.prefill_ms for r in recs])),
+                "decode step (ms)": ms(_median(steps), 2),
+                "aggregate decode tokens/s": ms(_median(rates)),
+                "pages/s": ms(_median([r.pages_per_s for r in recs]), 3),
+                "peak GPU memory": num_bytes(max(memory)) if memory else "n/a (CPU)",
+                "experts per step and layer": ms(_median(experts)) if experts else "n/a",
+            }
         )
     return rows
 
@@ -149,20 +145,5 @@ def batches_section(doc: Doc, m: Stage1Metrics) -> None:
             *([f"Decode bytes count the routed experts as {b.decode_experts}."] if b.decode_experts else []),
         ]
     )
-    doc.table(
-        [
-            "batch",
-            "inputs",
-            "size",
-            "padded prompt tokens",
-            "passes",
-            "prefill (ms)",
-            "decode step (ms)",
-            "aggregate decode tokens/s",
-            "pages/s",
-            "peak GPU memory",
-            "experts per step and layer",
-        ],
-        _batch_rows(m),
-    )
+    doc.keyed_table(_batch_rows(m))
     doc.para("Medians over each batch's timed passes; decode step: a pass's mean step time.")

@@ -46,6 +46,14 @@ def _runs_list(doc: Doc, runs: Sequence[ComparedRun], describe: Callable[[Compar
     doc.bullets(items)
 
 
+def _p50_header(runs: Sequence[ComparedRun]) -> Row:
+    """The baseline's p50, then each other run's p50, ratio and noise verdict."""
+    header = [f"{runs[0].label} p50"]
+    for r in runs[1:]:
+        header += [f"{r.label} p50", f"{r.label} ratio", f"{r.label} beyond noise"]
+    return header
+
+
 def _differences(
     doc: Doc, runs: Sequence[ComparedRun], rows: Sequence[FieldDifference], config: Sequence[FieldDifference] = ()
 ) -> None:
@@ -94,9 +102,6 @@ def _stage1(doc: Doc, runs: Sequence[ComparedRun], section: Stage1Comparison, to
     )
 
     doc.h3("Stage times (p50, ms)")
-    header = [f"{base.label} p50"]
-    for r in others:
-        header += [f"{r.label} p50", f"{r.label} ratio", f"{r.label} beyond noise"]
     rows: list[Row] = []
     for s in section.stage_times:
         row = [f"{s.stage} (in {s.nested_in})" if s.nested_in else s.stage, ms(s.base_p50_ms, 2)]
@@ -104,7 +109,7 @@ def _stage1(doc: Doc, runs: Sequence[ComparedRun], section: Stage1Comparison, to
             notes = [n for n in (c.noise_side, HOSTS_DIFFERED if c.host_differed else None) if n]
             row += [ms(c.p50_ms, 2), ratio_text(c.ratio), c.beyond_noise + (f" ({'; '.join(notes)})" if notes else "")]
         rows.append(row)
-    doc.table(["Stage", *header], rows)
+    doc.table(["Stage", *_p50_header(runs)], rows)
     doc.para(
         f'Ratio: run p50 / baseline p50 ({base.label}); above 1 is slower. Beyond noise: "yes" when the 95% '
         "confidence intervals of the two means do not overlap (recorded run-to-run dispersion), otherwise "
@@ -144,16 +149,13 @@ def _stage1(doc: Doc, runs: Sequence[ComparedRun], section: Stage1Comparison, to
     doc.h3("Top operators that moved most")
     for table in section.operators:
         if table.other_key == table.base_key:
-            _lead(
-                doc,
-                f"**{table.other}** vs **{base.label}**, by `{table.other_key}` (absolute difference, top {top}).",
-            )
+            ranked = f"**{table.other}** vs **{base.label}**, by `{table.other_key}`"
         else:
-            _lead(
-                doc,
+            ranked = (
                 f"**{table.other}** (by `{table.other_key}`) vs **{base.label}** (by `{table.base_key}`): each run's "
-                f"operators are ranked by the time on its own device (absolute difference, top {top}).",
+                "operators are ranked by the time on its own device"
             )
+        _lead(doc, f"{ranked} (absolute difference, top {top}).")
         _movers_table(doc, base.label, table, "Operator")
     doc.para("n/a: not among that run's recorded top operators (counted as 0 for the ranking).")
     _differences(doc, runs, section.differences, section.config_differences)
@@ -169,11 +171,7 @@ def _throughput(doc: Doc, runs: Sequence[ComparedRun], rows: Sequence[RateRow]) 
     """Pages/s per run beside the baseline's (higher is better)."""
     if not rows:
         return
-    base, others = runs[0], runs[1:]
     doc.h3("Throughput (p50)")
-    header = [f"{base.label} p50"]
-    for r in others:
-        header += [f"{r.label} p50", f"{r.label} ratio", f"{r.label} beyond noise"]
     table = []
     for row in rows:
         differ = any(c.batch_size not in (None, row.base_batch_size) for c in row.others)
@@ -181,7 +179,7 @@ def _throughput(doc: Doc, runs: Sequence[ComparedRun], rows: Sequence[RateRow]) 
         for c in row.others:
             cells += [_rate(c.p50, c.batch_size, differ), ratio_text(c.ratio), c.beyond_noise]
         table.append(cells)
-    doc.table(["Figure", *header], table)
+    doc.table(["Figure", *_p50_header(runs)], table)
     doc.para(
         "Pages/s: the inputs each timed forward finishes (one page, or a batch) over its time from the first byte of "
         "preprocessing to the last token, p50 over the forwards at the run's batch (a short last batch left out). "
@@ -266,10 +264,8 @@ def _amount(value: float | None, unit: str, signed: bool = False) -> str:
     """A value in a gate figure's unit (ms or bytes), signed for changes."""
     if value is None:
         return NA
-    if unit == "B":
-        text = num_bytes(abs(value) if signed else value)
-    else:
-        text = f"{abs(value) if signed else value:,.2f} {unit}"
+    shown = abs(value) if signed else value
+    text = num_bytes(shown) if unit == "B" else f"{shown:,.2f} {unit}"
     return (("−" if value < 0 else "+") + text) if signed else text
 
 

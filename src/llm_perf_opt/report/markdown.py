@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from urllib.parse import quote, unquote
 
@@ -102,6 +102,10 @@ class Doc:
             cells.extend(str(c) for c in row)  # mdutils escapes "|" itself
         self._md.new_table(columns=len(header), rows=len(rows) + 1, text=cells, text_align=align)
 
+    def keyed_table(self, rows: Sequence[Mapping[str, object]]) -> None:
+        """A table of rows that map each column's header to the row's cell (the first row's keys are the header)."""
+        self.table(list(rows[0]) if rows else [], [list(row.values()) for row in rows])
+
     def image(self, alt: str, path: str) -> None:
         self._md.new_paragraph(MdUtils.new_inline_image(text=alt, path=link_target(path)))
 
@@ -121,6 +125,11 @@ def number(value: float | None, digits: int = 1) -> str:
 
 
 ms = number  # a time in ms reads as a plain figure
+
+
+def clip(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters, the last one "…" where it was cut."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def ratio_text(value: float | None) -> str:

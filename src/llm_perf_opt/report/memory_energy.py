@@ -37,29 +37,18 @@ def _ordered(parts: tuple[MemoryBreakdown, ...]) -> list[MemoryBreakdown]:
     return sorted(parts, key=rank)
 
 
-def _row(b: MemoryBreakdown) -> list[str]:
-    return [
-        _label(b.stage),
-        num_bytes(b.peak_allocated_bytes),
-        num_bytes(b.weights_bytes),
-        num_bytes(b.kv_cache_bytes),
-        num_bytes(b.resident_other_bytes),
-        ("−" + num_bytes(-b.activations_bytes)) if b.activations_bytes < 0 else num_bytes(b.activations_bytes),
-        num_bytes(b.reserved_bytes),
-        num_bytes(b.allocator_slack_bytes),
-    ]
-
-
-_HEADER = [
-    "stage",
-    "peak allocated",
-    "weights",
-    "KV cache",
-    "other resident",
-    "activations / workspace",
-    "reserved (peak)",
-    "allocator slack",
-]
+def _row(b: MemoryBreakdown) -> dict[str, str]:
+    activations = b.activations_bytes
+    return {
+        "stage": _label(b.stage),
+        "peak allocated": num_bytes(b.peak_allocated_bytes),
+        "weights": num_bytes(b.weights_bytes),
+        "KV cache": num_bytes(b.kv_cache_bytes),
+        "other resident": num_bytes(b.resident_other_bytes),
+        "activations / workspace": ("−" + num_bytes(-activations)) if activations < 0 else num_bytes(activations),
+        "reserved (peak)": num_bytes(b.reserved_bytes),
+        "allocator slack": num_bytes(b.allocator_slack_bytes),
+    }
 
 
 def _opened(doc: Doc, title: str, available: bool, reason: str | None) -> bool:
@@ -88,7 +77,7 @@ def memory_section(doc: Doc, memory: MemoryReport | None, timeline: str | None) 
         "the peak) + other resident (allocated before the pass besides both) + activations / workspace (the rest). "
         "Allocator slack = reserved − allocated at the peak, on top of it."
     )
-    doc.table(_HEADER, [_row(b) for b in _ordered(memory.breakdown)])
+    doc.keyed_table([_row(b) for b in _ordered(memory.breakdown)])
     doc.bullets(_memory_notes(memory, p))
     if timeline:
         doc.image("Allocated and reserved memory over the memory pass", timeline)
@@ -102,13 +91,11 @@ def _memory_notes(memory: MemoryReport, p: MemoryPass) -> list[str]:
     out = []
     a = memory.analytic
     if a is not None:
-        kv = num_bytes(a.kv_bytes)
-        act = num_bytes(a.largest_activation_bytes)
         ratio = "n/a" if a.ratio is None else f"{a.ratio:,.2f}×"
         out.append(
-            f"Analytic expectation: {num_bytes(a.weights_bytes)} weights + {kv} KV cache + {act} largest activation "
-            f"= {num_bytes(a.expected_bytes)}; measured peak {num_bytes(a.measured_bytes)} = {ratio} of it "
-            f"({a.method})."
+            f"Analytic expectation: {num_bytes(a.weights_bytes)} weights + {num_bytes(a.kv_bytes)} KV cache + "
+            f"{num_bytes(a.largest_activation_bytes)} largest activation = {num_bytes(a.expected_bytes)}; measured "
+            f"peak {num_bytes(a.measured_bytes)} = {ratio} of it ({a.method})."
         )
     out.append(f"KV cache per token (one sequence): {num_bytes(p.kv_bytes_per_token)} — {p.kv_per_token_source}.")
     if p.graph_pools is not None and p.graph_pools.segments:
@@ -175,17 +162,17 @@ def fit_lines(f: FitPrediction, p: MemoryPass) -> list[str]:
     return out
 
 
-def _energy_row(s: StageEnergy) -> list[str]:
-    return [
-        s.stage,
-        number(s.joules, 3),
-        number(None if s.seconds is None else s.seconds * 1e3, 1),
-        number(s.watts, 1),
-        number(s.above_idle_joules, 3),
-        flops(s.flops),
-        "n/a" if s.flop_per_joule is None else f"{s.flop_per_joule / 1e9:,.1f}",
-        s.note,
-    ]
+def _energy_row(s: StageEnergy) -> dict[str, str]:
+    return {
+        "stage": s.stage,
+        "J per pass": number(s.joules, 3),
+        "ms per pass": number(None if s.seconds is None else s.seconds * 1e3, 1),
+        "mean W": number(s.watts, 1),
+        "J above idle": number(s.above_idle_joules, 3),
+        "FLOPs per pass": flops(s.flops),
+        "GFLOP/J": "n/a" if s.flop_per_joule is None else f"{s.flop_per_joule / 1e9:,.1f}",
+        "note": s.note,
+    }
 
 
 def _decode_power(energy: EnergyReport) -> str:
@@ -234,10 +221,7 @@ def energy_section(doc: Doc, energy: EnergyReport | None) -> None:
         f"idle {number(energy.idle_watts, 1)} W over {e.idle.seconds:,.2f} s ({_idle_source(e.idle_source)}). "
         f"Loops: {_loops(e)}. GPU energy only (preprocessing runs on the host before the loops)."
     )
-    doc.table(
-        ["stage", "J per pass", "ms per pass", "mean W", "J above idle", "FLOPs per pass", "GFLOP/J", "note"],
-        [_energy_row(s) for s in energy.stages],
-    )
+    doc.keyed_table([_energy_row(s) for s in energy.stages])
     doc.bullets(
         [
             f"Energy per page: {number(energy.joules_per_page, 3)} J",

@@ -1,8 +1,5 @@
-"""Module attribution in Markdown and a plot: each stage's modules, their time beside their floor.
-
-Renders `records.modules.ModuleAttribution` (computed by `measure.module_floors`): report.md gets the largest
-distances to the floor per stage, `modules.md` every folded module, and `plots/modules.png` the bars.
-"""
+"""`records.modules.ModuleAttribution` (`measure.module_floors`) as Markdown and a plot, each module's time beside
+its floor: report.md the largest distances per stage, `modules.md` every folded module, `plots/modules.png` bars."""
 
 from __future__ import annotations
 
@@ -27,21 +24,6 @@ from llm_perf_opt.report.pyplot import pyplot
 REPORT_ROWS = 8  # folded modules per stage in report.md
 PLOT_ROWS = 10  # bars per stage in the plot
 
-_HEADER = [
-    "module (folded across layers)",
-    "type",
-    "modules",
-    "kernels",
-    "time (ms)",
-    "share",
-    "floor (ms)",
-    "× floor",
-    "above floor (ms)",
-    "TFLOP/s",
-    "GB/s",
-    "largest kernel (launched by)",
-]
-
 
 def _num(value: float | None, fmt: str) -> str:
     return "—" if value is None else format(value, fmt)
@@ -53,21 +35,22 @@ def _rate(amount: float | None, row: ModuleFloorRow, scale: float) -> str:
     return f"{amount / (row.ms / 1e3) / scale:,.1f}"
 
 
-def module_row(row: ModuleFloorRow) -> list[str]:
-    return [
-        f"`{row.module}`",
-        row.module_type,
-        str(row.members),
-        f"{row.kernels:,}",
-        f"{row.ms:,.3f}",
-        f"{row.share:.1%}",
-        _num(row.floor_ms, ",.3f"),
-        _num(row.ratio, ",.1f") + ("×" if row.ratio is not None else ""),
-        _num(row.above_floor_ms, ",.3f"),
-        _rate(row.flops, row, 1e12),
-        _rate(row.bytes, row, 1e9),
-        f"`{row.top_kernel}`" if row.top_kernel else "—",
-    ]
+def module_row(row: ModuleFloorRow) -> dict[str, str]:
+    """One folded module's cells, by column."""
+    return {
+        "module (folded across layers)": f"`{row.module}`",
+        "type": row.module_type,
+        "modules": str(row.members),
+        "kernels": f"{row.kernels:,}",
+        "time (ms)": f"{row.ms:,.3f}",
+        "share": f"{row.share:.1%}",
+        "floor (ms)": _num(row.floor_ms, ",.3f"),
+        "× floor": _num(row.ratio, ",.1f") + ("×" if row.ratio is not None else ""),
+        "above floor (ms)": _num(row.above_floor_ms, ",.3f"),
+        "TFLOP/s": _rate(row.flops, row, 1e12),
+        "GB/s": _rate(row.bytes, row, 1e9),
+        "largest kernel (launched by)": f"`{row.top_kernel}`" if row.top_kernel else "—",
+    }
 
 
 def _per(stage: str) -> str:
@@ -127,7 +110,7 @@ def launched_by(sources: KernelSources | None, shown: int = 2) -> str:
 
 def module_table(doc: Doc, rows: Sequence[ModuleFloorRow]) -> None:
     """The folded modules' table: time beside floor, rates and the largest kernel."""
-    doc.table(_HEADER, [module_row(r) for r in rows])
+    doc.keyed_table([module_row(r) for r in rows])
 
 
 def modules_section(doc: Doc, a: ModuleAttribution, plot: str | None) -> None:

@@ -11,7 +11,7 @@ from llm_perf_opt.report.markdown import Doc, ms, pct
 SECONDS_PER_DAY = 86_400
 
 
-def _interval(s: Summary, digits: int) -> str:
+def interval_text(s: Summary, digits: int) -> str:
     """`; 95% interval a – b` where the summary has one (none from fewer than 3 passes)."""
     if s.ci95_low is None or s.ci95_high is None:
         return ""
@@ -32,8 +32,8 @@ def headline(p: PageThroughput, noun: str) -> str:
     """One sentence: pages/s at the run's batch with its interval, and per day."""
     rate = p.pages_per_s
     return (
-        f"**{rate.p50:,.2f} {noun}/s** at batch {p.batch_size} (p50 over {_passes(p)}{_interval(rate, 2)}), from the "
-        f"first byte of preprocessing to the last token: {per_day(rate.p50)} {noun} per day on this device"
+        f"**{rate.p50:,.2f} {noun}/s** at batch {p.batch_size} (p50 over {_passes(p)}{interval_text(rate, 2)}), from "
+        f"the first byte of preprocessing to the last token: {per_day(rate.p50)} {noun} per day on this device"
     )
 
 
@@ -42,14 +42,12 @@ def throughput_lines(p: PageThroughput, noun: str) -> list[str]:
     lines = [
         headline(p, noun),
         f"New tokens: {p.tokens_per_s.p50:,.1f} tokens/s end to end (every {noun[:-1]}'s new tokens over its "
-        f"pass's time; p50{_interval(p.tokens_per_s, 1)})",
+        f"pass's time; p50{interval_text(p.tokens_per_s, 1)})",
         f"Latency per {noun[:-1]}: first token p50 {ms(p.ttft_ms.p50)} ms, p90 {ms(p.ttft_ms.p90)} ms; last token "
         f"p50 {ms(p.ttlt_ms.p50)} ms, p90 {ms(p.ttlt_ms.p90)} ms"
         + (f" (every {noun[:-1]} of a batch pass gets its pass's times)" if p.batch_size > 1 else ""),
     ]
-    prefetched = prefetched_line(p)
-    bound = bound_line(p, noun)
-    return [*lines, *([prefetched] if prefetched else []), *([bound] if bound else [])]
+    return [*lines, *(line for line in (prefetched_line(p), bound_line(p, noun)) if line)]
 
 
 def prefetched_line(p: PageThroughput) -> str | None:

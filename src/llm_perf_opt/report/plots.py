@@ -1,9 +1,5 @@
-"""Stage 1 plots from its `Stage1Metrics` record: stage breakdown, decode latency, roofline, operators;
-also the roofline helpers (limits, roofs, axes) that the Stage 2 kernel roofline shares.
-
-Each plot function takes the metrics record and a target PNG path, writes the figure and returns the path, or
-returns None (writing nothing) when the data it needs is absent.
-"""
+"""Stage 1 plots from its `Stage1Metrics` record, and the roofline helpers the Stage 2 kernel roofline shares. Each
+plot function takes the record and a PNG path and returns the path, or None (writing nothing) without its data."""
 
 from __future__ import annotations
 
@@ -48,9 +44,8 @@ def _ticker() -> ModuleType:
 
 
 def save_figure(fig: Figure, path: Path) -> Path:
-    """Write `fig` to `path` as PNG (DPI dots per inch), close it, return `path`. A figure made with the constrained
-    layout (`layout="constrained"`, as every report figure is) already fits its labels, titles and legends inside
-    it; any other is cut to its tight bounding box, which costs one more measuring of every artist."""
+    """Write `fig` to `path` as PNG, close it, return `path`. A constrained-layout figure (every report figure)
+    already fits its labels; any other is cut to its tight bounding box, at the cost of measuring every artist again."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         if fig.get_layout_engine() is None:
@@ -62,7 +57,8 @@ def save_figure(fig: Figure, path: Path) -> Path:
     return path
 
 
-def _records_by_image(m: Metrics) -> dict[str, list[ImageRecord]]:
+def records_by_image(m: Metrics) -> dict[str, list[ImageRecord]]:
+    """Each input's timed passes, in the record's order."""
     out: dict[str, list[ImageRecord]] = {}
     for rec in m.records:
         out.setdefault(rec.image, []).append(rec)
@@ -83,7 +79,7 @@ def stage_segments(m: Metrics) -> dict[str, dict[str, float]]:
     when the count is even), so the segments add up to the median end-to-end time."""
     vision = m.vision_stages
     out: dict[str, dict[str, float]] = {}
-    for image, recs in _records_by_image(m).items():
+    for image, recs in records_by_image(m).items():
         ordered = sorted(recs, key=lambda r: r.e2e_ms)
         mid = len(ordered) // 2
         middle = ordered[mid : mid + 1] if len(ordered) % 2 else ordered[mid - 1 : mid + 1]
@@ -111,17 +107,11 @@ def stage_breakdown(m: Metrics, path: Path) -> Path | None:
         bars = ax.barh(
             images, widths, left=left, height=0.7, color=colours[name], edgecolor="white", linewidth=0.5, label=name
         )
+        text_colour = "white" if name != PREPROCESS else "black"
         for bar, w in zip(bars, widths, strict=True):
             if w >= 0.07 * longest:  # label only segments wide enough to hold the text
-                ax.text(
-                    bar.get_x() + w / 2,
-                    bar.get_y() + bar.get_height() / 2,
-                    f"{w:.0f}",
-                    ha="center",
-                    va="center",
-                    fontsize=8,
-                    color="white" if name != PREPROCESS else "black",
-                )
+                x, y = bar.get_x() + w / 2, bar.get_y() + bar.get_height() / 2
+                ax.text(x, y, f"{w:.0f}", ha="center", va="center", fontsize=8, color=text_colour)
         left = [a + b for a, b in zip(left, widths, strict=True)]
     for y, total in enumerate(totals):
         ax.text(total + 0.01 * longest, y, f"{total:.0f} ms", va="center", fontsize=8)
@@ -130,9 +120,8 @@ def stage_breakdown(m: Metrics, path: Path) -> Path | None:
     ax.set_xlabel("time (ms)")
     unit = "prompt" if m.settings.input_kind == "text" else "image"
     ax.set_ylabel(unit)
-    device = m.device.name
     ax.set_title(
-        f"End-to-end time per {unit} by stage ({device}; median pass by end-to-end time)"
+        f"End-to-end time per {unit} by stage ({m.device.name}; median pass by end-to-end time)"
         + ("\nvision stages are part of prefill, shown once" if m.vision_stages else ""),
         fontsize=10,
     )
@@ -145,7 +134,7 @@ def stage_breakdown(m: Metrics, path: Path) -> Path | None:
 def decode_step_medians(m: Metrics) -> dict[str, tuple[list[int], list[float]]]:
     """image -> (context lengths = prompt tokens + step index, median step latency over repeats in ms)."""
     out: dict[str, tuple[list[int], list[float]]] = {}
-    for image, recs in _records_by_image(m).items():
+    for image, recs in records_by_image(m).items():
         steps = [list(r.decode_step_ms) for r in recs]
         n = max((len(s) for s in steps), default=0)
         if n == 0:
@@ -157,11 +146,8 @@ def decode_step_medians(m: Metrics) -> dict[str, tuple[list[int], list[float]]]:
 
 
 def decode_latency(m: Metrics, path: Path) -> Path | None:
-    """Per-step decode latency (ms) against context length, one line per image (median over repeats).
-
-    Images are grouped into one panel per prompt length (shared y axis), since each image spans only its few
-    decode steps of context; more than MAX_PANELS distinct prompt lengths share a single panel.
-    """
+    """Per-step decode latency (ms) against context length, one line per image (median over repeats), one panel
+    (shared y axis) per prompt length, since each image spans only its few steps; over MAX_PANELS lengths share one."""
     series = decode_step_medians(m)
     if not series:
         return None
@@ -178,15 +164,9 @@ def decode_latency(m: Metrics, path: Path) -> Path | None:
         for image in images:
             ctx, ms = series[image]
             style, marker = _LINE_STYLES[k % len(_LINE_STYLES)], STAGE_MARKERS[k % len(STAGE_MARKERS)]
+            label = f"{image}\n(prompt {ctx[0]} tokens)"
             ax.plot(
-                ctx,
-                ms,
-                linestyle=style,
-                marker=marker,
-                markersize=3.5,
-                linewidth=1.3,
-                color=f"C{k % 10}",
-                label=f"{image}\n(prompt {ctx[0]} tokens)",
+                ctx, ms, linestyle=style, marker=marker, markersize=3.5, linewidth=1.3, color=f"C{k % 10}", label=label
             )
             k += 1
         ax.set_ylim(0, top * 1.3)
@@ -197,9 +177,8 @@ def decode_latency(m: Metrics, path: Path) -> Path | None:
     handles = [h for ax in axes[0] for h in ax.get_lines()]
     # Below the panels, never on the data.
     fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 3), fontsize=7.5, frameon=False)
-    device = m.device.name
     fig.suptitle(
-        f"Decode step latency vs context length = prompt tokens + step index ({device}; median over repeats)",
+        f"Decode step latency vs context length = prompt tokens + step index ({m.device.name}; median over repeats)",
         fontsize=10,
     )
     return save_figure(fig, path)
@@ -238,14 +217,8 @@ def draw_roofs(ax: Axes, peaks: Sequence[tuple[float, str]], bw: float, x_lo: fl
             label=f"roof: min({si(peak, 'FLOP/s')} {label}, intensity × {si(bw, 'B/s')})",
         )
         ax.axvline(ridge, color="grey", linestyle=":", linewidth=1)
-        ax.annotate(
-            f"ridge {ridge:.3g} FLOP/B",
-            (ridge, peak),
-            xytext=(5, -14),
-            textcoords="offset points",
-            fontsize=8,
-            color="dimgrey",
-        )
+        note = f"ridge {ridge:.3g} FLOP/B"
+        ax.annotate(note, (ridge, peak), xytext=(5, -14), textcoords="offset points", fontsize=8, color="dimgrey")
 
 
 def style_roofline_axes(ax: Axes, limits: tuple[float, float, float, float]) -> None:
@@ -288,18 +261,11 @@ def roofline(m: Metrics, path: Path) -> Path | None:
             color=f"C{k % 10}",
             label=f"{stage}: {intensity:.3g} FLOP/B, {si(achieved, 'FLOP/s')}{mfu_txt}",
         )
-        ax.annotate(
-            stage,
-            (intensity, achieved),
-            xytext=(8, _label_dy(k, points)),
-            textcoords="offset points",
-            fontsize=8,
-            va="center",
-        )
+        dy = _label_dy(k, points)
+        ax.annotate(stage, (intensity, achieved), xytext=(8, dy), textcoords="offset points", fontsize=8, va="center")
     style_roofline_axes(ax, limits)
-    device = m.device.name
     ax.set_title(
-        f"Roofline of the stages over all timed passes ({device})\nFLOPs counted, bytes from the analytic model",
+        f"Roofline of the stages over all timed passes ({m.device.name})\nFLOPs counted, bytes from the analytic model",
         fontsize=10,
     )
     fig.legend(loc="outside lower center", fontsize=8, frameon=False, ncol=2)
@@ -331,8 +297,7 @@ def operator_shares(m: Metrics, path: Path) -> Path | None:
     if total <= 0:
         return None
     rows.sort(key=lambda r: r[1], reverse=True)
-    shown = rows[:TOP_OPERATORS]
-    rest = rows[TOP_OPERATORS:]
+    shown, rest = rows[:TOP_OPERATORS], rows[TOP_OPERATORS:]
     if rest:
         shown.append((f"other ({len(rest)} operators)", sum(v for _, v in rest)))
     names = [n for n, _ in shown]
@@ -347,8 +312,7 @@ def operator_shares(m: Metrics, path: Path) -> Path | None:
     ax.set_xlim(0, max(shares) * 1.3)
     label = _SORT_KEY_LABELS.get(str(key), str(key))
     ax.set_xlabel(f"share of {label} over the {len(rows)} listed operators (%)")
-    device = m.device.name
-    ax.set_title(f"Top operators by {label} (torch profiler, profiled pass; {device})", fontsize=10)
+    ax.set_title(f"Top operators by {label} (torch profiler, profiled pass; {m.device.name})", fontsize=10)
     ax.grid(axis="x", alpha=0.3)
     ax.set_axisbelow(True)
     return save_figure(fig, path)
@@ -410,10 +374,13 @@ def memory_timeline(m: Metrics, path: Path) -> Path | None:
     samples = measured.samples
     t = [s.t_ms for s in samples]
     gib = 2.0**30
+
+    def times(stage: str, event: str) -> list[float]:
+        return [s.t_ms for s in samples if s.stage == stage and s.event == event]
+
     fig, ax = pyplot().subplots(figsize=(9.0, 4.2), layout="constrained")
     for stage, colour in _BAND_COLOURS.items():
-        begins = [s.t_ms for s in samples if s.stage == stage and s.event == "begin"]
-        ends = [s.t_ms for s in samples if s.stage == stage and s.event == "end"]
+        begins, ends = times(stage, "begin"), times(stage, "end")
         for k, (lo, hi) in enumerate(zip(begins, ends, strict=False)):
             ax.axvspan(lo, hi, color=colour, alpha=0.15, linewidth=0, label=stage if k == 0 else None)
     ax.step(t, [s.reserved_bytes / gib for s in samples], where="post", color="#4e79a7", label="reserved")
@@ -427,8 +394,7 @@ def memory_timeline(m: Metrics, path: Path) -> Path | None:
     for peak in measured.peaks:
         if peak.stage in (vocab.E2E, vocab.DECODE_STEP):
             continue
-        begins = [s.t_ms for s in samples if s.stage == peak.stage and s.event == "begin"]
-        ends = [s.t_ms for s in samples if s.stage == peak.stage and s.event == "end"]
+        begins, ends = times(peak.stage, "begin"), times(peak.stage, "end")
         if not begins or not ends:
             continue
         y = peak.peak_allocated_bytes / gib
@@ -456,12 +422,8 @@ def memory_timeline(m: Metrics, path: Path) -> Path | None:
 
 def write_plots(plots: Mapping[str, Callable[[S, Path], Path | None]], source: S, folder: Path) -> dict[str, Path]:
     """Every plot of `plots` that applies to `source`, as `folder/plots/<name>.png`; returns name -> path."""
-    out: dict[str, Path] = {}
-    for name, plot in plots.items():
-        written = plot(source, folder / "plots" / f"{name}.png")
-        if written is not None:
-            out[name] = written
-    return out
+    written = {name: plot(source, folder / "plots" / f"{name}.png") for name, plot in plots.items()}
+    return {name: path for name, path in written.items() if path is not None}
 
 
 def write_stage1_plots(

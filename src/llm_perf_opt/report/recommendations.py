@@ -1,9 +1,6 @@
 """Findings and "What to try", rendered from the measured numbers (no fixed text without a number behind it).
-
-"What to try" is the advice `measure.advice.advise` worked out from the run's records (`records.advice.Advice`),
-as a ranked table. Given a `perf-whatif` record of the same model, it starts with what its levers measured (the
-gain of the best rung, which levers did not help); the advice leaves out what that run measured.
-"""
+"What to try" ranks the advice of `measure.advice.advise` in a table, after what a given `perf-whatif` run of the
+same model measured (the best rung's gain, the levers that did not help), which the advice leaves out."""
 
 from __future__ import annotations
 
@@ -43,8 +40,9 @@ def _tflops(m: Stage1Metrics, stage: str) -> float | None:
     return next((r.achieved_tflops for r in m.mfu if r.stage == stage), None)
 
 
-def _vision_stages(m: Stage1Metrics) -> list[str]:
-    return [s.stage for s in m.stages if vocab.is_vision(s.stage)]
+def _vision_means(m: Stage1Metrics) -> dict[str, float]:
+    """Each vision sub-stage's mean time per pass."""
+    return {s.stage: _mean(m, s.stage) or 0.0 for s in m.stages if vocab.is_vision(s.stage)}
 
 
 def key_findings(m: Stage1Metrics) -> list[str]:
@@ -67,7 +65,7 @@ def key_findings(m: Stage1Metrics) -> list[str]:
             + ", ".join(parts)
             + "."
         )
-        vision = {s: _mean(m, s) or 0.0 for s in _vision_stages(m)}
+        vision = _vision_means(m)
         if prefill and vision:
             inner = ", ".join(f"{s.split('/', 1)[1]} {v / prefill:.0%}" for s, v in vision.items())
             out.append(
@@ -75,7 +73,7 @@ def key_findings(m: Stage1Metrics) -> list[str]:
                 f"and merging take the other {1 - sum(vision.values()) / prefill:.0%}."
             )
     pf_mfu, dec_mfu = _mfu(m, vocab.PREFILL), _mfu(m, vocab.DECODE)
-    dec_eff = next((e for e in m.efficiency if e.stage == vocab.DECODE), None)
+    dec_eff = m.efficiency_of(vocab.DECODE)
     if pf_mfu is not None and dec_eff is not None and dec_eff.mbu is not None and dec_eff.gap is not None:
         out.append(
             f"How efficient: prefill runs at {_tflops(m, vocab.PREFILL):,.1f} TFLOP/s = {pf_mfu:.1%} MFU; "
@@ -117,6 +115,7 @@ def measured_lever_lines(w: WhatIfRecord, device: str, model: str) -> list[str]:
     where = w.device_phrase if w.device == device else f"{w.device or 'another device'} (not this run's {device})"
     source = f"measured on {where} by what-if run `{w.run_id}` (preset {w.preset}"
     source += ")" if w.model == model else f", model {w.model}, not this run's {model})"
+    lead = source[0].upper() + source[1:]
     o = w.objective
     base, best = w.baseline, w.best_rung
     base_f = None if base is None else w.figures_of(base)
@@ -126,19 +125,18 @@ def measured_lever_lines(w: WhatIfRecord, device: str, model: str) -> list[str]:
         lines.append(f"The what-if run `{w.run_id}` has no measured baseline, so none of its levers can be cited.")
     elif (best is None or best_f is None) and w.unjudged_levers() and not any(v.judged for v in w.verdicts):
         lines.append(
-            f"{source[0].upper()}{source[1:]}: no lever could be judged against the baseline's "
-            f"{base_f.objective.p50:,.2f} {o.unit} ({o.label})."
+            f"{lead}: no lever could be judged against the baseline's {base_f.objective.p50:,.2f} {o.unit} ({o.label})."
         )
     elif best is None or best_f is None or best.phase == BASELINE:
         lines.append(
-            f"{source[0].upper()}{source[1:]}: no lever beat the baseline's {base_f.objective.p50:,.2f} {o.unit} "
-            f"({o.label}) with its outputs checked."
+            f"{lead}: no lever beat the baseline's {base_f.objective.p50:,.2f} {o.unit} ({o.label}) with its outputs "
+            "checked."
         )
     else:
         verb = "raised" if o.higher_is_better else "cut"
         gain = f"{best.speedup.value:.1f}×, {best.speedup.verdict}" if best.speedup else "no ratio recorded"
         line = (
-            f"{source[0].upper()}{source[1:]}: {' + '.join(best.levers)} {verb} {o.label} from "
+            f"{lead}: {' + '.join(best.levers)} {verb} {o.label} from "
             f"{base_f.objective.p50:,.2f} to {best_f.objective.p50:,.2f} {o.unit} ({gain})"
         )
         out = best.outputs
@@ -170,7 +168,7 @@ def _vision_note(m: Stage1Metrics) -> str | None:
     """How a smaller workload would cut vision, when it dominates prefill: fewer tiles or views (levers that change
     the outputs, so the table does not rank them)."""
     prefill = _mean(m, vocab.PREFILL) or 0.0
-    vision = {s: _mean(m, s) or 0.0 for s in _vision_stages(m)}
+    vision = _vision_means(m)
     total = sum(vision.values())
     if not prefill or total / prefill <= VISION_DOMINANT:
         return None

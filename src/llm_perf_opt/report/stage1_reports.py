@@ -37,6 +37,7 @@ from llm_perf_opt.report import batches, gallery, pages
 from llm_perf_opt.report.markdown import (
     Doc,
     bundled_samples,
+    clip,
     flops,
     link,
     ms,
@@ -50,7 +51,7 @@ from llm_perf_opt.report.markdown import (
 )
 from llm_perf_opt.report.memory_energy import energy_section, memory_section
 from llm_perf_opt.report.modules_report import launched_by, modules_md, modules_plot, modules_section
-from llm_perf_opt.report.plots import write_stage1_plots
+from llm_perf_opt.report.plots import records_by_image, write_stage1_plots
 from llm_perf_opt.report.recommendations import key_findings, what_to_try
 
 _LABELS = {
@@ -93,48 +94,28 @@ def _interval(s: Summary) -> str:
     return f"{ms(s.ci95_low)} – {ms(s.ci95_high)}"
 
 
-def _stat_rows(stats: Sequence[StageStat], e2e_mean: float | None) -> list[list[str]]:
+def _stat_rows(stats: Sequence[StageStat], e2e_mean: float | None) -> list[dict[str, str]]:
     rows = []
     vision = _has_vision(stats)
     for st in stats:
         s = st.summary
         derived = st.stage in (vocab.TTFT, vocab.E2E, vocab.DECODE_STEP)
-        share = pct(s.mean / e2e_mean) if e2e_mean and not derived else ""
         rows.append(
-            [
-                stage_label(st.stage, vision),
-                str(s.n),
-                ms(s.mean),
-                ms(s.p50),
-                ms(s.p90),
-                ms(s.min),
-                ms(s.max),
-                ms(s.std),
-                pct(s.cv),
-                _interval(s),
-                share,
-            ]
+            {
+                "stage": stage_label(st.stage, vision),
+                "n": str(s.n),
+                "mean": ms(s.mean),
+                "p50": ms(s.p50),
+                "p90": ms(s.p90),
+                "min": ms(s.min),
+                "max": ms(s.max),
+                "std": ms(s.std),
+                "CV (images mixed)": pct(s.cv),
+                "95% interval": _interval(s),
+                "share of e2e (mean)": pct(s.mean / e2e_mean) if e2e_mean and not derived else "",
+            }
         )
     return rows
-
-
-_STAT_HEADER = [
-    "stage",
-    "n",
-    "mean",
-    "p50",
-    "p90",
-    "min",
-    "max",
-    "std",
-    "CV (images mixed)",
-    "95% interval",
-    "share of e2e (mean)",
-]
-
-
-def _e2e_mean(stats: Sequence[StageStat]) -> float | None:
-    return next((s.summary.mean for s in stats if s.stage == vocab.E2E), None)
 
 
 def _within_image_text(m: Stage1Metrics) -> str:
@@ -160,20 +141,18 @@ def _within_image_text(m: Stage1Metrics) -> str:
 
 
 def _mfu_rows(m: Stage1Metrics) -> list[list[str]]:
-    rows = []
-    for r in m.mfu:
-        peak = f"{r.peak.value / 1e12:,.1f}" if r.peak else "n/a"
-        rows.append(
-            [
-                stage_label(r.stage, _has_vision(m.stages)),
-                flops(r.flops_total),
-                ms(r.time_total_ms),
-                f"{r.achieved_tflops:,.2f}",
-                peak,
-                pct(r.mfu, 2),
-            ]
-        )
-    return rows
+    vision = _has_vision(m.stages)
+    return [
+        [
+            stage_label(r.stage, vision),
+            flops(r.flops_total),
+            ms(r.time_total_ms),
+            f"{r.achieved_tflops:,.2f}",
+            f"{r.peak.value / 1e12:,.1f}" if r.peak else "n/a",
+            pct(r.mfu, 2),
+        ]
+        for r in m.mfu
+    ]
 
 
 def _has_device_times(sort_key: str) -> bool:
@@ -189,28 +168,22 @@ def _operator_header(sort_key: str) -> list[str]:
 def _operator_rows(rows: Sequence[OperatorRow], sort_key: str, limit: int) -> list[list[str]]:
     total = sum(getattr(r, sort_key) for r in rows) or 1.0
     device = _has_device_times(sort_key)
-    out = []
-    for i, r in enumerate(rows[:limit], 1):
-        out.append(
-            [
-                str(i),
-                f"`{r.name}`",
-                str(r.calls),
-                *([ms(r.self_device_ms, 3), ms(r.total_device_ms, 3)] if device else []),
-                ms(r.self_cpu_ms, 3),
-                ms(r.total_cpu_ms, 3),
-                pct(getattr(r, sort_key) / total),
-            ]
-        )
-    return out
+    return [
+        [
+            str(i),
+            f"`{r.name}`",
+            str(r.calls),
+            *([ms(r.self_device_ms, 3), ms(r.total_device_ms, 3)] if device else []),
+            ms(r.self_cpu_ms, 3),
+            ms(r.total_cpu_ms, 3),
+            pct(getattr(r, sort_key) / total),
+        ]
+        for i, r in enumerate(rows[:limit], 1)
+    ]
 
 
 SHAPES_CHARS = 72  # one shape group's text in a table cell, truncated beyond
 MIB = 1024**2
-
-
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 _DETAIL_COLUMNS = {
@@ -242,7 +215,7 @@ def _mib(value: int | None) -> str:
 def _detail_cell(r: OperatorRow, column: str, time_of: str) -> str:
     if column == "shapes":
         return "<br>".join(
-            f"`{_clip(g.shapes, SHAPES_CHARS)}`: {g.calls}, {ms(getattr(g, time_of), 3)}" for g in r.shapes
+            f"`{clip(g.shapes, SHAPES_CHARS)}`: {g.calls}, {ms(getattr(g, time_of), 3)}" for g in r.shapes
         )
     if column == "cpu_memory":
         return _mib(r.self_cpu_memory_bytes)
@@ -303,8 +276,9 @@ def activity_text(m: Stage1Metrics) -> str | None:
     return text + "."
 
 
-def _measured_peaks_section(doc: Doc, m: Stage1Metrics) -> None:
+def _measured_peaks_section(doc: Doc, r: _Report) -> None:
     """MFU and MBU against the achievable peaks measured on this GPU, beside the datasheet figures."""
+    m = r.m
     mp = m.measured_peaks
     if mp is None:
         return
@@ -317,13 +291,11 @@ def _measured_peaks_section(doc: Doc, m: Stage1Metrics) -> None:
         "The datasheet peaks are rarely reachable; these denominators are what a large GEMM in the run's dtype and a "
         "large device-to-device copy achieve on this GPU: " + "; ".join(peaks) + "."
     )
-    stages = [r.stage for r in m.mfu]
     vision = _has_vision(m.stages)
     rows = []
-    for stage in stages:
+    for stage in (x.stage for x in m.mfu):
         sheet, achievable = m.efficiency_of(stage), next((e for e in mp.efficiency if e.stage == stage), None)
-        sheet_mfu = m.mfu_of(stage)
-        measured_mfu = next((r for r in mp.mfu if r.stage == stage), None)
+        sheet_mfu, measured_mfu = m.mfu_of(stage), next((x for x in mp.mfu if x.stage == stage), None)
         rows.append(
             [
                 stage_label(stage, vision),
@@ -445,14 +417,6 @@ class _Report:
             doc.image(title, self.plots[name])
 
 
-def records_by_image(m: Stage1Metrics) -> dict[str, list[ImageRecord]]:
-    """Each input's timed passes, in the record's order."""
-    out: dict[str, list[ImageRecord]] = {}
-    for r in m.records:
-        out.setdefault(r.image, []).append(r)
-    return out
-
-
 def _header_section(doc: Doc, r: _Report) -> None:
     """One line of what ran, and a warning when the folder does not say how the run ended."""
     m = r.m
@@ -465,8 +429,7 @@ def _header_section(doc: Doc, r: _Report) -> None:
         + " · "
         f"{m.settings.max_new_tokens} new tokens per pass · times in ms ({m.device.timing_method})."
     )
-    budget = time_budget_text(m.time_budget)
-    if budget is not None:
+    if (budget := time_budget_text(m.time_budget)) is not None:
         doc.para(budget)
     if r.unfinished:
         doc.para(f"**Not marked finished:** {r.unfinished}. The figures are those it wrote before.")
@@ -498,7 +461,8 @@ def _stage_times_section(doc: Doc, r: _Report) -> None:
         "End to end = preprocess + prefill + decode."
     )
     methods = sorted({st.summary.ci_method for st in m.stages if st.summary.ci_method})
-    doc.table(_STAT_HEADER, _stat_rows(m.stages, _e2e_mean(m.stages)))
+    e2e_mean = next((s.summary.mean for s in m.stages if s.stage == vocab.E2E), None)
+    doc.keyed_table(_stat_rows(m.stages, e2e_mean))
     doc.para(
         "n: timed passes (decode/step: one value per pass, its mean step time, so the interval is over passes). "
         f"95% interval: {'; '.join(methods) or 'none (fewer than 3 passes)'}; none from fewer than 3 values. "
@@ -507,42 +471,33 @@ def _stage_times_section(doc: Doc, r: _Report) -> None:
     )
 
 
-def _per_image_row(image: str, stats: Sequence[StageStat], recs: Sequence[ImageRecord], image_cols: bool) -> list[str]:
-    """One input's medians; `recs`: its timed passes (tokens from the first, peak memory the highest)."""
+def _per_image_row(
+    image: str, stats: Sequence[StageStat], recs: Sequence[ImageRecord], image_cols: bool
+) -> dict[str, str]:
+    """One input's medians by column; `recs`: its timed passes (tokens from the first, peak memory the highest)."""
     rec = recs[0]
     p50 = {s.stage: s.summary.p50 for s in stats}
     mem = max((r.peak_memory_bytes or 0) for r in recs)
-    return [
-        image,
-        *([str(rec.tiles), str(rec.image_tokens)] if image_cols else []),
-        str(rec.prompt_tokens),
-        ms(p50.get(vocab.PREPROCESS)),
-        ms(p50.get(vocab.PREFILL)),
-        ms(p50.get(vocab.TTFT)),
-        ms(p50.get(vocab.DECODE)),
-        ms(p50.get(vocab.DECODE_STEP), 2),
-        ms(p50.get(vocab.E2E)),
-        num_bytes(mem) if mem else "n/a (CPU)",
-    ]
+    return {
+        "image" if image_cols else "prompt": image,
+        **({"tiles": str(rec.tiles), "image tokens": str(rec.image_tokens)} if image_cols else {}),
+        "prompt tokens": str(rec.prompt_tokens),
+        "preprocess": ms(p50.get(vocab.PREPROCESS)),
+        "prefill": ms(p50.get(vocab.PREFILL)),
+        "TTFT": ms(p50.get(vocab.TTFT)),
+        "decode": ms(p50.get(vocab.DECODE)),
+        "ms/token": ms(p50.get(vocab.DECODE_STEP), 2),
+        "e2e": ms(p50.get(vocab.E2E)),
+        "peak GPU memory": num_bytes(mem) if mem else "n/a (CPU)",
+    }
 
 
 def _per_image_section(doc: Doc, r: _Report) -> None:
     image_cols = not _is_text(r.m)  # tiles and image tokens mean nothing for a text prompt
     doc.h2("Per image (medians, ms)" if image_cols else "Per prompt (medians, ms)")
-    header = [
-        "image" if image_cols else "prompt",
-        *(["tiles", "image tokens"] if image_cols else []),
-        "prompt tokens",
-        "preprocess",
-        "prefill",
-        "TTFT",
-        "decode",
-        "ms/token",
-        "e2e",
-        "peak GPU memory",
-    ]
-    rows = [_per_image_row(image, stats, r.records_of[image], image_cols) for image, stats in r.m.per_image.items()]
-    doc.table(header, rows)
+    doc.keyed_table(
+        [_per_image_row(image, stats, r.records_of[image], image_cols) for image, stats in r.m.per_image.items()]
+    )
     r.plot(doc, "decode_latency", "Decode step latency against context length")
 
 
@@ -558,26 +513,21 @@ def _throughput_section(doc: Doc, r: _Report) -> None:
     doc.h2("Throughput")
     t = m.throughput
     batch = "batch 1" if batches.batch_run(m) == 1 else f"per input, batch {batches.batch_run(m)}"
-    aggregate = batches.aggregate_line(m)
-    host = [
-        *(
-            [f"Host peak memory: {num_bytes(m.host_peak_rss_bytes)} (the process's peak resident set, whole run)"]
-            if m.host_peak_rss_bytes
-            else []
-        ),
-        *([host_usage_line(m.host_usage)] if m.host_usage and m.host_usage.passes else []),
-        *(
-            [pages.host_around_line(h, noun, m.device.type == "cuda", m.settings.pinned)]
-            if (h := host_around(m))
-            else []
-        ),
-    ]
-    decode = f"Decode: {t.decode_tokens_per_s:,.1f} tokens/s (decode steps / decode time, {batch})"
+    lines = [f"Decode: {t.decode_tokens_per_s:,.1f} tokens/s (decode steps / decode time, {batch})"]
+    if aggregate := batches.aggregate_line(m):
+        lines.append(aggregate)
+    if m.host_peak_rss_bytes:
+        rss = num_bytes(m.host_peak_rss_bytes)
+        lines.append(f"Host peak memory: {rss} (the process's peak resident set, whole run)")
+    if m.host_usage and m.host_usage.passes:
+        lines.append(host_usage_line(m.host_usage))
+    if h := host_around(m):
+        lines.append(pages.host_around_line(h, noun, m.device.type == "cuda", m.settings.pinned))
     if m.pages is None:  # a folder written before schema 1.4
         legacy = f"End to end: {t.e2e_images_per_s:,.3f} {noun}/s, {t.e2e_tokens_per_s:,.1f} new tokens/s (medians)"
-        doc.bullets([decode, *([aggregate] if aggregate else []), *host, legacy])
+        doc.bullets([*lines, legacy])
         return
-    doc.bullets([*pages.throughput_lines(m.pages, noun), decode, *([aggregate] if aggregate else []), *host])
+    doc.bullets([*pages.throughput_lines(m.pages, noun), *lines])
     pages.parts_table(doc, m.pages, noun)
 
 
@@ -600,7 +550,7 @@ def host_usage_line(u: HostUsage) -> str:
 def _mfu_section(doc: Doc, r: _Report) -> None:
     m = r.m
     doc.h2("Model FLOPs utilisation (MFU)")
-    peak = next((x.peak for x in m.mfu if x.peak), None)
+    peak = m.compute_peak
     denominator = (
         f"Denominator: {peak.value / 1e12:,.1f} TFLOP/s dense {peak.dtype_key} peak of {peak.device_name} — "
         f"{peak.source}."
@@ -618,35 +568,20 @@ def _mfu_section(doc: Doc, r: _Report) -> None:
     )
 
 
-_SOL_HEADER = [
-    "stage",
-    "time (all passes, ms)",
-    "FLOPs",
-    "bytes",
-    "FLOP/byte",
-    "ridge",
-    "bound",
-    "MFU",
-    "MBU",
-    "speed of light (ms)",
-    "measured / SoL",
-]
-
-
-def _sol_row(e: StageEfficiency, vision: bool) -> list[str]:
-    return [
-        stage_label(e.stage, vision),
-        ms(e.time_ms),
-        flops(e.flops),
-        num_bytes(e.bytes),
-        number(e.arithmetic_intensity),
-        number(e.ridge_point, 0),
-        e.bound or "n/a",
-        pct(e.mfu, 2),
-        pct(e.mbu, 2),
-        ms(e.speed_of_light_ms, 2),
-        f"{e.gap:,.1f}×" if e.gap is not None else "n/a",
-    ]
+def _sol_row(e: StageEfficiency, vision: bool) -> dict[str, str]:
+    return {
+        "stage": stage_label(e.stage, vision),
+        "time (all passes, ms)": ms(e.time_ms),
+        "FLOPs": flops(e.flops),
+        "bytes": num_bytes(e.bytes),
+        "FLOP/byte": number(e.arithmetic_intensity),
+        "ridge": number(e.ridge_point, 0),
+        "bound": e.bound or "n/a",
+        "MFU": pct(e.mfu, 2),
+        "MBU": pct(e.mbu, 2),
+        "speed of light (ms)": ms(e.speed_of_light_ms, 2),
+        "measured / SoL": f"{e.gap:,.1f}×" if e.gap is not None else "n/a",
+    }
 
 
 def _speed_of_light_section(doc: Doc, r: _Report) -> None:
@@ -663,11 +598,7 @@ def _speed_of_light_section(doc: Doc, r: _Report) -> None:
         "peak FLOP/s, bytes / peak bandwidth); the gap is measured time / speed of light."
     )
     vision = _has_vision(m.stages)
-    doc.table(_SOL_HEADER, [_sol_row(e, vision) for e in m.efficiency])
-
-
-def _measured_peaks_of_run(doc: Doc, r: _Report) -> None:
-    _measured_peaks_section(doc, r.m)
+    doc.keyed_table([_sol_row(e, vision) for e in m.efficiency])
 
 
 def _memory_by_stage_section(doc: Doc, r: _Report) -> None:
@@ -722,7 +653,7 @@ REPORT_SECTIONS: tuple[Callable[[Doc, _Report], None], ...] = (
     _throughput_section,
     _mfu_section,
     _speed_of_light_section,
-    _measured_peaks_of_run,
+    _measured_peaks_section,
     _modules_section,
     _memory_by_stage_section,
     _energy_section,
@@ -741,22 +672,13 @@ def report_md(
     unfinished: str | None = None,
     advice: Sequence[Advice] = (),
 ) -> str:
-    """The main report: three things first (where time goes, how efficient, what to try), details after; one
-    function per section (`REPORT_SECTIONS`). `unfinished`: why the folder's status does not say how the run ended
-    (it still reads `running`); `advice`: what to try, ranked (`measure.advice.advise`)."""
+    """The main report, one function per section (`REPORT_SECTIONS`). `unfinished`: why the folder's status does
+    not say how the run ended (it still reads `running`); `advice`: what to try, ranked (`measure.advice.advise`)."""
     report = _Report(m, operators, files, plots or {}, inputs, whatif, unfinished, records_by_image(m), advice)
     doc = Doc(f"Stage 1 report: {m.model.name} on {m.device.name}")
     for section in REPORT_SECTIONS:
         section(doc, report)
     return doc.text()
-
-
-def _parse_text(parse_s: float | None) -> str:
-    return "" if parse_s is None else f", of which torch's own parsing of its events {parse_s:.2f} s"
-
-
-def _profiled_inputs(operators: OperatorTable) -> str:
-    return "one image" if operators.inputs == 1 else f"a batch of {operators.inputs} inputs"
 
 
 def _bound_sentence(operators: OperatorTable) -> str:
@@ -767,10 +689,12 @@ def _bound_sentence(operators: OperatorTable) -> str:
 
 def operators_md(m: Stage1Metrics, operators: OperatorTable, top_k: int) -> str:
     doc = Doc(f"Operators: {m.model.name} on {m.device.name}")
+    inputs = "one image" if operators.inputs == 1 else f"a batch of {operators.inputs} inputs"
+    parse_s = operators.torch_parse_s
+    parse = "" if parse_s is None else f", of which torch's own parsing of its events {parse_s:.2f} s"
     doc.para(
         f"Profiled pass (untimed, separate from the timed passes): prefill + {operators.decode_steps} decode steps "
-        f"of {_profiled_inputs(operators)}; {operators.events:,} profiler events; post-processing "
-        f"{operators.postprocess_s:.2f} s{_parse_text(operators.torch_parse_s)}. "
+        f"of {inputs}; {operators.events:,} profiler events; post-processing {operators.postprocess_s:.2f} s{parse}. "
         + _bound_sentence(operators)
         + f"Sorted by {operators.sort_key.replace('_', ' ')}. Self times exclude child operators and add up to the "
         "total; inclusive (incl.) times contain their children and must not be summed."
@@ -1001,10 +925,8 @@ def write_all(
     unfinished: str | None = None,
     images: bool = True,
 ) -> None:
-    """Write every Stage 1 Markdown artifact and plot from the run's records (report.md last, so it can list the
-    others that are there); `whatif`: a what-if run whose measured levers "What to try" cites; `unfinished`: see
-    `report_md`; `advice`: what to try, ranked (`measure.advice.advise`); `images`: False for Markdown alone (no plots,
-    no predictions gallery)."""
+    """Every Stage 1 Markdown artifact and plot (`write_details`), then report.md (`write_report`), which lists the
+    others that are there."""
     plots = write_details(
         art,
         m,

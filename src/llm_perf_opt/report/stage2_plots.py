@@ -1,10 +1,6 @@
-"""Stage 2 plot from its `Stage2Metrics` record: the hot kernels that Nsight Compute profiled, on the device's
-roofline.
-
-A kernel is placed at (FLOPs / DRAM bytes, FLOPs / duration), both per launch as ncu measured them; it is drawn
-only when those numbers are complete (see :func:`kernel_points`), so every point is right and the caption says how
-many were left out and why.
-"""
+"""Stage 2 plot from its `Stage2Metrics` record: the kernels Nsight Compute profiled on the device's roofline, each
+at (FLOPs / DRAM bytes, FLOPs / duration) per launch, drawn only when those figures are complete (`kernel_points`);
+the caption says how many were left out and why."""
 
 from __future__ import annotations
 
@@ -21,6 +17,7 @@ from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.common import PeakFigure
 from llm_perf_opt.records.stage2 import NcuKernelRow, Stage2Metrics
 from llm_perf_opt.report import plots
+from llm_perf_opt.report.markdown import clip
 from llm_perf_opt.report.pyplot import pyplot
 
 if TYPE_CHECKING:
@@ -139,18 +136,12 @@ def _size(share: float | None) -> float:
     return SIZE_FLOOR + SIZE_PER_SHARE * (share or 0.0)
 
 
-def _stage_style(stage: str, k: int) -> tuple[str, str]:
-    """(colour, marker) of the k-th stage on the chart."""
-    return STAGE_COLOURS.get(stage, f"C{(k + 2) % 10}"), plots.STAGE_MARKERS[k % len(plots.STAGE_MARKERS)]
-
-
 def _scatter_by_stage(ax: Axes, points: Sequence[KernelPoint]) -> list[Line2D]:
     """One scatter per stage (hollow markers where the share is unknown); returns the stages' legend handles."""
-    from matplotlib.lines import Line2D
-
     handles = []
+    markers = plots.STAGE_MARKERS
     for k, stage in enumerate(dict.fromkeys(p.stage for p in points)):
-        colour, marker = _stage_style(stage, k)
+        colour, marker = STAGE_COLOURS.get(stage, f"C{(k + 2) % 10}"), markers[k % len(markers)]
         mine = [p for p in points if p.stage == stage]
         for known in (True, False):
             group = [p for p in mine if (p.share is not None) is known]
@@ -166,38 +157,28 @@ def _scatter_by_stage(ax: Axes, points: Sequence[KernelPoint]) -> list[Line2D]:
                     alpha=0.85,
                     zorder=3,
                 )
-        handles.append(
-            Line2D([], [], linestyle="", marker=marker, markersize=8, color=colour, label=f"{stage} ({len(mine)})")
-        )
+        handles.append(_handle(marker, 8, colour, f"{stage} ({len(mine)})"))
     return handles
+
+
+def _handle(marker: str, size: float, colour: str, label: str, face: str | None = None) -> Line2D:
+    """A legend entry: one marker (filled with `face`, else with `colour`), no line."""
+    from matplotlib.lines import Line2D
+
+    return Line2D([], [], linestyle="", marker=marker, markersize=size, markerfacecolor=face, color=colour, label=label)
 
 
 def _size_key(points: Sequence[KernelPoint]) -> list[Line2D]:
     """Legend handles for marker area = share of the stage's GPU time, plus the hollow unknown-share marker."""
-    from matplotlib.lines import Line2D
-
-    handles = [
-        Line2D([], [], linestyle="", marker="o", markersize=math.sqrt(_size(s)), color="grey", label=f"{s:.0%}")
-        for s in SIZE_KEY
-    ]
+    handles = [_handle("o", math.sqrt(_size(s)), "grey", f"{s:.0%}") for s in SIZE_KEY]
     if any(p.share is None for p in points):
-        handles.append(
-            Line2D(
-                [],
-                [],
-                linestyle="",
-                marker="o",
-                markersize=math.sqrt(SIZE_FLOOR),
-                markerfacecolor="none",
-                color="grey",
-                label="share unknown (name not in the nsys trace)",
-            )
-        )
+        unknown = "share unknown (name not in the nsys trace)"
+        handles.append(_handle("o", math.sqrt(SIZE_FLOOR), "grey", unknown, face="none"))
     return handles
 
 
 def _short(point: KernelPoint) -> str:
-    name = point.label if len(point.label) <= LABEL_CHARS else point.label[: LABEL_CHARS - 1] + "…"
+    name = clip(point.label, LABEL_CHARS)
     return name if point.share is None else f"{name} ({100 * point.share:.2g}%)"
 
 
@@ -308,12 +289,6 @@ def kernel_roofline_figure(m: Stage2Metrics) -> Figure | None:
     return fig
 
 
-def kernel_roofline(m: Stage2Metrics, path: Path) -> Path | None:
-    """:func:`kernel_roofline_figure` written to `path` as PNG; None (nothing written) when it does not apply."""
-    fig = kernel_roofline_figure(m)
-    return None if fig is None else plots.save_figure(fig, path)
-
-
 def roofline_caption(m: Stage2Metrics) -> str:
     """What the kernel roofline shows and which profiled kernels it leaves out."""
     points, left_out = kernel_points(m)
@@ -350,7 +325,9 @@ def write_stage2_plots(m: Stage2Metrics, folder: Path) -> dict[str, str]:
     """Every Stage 2 plot that applies, in `folder`; returns name -> path relative to `folder`. A plot that no
     longer applies is removed, so a re-rendered folder holds no stale chart."""
     target = folder / KERNEL_ROOFLINE
-    if kernel_roofline(m, target) is None:
+    fig = kernel_roofline_figure(m)
+    if fig is None:
         target.unlink(missing_ok=True)
         return {}
+    plots.save_figure(fig, target)
     return {"kernel_roofline": KERNEL_ROOFLINE}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from llm_perf_opt.kernel_names import kernel_label
@@ -21,14 +22,24 @@ def _label(kernel: KernelStat) -> str:
     return f"`{kernel_label(kernel.name, kernel.demangled)}`"
 
 
+def _times(kernel: KernelStat) -> list[str]:
+    """A kernel's total and mean ms and its share, as kernels.md's tables show them."""
+    return [ms(kernel.total_ms, 3), ms(kernel.mean_ms, 4), pct(kernel.share)]
+
+
 def _fraction(percent: float | None) -> float | None:
     return None if percent is None else percent / 100
+
+
+# The columns Nsight Compute's figures fill, after a kernel's nsys times (`_ncu_cells`).
+_NCU_HEADER = ("TFLOP/s (ncu)", "DRAM GB/s (ncu)", "FLOP/byte", "SM % of peak", "memory % of peak", "bound")
+_KERNEL_HEADER = ["#", "kernel", "stage", "calls", "total ms", "mean ms", "% of stage GPU time", *_NCU_HEADER]
 
 
 def _ncu_cells(m: Stage2Metrics, stage: str, name: str) -> list[str]:
     row = m.ncu_row(stage, name)
     if row is None:
-        return ["", "", "", "", "", ""]
+        return [""] * len(_NCU_HEADER)
     return [
         number(row.achieved_tflops, 2),
         f"{row.dram_gbps:,.0f}",
@@ -37,23 +48,6 @@ def _ncu_cells(m: Stage2Metrics, stage: str, name: str) -> list[str]:
         pct(_fraction(row.dram_throughput_pct)),
         row.bound,
     ]
-
-
-_KERNEL_HEADER = [
-    "#",
-    "kernel",
-    "stage",
-    "calls",
-    "total ms",
-    "mean ms",
-    "% of stage GPU time",
-    "TFLOP/s (ncu)",
-    "DRAM GB/s (ncu)",
-    "FLOP/byte",
-    "SM % of peak",
-    "memory % of peak",
-    "bound",
-]
 
 
 def _model_name(m: Stage2Metrics) -> str:
@@ -122,16 +116,7 @@ def _stage_kernel_rows(m: Stage2Metrics, stage: str, kernels: Sequence[KernelSta
     names = [k.name for k in kernels]
     rows = []
     for i, k in enumerate(kernels, 1):
-        row = [
-            str(i),
-            _label(k),
-            stage,
-            str(k.calls),
-            ms(k.total_ms, 3),
-            ms(k.mean_ms, 4),
-            pct(k.share),
-            *_ncu_cells(m, stage, k.name),
-        ]
+        row = [str(i), _label(k), stage, str(k.calls), *_times(k), *_ncu_cells(m, stage, k.name)]
         if names.count(k.name) > 1 and row[-1]:
             row[-1] += " †"
         rows.append(row + _launched_by(m, kernel_label(k.name, k.demangled)))
@@ -152,21 +137,13 @@ def kernels_md(m: Stage2Metrics, plots: Mapping[str, str] | None = None) -> str:
     _kernel_roofline_section(doc, m, plots or {})
     extra = [LAUNCHED_BY] if _named(m) else []
     for stage, kernels in m.top_kernels_by_stage.items():
-        doc.h2(f"{stage}")
+        doc.h2(stage)
         doc.table(_KERNEL_HEADER + extra, _stage_kernel_rows(m, stage, kernels))
     doc.h2("All timed passes (kernels inside preprocess, prefill and decode)")
     doc.table(
         ["#", "kernel", "calls", "total ms", "mean ms", "% of timed-pass kernel time", *extra],
         [
-            [
-                str(i),
-                _label(k),
-                str(k.calls),
-                ms(k.total_ms, 3),
-                ms(k.mean_ms, 4),
-                pct(k.share),
-                *_launched_by(m, kernel_label(k.name, k.demangled)),
-            ]
+            [str(i), _label(k), str(k.calls), *_times(k), *_launched_by(m, kernel_label(k.name, k.demangled))]
             for i, k in enumerate(m.top_kernels, 1)
         ],
     )
@@ -174,74 +151,46 @@ def kernels_md(m: Stage2Metrics, plots: Mapping[str, str] | None = None) -> str:
     return doc.text()
 
 
-def _stage_table(m: Stage2Metrics) -> tuple[list[str], list[list[str]]]:
-    header = [
-        "stage",
-        "instances",
-        "NVTX range wall ms",
-        "Stage 1 CUDA-event ms",
-        "GPU busy ms (nsys)",
-        "summed kernel ms",
-        "GPU busy / wall",
-        "kernels",
-        "MFU on busy time",
-        "MBU on busy time",
-    ]
-    rows = [
-        [
-            r.stage,
-            str(r.instances),
-            ms(r.wall_ms),
-            ms(r.stage1_cuda_event_ms),
-            ms(r.gpu_busy_ms),
-            ms(r.kernel_ms),
-            pct(r.busy_fraction),
-            f"{r.kernels:,}",
-            pct(r.mfu_on_busy_time, 2),
-            pct(r.mbu_on_busy_time, 2),
-        ]
+def _stage_rows(m: Stage2Metrics) -> list[dict[str, str]]:
+    return [
+        {
+            "stage": r.stage,
+            "instances": str(r.instances),
+            "NVTX range wall ms": ms(r.wall_ms),
+            "Stage 1 CUDA-event ms": ms(r.stage1_cuda_event_ms),
+            "GPU busy ms (nsys)": ms(r.gpu_busy_ms),
+            "summed kernel ms": ms(r.kernel_ms),
+            "GPU busy / wall": pct(r.busy_fraction),
+            "kernels": f"{r.kernels:,}",
+            "MFU on busy time": pct(r.mfu_on_busy_time, 2),
+            "MBU on busy time": pct(r.mbu_on_busy_time, 2),
+        }
         for r in m.stages
     ]
-    return header, rows
 
 
 def _pair(measured: str, analytic: str) -> str:
     return f"{measured} / {analytic}"
 
 
-def _measured_bytes_table(rows: Sequence[MeasuredBytesRow]) -> tuple[list[str], list[list[str]]]:
-    header = [
-        "stage",
-        "instance",
-        "kernels",
-        "kernel ms (ncu)",
-        "DRAM read",
-        "DRAM write",
-        "measured bytes",
-        "analytic bytes",
-        "measured / analytic",
-        "FLOP/byte (measured / analytic)",
-        "bound (measured / analytic)",
-        "MBU (measured / analytic)",
-    ]
-    body = [
-        [
-            r.stage,
-            r.instance,
-            f"{r.kernels:,}",
-            ms(r.kernel_ms, 2),
-            num_bytes(r.dram_read_bytes),
-            num_bytes(r.dram_write_bytes),
-            num_bytes(r.measured_bytes),
-            num_bytes(r.analytic_bytes),
-            ratio_text(r.ratio),
-            _pair(number(r.measured_intensity), number(r.analytic_intensity)),
-            _pair(r.measured_bound or "n/a", r.analytic_bound or "n/a"),
-            _pair(pct(r.measured_mbu, 2), pct(r.analytic_mbu, 2)),
-        ]
+def _measured_bytes_rows(rows: Sequence[MeasuredBytesRow]) -> list[dict[str, str]]:
+    return [
+        {
+            "stage": r.stage,
+            "instance": r.instance,
+            "kernels": f"{r.kernels:,}",
+            "kernel ms (ncu)": ms(r.kernel_ms, 2),
+            "DRAM read": num_bytes(r.dram_read_bytes),
+            "DRAM write": num_bytes(r.dram_write_bytes),
+            "measured bytes": num_bytes(r.measured_bytes),
+            "analytic bytes": num_bytes(r.analytic_bytes),
+            "measured / analytic": ratio_text(r.ratio),
+            "FLOP/byte (measured / analytic)": _pair(number(r.measured_intensity), number(r.analytic_intensity)),
+            "bound (measured / analytic)": _pair(r.measured_bound or "n/a", r.analytic_bound or "n/a"),
+            "MBU (measured / analytic)": _pair(pct(r.measured_mbu, 2), pct(r.analytic_mbu, 2)),
+        }
         for r in rows
     ]
-    return header, body
 
 
 def _cache_text(cache_control: str) -> str:
@@ -290,8 +239,7 @@ def _measured_bytes_section(doc: Doc, mb: MeasuredBytes | None) -> None:
     if not mb.rows:
         doc.para("The bytes pass gave no figures: see Warnings.")
         return
-    header, rows = _measured_bytes_table(mb.rows)
-    doc.table(header, rows)
+    doc.keyed_table(_measured_bytes_rows(mb.rows))
     reasons = [f"{r.stage} ({ratio_text(r.ratio)}): {r.why}." for r in mb.rows if r.why]
     if reasons:
         doc.para("Why measured and analytic bytes differ (where they differ by more than 10%):")
@@ -412,10 +360,7 @@ def findings(m: Stage2Metrics) -> list[str]:
             + ", ".join(f"{r.stage} {ratio_text(r.ratio)}" for r in compared)
             + "."
         )
-    counts: dict[str, int] = {}
-    for r in m.ncu_kernels:
-        if r.bound in _BOUND_WORDS:
-            counts[r.bound] = counts.get(r.bound, 0) + 1
+    counts = Counter(r.bound for r in m.ncu_kernels if r.bound in _BOUND_WORDS)
     if counts:
         out.append(
             "Nsight Compute on the targeted kernels: "
@@ -440,8 +385,7 @@ def report_md(m: Stage2Metrics, files: Sequence[str]) -> str:
         f"nsys {nsys.version if nsys else 'n/a'}, ncu {ncu.version if ncu else 'not run'} · "
         f"driver {m.device.driver}."
     )
-    budget = time_budget_text(m.time_budget)
-    if budget is not None:
+    if (budget := time_budget_text(m.time_budget)) is not None:
         doc.para(budget)
     doc.h2("At a glance")
     doc.bullets(findings(m))
@@ -458,8 +402,7 @@ def report_md(m: Stage2Metrics, files: Sequence[str]) -> str:
         "are longer than in a plain Stage 1 run: take latency from Stage 1, GPU work from here. "
         "MFU here divides the counted FLOPs by GPU busy time" + _mfu_peak_text(m)
     )
-    header, rows = _stage_table(m)
-    doc.table(header, rows)
+    doc.keyed_table(_stage_rows(m))
     _measured_bytes_section(doc, m.measured_bytes)
     _sampled_dram_section(doc, m.sampled_dram)
     doc.h2("Top kernels")
@@ -488,8 +431,7 @@ def stakeholder_md(m: Stage2Metrics, whatif: WhatIfRecord | None = None) -> str:
     doc.h2("Executive summary")
     doc.bullets(findings(m))
     doc.h2("Where GPU time goes")
-    header, rows = _stage_table(m)
-    doc.table(header, rows)
+    doc.keyed_table(_stage_rows(m))
     doc.h2("Recommendations")
     recs = [] if whatif is None else measured_lever_lines(whatif, _device_name(m), _model_name(m))
     tried = frozenset() if whatif is None else measured_override_keys(whatif)

@@ -2,8 +2,7 @@
 
 transformers up to 5.23 calls it ``past_key_values`` (argument and output field); 5.24 renamed both to ``cache``
 and keeps the old name as a deprecated alias (a warning on every call, removal announced for 5.40). The toolkit
-supports every release from 5.17 on, so it never spells either name in a call: it passes and reads the cache
-through these helpers, which use the name the installed release declares.
+supports 5.17 on, so it passes and reads the cache through these helpers, under the name the release declares.
 """
 
 from __future__ import annotations
@@ -41,8 +40,7 @@ def cache_kwargs(cache: Any) -> dict[str, Any]:
 
 
 def output_cache(output: Any) -> Any:
-    """The KV cache a forward returned (None when it returned none), under the installed release's field name or,
-    for an output class of its own (remote code), the other one."""
+    """The KV cache a forward returned (or None), under either name (remote code has output classes of its own)."""
     for name in (CACHE_FIELD, *(other for other in CACHE_NAMES if other != CACHE_FIELD)):
         if name in _field_names(output):
             return getattr(output, name)

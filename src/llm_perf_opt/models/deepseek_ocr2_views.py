@@ -1,16 +1,9 @@
 """DeepSeek-OCR-2 preprocessing with torch ops on the model's device (`model.preprocess.device=cuda`).
 
 The views transformers' `DeepseekOcr2ImageProcessorPil` makes, made with v1's PIL-exact primitives
-(:mod:`llm_perf_opt.models.deepseek_ocr.device_preprocess`: the uint8 page copied once, antialiased bicubic resizes
-rounded to 8 bit in PIL's order, normalisation with mean = std = 0.5):
-
-- tiles, when the processor crops to patches and the page's longer side exceeds a tile: the grid transformers picks
-  (`get_optimal_tiled_canvas`, the same function), the page resized to it and cut row by row;
-- the global view: the page scaled so that its longer side is the global size (`round` of each side), pasted on a
-  grey (127) square at `(side - short) // 2`, as the processor's `pad_to_square` does.
-
-Within :data:`~llm_perf_opt.models.deepseek_ocr.device_preprocess.PIXEL_TOLERANCE` of the PIL processor's views
-(tests/test_device_preprocess_ocr2.py); the same code runs on the CPU.
+(:mod:`llm_perf_opt.models.deepseek_ocr.device_preprocess`), within its `PIXEL_TOLERANCE` of the PIL processor's
+views (tests/test_device_preprocess_ocr2.py): tiles in the grid transformers picks (`get_optimal_tiled_canvas`);
+the global view scaled so that its longer side is the global size, pasted on grey as `pad_to_square` does.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """SAM's attention with the decomposed relative-position term added inside the attention kernel (FlexAttention).
 
-transformers' SAM attention (DeepSeek-OCR v1 and OCR-2 use it) adds a relative-position bias of heads × N × N
-to the scores: the SDPA path materialises it as an attention mask (for a 1024-px global block, N = 4,096: 12 heads
-× N² × 2 bytes ≈ 400 MB per view) and the eager path adds it to materialised scores. The bias is the sum of two
-small terms — rel_h[q, k_row] + rel_w[q, k_col], each N × side — so FlexAttention's `score_mod` can add them per
-score without ever building the N × N tensor. Same arithmetic (scores scaled by 1/√head_dim, softmax, the bias
-added before it), another kernel: a lever that changes numerics within rounding, labelled so.
-
-`model.sam_attention=flex` swaps the class of every SAM attention module of a built model (parameters kept).
+transformers' SAM attention (DeepSeek-OCR v1 and OCR-2) adds a relative-position bias of heads × N × N to the
+scores: SDPA materialises it as a mask (a 1024-px global block, N = 4,096: 12 heads × N² × 2 bytes ≈ 400 MB per
+view). The bias is the sum of two small terms, rel_h[q, k_row] + rel_w[q, k_col] (each N × side), so `score_mod`
+adds them per score without building the N × N tensor: the same arithmetic in another kernel (numerics within
+rounding). `model.sam_attention=flex` swaps the class of every SAM attention module of a built model.
 """
 
 from __future__ import annotations
@@ -90,8 +87,7 @@ def use_flex_sam_attention(model: nn.Module) -> int:
 
 
 def apply_sam_attention(choice: str, model: nn.Module) -> None:
-    """`model.sam_attention`: "sdpa" leaves the model as built; "flex" swaps its SAM attention (a UserError for an
-    unknown choice, or for a model without SAM attention modules)."""
+    """`model.sam_attention`: "sdpa" leaves the model as built; "flex" swaps its SAM attention modules."""
     if choice not in SAM_ATTENTION_CHOICES:
         raise UserError(
             f"model.sam_attention={choice} is not a SAM attention choice",

@@ -1,11 +1,9 @@
 """Batched vision (`runtime.batch_vision`): the views of several pages through one encoder call per view shape.
 
-Each page brings a stack of views of one shape (its global view; its tiles); the stacks of one shape are
-concatenated, encoded in one call, and split back per page, in the pages' order. The encoders treat the views of a
-batch independently (per-view convolutions, attention and norms), so each view's features are its own, as when
-encoded alone, within floating-point rounding. With `multiple` > 1 every group is padded with zero views to a
-multiple of it (compiled vision: a few fixed batch shapes per group instead of one graph per page mix); the padding's
-features are dropped.
+The stacks of views of one shape (each page's global view; its tiles) are concatenated, encoded in one call and split
+back per page. The encoders treat the views of a batch independently, so each view's features are its own, within
+floating-point rounding. With `multiple` > 1 every group is padded with zero views to a multiple of it (compiled
+vision: a few fixed batch shapes per group, not one graph per page mix); the padding's features are dropped.
 """
 
 from __future__ import annotations
@@ -26,8 +24,7 @@ def padded_count(count: int, multiple: int) -> int:
 def encode_grouped(
     stacks: Sequence[torch.Tensor | None], encode: EncodeViews, multiple: int = 1
 ) -> list[torch.Tensor | None]:
-    """The features of each stack of views (None, or no views: None), the stacks of one view shape encoded in one
-    call."""
+    """The features of each stack of views (None for None or no views), those of one shape encoded in one call."""
     if multiple < 1:
         raise ValueError(f"multiple={multiple} must be ≥ 1")
     groups: dict[tuple[int, ...], list[int]] = {}

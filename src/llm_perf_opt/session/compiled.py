@@ -1,11 +1,10 @@
 """torch.compile of the decoder's step functions and of the vision modules' forwards, with the compilation cost
 measured apart from the steps.
 
-Each call of a :class:`CompiledStep` is timed on the host; a call during which TorchDynamo compiled frames is a
-compile event (the first call of a shape, or a recompile after a guard failure), recorded with its host time,
-frames compiled and graph breaks. CUDA-graph capture (``mode="reduce-overhead"``) happens in the first calls of
-each shape; stage1-run gives a compiled runtime the warm-up passes that absorb it (`RuntimeSettings.warmup_needed`)
-and records any compile event that still falls in a timed pass. Graph skips are counted from inductor's counters.
+A call of a :class:`CompiledStep` during which TorchDynamo compiled frames (a shape's first call, or a recompile
+after a guard failure) is a compile event, with its host time, frames and graph breaks. CUDA-graph capture happens
+in the first calls of each shape: stage1-run gives a compiled runtime warm-up passes to absorb it
+(`RuntimeSettings.warmup_needed`) and records any compile event still in a timed pass.
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ def compile_function(
     fn: Callable[..., Any], mode: str, options: tuple[CompileOption, ...] = (), dynamic: bool | None = None
 ) -> Callable[..., Any]:
     """`torch.compile(fn, mode=mode, dynamic=dynamic)`; with `options`, the mode's own inductor options with these
-    set on top (torch.compile takes a mode or options, not both). Tests replace this to trace with a cheap backend."""
+    on top (torch.compile takes a mode or options, not both). Tests replace this with a cheap backend."""
     warm_compile_workers()
     shapes: dict[str, Any] = {} if dynamic is None else {"dynamic": dynamic}
     if not options:
@@ -45,10 +44,9 @@ def compile_function(
 
 @functools.cache
 def warm_compile_workers() -> None:
-    """Start inductor's compile workers now (once per process). torch starts them only when the first traced graph
-    reaches inductor, and until they are up it compiles that graph's Triton kernels one after the other in this
-    process; started here, they come up during the model build, the FLOP count and the first prefill instead (the
-    untimed start of a run)."""
+    """Start inductor's compile workers now (once per process): torch starts them only when the first graph reaches
+    inductor, compiling its Triton kernels serially until they are up; started here, they come up during the untimed
+    model build, FLOP count and first prefill."""
     try:
         from torch._inductor.async_compile import maybe_warm_pool
     except ImportError as exc:
@@ -126,10 +124,9 @@ class CompiledStep:
 
 
 class CompiledForward:
-    """A module's forward replaced by its compiled form (`runtime.compile_vision`): the module's own hooks, such as
-    its stage timing, stay outside the compiled code. It runs the eager forward under a dispatch mode (the FLOP
-    counter: compiled code would hide its operators) or while `eager` is set (the eager reference outputs), and
-    with CUDA graphs hands back copies (a later replay may overwrite a graph's outputs)."""
+    """A module's forward replaced by its compiled form (`runtime.compile_vision`; the module's hooks stay outside).
+    It runs the eager forward under a dispatch mode (the FLOP counter: compiled code would hide its operators) or
+    while `eager` is set, and with CUDA graphs hands back copies (a later replay may overwrite its outputs)."""
 
     def __init__(self, module: nn.Module, stage: str, mode: str) -> None:
         self.module = module

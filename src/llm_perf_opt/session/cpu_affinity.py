@@ -1,12 +1,10 @@
 """Pin the measuring process to a few CPU cores (`run.cpu_affinity`), for host-paced timings that may be steadier.
 
-An eager decode step and most of a prefill are paced by the host launching kernels, so the host's own jitter is most
-of their run-to-run variation. Off by default: on one H100 machine (2026-11-26) pinning a run to four cores with
-`taskset` cut the within-image CV of the eager decode step from 4.5–8.6% to 2.2–3.8%, and on another `auto` changed
-nothing while the host's pace moved 15.6–29.9 ms per step between runs either way (docs/benchmarks-history.md).
-`auto` pins a CUDA run to `AUTO_CORES` cores local to the GPU (its NUMA node's list, the first core left to the
-system, later GPUs of the host further along the list); a CPU run is never pinned automatically (its compute wants
-every core). torch's intra-op threads follow the pinned cores.
+Eager decode steps and most of a prefill are paced by the host launching kernels, so host jitter is most of their
+run-to-run variation. Off by default: on one H100 machine (2026-11-26) pinning to four cores cut the eager decode
+step's within-image CV from 4.5–8.6% to 2.2–3.8%; on another `auto` changed nothing while the host's pace moved
+15.6–29.9 ms per step between runs either way (docs/benchmarks-history.md). A CPU run is never pinned automatically
+(its compute wants every core). torch's intra-op threads follow the pinned cores.
 """
 
 from __future__ import annotations
@@ -110,8 +108,7 @@ def choose(setting: str, device: torch.device, visible: Sequence[int], local: Se
 def shares(visible: Sequence[int], count: int) -> list[tuple[int, ...]] | None:
     """`count` disjoint, contiguous slices of the `visible` cores, one per data-parallel process on one host (the
     first core left to the system where every slice still gets two); None when there are fewer cores than
-    processes. Without them, each process's torch would run one intra-op thread per core of the host, and N
-    processes' threads, N times the cores, would wait on each other at every parallel operation."""
+    processes. Without them, N processes' torch threads, N times the cores, wait on each other."""
     ordered = sorted(visible)
     if len(ordered) < count:
         return None

@@ -1,13 +1,10 @@
 """The explicit prefill/decode loop: greedy, fixed length (EOS ignored), the first token from prefill.
 
-One loop serves every runtime: a dynamic or static KV cache, eager or compiled steps, one input or a batch.
-
-- One input (and an eager prefill): the model's own forward runs the prefill on the prepared inputs.
-- A batch, or a compiled prefill: each input's embeddings come from :meth:`ModelAdapter.embed_prompt` (vision runs
-  there, eagerly, one input after the other), left-padded into one batch for the decoder.
-- No host synchronisation inside a decode step: without padding no attention mask is passed (transformers then
-  needs none and inspects nothing); with padding the loop passes a ready 4-D mask, which transformers uses as is.
-  Tokens stay on the device until the pass ends.
+One loop serves every runtime (dynamic or static KV cache, eager or compiled steps, one input or a batch). One input
+with an eager prefill runs the model's own forward on the prepared inputs; otherwise each input is embedded apart
+(vision included) and left-padded into one batch. No host synchronisation inside a decode step: without padding no
+attention mask is passed (transformers then inspects nothing); with padding a ready 4-D mask, which transformers uses
+as is. Tokens stay on the device until the pass ends.
 """
 
 from __future__ import annotations
@@ -80,8 +77,8 @@ class _Batch:
 
     prefill: dict[str, Any]
     length: int  # prompt positions (padded)
-    real_lengths: torch.Tensor | None  # (batch,) prompt lengths when padded, else None
-    key_valid: torch.Tensor | None  # (batch, length) True where a prompt position is a real token, when padded
+    real_lengths: torch.Tensor | None = None  # (batch,) prompt lengths, when padded
+    key_valid: torch.Tensor | None = None  # (batch, length) True where a prompt position is a real token, when padded
 
 
 def _padded(embeds: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,8 +115,7 @@ class DecodeLoop:
         self.decode_step: Callable[..., torch.Tensor] = self._decode
         self.prefill_step: Callable[..., tuple[torch.Tensor, Any]] = self._prefill
         self.compiled: list[CompiledStep] = []
-        # The top two logits of each forward, while a pass keeps them (`run(keep_top2=True)`, eager loops only).
-        self._top2: _TopTwoKept | None = None
+        self._top2: _TopTwoKept | None = None  # while a pass keeps them (`run(keep_top2=True)`, eager loops only)
         # Called with the pass's KV cache when it is made (None: the prefill makes it) and again after the prefill
         # (the memory pass measures the cache's tensors through it).
         self.cache_observer: Callable[[Any], None] | None = None
@@ -127,17 +123,15 @@ class DecodeLoop:
         # (the energy pass loops the decode steps alone through it).
         self.decode_repeater: Callable[[Callable[[], None]], None] | None = None
         if runtime.compiles_decode:
-            decode = CompiledStep(
-                "decode", self._decode, runtime.compile_mode, runtime.compile, runtime.compile_options
-            )
-            self.decode_step = decode
-            self.compiled.append(decode)
+            self.decode_step = self._compiled("decode", self._decode)
         if runtime.compiles_prefill:
-            prefill = CompiledStep(
-                "prefill", self._prefill, runtime.compile_mode, runtime.compile, runtime.compile_options
-            )
-            self.prefill_step = prefill
-            self.compiled.append(prefill)
+            self.prefill_step = self._compiled("prefill", self._prefill)
+
+    def _compiled(self, name: str, step: Callable[..., Any]) -> CompiledStep:
+        runtime = self.runtime
+        compiled = CompiledStep(name, step, runtime.compile_mode, runtime.compile, runtime.compile_options)
+        self.compiled.append(compiled)
+        return compiled
 
     # ---- the step functions (what torch.compile traces) ---------------------------------------------------
     def _prefill(self, inputs: dict[str, Any], cache: Any) -> tuple[torch.Tensor, Any]:
@@ -178,13 +172,9 @@ class DecodeLoop:
         keep_logits: bool = False,
         keep_top2: bool = False,
     ) -> LoopOutput:
-        """Greedy decoding of exactly `max_new_tokens` tokens per input.
-
-        `embed` embeds one input (needed for a batch or a compiled prefill); `around_step(i)` wraps forward i
-        (0 = prefill, i >= 1 = decode step i), e.g. to count its FLOPs; `keep_logits`: the prefill's logits in the
-        output; `keep_top2`: the top two logits behind every generated token (an eager loop only: a compiled step
-        returns its token alone).
-        """
+        """Greedy decoding of exactly `max_new_tokens` tokens per input. `embed` embeds one input (needed for a batch
+        or a compiled prefill); `around_step(i)` wraps forward i (0 = prefill, i >= 1 = decode step i); `keep_logits`:
+        the prefill's logits in the output; `keep_top2`: the top two logits behind every token (eager loops only)."""
         if keep_top2 and self.compiled:
             raise ValueError("keep_top2 needs an eager loop: a compiled step returns its token alone")
         self._top2 = _TopTwoKept() if keep_top2 else None
@@ -265,10 +255,9 @@ class DecodeLoop:
     def _repeat_decode(
         self, cache: Any, prompt_length: int, section: Callable[[], None], routing: RoutingRecorder | None
     ) -> None:
-        """Hand `decode_repeater` the pass's decode section to run again over the same prompt (the cache rewound to
-        it before each run); DecodeNotRepeatable when the cache cannot rewind. The repeats record routing as the
-        pass does (a compiled step's guards see the same state), and the recorder then forgets it all: a pass whose
-        decode is repeated leaves no routing record."""
+        """Hand `decode_repeater` the pass's decode section to run again over the same prompt (the cache rewound
+        first; DecodeNotRepeatable when it cannot be). The repeats record routing as the pass does (compiled guards
+        see the same state), then the recorder forgets it: a repeated pass leaves no routing record."""
         assert self.decode_repeater is not None
         blocker = rewind_blocker(cache)
         if blocker is not None:
@@ -288,13 +277,13 @@ class DecodeLoop:
     def _plan(self, batch: Sequence[PreparedInputs], embed: EmbedInput | None) -> _Batch:
         if len(batch) == 1 and not self.runtime.compiles_prefill:
             inputs = {k: v for k, v in batch[0].model_inputs.items() if k != "attention_mask"}
-            return _Batch(prefill=inputs, length=batch[0].prompt_tokens, real_lengths=None, key_valid=None)
+            return _Batch(prefill=inputs, length=batch[0].prompt_tokens)
         assert embed is not None, "a batch or a compiled prefill needs input embeddings"
         embeds = [embed(i, prepared) for i, prepared in enumerate(batch)]
         inputs_embeds, valid = _padded(embeds)
         length = inputs_embeds.shape[1]
         if all(e.shape[1] == length for e in embeds):
-            return _Batch(prefill={"inputs_embeds": inputs_embeds}, length=length, real_lengths=None, key_valid=None)
+            return _Batch(prefill={"inputs_embeds": inputs_embeds}, length=length)
         if self.attn_implementation not in MASKED_ATTENTION:
             raise UserError(
                 f"run.batch_size={len(batch)}: these inputs have different prompt lengths, so the batch is left-padded "
@@ -304,12 +293,7 @@ class DecodeLoop:
             )
         positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
         real = torch.tensor([e.shape[1] for e in embeds], device=inputs_embeds.device)
-        return _Batch(
-            prefill={"inputs_embeds": inputs_embeds, "position_ids": positions},
-            length=length,
-            real_lengths=real,
-            key_valid=valid,
-        )
+        return _Batch({"inputs_embeds": inputs_embeds, "position_ids": positions}, length, real, valid)
 
     def _prefill_mask(self, valid: torch.Tensor, kv_length: int) -> torch.Tensor:
         """The prefill's 4-D mask over `kv_length` key positions (a static cache's whole length): causal, no padding
@@ -332,12 +316,7 @@ class _StepInputs:
 
     @classmethod
     def build(
-        cls,
-        plan: _Batch,
-        static_length: int | None,
-        max_new_tokens: int,
-        attn_implementation: str,
-        dtype: torch.dtype,
+        cls, plan: _Batch, static_length: int | None, max_new_tokens: int, attn_implementation: str, dtype: torch.dtype
     ) -> _StepInputs:
         if plan.key_valid is None or plan.real_lengths is None:
             return cls(positions=None, masks=None, static=False)

@@ -40,8 +40,7 @@ class KvCaches:
 
     @contextlib.contextmanager
     def sized_for(self, new_tokens: int) -> Iterator[None]:
-        """While inside, a static cache is sized for at least `new_tokens` new tokens: a shorter pass (the profiled
-        one) then gets the cache, and so the compiled graphs, of the timed passes instead of compiling its own."""
+        """While inside, static caches are sized for at least `new_tokens` new tokens (`caches_sized_for`)."""
         before, self.sized_new_tokens = self.sized_new_tokens, new_tokens
         try:
             yield
@@ -49,9 +48,8 @@ class KvCaches:
             self.sized_new_tokens = before
 
     def length_for(self, prompt_tokens: int, new_tokens: int) -> int:
-        """Positions a static cache holds for a prompt of `prompt_tokens` (padded) and `new_tokens` generated.
-
-        The last generated token is never fed back, so prompt + new - 1 positions are written."""
+        """Positions a static cache holds for a prompt of `prompt_tokens` (padded) and `new_tokens` generated (the
+        last generated token is never fed back, so prompt + new - 1 positions are written)."""
         needed = prompt_tokens + new_tokens - 1
         if self.fixed_length is None:
             return prompt_tokens + max(new_tokens, self.sized_new_tokens)
@@ -85,8 +83,7 @@ class KvCaches:
         return BatchCache(cache, length)
 
     def allocate(self, batch: BatchCache, batch_size: int, dtype: torch.dtype, device: torch.device) -> None:
-        """Allocate a static cache's tensors now (otherwise its first update does), so that a compiled prefill
-        finds them allocated and marked as static addresses instead of creating them inside the graph."""
+        """Allocate a static cache's tensors now (a compiled prefill must not create them inside its graph)."""
         cache = batch.cache
         if batch.static_length is None or all(getattr(layer, "is_initialized", False) for layer in cache.layers):
             return
@@ -132,9 +129,8 @@ def rewind_blocker(cache: object) -> str | None:
 
 
 def rewind(cache: Any, length: int) -> None:
-    """Take `cache` back to its first `length` positions, so that the positions after them are written again (a
-    decode section repeated over the same prompt). A static layer keeps its tensors, and so their addresses (CUDA
-    graphs stay valid): only its write position moves, in place. Check :func:`rewind_blocker` first."""
+    """Take `cache` back to its first `length` positions (a decode section repeated over the same prompt); a static
+    layer keeps its tensors and their addresses (CUDA graphs stay valid). Check :func:`rewind_blocker` first."""
     from transformers.cache_utils import StaticLayer
 
     for layer in cache.layers:

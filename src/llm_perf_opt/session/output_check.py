@@ -1,8 +1,7 @@
 """Do a run's outputs match the eager dynamic-cache reference of the same input?
 
 A static cache, a compiled step or a batch changes the order of floating-point operations; in bf16 greedy decoding
-may then take another token after a near-tie. Each run records the first generated index where its tokens depart
-from the reference and the largest absolute difference of the prefill logits (last prompt position).
+may then take another token after a near-tie.
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ def compare_outputs(tokens: Sequence[int], prefill_logits: torch.Tensor, referen
 
 
 class ReferenceOutputs:
-    """Reference outputs by input, each computed once by `run_reference(key)` and kept."""
+    """Reference outputs by input, each computed once and kept."""
 
     def __init__(self) -> None:
         self._kept: dict[tuple[str, int], ReferenceOutput] = {}

@@ -21,10 +21,8 @@ def close_images(images: Iterable[Image.Image | None]) -> None:
 
 
 class PagePrefetch:
-    """The page files of one coming pass (`paths`, in order), each decoded on a pool of its own threads.
-
-    Hand the images over with :meth:`take` (waits for them) or drop them with :meth:`discard`; either way the pool's
-    threads have finished when it returns."""
+    """The page files of one coming pass, each decoded on a pool of its own threads; :meth:`take` or :meth:`discard`
+    returns once the pool's threads have finished."""
 
     def __init__(self, paths: Sequence[Path], decode: Decode, workers: int) -> None:
         self.paths = tuple(paths)
@@ -36,8 +34,7 @@ class PagePrefetch:
         return self.paths == tuple(paths)
 
     def take(self) -> list[Image.Image | None]:
-        """Each page's decoded image (its caller closes them), once every decode has finished; a decoding error is
-        raised here, as decoding the file in the pass would have raised it (the other images are then closed)."""
+        """Each page's decoded image (closed by the caller) once all are; a decoding error is raised here."""
         try:
             return [future.result() for future in self._futures]
         except BaseException:

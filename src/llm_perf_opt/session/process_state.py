@@ -14,8 +14,8 @@ _jobs_started = 0  # measured jobs this process has started
 
 
 def start_clean(device: torch.device) -> bool:
-    """Mark a job's start; when this process already ran one, reset torch.compile's caches and counters, free the
-    CUDA caching allocator's blocks and reset its peak-memory counters on `device`. Returns whether it was reused."""
+    """Mark a job's start; when this process already ran one, reset torch.compile's caches and counters and the CUDA
+    allocator's cache and peak memory on `device`. Returns whether it was reused."""
     global _jobs_started
     _jobs_started += 1
     if _jobs_started == 1:

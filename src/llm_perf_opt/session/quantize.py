@@ -1,10 +1,9 @@
 """Weight quantization of the language model through torchao (`runtime.quantize`).
 
-Every nn.Linear of the model outside its vision stage modules is quantized in place once the model is built or
-loaded, before anything is compiled: the language model's attention projections, dense MLPs, shared experts and
-lm_head. The routed experts of transformers 5's MoE decoders are fused expert tensors (`gate_up_proj`,
-`down_proj`), not nn.Linear layers, so they keep the model's dtype, as do the MoE routers and the vision stages.
-torchao is optional (not a dependency of the toolkit): a setting it needs is refused up front without it.
+Every nn.Linear outside the vision stage modules is quantized in place once the model is built or loaded, before
+anything is compiled. The routed experts of transformers 5's MoE decoders are fused tensors (`gate_up_proj`,
+`down_proj`), not nn.Linear layers, so they keep the model's dtype, as do the MoE routers. torchao is optional (not
+a dependency of the toolkit): a setting it needs is refused up front without it.
 """
 
 from __future__ import annotations
@@ -32,8 +31,7 @@ FLOAT8_CAPABILITY: Final = (8, 9)
 
 
 def check_quantize(setting: str, device: torch.device) -> None:
-    """Whether `runtime.quantize=setting` can run on `device` with the installed packages (a UserError naming the
-    setting and the fix otherwise); cheap, so it runs before the model is built."""
+    """A UserError unless `runtime.quantize=setting` can run here (cheap: before the model is built)."""
     if setting == "none":
         return
     key = f"runtime.quantize={setting}"
@@ -65,8 +63,7 @@ def torchao_config(setting: str) -> Any:
 
 
 def quantize_linears(model: nn.Module, setting: str, skipped: Iterable[nn.Module]) -> QuantizedLayers:
-    """Quantize in place every nn.Linear of `model` that lies outside the `skipped` modules (the vision stages)
-    with torchao's `quantize_`; what was quantized, counted before it was."""
+    """Quantize in place every nn.Linear of `model` outside the `skipped` modules; what was quantized."""
     from torchao.quantization import quantize_
 
     inside = {id(module) for root in skipped for module in root.modules()}

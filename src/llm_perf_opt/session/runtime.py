@@ -29,8 +29,7 @@ class RuntimeSettings(DecoderRuntime):
 
     @classmethod
     def from_nodes(cls, nodes: Stage1Nodes) -> RuntimeSettings:
-        """From the typed `runtime` node and `run.batch_size` (their defaults: `config_schema`'s); a value out of
-        range, or a combination that cannot run, raises UserError."""
+        """From the typed `runtime` node and `run.batch_size`; a UserError for what cannot run."""
         node = nodes.runtime
         length = node.static_cache_len
         settings = cls(
@@ -52,8 +51,7 @@ class RuntimeSettings(DecoderRuntime):
         return settings
 
     def check_consistent(self) -> None:
-        """Combinations that cannot run: compiled decode on a growing cache, batched vision without a batch, a cache
-        length without a static cache."""
+        """A UserError for a combination of settings that cannot run."""
         if self.compile != "none" and self.kv_cache != "static":
             raise UserError(
                 f"runtime.compile={self.compile} needs a static KV cache, but runtime.kv_cache={self.kv_cache}: a "
@@ -80,8 +78,7 @@ class RuntimeSettings(DecoderRuntime):
             )
 
     def check_device(self, device: torch.device) -> None:
-        """Compilation and weight quantization this device and the installed packages can do (a UserError naming the
-        setting otherwise)."""
+        """A UserError naming the setting for compilation or weight quantization this device cannot do."""
         check_quantize(self.quantize, device)
         parts = self.compiled_parts
         if not parts:
@@ -107,9 +104,7 @@ class RuntimeSettings(DecoderRuntime):
 
     @property
     def vision_multiple(self) -> int:
-        """Batched vision's view groups are padded to a multiple of this (`models.view_groups`): the batch size when
-        the vision stages are compiled (a few fixed shapes per group: one graph each, a short last batch's too), else
-        1 (no padding)."""
+        """Batched vision's groups pad to a multiple of this: the batch size when vision is compiled, else 1."""
         return self.batch_size if self.compile_vision != "none" else 1
 
     @property
@@ -122,9 +117,8 @@ class RuntimeSettings(DecoderRuntime):
 
     @property
     def warmup_needed(self) -> int:
-        """Warm-up passes per input a timed pass needs to be steady state: none eagerly; one when a step is compiled
-        (the first pass of each shape compiles it); two with CUDA graphs (a step called once per pass, such as a
-        compiled prefill, is recorded as a graph in its second call and replayed from the third)."""
+        """Warm-up passes per input before a timed pass is steady: none eagerly; one when a step is compiled; two with
+        CUDA graphs (a step called once per pass is recorded in its second call, replayed from the third)."""
         return max((part.warmup_needed for part in self.compiled_parts), default=0)
 
     @property
@@ -135,9 +129,7 @@ class RuntimeSettings(DecoderRuntime):
     @property
     def checks_outputs(self) -> bool:
         """Whether runs are compared with an eager dynamic-cache reference of the same inputs."""
-        if self.output_check == "auto":
-            return not self.is_reference
-        return self.output_check == "always"
+        return not self.is_reference if self.output_check == "auto" else self.output_check == "always"
 
     @property
     def label(self) -> str:

@@ -2,25 +2,19 @@
 builds it, and loaded by the later ones (`model.cache_dir`; stage2-profile's and perf-whatif's child processes).
 
 A slot `<cache_dir>/<model name>-<dtype>-seed<N>-<device type>-<config digest>/` holds `model.safetensors` (every
-parameter and buffer, tied ones once) and `manifest.json` (:class:`SavedModelKey`: what the weights were built
-from, plus the file's size, a hash of its bytes and the parameter count). A process that finds a slot whose
-manifest matches its own key and whose file's bytes match the hash builds the model on the meta device (no memory,
-no initialisation) and assigns the saved tensors to it, loaded straight onto its device: the same parameters and
-buffers, bit for bit, as building it. Anything else (no slot yet, another config digest, dtype, seed, torch or
-transformers version, a truncated, overwritten or unreadable file, a tensor missing or of another shape) is one log
-line saying why, then the model is built as usual and saved over the slot. A lock file per slot keeps processes
-that start together from building it twice. A slot that cannot be written (a read-only cache) is still loaded when
-it is whole; one that would need rebuilding is built for this process alone, with a warning.
+parameter and buffer, tied ones once) and `manifest.json` (:class:`SavedModelKey`, the file's size, a hash of its
+bytes, the parameter count). A slot whose manifest matches this process's key and whose bytes match the hash is
+assigned, straight onto the device, to the model built on the meta device: bit for bit what building gives.
+Anything else is one log line saying why, then the model is built and saved over the slot (a lock file per slot:
+processes that start together build it once). A read-only slot is still loaded when whole; one that would need
+rebuilding is built for this process alone, with a warning.
 
-The hash (`content_digest`) is blake2b over blocks of `HASH_BLOCK` bytes, hashed by parallel threads (hashlib
-releases the GIL), then over the blocks' digests. Its cost, measured on a 1 GB file in the page cache on a shared
-2-core CPU machine under a load of 7: 3.7 s on one thread (sha256 3.0 s; reading the file alone 0.8 s); the blocks
-spread over every core, so a full-size model's file of several GB costs seconds per process that loads it, against
-the minutes of building it.
+The hash (`content_digest`): blake2b of `HASH_BLOCK`-byte blocks on parallel threads (hashlib releases the GIL),
+then of their digests. On a 1 GB file in the page cache (shared 2-core CPU, load 7): 3.7 s on one thread (sha256
+3.0 s; reading alone 0.8 s); spread over every core, seconds per several-GB file against minutes of building.
 
 Random initialisation depends on where it ran (CPU and CUDA generators differ; a CUDA kernel's grid, and so the
-values it draws, may depend on the GPU's SM count), so the device type names the slot and the GPU's name is part of
-the key.
+values it draws, may depend on the GPU's SM count): the device type names the slot, the GPU's name is in the key.
 """
 
 from __future__ import annotations
@@ -122,8 +116,7 @@ def init_device(device: torch.device) -> str:
 
 
 def slot_folder(cache_dir: Path, key: SavedModelKey) -> Path:
-    """Where the model of `key` is saved under `cache_dir` (one folder per model, dtype, seed, device type and
-    config: rungs whose levers change the model's config do not overwrite each other's)."""
+    """Where the model of `key` is saved under `cache_dir` (rungs of other configs do not share it)."""
     name = "".join(c if c.isalnum() or c in "._-" else "_" for c in key.model) or "model"
     config = key.config_digest.removeprefix("sha256:")[:12]
     device = key.init_device.split(":", 1)[0]
@@ -131,8 +124,8 @@ def slot_folder(cache_dir: Path, key: SavedModelKey) -> Path:
 
 
 def tensor_slots(model: nn.Module) -> dict[str, list[tuple[nn.Module, str, bool]]]:
-    """Every parameter and buffer of `model` by the name it is saved under (the first of its tied names): where
-    it sits (module, attribute, is a parameter), each place a tied tensor occupies."""
+    """Every place (module, attribute, is a parameter) of each parameter and buffer of `model`, by the name it is
+    saved under (the first of its tied names)."""
     owners = {name: module for name, module in model.named_modules(remove_duplicate=False)}
     slots: dict[str, list[tuple[nn.Module, str, bool]]] = {}
     canonical: dict[int, str] = {}
@@ -182,8 +175,7 @@ def save(folder: Path, model: nn.Module, key: SavedModelKey) -> Manifest:
 
 
 def read_manifest(folder: Path, key: SavedModelKey) -> tuple[Manifest | None, str]:
-    """The slot's manifest when it matches `key` and its weights file is whole (its size, then the hash of its
-    bytes), else None and why not."""
+    """The slot's manifest when it matches `key` and its weights file is whole, else None and why not."""
     weights, manifest_path = folder / WEIGHTS_FILE, folder / MANIFEST_FILE
     if not manifest_path.is_file():
         return None, "no saved model yet" if not weights.exists() else "its manifest.json is missing"
@@ -244,9 +236,8 @@ _READ_ONLY = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
 
 @contextlib.contextmanager
 def slot_lock(folder: Path) -> Iterator[None]:
-    """Hold the slot's lock file (processes of one run that start together build and save it once). In a cache
-    this process cannot write, the lock file is taken read-only where it exists, else none is needed (no process
-    of this user can write the slot)."""
+    """Hold the slot's lock file (processes that start together build and save it once); in a cache this process
+    cannot write, the lock file is taken read-only where it exists, else none is needed."""
     lock = folder.parent / f"{folder.name}{LOCK_FILE}"
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
@@ -267,8 +258,8 @@ def slot_lock(folder: Path) -> Iterator[None]:
 
 
 def read_tensors(path: Path, model: nn.Module, device: torch.device) -> dict[str, torch.Tensor]:
-    """The saved tensors of `model`, read onto `device` in the model's own order (parameters, then buffers, as
-    building allocates them); SavedModelMismatch when the file lacks one or holds one the model has not."""
+    """The saved tensors of `model`, read onto `device` in the order building allocates them (parameters, then
+    buffers); SavedModelMismatch unless the file holds exactly the model's."""
     from safetensors import safe_open
 
     wanted = list(tensor_slots(model))
@@ -287,8 +278,7 @@ def check_names(wanted: Iterable[str], saved: Iterable[str]) -> None:
 
 
 def load_saved(folder: Path, key: SavedModelKey, skeleton: LoadedModel, device: torch.device) -> LoadedModel | str:
-    """`skeleton` (the model on the meta device) with the slot's tensors loaded onto `device`, or why it cannot
-    be (a manifest of another key, a truncated or unreadable file, tensors that do not fit)."""
+    """`skeleton` (the model on the meta device) with the slot's tensors loaded onto `device`, or why not."""
     from safetensors import SafetensorError
 
     manifest, why = read_manifest(folder, key)
@@ -308,8 +298,7 @@ def load_saved(folder: Path, key: SavedModelKey, skeleton: LoadedModel, device: 
 
 
 def load_or_build(adapter: ModelAdapter, *, device: torch.device, dtype: torch.dtype, cache_dir: Path) -> LoadedModel:
-    """The random-weights model `adapter` builds, loaded from its slot under `cache_dir` when one matches, else
-    built (one log line says why) and saved there for the next process."""
+    """The random-weights model `adapter` builds, loaded from its slot under `cache_dir`, else built and saved."""
     try:
         skeleton = adapter.build_random(device=torch.device("meta"), dtype=dtype)
     except (RuntimeError, NotImplementedError, TypeError, ValueError, AttributeError) as exc:

@@ -119,8 +119,7 @@ def device_name(device: torch.device) -> str:
 
 
 class StagePassTimes(PassTimes):
-    """A measured pass's prefill (vision included) and decode times (ms), from its stage times; the times derived
-    from them are `records.stage1.PassTimes`'s, the same for an input's pass and a batch's, measured or recorded."""
+    """A measured pass's prefill (vision included) and decode times (ms), from its stage times."""
 
     __slots__ = ()
 
@@ -201,10 +200,8 @@ class PageResult:
 
 @attrs.frozen
 class BatchMeasurement(StagePassTimes):
-    """One pass over a batch: per-input results and the batch's stage times (ms), tokens and memory.
-
-    Every input of the batch gets its first token when the batched prefill ends and its last when the last decode
-    step ends: time to first token and decode time are the batch's, for every input."""
+    """One pass over a batch: per-input results and the batch's stage times (ms), tokens and memory (time to first
+    token and decode time are the batch's, for every input)."""
 
     pages: tuple[PageResult, ...]
     stage_ms: Mapping[str, float]  # prefill (every input's vision + the batched decoder prefill), decode, decode/step,
@@ -248,8 +245,7 @@ class BatchMeasurement(StagePassTimes):
 
     def page_measurements(self) -> tuple[ImageMeasurement, ...]:
         """Each input as an :class:`ImageMeasurement`: its own vision sub-stages and tokens; the batch's
-        preprocessing, prefill and decode (what it waited for), so its time to first token is the batch's. The
-        routing trace and compile events stay on the batch (they are not per input)."""
+        preprocessing, prefill and decode (what it waited for); routing and compile events stay on the batch."""
         batch_stages = {s: ms for s, ms in self.stage_ms.items() if not vocab.is_vision(s)}
         batch_calls = {s: n for s, n in self.stage_calls.items() if not vocab.is_vision(s)}
         return tuple(
@@ -323,9 +319,8 @@ def filled(group: Sequence[Path], batch_size: int) -> tuple[Path, ...]:
 
 
 class InferenceSession:
-    """A loaded model and its adapter under one :class:`RuntimeSettings` (KV cache, compiled steps, batch size).
-
-    Load once with :meth:`load`, then :meth:`run_image` (one input) or :meth:`run_batch` (several) many times."""
+    """A loaded model and its adapter under one :class:`RuntimeSettings`: :meth:`load` once, then :meth:`run_image`
+    (one input) or :meth:`run_batch` (several) many times."""
 
     def __init__(
         self,
@@ -390,8 +385,7 @@ class InferenceSession:
 
     def traced_hooked_modules(self) -> frozenset[str]:
         """Paths of the modules with forward hooks of their own inside the compiled decoder (the routing recorder's
-        MoE gates; the vision stages' hooked modules are never compiled): a compiled step that traced their hooks
-        guards on how many they have, so more hooks there would compile it again. Empty for an eager runtime."""
+        MoE gates): a compiled step guards on how many hooks they have, so more would recompile it. Empty eagerly."""
         if self.runtime.compile == "none":
             return frozenset()
         stages = {id(m) for m in self._stage_modules.values()}
@@ -402,18 +396,15 @@ class InferenceSession:
         )
 
     def caches_sized_for(self, new_tokens: int) -> AbstractContextManager[None]:
-        """While inside, static caches hold at least `new_tokens` new tokens (a shorter pass reuses the timed
-        passes' cache and compiled graphs)."""
+        """While inside, static caches hold at least `new_tokens` new tokens (a shorter pass reuses them)."""
         return self._loop.caches.sized_for(new_tokens)
 
     @classmethod
     def load(
         cls, model: ModelSettings | Mapping[str, Any], device: torch.device, runtime: RuntimeSettings | None = None
     ) -> Self:
-        """Build (random weights) or load (the adapter's checkpoint folder) the model the settings name (or a
-        `model` node gives) on `device`, to run under `runtime` (default: the eager reference). With
-        `runtime.quantize`, the Linear layers outside the vision stages are quantized here, before anything compiles
-        (`session.quantize`)."""
+        """Build (random weights) or load (a checkpoint folder) the model the settings name on `device`, to run under
+        `runtime` (default: the eager reference); `runtime.quantize` is applied here, before anything compiles."""
         adapter = make_adapter(model)
         cls.check_adapter(adapter)
         dtype = resolve_dtype(adapter.settings.dtype, device)
@@ -439,13 +430,11 @@ class InferenceSession:
         """Whether this kind of session runs `adapter`'s models (every adapter, for the general session)."""
 
     def with_runtime(self, runtime: RuntimeSettings) -> Self:
-        """A session on the same loaded model under another runtime (its own caches, compiled steps and hooks;
-        :meth:`close` the one no longer used); `runtime.quantize` must be the loaded model's."""
+        """A session on the same loaded model under another runtime of its `runtime.quantize` (close the old one)."""
         return type(self)(self.adapter, self.loaded, self.device, self.dtype, runtime)
 
     def close(self) -> None:
-        """Detach this session's hooks from the model (stage timing and routing), give its vision modules their
-        own forwards back and drop a prefetch in flight (its threads finished)."""
+        """Detach this session's hooks, restore its vision modules' forwards and drop a prefetch in flight."""
         self.discard_prefetch()
         self.remove_stage_hooks()
         restore_forwards(self._vision)
@@ -472,8 +461,7 @@ class InferenceSession:
         return self._reference_loop
 
     def compile_summary(self) -> CompileSummary:
-        """Every compilation of this session's steps so far, and the CUDA-graph captures inductor skipped since the
-        session was made."""
+        """Every compilation of this session's steps so far, and the CUDA-graph captures inductor skipped since."""
         steps = [*self._loop.compiled, *(forward.step for forward in self._vision)]
         events = tuple(e for step in steps for e in step.events)
         skips = cudagraph_skips() - self._cudagraph_skips_before if steps else 0
@@ -524,9 +512,8 @@ class InferenceSession:
 
     @contextmanager
     def repeat_decode(self, repeater: Callable[[Callable[[], None]], None]) -> Iterator[None]:
-        """Within the block, after each pass's decode section `repeater` gets a function that runs that section
-        again over the same prompt (the KV cache rewound first); a pass whose cache cannot rewind raises
-        :class:`DecodeNotRepeatable`."""
+        """Within the block, after each pass's decode section `repeater` gets a function that runs it again over the
+        same prompt; a pass whose cache cannot rewind raises :class:`DecodeNotRepeatable`."""
         self._loop.decode_repeater = repeater
         try:
             yield
@@ -535,8 +522,7 @@ class InferenceSession:
 
     # ---- running -----------------------------------------------------------------------------------
     def prepare(self, input_path: Path, image: Image.Image | None = None) -> PreparedInputs:
-        """Preprocess one input file (an image, or a text prompt for text models) and move it to the device;
-        `image`: the file already decoded (`runtime.prefetch_pages`; closed here once prepared)."""
+        """Preprocess one input file and move it to the device; `image`: the file already decoded (closed here)."""
         if image is None:
             prepared = self.adapter.prepare_file(input_path, self.loaded.tokenizer)
         else:
@@ -547,8 +533,8 @@ class InferenceSession:
         return prepared.to(self.device, self.dtype)
 
     def prefetch(self, paths: Sequence[Path]) -> None:
-        """Start decoding the page files of a coming pass (`paths`) on threads (max(1, runtime.preprocess_workers)),
-        dropping a prefetch of other pages; nothing unless `runtime.prefetch_pages` and the model takes images."""
+        """Start decoding a coming pass's page files on threads, dropping a prefetch of other pages (only with
+        `runtime.prefetch_pages` and a model that takes images)."""
         self.discard_prefetch()
         if self._prefetches and paths:
             self._prefetch = PagePrefetch(paths, self.adapter.decode_file, self.runtime.preprocess_workers)
@@ -560,8 +546,7 @@ class InferenceSession:
             pending.discard()
 
     def _decoded_ahead(self, paths: Sequence[Path]) -> list[Image.Image | None] | None:
-        """The images of `paths` decoded ahead, once every decode has finished; None without a prefetch of exactly
-        these pages (one of other pages is dropped)."""
+        """The images of `paths` decoded ahead; None without a prefetch of exactly these (another is dropped)."""
         pending = self._prefetch
         if pending is None or not pending.is_for(paths):
             self.discard_prefetch()
@@ -571,9 +556,8 @@ class InferenceSession:
 
     @contextmanager
     def embeddings_kept(self, batch: Sequence[PreparedInputs], first: int) -> Iterator[None]:
-        """Within the block, the passes over `batch` take the input embeddings of inputs `first`… computed once here,
-        before the block: their vision runs now, not in the passes inside (a batch only: one input runs its vision
-        inside the model's forward)."""
+        """Within the block, the passes over `batch` take the embeddings of inputs `first`… computed once here (their
+        vision runs now, not in the passes inside; a batch only)."""
         loop = self._loop
         grad_off = torch.no_grad() if loop.compiled or self._vision else torch.inference_mode()
         indices = range(first, len(batch))
@@ -613,8 +597,7 @@ class InferenceSession:
         return self.runtime.batch_vision and inputs > 1
 
     def _embed_together(self, batch: Sequence[PreparedInputs]) -> list[torch.Tensor]:
-        """Every input's embeddings, their vision views batched by shape (`runtime.batch_vision`); the vision
-        sub-stages are recorded once per view group, under the batch's recorder."""
+        """Every input's embeddings, their vision views batched by shape (under the batch's recorder)."""
         embeds = self.adapter.embed_prompts(self.model, batch, self.runtime.vision_multiple)
         assert embeds is not None, "the session refuses runtime.batch_vision for a model that cannot batch vision"
         return embeds
@@ -681,8 +664,7 @@ class InferenceSession:
         return self.references.get((key, max_new_tokens), run)
 
     def top_two(self, prepared: PreparedInputs, max_new_tokens: int) -> TopTwoLogits:
-        """An untimed eager dynamic-cache pass over one input: its tokens and the top two logits behind each (how
-        near a tie each greedy choice was; `run.save_top2_logits`)."""
+        """An untimed eager dynamic-cache pass over one input: its tokens and the top two logits behind each."""
         out = self._run_loop(
             [prepared], max_new_tokens, NullRecorder(self.device), None, reference=True, keep_top2=True
         )
@@ -705,11 +687,8 @@ class InferenceSession:
         *,
         reference: bool = False,
     ) -> list[int]:
-        """Greedy decoding of exactly `max_new_tokens` tokens (EOS ignored); the first comes from prefill.
-
-        `around_step(i)` wraps forward i (0 = prefill, i >= 1 = decode step i), e.g. to count its FLOPs.
-        `reference=True` runs the eager dynamic-cache loop whatever the session's runtime.
-        """
+        """Greedy decoding of exactly `max_new_tokens` tokens (EOS ignored; the first from prefill). `around_step(i)`
+        wraps forward i (0 = prefill); `reference=True` runs the eager dynamic-cache loop whatever the runtime."""
         out = self._run_loop([prepared], max_new_tokens, recorder, around_step, reference=reference)
         return list(out.tokens[0])
 
@@ -722,8 +701,7 @@ class InferenceSession:
         *,
         reference: bool = False,
     ) -> list[list[int]]:
-        """:meth:`generate` for several inputs in one batch (vision per input, or batched by view shape with
-        `runtime.batch_vision`; the decoder batched with left padding); the tokens of each input."""
+        """:meth:`generate` for several inputs in one batch (the decoder left-padded); the tokens of each input."""
         out = self._run_loop(batch, max_new_tokens, recorder, around_step, reference=reference)
         return [list(tokens) for tokens in out.tokens]
 
@@ -741,9 +719,8 @@ class InferenceSession:
     def _prepare_all(
         self, paths: Sequence[Path], images: Sequence[Image.Image | None], workers: int
     ) -> list[PreparedInputs]:
-        """Each input prepared (from its decoded image where given), in order: one after the other, or on `workers`
-        threads. When one fails, the others not started are not (their futures cancelled), the running ones finish,
-        then its error is raised."""
+        """Each input prepared (from its decoded image where given), in order, on up to `workers` threads; when one
+        fails, the others not started are cancelled and the running ones finish before its error is raised."""
         if workers <= 1:
             return [self.prepare(path, image) for path, image in zip(paths, images, strict=True)]
         with ThreadPoolExecutor(workers, thread_name_prefix="llo-preprocess") as pool:
@@ -756,10 +733,8 @@ class InferenceSession:
                 raise
 
     def _prepare_batch(self, paths: Sequence[Path]) -> tuple[list[tuple[PreparedInputs, float]], bool]:
-        """Each input of a pass prepared, with its preprocess time in ms, and whether its page files were decoded
-        ahead (`prefetch`). Decoded ahead: the wait for them and the rest of preprocessing, each input an equal share
-        of it. Otherwise one after the other, or on `runtime.preprocess_workers` threads together, each input then
-        given an equal share of the batch's time."""
+        """Each input of a pass prepared, with its preprocess time in ms (one after the other: its own; decoded ahead
+        or on `runtime.preprocess_workers` threads: an equal share of the whole), and whether it was decoded ahead."""
         start = time.perf_counter()
         decoded = self._decoded_ahead(paths)
         workers = min(self.runtime.preprocess_workers, len(paths))
@@ -776,26 +751,15 @@ class InferenceSession:
         share = (time.perf_counter() - start) * 1e3 / len(paths)
         return [(one, share) for one in prepared], decoded is not None
 
-    def run_batch(
-        self,
-        paths: Sequence[Path],
-        max_new_tokens: int,
-        *,
-        nvtx: bool = True,
-        next_paths: Sequence[Path] | None = None,
-    ) -> BatchMeasurement:
-        """One full pass over a batch of inputs (`paths`, at most `run.batch_size` of them; fewer for a last batch):
-        each preprocessed, and its vision run one after the other (or all together by view shape with
-        `runtime.batch_vision`), then the decoder's prefill and decode steps on the whole batch. With
-        `runtime.prefetch_pages`, the page files of `next_paths` (the next pass's) decode on threads meanwhile,
-        and a pass whose pages were decoded ahead prepares from their images."""
-        if not paths:
-            raise ValueError("a batch needs at least one input")
+    def _start_pass(
+        self, paths: Sequence[Path], nvtx: bool, next_paths: Sequence[Path] | None
+    ) -> tuple[StageRecorder, list[tuple[PreparedInputs, float]], bool, int]:
+        """Start a timed pass over `paths`: its recorder, prepared inputs (:meth:`_prepare_batch`), whether they were
+        decoded ahead, and how many compile events came before it."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
         recorder = StageRecorder(self.device, nvtx=nvtx, window=self.profiler_window if nvtx else None)
-        inputs = [StageRecorder(self.device, nvtx=nvtx) for _ in paths]
         if nvtx:
             from llm_perf_opt.instruments import nvtx_ranges
 
@@ -805,10 +769,28 @@ class InferenceSession:
             nvtx_ranges.pop()
         if next_paths:
             self.prefetch(next_paths)
-        batch = [prepared for prepared, _ in prepared_ms]
         compiled_before = len(self.compile_summary().events)
         if self.routing is not None:
             self.routing.begin_pass()
+        return recorder, prepared_ms, prefetched, compiled_before
+
+    def _end_pass(self, compiled_before: int) -> tuple[int | None, RoutingTrace | None, tuple[CompileEvent, ...]]:
+        """A timed pass's peak memory, routing trace and compile events."""
+        peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
+        routing = self.routing.end_pass() if self.routing is not None else None
+        return peak, routing, self.compile_summary().events[compiled_before:]
+
+    def run_batch(
+        self, paths: Sequence[Path], max_new_tokens: int, *, nvtx: bool = True, next_paths: Sequence[Path] | None = None
+    ) -> BatchMeasurement:
+        """One full pass over a batch of inputs (at most `run.batch_size`): each preprocessed, its vision run one
+        after the other (or together by view shape with `runtime.batch_vision`), then the decoder's prefill and decode
+        steps on the whole batch. With `runtime.prefetch_pages`, `next_paths` decode on threads meanwhile."""
+        if not paths:
+            raise ValueError("a batch needs at least one input")
+        recorder, prepared_ms, prefetched, compiled_before = self._start_pass(paths, nvtx, next_paths)
+        inputs = [StageRecorder(self.device, nvtx=nvtx) for _ in paths]
+        batch = [prepared for prepared, _ in prepared_ms]
         vision_apart = len(paths) > 1 and not self._batches_vision(len(paths))
         self._input_recorders = inputs if vision_apart else None
         try:
@@ -825,9 +807,7 @@ class InferenceSession:
                     calls[stage] = calls.get(stage, 0) + vision_calls[stage]
         else:  # one input, or batched vision: the vision ran under the batch recorder; each input's is its share
             per_input = [vision_shares(totals, calls, len(paths))] * len(paths)
-        peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
-        routing = self.routing.end_pass() if self.routing is not None else None
-        compiled = self.compile_summary().events[compiled_before:]
+        peak, routing, compiled = self._end_pass(compiled_before)
         pages = tuple(
             PageResult(
                 input=str(path),
@@ -856,39 +836,18 @@ class InferenceSession:
         )
 
     def run_image(
-        self,
-        image_path: Path,
-        max_new_tokens: int,
-        *,
-        nvtx: bool = True,
-        next_paths: Sequence[Path] | None = None,
+        self, image_path: Path, max_new_tokens: int, *, nvtx: bool = True, next_paths: Sequence[Path] | None = None
     ) -> ImageMeasurement:
-        """One full pass (preprocess, prefill with vision, decode) with stage timing; `next_paths`: as
-        :meth:`run_batch`'s."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-        recorder = StageRecorder(self.device, nvtx=nvtx, window=self.profiler_window if nvtx else None)
-        if nvtx:
-            from llm_perf_opt.instruments import nvtx_ranges
-
-            nvtx_ranges.push(vocab.PREPROCESS)
-        ((prepared, preprocess_ms),), prefetched = self._prepare_batch([image_path])
-        if nvtx:
-            nvtx_ranges.pop()
-        if next_paths:
-            self.prefetch(next_paths)
-        compiled_before = len(self.compile_summary().events)
-        if self.routing is not None:
-            self.routing.begin_pass()
+        """One full pass (preprocess, prefill with vision, decode) with stage timing; `next_paths`: prefetched."""
+        recorder, ((prepared, preprocess_ms),), prefetched, compiled_before = self._start_pass(
+            [image_path], nvtx, next_paths
+        )
         out = self._run_loop(
             [prepared], max_new_tokens, recorder, None, reference=False, keep_logits=self._keeps_logits
         )
         spans = recorder.spans_ms()
         totals, calls = _totals(spans)
-        peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
-        routing = self.routing.end_pass() if self.routing is not None else None
-        compiled = self.compile_summary().events[compiled_before:]
+        peak, routing, compiled = self._end_pass(compiled_before)
         return ImageMeasurement(
             preprocess_ms=preprocess_ms,
             stage_ms=totals,

@@ -1,18 +1,12 @@
 """Load the official DeepSeek-OCR v1 checkpoint (``deepseek-ai/DeepSeek-OCR`` layout) without its remote code.
 
 The folder holds ``config.json`` in the vendor layout (``language_config`` / ``vision_config`` /
-``projector_config``) and one or more ``*.safetensors`` files with the vendor's tensor names. Loading is:
-
-1. ``read_v1_architecture``: config.json -> our Hydra-style ``architecture`` dict. The decoder comes from
-   ``language_config`` (with the top-level copies and DeepSeek-V2 defaults as fallbacks); the vision sizes are
-   hard-coded in the vendor's code, so they come from the shipped ``conf/model/deepseek_ocr.yaml`` unless the
-   folder records its own under ``llm_perf_opt.vision_architecture`` (reduced synthetic checkpoints do).
-2. ``index_checkpoint``: every vendor tensor's name, shape and file, read lazily from the safetensors headers.
-3. ``build_plan``: for each tensor of our model (built on the meta device), the vendor tensor(s) it is made of:
-   a rename, a block of CLIP's fused ``qkv_proj``, or the per-expert MoE weights fused into ``gate_up_proj`` /
-   ``down_proj``.
-4. ``check_plan``: every vendor tensor used, every model tensor filled, every shape right, or one UserError.
-5. ``load_v1_checkpoint``: reads the tensors, casts and moves them, assigns them into the meta model.
+``projector_config``) and ``*.safetensors`` files with the vendor's tensor names. The decoder comes from
+``language_config``; the vision sizes are hard-coded in the vendor's code, so they come from the shipped
+``conf/model/deepseek_ocr.yaml`` unless the folder records its own under ``llm_perf_opt.vision_architecture``
+(reduced synthetic checkpoints do). Each tensor of our model (built on the meta device) is a rename of a vendor
+tensor, a block of CLIP's fused ``qkv_proj``, or the per-expert MoE weights fused into ``gate_up_proj`` /
+``down_proj``; the whole plan is checked before any tensor is read.
 
 See ../shared/reference/deepseek-ocr-facts.md §1.1 (config.json) and §1.5 (tensor table).
 """
@@ -43,7 +37,7 @@ V1_MODEL_TYPES = ("deepseek_vl_v2", "DeepseekOCR")  # hub config / the float32 r
 OCR2_ARCHITECTURE = "DeepseekOCR2ForCausalLM"
 OCR2_MODEL_TYPE = "deepseek_ocr2"  # transformers' native DeepSeek-OCR-2 layout
 OWN_KEY = "llm_perf_opt"  # config.json block the vendor code ignores; synthetic checkpoints record vision sizes here
-_OWN_VISION_KEYS = ("sam_config", "clip_config", "projector_input_dim", "image_token_id")
+OWN_VISION_KEYS = ("sam_config", "clip_config", "projector_input_dim", "image_token_id")
 INDEX_FILE = "model.safetensors.index.json"
 IGNORED_VENDOR_TENSORS = re.compile(r"^model\.vision_model\.embeddings\.position_ids$")  # f32 re-save; a buffer here
 SHOWN = 10  # names listed per kind of problem
@@ -75,30 +69,14 @@ _LANGUAGE_DEFAULTS: dict[str, Any] = {
     "eos_token_id": 100001,
 }
 _LANGUAGE_REQUIRED = (
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "n_routed_experts",
-    "n_shared_experts",
-    "num_experts_per_tok",
-    "moe_intermediate_size",
+    *("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"),
+    *("n_routed_experts", "n_shared_experts", "num_experts_per_tok", "moe_intermediate_size"),
 )
 # Fields copied unchanged into text_config.
 _LANGUAGE_COPIED = (
     *_LANGUAGE_REQUIRED,
-    "max_position_embeddings",
-    "rms_norm_eps",
-    "topk_method",
-    "n_group",
-    "topk_group",
-    "routed_scaling_factor",
-    "bos_token_id",
-    "eos_token_id",
-    "attention_bias",
-    "hidden_act",
-    "tie_word_embeddings",
+    *("max_position_embeddings", "rms_norm_eps", "topk_method", "n_group", "topk_group", "routed_scaling_factor"),
+    *("bos_token_id", "eos_token_id", "attention_bias", "hidden_act", "tie_word_embeddings"),
 )
 # Values this implementation computes differently: (field, the one value it supports).
 _LANGUAGE_SUPPORTED = (("scoring_func", "softmax"), ("norm_topk_prob", False), ("use_mla", False))
@@ -155,10 +133,8 @@ def check_v1_config(config: Mapping[str, Any], where: Path) -> None:
 
 
 def language_fields(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The decoder's fields: ``language_config`` over the top-level copies over the DeepSeek-V2 defaults.
-
-    Nulls count as absent.
-    """
+    """The decoder's fields: ``language_config`` over the top-level copies over the DeepSeek-V2 defaults (nulls
+    count as absent)."""
     language = config.get("language_config") or {}
     given = [{k: v for k, v in source.items() if v is not None} for source in (config, language)]
     return {**_LANGUAGE_DEFAULTS, **given[0], **given[1]}
@@ -203,10 +179,8 @@ def _rope_parameters(fields: Mapping[str, Any]) -> dict[str, Any]:
     theta = float(fields["rope_theta"])
     if not scaling:
         return {"rope_theta": theta, "rope_type": "default"}
-    parameters = {k: v for k, v in dict(scaling).items() if k != "type"}
-    parameters["rope_type"] = scaling.get("rope_type", scaling.get("type"))
-    parameters["rope_theta"] = theta
-    return parameters
+    kept = {k: v for k, v in dict(scaling).items() if k != "type"}
+    return {**kept, "rope_type": scaling.get("rope_type", scaling.get("type")), "rope_theta": theta}
 
 
 def _mlp_layer_types(fields: Mapping[str, Any]) -> list[str]:
@@ -220,21 +194,17 @@ def _mlp_layer_types(fields: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def architecture_from_config(config: Mapping[str, Any], where: Path) -> dict[str, Any]:
-    """Our ``architecture`` from a vendor config.json: its decoder, the vendor's hard-coded vision sizes."""
+def read_v1_architecture(folder: Path) -> dict[str, Any]:
+    """The ``architecture`` dict of a v1 checkpoint folder's config.json: its decoder, the vendor's vision sizes."""
+    config, where = read_config_json(folder), folder / CONFIG_NAME
     check_v1_config(config, where)
     architecture = shipped_architecture()
     architecture["text_config"] = text_config_from_language(language_fields(config), where)
     own = config.get(OWN_KEY) or {}
     vision = own.get("vision_architecture") if isinstance(own, Mapping) else None
     if isinstance(vision, Mapping):
-        architecture.update({key: vision[key] for key in _OWN_VISION_KEYS if key in vision})
+        architecture.update({key: vision[key] for key in OWN_VISION_KEYS if key in vision})
     return architecture
-
-
-def read_v1_architecture(folder: Path) -> dict[str, Any]:
-    """The ``architecture`` dict (as in conf/model/deepseek_ocr.yaml) of a v1 checkpoint folder's config.json."""
-    return architecture_from_config(read_config_json(folder), folder / CONFIG_NAME)
 
 
 # ------------------------------------------------------------------------------------------------ tensor index
@@ -408,7 +378,7 @@ def find_problems(
         built = built_shape(target, vendor)
         want = tuple(expected[target.name])
         if built != want:
-            misshaped.append(f"{target.name} <- {_describe_sources(target, vendor)}: model expects {list(want)}")
+            misshaped.append(f"{target.name} <- {_describe_sources(target, built, vendor)}: model expects {list(want)}")
     return PlanProblems(missing=missing, unexpected=unexpected, misshaped=misshaped)
 
 
@@ -423,11 +393,8 @@ def built_shape(target: Target, vendor: Mapping[str, Sequence[int]]) -> tuple[in
 
 
 def _row_shape(row: Sequence[Piece], vendor: Mapping[str, Sequence[int]]) -> tuple[int, ...] | None:
-    blocks = [_piece_shape(piece, vendor) for piece in row]
-    if any(block is None for block in blocks):
-        return None
-    shapes = [block for block in blocks if block is not None]
-    if not shapes[0] or len({block[1:] for block in shapes}) != 1:
+    shapes = [shape for piece in row if (shape := _piece_shape(piece, vendor)) is not None]
+    if len(shapes) < len(row) or not shapes[0] or len({block[1:] for block in shapes}) != 1:
         return None
     return (sum(block[0] for block in shapes), *shapes[0][1:])
 
@@ -441,8 +408,7 @@ def _piece_shape(piece: Piece, vendor: Mapping[str, Sequence[int]]) -> tuple[int
     return (shape[0] // piece.parts, *shape[1:])
 
 
-def _describe_sources(target: Target, vendor: Mapping[str, Sequence[int]]) -> str:
-    built = built_shape(target, vendor)
+def _describe_sources(target: Target, built: tuple[int, ...] | None, vendor: Mapping[str, Sequence[int]]) -> str:
     gives = "checkpoint pieces do not fit together" if built is None else f"checkpoint gives {list(built)}"
     pieces = list(dict.fromkeys(piece.name for piece in target.pieces()))
     first = f"{pieces[0]} {list(vendor[pieces[0]])}"
@@ -458,9 +424,9 @@ def check_plan(
     if not problems:
         return
     parts = [
-        _listing(len(problems.missing), "missing (the model needs them, the checkpoint lacks them)", problems.missing),
-        _listing(len(problems.unexpected), "unexpected (in the checkpoint, used by nothing)", problems.unexpected),
-        _listing(len(problems.misshaped), "mis-shaped", problems.misshaped),
+        _listing("missing (the model needs them, the checkpoint lacks them)", problems.missing),
+        _listing("unexpected (in the checkpoint, used by nothing)", problems.unexpected),
+        _listing("mis-shaped", problems.misshaped),
     ]
     raise UserError(
         f"The checkpoint in {folder} does not match DeepSeek-OCR v1 as its config.json describes it "
@@ -471,12 +437,11 @@ def check_plan(
     )
 
 
-def _listing(count: int, what: str, names: Sequence[str]) -> str:
-    if not count:
+def _listing(what: str, names: Sequence[str]) -> str:
+    if not names:
         return ""
-    shown = ", ".join(names[:SHOWN])
-    rest = f", … ({count - SHOWN} more)" if count > SHOWN else ""
-    return f"{count} {what}: {shown}{rest}"
+    rest = f", … ({len(names) - SHOWN} more)" if len(names) > SHOWN else ""
+    return f"{len(names)} {what}: {', '.join(names[:SHOWN])}{rest}"
 
 
 # ----------------------------------------------------------------------------------------------------- loading
@@ -515,11 +480,9 @@ def build_empty_model(config: DeepseekOcrConfig) -> DeepseekOcrForConditionalGen
 
 
 def materialize_buffers(model: nn.Module, device: torch.device) -> None:
-    """Give the non-persistent buffers left on meta (rotary inv_freq, CLIP position_ids) their real values.
-
-    They are not in the checkpoint; the module that owns them is rebuilt on the CPU from its config (small modules)
-    and its freshly computed buffers are moved to `device` in their own dtype.
-    """
+    """Give the non-persistent buffers left on meta (rotary inv_freq, CLIP position_ids; not in the checkpoint)
+    their real values: the module that owns them is rebuilt on the CPU from its config (small modules) and its fresh
+    buffers moved to `device` in their own dtype."""
     for module in model.modules():
         names = [name for name, buf in module.named_buffers(recurse=False) if buf is not None and buf.is_meta]
         if not names:
@@ -533,11 +496,6 @@ def materialize_buffers(model: nn.Module, device: torch.device) -> None:
             module._buffers[name] = fresh.get_buffer(name).to(device)
 
 
-def _meta_leftovers(model: nn.Module) -> list[str]:
-    tensors = [*model.named_parameters(), *model.named_buffers()]
-    return [name for name, tensor in tensors if tensor.is_meta]
-
-
 def load_v1_checkpoint(
     folder: Path | str,
     *,
@@ -546,11 +504,9 @@ def load_v1_checkpoint(
     attn_implementation: str | None = None,
     experts_implementation: str | None = None,
 ) -> tuple[DeepseekOcrForConditionalGeneration, dict[str, Any]]:
-    """DeepSeek-OCR v1 from a vendor-layout checkpoint folder, in `dtype` on `device`, in eval mode.
-
-    Returns the model and the ``architecture`` dict it was built from. Every check runs before any tensor is
-    read: a checkpoint that does not fill the model exactly raises one UserError and loads nothing.
-    """
+    """DeepSeek-OCR v1 from a vendor-layout checkpoint folder, in `dtype` on `device`, in eval mode, and the
+    ``architecture`` dict it was built from. A checkpoint that does not fill the model exactly raises one UserError
+    and loads nothing."""
     folder = Path(folder).expanduser()
     device = torch.device(device)
     architecture = read_v1_architecture(folder)
@@ -561,7 +517,7 @@ def load_v1_checkpoint(
     check_plan(plan, shapes, index, folder)
     model.load_state_dict(read_state(plan, index, device=device, dtype=dtype), strict=True, assign=True)
     materialize_buffers(model, device)
-    leftovers = _meta_leftovers(model)
+    leftovers = [name for name, tensor in [*model.named_parameters(), *model.named_buffers()] if tensor.is_meta]
     if leftovers:
         raise RuntimeError(f"tensors left on the meta device after loading: {leftovers[:SHOWN]}")
     return model.eval(), architecture

@@ -1,9 +1,7 @@
 """The configuration of DeepSeek-OCR v1: transformers sub-configs for SAM, CLIP-L and the DeepSeek-V2 decoder.
 
-The vendor's code hard-codes the vision sizes (``build_sam_vit_b``, ``build_clip_l``, ``MlpProjector``); the
-project's ``conf/model/deepseek_ocr.yaml`` spells them out in ``architecture`` so that tiny variants are a config
-away. See ``../shared/reference/deepseek-ocr-facts.md`` §1.
-"""
+The vendor's code hard-codes the vision sizes; ``conf/model/deepseek_ocr.yaml`` spells them out in ``architecture``
+so that tiny variants are a config away (``../shared/reference/deepseek-ocr-facts.md`` §1)."""
 
 from __future__ import annotations
 
@@ -68,8 +66,7 @@ class DeepseekOcrConfig:
         channels = self.sam_config.downsample_channels
         if not channels:
             raise ValueError("the SAM config needs downsample_channels (net_2, net_3)")
-        sam_out = int(channels[-1])
-        clip = int(self.clip_config.hidden_size)
+        sam_out, clip = int(channels[-1]), int(self.clip_config.hidden_size)
         if sam_out != clip:
             raise ValueError(
                 f"SAM's last downsample channels ({sam_out}) must equal the CLIP width ({clip}): SAM features are "

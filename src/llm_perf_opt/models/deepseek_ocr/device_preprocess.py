@@ -1,13 +1,11 @@
 """DeepSeek-OCR v1 preprocessing with torch ops on the model's device (``model.preprocess.device=cuda``).
 
 The page is decoded by PIL on the host and copied once, as uint8, to the device; there the views are made as
-:func:`~llm_perf_opt.models.deepseek_ocr.preprocess.preprocess` makes them with PIL: bicubic resizes with
-antialias (PIL's filter, a = -0.5, done as PIL does it: two separable passes, each rounded and clamped to 8 bit,
-in PIL's order), the grey padding centred as ``ImageOps.pad`` places it, the tiles cut as one
-reshape of the resized page, and the normalisation (mean = std = 0.5) straight to the model's dtype.
-
-The pixels match PIL's within :data:`PIXEL_TOLERANCE` (PIL resamples with fixed-point weights, torch in float):
-:func:`compare_views` measures the difference in uint8 levels. The same code runs on the CPU (tests).
+:func:`~llm_perf_opt.models.deepseek_ocr.preprocess.preprocess` makes them with PIL: antialiased bicubic resizes
+(a = -0.5) in two separable passes, each rounded and clamped to 8 bit, in PIL's order; grey padding centred as
+``ImageOps.pad`` places it; the tiles cut as one reshape; normalisation straight to the model's dtype. The pixels
+match PIL's within :data:`PIXEL_TOLERANCE` (PIL resamples with fixed-point weights, torch in float). The same code
+runs on the CPU (tests).
 """
 
 from __future__ import annotations
@@ -54,8 +52,7 @@ class ViewDifference:
 
 
 def page_tensor(image: Image.Image, device: torch.device) -> torch.Tensor:
-    """The page's RGB pixels as a (3, H, W) float32 tensor of uint8 levels on `device`, copied there as uint8
-    (through pinned memory to a GPU)."""
+    """The page's RGB levels as (3, H, W) float32 on `device`, copied there as uint8 (pinned, to a GPU)."""
     rgb = image if image.mode == "RGB" else image.convert("RGB")
     array = np.asarray(rgb)  # (H, W, 3) uint8, read-only: copied once below
     if device.type == "cuda":
@@ -80,15 +77,12 @@ def vertical_first(in_width: int, in_height: int, width: int, height: int) -> bo
 
 
 def resize(pixels: torch.Tensor, width: int, height: int) -> torch.Tensor:
-    """(3, H, W) levels resized as PIL's ``Image.resize((width, height), BICUBIC)``: one 8-bit pass per axis
-    that changes, in PIL's order."""
+    """(3, H, W) levels resized as PIL's ``resize(BICUBIC)``: one 8-bit pass per axis that changes, in PIL's order."""
     in_height, in_width = (int(n) for n in pixels.shape[-2:])
     if (width, height) == (in_width, in_height):
         return pixels
-    steps = [(in_height, width), (height, width)]
-    if vertical_first(in_width, in_height, width, height):
-        steps = [(height, in_width), (height, width)]
-    for step in steps:
+    first = (height, in_width) if vertical_first(in_width, in_height, width, height) else (in_height, width)
+    for step in (first, (height, width)):
         if tuple(pixels.shape[-2:]) != step:
             pixels = _resample(pixels, *step)
     return pixels
@@ -147,8 +141,7 @@ def preprocess_on_device(
     min_tiles: int = 2,
     max_tiles: int = 9,
 ) -> Views:
-    """:func:`~llm_perf_opt.models.deepseek_ocr.preprocess.preprocess` with the pixel work on `device`: the same
-    views (shapes, grid), as `dtype` tensors there."""
+    """`preprocess.preprocess` with the pixel work on `device`: the same views, as `dtype` tensors there."""
     pixels = page_tensor(image, device)
     if not mode.crop_mode:
         side = mode.image_size

@@ -25,10 +25,7 @@ from torch.nn import functional as F
 from transformers import CLIPVisionConfig
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.models.clip.modeling_clip import CLIPEncoder, CLIPVisionEmbeddings
-from transformers.models.deepseek_ocr2.modeling_deepseek_ocr2 import (
-    DeepseekOcr2SamVisionEncoder,
-    DeepseekOcr2TextModel,
-)
+from transformers.models.deepseek_ocr2.modeling_deepseek_ocr2 import DeepseekOcr2SamVisionEncoder, DeepseekOcr2TextModel
 
 from llm_perf_opt.models.cache_argument import accepted_cache, cache_kwargs, causal_lm_output, output_cache
 from llm_perf_opt.models.deepseek_ocr.configuration import DeepseekOcrConfig
@@ -107,10 +104,7 @@ class DeepseekOcrModel(nn.Module):
         return features.reshape(batch, rows, cols, features.shape[-1])
 
     def image_features(
-        self,
-        pixel_values: torch.Tensor,
-        pixel_values_local: torch.Tensor | None,
-        crop_grid: Sequence[int] | None,
+        self, pixel_values: torch.Tensor, pixel_values_local: torch.Tensor | None, crop_grid: Sequence[int] | None
     ) -> torch.Tensor:
         """One image's feature sequence: [stitched tiles + newlines, global view + newlines, view separator]."""
         if pixel_values.shape[0] != 1:
@@ -119,8 +113,7 @@ class DeepseekOcrModel(nn.Module):
         return self._laid_out(tiles, self.encode_views(pixel_values), crop_grid)
 
     def batch_image_features(self, images: Sequence[ImageViews], multiple: int = 1) -> list[torch.Tensor]:
-        """:meth:`image_features` of several images, their views encoded together by view shape (the global views
-        in one call, the tiles in another; `models.view_groups`, `multiple`: the groups' padding)."""
+        """:meth:`image_features` of several images, their views encoded together by shape (`models.view_groups`)."""
         for pixel_values, _, _ in images:
             if pixel_values.shape[0] != 1:
                 raise ValueError(f"one global view per image, got {pixel_values.shape[0]}")
@@ -206,8 +199,7 @@ class DeepseekOcrForConditionalGeneration(nn.Module):
         inputs_embeds: torch.Tensor | None = None,
         past_key_values: Any = None,
     ) -> CausalLMOutputWithPast:
-        """The decoder's logits (the last `logits_to_keep` positions, or all) and its KV cache. The cache is taken
-        as ``cache`` or, as transformers before 5.24 names it, ``past_key_values``."""
+        """The decoder's logits (the last `logits_to_keep` positions, or all) and its KV cache (`cache_argument`)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         if inputs_embeds is None:

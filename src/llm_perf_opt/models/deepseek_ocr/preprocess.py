@@ -101,11 +101,8 @@ def candidate_grids(min_tiles: int, max_tiles: int) -> list[tuple[int, int]]:
 
 
 def crop_grid(width: int, height: int, *, tile: int, min_tiles: int, max_tiles: int) -> tuple[int, int]:
-    """The Gundam crop grid for a page: (1, 1) when both sides fit a tile, else the closest-aspect grid.
-
-    Ties in aspect ratio go to the larger grid when the page area exceeds half the grid's pixel area
-    (InternVL's ``find_closest_aspect_ratio``).
-    """
+    """The Gundam crop grid for a page: (1, 1) when both sides fit a tile, else the closest-aspect grid (ties go to
+    the larger grid when the page area exceeds half the grid's pixel area: InternVL's ``find_closest_aspect_ratio``)."""
     if width <= tile and height <= tile:
         return NO_TILES
     if not 1 <= min_tiles <= max_tiles:
@@ -155,8 +152,6 @@ def preprocess(image: Image.Image, mode: Mode, *, min_tiles: int = 2, max_tiles:
         view = square_view(image, mode.image_size, stretch=mode.image_size <= 640)
         return Views(mode=mode, global_view=to_tensor(view)[None], tiles=None, grid=NO_TILES)
     grid = crop_grid(image.width, image.height, tile=mode.image_size, min_tiles=min_tiles, max_tiles=max_tiles)
-    tiles = None
-    if grid != NO_TILES:
-        tiles = torch.stack([to_tensor(t) for t in cut_tiles(image, grid, mode.image_size)])
+    tiles = None if grid == NO_TILES else torch.stack([to_tensor(t) for t in cut_tiles(image, grid, mode.image_size)])
     global_view = to_tensor(square_view(image, mode.base_size, stretch=False))[None]
     return Views(mode=mode, global_view=global_view, tiles=tiles, grid=grid)

@@ -1,11 +1,9 @@
 """Synthetic DeepSeek-OCR v1 checkpoints in the vendor layout, for tests and for benchmarking the loading path.
 
-``write_synthetic_v1_checkpoint`` writes what ``deepseek-ai/DeepSeek-OCR`` ships (config.json with
-``language_config`` / ``vision_config`` / ``projector_config``, one safetensors file with the vendor's tensor names
-and shapes) with random values, for any ``architecture`` (conf/model/deepseek_ocr*.yaml). The vendor's code
-hard-codes the vision sizes, so config.json also records them under ``llm_perf_opt.vision_architecture``;
-``checkpoint.read_v1_architecture`` honours that block, which lets reduced (tiny) checkpoints round-trip.
-The whole tensor set is held in memory while writing (6.2 GiB in bf16 at full size).
+``write_synthetic_v1_checkpoint`` writes what ``deepseek-ai/DeepSeek-OCR`` ships (vendor config.json, one
+safetensors file of vendor names and shapes) with random values, for any ``architecture``. config.json also records
+the vision sizes (which the vendor's code hard-codes) under ``llm_perf_opt.vision_architecture``, so reduced (tiny)
+checkpoints round-trip. The whole tensor set is held in memory while writing (6.2 GiB in bf16 at full size).
 """
 
 from __future__ import annotations
@@ -21,6 +19,7 @@ from transformers.utils import CONFIG_NAME
 
 from llm_perf_opt.models.deepseek_ocr.checkpoint import (
     OWN_KEY,
+    OWN_VISION_KEYS,
     V1_ARCHITECTURE,
     Target,
     build_empty_model,
@@ -121,8 +120,7 @@ def vendor_config(architecture: Mapping[str, Any], *, torch_dtype: str = "bfloat
 
 
 def _vision_architecture(architecture: Mapping[str, Any]) -> dict[str, Any]:
-    keys = ("sam_config", "clip_config", "projector_input_dim", "image_token_id")  # what the loader reads back
-    return json.loads(json.dumps({key: architecture[key] for key in keys}))  # plain JSON values
+    return json.loads(json.dumps({key: architecture[key] for key in OWN_VISION_KEYS}))  # plain JSON values
 
 
 def _language_config(text: Mapping[str, Any], torch_dtype: str) -> dict[str, Any]:
@@ -180,7 +178,6 @@ def write_synthetic_v1_checkpoint(
     folder.mkdir(parents=True, exist_ok=True)
     tensors = random_tensors(vendor_tensor_shapes(architecture), seed, dtype)
     save_file(tensors, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
-    dtype_name = str(dtype).removeprefix("torch.")
-    config = vendor_config(architecture, torch_dtype=dtype_name)
+    config = vendor_config(architecture, torch_dtype=str(dtype).removeprefix("torch."))
     (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     return folder

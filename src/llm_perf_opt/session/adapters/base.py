@@ -19,6 +19,7 @@ from llm_perf_opt.session.model_settings import ModelSettings
 
 if TYPE_CHECKING:
     from llm_perf_opt.analytic.model import StageCost
+    from llm_perf_opt.analytic.spec import ModelSpec, Workload
 
 
 @attrs.frozen
@@ -38,8 +39,7 @@ class PreparedInputs:
         return ids
 
     def to(self, device: torch.device, float_dtype: torch.dtype) -> PreparedInputs:
-        """Tensors moved to `device`; floating-point tensors cast to `float_dtype`. A tensor already there in that
-        dtype (views made on the device) is kept as is, not copied."""
+        """Tensors moved to `device`, floating-point ones cast to `float_dtype` (one already there is not copied)."""
 
         def move(value: Any) -> Any:
             if isinstance(value, torch.Tensor):
@@ -70,8 +70,7 @@ class PromptIds:
 
 @attrs.frozen
 class ModelDescription:
-    """Facts about the built model for the reports (what `ModelInfo` records of it): its class, size, kernel
-    implementations, family and, where the adapter states it, its shape."""
+    """Facts about the built model for the reports (what `ModelInfo` records of it)."""
 
     class_name: str
     parameters: int
@@ -121,8 +120,7 @@ class ModelAdapter(ABC):
         return "image"
 
     def checkpoint_path(self) -> str | None:
-        """The local checkpoint folder to load (`model.path`), or None to build the architecture with random
-        weights. A `model.path` that is not an existing folder is a UserError saying so."""
+        """The checkpoint folder `model.path` (a UserError unless a folder), or None: random weights."""
         path = self.settings.path
         if not path:
             return None
@@ -138,19 +136,16 @@ class ModelAdapter(ABC):
         return str(path)
 
     def bind_device(self, device: torch.device, dtype: torch.dtype) -> None:
-        """The device and dtype the session runs the model in, before any input is prepared; an adapter that
-        preprocesses there keeps them (a UserError for a preprocessing setting that device cannot run)."""
+        """The device and dtype the model runs in, before any input is prepared (for preprocessing there)."""
         del device, dtype  # by default inputs are made on the host and moved by PreparedInputs.to
 
     def decode_file(self, path: Path) -> Image.Image | None:
-        """The host part of preparing input file `path` that can run ahead of its pass on another thread
-        (`runtime.prefetch_pages`): by default its image, decoded and upright; None for an input that is no image
-        (nothing to decode ahead)."""
+        """`path`'s image, decoded and upright, ahead on a thread (`runtime.prefetch_pages`); None: no image."""
         return open_upright(path)[0]
 
     def prepare_file(self, path: Path, tokenizer: Any | None, image: Image.Image | None = None) -> PreparedInputs:
-        """Preprocess one input file: by default an image (upright, as the model's loader reads it), through
-        :meth:`prepare`; `image`: the file already decoded by :meth:`decode_file` (its caller closes it)."""
+        """Preprocess one input file, by default an upright image through :meth:`prepare`; `image`: the file
+        already decoded by :meth:`decode_file` (its caller closes it)."""
         if image is not None:
             return self.prepare(image, tokenizer)
         with open_upright(path)[0] as opened:
@@ -168,11 +163,9 @@ class ModelAdapter(ABC):
     def prepare(self, image: Image.Image, tokenizer: Any | None) -> PreparedInputs:
         """The real preprocessing of one page image, and the prompt ids."""
 
-    def seed_random_weights(self) -> int:
+    def seed_random_weights(self) -> None:
         """Seed torch with `model.seed` before a random-weight build (reproducible FLOPs, routing, timings)."""
-        seed = self.settings.seed
-        torch.manual_seed(seed)
-        return seed
+        torch.manual_seed(self.settings.seed)
 
     def random_weights(
         self, model: nn.Module, *, tokenizer: Any | None = None, note: str = "", config_source: str = ""
@@ -188,10 +181,6 @@ class ModelAdapter(ABC):
             ),
             config_source=config_source or f"shipped config conf/model/{self.settings.name}.yaml (architecture)",
         )
-
-    def implementation_kwargs(self) -> dict[str, Any]:
-        """`attn_implementation` / `experts_implementation` from the model config, for transformers loaders."""
-        return self.settings.implementation_kwargs()
 
     def prompt_ids(self, tokenizer: Any | None) -> list[int]:
         """The prompt text after the image, tokenized; without a tokenizer, `prompt.text_tokens` stand-in ids."""
@@ -212,12 +201,14 @@ class ModelAdapter(ABC):
         self, model: nn.Module, prepared: PreparedInputs, new_tokens: int, dtype_bytes: int
     ) -> Mapping[str, StageCost] | None:
         """Analytic cost per stage name (objects with `.flops` and `.bytes`), or None without an analytic model."""
-        return None
+        if not self.has_analytic_model:
+            return None
+        from llm_perf_opt.analytic import stage_costs
+
+        return stage_costs(self.analytic_spec(model), self.analytic_workload(prepared, new_tokens, dtype_bytes))
 
     def analytic_module_roots(self, model: nn.Module) -> Mapping[str, str]:
-        """Where the analytic model's names live in `model`: analytic prefix ("sam", "decoder", "sam.net_2") ->
-        module path, those present in `model` only (empty without an analytic model). `measure.module_floors`
-        places each priced op on a module with it."""
+        """Analytic name prefix ("sam", "sam.net_2") -> module path, those present in `model` (empty without one)."""
         return present_roots(model, self.ANALYTIC_MODULE_ROOTS)
 
     def analytic_batch_costs(
@@ -228,15 +219,27 @@ class ModelAdapter(ABC):
         dtype_bytes: int,
         experts_hit: float | None = None,
     ) -> Mapping[str, StageCost] | None:
-        """Analytic cost per stage name of `batch` run together (vision per input, the decoder batched with left
-        padding), or None without an analytic model. `experts_hit`: distinct routed experts per MoE layer and decode
-        step, as measured (None: the uniform-routing expectation)."""
-        return None
+        """Analytic cost per stage name of `batch` run together (the decoder left-padded), or None without an
+        analytic model. `experts_hit`: distinct routed experts per MoE layer and decode step, as measured (None: the
+        uniform-routing expectation)."""
+        if not self.has_analytic_model:
+            return None
+        from llm_perf_opt.analytic.model import batch_stage_costs
+
+        workloads = [self.analytic_workload(prepared, new_tokens, dtype_bytes) for prepared in batch]
+        return batch_stage_costs(self.analytic_spec(model), workloads, experts_hit)
+
+    def analytic_spec(self, model: nn.Module) -> ModelSpec:
+        """The analytic model of `model` (families with `has_analytic_model`)."""
+        raise NotImplementedError
+
+    def analytic_workload(self, prepared: PreparedInputs, new_tokens: int, dtype_bytes: int) -> Workload:
+        """The analytic workload of one prepared input (families with `has_analytic_model`)."""
+        raise NotImplementedError
 
     # ---- decoder runtime (KV caches, batches, compiled steps) ---------------------------------------------
     def decoder_config(self, model: nn.Module) -> Any:
-        """The text decoder's transformers config: what its KV caches are built from (None: the model builds its
-        own dynamic cache)."""
+        """The text decoder's config its KV caches are built from (None: the model builds its own)."""
         config: Any = model.config
         return config.get_text_config(decoder=True)
 
@@ -256,21 +259,18 @@ class ModelAdapter(ABC):
 
     def embed_prompt(self, model: nn.Module, prepared: PreparedInputs) -> torch.Tensor | None:
         """The prompt's input embeddings (1, tokens, hidden) with the vision features merged in (vision runs here,
-        eagerly, under the stage hooks), or None when this model's vision cannot run apart from its decoder: then
-        batches of several inputs and a compiled prefill are not available."""
+        under the stage hooks), or None when its vision cannot run apart (no batches, no compiled prefill)."""
         return None
 
     def embed_prompts(
         self, model: nn.Module, batch: Sequence[PreparedInputs], multiple: int = 1
     ) -> list[torch.Tensor] | None:
-        """:meth:`embed_prompt` of every input of `batch`, their vision views encoded together by view shape
-        (`runtime.batch_vision`; `multiple`: each view group padded to a multiple of it, `models.view_groups`), or
-        None when this model cannot batch its vision (:meth:`batch_vision_blocker` says why)."""
+        """:meth:`embed_prompt` of every input, their views encoded together by shape (each group padded to a multiple
+        of `multiple`), or None when :meth:`batch_vision_blocker` says why not."""
         return None
 
     def batch_vision_blocker(self, model: nn.Module) -> str | None:
-        """Why `model`'s vision cannot run batched (`runtime.batch_vision`), or None when :meth:`embed_prompts`
-        batches it."""
+        """Why `model`'s vision cannot run batched (`runtime.batch_vision`), or None."""
         return f"the {self.settings.adapter} adapter runs the vision of one input at a time"
 
     def describe(self, model: nn.Module) -> ModelDescription:
@@ -285,8 +285,7 @@ class ModelAdapter(ABC):
         )
 
     def model_family(self) -> ModelFamily:
-        """The family facts the reports' advice reads (how an image becomes vision views); by default a family
-        named after its adapter, without tiles or modes."""
+        """The family facts the reports' advice reads (how an image becomes vision views); by default none."""
         return ModelFamily(name=self.settings.adapter)
 
 

@@ -35,7 +35,6 @@ from llm_perf_opt.session.adapters.preprocess_device import Target, preprocess_d
 from llm_perf_opt.session.model_settings import ModelSettings
 
 if TYPE_CHECKING:
-    from llm_perf_opt.analytic.model import StageCost
     from llm_perf_opt.analytic.spec import ModelSpec, Workload
 
 
@@ -97,8 +96,7 @@ class VendorModel(nn.Module):
 @attrs.frozen
 class V1Preprocess:
     """`model.preprocess` of v1: how many tiles a Gundam crop grid may have, and where the pixels are processed
-    (`cpu`: PIL, the vendor's way; `cuda`: decoded by PIL, then resized, padded, tiled and normalised with torch
-    ops on the model's GPU, within the stated pixel tolerance of PIL's views)."""
+    (`cpu`: PIL, the vendor's way; `cuda`: torch ops on the model's GPU, `models.deepseek_ocr.device_preprocess`)."""
 
     min_tiles: int
     max_tiles: int
@@ -215,9 +213,7 @@ class DeepseekOcrAdapter(ModelAdapter):
         return config.text_config
 
     def decoder_module(self, model: nn.Module) -> nn.Module:
-        if isinstance(model, VendorModel):
-            return model
-        return model.get_submodule("model.language_model")
+        return model if isinstance(model, VendorModel) else model.get_submodule("model.language_model")
 
     def static_cache_blocker(self, model: nn.Module) -> str | None:
         if isinstance(model, VendorModel):
@@ -254,35 +250,13 @@ class DeepseekOcrAdapter(ModelAdapter):
             "model.trust_remote_code=false to run the same checkpoint through this project's implementation"
         )
 
-    def analytic_costs(
-        self, model: nn.Module, prepared: PreparedInputs, new_tokens: int, dtype_bytes: int
-    ) -> Mapping[str, StageCost] | None:
-        """Analytic FLOPs and bytes of this image's stages (llm_perf_opt.analytic) from the architecture config
-        (the vendor's code, when loaded, has the same hard-coded sizes)."""
-        from llm_perf_opt.analytic import stage_costs
-
-        return stage_costs(self._spec(model), self._workload(prepared, new_tokens, dtype_bytes))
-
-    def analytic_batch_costs(
-        self,
-        model: nn.Module,
-        batch: Sequence[PreparedInputs],
-        new_tokens: int,
-        dtype_bytes: int,
-        experts_hit: float | None = None,
-    ) -> Mapping[str, StageCost] | None:
-        from llm_perf_opt.analytic.model import batch_stage_costs
-
-        workloads = [self._workload(prepared, new_tokens, dtype_bytes) for prepared in batch]
-        return batch_stage_costs(self._spec(model), workloads, experts_hit)
-
-    def _spec(self, model: nn.Module) -> ModelSpec:
+    def analytic_spec(self, model: nn.Module) -> ModelSpec:
+        """From the architecture config (the vendor's code, when loaded, has the same hard-coded sizes)."""
         from llm_perf_opt.analytic import ModelSpec
 
         return ModelSpec.from_config(model.config if isinstance(model.config, DeepseekOcrConfig) else self._config())
 
-    def _workload(self, prepared: PreparedInputs, new_tokens: int, dtype_bytes: int) -> Workload:
-        """The analytic workload of one prepared image (its mode, crop grid and prompt)."""
+    def analytic_workload(self, prepared: PreparedInputs, new_tokens: int, dtype_bytes: int) -> Workload:
         from llm_perf_opt.analytic import Workload
 
         return Workload(

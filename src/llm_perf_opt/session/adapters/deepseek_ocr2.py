@@ -25,8 +25,7 @@ from llm_perf_opt.session.adapters.preprocess_device import Target, preprocess_d
 from llm_perf_opt.session.model_settings import ModelSettings
 
 if TYPE_CHECKING:
-    from llm_perf_opt.analytic.model import StageCost
-    from llm_perf_opt.analytic.spec import Workload
+    from llm_perf_opt.analytic.spec import ModelSpec, Workload
 
 # The model class hard-codes two learned query banks (DeepseekOcr2VisionModel): 144 queries for views whose
 # SAM output has at most 144 positions (768-px tiles), 256 otherwise (the 1024-px global view). A view
@@ -44,9 +43,8 @@ def view_tokens(side_px: int) -> int:
 
 @attrs.frozen
 class Ocr2Preprocess:
-    """`model.preprocess` of DeepSeek-OCR-2: the global view's side, the tiles' side, how many tiles, and where the
-    pixels are processed (`cpu`: transformers' PIL image processor; `cuda`: the same views with torch ops on the
-    model's GPU, within the stated pixel tolerance: models/deepseek_ocr2_views.py)."""
+    """`model.preprocess` of DeepSeek-OCR-2: view sides, how many tiles, and where the pixels are processed (`cpu`:
+    transformers' PIL image processor; `cuda`: torch ops on the model's GPU, models/deepseek_ocr2_views.py)."""
 
     global_size: int
     tile_size: int
@@ -103,7 +101,7 @@ class DeepseekOcr2Adapter(ModelAdapter):
         self.seed_random_weights()
         with torch.device(device):
             model = DeepseekOcr2ForConditionalGeneration._from_config(
-                config, dtype=dtype, **self.implementation_kwargs()
+                config, dtype=dtype, **self.settings.implementation_kwargs()
             )
         return self.random_weights(model)
 
@@ -118,7 +116,7 @@ class DeepseekOcr2Adapter(ModelAdapter):
             )
         try:
             model = DeepseekOcr2ForConditionalGeneration.from_pretrained(
-                folder, local_files_only=True, dtype=dtype, **self.implementation_kwargs()
+                folder, local_files_only=True, dtype=dtype, **self.settings.implementation_kwargs()
             )
         except (OSError, ValueError, KeyError, RuntimeError) as exc:
             raise UserError(
@@ -126,10 +124,9 @@ class DeepseekOcr2Adapter(ModelAdapter):
                 "Check that the folder holds a complete transformers-format DeepSeek-OCR-2 checkpoint "
                 "(deepseek-community/DeepSeek-OCR-2 layout) with all safetensors shards, or leave model.path unset",
             ) from exc
-        tokenizer = load_tokenizer(folder)
         return LoadedModel(
             model=model.to(device=device).eval(),  # type: ignore[call-arg]
-            tokenizer=tokenizer,
+            tokenizer=load_tokenizer(folder),
             weights="checkpoint",
             weights_detail=f"checkpoint weights from {folder.resolve()}",
             config_source=f"{folder.resolve() / 'config.json'}",
@@ -139,11 +136,7 @@ class DeepseekOcr2Adapter(ModelAdapter):
         """v2: a global view plus `tile_size`-px tiles when it crops to patches, each through SAM and the encoder."""
         pre = self.preprocess
         return ModelFamily(
-            name="deepseek_ocr2",
-            tiled_views=True,
-            tiling=pre.crop_to_patches,
-            tile_px=pre.tile_size,
-            encoder="encoder",
+            name="deepseek_ocr2", tiled_views=True, tiling=pre.crop_to_patches, tile_px=pre.tile_size, encoder="encoder"
         )
 
     def image_processor(self) -> DeepseekOcr2ImageProcessorPil:
@@ -157,8 +150,7 @@ class DeepseekOcr2Adapter(ModelAdapter):
         )
 
     def views(self, image: Image.Image) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The page's global view and tiles (or None): transformers' PIL processor on the host, or torch ops on the
-        bound device (`model.preprocess.device`)."""
+        """The page's global view and tiles (or None), made on the host or the bound device."""
         rgb = image.convert("RGB")
         if self.preprocess_target is None:
             processed = self.image_processor()(rgb, return_tensors="pt")
@@ -194,16 +186,11 @@ class DeepseekOcr2Adapter(ModelAdapter):
         if local is not None:
             inputs["pixel_values_local"] = local
         return PreparedInputs(
-            model_inputs=inputs,
-            prompt_tokens=len(ids),
-            image_tokens=image_tokens,
-            tiles=tiles,
-            views=tuple(views),
+            model_inputs=inputs, prompt_tokens=len(ids), image_tokens=image_tokens, tiles=tiles, views=tuple(views)
         )
 
     def embed_prompt(self, model: Any, prepared: PreparedInputs) -> torch.Tensor | None:
-        """Token embeddings with the page's vision features scattered into its image placeholders (as the model's
-        own forward does)."""
+        """Token embeddings with the page's vision features in its image placeholders (as the model's forward)."""
         inputs = prepared.model_inputs
         vision = model.model.get_image_features(
             inputs["pixel_values"], inputs.get("pixel_values_local"), inputs.get("num_local_patches"), return_dict=True
@@ -234,30 +221,12 @@ class DeepseekOcr2Adapter(ModelAdapter):
     def batch_vision_blocker(self, model: Any) -> str | None:
         return None
 
-    def analytic_costs(
-        self, model: Any, prepared: PreparedInputs, new_tokens: int, dtype_bytes: int
-    ) -> Mapping[str, StageCost] | None:
-        """Analytic FLOPs and bytes of this image's stages (llm_perf_opt.analytic), from the model's config."""
-        from llm_perf_opt.analytic import ModelSpec, stage_costs
-
-        return stage_costs(ModelSpec.from_config(model.config), self._workload(prepared, new_tokens, dtype_bytes))
-
-    def analytic_batch_costs(
-        self,
-        model: Any,
-        batch: Sequence[PreparedInputs],
-        new_tokens: int,
-        dtype_bytes: int,
-        experts_hit: float | None = None,
-    ) -> Mapping[str, StageCost] | None:
+    def analytic_spec(self, model: Any) -> ModelSpec:
         from llm_perf_opt.analytic import ModelSpec
-        from llm_perf_opt.analytic.model import batch_stage_costs
 
-        workloads = [self._workload(prepared, new_tokens, dtype_bytes) for prepared in batch]
-        return batch_stage_costs(ModelSpec.from_config(model.config), workloads, experts_hit)
+        return ModelSpec.from_config(model.config)
 
-    def _workload(self, prepared: PreparedInputs, new_tokens: int, dtype_bytes: int) -> Workload:
-        """The analytic workload of one prepared image (its views and prompt)."""
+    def analytic_workload(self, prepared: PreparedInputs, new_tokens: int, dtype_bytes: int) -> Workload:
         from llm_perf_opt.analytic import Workload
 
         sides = {kind: h for kind, h, _ in prepared.views}

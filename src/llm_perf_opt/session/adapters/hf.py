@@ -1,16 +1,12 @@
-"""Any Hugging Face causal LM or image-text-to-text model, by configuration (`model=hf`).
-
-Where the model comes from: :mod:`hf_source` (checkpoint folder, preset or config.json). Which models it can
-drive: :mod:`hf_arch`. Inputs: :mod:`hf_inputs` (text prompts from the dataset for text models; an image and
-`prompt.text` through the checkpoint's processor for image-text-to-text models). Vision sub-stages of an
-image-text-to-text model are the configured `vision_stage_modules`, or the vision tower and projector found by name.
-"""
+"""Any Hugging Face causal LM or image-text-to-text model, by configuration (`model=hf`): text prompts from the
+dataset for text models; an image and `prompt.text` through the checkpoint's processor for image-text-to-text models,
+whose vision sub-stages are the configured `vision_stage_modules` or the vision tower and projector found by name."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
@@ -44,15 +40,8 @@ VISION_TOWER_NAMES = ("vision_tower", "visual", "vision_model", "vision_encoder"
 PROJECTOR_NAMES = ("multi_modal_projector", "mm_projector", "connector", "vision_projection")
 _PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
 _ARCH_KEYS = (
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "intermediate_size",
-    "vocab_size",
-    "max_position_embeddings",
-    "tie_word_embeddings",
+    *("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim"),
+    *("intermediate_size", "vocab_size", "max_position_embeddings", "tie_word_embeddings"),
 )
 
 if TYPE_CHECKING:
@@ -95,9 +84,8 @@ class HfPreprocess:
 class HfAdapter(ModelAdapter):
     """Stages: prefill and decode; for image-text-to-text models also the vision tower and projector."""
 
-    # The static analysis report (analytic-report) models DeepSeek-OCR only; dense decoder-only models still get
+    # has_analytic_model stays False: analytic-report models DeepSeek-OCR only; dense decoder-only models still get
     # analytic bytes (and MBU) through :meth:`analytic_costs`.
-    has_analytic_model: ClassVar[bool] = False
 
     def __init__(self, settings: ModelSettings) -> None:
         super().__init__(settings)
@@ -138,7 +126,7 @@ class HfAdapter(ModelAdapter):
         self.seed_random_weights()
         try:
             with torch.device(device):
-                model = arch.auto_class.from_config(source.config, dtype=dtype, **self.implementation_kwargs())
+                model = arch.auto_class.from_config(source.config, dtype=dtype, **self.settings.implementation_kwargs())
         except (ValueError, KeyError) as exc:  # a config transformers takes but its model classes refuse
             raise UserError(
                 f"transformers cannot build a model from {source.config_source} ({type(exc).__name__}: "
@@ -153,7 +141,7 @@ class HfAdapter(ModelAdapter):
         tokenizer, how = self._tokenizer_or_processor()
         try:
             model = self.arch.auto_class.from_pretrained(
-                folder, local_files_only=True, dtype=dtype, **self.implementation_kwargs()
+                folder, local_files_only=True, dtype=dtype, **self.settings.implementation_kwargs()
             )
         except (OSError, ValueError, KeyError, RuntimeError) as exc:
             raise UserError(
@@ -277,8 +265,7 @@ class HfAdapter(ModelAdapter):
         return out
 
     def embed_prompt(self, model: nn.Module, prepared: PreparedInputs) -> torch.Tensor | None:
-        """Text models: the prompt's token embeddings. Image-text-to-text models merge vision inside their own
-        forward (each family its own way), so they return None."""
+        """Text models: the prompt's token embeddings (others merge vision inside their own forward: None)."""
         if self.input_kind != TEXT:
             return None
         get_embeddings: Any = model.get_input_embeddings
@@ -295,8 +282,7 @@ class HfAdapter(ModelAdapter):
         return None if spec is None else stage_costs(spec, prepared.prompt_tokens, new_tokens, dtype_bytes)
 
     def analytic_module_roots(self, model: nn.Module) -> Mapping[str, str]:
-        """The dense analytic model's names ("layers.0.mlp.down_proj", "lm_head") live under the text model: the
-        shallowest module holding `embed_tokens`."""
+        """The dense analytic model's names live under the shallowest module holding `embed_tokens`."""
         if self.input_kind != TEXT:
             return {}
         paths = [name for name, _ in model.named_modules()]

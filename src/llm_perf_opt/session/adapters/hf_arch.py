@@ -1,10 +1,8 @@
 """Which Hugging Face models the generic adapter can drive, and through which auto class.
 
-Drivable: decoder-only models that `AutoModelForImageTextToText` (with a vision config: they take an image and
-text) or `AutoModelForCausalLM` (text only) builds, whose forward names what the explicit prefill/decode loop
-passes (`attention_mask`, the KV cache as `cache` or, before transformers 5.24, `past_key_values`,
-`logits_to_keep`; `use_cache` may go through **kwargs). Anything
-else is refused with a :class:`UserError` before a single weight is built.
+Drivable: decoder-only models that `AutoModelForImageTextToText` (with a vision config) or `AutoModelForCausalLM`
+builds, whose forward names what the explicit prefill/decode loop passes (`use_cache` may go through **kwargs).
+Anything else is refused with a :class:`UserError` before a single weight is built.
 """
 
 from __future__ import annotations
@@ -42,10 +40,7 @@ class HfArchitecture:
 def classify(config: Any) -> HfArchitecture:
     """The architecture the generic adapter drives for `config`, or a UserError saying why it cannot."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
-    from transformers.models.auto.modeling_auto import (
-        MODEL_FOR_CAUSAL_LM_MAPPING,
-        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING,
-    )
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
 
     model_type = str(getattr(config, "model_type", "?"))
     what = f"model type {model_type!r} ({type(config).__name__})"

@@ -27,8 +27,8 @@ def stand_in_ids(text: str, vocab_size: int, bos_token_id: int | None) -> list[i
 
 
 def text_ids(text: str, tokenizer: Any, *, chat_template: bool) -> list[int]:
-    """`text` tokenized with the model's special tokens, or wrapped in its chat template (generation prompt
-    included) when `chat_template` is set and the tokenizer has one."""
+    """`text` tokenized with the model's special tokens, or in its chat template (with the generation prompt) when
+    `chat_template` is set and the tokenizer has one."""
     if chat_template and getattr(tokenizer, "chat_template", None):
         encoded = tokenizer.apply_chat_template(
             [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=True
@@ -67,8 +67,7 @@ def image_inputs(
                 "Set model.preprocess.chat_template=true to place the image with the processor's chat template",
             )
         text = f"{token}\n{prompt}"
-    out = processor(images=image.convert("RGB"), text=text, return_tensors="pt")
-    inputs = dict(out)
+    inputs = dict(processor(images=image.convert("RGB"), text=text, return_tensors="pt"))
     input_ids = inputs["input_ids"]
     pixel_values = inputs.get("pixel_values")
     views: tuple[tuple[str, int, int], ...] = ()
@@ -76,9 +75,5 @@ def image_inputs(
         views = (("image", int(pixel_values.shape[-2]), int(pixel_values.shape[-1])),) * int(pixel_values.shape[0])
     image_tokens = int((input_ids == image_token_id).sum()) if image_token_id is not None else 0
     return PreparedInputs(
-        model_inputs=inputs,
-        prompt_tokens=int(input_ids.shape[-1]),
-        image_tokens=image_tokens,
-        tiles=0,
-        views=views,
+        model_inputs=inputs, prompt_tokens=int(input_ids.shape[-1]), image_tokens=image_tokens, tiles=0, views=views
     )

@@ -1,9 +1,8 @@
 """Where a generic Hugging Face model comes from: a local checkpoint folder, a shipped preset or a config.json.
 
-`model.name_or_path` (a checkpoint folder: its weights) and `model.config` (a preset name from
-`conf/model_presets/`, or a config.json / a folder holding one: random weights) are exclusive. Tokenizer and
-processor files come from the checkpoint folder, the config's folder, or `model.tokenizer`. Local files only.
-"""
+`model.name_or_path` (a checkpoint folder) and `model.config` (a preset from `conf/model_presets/` or a config.json:
+random weights) are exclusive. Tokenizer and processor files come from the checkpoint folder, the config's folder,
+or `model.tokenizer`. Local files only."""
 
 from __future__ import annotations
 

@@ -29,8 +29,7 @@ Target = tuple[torch.device, torch.dtype]  # where, and in which dtype, the view
 
 
 def preprocess_target(setting: str, device: torch.device, dtype: torch.dtype) -> Target | None:
-    """Where `prepare` makes the views for the run's `device` and `dtype`: None for PIL on the host; a UserError
-    when the setting asks for the GPU and the run has none."""
+    """Where `prepare` makes the views for the run's `device` and `dtype` (None: PIL on the host)."""
     if setting == "cpu":
         return None
     if device.type != "cuda":

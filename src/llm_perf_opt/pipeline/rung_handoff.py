@@ -4,8 +4,8 @@ A rung's last seconds use no device (the profiler's CPU-only post-processing, wr
 of an eager rung on the H100, 2026-11-27), and the next rung's first seconds judge nothing (starting, the model
 build, the FLOP count). Here the two overlap, and nothing that is timed or judged does:
 
-- the rung creates its `released` file (`release`) right after the profiled pass's device work (after the energy
-  pass, whose idle window the post-processing is, where one follows), and only where a second rung of its size
+- the rung creates its `released` file (`release`) right after the profiled pass's device work (or after the
+  energy pass where one follows: the post-processing is its idle window), and only where a second rung of its size
   fits beside it (device memory, or host memory on a CPU);
 - the what-if run then starts the next rung on that device, and creates the previous rung's `exited` file once
   that process has ended;

@@ -1,12 +1,12 @@
 """Data parallel over GPUs, combined: pages/s of N processes, each timing its own pages on its own GPU at once.
 
-Pure functions over records. Every process records each timed forward on the wall clock (`PassWindow`); the
-**common window** runs from the latest first-pass start to the earliest last-pass end, the time in which every
-process was timing. Each process's pages in the window are its forwards' inputs, a forward cut by an edge of the
-window counted pro rata by the share of its time inside it; its rate is those pages over the window's length, and
-the **combined pages/s** is the sum of the rates: the pages all GPUs finished together per second of the window.
-The **scaling efficiency** is the combined rate over N times the single-GPU rate of the same workload (pages over
-the span of its timed passes, first start to last end, measured the same way).
+Every process records each timed forward on the wall clock (`PassWindow`); the **common window** runs from the latest
+first-pass start to the earliest last-pass end, the time in which every process was timing. Each process's pages in the
+window are its forwards' inputs, a forward cut by an edge of the window counted pro rata by the share of its time inside
+it; its rate is those pages over the window's length, and the **combined pages/s** is the sum of the rates: the pages
+all GPUs finished together per second of the window. The **scaling efficiency** is the combined rate over N times the
+single-GPU rate of the same workload (pages over the span of its timed passes, first start to last end, measured the
+same way).
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ Span = tuple[float, float]
 
 @attrs.frozen
 class ShardRun:
-    """One process as the combination reads it: its figures (those of the window not yet set) and its timed
-    forwards on the wall clock."""
+    """One process as the combination reads it: its figures (the window's not yet set) and its timed forwards."""
 
     figures: ShardFigures
     windows: tuple[PassWindow, ...] = ()
@@ -67,10 +66,8 @@ def span_rate(windows: Sequence[PassWindow]) -> float | None:
 def single_gpu_from_run(folder: str, windows: Sequence[PassWindow], p50_pages_per_s: float | None) -> SingleGpu | None:
     """The single-GPU rate of a Stage 1 run folder: its pages over its timed span; its p50 pages/s per pass where
     it recorded no wall-clock times (a folder of an older release); None when it has neither."""
-    rate = span_rate(windows)
-    if rate is not None:
-        span = timed_span(windows)
-        assert span is not None
+    rate, span = span_rate(windows), timed_span(windows)
+    if rate is not None and span is not None:
         pages = sum(w.inputs for w in windows)
         return SingleGpu(rate, f"run folder {folder}: {pages} pages over its timed passes' {span[1] - span[0]:,.2f} s")
     if p50_pages_per_s is None:
@@ -133,8 +130,7 @@ def combine(
     single: SingleGpu | None = None,
     workload: str | None = None,
 ) -> DataParallelSummary:
-    """The data-parallel summary of `processes` processes from their runs (in any order): each one's pages/s in
-    the common window, their sum, and the efficiency against `single` (see the module docstring)."""
+    """The data-parallel summary of `processes` processes from their runs (in any order; see the module docstring)."""
     ordered = sorted(runs, key=lambda r: r.figures.shard)
     checked = [
         r if r.windows or not r.figures.ok
@@ -142,7 +138,7 @@ def combine(
         for r in ordered
     ]  # fmt: skip
     done = [r for r in checked if r.figures.ok]
-    spans = [timed_span(r.windows) for r in done]
+    spans = [span for r in done if (span := timed_span(r.windows)) is not None]  # all of them: ok runs have windows
     figures = [
         attrs.evolve(r.figures, timed_from_s=span[0], timed_to_s=span[1], passes=len(r.windows))
         if (span := timed_span(r.windows)) is not None
@@ -155,10 +151,9 @@ def combine(
     problem = _problem(processes, checked, done)
     if problem is not None:
         return attrs.evolve(summary, problem=problem)
-    known = [s for s in spans if s is not None]
-    window = common_window(known)
+    window = common_window(spans)
     if window is None:
-        return attrs.evolve(summary, problem=_no_overlap(done, known))
+        return attrs.evolve(summary, problem=_no_overlap(done, spans))
     start, end = window
     by_shard = {r.figures.shard: r.windows for r in done}
     in_window = [

@@ -50,8 +50,7 @@ def job_figures(metrics: Stage1Metrics) -> JobFigures:
 
 
 def throughput_latency(jobs: Sequence[SweepJob], keys: Sequence[str]) -> tuple[ThroughputPoint, ...]:
-    """Per-input against aggregate decode tokens/s of each summarised job, by batch size; empty unless the sweep
-    varies run.batch_size."""
+    """Per-input against aggregate decode tokens/s of each summarised job by batch size (empty unless it is swept)."""
     if BATCH_SIZE_KEY not in keys:
         return ()
     points = [
@@ -75,9 +74,7 @@ def throughput_latency(jobs: Sequence[SweepJob], keys: Sequence[str]) -> tuple[T
 def swept_keys(jobs: Sequence[SweepJob]) -> list[str]:
     """Override keys whose value differs between jobs (those with readable overrides), in first-seen order."""
     known = [job.overrides for job in jobs if job.overrides is not None]
-    keys: list[str] = []
-    for overrides in known:
-        keys.extend(k for k in overrides if k not in keys)
+    keys = dict.fromkeys(k for overrides in known for k in overrides)
     return [k for k in keys if len({overrides.get(k, ABSENT) for overrides in known}) > 1]
 
 

@@ -1,17 +1,13 @@
 """Compare run folders of `stage1-run` and `stage2-profile` side by side, against the first one as baseline.
 
-Each folder is read as typed records (`records.folders`), so this needs neither a GPU nor torch. Folders that
-cannot be compared (missing, unfinished, damaged, another schema) are skipped with the reason; runs are compared
-only with runs of the same kind (Stage 1 with Stage 1, Stage 2 with Stage 2). The figures come from
-`measure.comparison`, the Markdown from `report.comparison`; `compare.json` next to `compare.md` holds the record.
-`--fail-on` rules (`gate_rules`) are judged by `measure.gate` into the record's `gate`; two `perf-whatif` folders
-are compared rung by rung (`pair_rungs`).
+Folders are read as typed records (no GPU, no torch); those that cannot be compared (missing, unfinished, damaged,
+another schema) are skipped with the reason, and runs are compared only with runs of the same stage. `--fail-on`
+rules (`gate_rules`) are judged by `measure.gate`; two `perf-whatif` folders are compared rung by rung.
 
-A gate passes only when every rule was judged on two usable, distinct folders. A folder the gate was to judge that is
-failed, interrupted, still running, missing or damaged, or the same run as another (the same folder, or a copy:
-the same run id and start time), makes its result *unusable* (`GATE_EXIT_CODES`: exit 4); when no pair is left to
-compare at all, `UnusableFolders` says why (exit 4, nothing written). Without rules, such folders are skipped as
-before (exit 2 when fewer than two are left).
+A gate passes only when every rule was judged on two usable, distinct folders: a folder it was to judge that did not
+complete, is missing or damaged, or is the same run as another (the same folder, or a copy: the same run id and
+start time) makes it *unusable* (exit 4); with no pair left at all, `UnusableFolders` says why (exit 4, nothing
+written). Without rules such folders are skipped (exit 2 when fewer than two are left).
 """
 
 from __future__ import annotations
@@ -27,7 +23,7 @@ from llm_perf_opt.measure.comparison import Run, build_comparison, union
 from llm_perf_opt.measure.gate import figures_for, gate, workload_differences
 from llm_perf_opt.pipeline.gate_rules import resolve
 from llm_perf_opt.records import io
-from llm_perf_opt.records.common import COMPLETE, SCHEMA_VERSION
+from llm_perf_opt.records.common import COMPLETE, SCHEMA_VERSION, RunStatus
 from llm_perf_opt.records.comparison import (
     GATE_EXIT_CODES,
     GATE_UNUSABLE,
@@ -64,6 +60,15 @@ class UnusableFolders(UserError):
     exit_code = GATE_EXIT_CODES[GATE_UNUSABLE]
 
 
+NOT_FINISHED = "no metrics.json (not a finished stage1-run or stage2-profile folder)"
+
+
+def _not_complete(status: RunStatus) -> str:
+    """`marked <state>, not complete`, with what the status says of why."""
+    detail = status_detail(status)
+    return f"marked {status.state or 'with no state'}, not complete" + (f": {detail}" if detail else "")
+
+
 def _no_pair(problem: str, fix: str, options: GateOptions | None) -> UserError:
     """The error for folders that leave nothing to compare: exit 4 (the gate is unusable) with rules, else 2."""
     return UnusableFolders(problem, fix) if options is not None and options.rules else UserError(problem, fix)
@@ -78,17 +83,13 @@ def load_run(path: Path) -> Run | Skipped:
         return Skipped(path, "not a folder")
     has_metrics = (path / METRICS_FILE).is_file()
     if not (path / STATUS_FILE).is_file():
-        if not has_metrics:
-            return Skipped(path, "no metrics.json (not a finished stage1-run or stage2-profile folder)")
-        return Skipped(path, "no run_status.json, so the run is not marked complete")
+        return Skipped(path, "no run_status.json, so the run is not marked complete" if has_metrics else NOT_FINISHED)
     try:
         status = read_status(path)
         if status.state != COMPLETE:  # before metrics.json: a run killed hard wrote none, its status says why
-            detail = status_detail(status)
-            tail = f": {detail}" if detail else ""
-            return Skipped(path, f"the run is marked {status.state or 'with no state'}, not complete{tail}")
+            return Skipped(path, f"the run is {_not_complete(status)}")
         if not has_metrics:
-            return Skipped(path, "no metrics.json (not a finished stage1-run or stage2-profile folder)")
+            return Skipped(path, NOT_FINISHED)
         folder = load(path)
     except RecordError as exc:
         return Skipped(path, skip_reason(exc, path))
@@ -98,8 +99,7 @@ def load_run(path: Path) -> Run | Skipped:
 
 
 def same_run(a: Run, b: Run) -> str | None:
-    """How `b` is the same run as `a` (the same folder, or a copy: the same run id and start time); None when
-    they are different runs."""
+    """How `b` is the same run as `a` (the same folder, or a copy: the same run id and start time), else None."""
     if a.path.resolve() == b.path.resolve():
         return f"the same folder as {a.path}"
     ma, mb = a.folder.metrics, b.folder.metrics
@@ -109,8 +109,7 @@ def same_run(a: Run, b: Run) -> str | None:
 
 
 def load_runs(paths: Sequence[Path]) -> tuple[list[Run], list[Skipped]]:
-    """Usable runs (labels made unique) and skipped folders (a run given twice is skipped the second time), in the
-    order given."""
+    """Usable runs (labels made unique) and skipped folders (a run given twice is skipped the second time)."""
     runs: list[Run] = []
     skipped: list[Skipped] = []
     for path in paths:
@@ -174,8 +173,7 @@ def judge(runs: Sequence[Run], skipped: Sequence[Skipped], options: GateOptions)
 
 
 def compared(runs: Sequence[Run], skipped: Sequence[Skipped], options: GateOptions | None = None) -> Comparison:
-    """The comparison of usable `runs`, with the gate when `options` give rules (unusable when a folder was
-    skipped: the gate was asked to judge it)."""
+    """The comparison of usable `runs`, with the gate when `options` give rules."""
     result = build_comparison(runs, skipped)
     if options is not None and options.rules:
         result = attrs.evolve(result, gate=judge(runs, skipped, options))
@@ -184,10 +182,7 @@ def compared(runs: Sequence[Run], skipped: Sequence[Skipped], options: GateOptio
 
 def compare(paths: Sequence[Path], options: GateOptions | None = None) -> Comparison:
     """The comparison of the run folders in `paths` (the first usable one of each kind is the baseline), judged by
-    the `--fail-on` rules of `options` when it gives some.
-
-    Raises UserError when no kind has two usable runs (UnusableFolders, exit 4, when `options` give rules).
-    """
+    the rules of `options`; UserError when no kind has two usable runs (UnusableFolders with rules)."""
     runs, skipped = load_runs(paths)
     if not _comparable(runs):
         found = "; ".join(f"{r.path} ({KINDS[r.kind]})" for r in runs) or "none"
@@ -244,14 +239,11 @@ def refuse_overwrites(files: Sequence[Path], out: Path | str) -> None:
 
 
 # --------------------------------------------------------------------------------------------- what-if folders
-
-
 WHATIF_STAGE = "whatif"  # the stage of a perf-whatif folder's run_status.json
 
 
 def is_whatif(path: Path) -> bool:
-    """Whether `path` is a `perf-whatif` folder: it holds whatif.json, or a run status of a what-if run (one that
-    ended before it wrote whatif.json)."""
+    """Whether `path` holds whatif.json, or the run status of a what-if run (one that ended before writing it)."""
     path = Path(path)
     if (path / WHATIF_FILE).is_file():
         return True
@@ -282,22 +274,14 @@ def _labels(base: Path, new: Path) -> tuple[str, str]:
 
 def _folder_problem(root: Path) -> str | None:
     """Why a what-if folder cannot be gated: its run_status.json says it did not complete (a folder without one,
-    written before what-if runs kept a status, is taken as its whatif.json says)."""
+    from before what-if runs kept a status, is taken as its whatif.json says)."""
     if not (root / STATUS_FILE).is_file():
         return None
     try:
         status = read_status(root)
     except RecordError as exc:
         return f"{root}: {skip_reason(exc, root)}"
-    if status.state == COMPLETE:
-        return None
-    detail = status_detail(status)
-    return f"{root} is marked {status.state or 'with no state'}, not complete" + (f": {detail}" if detail else "")
-
-
-def _measured(record: WhatIfRecord, name: str) -> bool:
-    rung = record.rung(name)
-    return rung is not None and rung.reused is None and rung.folder is not None and rung.state == MEASURED
+    return None if status.state == COMPLETE else f"{root} is {_not_complete(status)}"
 
 
 def _reused(records: Sequence[WhatIfRecord], name: str) -> bool:
@@ -314,11 +298,10 @@ def pair_rungs(base: Path, new: Path, options: GateOptions | None = None) -> Wha
     problems = [p for p in (_folder_problem(base), _folder_problem(new)) if p]
     for name in names:
         (folder_a, why_a), (folder_b, why_b) = _rung_folder(base, records[0], name), _rung_folder(new, records[1], name)
-        measured_once = not _reused(records, name) and any(_measured(r, name) for r in records)
         if folder_a is None or folder_b is None:
             why = why_a or why_b
             pairs.append(RungPair(name, folder_a, folder_b, None, why))
-            if measured_once:
+            if not _reused(records, name) and (folder_a is not None or folder_b is not None):  # one side measured it
                 problems.append(f"rung {name}: {why}")
             continue
         runs, skipped = load_runs([folder_a, folder_b])

@@ -2,8 +2,7 @@
 (`cuda:0` to `cuda:N-1`; `device=cpu`: N on the CPU), each with `run.shard=K` in `<run>/shard-K/` and its output in
 `<run>/logs/shard-K.log`, then writes `data_parallel.json` and `data_parallel.md` in the run folder. A Hydra
 multirun over `run.shard` (joblib, submitit) gets the same two files in its sweep folder from the sweep callback
-(`summarize_sweep_shards`). The processes meet before their first and after their last timed pass
-(`pipeline.shard`); the figures come from `measure.data_parallel`, the Markdown from `report.data_parallel_report`.
+(`summarize_sweep_shards`). The processes meet before their first and after their last timed pass (`pipeline.shard`).
 
 Rebuild a folder's summary, or print the scaling table of several (`bench/data_parallel.sh`):
 `python -m llm_perf_opt.pipeline.data_parallel <folder> [<folder> ...]`.
@@ -27,7 +26,8 @@ from llm_perf_opt.config_data import CommandConfig
 from llm_perf_opt.errors import UserError
 from llm_perf_opt.measure.data_parallel import ShardRun, combine, single_gpu_from_run
 from llm_perf_opt.override_text import override_key, quoted_override
-from llm_perf_opt.pipeline.shard import SYNC_DIR, data_parallel_count
+from llm_perf_opt.pipeline.rung_forks import ENTRY_MODULE as STAGE1_MODULE
+from llm_perf_opt.pipeline.shard import data_parallel_count
 from llm_perf_opt.records.common import COMPLETE, RUNNING
 from llm_perf_opt.records.data_parallel import DATA_PARALLEL_FILE, DataParallelSummary, ShardFigures, SingleGpu
 from llm_perf_opt.records.folders import STATUS_FILE, Stage1Folder, load, read_status, skip_reason, writer_note
@@ -38,7 +38,6 @@ from llm_perf_opt.report.data_parallel_report import data_parallel_markdown, sca
 log = logging.getLogger("llm_perf_opt.data_parallel")
 
 SUMMARY_MD = "data_parallel.md"
-STAGE1_MODULE = "llm_perf_opt.cli.stage1"  # each process's entry point (the same interpreter as this one)
 SHARD_PREFIX = "shard-"
 LOGS_DIR = "logs"
 SHARD_KEY, COUNT_KEY, BASELINE_KEY = "run.shard", "run.data_parallel", "run.data_parallel_baseline"
@@ -86,9 +85,8 @@ def shard_command(
 
 
 def core_shares(setting: object, devices: Sequence[str], visible: Sequence[int]) -> list[str | None]:
-    """Each process's cores as `run.cpu_affinity` (`session.cpu_affinity.shares`) where the run left it at none and
-    the processes run on GPUs: N processes of one host then stop crowding each other's torch threads. A setting of
-    the user's own (auto, or cores) is kept as it is (None for each)."""
+    """Each process's cores as `run.cpu_affinity` where the run left it at none and the processes run on GPUs, so
+    that N processes of one host do not crowd each other's torch threads; None for each to keep the user's setting."""
     from llm_perf_opt.session.cpu_affinity import format_cores, is_off, shares
 
     if not is_off(setting) or not all(d.startswith("cuda") for d in devices):
@@ -99,7 +97,7 @@ def core_shares(setting: object, devices: Sequence[str], visible: Sequence[int])
 
 # ---- reading what the processes did ------------------------------------------------------------------------
 def _status_figures(shard: int, folder: Path, relative: str) -> tuple[ShardFigures, Stage1Metrics | None]:
-    """A process's folder: its figures so far (skipped with the reason where it did not complete) and metrics."""
+    """A process's folder: its figures so far (skipped with the reason where it did not complete), its metrics."""
     figures = ShardFigures(shard=shard, folder=relative, status="unknown")
     if not (folder / STATUS_FILE).is_file():
         return attrs.evolve(figures, skipped_reason="no run_status.json (the process never started its run)"), None
@@ -181,8 +179,8 @@ def summarize_folders(
     single: SingleGpu | None = None,
     problem: str | None = None,
 ) -> DataParallelSummary:
-    """The summary of the processes whose folders are `shards` (shard -> folder under `root`), against the
-    single-GPU rate `single`; `problem`: a reason found before reading them that there is no combined figure."""
+    """The summary of the processes whose folders are `shards` (under `root`) against the single-GPU rate `single`;
+    `problem`: a reason found before reading them that there is no combined figure."""
     runs = [read_shard(shard, folder, root) for shard, folder in sorted(shards.items())]
     words = None
     for folder in shards.values():
@@ -285,17 +283,15 @@ class DataParallelRun:
 
 # ---- a Hydra multirun over run.shard ----------------------------------------------------------------------
 def summarize_sweep_shards(sweep_dir: Path, jobs: Mapping[int, Mapping[str, str] | None]) -> Path | None:
-    """`data_parallel.{json,md}` in a sweep folder whose jobs set `run.shard` (`jobs`: job number -> its overrides);
-    None when no job does."""
+    """`data_parallel.{json,md}` in a sweep folder whose jobs (number -> overrides) set `run.shard`; None: none do."""
     shard_jobs = {num: o for num, o in jobs.items() if o is not None and SHARD_KEY in o}
     if not shard_jobs:
         return None
     shards: dict[int, Path] = {}
     problem = None
     for num, overrides in shard_jobs.items():
-        try:
-            shard = int(overrides[SHARD_KEY])
-        except ValueError:
+        shard = _whole(overrides[SHARD_KEY])
+        if shard is None:
             continue
         if shard in shards:
             problem = f"shard {shard} ran in more than one job: each of the shards must run once"
@@ -330,18 +326,15 @@ def _whole(text: str | None) -> int | None:
 
 def _baseline(overrides: Mapping[str, str]) -> float | str | None:
     value = overrides.get(BASELINE_KEY)
-    if value is None:
-        return None
     try:
-        return float(value)
+        return None if value is None else float(value)
     except ValueError:
         return value
 
 
 # ---- rebuilding a summary, the scaling table -----------------------------------------------------------------
 def resummarize(root: Path) -> DataParallelSummary:
-    """A data-parallel folder's summary written again from its processes' folders (the launcher's `shard-K`, or a
-    sweep's jobs), with the baseline it was first written with."""
+    """A data-parallel folder's summary written again from its processes' folders, with its first baseline."""
     old = load_file(root / DATA_PARALLEL_FILE, DataParallelSummary)
     shards = {f.shard: root / f.folder for f in old.shards}
     runs_problem = None if old.problem is None or not old.problem.startswith("the shard jobs") else old.problem
@@ -366,8 +359,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(scaling_table(summaries))
     return 0
 
-
-__all__ = ["SYNC_DIR", "DataParallelRun", "main", "summarize_sweep_shards"]
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -1,22 +1,18 @@
 """Rung processes forked from a preloaded server: each what-if rung is still its own `stage1-run` process (compiled
-state, CUDA context and allocator isolated), but it starts as a fork of a process that has already imported torch,
-transformers and the pipeline, so it skips the ~13 s of imports a fresh interpreter spends on the project's H100
-machines (2026-11-26: `import llm_perf_opt.pipeline.stage1` 13.7 s, of which transformers ~9 s).
+state, CUDA context and allocator isolated), but forked from a process that has already imported torch, transformers
+and the pipeline, skipping the ~13 s of imports of a fresh interpreter on the project's H100 machines (2026-11-26:
+`import llm_perf_opt.pipeline.stage1` 13.7 s, of which transformers ~9 s).
 
-The server (`python -m llm_perf_opt.pipeline.rung_forks`) imports, checks that no CUDA context exists (a CUDA
-context does not survive a fork), then reads one JSON request per line on stdin and answers on stdout: `{"pid": n}`
-when it forked a rung, `{"exit": [pid, status]}` when one ended. It is single-threaded, so forking is safe. Each
-child starts a session of its own (stopped as a group, like a process started with `start_new_session`), writes to
-its log, sets its environment and calls the `stage1-run` entry point (`main()`) with the rung's arguments.
-
-`ForkServer` is the what-if side: `spawn()` gives a `ForkedRung` with the part of `subprocess.Popen`'s interface
-the rung runner uses (pid, wait with a timeout, send_signal). The what-if run launches the server first thing
-(`StartingServer`), so that its imports overlap the run's own start, and waits for it when the first rung is due.
+The server (`python -m llm_perf_opt.pipeline.rung_forks`) imports, checks that no CUDA context exists (one does not
+survive a fork), then reads one JSON request per line on stdin and answers on stdout (`{"pid": n}` when it forked a
+rung, `{"exit": [pid, status]}` when one ended); it is single-threaded, so forking is safe. Each child leads a session
+of its own (stopped as a group), writes to its log and calls the `stage1-run` entry point with the rung's arguments.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import logging
 import os
@@ -39,9 +35,9 @@ log = logging.getLogger("llm_perf_opt.whatif")
 
 PRELOAD = ("torch", "transformers", "llm_perf_opt.pipeline.stage1", "llm_perf_opt.cli.stage1")
 # Also preloaded when a rung compiles (`--compiles <file>`): what torch.compile imports on its first call, ~3-4 s of a
-# compiled rung's start on the project's H100 machines (2026-11-27); importing them starts no thread and no CUDA.
-# The server imports them after forking the first rung (it said ready without them) and then creates <file>, which
-# that rung waits for before its warm-up passes (`rung_handoff`), so the import costs the run no time.
+# compiled rung's start on the project's H100 machines (2026-11-27), starting no thread and no CUDA. The server
+# imports them after forking the first rung and then creates <file>, which that rung waits for before its warm-up
+# passes (`rung_handoff`), so the import costs the run no time.
 COMPILE_PRELOAD = ("torch._inductor.compile_fx", "torch._inductor.async_compile", "torch._dynamo.backends.inductor")
 COMPILES_FLAG = "--compiles"
 READY = "ready"
@@ -53,8 +49,6 @@ ENTRY_MODULE = "llm_perf_opt.cli.stage1"
 def _serve(argv: Sequence[str] = ()) -> None:
     """Preload, then fork a rung per request until stdin closes; report each fork and each exit on stdout.
     `--compiles <file>`: torch.compile's modules too, once the first rung is forked, then create <file>."""
-    import importlib
-
     # Ctrl-C in a terminal (or its closing, SIGHUP) reaches the whole foreground group: the what-if run stops the
     # rungs itself, and the server must outlive them to report how they ended (it exits when its stdin closes).
     for signum in STOP_SIGNALS:
@@ -104,8 +98,8 @@ def _serve(argv: Sequence[str] = ()) -> None:
 
 @contextlib.contextmanager
 def _cuda_init_watched(torch: Any) -> Iterator[list[str]]:
-    """Where CUDA is first initialised inside the block (`torch._C._cuda_init`'s first caller, its innermost frames),
-    so that a server refused for a CUDA context names the import that made it; the list stays empty while none is."""
+    """Where CUDA is first initialised inside the block (`torch._C._cuda_init`'s innermost callers; empty while it is
+    not), so that a server refused for a CUDA context names the import that made it."""
     seen: list[str] = []
     real = getattr(torch._C, "_cuda_init", None)
     if real is None:
@@ -157,8 +151,6 @@ def _kill_groups(children: set[int]) -> None:
 
 def _preload(modules: Sequence[str], done: Path) -> None:
     """Import `modules` (one that fails is left to the rung that needs it), then create `done`."""
-    import importlib
-
     try:
         for name in modules:
             importlib.import_module(name)
@@ -196,15 +188,11 @@ def _fork(request: Mapping[str, Any]) -> int:
         os.environ.update(request.get("env", {}))
         module = str(request.get("module") or ENTRY_MODULE)
         sys.argv = [module, *request["argv"]]
-        import importlib
-
         importlib.import_module(module).main()  # the console script's entry point
         status = 0
     except SystemExit as stop:
         status = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
     except BaseException:  # noqa: BLE001 - the child reports any failure through its log and exit status
-        import traceback
-
         traceback.print_exc()
         status = 1
     finally:
@@ -249,8 +237,7 @@ class ForkServer:
 
     def __init__(self, process: subprocess.Popen[bytes], compile_preloaded: Path | None = None) -> None:
         self._process = process
-        # the file the server creates once it has imported torch.compile's modules (None: it does not import them),
-        # which the first rung on each device waits for before its warm-up passes
+        # created once the server has imported torch.compile's modules (None: it does not import them)
         self.compile_preloaded = compile_preloaded
         self._lock = threading.Lock()
         self._spawned = threading.Condition(self._lock)
@@ -269,8 +256,8 @@ class ForkServer:
     def spawn(
         self, argv: Sequence[str], log_path: Path, env: Mapping[str, str], module: str = ENTRY_MODULE
     ) -> ForkedRung:
-        """Fork a process that calls `<module>.main()` with `argv` as its arguments (a rung: `stage1-run`'s), its
-        output in `log_path`, with `env` set."""
+        """Fork a process that calls `<module>.main()` with `argv` (a rung: `stage1-run`'s), its output in
+        `log_path`, with `env` set."""
         assert self._process.stdin is not None
         with self._lock:
             self._requests += 1
@@ -330,8 +317,7 @@ class ForkServer:
 
 class StartingServer:
     """A fork server launched and still importing: the what-if run launches it first thing, so that its imports
-    overlap the run's own start (composing and checking every rung's config), and waits for it (`ready`) only when
-    the first rung is due; `cancel` when no rung will be forked."""
+    overlap the run's own start, and waits for it (`ready`) only when the first rung is due."""
 
     def __init__(self, process: subprocess.Popen[bytes], compile_preloaded: Path | None = None) -> None:
         self._process = process
@@ -339,8 +325,7 @@ class StartingServer:
 
     @classmethod
     def launch(cls, *, compiles: bool = False) -> StartingServer:
-        """Start the server process; it imports in the background (`compiles`: a rung will compile, so torch.compile's
-        modules too, once the first rung is forked)."""
+        """Start the server process, importing in the background (`compiles`: torch.compile's modules too)."""
         preloaded = Path(tempfile.mkdtemp(prefix="llm-perf-opt-forks-")) / "compile_preloaded" if compiles else None
         process = subprocess.Popen(
             [sys.executable, "-m", __name__, *([COMPILES_FLAG, str(preloaded)] if preloaded is not None else [])],

@@ -1,20 +1,19 @@
 """Handing a device from one what-if rung to the next before the first has exited (`whatif_run.overlap_rungs`).
 
-A rung's last seconds use no device: the profiler's CPU-only post-processing, writing its records, its exit
-(4-6 s of an eager rung on the H100, 2026-11-27). The next rung's first seconds judge nothing: starting, the model
-build and the FLOP count (untimed). Here the two overlap, and nothing that is timed or judged does:
+A rung's last seconds use no device (the profiler's CPU-only post-processing, writing its records, its exit: 4-6 s
+of an eager rung on the H100, 2026-11-27), and the next rung's first seconds judge nothing (starting, the model
+build, the FLOP count). Here the two overlap, and nothing that is timed or judged does:
 
-- the rung process says it is done with the device by creating its `released` file (`release`): right after the
-  profiled pass's device work where no energy pass follows it (with one, the post-processing is the energy pass's
-  idle window, so after that), and only where a second rung of its size fits beside it (device memory, or host
-  memory on a CPU);
-- the what-if run starts the next rung on that device then, with the previous rung's `exited` file, which it
-  creates once that process has ended;
-- the next rung waits for that file (`wait`) before its first warm-up pass: its compilation, warm-up, timed,
-  memory, energy and profiled passes run with the device and the host to itself, as without the overlap.
+- the rung creates its `released` file (`release`) right after the profiled pass's device work (or after the
+  energy pass where one follows: the post-processing is its idle window), and only where a second rung of its size
+  fits beside it (device memory, or host memory on a CPU);
+- the what-if run then starts the next rung on that device, and creates the previous rung's `exited` file once
+  that process has ended;
+- the next rung waits for that file (`wait`) before its first warm-up pass, so all its passes run with the device
+  and the host to itself.
 
-Both sides meet through two environment variables (not the config, so a rung's config and its hash stay those of
-the workload and its levers); without them `GpuHandoff` does nothing.
+Both sides meet through two environment variables (not the config, so a rung's config and hash stay those of the
+workload and its levers); without them `GpuHandoff` does nothing.
 """
 
 from __future__ import annotations
@@ -60,8 +59,7 @@ class GpuHandoff:
         return cls(Path(released) if released else None, Path(after) if after else None)
 
     def wait(self) -> None:
-        """Wait for `after` (once; at once when there is none): the previous rung on this device has ended, or the
-        fork server has imported torch.compile's modules."""
+        """Wait (once) for `after`: the previous rung on this device has ended, or the fork server's compile preload."""
         if self.after is None or self.waited_s is not None:
             return
         started = time.perf_counter()
@@ -91,24 +89,22 @@ class GpuHandoff:
 
 
 def room_for_another(device: torch.device) -> str | None:
-    """Why a second process of this one's size would not fit beside it (None: it would): on a CUDA device its
-    caching allocator's peak against the device's free memory, on the CPU its peak resident size against the
-    host's available memory."""
-    if device.type == "cuda":
+    """Why a second process of this one's size would not fit beside it (None: it would): its allocator's peak
+    against the device's free memory, or on the CPU its peak resident size against the host's available memory."""
+    if device.type == "cpu":
+        from llm_perf_opt.pipeline.stage1_records import host_peak_rss_bytes  # (imports torch)
+
+        peak = host_peak_rss_bytes()
+        if peak is None:
+            return "this rung's peak resident size is not known on this platform"
+        free = available_host_bytes() or 0
+        what = f"the host has {free / 2**30:.1f} GiB available, this rung's peak was {peak / 2**30:.1f} GiB"
+    elif device.type == "cuda":
         import torch
 
         free, _ = torch.cuda.mem_get_info(device)
         peak = torch.cuda.max_memory_reserved(device)
         what = f"{device} has {free / 2**30:.1f} GiB free, this rung's peak was {peak / 2**30:.1f} GiB"
-    elif device.type == "cpu":
-        from llm_perf_opt.pipeline.stage1_records import host_peak_rss_bytes  # (imports torch)
-
-        free = available_host_bytes() or 0
-        known = host_peak_rss_bytes()
-        if known is None:
-            return "this rung's peak resident size is not known on this platform"
-        peak = known
-        what = f"the host has {free / 2**30:.1f} GiB available, this rung's peak was {peak / 2**30:.1f} GiB"
     else:
         return f"{device.type} devices are handed over only at exit"
     return None if free >= peak + MARGIN_BYTES else what

@@ -1,16 +1,13 @@
 """One process's share of a data-parallel workload (`run.data_parallel` = N, `run.shard` = k): its inputs (every
 N-th from the k-th; all of them when there are fewer inputs than processes) and its two meetings with the other
-processes, so that all of them time at once:
+processes, so that all of them time at once: `ready` before its first timed pass (after build, FLOP count,
+compilation and warm-up), `timed` after its last one, so that no process's memory, energy and profiled passes share
+the host with another's timed ones.
 
-- `ready`: before its first timed pass (after its build, FLOP count, compilation and warm-up), it waits until
-  every process is ready;
-- `timed`: after its last timed pass, before its memory, energy and profiled passes, it waits until every process
-  has finished timing, so that no process's extra passes share the host with another's timed ones.
-
-They meet through files in the folder above the run folder (`<parent>/data_parallel_sync/of-N/`): the data-parallel
-run's own folder for `stage1-run run.data_parallel=N`, the sweep folder for a Hydra multirun (a shared file system
-for a cluster). A process that fails marks every meeting as reached, so no other waits for it; a wait gives up after
-`WAIT_LIMIT_S` with a note, and the combined summary judges whether the processes timed at once.
+They meet through files in `<parent of the run folder>/data_parallel_sync/of-N/` (the data-parallel run's own folder,
+or a multirun's sweep folder: a shared file system for a cluster). A process that fails marks every meeting as
+reached, so no other waits for it; a wait gives up after `WAIT_LIMIT_S` with a note, and the combined summary
+judges whether the processes timed at once.
 """
 
 from __future__ import annotations
@@ -91,10 +88,8 @@ class ShardSync:
             return
         self._mark(phase)
         started = time.monotonic()
-        missing = self._missing(phase)
-        while missing and time.monotonic() - started < limit_s:
+        while (missing := self._missing(phase)) and time.monotonic() - started < limit_s:
             time.sleep(POLL_S)
-            missing = self._missing(phase)
         self.waited[phase] = time.monotonic() - started
         if missing:
             self.note = (

@@ -2,8 +2,7 @@
 
 `SweepSummaryCallback` (registered in conf/stage1.yaml) calls `summarize_sweep` when the multirun ends; rerun it
 by hand with `python -m llm_perf_opt.pipeline.sweep <sweep_dir>`. Each numeric job folder is read as typed records
-(`records.folders.load`) plus its `.hydra/overrides.yaml`; a job that cannot be summarised is listed as skipped.
-The figures come from `measure.sweep`, the Markdown and plot from `report.sweep_report`.
+plus its `.hydra/overrides.yaml`; a job that cannot be summarised is listed as skipped.
 """
 
 from __future__ import annotations
@@ -59,9 +58,7 @@ def read_overrides(job_dir: Path) -> dict[str, str] | None:
         items = read_yaml(job_dir / ".hydra" / "overrides.yaml")
     except RecordError:
         return None
-    if not isinstance(items, list):
-        return None
-    return dict(_override_item(str(item)) for item in items)
+    return dict(_override_item(str(item)) for item in items) if isinstance(items, list) else None
 
 
 def load_job(sweep_dir: Path, job_dir: Path) -> SweepJob:
@@ -77,10 +74,8 @@ def load_job(sweep_dir: Path, job_dir: Path) -> SweepJob:
         return attrs.evolve(job, skipped_reason=skip_reason(exc, job_dir))
     job = attrs.evolve(job, status=status.state, message=status.message or None)
     if status.state != COMPLETE:
-        marked = f"the run is marked {status.state}"
-        if status.state == RUNNING:
-            marked += f" ({writer_note(status)})"
-        return attrs.evolve(job, skipped_reason=f"{marked}, not complete")
+        note = f" ({writer_note(status)})" if status.state == RUNNING else ""
+        return attrs.evolve(job, skipped_reason=f"the run is marked {status.state}{note}, not complete")
     if not (job_dir / METRICS_FILE).is_file():
         return attrs.evolve(job, skipped_reason="no metrics.json")
     try:
@@ -115,13 +110,8 @@ def _summarize(sweep_dir: Path) -> tuple[Path, SweepSummary]:
     # jobs over run.shard: data_parallel.{md,json}, the processes' pages/s combined
     data_parallel = summarize_sweep_shards(sweep_dir, {job.num: job.overrides for job in summary.jobs})
     target = sweep_dir / SUMMARY_MD
-    markdown = sweep_markdown(
-        summary,
-        None if plot is None else plot.name,
-        None if curve is None else curve.name,
-        None if data_parallel is None else data_parallel.name,
-    )
-    target.write_text(markdown, encoding="utf-8")
+    names = [None if path is None else path.name for path in (plot, curve, data_parallel)]
+    target.write_text(sweep_markdown(summary, *names), encoding="utf-8")
     return target, summary
 
 
@@ -141,8 +131,7 @@ class SweepSummaryCallback(Callback):
             return
         print(f"stage1-run sweep: {len(summary.jobs) - len(summary.skipped)} of {len(summary.jobs)} job(s) complete")
         print(target, flush=True)
-        failed = summary.skipped
-        if failed:
+        if failed := summary.skipped:
             listed = ", ".join(f"{job.num} ({job.status})" for job in failed)
             print(
                 f"\nerror: {len(failed)} of {len(summary.jobs)} sweep job(s) did not complete: job {listed}. "

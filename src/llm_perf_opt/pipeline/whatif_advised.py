@@ -1,9 +1,7 @@
-"""`perf-whatif whatif=advised whatif.from_run=<stage1-run folder>`: the levers that folder's advice names
-(`measure.advice.advise`: the first `ADVISED_LEVERS` that set overrides, each with its predicted saving), measured on
-that folder's workload (model, named workload, decode length, runtime settings off their defaults, inputs) by the
-ordinary what-if run; the command line's own overrides come after the folder's, so they win. The folder is checked
-here, before anything starts: a missing, non-folder, unfinished or non-Stage 1 folder, or advice without a lever
-to run, is one paragraph naming the fix."""
+"""`perf-whatif whatif=advised whatif.from_run=<stage1-run folder>`: the levers that folder's advice names (the first
+`ADVISED_LEVERS` that set overrides), measured on that folder's workload (model, named workload, decode length,
+runtime settings off their defaults, inputs) by the ordinary what-if run; the command line's own overrides come
+after the folder's, so they win. The folder is checked before anything starts."""
 
 from __future__ import annotations
 
@@ -30,8 +28,7 @@ EXAMPLE = f"{FROM_RUN}=tmp/stage1/<run_id>"
 
 @attrs.frozen
 class AdvisedPlan:
-    """What `whatif=advised` runs: the folder's workload, the levers its advice names, the advice left out, the
-    goal the best advice serves."""
+    """What `whatif=advised` runs: the folder's workload, the levers its advice names and the advice left out."""
 
     folder: Path
     stage1: Stage1Folder
@@ -55,9 +52,8 @@ class AdvisedPlan:
 
 
 def input_overrides(folder: Stage1Folder) -> tuple[str, ...]:
-    """The inputs the folder ran, as overrides: none where a named workload chose them; else its image folder (not
-    where it was the configured default, an interpolation), its list of files, how many it ran and how it picked
-    them."""
+    """The inputs the folder ran, as overrides (none where a named workload chose them; its image folder only where
+    it was not the configured default, an interpolation)."""
     inputs = folder.inputs
     if folder.metrics.settings.workload_profile or inputs is None or inputs.kind != "image":
         return ()
@@ -110,9 +106,8 @@ def _advice_text(advice: Sequence[Advice]) -> str:
 
 
 def advised_plan(whatif: WhatIfSchema, workload: Sequence[str] | None = None) -> AdvisedPlan | None:
-    """The advised plan of a config's typed `whatif` node; None for a preset other than `advised` (which must not set
-    whatif.from_run). `workload`: the command line's workload overrides, where known: a folder whose model is no
-    shipped config needs them to name it."""
+    """The advised plan of a config's typed `whatif` node; None for another preset (which must not set
+    whatif.from_run). `workload`: the command line's, where known (a model that is no shipped config needs them)."""
     raw = whatif.from_run
     if whatif.name != ADVISED:
         if raw is not None:

@@ -1,11 +1,10 @@
 """Running a what-if phase (the baseline, the levers alone, the ladder) as one Hydra multirun of `stage1-run`
-(`whatif_run.launcher=hydra`), so any Hydra launcher places the rungs: the basic one runs them one after the other,
-joblib spreads them over a machine's GPUs, submitit over a cluster.
+(`whatif_run.launcher=hydra`), so any Hydra launcher places the rungs (basic: one after the other; joblib: over a
+machine's GPUs; submitit: over a cluster).
 
-Each rung's lever overrides become a config `rung_configs/whatif_rung/NN-name.yaml` (`# @package _global_`: values
-as nested keys, config-group choices as `override /group: choice` defaults); the child sweeps
-`+whatif_rung=NN-a,NN-b,…` with the workload on its command line and writes each rung to `rungs/NN-name`, exactly
-where a rung of the local launcher goes, so the folders are read the same way afterwards.
+Each rung's lever overrides become a config `rung_configs/whatif_rung/NN-name.yaml` (values as nested keys, group
+choices as `override /group: choice` defaults); the child sweeps `+whatif_rung=NN-a,NN-b,…` with the workload on its
+command line and writes each rung to `rungs/NN-name`, where a rung of the local launcher goes.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from llm_perf_opt.override_text import override_key, quoted_override
 from llm_perf_opt.pipeline.whatif_rungs import (
     PAST_LIMIT_FIX,
     PAST_LIMIT_MARKED,
+    STAGE1_MODULE,
     RungJob,
     RungOutcome,
     log_tail,
@@ -68,9 +68,8 @@ def runs_in_parallel(overrides: Sequence[str]) -> bool:
 
 
 def rung_config(name: str, levers: Sequence[str], workload: Sequence[str] = ()) -> str:
-    """The YAML of a rung's config (`whatif_rung/<name>.yaml`) holding its lever overrides; NotExpressible when
-    one cannot be written as a config (a deletion, a package, a sweep) or the workload sets the same key (on the
-    child's command line it would win over the rung's config)."""
+    """The YAML of a rung's config (`whatif_rung/<name>.yaml`) holding its lever overrides; NotExpressible when one
+    cannot be written as a config (a deletion, a package, a sweep) or the workload sets the same key."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
@@ -100,10 +99,7 @@ def rung_config(name: str, levers: Sequence[str], workload: Sequence[str] = ()) 
             defaults.append({f"/{key}" if override.is_add() else f"override /{key}": value})
         else:
             _set_nested(values, key.split("."), value)
-    body: dict[str, Any] = {}
-    if defaults:
-        body["defaults"] = [*defaults, "_self_"]
-    body.update(values)
+    body: dict[str, Any] = ({"defaults": [*defaults, "_self_"]} if defaults else {}) | values
     text = yaml.safe_dump(body, sort_keys=False, allow_unicode=True) if body else ""
     return f"# @package _global_\n# {name}: {' '.join(levers) or 'no lever (the workload alone)'}\n{text}"
 
@@ -119,15 +115,15 @@ def _set_nested(tree: dict[str, Any], path: Sequence[str], value: Any) -> None:
 
 
 def phase_command(jobs: Sequence[RungJob], launcher: Sequence[str], configs: Path, sweep_dir: Path) -> list[str]:
-    """The one `stage1-run -m` child of a phase: the workload, the rungs swept as configs, the launcher; with a
-    launcher that runs jobs at once, `device=${llo_job_device:}` unless the workload or a lever sets the device."""
+    """The one `stage1-run -m` child of a phase: the workload, the rungs swept as configs, the launcher, and (for
+    jobs run at once) `device=${llo_job_device:}` unless the workload or a lever sets the device."""
     workload = jobs[0].workload
     sets_device = any(override_key(o) == "device" for job in jobs for o in job.overrides)
     device = [JOB_DEVICE] if runs_in_parallel(launcher) and not sets_device else []
     return [
         sys.executable,
         "-m",
-        "llm_perf_opt.cli.stage1",
+        STAGE1_MODULE,
         "-m",
         "--config-dir",
         str(configs),
@@ -150,8 +146,7 @@ def run_phase(
     timeout_s: float | None,
     on_done: Callable[[RungOutcome], None] | None = None,
 ) -> dict[str, RungOutcome]:
-    """Run a phase's rungs as one Hydra multirun (time limit: `timeout_s` per rung), then read each rung's folder;
-    outcomes by rung name. Ctrl-C/SIGTERM stops the multirun (`whatif_rungs.stop_all`)."""
+    """Run a phase's rungs as one Hydra multirun (time limit: `timeout_s` per rung); outcomes by rung name."""
     if not jobs:
         return {}
     sweep_dir = jobs[0].folder.parent

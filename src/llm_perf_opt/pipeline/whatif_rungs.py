@@ -1,6 +1,5 @@
 """Running what-if rungs: each one a `stage1-run` in its own process (compiled state and the allocator stay
-isolated), one rung per device at a time, its output kept in a log file; what became of it read from its folder.
-(`whatif_hydra.py` runs them through a Hydra launcher instead, with the process handling and folder reading here.)"""
+isolated), one rung per device at a time, its output in a log file; what became of it read from its folder."""
 
 from __future__ import annotations
 
@@ -44,8 +43,7 @@ INDUCTOR_CACHE_DIR = "inductor_cache"  # inductor's cache the rungs share (whati
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 RUN_FOLDER = "run"  # whatif_run.inductor_cache: a folder in the what-if run folder, removed at the end
 USER_FOLDER = "user"  # whatif_run.inductor_cache: <user cache>/llm_perf_opt/inductor, kept between runs
-# The folder states a rung stopped for its time limit is marked failed from: still running, or `interrupted` where
-# it recorded the stop itself (it ran past its limit all the same).
+# The states a rung stopped for its time limit is marked failed from (`interrupted`: it recorded the stop itself)
 PAST_LIMIT_MARKED = (common.RUNNING, common.INTERRUPTED)
 # What a rung or phase stopped for its time limit says to do about it.
 PAST_LIMIT_FIX = "a lever that compiles for minutes, such as max-autotune, needs a higher limit or null"
@@ -53,9 +51,8 @@ PAST_LIMIT_FIX = "a lever that compiles for minutes, such as max-autotune, needs
 
 @attrs.frozen
 class SharedCaches:
-    """What the rungs of one what-if run share: the folder where the first rung saves the random-weights model
-    and the others load it (`model.cache_dir`), and inductor's cache (compiled kernels, FX graphs, autotuning);
-    `owned`: those in the run folder, removed when the run ends."""
+    """What the rungs of one what-if run share: the folder where the first rung saves the random-weights model and
+    the others load it, and inductor's cache; `owned`: those in the run folder, removed when the run ends."""
 
     model_cache: Path | None = None
     inductor_cache: Path | None = None
@@ -83,10 +80,9 @@ class SharedCaches:
 
 def shared_caches(run: WhatIfRunSchema, model: ModelSettings, run_dir: Path) -> SharedCaches:
     """The caches the rungs of the what-if run in `run_dir` share: `whatif_run.reuse_model` (a saved model in
-    `<run>/model_cache`, unless the model has checkpoint weights or `model.cache_dir` is set: that one is used
-    and kept) and `whatif_run.inductor_cache` (user: `~/.cache/llm_perf_opt/inductor`, kept; run:
-    `<run>/inductor_cache`, removed; a folder, kept; null: the environment's `TORCHINDUCTOR_CACHE_DIR` or
-    inductor's default)."""
+    `<run>/model_cache`, unless the model has checkpoint weights or its own `model.cache_dir`) and
+    `whatif_run.inductor_cache` (user: `~/.cache/llm_perf_opt/inductor`; run: `<run>/inductor_cache`, removed; a
+    folder; null: the environment's `TORCHINDUCTOR_CACHE_DIR` or inductor's default)."""
     owned: list[Path] = []
     model_cache = None
     own_weights = model.cache_dir or model.path or model.name_or_path
@@ -110,8 +106,7 @@ def shared_caches(run: WhatIfRunSchema, model: ModelSettings, run_dir: Path) -> 
 @attrs.frozen
 class RungJob:
     """A rung to run: its name, the workload's and the levers' `stage1-run` overrides, its folder and its log;
-    `shared`: overrides the what-if run gives every rung (the saved model's `model.cache_dir`); `env`: environment
-    variables set for its process (inductor's shared cache, `TORCHINDUCTOR_CACHE_DIR`)."""
+    `shared` and `env`: the overrides and environment variables the what-if run gives every rung (`SharedCaches`)."""
 
     name: str
     workload: tuple[str, ...]
@@ -123,8 +118,7 @@ class RungJob:
 
     @property
     def overrides(self) -> tuple[str, ...]:
-        """The child's overrides: the workload and the shared ones first, then the levers' (which win on a key
-        both set)."""
+        """The workload's and the shared overrides, then the levers' (which win on a key both set)."""
         return (*self.workload, *self.shared, *self.levers)
 
 
@@ -168,9 +162,8 @@ def run_process(
     own_group: bool = False,
     env: Sequence[tuple[str, str]] = (),
 ) -> int | None:
-    """Run `command` with its output in `log` to its end (its exit status) or its time limit (None: stopped).
-    `own_group`: in a process group of its own, stopped as a whole (a launcher and the workers it starts); `env`:
-    environment variables set for it."""
+    """Run `command` with its output in `log` to its end (its exit status) or its time limit (None: stopped);
+    `own_group`: in a process group of its own, stopped as a whole (a launcher and the workers it starts)."""
     return _waited(_started(command, log, own_group=own_group, env=env), timeout_s, own_group)
 
 
@@ -192,9 +185,8 @@ def _started(
 @attrs.frozen
 class Handoff:
     """This run's side of a rung's device handoff (`rung_handoff`): the file this run creates once the rung's
-    process has ended; the file the rung creates once it no longer uses its device (None: it keeps it to its end,
-    `whatif_run.overlap_rungs=false`); the file it waits for before its warm-up passes (None: nothing to wait for),
-    the `exited` file of the rung before it on the same device or the fork server's compile preload."""
+    process has ended; the one the rung creates once it no longer uses its device (None: it keeps it to its end,
+    `whatif_run.overlap_rungs=false`); the one it waits for before its warm-up passes (None: none; see `Lane`)."""
 
     exited: Path
     released: Path | None = None
@@ -221,8 +213,8 @@ def _waited(
     released: Path | None = None,
     on_release: Callable[[], None] | None = None,
 ) -> int | None:
-    """A started process's exit status at its end, or None when it ran past `timeout_s` and was stopped;
-    `on_release` is called once `released` exists (the rung handed its device on), while the process still runs."""
+    """A started process's exit status, or None when it ran past `timeout_s` and was stopped; `on_release` is
+    called once `released` exists (the rung handed its device on), while the process still runs."""
     with _LOCK:
         _LIVE[process] = own_group
         stopping = _STOPPING.is_set()
@@ -265,8 +257,7 @@ def run_rung(
     on_release: Callable[[], None] | None = None,
 ) -> RungOutcome:
     """Run one rung to its end (or its time limit) and read what became of it: a fresh interpreter, or forked from
-    the preloaded server `forks` (a session of its own, stopped as a group). With `handoff`, `on_release` is called
-    when the rung hands its device on before it has ended."""
+    the preloaded server `forks` (stopped as a group); `on_release`: called when it hands its device on early."""
     started = time.perf_counter()
     env = (*job.env, *(handoff.env if handoff is not None else ()))
     released = None if handoff is None else handoff.released
@@ -288,9 +279,8 @@ def run_rung(
 
 
 def read_outcome(job: RungJob, returncode: int | None, wall: float | None, *, shared: bool = False) -> RungOutcome:
-    """What became of a rung, from its folder and the exit status of the process that ran it (None: the process
-    was stopped with the what-if run). `shared`: that process ran other rungs too (a Hydra multirun), so its exit
-    status does not judge a rung that completed."""
+    """What became of a rung, from its folder and its process's exit status (None: stopped with the what-if run);
+    `shared`: that process ran other rungs too (a Hydra multirun), so its status does not judge a completed rung."""
     if (job.folder / STATUS_FILE).is_file():
         try:
             status = read_status(job.folder)
@@ -307,8 +297,8 @@ def read_outcome(job: RungJob, returncode: int | None, wall: float | None, *, sh
 
 
 def stopped_outcome(job: RungJob) -> RungOutcome | None:
-    """What became of a rung when the what-if run was stopped (Ctrl-C, SIGTERM) with it in flight or done, read
-    from its folder (an interrupted rung keeps the passes it measured); None when it had not started."""
+    """What became of a rung in flight or done when the what-if run was stopped, read from its folder (an
+    interrupted rung keeps the passes it measured); None when it had not started."""
     if not (job.folder / STATUS_FILE).is_file():
         return None
     return read_outcome(job, None, status_wall_s(job.folder))
@@ -322,8 +312,7 @@ def _unrecorded_end(status: common.RunStatus, returncode: int | None, log: Path)
 
 
 def status_wall_s(folder: Path) -> float | None:
-    """A rung's run from its start to its end as its `run_status.json` records them (seconds; None when either
-    is missing or unreadable)."""
+    """A rung's run from start to end as its `run_status.json` records them (seconds; None: missing, unreadable)."""
     try:
         status = read_status(folder)
     except RecordError:
@@ -338,9 +327,7 @@ def status_wall_s(folder: Path) -> float | None:
 
 def _one_line(message: str | None, log: Path) -> str | None:
     """A run's end message on one line (a traceback's first line), pointing at the log for the rest."""
-    if message is None:
-        return None
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    lines = [line.strip() for line in (message or "").splitlines() if line.strip()]
     if len(lines) <= 1:
         return lines[0] if lines else None
     return f"{lines[0]} … (the whole message: {log})"
@@ -392,8 +379,8 @@ def _stop(process: RungProcess, group: bool = False, first: int = signal.SIGTERM
 
 def forwarded_stop(group: bool) -> int:
     """The signal that stops a rung with the what-if run: the one that stopped the run, so the rung's folder names
-    it; SIGTERM instead of SIGINT for a rung in this run's process group (`group` False), which a terminal's Ctrl-C
-    reached already (a second SIGINT would cut its writing short)."""
+    it; SIGTERM instead of SIGINT for a rung in this run's process group (`group` False), which Ctrl-C reached
+    already (a second SIGINT would cut its writing short)."""
     signum = interrupts.stop_signal()
     return signal.SIGTERM if signum == signal.SIGINT and not group else signum
 
@@ -409,9 +396,8 @@ def stop_all() -> None:
 
 @attrs.frozen
 class Lane:
-    """A device the rungs take one at a time, and the file the next rung on it waits for before its warm-up passes:
-    the `exited` file of the rung that handed it on while still ending, or the fork server's compile preload (None:
-    nothing to wait for)."""
+    """A device the rungs take one at a time, and the file the next rung on it waits for before its warm-up passes
+    (the `exited` file of the rung that handed it on while still ending, or the fork server's compile preload)."""
 
     device: str | None
     after: Path | None = None
@@ -426,9 +412,8 @@ def run_rungs(
     overlap: bool = False,
 ) -> dict[str, RungOutcome]:
     """Run `jobs`, at most one per device at a time (`devices` = [None]: the rungs' own `device` setting, one after
-    the other), each a fresh process or, with `forks`, forked from that preloaded server; outcomes by rung name.
-    `overlap`: a rung that hands its device on before it has ended lets the next one start (`rung_handoff`). The
-    first rung on each device waits before its warm-up passes for the fork server's compile preload, if any."""
+    the other), each a fresh process or forked from `forks`; outcomes by rung name. `overlap`: a rung that hands its
+    device on before it has ended lets the next one start (`rung_handoff`)."""
     _STOPPING.clear()
     free: queue.Queue[Lane] = queue.Queue()
     for device in devices:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from llm_perf_opt.records.sweep import SweepJob, SweepSummary
 from llm_perf_opt.report.markdown import Doc, flops, link, ms, pct
+from llm_perf_opt.report.pyplot import pyplot
 
 
 def _rate(tflops: float | None) -> str:
@@ -90,11 +91,7 @@ def throughput_latency_plot(summary: SweepSummary, target: Path) -> Path | None:
     points = summary.throughput_latency
     if not points:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     xs = [p.aggregate_decode_tokens_per_s for p in points]
     ys = [p.per_input_decode_tokens_per_s for p in points]
     fig, ax = plt.subplots(figsize=(6.4, 4.6))
@@ -126,11 +123,7 @@ def sweep_plot(summary: SweepSummary, target: Path) -> Path | None:
     done = summary.summarised
     if not done:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     series = (
         ("prefill p50", [m.prefill_p50_ms for _, m in done], "#f28e2b"),
         ("decode p50 (all tokens)", [m.decode_p50_ms for _, m in done], "#59a14f"),

@@ -11,6 +11,7 @@ import pytest
 from llm_perf_opt.analytic.workload import MeasuredInput, RunWorkload
 from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.config_compose import compose_config
+from llm_perf_opt.config_data import command_config
 from llm_perf_opt.pipeline.analytic import write_analytic_report, write_analytic_report_for_run
 from llm_perf_opt.records.analytic import (
     REPORT_FILE,
@@ -44,7 +45,7 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for name, overrides in (("v1", ()), ("ocr2", ("model=deepseek_ocr2", "analytic.tiles=2")), ("run", ())):
         art = ArtifactsManager(root / name, stage="analytic")
         art.start(name)
-        cfg = compose_config("analytic", *overrides)
+        cfg = command_config(compose_config("analytic", *overrides))
         if name == "run":
             write_analytic_report_for_run(art, cfg, RUN)
         else:

@@ -19,7 +19,7 @@ import torch
 
 from helpers import stage2_run, stage2_settings
 from llm_perf_opt.config_compose import compose_config
-from llm_perf_opt.config_data import plain, whatif_nodes
+from llm_perf_opt.config_data import command_config, plain, whatif_nodes
 from llm_perf_opt.override_text import quoted_override
 from llm_perf_opt.pipeline.stage1_settings import config_digest
 from llm_perf_opt.pipeline.stage2 import MODEL_CACHE_DIR, workload_argv
@@ -259,7 +259,7 @@ def test_stage2_child_commands_carry_the_run_model_cache(tmp_path: Path) -> None
 
 def _whatif_caches(tmp_path: Path, *overrides: str) -> Any:
     cfg = compose_config("whatif", "model=deepseek_ocr_tiny", *overrides)
-    return shared_caches(whatif_nodes(cfg).whatif_run, cfg.model, tmp_path)
+    return shared_caches(whatif_nodes(cfg).whatif_run, command_config(cfg).model, tmp_path)
 
 
 def test_whatif_rung_commands_carry_the_model_cache_and_inductor_env(tmp_path: Path) -> None:

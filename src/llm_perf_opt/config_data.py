@@ -7,7 +7,6 @@ from typing import Any, TypeVar
 import attrs
 from omegaconf import DictConfig, OmegaConf
 
-from llm_perf_opt.analytic.settings import WorkloadProfile
 from llm_perf_opt.config_compose import register_resolvers
 from llm_perf_opt.config_schema import (
     AnalyticSchema,
@@ -17,6 +16,7 @@ from llm_perf_opt.config_schema import (
     Stage1Nodes,
     TorchProfilerSchema,
     WhatIfNodes,
+    WorkloadProfile,
     node_types,
 )
 from llm_perf_opt.session.model_settings import ModelSettings

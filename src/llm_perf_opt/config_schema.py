@@ -17,10 +17,11 @@ a word or a number.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import Field, dataclass, field, fields, is_dataclass
 from typing import Any, Final, Optional
 
+from llm_perf_opt.errors import UserError
 from llm_perf_opt.records.vocabulary import QUANTIZE_LABELS
 from llm_perf_opt.setting_kinds import (
     Choice,
@@ -733,6 +734,43 @@ class HfModelSchema(ModelSchema):
     #: Image-text-to-text models: vision sub-stage -> submodule path (e.g. {vision: model.vision_tower}), checked
     #: against the model when it is built. null: detected.
     vision_stage_modules: Any = None
+
+
+@dataclass(frozen=True)
+class WorkloadProfile:
+    """A named workload (`conf/workload/*.yaml`, the root `workload_profile` node): its name, the document it prices,
+    the model configs it is for."""
+
+    name: str
+    document: str = ""
+    models: tuple[str, ...] = ()
+
+    @classmethod
+    def from_config(cls, node: Mapping[str, Any] | None) -> WorkloadProfile | None:
+        """From the `workload_profile` node (None when no named workload is selected)."""
+        if not node:
+            return None
+        return cls(
+            name=str(node["name"]),
+            document=str(node.get("document") or ""),
+            models=tuple(str(m) for m in node.get("models") or ()),
+        )
+
+    def check_model(self, model: str) -> None:
+        """Refuse a model this workload is not written for: `model=` on the command line wins over the workload's own
+        and must be one of `workload_profile.models` (the full-size model and its tiny variant)."""
+        if not self.models or model in self.models:
+            return
+        raise UserError(
+            f"workload={self.name} is written for model={' or model='.join(self.models)} (its page, views and decode "
+            f"length are that model's), but this command runs model={model}",
+            f"Leave model= out to run the workload's own model ({self.models[0]}), or choose a workload of "
+            f"conf/workload/ whose workload_profile.models lists {model}",
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """The profile as the records keep it (`workload_profile` of metrics.json and report.json)."""
+        return {"name": self.name, "document": self.document, "models": list(self.models)}
 
 
 #: Each model family's schema, as its config's defaults list names it (registered in the `model` group).

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from llm_perf_opt.config_schema import AnalyticSchema
+from llm_perf_opt.config_schema import AnalyticSchema, WorkloadProfile
 from llm_perf_opt.errors import UserError, require_whole
 from llm_perf_opt.models.deepseek_ocr.preprocess import Mode, mode_from_config
 from llm_perf_opt.records.vocabulary import SUPPORTED_DTYPES_TEXT, dtype_bytes
@@ -95,42 +95,6 @@ class PricedModel:
         if self.modes is None:
             raise ValueError(f"{self.name} is priced by tile count, not by mode")
         return mode_from_config(name, self.modes)
-
-
-@attrs.frozen
-class WorkloadProfile:
-    """A named workload (`conf/workload/*.yaml`): its name, the document it prices, the model configs it is for."""
-
-    name: str
-    document: str = ""
-    models: tuple[str, ...] = ()
-
-    @classmethod
-    def from_config(cls, node: Mapping[str, Any] | None) -> WorkloadProfile | None:
-        """From the `workload_profile` node (None when no named workload is selected)."""
-        if not node:
-            return None
-        return cls(
-            name=str(node["name"]),
-            document=str(node.get("document") or ""),
-            models=tuple(str(m) for m in node.get("models") or ()),
-        )
-
-    def check_model(self, model: str) -> None:
-        """Refuse a model this workload is not written for: `model=` on the command line wins over the workload's own
-        and must be one of `workload_profile.models` (the full-size model and its tiny variant)."""
-        if not self.models or model in self.models:
-            return
-        raise UserError(
-            f"workload={self.name} is written for model={' or model='.join(self.models)} (its page, views and decode "
-            f"length are that model's), but this command runs model={model}",
-            f"Leave model= out to run the workload's own model ({self.models[0]}), or choose a workload of "
-            f"conf/workload/ whose workload_profile.models lists {model}",
-        )
-
-    def as_dict(self) -> dict[str, Any]:
-        """The profile as the records keep it (`workload_profile` of metrics.json and report.json)."""
-        return {"name": self.name, "document": self.document, "models": list(self.models)}
 
 
 @attrs.frozen(kw_only=True)

@@ -45,7 +45,7 @@ class Stage2Settings:
     def from_config(cls, command: CommandConfig) -> Stage2Settings:
         """From the command's settings and its composed config's `stage2`, `pipeline.nsys` and `pipeline.ncu` nodes,
         typed; a bad value is a UserError naming its key."""
-        cfg, nodes, model = command.composed, command.nodes, command.model
+        cfg, nodes = command.composed, command.nodes
         stage2 = group_node(cfg, "stage2", Stage2Schema)
         ncu = group_node(cfg, "pipeline.ncu", NcuSchema)
         mode = _mode(stage2)
@@ -61,7 +61,7 @@ class Stage2Settings:
             # bad runtime.* values fail before nsys, not in its child
             runtime=RuntimeSettings.from_nodes(nodes),
             reuse_model=stage2.reuse_model,
-            own_model=bool(model.cache_dir or model.path or model.name_or_path),
+            own_model=command.model.own_weights,
             whatif_dir=report.whatif_dir,
             stage1_dir=report.stage1_dir if isinstance(report, Stage2ReportSchema) else None,
         )

@@ -85,8 +85,7 @@ def shared_caches(run: WhatIfRunSchema, model: ModelSettings, run_dir: Path) -> 
     folder; null: the environment's `TORCHINDUCTOR_CACHE_DIR` or inductor's default)."""
     owned: list[Path] = []
     model_cache = None
-    own_weights = model.cache_dir or model.path or model.name_or_path
-    if run.reuse_model and not own_weights:
+    if run.reuse_model and not model.own_weights:
         model_cache = run_dir / MODEL_CACHE_DIR
         owned.append(model_cache)
     chosen = run.inductor_cache

@@ -93,6 +93,12 @@ class ModelSettings:
         """`model` itself, or the settings a `model` node gives (scripts and tests that compose a node)."""
         return model if isinstance(model, ModelSettings) else cls.from_config(model)
 
+    @property
+    def own_weights(self) -> bool:
+        """Checkpoint weights (`path`, `name_or_path`) or a saved-model folder of the user's (`cache_dir`): a command
+        that would share a saved model among its child processes uses these instead."""
+        return bool(self.cache_dir or self.path or self.name_or_path)
+
     def implementation_kwargs(self) -> dict[str, Any]:
         """`attn_implementation` / `experts_implementation` where set, for transformers loaders."""
         chosen = (

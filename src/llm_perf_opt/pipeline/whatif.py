@@ -381,8 +381,7 @@ class WhatIfRun:
         # whatif=advised: `command`, `whatif` and `workload` are `whatif_config`'s (whatif.from_run's workload, the
         # command line's on top), `advised` its plan: the levers of the folder's advice
         self.advised = advised
-        self.command = command  # the settings of the composed config, typed and read once by the command
-        self.cfg = command.composed  # saved, and each rung's config composed from it
+        self.command = command  # the settings of the composed config (saved as config.yaml), typed and read once
         self.nodes = command.nodes  # run, runtime, ...
         self.whatif = whatif  # perf-whatif's own typed nodes of `cfg` (whatif, whatif_run), read once by the command
         self.run_id = run_id
@@ -459,7 +458,7 @@ class WhatIfRun:
 
     def _run(self) -> WhatIfRecord:
         devices = self.whatif.whatif_run.devices
-        self.art.write_text(CONFIG_FILE, OmegaConf.to_yaml(self.cfg, resolve=True))
+        self.art.write_text(CONFIG_FILE, OmegaConf.to_yaml(self.command.composed, resolve=True))
         cuda = has_cuda(self.command.device) if devices is None else all(has_cuda(d) for d in devices)
         base = self._plan(BASELINE_NAME, BASELINE, (), (), changes_workload=False)
         alone = [

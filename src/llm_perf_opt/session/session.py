@@ -385,7 +385,8 @@ class InferenceSession:
 
     def traced_hooked_modules(self) -> frozenset[str]:
         """Paths of the modules with forward hooks of their own inside the compiled decoder (the routing recorder's
-        MoE gates): a compiled step guards on how many hooks they have, so more would recompile it. Empty eagerly."""
+        MoE gates; the vision stages' hooked modules are never compiled): a compiled step guards on how many hooks
+        they have, so more would recompile it. Empty for an eager runtime."""
         if self.runtime.compile == "none":
             return frozenset()
         stages = {id(m) for m in self._stage_modules.values()}
@@ -430,7 +431,8 @@ class InferenceSession:
         """Whether this kind of session runs `adapter`'s models (every adapter, for the general session)."""
 
     def with_runtime(self, runtime: RuntimeSettings) -> Self:
-        """A session on the same loaded model under another runtime of its `runtime.quantize` (close the old one)."""
+        """A session on the same loaded model under another runtime (its own caches, compiled steps and hooks; close
+        the one no longer used); `runtime.quantize` must be the loaded model's."""
         return type(self)(self.adapter, self.loaded, self.device, self.dtype, runtime)
 
     def close(self) -> None:

@@ -58,6 +58,8 @@ def test_a_workload_profile_checks_its_model_and_keeps_no_batch_size() -> None:
     with pytest.raises(UserError, match="workload=w is written for model=a or model=a_tiny"):
         profile.check_model("b")
     assert WorkloadProfile.from_config(None) is None
+    with pytest.raises(UserError, match="workload_profile has no name"):
+        WorkloadProfile.from_config({"document": "d"})  # one paragraph, not a KeyError
     node = {
         "name": "b",
         "adapter": "deepseek_ocr2",

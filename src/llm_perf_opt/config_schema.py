@@ -750,6 +750,11 @@ class WorkloadProfile:
         """From the `workload_profile` node (None when no named workload is selected)."""
         if not node:
             return None
+        if not node.get("name"):
+            raise UserError(
+                f"workload_profile has no name ({dict(node)}): a named workload's profile names it",
+                "Select a workload of conf/workload/ with workload=<name>, or give workload_profile.name=<name>",
+            )
         return cls(
             name=str(node["name"]),
             document=str(node.get("document") or ""),

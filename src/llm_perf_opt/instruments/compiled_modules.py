@@ -62,7 +62,6 @@ class CompiledGraph:
     index: int
     node_modules: Mapping[str, str]
     launches: tuple[KernelLaunch, ...] = ()
-    code_path: str | None = None
     note: str = ""
 
 
@@ -117,20 +116,16 @@ class ModuleNames:
         """The module name of Dynamo path `path`; the normalised path itself when no module matches."""
         if path in self._cache:
             return self._cache[path]
-        normal = normalise_module_path(path)
-        parts = normal.split(".") if normal else []
-        found = normal if normal in self._names else None
+        found = normal = normalise_module_path(path)
+        parts = normal.split(".") if normal and normal not in self._names else []
         for i in range(len(parts)):  # the longest suffix of the path that names a module, or one that ends one
-            if found is not None:
-                break
             suffix = ".".join(parts[i:])
             longer = self._by_suffix.get(suffix, [])
-            if suffix in self._names:
-                found = suffix
-            elif len(longer) == 1:
-                found = longer[0]
-        self._cache[path] = normal if found is None else found
-        return self._cache[path]
+            if suffix in self._names or len(longer) == 1:
+                found = suffix if suffix in self._names else longer[0]
+                break
+        self._cache[path] = found
+        return found
 
 
 def common_module(paths: Sequence[str]) -> str:
@@ -409,23 +404,12 @@ class InductorProvenance:
         else:
             seen = {id(m) for m in before}
             code = _wrapper_source([m for m in after if id(m) not in seen])
-        if isinstance(code, str):
-            self.graphs.append(CompiledGraph(index=index, node_modules=modules, note=code))
-            self.notes.append(f"graph {index}: {code}")
-            return
-        launches = parse_wrapper(code[1], modules)
-        note = launches if isinstance(launches, str) else ""
-        self.graphs.append(
-            CompiledGraph(
-                index=index,
-                node_modules=modules,
-                launches=() if isinstance(launches, str) else launches,
-                code_path=code[0],
-                note=note,
-            )
-        )
-        if note:
-            self.notes.append(f"graph {index}: {note}")
+        launches = code if isinstance(code, str) else parse_wrapper(code[1], modules)
+        if isinstance(launches, str):
+            self.graphs.append(CompiledGraph(index=index, node_modules=modules, note=launches))
+            self.notes.append(f"graph {index}: {launches}")
+        else:
+            self.graphs.append(CompiledGraph(index=index, node_modules=modules, launches=launches))
 
 
 # ---- matching the profiler's kernels --------------------------------------------------------------------------

@@ -92,6 +92,7 @@ class NvmlCounter:
 
     def __init__(self, nvml: Any, handle: Any) -> None:
         self.nvml, self.handle = nvml, handle
+        self.error = getattr(nvml, "NVMLError", RuntimeError)  # what NVML's calls raise
 
     @classmethod
     def open(cls, nvml: Any, device: torch.device) -> NvmlCounter:
@@ -107,17 +108,15 @@ class NvmlCounter:
 
     def read_mj(self) -> int:
         """The counter now (mJ since the driver loaded)."""
-        error = getattr(self.nvml, "NVMLError", RuntimeError)
         try:
             return int(self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle))
-        except error as exc:
+        except self.error as exc:
             raise EnergyUnavailable(f"NVML refused the energy counter: {exc}") from None
 
     def close(self) -> None:
-        error = getattr(self.nvml, "NVMLError", RuntimeError)
         try:
             self.nvml.nvmlShutdown()
-        except error as exc:
+        except self.error as exc:
             raise EnergyUnavailable(f"NVML shutdown failed: {exc}") from None
 
 
@@ -259,20 +258,19 @@ class EnergyMeter:
         prepared = [session.prepare(path) for path in paths]
         device = session.device
 
-        def run(tokens: int) -> Callable[[], None]:
+        def synced(work: Callable[[], object]) -> Callable[[], None]:
             def once() -> None:
-                session.generate_batch(prepared, tokens, NullRecorder(device))
+                work()
                 torch.cuda.synchronize(device)
 
             return once
 
-        def decode_loop(section: Callable[[], None]) -> None:
-            def once() -> None:
-                section()
-                torch.cuda.synchronize(device)
+        def run(tokens: int) -> Callable[[], None]:
+            return synced(lambda: session.generate_batch(prepared, tokens, NullRecorder(device)))
 
+        def decode_loop(section: Callable[[], None]) -> None:
             torch.cuda.synchronize(device)
-            self.decode = self._window("decode", once, self.settings.loop_seconds)
+            self.decode = self._window("decode", synced(section), self.settings.loop_seconds)
 
         torch.cuda.synchronize(device)
         try:

@@ -195,19 +195,15 @@ def count_stage_flops(session: CountedSession[P], prepared: P | Sequence[P]) -> 
     with _stage_counters(session.adapter.stage_modules(session.model), vision):
         session.generate_batch(batch, 3, recorder, around_step=around, reference=True)
     prompt_tokens = max(p.prompt_tokens for p in batch)
-    prefill = counters[0]
-    by_module = prefill.get_flop_counts()
     step1, step2 = counters[1].get_total_flops(), counters[2].get_total_flops()
     per_ctx = float(step2 - step1)
-    base = float(step1) - per_ctx * (prompt_tokens + 1)
-    by_op = {str(op): float(n) for op, n in by_module.get("Global", {}).items()}
     return StageFlops(
-        prefill=float(prefill.get_total_flops()),
+        prefill=float(counters[0].get_total_flops()),
         vision=vision,
-        decode_step_base=base,
+        decode_step_base=float(step1) - per_ctx * (prompt_tokens + 1),
         decode_step_per_ctx=per_ctx,
         prompt_tokens=prompt_tokens,
-        by_operator=by_op,
+        by_operator={str(op): float(n) for op, n in counters[0].get_flop_counts().get("Global", {}).items()},
     )
 
 

@@ -172,14 +172,10 @@ def _tensors(obj: object, depth: int = 0) -> Iterator[torch.Tensor]:
 
 def _storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """Bytes of `tensors`, each storage (data pointer) once."""
-    seen: set[int] = set()
-    total = 0
+    by_storage: dict[int, int] = {}
     for t in tensors:
-        if t.data_ptr() in seen:
-            continue
-        seen.add(t.data_ptr())
-        total += t.numel() * t.element_size()
-    return total
+        by_storage.setdefault(t.data_ptr(), t.numel() * t.element_size())
+    return sum(by_storage.values())
 
 
 def cache_bytes(cache: object) -> int:

@@ -233,18 +233,15 @@ def _measured(events: Iterable[FunctionEvent], times: DeviceTimes, name_of: Call
 
 def _aggregate(measured: Iterable[Measured], sort_key: str, details: _Details | None = None) -> tuple[OperatorRow, ...]:
     acc: dict[str, list[float]] = {}
-    for ev, name, (own_device, total_device, self_cpu, total_cpu, flops) in measured:
+    for ev, name, figures in measured:
         row = acc.get(name)
         if row is None:
             row = acc[name] = [0, 0.0, 0.0, 0.0, 0.0, 0.0]
         row[0] += 1
-        row[1] += own_device
-        row[2] += total_device
-        row[3] += self_cpu
-        row[4] += total_cpu
-        row[5] += flops
+        for k, value in enumerate(figures, 1):  # own and total device, self and total host time, FLOPs
+            row[k] += value
         if details is not None:
-            details.add(name, ev, own_device, self_cpu)
+            details.add(name, ev, figures[0], figures[2])
     rows = [
         OperatorRow(
             name=name,
@@ -465,13 +462,13 @@ def _operator_table(
         return _Details(shapes=record_shapes, memory=profile_memory, device=on_cuda, stacks=with_stack)
 
     is_kernel = kernel_filter(everything)  # built once: it reads every event of the pass
-    table_overall = _aggregate(measured, sort_key, details())
+    overall = _aggregate(measured, sort_key, details())
     by_stage = {stage: _aggregate(items, sort_key, details()) for stage, items in by_stage_events.items()}
     kernels = _measured(_kernel_events(everything, is_kernel), times, short_kernel_name)
     written = _write_trace(prof, trace_path) if trace_path is not None else None
     return OperatorTable(
         sort_key=sort_key,
-        overall=table_overall,
+        overall=overall,
         kernels=_aggregate(kernels, "self_device_ms"),
         by_stage=by_stage,
         events=len(events),

@@ -252,13 +252,8 @@ def _launch(kernel: str | None, op: str, nodes: tuple[str, ...], modules: Mappin
     """A launch with its module: an extern call's is its last source node's (the node it computes; the earlier
     ones are inputs inductor folded into it), a fused kernel's the deepest module enclosing all its nodes."""
     known = [modules[n] for n in nodes if n in modules]
+    module = (known[-1] if kernel is None else common_module(known)) if known else None
     spans = len(set(known)) > 1
-    if not known:
-        module = None
-    elif kernel is None:
-        module = known[-1]
-    else:
-        module = common_module(known)
     return KernelLaunch(kernel=kernel, op=op or (kernel or ""), source_nodes=nodes, module=module, spans_modules=spans)
 
 

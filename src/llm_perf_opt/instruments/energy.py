@@ -31,12 +31,7 @@ from llm_perf_opt.records.memory import IDLE_SLEEP, EnergyPass, EnergyWindow
 log = logging.getLogger("llm_perf_opt.energy")
 COUNTER_PERIOD_S = 0.1  # the energy counter's update period (about)
 MIN_WINDOW_S = 10 * COUNTER_PERIOD_S
-WINDOW_SETTING = {  # the setting that sizes each window
-    "idle": "idle_seconds",
-    "prefill": "prefill_seconds",
-    "decode": "loop_seconds",
-    "pass": "loop_seconds",
-}
+WINDOW_SETTING = {"idle": "idle_seconds", "prefill": "prefill_seconds"}  # sizes the window (else loop_seconds)
 
 
 class CompiledShapes(Protocol):

@@ -112,8 +112,8 @@ def _measure(key: str, device: torch.device) -> MeasuredFigure:
     return MeasuredFigure(value=rate.value, unit=rate.unit, method=rate.description, measured=stamp)
 
 
-def _figure(key: str, device: torch.device, cache_dir: Path | None) -> tuple[MeasuredFigure, Path]:
-    """The cached figure `key` of `device`, measured and written to the cache first if absent."""
+def _peak(key: str, device: torch.device, cache_dir: Path | None) -> PeakFigure:
+    """The cached figure `key` of `device` as a peak, measured and written to the cache first if absent."""
     name = torch.cuda.get_device_name(device)
     path = cache_path(name, cache_dir)
     cache = _read_cache(path, name)
@@ -121,17 +121,14 @@ def _figure(key: str, device: torch.device, cache_dir: Path | None) -> tuple[Mea
         cache = attrs.evolve(cache, figures={**cache.figures, key: _measure(key, device)})
         path.parent.mkdir(parents=True, exist_ok=True)
         save(cache, path)
-    return cache.figures[key], path
-
-
-def _peak(figure: MeasuredFigure, dtype_key: str | None, device: torch.device, path: Path) -> PeakFigure:
+    figure = cache.figures[key]
     return PeakFigure(
         value=figure.value,
         unit=figure.unit,
-        dtype_key=dtype_key,
+        dtype_key=None if key == BANDWIDTH_KEY else key,
         source=f"measured on this device: {figure.method}, {figure.measured}, torch {torch.__version__} "
         f"(cached in {path})",
-        device_name=torch.cuda.get_device_name(device),
+        device_name=name,
     )
 
 
@@ -143,13 +140,11 @@ def measured_peak_compute(
     key = compute_dtype_key(dtype, tf32_matmul=tf32_matmul)
     if device.type != "cuda" or key not in _GEMM:
         return None
-    figure, path = _figure(key, device, cache_dir)
-    return _peak(figure, key, device, path)
+    return _peak(key, device, cache_dir)
 
 
 def measured_peak_bandwidth(device: torch.device, *, cache_dir: Path | None = None) -> PeakFigure | None:
     """Achievable B/s of a large device-to-device copy on `device` (measured once, then cached); None off CUDA."""
     if device.type != "cuda":
         return None
-    figure, path = _figure(BANDWIDTH_KEY, device, cache_dir)
-    return _peak(figure, None, device, path)
+    return _peak(BANDWIDTH_KEY, device, cache_dir)

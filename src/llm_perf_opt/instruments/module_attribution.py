@@ -113,9 +113,7 @@ def gpu_launches(
     for k in events:
         if k.device_type != DeviceType.CUDA or not is_kernel(k):
             continue
-        at = launch_at.get(k.id)
-        if at is None:
-            at = op_at.get(getattr(k, "linked_correlation_id", 0) or -1)
+        at = launch_at.get(k.id, op_at.get(getattr(k, "linked_correlation_id", 0) or -1))
         if at is not None:
             ms = (k.time_range.end - k.time_range.start) / 1e3
             short = short_kernel_name(k.name)
@@ -167,9 +165,7 @@ def _stage_table(
         ModuleTime(module=m, calls=calls.get(m, 0), kernels=a.kernels, ms=a.ms, top=a.top())
         for m, a in sorted(rows.items(), key=lambda kv: -kv[1].ms)
     )
-    reason = None
-    if rest.kernels:
-        reason = OUTSIDE if not compiled_used else OUTSIDE + "; inductor's provenance matched none of these"
+    reason = OUTSIDE + ("; inductor's provenance matched none of these" if compiled_used else "")
     return StageModuleTimes(
         stage=stage,
         forwards=forwards,
@@ -177,7 +173,7 @@ def _stage_table(
         rows=table,
         unattributed_ms=rest.ms,
         unattributed_kernels=rest.kernels,
-        unattributed_reason=reason,
+        unattributed_reason=reason if rest.kernels else None,
         methods=methods,
     )
 

@@ -356,9 +356,7 @@ def kernel_activity(
     starts = [span[0] for _, span in order]
     tied: list[KernelSpan] = []
     for k in kernels:
-        at = launch_at.get(k.id)
-        if at is None:
-            at = op_at.get(getattr(k, "linked_correlation_id", 0) or -1)
+        at = launch_at.get(k.id, op_at.get(getattr(k, "linked_correlation_id", 0) or -1))
         i = bisect.bisect_right(starts, at) - 1 if at is not None else -1
         if i >= 0 and at is not None and at <= order[i][1][1]:
             tied.append((order[i][0], k.time_range.start, k.time_range.end))

@@ -3,20 +3,19 @@
 Forward hooks do not fire inside compiled code and kernels replayed from a CUDA graph carry no host context, so the
 mapping comes from inductor itself, in two parts:
 
-1. **Recording while compiling** (:class:`InductorProvenance`). Installed once per process before the first
-   compiled call, it wraps inductor's entry point `torch._inductor.compile_fx.compile_fx`, which TorchDynamo's
-   inductor backend imports at each compile. For every graph it reads the Dynamo (pre-grad) FX graph's
-   `node.meta["nn_module_stack"]` (node name -> innermost module, resolved to a `root.named_modules()` name) and,
-   once inductor returns, the generated wrapper module that compile loaded into `PyCodeCache` (its `call()` lists
-   the kernel launches in order, each after a `# Topologically Sorted Source Nodes: [...]` comment naming the
-   pre-grad nodes it computes). Not `torch._inductor.config.pre_grad_custom_pass`: a custom pass is part of the
-   FX-graph cache key (without `uuid()` it bypasses the cache) and, in torch 2.13's "late" pass timing, does not run
-   on a cache hit. The wrapper sees every Dynamo graph before any cache and changes no config, cache key or generated
-   code; a cache hit (FX-graph or AOTAutograd, this process or an earlier one) still loads the wrapper module, read
-   the same way. Limits: graphs compiled before `install()` are not recorded; a graph whose
-   identical code was already loaded in this process adds no new module and is recorded without launches (with the
-   reason); inductor's CPU (C++) kernels carry no source comment in torch 2.11-2.13, so their launches have no
-   module (only extern calls do on CPU).
+1. **Recording while compiling** (:class:`InductorProvenance`). Installed once per process before the first compiled
+   call, it wraps inductor's entry point `torch._inductor.compile_fx.compile_fx`, which TorchDynamo's inductor backend
+   imports at each compile. For every graph it reads the Dynamo (pre-grad) FX graph's `node.meta["nn_module_stack"]`
+   (node name -> innermost module, resolved to a `root.named_modules()` name) and, once inductor returns, the generated
+   wrapper module that compile loaded into `PyCodeCache` (its `call()` lists the kernel launches in order, each after a
+   `# Topologically Sorted Source Nodes: [...]` comment naming the pre-grad nodes it computes). Not
+   `torch._inductor.config.pre_grad_custom_pass`: a custom pass is part of the FX-graph cache key (without `uuid()` it
+   bypasses the cache) and, in torch 2.13's "late" pass timing, does not run on a cache hit. The wrapper sees every
+   Dynamo graph before any cache and changes no config, cache key or generated code; a cache hit (FX-graph or
+   AOTAutograd, this process or an earlier one) still loads the wrapper module, read the same way. Limits: graphs
+   compiled before `install()` are not recorded; a graph whose identical code was already loaded in this process adds no
+   new module and is recorded without launches (with the reason); inductor's CPU (C++) kernels carry no source comment
+   in torch 2.11-2.13, so their launches have no module (only extern calls do on CPU).
 2. **Matching** (:func:`match_kernels`, pure): the profiler's kernels of one execution of a graph, in start
    order, against the parsed launch order. Inductor-named kernels (`triton_…`, `cpp_…`) are anchors; the
    kernels between two anchors belong to the extern calls (cuBLAS, cutlass, aten) between them: one to one when

@@ -49,7 +49,6 @@ class EnergyCounter(Protocol):
 
     def read_mj(self) -> int:
         """The energy used since the driver loaded, in millijoules."""
-        ...
 
 
 class EnergySession(MeasuredSession[P], Protocol[P]):
@@ -61,7 +60,6 @@ class EnergySession(MeasuredSession[P], Protocol[P]):
     def repeat_decode(self, repeater: Callable[[Callable[[], None]], None]) -> AbstractContextManager[None]:
         """Within the block, `repeater` gets each pass's decode section to run again over the same prompt; a pass
         whose KV cache cannot rewind raises DecodeNotRepeatable."""
-        ...
 
 
 class EnergyUnavailable(Exception):

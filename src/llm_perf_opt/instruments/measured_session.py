@@ -28,12 +28,10 @@ class PreparedInput(Protocol):
     @property
     def prompt_tokens(self) -> int:
         """The whole prompt's length (text and image placeholders)."""
-        ...
 
     @property
     def model_inputs(self) -> Mapping[str, object]:
         """The model's keyword inputs (tensors, and plain values such as the crop grid)."""
-        ...
 
 
 P = TypeVar("P", bound=PreparedInput)  # the prepared input of one kind of session
@@ -48,12 +46,9 @@ class MeasuredSession(Protocol[P]):
     @property
     def routing(self) -> RoutingRecorder | None:
         """The MoE routing recorder (None: not recorded); a pass outside the timed ones makes it forget itself."""
-        ...
 
     def prepare(self, input_path: Path) -> P:
         """One input, preprocessed and on the device (its `prompt_tokens`: the prompt's length)."""
-        ...
 
     def generate_batch(self, batch: Sequence[P], max_new_tokens: int, recorder: StageRecorder) -> object:
         """One pass over the prepared inputs, its stages recorded by `recorder`."""
-        ...

@@ -34,7 +34,6 @@ class DecoderConfigs(Protocol):
 
     def decoder_config(self, model: torch.nn.Module) -> Any:
         """The text decoder's transformers config (None: none to read)."""
-        ...
 
 
 class MemorySession(MeasuredSession[P], Protocol[P]):
@@ -51,7 +50,6 @@ class MemorySession(MeasuredSession[P], Protocol[P]):
 
     def observe_cache(self, observer: Callable[[object], None]) -> AbstractContextManager[None]:
         """Within the block, `observer` sees each pass's KV cache when it is made and after the prefill."""
-        ...
 
 
 class AllocatorState(Protocol):
@@ -59,11 +57,9 @@ class AllocatorState(Protocol):
 
     def read(self) -> tuple[int, int, int, int]:
         """(allocated, reserved, peak allocated, peak reserved) since the last reset, in bytes."""
-        ...
 
     def reset(self) -> None:
         """Reset the peaks to the current values."""
-        ...
 
 
 @attrs.frozen

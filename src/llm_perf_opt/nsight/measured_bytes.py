@@ -58,9 +58,7 @@ def instance_costs(workload: Stage1Metrics, stage_bytes: Mapping[str, float] | N
     batched: its vision sub-stages then hold every input's), `decode/step` per step (from Stage 1's `decode` row).
     Bytes are the efficiency rows' unless `stage_bytes` (per row stage, over the timed forwards) replaces them.
     Empty without timed forwards or analytic bytes."""
-    forwards = workload.forwards
-    passes = len(forwards)
-    steps = sum(len(f.decode_step_ms) for f in forwards)
+    passes, steps = len(workload.forwards), sum(len(f.decode_step_ms) for f in workload.forwards)
     moved = stage_bytes or {}
     out: dict[str, InstanceCost] = {}
     for row in workload.efficiency:

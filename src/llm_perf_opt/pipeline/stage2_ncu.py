@@ -26,22 +26,15 @@ log = logging.getLogger("llm_perf_opt.stage2")
 NSYS_SQLITE = "nsys/report.sqlite"
 
 
+@attrs.define
 class NcuPasses:
     """Nsight Compute over one Stage 2 folder's workload, its targets read from the folder's nsys export."""
 
-    def __init__(
-        self,
-        settings: Stage2Settings,
-        tools: ToolRuns,
-        art: ArtifactsManager,
-        user_overrides: Sequence[str],
-        model_cache: Path | None,
-    ) -> None:
-        self.settings = settings
-        self.tools = tools
-        self.art = art
-        self.user_overrides = user_overrides
-        self.model_cache = model_cache
+    settings: Stage2Settings
+    tools: ToolRuns
+    art: ArtifactsManager
+    user_overrides: Sequence[str]
+    model_cache: Path | None
 
     def run(self, ncu: Tool) -> None:
         """Nsight Compute in one process per measure, each over the workload's CUDA profiler window (its first

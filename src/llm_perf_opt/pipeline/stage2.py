@@ -76,9 +76,8 @@ __all__ = [
 
 
 class Stage2Run:
-    """One `stage2-profile` invocation over one run folder: its settings (read once by the command), then the
-    schedule (`execute`): Nsight Systems over the Stage 1 workload, Nsight Compute on
-    its hottest kernels, the reports."""
+    """One `stage2-profile` invocation over one run folder: its settings (read once by the command), then the schedule
+    (`execute`): Nsight Systems over the Stage 1 workload, Nsight Compute on its hottest kernels, the reports."""
 
     def __init__(
         self,

@@ -65,10 +65,7 @@ class ToolRuns:
             run = run_tool(argv, timeout_s=timeout_s, log_path=self.art.path(log_rel))
         self.art.record(log_rel)
         done = CapturedToolRun(
-            argv=tuple(argv),
-            returncode=run.returncode,
-            seconds=time.perf_counter() - started,
-            timed_out=run.timed_out,
+            argv=tuple(argv), returncode=run.returncode, seconds=time.perf_counter() - started, timed_out=run.timed_out
         )
         self.note(runs={**self.capture.runs, key: done})
         if check:

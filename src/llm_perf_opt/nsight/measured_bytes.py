@@ -175,12 +175,9 @@ def measured_rows(
     names = [n for n in sums if not (bytes_pass.stage == vocab.DECODE and n == vocab.DECODE)]
     rows = []
     for name in names:
-        got = sums[name]
-        measured = got.dram_bytes
-        cost = costs.get(name)
-        analytic = cost.bytes if cost else None
-        flops = cost.flops if cost else None
-        seconds = got.duration_s
+        got, cost = sums[name], costs.get(name)
+        measured, seconds = got.dram_bytes, got.duration_s
+        analytic, flops = (cost.bytes, cost.flops) if cost else (None, None)
         measured_mbu = analytic_mbu = None
         if bandwidth is not None and seconds > 0:
             _, measured_mbu = utilization(measured, seconds, bandwidth)

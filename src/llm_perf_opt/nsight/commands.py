@@ -49,9 +49,7 @@ def nsys_profile_argv(
     if capture_range:
         trigger = capture_range if "@" in capture_range else f"{capture_range}@{domain}"
         argv += ["--capture-range=nvtx", f"--nvtx-capture={trigger}", "--capture-range-end=stop"]
-    argv += [str(a) for a in extra]
-    argv += ["--force-overwrite=true", "-o", str(output_base)]
-    return argv + [str(a) for a in workload]
+    return [*argv, *map(str, extra), "--force-overwrite=true", "-o", str(output_base), *map(str, workload)]
 
 
 def nsys_stats_argv(nsys: Path, report_path: Path, reports: Sequence[str], output_base: Path) -> list[str]:
@@ -143,9 +141,7 @@ def ncu_argv(
         argv += ["--section", section]
     if metrics:
         argv += ["--metrics", ",".join(metrics)]
-    argv += [str(a) for a in extra]
-    argv += ["-f", "-o", str(output_base)]
-    return argv + [str(a) for a in workload]
+    return [*argv, *map(str, extra), "-f", "-o", str(output_base), *map(str, workload)]
 
 
 def ncu_bytes_argv(

@@ -81,10 +81,8 @@ class SampledRate:
 
     def integral(self, intervals: Sequence[tuple[int, int]]) -> float:
         """Seconds at 100% over the union of `intervals` ([start, end) in ns, in any order, may overlap)."""
-        if self.times_ns.size < 2:
-            return 0.0
         merged = merge_intervals(intervals)
-        if not merged:
+        if self.times_ns.size < 2 or not merged:
             return 0.0
         bounds = np.asarray(merged, dtype=np.float64)
         at = np.interp(bounds, self.times_ns, self.cumulative)  # linear between samples: the rate is constant there

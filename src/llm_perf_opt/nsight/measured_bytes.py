@@ -58,9 +58,7 @@ def instance_costs(workload: Stage1Metrics, stage_bytes: Mapping[str, float] | N
     batched: its vision sub-stages then hold every input's), `decode/step` per step (from Stage 1's `decode` row).
     Bytes are the efficiency rows' unless `stage_bytes` (per row stage, over the timed forwards) replaces them.
     Empty without timed forwards or analytic bytes."""
-    forwards = workload.forwards
-    passes = len(forwards)
-    steps = sum(len(f.decode_step_ms) for f in forwards)
+    passes, steps = len(workload.forwards), sum(len(f.decode_step_ms) for f in workload.forwards)
     moved = stage_bytes or {}
     out: dict[str, InstanceCost] = {}
     for row in workload.efficiency:
@@ -177,12 +175,9 @@ def measured_rows(
     names = [n for n in sums if not (bytes_pass.stage == vocab.DECODE and n == vocab.DECODE)]
     rows = []
     for name in names:
-        got = sums[name]
-        measured = got.dram_bytes
-        cost = costs.get(name)
-        analytic = cost.bytes if cost else None
-        flops = cost.flops if cost else None
-        seconds = got.duration_s
+        got, cost = sums[name], costs.get(name)
+        measured, seconds = got.dram_bytes, got.duration_s
+        analytic, flops = (cost.bytes, cost.flops) if cost else (None, None)
         measured_mbu = analytic_mbu = None
         if bandwidth is not None and seconds > 0:
             _, measured_mbu = utilization(measured, seconds, bandwidth)

@@ -123,18 +123,16 @@ def _nvtx_entries(cell: str, lead_fields: int) -> list[tuple[str | None, str]]:
     return out
 
 
-def _nvtx_range(cell: str, lead_fields: int) -> str | None:
-    """Innermost range of ncu's NVTX cell (see :func:`_nvtx_entries`)."""
-    entries = _nvtx_entries(cell, lead_fields)
-    return entries[-1][1] if entries else None
+def _nvtx_lead(column: str) -> int:
+    """The `lead_fields` of an NVTX column (1: push/pop ranges, 2: start/stop ranges), 0 for any other column."""
+    return 1 if "Push/Pop_Range" in column else 2 if "Start/Stop_Range" in column else 0
 
 
 def nvtx_stack(table: Table, row: Sequence[str], domain: str) -> tuple[str, ...]:
     """The NVTX ranges of `domain` open around a launch, outermost first (push/pop ranges, then start/stop)."""
     stack: list[str] = []
     for column in table.header:
-        lead = 1 if "Push/Pop_Range" in column else 2 if "Start/Stop_Range" in column else 0
-        if lead:
+        if lead := _nvtx_lead(column):
             stack.extend(name for dom, name in _nvtx_entries(row[table.index[column]], lead) if dom == domain)
     return tuple(stack)
 
@@ -193,11 +191,7 @@ class Table:
         return None if number is None else number * self.scales[at]
 
     def first(self, row: Sequence[str], columns: Sequence[str]) -> float | None:
-        for column in columns:
-            value = self.value(row, column)
-            if value is not None:
-                return value
-        return None
+        return next((v for column in columns if (v := self.value(row, column)) is not None), None)
 
 
 @attrs.define
@@ -278,22 +272,17 @@ def check_width(table: Table, row: Sequence[str], number: int, source: str) -> N
 
 
 def _elapsed_cycles(table: Table, row: Sequence[str], unit: str, duration_s: float) -> float | None:
-    cycles = table.value(row, f"{unit}__cycles_elapsed.avg")
-    if cycles is not None:
+    if (cycles := table.value(row, f"{unit}__cycles_elapsed.avg")) is not None:
         return cycles
-    for prefix in (unit, "smsp", "sm", "gpc"):
-        hz = table.value(row, f"{prefix}__cycles_elapsed.avg.per_second")
-        if hz is not None:
-            return hz * duration_s
-    return None
+    hz = table.first(row, [f"{prefix}__cycles_elapsed.avg.per_second" for prefix in (unit, "smsp", "sm", "gpc")])
+    return None if hz is None else hz * duration_s
 
 
 def _tensor_flops(table: Table, row: Sequence[str], duration_s: float) -> float | None:
     """Tensor-core FLOPs from `sm__ops_path_tensor_src_*` (counts, else per-cycle rates x elapsed cycles)."""
     by_src: dict[str, dict[tuple[bool, bool], list[str]]] = {}
     for column in table.header:
-        match = _TENSOR_RE.match(column)
-        if match:
+        if match := _TENSOR_RE.match(column):
             kinds = by_src.setdefault(match["src"], {})
             kinds.setdefault((bool(match["rate"]), bool(match["sparsity"])), []).append(column)
     total, found = 0.0, False
@@ -355,11 +344,10 @@ def _launch(table: Table, row: list[str], number: int, source: str) -> _Launch:
             f"{source}: launch {number} ({function_name(full)}) has no DRAM byte counts",
             f"Collect them: add {DRAM_READ} and {DRAM_WRITE} to pipeline.ncu.metrics",
         )
-    nvtx: str | None = None
-    for column, lead in ((c, 1) for c in table.header if "Push/Pop_Range" in c):
-        nvtx = nvtx or _nvtx_range(row[table.index[column]], lead)
-    for column, lead in ((c, 2) for c in table.header if "Start/Stop_Range" in c):
-        nvtx = nvtx or _nvtx_range(row[table.index[column]], lead)
+    # the innermost range of the first NVTX column that has one, push/pop columns before start/stop ones
+    columns = sorted((lead, at) for at, column in enumerate(table.header) if (lead := _nvtx_lead(column)))
+    innermost = (_nvtx_entries(row[at], lead) for lead, at in columns)
+    nvtx = next((entries[-1][1] for entries in innermost if entries), None)
     return _Launch(
         name=function_name(full),
         full_name=full,

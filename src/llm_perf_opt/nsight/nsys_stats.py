@@ -65,10 +65,7 @@ def parse_stats_csv(text: str) -> list[dict[str, Any]]:
     if begin is None:
         return []
     end = next((i for i in range(begin, len(lines)) if not lines[i].strip()), len(lines))
-    table = list(csv.reader(io.StringIO("\n".join(lines[begin:end]))))
-    if not table:
-        return []
-    header, body = table[0], table[1:]
+    header, *body = csv.reader(io.StringIO("\n".join(lines[begin:end])))  # lines[begin] is not blank: a header
     columns = [_column([row[i] if i < len(row) else "" for row in body]) for i in range(len(header))]
     return [{name: columns[i][r] for i, name in enumerate(header)} for r in range(len(body))]
 
@@ -76,11 +73,9 @@ def parse_stats_csv(text: str) -> list[dict[str, Any]]:
 def _column(cells: list[str]) -> list[Any]:
     """The cells of one column, as ints or floats when every non-empty one is such a number."""
     filled = [c.strip() for c in cells if c.strip()]
-    if not filled:
-        return list(cells)
-    if all(_INT.fullmatch(c) for c in filled):
+    if filled and all(_INT.fullmatch(c) for c in filled):
         return [int(c) if c.strip() else None for c in cells]
-    if all(_FLOAT.fullmatch(c) for c in filled):
+    if filled and all(_FLOAT.fullmatch(c) for c in filled):
         return [float(c) if c.strip() else None for c in cells]
     return list(cells)
 

@@ -399,15 +399,11 @@ class NsysTrace:
             first.setdefault(name, (int(metric), int(gpu)))
         if len(first) < len(names):
             return None
+        sql = f"SELECT timestamp, value FROM {GPU_METRICS_TABLE} WHERE metricId = ? AND typeId = ? ORDER BY timestamp"
         rates = []
         for name in names:
-            metric, gpu = first[name]
-            rows = self._conn.execute(
-                f"""SELECT timestamp, value FROM {GPU_METRICS_TABLE}
-                    WHERE metricId = ? AND typeId = ? ORDER BY timestamp""",
-                (metric, gpu),
-            ).fetchall()
-            rates.append(SampledRate.from_samples([r[0] for r in rows], [float(r[1]) for r in rows]))
+            rows = self._conn.execute(sql, first[name]).fetchall()
+            rates.append(SampledRate.from_samples([t for t, _ in rows], [float(v) for _, v in rows]))
         return rates[0], rates[1]
 
     def kernel_count(self) -> int:

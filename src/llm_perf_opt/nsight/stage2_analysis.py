@@ -45,7 +45,6 @@ from llm_perf_opt.records.stage2 import (
     SampledDram,
     SampledDramRow,
     Stage2Metrics,
-    StageGpuTime,
     StageRow,
     ToolRunResult,
 )
@@ -134,37 +133,28 @@ class Stage2Analysis:
     # ---- per stage ----------------------------------------------------------------------------------------------
     def stage_rows(self) -> tuple[StageRow, ...]:
         """Every NVTX stage of the trace with Stage 1's time, FLOPs and bytes, and MFU/MBU on GPU busy time."""
-        stage1, flops, moved = self.stage1_ms(), self.stage_flops(), self.stage_bytes()
+        stage1, stage_flops, stage_bytes = self.stage1_ms(), self.stage_flops(), self.stage_bytes()
         peak, bandwidth = self.compute_peak(), self.bandwidth_peak()
-        return tuple(
-            self._stage_row(st, stage1.get(st.stage), flops.get(st.stage), moved.get(st.stage), peak, bandwidth)
-            for st in self.trace.stage_times()
-        )
-
-    @staticmethod
-    def _stage_row(
-        st: StageGpuTime,
-        stage1_ms: float | None,
-        flops: float | None,
-        moved: float | None,
-        peak: PeakFigure | None,
-        bandwidth: PeakFigure | None,
-    ) -> StageRow:
-        busy_s = st.gpu_busy_ms / 1e3
-        achieved = mfu = mbu = None
-        if flops and busy_s > 0:
-            achieved, mfu = utilization(flops, busy_s, peak)
-        if moved and busy_s > 0 and bandwidth is not None:
-            _, mbu = utilization(moved, busy_s, bandwidth)
-        return StageRow(
-            **attrs.asdict(st),
-            stage1_cuda_event_ms=stage1_ms,
-            flops=flops,
-            achieved_tflops_on_busy_time=None if achieved is None else achieved / 1e12,
-            mfu_on_busy_time=mfu,
-            bytes=moved,
-            mbu_on_busy_time=mbu,
-        )
+        rows = []
+        for st in self.trace.stage_times():
+            busy_s, flops, moved = st.gpu_busy_ms / 1e3, stage_flops.get(st.stage), stage_bytes.get(st.stage)
+            achieved = mfu = mbu = None
+            if flops and busy_s > 0:
+                achieved, mfu = utilization(flops, busy_s, peak)
+            if moved and busy_s > 0 and bandwidth is not None:
+                _, mbu = utilization(moved, busy_s, bandwidth)
+            rows.append(
+                StageRow(
+                    **attrs.asdict(st),
+                    stage1_cuda_event_ms=stage1.get(st.stage),
+                    flops=flops,
+                    achieved_tflops_on_busy_time=None if achieved is None else achieved / 1e12,
+                    mfu_on_busy_time=mfu,
+                    bytes=moved,
+                    mbu_on_busy_time=mbu,
+                )
+            )
+        return tuple(rows)
 
     @staticmethod
     def analysed_stages(rows: tuple[StageRow, ...]) -> tuple[str, ...]:

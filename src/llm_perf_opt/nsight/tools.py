@@ -287,11 +287,6 @@ def _log_contains(log_path: Path, token: bytes) -> bool:
     return False
 
 
-def _timeout_key(argv: Sequence[str]) -> str | None:
-    tool = Path(argv[0]).name if argv else ""
-    return next((f"{_CONFIG_KEY[name]}.timeout_s" for name in TOOL_NAMES if tool.startswith(name)), None)
-
-
 def check_run(run: ToolRun, what: str) -> None:
     """Raise a UserError when `run` timed out, exited non-zero, or lacked GPU counter permission."""
     if _log_contains(run.log_path, _PERM_TOKEN):
@@ -302,7 +297,8 @@ def check_run(run: ToolRun, what: str) -> None:
             f"`--cap-add SYS_ADMIN` (docker run); details: {_PERM_URL}",
         )
     if run.timed_out:
-        key = _timeout_key(run.argv)
+        tool = Path(run.argv[0]).name if run.argv else ""
+        key = next((f"{_CONFIG_KEY[name]}.timeout_s" for name in TOOL_NAMES if tool.startswith(name)), None)
         budget = f"raise {key}" if key else "raise the time budget"
         raise UserError(
             f"{what} did not finish in time and was stopped after {run.seconds:.0f} s (log: {run.log_path}); "

@@ -76,9 +76,8 @@ __all__ = [
 
 
 class Stage2Run:
-    """One `stage2-profile` invocation over one run folder: its settings (read once by the command), then the
-    schedule (`execute`): Nsight Systems over the Stage 1 workload, Nsight Compute on
-    its hottest kernels, the reports."""
+    """One `stage2-profile` invocation over one run folder: its settings (read once by the command), then the schedule
+    (`execute`): Nsight Systems over the Stage 1 workload, Nsight Compute on its hottest kernels, the reports."""
 
     def __init__(
         self,
@@ -117,13 +116,10 @@ class Stage2Run:
             self.tools.save()
             self.art.finish(artifacts.INTERRUPTED, f"{interrupts.cause(stop)}; exports so far were kept")
             raise
-        except UserError as exc:
-            self.tools.save()
-            self.art.finish(artifacts.FAILED, str(exc))
-            raise
         except Exception as exc:
             self.tools.save()
-            self.art.finish(artifacts.FAILED, f"{type(exc).__name__}: {exc}")
+            why = str(exc) if isinstance(exc, UserError) else f"{type(exc).__name__}: {exc}"
+            self.art.finish(artifacts.FAILED, why)
             raise
         finally:
             remove_model_cache(self.model_cache)
@@ -203,21 +199,19 @@ class Stage2Run:
         sqlite_path = self.art.path(NSYS_SQLITE)
         export = commands.nsys_export_sqlite_argv(nsys.path, report, sqlite_path)
         timed("nsys_export", export, "nsys/export.log", options.timeout_s, "nsys export (sqlite)")
-        names = list(picked)
-        if names:  # CPU work on the export, beside Nsight Compute's runs: `_capture` waits for it
+        if picked:  # CPU work on the export, beside Nsight Compute's runs: `_capture` waits for it
             self._stats = background.submit(
                 timed,
                 "nsys_stats",
-                commands.nsys_stats_argv(nsys.path, sqlite_path, names, self.art.path("nsys/stats/report")),
+                commands.nsys_stats_argv(nsys.path, sqlite_path, picked, self.art.path("nsys/stats/report")),
                 "nsys/stats/stats.log",
                 options.timeout_s,
                 "nsys stats",
                 background=True,
             )
-        workload_dir = run_dir / "workload" / "nsys"
-        for name in (INPUTS_FILE,):
-            if (workload_dir / name).is_file():
-                self.art.write_text(name, (workload_dir / name).read_text())
+        inputs = run_dir / "workload" / "nsys" / INPUTS_FILE
+        if inputs.is_file():
+            self.art.write_text(INPUTS_FILE, inputs.read_text())
 
 
 def workload_models(run_dir: Path, targets: NcuTargets | None) -> dict[str, WorkloadModel]:
@@ -310,9 +304,9 @@ def run_started(run_dir: Path) -> str | None:
 
 def _recorded_budget(run_dir: Path) -> TimeBudget | None:
     """The time budget of the run that wrote the folder's metrics.json (a rebuild keeps it), or None."""
-    if not (run_dir / METRICS_FILE).is_file():
-        return None
     path = run_dir / METRICS_FILE
+    if not path.is_file():
+        return None
     try:
         recorded = read_json(path)
         budget = recorded.get("time_budget") if isinstance(recorded, dict) else None

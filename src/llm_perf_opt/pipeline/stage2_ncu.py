@@ -26,22 +26,15 @@ log = logging.getLogger("llm_perf_opt.stage2")
 NSYS_SQLITE = "nsys/report.sqlite"
 
 
+@attrs.define
 class NcuPasses:
     """Nsight Compute over one Stage 2 folder's workload, its targets read from the folder's nsys export."""
 
-    def __init__(
-        self,
-        settings: Stage2Settings,
-        tools: ToolRuns,
-        art: ArtifactsManager,
-        user_overrides: Sequence[str],
-        model_cache: Path | None,
-    ) -> None:
-        self.settings = settings
-        self.tools = tools
-        self.art = art
-        self.user_overrides = user_overrides
-        self.model_cache = model_cache
+    settings: Stage2Settings
+    tools: ToolRuns
+    art: ArtifactsManager
+    user_overrides: Sequence[str]
+    model_cache: Path | None
 
     def run(self, ncu: Tool) -> None:
         """Nsight Compute in one process per measure, each over the workload's CUDA profiler window (its first
@@ -117,10 +110,8 @@ class NcuPasses:
     def bytes_pass(self, ncu: Tool, stages: Sequence[str]) -> tuple[NcuBytesPass, ...]:
         """The bytes pass: one ncu process over every kernel of the profiler window (the ncu workload's prefill,
         vision sub-stages included, and its middle decode step), duration and DRAM bytes only; one record per
-        stage, each pointing at the shared export.
-
-        A failed or empty pass is recorded with its reason and the capture goes on (the other figures stand).
-        """
+        stage, each pointing at the shared export. A failed or empty pass is recorded with its reason and the capture
+        goes on (the other figures stand)."""
         options = self.settings.ncu
         folder, workload = "ncu/bytes", "workload/ncu-bytes"
         argv = commands.ncu_bytes_argv(
@@ -163,11 +154,9 @@ class NcuPasses:
         return decode_bytes_window(steps, self.settings.ncu_workload.max_new_tokens)
 
     def _profile(self, ncu: Tool, key: str, folder: str, argv: list[str], what: str, *, check: bool = True) -> str:
-        """Run ncu (`argv`, writing `<folder>/report.ncu-rep`) and export its raw page to `<folder>/raw.csv`.
-
-        Returns "" when the export is there, else why not: no report (the filters matched nothing), or, with
-        `check` off, how ncu failed (with it on, a failure raises a UserError).
-        """
+        """Run ncu (`argv`, writing `<folder>/report.ncu-rep`) and export its raw page to `<folder>/raw.csv`; "" when
+        the export is there, else why not: no report (the filters matched nothing), or, with `check` off, how ncu
+        failed (with it on, a failure raises a UserError)."""
         run = self.tools.timed(key, argv, f"{folder}/profile.log", self.settings.ncu.timeout_s, what, check=check)
         if run.timed_out or run.returncode != 0:
             how = "timed out" if run.timed_out else f"exited with code {run.returncode}"

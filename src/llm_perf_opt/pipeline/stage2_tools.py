@@ -58,17 +58,17 @@ class ToolRuns:
     ) -> ToolRun:
         """Run a tool, its command in its folder's cmd.txt and its run in the capture; `background`: from the
         background thread (no progress bar: the foreground step has it)."""
-        self._note_command(str(Path(log_rel).with_name("cmd.txt")), argv)
+        # the folder's cmd.txt gains the command: every command run there, in order (nsys/: profile, then export)
+        cmd_rel = str(Path(log_rel).with_name("cmd.txt"))
+        earlier = self.art.path(cmd_rel).read_text() if cmd_rel in self.art.written else ""
+        self.art.write_text(cmd_rel, earlier + commands.shell_line(argv) + "\n")
         log.info("%s: %s", what, commands.shell_line(argv)[:200])
         started = time.perf_counter()
         with nullcontext() if background else self.feedback.step(what, part=key.replace("_", " ")):
             run = run_tool(argv, timeout_s=timeout_s, log_path=self.art.path(log_rel))
         self.art.record(log_rel)
         done = CapturedToolRun(
-            argv=tuple(argv),
-            returncode=run.returncode,
-            seconds=time.perf_counter() - started,
-            timed_out=run.timed_out,
+            argv=tuple(argv), returncode=run.returncode, seconds=time.perf_counter() - started, timed_out=run.timed_out
         )
         self.note(runs={**self.capture.runs, key: done})
         if check:
@@ -78,8 +78,3 @@ class ToolRuns:
     def export(self, argv: list[str], log_rel: str, what: str) -> None:
         """Run an export whose output is its log (`ncu --import`), untimed and unrecorded; a failure raises."""
         check_run(run_tool(argv, timeout_s=600, log_path=self.art.path(log_rel)), what)
-
-    def _note_command(self, cmd_rel: str, argv: list[str]) -> None:
-        """Add `argv` to the folder's `cmd.txt`: every command run there, in order (nsys/: profile, then export)."""
-        earlier = self.art.path(cmd_rel).read_text() if cmd_rel in self.art.written else ""
-        self.art.write_text(cmd_rel, earlier + commands.shell_line(argv) + "\n")

@@ -299,8 +299,7 @@ def roofline_caption(m: Stage2Metrics) -> str:
         "as FLOPs). Colour and marker give the stage, the marker's area the kernel's share of the stage's GPU time "
         f"(nsys); labels name the hottest (up to {LABELLED}, by nsys GPU time); † marks a function name shared by "
         "several instantiations: the point is the one ncu measured, the share covers all of them. Roofs: "
-        "min(compute peak, "
-        f"intensity × memory bandwidth), peaks from {_peak_sources(m) or 'no source'}. "
+        f"min(compute peak, intensity × memory bandwidth), peaks from {_peak_sources(m) or 'no source'}. "
         f"Plotted: {len(points)} of the {total} profiled kernels"
     )
     return text + (f"; left out: {left_out_text(left_out)}." if left_out else ".")

@@ -86,13 +86,6 @@ def _launched_by(m: Stage2Metrics, label: str) -> list[str]:
     return [launched_by(found) if found is not None else "not in the Stage 1 profiled pass"]
 
 
-def _launchers_note(m: Stage2Metrics) -> str:
-    km = m.kernel_modules
-    if km is None:
-        return f"{NOT_KNOWN}: a folder rendered before kernels were named by module."
-    return km.note + "."
-
-
 def _ncu_launchers_section(doc: Doc, m: Stage2Metrics) -> None:
     """The kernels Nsight Compute targeted, named by what launched them."""
     if not m.ncu_kernels:
@@ -127,12 +120,14 @@ def kernels_md(m: Stage2Metrics, plots: Mapping[str, str] | None = None) -> str:
     """The kernel tables per stage (nsys times, ncu roofline figures), after the kernel roofline chart in `plots`
     (name -> path relative to the folder)."""
     doc = Doc(f"Kernels: {_model_name(m)} on {_device_name(m)}")
+    km = m.kernel_modules
+    launchers = f"{NOT_KNOWN}: a folder rendered before kernels were named by module" if km is None else km.note
     doc.para(
         "Time columns from Nsight Systems (all timed passes, warm-up excluded); roofline columns from Nsight "
         f"Compute on the targeted launches (clock control: {m.ncu_clock_control}; ncu flushes caches "
         "between replays, so its durations are not the run's durations). Kernel names are nsys short names; "
         "ncu selects kernels by function name, so where several instantiations share a name (marked †) its "
-        "figures cover all of them. " + _launchers_note(m)
+        f"figures cover all of them. {launchers}."
     )
     _kernel_roofline_section(doc, m, plots or {})
     extra = [LAUNCHED_BY] if _named(m) else []

@@ -13,17 +13,7 @@ from typing import Any
 
 import attrs
 
-from llm_perf_opt.analytic.model import (
-    ADD_FLOPS,
-    ModuleCost,
-    StageCost,
-    _cached_attention,
-    _eltwise,
-    _glu,
-    _linear,
-    _norm,
-    sum_of_steps,
-)
+from llm_perf_opt.analytic.model import ModuleCost, StageCost, _decoder_forward, _glu, sum_of_steps
 from llm_perf_opt.records.vocabulary import DECODE, DECODE_STEP, PREFILL
 
 #: transformers model types whose shape this module models.
@@ -79,36 +69,14 @@ class DenseSpec:
 
 
 def _forward(spec: DenseSpec, tokens: int, keys: int, db: int, *, prefill: bool, batch: int = 1) -> list[ModuleCost]:
-    """One forward over `batch` sequences of `tokens` new positions, each attending `keys` keys of its own
-    sequence, + lm_head on the last position of each sequence."""
-    h, t = spec.hidden, float(batch * tokens)
-    out = [ModuleCost("embed_tokens", "other", weight_bytes=t * h * db, activation_bytes=t * h * db)]
-    for i in range(spec.layers):
-        p = f"layers.{i}."
-        out += [
-            _norm(p + "input_layernorm", t * h, h, db, bias=False),
-            *_cached_attention(
-                p + "self_attn.",
-                t,
-                keys,
-                h,
-                spec.heads,
-                spec.kv_heads,
-                spec.head_dim,
-                db,
-                qkv_bias=spec.qkv_bias,
-                o_bias=spec.o_bias,
-                prefill=prefill,
-                batch=batch,
-            ),
-            _eltwise(p + "residual1", t * h, ADD_FLOPS, db, reads=2),
-            _norm(p + "post_attention_layernorm", t * h, h, db, bias=False),
-            *_glu(p + "mlp.", t, h, spec.intermediate, db, bias=spec.mlp_bias),
-            _eltwise(p + "residual2", t * h, ADD_FLOPS, db, reads=2),
-        ]
-    out.append(_norm("norm", t * h, h, db, bias=False))
-    out.append(_linear("lm_head", batch, h, spec.vocab, db, bias=False))
-    return out
+    """One forward (`model._decoder_forward`, no module prefix) with SwiGLU MLPs."""
+
+    def mlp(prefix: str, layer: int, t: float) -> list[ModuleCost]:
+        return _glu(prefix, t, spec.hidden, spec.intermediate, db, bias=spec.mlp_bias)
+
+    return _decoder_forward(
+        "", spec, tokens, keys, db, mlp, qkv_bias=spec.qkv_bias, o_bias=spec.o_bias, prefill=prefill, batch=batch
+    )
 
 
 def prefill(spec: DenseSpec, prompt_tokens: int, dtype_bytes: int = 2) -> StageCost:

@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Literal
+from typing import Literal, Protocol
 
 import attrs
 
@@ -436,85 +436,90 @@ def vision_view(spec: ModelSpec, side_px: int, dtype_bytes: int = 2, batch: int 
 
 
 # ---- decoder -----------------------------------------------------------------------------------------------
-def _cached_attention(
-    p: str,
-    t: float,
+class DecoderShape(Protocol):
+    """What a decoder forward reads of its spec (``spec.TextSpec``, ``dense.DenseSpec``)."""
+
+    @property
+    def hidden(self) -> int: ...
+    @property
+    def layers(self) -> int: ...
+    @property
+    def heads(self) -> int: ...
+    @property
+    def kv_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def vocab(self) -> int: ...
+
+
+def _decoder_forward(
+    prefix: str,
+    shape: DecoderShape,
+    tokens: int,
     keys: int,
-    h: int,
-    heads: int,
-    kv_heads: int,
-    hd: int,
     db: int,
+    mlp: Callable[[str, int, float], list[ModuleCost]],
     *,
     qkv_bias: bool,
     o_bias: bool,
     prefill: bool,
-    batch: int = 1,
+    batch: int,
 ) -> list[ModuleCost]:
-    """A decoder's self-attention with a KV cache over `t` new positions (over the whole batch), each attending
-    `keys` keys of its own sequence: q/k/v, RoPE, the cache write, attention over the full score matrix, softmax,
-    o_proj. Each of the `batch` sequences has its own `keys` cached keys."""
-    q_dim, kv_dim = heads * hd, kv_heads * hd
-    scores = t * heads * keys
+    """A decoder over `batch` sequences of `tokens` new positions, each attending `keys` keys of its own sequence
+    (full score matrix), + lm_head on the last position of each sequence. Each layer: RMSNorm, self-attention with
+    a KV cache (q/k/v, RoPE, the cache write, attention, softmax, o_proj; each sequence has its own `keys` cached
+    keys), RMSNorm, the MLP `mlp(prefix, layer, tokens over the batch)`."""
+    h, hd = shape.hidden, shape.head_dim
+    t = float(batch * tokens)
+    q_dim, kv_dim = shape.heads * hd, shape.kv_heads * hd
+    scores = t * shape.heads * keys
     kv_read = float(batch * keys * 2 * kv_dim) * db
-    return [
-        *_qkv(p, t, h, q_dim, kv_dim, db, bias=qkv_bias),
-        _eltwise(p + "rope", t * (q_dim + kv_dim), ROPE_FLOPS, db),
-        ModuleCost(p + "kv_write", "other", kv_bytes=t * 2 * kv_dim * db),
-        # prefill: K/V are this forward's own activations; decode: they are read from the cache
-        _sdpa(
-            p + "sdpa",
-            scores,
-            hd,
-            2.0 * t * q_dim * db + (kv_read if prefill else 0.0),
-            kv_bytes=0.0 if prefill else kv_read,
-        ),
-        ModuleCost(p + "softmax", "elementwise", flops=float(SOFTMAX_FLOPS) * scores),
-        _linear(p + "o_proj", t, q_dim, h, db, bias=o_bias),
-    ]
+    out = [ModuleCost(prefix + "embed_tokens", "other", weight_bytes=t * h * db, activation_bytes=t * h * db)]
+    for i in range(shape.layers):
+        p = f"{prefix}layers.{i}."
+        a = p + "self_attn."
+        out += [
+            _norm(p + "input_layernorm", t * h, h, db, bias=False),
+            *_qkv(a, t, h, q_dim, kv_dim, db, bias=qkv_bias),
+            _eltwise(a + "rope", t * (q_dim + kv_dim), ROPE_FLOPS, db),
+            ModuleCost(a + "kv_write", "other", kv_bytes=t * 2 * kv_dim * db),
+            # prefill: K/V are this forward's own activations; decode: they are read from the cache
+            _sdpa(
+                a + "sdpa",
+                scores,
+                hd,
+                2.0 * t * q_dim * db + (kv_read if prefill else 0.0),
+                kv_bytes=0.0 if prefill else kv_read,
+            ),
+            ModuleCost(a + "softmax", "elementwise", flops=float(SOFTMAX_FLOPS) * scores),
+            _linear(a + "o_proj", t, q_dim, h, db, bias=o_bias),
+            _eltwise(p + "residual1", t * h, ADD_FLOPS, db, reads=2),
+            _norm(p + "post_attention_layernorm", t * h, h, db, bias=False),
+            *mlp(p + "mlp.", i, t),
+            _eltwise(p + "residual2", t * h, ADD_FLOPS, db, reads=2),
+        ]
+    out.append(_norm(prefix + "norm", t * h, h, db, bias=False))
+    out.append(_linear("lm_head", batch, h, shape.vocab, db, bias=False))
+    return out
 
 
 def _decoder(
     spec: ModelSpec, tokens: int, keys: int, db: int, *, prefill: bool, batch: int = 1, experts_hit: float | None = None
 ) -> list[ModuleCost]:
-    """The text model over `batch` sequences of `tokens` new positions, each attending `keys` keys (full score
-    matrix), + lm_head on the last position of each sequence. `experts_hit`: distinct routed experts per MoE layer
-    (default: the uniform-routing expectation for the forward's tokens)."""
+    """The text model ("decoder.*", see :func:`_decoder_forward`) with its dense and MoE MLPs. `experts_hit`:
+    distinct routed experts per MoE layer (default: the uniform-routing expectation for the forward's tokens)."""
     tx = spec.text
-    h = tx.hidden
-    t = float(batch * tokens)
-    out: list[ModuleCost] = [
-        ModuleCost("decoder.embed_tokens", "other", weight_bytes=t * h * db, activation_bytes=t * h * db)
-    ]
-    for i, kind in enumerate(tx.mlp_layer_types):
-        p = f"decoder.layers.{i}."
-        out += [
-            _norm(p + "input_layernorm", t * h, h, db, bias=False),
-            *_cached_attention(
-                p + "self_attn.",
-                t,
-                keys,
-                h,
-                tx.heads,
-                tx.kv_heads,
-                tx.head_dim,
-                db,
-                qkv_bias=tx.attention_bias,
-                o_bias=tx.attention_bias,
-                prefill=prefill,
-                batch=batch,
-            ),
-            _eltwise(p + "residual1", t * h, ADD_FLOPS, db, reads=2),
-            _norm(p + "post_attention_layernorm", t * h, h, db, bias=False),
-        ]
-        if kind == "dense":
-            out += _glu(p + "mlp.", t, h, tx.intermediate, db, bias=tx.mlp_bias)
-        else:
-            out += _moe(spec, p + "mlp.", t, db, experts_hit)
-        out.append(_eltwise(p + "residual2", t * h, ADD_FLOPS, db, reads=2))
-    out.append(_norm("decoder.norm", t * h, h, db, bias=False))
-    out.append(_linear("lm_head", batch, h, tx.vocab, db, bias=False))
-    return out
+
+    def mlp(prefix: str, layer: int, t: float) -> list[ModuleCost]:
+        if tx.mlp_layer_types[layer] == "dense":
+            return _glu(prefix, t, tx.hidden, tx.intermediate, db, bias=tx.mlp_bias)
+        return _moe(spec, prefix, t, db, experts_hit)
+
+    bias = tx.attention_bias
+    return _decoder_forward(
+        "decoder.", tx, tokens, keys, db, mlp, qkv_bias=bias, o_bias=bias, prefill=prefill, batch=batch
+    )
 
 
 def _glu(prefix: str, t: float, h: int, inter: int, db: int, *, bias: bool) -> list[ModuleCost]:

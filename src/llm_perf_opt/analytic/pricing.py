@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from llm_perf_opt.analytic.model import StageCost, prefill
+from llm_perf_opt.analytic.model import ModuleCost, StageCost, prefill
 from llm_perf_opt.analytic.settings import AnalyticSettings
 from llm_perf_opt.analytic.spec import ModelSpec, Workload
 from llm_perf_opt.errors import UserError
@@ -36,16 +36,8 @@ _LAYER_INDEX = re.compile(r"\.layers\.\d+\.")
 
 
 def stage_row(cost: StageCost) -> StageCostRow:
-    """A stage's FLOPs and bytes."""
-    return StageCostRow(
-        flops=cost.flops,
-        matmul_flops=cost.matmul_flops,
-        non_matmul_flops=cost.non_matmul_flops,
-        weight_bytes=cost.weight_bytes,
-        activation_bytes=cost.activation_bytes,
-        kv_bytes=cost.kv_bytes,
-        bytes=cost.bytes,
-    )
+    """A stage's FLOPs and bytes: each field of the row is the stage's property of the same name."""
+    return StageCostRow(**{f.name: getattr(cost, f.name) for f in attrs.fields(StageCostRow)})
 
 
 def category_table(cost: StageCost) -> tuple[CategoryRow, ...]:
@@ -68,30 +60,26 @@ def category_table(cost: StageCost) -> tuple[CategoryRow, ...]:
     )
 
 
-@attrs.define
-class _ModuleSum:
-    category: str
-    calls: int = 0
-    flops: float = 0.0
-    weight_bytes: float = 0.0
-    activation_bytes: float = 0.0
-    kv_bytes: float = 0.0
-
-
 def module_table(cost: StageCost) -> tuple[ModuleRow, ...]:
-    """Modules of a stage grouped across layers (`.layers.N.` -> `.layers.*.`), largest FLOPs first."""
-    groups: dict[str, _ModuleSum] = {}
+    """Modules of a stage grouped across layers (`.layers.N.` -> `.layers.*.`; each group summed as a StageCost),
+    largest FLOPs first."""
+    groups: dict[str, list[ModuleCost]] = {}
     for m in cost.modules:
-        group = groups.setdefault(_LAYER_INDEX.sub(".layers.*.", m.name), _ModuleSum(m.category))
-        group.calls += 1
-        group.flops += m.flops
-        group.weight_bytes += m.weight_bytes
-        group.activation_bytes += m.activation_bytes
-        group.kv_bytes += m.kv_bytes
+        groups.setdefault(_LAYER_INDEX.sub(".layers.*.", m.name), []).append(m)
+    sums = sorted((StageCost(name, tuple(ms)) for name, ms in groups.items()), key=lambda g: g.flops, reverse=True)
     total = cost.flops or 1.0
-    ranked = sorted(groups.items(), key=lambda item: item[1].flops, reverse=True)
     return tuple(
-        ModuleRow(module=name, **attrs.asdict(group), share_of_flops=group.flops / total) for name, group in ranked
+        ModuleRow(
+            module=g.stage,
+            category=g.modules[0].category,
+            calls=len(g.modules),
+            flops=g.flops,
+            weight_bytes=g.weight_bytes,
+            activation_bytes=g.activation_bytes,
+            kv_bytes=g.kv_bytes,
+            share_of_flops=g.flops / total,
+        )
+        for g in sums
     )
 
 

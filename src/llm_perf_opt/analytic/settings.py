@@ -90,12 +90,6 @@ class PricedModel:
         """The v1 mode priced (`model.mode`); None for a model priced by tile count."""
         return None if self.mode is None else self.mode.name
 
-    def mode_named(self, name: str) -> Mode:
-        """The v1 mode `name` of the model's table (a UserError naming the known ones otherwise)."""
-        if self.modes is None:
-            raise ValueError(f"{self.name} is priced by tile count, not by mode")
-        return mode_from_config(name, self.modes)
-
 
 @attrs.frozen(kw_only=True)
 class AnalyticSettings:
@@ -123,32 +117,17 @@ class AnalyticSettings:
         """From the typed `analytic` node, for `model`; a named workload must be written for the model."""
         if profile is not None:
             profile.check_model(model.name)
-        text = analytic.text_tokens
-        common = cls._page_and_gpus(analytic, text if text is not None else model.prompt_text_tokens)
-        common.update(model=model, profile=profile)
-        if model.modes is not None:
-            return cls(
-                **common,
-                crop_grid=crop_grid_from(analytic.crop_grid),
-                sweep_modes=tuple(model.mode_named(str(name)) for name in analytic.mode_sweep),
-                grid_sweep=tuple(crop_grid_from(g, "analytic.grid_sweep[]") for g in analytic.grid_sweep),
-            )
-        return cls(
-            **common,
-            tiles=require_whole("analytic.tiles", analytic.tiles, 0),
-            tile_sweep=tuple(analytic.tile_sweep),
-        )
-
-    @staticmethod
-    def _page_and_gpus(analytic: AnalyticSchema, text_tokens: Any) -> dict[str, Any]:
-        text = require_whole("analytic.text_tokens", text_tokens, 0)
+        given = analytic.text_tokens
+        text = require_whole("analytic.text_tokens", given if given is not None else model.prompt_text_tokens, 0)
         new = require_whole("analytic.new_tokens", analytic.new_tokens, 1)
         size = dtype_bytes(analytic.dtype)
         if size is None:
             raise UserError(
                 f"analytic.dtype={analytic.dtype} is not supported", f"Use analytic.dtype={SUPPORTED_DTYPES_TEXT}"
             )
-        return {
+        common: dict[str, Any] = {
+            "model": model,
+            "profile": profile,
             "dtype": analytic.dtype,
             "dtype_bytes": size,
             "text_tokens": text,
@@ -156,3 +135,15 @@ class AnalyticSettings:
             "gpus": tuple(analytic.gpus),
             "reference_gpu": analytic.reference_gpu,
         }
+        if model.modes is not None:
+            return cls(
+                **common,
+                crop_grid=crop_grid_from(analytic.crop_grid),
+                sweep_modes=tuple(mode_from_config(str(name), model.modes) for name in analytic.mode_sweep),
+                grid_sweep=tuple(crop_grid_from(g, "analytic.grid_sweep[]") for g in analytic.grid_sweep),
+            )
+        return cls(
+            **common,
+            tiles=require_whole("analytic.tiles", analytic.tiles, 0),
+            tile_sweep=tuple(analytic.tile_sweep),
+        )

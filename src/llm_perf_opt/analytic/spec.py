@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
 from llm_perf_opt.records.vocabulary import VISION_PREFIX
+
+if TYPE_CHECKING:  # not at run time: it imports torch
+    from llm_perf_opt.models.deepseek_ocr.preprocess import Mode
 
 # DeepseekOcr2VisionModel.__init__ hard-codes its two learned query banks (query_768_resolution = 12x12 and
 # query_1024_resolution = 16x16); they are not config fields. A view whose SAM output has at most
@@ -300,17 +303,6 @@ class ModelSpec:
         return (down * side) * (across * side + 1)
 
 
-class ViewMode(Protocol):
-    """A v1 resolution mode (``models.deepseek_ocr.preprocess.Mode``): its view sizes and whether it crops."""
-
-    @property
-    def global_size(self) -> int: ...
-    @property
-    def image_size(self) -> int: ...
-    @property
-    def crop_mode(self) -> bool: ...
-
-
 def grid_tiles(crop_grid: tuple[int, int] | None) -> int:
     """Tiles a v1 crop grid (n_w, n_h) runs: n_w * n_h, none for no grid or a 1x1 grid (the vendor's rule)."""
     if crop_grid is None or tuple(crop_grid) == (1, 1):
@@ -358,7 +350,7 @@ class Workload:
     new_tokens: int = 1
     dtype_bytes: int = 2  # 2 = bf16/fp16, 4 = fp32
 
-    def with_mode(self, mode: ViewMode, crop_grid: tuple[int, int] | None) -> Workload:
+    def with_mode(self, mode: Mode, crop_grid: tuple[int, int] | None) -> Workload:
         """This workload with a v1 mode's views: its global view and, in a crop mode, the tiles of `crop_grid`."""
         grid = crop_grid if mode.crop_mode else None
         return attrs.evolve(

@@ -5,6 +5,7 @@ regular one (a named pipe, a socket, a device) is skipped, never opened.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
@@ -110,36 +111,6 @@ class InputKind:
     root_fix: str
 
 
-def select_images(
-    root: str | Path,
-    *,
-    subset_filelist: str | Path | None = None,
-    max_images: int | None = None,
-    sampling: str = "sorted",
-    seed: int = 0,
-    on_error: str = "skip",
-) -> DatasetSelection:
-    """Choose the images to run from ``root``.
-
-    ``subset_filelist`` names a text file with one image path per line (relative to ``root`` or absolute; blank
-    lines and ``#`` comments ignored) that replaces the folder listing, in the list's order; a listed file that
-    does not exist is a :class:`UserError` naming every such line, and a file listed twice runs once (its repeat a
-    listed skip). ``sampling="sorted"`` keeps the order, ``"random"`` shuffles with ``random.Random(seed)``,
-    ``"smallest"`` orders by pixel count (unreadable files last); then the first ``max_images`` readable images
-    are taken. Unreadable files are skipped (``on_error="skip"``, the next file takes their place) or raise
-    :class:`UserError` (``on_error="fail"``).
-    """
-    return select_inputs(
-        root,
-        IMAGES,
-        subset_filelist=subset_filelist,
-        max_images=max_images,
-        sampling=sampling,
-        seed=seed,
-        on_error=on_error,
-    )
-
-
 def select_inputs(
     root: str | Path,
     kind: InputKind,
@@ -150,7 +121,16 @@ def select_inputs(
     seed: int = 0,
     on_error: str = "skip",
 ) -> DatasetSelection:
-    """The files of `kind` to run from ``root``, chosen by the rules of :func:`select_images`."""
+    """Choose the files of `kind` to run from ``root`` (:func:`select_images` for page images).
+
+    ``subset_filelist`` names a text file with one path per line (relative to ``root`` or absolute; blank lines and
+    ``#`` comments ignored) that replaces the folder listing, in the list's order; a listed file that does not exist
+    is a :class:`UserError` naming every such line, and a file listed twice runs once (its repeat a listed skip).
+    ``sampling="sorted"`` keeps the order, ``"random"`` shuffles with ``random.Random(seed)``, ``"smallest"`` orders
+    by size (an image's pixel count; unreadable files last); then the first ``max_images`` usable files are taken.
+    Unusable files are skipped (``on_error="skip"``, the next file takes their place) or raise :class:`UserError`
+    (``on_error="fail"``).
+    """
     _check_selection_settings(max_images, sampling, on_error)
     root_path = _check_root(root, kind.root_fix)
     discovered = _discover(root_path, kind)
@@ -383,3 +363,6 @@ IMAGES = InputKind(
     size=_pixel_count,
     root_fix=_ROOT_FIX,
 )
+
+#: :func:`select_inputs` of page images (entries are :class:`ImageEntry`).
+select_images = functools.partial(select_inputs, kind=IMAGES)

@@ -1,13 +1,14 @@
 """Select the text prompts a run of a text-only model will use: the rules of
-:func:`llm_perf_opt.data.dataset.select_images`, for UTF-8 ``.txt`` files (one prompt per file; ``smallest``: fewest
+:func:`llm_perf_opt.data.dataset.select_inputs`, for UTF-8 ``.txt`` files (one prompt per file; ``smallest``: fewest
 characters first; empty or undecodable files skipped with the reason, or fatal with ``on_error="fail"``).
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
-from llm_perf_opt.data.dataset import DatasetSelection, InputKind, TextEntry, select_inputs
+from llm_perf_opt.data.dataset import InputKind, TextEntry, select_inputs
 from llm_perf_opt.resources import package_folder
 
 PROMPT_SUFFIXES = (".txt",)  # matched case-insensitively
@@ -21,27 +22,6 @@ _ROOT_FIX = (
 def bundled_prompts_dir() -> Path:
     """The folder of text prompts shipped inside the installed package."""
     return package_folder("data/prompts", "prompts", "set dataset.root to a folder of .txt files")
-
-
-def select_prompts(
-    root: str | Path,
-    *,
-    subset_filelist: str | Path | None = None,
-    max_images: int | None = None,
-    sampling: str = "sorted",
-    seed: int = 0,
-    on_error: str = "skip",
-) -> DatasetSelection:
-    """Choose the prompt files to run from ``root`` (see the module docstring); entries are :class:`TextEntry`."""
-    return select_inputs(
-        root,
-        PROMPTS,
-        subset_filelist=subset_filelist,
-        max_images=max_images,
-        sampling=sampling,
-        seed=seed,
-        on_error=on_error,
-    )
 
 
 def read_prompt(path: Path) -> str:
@@ -78,3 +58,7 @@ PROMPTS = InputKind(
     size=_characters,
     root_fix=_ROOT_FIX,
 )
+
+#: :func:`~llm_perf_opt.data.dataset.select_inputs` of prompt files (see the module docstring; entries are
+#: :class:`TextEntry`).
+select_prompts = functools.partial(select_inputs, kind=PROMPTS)

@@ -63,18 +63,15 @@ def _inputs_section(doc: Doc, run: RunInputs) -> None:
 
 def _sweep_section(doc: Doc, r: AnalyticReport) -> None:
     """The what-if over the page's views: tile counts (OCR-2) or modes and crop grids (v1)."""
-    labels: list[str]
-    prices: list[ViewsPrice]
+    rows: list[tuple[str, ViewsPrice]]
     if r.mode_sweep is not None:
         doc.h2(f"What-if: resolution modes and Gundam crop grids (prefill on {r.mode_sweep.gpu})")
         first = "mode"
-        labels = [t.label + (" (this workload)" if t.configured else "") for t in r.mode_sweep.rows]
-        prices = [t.price for t in r.mode_sweep.rows]
+        rows = [(t.label + (" (this workload)" if t.configured else ""), t.price) for t in r.mode_sweep.rows]
     elif r.tile_sweep is not None:
         doc.h2(f"What-if: tiles per page (prefill on {r.tile_sweep.gpu})")
         first = "tiles"
-        labels = [str(t.tiles) for t in r.tile_sweep.rows]
-        prices = [t.price for t in r.tile_sweep.rows]
+        rows = [(str(t.tiles), t.price) for t in r.tile_sweep.rows]
     else:
         return
     if r.run is not None:
@@ -90,7 +87,7 @@ def _sweep_section(doc: Doc, r: AnalyticReport) -> None:
                 "prefill bytes": num_bytes(p.prefill_bytes),
                 "lower-bound ms": ms(p.prefill_speed_of_light_ms, 2),
             }
-            for label, p in zip(labels, prices, strict=True)
+            for label, p in rows
         ]
     )
 

@@ -306,8 +306,7 @@ def whatif_config(
     plan = advised_plan(whatif.whatif, workload)
     if plan is None:
         return cfg, whatif, tuple(workload), None
-    advised, whatif, full = advised_config(cfg, whatif, plan, workload)
-    return advised, whatif, full, plan
+    return (*advised_config(cfg, whatif, plan, workload), plan)
 
 
 def advised_config(

@@ -89,9 +89,7 @@ def core_shares(setting: object, devices: Sequence[str], visible: Sequence[int])
     that N processes of one host do not crowd each other's torch threads; None for each to keep the user's setting."""
     from llm_perf_opt.session.cpu_affinity import format_cores, is_off, shares
 
-    if not is_off(setting) or not all(d.startswith("cuda") for d in devices):
-        return [None] * len(devices)
-    split = shares(visible, len(devices))
+    split = shares(visible, len(devices)) if is_off(setting) and all(d.startswith("cuda") for d in devices) else None
     return [None] * len(devices) if split is None else [format_cores(cores) for cores in split]
 
 

@@ -79,8 +79,7 @@ class GpuHandoff:
         """Say the device is free for the next rung (once), where a second rung of this one's size fits beside it."""
         if self.released is None or self.handed:
             return
-        room = room_for_another(device)
-        if room is not None:
+        if (room := room_for_another(device)) is not None:
             log.info("not starting the next rung before this one ends: %s", room)
             return
         self.released.touch()

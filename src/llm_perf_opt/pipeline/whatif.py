@@ -82,11 +82,7 @@ OWN_KEYS = ("whatif", "whatif_run", "hydra")
 
 def workload_overrides(task_overrides: Sequence[str]) -> tuple[str, ...]:
     """The command line's overrides that set the workload (every one but perf-whatif's own keys)."""
-    kept = []
-    for override in task_overrides:
-        if override_key(override).split(".", 1)[0].split("/", 1)[0] not in OWN_KEYS:
-            kept.append(override)
-    return tuple(kept)
+    return tuple(o for o in task_overrides if override_key(o).split(".", 1)[0].split("/", 1)[0] not in OWN_KEYS)
 
 
 def read_levers(node: Mapping[str, Any] | None, exclude: Sequence[str]) -> tuple[Lever, ...]:
@@ -118,17 +114,6 @@ def _kept(names: Sequence[str], exclude: Sequence[str]) -> list[str]:
     return kept
 
 
-def advised_lever_list(plan: AdvisedPlan, whatif: WhatIfSchema, exclude: Sequence[str]) -> tuple[Lever, ...]:
-    """whatif=advised: the levers of the folder's advice minus `exclude` (the preset names none of its own)."""
-    if whatif.levers:
-        raise UserError(
-            "whatif=advised takes its levers from the advice of whatif.from_run, yet whatif.levers names some",
-            "Drop the +whatif.levers overrides, or run them with a preset of their own",
-        )
-    kept = _kept([lever.name for lever in plan.levers], exclude)
-    return tuple(lever for lever in plan.levers if lever.name in kept)
-
-
 DEVICE = re.compile(r"cpu|auto|cuda(:\d+)?")
 
 
@@ -141,8 +126,14 @@ def check_whatif_settings(command: CommandConfig, whatif: WhatIfNodes) -> tuple[
     plan = advised_plan(whatif.whatif)
     if plan is None:
         levers = read_levers(whatif.whatif.levers, exclude)
+    elif whatif.whatif.levers:  # whatif=advised: the levers of the folder's advice, the preset names none of its own
+        raise UserError(
+            "whatif=advised takes its levers from the advice of whatif.from_run, yet whatif.levers names some",
+            "Drop the +whatif.levers overrides, or run them with a preset of their own",
+        )
     else:
-        levers = advised_lever_list(plan, whatif.whatif, exclude)
+        kept = _kept([lever.name for lever in plan.levers], exclude)
+        levers = tuple(lever for lever in plan.levers if lever.name in kept)
     rung_devices(whatif.whatif_run)
     _, overrides = launcher_settings(whatif.whatif_run)
     if overrides:
@@ -219,12 +210,11 @@ def rungs_compile(whatif: WhatIfSchema, runtime: RuntimeSchema, levers: Sequence
         [str(o) for o in (spec.get("overrides") or ())] if isinstance(spec, Mapping) else []
         for spec in whatif.levers.values()
     ]
-    for overrides in [*given, *(lever.overrides for lever in levers)]:
-        for override in overrides:
-            value = override_value(override)
-            if override_key(override) in keys and (value or "none").strip().lower() not in ("none", "null", ""):
-                return True
-    return False
+    return any(
+        override_key(o) in keys and (override_value(o) or "none").strip().lower() not in ("none", "null", "")
+        for overrides in [*given, *(lever.overrides for lever in levers)]
+        for o in overrides
+    )
 
 
 def _lever(name: str, spec: DictConfig) -> Lever:
@@ -293,14 +283,7 @@ def has_cuda(device: str) -> bool:
     """Whether rungs on `device` (auto | cpu | cuda[:N]) run on a GPU."""
     import torch
 
-    if device.startswith("cuda"):
-        return torch.cuda.is_available()
-    return device == "auto" and torch.cuda.is_available()
-
-
-def fork_rungs(run: WhatIfRunSchema, launcher: str) -> bool:
-    """`whatif_run.fork_rungs`: the local launcher forks each rung from a preloaded server."""
-    return run.fork_rungs and launcher == LOCAL_LAUNCHER and hasattr(os, "fork")  # no fork on Windows
+    return (device == "auto" or device.startswith("cuda")) and torch.cuda.is_available()
 
 
 def refusal(workload: Sequence[str], overrides: Sequence[str], hydra_folder: str | None) -> str | None:
@@ -323,8 +306,7 @@ def whatif_config(
     plan = advised_plan(whatif.whatif, workload)
     if plan is None:
         return cfg, whatif, tuple(workload), None
-    advised, whatif, full = advised_config(cfg, whatif, plan, workload)
-    return advised, whatif, full, plan
+    return (*advised_config(cfg, whatif, plan, workload), plan)
 
 
 def advised_config(
@@ -382,7 +364,6 @@ class WhatIfRun:
         # command line's on top), `advised` its plan: the levers of the folder's advice
         self.advised = advised
         self.command = command  # the settings of the composed config (saved as config.yaml), typed and read once
-        self.nodes = command.nodes  # run, runtime, ...
         self.whatif = whatif  # perf-whatif's own typed nodes of `cfg` (whatif, whatif_run), read once by the command
         self.run_id = run_id
         self.workload = tuple(workload)
@@ -395,7 +376,8 @@ class WhatIfRun:
         self.index = 0
         self.launcher, self.launcher_overrides = launcher_settings(whatif.whatif_run)
         self.devices = rung_devices(whatif.whatif_run)
-        self.fork_rungs = fork_rungs(whatif.whatif_run, self.launcher)
+        # whatif_run.fork_rungs: the local launcher forks each rung from a preloaded server (no fork on Windows)
+        self.fork_rungs = whatif.whatif_run.fork_rungs and self.launcher == LOCAL_LAUNCHER and hasattr(os, "fork")
         self.overlap_rungs = self.launcher == LOCAL_LAUNCHER and whatif.whatif_run.overlap_rungs
         self.forks: ForkServer | None = None  # the preloaded server the rungs are forked from, once it has imported
         self.starting: StartingServer | None = None  # that server while it imports (launched when the run starts)
@@ -410,7 +392,7 @@ class WhatIfRun:
         try:
             # The fork server first: its imports overlap this process's own (torch) and the checks of every rung's
             # config; it is waited for when the first rung is due, and cancelled if none is.
-            compiles = rungs_compile(self.whatif.whatif, self.nodes.runtime, self.levers)
+            compiles = rungs_compile(self.whatif.whatif, self.command.nodes.runtime, self.levers)
             self.starting = StartingServer.launch(compiles=compiles) if self.fork_rungs else None
             self.caches = shared_caches(self.whatif.whatif_run, self.command.model, self.art.run_dir)
             with self.feedback.session():
@@ -457,9 +439,8 @@ class WhatIfRun:
         return self.feedback.budget(note)
 
     def _run(self) -> WhatIfRecord:
-        devices = self.whatif.whatif_run.devices
         self.art.write_text(CONFIG_FILE, OmegaConf.to_yaml(self.command.composed, resolve=True))
-        cuda = has_cuda(self.command.device) if devices is None else all(has_cuda(d) for d in devices)
+        cuda = all(has_cuda(device or self.command.device) for device in self.devices)  # [None]: `device`
         base = self._plan(BASELINE_NAME, BASELINE, (), (), changes_workload=False)
         alone = [
             self._plan(
@@ -563,9 +544,8 @@ class WhatIfRun:
 
     def _execute(self, phase: str, plans: Sequence[_Plan], advance: Any) -> None:
         jobs = [p.job for p in plans if p.job is not None]
-        for p in plans:
-            if p.job is None:
-                advance()
+        for _ in range(len(plans) - len(jobs)):  # the rungs that do not run
+            advance()
         limit = self.whatif.whatif_run.rung_timeout_s
 
         def done(outcome: RungOutcome) -> None:

@@ -99,12 +99,6 @@ def _folder(raw: Any) -> Stage1Folder:
     return stage1
 
 
-def _advice_text(advice: Sequence[Advice]) -> str:
-    if not advice:
-        return "it advises nothing (no lever's bound is a notable share of the time per page)"
-    return "it advises only code changes: " + "; ".join(a.lever for a in advice)
-
-
 def advised_plan(whatif: WhatIfSchema, workload: Sequence[str] | None = None) -> AdvisedPlan | None:
     """The advised plan of a config's typed `whatif` node; None for another preset (which must not set
     whatif.from_run). `workload`: the command line's, where known (a model that is no shipped config needs them)."""
@@ -128,8 +122,12 @@ def advised_plan(whatif: WhatIfSchema, workload: Sequence[str] | None = None) ->
     advice = advise(m)
     levers, not_run = advised_levers(advice)
     if not levers:
+        if advice:
+            said = "it advises only code changes: " + "; ".join(a.lever for a in advice)
+        else:
+            said = "it advises nothing (no lever's bound is a notable share of the time per page)"
         raise UserError(
-            f"{FROM_RUN}={raw}: the folder's advice has no lever to run: {_advice_text(advice)}",
+            f"{FROM_RUN}={raw}: the folder's advice has no lever to run: {said}",
             "Nothing here to measure: make the code changes it names, or try a preset's levers on that workload "
             f"(perf-whatif whatif=decode|vision|throughput {' '.join(own)})",
         )

@@ -62,11 +62,6 @@ def parse_launcher(value: object) -> tuple[str, ...]:
     return overrides
 
 
-def runs_in_parallel(overrides: Sequence[str]) -> bool:
-    """Whether the launcher runs several jobs at once on this machine (joblib), so each must claim its own GPU."""
-    return hydra_launcher_name(overrides).startswith("joblib")
-
-
 def rung_config(name: str, levers: Sequence[str], workload: Sequence[str] = ()) -> str:
     """The YAML of a rung's config (`whatif_rung/<name>.yaml`) holding its lever overrides; NotExpressible when one
     cannot be written as a config (a deletion, a package, a sweep) or the workload sets the same key."""
@@ -116,10 +111,10 @@ def _set_nested(tree: dict[str, Any], path: Sequence[str], value: Any) -> None:
 
 def phase_command(jobs: Sequence[RungJob], launcher: Sequence[str], configs: Path, sweep_dir: Path) -> list[str]:
     """The one `stage1-run -m` child of a phase: the workload, the rungs swept as configs, the launcher, and (for
-    jobs run at once) `device=${llo_job_device:}` unless the workload or a lever sets the device."""
-    workload = jobs[0].workload
+    jobs run at once on this machine, joblib: each claims its own GPU) `device=${llo_job_device:}` unless the
+    workload or a lever sets the device."""
     sets_device = any(override_key(o) == "device" for job in jobs for o in job.overrides)
-    device = [JOB_DEVICE] if runs_in_parallel(launcher) and not sets_device else []
+    device = [JOB_DEVICE] if hydra_launcher_name(launcher).startswith("joblib") and not sets_device else []
     return [
         sys.executable,
         "-m",
@@ -127,7 +122,7 @@ def phase_command(jobs: Sequence[RungJob], launcher: Sequence[str], configs: Pat
         "-m",
         "--config-dir",
         str(configs),
-        *workload,
+        *jobs[0].workload,
         *jobs[0].shared,
         *device,
         f"+{RUNG_GROUP}={','.join(job.folder.name for job in jobs)}",

@@ -200,9 +200,8 @@ class Handoff:
     @property
     def env(self) -> tuple[tuple[str, str], ...]:
         """The environment variables that tell the rung's process about it."""
-        release = () if self.released is None else ((RELEASED_ENV, str(self.released)),)
-        wait = () if self.after is None else ((WAIT_ENV, str(self.after)),)
-        return (*release, *wait)
+        files = ((RELEASED_ENV, self.released), (WAIT_ENV, self.after))
+        return tuple((key, str(path)) for key, path in files if path is not None)
 
 
 def _waited(
@@ -314,13 +313,10 @@ def status_wall_s(folder: Path) -> float | None:
     """A rung's run from start to end as its `run_status.json` records them (seconds; None: missing, unreadable)."""
     try:
         status = read_status(folder)
-    except RecordError:
-        return None
-    if status.ended is None:
-        return None
-    try:
+        if status.ended is None:
+            return None
         return (datetime.fromisoformat(status.ended) - datetime.fromisoformat(status.started)).total_seconds()
-    except ValueError:
+    except (RecordError, ValueError):
         return None
 
 

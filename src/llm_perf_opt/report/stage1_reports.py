@@ -503,9 +503,8 @@ def _throughput_section(doc: Doc, r: _Report) -> None:
     if aggregate := batches.aggregate_line(m):
         lines.append(aggregate)
     if m.host_peak_rss_bytes:
-        lines.append(
-            f"Host peak memory: {num_bytes(m.host_peak_rss_bytes)} (the process's peak resident set, whole run)"
-        )
+        rss = num_bytes(m.host_peak_rss_bytes)
+        lines.append(f"Host peak memory: {rss} (the process's peak resident set, whole run)")
     if m.host_usage and m.host_usage.passes:
         lines.append(host_usage_line(m.host_usage))
     if h := host_around(m):

@@ -91,10 +91,10 @@ def _stage(
         stage=stage,
         joules=joules,
         seconds=seconds,
-        watts=joules / seconds if seconds > 0 else None,
+        watts=joules / seconds,
         above_idle_joules=joules - idle_w * seconds,
         flops=flops,
-        flop_per_joule=flops / joules if flops is not None and joules > 0 else None,
+        flop_per_joule=flops / joules if flops is not None else None,
         note="; ".join(notes),
     )
 

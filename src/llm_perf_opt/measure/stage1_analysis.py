@@ -22,7 +22,7 @@ from llm_perf_opt.measure.efficiency import efficiency_by_stage
 from llm_perf_opt.measure.energy_figures import METHOD as ENERGY_METHOD
 from llm_perf_opt.measure.energy_figures import energy_report
 from llm_perf_opt.measure.memory_figures import breakdown, fit_prediction, resident_other
-from llm_perf_opt.measure.mfu import TimedPass, mfu_by_stage
+from llm_perf_opt.measure.mfu import TimedPass, mfu_by_stage, stage_time_ms
 from llm_perf_opt.measure.module_floors import module_attribution
 from llm_perf_opt.measure.routing_summary import RoutingTrace, summarize_routing
 from llm_perf_opt.measure.stage_flops import GROUPED_MM_FALLBACK_OP, StageFlops, run_flops_source
@@ -397,14 +397,8 @@ class Stage1Analysis:
         e = m.energy
         forwards = self.forwards()
         timed = [p for p in forwards.passes if p.cost_key == e.input]
-        medians = (
-            {
-                vocab.PREFILL: median(p.prefill_ms for p in timed) / 1e3,
-                vocab.DECODE: median(p.decode_ms for p in timed) / 1e3,
-            }
-            if timed
-            else {}
-        )
+        stages = (vocab.PREFILL, vocab.DECODE) if timed else ()
+        medians = {stage: median(stage_time_ms(p, stage) for p in timed) / 1e3 for stage in stages}
         return energy_report(e, forwards.flops_per_stage.get(e.input, {}), medians, ENERGY_METHOD)
 
     # ---- everything --------------------------------------------------------------------------------------------

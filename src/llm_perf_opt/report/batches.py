@@ -53,11 +53,8 @@ def _p50(s: Summary | None, digits: int, unit: str) -> str:
 
 def aggregate_line(m: Stage1Metrics) -> str | None:
     """One sentence on the batch's aggregate decode throughput, or None at batch 1."""
-    if not batched(m):
-        return None
     b = m.batch_summary
-    assert b is not None
-    if b.aggregate_decode_tokens_per_s is None:
+    if b is None or not batched(m) or b.aggregate_decode_tokens_per_s is None:
         return None
     return (
         f"Aggregate decode: {b.aggregate_decode_tokens_per_s.p50:,.1f} tokens/s over batches of {batch_run(m)} "
@@ -116,10 +113,9 @@ def _batch_rows(m: Stage1Metrics) -> list[dict[str, str]]:
 
 def batches_section(doc: Doc, m: Stage1Metrics) -> None:
     """The "Batches" section (nothing at batch 1)."""
-    if not batched(m):
-        return
     b = m.batch_summary
-    assert b is not None
+    if b is None or not batched(m):
+        return
     doc.h2("Batches")
     doc.para(
         f"run.batch_size={b.batch_size}: {b.batches} batch(es) per round over the inputs. Each input is preprocessed "

@@ -97,9 +97,7 @@ class Doc:
         if not rows:
             self.para("_(none)_")
             return
-        cells = [str(h) for h in header]
-        for row in rows:
-            cells.extend(str(c) for c in row)  # mdutils escapes "|" itself
+        cells = [str(c) for row in (header, *rows) for c in row]  # mdutils escapes "|" itself
         self._md.new_table(columns=len(header), rows=len(rows) + 1, text=cells, text_align=align)
 
     def keyed_table(self, rows: Sequence[Mapping[str, object]]) -> None:

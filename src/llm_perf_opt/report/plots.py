@@ -8,7 +8,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.stage1 import ImageRecord, Stage1Metrics
@@ -239,11 +239,11 @@ def roofline(m: Metrics, path: Path) -> Path | None:
     """Log-log roofline of the device with each stage of `efficiency` as a point; None without both peaks."""
     peaks = _compute_peaks(m)
     bw = m.bandwidth_peak.value if m.bandwidth_peak else 0.0
-    points = []
-    for e in m.efficiency:
-        flops, moved, ms = e.flops, e.bytes, e.time_ms
-        if flops > 0 and moved > 0 and ms > 0:
-            points.append((e.stage, flops / moved, flops / (ms / 1e3), e.mfu))
+    points = [
+        (e.stage, e.flops / e.bytes, e.flops / (e.time_ms / 1e3), e.mfu)
+        for e in m.efficiency
+        if e.flops > 0 and e.bytes > 0 and e.time_ms > 0
+    ]
     if not peaks or bw <= 0 or not points:
         return None
 
@@ -251,7 +251,7 @@ def roofline(m: Metrics, path: Path) -> Path | None:
     fig, ax = pyplot().subplots(figsize=(9, 7), layout="constrained")
     draw_roofs(ax, peaks, bw, limits[0], limits[1])
     for k, (stage, intensity, achieved, mfu) in enumerate(points):
-        mfu_txt = f", MFU {100 * mfu:.2g}%" if isinstance(mfu, int | float) else ""
+        mfu_txt = f", MFU {100 * mfu:.2g}%" if mfu is not None else ""
         ax.scatter(
             [intensity],
             [achieved],
@@ -277,7 +277,7 @@ def si(value: float, unit: str) -> str:
     return str(_ticker().EngFormatter(unit=unit)(float(f"{value:.3g}")))
 
 
-def _label_dy(k: int, points: Sequence[tuple[str, float, float, Any]]) -> float:
+def _label_dy(k: int, points: Sequence[tuple[str, float, float, float | None]]) -> float:
     """Vertical label offset (points): apart from a neighbour closer than ~0.2 decades in both axes."""
     _, x, y, _ = points[k]
     for j, (_, x2, y2, _) in enumerate(points):

@@ -94,28 +94,21 @@ def _interval(s: Summary) -> str:
     return f"{ms(s.ci95_low)} – {ms(s.ci95_high)}"
 
 
-def _stat_rows(stats: Sequence[StageStat], e2e_mean: float | None) -> list[dict[str, str]]:
-    rows = []
-    vision = _has_vision(stats)
-    for st in stats:
-        s = st.summary
-        derived = st.stage in (vocab.TTFT, vocab.E2E, vocab.DECODE_STEP)
-        rows.append(
-            {
-                "stage": stage_label(st.stage, vision),
-                "n": str(s.n),
-                "mean": ms(s.mean),
-                "p50": ms(s.p50),
-                "p90": ms(s.p90),
-                "min": ms(s.min),
-                "max": ms(s.max),
-                "std": ms(s.std),
-                "CV (images mixed)": pct(s.cv),
-                "95% interval": _interval(s),
-                "share of e2e (mean)": pct(s.mean / e2e_mean) if e2e_mean and not derived else "",
-            }
-        )
-    return rows
+def _stat_row(stage: str, s: Summary, vision: bool, e2e_mean: float | None) -> dict[str, str]:
+    derived = stage in (vocab.TTFT, vocab.E2E, vocab.DECODE_STEP)
+    return {
+        "stage": stage_label(stage, vision),
+        "n": str(s.n),
+        "mean": ms(s.mean),
+        "p50": ms(s.p50),
+        "p90": ms(s.p90),
+        "min": ms(s.min),
+        "max": ms(s.max),
+        "std": ms(s.std),
+        "CV (images mixed)": pct(s.cv),
+        "95% interval": _interval(s),
+        "share of e2e (mean)": pct(s.mean / e2e_mean) if e2e_mean and not derived else "",
+    }
 
 
 def _within_image_text(m: Stage1Metrics) -> str:
@@ -125,19 +118,14 @@ def _within_image_text(m: Stage1Metrics) -> str:
     ]
     if not judged:
         return "it needs at least 3 passes of one input."
-    return (
-        ", ".join(
-            f"{v.stage} {pct(v.within_image_cv_median)}" + (f" ({v.noise_side})" if v.noise_side else "")
-            for v in judged
-        )
-        + " (median CV over one input's passes"
-        + (
-            "; in brackets the side the noise comes from, by how busy the profiled pass kept the GPU over the stage's "
-            "timed median)."
-            if any(v.noise_side for v in judged)
-            else ")."
-        )
+    figures = ", ".join(
+        f"{v.stage} {pct(v.within_image_cv_median)}" + (f" ({v.noise_side})" if v.noise_side else "") for v in judged
     )
+    sides = (
+        "; in brackets the side the noise comes from, by how busy the profiled pass kept the GPU over the stage's "
+        "timed median"
+    )
+    return f"{figures} (median CV over one input's passes{sides if any(v.noise_side for v in judged) else ''})."
 
 
 def _mfu_rows(m: Stage1Metrics) -> list[list[str]]:
@@ -278,8 +266,7 @@ def activity_text(m: Stage1Metrics) -> str | None:
 
 def _measured_peaks_section(doc: Doc, r: _Report) -> None:
     """MFU and MBU against the achievable peaks measured on this GPU, beside the datasheet figures."""
-    m = r.m
-    mp = m.measured_peaks
+    m, mp = r.m, r.m.measured_peaks
     if mp is None:
         return
     doc.h2("Against this GPU's measured peaks")
@@ -310,7 +297,7 @@ def _measured_peaks_section(doc: Doc, r: _Report) -> None:
 
 def _runtime_section(doc: Doc, m: Stage1Metrics) -> None:
     """How the decoder ran: compilation cost, outputs against the eager reference, MoE experts hit per step."""
-    checks = [r for r in m.records if r.output_check is not None]
+    checks = [(r.image, r.output_check) for r in m.records if r.output_check is not None]
     if m.compile is None and not checks and m.routing is None:
         return
     doc.h2("Runtime")
@@ -324,9 +311,8 @@ def _runtime_section(doc: Doc, m: Stage1Metrics) -> None:
         )
     if checks:
         by_image: dict[str, list[OutputCheck]] = {}
-        for r in checks:
-            assert r.output_check is not None
-            by_image.setdefault(r.image, []).append(r.output_check)
+        for image, check in checks:
+            by_image.setdefault(image, []).append(check)
         for image, found in by_image.items():
             departures = [c.first_departure for c in found if c.first_departure is not None]
             worst = max(c.prefill_logits_max_abs_diff for c in found)
@@ -462,7 +448,7 @@ def _stage_times_section(doc: Doc, r: _Report) -> None:
     )
     methods = sorted({st.summary.ci_method for st in m.stages if st.summary.ci_method})
     e2e_mean = next((s.summary.mean for s in m.stages if s.stage == vocab.E2E), None)
-    doc.keyed_table(_stat_rows(m.stages, e2e_mean))
+    doc.keyed_table([_stat_row(st.stage, st.summary, _has_vision(m.stages), e2e_mean) for st in m.stages])
     doc.para(
         "n: timed passes (decode/step: one value per pass, its mean step time, so the interval is over passes). "
         f"95% interval: {'; '.join(methods) or 'none (fewer than 3 passes)'}; none from fewer than 3 values. "
@@ -601,11 +587,8 @@ def _speed_of_light_section(doc: Doc, r: _Report) -> None:
     doc.keyed_table([_sol_row(e, vision) for e in m.efficiency])
 
 
-def _memory_by_stage_section(doc: Doc, r: _Report) -> None:
+def _memory_and_energy_sections(doc: Doc, r: _Report) -> None:
     memory_section(doc, r.m.memory, r.plots.get("memory_timeline"))
-
-
-def _energy_section(doc: Doc, r: _Report) -> None:
     energy_section(doc, r.m.energy)
 
 
@@ -655,8 +638,7 @@ REPORT_SECTIONS: tuple[Callable[[Doc, _Report], None], ...] = (
     _speed_of_light_section,
     _measured_peaks_section,
     _modules_section,
-    _memory_by_stage_section,
-    _energy_section,
+    _memory_and_energy_sections,
     _top_operators_section,
     _files_section,
 )
@@ -928,14 +910,7 @@ def write_all(
     """Every Stage 1 Markdown artifact and plot (`write_details`), then report.md (`write_report`), which lists the
     others that are there."""
     plots = write_details(
-        art,
-        m,
-        inputs=inputs,
-        operators=operators,
-        predictions=predictions,
-        advice=advice,
-        whatif=whatif,
-        images=images,
+        art, m, inputs=inputs, operators=operators, predictions=predictions, advice=advice, whatif=whatif, images=images
     )
     write_report(art, m, plots, inputs=inputs, operators=operators, advice=advice, whatif=whatif, unfinished=unfinished)
 

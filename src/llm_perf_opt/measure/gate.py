@@ -134,9 +134,7 @@ def figures_for(stages: Sequence[str]) -> dict[str, Figure]:
 
 def read(figure: Figure, folder: Stage1Folder | Stage2Folder) -> Sample | None:
     """`figure` of a loaded run (None: not measured there)."""
-    if isinstance(folder, Stage1Folder):
-        return figure.stage1(folder.metrics)
-    return figure.stage2(folder.metrics)
+    return figure.stage1(folder.metrics) if isinstance(folder, Stage1Folder) else figure.stage2(folder.metrics)
 
 
 # --------------------------------------------------------------------------------------------- the interval

@@ -29,12 +29,6 @@ SIGNALS = {name: signum for signum, name in NAMES.items()}
 
 RESTOP_AFTER_S = 3.0  # a stop no handler took within this long was lost: a further SIGTERM stops again
 
-_CAUSES = {
-    SIGHUP: f"stopped by {SIGHUP} (a closed terminal or session)",
-    SIGTERM: f"stopped by {SIGTERM}",
-    CTRL_C: f"interrupted by the user ({CTRL_C})",
-}
-
 _stopping: list[tuple[str, float]] = []  # the signal that started the stop and when, once one did
 _taken: list[str] = []  # the stops a run's handler took (`cause`): from then on a further SIGTERM is ignored
 
@@ -69,7 +63,12 @@ def cause(exc: BaseException) -> str:
     or "interrupted by the user (Ctrl-C)". The handler that asks has taken the stop: a further SIGTERM or SIGHUP is
     ignored from then on."""
     name = exc.args[0] if exc.args and exc.args[0] in SIGNALS else CTRL_C
-    who = _CAUSES[name]
+    if name == SIGHUP:
+        who = f"stopped by {SIGHUP} (a closed terminal or session)"
+    elif name == SIGTERM:
+        who = f"stopped by {SIGTERM}"
+    else:
+        who = f"interrupted by the user ({CTRL_C})"
     _taken.append(who)
     return who
 

@@ -290,17 +290,14 @@ def _missing_option(exc: MissingConfigException, command: str) -> UserError | No
 
 def _flat_keys(cfg: DictConfig) -> list[str]:
     """Every dotted key path of `cfg` (containers and leaves; list items not descended)."""
-    out: list[str] = []
 
-    def walk(node: Any, prefix: str) -> None:
+    def walk(node: Any, prefix: str) -> Iterator[str]:
         if isinstance(node, dict):
             for name, value in node.items():
-                path = f"{prefix}{name}"
-                out.append(path)
-                walk(value, f"{path}.")
+                yield f"{prefix}{name}"
+                yield from walk(value, f"{prefix}{name}.")
 
-    walk(OmegaConf.to_container(cfg, resolve=False), "")
-    return out
+    return list(walk(OmegaConf.to_container(cfg, resolve=False), ""))
 
 
 def _nearest(key: str, keys: Sequence[str]) -> str | None:

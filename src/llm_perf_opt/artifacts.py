@@ -124,15 +124,11 @@ class ArtifactsManager:
         return target
 
     def write_anywhere(self, target: Path, text: str) -> Path:
-        """Write `text` to `target`: as a run file inside the run folder, as a plain file outside it."""
-        try:
-            relative = target.resolve().relative_to(self.run_dir)
-        except ValueError:
-            _mkdir(target.parent)
-            _atomic_write(target, text)
-            self.written.append(str(target.resolve()))
-            return target
-        return self.write_text(str(relative), text)
+        """Write `text` to `target`: as a run file inside the run folder, as a plain file outside it (`note_file`)."""
+        _mkdir(target.parent)
+        _atomic_write(target, text)
+        self.note_file(target)
+        return target
 
     def write_json(self, relative: str, data: object) -> Path:
         """A record (or plain data) as JSON."""

@@ -43,8 +43,10 @@ def _option_value(name: str, value: object, known: Mapping[str, object]) -> bool
     """`value` for the inductor option `name` when the option exists and `value` has its default's type."""
     key = f"runtime.compile_options.{name}"
     if name not in known:
+        import torch
+
         raise UserError(
-            f"{key} is not an option of torch {_torch_version()}'s inductor",
+            f"{key} is not an option of torch {torch.__version__}'s inductor",
             "Use a name from torch._inductor.config (e.g. coordinate_descent_tuning, max_autotune, "
             "max_autotune_gemm_backends, cpp.simdlen), or remove it",
         )
@@ -62,9 +64,3 @@ def _option_value(name: str, value: object, known: Mapping[str, object]) -> bool
         f"{key}={value} does not fit the option (inductor's default is {default!r}, a {kind})",
         f"Give {key} a value of that type, or remove it",
     )
-
-
-def _torch_version() -> str:
-    import torch
-
-    return str(torch.__version__)

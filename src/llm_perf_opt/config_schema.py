@@ -223,9 +223,8 @@ class ReportSchema:
     #: A perf-whatif folder whose measured levers the reports' "What to try" cites. null: the what-if folder this run
     #: folder lies in (its parent or grandparent holds whatif.json), if any.
     whatif_dir: Optional[str] = None
-    #: false: write the records only (metrics.json, operators.json, ...), no Markdown or plots; `stage1-report
-    #: <folder>` renders them later (perf-whatif's rungs do this: it renders every rung once, in parallel, when it
-    #: ends).
+    #: false: write the records only (metrics.json, operators.json, ...), no Markdown or plots; `stage1-report <folder>`
+    #: renders them later (perf-whatif's rungs do this: it renders every rung once, in parallel, when it ends).
     render: bool = setting(True, Flag())
 
 
@@ -328,10 +327,9 @@ class WhatIfRunSchema:
     #: the others load it instead of building it (model.cache_dir; removed when the run ends). Off by default: on the
     #: H100 (2026-11-25) building v1's random weights on the GPU takes 0.2 s, saving them 12.1 s and loading them 1.9 s.
     reuse_model: bool = setting(False, Flag())
-    #: launcher=local: fork each rung from one process that imported torch, transformers and the pipeline once,
-    #: instead of starting a fresh interpreter per rung (each rung is still a process of its own, with its own CUDA
-    #: context and compiled state). On the project's H100 machines the imports take ~13 s a rung (2026-11-26);
-    #: false: fresh ones.
+    #: launcher=local: fork each rung from one process that imported torch, transformers and the pipeline once, instead
+    #: of starting a fresh interpreter per rung (each rung is still a process of its own, with its own CUDA context and
+    #: compiled state). On the project's H100 machines the imports take ~13 s a rung (2026-11-26); false: fresh ones.
     fork_rungs: bool = setting(True, Flag())
     #: launcher=local: start the next rung on a device while the previous one finishes without it (the profiler's
     #: post-processing, writing its records, its exit: 4-6 s a rung on the H100), where no energy pass needs that
@@ -348,11 +346,10 @@ class WhatIfRunSchema:
     ladder: bool = setting(True, Flag())
     #: The levers a ladder may take: those that changed only latency (false: workload-changing levers too).
     ladder_latency_only: bool = setting(True, Flag())
-    #: The ladder stacks only levers whose generated tokens equal the baseline's (the others stay in the table, left
-    #: off the ladder with the reason); with ladder_max_logit_diff, also the prefill logits within it. false: any.
-    #: Where a rung that changed nothing (its levers set what the baseline already ran) departs from the baseline at
-    #: token k, the baseline's own outputs do not repeat from run to run from k on, and only tokens before k are
-    #: compared.
+    #: The ladder stacks only levers whose generated tokens equal the baseline's (the others stay in the table, left off
+    #: the ladder with the reason); with ladder_max_logit_diff, also the prefill logits within it. false: any. Where a
+    #: rung that changed nothing (its levers set what the baseline already ran) departs from the baseline at token k,
+    #: the baseline's own outputs do not repeat from run to run from k on, and only tokens before k are compared.
     ladder_identical_outputs: bool = setting(True, Flag())
     #: The largest max |Δ| of the prefill logits against the baseline's a ladder lever may have (null: any).
     ladder_max_logit_diff: Optional[float] = setting(None, Number(0.0, "logits", nullable=True))
@@ -684,8 +681,7 @@ class ModelSchema:
     #: when stale). null: built every time. stage2-profile and perf-whatif set it for their child processes (a folder
     #: in the run folder, removed at the end) unless set here; ignored when checkpoint weights are loaded.
     cache_dir: Optional[str] = setting(None, OutputFolder(nullable=True))
-    #: The family's preprocessing (tiling, view sizes, `device`: cpu or cuda; hf: `chat_template`,
-    #: `max_prompt_tokens`).
+    #: The family's preprocessing (tiling, view sizes, `device`: cpu or cuda; hf: `chat_template`, `max_prompt_tokens`).
     preprocess: dict[str, Any] = field(default_factory=dict)
     prompt: PromptSchema = field(default_factory=PromptSchema)
 
@@ -869,10 +865,8 @@ GROUP_SCHEMAS: dict[str, tuple[str, type]] = {
 def group_schemas() -> Iterator[tuple[str, str, type]]:
     """Every schema registered in a config group, as (group, name, schema): `GROUP_SCHEMAS`' and each model
     family's (`MODEL_SCHEMAS`, in the `model` group)."""
-    for group, (name, schema) in GROUP_SCHEMAS.items():
-        yield group, name, schema
-    for name, model in MODEL_SCHEMAS.items():
-        yield "model", name, model
+    yield from ((group, name, schema) for group, (name, schema) in GROUP_SCHEMAS.items())
+    yield from (("model", name, model) for name, model in MODEL_SCHEMAS.items())
 
 
 def _fields(node: type, prefix: str) -> Iterator[tuple[str, Field[Any]]]:

@@ -116,13 +116,11 @@ def _hydra_arguments() -> argparse.ArgumentParser:
     bad value is left for Hydra to refuse."""
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("overrides", nargs="*")
-    for flags in (("--help", "-h"), ("--hydra-help",), ("--version",), ("--resolve",), ("--run", "-r")):
+    switches = ("--help", "-h"), ("--hydra-help",), ("--version",), ("--resolve",), ("--run", "-r")
+    for flags in (*switches, ("--multirun", "-m"), ("--shell-completion", "-sc")):
         parser.add_argument(*flags, action="store_true")
-    for flags in (("--multirun", "-m"), ("--shell-completion", "-sc")):
-        parser.add_argument(*flags, action="store_true")
-    for flags in (("--cfg", "-c"), ("--package", "-p"), ("--config-path", "-cp"), ("--config-name", "-cn")):
-        parser.add_argument(*flags)
-    for flags in (("--config-dir", "-cd"), ("--experimental-rerun",)):
+    valued = ("--cfg", "-c"), ("--package", "-p"), ("--config-path", "-cp"), ("--config-name", "-cn")
+    for flags in (*valued, ("--config-dir", "-cd"), ("--experimental-rerun",)):
         parser.add_argument(*flags)
     parser.add_argument("--info", "-i", nargs="?", const="all")
     return parser
@@ -198,8 +196,7 @@ def _combinations(parsed: Sequence[Any], config_dir: str | None) -> Iterator[lis
         key = override.get_key_element()
         chosen = values if is_group(override.key_or_group, config_dir) else values[:1]
         options.append([f"{key}={value}" for value in chosen])
-    for combination in itertools.product(*options):
-        yield list(combination)
+    yield from (list(combination) for combination in itertools.product(*options))
 
 
 def _unknown_keys(
@@ -293,17 +290,14 @@ def _missing_option(exc: MissingConfigException, command: str) -> UserError | No
 
 def _flat_keys(cfg: DictConfig) -> list[str]:
     """Every dotted key path of `cfg` (containers and leaves; list items not descended)."""
-    out: list[str] = []
 
-    def walk(node: Any, prefix: str) -> None:
+    def walk(node: Any, prefix: str) -> Iterator[str]:
         if isinstance(node, dict):
             for name, value in node.items():
-                path = f"{prefix}{name}"
-                out.append(path)
-                walk(value, f"{path}.")
+                yield f"{prefix}{name}"
+                yield from walk(value, f"{prefix}{name}.")
 
-    walk(OmegaConf.to_container(cfg, resolve=False), "")
-    return out
+    return list(walk(OmegaConf.to_container(cfg, resolve=False), ""))
 
 
 def _nearest(key: str, keys: Sequence[str]) -> str | None:

@@ -63,8 +63,6 @@ def needs_ordinary_exit() -> bool:
     """Whether this process must end through the interpreter's own exit: it holds a CUDA context, a tool is injected
     into it (a profiler: its data is written at the C-level exit), or a thread other than the main one still works."""
     torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        return True
-    if any(os.environ.get(name) for name in INJECTION_VARIABLES):
+    if (torch is not None and torch.cuda.is_initialized()) or any(os.environ.get(n) for n in INJECTION_VARIABLES):
         return True
     return any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread())

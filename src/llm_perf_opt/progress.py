@@ -43,20 +43,16 @@ def duration_text(seconds: float) -> str:
     return f"{hours} h {minutes:02d} min"
 
 
-def remaining_s(task: Task) -> float | None:
-    """What a task has left at its mean time per unit so far; None before its first unit or without a total."""
-    elapsed = task.elapsed
-    if task.total is None or not task.completed or task.finished or elapsed is None:
-        return None
-    return max(0.0, task.total - task.completed) * elapsed / task.completed
-
-
 class RemainingColumn(ProgressColumn):
-    """ "~3 min 05 s left", from the task's mean time per unit so far (blank until the first unit is done)."""
+    """ "~3 min 05 s left", from the task's mean time per unit so far (blank until the first unit is done, once
+    the task is finished, and without a total)."""
 
     def render(self, task: Task) -> Text:
-        left = remaining_s(task)
-        return Text("" if left is None else f"~{duration_text(left)} left", style="progress.remaining")
+        elapsed = task.elapsed
+        if task.total is None or not task.completed or task.finished or elapsed is None:
+            return Text("", style="progress.remaining")
+        left = max(0.0, task.total - task.completed) * elapsed / task.completed
+        return Text(f"~{duration_text(left)} left", style="progress.remaining")
 
 
 class Feedback:

@@ -70,20 +70,6 @@ def _check_decode_length(select: Select) -> None:
         )
 
 
-def as_mapping(node: Mapping[str, object]) -> Select:
-    """A `select` over a plain nested mapping (a config turned into dicts and lists)."""
-
-    def select(key: str) -> object:
-        here: object = node
-        for part in key.split("."):
-            if not isinstance(here, Mapping) or part not in here:
-                return MISSING
-            here = here[part]
-        return here
-
-    return select
-
-
 def check_config(cfg: DictConfig) -> None:
     """`check_settings` over a composed config (a DictConfig; an interpolation that cannot be resolved here, such
     as Hydra's own `${now:...}` outside a run, is left to the command)."""

@@ -18,7 +18,6 @@ def _main(cfg: DictConfig) -> None:
 
     def job() -> None:  # the imports guarded too: a broken dependency is a bug reported like any other
         from llm_perf_opt import artifacts
-        from llm_perf_opt.artifacts import ArtifactsManager
         from llm_perf_opt.config_data import command_config
         from llm_perf_opt.errors import UserError
         from llm_perf_opt.pipeline.analytic import check_workload_model, write_analytic_report
@@ -26,7 +25,7 @@ def _main(cfg: DictConfig) -> None:
         from llm_perf_opt.session.adapters.registry import make_adapter
 
         feedback = Feedback()
-        art = ArtifactsManager(run_dir, stage="analytic")
+        art = artifacts.ArtifactsManager(run_dir, stage="analytic")
         art.start(run_dir.name)
         try:
             config = command_config(cfg)  # the settings, typed and read once

@@ -208,38 +208,25 @@ def rebuild_reports(
     for `prog`. `cites_whatif`: also take
     `--whatif <folder>`, a perf-whatif folder whose measured levers the recommendations cite; `names_modules`:
     also take `--stage1 <folder>`, a Stage 1 folder whose profiled pass names the kernels by module."""
-    import argparse
     import importlib
 
-    from llm_perf_opt.cli.help_text import parser_text
+    from llm_perf_opt.cli.help_text import command_parser
 
-    description, epilog = parser_text(prog)
-    parser = argparse.ArgumentParser(
-        prog=prog, description=description, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = command_parser(prog)
     parser.add_argument("folder", type=Path, help=f"a folder written by {writer} (or a copy of one)")
+    options: dict[str, str] = {}  # --<name> FOLDER -> its help
     if cites_whatif:
-        parser.add_argument(
-            "--whatif",
-            type=Path,
-            default=None,
-            metavar="FOLDER",
-            help="a perf-whatif folder (holding whatif.json) whose measured gains 'What to try' cites; default: the "
-            "what-if folder the run folder lies in, if any",
+        options["whatif"] = (
+            "a perf-whatif folder (holding whatif.json) whose measured gains 'What to try' cites; default: the "
+            "what-if folder the run folder lies in, if any"
         )
     if names_modules:
-        parser.add_argument(
-            "--stage1",
-            type=Path,
-            default=None,
-            metavar="FOLDER",
-            help="a Stage 1 folder of the same workload whose profiled pass (module attribution) names the kernels "
-            "by the operator and module that launched them; default: the workload's own, when it ran the profiler",
+        options["stage1"] = (
+            "a Stage 1 folder of the same workload whose profiled pass (module attribution) names the kernels "
+            "by the operator and module that launched them; default: the workload's own, when it ran the profiler"
         )
+    for name, about in options.items():
+        parser.add_argument(f"--{name}", type=Path, default=None, metavar="FOLDER", help=about)
     args = parser.parse_args(argv)
-    extra: dict[str, Any] = {}
-    if cites_whatif:
-        extra["whatif"] = args.whatif
-    if names_modules:
-        extra["stage1"] = args.stage1
+    extra = {name: getattr(args, name) for name in options}
     print_report_path(run_guarded(lambda: importlib.import_module(render_module).render(args.folder, **extra)))

@@ -10,37 +10,24 @@ import sys
 from pathlib import Path
 
 from llm_perf_opt.cli.common import run_guarded
-from llm_perf_opt.cli.help_text import parser_text
+from llm_perf_opt.cli.help_text import command_parser
 from llm_perf_opt.config_compose import new_run_id
-from llm_perf_opt.pipeline.compare import (
-    GateOptions,
-    gate_hint,
-    gate_problems,
-    gate_result,
-    output_files,
-    write_comparison,
-)
+from llm_perf_opt.pipeline.compare import GateOptions, gate_outcome, output_files, write_comparison
 from llm_perf_opt.pipeline.gate_rules import parse_rules
 from llm_perf_opt.records.comparison import GATE_EXIT_CODES, Comparison, WhatIfComparison
 
 DEFAULT_OUT_ROOT = Path("tmp") / "compare"  # the default --out: a fresh folder under it, as other commands use tmp/
 
 
-def _default_out() -> str:
-    return f"{DEFAULT_OUT_ROOT / new_run_id()}/"
-
-
 def _run(folders: list[Path], out: str, options: GateOptions) -> Comparison | WhatIfComparison:
     result = write_comparison(folders, out, options)
-    skipped = result.skipped if isinstance(result, Comparison) else ()
-    for folder in skipped:
+    for folder in result.skipped if isinstance(result, Comparison) else ():
         print(f"skipped {folder.path}: {folder.reason}", file=sys.stderr)
-    verdict = gate_result(result)
+    verdict, problems, hint = gate_outcome(result)
     if verdict is not None:
         print(f"\ngate: {verdict}" + (f" (exit {GATE_EXIT_CODES[verdict]})" if GATE_EXIT_CODES[verdict] else ""))
-        for problem in gate_problems(result):
+        for problem in problems:
             print(f"not usable: {problem}")
-        hint = gate_hint(result)
         if hint:
             print(f"hint: {hint}")
     print(output_files(out)[0])  # the last line: the bare path of compare.md, for scripts
@@ -48,13 +35,7 @@ def _run(folders: list[Path], out: str, options: GateOptions) -> Comparison | Wh
 
 
 def _parser() -> argparse.ArgumentParser:
-    description, epilog = parser_text("perf-compare")
-    parser = argparse.ArgumentParser(
-        prog="perf-compare",
-        description=description,
-        epilog=epilog,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = command_parser("perf-compare")
     parser.add_argument("folders", type=Path, nargs="+", metavar="run", help="run folders (at least two)")
     parser.add_argument(
         "--out",
@@ -89,13 +70,13 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     """Console script entry point."""
     args = _parser().parse_args(argv)
-    out = args.out if args.out is not None else _default_out()
+    out = args.out if args.out is not None else f"{DEFAULT_OUT_ROOT / new_run_id()}/"
 
     def job() -> Comparison | WhatIfComparison:
         options = GateOptions(parse_rules(args.fail_on), args.fail_on_unjudged, args.allow_different)
         return _run(args.folders, out, options)
 
-    verdict = gate_result(run_guarded(job))
+    verdict = gate_outcome(run_guarded(job))[0]
     if verdict is not None and GATE_EXIT_CODES[verdict]:
         sys.exit(GATE_EXIT_CODES[verdict])
 

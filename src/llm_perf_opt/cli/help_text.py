@@ -9,6 +9,7 @@ Hydra's own `$APP_CONFIG_GROUPS` is not used: it lists every group of the shared
 
 from __future__ import annotations
 
+import argparse
 import textwrap
 from dataclasses import dataclass
 from importlib.resources import files
@@ -228,12 +229,14 @@ def hydra_help(command: str) -> str:
     return "\n".join(lines).replace("$", "$$")  # Hydra substitutes $NAME in the template: keep a $ a $
 
 
-def parser_text(command: str) -> tuple[str, str]:
-    """An argparse command's description and epilog (examples and its guide), preformatted."""
+def command_parser(command: str) -> argparse.ArgumentParser:
+    """An argparse command's parser, with its description and epilog (examples and its guide) preformatted."""
     about = COMMANDS[command]
     examples = _table([(f"{command} {args}", what) for args, what in about.examples])
     epilog = "\n".join(["examples:", *examples, "", f"guide: {guide_path(command)} (in the project's repository)"])
-    return _wrap(about.summary[0].upper() + about.summary[1:]), epilog
+    description = _wrap(about.summary[0].upper() + about.summary[1:])
+    formatter = argparse.RawDescriptionHelpFormatter
+    return argparse.ArgumentParser(prog=command, description=description, epilog=epilog, formatter_class=formatter)
 
 
 def register_resolver() -> None:

@@ -12,7 +12,6 @@ from omegaconf import DictConfig
 
 from llm_perf_opt.cli.common import launch, run_guarded
 from llm_perf_opt.config_data import command_config
-from llm_perf_opt.config_schema import RunSchema
 from llm_perf_opt.heavy_imports import collector_paused
 from llm_perf_opt.process_end import ends_process
 
@@ -25,7 +24,8 @@ def _main(cfg: DictConfig) -> None:
 
     def job() -> None:  # the pipeline's import guarded too: a broken dependency is a bug reported like any other
         config = command_config(cfg)  # model, dataset, run, infer, ...: typed, read once for the pipeline
-        if not in_sweep and _launches_processes(config.nodes.run):  # run.data_parallel=N: N processes, their summary
+        run = config.nodes.run  # run.data_parallel=N without run.shard: this process starts N processes, their summary
+        if not in_sweep and run.data_parallel > 1 and run.shard is None:
             from llm_perf_opt.pipeline.data_parallel import DataParallelRun
 
             DataParallelRun(config, run_dir, run_dir.name, list(hydra_cfg.overrides.task)).execute()
@@ -36,11 +36,6 @@ def _main(cfg: DictConfig) -> None:
         Stage1Run(config, run_dir, run_id=run_dir.name).execute()
 
     run_guarded(job, run_dir=run_dir, in_sweep=in_sweep, cfg=cfg)
-
-
-def _launches_processes(run: RunSchema) -> bool:
-    """`run.data_parallel` > 1 without `run.shard`: this process starts the shards instead of timing one."""
-    return run.data_parallel > 1 and run.shard is None
 
 
 def main() -> None:

@@ -8,12 +8,7 @@ from llm_perf_opt.cli.common import rebuild_reports
 def main(argv: list[str] | None = None) -> None:
     """Console script entry point."""
     rebuild_reports(
-        "stage2-report",
-        "stage2-profile",
-        "llm_perf_opt.pipeline.stage2",
-        argv,
-        cites_whatif=True,
-        names_modules=True,
+        "stage2-report", "stage2-profile", "llm_perf_opt.pipeline.stage2", argv, cites_whatif=True, names_modules=True
     )
 
 

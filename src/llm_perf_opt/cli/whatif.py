@@ -32,8 +32,7 @@ def _main(cfg: DictConfig) -> None:
         composed, whatif, workload, advised = whatif_config(cfg, whatif, workload)
         config = command_config(composed)  # model, run, infer, ...: the settings of that config, typed
         # the run ends with its summary: the rungs, the best lever, the time budget, then whatif.md's path
-        run = WhatIfRun(config, run_dir, run_dir.name, workload, whatif=whatif, advised=advised)
-        run.execute()
+        WhatIfRun(config, run_dir, run_dir.name, workload, whatif=whatif, advised=advised).execute()
 
     run_guarded(job, run_dir=run_dir, cfg=cfg)
 

@@ -113,12 +113,14 @@ RUN_SETTINGS: tuple[tuple[str, Callable[[RunSettings], object]], ...] = (
 
 
 def run_setting_fields(settings: Callable[[R], RunSettings | None]) -> list[Field[R]]:
-    """The fields of `RUN_SETTINGS`, read from a run's (or its workload's) `RunSettings` (None when it has none)."""
+    """The counts (repeats, warmup, ...), then the fields of `RUN_SETTINGS`, read from a run's (or its workload's)
+    `RunSettings` (None when it has none)."""
 
     def field(read: Callable[[RunSettings], object]) -> Callable[[R], object]:
         return lambda f: None if (s := settings(f)) is None else read(s)
 
-    return [(key, field(read)) for key, read in RUN_SETTINGS]
+    counts = ("repeats", "warmup", "max_new_tokens", "max_images", "batch_size")
+    return [(key, field(attrgetter(key))) for key in counts] + [(key, field(read)) for key, read in RUN_SETTINGS]
 
 
 def flat_config(config: Mapping[str, object], prefix: str = "") -> dict[str, object]:
@@ -210,11 +212,6 @@ STAGE1_FIELDS: list[Field[Stage1Folder]] = [
     ("GPU driver", lambda f: env_gpu(f.env).get("driver")),
     ("torch threads", lambda f: f.env.get("torch_threads")),
     ("TF32 matmul", lambda f: f.env.get("tf32_matmul")),
-    ("repeats", lambda f: f.metrics.settings.repeats),
-    ("warmup", lambda f: f.metrics.settings.warmup),
-    ("max_new_tokens", lambda f: f.metrics.settings.max_new_tokens),
-    ("max_images", lambda f: f.metrics.settings.max_images),
-    ("batch_size", lambda f: f.metrics.settings.batch_size),
     *run_setting_fields(attrgetter("metrics.settings")),
     ("partial run", lambda f: f.metrics.settings.partial),
     ("operator sort key", lambda f: f.metrics.operator_sort_key),
@@ -343,10 +340,9 @@ _GIB = float(1 << 30)
 
 
 def _peak(metrics: Stage1Metrics, part: str) -> float | None:
-    memory = metrics.memory
-    if memory is None or memory.measured is None:
-        return None
-    whole = next((p for p in memory.measured.peaks if p.stage == vocab.E2E), None)
+    """The whole pass's peak allocated or reserved memory (GiB)."""
+    measured = None if metrics.memory is None else metrics.memory.measured
+    whole = None if measured is None else next((p for p in measured.peaks if p.stage == vocab.E2E), None)
     if whole is None:
         return None
     return (whole.peak_allocated_bytes if part == "allocated" else whole.peak_reserved_bytes) / _GIB
@@ -397,11 +393,6 @@ def host_rows(runs: Sequence[Labelled[Stage1Folder]]) -> tuple[FieldDifference, 
     )
 
 
-def host_differences(runs: Sequence[Labelled[Stage1Folder]]) -> tuple[tuple[str, ...], ...]:
-    """Per run after the baseline, its host figures that differ from the baseline's, in words."""
-    return host_difference.run_differences([(label, f.metrics.host_usage) for label, f in runs])
-
-
 def stage1_comparison(runs: Sequence[Labelled[Stage1Folder]]) -> Stage1Comparison:
     return Stage1Comparison(
         resources=resources(runs),
@@ -411,7 +402,7 @@ def stage1_comparison(runs: Sequence[Labelled[Stage1Folder]]) -> Stage1Compariso
         operators=tuple(operator_movers(runs[0], other) for other in runs[1:]),
         differences=differences(runs, STAGE1_FIELDS) + host_rows(runs),
         config_differences=config_differences([f.config for _, f in runs], SETTINGS_CONFIG_KEYS),
-        host_differences=host_differences(runs),
+        host_differences=host_difference.run_differences([(label, f.metrics.host_usage) for label, f in runs]),
     )
 
 
@@ -423,17 +414,8 @@ def _model(pick: Callable[[ModelInfo], object]) -> Callable[[Stage2Folder], obje
     return lambda f: None if f.metrics.model is None else pick(f.metrics.model)
 
 
-def _workload(pick: Callable[[RunSettings], object]) -> Callable[[Stage2Folder], object]:
-    """A setting of the Stage 2 workload (None when the run recorded none)."""
-    return lambda f: None if f.metrics.workload_settings is None else pick(f.metrics.workload_settings)
-
-
 def _tool_version(name: str) -> Callable[[Stage2Folder], object]:
-    def pick(f: Stage2Folder) -> object:
-        tool = f.metrics.tools.get(name)
-        return None if tool is None else tool.version
-
-    return pick
+    return lambda f: None if (tool := f.metrics.tools.get(name)) is None else tool.version
 
 
 STAGE2_FIELDS: list[Field[Stage2Folder]] = [
@@ -451,11 +433,6 @@ STAGE2_FIELDS: list[Field[Stage2Folder]] = [
     ("nsys", _tool_version("nsys")),
     ("ncu", _tool_version("ncu")),
     ("ncu clock control", lambda f: f.metrics.ncu_clock_control),
-    ("repeats", _workload(lambda s: s.repeats)),
-    ("warmup", _workload(lambda s: s.warmup)),
-    ("max_new_tokens", _workload(lambda s: s.max_new_tokens)),
-    ("max_images", _workload(lambda s: s.max_images)),
-    ("batch_size", _workload(lambda s: s.batch_size)),
     *run_setting_fields(attrgetter("metrics.workload_settings")),
     ("forwarded overrides", lambda f: f.metrics.forwarded_overrides),
 ]

@@ -134,9 +134,7 @@ def figures_for(stages: Sequence[str]) -> dict[str, Figure]:
 
 def read(figure: Figure, folder: Stage1Folder | Stage2Folder) -> Sample | None:
     """`figure` of a loaded run (None: not measured there)."""
-    if isinstance(folder, Stage1Folder):
-        return figure.stage1(folder.metrics)
-    return figure.stage2(folder.metrics)
+    return figure.stage1(folder.metrics) if isinstance(folder, Stage1Folder) else figure.stage2(folder.metrics)
 
 
 # --------------------------------------------------------------------------------------------- the interval
@@ -301,35 +299,26 @@ def _host_differences(runs: Sequence[tuple[str, Stage1Folder | Stage2Folder]]) -
 # --------------------------------------------------------------------------------------------- same workload?
 
 
-def _stage1_workload(f: Stage1Folder) -> dict[str, object]:
-    m = f.metrics
-    return {
-        "model": m.model.name,
-        "dtype": m.model.dtype,
-        "device": m.device.name,
-        "max_new_tokens": m.settings.max_new_tokens,
-        "max_images": m.settings.max_images,
-        "batch_size": m.settings.batch_size,
-        "inputs": ", ".join(m.images) if m.records else None,  # None: trimmed records, not compared
+def _workload(f: Stage1Folder | Stage2Folder) -> dict[str, object]:
+    """What the gate compares of a run's workload and device (a Stage 2 run's: its workload's; None: not recorded)."""
+    model = f.metrics.model
+    settings = f.metrics.settings if isinstance(f, Stage1Folder) else f.metrics.workload_settings
+    fields: dict[str, object] = {
+        "model": None if model is None else model.name,
+        "dtype": None if model is None else model.dtype,
+        "device": f.metrics.device.name,
     }
-
-
-def _stage2_workload(f: Stage2Folder) -> dict[str, object]:
-    m, s = f.metrics, f.metrics.workload_settings
-    return {
-        "model": None if m.model is None else m.model.name,
-        "dtype": None if m.model is None else m.model.dtype,
-        "device": m.device.name,
-        "max_new_tokens": None if s is None else s.max_new_tokens,
-        "max_images": None if s is None else s.max_images,
-        "batch_size": None if s is None else s.batch_size,
-    }
+    for key in ("max_new_tokens", "max_images", "batch_size"):
+        fields[key] = None if settings is None else getattr(settings, key)
+    if isinstance(f, Stage1Folder):  # None: trimmed records, not compared
+        fields["inputs"] = ", ".join(f.metrics.images) if f.metrics.records else None
+    return fields
 
 
 def workload_differences(runs: Sequence[tuple[str, Stage1Folder | Stage2Folder]]) -> tuple[str, ...]:
     """What differs in workload or device between each run and the first (model, dtype, device, tokens, inputs,
     batch size), one line each; a field a run did not record is not compared."""
-    fields = [_stage1_workload(f) if isinstance(f, Stage1Folder) else _stage2_workload(f) for _, f in runs]
+    fields = [_workload(f) for _, f in runs]
     base_label, base = runs[0][0], fields[0]
     lines = []
     for (label, _), other in zip(runs[1:], fields[1:], strict=True):

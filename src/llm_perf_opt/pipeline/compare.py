@@ -378,22 +378,10 @@ def write_comparison(
     return result
 
 
-def gate_result(result: Comparison | WhatIfComparison) -> str | None:
-    """The `--fail-on` gate's result of a comparison (GATE_RESULTS; None: no rules given)."""
+def gate_outcome(result: Comparison | WhatIfComparison) -> tuple[str | None, tuple[str, ...], str | None]:
+    """The `--fail-on` gate's result (GATE_RESULTS; None: no rules given), why it is unusable (the folders or rungs
+    it could not judge), and what would let it judge the rules it could not (None: nothing to add)."""
     if isinstance(result, WhatIfComparison):
-        return result.gate_result
-    return None if result.gate is None else result.gate.result
-
-
-def gate_hint(result: Comparison | WhatIfComparison) -> str | None:
-    """What would let the gate judge the rules it could not (None: nothing to add)."""
-    if isinstance(result, WhatIfComparison):
-        return result.gate_hint
-    return None if result.gate is None else result.gate.hint
-
-
-def gate_problems(result: Comparison | WhatIfComparison) -> tuple[str, ...]:
-    """Why the gate is unusable: the folders (or rungs) it could not judge."""
-    if isinstance(result, WhatIfComparison):
-        return result.gate_problems
-    return () if result.gate is None else result.gate.problems
+        return result.gate_result, result.gate_problems, result.gate_hint
+    gate = result.gate
+    return (None, (), None) if gate is None else (gate.result, gate.problems, gate.hint)

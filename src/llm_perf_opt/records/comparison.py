@@ -149,10 +149,6 @@ class Stage1Comparison:
     host_differences: tuple[tuple[str, ...], ...] = ()
     throughput: tuple[RateRow, ...] = ()  # pages/s per run (empty in comparisons written before it)
 
-    def hosts_differed(self) -> bool:
-        """Whether any run's host usage differed from the baseline's."""
-        return any(self.host_differences)
-
 
 # --------------------------------------------------------------------------------------------- Stage 2
 
@@ -263,10 +259,6 @@ class Gate:
     hint: str | None = None  # what would let the gate judge the rules it could not (None: nothing to add)
     # The runs whose host usage differed from the baseline's, and how (host-paced figures may have moved with it)
     host_differences: tuple[str, ...] = ()
-
-    @property
-    def failed(self) -> bool:
-        return self.result == GATE_FAILED
 
 
 # --------------------------------------------------------------------------------------------- the whole

@@ -351,8 +351,9 @@ def _warn_if_abandoned(whatif_dir: Path) -> None:
         )
 
 
-def metrics_kind(run_dir: Path) -> str:
-    """The `stage` a folder's metrics.json names ("stage1", "stage2"), or a RecordError."""
+def load(run_dir: Path) -> RunFolder:
+    """The run folder `run_dir` as typed records (a Stage1Folder or Stage2Folder, by the `stage` its metrics.json
+    names)."""
     path = Path(run_dir) / METRICS_FILE
     if not Path(run_dir).is_dir():
         raise RecordError(f"{run_dir} is not a folder", "Pass the folder of a finished run")
@@ -360,16 +361,11 @@ def metrics_kind(run_dir: Path) -> str:
     data = read_json(path)
     if not isinstance(data, dict):
         raise RecordError(f"{path} does not hold a JSON object", "Rerun the command that wrote the folder")
-    return str(data.get("stage"))
-
-
-def load(run_dir: Path) -> RunFolder:
-    """The run folder `run_dir` as typed records (a Stage1Folder or Stage2Folder)."""
-    kind = metrics_kind(run_dir)
+    kind = str(data.get("stage"))
     loader = LOADERS.get(kind)
     if loader is None:
         raise RecordError(
-            f"{Path(run_dir) / METRICS_FILE} is for stage {kind!r}, which this version cannot read",
+            f"{path} is for stage {kind!r}, which this version cannot read",
             f"Pass a folder of one of: {', '.join(LOADERS)}",
         )
     return loader(Path(run_dir))

@@ -1,6 +1,5 @@
-"""The toolkit's vocabulary: stage names, the NVTX domain, dtype names and weight quantizations, each defined here
-once. It sits at the floor of the package: it imports nothing from llm_perf_opt; every layer takes these names here.
-"""
+"""The toolkit's vocabulary: stage names, the NVTX domain, dtype names and weight quantizations, each defined here once.
+It sits at the floor of the package: it imports nothing from llm_perf_opt; every layer takes these names here."""
 
 from __future__ import annotations
 

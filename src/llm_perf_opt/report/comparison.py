@@ -117,7 +117,7 @@ def _stage1(doc: Doc, runs: Sequence[ComparedRun], section: Stage1Comparison, to
         f"(host-side: the GPU was busy under {HOST_PACED_BELOW:.0%} of the stage in the profiled pass, so the host's "
         f"pace sets the spread; GPU-side: from {GPU_PACED_FROM:.0%})."
     )
-    if section.hosts_differed():
+    if any(section.host_differences):  # a run's host usage differed from the baseline's
         doc.para(host_note(section.host_differences, [r.label for r in others]))
     _throughput(doc, runs, section.throughput)
 

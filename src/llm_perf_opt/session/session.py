@@ -671,8 +671,7 @@ class InferenceSession:
     ) -> list[int]:
         """Greedy decoding of exactly `max_new_tokens` tokens (EOS ignored; the first from prefill). `around_step(i)`
         wraps forward i (0 = prefill); `reference=True` runs the eager dynamic-cache loop whatever the runtime."""
-        out = self._run_loop([prepared], max_new_tokens, recorder, around_step, reference=reference)
-        return list(out.tokens[0])
+        return self.generate_batch([prepared], max_new_tokens, recorder, around_step, reference=reference)[0]
 
     def generate_batch(
         self,

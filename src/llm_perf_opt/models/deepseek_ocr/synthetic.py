@@ -116,12 +116,9 @@ def vendor_config(architecture: Mapping[str, Any], *, torch_dtype: str = "bfloat
             "projector_type": "linear",
         },
         **top_level,
-        OWN_KEY: {"vision_architecture": _vision_architecture(architecture)},
+        # the vision sizes as plain JSON values
+        OWN_KEY: {"vision_architecture": json.loads(json.dumps({key: architecture[key] for key in OWN_VISION_KEYS}))},
     }
-
-
-def _vision_architecture(architecture: Mapping[str, Any]) -> dict[str, Any]:
-    return json.loads(json.dumps({key: architecture[key] for key in OWN_VISION_KEYS}))  # plain JSON values
 
 
 def _language_config(text: Mapping[str, Any], torch_dtype: str) -> dict[str, Any]:

@@ -540,8 +540,7 @@ class InferenceSession:
     def embeddings_kept(self, batch: Sequence[PreparedInputs], first: int) -> Iterator[None]:
         """Within the block, the passes over `batch` take the embeddings of inputs `first`… computed once here (their
         vision runs now, not in the passes inside; a batch only)."""
-        loop = self._loop
-        grad_off = torch.no_grad() if loop.compiled or self._vision else torch.inference_mode()
+        grad_off = torch.no_grad() if self._loop.compiled or self._vision else torch.inference_mode()  # as _run_loop
         indices = range(first, len(batch))
         with grad_off:
             if self._batches_vision(len(batch)):

@@ -22,9 +22,8 @@ def _declared_cache_field() -> str:
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
     fields = {field.name for field in dataclasses.fields(CausalLMOutputWithPast)}
-    for name in CACHE_NAMES:
-        if name in fields:
-            return name
+    if declared := next((name for name in CACHE_NAMES if name in fields), None):
+        return declared
     raise RuntimeError(  # a release this module does not know: fail loudly rather than drop the cache
         f"transformers' CausalLMOutputWithPast declares none of {CACHE_NAMES}; this release is not supported"
     )

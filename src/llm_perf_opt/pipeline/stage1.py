@@ -269,10 +269,8 @@ class Stage1Run:
     def _measure_peaks(self, device: torch.device, dtype_setting: str | None) -> None:
         """hardware.peaks=measured: this GPU's achievable GEMM and copy rates (cached per device), measured before
         the model takes the memory."""
-        if self.options.peaks != MEASURED:
-            return
-        if device.type != "cuda":
-            return  # said in the run's warnings
+        if self.options.peaks != MEASURED or device.type != "cuda":
+            return  # off the GPU: said in the run's warnings
         dtype = str(resolve_dtype(dtype_setting, device)).removeprefix("torch.")
         with self.feedback.step("measuring this GPU's achievable peaks (cached after the first run)", part="peaks"):
             self.handoff.wait()  # (the previous what-if rung's end: the calibration times the GPU)

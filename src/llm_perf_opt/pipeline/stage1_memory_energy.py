@@ -72,10 +72,7 @@ class MemoryAndEnergy:
     @contextlib.contextmanager
     def idle_during(self, what: str) -> Iterator[None]:
         """The energy pass's idle window over the block (CPU-only work), when the energy loops ran."""
-        if self.meter is None:
-            yield
-            return
-        with self.meter.idle_during(what):
+        with contextlib.nullcontext() if self.meter is None else self.meter.idle_during(what):
             yield
 
     def finish(self) -> None:

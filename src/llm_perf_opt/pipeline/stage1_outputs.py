@@ -128,7 +128,7 @@ def summary_rows(m: Stage1Metrics) -> list[tuple[str, str]]:
     mfu = {r.stage: r.mfu for r in m.mfu}
     eff = {e.stage: e for e in m.efficiency}
     decode = eff.get(vocab.DECODE)
-    rows = [
+    return [
         ("model", f"{m.model.name} ({m.model.weights}, {m.model.dtype})"),
         ("device", m.device.name),
         ("images x passes", f"{len(m.images)} x {m.settings.repeats}"),
@@ -139,4 +139,3 @@ def summary_rows(m: Stage1Metrics) -> list[tuple[str, str]]:
             f"{p50.get(vocab.DECODE_STEP, 0):,.2f} ms, MBU {pct(decode.mbu if decode else None)}",
         ),
     ]
-    return rows

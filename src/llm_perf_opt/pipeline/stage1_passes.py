@@ -128,12 +128,8 @@ class TimedPasses:
     ) -> None:
         """The timed passes of batch `index`: one `BatchRecord` per pass, one `ImageRecord` per input and pass,
         the routing of each in `traces`; nothing else runs between two passes."""
-        session, tokens, vision, paths = (
-            self.session,
-            self.settings.max_new_tokens,
-            self.session.vision_stages,
-            groups[index],
-        )
+        session, paths = self.session, groups[index]
+        tokens, vision = self.settings.max_new_tokens, session.vision_stages
         repeat = 0
         while repeat < self.settings.repeats:
             after = self._next_paths(groups, index, repeat)

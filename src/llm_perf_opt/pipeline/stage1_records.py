@@ -144,8 +144,7 @@ def analysis_setup(
     settings: RunSettings,
     inputs: InputChoice | None,
 ) -> Stage1Setup:
-    """The run as `Stage1Analysis` needs it: the records that describe it and the settings its figures use (`cfg`:
-    the command's settings)."""
+    """The run as `Stage1Analysis` needs it: the records that describe it and the settings its figures use."""
     nodes = command.nodes
     assert settings.profiler is not None  # `stage1_settings.run_settings` records it
     return Stage1Setup(

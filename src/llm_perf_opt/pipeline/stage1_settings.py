@@ -89,12 +89,8 @@ def resolve_settings(command: CommandConfig, device: torch.device) -> ResolvedSe
         ("dataset.sampling", dataset.sampling),
     ):
         short = key.split(".")[1]
-        if value is None:
-            chosen[short] = defaults[short]
-            sources[key] = f"device default ({device.type})"
-        else:
-            chosen[short] = value
-            sources[key] = "config/override"
+        chosen[short] = defaults[short] if value is None else value
+        sources[key] = f"device default ({device.type})" if value is None else "config/override"
     return ResolvedSettings(
         repeats=require_whole("run.repeats", chosen["repeats"], 1),
         warmup=require_whole("run.warmup", chosen["warmup"], 0),
@@ -153,19 +149,8 @@ def config_digest(cfg: DictConfig) -> str:
 
 
 def profiler_settings(prof: TorchProfilerSchema) -> ProfilerSettings:
-    """`pipeline.torch_profiler` as the run records it (its `output` apart)."""
-    return ProfilerSettings(
-        enable=prof.enable,
-        decode_steps=prof.decode_steps,
-        record_shapes=prof.record_shapes,
-        profile_memory=prof.profile_memory,
-        with_stack=prof.with_stack,
-        with_flops=prof.with_flops,
-        chrome_trace=prof.chrome_trace,
-        top_k=prof.top_k,
-        modules=prof.modules,
-        max_vision_inputs=prof.max_vision_inputs,
-    )
+    """`pipeline.torch_profiler` as the run records it: each `ProfilerSettings` field by name (its `output` apart)."""
+    return ProfilerSettings(**{field.name: getattr(prof, field.name) for field in attrs.fields(ProfilerSettings)})
 
 
 def run_settings(

@@ -61,17 +61,13 @@ def parse_cores(text: str) -> tuple[int, ...]:
 
 def format_cores(cores: Sequence[int]) -> str:
     """(2, 3, 4, 5, 8) → "2-5,8"."""
-    runs: list[str] = []
-    ordered = sorted(cores)
-    start = prev = ordered[0]
-    for core in [*ordered[1:], None]:
-        if core is not None and core == prev + 1:
-            prev = core
-            continue
-        runs.append(str(start) if start == prev else f"{start}-{prev}")
-        if core is not None:
-            start = prev = core
-    return ",".join(runs)
+    runs: list[list[int]] = []  # consecutive cores
+    for core in sorted(cores):
+        if runs and core == runs[-1][-1] + 1:
+            runs[-1].append(core)
+        else:
+            runs.append([core])
+    return ",".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
 
 
 def is_off(setting: object) -> bool:

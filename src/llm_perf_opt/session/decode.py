@@ -145,13 +145,9 @@ class DecodeLoop:
         position_ids: torch.Tensor | None,
         attention_mask: torch.Tensor | None,
     ) -> torch.Tensor:
-        extra: dict[str, Any] = {}
-        if position_ids is not None:
-            extra["position_ids"] = position_ids
-        if attention_mask is not None:
-            extra["attention_mask"] = attention_mask
-        extra[self.cache_argument] = cache
-        out = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=1, **extra)
+        given = {"position_ids": position_ids, "attention_mask": attention_mask}
+        extra = {name: value for name, value in given.items() if value is not None}
+        out = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=1, **extra, **{self.cache_argument: cache})
         return self._greedy(out.logits[:, -1])
 
     def _greedy(self, logits: torch.Tensor) -> torch.Tensor:

@@ -66,26 +66,22 @@ class ModelSettings:
         prompt = data.get("prompt") or {}
         tokens = prompt.get("text_tokens")
         stages = data.get("vision_stage_modules")
+        texts = (  # the settings that are text, or None for null
+            *("path", "cache_dir", "dtype", "attn_implementation", "experts_implementation", "mode"),
+            *("name_or_path", "config", "tokenizer"),
+        )
         return cls(
             name=str(data.get("name") or ""),
             adapter=str(data.get("adapter")),
-            path=_text(data.get("path")),
             seed=int(data.get("seed", 0)),
-            cache_dir=_text(data.get("cache_dir")),
-            dtype=_text(data.get("dtype")),
-            attn_implementation=_text(data.get("attn_implementation")),
-            experts_implementation=_text(data.get("experts_implementation")),
             sam_attention=str(data.get("sam_attention") or "sdpa"),
             prompt=PromptSettings(str(prompt.get("text", "")), None if tokens is None else int(tokens)),
             preprocess=data.get("preprocess") or {},
             architecture=data.get("architecture") or {},
-            mode=_text(data.get("mode")),
             modes=data.get("modes") or {},
             trust_remote_code=bool(data.get("trust_remote_code", False)),
-            name_or_path=_text(data.get("name_or_path")),
-            config=_text(data.get("config")),
-            tokenizer=_text(data.get("tokenizer")),
             vision_stage_modules=None if stages is None else {str(k): str(v) for k, v in stages.items()},
+            **{key: _text(data.get(key)) for key in texts},
         )
 
     @classmethod
@@ -101,8 +97,5 @@ class ModelSettings:
 
     def implementation_kwargs(self) -> dict[str, Any]:
         """`attn_implementation` / `experts_implementation` where set, for transformers loaders."""
-        chosen = (
-            ("attn_implementation", self.attn_implementation),
-            ("experts_implementation", self.experts_implementation),
-        )
-        return {key: value for key, value in chosen if value}
+        names = ("attn_implementation", "experts_implementation")
+        return {name: value for name in names if (value := getattr(self, name))}

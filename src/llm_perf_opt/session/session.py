@@ -295,15 +295,6 @@ def _totals(spans: Sequence[tuple[str, float]]) -> tuple[dict[str, float], dict[
     return totals, calls
 
 
-def vision_shares(
-    totals: Mapping[str, float], calls: Mapping[str, int], inputs: int
-) -> tuple[dict[str, float], dict[str, int]]:
-    """Each of `inputs` inputs' vision sub-stage times when they ran together (batched vision, or one input): an
-    equal share of the pass's (`totals` / `inputs`, so the inputs' times sum to the pass's), and the pass's calls."""
-    vision = {s: ms / inputs for s, ms in totals.items() if vocab.is_vision(s)}
-    return vision, {s: n for s, n in calls.items() if vocab.is_vision(s)}
-
-
 def batches(paths: Sequence[Path], batch_size: int) -> list[tuple[Path, ...]]:
     """`paths` in order, `batch_size` at a time; the last batch holds what is left (it may be smaller)."""
     if batch_size < 1:
@@ -438,7 +429,9 @@ class InferenceSession:
     def close(self) -> None:
         """Detach this session's hooks, restore its vision modules' forwards and drop a prefetch in flight."""
         self.discard_prefetch()
-        self.remove_stage_hooks()
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
         restore_forwards(self._vision)
         if self.routing is not None:
             self.routing.remove()
@@ -488,17 +481,6 @@ class InferenceSession:
             handles.append(module.register_forward_hook(post_hook))
         return handles
 
-    def remove_stage_hooks(self) -> None:
-        """Detach the vision-stage hooks (for uninstrumented baselines); :meth:`install_stage_hooks` restores them."""
-        for handle in self._hooks:
-            handle.remove()
-        self._hooks = []
-
-    def install_stage_hooks(self) -> None:
-        """Attach the vision-stage hooks if they are not attached."""
-        if not self._hooks:
-            self._hooks = self._install_stage_hooks()
-
     @property
     def vision_stages(self) -> tuple[str, ...]:
         return tuple(self._stage_modules)
@@ -525,12 +507,10 @@ class InferenceSession:
     # ---- running -----------------------------------------------------------------------------------
     def prepare(self, input_path: Path, image: Image.Image | None = None) -> PreparedInputs:
         """Preprocess one input file and move it to the device; `image`: the file already decoded (closed here)."""
-        if image is None:
-            prepared = self.adapter.prepare_file(input_path, self.loaded.tokenizer)
-        else:
-            try:  # closed explicitly: `with image` closes only the file of an image read lazily, not a decoded one
-                prepared = self.adapter.prepare_file(input_path, self.loaded.tokenizer, image)
-            finally:
+        try:
+            prepared = self.adapter.prepare_file(input_path, self.loaded.tokenizer, image)
+        finally:  # closed explicitly: `with image` closes only the file of an image read lazily, not a decoded one
+            if image is not None:
                 image.close()
         return prepared.to(self.device, self.dtype)
 
@@ -560,8 +540,7 @@ class InferenceSession:
     def embeddings_kept(self, batch: Sequence[PreparedInputs], first: int) -> Iterator[None]:
         """Within the block, the passes over `batch` take the embeddings of inputs `first`… computed once here (their
         vision runs now, not in the passes inside; a batch only)."""
-        loop = self._loop
-        grad_off = torch.no_grad() if loop.compiled or self._vision else torch.inference_mode()
+        grad_off = torch.no_grad() if self._loop.compiled or self._vision else torch.inference_mode()  # as _run_loop
         indices = range(first, len(batch))
         with grad_off:
             if self._batches_vision(len(batch)):
@@ -691,8 +670,7 @@ class InferenceSession:
     ) -> list[int]:
         """Greedy decoding of exactly `max_new_tokens` tokens (EOS ignored; the first from prefill). `around_step(i)`
         wraps forward i (0 = prefill); `reference=True` runs the eager dynamic-cache loop whatever the runtime."""
-        out = self._run_loop([prepared], max_new_tokens, recorder, around_step, reference=reference)
-        return list(out.tokens[0])
+        return self.generate_batch([prepared], max_new_tokens, recorder, around_step, reference=reference)[0]
 
     def generate_batch(
         self,
@@ -706,10 +684,6 @@ class InferenceSession:
         """:meth:`generate` for several inputs in one batch (the decoder left-padded); the tokens of each input."""
         out = self._run_loop(batch, max_new_tokens, recorder, around_step, reference=reference)
         return [list(tokens) for tokens in out.tokens]
-
-    @property
-    def _keeps_logits(self) -> bool:
-        return self.runtime.checks_outputs or self.keep_prefill_logits
 
     def _timed_prepare(self, path: Path) -> tuple[PreparedInputs, float]:
         start = time.perf_counter()
@@ -753,11 +727,14 @@ class InferenceSession:
         share = (time.perf_counter() - start) * 1e3 / len(paths)
         return [(one, share) for one in prepared], decoded is not None
 
-    def _start_pass(
-        self, paths: Sequence[Path], nvtx: bool, next_paths: Sequence[Path] | None
-    ) -> tuple[StageRecorder, list[tuple[PreparedInputs, float]], bool, int]:
-        """Start a timed pass over `paths`: its recorder, prepared inputs (:meth:`_prepare_batch`), whether they were
-        decoded ahead, and how many compile events came before it."""
+    def run_batch(
+        self, paths: Sequence[Path], max_new_tokens: int, *, nvtx: bool = True, next_paths: Sequence[Path] | None = None
+    ) -> BatchMeasurement:
+        """One full pass over a batch of inputs (at most `run.batch_size`): each preprocessed, its vision run one
+        after the other (or together by view shape with `runtime.batch_vision`), then the decoder's prefill and decode
+        steps on the whole batch. With `runtime.prefetch_pages`, `next_paths` decode on threads meanwhile."""
+        if not paths:
+            raise ValueError("a batch needs at least one input")
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -774,29 +751,13 @@ class InferenceSession:
         compiled_before = len(self.compile_summary().events)
         if self.routing is not None:
             self.routing.begin_pass()
-        return recorder, prepared_ms, prefetched, compiled_before
-
-    def _end_pass(self, compiled_before: int) -> tuple[int | None, RoutingTrace | None, tuple[CompileEvent, ...]]:
-        """A timed pass's peak memory, routing trace and compile events."""
-        peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
-        routing = self.routing.end_pass() if self.routing is not None else None
-        return peak, routing, self.compile_summary().events[compiled_before:]
-
-    def run_batch(
-        self, paths: Sequence[Path], max_new_tokens: int, *, nvtx: bool = True, next_paths: Sequence[Path] | None = None
-    ) -> BatchMeasurement:
-        """One full pass over a batch of inputs (at most `run.batch_size`): each preprocessed, its vision run one
-        after the other (or together by view shape with `runtime.batch_vision`), then the decoder's prefill and decode
-        steps on the whole batch. With `runtime.prefetch_pages`, `next_paths` decode on threads meanwhile."""
-        if not paths:
-            raise ValueError("a batch needs at least one input")
-        recorder, prepared_ms, prefetched, compiled_before = self._start_pass(paths, nvtx, next_paths)
         inputs = [StageRecorder(self.device, nvtx=nvtx) for _ in paths]
         batch = [prepared for prepared, _ in prepared_ms]
         vision_apart = len(paths) > 1 and not self._batches_vision(len(paths))
         self._input_recorders = inputs if vision_apart else None
+        keep_logits = self.runtime.checks_outputs or self.keep_prefill_logits
         try:
-            out = self._run_loop(batch, max_new_tokens, recorder, None, reference=False, keep_logits=self._keeps_logits)
+            out = self._run_loop(batch, max_new_tokens, recorder, None, reference=False, keep_logits=keep_logits)
         finally:
             self._input_recorders = None
         spans = recorder.spans_ms()
@@ -807,9 +768,13 @@ class InferenceSession:
                 for stage, ms in vision_ms.items():
                     totals[stage] = totals.get(stage, 0.0) + ms
                     calls[stage] = calls.get(stage, 0) + vision_calls[stage]
-        else:  # one input, or batched vision: the vision ran under the batch recorder; each input's is its share
-            per_input = [vision_shares(totals, calls, len(paths))] * len(paths)
-        peak, routing, compiled = self._end_pass(compiled_before)
+        else:  # one input, or batched vision: the vision ran under the batch recorder; each input gets an equal
+            # share of its times (so the inputs' times sum to the pass's) and the pass's calls
+            vision = {s: ms / len(paths) for s, ms in totals.items() if vocab.is_vision(s)}
+            per_input = [(vision, {s: n for s, n in calls.items() if vocab.is_vision(s)})] * len(paths)
+        peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
+        routing = self.routing.end_pass() if self.routing is not None else None
+        compiled = self.compile_summary().events[compiled_before:]
         pages = tuple(
             PageResult(
                 input=str(path),
@@ -840,32 +805,11 @@ class InferenceSession:
     def run_image(
         self, image_path: Path, max_new_tokens: int, *, nvtx: bool = True, next_paths: Sequence[Path] | None = None
     ) -> ImageMeasurement:
-        """One full pass (preprocess, prefill with vision, decode) with stage timing; `next_paths`: prefetched."""
-        recorder, ((prepared, preprocess_ms),), prefetched, compiled_before = self._start_pass(
-            [image_path], nvtx, next_paths
-        )
-        out = self._run_loop(
-            [prepared], max_new_tokens, recorder, None, reference=False, keep_logits=self._keeps_logits
-        )
-        spans = recorder.spans_ms()
-        totals, calls = _totals(spans)
-        peak, routing, compiled = self._end_pass(compiled_before)
-        return ImageMeasurement(
-            preprocess_ms=preprocess_ms,
-            stage_ms=totals,
-            stage_calls=calls,
-            decode_step_ms=tuple(ms for name, ms in spans if name == vocab.DECODE_STEP),
-            token_ids=out.tokens[0],
-            prompt_tokens=prepared.prompt_tokens,
-            image_tokens=prepared.image_tokens,
-            tiles=prepared.tiles,
-            peak_memory_bytes=peak,
-            routing=routing,
-            compile_events=compiled,
-            output_check=self.check_outputs(str(image_path), prepared, out),  # after the timed pass
-            prefill_logits=None if out.prefill_logits is None else out.prefill_logits[0],
-            prefetched=prefetched,
-        )
+        """One full pass (preprocess, prefill with vision, decode) with stage timing; `next_paths`: prefetched. A batch
+        of one input: its stage times are the batch's, and it keeps the batch's routing and compile events."""
+        measured = self.run_batch([image_path], max_new_tokens, nvtx=nvtx, next_paths=next_paths)
+        (page,) = measured.page_measurements()
+        return attrs.evolve(page, routing=measured.routing, compile_events=measured.compile_events)
 
 
 class DeepSeekOCRSession(InferenceSession):

@@ -72,8 +72,8 @@ _LANGUAGE_REQUIRED = (
     *("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"),
     *("n_routed_experts", "n_shared_experts", "num_experts_per_tok", "moe_intermediate_size"),
 )
-# Fields copied unchanged into text_config.
-_LANGUAGE_COPIED = (
+# Fields copied unchanged into text_config (synthetic.py writes them back).
+LANGUAGE_COPIED = (
     *_LANGUAGE_REQUIRED,
     *("max_position_embeddings", "rms_norm_eps", "topk_method", "n_group", "topk_group", "routed_scaling_factor"),
     *("bos_token_id", "eos_token_id", "attention_bias", "hidden_act", "tie_word_embeddings"),
@@ -143,7 +143,7 @@ def language_fields(config: Mapping[str, Any]) -> dict[str, Any]:
 def text_config_from_language(fields: Mapping[str, Any], where: Path) -> dict[str, Any]:
     """Our ``text_config`` (DeepseekOcr2TextConfig kwargs) from DeepSeek-V2 language fields."""
     _require_language_fields(fields, where)
-    text: dict[str, Any] = {name: fields[name] for name in _LANGUAGE_COPIED}
+    text: dict[str, Any] = {name: fields[name] for name in LANGUAGE_COPIED}
     hidden, heads = int(fields["hidden_size"]), int(fields["num_attention_heads"])
     if hidden % heads:
         raise UserError(
@@ -511,7 +511,16 @@ def load_v1_checkpoint(
     device = torch.device(device)
     architecture = read_v1_architecture(folder)
     index = index_checkpoint(folder)
-    model = _empty_model(architecture, folder, attn_implementation, experts_implementation)
+    try:
+        config = DeepseekOcrConfig.from_architecture(
+            architecture, attn_implementation=attn_implementation, experts_implementation=experts_implementation
+        )
+        model = build_empty_model(config)  # its validation raises ValueError too
+    except ValueError as exc:
+        raise UserError(
+            f"{folder / 'config.json'} describes a model this implementation cannot build: {exc}",
+            "Use the config.json that came with the deepseek-ai/DeepSeek-OCR checkpoint",
+        ) from exc
     shapes = model_shapes(model)
     plan = build_plan(shapes)
     check_plan(plan, shapes, index, folder)
@@ -521,18 +530,3 @@ def load_v1_checkpoint(
     if leftovers:
         raise RuntimeError(f"tensors left on the meta device after loading: {leftovers[:SHOWN]}")
     return model.eval(), architecture
-
-
-def _empty_model(
-    architecture: Mapping[str, Any], folder: Path, attn: str | None, experts: str | None
-) -> DeepseekOcrForConditionalGeneration:
-    try:
-        config = DeepseekOcrConfig.from_architecture(
-            architecture, attn_implementation=attn, experts_implementation=experts
-        )
-        return build_empty_model(config)
-    except ValueError as exc:
-        raise UserError(
-            f"{folder / 'config.json'} describes a model this implementation cannot build: {exc}",
-            "Use the config.json that came with the deepseek-ai/DeepSeek-OCR checkpoint",
-        ) from exc

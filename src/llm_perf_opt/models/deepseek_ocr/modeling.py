@@ -222,12 +222,10 @@ def _init_plain(module: nn.Module, std: float) -> None:
     """Normal(0, std) weights and zero biases for Linear/Embedding; unit LayerNorms (random-weight builds)."""
     with torch.no_grad():
         for sub in module.modules():
-            if isinstance(sub, nn.Linear):
+            if isinstance(sub, nn.Linear | nn.Embedding):
                 sub.weight.normal_(0.0, std)
-                if sub.bias is not None:
+                if isinstance(sub, nn.Linear) and sub.bias is not None:
                     sub.bias.zero_()
-            elif isinstance(sub, nn.Embedding):
-                sub.weight.normal_(0.0, std)
             elif isinstance(sub, nn.LayerNorm):
                 sub.weight.fill_(1.0)
                 sub.bias.zero_()

@@ -18,6 +18,7 @@ from safetensors.torch import save_file
 from transformers.utils import CONFIG_NAME
 
 from llm_perf_opt.models.deepseek_ocr.checkpoint import (
+    LANGUAGE_COPIED,
     OWN_KEY,
     OWN_VISION_KEYS,
     V1_ARCHITECTURE,
@@ -115,12 +116,9 @@ def vendor_config(architecture: Mapping[str, Any], *, torch_dtype: str = "bfloat
             "projector_type": "linear",
         },
         **top_level,
-        OWN_KEY: {"vision_architecture": _vision_architecture(architecture)},
+        # the vision sizes as plain JSON values
+        OWN_KEY: {"vision_architecture": json.loads(json.dumps({key: architecture[key] for key in OWN_VISION_KEYS}))},
     }
-
-
-def _vision_architecture(architecture: Mapping[str, Any]) -> dict[str, Any]:
-    return json.loads(json.dumps({key: architecture[key] for key in OWN_VISION_KEYS}))  # plain JSON values
 
 
 def _language_config(text: Mapping[str, Any], torch_dtype: str) -> dict[str, Any]:
@@ -128,16 +126,10 @@ def _language_config(text: Mapping[str, Any], torch_dtype: str) -> dict[str, Any
     hidden, heads = int(text["hidden_size"]), int(text["num_attention_heads"])
     if int(text["head_dim"]) * heads != hidden:
         raise ValueError(f"head_dim {text['head_dim']} x {heads} heads != hidden_size {hidden}: not DeepSeek-V2 MHA")
-    copied = (
-        *("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers"),
-        *("num_attention_heads", "num_key_value_heads", "n_routed_experts", "n_shared_experts", "num_experts_per_tok"),
-        *("n_group", "topk_group", "topk_method", "routed_scaling_factor", "max_position_embeddings"),
-        *("rms_norm_eps", "hidden_act", "attention_bias", "tie_word_embeddings", "bos_token_id", "eos_token_id"),
-    )
     rope_theta, rope_scaling = _rope_fields(text["rope_parameters"])
     return {
         "architectures": ["DeepseekV2ForCausalLM"],
-        **{name: text[name] for name in copied},
+        **{name: text[name] for name in (*LANGUAGE_COPIED, "num_key_value_heads")},  # what the loader reads back
         "first_k_dense_replace": _first_dense(list(text["mlp_layer_types"])),
         "moe_layer_freq": 1,
         "rope_theta": rope_theta,

@@ -42,11 +42,10 @@ class PreparedInputs:
         """Tensors moved to `device`, floating-point ones cast to `float_dtype` (one already there is not copied)."""
 
         def move(value: Any) -> Any:
-            if isinstance(value, torch.Tensor):
-                if value.is_floating_point():
-                    return value.to(device=device, dtype=float_dtype, non_blocking=True)
-                return value.to(device=device, non_blocking=True)
-            return value
+            if not isinstance(value, torch.Tensor):
+                return value
+            dtype = float_dtype if value.is_floating_point() else None  # None: its own dtype
+            return value.to(device=device, dtype=dtype, non_blocking=True)
 
         return attrs.evolve(self, model_inputs={k: move(v) for k, v in self.model_inputs.items()})
 

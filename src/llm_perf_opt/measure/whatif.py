@@ -144,9 +144,7 @@ def _forward_value(forward: ImageRecord | BatchRecord, name: str, decode_tokens:
 
 def ratio_interval_95(base: Sequence[float], other: Sequence[float]) -> tuple[float, float] | None:
     """95% interval of geomean(other) / geomean(base) (Welch t on log values); None below 3 positive values each."""
-    if len(base) < MIN_VALUES_FOR_CI or len(other) < MIN_VALUES_FOR_CI:
-        return None
-    if min(base) <= 0 or min(other) <= 0:
+    if min(len(base), len(other)) < MIN_VALUES_FOR_CI or min(*base, *other) <= 0:
         return None
     lb, lo = [math.log(v) for v in base], [math.log(v) for v in other]
     vb, vo = statistics.variance(lb) / len(lb), statistics.variance(lo) / len(lo)
@@ -317,14 +315,12 @@ def _delta(a: float | None, b: float | None) -> float | None:
 
 def _idle(f: RungFigures) -> float | None:
     decode = next((x for x in f.floors if x.stage == vocab.DECODE_STEP), None)
-    if decode is None or decode.busy_ms is None:
-        return None
-    return max(decode.wall_ms - decode.busy_ms, 0.0)
+    busy = _busy(f)
+    return None if decode is None or busy is None else max(decode.wall_ms - busy, 0.0)
 
 
 def _busy(f: RungFigures) -> float | None:
-    decode = next((x for x in f.floors if x.stage == vocab.DECODE_STEP), None)
-    return None if decode is None else decode.busy_ms
+    return next((x.busy_ms for x in f.floors if x.stage == vocab.DECODE_STEP), None)
 
 
 def _moved(new: float | None, old: float | None) -> bool:
@@ -416,10 +412,7 @@ def no_effective_change(overrides: Sequence[str], base: Stage1Metrics, rung: Sta
     if rung.settings.runtime != base.settings.runtime:
         return None
     same = []
-    for key in dict.fromkeys(keys):
-        field = _RECORDED_MODEL_KEYS.get(key)
-        if field is None:
-            continue
+    for field in dict.fromkeys(_RECORDED_MODEL_KEYS[k] for k in keys if k in _RECORDED_MODEL_KEYS):
         value = getattr(rung.model, field)
         if value is None or value != getattr(base.model, field):
             return None

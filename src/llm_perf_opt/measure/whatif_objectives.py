@@ -132,8 +132,7 @@ def judge_value(
     """A figure with one value per rung: the same when `same(base, value)`, else better or worse; `how` says the
     threshold that stands in for noise."""
     if base is None or value is None:
-        side = "the baseline" if base is None else "this rung"
-        return _not_judged(figure, base, value, f"not measured by {side}")
+        return _not_judged(figure, base, value, f"not measured by {'the baseline' if base is None else 'this rung'}")
     verdict = SAME if same(base, value) else BETTER if _improved(figure, base, value) else WORSE
     return Judgement(figure.name, figure.label, figure.unit, base, value, verdict, _change(base, value), why=how)
 
@@ -374,9 +373,7 @@ def _point(rung: Rung) -> dict[str, float]:
     point = {}
     for goal, name in GOAL_FIGURES.items():
         j = rung.judgement(name)
-        if j is None or j.verdict == NOT_JUDGED:
-            continue
-        value = j.base if j.verdict == SAME else j.value
+        value = None if j is None or j.verdict == NOT_JUDGED else j.base if j.verdict == SAME else j.value
         if value is not None:
             point[goal] = _lower_is_better(name, value)
     return point
@@ -477,22 +474,13 @@ def goodput(rungs: Sequence[Rung], target: LatencyTarget | None) -> Goodput | No
     points = {name: p for name, f in eligible.items() if (p := latency_point(f, figure)) is not None}
     if not points:
         return None
-    considered = tuple(points)
-    front = pareto(points)
+    frontier_only = Goodput(figure=figure, considered=tuple(points), frontier=pareto(points))
     if target is None or not target.limits:
-        return Goodput(figure=figure, considered=considered, frontier=front)
-    judged = {name: eligible[name] for name in considered}
+        return frontier_only
+    judged = {name: eligible[name] for name in points}
     met = sorted(
         (name for name, f in judged.items() if meets(f, target)), key=lambda name: -(judged[name].pages_per_s or 0.0)
     )
     distances = {name: d for name, f in judged.items() if (d := _distance(f, target)) is not None}
     nearest = None if met or not distances else min(distances, key=lambda name: distances[name])
-    return Goodput(
-        figure=figure,
-        considered=considered,
-        frontier=front,
-        target=target,
-        met=tuple(met),
-        best=met[0] if met else None,
-        nearest=nearest,
-    )
+    return attrs.evolve(frontier_only, target=target, met=tuple(met), best=met[0] if met else None, nearest=nearest)

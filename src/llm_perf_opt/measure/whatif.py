@@ -235,11 +235,6 @@ def outputs_against(
 # --------------------------------------------------------------------------------------------- rung figures
 
 
-def _decode_steps(metrics: Stage1Metrics) -> int:
-    """Decode steps over the timed forwards (a batch's steps once, not once per input of the batch)."""
-    return sum(len(f.decode_step_ms) for f in metrics.forwards)
-
-
 def _per_step(total: float | None, steps: int) -> float | None:
     return None if total is None or steps == 0 else total / steps
 
@@ -250,7 +245,7 @@ def rung_figures(folder: Stage1Folder, goal: Objective, decode_tokens: int | Non
     values = pass_values(m, goal.name, decode_tokens)
     if not values:
         raise ValueError(f"{folder.path}: no timed pass has a {goal.label}")
-    steps = _decode_steps(m)
+    steps = sum(len(f.decode_step_ms) for f in m.forwards)  # decode steps timed (a batch's once, not per input)
     decode = m.efficiency_of(vocab.DECODE)
     prefill = m.efficiency_of(vocab.PREFILL)
     activity = None if m.profiler is None else m.profiler.activity  # kernels per decode step (a profiled CUDA pass)

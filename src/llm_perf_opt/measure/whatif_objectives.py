@@ -121,8 +121,7 @@ def judge_passes(
         why = f"{len(base)} vs {len(other)} timed passes; an interval needs ≥ {MIN_VALUES_FOR_CI} per side"
         return _not_judged(figure, b, v, why)
     judged = SAME if verdict == WITHIN else BETTER if _improved(figure, b, v) else WORSE
-    interval = _ratio_interval(base, other)
-    low, high = interval if interval is not None else (None, None)
+    low, high = _ratio_interval(base, other) or (None, None)
     return Judgement(figure.name, figure.label, figure.unit, b, v, judged, _change(b, v), low, high, note)
 
 
@@ -360,8 +359,7 @@ def best_per_goal(rungs: Sequence[Rung], decode_tokens: int | None) -> tuple[Goa
             rung, j = pick(better, key=lambda pair: pair[1].value or 0.0)
             out.append(GoalChoice(goal, label, rung.name, j.value, figure.unit, "better than the baseline"))
         elif judged and base is not None:
-            why = "no rung beat the baseline"
-            out.append(GoalChoice(goal, label, base.name, judged[0][1].base, figure.unit, why))
+            out.append(GoalChoice(goal, label, base.name, judged[0][1].base, figure.unit, "no rung beat the baseline"))
         else:
             out.append(GoalChoice(goal, label, None, None, figure.unit, "no rung could be judged on it"))
     return tuple(out)

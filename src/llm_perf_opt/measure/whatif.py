@@ -251,29 +251,24 @@ def rung_figures(folder: Stage1Folder, goal: Objective, decode_tokens: int | Non
     activity = None if m.profiler is None else m.profiler.activity  # kernels per decode step (a profiled CUDA pass)
     prefill_activity = None if activity is None else activity.prefill
     decode_summary = m.stage_stat(vocab.DECODE_STEP)
-    prefill_summary = m.stage_stat(vocab.PREFILL)
-    floors = []
-    if decode_summary is not None:
-        floors.append(
-            StepFloor(
-                stage=vocab.DECODE_STEP,
-                speed_of_light_ms=_per_step(None if decode is None else decode.speed_of_light_ms, steps),
-                kernel_ms=None if activity is None else activity.kernel_ms_mean,
-                busy_ms=None if activity is None else activity.busy_ms_mean,
-                wall_ms=decode_summary.summary.p50,
-            )
+    # (summed kernel ms, GPU-busy ms) of a decode step and of the prefill, from the profiled pass
+    decode_gpu = (None, None) if activity is None else (activity.kernel_ms_mean, activity.busy_ms_mean)
+    prefill_gpu = (None, None) if prefill_activity is None else (prefill_activity.kernel_ms, prefill_activity.busy_ms)
+    floors = tuple(
+        StepFloor(
+            stage=stage,
+            speed_of_light_ms=_per_step(None if efficiency is None else efficiency.speed_of_light_ms, count),
+            kernel_ms=kernel_ms,
+            busy_ms=busy_ms,
+            wall_ms=wall.summary.p50,
         )
-    if prefill_summary is not None:
-        passes = len(m.forwards)
-        floors.append(
-            StepFloor(
-                stage=vocab.PREFILL,
-                speed_of_light_ms=_per_step(None if prefill is None else prefill.speed_of_light_ms, passes),
-                kernel_ms=None if prefill_activity is None else prefill_activity.kernel_ms,
-                busy_ms=None if prefill_activity is None else prefill_activity.busy_ms,
-                wall_ms=prefill_summary.summary.p50,
-            )
+        # per decode step (the speed of light over the steps timed) and per prefill (over the timed passes)
+        for stage, wall, efficiency, count, (kernel_ms, busy_ms) in (
+            (vocab.DECODE_STEP, decode_summary, decode, steps, decode_gpu),
+            (vocab.PREFILL, m.stage_stat(vocab.PREFILL), prefill, len(m.forwards), prefill_gpu),
         )
+        if wall is not None
+    )
     pages = pass_values(m, "pages_per_s")
     per_page = run_pages(m)
     aggregate = pass_values(m, "aggregate_decode_tokens_per_s")
@@ -293,7 +288,7 @@ def rung_figures(folder: Stage1Folder, goal: Objective, decode_tokens: int | Non
         compile_ms=None if m.compile is None else m.compile.compile_ms,
         warmup_passes=m.settings.warmup,
         batch_size=m.settings.batch_size,
-        floors=tuple(floors),
+        floors=floors,
         ttft_p90_ms=None if per_page is None else per_page.ttft_ms.p90,
         ttlt_p90_ms=None if per_page is None else per_page.ttlt_ms.p90,
     )

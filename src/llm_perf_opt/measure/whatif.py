@@ -144,9 +144,7 @@ def _forward_value(forward: ImageRecord | BatchRecord, name: str, decode_tokens:
 
 def ratio_interval_95(base: Sequence[float], other: Sequence[float]) -> tuple[float, float] | None:
     """95% interval of geomean(other) / geomean(base) (Welch t on log values); None below 3 positive values each."""
-    if len(base) < MIN_VALUES_FOR_CI or len(other) < MIN_VALUES_FOR_CI:
-        return None
-    if min(base) <= 0 or min(other) <= 0:
+    if min(len(base), len(other)) < MIN_VALUES_FOR_CI or min(*base, *other) <= 0:
         return None
     lb, lo = [math.log(v) for v in base], [math.log(v) for v in other]
     vb, vo = statistics.variance(lb) / len(lb), statistics.variance(lo) / len(lo)
@@ -237,11 +235,6 @@ def outputs_against(
 # --------------------------------------------------------------------------------------------- rung figures
 
 
-def _decode_steps(metrics: Stage1Metrics) -> int:
-    """Decode steps over the timed forwards (a batch's steps once, not once per input of the batch)."""
-    return sum(len(f.decode_step_ms) for f in metrics.forwards)
-
-
 def _per_step(total: float | None, steps: int) -> float | None:
     return None if total is None or steps == 0 else total / steps
 
@@ -252,35 +245,30 @@ def rung_figures(folder: Stage1Folder, goal: Objective, decode_tokens: int | Non
     values = pass_values(m, goal.name, decode_tokens)
     if not values:
         raise ValueError(f"{folder.path}: no timed pass has a {goal.label}")
-    steps = _decode_steps(m)
+    steps = sum(len(f.decode_step_ms) for f in m.forwards)  # decode steps timed (a batch's once, not per input)
     decode = m.efficiency_of(vocab.DECODE)
     prefill = m.efficiency_of(vocab.PREFILL)
     activity = None if m.profiler is None else m.profiler.activity  # kernels per decode step (a profiled CUDA pass)
     prefill_activity = None if activity is None else activity.prefill
     decode_summary = m.stage_stat(vocab.DECODE_STEP)
-    prefill_summary = m.stage_stat(vocab.PREFILL)
-    floors = []
-    if decode_summary is not None:
-        floors.append(
-            StepFloor(
-                stage=vocab.DECODE_STEP,
-                speed_of_light_ms=_per_step(None if decode is None else decode.speed_of_light_ms, steps),
-                kernel_ms=None if activity is None else activity.kernel_ms_mean,
-                busy_ms=None if activity is None else activity.busy_ms_mean,
-                wall_ms=decode_summary.summary.p50,
-            )
+    # (summed kernel ms, GPU-busy ms) of a decode step and of the prefill, from the profiled pass
+    decode_gpu = (None, None) if activity is None else (activity.kernel_ms_mean, activity.busy_ms_mean)
+    prefill_gpu = (None, None) if prefill_activity is None else (prefill_activity.kernel_ms, prefill_activity.busy_ms)
+    floors = tuple(
+        StepFloor(
+            stage=stage,
+            speed_of_light_ms=_per_step(None if efficiency is None else efficiency.speed_of_light_ms, count),
+            kernel_ms=kernel_ms,
+            busy_ms=busy_ms,
+            wall_ms=wall.summary.p50,
         )
-    if prefill_summary is not None:
-        passes = len(m.forwards)
-        floors.append(
-            StepFloor(
-                stage=vocab.PREFILL,
-                speed_of_light_ms=_per_step(None if prefill is None else prefill.speed_of_light_ms, passes),
-                kernel_ms=None if prefill_activity is None else prefill_activity.kernel_ms,
-                busy_ms=None if prefill_activity is None else prefill_activity.busy_ms,
-                wall_ms=prefill_summary.summary.p50,
-            )
+        # per decode step (the speed of light over the steps timed) and per prefill (over the timed passes)
+        for stage, wall, efficiency, count, (kernel_ms, busy_ms) in (
+            (vocab.DECODE_STEP, decode_summary, decode, steps, decode_gpu),
+            (vocab.PREFILL, m.stage_stat(vocab.PREFILL), prefill, len(m.forwards), prefill_gpu),
         )
+        if wall is not None
+    )
     pages = pass_values(m, "pages_per_s")
     per_page = run_pages(m)
     aggregate = pass_values(m, "aggregate_decode_tokens_per_s")
@@ -300,7 +288,7 @@ def rung_figures(folder: Stage1Folder, goal: Objective, decode_tokens: int | Non
         compile_ms=None if m.compile is None else m.compile.compile_ms,
         warmup_passes=m.settings.warmup,
         batch_size=m.settings.batch_size,
-        floors=tuple(floors),
+        floors=floors,
         ttft_p90_ms=None if per_page is None else per_page.ttft_ms.p90,
         ttlt_p90_ms=None if per_page is None else per_page.ttlt_ms.p90,
     )
@@ -317,14 +305,12 @@ def _delta(a: float | None, b: float | None) -> float | None:
 
 def _idle(f: RungFigures) -> float | None:
     decode = next((x for x in f.floors if x.stage == vocab.DECODE_STEP), None)
-    if decode is None or decode.busy_ms is None:
-        return None
-    return max(decode.wall_ms - decode.busy_ms, 0.0)
+    busy = _busy(f)
+    return None if decode is None or busy is None else max(decode.wall_ms - busy, 0.0)
 
 
 def _busy(f: RungFigures) -> float | None:
-    decode = next((x for x in f.floors if x.stage == vocab.DECODE_STEP), None)
-    return None if decode is None else decode.busy_ms
+    return next((x.busy_ms for x in f.floors if x.stage == vocab.DECODE_STEP), None)
 
 
 def _moved(new: float | None, old: float | None) -> bool:
@@ -416,10 +402,7 @@ def no_effective_change(overrides: Sequence[str], base: Stage1Metrics, rung: Sta
     if rung.settings.runtime != base.settings.runtime:
         return None
     same = []
-    for key in dict.fromkeys(keys):
-        field = _RECORDED_MODEL_KEYS.get(key)
-        if field is None:
-            continue
+    for field in dict.fromkeys(_RECORDED_MODEL_KEYS[k] for k in keys if k in _RECORDED_MODEL_KEYS):
         value = getattr(rung.model, field)
         if value is None or value != getattr(base.model, field):
             return None

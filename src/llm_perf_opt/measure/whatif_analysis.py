@@ -29,8 +29,6 @@ from llm_perf_opt.records.whatif import (
     PENDING,
     AdvisedFrom,
     BaselineSettings,
-    GoalChoice,
-    Goodput,
     Judgement,
     LatencyTarget,
     Lever,
@@ -46,16 +44,8 @@ from llm_perf_opt.records.whatif import (
 STOPPED_FIRST = "not run: the what-if run was stopped first"  # a rung the run's stop kept from starting
 # What a rung's judging sets; a ladder rung that reuses an earlier rung (not run again) carries that rung's.
 JUDGED_FIELDS = (
-    "figures",
-    "speedup",
-    "outputs",
-    "attribution",
-    "judgements",
-    "tradeoffs",
-    "modules",
-    "no_change",
-    "held",
-)
+    "figures", "speedup", "outputs", "attribution", "judgements", "tradeoffs", "modules", "no_change", "held",
+)  # fmt: skip
 
 
 @attrs.frozen
@@ -317,18 +307,6 @@ class WhatIfAnalysis:
             )
         return tuple(notes)
 
-    def best_per_goal(self) -> tuple[GoalChoice, ...]:
-        """The best rung for each goal (whole-page latency, first token, throughput, memory)."""
-        return objectives.best_per_goal(tuple(self.rungs().values()), self.decode_tokens()[0])
-
-    def frontier(self) -> tuple[str, ...]:
-        """The rungs no other rung beats on every goal."""
-        return objectives.frontier(tuple(self.rungs().values()))
-
-    def goodput(self) -> Goodput | None:
-        """Pages/s against per-page latency: the frontier and the goodput rung against the latency target."""
-        return objectives.goodput(tuple(self.rungs().values()), self.settings.latency_target)
-
     def predictions(self, advised: AdvisedFrom | None = None) -> tuple[PredictionCheck, ...]:
         """whatif=advised: each advised lever's predicted saving per page against its rung's measured one, then the
         advice that became no lever (`advised.not_run`: code changes, levers past the most a run takes)."""
@@ -366,6 +344,7 @@ class WhatIfAnalysis:
             ran = BaselineSettings(s.repeats, s.warmup, s.max_new_tokens, inputs=len(metrics.images))
         model = job.model if metrics is None else metrics.model.name
         tokens, source = self.decode_tokens()
+        rungs = tuple(self.rungs().values())
         return WhatIfRecord(
             **(attrs.asdict(job, recurse=False) | {"model": model, "notes": (*self.notes(), *job.notes)}),
             schema_version=SCHEMA_VERSION,
@@ -375,7 +354,7 @@ class WhatIfAnalysis:
             device=None if metrics is None else metrics.device.name,
             device_type=None if metrics is None else metrics.device.type,
             levers=self.levers,
-            rungs=tuple(self.rungs().values()),
+            rungs=rungs,
             best=self.best(),
             verdicts=self.verdicts(),
             settings=ran,
@@ -383,10 +362,10 @@ class WhatIfAnalysis:
             decode_tokens_source=source,
             memory_budget_gib=self.settings.memory_budget_gib,
             near_tie_tolerance=self.settings.near_tie_tolerance,
-            best_per_goal=self.best_per_goal(),
-            frontier=self.frontier(),
+            best_per_goal=objectives.best_per_goal(rungs, tokens),  # whole-page latency, first token, pages/s, memory
+            frontier=objectives.frontier(rungs),  # the rungs no other rung beats on every goal
             latency_target=self.settings.latency_target,
-            goodput=self.goodput(),
+            goodput=objectives.goodput(rungs, self.settings.latency_target),
             predictions=self.predictions(job.advised_from),
         )
 

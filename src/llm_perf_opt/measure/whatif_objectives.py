@@ -121,8 +121,7 @@ def judge_passes(
         why = f"{len(base)} vs {len(other)} timed passes; an interval needs ≥ {MIN_VALUES_FOR_CI} per side"
         return _not_judged(figure, b, v, why)
     judged = SAME if verdict == WITHIN else BETTER if _improved(figure, b, v) else WORSE
-    interval = _ratio_interval(base, other)
-    low, high = interval if interval is not None else (None, None)
+    low, high = _ratio_interval(base, other) or (None, None)
     return Judgement(figure.name, figure.label, figure.unit, b, v, judged, _change(b, v), low, high, note)
 
 
@@ -132,8 +131,7 @@ def judge_value(
     """A figure with one value per rung: the same when `same(base, value)`, else better or worse; `how` says the
     threshold that stands in for noise."""
     if base is None or value is None:
-        side = "the baseline" if base is None else "this rung"
-        return _not_judged(figure, base, value, f"not measured by {side}")
+        return _not_judged(figure, base, value, f"not measured by {'the baseline' if base is None else 'this rung'}")
     verdict = SAME if same(base, value) else BETTER if _improved(figure, base, value) else WORSE
     return Judgement(figure.name, figure.label, figure.unit, base, value, verdict, _change(base, value), why=how)
 
@@ -361,8 +359,7 @@ def best_per_goal(rungs: Sequence[Rung], decode_tokens: int | None) -> tuple[Goa
             rung, j = pick(better, key=lambda pair: pair[1].value or 0.0)
             out.append(GoalChoice(goal, label, rung.name, j.value, figure.unit, "better than the baseline"))
         elif judged and base is not None:
-            why = "no rung beat the baseline"
-            out.append(GoalChoice(goal, label, base.name, judged[0][1].base, figure.unit, why))
+            out.append(GoalChoice(goal, label, base.name, judged[0][1].base, figure.unit, "no rung beat the baseline"))
         else:
             out.append(GoalChoice(goal, label, None, None, figure.unit, "no rung could be judged on it"))
     return tuple(out)
@@ -374,9 +371,7 @@ def _point(rung: Rung) -> dict[str, float]:
     point = {}
     for goal, name in GOAL_FIGURES.items():
         j = rung.judgement(name)
-        if j is None or j.verdict == NOT_JUDGED:
-            continue
-        value = j.base if j.verdict == SAME else j.value
+        value = None if j is None or j.verdict == NOT_JUDGED else j.base if j.verdict == SAME else j.value
         if value is not None:
             point[goal] = _lower_is_better(name, value)
     return point
@@ -477,22 +472,13 @@ def goodput(rungs: Sequence[Rung], target: LatencyTarget | None) -> Goodput | No
     points = {name: p for name, f in eligible.items() if (p := latency_point(f, figure)) is not None}
     if not points:
         return None
-    considered = tuple(points)
-    front = pareto(points)
+    frontier_only = Goodput(figure=figure, considered=tuple(points), frontier=pareto(points))
     if target is None or not target.limits:
-        return Goodput(figure=figure, considered=considered, frontier=front)
-    judged = {name: eligible[name] for name in considered}
+        return frontier_only
+    judged = {name: eligible[name] for name in points}
     met = sorted(
         (name for name, f in judged.items() if meets(f, target)), key=lambda name: -(judged[name].pages_per_s or 0.0)
     )
     distances = {name: d for name, f in judged.items() if (d := _distance(f, target)) is not None}
     nearest = None if met or not distances else min(distances, key=lambda name: distances[name])
-    return Goodput(
-        figure=figure,
-        considered=considered,
-        frontier=front,
-        target=target,
-        met=tuple(met),
-        best=met[0] if met else None,
-        nearest=nearest,
-    )
+    return attrs.evolve(frontier_only, target=target, met=tuple(met), best=met[0] if met else None, nearest=nearest)

@@ -8,14 +8,9 @@ from llm_perf_opt.records.whatif import PredictionCheck, WhatIfRecord
 from llm_perf_opt.report.markdown import Doc, ms
 
 HEADER = (
-    "lever",
-    "objective",
-    "predicted saving, ms/page",
-    "measured saving, ms/page",
-    "error",
-    "inside the interval",
+    "lever", "objective", "predicted saving, ms/page", "measured saving, ms/page", "error", "inside the interval",
     "whole objective, measured saving",
-)
+)  # fmt: skip
 CALIBRATION_SCRIPT = "scripts/update_advice_calibration.py"
 
 

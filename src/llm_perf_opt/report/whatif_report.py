@@ -72,12 +72,7 @@ OBJECTIVE_COLUMNS = tuple(f.name for f in FIGURES)
 def clean_paths(text: str) -> str:
     """`text` without machine-specific absolute paths: `${llo_samples_dir:}` for the bundled samples folder, e.g.
     `${llo_samples_dir:}/lists/a4_page.txt`; `…/lists/a4_page.txt` (the last two parts) for any other."""
-    text = bundled_samples(text)
-
-    def tail(match: re.Match[str]) -> str:
-        return "…/" + "/".join(match.group(0).rsplit("/", 2)[-2:])
-
-    return ABSOLUTE_PATH.sub(tail, text)
+    return ABSOLUTE_PATH.sub(lambda m: "…/" + "/".join(m.group(0).rsplit("/", 2)[-2:]), bundled_samples(text))
 
 
 def _signed(value: float | None, fmt: Callable[[float], str]) -> str:
@@ -291,24 +286,11 @@ def _ranked_table(doc: Doc, record: WhatIfRecord) -> None:
     batched = _batched(record)
     energy = _joules_per_token(record)
     header = [
-        "rung",
-        "phase",
-        "levers (overrides)",
-        "TTFT p50 (ms)",
-        "decode p50 (ms/token)",
-        "pages/s",
-        *(["aggregate decode tokens/s"] if batched else []),
-        "speed-up vs baseline",
-        "noise verdict",
-        "kernels/step",
-        "GPU busy (decode)",
-        "outputs vs baseline",
-        "peak memory",
-        *(["J per decode token"] if energy else []),
-        "compile / warm-up",
-        "rung wall time",
-        "trade-offs",
-    ]
+        "rung", "phase", "levers (overrides)", "TTFT p50 (ms)", "decode p50 (ms/token)", "pages/s",
+        *(["aggregate decode tokens/s"] if batched else []), "speed-up vs baseline", "noise verdict", "kernels/step",
+        "GPU busy (decode)", "outputs vs baseline", "peak memory", *(["J per decode token"] if energy else []),
+        "compile / warm-up", "rung wall time", "trade-offs",
+    ]  # fmt: skip
     rows: list[Row] = []
     for rung in ranked_rungs(record):
         head = [f"**{rung.name}**" if rung.name == record.best else rung.name, rung.phase, _levers_text(rung)]
@@ -473,19 +455,10 @@ def _attribution_table(doc: Doc, record: WhatIfRecord) -> None:
     ]
     doc.h2("Where each gain came from (decode, per step)")
     doc.table(
-        [
-            "rung",
-            "against",
-            "Δ wall (ms/step)",
-            "Δ idle: launch/host (ms/step)",
-            "Δ busy: kernel work (ms/step)",
-            "Δ kernels/step",
-            "Δ FLOPs/step",
-            "Δ bytes/step",
-            "cause",
-        ],
+        ["rung", "against", "Δ wall (ms/step)", "Δ idle: launch/host (ms/step)", "Δ busy: kernel work (ms/step)",
+         "Δ kernels/step", "Δ FLOPs/step", "Δ bytes/step", "cause"],
         rows,
-    )
+    )  # fmt: skip
     doc.para(
         "Against the baseline for a lever alone, against the previous rung for the ladder. Idle is wall time minus "
         "GPU-busy time (kernel launches, Python, synchronisation); busy is the union of the kernels' intervals. "
@@ -533,19 +506,10 @@ def _floor_table(doc: Doc, record: WhatIfRecord) -> None:
         if top is not None:
             rows += [_floor_rows(best, top), _removed_row(base, top)]
     doc.table(
-        [
-            "stage",
-            "rung",
-            "speed of light (ms)",
-            "summed kernels (ms)",
-            "GPU busy (ms)",
-            "wall (ms)",
-            "speed of light / wall",
-            "kernels / wall",
-            "busy / wall",
-        ],
+        ["stage", "rung", "speed of light (ms)", "summed kernels (ms)", "GPU busy (ms)", "wall (ms)",
+         "speed of light / wall", "kernels / wall", "busy / wall"],
         rows,
-    )
+    )  # fmt: skip
     if record.best is not None and all(top is None for _, top in pairs):
         doc.para(f"The best rung ({record.best}) recorded no floors: the baseline alone is shown.")
     doc.para(
@@ -582,21 +546,18 @@ def _held(doc: Doc, record: WhatIfRecord, rung_folders: Collection[str] | None) 
 
 def _verdicts(doc: Doc, record: WhatIfRecord) -> None:
     doc.h2("Verdicts")
-    helped = [v.line for v in record.verdicts if v.helped]
-    not_helped = [v.line for v in record.verdicts if v.judged and not v.helped]
     unjudged = set(record.unjudged_levers())
-    too_few = [v.line for v in record.verdicts if v.lever in unjudged]
-    not_run = [f"{r.name} ({r.phase}) {_state_line(r)}" for r in record.rungs if r.state != MEASURED]
-    for title, lines in (
-        ("Helped", helped),
-        ("Did not help", not_helped),
-        ("Not judged: too few passes", too_few),
-        ("Not measured in full", not_run),
-    ):
+    sections = {
+        "Helped": [v.line for v in record.verdicts if v.helped],
+        "Did not help": [v.line for v in record.verdicts if v.judged and not v.helped],
+        "Not judged: too few passes": [v.line for v in record.verdicts if v.lever in unjudged],
+        "Not measured in full": [f"{r.name} ({r.phase}) {_state_line(r)}" for r in record.rungs if r.state != MEASURED],
+    }
+    for title, lines in sections.items():
         if lines:
             doc.h3(title)
             doc.bullets(lines)
-    if not (helped or not_helped or too_few or not_run):
+    if not any(sections.values()):
         doc.para("No lever was judged.")
 
 

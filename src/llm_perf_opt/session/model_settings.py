@@ -67,8 +67,8 @@ class ModelSettings:
         tokens = prompt.get("text_tokens")
         stages = data.get("vision_stage_modules")
         texts = (  # the settings that are text, or None for null
-            *("path", "cache_dir", "dtype", "attn_implementation", "experts_implementation", "mode"),
-            *("name_or_path", "config", "tokenizer"),
+            ("path", "cache_dir", "dtype", "attn_implementation", "experts_implementation", "mode", "name_or_path")
+            + ("config", "tokenizer")
         )
         return cls(
             name=str(data.get("name") or ""),

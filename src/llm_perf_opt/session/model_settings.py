@@ -66,10 +66,8 @@ class ModelSettings:
         prompt = data.get("prompt") or {}
         tokens = prompt.get("text_tokens")
         stages = data.get("vision_stage_modules")
-        texts = (  # the settings that are text, or None for null
-            ("path", "cache_dir", "dtype", "attn_implementation", "experts_implementation", "mode", "name_or_path")
-            + ("config", "tokenizer")
-        )
+        texts: tuple[str, ...] = ("path", "cache_dir", "dtype", "attn_implementation", "experts_implementation", "mode")
+        texts += ("name_or_path", "config", "tokenizer")  # the settings that are text, or None for null
         return cls(
             name=str(data.get("name") or ""),
             adapter=str(data.get("adapter")),

@@ -189,8 +189,8 @@ class PageResult:
     image_tokens: int
     tiles: int
     preprocess_ms: float  # this input's preprocessing
-    # this input's vision sub-stages (inputs run their vision one after the other); with batched vision, an equal
-    # share of the batch's (`vision_shares`)
+    # this input's vision sub-stages (inputs run their vision one after the other); with batched vision (or one
+    # input), an equal share of the batch's (`InferenceSession.run_batch`)
     vision_ms: Mapping[str, float]
     vision_calls: Mapping[str, int]
     token_ids: tuple[int, ...]
@@ -429,9 +429,7 @@ class InferenceSession:
     def close(self) -> None:
         """Detach this session's hooks, restore its vision modules' forwards and drop a prefetch in flight."""
         self.discard_prefetch()
-        for handle in self._hooks:
-            handle.remove()
-        self._hooks = []
+        self.remove_stage_hooks()
         restore_forwards(self._vision)
         if self.routing is not None:
             self.routing.remove()
@@ -480,6 +478,18 @@ class InferenceSession:
             handles.append(module.register_forward_pre_hook(pre_hook))
             handles.append(module.register_forward_hook(post_hook))
         return handles
+
+    def remove_stage_hooks(self) -> None:
+        """Detach the vision-stage hooks (for uninstrumented baselines: bench/instrumentation_overhead.py);
+        :meth:`install_stage_hooks` restores them."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+
+    def install_stage_hooks(self) -> None:
+        """Attach the vision-stage hooks if they are not attached."""
+        if not self._hooks:
+            self._hooks = self._install_stage_hooks()
 
     @property
     def vision_stages(self) -> tuple[str, ...]:

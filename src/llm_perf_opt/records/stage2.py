@@ -195,14 +195,15 @@ class NcuStageTarget:
 
 @attrs.frozen(kw_only=True)
 class NcuBytesPass:
-    """One Nsight Compute run over EVERY kernel of one stage instance, collecting duration and DRAM bytes only; its
-    launch window counts the launches inside the NVTX range `stage` of the ncu workload (one timed pass of one image):
-    prefill from its first kernel, decode skipped to its middle step."""
+    """Nsight Compute's duration and DRAM bytes of EVERY kernel of one stage instance: today one process over the
+    workload's CUDA profiler window for every stage (`profiler_window`); in folders written before it, one run per
+    stage whose launch window counted the launches inside the NVTX range `stage` of one timed pass of one image
+    (prefill from its first kernel, decode skipped to its middle step)."""
 
     stage: str  # the NVTX range filtered on: "prefill" or "decode"
     instance: str  # e.g. "the prefill of the first image", "decode step 2 of 3"
-    folder: str  # relative to the run folder, e.g. "ncu/bytes-prefill"
-    workload: str  # the Stage 1 folder of the profiled workload, e.g. "workload/ncu-bytes-prefill"
+    folder: str  # relative to the run folder: "ncu/bytes" ("ncu/bytes-prefill" and the like in older folders)
+    workload: str  # the Stage 1 folder of the profiled workload: "workload/ncu-bytes" (older: one per stage)
     launch_skip: int
     launch_count: int
     expected_kernels: int  # launches of that instance, per the nsys trace

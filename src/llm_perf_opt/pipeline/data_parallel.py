@@ -29,9 +29,15 @@ from llm_perf_opt.override_text import override_key, quoted_override
 from llm_perf_opt.pipeline.rung_forks import ENTRY_MODULE as STAGE1_MODULE
 from llm_perf_opt.pipeline.shard import data_parallel_count
 from llm_perf_opt.records.common import COMPLETE, RUNNING
-from llm_perf_opt.records.data_parallel import DATA_PARALLEL_FILE, DataParallelSummary, ShardFigures, SingleGpu
+from llm_perf_opt.records.data_parallel import (
+    DATA_PARALLEL_FILE,
+    DataParallelSummary,
+    ShardFigures,
+    SingleGpu,
+    load_data_parallel,
+)
 from llm_perf_opt.records.folders import STATUS_FILE, Stage1Folder, load, read_status, skip_reason, writer_note
-from llm_perf_opt.records.io import RecordError, load_file, save
+from llm_perf_opt.records.io import RecordError, save
 from llm_perf_opt.records.stage1 import Stage1Metrics
 from llm_perf_opt.report.data_parallel_report import data_parallel_markdown, scaling_table
 
@@ -333,7 +339,7 @@ def _baseline(overrides: Mapping[str, str]) -> float | str | None:
 # ---- rebuilding a summary, the scaling table -----------------------------------------------------------------
 def resummarize(root: Path) -> DataParallelSummary:
     """A data-parallel folder's summary written again from its processes' folders, with its first baseline."""
-    old = load_file(root / DATA_PARALLEL_FILE, DataParallelSummary)
+    old = load_data_parallel(root / DATA_PARALLEL_FILE)
     shards = {f.shard: root / f.folder for f in old.shards}
     runs_problem = None if old.problem is None or not old.problem.startswith("the shard jobs") else old.problem
     summary = summarize_folders(root, shards, old.processes, old.single_gpu, runs_problem)

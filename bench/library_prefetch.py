@@ -66,12 +66,12 @@ def main() -> None:
     import transformers.models.auto.modeling_auto  # noqa: F401
 
     imported = time.perf_counter()
-    bf16 = {"device": "cuda", "dtype": torch.bfloat16}
-    x = torch.randn(2048, 2048, **bf16)
+    cuda, bf16 = torch.device("cuda"), torch.bfloat16
+    x = torch.randn(2048, 2048, device=cuda, dtype=bf16)
     _ = x @ x
-    pages = torch.randn(1, 3, 1024, 1024, **bf16)
-    _ = torch.nn.functional.conv2d(pages, torch.randn(768, 3, 16, 16, **bf16), stride=16)
-    q = torch.randn(1, 12, 4096, 64, **bf16)
+    pages = torch.randn(1, 3, 1024, 1024, device=cuda, dtype=bf16)
+    _ = torch.nn.functional.conv2d(pages, torch.randn(768, 3, 16, 16, device=cuda, dtype=bf16), stride=16)
+    q = torch.randn(1, 12, 4096, 64, device=cuda, dtype=bf16)
     _ = torch.nn.functional.scaled_dot_product_attention(q, q, q)
     _ = torch.nn.functional.layer_norm(x, (2048,)), torch.softmax(x.float(), -1), torch.topk(x, 6)
     torch.cuda.synchronize()

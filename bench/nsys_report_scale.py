@@ -24,6 +24,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -189,8 +190,8 @@ def main() -> None:
         with trace:
             stage_list = timed(seconds, "stage_times", trace.stage_times)
             timed(seconds, "top_kernels_all", lambda: trace.top_kernels(20))
-            for stage in stage_list:
-                timed(seconds, f"top_kernels[{stage.stage}]", lambda s=stage.stage: trace.top_kernels(20, stage=s))
+            for name in [stage.stage for stage in stage_list]:
+                timed(seconds, f"top_kernels[{name}]", partial(trace.top_kernels, 20, stage=name))
             steps = timed(seconds, "decode_steps", trace.decode_steps)
         total_s = time.perf_counter() - start
 

@@ -440,7 +440,7 @@ class WhatIfRun:
 
     def _run(self) -> WhatIfRecord:
         self.art.write_text(CONFIG_FILE, OmegaConf.to_yaml(self.command.composed, resolve=True))
-        cuda = all(has_cuda(device or self.command.device) for device in self.devices)  # [None]: `device`
+        cuda = all(has_cuda(device or self.command.device) for device in self.devices)  # None: the command's device
         base = self._plan(BASELINE_NAME, BASELINE, (), (), changes_workload=False)
         alone = [
             self._plan(

@@ -448,7 +448,8 @@ def _stage_times_section(doc: Doc, r: _Report) -> None:
     )
     methods = sorted({st.summary.ci_method for st in m.stages if st.summary.ci_method})
     e2e_mean = next((s.summary.mean for s in m.stages if s.stage == vocab.E2E), None)
-    doc.keyed_table([_stat_row(st.stage, st.summary, _has_vision(m.stages), e2e_mean) for st in m.stages])
+    vision = _has_vision(m.stages)
+    doc.keyed_table([_stat_row(st.stage, st.summary, vision, e2e_mean) for st in m.stages])
     doc.para(
         "n: timed passes (decode/step: one value per pass, its mean step time, so the interval is over passes). "
         f"95% interval: {'; '.join(methods) or 'none (fewer than 3 passes)'}; none from fewer than 3 values. "

@@ -82,6 +82,10 @@ def test_stage1_tiny_on_gpu_has_mfu(tmp_path: Path, model: str) -> None:
         assert 0 < mfu["prefill"]["mfu"] < 1
     assert metrics["operator_sort_key"] == "self_device_ms"
     assert metrics["top_operators"][0]["self_device_ms"] > 0
+    # the GPU default's one warm-up pass per input, kept as that input's first pass and timed with CUDA events
+    firsts = {r["image"]: r for r in metrics["first_passes"]}
+    assert set(firsts) == {r["image"] for r in metrics["records"]}
+    assert all(r["prefill_ms"] > 0 and r["decode_ms"] > 0 for r in firsts.values())
 
 
 @pytest.mark.parametrize("model", ["deepseek_ocr2_tiny", "deepseek_ocr_tiny"])

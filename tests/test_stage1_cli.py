@@ -105,7 +105,9 @@ def test_the_last_line_is_the_report_and_the_time_budget_adds_up(
     assert lines[-1] == str(out / "report.md")
     budget = json.loads((out / "metrics.json").read_text())["time_budget"]
     parts = {p["name"]: p["seconds"] for p in budget["parts"]}
-    assert {"start", "build", "passes", "profiled pass", "reports", "other"} <= set(parts)
+    named = {"start", "build", "timed passes", "FLOP counts", "warm-up", "profiled pass", "reports", "other"}
+    assert named <= set(parts)
+    assert parts["FLOP counts"] > 0  # the one count, in its own part: "timed passes" holds what the timed passes cost
     assert all(seconds >= 0 for seconds in parts.values())
     assert sum(parts.values()) == pytest.approx(budget["total_s"])
     assert lines[-2].strip().startswith("took ") and "start " in lines[-2]
@@ -241,3 +243,20 @@ def test_unknown_model_names_the_options(tmp_path: Path) -> None:
     done = run_main("llm_perf_opt.cli.stage1", "model=no_such_model", f"hydra.run.dir={tmp_path / 'run'}")
     assert done.returncode != 0
     assert "no_such_model" in done.stderr and "deepseek_ocr2" in done.stderr
+
+
+def test_each_input_keeps_its_first_pass_beside_its_timed_median(
+    tiny_run: tuple[Path, Path, subprocess.CompletedProcess[str]],
+) -> None:
+    """With a warm-up pass, each input's first one is kept (outside the timed records) and shown in report.md's
+    per-input table with the range of its extra time over the timed median."""
+    out, _, done = tiny_run
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    firsts = {r["image"]: r for r in metrics["first_passes"]}
+    assert set(firsts) == {r["image"] for r in metrics["records"]}  # one per input, the same inputs
+    assert all(r["e2e_ms"] > 0 and r["new_tokens"] == 3 for r in firsts.values())
+    assert len(metrics["records"]) == 2 * len(firsts)  # the first passes are not among the timed ones
+    report = (out / "report.md").read_text()
+    assert "|e2e|first pass e2e|" in report
+    assert "First pass e2e: each input's first warm-up pass" in report

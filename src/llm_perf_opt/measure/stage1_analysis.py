@@ -65,6 +65,7 @@ class Stage1Measurements:
     """What one run has measured so far (written out on success, on failure after measuring, or on Ctrl-C)."""
 
     records: list[ImageRecord] = attrs.Factory(list)
+    first_passes: list[ImageRecord] = attrs.Factory(list)  # batch 1: each input's first warm-up pass (untimed)
     flops: dict[str, StageFlops] = attrs.Factory(dict)
     analytic: dict[str, Mapping[str, Any]] = attrs.Factory(dict)  # image -> stage -> analytic cost
     predictions: dict[str, tuple[int, ...]] = attrs.Factory(dict)
@@ -457,6 +458,7 @@ class Stage1Analysis:
             device=setup.device,
             settings=setup.settings,
             records=tuple(records),
+            first_passes=tuple(m.first_passes),
             stages=self.stage_stats,
             per_image=self.per_input(),
             throughput=throughput(timed),

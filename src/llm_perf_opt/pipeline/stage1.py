@@ -216,21 +216,22 @@ class Stage1Run:
         paths = [e.path for e in self.selection.images]
         fit = options.check_batch_fit
         stage1_batch_fit.check(session, paths, settings.max_new_tokens, size, enabled=fit)  # before any pass
-        passes = TimedPasses(self.state, session, self.selection, settings, self.handoff, self._meet)
+        part = self.feedback.ledger.part
+        passes = TimedPasses(self.state, session, self.selection, settings, self.handoff, self._meet, part)
         each = 1 + settings.warmup + settings.repeats  # FLOP count, warm-up and timed passes of one input or batch
         profiled: tuple[Path, ...] = (paths[0],)  # the profiled pass: the first input or batch
         try:
             if size == 1:
                 key = input_key(self.selection, paths[0])
                 what = "images: FLOP count, warm-up and timed passes"
-                with self.feedback.step(what, total=len(paths) * each, part="passes") as bar:
+                with self.feedback.step(what, total=len(paths) * each, part="timed passes") as bar:
                     passes.images(bar)
             else:
                 groups = batches(paths, size)
                 if options.fill_batches:
                     groups = [filled(group, size) for group in groups]
                 what = f"batches of {size}: FLOP count, warm-up and timed passes"
-                with self.feedback.step(what, total=len(paths) + len(groups) * each, part="passes") as bar:
+                with self.feedback.step(what, total=len(paths) + len(groups) * each, part="timed passes") as bar:
                     passes.batches(groups, bar)
                 profiled, key = groups[0], batch_key(0)
         finally:

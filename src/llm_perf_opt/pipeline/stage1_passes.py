@@ -34,11 +34,14 @@ log = logging.getLogger("llm_perf_opt.stage1")
 TRACE_FILE = "torch_profiler/trace.json.gz"  # the profiled pass's Chrome trace (pipeline.torch_profiler.chrome_trace)
 Grid = tuple[int, int] | None  # an input's crop grid (DeepSeek-OCR's tiles), as its records keep it
 Measured = TypeVar("Measured", ImageMeasurement, BatchMeasurement)
+Part = Callable[[str], AbstractContextManager[None]]  # counts a block's wall time in a named part of the time budget
+COUNT_PART, WARMUP_PART = "FLOP counts", "warm-up"  # the time budget's parts inside the passes step
 
 
 class TimedPasses:
     """The FLOP-counting, warm-up and timed passes of one run's inputs on `session`, into `state`; `meet`: wait for
-    the other data-parallel processes before the timed passes."""
+    the other data-parallel processes before the timed passes; `part`: the time budget's part for a block (the FLOP
+    counts and the warm-up passes get their own, so a run's budget shows what its timed passes alone cost)."""
 
     def __init__(
         self,
@@ -48,9 +51,10 @@ class TimedPasses:
         settings: ResolvedSettings,
         handoff: GpuHandoff,
         meet: Callable[[str], None],
+        part: Part,
     ) -> None:
         self.state, self.session, self.selection, self.settings = state, session, selection, settings
-        self.handoff, self.meet = handoff, meet
+        self.handoff, self.meet, self.part = handoff, meet, part
         self.flop_counts = FlopCounts()  # one count per distinct input (or batch) shape
         self.host_meter = HostUsageMeter()  # the host's usage over the timed passes, kept in `state.host_usage`
         self.timed_groups = 0  # the inputs (or batches) whose timed passes the progress bar counts
@@ -63,7 +67,11 @@ class TimedPasses:
         for index, entry in enumerate(self.selection.images):
             name = input_key(self.selection, entry.path)
             grid = self._count(name, session.prepare(entry.path), bar)
-            self._warm_up(partial(session.run_image, entry.path, tokens, nvtx=False, next_paths=groups[index]), bar)
+            first = self._warm_up(
+                partial(session.run_image, entry.path, tokens, nvtx=False, next_paths=groups[index]), bar
+            )
+            if first is not None:
+                self.state.first_passes.append(first.record(name, 0, vision, grid))
             repeat = 0
             while repeat < self.settings.repeats:
                 after = self._next_paths(groups, index, repeat)
@@ -108,7 +116,8 @@ class TimedPasses:
             else:
                 named = f"{key} ({', '.join(dict.fromkeys(keys))})"
                 doing = "counting FLOPs of the batch (untimed)"
-                self.state.batch_flops[key] = self.flop_counts.count(session, prepared, named, doing)
+                with self.part(COUNT_PART):
+                    self.state.batch_flops[key] = self.flop_counts.count(session, prepared, named, doing)
             bar.advance()
             self._warm_up(partial(session.run_batch, paths, tokens, nvtx=False, next_paths=paths), bar)
             traces: list[RoutingTrace] = []
@@ -176,24 +185,30 @@ class TimedPasses:
     def _count(self, name: str, prepared: Any, bar: StepHandle, doing: str = "counting FLOPs (untimed)") -> Grid:
         """An input's FLOP count and analytic costs; its crop grid."""
         session = self.session
-        self.state.flops[name] = self.flop_counts.count(session, prepared, name, doing)
+        with self.part(COUNT_PART):
+            self.state.flops[name] = self.flop_counts.count(session, prepared, name, doing)
+            costs = session.adapter.analytic_costs(
+                session.model, prepared, self.settings.max_new_tokens, session.dtype.itemsize
+            )
         bar.advance()
-        costs = session.adapter.analytic_costs(
-            session.model, prepared, self.settings.max_new_tokens, session.dtype.itemsize
-        )
         if costs is not None:
             self.state.analytic[name] = costs
         grid = prepared.model_inputs.get("crop_grid")
         return None if grid is None else (int(grid[0]), int(grid[1]))
 
-    def _warm_up(self, run_pass: Callable[[], object], bar: StepHandle) -> None:
+    def _warm_up(self, run_pass: Callable[[], Measured], bar: StepHandle) -> Measured | None:
         """With the device to this rung alone, the warm-up passes (no NVTX: they stay outside every stage Nsight
-        analyses, and compile what a compiled runtime compiles), then the meeting before the timed passes."""
+        analyses, and compile what a compiled runtime compiles), then the meeting before the timed passes; the first
+        warm-up pass's measurement (None without warm-up)."""
         self.handoff.wait()
-        for _ in range(self.settings.warmup):
-            run_pass()
-            bar.advance()
+        first = None
+        with self.part(WARMUP_PART):
+            for _ in range(self.settings.warmup):
+                measured = run_pass()
+                first = measured if first is None else first
+                bar.advance()
         self.meet(READY)
+        return first
 
     def _timed(self, run_pass: Callable[[], Measured], inputs: int, bar: StepHandle) -> Measured:
         """One timed pass of `inputs` inputs, with its host usage, its wall-clock window and its compiles; the

@@ -459,12 +459,14 @@ def _stage_times_section(doc: Doc, r: _Report) -> None:
 
 
 def _per_image_row(
-    image: str, stats: Sequence[StageStat], recs: Sequence[ImageRecord], image_cols: bool
+    image: str, stats: Sequence[StageStat], recs: Sequence[ImageRecord], image_cols: bool, first: ImageRecord | None
 ) -> dict[str, str]:
-    """One input's medians by column; `recs`: its timed passes (tokens from the first, peak memory the highest)."""
+    """One input's medians by column; `recs`: its timed passes (tokens from the first, peak memory the highest);
+    `first`: its first (warm-up) pass where the run kept one."""
     rec = recs[0]
     p50 = {s.stage: s.summary.p50 for s in stats}
     mem = max((r.peak_memory_bytes or 0) for r in recs)
+    first_pass = {"first pass e2e": ms(first.e2e_ms)} if first is not None else {}
     return {
         "image" if image_cols else "prompt": image,
         **({"tiles": str(rec.tiles), "image tokens": str(rec.image_tokens)} if image_cols else {}),
@@ -475,16 +477,45 @@ def _per_image_row(
         "decode": ms(p50.get(vocab.DECODE)),
         "ms/token": ms(p50.get(vocab.DECODE_STEP), 2),
         "e2e": ms(p50.get(vocab.E2E)),
+        **first_pass,
         "peak GPU memory": num_bytes(mem) if mem else "n/a (CPU)",
     }
 
 
-def _per_image_section(doc: Doc, r: _Report) -> None:
-    image_cols = not _is_text(r.m)  # tiles and image tokens mean nothing for a text prompt
-    doc.h2("Per image (medians, ms)" if image_cols else "Per prompt (medians, ms)")
-    doc.keyed_table(
-        [_per_image_row(image, stats, r.records_of[image], image_cols) for image, stats in r.m.per_image.items()]
+def _first_pass_text(m: Stage1Metrics) -> str | None:
+    """What the first passes say: the most and least each input's first (warm-up) pass took above its timed
+    median, and why that matters; None where the run kept none."""
+    median = {image: s.summary.p50 for image, stats in m.per_image.items() for s in stats if s.stage == vocab.E2E}
+    extra = [f.e2e_ms - median[f.image] for f in m.first_passes if median.get(f.image) is not None]
+    if not extra:
+        return None
+    compiled = " (and its compiling)" if m.compile is not None else ""
+    text = (
+        f"First pass e2e: each input's first warm-up pass, outside the figures above, at shapes this process had "
+        f"not run yet{compiled}: {min(extra):+,.1f} to {max(extra):+,.1f} ms against the input's timed median."
     )
+    if max(extra) <= 0:
+        return text
+    return text + (
+        " Setup done once per new shape lands there, e.g. the plan cuDNN builds for each new sequence length where "
+        "SDPA runs on cuDNN (one per eager decode step with a growing KV cache); a deployment pays it for each length "
+        "it has not met yet, which the timed figures leave out."
+    )
+
+
+def _per_image_section(doc: Doc, r: _Report) -> None:
+    m = r.m
+    image_cols = not _is_text(m)  # tiles and image tokens mean nothing for a text prompt
+    doc.h2("Per image (medians, ms)" if image_cols else "Per prompt (medians, ms)")
+    first = {f.image: f for f in m.first_passes}
+    doc.keyed_table(
+        [
+            _per_image_row(image, stats, r.records_of[image], image_cols, first.get(image))
+            for image, stats in m.per_image.items()
+        ]
+    )
+    if (text := _first_pass_text(m)) is not None:
+        doc.para(text)
     r.plot(doc, "decode_latency", "Decode step latency against context length")
 
 

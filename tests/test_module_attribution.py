@@ -380,3 +380,32 @@ def test_what_holds_the_best_rung_keeps_every_stages_modules_furthest_above_the_
     assert "|`gate`|" not in text  # beyond the kept rows
     plain = whatif_md(record)  # no attribution recorded: no section
     assert "What holds the rest" not in plain
+
+
+def test_a_kernel_is_placed_at_its_launch_call_by_the_rule_the_step_activity_uses() -> None:
+    """`gpu_launches` ties a kernel to the host call that launched it with `profiler_labels.is_launch`, the rule the
+    decode-step activity uses: a driver or runtime launch (torch 2.11 events carry no activity type, so by name), and
+    never another CUDA call that happens to carry the kernel's id."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from llm_perf_opt.instruments.module_attribution import gpu_launches
+
+    def event(name: str, device: DeviceType, id: int, start: float, end: float) -> Any:
+        return SimpleNamespace(
+            name=name, device_type=device, id=id, time_range=SimpleNamespace(start=start, end=end), cpu_children=[]
+        )
+
+    host = [
+        event("aten::mm", DeviceType.CPU, 1, 0, 10),
+        event("cuLaunchKernel", DeviceType.CPU, 2, 2, 3),
+        event("aten::add", DeviceType.CPU, 3, 20, 30),
+        event("cudaStreamSynchronize", DeviceType.CPU, 4, 22, 23),  # not a launch, whatever its id
+    ]
+    kernels = [
+        event("nvjet_sm90_tst_128x72", DeviceType.CUDA, 2, 40, 50),
+        event("elementwise", DeviceType.CUDA, 4, 60, 61),
+    ]
+    launches = gpu_launches(kernels, host, lambda ev: True)
+    assert [(k.at, k.operator) for k in launches] == [(2, "aten::mm")]  # the second has no launch call: left out

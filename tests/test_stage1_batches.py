@@ -69,7 +69,7 @@ def run_stage1(folder: Path, pages: Path, *overrides: str) -> Stage1Folder:
 
 @pytest.fixture(scope="module")
 def batch2(pages: Path, tmp_path_factory: pytest.TempPathFactory) -> Stage1Folder:
-    return run_stage1(tmp_path_factory.mktemp("runs") / "b2", pages, "run.batch_size=2")
+    return run_stage1(tmp_path_factory.mktemp("runs") / "b2", pages, "run.batch_size=2", "run.warmup=1")
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +100,18 @@ def test_every_input_and_every_batch_pass_is_recorded(batch2: Stage1Folder) -> N
     steps = len(first.decode_step_ms)
     assert first.aggregate_decode_tokens_per_s == pytest.approx(2 * steps / first.decode_ms * 1e3)
     assert first.experts_hit_per_step is not None and 1 <= first.experts_hit_per_step <= 4  # top-2 of 8, 2 tokens
+
+
+def test_each_input_keeps_its_share_of_its_batchs_first_pass(batch2: Stage1Folder) -> None:
+    """The first warm-up pass of each batch gives each of its inputs a first pass, as the timed passes give each its
+    share of theirs (the batch's preprocessing, prefill and decode; its own vision), outside the timed records."""
+    m = batch2.metrics
+    assert [r.image for r in m.first_passes] == list(PAGES)
+    small, tiles, square = m.first_passes
+    assert small.decode_ms == tiles.decode_ms != square.decode_ms  # the first batch's decode, then the second's
+    assert small.vision_ms != tiles.vision_ms  # each its own vision
+    assert len(m.records) == 2 * len(PAGES)  # the timed passes only
+    assert "|e2e|first pass e2e|" in (batch2.path / "report.md").read_text()
 
 
 def test_the_short_last_batch_runs_and_is_said(batch2: Stage1Folder) -> None:

@@ -20,7 +20,12 @@ import attrs
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEvent
 
-from llm_perf_opt.instruments.profiler_labels import LABEL_PREFIXES, MODULE_LABEL_PREFIX, STAGE_LABEL_PREFIX
+from llm_perf_opt.instruments.profiler_labels import (
+    LABEL_PREFIXES,
+    MODULE_LABEL_PREFIX,
+    STAGE_LABEL_PREFIX,
+    is_launch,
+)
 from llm_perf_opt.kernel_names import kernel_label, short_kernel_name
 from llm_perf_opt.measure.module_floors import display_name, fold
 from llm_perf_opt.records import vocabulary as vocab
@@ -107,7 +112,7 @@ def gpu_launches(
     events: Sequence[FunctionEvent], host: Sequence[FunctionEvent], is_kernel: Callable[[FunctionEvent], bool]
 ) -> list[Launch]:
     """GPU kernels with the host time of their launch (correlation id) and the operator around it."""
-    launch_at = {ev.id: ev.time_range.start for ev in host if not _is_operator(ev) and ev.name.startswith("cu")}
+    launch_at = {ev.id: ev.time_range.start for ev in host if is_launch(ev)}
     op_at = {ev.id: ev.time_range.start for ev in host if _is_operator(ev)}
     kernels = []
     for k in events:

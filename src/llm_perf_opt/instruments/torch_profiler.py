@@ -31,7 +31,7 @@ from llm_perf_opt.errors import UserError
 from llm_perf_opt.instruments.compiled_modules import InductorProvenance, compiled_resolver
 from llm_perf_opt.instruments.module_attribution import module_times
 from llm_perf_opt.instruments.module_ranges import ModuleRanges, module_ranges, module_types
-from llm_perf_opt.instruments.profiler_labels import LABEL_PREFIXES, STAGE_LABEL_PREFIX
+from llm_perf_opt.instruments.profiler_labels import LABEL_PREFIXES, STAGE_LABEL_PREFIX, is_launch
 from llm_perf_opt.instruments.timing import NullRecorder, StageRecorder
 from llm_perf_opt.kernel_names import short_kernel_name
 from llm_perf_opt.measure.kernel_activity import PREFILL_STEP, KernelSpan, decode_activity
@@ -258,7 +258,6 @@ def _aggregate(measured: Iterable[Measured], sort_key: str, details: _Details | 
     return tuple(sorted(rows, key=lambda r: getattr(r, sort_key), reverse=True))
 
 
-_LAUNCH_ACTIVITIES = ("cuda_runtime", "cuda_driver")
 ACTIVITY_METHOD = (
     "torch.profiler (CUPTI via Kineto), the profiled pass: each GPU kernel is tied to the host call that launched it "
     "by its correlation id (kernels replayed from a CUDA graph carry their cudaGraphLaunch's), and that call to the "
@@ -269,9 +268,6 @@ ACTIVITY_METHOD = (
 )
 
 
-# Host calls that launch kernels, by name: torch builds without `FunctionEvent.activity_type` (before 2.12) still
-# list the CUDA runtime and driver calls among the profiler's CPU events.
-_LAUNCH_NAME = re.compile(r"^cu(da)?(LaunchKernel|LaunchCooperativeKernel|GraphLaunch)")
 _NOT_KERNEL = re.compile(r"^(Memcpy|Memset|\[memory\])")
 
 
@@ -294,7 +290,7 @@ def kernel_filter(everything: Sequence[FunctionEvent]) -> Callable[[FunctionEven
     as a kernel beside its own kernels)."""
     host = [ev for ev in everything if ev.device_type == DeviceType.CPU]
     host_names = {ev.name for ev in host}
-    launched = {ev.id for ev in host if _is_launch(ev)}
+    launched = {ev.id for ev in host if is_launch(ev)}
     on_gpu = sorted((ev for ev in everything if _is_kernel(ev)), key=lambda ev: ev.time_range.start)
     copies = {id(ev) for ev in on_gpu if ev.name in host_names and _spans_another(ev, on_gpu)}
     return lambda ev: _is_kernel(ev) and (ev.name not in host_names or (ev.id in launched and id(ev) not in copies))
@@ -312,13 +308,6 @@ def _spans_another(ev: FunctionEvent, by_start: Sequence[FunctionEvent]) -> bool
         if inside and other.name != ev.name:
             return True
     return False
-
-
-def _is_launch(ev: FunctionEvent) -> bool:
-    kind = getattr(ev, "activity_type", None)
-    if kind:
-        return kind in _LAUNCH_ACTIVITIES
-    return bool(_LAUNCH_NAME.match(ev.name))
 
 
 def _step_spans(events: Sequence[FunctionEvent]) -> dict[int, tuple[float, float]]:
@@ -346,7 +335,7 @@ def kernel_activity(
     spans = _step_spans(events)
     if not kernels or not spans:
         return None
-    launch_at = {ev.id: ev.time_range.start for ev in events if ev.device_type == DeviceType.CPU and _is_launch(ev)}
+    launch_at = {ev.id: ev.time_range.start for ev in events if ev.device_type == DeviceType.CPU and is_launch(ev)}
     op_at = {
         ev.id: ev.time_range.start
         for ev in events

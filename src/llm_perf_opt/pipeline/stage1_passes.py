@@ -93,8 +93,9 @@ class TimedPasses:
                 repeat += 1
 
     def batches(self, groups: list[tuple[Path, ...]], bar: StepHandle) -> None:
-        """Per batch: each input's FLOP count alone and the batch's (untimed), warm-up passes without NVTX, then
-        the timed passes: one `BatchRecord` per pass and one `ImageRecord` per input and pass."""
+        """Per batch: each input's FLOP count alone and the batch's (untimed), warm-up passes without NVTX (each
+        input's share of the first one kept as its first pass), then the timed passes: one `BatchRecord` per pass and
+        one `ImageRecord` per input and pass."""
         session, tokens = self.session, self.settings.max_new_tokens
         if groups[-1] and len(groups[-1]) < session.runtime.batch_size:
             log.warning(
@@ -119,7 +120,13 @@ class TimedPasses:
                 with self.part(COUNT_PART):
                     self.state.batch_flops[key] = self.flop_counts.count(session, prepared, named, doing)
             bar.advance()
-            self._warm_up(partial(session.run_batch, paths, tokens, nvtx=False, next_paths=paths), bar)
+            first = self._warm_up(partial(session.run_batch, paths, tokens, nvtx=False, next_paths=paths), bar)
+            if first is not None:
+                kept = {r.image for r in self.state.first_passes}
+                for name, page in zip(keys, first.page_measurements(), strict=True):
+                    if name not in kept:  # a copy filling the batch: its input's first pass once
+                        kept.add(name)
+                        self.state.first_passes.append(page.record(name, 0, session.vision_stages, grids[name]))
             traces: list[RoutingTrace] = []
             try:
                 self._timed_batches(index, groups, keys, grids, traces, bar)

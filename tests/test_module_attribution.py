@@ -384,8 +384,8 @@ def test_what_holds_the_best_rung_keeps_every_stages_modules_furthest_above_the_
 
 def test_a_kernel_is_placed_at_its_launch_call_by_the_rule_the_step_activity_uses() -> None:
     """`gpu_launches` ties a kernel to the host call that launched it with `profiler_labels.is_launch`, the rule the
-    decode-step activity uses: a driver or runtime launch (torch 2.11 events carry no activity type, so by name), and
-    never another CUDA call that happens to carry the kernel's id."""
+    decode-step activity uses. Events without an activity type (torch 2.11's) are judged by name: a driver or runtime
+    launch counts, another CUDA call carrying the kernel's id (here a `cudaStreamSynchronize`) does not."""
     from types import SimpleNamespace
 
     from torch.autograd import DeviceType

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from functools import partial
 from pathlib import Path
@@ -121,12 +121,8 @@ class TimedPasses:
                     self.state.batch_flops[key] = self.flop_counts.count(session, prepared, named, doing)
             bar.advance()
             first = self._warm_up(partial(session.run_batch, paths, tokens, nvtx=False, next_paths=paths), bar)
-            if first is not None:
-                kept = {r.image for r in self.state.first_passes}
-                for name, page in zip(keys, first.page_measurements(), strict=True):
-                    if name not in kept:  # a copy filling the batch: its input's first pass once
-                        kept.add(name)
-                        self.state.first_passes.append(page.record(name, 0, session.vision_stages, grids[name]))
+            for name, page in _each_input_once(keys, first) if first is not None else ():
+                self.state.first_passes.append(page.record(name, 0, session.vision_stages, grids[name]))
             traces: list[RoutingTrace] = []
             try:
                 self._timed_batches(index, groups, keys, grids, traces, bar)
@@ -150,11 +146,7 @@ class TimedPasses:
         while repeat < self.settings.repeats:
             after = self._next_paths(groups, index, repeat)
             measured = self._timed(partial(session.run_batch, paths, tokens, next_paths=after), len(paths), bar)
-            recorded: set[str] = set()
-            for name, page in zip(keys, measured.page_measurements(), strict=True):
-                if name in recorded:  # a copy filling the batch: one record per input and pass
-                    continue
-                recorded.add(name)
+            for name, page in _each_input_once(keys, measured):
                 self.state.records.append(page.record(name, repeat, vision, grids[name]))
                 self._keep_outputs(name, page)
             if measured.routing is not None:
@@ -262,6 +254,16 @@ class TimedPasses:
                 "expected: E·(1 − (1 − k/E)^B) distinct experts per decode step and MoE layer (uniform routing; no "
                 "routing record, runtime.record_routing=false)"
             )
+
+
+def _each_input_once(keys: Sequence[str], measured: BatchMeasurement) -> Iterator[tuple[str, ImageMeasurement]]:
+    """Each input of a batch pass (`keys`, in batch order) with its share of the pass, once: a copy filling the batch
+    (run.fill_batches) repeats its input and is left out."""
+    seen: set[str] = set()
+    for name, page in zip(keys, measured.page_measurements(), strict=True):
+        if name not in seen:
+            seen.add(name)
+            yield name, page
 
 
 def record_provenance(session: InferenceSession, profiler: ProfilerSettings) -> InductorProvenance | None:

@@ -155,7 +155,7 @@ def test_default_out_is_a_fresh_folder_under_tmp_and_the_last_line_its_path(
     monkeypatch.chdir(tmp_path)
     main([str(H100_A), str(H100_B)])
     last = capsys.readouterr().out.splitlines()[-1]
-    assert re.fullmatch(r"tmp/compare/\d{8}-\d{6}-[0-9a-f]{6}/compare\.md", last), last
+    assert re.fullmatch(r"tmp/compare/\d{8}-\d{6}-[0-9a-f]{8}/compare\.md", last), last
     assert (tmp_path / last).is_file() and (tmp_path / last).with_suffix(".json").is_file()
     assert not (tmp_path / "compare.md").exists()
     assert exit_code(main, str(H100_A), str(H100_B), "--fail-on", "e2e_ms:+100%") == 0

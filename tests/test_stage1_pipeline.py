@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import tomllib
 from importlib.metadata import entry_points
 from importlib.resources import files
@@ -63,10 +64,10 @@ def test_invalid_settings_raise_user_errors(override: str) -> None:
         resolve_settings(command_config(cfg), torch.device("cpu"))
 
 
-def test_run_ids_never_collide_within_a_second() -> None:
-    ids = {new_run_id() for _ in range(200)}
-    assert len(ids) == 200
-    assert all(len(i.split("-")) == 3 for i in ids)
+def test_run_ids_never_repeat_within_a_process() -> None:
+    ids = [new_run_id() for _ in range(2000)]
+    assert len(set(ids)) == len(ids)
+    assert all(re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{8}", i) for i in ids)
 
 
 def test_default_run_dir_is_under_tmp_stage1() -> None:

@@ -10,10 +10,17 @@ from omegaconf import DictConfig, OmegaConf
 
 from llm_perf_opt.gpu_claim import job_device
 
+_ISSUED_RUN_IDS: set[str] = set()
+
 
 def new_run_id() -> str:
-    """`YYYYMMDD-HHMMSS-xxxxxx`: time-sortable, with 24 random bits so two runs in one second never share one."""
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+    """`YYYYMMDD-HHMMSS-xxxxxxxx`: time-sortable; never the same twice in one process, and 32 random bits make
+    two processes started in the same second share one with odds of 1 in 4 billion."""
+    while True:
+        run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(4)}"
+        if run_id not in _ISSUED_RUN_IDS:
+            _ISSUED_RUN_IDS.add(run_id)
+            return run_id
 
 
 def register_resolvers() -> None:

@@ -82,7 +82,7 @@ COMMANDS: dict[str, CommandHelp] = {
         section="whatif_run",
         examples=(
             ("whatif=decode workload=ocr1-a4-page", "the decode levers on a named workload"),
-            ("whatif=advised whatif.from_run=tmp/stage1/20261128-101500-3fa9c2", "a stage1 run's advice, measured"),
+            ("whatif=advised whatif.from_run=tmp/stage1/20261128-101500-3fa9c2e1", "a stage1 run's advice, measured"),
             ("model=deepseek_ocr_tiny whatif_run.ladder=false", "a quick look: each lever alone"),
             ("whatif_run.exclude=[attn_eager]", "leave levers of the preset out"),
             ("whatif_run.devices=[cuda:0,cuda:1]", "one rung per GPU at a time"),

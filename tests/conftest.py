@@ -29,6 +29,50 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
     if "gpu" in marks and "not gpu" not in marks:
         return
     config.option.numprocesses = "auto"
+    if getattr(config.option, "dist", "no") == "no":
+        config.option.dist = "loadscope"
+        config.stash[_WHOLE_MODULES_KEY] = True
+
+
+# Modules whose module-scoped fixture takes seconds (a whole stage1 or what-if run, often in a child process): each
+# runs on one worker, so the fixture is built once rather than once per worker that gets one of its tests. (xdist's
+# own `--dist loadgroup` does not group under pytest 9, which no longer reads the node id xdist rewrites.)
+WHOLE_MODULES = (
+    "tests/test_batching.py",
+    "tests/test_rung_forks.py",
+    "tests/test_stage1_batches.py",
+    "tests/test_stage1_cli.py",
+    "tests/test_whatif_cli.py",
+    "tests/test_whatif_hydra.py",
+    "tests/test_whatif_report.py",
+)
+_WHOLE_MODULES_KEY = pytest.StashKey[bool]()
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """With the default distribution: `WHOLE_MODULES` each to one worker (the largest first), every other test on
+    its own to whichever worker is free, in collection order."""
+    if not config.stash.get(_WHOLE_MODULES_KEY, False):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    missing = [m for m in WHOLE_MODULES if not (config.rootpath / m).is_file()]
+    if missing:
+        raise pytest.UsageError(f"tests/conftest.py WHOLE_MODULES names modules that are not there: {missing}")
+
+    class WholeModules(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in WHOLE_MODULES else nodeid
+
+    return WholeModules(config, log)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The modules with `slow` tests first, each kept whole (its module-scoped fixtures are built once): the workers
+    start on the long tests and end on short ones, rather than one waiting on the other's last long test."""
+    slow_modules = {item.module for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.module not in slow_modules)
 
 
 if os.environ.get("PYTEST_XDIST_WORKER"):

@@ -72,15 +72,16 @@ def test_the_comparison_sees_every_kind_of_difference(tmp_path: Path, rerender: 
 
 
 def test_the_throughput_examples_record_is_what_todays_judging_gives(tmp_path: Path) -> None:
-    """examples/whatif-h200-throughput ships its rung folders: judged again (`whatif_judge --keep-outputs`, its
-    rungs' logits are not kept; the ladder off, as it ran), it gives the record that ships, its batch-64 rungs' vision
-    judged per page; without --keep-outputs the near-ties the record holds are lost."""
+    """examples/whatif-h200-throughput ships its rung folders but no config: judged again (`whatif_judge
+    --keep-outputs`, its rungs' logits are not kept; the ladder off, as the record says it ran), it gives the record
+    that ships, its batch-64 rungs' vision judged per page; without --keep-outputs the near-ties the record holds are
+    lost."""
     from llm_perf_opt.pipeline.whatif_judge import main
     from llm_perf_opt.records.folders import load_whatif
 
     example = ROOT / "examples" / "whatif-h200-throughput"
     copy = shutil.copytree(example, tmp_path / example.name)
-    (copy / "config.yaml").write_text("whatif: {}\nwhatif_run:\n  ladder: false\n")
+    assert not (copy / "config.yaml").exists()
     main([str(copy), "--keep-outputs"])
     shipped = load_whatif(example)
     assert load_whatif(copy) == shipped

@@ -63,6 +63,20 @@ def test_write_stage1_plots_writes_all_and_closes_figures(run: str, tmp_path: Pa
     assert len(plt.get_fignums()) == before
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_a_plot_that_fails_half_drawn_leaves_no_figure_open(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def fail(fig: object, path: Path) -> Path:
+        raise OSError(f"disk full writing {path}")
+
+    monkeypatch.setattr(plots, "save_figure", fail)
+    before = set(plt.get_fignums())
+    with pytest.raises(OSError, match="disk full"):
+        getattr(plots, name)(load("h100_full_stage1"), tmp_path / f"{name}.png")
+    assert set(plt.get_fignums()) == before
+
+
 def test_roofline_needs_peaks(tmp_path: Path) -> None:
     h100 = load("h100_full_stage1")
     assert h100.device.type == "cuda" and h100.bandwidth_peak

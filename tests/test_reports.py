@@ -516,6 +516,24 @@ def test_a_gallery_read_on_another_machine_says_its_input_is_not_there(tmp_path:
     assert not _image_sources(text) and not list((tmp_path / "viz").glob("*.png"))
 
 
+def test_a_gallery_input_without_a_timed_pass_says_so(tmp_path: Path) -> None:
+    """An input whose output was kept but whose timed passes never ran (the run stopped first): its output is shown
+    and the gallery says it has no timing, rather than failing."""
+    from llm_perf_opt.artifacts import ArtifactsManager
+    from llm_perf_opt.records.folders import load_stage1
+    from llm_perf_opt.records.stage1 import Prediction
+    from llm_perf_opt.report.stage1_reports import write_gallery
+
+    m = load_stage1(Path(__file__).parent / "fixtures" / "runs" / "cpu_tiny_v1_stage1").metrics
+    page = tmp_path / "late.png"
+    Image.new("RGB", (64, 48), "white").save(page)
+    prediction = Prediction(image="late.png", path=str(page), token_ids=(1,), tokens=1, text="late", weights="random")
+    write_gallery(ArtifactsManager(tmp_path / "run", stage="stage1"), m, [prediction], m.settings.outputs)
+    text = (tmp_path / "run" / "viz" / "predictions.md").read_text()
+    assert "- no timed pass (the run ended before this input's), 1 tokens\n" in text
+    assert "```text\nlate\n```" in text
+
+
 def test_links_to_files_that_are_not_there_are_dropped(tmp_path: Path) -> None:
     (tmp_path / "plots").mkdir()
     (tmp_path / "plots" / "a b.png").write_bytes(b"")

@@ -101,6 +101,38 @@ def test_memory_and_energy_passes_are_judged_when_recorded_and_say_why_when_not(
     assert judged["memory_pass_peak_gib"].why == "baseline: memory pass not available: CPU run"
 
 
+def test_the_first_pass_is_judged_on_the_median_input_and_says_why_when_not_kept() -> None:
+    """Each input's first warm-up pass, the median over inputs, against a 25% threshold: a rung whose first passes
+    pay for compilation (or cuDNN's per-length plans) is worse, and the trade-off names it."""
+    base = load_stage1(EXAMPLE / "rungs" / "00-baseline").metrics
+    rung = load_stage1(EXAMPLE / "rungs" / "02-cuda_graphs").metrics
+    assert not base.first_passes  # recorded before runs kept them
+    judged = {j.objective: j for j in o.judge(base, rung, None, None)}
+    assert judged["first_pass_ms"].verdict == NOT_JUDGED
+    assert judged["first_pass_ms"].why == "baseline: the run kept no first pass: written before they were kept"
+
+    def first(m: Stage1Metrics, *e2e_ms: float) -> Stage1Metrics:
+        """`m` with one first pass per input of these end-to-end times (all of it prefill)."""
+        passes = tuple(
+            attrs.evolve(m.records[0], image=f"p{i}.png", preprocess_ms=0.0, prefill_ms=ms, decode_ms=0.0)
+            for i, ms in enumerate(e2e_ms)
+        )
+        assert [r.e2e_ms for r in passes] == list(e2e_ms)
+        return attrs.evolve(m, first_passes=passes)
+
+    base, rung = first(base, 3400.0, 3500.0, 9000.0), first(rung, 1200.0, 1300.0, 1250.0)
+    judged = {j.objective: j for j in o.judge(base, rung, None, None)}
+    assert (judged["first_pass_ms"].base, judged["first_pass_ms"].value) == (3500.0, 1250.0)
+    assert judged["first_pass_ms"].verdict == BETTER
+    assert "the median over inputs; within 25% counts as the same" in (judged["first_pass_ms"].why or "")
+    slower = first(rung, 12_000.0, 13_000.0, 12_500.0)
+    judged = {j.objective: j for j in o.judge(base, slower, None, None)}
+    assert judged["first_pass_ms"].verdict == WORSE
+    assert o.tradeoffs(tuple(judged.values()), None) == (
+        "decode −93% and whole-page latency −73%, but warm-up/compile +45.4 s and first pass +257%",
+    )
+
+
 # --------------------------------------------------------------------------------------------- trade-offs
 
 

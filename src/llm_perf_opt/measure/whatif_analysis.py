@@ -367,6 +367,7 @@ class WhatIfAnalysis:
             latency_target=self.settings.latency_target,
             goodput=objectives.goodput(rungs, self.settings.latency_target),
             predictions=self.predictions(job.advised_from),
+            ladder=self.settings.ladder,
         )
 
 

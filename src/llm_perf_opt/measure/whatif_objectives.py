@@ -57,6 +57,7 @@ from llm_perf_opt.records.whatif import (
 MEMORY_TOLERANCE = 0.02  # peak memory within 2% of the baseline's (allocator block rounding)
 COMPILE_NOTICE_S = 5.0  # warm-up/compile time within 5 s of the baseline's
 ENERGY_TOLERANCE = 0.05  # joules per decode token within 5% (one NVML energy pass per rung)
+FIRST_PASS_TOLERANCE = 0.25  # first pass within 25% (one pass per input, not an interval over repeats)
 # A peak memory above this multiple of the baseline's is flagged, whatever the budget.
 FAR_ABOVE_BASELINE = 1.5
 # Gains quoted in a trade-off flag (the largest first); every loss is quoted.
@@ -76,10 +77,13 @@ PASS_FIGURES = (
 )
 PEAK_MEMORY = Objective(PEAK_MEMORY_GIB, "peak memory", "GiB", higher_is_better=False)
 COMPILE = Objective("compile_s", "warm-up/compile", "s", higher_is_better=False)
+# What an input of a shape not met before waits for: its first pass (compilation, cuDNN's per-length plans, lazy
+# allocations), kept by every run outside its timed figures; the median over inputs.
+FIRST_PASS = Objective("first_pass_ms", "first pass", "ms", higher_is_better=False)
 MEMORY_PASS = Objective("memory_pass_peak_gib", "memory-pass peak", "GiB", higher_is_better=False)
 ENERGY = Objective("joules_per_decode_token", "energy per decode token", "J/token", higher_is_better=False)
 OUTPUTS = Objective("outputs", "outputs", "", higher_is_better=False)
-FIGURES = (*PASS_FIGURES, PEAK_MEMORY, COMPILE, MEMORY_PASS, ENERGY, OUTPUTS)
+FIGURES = (*PASS_FIGURES, PEAK_MEMORY, COMPILE, FIRST_PASS, MEMORY_PASS, ENERGY, OUTPUTS)
 # The pass times that are parts of a pass's work, not of a page's wait: where the rung's passes hold other numbers of
 # pages than the baseline's (a batch against one page), each is judged per page (the pass's time over its pages; a
 # decode step's per page-token). A page's own latencies (first token, whole page) and pages/s are judged as they are.
@@ -167,6 +171,14 @@ def _memory_pass(report: MemoryReport | None) -> tuple[float | None, str]:
     return top.peak_allocated_bytes / GIB, parts
 
 
+def _first_pass(metrics: Stage1Metrics) -> tuple[float | None, str]:
+    """The median over inputs of each input's first pass (ms), or None and why there is none."""
+    if not metrics.first_passes:
+        why = "no warm-up pass (run.warmup=0)" if metrics.settings.warmup == 0 else "written before they were kept"
+        return None, f"the run kept no first pass: {why}"
+    return statistics.median(r.e2e_ms for r in metrics.first_passes), ""
+
+
 def _energy(report: EnergyReport | None) -> tuple[float | None, str]:
     if report is None:
         return None, "the run recorded no energy pass"
@@ -175,13 +187,15 @@ def _energy(report: EnergyReport | None) -> tuple[float | None, str]:
     return report.joules_per_decode_token, ""
 
 
-def _optional(figure: Objective, base: tuple[float | None, str], own: tuple[float | None, str], how: str) -> Judgement:
-    """A memory-pass or energy figure: not judged (with the first reason) where either run lacks it."""
+def _optional(
+    figure: Objective, base: tuple[float | None, str], own: tuple[float | None, str], tolerance: float, how: str
+) -> Judgement:
+    """A memory-pass, energy or first-pass figure: within `tolerance` (relative) of the baseline's is the same; not
+    judged (with the first reason) where either run lacks it."""
     if base[0] is None or own[0] is None:
         why = f"baseline: {base[1]}" if base[0] is None else f"this rung: {own[1]}"
         return _not_judged(figure, base[0], own[0], why)
     detail = f"; baseline {base[1]} → this rung {own[1]}" if base[1] and own[1] else ""
-    tolerance = MEMORY_TOLERANCE if figure is MEMORY_PASS else ENERGY_TOLERANCE
     return judge_value(figure, base[0], own[0], same=_relative(tolerance), how=how + detail)
 
 
@@ -249,12 +263,17 @@ def judge(
     memory_how = f"one peak per rung; within {MEMORY_TOLERANCE:.0%} of the baseline's counts as the same"
     compile_how = f"one value per rung; within {COMPILE_NOTICE_S:g} s of the baseline's counts as the same"
     energy_how = f"one NVML energy pass per rung; within {ENERGY_TOLERANCE:.0%} counts as the same"
+    first_how = (
+        "each input's first pass (outside every timed figure), the median over inputs; within "
+        f"{FIRST_PASS_TOLERANCE:.0%} counts as the same"
+    )
     return (
         *out,
         judge_value(PEAK_MEMORY, _peak_gib(base), _peak_gib(rung), same=_relative(MEMORY_TOLERANCE), how=memory_how),
         judge_value(COMPILE, _compile_s(base), _compile_s(rung), same=_absolute(COMPILE_NOTICE_S), how=compile_how),
-        _optional(MEMORY_PASS, _memory_pass(base.memory), _memory_pass(rung.memory), memory_how),
-        _optional(ENERGY, _energy(base.energy), _energy(rung.energy), energy_how),
+        _optional(FIRST_PASS, _first_pass(base), _first_pass(rung), FIRST_PASS_TOLERANCE, first_how),
+        _optional(MEMORY_PASS, _memory_pass(base.memory), _memory_pass(rung.memory), MEMORY_TOLERANCE, memory_how),
+        _optional(ENERGY, _energy(base.energy), _energy(rung.energy), ENERGY_TOLERANCE, energy_how),
         judge_outputs(outputs),
     )
 

@@ -148,10 +148,11 @@ def rejudge(
     keep_outputs: bool = False,
 ) -> WhatIfRecord:
     """Judge a what-if folder's rungs again from their folders, as the run judged them (`WhatIfAnalysis`), with the
-    settings its record holds (the ladder's from the config.yaml it wrote as it started; without one, the shipped
-    defaults) but those given here, and rewrite `whatif.json`, `whatif.md` and the plots. `keep_outputs`: each
-    rung's outputs against the baseline as the record holds them, not compared again (for a folder whose rungs no
-    longer keep their logits, such as a shipped example)."""
+    settings its record holds (the ladder's from the config.yaml it wrote as it started; without one, whether the
+    ladder ran from the record and the shipped defaults for the rest) but those given here, and rewrite
+    `whatif.json`, `whatif.md` and the plots. `keep_outputs`: each rung's outputs against the baseline as the record
+    holds them, not compared again (for a folder whose rungs no longer keep their logits, such as a shipped
+    example)."""
     from llm_perf_opt.report import whatif_report
 
     record = load_whatif(run_dir)
@@ -171,6 +172,8 @@ def rejudge(
         latency_target=target or record.latency_target,
         near_tie_tolerance=record.near_tie_tolerance,
     )
+    if saved is None and record.ladder is not None:
+        settings = attrs.evolve(settings, ladder=record.ladder)
     folders = {base.name: load_stage1(run_dir / base.folder)}
     for rung in record.rungs:
         if rung.state == MEASURED and rung.reused is None and rung.folder is not None and rung.name not in folders:

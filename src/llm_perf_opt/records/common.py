@@ -17,7 +17,8 @@ import attrs
 #      inputs a forward finishes (a batch's all), not 1 / the median per-input latency.
 #      Also in 1.4 (defaults only): WhatIfRecord.latency_target and .goodput, RungFigures' per-page p90 latencies,
 #      Stage1Comparison.throughput (pages/s per run); WhatIfRecord.advised_from and .predictions, Lever.advice
-#      (`perf-whatif whatif=advised`); RuntimeRecord.quantize and ModelInfo.quantized (`runtime.quantize`).
+#      (`perf-whatif whatif=advised`); RuntimeRecord.quantize and ModelInfo.quantized (`runtime.quantize`);
+#      Stage1Metrics.first_passes (each input's first warm-up pass); WhatIfRecord.ladder (whatif_run.ladder).
 SCHEMA_VERSION = "1.4"
 SCHEMA_MAJOR = SCHEMA_VERSION.split(".", 1)[0]
 

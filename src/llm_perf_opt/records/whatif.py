@@ -435,6 +435,7 @@ class WhatIfRecord:
     # whatif=advised: the run whose advice named the levers, and each advised lever predicted against measured
     advised_from: AdvisedFrom | None = None
     predictions: tuple[PredictionCheck, ...] = ()
+    ladder: bool | None = None  # whatif_run.ladder as the run had it (None: an older record)
 
     def rung(self, name: str) -> Rung | None:
         return next((r for r in self.rungs if r.name == name), None)

@@ -19,7 +19,7 @@ from llm_perf_opt.records.modules import (
 from llm_perf_opt.records.vocabulary import DECODE_STEP
 from llm_perf_opt.report.markdown import Doc, flops, num_bytes
 from llm_perf_opt.report.plots import save_figure
-from llm_perf_opt.report.pyplot import pyplot
+from llm_perf_opt.report.pyplot import closes_its_figures, pyplot
 
 REPORT_ROWS = 8  # folded modules per stage in report.md
 PLOT_ROWS = 10  # bars per stage in the plot
@@ -148,6 +148,7 @@ def _short(module: str, width: int = 48) -> str:
     return module if len(module) <= width else "…" + module[-(width - 1) :]
 
 
+@closes_its_figures
 def modules_plot(a: ModuleAttribution, path: Path) -> Path | None:
     """Horizontal bars per stage: each module's time per forward, its floor drawn over it."""
     stages: Sequence[StageModules] = [s for s in a.stages if s.rows and s.total_ms > 0]
@@ -199,6 +200,7 @@ def changes_table(doc: Doc, changes: StageModuleChanges) -> None:
     doc.table(["module", "baseline (ms)", "this rung (ms)", "change (ms)"], rows)
 
 
+@closes_its_figures
 def changes_waterfall(changes: StageModuleChanges, title: str, path: Path) -> Path | None:
     """A waterfall from the baseline's stage time to the other run's, one bar per moved module."""
     steps = [(_short(c.module, 40), c.delta_ms) for c in changes.changes]

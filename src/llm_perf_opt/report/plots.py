@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.stage1 import ImageRecord, Stage1Metrics
-from llm_perf_opt.report.pyplot import pyplot
+from llm_perf_opt.report.pyplot import closes_its_figures, pyplot
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -88,6 +88,7 @@ def stage_segments(m: Metrics) -> dict[str, dict[str, float]]:
     return out
 
 
+@closes_its_figures
 def stage_breakdown(m: Metrics, path: Path) -> Path | None:
     """Stacked horizontal bar per image: preprocess, vision sub-stages, rest of prefill, decode (ms)."""
     segs = stage_segments(m)
@@ -145,6 +146,7 @@ def decode_step_medians(m: Metrics) -> dict[str, tuple[list[int], list[float]]]:
     return out
 
 
+@closes_its_figures
 def decode_latency(m: Metrics, path: Path) -> Path | None:
     """Per-step decode latency (ms) against context length, one line per image (median over repeats), one panel
     (shared y axis) per prompt length, since each image spans only its few steps; over MAX_PANELS lengths share one."""
@@ -235,6 +237,7 @@ def style_roofline_axes(ax: Axes, limits: tuple[float, float, float, float]) -> 
     ax.grid(which="minor", alpha=0.1)
 
 
+@closes_its_figures
 def roofline(m: Metrics, path: Path) -> Path | None:
     """Log-log roofline of the device with each stage of `efficiency` as a point; None without both peaks."""
     peaks = _compute_peaks(m)
@@ -289,6 +292,7 @@ def _label_dy(k: int, points: Sequence[tuple[str, float, float, float | None]]) 
 _SORT_KEY_LABELS = {"self_device_ms": "self device time", "self_cpu_ms": "self CPU time"}
 
 
+@closes_its_figures
 def operator_shares(m: Metrics, path: Path) -> Path | None:
     """Horizontal bars: each of the top 10 operators' share of the sort key, the remaining listed ones as "other"."""
     key = m.operator_sort_key
@@ -318,6 +322,7 @@ def operator_shares(m: Metrics, path: Path) -> Path | None:
     return save_figure(fig, path)
 
 
+@closes_its_figures
 def routing_hits(m: Metrics, path: Path) -> Path | None:
     """Heatmap of the MoE routing record: for each MoE layer (rows) and routed expert (columns), the share of the
     timed decode steps whose tokens picked it; None for a run without a routing record."""
@@ -365,6 +370,7 @@ MEMORY_TIMELINE = "memory/memory_timeline.png"
 _BAND_COLOURS = {PREPROCESS: "#9e9e9e", vocab.PREFILL: "#f28e2b", DECODE: "#59a14f"}
 
 
+@closes_its_figures
 def memory_timeline(m: Metrics, path: Path) -> Path | None:
     """Allocated and reserved GPU memory over the memory pass (samples at every stage boundary, so every decode
     step), with a band per top-level stage; None without a memory pass."""

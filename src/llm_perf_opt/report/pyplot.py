@@ -4,12 +4,19 @@ calls :func:`preload` early, so the import happens on a background thread while 
 
 from __future__ import annotations
 
+import functools
 import logging
+import sys
 import threading
 import time
+from collections.abc import Callable
 from types import ModuleType
+from typing import ParamSpec, TypeVar
 
 log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 _preloading: threading.Thread | None = None
 _preload_lock = threading.Lock()
@@ -51,3 +58,29 @@ def preload() -> None:
 
         _preloading = threading.Thread(target=run, name="matplotlib-preload", daemon=True)
         _preloading.start()
+
+
+def _open_figures() -> set[int]:
+    """The numbers of pyplot's open figures (none before pyplot is imported)."""
+    plt = sys.modules.get("matplotlib.pyplot")
+    return set(plt.get_fignums()) if plt is not None else set()
+
+
+def closes_its_figures(draw: Callable[P, R]) -> Callable[P, R]:
+    """`draw`, closing the figures it opened when it raises: pyplot holds every figure until it is closed, so a plot
+    that fails half-drawn would otherwise stay in memory for the rest of the process."""
+
+    @functools.wraps(draw)
+    def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
+        before = _open_figures()
+        try:
+            return draw(*args, **kwargs)
+        except BaseException:
+            opened = _open_figures() - before
+            if opened:
+                plt = sys.modules["matplotlib.pyplot"]
+                for number in opened:
+                    plt.close(number)
+            raise
+
+    return guarded

@@ -902,10 +902,12 @@ def write_gallery(
             prompt = read_prompt(Path(pred.path))
             excerpt = prompt[:PROMPT_EXCERPT] + (" …" if len(prompt) > PROMPT_EXCERPT else "")
             doc.raw("\n**Prompt**\n\n```text\n" + excerpt + "\n```\n\n**Output**\n")
-            facts = [f"{recs[0].prompt_tokens} prompt tokens"]
+            size = [f"{recs[0].prompt_tokens} prompt tokens"] if recs else []
+            facts: list[str] = []
         else:
             stem = Path(name).with_suffix("").as_posix().replace("/", "__")  # a/page.png and b/page.png differ
-            facts = [f"{recs[0].tiles} tiles, {recs[0].image_tokens} image tokens"]
+            size = [f"{recs[0].tiles} tiles, {recs[0].image_tokens} image tokens"] if recs else []
+            facts = []
             if Path(pred.path).is_file():
                 thumb = gallery.thumbnail_with_boxes(
                     Path(pred.path), pred.text, viz_dir / f"{stem}.png", width=knobs.thumbnail_width
@@ -915,13 +917,13 @@ def write_gallery(
                 facts.append(f"Boxes drawn: {gallery.count_boxes(pred.text)}")
             else:  # a folder read on another machine than the run's
                 facts.append(f"No thumbnail: the input is not at {bundled_samples(pred.path)} on this machine")
-        doc.bullets(
-            [
-                f"TTFT {ms(statistics.median(r.ttft_ms for r in recs))} ms, decode "
-                f"{ms(statistics.median(r.decode_ms for r in recs))} ms, {pred.tokens} tokens, " + facts[0],
-                *facts[1:],
-            ]
+        timing = (
+            f"TTFT {ms(statistics.median(r.ttft_ms for r in recs))} ms, decode "
+            f"{ms(statistics.median(r.decode_ms for r in recs))} ms"
+            if recs
+            else "no timed pass (the run ended before this input's)"
         )
+        doc.bullets([", ".join([timing, f"{pred.tokens} tokens", *size]), *facts])
         body = pred.text if pred.text is not None else f"(no tokenizer: token ids) {list(pred.token_ids)[:64]}"
         doc.raw("\n```text\n" + body + "\n```\n")
     art.write_anywhere(viz_dir / "predictions.md", present_links(doc.text(), viz_dir, "predictions.md"))

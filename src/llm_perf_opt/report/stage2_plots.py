@@ -18,7 +18,7 @@ from llm_perf_opt.records.common import PeakFigure
 from llm_perf_opt.records.stage2 import NcuKernelRow, Stage2Metrics
 from llm_perf_opt.report import plots
 from llm_perf_opt.report.markdown import clip
-from llm_perf_opt.report.pyplot import pyplot
+from llm_perf_opt.report.pyplot import closes_its_figures, pyplot
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -259,6 +259,7 @@ def _title(m: Stage2Metrics, points: Sequence[KernelPoint], left_out: Mapping[st
     )
 
 
+@closes_its_figures
 def kernel_roofline_figure(m: Stage2Metrics) -> Figure | None:
     """Log-log roofline of the device with each plottable ncu kernel as a point (colour and marker: stage; area:
     share of the stage's GPU time; the LABELLED hottest named); None without a compute and a memory roof or

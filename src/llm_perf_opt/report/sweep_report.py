@@ -9,7 +9,7 @@ from pathlib import Path
 from llm_perf_opt.records.sweep import SweepJob, SweepSummary
 from llm_perf_opt.report.markdown import Doc, flops, link, ms, pct
 from llm_perf_opt.report.plots import save_figure
-from llm_perf_opt.report.pyplot import pyplot
+from llm_perf_opt.report.pyplot import closes_its_figures, pyplot
 
 
 def _rate(tflops: float | None) -> str:
@@ -86,6 +86,7 @@ def _throughput_latency_section(doc: Doc, summary: SweepSummary, plot: str | Non
         doc.image("per-input against aggregate decode tokens/s by batch size", plot)
 
 
+@closes_its_figures
 def throughput_latency_plot(summary: SweepSummary, target: Path) -> Path | None:
     """Per-input decode tokens/s against aggregate decode tokens/s, one point per batch size, joined in batch order;
     None when the sweep does not vary run.batch_size."""
@@ -114,6 +115,7 @@ def _label(job: SweepJob, keys: Sequence[str]) -> str:
     return ", ".join(f"{k.rsplit('.', 1)[-1]}={job.value(k)}" for k in keys)
 
 
+@closes_its_figures
 def sweep_plot(summary: SweepSummary, target: Path) -> Path | None:
     """Grouped bars of prefill p50 and decode p50 (ms) per summarised job; None when there is nothing to draw."""
     done = summary.summarised

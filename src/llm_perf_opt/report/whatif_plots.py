@@ -14,7 +14,7 @@ from llm_perf_opt.records.modules import StageModuleChanges
 from llm_perf_opt.records.whatif import BASELINE, LADDER, LATENCY_FIGURES, MEASURED, Rung, WhatIfRecord
 from llm_perf_opt.report.modules_report import changes_waterfall
 from llm_perf_opt.report.plots import save_figure, write_plots
-from llm_perf_opt.report.pyplot import pyplot
+from llm_perf_opt.report.pyplot import closes_its_figures, pyplot
 
 if TYPE_CHECKING:
     from matplotlib.patches import Patch
@@ -125,6 +125,7 @@ def _first_token_split(record: WhatIfRecord, rung: Rung, previous: Rung) -> Spli
     return parts, note
 
 
+@closes_its_figures
 def waterfall(record: WhatIfRecord, path: Path) -> Path | None:
     """From the baseline through each ladder rung to the best: decode ms/token split into idle (launch/host) and busy
     (kernel work), or, for a run ranked by time to first token, that time split into preprocessing, vision and the
@@ -206,6 +207,7 @@ def _wrap(label: str, width: int = 18) -> str:
     return "\n".join(lines).replace("\u00a0", " ")
 
 
+@closes_its_figures
 def floor(record: WhatIfRecord, path: Path) -> Path | None:
     """One panel per stage: speed of light, summed kernels, GPU busy and wall (ms), baseline beside the best rung."""
     base, best = record.baseline, record.best_rung
@@ -277,6 +279,7 @@ GOODPUT_COLOUR = "#e15759"  # the goodput rung
 TARGET_COLOUR = "#b07aa1"
 
 
+@closes_its_figures
 def pages_latency(record: WhatIfRecord, path: Path) -> Path | None:
     """Pages/s against per-page p90 latency, one point per rung the goodput considered: the frontier joined, the
     latency target as a line and the goodput rung marked (None with fewer than two rungs to set apart)."""

@@ -418,8 +418,8 @@ def _objectives_table(doc: Doc, record: WhatIfRecord) -> None:
     how = _objective_notes(judged, lambda j: j.verdict != NOT_JUDGED and j.objective != OUTPUTS.name)
     doc.para(
         "Change of the rung's p50 against the baseline's (one value per rung for peak memory, compile time, the "
-        "memory pass and energy), better or worse only beyond the noise: the two runs' 95% intervals apart over "
-        "their timed passes, or beyond the stated threshold for one-value figures." + _outputs_rule(record)
+        "first pass, the memory pass and energy), better or worse only beyond the noise: the two runs' 95% intervals "
+        "apart over their timed passes, or beyond the stated threshold for one-value figures." + _outputs_rule(record)
     )
     notes = [clean_paths(line) for line in how]
     notes += [clean_paths(f"not judged — {line}") for line in reasons]

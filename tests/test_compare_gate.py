@@ -369,3 +369,27 @@ def test_memory_and_energy_are_compared_against_a_stated_tolerance() -> None:
     assert row.changes == ("same within 5%", "higher (+20.6%)", "n/a")
     assert resource_change(1.0, None, 0.02) == "n/a" and resource_change(0.9, 1.0, 0.02) == "lower (-10.0%)"
     assert resources([("a", with_energy(None)), ("b", with_energy(None))]) == ()
+
+
+def test_the_first_pass_is_compared_on_the_median_input() -> None:
+    """Each run's inputs' first passes, the median input, beside the baseline's within 25%."""
+    import attrs as _attrs
+
+    from llm_perf_opt.measure.comparison import resources
+    from llm_perf_opt.records.folders import load_stage1
+
+    folder = load_stage1(Path(__file__).parent / "fixtures" / "runs" / "cpu_tiny_v1_stage1")
+    record = folder.metrics.records[0]
+
+    def with_first_passes(*e2e_ms: float) -> Any:
+        passes = tuple(
+            _attrs.evolve(record, image=f"p{i}.png", preprocess_ms=0.0, prefill_ms=ms, decode_ms=0.0)
+            for i, ms in enumerate(e2e_ms)
+        )
+        return _attrs.evolve(folder, metrics=_attrs.evolve(folder.metrics, first_passes=passes, energy=None))
+
+    (row,) = resources(
+        [("a", with_first_passes(3000.0, 1000.0, 2000.0)), ("b", with_first_passes(2400.0)), ("c", with_first_passes())]
+    )
+    assert row.figure == "first pass, median input (ms)" and row.values == (2000.0, 2400.0, None)
+    assert row.changes == ("same within 25%", "n/a")

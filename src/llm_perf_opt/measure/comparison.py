@@ -18,6 +18,7 @@ import attrs
 from llm_perf_opt.kernel_names import kernel_label, short_kernel_name
 from llm_perf_opt.measure import host_difference
 from llm_perf_opt.measure.noise import noise_verdict
+from llm_perf_opt.measure.thresholds import ENERGY_TOLERANCE, FIRST_PASS_TOLERANCE, MEMORY_TOLERANCE
 from llm_perf_opt.measure.throughput import run_pages
 from llm_perf_opt.measure.variation import BOTH_SIDES, GPU_SIDE
 from llm_perf_opt.records import vocabulary as vocab
@@ -334,8 +335,6 @@ def operator_movers(base: Labelled[Stage1Folder], other: Labelled[Stage1Folder])
     return MoverTable(other=other[0], base_key=base_key, other_key=other_key, movers=moved)
 
 
-MEMORY_TOLERANCE = 0.02  # one peak per run: within 2% counts as the same (allocator block rounding)
-ENERGY_TOLERANCE = 0.05  # one NVML energy pass per run: within 5% counts as the same
 _GIB = float(1 << 30)
 
 
@@ -351,6 +350,7 @@ def _peak(metrics: Stage1Metrics, part: str) -> float | None:
 RESOURCE_FIGURES: tuple[tuple[str, Callable[[Stage1Metrics], float | None], float], ...] = (
     ("peak allocated (GiB)", lambda m: _peak(m, "allocated"), MEMORY_TOLERANCE),
     ("peak reserved (GiB)", lambda m: _peak(m, "reserved"), MEMORY_TOLERANCE),
+    ("first pass, median input (ms)", lambda m: m.first_pass_median_ms, FIRST_PASS_TOLERANCE),
     ("J per page", lambda m: None if m.energy is None else m.energy.joules_per_page, ENERGY_TOLERANCE),
     ("J per decode token", lambda m: None if m.energy is None else m.energy.joules_per_decode_token, ENERGY_TOLERANCE),
     (

@@ -16,6 +16,7 @@ import attrs
 from llm_perf_opt.measure.noise import BEYOND, WITHIN, noise_verdict
 from llm_perf_opt.measure.outputs import near_tie_text
 from llm_perf_opt.measure.stats import MIN_VALUES_FOR_CI, summarize
+from llm_perf_opt.measure.thresholds import COMPILE_NOTICE_S, ENERGY_TOLERANCE, FIRST_PASS_TOLERANCE, MEMORY_TOLERANCE
 from llm_perf_opt.measure.whatif import (
     GIB,
     GOAL_FIGURES,
@@ -53,11 +54,6 @@ from llm_perf_opt.records.whatif import (
     Speedup,
 )
 
-# Figures with one value per rung: a difference under these counts as the same (they stand in for noise).
-MEMORY_TOLERANCE = 0.02  # peak memory within 2% of the baseline's (allocator block rounding)
-COMPILE_NOTICE_S = 5.0  # warm-up/compile time within 5 s of the baseline's
-ENERGY_TOLERANCE = 0.05  # joules per decode token within 5% (one NVML energy pass per rung)
-FIRST_PASS_TOLERANCE = 0.25  # first pass within 25% (one pass per input, not an interval over repeats)
 # A peak memory above this multiple of the baseline's is flagged, whatever the budget.
 FAR_ABOVE_BASELINE = 1.5
 # Gains quoted in a trade-off flag (the largest first); every loss is quoted.
@@ -173,10 +169,10 @@ def _memory_pass(report: MemoryReport | None) -> tuple[float | None, str]:
 
 def _first_pass(metrics: Stage1Metrics) -> tuple[float | None, str]:
     """The median over inputs of each input's first pass (ms), or None and why there is none."""
-    if not metrics.first_passes:
+    if (median := metrics.first_pass_median_ms) is None:
         why = "no warm-up pass (run.warmup=0)" if metrics.settings.warmup == 0 else "written before they were kept"
         return None, f"the run kept no first pass: {why}"
-    return statistics.median(r.e2e_ms for r in metrics.first_passes), ""
+    return median, ""
 
 
 def _energy(report: EnergyReport | None) -> tuple[float | None, str]:

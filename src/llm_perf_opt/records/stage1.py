@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -898,6 +899,13 @@ class Stage1Metrics:
 
     def efficiency_of(self, name: str) -> StageEfficiency | None:
         return next((e for e in self.efficiency if e.stage == name), None)
+
+    @property
+    def first_pass_median_ms(self) -> float | None:
+        """The median over inputs of each input's first pass end to end (ms); None where the run kept none."""
+        if not self.first_passes:
+            return None
+        return statistics.median(r.e2e_ms for r in self.first_passes)
 
     @property
     def compute_peak(self) -> PeakFigure | None:

@@ -30,6 +30,7 @@ from llm_perf_opt.records.stage1 import BatchRecord, Stage1Metrics
 from llm_perf_opt.records.sweep import SweepJob
 from llm_perf_opt.report.plots import routing_hits
 from llm_perf_opt.report.sweep_report import sweep_markdown, throughput_latency_plot
+from llm_perf_opt.session import process_state
 from llm_perf_opt.session.session import InferenceSession
 
 #: Runs the console scripts in child processes (seconds to a minute each).
@@ -63,7 +64,9 @@ def run_stage1(folder: Path, pages: Path, *overrides: str) -> Stage1Folder:
     keys = {o.split("=", 1)[0] for o in overrides}
     base = [o for o in RUN if o.split("=", 1)[0] not in keys]
     cfg = compose_config("stage1", *base, f"dataset.root={pages}", *overrides)
-    Stage1Run(command_config(cfg), folder, run_id=folder.name).execute()
+    with pytest.MonkeyPatch.context() as patch:  # a process of its own, as stage1-run is (it keeps first passes)
+        patch.setattr(process_state, "_jobs_started", 0)
+        Stage1Run(command_config(cfg), folder, run_id=folder.name).execute()
     return load_stage1(folder)
 
 

@@ -283,7 +283,8 @@ class Stage1Analysis:
             out.append(
                 "This process ran another job before this one (a reused launcher worker): torch.compile's caches and "
                 "the CUDA allocator's cache and peak counters were reset first; the host peak memory is left out (it "
-                "would include the earlier job's)."
+                "would include the earlier job's), and so are the inputs' first passes (the earlier job warmed what "
+                "a first pass pays for, such as cuDNN's attention plans)."
             )
         return out
 
@@ -458,7 +459,7 @@ class Stage1Analysis:
             device=setup.device,
             settings=setup.settings,
             records=tuple(records),
-            first_passes=tuple(m.first_passes),
+            first_passes=() if m.reused_process else tuple(m.first_passes),  # an earlier job warmed its caches
             stages=self.stage_stats,
             per_image=self.per_input(),
             throughput=throughput(timed),

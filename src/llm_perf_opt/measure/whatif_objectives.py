@@ -170,7 +170,11 @@ def _memory_pass(report: MemoryReport | None) -> tuple[float | None, str]:
 def _first_pass(metrics: Stage1Metrics) -> tuple[float | None, str]:
     """The median over inputs of each input's first pass (ms), or None and why there is none."""
     if (median := metrics.first_pass_median_ms) is None:
-        why = "no warm-up pass (run.warmup=0)" if metrics.settings.warmup == 0 else "written before they were kept"
+        why = (
+            "no warm-up pass (run.warmup=0)"
+            if metrics.settings.warmup == 0
+            else "written before they were kept, or run in a process an earlier job had warmed"
+        )
         return None, f"the run kept no first pass: {why}"
     return median, ""
 

@@ -49,6 +49,7 @@ WHOLE_MODULES = (
 _WHOLE_MODULES_KEY = pytest.StashKey[bool]()
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: without it installed, never called
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """With the default distribution: `WHOLE_MODULES` each to one worker (the largest first), every other test on
     its own to whichever worker is free, in collection order."""

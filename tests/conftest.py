@@ -20,16 +20,16 @@ from llm_perf_opt.models.cache_argument import cache_kwargs
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> None:
     """One worker per core (pytest-xdist's `-n auto`) unless `-n` is given, xdist is not installed (the run stays in
-    this process), or the run selects GPU tests (`-m gpu`: they share one device and time it)."""
+    this process), or the run selects GPU tests (`-m gpu`: they share one device and time it); with workers and no
+    `--dist` of the caller's, `WHOLE_MODULES` each on one worker (`pytest_xdist_make_scheduler`)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):  # a worker: its own options come from the controller
         return
-    if not hasattr(config.option, "numprocesses") or config.option.numprocesses is not None:
+    if not hasattr(config.option, "numprocesses"):
         return
     marks = str(config.option.markexpr or "")
-    if "gpu" in marks and "not gpu" not in marks:
-        return
-    config.option.numprocesses = "auto"
-    if getattr(config.option, "dist", "no") == "no":
+    if config.option.numprocesses is None and not ("gpu" in marks and "not gpu" not in marks):
+        config.option.numprocesses = "auto"
+    if config.option.numprocesses not in (None, 0, "0") and config.option.dist == "no":
         config.option.dist = "loadscope"
         config.stash[_WHOLE_MODULES_KEY] = True
 
@@ -70,10 +70,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The modules with `slow` tests first, each kept whole (its module-scoped fixtures are built once): the workers
-    start on the long tests and end on short ones, rather than one waiting on the other's last long test."""
-    slow_modules = {item.module for item in items if item.get_closest_marker("slow") is not None}
-    items.sort(key=lambda item: item.module not in slow_modules)
+    """The modules with `slow` tests first, each module's tests still together and in file order: the workers start
+    on the long tests and end on short ones, rather than one waiting on the other's last long test."""
+    slow_modules = {getattr(item, "module", None) for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: getattr(item, "module", None) not in slow_modules)
 
 
 if os.environ.get("PYTEST_XDIST_WORKER"):

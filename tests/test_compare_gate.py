@@ -371,25 +371,35 @@ def test_memory_and_energy_are_compared_against_a_stated_tolerance() -> None:
     assert resources([("a", with_energy(None)), ("b", with_energy(None))]) == ()
 
 
-def test_the_first_pass_is_compared_on_the_median_input() -> None:
-    """Each run's inputs' first passes, the median input, beside the baseline's within 25%."""
+def test_the_first_pass_extra_is_compared_within_a_quarter_or_a_tenth_of_the_timed_pass() -> None:
+    """The most an input's first pass took beyond its timed median, beside the baseline's: the same within 25%, or
+    within 10% of the baseline's timed pass where both are near 0; higher beyond."""
+    import statistics
+
     import attrs as _attrs
 
     from llm_perf_opt.measure.comparison import resources
     from llm_perf_opt.records.folders import load_stage1
 
     folder = load_stage1(Path(__file__).parent / "fixtures" / "runs" / "cpu_tiny_v1_stage1")
-    record = folder.metrics.records[0]
+    m = folder.metrics
+    image = m.records[0].image
+    median = statistics.median(r.e2e_ms for r in m.records if r.image == image)
+    timed = statistics.median(r.e2e_ms for r in m.records)
 
-    def with_first_passes(*e2e_ms: float) -> Any:
-        passes = tuple(
-            _attrs.evolve(record, image=f"p{i}.png", preprocess_ms=0.0, prefill_ms=ms, decode_ms=0.0)
-            for i, ms in enumerate(e2e_ms)
+    def with_extra(extra_ms: float | None) -> Any:
+        passes = (
+            ()
+            if extra_ms is None
+            else (_attrs.evolve(m.records[0], preprocess_ms=0.0, prefill_ms=median + extra_ms, decode_ms=0.0),)
         )
-        return _attrs.evolve(folder, metrics=_attrs.evolve(folder.metrics, first_passes=passes, energy=None))
+        return _attrs.evolve(folder, metrics=_attrs.evolve(m, first_passes=passes, energy=None, memory=None))
 
-    (row,) = resources(
-        [("a", with_first_passes(3000.0, 1000.0, 2000.0)), ("b", with_first_passes(2400.0)), ("c", with_first_passes())]
-    )
-    assert row.figure == "first pass, median input (ms)" and row.values == (2000.0, 2400.0, None)
-    assert row.changes == ("same within 25%", "n/a")
+    runs = [("a", with_extra(4 * timed)), ("b", with_extra(4.5 * timed)), ("c", with_extra(9 * timed))]
+    (row,) = resources([*runs, ("d", with_extra(None))])
+    assert row.figure == "first-pass extra, largest input (ms)"
+    assert row.values[0] == pytest.approx(4 * timed) and row.values[3] is None
+    assert row.changes[0].startswith("same within 25% or ") and row.changes[1] == "higher (+125.0%)"
+    assert row.changes[2] == "n/a"
+    (near_zero,) = resources([("a", with_extra(-1.0)), ("b", with_extra(0.05 * timed))])
+    assert near_zero.values[0] == 0.0 and near_zero.changes[0].startswith("same within 25% or ")

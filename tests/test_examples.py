@@ -92,3 +92,19 @@ def test_the_throughput_examples_record_is_what_todays_judging_gives(tmp_path: P
     assert best.outputs is not None and best.outputs.near_tie is not None
     rejudged = load_whatif(copy).rung(best.name)
     assert rejudged is not None and rejudged.outputs is not None and rejudged.outputs.near_tie is None
+
+
+def test_judging_a_record_that_does_not_say_whether_the_ladder_ran_leaves_that_unsaid(tmp_path: Path) -> None:
+    """Without a config.yaml and with a record older than `ladder`, the judge plans with the default and writes no
+    `ladder`: a guess is not recorded as what the run did."""
+    import json
+
+    from llm_perf_opt.pipeline.whatif_judge import main
+    from llm_perf_opt.records.folders import load_whatif
+
+    copy = shutil.copytree(ROOT / "examples" / "whatif-h200-throughput", tmp_path / "older")
+    record = json.loads((copy / "whatif.json").read_text())
+    del record["ladder"]
+    (copy / "whatif.json").write_text(json.dumps(record))
+    main([str(copy), "--keep-outputs"])
+    assert load_whatif(copy).ladder is None

@@ -517,8 +517,8 @@ def test_a_gallery_read_on_another_machine_says_its_input_is_not_there(tmp_path:
 
 
 def test_a_gallery_input_without_a_timed_pass_says_so(tmp_path: Path) -> None:
-    """An input whose output was kept but whose timed passes never ran (the run stopped first): its output is shown
-    and the gallery says it has no timing, rather than failing."""
+    """An input whose output is kept but whose timed records are not (a trimmed copy of a folder): its output is
+    shown and the gallery says it has no timing, rather than failing."""
     from llm_perf_opt.artifacts import ArtifactsManager
     from llm_perf_opt.records.folders import load_stage1
     from llm_perf_opt.records.stage1 import Prediction
@@ -530,7 +530,7 @@ def test_a_gallery_input_without_a_timed_pass_says_so(tmp_path: Path) -> None:
     prediction = Prediction(image="late.png", path=str(page), token_ids=(1,), tokens=1, text="late", weights="random")
     write_gallery(ArtifactsManager(tmp_path / "run", stage="stage1"), m, [prediction], m.settings.outputs)
     text = (tmp_path / "run" / "viz" / "predictions.md").read_text()
-    assert "- no timed pass (the run ended before this input's), 1 tokens\n" in text
+    assert "- no timed pass of this input in the record, 1 tokens\n" in text
     assert "```text\nlate\n```" in text
 
 

@@ -8,6 +8,7 @@ renders it.
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from operator import attrgetter
 from pathlib import Path
@@ -18,7 +19,7 @@ import attrs
 from llm_perf_opt.kernel_names import kernel_label, short_kernel_name
 from llm_perf_opt.measure import host_difference
 from llm_perf_opt.measure.noise import noise_verdict
-from llm_perf_opt.measure.thresholds import ENERGY_TOLERANCE, FIRST_PASS_TOLERANCE, MEMORY_TOLERANCE
+from llm_perf_opt.measure.thresholds import ENERGY_TOLERANCE, FIRST_PASS_FLOOR, FIRST_PASS_TOLERANCE, MEMORY_TOLERANCE
 from llm_perf_opt.measure.throughput import run_pages
 from llm_perf_opt.measure.variation import BOTH_SIDES, GPU_SIDE
 from llm_perf_opt.records import vocabulary as vocab
@@ -347,13 +348,39 @@ def _peak(metrics: Stage1Metrics, part: str) -> float | None:
     return (whole.peak_allocated_bytes if part == "allocated" else whole.peak_reserved_bytes) / _GIB
 
 
-RESOURCE_FIGURES: tuple[tuple[str, Callable[[Stage1Metrics], float | None], float], ...] = (
-    ("peak allocated (GiB)", lambda m: _peak(m, "allocated"), MEMORY_TOLERANCE),
-    ("peak reserved (GiB)", lambda m: _peak(m, "reserved"), MEMORY_TOLERANCE),
-    ("first pass, median input (ms)", lambda m: m.first_pass_median_ms, FIRST_PASS_TOLERANCE),
-    ("J per page", lambda m: None if m.energy is None else m.energy.joules_per_page, ENERGY_TOLERANCE),
-    ("J per decode token", lambda m: None if m.energy is None else m.energy.joules_per_decode_token, ENERGY_TOLERANCE),
-    (
+def _timed_pass_ms(metrics: Stage1Metrics) -> float:
+    """The run's median timed pass end to end (ms; 0 without timed passes)."""
+    timed = [r.e2e_ms for r in metrics.records]
+    return statistics.median(timed) if timed else 0.0
+
+
+@attrs.frozen
+class ResourceFigure:
+    """A figure with one value per run: its name, how a run's value is read, and the relative tolerance within which
+    it counts as the same (or, where `floor` is given, within `floor(baseline)` in its own unit, whichever is wider)."""
+
+    name: str
+    read: Callable[[Stage1Metrics], float | None]
+    tolerance: float
+    floor: Callable[[Stage1Metrics], float] | None = None
+
+
+RESOURCE_FIGURES: tuple[ResourceFigure, ...] = (
+    ResourceFigure("peak allocated (GiB)", lambda m: _peak(m, "allocated"), MEMORY_TOLERANCE),
+    ResourceFigure("peak reserved (GiB)", lambda m: _peak(m, "reserved"), MEMORY_TOLERANCE),
+    ResourceFigure(
+        "first-pass extra, largest input (ms)",
+        lambda m: m.first_pass_extra_ms,
+        FIRST_PASS_TOLERANCE,
+        lambda m: FIRST_PASS_FLOOR * _timed_pass_ms(m),  # a single pass's noise, where the extra is near 0
+    ),
+    ResourceFigure("J per page", lambda m: None if m.energy is None else m.energy.joules_per_page, ENERGY_TOLERANCE),
+    ResourceFigure(
+        "J per decode token",
+        lambda m: None if m.energy is None else m.energy.joules_per_decode_token,
+        ENERGY_TOLERANCE,
+    ),
+    ResourceFigure(
         "J per decode token above idle",
         lambda m: None if m.energy is None else m.energy.joules_per_decode_token_above_idle,
         ENERGY_TOLERANCE,
@@ -361,25 +388,28 @@ RESOURCE_FIGURES: tuple[tuple[str, Callable[[Stage1Metrics], float | None], floa
 )
 
 
-def resource_change(value: float | None, base: float | None, tolerance: float) -> str:
-    """ "higher" / "lower" / "same within N%" against the baseline's single value, or "n/a"."""
-    if value is None or base is None or base <= 0:
+def resource_change(value: float | None, base: float | None, tolerance: float, floor: float = 0.0) -> str:
+    """ "higher" / "lower" / "same within N%" against the baseline's single value (the same also within `floor`, in
+    the figure's unit), or "n/a"."""
+    if value is None or base is None or base < 0 or (base == 0 and floor <= 0):
         return "n/a"
-    change = value / base - 1.0
-    if abs(change) <= tolerance:
-        return f"same within {tolerance:.0%}"
-    return f"higher ({change:+.1%})" if change > 0 else f"lower ({change:+.1%})"
+    if abs(value - base) <= max(tolerance * base, floor):
+        return f"same within {tolerance:.0%}" if floor <= 0 else f"same within {tolerance:.0%} or {floor:,.1f}"
+    change = f" ({value / base - 1.0:+.1%})" if base > 0 else ""
+    return f"higher{change}" if value > base else f"lower{change}"
 
 
 def resources(runs: Sequence[Labelled[Stage1Folder]]) -> tuple[ResourceRow, ...]:
-    """Peak memory and energy of every run beside the baseline's (empty when no run measured them)."""
+    """Peak memory, the first-pass extra and energy of every run beside the baseline's (empty when no run measured
+    them)."""
     rows = []
-    for figure, read, tolerance in RESOURCE_FIGURES:
-        values = tuple(read(f.metrics) for _, f in runs)
+    for figure in RESOURCE_FIGURES:
+        values = tuple(figure.read(f.metrics) for _, f in runs)
         if all(v is None for v in values):
             continue
-        changes = tuple(resource_change(v, values[0], tolerance) for v in values[1:])
-        rows.append(ResourceRow(figure=figure, values=values, changes=changes, tolerance=tolerance))
+        floor = 0.0 if figure.floor is None else figure.floor(runs[0][1].metrics)
+        changes = tuple(resource_change(v, values[0], figure.tolerance, floor) for v in values[1:])
+        rows.append(ResourceRow(figure=figure.name, values=values, changes=changes, tolerance=figure.tolerance))
     return tuple(rows)
 
 

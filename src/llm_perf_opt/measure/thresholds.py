@@ -5,5 +5,8 @@ from __future__ import annotations
 
 MEMORY_TOLERANCE = 0.02  # a peak within 2% of the baseline's (allocator block rounding)
 ENERGY_TOLERANCE = 0.05  # one NVML energy pass: within 5%
-FIRST_PASS_TOLERANCE = 0.25  # the median input's first pass: one pass per input, within 25%
+# The first-pass extra (one pass per input against its timed median): within 25%, or within 10% of the baseline's
+# timed pass end to end (the noise of a single pass, where the extra itself is near 0)
+FIRST_PASS_TOLERANCE = 0.25
+FIRST_PASS_FLOOR = 0.10
 COMPILE_NOTICE_S = 5.0  # warm-up/compile host time within 5 s

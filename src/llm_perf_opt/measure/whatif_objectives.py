@@ -16,7 +16,13 @@ import attrs
 from llm_perf_opt.measure.noise import BEYOND, WITHIN, noise_verdict
 from llm_perf_opt.measure.outputs import near_tie_text
 from llm_perf_opt.measure.stats import MIN_VALUES_FOR_CI, summarize
-from llm_perf_opt.measure.thresholds import COMPILE_NOTICE_S, ENERGY_TOLERANCE, FIRST_PASS_TOLERANCE, MEMORY_TOLERANCE
+from llm_perf_opt.measure.thresholds import (
+    COMPILE_NOTICE_S,
+    ENERGY_TOLERANCE,
+    FIRST_PASS_FLOOR,
+    FIRST_PASS_TOLERANCE,
+    MEMORY_TOLERANCE,
+)
 from llm_perf_opt.measure.whatif import (
     GIB,
     GOAL_FIGURES,
@@ -73,13 +79,15 @@ PASS_FIGURES = (
 )
 PEAK_MEMORY = Objective(PEAK_MEMORY_GIB, "peak memory", "GiB", higher_is_better=False)
 COMPILE = Objective("compile_s", "warm-up/compile", "s", higher_is_better=False)
-# What an input of a shape not met before waits for: its first pass (compilation, cuDNN's per-length plans, lazy
-# allocations), kept by every run outside its timed figures; the median over inputs.
-FIRST_PASS = Objective("first_pass_ms", "first pass", "ms", higher_is_better=False)
+# What an input of shapes not met before waits for beyond a timed pass: the most an input's first pass took beyond
+# its timed median (compilation, CUDA-graph capture, cuDNN's per-length plans), `Stage1Metrics.first_pass_extra_ms`.
+FIRST_PASS = Objective("first_pass_extra_ms", "first-pass extra", "ms", higher_is_better=False)
 MEMORY_PASS = Objective("memory_pass_peak_gib", "memory-pass peak", "GiB", higher_is_better=False)
 ENERGY = Objective("joules_per_decode_token", "energy per decode token", "J/token", higher_is_better=False)
 OUTPUTS = Objective("outputs", "outputs", "", higher_is_better=False)
 FIGURES = (*PASS_FIGURES, PEAK_MEMORY, COMPILE, FIRST_PASS, MEMORY_PASS, ENERGY, OUTPUTS)
+# Figures whose change is said in their unit, not in percent (a setup cost: the baseline's may be nil)
+ABSOLUTE_CHANGE = frozenset({COMPILE.name, FIRST_PASS.name})
 # The pass times that are parts of a pass's work, not of a page's wait: where the rung's passes hold other numbers of
 # pages than the baseline's (a batch against one page), each is judged per page (the pass's time over its pages; a
 # decode step's per page-token). A page's own latencies (first token, whole page) and pages/s are judged as they are.
@@ -168,15 +176,22 @@ def _memory_pass(report: MemoryReport | None) -> tuple[float | None, str]:
 
 
 def _first_pass(metrics: Stage1Metrics) -> tuple[float | None, str]:
-    """The median over inputs of each input's first pass (ms), or None and why there is none."""
-    if (median := metrics.first_pass_median_ms) is None:
+    """The first-pass extra (ms), or None and why there is none."""
+    if (extra := metrics.first_pass_extra_ms) is None:
         why = (
             "no warm-up pass (run.warmup=0)"
             if metrics.settings.warmup == 0
             else "written before they were kept, or run in a process an earlier job had warmed"
         )
         return None, f"the run kept no first pass: {why}"
-    return median, ""
+    return extra, ""
+
+
+def _first_pass_same(base: Stage1Metrics) -> Callable[[float, float], bool]:
+    """Within `FIRST_PASS_TOLERANCE` of the baseline's extra, or within `FIRST_PASS_FLOOR` of its timed pass."""
+    timed = [r.e2e_ms for r in base.records]
+    floor = FIRST_PASS_FLOOR * statistics.median(timed) if timed else 0.0
+    return lambda b, value: abs(value - b) <= max(FIRST_PASS_TOLERANCE * abs(b), floor)
 
 
 def _energy(report: EnergyReport | None) -> tuple[float | None, str]:
@@ -188,15 +203,19 @@ def _energy(report: EnergyReport | None) -> tuple[float | None, str]:
 
 
 def _optional(
-    figure: Objective, base: tuple[float | None, str], own: tuple[float | None, str], tolerance: float, how: str
+    figure: Objective,
+    base: tuple[float | None, str],
+    own: tuple[float | None, str],
+    same: Callable[[float, float], bool],
+    how: str,
 ) -> Judgement:
-    """A memory-pass, energy or first-pass figure: within `tolerance` (relative) of the baseline's is the same; not
-    judged (with the first reason) where either run lacks it."""
+    """A memory-pass, energy or first-pass figure: the same where `same(base, value)`; not judged (with the first
+    reason) where either run lacks it."""
     if base[0] is None or own[0] is None:
         why = f"baseline: {base[1]}" if base[0] is None else f"this rung: {own[1]}"
         return _not_judged(figure, base[0], own[0], why)
     detail = f"; baseline {base[1]} → this rung {own[1]}" if base[1] and own[1] else ""
-    return judge_value(figure, base[0], own[0], same=_relative(tolerance), how=how + detail)
+    return judge_value(figure, base[0], own[0], same=same, how=how + detail)
 
 
 def judge_outputs(outputs: OutputAgreement | None, repeats_until: int | None = None) -> Judgement:
@@ -264,16 +283,18 @@ def judge(
     compile_how = f"one value per rung; within {COMPILE_NOTICE_S:g} s of the baseline's counts as the same"
     energy_how = f"one NVML energy pass per rung; within {ENERGY_TOLERANCE:.0%} counts as the same"
     first_how = (
-        "each input's first pass (outside every timed figure), the median over inputs; within "
-        f"{FIRST_PASS_TOLERANCE:.0%} counts as the same"
+        "the most an input's first pass (outside every timed figure) took beyond its timed median; within "
+        f"{FIRST_PASS_TOLERANCE:.0%} of the baseline's, or {FIRST_PASS_FLOOR:.0%} of its timed pass, counts as the same"
     )
     return (
         *out,
         judge_value(PEAK_MEMORY, _peak_gib(base), _peak_gib(rung), same=_relative(MEMORY_TOLERANCE), how=memory_how),
         judge_value(COMPILE, _compile_s(base), _compile_s(rung), same=_absolute(COMPILE_NOTICE_S), how=compile_how),
-        _optional(FIRST_PASS, _first_pass(base), _first_pass(rung), FIRST_PASS_TOLERANCE, first_how),
-        _optional(MEMORY_PASS, _memory_pass(base.memory), _memory_pass(rung.memory), MEMORY_TOLERANCE, memory_how),
-        _optional(ENERGY, _energy(base.energy), _energy(rung.energy), ENERGY_TOLERANCE, energy_how),
+        _optional(FIRST_PASS, _first_pass(base), _first_pass(rung), _first_pass_same(base), first_how),
+        _optional(
+            MEMORY_PASS, _memory_pass(base.memory), _memory_pass(rung.memory), _relative(MEMORY_TOLERANCE), memory_how
+        ),
+        _optional(ENERGY, _energy(base.energy), _energy(rung.energy), _relative(ENERGY_TOLERANCE), energy_how),
         judge_outputs(outputs),
     )
 
@@ -295,7 +316,7 @@ def change_text(j: Judgement) -> str:
     """One judged change in plain words: "decode −91%", "warm-up/compile +45.4 s", "outputs depart at token 18 …"."""
     if j.objective == OUTPUTS.name:
         return f"outputs {j.why}" if j.why else "outputs"
-    if j.change is None or j.objective == COMPILE.name:
+    if j.change is None or j.objective in ABSOLUTE_CHANGE:
         if j.base is None or j.value is None:
             return j.label
         delta = j.value - j.base

@@ -172,6 +172,7 @@ def rejudge(
         latency_target=target or record.latency_target,
         near_tie_tolerance=record.near_tie_tolerance,
     )
+    ladder_known = saved is not None or record.ladder is not None  # else the default is a guess, not recorded
     if saved is None and record.ladder is not None:
         settings = attrs.evolve(settings, ladder=record.ladder)
     folders = {base.name: load_stage1(run_dir / base.folder)}
@@ -187,6 +188,8 @@ def rejudge(
     record = WhatIfAnalysis(settings, record.levers, record.rungs, folders, kept).record(
         WhatIfJob(**(job | {"notes": notes}))
     )
+    if not ladder_known:
+        record = attrs.evolve(record, ladder=None)
     art = ArtifactsManager(run_dir, stage="whatif")
     art.write_json(WHATIF_FILE, record)
     whatif_report.write_all(art, record)

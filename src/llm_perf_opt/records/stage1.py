@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -13,7 +12,7 @@ from llm_perf_opt.records.common import PeakFigure, Summary, TimeBudget
 from llm_perf_opt.records.memory import EnergyReport, MemoryReport
 from llm_perf_opt.records.modules import ModuleAttribution, ModuleTimes
 from llm_perf_opt.records.shard import PassWindow, ShardInfo
-from llm_perf_opt.records.vocabulary import QUANTIZE_LABELS
+from llm_perf_opt.records.vocabulary import E2E, QUANTIZE_LABELS
 
 PerInput = TypeVar("PerInput")
 PerBatch = TypeVar("PerBatch")
@@ -900,12 +899,18 @@ class Stage1Metrics:
     def efficiency_of(self, name: str) -> StageEfficiency | None:
         return next((e for e in self.efficiency if e.stage == name), None)
 
+    def first_pass_extras_ms(self) -> tuple[float, ...]:
+        """Each input's first pass minus its timed median, end to end (ms; negative where the first pass was the
+        quicker), in run order, for the inputs with both."""
+        median = {image: s.summary.p50 for image, stats in self.per_image.items() for s in stats if s.stage == E2E}
+        return tuple(f.e2e_ms - median[f.image] for f in self.first_passes if median.get(f.image) is not None)
+
     @property
-    def first_pass_median_ms(self) -> float | None:
-        """The median over inputs of each input's first pass end to end (ms); None where the run kept none."""
-        if not self.first_passes:
-            return None
-        return statistics.median(r.e2e_ms for r in self.first_passes)
+    def first_pass_extra_ms(self) -> float | None:
+        """The most an input's first pass took beyond its timed median (ms, at least 0): the one-time cost a page of
+        shapes not met before waits for; None where the run kept no first pass of a timed input."""
+        extras = self.first_pass_extras_ms()
+        return max(0.0, *extras) if extras else None
 
     @property
     def compute_peak(self) -> PeakFigure | None:

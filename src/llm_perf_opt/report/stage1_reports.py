@@ -485,8 +485,7 @@ def _per_image_row(
 def _first_pass_text(m: Stage1Metrics) -> str | None:
     """What the first passes say: the most and least each input's first (warm-up) pass took above its timed
     median, and why that matters; None where the run kept none."""
-    median = {image: s.summary.p50 for image, stats in m.per_image.items() for s in stats if s.stage == vocab.E2E}
-    extra = [f.e2e_ms - median[f.image] for f in m.first_passes if median.get(f.image) is not None]
+    extra = m.first_pass_extras_ms()
     if not extra:
         return None
     compiled = " (and its compiling)" if m.compile is not None else ""
@@ -921,7 +920,7 @@ def write_gallery(
             f"TTFT {ms(statistics.median(r.ttft_ms for r in recs))} ms, decode "
             f"{ms(statistics.median(r.decode_ms for r in recs))} ms"
             if recs
-            else "no timed pass (the run ended before this input's)"
+            else "no timed pass of this input in the record"
         )
         doc.bullets([", ".join([timing, f"{pred.tokens} tokens", *size]), *facts])
         body = pred.text if pred.text is not None else f"(no tokenizer: token ids) {list(pred.token_ids)[:64]}"

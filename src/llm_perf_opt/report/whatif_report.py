@@ -10,7 +10,7 @@ import attrs
 
 from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.measure.outputs import near_tie_text, share_text
-from llm_perf_opt.measure.whatif_objectives import ENERGY, FIGURES, OUTPUTS, percent_digits
+from llm_perf_opt.measure.whatif_objectives import ABSOLUTE_CHANGE, ENERGY, FIGURES, OUTPUTS, percent_digits
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.folders import REPORT_FILE
 from llm_perf_opt.records.modules import StageModuleChanges
@@ -144,8 +144,8 @@ def judgement_text(j: Judgement | None) -> str:
         return "not judged"
     if j.objective == "outputs":
         return f"{j.verdict}: {j.why}" if j.why else j.verdict
-    if j.objective == "compile_s" and j.base is not None and j.value is not None:
-        change = _signed(j.value - j.base, lambda v: f"{v:,.1f} s")
+    if j.objective in ABSOLUTE_CHANGE and j.base is not None and j.value is not None:
+        change = _signed(j.value - j.base, lambda v: f"{v:,.1f} {j.unit}")
     elif j.change is not None:
         change = _signed(j.change, lambda v: pct(v, percent_digits(j.change or 0.0)))
     else:
@@ -278,7 +278,7 @@ def launcher_text(record: WhatIfRecord) -> str | None:
         text += " joblib reuses its worker processes, so one process may run several rungs in turn."
     return (
         text + " A job that finds its process already used resets torch.compile's caches and the CUDA allocator's "
-        "cache and peak counters first, and leaves out the host peak memory."
+        "cache and peak counters first, and leaves out the host peak memory and its inputs' first passes."
     )
 
 
@@ -418,8 +418,9 @@ def _objectives_table(doc: Doc, record: WhatIfRecord) -> None:
     how = _objective_notes(judged, lambda j: j.verdict != NOT_JUDGED and j.objective != OUTPUTS.name)
     doc.para(
         "Change of the rung's p50 against the baseline's (one value per rung for peak memory, compile time, the "
-        "first pass, the memory pass and energy), better or worse only beyond the noise: the two runs' 95% intervals "
-        "apart over their timed passes, or beyond the stated threshold for one-value figures." + _outputs_rule(record)
+        "first-pass extra, the memory pass and energy), better or worse only beyond the noise: the two runs' 95% "
+        "intervals apart over their timed passes, or beyond the stated threshold for one-value figures."
+        + _outputs_rule(record)
     )
     notes = [clean_paths(line) for line in how]
     notes += [clean_paths(f"not judged — {line}") for line in reasons]

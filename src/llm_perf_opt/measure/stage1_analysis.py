@@ -65,7 +65,7 @@ class Stage1Measurements:
     """What one run has measured so far (written out on success, on failure after measuring, or on Ctrl-C)."""
 
     records: list[ImageRecord] = attrs.Factory(list)
-    first_passes: list[ImageRecord] = attrs.Factory(list)  # each input's first warm-up pass (its share in a batch)
+    first_passes: list[ImageRecord] = attrs.Factory(list)  # each input's first warm-up pass (a batch's: as timed)
     flops: dict[str, StageFlops] = attrs.Factory(dict)
     analytic: dict[str, Mapping[str, Any]] = attrs.Factory(dict)  # image -> stage -> analytic cost
     predictions: dict[str, tuple[int, ...]] = attrs.Factory(dict)

@@ -838,7 +838,8 @@ class Stage1Metrics:
     config_digest: str
     # Absent from older (1.0) files or from trimmed copies: read as empty.
     records: tuple[ImageRecord, ...] = ()
-    # Each input's first pass (its first warm-up pass, or its share of its batch's, outside every timed figure), at
+    # Each input's first pass (its first warm-up pass, outside every timed figure; in a batch run its batch's, given
+    # to each input as the timed records are: the batch's preprocessing, prefill and decode, the input's own vision), at
     # shapes the process had not run: what a page of unseen shapes costs (e.g. cuDNN's attention plan per new length).
     first_passes: tuple[ImageRecord, ...] = ()
     per_image: Mapping[str, tuple[StageStat, ...]] = attrs.field(factory=dict)

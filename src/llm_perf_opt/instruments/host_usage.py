@@ -7,6 +7,7 @@ for the same work (a slower CPU)."""
 from __future__ import annotations
 
 import operator
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -64,3 +65,13 @@ class HostUsageMeter:
         after = _snapshot()
         if before is not None and after is not None:
             self.total = added(self.total, spent(before, after))
+
+
+def host_peak_rss_bytes() -> int | None:
+    """The process's peak resident set size so far (Linux reports KiB, macOS bytes); None where unknown."""
+    try:
+        import resource
+    except ImportError:  # not on POSIX
+        return None
+    peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    return peak if sys.platform == "darwin" else peak * 1024

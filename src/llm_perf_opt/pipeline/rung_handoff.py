@@ -91,7 +91,7 @@ def room_for_another(device: torch.device) -> str | None:
     """Why a second process of this one's size would not fit beside it (None: it would): its allocator's peak
     against the device's free memory, or on the CPU its peak resident size against the host's available memory."""
     if device.type == "cpu":
-        from llm_perf_opt.pipeline.stage1_records import host_peak_rss_bytes  # (imports torch)
+        from llm_perf_opt.instruments.host_usage import host_peak_rss_bytes
 
         peak = host_peak_rss_bytes()
         if peak is None:

@@ -3,7 +3,6 @@ predictions, the model and the device, the host's peak memory, and the run as `S
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import torch
 from llm_perf_opt.config_data import CommandConfig
 from llm_perf_opt.data.dataset import DatasetSelection, ImageEntry, TextEntry
 from llm_perf_opt.data.inputs import InputChoice
+from llm_perf_opt.instruments.host_usage import host_peak_rss_bytes
 from llm_perf_opt.instruments.measured_peaks import MEASURED
 from llm_perf_opt.instruments.timing import timing_method
 from llm_perf_opt.measure.stage1_analysis import Stage1Setup
@@ -125,16 +125,6 @@ def device_info(session: InferenceSession) -> DeviceInfo:
         index=session.device.index,
         timing_method=timing_method(session.device),
     )
-
-
-def host_peak_rss_bytes() -> int | None:
-    """The process's peak resident set size so far (Linux reports KiB, macOS bytes); None where unknown."""
-    try:
-        import resource
-    except ImportError:  # not on POSIX
-        return None
-    peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
-    return peak if sys.platform == "darwin" else peak * 1024
 
 
 def analysis_setup(

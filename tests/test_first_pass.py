@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import attrs
+import pytest
 
 from llm_perf_opt.records.folders import load_stage1_metrics
 from llm_perf_opt.report.stage1_reports import report_md
@@ -30,3 +31,5 @@ def test_first_passes_slower_by_their_setup_are_shown_with_the_range_and_why() -
     assert "|e2e|first pass e2e|" in report
     assert ": +1,300.0 to +1,300.0 ms against the input's timed median. Setup done once per new shape" in report
     assert "cuDNN" in report
+    assert "The largest of these is the first-pass extra that perf-whatif judges" in report
+    assert attrs.evolve(H100, first_passes=tuple(firsts)).first_pass_extra_ms == pytest.approx(1300.0)

@@ -498,7 +498,8 @@ def _first_pass_text(m: Stage1Metrics) -> str | None:
     return text + (
         " Setup done once per new shape lands there, e.g. the plan cuDNN builds for each new sequence length where "
         "SDPA runs on cuDNN (one per eager decode step with a growing KV cache); a deployment pays it for each length "
-        "it has not met yet, which the timed figures leave out."
+        "it has not met yet, which the timed figures leave out. The largest of these is the first-pass extra that "
+        "perf-whatif judges and perf-compare compares."
     )
 
 

@@ -155,6 +155,23 @@ def test_a_gain_with_a_loss_beyond_noise_is_flagged_in_plain_words() -> None:
     assert o.tradeoffs(judged[1:], None) == ()  # nor a loss alone
 
 
+def test_a_setup_cost_said_in_its_unit_is_quoted_after_the_gains_said_in_percent() -> None:
+    """A first-pass extra from 2,000 to 0 ms is −100% of a setup cost: quoted after the timed gains, not before them;
+    a change that rounds to nothing carries no sign."""
+    first_pass = Judgement("first_pass_extra_ms", "first-pass extra", "ms", 2000.0, 0.0, BETTER, -1.0)
+    judged = (
+        first_pass,
+        _j("decode_ms_per_token", BETTER, -0.5),
+        _j("vision_ms", BETTER, -0.7),
+        _j("ttft_ms", WORSE, 1.0),
+    )
+    assert o.tradeoffs(judged, None) == ("vision −70% and decode −50%, but time to first token +100%",)
+    assert o.change_text(first_pass) == "first-pass extra −2,000.0 ms"
+    assert o.signed_amount(0.04) == "0.0" and o.signed_amount(-0.06) == "−0.1" and o.signed_amount(1234.5) == "+1,234.5"
+    same = Judgement("first_pass_extra_ms", "first-pass extra", "ms", 10.0, 10.02, SAME, 0.002)
+    assert judgement_text(same) == "0.0 ms within noise"
+
+
 def _batched(base: Stage1Metrics, pages: int, vision_factor: float) -> Stage1Metrics:
     """`base` run as batches of `pages` pages: each pass's vision `vision_factor` × the baseline pass's, its prefill
     the batch's vision plus the baseline's language-model prefill, its decode steps the baseline's."""

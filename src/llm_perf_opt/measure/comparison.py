@@ -8,7 +8,6 @@ renders it.
 from __future__ import annotations
 
 import json
-import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from operator import attrgetter
 from pathlib import Path
@@ -348,21 +347,17 @@ def _peak(metrics: Stage1Metrics, part: str) -> float | None:
     return (whole.peak_allocated_bytes if part == "allocated" else whole.peak_reserved_bytes) / _GIB
 
 
-def _timed_pass_ms(metrics: Stage1Metrics) -> float:
-    """The run's median timed pass end to end (ms; 0 without timed passes)."""
-    timed = [r.e2e_ms for r in metrics.records]
-    return statistics.median(timed) if timed else 0.0
-
-
 @attrs.frozen
 class ResourceFigure:
     """A figure with one value per run: its name, how a run's value is read, and the relative tolerance within which
-    it counts as the same (or, where `floor` is given, within `floor(baseline)` in its own unit, whichever is wider)."""
+    it counts as the same; a setup cost (`floor`) also within `floor(baseline)` in `unit`, its change said in `unit`
+    (its percent of a near-nil baseline means little)."""
 
     name: str
     read: Callable[[Stage1Metrics], float | None]
     tolerance: float
     floor: Callable[[Stage1Metrics], float] | None = None
+    unit: str = ""
 
 
 RESOURCE_FIGURES: tuple[ResourceFigure, ...] = (
@@ -372,7 +367,8 @@ RESOURCE_FIGURES: tuple[ResourceFigure, ...] = (
         "first-pass extra, largest input (ms)",
         lambda m: m.first_pass_extra_ms,
         FIRST_PASS_TOLERANCE,
-        lambda m: FIRST_PASS_FLOOR * _timed_pass_ms(m),  # a single pass's noise, where the extra is near 0
+        floor=lambda m: FIRST_PASS_FLOOR * (m.timed_pass_median_ms or 0.0),  # a single pass's noise near 0
+        unit="ms",
     ),
     ResourceFigure("J per page", lambda m: None if m.energy is None else m.energy.joules_per_page, ENERGY_TOLERANCE),
     ResourceFigure(
@@ -388,27 +384,41 @@ RESOURCE_FIGURES: tuple[ResourceFigure, ...] = (
 )
 
 
-def resource_change(value: float | None, base: float | None, tolerance: float, floor: float = 0.0) -> str:
-    """ "higher" / "lower" / "same within N%" against the baseline's single value (the same also within `floor`, in
-    the figure's unit), or "n/a"."""
-    if value is None or base is None or base < 0 or (base == 0 and floor <= 0):
+def resource_change(value: float | None, base: float | None, tolerance: float) -> str:
+    """ "higher" / "lower" / "same within N%" against the baseline's single value, or "n/a"."""
+    if value is None or base is None or base <= 0:
+        return "n/a"
+    change = value / base - 1.0
+    if abs(change) <= tolerance:
+        return f"same within {tolerance:.0%}"
+    return f"higher ({change:+.1%})" if change > 0 else f"lower ({change:+.1%})"
+
+
+def setup_cost_change(value: float | None, base: float | None, tolerance: float, floor: float, unit: str) -> str:
+    """A setup cost (at least 0) against the baseline's: "same within 25% or 93.9 ms", "higher (+7,000.0 ms)",
+    "lower (−1,900.0 ms)", or "n/a"."""
+    if value is None or base is None:
         return "n/a"
     if abs(value - base) <= max(tolerance * base, floor):
-        return f"same within {tolerance:.0%}" if floor <= 0 else f"same within {tolerance:.0%} or {floor:,.1f}"
-    change = f" ({value / base - 1.0:+.1%})" if base > 0 else ""
-    return f"higher{change}" if value > base else f"lower{change}"
+        return f"same within {tolerance:.0%} or {floor:,.1f} {unit}"
+    delta = value - base
+    return f"{'higher' if delta > 0 else 'lower'} ({'+' if delta > 0 else '−'}{abs(delta):,.1f} {unit})"
 
 
 def resources(runs: Sequence[Labelled[Stage1Folder]]) -> tuple[ResourceRow, ...]:
     """Peak memory, the first-pass extra and energy of every run beside the baseline's (empty when no run measured
     them)."""
     rows = []
+    base = runs[0][1].metrics
     for figure in RESOURCE_FIGURES:
         values = tuple(figure.read(f.metrics) for _, f in runs)
         if all(v is None for v in values):
             continue
-        floor = 0.0 if figure.floor is None else figure.floor(runs[0][1].metrics)
-        changes = tuple(resource_change(v, values[0], figure.tolerance, floor) for v in values[1:])
+        if figure.floor is None:
+            changes = tuple(resource_change(v, values[0], figure.tolerance) for v in values[1:])
+        else:
+            floor = figure.floor(base)
+            changes = tuple(setup_cost_change(v, values[0], figure.tolerance, floor, figure.unit) for v in values[1:])
         rows.append(ResourceRow(figure=figure.name, values=values, changes=changes, tolerance=figure.tolerance))
     return tuple(rows)
 

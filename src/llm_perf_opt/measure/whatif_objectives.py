@@ -189,8 +189,7 @@ def _first_pass(metrics: Stage1Metrics) -> tuple[float | None, str]:
 
 def _first_pass_same(base: Stage1Metrics) -> Callable[[float, float], bool]:
     """Within `FIRST_PASS_TOLERANCE` of the baseline's extra, or within `FIRST_PASS_FLOOR` of its timed pass."""
-    timed = [r.e2e_ms for r in base.records]
-    floor = FIRST_PASS_FLOOR * statistics.median(timed) if timed else 0.0
+    floor = FIRST_PASS_FLOOR * (base.timed_pass_median_ms or 0.0)
     return lambda b, value: abs(value - b) <= max(FIRST_PASS_TOLERANCE * abs(b), floor)
 
 
@@ -319,10 +318,15 @@ def change_text(j: Judgement) -> str:
     if j.change is None or j.objective in ABSOLUTE_CHANGE:
         if j.base is None or j.value is None:
             return j.label
-        delta = j.value - j.base
-        return f"{j.label} {'+' if delta >= 0 else '−'}{abs(delta):,.1f} {j.unit}"
+        return f"{j.label} {signed_amount(j.value - j.base)} {j.unit}"
     sign = "+" if j.change >= 0 else "−"
     return f"{j.label} {sign}{abs(j.change):.{percent_digits(j.change)}%}"
+
+
+def signed_amount(delta: float) -> str:
+    """A change in a figure's own unit to one decimal, signed as it reads (no sign where it rounds to 0.0)."""
+    shown = f"{abs(delta):,.1f}"
+    return shown if shown == "0.0" else ("+" if delta > 0 else "−") + shown
 
 
 def percent_digits(change: float) -> int:
@@ -351,7 +355,9 @@ def tradeoffs(
     better = {j.objective for j in judgements if j.verdict == BETTER}
     gains = sorted(
         (j for j in judgements if j.verdict == BETTER and said_by.get(j.objective) not in better),
-        key=lambda j: -abs(j.change or 0.0),
+        # the figures said in percent first, by size; a setup cost said in its unit (its percent of a near-nil
+        # baseline means little) after them
+        key=lambda j: (j.objective in ABSOLUTE_CHANGE, -abs(j.change or 0.0)),
     )
     losses = [j for j in judgements if j.verdict == WORSE]
     if gains and losses:

@@ -10,7 +10,14 @@ import attrs
 
 from llm_perf_opt.artifacts import ArtifactsManager
 from llm_perf_opt.measure.outputs import near_tie_text, share_text
-from llm_perf_opt.measure.whatif_objectives import ABSOLUTE_CHANGE, ENERGY, FIGURES, OUTPUTS, percent_digits
+from llm_perf_opt.measure.whatif_objectives import (
+    ABSOLUTE_CHANGE,
+    ENERGY,
+    FIGURES,
+    OUTPUTS,
+    percent_digits,
+    signed_amount,
+)
 from llm_perf_opt.records import vocabulary as vocab
 from llm_perf_opt.records.folders import REPORT_FILE
 from llm_perf_opt.records.modules import StageModuleChanges
@@ -145,7 +152,7 @@ def judgement_text(j: Judgement | None) -> str:
     if j.objective == "outputs":
         return f"{j.verdict}: {j.why}" if j.why else j.verdict
     if j.objective in ABSOLUTE_CHANGE and j.base is not None and j.value is not None:
-        change = _signed(j.value - j.base, lambda v: f"{v:,.1f} {j.unit}")
+        change = f"{signed_amount(j.value - j.base)} {j.unit}"
     elif j.change is not None:
         change = _signed(j.change, lambda v: pct(v, percent_digits(j.change or 0.0)))
     else:

@@ -18,7 +18,13 @@ import attrs
 from llm_perf_opt.kernel_names import kernel_label, short_kernel_name
 from llm_perf_opt.measure import host_difference
 from llm_perf_opt.measure.noise import noise_verdict
-from llm_perf_opt.measure.thresholds import ENERGY_TOLERANCE, FIRST_PASS_FLOOR, FIRST_PASS_TOLERANCE, MEMORY_TOLERANCE
+from llm_perf_opt.measure.thresholds import (
+    ENERGY_TOLERANCE,
+    FIRST_PASS_TOLERANCE,
+    MEMORY_TOLERANCE,
+    first_pass_floor_ms,
+    same_setup_cost,
+)
 from llm_perf_opt.measure.throughput import run_pages
 from llm_perf_opt.measure.variation import BOTH_SIDES, GPU_SIDE
 from llm_perf_opt.records import vocabulary as vocab
@@ -367,7 +373,7 @@ RESOURCE_FIGURES: tuple[ResourceFigure, ...] = (
         "first-pass extra, largest input (ms)",
         lambda m: m.first_pass_extra_ms,
         FIRST_PASS_TOLERANCE,
-        floor=lambda m: FIRST_PASS_FLOOR * (m.timed_pass_median_ms or 0.0),  # a single pass's noise near 0
+        floor=first_pass_floor_ms,  # a single pass's noise, where the extra is near 0
         unit="ms",
     ),
     ResourceFigure("J per page", lambda m: None if m.energy is None else m.energy.joules_per_page, ENERGY_TOLERANCE),
@@ -399,7 +405,7 @@ def setup_cost_change(value: float | None, base: float | None, tolerance: float,
     "lower (−1,900.0 ms)", or "n/a"."""
     if value is None or base is None:
         return "n/a"
-    if abs(value - base) <= max(tolerance * base, floor):
+    if same_setup_cost(base, value, tolerance, floor):
         return f"same within {tolerance:.0%} or {floor:,.1f} {unit}"
     delta = value - base
     return f"{'higher' if delta > 0 else 'lower'} ({'+' if delta > 0 else '−'}{abs(delta):,.1f} {unit})"

@@ -22,6 +22,8 @@ from llm_perf_opt.measure.thresholds import (
     FIRST_PASS_FLOOR,
     FIRST_PASS_TOLERANCE,
     MEMORY_TOLERANCE,
+    first_pass_floor_ms,
+    same_setup_cost,
 )
 from llm_perf_opt.measure.whatif import (
     GIB,
@@ -189,8 +191,8 @@ def _first_pass(metrics: Stage1Metrics) -> tuple[float | None, str]:
 
 def _first_pass_same(base: Stage1Metrics) -> Callable[[float, float], bool]:
     """Within `FIRST_PASS_TOLERANCE` of the baseline's extra, or within `FIRST_PASS_FLOOR` of its timed pass."""
-    floor = FIRST_PASS_FLOOR * (base.timed_pass_median_ms or 0.0)
-    return lambda b, value: abs(value - b) <= max(FIRST_PASS_TOLERANCE * abs(b), floor)
+    floor = first_pass_floor_ms(base)
+    return lambda b, value: same_setup_cost(b, value, FIRST_PASS_TOLERANCE, floor)
 
 
 def _energy(report: EnergyReport | None) -> tuple[float | None, str]:

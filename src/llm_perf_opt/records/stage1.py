@@ -900,15 +900,6 @@ class Stage1Metrics:
     def efficiency_of(self, name: str) -> StageEfficiency | None:
         return next((e for e in self.efficiency if e.stage == name), None)
 
-    @property
-    def timed_pass_median_ms(self) -> float | None:
-        """The median timed pass end to end (ms, over every input's timed records); None without any."""
-        timed = sorted(r.e2e_ms for r in self.records)
-        if not timed:
-            return None
-        mid = len(timed) // 2
-        return timed[mid] if len(timed) % 2 else (timed[mid - 1] + timed[mid]) / 2
-
     def first_pass_extras_ms(self) -> tuple[float, ...]:
         """Each input's first pass minus its timed median, end to end (ms; negative where the first pass was the
         quicker), in run order, for the inputs with both."""
